@@ -1,0 +1,217 @@
+package queries
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+const commandColumns = `id, node_id, kind, spec, state, coalesce(idempotency_key, ''), batch_id, created_by, attempt,
+	gateway_id, exit_code, error, output_truncated, output_bytes, result, cancel_requested, created_at, deadline_at,
+	dispatched_at, started_at, finished_at`
+
+func scanCommand(r Row) (*store.Command, error) {
+	c := &store.Command{}
+	return c, r.Scan(&c.ID, &c.NodeID, &c.Kind, &c.Spec, &c.State, &c.IdempotencyKey, &c.BatchID, &c.CreatedBy,
+		&c.Attempt, &c.GatewayID, &c.ExitCode, &c.Error, &c.OutputTruncated, &c.OutputBytes, &c.Result,
+		&c.CancelRequested, &c.CreatedAt, &c.DeadlineAt, &c.DispatchedAt, &c.StartedAt, &c.FinishedAt)
+}
+
+// terminalStates is the SQL list of terminal states.
+const terminalStates = `('succeeded', 'failed', 'cancelled', 'expired', 'lost')`
+
+// enqueueChunk bounds the rows of one multi-row INSERT (PostgreSQL allows
+// 65,535 parameters).
+const enqueueChunk = 1000
+
+// CommandEnqueue writes one command per node plus an outbox row, in one
+// transaction, with multi-row inserts.
+func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParams) ([]*store.Command, error) {
+	if len(p.NodeIDs) == 0 {
+		return nil, nil
+	}
+	batch := p.BatchID
+	if batch == "" {
+		batch = store.NewID("batch")
+	}
+	var idem any
+	if p.IdempotencyKey != "" {
+		idem = p.IdempotencyKey
+	}
+	var out []*store.Command
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		nodes := p.NodeIDs
+		if p.IdempotencyKey != "" {
+			existing, err := q.commandsByKey(ctx, p.IdempotencyKey, nodes)
+			if err != nil {
+				return err
+			}
+			if len(existing) > 0 {
+				seen := map[string]bool{}
+				for _, c := range existing {
+					seen[c.NodeID] = true
+				}
+				out = append(out, existing...)
+				nodes = nil
+				for _, n := range p.NodeIDs {
+					if !seen[n] {
+						nodes = append(nodes, n)
+					}
+				}
+			}
+		}
+		for start := 0; start < len(nodes); start += enqueueChunk {
+			chunk := nodes[start:min(start+enqueueChunk, len(nodes))]
+			args := []any{p.Kind, JSON(p.Spec), idem, batch, p.CreatedBy, p.Now, p.Timeout.Microseconds()}
+			var values strings.Builder
+			for i, node := range chunk {
+				if i > 0 {
+					values.WriteString(", ")
+				}
+				n := len(args)
+				fmt.Fprintf(&values, "($%d, $%d, $1, $2, 'queued', $3, $4, $5, coalesce($6, now()), coalesce($6, now()) + bc_micros($7))", n+1, n+2)
+				args = append(args, store.NewID("cmd"), node)
+			}
+			rows, err := q.db.Query(ctx, `INSERT INTO commands
+				(id, node_id, kind, spec, state, idempotency_key, batch_id, created_by, created_at, deadline_at)
+				VALUES `+values.String()+` RETURNING `+commandColumns, args...)
+			if err != nil {
+				return q.wrap("enqueue commands", err)
+			}
+			cmds, err := collect(rows, scanCommand)
+			if err != nil {
+				return q.wrap("enqueue commands", err)
+			}
+			out = append(out, cmds...)
+		}
+		if len(nodes) == 0 {
+			return nil
+		}
+		payload := fmt.Sprintf(`{"batch_id":%q,"kind":%q,"commands":%d}`, batch, p.Kind, len(nodes))
+		_, err := q.OutboxInsert(ctx, "command.created", batch, []byte(payload))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (s *Store) commandsByKey(ctx context.Context, key string, nodes []string) ([]*store.Command, error) {
+	in, args := inList(2, nodes)
+	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE idempotency_key = $1 AND node_id IN (`+in+`)`, append([]any{key}, args...)...)
+	if err != nil {
+		return nil, s.wrap("find idempotent commands", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("find idempotent commands", err)
+}
+
+// CommandGet returns a command.
+func (s *Store) CommandGet(ctx context.Context, id string) (*store.Command, error) {
+	c, err := scanCommand(s.db.QueryRow(ctx, `SELECT `+commandColumns+` FROM commands WHERE id = $1`, id))
+	if err != nil {
+		return nil, s.wrap("get command "+id, err)
+	}
+	return c, nil
+}
+
+// CommandList pages commands by id.
+func (s *Store) CommandList(ctx context.Context, p *store.CommandListParams) ([]*store.Command, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE id > $1 AND ($2 = '' OR node_id = $2) AND ($3 = '' OR batch_id = $3) AND ($4 = '' OR state = $4)
+		ORDER BY id LIMIT $5`, p.Cursor, p.NodeID, p.BatchID, p.State, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list commands", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("list commands", err)
+}
+
+// CommandSetState moves a live command between non-terminal states.
+func (s *Store) CommandSetState(ctx context.Context, p *store.CommandSetStateParams) (bool, error) {
+	if store.IsTerminal(p.State) {
+		return false, fmt.Errorf("set command state: %q is terminal, use CommandFinish", p.State)
+	}
+	n, err := s.db.Exec(ctx, `UPDATE commands SET state = $2,
+			gateway_id = CASE WHEN $3 = '' THEN gateway_id ELSE $3 END,
+			attempt = CASE WHEN $2 = 'dispatched' THEN attempt + 1 ELSE attempt END,
+			dispatched_at = CASE WHEN $2 = 'dispatched' THEN coalesce($4, now()) ELSE dispatched_at END,
+			started_at = CASE WHEN $2 = 'running' THEN coalesce(started_at, coalesce($4, now())) ELSE started_at END
+		WHERE id = $1 AND state NOT IN `+terminalStates, p.ID, p.State, p.GatewayID, p.Now)
+	if err != nil {
+		return false, s.wrap("set state of command "+p.ID, err)
+	}
+	if n == 0 {
+		return false, s.commandExists(ctx, p.ID)
+	}
+	return true, nil
+}
+
+// CommandFinish records the first terminal result.
+func (s *Store) CommandFinish(ctx context.Context, p *store.CommandFinishParams) (bool, error) {
+	if !store.IsTerminal(p.State) {
+		return false, fmt.Errorf("finish command: %q is not terminal", p.State)
+	}
+	var result any
+	if p.Result != nil {
+		result = JSON(p.Result)
+	}
+	n, err := s.db.Exec(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
+			result = $6, finished_at = coalesce($7, now())
+		WHERE id = $1 AND state NOT IN `+terminalStates,
+		p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now)
+	if err != nil {
+		return false, s.wrap("finish command "+p.ID, err)
+	}
+	if n == 0 {
+		return false, s.commandExists(ctx, p.ID)
+	}
+	return true, nil
+}
+
+func (s *Store) commandExists(ctx context.Context, id string) error {
+	var one int
+	err := s.db.QueryRow(ctx, `SELECT 1 FROM commands WHERE id = $1`, id).Scan(&one)
+	return s.wrap("get command "+id, err)
+}
+
+// CommandAppendOutput stores an output chunk once.
+func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputChunk) error {
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.db.Exec(ctx, `INSERT INTO command_output (command_id, seq, stream, data) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (command_id, seq) DO NOTHING`, c.CommandID, c.Seq, c.Stream, c.Data)
+		if err != nil || n == 0 {
+			return q.wrap("append output of command "+c.CommandID, err)
+		}
+		_, err = q.db.Exec(ctx, `UPDATE commands SET output_bytes = output_bytes + $2 WHERE id = $1`,
+			c.CommandID, int64(len(c.Data)))
+		return q.wrap("append output of command "+c.CommandID, err)
+	})
+}
+
+// CommandOutput returns a command's output chunks in order.
+func (s *Store) CommandOutput(ctx context.Context, commandID string) ([]*store.CommandOutputChunk, error) {
+	rows, err := s.db.Query(ctx, `SELECT command_id, seq, stream, data FROM command_output
+		WHERE command_id = $1 ORDER BY seq`, commandID)
+	if err != nil {
+		return nil, s.wrap("read output of command "+commandID, err)
+	}
+	out, err := collect(rows, func(r Row) (*store.CommandOutputChunk, error) {
+		c := &store.CommandOutputChunk{}
+		return c, r.Scan(&c.CommandID, &c.Seq, &c.Stream, &c.Data)
+	})
+	return out, s.wrap("read output of command "+commandID, err)
+}
+
+// CommandPrune deletes terminal commands finished before before.
+func (s *Store) CommandPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM commands WHERE state IN `+terminalStates+` AND finished_at < $1`, before)
+	return n, s.wrap("prune commands", err)
+}

@@ -1,0 +1,76 @@
+// Package queries is the one SQL implementation of store.Store that both
+// backends share. Each backend supplies a connection pool (database/sql for
+// SQLite, pgxpool for PostgreSQL) behind the small interfaces below and a
+// Dialect for the few real differences; every query is written once.
+//
+// Two database functions make the SQL portable: now() (PostgreSQL's own; on
+// SQLite the backend registers one returning Unix microseconds) and
+// bc_micros(n), an interval of n microseconds (a migration defines it on
+// PostgreSQL; on SQLite it returns n).
+package queries
+
+import (
+	"context"
+	"io/fs"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// DB runs statements: a pool or a transaction.
+type DB interface {
+	// Exec runs a statement and returns the number of rows it affected.
+	Exec(ctx context.Context, sql string, args ...any) (int64, error)
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) Row
+}
+
+// Rows iterates a result set.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// Row is one result row; Scan returns a backend "no rows" error when empty.
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// Pool is a backend's connection pool.
+type Pool interface {
+	DB
+	Begin(ctx context.Context) (Tx, error)
+	Ping(ctx context.Context) error
+	Close() error
+}
+
+// Tx is an open transaction.
+type Tx interface {
+	DB
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// JSON marks an argument as a JSON document; backends bind it as text
+// (SQLite) or jsonb (PostgreSQL). A nil JSON binds SQL NULL.
+type JSON []byte
+
+// Dialect is what differs between backends.
+type Dialect struct {
+	// Name is the backend's dialect.
+	Name store.Dialect
+	// Translate maps a driver error to store.ErrNotFound or
+	// store.ErrConflict where it means that, and returns it unchanged
+	// otherwise.
+	Translate func(error) error
+	// MigrationLock is run first in the migration transaction to serialise
+	// migrators (PostgreSQL: an advisory transaction lock); empty when the
+	// transaction itself is exclusive (SQLite's BEGIN IMMEDIATE).
+	MigrationLock string
+	// ForShare is appended to the fence check so a takeover waits for the
+	// fenced transaction (" FOR SHARE" on PostgreSQL).
+	ForShare string
+	// Migrations holds the numbered *.sql files, applied in name order.
+	Migrations fs.FS
+}

@@ -1,0 +1,91 @@
+package queries
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+const joinTokenColumns = `id, pool_id, description, max_uses, uses, expires_at, revoked_at, created_at`
+
+func scanJoinToken(r Row) (*store.JoinToken, error) {
+	t := &store.JoinToken{}
+	return t, r.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt)
+}
+
+// JoinTokenCreate stores a token's hash and limits.
+func (s *Store) JoinTokenCreate(ctx context.Context, p *store.JoinTokenCreateParams) (*store.JoinToken, error) {
+	t, err := scanJoinToken(s.db.QueryRow(ctx, `INSERT INTO join_tokens
+		(id, secret_hash, pool_id, description, max_uses, expires_at, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, now()) RETURNING `+joinTokenColumns,
+		p.ID, p.SecretHash, p.PoolID, p.Description, p.MaxUses, p.ExpiresAt))
+	if err != nil {
+		return nil, s.wrap("create join token", err)
+	}
+	return t, nil
+}
+
+// JoinTokenGet returns a token (never its secret).
+func (s *Store) JoinTokenGet(ctx context.Context, id string) (*store.JoinToken, error) {
+	t, err := scanJoinToken(s.db.QueryRow(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens WHERE id = $1`, id))
+	if err != nil {
+		return nil, s.wrap("get join token "+id, err)
+	}
+	return t, nil
+}
+
+// JoinTokenList pages tokens by id.
+func (s *Store) JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens WHERE id > $1 ORDER BY id LIMIT $2`,
+		p.Cursor, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list join tokens", err)
+	}
+	out, err := collect(rows, scanJoinToken)
+	return out, s.wrap("list join tokens", err)
+}
+
+// JoinTokenRevoke revokes a token.
+func (s *Store) JoinTokenRevoke(ctx context.Context, id string) error {
+	return s.exec1(ctx, "revoke join token "+id,
+		`UPDATE join_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+}
+
+// JoinTokenConsume uses a token once, atomically.
+func (s *Store) JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*store.JoinToken, error) {
+	t, err := scanJoinToken(s.db.QueryRow(ctx, `UPDATE join_tokens SET uses = uses + 1
+		WHERE id = $1 AND secret_hash = $2 AND revoked_at IS NULL AND expires_at > coalesce($3, now()) AND uses < max_uses
+		RETURNING `+joinTokenColumns, id, secretHash, now))
+	if err == nil {
+		return t, nil
+	}
+	if !errors.Is(s.d.Translate(err), store.ErrNotFound) {
+		return nil, s.wrap("consume join token", err)
+	}
+	// Refused: say why, reading the row as it is now.
+	var hash []byte
+	var expired bool
+	row := s.db.QueryRow(ctx, `SELECT `+joinTokenColumns+`, secret_hash, expires_at <= coalesce($2, now())
+		FROM join_tokens WHERE id = $1`, id, now)
+	t = &store.JoinToken{}
+	err = row.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt,
+		&hash, &expired)
+	switch {
+	case errors.Is(s.d.Translate(err), store.ErrNotFound):
+		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
+	case err != nil:
+		return nil, s.wrap("consume join token", err)
+	case subtle.ConstantTimeCompare(hash, secretHash) != 1:
+		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
+	case t.RevokedAt != nil:
+		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenRevoked)
+	case expired:
+		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenExpired)
+	default:
+		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenExhausted)
+	}
+}

@@ -1,0 +1,130 @@
+package queries
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, inventory, inventory_digest,
+	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, last_seen_at`
+
+func scanNode(r Row) (*store.Node, error) {
+	n := &store.Node{}
+	var labels []byte
+	err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.MachineID, &n.State, &n.Cordoned, &labels, &n.Inventory,
+		&n.InventoryDigest, &n.BCDVersion, &n.OS, &n.Arch, &n.BootID, &n.CertSerial, &n.CertNotAfter,
+		&n.CreatedAt, &n.UpdatedAt, &n.LastSeenAt)
+	if err != nil {
+		return nil, err
+	}
+	if len(labels) > 0 {
+		if err := json.Unmarshal(labels, &n.Labels); err != nil {
+			return nil, fmt.Errorf("decode labels of node %s: %w", n.ID, err)
+		}
+	}
+	return n, nil
+}
+
+func labelsJSON(m map[string]string) (JSON, error) {
+	if m == nil {
+		m = map[string]string{}
+	}
+	b, err := json.Marshal(m)
+	return JSON(b), err
+}
+
+// NodeUpsert inserts a node or refreshes an existing node's identity.
+func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error) {
+	labels, err := labelsJSON(p.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("upsert node %s: encode labels: %w", p.ID, err)
+	}
+	n, err := scanNode(s.db.QueryRow(ctx, `
+		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
+			cert_serial, cert_not_after, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()))
+		ON CONFLICT (id) DO UPDATE SET
+			pool_id = excluded.pool_id, hostname = excluded.hostname, machine_id = excluded.machine_id,
+			bcd_version = excluded.bcd_version, os = excluded.os, arch = excluded.arch,
+			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
+			updated_at = excluded.updated_at
+		RETURNING `+nodeColumns,
+		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, p.Now))
+	if err != nil {
+		return nil, s.wrap("upsert node "+p.ID, err)
+	}
+	return n, nil
+}
+
+// NodeGet returns a node.
+func (s *Store) NodeGet(ctx context.Context, id string) (*store.Node, error) {
+	n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = $1`, id))
+	if err != nil {
+		return nil, s.wrap("get node "+id, err)
+	}
+	return n, nil
+}
+
+// NodeFindForRejoin finds a pool's node by machine id, then by hostname.
+func (s *Store) NodeFindForRejoin(ctx context.Context, poolID, machineID, hostname string) (*store.Node, error) {
+	n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
+		WHERE pool_id = $1 AND ((machine_id <> '' AND machine_id = $2) OR hostname = $3)
+		ORDER BY CASE WHEN machine_id <> '' AND machine_id = $2 THEN 0 ELSE 1 END, created_at
+		LIMIT 1`, poolID, machineID, hostname))
+	if err != nil {
+		return nil, s.wrap("find node for re-join", err)
+	}
+	return n, nil
+}
+
+// NodeList pages nodes by id, filtered by pool and state.
+func (s *Store) NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes
+		WHERE id > $1 AND ($2 = '' OR pool_id = $2) AND ($3 = '' OR state = $3)
+		ORDER BY id LIMIT $4`, p.Cursor, p.PoolID, p.State, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list nodes", err)
+	}
+	out, err := collect(rows, scanNode)
+	return out, s.wrap("list nodes", err)
+}
+
+// exec1 runs a statement that must touch exactly one row; none is
+// store.ErrNotFound.
+func (s *Store) exec1(ctx context.Context, op, sql string, args ...any) error {
+	n, err := s.db.Exec(ctx, sql, args...)
+	if err != nil {
+		return s.wrap(op, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %w", op, store.ErrNotFound)
+	}
+	return nil
+}
+
+// NodeSetState moves a node to state.
+func (s *Store) NodeSetState(ctx context.Context, id, state string) error {
+	return s.exec1(ctx, "set state of node "+id,
+		`UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1`, id, state)
+}
+
+// NodeSetCordoned sets the cordon flag.
+func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) error {
+	return s.exec1(ctx, "cordon node "+id,
+		`UPDATE nodes SET cordoned = $2, updated_at = now() WHERE id = $1`, id, cordoned)
+}
+
+// NodeSetInventory stores a node's inventory.
+func (s *Store) NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error {
+	return s.exec1(ctx, "set inventory of node "+id,
+		`UPDATE nodes SET inventory = $2, inventory_digest = $3, updated_at = now() WHERE id = $1`,
+		id, JSON(inventory), digest)
+}
+
+// NodeDelete removes a node and what hangs off it.
+func (s *Store) NodeDelete(ctx context.Context, id string) error {
+	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
+}

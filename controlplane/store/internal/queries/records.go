@@ -1,0 +1,252 @@
+package queries
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// OutboxInsert appends an entry to the outbox.
+func (s *Store) OutboxInsert(ctx context.Context, topic, key string, payload []byte) (int64, error) {
+	var id int64
+	err := s.db.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, now())
+		RETURNING id`, topic, key, JSON(payload)).Scan(&id)
+	return id, s.wrap("insert outbox entry", err)
+}
+
+// OutboxList returns entries after afterID, oldest first.
+func (s *Store) OutboxList(ctx context.Context, afterID int64, n int) ([]*store.OutboxEntry, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, topic, key, payload, created_at FROM outbox
+		WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit(n))
+	if err != nil {
+		return nil, s.wrap("list outbox", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.OutboxEntry, error) {
+		e := &store.OutboxEntry{}
+		return e, r.Scan(&e.ID, &e.Topic, &e.Key, &e.Payload, &e.CreatedAt)
+	})
+	return out, s.wrap("list outbox", err)
+}
+
+// OutboxCursor returns a sink's delivery cursor.
+func (s *Store) OutboxCursor(ctx context.Context, sink string) (int64, error) {
+	var id int64
+	err := s.db.QueryRow(ctx, `SELECT last_id FROM outbox_cursors WHERE sink = $1`, sink).Scan(&id)
+	if err != nil && isNotFound(s.d.Translate(err)) {
+		return 0, nil
+	}
+	return id, s.wrap("read outbox cursor of "+sink, err)
+}
+
+// OutboxCursorSet moves a sink's delivery cursor.
+func (s *Store) OutboxCursorSet(ctx context.Context, sink string, lastID int64) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO outbox_cursors (sink, last_id, updated_at) VALUES ($1, $2, now())
+		ON CONFLICT (sink) DO UPDATE SET last_id = excluded.last_id, updated_at = excluded.updated_at`, sink, lastID)
+	return s.wrap("set outbox cursor of "+sink, err)
+}
+
+func nullJSON(b []byte) any {
+	if b == nil {
+		return nil
+	}
+	return JSON(b)
+}
+
+// EventInsert records an event.
+func (s *Store) EventInsert(ctx context.Context, e *store.Event) (int64, error) {
+	t := e.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	var id int64
+	err := s.db.QueryRow(ctx, `INSERT INTO events (node_id, kind, severity, message, time, payload)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(e.Payload)).Scan(&id)
+	return id, s.wrap("insert event", err)
+}
+
+// EventList returns events after AfterID, oldest first.
+func (s *Store) EventList(ctx context.Context, p *store.EventListParams) ([]*store.Event, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, node_id, kind, severity, message, time, payload FROM events
+		WHERE id > $1 AND ($2 = '' OR node_id = $2) ORDER BY id LIMIT $3`, p.AfterID, p.NodeID, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list events", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.Event, error) {
+		e := &store.Event{}
+		return e, r.Scan(&e.ID, &e.NodeID, &e.Kind, &e.Severity, &e.Message, &e.Time, &e.Payload)
+	})
+	return out, s.wrap("list events", err)
+}
+
+// EventPrune deletes events older than before.
+func (s *Store) EventPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM events WHERE time < $1`, before)
+	return n, s.wrap("prune events", err)
+}
+
+// AuditInsert appends to the audit log.
+func (s *Store) AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error) {
+	t := e.Time
+	if t.IsZero() {
+		t = time.Now()
+	}
+	var id int64
+	err := s.db.QueryRow(ctx, `INSERT INTO audit_log (time, actor, action, resource, outcome, source_ip, details)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		t.UTC(), e.Actor, e.Action, e.Resource, e.Outcome, e.SourceIP, nullJSON(e.Details)).Scan(&id)
+	return id, s.wrap("insert audit entry", err)
+}
+
+// AuditList returns audit entries after afterID, oldest first.
+func (s *Store) AuditList(ctx context.Context, afterID int64, n int) ([]*store.AuditEntry, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, time, actor, action, resource, outcome, source_ip, details FROM audit_log
+		WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit(n))
+	if err != nil {
+		return nil, s.wrap("list audit log", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.AuditEntry, error) {
+		e := &store.AuditEntry{}
+		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details)
+	})
+	return out, s.wrap("list audit log", err)
+}
+
+// AuditPrune deletes audit entries older than before.
+func (s *Store) AuditPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM audit_log WHERE time < $1`, before)
+	return n, s.wrap("prune audit log", err)
+}
+
+// PKIBundleGet returns the sealed bundle.
+func (s *Store) PKIBundleGet(ctx context.Context) (*store.PKIBundle, error) {
+	b := &store.PKIBundle{}
+	err := s.db.QueryRow(ctx, `SELECT trust_domain, sealed, created_at, updated_at FROM pki_bundle WHERE id = 1`).
+		Scan(&b.TrustDomain, &b.Sealed, &b.CreatedAt, &b.UpdatedAt)
+	if err != nil {
+		return nil, s.wrap("get pki bundle", err)
+	}
+	return b, nil
+}
+
+// PKIBundleCreate stores the first bundle.
+func (s *Store) PKIBundleCreate(ctx context.Context, b *store.PKIBundle) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO pki_bundle (id, trust_domain, sealed, created_at, updated_at)
+		VALUES (1, $1, $2, now(), now())`, b.TrustDomain, b.Sealed)
+	return s.wrap("create pki bundle", err)
+}
+
+// PKIBundleUpdate replaces the bundle.
+func (s *Store) PKIBundleUpdate(ctx context.Context, b *store.PKIBundle) error {
+	return s.exec1(ctx, "update pki bundle", `UPDATE pki_bundle SET trust_domain = $1, sealed = $2, updated_at = now()
+		WHERE id = 1`, b.TrustDomain, b.Sealed)
+}
+
+// RevocationInsert revokes a serial.
+func (s *Store) RevocationInsert(ctx context.Context, r *store.Revocation) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO revocations (serial, node_id, reason, revoked_at) VALUES ($1, $2, $3, now())
+		ON CONFLICT (serial) DO NOTHING`, r.Serial, r.NodeID, r.Reason)
+	return s.wrap("revoke "+r.Serial, err)
+}
+
+// RevocationList returns revocations since a time, oldest first.
+func (s *Store) RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error) {
+	rows, err := s.db.Query(ctx, `SELECT serial, node_id, reason, revoked_at FROM revocations
+		WHERE revoked_at >= $1 ORDER BY revoked_at, serial`, since.UTC())
+	if err != nil {
+		return nil, s.wrap("list revocations", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.Revocation, error) {
+		v := &store.Revocation{}
+		return v, r.Scan(&v.Serial, &v.NodeID, &v.Reason, &v.RevokedAt)
+	})
+	return out, s.wrap("list revocations", err)
+}
+
+// RevocationCheck reports whether a serial is revoked.
+func (s *Store) RevocationCheck(ctx context.Context, serial string) (bool, error) {
+	var revoked bool
+	err := s.db.QueryRow(ctx, `SELECT count(*) > 0 FROM revocations WHERE serial = $1`, serial).Scan(&revoked)
+	return revoked, s.wrap("check revocation of "+serial, err)
+}
+
+const apiTokenColumns = `id, role, description, allow_cidrs, expires_at, revoked_at, created_at`
+
+func scanAPIToken(r Row) (*store.APIToken, error) {
+	t := &store.APIToken{}
+	var cidrs []byte
+	if err := r.Scan(&t.ID, &t.Role, &t.Description, &cidrs, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(cidrs, &t.AllowCIDRs); err != nil {
+		return nil, fmt.Errorf("decode allowed CIDRs of token %s: %w", t.ID, err)
+	}
+	return t, nil
+}
+
+// APITokenCreate stores a token's hash and role.
+func (s *Store) APITokenCreate(ctx context.Context, t *store.APIToken, secretHash []byte) error {
+	cidrs := t.AllowCIDRs
+	if cidrs == nil {
+		cidrs = []string{}
+	}
+	b, err := json.Marshal(cidrs)
+	if err != nil {
+		return fmt.Errorf("create api token: %w", err)
+	}
+	_, err = s.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, description, allow_cidrs, expires_at, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, now())`, t.ID, secretHash, t.Role, t.Description, JSON(b), t.ExpiresAt)
+	return s.wrap("create api token", err)
+}
+
+// APITokenBySecret returns the token with this secret hash.
+func (s *Store) APITokenBySecret(ctx context.Context, secretHash []byte) (*store.APIToken, error) {
+	t, err := scanAPIToken(s.db.QueryRow(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE secret_hash = $1`, secretHash))
+	if err != nil {
+		return nil, s.wrap("get api token", err)
+	}
+	return t, nil
+}
+
+// APITokenList pages tokens by id.
+func (s *Store) APITokenList(ctx context.Context, p *store.ListParams) ([]*store.APIToken, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id > $1 ORDER BY id LIMIT $2`,
+		p.Cursor, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list api tokens", err)
+	}
+	out, err := collect(rows, scanAPIToken)
+	return out, s.wrap("list api tokens", err)
+}
+
+// APITokenRevoke revokes a token.
+func (s *Store) APITokenRevoke(ctx context.Context, id string) error {
+	return s.exec1(ctx, "revoke api token "+id,
+		`UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+}
+
+// SecretPut stores or replaces a sealed secret.
+func (s *Store) SecretPut(ctx context.Context, x *store.Secret) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO secrets (name, node_id, sealed, created_at) VALUES ($1, $2, $3, now())
+		ON CONFLICT (name) DO UPDATE SET node_id = excluded.node_id, sealed = excluded.sealed`, x.Name, x.NodeID, x.Sealed)
+	return s.wrap("put secret "+x.Name, err)
+}
+
+// SecretGet returns a sealed secret.
+func (s *Store) SecretGet(ctx context.Context, name string) (*store.Secret, error) {
+	x := &store.Secret{}
+	err := s.db.QueryRow(ctx, `SELECT name, node_id, sealed, created_at FROM secrets WHERE name = $1`, name).
+		Scan(&x.Name, &x.NodeID, &x.Sealed, &x.CreatedAt)
+	if err != nil {
+		return nil, s.wrap("get secret "+name, err)
+	}
+	return x, nil
+}
+
+// SecretDelete removes a secret.
+func (s *Store) SecretDelete(ctx context.Context, name string) error {
+	return s.exec1(ctx, "delete secret "+name, `DELETE FROM secrets WHERE name = $1`, name)
+}

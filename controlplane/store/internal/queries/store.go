@@ -1,0 +1,121 @@
+package queries
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Store implements store.Store on a backend's pool.
+type Store struct {
+	pool Pool
+	db   DB // the pool, or the open transaction
+	d    *Dialect
+	inTx bool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns a Store running on pool with dialect d.
+func New(pool Pool, d *Dialect) *Store {
+	return &Store{pool: pool, db: pool, d: d}
+}
+
+// Dialect names the backend.
+func (s *Store) Dialect() store.Dialect { return s.d.Name }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping database: %w", err)
+	}
+	return nil
+}
+
+// Close releases the pool.
+func (s *Store) Close() error { return s.pool.Close() }
+
+// Tx runs fn in one transaction.
+func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
+	if s.inTx {
+		return fn(s)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", s.d.Translate(err))
+	}
+	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true}
+	if err := fn(inner); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", s.d.Translate(err))
+	}
+	return nil
+}
+
+// FencedTx runs fn in one transaction under fence.
+func (s *Store) FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error {
+	return s.Tx(ctx, func(tx store.Store) error {
+		inner := tx.(*Store)
+		var one int
+		err := inner.db.QueryRow(ctx, `SELECT 1 FROM leases
+			WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > coalesce($4, now())`+s.d.ForShare,
+			fence.Lease, fence.Holder, fence.Epoch, fence.Now).Scan(&one)
+		if err != nil {
+			if errors.Is(s.d.Translate(err), store.ErrNotFound) {
+				return fmt.Errorf("%s at epoch %d: %w", fence.Lease, fence.Epoch, store.ErrFenced)
+			}
+			return fmt.Errorf("check fence %s: %w", fence.Lease, err)
+		}
+		return fn(inner)
+	})
+}
+
+// wrap names the operation and translates the driver error.
+func (s *Store) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", op, s.d.Translate(err))
+}
+
+// collect scans every row with scan.
+func collect[T any](rows Rows, scan func(Row) (*T, error)) ([]*T, error) {
+	defer rows.Close()
+	var out []*T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// limit clamps a list limit to 1..store.MaxListLimit, 100 by default.
+func limit(n int) int {
+	switch {
+	case n <= 0:
+		return 100
+	case n > store.MaxListLimit:
+		return store.MaxListLimit
+	}
+	return n
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// ExecRaw runs one raw SQL statement. It is for tests that must set up a
+// state the Store API cannot reach; the control plane never calls it.
+func (s *Store) ExecRaw(ctx context.Context, sql string) error {
+	_, err := s.db.Exec(ctx, sql)
+	return s.wrap("exec", err)
+}

@@ -1,0 +1,70 @@
+// Package pgtest gives each test its own PostgreSQL schema on the test
+// server, so tests run in parallel against one database.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultURL is the test server: the machine's PostgreSQL with trust auth.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// ServerURL returns BETTER_COMPUTE_TEST_DATABASE_URL or DefaultURL.
+func ServerURL() string {
+	if u := os.Getenv("BETTER_COMPUTE_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// URL creates a fresh schema and returns a URL whose connections use it;
+// the schema is dropped when the test ends. Without a reachable server the
+// test is skipped, except under CI=true, where that is a failure.
+func URL(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	server := ServerURL()
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL is required in CI: %v", err)
+		}
+		t.Skipf("no PostgreSQL at %s (start it with pg_ctlcluster 15 main start): %v", server, err)
+	}
+	defer conn.Close(ctx)
+	schema := "t_" + strings.ToLower(rand.Text())[:16]
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, server)
+		if err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", schema, err)
+		}
+	})
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatalf("parse %s: %v", server, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return fmt.Sprint(u)
+}

@@ -1,0 +1,144 @@
+// Package postgres is the production store backend: PostgreSQL 15+ through
+// pgx v5 (pgxpool), for any number of processes (DESIGN.md, "Storage").
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/internal/queries"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Open connects to the database at url (a postgres:// URL or a key=value
+// connection string). It does not migrate; call Migrate.
+func Open(ctx context.Context, url string) (*queries.Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to postgres: %w", err)
+	}
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("connect to postgres %s:%d: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
+	}
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	return queries.New(&pool{p: p}, &queries.Dialect{
+		Name:      store.DialectPostgres,
+		Translate: translate,
+		// One lock per schema, held until the migration transaction ends.
+		MigrationLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute migrate ' || current_schema()))`,
+		ForShare:      " FOR SHARE",
+		Migrations:    sub,
+	}), nil
+}
+
+// translate maps driver errors to the store's.
+func translate(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	var e *pgconn.PgError
+	if errors.As(err, &e) {
+		switch e.Code {
+		case "23505": // unique_violation
+			return fmt.Errorf("%w: %s", store.ErrConflict, e.Message)
+		case "23503": // foreign_key_violation
+			return fmt.Errorf("%w: referenced row: %s", store.ErrNotFound, e.Message)
+		}
+	}
+	return err
+}
+
+// querier is what pgxpool.Pool and pgx.Tx share.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type conn struct{ q querier }
+
+func (c conn) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := c.q.Exec(ctx, sql, bind(args)...)
+	return tag.RowsAffected(), err
+}
+
+func (c conn) Query(ctx context.Context, sql string, args ...any) (queries.Rows, error) {
+	r, err := c.q.Query(ctx, sql, bind(args)...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (c conn) QueryRow(ctx context.Context, sql string, args ...any) queries.Row {
+	return c.q.QueryRow(ctx, sql, bind(args)...)
+}
+
+type pool struct{ p *pgxpool.Pool }
+
+func (p *pool) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	return conn{p.p}.Exec(ctx, sql, args...)
+}
+
+func (p *pool) Query(ctx context.Context, sql string, args ...any) (queries.Rows, error) {
+	return conn{p.p}.Query(ctx, sql, args...)
+}
+
+func (p *pool) QueryRow(ctx context.Context, sql string, args ...any) queries.Row {
+	return conn{p.p}.QueryRow(ctx, sql, args...)
+}
+
+func (p *pool) Begin(ctx context.Context) (queries.Tx, error) {
+	t, err := p.p.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &tx{conn: conn{t}, t: t}, nil
+}
+
+func (p *pool) Ping(ctx context.Context) error { return p.p.Ping(ctx) }
+func (p *pool) Close() error                   { p.p.Close(); return nil }
+
+type tx struct {
+	conn
+	t pgx.Tx
+}
+
+func (t *tx) Commit(ctx context.Context) error   { return t.t.Commit(ctx) }
+func (t *tx) Rollback(ctx context.Context) error { return t.t.Rollback(ctx) }
+
+// bind converts JSON arguments to raw bytes (nil to SQL NULL).
+func bind(args []any) []any {
+	out := args
+	for i, a := range args {
+		if v, ok := a.(queries.JSON); ok {
+			if &out[0] == &args[0] {
+				out = append([]any(nil), args...)
+			}
+			if v == nil {
+				out[i] = nil
+			} else {
+				out[i] = []byte(v)
+			}
+		}
+	}
+	return out
+}

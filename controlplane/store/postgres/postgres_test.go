@@ -1,0 +1,25 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/better-compute/better-compute/controlplane/store/postgres"
+	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
+	"github.com/better-compute/better-compute/controlplane/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Exercise(context.Background(), t, func(t *testing.T) *storetest.Harness {
+		ctx := context.Background()
+		s, err := postgres.Open(ctx, pgtest.URL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if _, err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return &storetest.Harness{Store: s, Exec: s.ExecRaw}
+	})
+}

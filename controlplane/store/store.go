@@ -1,0 +1,713 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"strings"
+	"time"
+)
+
+// Dialect names a backend's SQL dialect.
+type Dialect string
+
+// The dialects a Store may speak.
+const (
+	DialectSQLite   Dialect = "sqlite"
+	DialectPostgres Dialect = "postgres"
+)
+
+// Errors every backend returns, matched with errors.Is.
+var (
+	// ErrNotFound is returned when the addressed row does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrConflict is returned when a write would violate a uniqueness rule.
+	ErrConflict = errors.New("conflict")
+	// ErrFenced is returned by a fenced write whose lease is no longer held
+	// by the writer at the writer's epoch.
+	ErrFenced = errors.New("lease lost: write fenced")
+	// ErrTokenInvalid is returned by JoinTokenConsume for an unknown token or
+	// a wrong secret; the two are not told apart to the caller.
+	ErrTokenInvalid = errors.New("join token unknown")
+	// ErrTokenExpired is returned by JoinTokenConsume for a token past its TTL.
+	ErrTokenExpired = errors.New("join token expired")
+	// ErrTokenRevoked is returned by JoinTokenConsume for a revoked token.
+	ErrTokenRevoked = errors.New("join token revoked")
+	// ErrTokenExhausted is returned by JoinTokenConsume for a token whose uses
+	// reached max-uses.
+	ErrTokenExhausted = errors.New("join token exhausted")
+)
+
+// MigrationError is returned by Migrate and Check when the database holds
+// applied migrations this build does not know: it was migrated by a newer
+// build, and running this one against it could corrupt it.
+type MigrationError struct {
+	// Unknown lists the names of the applied migrations this build lacks.
+	Unknown []string
+}
+
+func (e *MigrationError) Error() string {
+	return "database was migrated by a newer build: unknown applied migrations " + strings.Join(e.Unknown, ", ") + "; run the build that applied them"
+}
+
+// NewID returns a new random identifier with the given prefix, such as
+// "node_k2xq7w4r9d3m5c8v1b6n0zj4p" (prefix, underscore, 26 base32 characters,
+// 130 bits of randomness).
+func NewID(prefix string) string {
+	return prefix + "_" + strings.ToLower(rand.Text())
+}
+
+// Store is everything the control plane reads and writes. It is the one wide
+// interface of the project (the storage seam, as river's riverdriver.Executor);
+// consumers declare the narrow interfaces they need.
+//
+// A Store returned by Tx or FencedTx runs every call in that transaction.
+type Store interface {
+	// Dialect names the backend.
+	Dialect() Dialect
+	// Ping checks that the database answers.
+	Ping(ctx context.Context) error
+	// Close releases the connections.
+	Close() error
+
+	// Tx runs fn in one transaction, committed when fn returns nil.
+	// Inside a transaction it runs fn in the same one.
+	Tx(ctx context.Context, fn func(Store) error) error
+	// FencedTx runs fn in one transaction that first checks the writer still
+	// holds fence's lease at fence's epoch (and that it has not expired by the
+	// database's clock), and keeps it from changing hands until the
+	// transaction ends. Otherwise it returns ErrFenced and runs nothing.
+	FencedTx(ctx context.Context, fence Fence, fn func(Store) error) error
+
+	Migrator
+	LeaseStore
+	SiteStore
+	PoolStore
+	NodeStore
+	JoinTokenStore
+	GatewayStore
+	SessionStore
+	WorkerStore
+	CommandStore
+	OutboxStore
+	EventStore
+	AuditStore
+	PKIStore
+	APITokenStore
+	SecretStore
+}
+
+// Migrator applies and reports schema migrations.
+type Migrator interface {
+	// Migrate applies every pending migration under a lock (an advisory
+	// lock on PostgreSQL, the write lock on SQLite), so concurrent callers all
+	// succeed with one schema. It returns the names it applied, and a
+	// *MigrationError naming applied migrations this build does not know.
+	Migrate(ctx context.Context) ([]string, error)
+	// MigrationStatus reports applied and pending migration names, and a
+	// *MigrationError when the database holds unknown ones.
+	MigrationStatus(ctx context.Context) (*MigrationStatus, error)
+}
+
+// MigrationStatus is the schema's state against this build.
+type MigrationStatus struct {
+	Applied []string
+	Pending []string
+}
+
+// LeaseStore keeps named leases: the single-writer guarantee of every job.
+// Names follow DESIGN.md: shard:<n>, singleton:<name>, gateway:<id>.
+type LeaseStore interface {
+	// LeaseAcquire takes the lease when it is free, expired or already held
+	// by the same holder (then it is renewed at the same epoch). A takeover
+	// raises the epoch by one. ok is false, with a nil error, when another
+	// holder has it: that is a normal result.
+	LeaseAcquire(ctx context.Context, p *LeaseAcquireParams) (lease *Lease, ok bool, err error)
+	// LeaseRenew extends a lease the holder still holds at its epoch and that
+	// has not expired. ok is false when it was lost.
+	LeaseRenew(ctx context.Context, p *LeaseRenewParams) (lease *Lease, ok bool, err error)
+	// LeaseRelease gives a lease up at once, so the next acquirer need not
+	// wait for expiry. Releasing a lease not held is a no-op.
+	LeaseRelease(ctx context.Context, name, holder string, epoch int64) error
+	// LeaseGet returns a lease, expired or not; ErrNotFound if never taken.
+	LeaseGet(ctx context.Context, name string) (*Lease, error)
+	// LeaseList returns leases whose name starts with prefix, by name.
+	LeaseList(ctx context.Context, prefix string) ([]*Lease, error)
+}
+
+// Lease is a named, expiring claim of single-writer ownership.
+type Lease struct {
+	Name       string
+	Holder     string
+	Epoch      int64
+	AcquiredAt time.Time
+	RenewedAt  time.Time
+	ExpiresAt  time.Time
+}
+
+// Fence names the lease a write is made under.
+type Fence struct {
+	Lease  string
+	Holder string
+	Epoch  int64
+	// Now overrides the database clock for the expiry check (tests only).
+	Now *time.Time
+}
+
+// LeaseAcquireParams are LeaseAcquire's inputs.
+type LeaseAcquireParams struct {
+	Name   string
+	Holder string
+	TTL    time.Duration
+	Now    *time.Time
+}
+
+// LeaseRenewParams are LeaseRenew's inputs.
+type LeaseRenewParams struct {
+	Name   string
+	Holder string
+	Epoch  int64
+	TTL    time.Duration
+	Now    *time.Time
+}
+
+// ListParams pages a list: rows after Cursor (an id), at most Limit
+// (1 to 1,000; 0 means 100).
+type ListParams struct {
+	Cursor string
+	Limit  int
+}
+
+// MaxListLimit is the most rows one list call returns.
+const MaxListLimit = 1000
+
+// Site is a physical location in a region.
+type Site struct {
+	ID        string
+	Name      string
+	Region    string
+	CreatedAt time.Time
+}
+
+// SiteStore keeps sites.
+type SiteStore interface {
+	// SiteCreate inserts a site; ErrConflict when the name is taken.
+	SiteCreate(ctx context.Context, p *SiteCreateParams) (*Site, error)
+	SiteGet(ctx context.Context, idOrName string) (*Site, error)
+	SiteList(ctx context.Context, p *ListParams) ([]*Site, error)
+}
+
+// SiteCreateParams are SiteCreate's inputs. ID defaults to a new site_ id.
+type SiteCreateParams struct {
+	ID     string
+	Name   string
+	Region string
+}
+
+// Pool is a group of nodes at one site; join tokens are bound to a pool.
+type Pool struct {
+	ID        string
+	Name      string
+	SiteID    string
+	CreatedAt time.Time
+}
+
+// PoolStore keeps pools.
+type PoolStore interface {
+	// PoolCreate inserts a pool; ErrConflict when the name is taken,
+	// ErrNotFound when the site does not exist.
+	PoolCreate(ctx context.Context, p *PoolCreateParams) (*Pool, error)
+	PoolGet(ctx context.Context, idOrName string) (*Pool, error)
+	PoolList(ctx context.Context, p *ListParams) ([]*Pool, error)
+}
+
+// PoolCreateParams are PoolCreate's inputs. ID defaults to a new pool_ id.
+type PoolCreateParams struct {
+	ID     string
+	Name   string
+	SiteID string
+}
+
+// Node states.
+const (
+	NodeJoined      = "joined"      // joined, never connected
+	NodeReady       = "ready"       // heartbeating
+	NodeUnreachable = "unreachable" // no heartbeat for 3 intervals
+	NodePoweredOff  = "powered-off" // its BMC says it is off
+	NodeDraining    = "draining"    // drained by an operator
+)
+
+// Node is a machine running bcd.
+type Node struct {
+	ID              string
+	PoolID          string
+	Hostname        string
+	MachineID       string
+	State           string
+	Cordoned        bool
+	Labels          map[string]string
+	Inventory       []byte // JSON, as reported by the node
+	InventoryDigest string
+	BCDVersion      string
+	OS              string
+	Arch            string
+	BootID          string
+	CertSerial      string
+	CertNotAfter    *time.Time
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	LastSeenAt      *time.Time
+}
+
+// NodeStore keeps nodes.
+type NodeStore interface {
+	// NodeUpsert inserts a node or, for an existing id, replaces its identity
+	// fields (hostname, machine id, certificate, versions), keeping its
+	// history, state and labels.
+	NodeUpsert(ctx context.Context, p *NodeUpsertParams) (*Node, error)
+	NodeGet(ctx context.Context, id string) (*Node, error)
+	// NodeFindForRejoin returns the node of pool with this machine id, or
+	// failing that this hostname: a reinstalled machine keeps its id.
+	NodeFindForRejoin(ctx context.Context, poolID, machineID, hostname string) (*Node, error)
+	NodeList(ctx context.Context, p *NodeListParams) ([]*Node, error)
+	// NodeSetState moves a node to state; ErrNotFound for an unknown id.
+	NodeSetState(ctx context.Context, id, state string) error
+	// NodeSetCordoned marks a node (un)schedulable for new commands.
+	NodeSetCordoned(ctx context.Context, id string, cordoned bool) error
+	// NodeSetInventory stores a node's inventory JSON and its digest.
+	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	// NodeDelete removes a node, its session and commands.
+	NodeDelete(ctx context.Context, id string) error
+}
+
+// NodeUpsertParams are NodeUpsert's inputs.
+type NodeUpsertParams struct {
+	ID           string
+	PoolID       string
+	Hostname     string
+	MachineID    string
+	Labels       map[string]string
+	BCDVersion   string
+	OS           string
+	Arch         string
+	CertSerial   string
+	CertNotAfter *time.Time
+	Now          *time.Time
+}
+
+// NodeListParams filter and page NodeList.
+type NodeListParams struct {
+	ListParams
+	PoolID string
+	State  string
+}
+
+// JoinToken authorises daemons to join a pool. Only the secret's hash is
+// stored.
+type JoinToken struct {
+	ID          string
+	PoolID      string
+	Description string
+	MaxUses     int
+	Uses        int
+	ExpiresAt   time.Time
+	RevokedAt   *time.Time
+	CreatedAt   time.Time
+}
+
+// JoinTokenStore keeps join tokens.
+type JoinTokenStore interface {
+	JoinTokenCreate(ctx context.Context, p *JoinTokenCreateParams) (*JoinToken, error)
+	JoinTokenGet(ctx context.Context, id string) (*JoinToken, error)
+	JoinTokenList(ctx context.Context, p *ListParams) ([]*JoinToken, error)
+	// JoinTokenRevoke revokes a token; ErrNotFound for an unknown id.
+	JoinTokenRevoke(ctx context.Context, id string) error
+	// JoinTokenConsume uses a token once, in one statement: it succeeds
+	// only for a known token with this secret hash, not expired, not
+	// revoked and with uses below max-uses, so N concurrent callers on a
+	// token with max-uses M < N get exactly M successes. Refusals are
+	// ErrTokenInvalid, ErrTokenExpired, ErrTokenRevoked or ErrTokenExhausted.
+	JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*JoinToken, error)
+}
+
+// JoinTokenCreateParams are JoinTokenCreate's inputs.
+type JoinTokenCreateParams struct {
+	ID          string
+	SecretHash  []byte
+	PoolID      string
+	Description string
+	MaxUses     int
+	ExpiresAt   time.Time
+}
+
+// Gateway is a live or recently live gateway process.
+type Gateway struct {
+	ID          string
+	Region      string
+	Address     string
+	Version     string
+	Sessions    int
+	MaxStreams  int
+	Draining    bool
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+}
+
+// GatewayStore keeps the gateways table.
+type GatewayStore interface {
+	// GatewayUpsert registers a gateway or refreshes its row (heartbeat_at
+	// is set to the database clock).
+	GatewayUpsert(ctx context.Context, p *GatewayUpsertParams) (*Gateway, error)
+	GatewayGet(ctx context.Context, id string) (*Gateway, error)
+	GatewayList(ctx context.Context) ([]*Gateway, error)
+	GatewayDelete(ctx context.Context, id string) error
+}
+
+// GatewayUpsertParams are GatewayUpsert's inputs.
+type GatewayUpsertParams struct {
+	ID         string
+	Region     string
+	Address    string
+	Version    string
+	Sessions   int
+	MaxStreams int
+	Draining   bool
+	Now        *time.Time
+}
+
+// Session is a node's live connection to one gateway. A node has at most
+// one; a newer one supersedes the older (its epoch is higher).
+type Session struct {
+	NodeID          string
+	SessionID       string
+	GatewayID       string
+	Epoch           int64
+	RemoteAddr      string
+	ConnectedAt     time.Time
+	LastHeartbeatAt time.Time
+}
+
+// SessionStore keeps sessions and their liveness.
+type SessionStore interface {
+	// SessionOpen records a node's new session on a gateway, superseding any
+	// older one (epoch + 1). It returns the new session and the one it
+	// replaced, if any.
+	SessionOpen(ctx context.Context, p *SessionOpenParams) (session, previous *Session, err error)
+	// SessionClose removes a session if it is still the node's current one.
+	SessionClose(ctx context.Context, nodeID, sessionID string) error
+	SessionGet(ctx context.Context, nodeID string) (*Session, error)
+	SessionList(ctx context.Context, gatewayID string) ([]*Session, error)
+	// SessionHeartbeatBatch records liveness of many sessions in one
+	// statement per call: the gateway's batched heartbeat write. Sessions no
+	// longer current (superseded) are skipped. It also sets the nodes'
+	// last_seen_at.
+	SessionHeartbeatBatch(ctx context.Context, gatewayID string, sessionIDs []string, now *time.Time) (int, error)
+}
+
+// SessionOpenParams are SessionOpen's inputs.
+type SessionOpenParams struct {
+	NodeID     string
+	SessionID  string
+	GatewayID  string
+	RemoteAddr string
+	Now        *time.Time
+}
+
+// Worker is a process running worker roles.
+type Worker struct {
+	ID          string
+	Roles       []string
+	Hostname    string
+	PID         int
+	Version     string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+}
+
+// WorkerStore keeps worker membership.
+type WorkerStore interface {
+	// WorkerHeartbeat registers a worker or refreshes its heartbeat.
+	WorkerHeartbeat(ctx context.Context, p *WorkerHeartbeatParams) (*Worker, error)
+	// WorkerList returns workers whose heartbeat is newer than liveWithin
+	// by the database clock (all workers when liveWithin is 0), by id.
+	WorkerList(ctx context.Context, liveWithin time.Duration, now *time.Time) ([]*Worker, error)
+	WorkerDelete(ctx context.Context, id string) error
+}
+
+// WorkerHeartbeatParams are WorkerHeartbeat's inputs.
+type WorkerHeartbeatParams struct {
+	ID       string
+	Roles    []string
+	Hostname string
+	PID      int
+	Version  string
+	Now      *time.Time
+}
+
+// Command states. Terminal ones end a command; exactly one is reached.
+const (
+	CommandQueued     = "queued"
+	CommandDispatched = "dispatched"
+	CommandAccepted   = "accepted"
+	CommandRunning    = "running"
+	CommandSucceeded  = "succeeded"
+	CommandFailed     = "failed"
+	CommandCancelled  = "cancelled"
+	CommandExpired    = "expired"
+	CommandLost       = "lost"
+)
+
+// IsTerminal reports whether state ends a command.
+func IsTerminal(state string) bool {
+	switch state {
+	case CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired, CommandLost:
+		return true
+	}
+	return false
+}
+
+// Command is one unit of work for one node.
+type Command struct {
+	ID              string
+	NodeID          string
+	Kind            string
+	Spec            []byte // JSON
+	State           string
+	IdempotencyKey  string
+	BatchID         string
+	CreatedBy       string
+	Attempt         int
+	GatewayID       string
+	ExitCode        *int
+	Error           string
+	OutputTruncated bool
+	OutputBytes     int64
+	Result          []byte // JSON, kind-specific
+	CancelRequested bool
+	CreatedAt       time.Time
+	DeadlineAt      time.Time
+	DispatchedAt    *time.Time
+	StartedAt       *time.Time
+	FinishedAt      *time.Time
+}
+
+// CommandStore keeps commands and their output.
+type CommandStore interface {
+	// CommandEnqueue writes one command per node and one outbox row for the
+	// batch in one transaction. With an idempotency key already used for a
+	// node, that node's existing command is returned instead of a new one.
+	CommandEnqueue(ctx context.Context, p *CommandEnqueueParams) ([]*Command, error)
+	CommandGet(ctx context.Context, id string) (*Command, error)
+	CommandList(ctx context.Context, p *CommandListParams) ([]*Command, error)
+	// CommandSetState moves a non-terminal command to a non-terminal state
+	// (dispatched, accepted, running); a terminal command is left alone and
+	// ok is false.
+	CommandSetState(ctx context.Context, p *CommandSetStateParams) (ok bool, err error)
+	// CommandFinish records a terminal result. The first terminal result
+	// wins: later ones leave the command as it is and return ok false.
+	CommandFinish(ctx context.Context, p *CommandFinishParams) (ok bool, err error)
+	// CommandAppendOutput stores a chunk of output at its sequence number;
+	// a chunk already stored (a redelivery) is ignored.
+	CommandAppendOutput(ctx context.Context, p *CommandOutputChunk) error
+	// CommandOutput returns a command's output chunks in order.
+	CommandOutput(ctx context.Context, commandID string) ([]*CommandOutputChunk, error)
+	// CommandPrune deletes terminal commands finished before before.
+	CommandPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
+// CommandEnqueueParams are CommandEnqueue's inputs.
+type CommandEnqueueParams struct {
+	NodeIDs        []string
+	Kind           string
+	Spec           []byte
+	IdempotencyKey string
+	BatchID        string
+	CreatedBy      string
+	Timeout        time.Duration
+	Now            *time.Time
+}
+
+// CommandListParams filter and page CommandList.
+type CommandListParams struct {
+	ListParams
+	NodeID  string
+	BatchID string
+	State   string
+}
+
+// CommandSetStateParams are CommandSetState's inputs.
+type CommandSetStateParams struct {
+	ID        string
+	State     string
+	GatewayID string
+	Now       *time.Time
+}
+
+// CommandFinishParams are CommandFinish's inputs.
+type CommandFinishParams struct {
+	ID              string
+	State           string
+	ExitCode        *int
+	Error           string
+	OutputTruncated bool
+	Result          []byte
+	Now             *time.Time
+}
+
+// Output streams.
+const (
+	StreamStdout = 1
+	StreamStderr = 2
+)
+
+// CommandOutputChunk is a piece of a command's output.
+type CommandOutputChunk struct {
+	CommandID string
+	Seq       int64
+	Stream    int
+	Data      []byte
+}
+
+// OutboxEntry is an event waiting for delivery to the sinks.
+type OutboxEntry struct {
+	ID        int64
+	Topic     string
+	Key       string
+	Payload   []byte // JSON
+	CreatedAt time.Time
+}
+
+// OutboxStore keeps the transactional outbox and each sink's cursor.
+type OutboxStore interface {
+	OutboxInsert(ctx context.Context, topic, key string, payload []byte) (int64, error)
+	// OutboxList returns entries with id above afterID, oldest first.
+	OutboxList(ctx context.Context, afterID int64, limit int) ([]*OutboxEntry, error)
+	// OutboxCursor returns the id of the last entry delivered to sink (0 at
+	// first).
+	OutboxCursor(ctx context.Context, sink string) (int64, error)
+	OutboxCursorSet(ctx context.Context, sink string, lastID int64) error
+}
+
+// Event is something that happened on a node or in the control plane, such
+// as a GPU XID error.
+type Event struct {
+	ID       int64
+	NodeID   string
+	Kind     string
+	Severity string
+	Message  string
+	Time     time.Time
+	Payload  []byte // JSON
+}
+
+// EventStore keeps events.
+type EventStore interface {
+	EventInsert(ctx context.Context, e *Event) (int64, error)
+	EventList(ctx context.Context, p *EventListParams) ([]*Event, error)
+	EventPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
+// EventListParams filter EventList. AfterID pages by id.
+type EventListParams struct {
+	NodeID  string
+	AfterID int64
+	Limit   int
+}
+
+// AuditEntry records a call or an attempt: who did what, from where, and
+// how it ended.
+type AuditEntry struct {
+	ID       int64
+	Time     time.Time
+	Actor    string
+	Action   string
+	Resource string
+	Outcome  string
+	SourceIP string
+	Details  []byte // JSON
+}
+
+// AuditStore keeps the audit log.
+type AuditStore interface {
+	AuditInsert(ctx context.Context, e *AuditEntry) (int64, error)
+	AuditList(ctx context.Context, afterID int64, limit int) ([]*AuditEntry, error)
+	AuditPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
+// PKIBundle is the sealed PKI bundle (DESIGN.md, "PKI").
+type PKIBundle struct {
+	TrustDomain string
+	Sealed      []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Revocation revokes one certificate serial, optionally naming its node.
+type Revocation struct {
+	Serial    string
+	NodeID    string
+	Reason    string
+	RevokedAt time.Time
+}
+
+// PKIStore keeps the sealed bundle and revocations.
+type PKIStore interface {
+	// PKIBundleGet returns the bundle; ErrNotFound before pki init.
+	PKIBundleGet(ctx context.Context) (*PKIBundle, error)
+	// PKIBundleCreate stores the first bundle; ErrConflict if one exists.
+	PKIBundleCreate(ctx context.Context, b *PKIBundle) error
+	// PKIBundleUpdate replaces the bundle (CA rotation).
+	PKIBundleUpdate(ctx context.Context, b *PKIBundle) error
+	// RevocationInsert revokes a serial; revoking twice is not an error.
+	RevocationInsert(ctx context.Context, r *Revocation) error
+	// RevocationList returns revocations made at or after since, oldest
+	// first: the revocation feed.
+	RevocationList(ctx context.Context, since time.Time) ([]*Revocation, error)
+	// RevocationCheck reports whether serial is revoked.
+	RevocationCheck(ctx context.Context, serial string) (bool, error)
+}
+
+// API token roles.
+const (
+	RoleAdmin    = "admin"
+	RoleOperator = "operator"
+	RoleViewer   = "viewer"
+)
+
+// APIToken is a bearer credential for the API. Only the secret's hash is
+// stored.
+type APIToken struct {
+	ID          string
+	Role        string
+	Description string
+	AllowCIDRs  []string
+	ExpiresAt   *time.Time
+	RevokedAt   *time.Time
+	CreatedAt   time.Time
+}
+
+// APITokenStore keeps API tokens.
+type APITokenStore interface {
+	APITokenCreate(ctx context.Context, t *APIToken, secretHash []byte) error
+	// APITokenBySecret returns the token with this secret hash, revoked or
+	// expired ones included (the caller decides).
+	APITokenBySecret(ctx context.Context, secretHash []byte) (*APIToken, error)
+	APITokenList(ctx context.Context, p *ListParams) ([]*APIToken, error)
+	APITokenRevoke(ctx context.Context, id string) error
+}
+
+// Secret is a value sealed under the deployment secret for a node or a
+// site agent (BMC credentials); the store never sees it in plain text.
+type Secret struct {
+	Name      string
+	NodeID    string
+	Sealed    []byte
+	CreatedAt time.Time
+}
+
+// SecretStore keeps sealed secrets.
+type SecretStore interface {
+	SecretPut(ctx context.Context, s *Secret) error
+	SecretGet(ctx context.Context, name string) (*Secret, error)
+	SecretDelete(ctx context.Context, name string) error
+}

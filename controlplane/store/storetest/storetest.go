@@ -1,0 +1,627 @@
+// Package storetest is the conformance suite every store backend passes:
+// one suite, run against SQLite and PostgreSQL (as river's
+// riverdrivertest). Real differences between backends are switches on the
+// dialect inside the suite, never a second suite.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Harness is a fresh, migrated store plus raw SQL access for setting up
+// states the Store API cannot reach (such as a migration from a newer
+// build).
+type Harness struct {
+	Store store.Store
+	// Exec runs one raw SQL statement on the same database.
+	Exec func(ctx context.Context, sql string) error
+}
+
+// NewHarness returns a fresh, empty, migrated database for one test.
+type NewHarness func(t *testing.T) *Harness
+
+// Exercise runs the whole conformance suite against a backend.
+func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
+	t.Helper()
+	for _, tc := range []struct {
+		name string
+		fn   func(context.Context, *testing.T, *Harness)
+	}{
+		{"Migrations", testMigrations},
+		{"LeaseExclusive", testLeaseExclusive},
+		{"LeaseExpiryAndFencing", testLeaseExpiryAndFencing},
+		{"LeaseRelease", testLeaseRelease},
+		{"SitesAndPools", testSitesAndPools},
+		{"Nodes", testNodes},
+		{"JoinTokens", testJoinTokens},
+		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
+		{"GatewaysSessions", testGatewaysSessions},
+		{"Workers", testWorkers},
+		{"Commands", testCommands},
+		{"OutboxEventsAudit", testOutboxEventsAudit},
+		{"PKIAndRevocations", testPKI},
+		{"APITokensAndSecrets", testAPITokensAndSecrets},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			defer func() {
+				if r := recover(); r != nil {
+					if m, ok := r.(mustError); ok {
+						t.Fatalf("unexpected error: %v", m.err)
+					}
+					panic(r)
+				}
+			}()
+			tc.fn(ctx, t, newHarness(t))
+		})
+	}
+}
+
+// must returns v, or fails the test (through the recover in Exercise)
+// when err is not nil.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(mustError{err})
+	}
+	return v
+}
+
+type mustError struct{ err error }
+
+func check(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantErr(t *testing.T, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("error = %v, want %v", err, target)
+	}
+}
+
+func testMigrations(ctx context.Context, t *testing.T, h *Harness) {
+	st := must(h.Store.MigrationStatus(ctx))
+	if len(st.Pending) != 0 || len(st.Applied) == 0 {
+		t.Fatalf("status after migrate: applied %v pending %v", st.Applied, st.Pending)
+	}
+	again := must(h.Store.Migrate(ctx))
+	if len(again) != 0 {
+		t.Fatalf("second migrate applied %v, want nothing", again)
+	}
+	check(t, h.Exec(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES ('9999_from_a_newer_build', 'x')`))
+	_, err := h.Store.Migrate(ctx)
+	var me *store.MigrationError
+	if !errors.As(err, &me) || !slices.Equal(me.Unknown, []string{"9999_from_a_newer_build"}) {
+		t.Fatalf("migrate with unknown applied migration: err = %v, want MigrationError naming it", err)
+	}
+	if _, err := h.Store.MigrationStatus(ctx); !errors.As(err, &me) {
+		t.Fatalf("status with unknown applied migration: err = %v", err)
+	}
+}
+
+func testLeaseExclusive(ctx context.Context, t *testing.T, h *Harness) {
+	const racers = 8
+	var wg sync.WaitGroup
+	won := make(chan string, racers)
+	errs := make(chan error, racers)
+	for i := range racers {
+		wg.Go(func() {
+			holder := fmt.Sprintf("worker-%d", i)
+			_, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "singleton:race", Holder: holder, TTL: time.Minute})
+			if err != nil {
+				errs <- err
+			}
+			if ok {
+				won <- holder
+			}
+		})
+	}
+	wg.Wait()
+	close(won)
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var winners []string
+	for w := range won {
+		winners = append(winners, w)
+	}
+	if len(winners) != 1 {
+		t.Fatalf("%d racers won the lease (%v), want exactly 1", len(winners), winners)
+	}
+	l := must(h.Store.LeaseGet(ctx, "singleton:race"))
+	if l.Holder != winners[0] || l.Epoch != 1 {
+		t.Fatalf("lease = %+v, want holder %s at epoch 1", l, winners[0])
+	}
+	// The holder re-acquiring keeps its epoch.
+	l2, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "singleton:race", Holder: winners[0], TTL: time.Minute})
+	if err != nil || !ok || l2.Epoch != 1 {
+		t.Fatalf("re-acquire by holder: %+v %v %v", l2, ok, err)
+	}
+	leases := must(h.Store.LeaseList(ctx, "singleton:"))
+	if len(leases) != 1 {
+		t.Fatalf("LeaseList(singleton:) = %d leases", len(leases))
+	}
+	if got := must(h.Store.LeaseList(ctx, "shard:")); len(got) != 0 {
+		t.Fatalf("LeaseList(shard:) = %d leases, want 0", len(got))
+	}
+}
+
+func testLeaseExpiryAndFencing(ctx context.Context, t *testing.T, h *Harness) {
+	t0 := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	at := func(d time.Duration) *time.Time { v := t0.Add(d); return &v }
+	const name = "shard:7"
+	old, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: "a", TTL: 15 * time.Second, Now: at(0)})
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	if !old.ExpiresAt.Equal(t0.Add(15 * time.Second)) {
+		t.Fatalf("expires_at = %v, want %v", old.ExpiresAt, t0.Add(15*time.Second))
+	}
+	// Before the TTL another holder is refused, and the holder renews.
+	if _, ok, _ := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: "b", TTL: 15 * time.Second, Now: at(10 * time.Second)}); ok {
+		t.Fatal("b took a live lease")
+	}
+	if _, ok, err := h.Store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: name, Holder: "a", Epoch: 1, TTL: 15 * time.Second, Now: at(5 * time.Second)}); !ok || err != nil {
+		t.Fatalf("renew: %v %v", ok, err)
+	}
+	// a stops renewing; after the TTL b takes over with a higher epoch.
+	nl, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: "b", TTL: 15 * time.Second, Now: at(21 * time.Second)})
+	if err != nil || !ok || nl.Epoch != 2 || nl.Holder != "b" {
+		t.Fatalf("takeover: %+v %v %v", nl, ok, err)
+	}
+	if _, ok, _ := h.Store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: name, Holder: "a", Epoch: 1, TTL: 15 * time.Second, Now: at(22 * time.Second)}); ok {
+		t.Fatal("old holder renewed a lost lease")
+	}
+	site := must(h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: "fenced", Region: "r"}))
+	// The old holder's late write is refused and changes nothing.
+	err = h.Store.FencedTx(ctx, store.Fence{Lease: name, Holder: "a", Epoch: 1, Now: at(22 * time.Second)}, func(tx store.Store) error {
+		_, err := tx.SiteCreate(ctx, &store.SiteCreateParams{Name: "late-write", Region: "r"})
+		return err
+	})
+	wantErr(t, err, store.ErrFenced)
+	if _, err := h.Store.SiteGet(ctx, "late-write"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("fenced write landed: %v", err)
+	}
+	// The new holder's write goes through; past its own expiry it is fenced too.
+	check(t, h.Store.FencedTx(ctx, store.Fence{Lease: name, Holder: "b", Epoch: 2, Now: at(23 * time.Second)}, func(tx store.Store) error {
+		_, err := tx.PoolCreate(ctx, &store.PoolCreateParams{Name: "by-b", SiteID: site.ID})
+		return err
+	}))
+	must(h.Store.PoolGet(ctx, "by-b"))
+	err = h.Store.FencedTx(ctx, store.Fence{Lease: name, Holder: "b", Epoch: 2, Now: at(40 * time.Second)}, func(store.Store) error { return nil })
+	wantErr(t, err, store.ErrFenced)
+	// An error inside the fenced transaction rolls it back.
+	boom := errors.New("boom")
+	err = h.Store.FencedTx(ctx, store.Fence{Lease: name, Holder: "b", Epoch: 2, Now: at(24 * time.Second)}, func(tx store.Store) error {
+		if _, err := tx.SiteCreate(ctx, &store.SiteCreateParams{Name: "rolled-back", Region: "r"}); err != nil {
+			return err
+		}
+		return boom
+	})
+	wantErr(t, err, boom)
+	if _, err := h.Store.SiteGet(ctx, "rolled-back"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("rolled-back write landed: %v", err)
+	}
+}
+
+func testLeaseRelease(ctx context.Context, t *testing.T, h *Harness) {
+	const name = "gateway:gw1"
+	l, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: "a", TTL: time.Hour})
+	if err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	check(t, h.Store.LeaseRelease(ctx, name, "a", l.Epoch))
+	nl, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: "b", TTL: time.Hour})
+	if err != nil || !ok || nl.Epoch != l.Epoch+1 {
+		t.Fatalf("acquire after release: %+v %v %v", nl, ok, err)
+	}
+	// A stale release does nothing.
+	check(t, h.Store.LeaseRelease(ctx, name, "a", l.Epoch))
+	if got := must(h.Store.LeaseGet(ctx, name)); got.Holder != "b" {
+		t.Fatalf("stale release freed the lease: %+v", got)
+	}
+	_, err = h.Store.LeaseGet(ctx, "gateway:never")
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testSitesAndPools(ctx context.Context, t *testing.T, h *Harness) {
+	s := must(h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: "ams-1", Region: "eu-1"}))
+	if s.ID == "" || s.Region != "eu-1" || s.CreatedAt.IsZero() {
+		t.Fatalf("site = %+v", s)
+	}
+	_, err := h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: "ams-1", Region: "eu-2"})
+	wantErr(t, err, store.ErrConflict)
+	if got := must(h.Store.SiteGet(ctx, "ams-1")); got.ID != s.ID {
+		t.Fatalf("get by name = %+v", got)
+	}
+	p := must(h.Store.PoolCreate(ctx, &store.PoolCreateParams{Name: "default", SiteID: s.ID}))
+	_, err = h.Store.PoolCreate(ctx, &store.PoolCreateParams{Name: "orphan", SiteID: "site_missing"})
+	wantErr(t, err, store.ErrNotFound)
+	_, err = h.Store.PoolCreate(ctx, &store.PoolCreateParams{Name: "default", SiteID: s.ID})
+	wantErr(t, err, store.ErrConflict)
+	if got := must(h.Store.PoolGet(ctx, p.ID)); got.Name != "default" || got.SiteID != s.ID {
+		t.Fatalf("pool = %+v", got)
+	}
+	for i := range 4 {
+		must(h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: fmt.Sprintf("s%d", i), Region: "r"}))
+	}
+	page1 := must(h.Store.SiteList(ctx, &store.ListParams{Limit: 3}))
+	page2 := must(h.Store.SiteList(ctx, &store.ListParams{Limit: 3, Cursor: page1[2].ID}))
+	if len(page1) != 3 || len(page2) != 2 {
+		t.Fatalf("pages of 5 sites by 3: %d, %d", len(page1), len(page2))
+	}
+	if pools := must(h.Store.PoolList(ctx, &store.ListParams{})); len(pools) != 1 {
+		t.Fatalf("pools = %d", len(pools))
+	}
+}
+
+// fixture makes a site and a pool.
+func fixture(ctx context.Context, t *testing.T, h *Harness) *store.Pool {
+	t.Helper()
+	s := must(h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: "site-" + store.NewID("x"), Region: "eu-1"}))
+	return must(h.Store.PoolCreate(ctx, &store.PoolCreateParams{Name: "pool-" + store.NewID("x"), SiteID: s.ID}))
+}
+
+func addNode(ctx context.Context, t *testing.T, h *Harness, pool *store.Pool, id string) *store.Node {
+	t.Helper()
+	return must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id + ".example", MachineID: "m-" + id}))
+}
+
+func testNodes(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	notAfter := time.Now().Add(24 * time.Hour).UTC().Truncate(time.Microsecond)
+	n := must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{
+		ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", MachineID: "mid-1", Labels: map[string]string{"rack": "r1"},
+		BCDVersion: "0.1.0", OS: "linux", Arch: "amd64", CertSerial: "01", CertNotAfter: &notAfter,
+	}))
+	if n.State != store.NodeJoined || n.Labels["rack"] != "r1" || !n.CertNotAfter.Equal(notAfter) || n.LastSeenAt != nil {
+		t.Fatalf("node = %+v", n)
+	}
+	check(t, h.Store.NodeSetState(ctx, "node_a", store.NodeReady))
+	check(t, h.Store.NodeSetCordoned(ctx, "node_a", true))
+	inv := []byte(`{"gpus":[{"name":"NVIDIA A100-SXM4-40GB"}]}`)
+	check(t, h.Store.NodeSetInventory(ctx, "node_a", inv, "sha256:abc"))
+	// A re-join keeps state, labels and history, and replaces identity.
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", MachineID: "mid-1", CertSerial: "02"}))
+	got := must(h.Store.NodeGet(ctx, "node_a"))
+	if got.State != store.NodeReady || !got.Cordoned || got.CertSerial != "02" || got.Labels["rack"] != "r1" || got.InventoryDigest != "sha256:abc" {
+		t.Fatalf("after re-join: %+v", got)
+	}
+	if !jsonEqual(t, got.Inventory, inv) {
+		t.Fatalf("inventory = %s", got.Inventory)
+	}
+	byMachine := must(h.Store.NodeFindForRejoin(ctx, pool.ID, "mid-1", "other-host"))
+	byHost := must(h.Store.NodeFindForRejoin(ctx, pool.ID, "unknown-mid", "gpu-01"))
+	if byMachine.ID != "node_a" || byHost.ID != "node_a" {
+		t.Fatal("NodeFindForRejoin did not find the node")
+	}
+	_, err := h.Store.NodeFindForRejoin(ctx, pool.ID, "nope", "nope")
+	wantErr(t, err, store.ErrNotFound)
+	addNode(ctx, t, h, pool, "node_b")
+	if ready := must(h.Store.NodeList(ctx, &store.NodeListParams{State: store.NodeReady})); len(ready) != 1 {
+		t.Fatalf("ready nodes = %d", len(ready))
+	}
+	if all := must(h.Store.NodeList(ctx, &store.NodeListParams{PoolID: pool.ID})); len(all) != 2 {
+		t.Fatalf("pool nodes = %d", len(all))
+	}
+	wantErr(t, h.Store.NodeSetState(ctx, "node_missing", store.NodeReady), store.ErrNotFound)
+	check(t, h.Store.NodeDelete(ctx, "node_b"))
+	_, err = h.Store.NodeGet(ctx, "node_b")
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func testJoinTokens(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	hash := []byte("0123456789abcdef0123456789abcdef")
+	now := time.Now().UTC()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	tok := must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: "jt1", SecretHash: hash, PoolID: pool.ID, MaxUses: 2, ExpiresAt: now.Add(2 * time.Hour)}))
+	if tok.Uses != 0 || tok.MaxUses != 2 {
+		t.Fatalf("token = %+v", tok)
+	}
+	_, err := h.Store.JoinTokenConsume(ctx, "jt1", []byte("wrong"), nil)
+	wantErr(t, err, store.ErrTokenInvalid)
+	_, err = h.Store.JoinTokenConsume(ctx, "jt-unknown", hash, nil)
+	wantErr(t, err, store.ErrTokenInvalid)
+	_, err = h.Store.JoinTokenConsume(ctx, "jt1", hash, at(3*time.Hour))
+	wantErr(t, err, store.ErrTokenExpired)
+	if used := must(h.Store.JoinTokenConsume(ctx, "jt1", hash, nil)); used.Uses != 1 || used.PoolID != pool.ID {
+		t.Fatalf("consumed = %+v", used)
+	}
+	must(h.Store.JoinTokenConsume(ctx, "jt1", hash, nil))
+	_, err = h.Store.JoinTokenConsume(ctx, "jt1", hash, nil)
+	wantErr(t, err, store.ErrTokenExhausted)
+
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: "jt2", SecretHash: hash, PoolID: pool.ID, MaxUses: 5, ExpiresAt: now.Add(time.Hour)}))
+	check(t, h.Store.JoinTokenRevoke(ctx, "jt2"))
+	_, err = h.Store.JoinTokenConsume(ctx, "jt2", hash, nil)
+	wantErr(t, err, store.ErrTokenRevoked)
+	wantErr(t, h.Store.JoinTokenRevoke(ctx, "jt-unknown"), store.ErrNotFound)
+	if got := must(h.Store.JoinTokenGet(ctx, "jt2")); got.RevokedAt == nil {
+		t.Fatal("revoked token has no revoked_at")
+	}
+	if list := must(h.Store.JoinTokenList(ctx, &store.ListParams{})); len(list) != 2 {
+		t.Fatalf("tokens = %d", len(list))
+	}
+}
+
+func testJoinTokenConcurrentUses(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	hash := []byte("secret-hash")
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: "jt", SecretHash: hash, PoolID: pool.ID, MaxUses: 8, ExpiresAt: time.Now().Add(time.Hour)}))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted, exhausted := 0, 0
+	for range 20 {
+		wg.Go(func() {
+			_, err := h.Store.JoinTokenConsume(ctx, "jt", hash, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				admitted++
+			case errors.Is(err, store.ErrTokenExhausted):
+				exhausted++
+			default:
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != 8 || exhausted != 12 {
+		t.Fatalf("20 concurrent uses of a max-uses 8 token: %d admitted, %d exhausted", admitted, exhausted)
+	}
+}
+
+func testGatewaysSessions(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	g := must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw1", Region: "eu-1", Address: "10.0.0.1:8443", MaxStreams: 5000}))
+	g2 := must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw1", Region: "eu-1", Address: "10.0.0.1:8443", MaxStreams: 5000, Sessions: 3}))
+	if g2.Sessions != 3 || !g2.StartedAt.Equal(g.StartedAt) || g2.HeartbeatAt.Before(g.HeartbeatAt) {
+		t.Fatalf("gateway refresh = %+v (was %+v)", g2, g)
+	}
+	must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw2", Region: "eu-1"}))
+	if gws := must(h.Store.GatewayList(ctx)); len(gws) != 2 {
+		t.Fatalf("gateways = %d", len(gws))
+	}
+	addNode(ctx, t, h, pool, "node_s")
+	s1, prev := mustOpen(t, h, ctx, "node_s", "sess1", "gw1")
+	if s1.Epoch != 1 || prev != nil {
+		t.Fatalf("first session = %+v prev %+v", s1, prev)
+	}
+	s2, prev := mustOpen(t, h, ctx, "node_s", "sess2", "gw2")
+	if s2.Epoch != 2 || prev == nil || prev.SessionID != "sess1" || prev.GatewayID != "gw1" {
+		t.Fatalf("superseding session = %+v prev %+v", s2, prev)
+	}
+	// Closing the superseded session leaves the current one.
+	check(t, h.Store.SessionClose(ctx, "node_s", "sess1"))
+	if cur := must(h.Store.SessionGet(ctx, "node_s")); cur.SessionID != "sess2" {
+		t.Fatalf("current session = %+v", cur)
+	}
+	later := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
+	if n := must(h.Store.SessionHeartbeatBatch(ctx, "gw2", []string{"sess2", "sess-gone"}, &later)); n != 1 {
+		t.Fatalf("heartbeat batch touched %d sessions, want 1", n)
+	}
+	if n := must(h.Store.SessionHeartbeatBatch(ctx, "gw1", []string{"sess2"}, &later)); n != 0 {
+		t.Fatalf("another gateway's heartbeat touched %d sessions", n)
+	}
+	if cur := must(h.Store.SessionGet(ctx, "node_s")); !cur.LastHeartbeatAt.Equal(later) {
+		t.Fatalf("last heartbeat = %v, want %v", cur.LastHeartbeatAt, later)
+	}
+	if node := must(h.Store.NodeGet(ctx, "node_s")); node.LastSeenAt == nil || !node.LastSeenAt.Equal(later) {
+		t.Fatalf("node last seen = %v", node.LastSeenAt)
+	}
+	if l := must(h.Store.SessionList(ctx, "gw2")); len(l) != 1 {
+		t.Fatalf("gw2 sessions = %d", len(l))
+	}
+	check(t, h.Store.SessionClose(ctx, "node_s", "sess2"))
+	_, err := h.Store.SessionGet(ctx, "node_s")
+	wantErr(t, err, store.ErrNotFound)
+	check(t, h.Store.GatewayDelete(ctx, "gw2"))
+	_, err = h.Store.GatewayGet(ctx, "gw2")
+	wantErr(t, err, store.ErrNotFound)
+}
+
+func mustOpen(t *testing.T, h *Harness, ctx context.Context, node, sess, gw string) (*store.Session, *store.Session) {
+	t.Helper()
+	s, prev, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: node, SessionID: sess, GatewayID: gw, RemoteAddr: "127.0.0.1:1"})
+	check(t, err)
+	return s, prev
+}
+
+func testWorkers(ctx context.Context, t *testing.T, h *Harness) {
+	now := time.Now().UTC()
+	old := now.Add(-time.Minute)
+	must(h.Store.WorkerHeartbeat(ctx, &store.WorkerHeartbeatParams{ID: "w1", Roles: []string{"controllers", "sinks"}, Hostname: "h", PID: 10, Now: &now}))
+	must(h.Store.WorkerHeartbeat(ctx, &store.WorkerHeartbeatParams{ID: "w2", Roles: []string{"iam"}, Now: &old}))
+	live := must(h.Store.WorkerList(ctx, 15*time.Second, &now))
+	if len(live) != 1 || live[0].ID != "w1" || !slices.Equal(live[0].Roles, []string{"controllers", "sinks"}) {
+		t.Fatalf("live workers = %+v", live)
+	}
+	if all := must(h.Store.WorkerList(ctx, 0, nil)); len(all) != 2 {
+		t.Fatalf("all workers = %d", len(all))
+	}
+	check(t, h.Store.WorkerDelete(ctx, "w1"))
+	if all := must(h.Store.WorkerList(ctx, 0, nil)); len(all) != 1 {
+		t.Fatalf("workers after delete = %d", len(all))
+	}
+}
+
+func testCommands(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	for _, id := range []string{"node_1", "node_2", "node_3"} {
+		addNode(ctx, t, h, pool, id)
+	}
+	spec := []byte(`{"argv":["uname","-a"]}`)
+	cmds := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{
+		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", Spec: spec, IdempotencyKey: "req-1",
+		CreatedBy: "token_admin", Timeout: time.Minute,
+	}))
+	if len(cmds) != 3 {
+		t.Fatalf("enqueued %d commands", len(cmds))
+	}
+	c := cmds[0]
+	if c.State != store.CommandQueued || c.Kind != "exec" || !jsonEqual(t, c.Spec, spec) || c.DeadlineAt.Sub(c.CreatedAt) != time.Minute {
+		t.Fatalf("command = %+v", c)
+	}
+	again := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{
+		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", Spec: spec, IdempotencyKey: "req-1", Timeout: time.Minute,
+	}))
+	if ids(again) == nil || !slices.Equal(ids(again), ids(cmds)) {
+		t.Fatalf("idempotent retry returned %v, want %v", ids(again), ids(cmds))
+	}
+	if outbox := must(h.Store.OutboxList(ctx, 0, 10)); len(outbox) != 1 || outbox[0].Topic != "command.created" {
+		t.Fatalf("outbox after enqueue+retry = %+v", outbox)
+	}
+	ok := must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandDispatched, GatewayID: "gw1"}))
+	must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning}))
+	got := must(h.Store.CommandGet(ctx, c.ID))
+	if !ok || got.State != store.CommandRunning || got.Attempt != 1 || got.GatewayID != "gw1" || got.DispatchedAt == nil || got.StartedAt == nil {
+		t.Fatalf("running command = %+v", got)
+	}
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux ")}))
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 2, Stream: store.StreamStdout, Data: []byte("host\n")}))
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux ")}))
+	var out []byte
+	for _, ch := range must(h.Store.CommandOutput(ctx, c.ID)) {
+		out = append(out, ch.Data...)
+	}
+	if string(out) != "Linux host\n" {
+		t.Fatalf("output = %q", out)
+	}
+	zero := 0
+	if !must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: store.CommandSucceeded, ExitCode: &zero})) {
+		t.Fatal("first terminal result refused")
+	}
+	one := 1
+	if must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: store.CommandFailed, ExitCode: &one})) {
+		t.Fatal("second terminal result accepted")
+	}
+	if must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning})) {
+		t.Fatal("terminal command moved back to running")
+	}
+	got = must(h.Store.CommandGet(ctx, c.ID))
+	if got.State != store.CommandSucceeded || got.ExitCode == nil || *got.ExitCode != 0 || got.OutputBytes != 11 || got.FinishedAt == nil {
+		t.Fatalf("finished command = %+v", got)
+	}
+	_, err := h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: "cmd_missing", State: store.CommandFailed})
+	wantErr(t, err, store.ErrNotFound)
+	if l := must(h.Store.CommandList(ctx, &store.CommandListParams{BatchID: c.BatchID, State: store.CommandQueued})); len(l) != 2 {
+		t.Fatalf("queued commands of batch = %d", len(l))
+	}
+	if n := must(h.Store.CommandPrune(ctx, time.Now().Add(time.Hour))); n != 1 {
+		t.Fatalf("pruned %d commands, want the 1 finished", n)
+	}
+	if l := must(h.Store.CommandList(ctx, &store.CommandListParams{NodeID: "node_1"})); len(l) != 0 {
+		t.Fatalf("node_1 commands after prune = %d", len(l))
+	}
+}
+
+func ids(cmds []*store.Command) []string {
+	var out []string
+	for _, c := range cmds {
+		out = append(out, c.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func testOutboxEventsAudit(ctx context.Context, t *testing.T, h *Harness) {
+	id1 := must(h.Store.OutboxInsert(ctx, "node.joined", "node_a", []byte(`{"node":"node_a"}`)))
+	id2 := must(h.Store.OutboxInsert(ctx, "node.joined", "node_b", []byte(`{"node":"node_b"}`)))
+	if id2 <= id1 {
+		t.Fatalf("outbox ids not increasing: %d, %d", id1, id2)
+	}
+	if after := must(h.Store.OutboxList(ctx, id1, 10)); len(after) != 1 || after[0].Key != "node_b" {
+		t.Fatalf("outbox after %d = %+v", id1, after)
+	}
+	if c := must(h.Store.OutboxCursor(ctx, "webhook")); c != 0 {
+		t.Fatalf("fresh cursor = %d", c)
+	}
+	check(t, h.Store.OutboxCursorSet(ctx, "webhook", id1))
+	check(t, h.Store.OutboxCursorSet(ctx, "webhook", id2))
+	if c := must(h.Store.OutboxCursor(ctx, "webhook")); c != id2 {
+		t.Fatalf("cursor = %d, want %d", c, id2)
+	}
+
+	old := time.Now().Add(-48 * time.Hour).UTC().Truncate(time.Microsecond)
+	must(h.Store.EventInsert(ctx, &store.Event{NodeID: "node_a", Kind: "gpu.xid", Severity: "critical", Message: "XID 79", Time: old, Payload: []byte(`{"xid":79}`)}))
+	must(h.Store.EventInsert(ctx, &store.Event{NodeID: "node_b", Kind: "node.reboot"}))
+	evs := must(h.Store.EventList(ctx, &store.EventListParams{NodeID: "node_a"}))
+	if len(evs) != 1 || evs[0].Kind != "gpu.xid" || !evs[0].Time.Equal(old) || !jsonEqual(t, evs[0].Payload, []byte(`{"xid":79}`)) {
+		t.Fatalf("events = %+v", evs)
+	}
+	if n := must(h.Store.EventPrune(ctx, time.Now().Add(-24*time.Hour))); n != 1 {
+		t.Fatalf("pruned %d events", n)
+	}
+
+	must(h.Store.AuditInsert(ctx, &store.AuditEntry{Time: old, Actor: "join-token:jt1", Action: "join", Resource: "node_a", Outcome: "refused: expired", SourceIP: "192.0.2.7"}))
+	must(h.Store.AuditInsert(ctx, &store.AuditEntry{Actor: "token_admin", Action: "sites.create", Outcome: "ok", Details: []byte(`{"name":"x"}`)}))
+	log := must(h.Store.AuditList(ctx, 0, 10))
+	if len(log) != 2 || log[0].SourceIP != "192.0.2.7" || log[0].Outcome != "refused: expired" {
+		t.Fatalf("audit log = %+v", log)
+	}
+	if n := must(h.Store.AuditPrune(ctx, time.Now().Add(-24*time.Hour))); n != 1 {
+		t.Fatalf("pruned %d audit rows", n)
+	}
+}
+
+func testPKI(ctx context.Context, t *testing.T, h *Harness) {
+	_, err := h.Store.PKIBundleGet(ctx)
+	wantErr(t, err, store.ErrNotFound)
+	check(t, h.Store.PKIBundleCreate(ctx, &store.PKIBundle{TrustDomain: "compute.example", Sealed: []byte{1, 2, 3}}))
+	wantErr(t, h.Store.PKIBundleCreate(ctx, &store.PKIBundle{TrustDomain: "other", Sealed: []byte{9}}), store.ErrConflict)
+	check(t, h.Store.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: "compute.example", Sealed: []byte{4, 5}}))
+	b := must(h.Store.PKIBundleGet(ctx))
+	if b.TrustDomain != "compute.example" || !slices.Equal(b.Sealed, []byte{4, 5}) {
+		t.Fatalf("bundle = %+v", b)
+	}
+	before := time.Now().Add(-time.Second)
+	check(t, h.Store.RevocationInsert(ctx, &store.Revocation{Serial: "abc", NodeID: "node_a", Reason: "re-join"}))
+	check(t, h.Store.RevocationInsert(ctx, &store.Revocation{Serial: "abc", NodeID: "node_a", Reason: "again"}))
+	if !must(h.Store.RevocationCheck(ctx, "abc")) || must(h.Store.RevocationCheck(ctx, "def")) {
+		t.Fatal("revocation check wrong")
+	}
+	if l := must(h.Store.RevocationList(ctx, before)); len(l) != 1 || l[0].Reason != "re-join" {
+		t.Fatalf("revocations = %+v", l)
+	}
+	if l := must(h.Store.RevocationList(ctx, time.Now().Add(time.Hour))); len(l) != 0 {
+		t.Fatalf("future revocations = %d", len(l))
+	}
+}
+
+func testAPITokensAndSecrets(ctx context.Context, t *testing.T, h *Harness) {
+	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	check(t, h.Store.APITokenCreate(ctx, &store.APIToken{ID: "tok1", Role: store.RoleViewer, AllowCIDRs: []string{"10.0.0.0/8"}, ExpiresAt: &exp}, []byte("h1")))
+	wantErr(t, h.Store.APITokenCreate(ctx, &store.APIToken{ID: "tok2", Role: store.RoleAdmin}, []byte("h1")), store.ErrConflict)
+	got := must(h.Store.APITokenBySecret(ctx, []byte("h1")))
+	if got.ID != "tok1" || got.Role != store.RoleViewer || !slices.Equal(got.AllowCIDRs, []string{"10.0.0.0/8"}) || !got.ExpiresAt.Equal(exp) {
+		t.Fatalf("token = %+v", got)
+	}
+	_, err := h.Store.APITokenBySecret(ctx, []byte("nope"))
+	wantErr(t, err, store.ErrNotFound)
+	check(t, h.Store.APITokenRevoke(ctx, "tok1"))
+	if l := must(h.Store.APITokenList(ctx, &store.ListParams{})); len(l) != 1 || l[0].RevokedAt == nil {
+		t.Fatalf("tokens = %+v", l)
+	}
+	check(t, h.Store.SecretPut(ctx, &store.Secret{Name: "bmc/node_a", NodeID: "node_a", Sealed: []byte{1}}))
+	check(t, h.Store.SecretPut(ctx, &store.Secret{Name: "bmc/node_a", NodeID: "node_a", Sealed: []byte{2}}))
+	if s := must(h.Store.SecretGet(ctx, "bmc/node_a")); !slices.Equal(s.Sealed, []byte{2}) {
+		t.Fatalf("secret = %+v", s)
+	}
+	check(t, h.Store.SecretDelete(ctx, "bmc/node_a"))
+	_, err = h.Store.SecretGet(ctx, "bmc/node_a")
+	wantErr(t, err, store.ErrNotFound)
+}
