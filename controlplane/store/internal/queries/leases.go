@@ -84,4 +84,3 @@ func (s *Store) LeaseList(ctx context.Context, prefix string) ([]*store.Lease, e
 	out, err := collect(rows, scanLease)
 	return out, s.wrap("list leases", err)
 }
-
