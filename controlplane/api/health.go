@@ -1,0 +1,59 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// healthz answers liveness: the process serves HTTP.
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// readyz answers readiness: every migration is applied and the store
+// answers. 503 otherwise, with the reason.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	st, err := s.store.MigrationStatus(ctx)
+	switch {
+	case err != nil:
+		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+	case len(st.Pending) > 0:
+		http.Error(w, "not ready: pending migrations", http.StatusServiceUnavailable)
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ready\n"))
+	}
+}
+
+// Health is the body of GET {basePath}/health.
+type Health struct {
+	// Status is "ok" or "unavailable".
+	Status string `json:"status"`
+	// Database is "ok" or the error the store returned.
+	Database string `json:"database"`
+	// LatencyMs is the store's round trip in milliseconds.
+	LatencyMs float64 `json:"latencyMs"`
+	// Time is the server's clock, RFC 3339.
+	Time time.Time `json:"time"`
+}
+
+// health pings the store and reports its latency.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := s.store.Ping(ctx)
+	h := Health{Status: "ok", Database: "ok", LatencyMs: float64(time.Since(start).Microseconds()) / 1000, Time: time.Now().UTC()}
+	code := http.StatusOK
+	if err != nil {
+		h.Status, h.Database, code = "unavailable", err.Error(), http.StatusServiceUnavailable
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(h)
+}

@@ -1,0 +1,88 @@
+// Command better-compute is the control plane: one binary whose processes
+// each run a subset of the roles api, gateway, controllers, scheduler, sinks
+// and iam, plus the operator CLI (DESIGN.md).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/controlplane/config"
+)
+
+// Set at build time with -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = "none"
+)
+
+// exitUsage is the exit status for bad flags or configuration.
+const exitUsage = 2
+
+// usageError marks errors that exit with status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+}
+
+// env is what every command shares.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	log            *slog.Logger
+	configPath     string
+	dataDir        string
+	databaseURL    string
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	e := &env{stdout: stdout, stderr: stderr, getenv: getenv,
+		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	root := &cobra.Command{
+		Use:           "better-compute",
+		Short:         "The Better Compute control plane and operator CLI",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&e.configPath, "config", "", "configuration file (YAML)")
+	pf.StringVar(&e.dataDir, "data-dir", "", "data directory (env "+config.EnvDataDir+")")
+	pf.StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (env "+config.EnvDatabaseURL+"); empty uses the embedded SQLite database")
+	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e))
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "better-compute:", err)
+	var ue usageError
+	var ce *config.Error
+	if errors.As(err, &ue) || errors.As(err, &ce) {
+		return exitUsage
+	}
+	return 1
+}
+
+// load reads the configuration with flags over it.
+func (e *env) load(f config.Flags) (*config.Config, error) {
+	f.DataDir = e.dataDir
+	f.DatabaseURL = e.databaseURL
+	return config.Load(e.configPath, e.getenv, f)
+}

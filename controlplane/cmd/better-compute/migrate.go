@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/backend"
+)
+
+func migrateCmd(e *env) *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply pending database migrations (safe to run from many processes at once)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := e.load(config.Flags{})
+			if err != nil {
+				return err
+			}
+			st, err := openStore(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			applied, err := st.Migrate(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintln(e.stdout, "schema is up to date")
+				return nil
+			}
+			fmt.Fprintf(e.stdout, "applied %d migration(s): %s\n", len(applied), strings.Join(applied, ", "))
+			return nil
+		},
+	}
+}
+
+// openStore opens the configured store, generating the embedded default's
+// secret on first use.
+func openStore(ctx context.Context, cfg *config.Config) (store.Store, error) {
+	if err := cfg.EnsureEmbeddedSecret(); err != nil {
+		return nil, err
+	}
+	st, err := backend.Open(ctx, cfg.Database.URL, cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	return st, nil
+}

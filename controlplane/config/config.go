@@ -1,0 +1,354 @@
+// Package config loads the one configuration every control-plane process
+// reads: a YAML file (--config), then environment variables over it, then
+// flags over both (DESIGN.md, "Operator CLI"). Unknown keys, a short secret,
+// a malformed URL or address are errors that name the key.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Environment variables read over the file.
+const (
+	EnvDatabaseURL  = "BETTER_COMPUTE_DATABASE_URL"
+	EnvSecret       = "BETTER_COMPUTE_SECRET"
+	EnvRoles        = "BETTER_COMPUTE_ROLES"
+	EnvDataDir      = "BETTER_COMPUTE_DATA_DIR"
+	EnvDownloadsDir = "BETTER_COMPUTE_DOWNLOADS_DIR"
+)
+
+// MinSecretLen is the shortest deployment secret accepted (DESIGN.md, "PKI").
+const MinSecretLen = 32
+
+// Roles a process can run (DESIGN.md, "The control plane roles").
+var Roles = []string{"api", "gateway", "controllers", "scheduler", "sinks", "iam"}
+
+// Config is the whole configuration. Zero values are filled with the
+// defaults documented on each field by Load.
+type Config struct {
+	// Database selects the store. An empty URL means the embedded SQLite
+	// database in DataDir/state.db.
+	Database Database `yaml:"database"`
+	// Secret is the deployment secret (at least 32 characters, the same for
+	// every process). The embedded default generates one into DataDir.
+	Secret string `yaml:"secret"`
+	// DataDir holds the embedded database, the generated secret and the
+	// embedded PKI files. Defaults to /var/lib/better-compute as root,
+	// $XDG_DATA_HOME/better-compute (or ~/.local/share/better-compute)
+	// otherwise.
+	DataDir string `yaml:"dataDir"`
+	// RolesList is the roles this process runs; "all" (the default) is
+	// every role.
+	RolesList []string `yaml:"roles"`
+	// BasePath prefixes the API's routes. Defaults to /api.
+	BasePath string `yaml:"basePath"`
+	// TrustedProxies lists the load balancers (addresses or CIDRs) whose
+	// X-Forwarded-For is believed. Defaults to none.
+	TrustedProxies []string `yaml:"trustedProxies"`
+	// Host configures what serve runs around the control plane.
+	Host Host `yaml:"host"`
+	// Downloads serves bcd binaries to air-gapped sites.
+	Downloads Downloads `yaml:"downloads"`
+
+	// ParsedProxies is TrustedProxies parsed; filled by Load.
+	ParsedProxies []netip.Prefix `yaml:"-"`
+	// Embedded reports that the store is the embedded SQLite default.
+	Embedded bool `yaml:"-"`
+}
+
+// Database configures the store.
+type Database struct {
+	// URL is a postgres:// URL; empty selects embedded SQLite.
+	URL string `yaml:"url"`
+}
+
+// Host configures the serve host.
+type Host struct {
+	// Listen is the API's HTTP address. Defaults to 0.0.0.0:3000.
+	Listen string `yaml:"listen"`
+	// Gateway configures the gateway role.
+	Gateway Gateway `yaml:"gateway"`
+	// Metrics configures GET /metrics.
+	Metrics Metrics `yaml:"metrics"`
+}
+
+// Gateway configures the gateway role.
+type Gateway struct {
+	// Listen is the gRPC address. Defaults to 0.0.0.0:8443.
+	Listen string `yaml:"listen"`
+	// PublicURL is what daemons dial (https://host:port). Defaults to
+	// https://localhost:<port of Listen>.
+	PublicURL string `yaml:"publicURL"`
+	// Region is the gateway's region (sites.region). Defaults to "default".
+	Region string `yaml:"region"`
+	// TLSFiles names the serving certificate and key (from pki
+	// issue-gateway); re-read every 60 s. The embedded default makes them in
+	// DataDir/pki.
+	TLSFiles TLSFiles `yaml:"tlsFiles"`
+	// MaxStreams caps sessions on one gateway. Defaults to 5,000.
+	MaxStreams int `yaml:"maxStreams"`
+	// HeartbeatInterval is the interval told to daemons. Defaults to 10 s.
+	HeartbeatInterval Duration `yaml:"heartbeatInterval"`
+	// DrainDelay is the most a daemon waits before reconnecting elsewhere
+	// after Drain. Defaults to 60 s.
+	DrainDelay Duration `yaml:"drainDelay"`
+	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
+	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+}
+
+// TLSFiles names PEM files.
+type TLSFiles struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Metrics configures GET /metrics.
+type Metrics struct {
+	// BearerToken (at least 16 characters) enables /metrics for scrapers
+	// that send it.
+	BearerToken string `yaml:"bearerToken"`
+}
+
+// Downloads configures the downloads route.
+type Downloads struct {
+	// Dir is a goreleaser dist folder or a mirror of it.
+	Dir string `yaml:"dir"`
+}
+
+// Duration is a time.Duration written as "10s" in YAML.
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration such as 10s or 2h", n.Line, s)
+	}
+	d.Duration = v
+	return nil
+}
+
+// Error is a configuration error naming the key at fault.
+type Error struct {
+	Key string
+	Msg string
+}
+
+func (e *Error) Error() string { return "invalid config: " + e.Key + ": " + e.Msg }
+
+// Flags are command-line values that override the file and environment;
+// empty fields override nothing.
+type Flags struct {
+	DataDir     string
+	DatabaseURL string
+	Roles       string
+	Listen      string
+}
+
+// Load reads the file at path (none when empty), then the environment
+// (getenv), then flags, fills defaults and validates.
+func Load(path string, getenv func(string) string, flags Flags) (*Config, error) {
+	c := &Config{}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read config: %w", err)
+		}
+		if err := decode(b, c); err != nil {
+			return nil, err
+		}
+	}
+	over := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	over(&c.Database.URL, getenv(EnvDatabaseURL))
+	over(&c.Secret, getenv(EnvSecret))
+	over(&c.DataDir, getenv(EnvDataDir))
+	over(&c.Downloads.Dir, getenv(EnvDownloadsDir))
+	if r := getenv(EnvRoles); r != "" {
+		c.RolesList = splitList(r)
+	}
+	over(&c.DataDir, flags.DataDir)
+	over(&c.Database.URL, flags.DatabaseURL)
+	over(&c.Host.Listen, flags.Listen)
+	if flags.Roles != "" {
+		c.RolesList = splitList(flags.Roles)
+	}
+	c.defaults(getenv)
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func decode(b []byte, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return &Error{Key: "file", Msg: strings.Join(te.Errors, "; ")}
+		}
+		return &Error{Key: "file", Msg: err.Error()}
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// DefaultDataDir is /var/lib/better-compute as root and the XDG data home
+// otherwise.
+func DefaultDataDir(getenv func(string) string) string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/better-compute"
+	}
+	if x := getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "better-compute")
+	}
+	return filepath.Join(getenv("HOME"), ".local", "share", "better-compute")
+}
+
+func (c *Config) defaults(getenv func(string) string) {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir(getenv)
+	}
+	if len(c.RolesList) == 0 {
+		c.RolesList = []string{"all"}
+	}
+	if c.BasePath == "" {
+		c.BasePath = "/api"
+	}
+	if c.Host.Listen == "" {
+		c.Host.Listen = "0.0.0.0:3000"
+	}
+	g := &c.Host.Gateway
+	if g.Listen == "" {
+		g.Listen = "0.0.0.0:8443"
+	}
+	if g.Region == "" {
+		g.Region = "default"
+	}
+	if g.MaxStreams == 0 {
+		g.MaxStreams = 5000
+	}
+	if g.HeartbeatInterval.Duration == 0 {
+		g.HeartbeatInterval.Duration = 10 * time.Second
+	}
+	if g.DrainDelay.Duration == 0 {
+		g.DrainDelay.Duration = 60 * time.Second
+	}
+	if g.NodeCertTTL.Duration == 0 {
+		g.NodeCertTTL.Duration = 24 * time.Hour
+	}
+	if g.PublicURL == "" {
+		if _, port, err := net.SplitHostPort(g.Listen); err == nil {
+			g.PublicURL = "https://localhost:" + port
+		}
+	}
+	c.Embedded = c.Database.URL == ""
+}
+
+func (c *Config) validate() error {
+	if u := c.Database.URL; u != "" {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") || p.Host == "" {
+			return &Error{Key: "database.url", Msg: "want a postgres://user@host:port/db URL"}
+		}
+	}
+	if c.Secret != "" && len(c.Secret) < MinSecretLen {
+		return &Error{Key: "secret", Msg: fmt.Sprintf("is %d characters, want at least %d", len(c.Secret), MinSecretLen)}
+	}
+	if !c.Embedded && c.Secret == "" {
+		return &Error{Key: "secret", Msg: "required with a database URL (set " + EnvSecret + ")"}
+	}
+	for _, r := range c.RolesList {
+		if r != "all" && !slices.Contains(Roles, r) {
+			return &Error{Key: "roles", Msg: fmt.Sprintf("unknown role %q (want all or %s)", r, strings.Join(Roles, ", "))}
+		}
+	}
+	if c.Embedded && !c.AllRoles() {
+		return &Error{Key: "roles", Msg: "split roles need PostgreSQL: the embedded SQLite database serves one process running all roles; set " + EnvDatabaseURL + " or run --roles all"}
+	}
+	if !strings.HasPrefix(c.BasePath, "/") || strings.HasSuffix(c.BasePath, "/") {
+		return &Error{Key: "basePath", Msg: "want an absolute path without a trailing slash, such as /api"}
+	}
+	for key, addr := range map[string]string{"host.listen": c.Host.Listen, "host.gateway.listen": c.Host.Gateway.Listen} {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address", addr)}
+		}
+	}
+	if u, err := url.Parse(c.Host.Gateway.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" {
+		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}
+	}
+	if c.Host.Gateway.MaxStreams < 0 {
+		return &Error{Key: "host.gateway.maxStreams", Msg: "must be positive"}
+	}
+	if t := c.Host.Metrics.BearerToken; t != "" && len(t) < 16 {
+		return &Error{Key: "host.metrics.bearerToken", Msg: "want at least 16 characters"}
+	}
+	for i, p := range c.TrustedProxies {
+		pfx, err := parseProxy(p)
+		if err != nil {
+			return &Error{Key: fmt.Sprintf("trustedProxies[%d]", i), Msg: err.Error()}
+		}
+		c.ParsedProxies = append(c.ParsedProxies, pfx)
+	}
+	return nil
+}
+
+// parseProxy parses an address or CIDR; IPv4-mapped IPv6 becomes IPv4.
+func parseProxy(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("%q is not an address or CIDR", s)
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or CIDR", s)
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// AllRoles reports whether the process runs every role.
+func (c *Config) AllRoles() bool {
+	return slices.Contains(c.RolesList, "all")
+}
+
+// Runs reports whether the process runs role.
+func (c *Config) Runs(role string) bool {
+	return c.AllRoles() || slices.Contains(c.RolesList, role)
+}
