@@ -1,0 +1,387 @@
+package gpu
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Log attribute keys used by this package.
+const (
+	attrErr       = "err"
+	attrStatus    = "status"
+	attrIndex     = "gpu_index"
+	attrUUID      = "gpu_uuid"
+	attrXID       = "xid"
+	attrGPUs      = "gpus"
+	attrRetryIn   = "retry_in"
+	attrEventType = "event_type"
+)
+
+// Config configures a [Collector]. The zero value is valid: it uses the
+// system's NVML library.
+type Config struct {
+	// NVML is the NVML library. Defaults to nvml.New(), which loads
+	// libnvidia-ml.so.1 at the first Init; tests pass a mock such as
+	// go-nvml's mock/dgxa100.New().
+	NVML nvml.Interface
+	// Logger receives the collector's logs. Defaults to discarding them.
+	Logger *slog.Logger
+	// Now is the clock used to stamp events and age XIDs. Defaults to
+	// time.Now.
+	Now func() time.Time
+	// EventWaitTimeout is how long one NVML event wait blocks in Watch, and
+	// so the longest Watch takes to notice a cancelled context. Whole
+	// milliseconds, from 1 ms to about 49 days. Defaults to 1 s.
+	EventWaitTimeout time.Duration
+	// EventRetryMax caps the backoff between failed event waits. Defaults
+	// to 30 s.
+	EventRetryMax time.Duration
+	// CorrectedECCSpike is the rise in a GPU's volatile corrected ECC count
+	// between two Collect calls at which the GPU is reported degraded.
+	// Defaults to 100 errors.
+	CorrectedECCSpike uint64
+	// DegradedXIDWindow is how long an XID that implies degraded health
+	// (13, 31, 43) keeps the GPU degraded after it was last seen. XIDs that
+	// imply failure never expire: they hold until the Collector is
+	// discarded (bcd restarts, normally with the reboot that clears them).
+	// Defaults to 1 h.
+	DegradedXIDWindow time.Duration
+}
+
+// Collector reads GPU inventory and health through NVML and watches for
+// XID and ECC events. It is safe for concurrent use; Collect and Watch may
+// run at the same time.
+type Collector struct {
+	nvml        nvml.Interface
+	log         *slog.Logger
+	now         func() time.Time
+	waitTimeout time.Duration
+	retryMax    time.Duration
+	spike       uint64
+	xidWindow   time.Duration
+
+	// unavailableLogged makes the "no NVML" info log appear once per
+	// Collector, however often Collect and Watch are called.
+	unavailableLogged atomic.Bool
+
+	mu     sync.Mutex
+	states map[string]*gpuState // by GPU UUID
+}
+
+// New returns a Collector for cfg, with defaults filled in. It returns an
+// error when a duration in cfg is out of range. It does not touch NVML.
+func New(cfg Config) (*Collector, error) {
+	if cfg.NVML == nil {
+		cfg.NVML = nvml.New()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.EventWaitTimeout = cmp.Or(cfg.EventWaitTimeout, time.Second)
+	cfg.EventRetryMax = cmp.Or(cfg.EventRetryMax, 30*time.Second)
+	cfg.CorrectedECCSpike = cmp.Or(cfg.CorrectedECCSpike, 100)
+	cfg.DegradedXIDWindow = cmp.Or(cfg.DegradedXIDWindow, time.Hour)
+
+	if cfg.EventWaitTimeout < time.Millisecond || cfg.EventWaitTimeout/time.Millisecond > math.MaxUint32 {
+		return nil, fmt.Errorf("gpu collector: event wait timeout %v out of range [1ms, %dms]",
+			cfg.EventWaitTimeout, uint32(math.MaxUint32))
+	}
+	if cfg.EventRetryMax < 0 {
+		return nil, fmt.Errorf("gpu collector: negative event retry max %v", cfg.EventRetryMax)
+	}
+	if cfg.DegradedXIDWindow < 0 {
+		return nil, fmt.Errorf("gpu collector: negative degraded XID window %v", cfg.DegradedXIDWindow)
+	}
+	return &Collector{
+		nvml:        cfg.NVML,
+		log:         cfg.Logger,
+		now:         cfg.Now,
+		waitTimeout: cfg.EventWaitTimeout,
+		retryMax:    cfg.EventRetryMax,
+		spike:       cfg.CorrectedECCSpike,
+		xidWindow:   cfg.DegradedXIDWindow,
+		states:      make(map[string]*gpuState),
+	}, nil
+}
+
+// Collect initialises NVML, reads every GPU and shuts NVML down again
+// (NVML reference-counts Init, so a running Watch keeps its session).
+//
+// A host without NVIDIA driver (NVML's ERROR_LIBRARY_NOT_FOUND or
+// ERROR_DRIVER_NOT_LOADED) is a normal state: Collect returns a Report with
+// no GPUs, a Status saying why, and a nil error, and logs it once per
+// Collector at info level. Per-GPU query failures never fail Collect; they
+// leave fields empty and are listed in GPU.Errors (see [GPU]). Collect
+// returns an error only when ctx is done, when Init fails for another
+// reason, or when NVML cannot count the GPUs.
+func (c *Collector) Collect(ctx context.Context) (Report, error) {
+	if err := ctx.Err(); err != nil {
+		return Report{}, fmt.Errorf("collect gpus: %w", err)
+	}
+	ret := c.nvml.Init()
+	if status, ok := unavailable(ret); ok {
+		c.noteUnavailable(ctx, status)
+		return Report{Status: status}, nil
+	}
+	if ret != nvml.SUCCESS {
+		return Report{}, fmt.Errorf("collect gpus: init nvml: %w", ret)
+	}
+	defer c.shutdown(ctx)
+
+	n, ret := c.nvml.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return Report{}, fmt.Errorf("collect gpus: count devices: %w", ret)
+	}
+	if n == 0 {
+		return Report{Status: "NVML found no NVIDIA GPUs"}, nil
+	}
+
+	var sys reader
+	var driver, cuda string
+	if v, ret := c.nvml.SystemGetDriverVersion(); sys.ok("driver version", ret) {
+		driver = v
+	}
+	if v, ret := c.nvml.SystemGetCudaDriverVersion(); sys.ok("cuda driver version", ret) && v > 0 {
+		cuda = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	}
+
+	rep := Report{GPUs: make([]GPU, 0, n)}
+	for i := range n {
+		if err := ctx.Err(); err != nil {
+			return Report{}, fmt.Errorf("collect gpus: %w", err)
+		}
+		r := reader{errs: slices.Clone(sys.errs)}
+		g := GPU{Index: i, DriverVersion: driver, CUDADriverVersion: cuda}
+		var pre []finding
+		dev, ret := c.nvml.DeviceGetHandleByIndex(i)
+		if r.ok("device handle", ret) {
+			readDevice(dev, &g, &r)
+		} else if !r.lost {
+			pre = append(pre, finding{HealthFailed, "NVML cannot open the GPU: " + ret.Error()})
+		}
+		if r.lost {
+			pre = append(pre, finding{HealthFailed, "GPU is lost: NVML returned ERROR_GPU_IS_LOST"})
+		}
+		g.Errors = r.errs
+
+		c.mu.Lock()
+		var st *gpuState
+		if g.UUID != "" {
+			st = c.stateLocked(g.UUID)
+		}
+		assess(&g, pre, st, assessParams{now: c.now(), correctedSpike: c.spike, degradedXIDWindow: c.xidWindow})
+		c.mu.Unlock()
+
+		if g.Health != HealthOK {
+			c.log.DebugContext(ctx, "GPU unhealthy", attrIndex, i, attrUUID, g.UUID, attrStatus, g.Health)
+		}
+		rep.GPUs = append(rep.GPUs, g)
+	}
+	return rep, nil
+}
+
+// readDevice fills g from dev; failures go to r.
+func readDevice(dev nvml.Device, g *GPU, r *reader) {
+	if v, ret := dev.GetName(); r.ok("name", ret) {
+		g.Name = v
+	}
+	if v, ret := dev.GetUUID(); r.ok("uuid", ret) {
+		g.UUID = v
+	}
+	if v, ret := dev.GetSerial(); r.ok("serial", ret) {
+		g.Serial = v
+	}
+	if v, ret := dev.GetPciInfo(); r.ok("pci info", ret) {
+		g.PCIBusID = cString(v.BusId[:])
+	}
+	if v, ret := dev.GetMemoryInfo(); r.ok("memory info", ret) {
+		g.MemoryTotalBytes, g.MemoryUsedBytes = v.Total, v.Used
+	}
+	// GetTemperature is deprecated in the NVML 13 headers, but its successor
+	// (GetTemperatureV) returns a concrete handler that cannot be mocked
+	// through nvml.Device, and every shipping driver still exports it.
+	if v, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); r.ok("temperature", ret) { //nolint:staticcheck // see above
+		g.TemperatureC = v
+	}
+	if v, ret := dev.GetPowerUsage(); r.ok("power usage", ret) {
+		g.PowerDrawMilliwatts = v
+	}
+	if v, ret := dev.GetEnforcedPowerLimit(); r.ok("power limit", ret) {
+		g.PowerLimitMilliwatts = v
+	}
+	if v, ret := dev.GetClockInfo(nvml.CLOCK_SM); r.ok("sm clock", ret) {
+		g.SMClockMHz = v
+	}
+	if v, ret := dev.GetClockInfo(nvml.CLOCK_MEM); r.ok("memory clock", ret) {
+		g.MemoryClockMHz = v
+	}
+	g.ECC = readECC(dev, r)
+	g.RetiredPages = readRetiredPages(dev, r)
+	if corr, unc, pending, failure, ret := dev.GetRemappedRows(); r.ok("remapped rows", ret) {
+		g.RemappedRows = &RemappedRows{Corrected: corr, Uncorrected: unc, Pending: pending, Failure: failure}
+	}
+	g.MIG = readMIG(dev, r)
+}
+
+func readECC(dev nvml.Device, r *reader) *ECC {
+	var e ECC
+	counter := func(query string, typ nvml.MemoryErrorType, ctr nvml.EccCounterType) *uint64 {
+		v, ret := dev.GetTotalEccErrors(typ, ctr)
+		if !r.ok(query, ret) {
+			return nil
+		}
+		return &v
+	}
+	e.VolatileCorrected = counter("ecc volatile corrected", nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC)
+	e.VolatileUncorrected = counter("ecc volatile uncorrected", nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
+	e.AggregateCorrected = counter("ecc aggregate corrected", nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.AGGREGATE_ECC)
+	e.AggregateUncorrected = counter("ecc aggregate uncorrected", nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.AGGREGATE_ECC)
+	if e == (ECC{}) {
+		return nil
+	}
+	return &e
+}
+
+func readRetiredPages(dev nvml.Device, r *reader) *RetiredPages {
+	var rp RetiredPages
+	if pages, ret := dev.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS); r.ok("retired pages sbe", ret) {
+		n := len(pages)
+		rp.MultipleSingleBitECC = &n
+	}
+	if pages, ret := dev.GetRetiredPages(nvml.PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR); r.ok("retired pages dbe", ret) {
+		n := len(pages)
+		rp.DoubleBitECC = &n
+	}
+	if st, ret := dev.GetRetiredPagesPendingStatus(); r.ok("retired pages pending", ret) {
+		p := st == nvml.FEATURE_ENABLED
+		rp.Pending = &p
+	}
+	if rp == (RetiredPages{}) {
+		return nil
+	}
+	return &rp
+}
+
+func readMIG(dev nvml.Device, r *reader) *MIG {
+	cur, pending, ret := dev.GetMigMode()
+	if !r.ok("mig mode", ret) {
+		return nil
+	}
+	m := &MIG{Enabled: cur == nvml.DEVICE_MIG_ENABLE, PendingEnabled: pending == nvml.DEVICE_MIG_ENABLE}
+	if !m.Enabled {
+		return m
+	}
+	n, ret := dev.GetMaxMigDeviceCount()
+	if !r.ok("mig device count", ret) {
+		return m
+	}
+	for i := range n {
+		md, ret := dev.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // an empty slot
+		}
+		if !r.ok("mig device handle", ret) {
+			continue
+		}
+		d := MIGDevice{Index: i}
+		q := fmt.Sprintf("mig device %d ", i)
+		if v, ret := md.GetUUID(); r.ok(q+"uuid", ret) {
+			d.UUID = v
+		}
+		if v, ret := md.GetName(); r.ok(q+"name", ret) {
+			d.Name = v
+		}
+		if v, ret := md.GetGpuInstanceId(); r.ok(q+"gpu instance id", ret) {
+			d.GPUInstanceID = v
+		}
+		if v, ret := md.GetComputeInstanceId(); r.ok(q+"compute instance id", ret) {
+			d.ComputeInstanceID = v
+		}
+		if v, ret := md.GetMemoryInfo(); r.ok(q+"memory info", ret) {
+			d.MemoryTotalBytes = v.Total
+		}
+		m.Devices = append(m.Devices, d)
+	}
+	return m
+}
+
+// reader sorts NVML return codes: success, "not supported" (silently
+// empty), a lost GPU (remembered once), and other failures (listed).
+type reader struct {
+	errs []string
+	lost bool
+}
+
+// ok reports whether ret is SUCCESS and records anything else.
+func (r *reader) ok(query string, ret nvml.Return) bool {
+	switch ret {
+	case nvml.SUCCESS:
+		return true
+	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
+	case nvml.ERROR_GPU_IS_LOST:
+		r.lost = true
+	default:
+		r.errs = append(r.errs, query+": "+ret.Error())
+	}
+	return false
+}
+
+// unavailable reports whether ret from Init means "no NVIDIA driver here",
+// and the Status line for it.
+func unavailable(ret nvml.Return) (string, bool) {
+	switch ret {
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return "NVML library not found: no NVIDIA driver installed", true
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return "NVIDIA kernel driver not loaded", true
+	default:
+		return "", false
+	}
+}
+
+func (c *Collector) noteUnavailable(ctx context.Context, status string) {
+	if c.unavailableLogged.CompareAndSwap(false, true) {
+		c.log.InfoContext(ctx, "No GPU inventory", attrStatus, status)
+	}
+}
+
+func (c *Collector) shutdown(ctx context.Context) {
+	if ret := c.nvml.Shutdown(); ret != nvml.SUCCESS {
+		c.log.WarnContext(ctx, "Shut down NVML", attrErr, error(ret))
+	}
+}
+
+// stateLocked returns the remembered state for uuid, creating it. c.mu
+// must be held.
+func (c *Collector) stateLocked(uuid string) *gpuState {
+	st, ok := c.states[uuid]
+	if !ok {
+		st = &gpuState{xids: make(map[uint64]time.Time)}
+		c.states[uuid] = st
+	}
+	return st
+}
+
+// cString converts a NUL-terminated C char array to a string.
+func cString(b []int8) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
+}

@@ -1,0 +1,230 @@
+package gpu
+
+import "time"
+
+// Report is the result of one [Collector.Collect]: every GPU NVML enumerates,
+// in NVML index order.
+type Report struct {
+	// GPUs lists the GPUs by NVML index. Empty when Status says why.
+	GPUs []GPU `json:"gpus,omitempty"`
+	// Status explains an empty GPUs list in one lower-case line, for
+	// example "nvml library not found (no NVIDIA driver installed)". It is
+	// empty whenever at least one GPU was found.
+	Status string `json:"status,omitempty"`
+}
+
+// GPU is the inventory and health of one physical GPU.
+//
+// A field whose NVML query returned ERROR_NOT_SUPPORTED (or
+// ERROR_FUNCTION_NOT_FOUND on an older driver) is left at its zero value: an
+// empty string, 0, or a nil pointer where 0 is itself a valid reading. Queries
+// that failed for any other reason are listed in Errors.
+type GPU struct {
+	// Index is the NVML device index (0-based, the order nvidia-smi uses).
+	Index int `json:"index"`
+	// Name is the product name, for example "NVIDIA A100-SXM4-40GB".
+	Name string `json:"name,omitempty"`
+	// UUID is the GPU's NVML UUID ("GPU-" followed by a UUID); it is the
+	// stable identity of the board across reboots and index changes.
+	UUID string `json:"uuid,omitempty"`
+	// Serial is the board serial number printed on the board.
+	Serial string `json:"serial,omitempty"`
+	// PCIBusID is the PCI address in NVML's form,
+	// domain:bus:device.function, for example "00000000:07:00.0".
+	PCIBusID string `json:"pci_bus_id,omitempty"`
+	// MemoryTotalBytes is the frame-buffer size in bytes.
+	MemoryTotalBytes uint64 `json:"memory_total_bytes,omitempty"`
+	// MemoryUsedBytes is the frame-buffer memory in use, in bytes. Volatile.
+	MemoryUsedBytes uint64 `json:"memory_used_bytes,omitempty"`
+	// DriverVersion is the kernel driver version, for example "550.54.15".
+	DriverVersion string `json:"driver_version,omitempty"`
+	// CUDADriverVersion is the newest CUDA version the driver supports, as
+	// "major.minor", for example "12.4".
+	CUDADriverVersion string `json:"cuda_driver_version,omitempty"`
+	// TemperatureC is the GPU core temperature in degrees Celsius. Volatile.
+	TemperatureC uint32 `json:"temperature_c,omitempty"`
+	// PowerDrawMilliwatts is the current board power draw in milliwatts.
+	// Volatile.
+	PowerDrawMilliwatts uint32 `json:"power_draw_mw,omitempty"`
+	// PowerLimitMilliwatts is the enforced power limit in milliwatts.
+	PowerLimitMilliwatts uint32 `json:"power_limit_mw,omitempty"`
+	// ECC holds the ECC error counters; nil when the GPU reports none.
+	ECC *ECC `json:"ecc,omitempty"`
+	// RetiredPages is dynamic page retirement (pre-Ampere GPUs); nil when
+	// not supported.
+	RetiredPages *RetiredPages `json:"retired_pages,omitempty"`
+	// RemappedRows is row remapping (Ampere and later); nil when not
+	// supported.
+	RemappedRows *RemappedRows `json:"remapped_rows,omitempty"`
+	// MIG is the Multi-Instance GPU state; nil when the GPU has no MIG.
+	MIG *MIG `json:"mig,omitempty"`
+	// SMClockMHz is the current streaming-multiprocessor clock in MHz.
+	// Volatile.
+	SMClockMHz uint32 `json:"sm_clock_mhz,omitempty"`
+	// MemoryClockMHz is the current memory clock in MHz. Volatile.
+	MemoryClockMHz uint32 `json:"memory_clock_mhz,omitempty"`
+	// Health is the GPU's overall health; see the package documentation
+	// for the rules.
+	Health Health `json:"health"`
+	// HealthReasons explains a Health other than HealthOK, one line per
+	// finding, for example "XID 79: GPU has fallen off the bus".
+	HealthReasons []string `json:"health_reasons,omitempty"`
+	// Errors lists NVML queries that failed for a reason other than
+	// "not supported", as "query: NVML error", for example
+	// "serial: ERROR_NO_PERMISSION". The affected fields are left empty.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// ECC holds a GPU's ECC error counts. Volatile counts are since the last
+// driver load; aggregate counts are over the board's lifetime. A nil
+// counter was not reported by the GPU.
+type ECC struct {
+	// VolatileCorrected is the count of corrected (single-bit) errors since
+	// the driver was loaded.
+	VolatileCorrected *uint64 `json:"volatile_corrected,omitempty"`
+	// VolatileUncorrected is the count of uncorrected (double-bit) errors
+	// since the driver was loaded.
+	VolatileUncorrected *uint64 `json:"volatile_uncorrected,omitempty"`
+	// AggregateCorrected is the lifetime count of corrected errors.
+	AggregateCorrected *uint64 `json:"aggregate_corrected,omitempty"`
+	// AggregateUncorrected is the lifetime count of uncorrected errors.
+	AggregateUncorrected *uint64 `json:"aggregate_uncorrected,omitempty"`
+}
+
+// RetiredPages is a GPU's dynamic page retirement state (Kepler to Turing;
+// Ampere and later remap rows instead, see [RemappedRows]).
+type RetiredPages struct {
+	// MultipleSingleBitECC is the number of pages retired because of
+	// repeated single-bit ECC errors; nil when not reported.
+	MultipleSingleBitECC *int `json:"multiple_single_bit_ecc,omitempty"`
+	// DoubleBitECC is the number of pages retired because of a double-bit
+	// ECC error; nil when not reported.
+	DoubleBitECC *int `json:"double_bit_ecc,omitempty"`
+	// Pending reports pages waiting to be retired at the next driver
+	// reload or reboot; nil when not reported.
+	Pending *bool `json:"pending,omitempty"`
+}
+
+// RemappedRows is a GPU's row-remapping state (Ampere and later).
+type RemappedRows struct {
+	// Corrected is the number of rows remapped because of correctable
+	// errors.
+	Corrected int `json:"corrected"`
+	// Uncorrected is the number of rows remapped because of uncorrectable
+	// errors.
+	Uncorrected int `json:"uncorrected"`
+	// Pending reports a remapping that takes effect at the next GPU reset.
+	Pending bool `json:"pending"`
+	// Failure reports that a remapping failed: the bank ran out of spare
+	// rows and the GPU should be replaced.
+	Failure bool `json:"failure"`
+}
+
+// MIG is a GPU's Multi-Instance GPU mode and the MIG devices carved from it.
+type MIG struct {
+	// Enabled reports whether MIG mode is currently on.
+	Enabled bool `json:"enabled"`
+	// PendingEnabled is the mode after the next GPU reset.
+	PendingEnabled bool `json:"pending_enabled"`
+	// Devices lists the MIG devices (GPU instance plus compute instance),
+	// by MIG index. Empty when MIG is off or no instances exist.
+	Devices []MIGDevice `json:"devices,omitempty"`
+}
+
+// MIGDevice is one MIG device of a GPU.
+type MIGDevice struct {
+	// Index is the MIG device index within its parent GPU.
+	Index int `json:"index"`
+	// UUID is the MIG device UUID ("MIG-..."), what CUDA_VISIBLE_DEVICES
+	// takes.
+	UUID string `json:"uuid,omitempty"`
+	// Name is the profile name, for example
+	// "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+	Name string `json:"name,omitempty"`
+	// GPUInstanceID is the GPU instance ID within the parent GPU.
+	GPUInstanceID int `json:"gpu_instance_id"`
+	// ComputeInstanceID is the compute instance ID within the GPU instance.
+	ComputeInstanceID int `json:"compute_instance_id"`
+	// MemoryTotalBytes is the memory assigned to this MIG device, in bytes.
+	MemoryTotalBytes uint64 `json:"memory_total_bytes,omitempty"`
+}
+
+// Health is a GPU's overall health: [HealthOK], [HealthDegraded] or
+// [HealthFailed].
+type Health string
+
+// The health values, in increasing order of severity.
+const (
+	// HealthOK means no finding: the GPU can take work.
+	HealthOK Health = "ok"
+	// HealthDegraded means the GPU works but needs attention (a reset, or a
+	// look at the workload that raised an XID).
+	HealthDegraded Health = "degraded"
+	// HealthFailed means the GPU must not take work until it is reset or
+	// replaced.
+	HealthFailed Health = "failed"
+)
+
+func (h Health) rank() int {
+	switch h {
+	case HealthFailed:
+		return 2
+	case HealthDegraded:
+		return 1
+	default:
+		return 0
+	}
+}
+
+// Severity grades an [Event].
+type Severity string
+
+// The event severities.
+const (
+	// SeverityInfo is an event that does not change health (an XID not in
+	// the table in the package documentation).
+	SeverityInfo Severity = "info"
+	// SeverityWarning is an event that makes the GPU [HealthDegraded].
+	SeverityWarning Severity = "warning"
+	// SeverityCritical is an event that makes the GPU [HealthFailed].
+	SeverityCritical Severity = "critical"
+)
+
+func severityOf(h Health) Severity {
+	switch h {
+	case HealthFailed:
+		return SeverityCritical
+	case HealthDegraded:
+		return SeverityWarning
+	default:
+		return SeverityInfo
+	}
+}
+
+// Event kinds reported by [Collector.Watch].
+const (
+	// EventKindXID is an XID error reported by the driver; Event.XID holds
+	// its number.
+	EventKindXID = "gpu.xid"
+	// EventKindECCUncorrected is a double-bit (uncorrectable) ECC error
+	// event; Event.XID is 0.
+	EventKindECCUncorrected = "gpu.ecc.uncorrected"
+)
+
+// Event is one GPU error event seen by [Collector.Watch].
+type Event struct {
+	// Kind is [EventKindXID] or [EventKindECCUncorrected].
+	Kind string `json:"kind"`
+	// GPUUUID is the UUID of the GPU that raised the event; empty when NVML
+	// did not say which GPU.
+	GPUUUID string `json:"gpu_uuid,omitempty"`
+	// XID is the XID number for [EventKindXID] events, 0 otherwise.
+	XID uint64 `json:"xid,omitempty"`
+	// Severity grades the event; it matches the health the event implies.
+	Severity Severity `json:"severity"`
+	// Message is a one-line description, for example
+	// "XID 79 on GPU 3 (GPU-5e0d...): GPU has fallen off the bus".
+	Message string `json:"message"`
+	// Time is when bcd received the event (from the injected clock).
+	Time time.Time `json:"time"`
+}
