@@ -1,0 +1,161 @@
+package pki
+
+import (
+	"crypto/x509"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/better-compute/better-compute/proto/jointoken"
+)
+
+// Bundle holds the CAs of one deployment: everything `better-compute pki
+// init` writes, sealed under the deployment secret. It is plain data with
+// no lock; share it read-only, and serialise RotateNodeCA and
+// PruneNodeRoots with other use. Methods other than Validate expect a
+// valid bundle, as Init and UnmarshalBundle return.
+type Bundle struct {
+	// TrustDomain is the SPIFFE trust domain of every identity the bundle
+	// issues, such as "compute.example.com".
+	TrustDomain string
+	// NodeCA signs node certificates.
+	NodeCA *CA
+	// GatewayCA signs the gateways' TLS serving certificates.
+	GatewayCA *CA
+	// InternalCA signs the internal control API's certificates.
+	InternalCA *CA
+	// PreviousNodeRoots are node CA certificates replaced by RotateNodeCA,
+	// still trusted so that the certificates they issued keep verifying
+	// until they expire. Oldest first; their keys are not kept.
+	PreviousNodeRoots []*x509.Certificate
+}
+
+// InitOptions configures Init.
+type InitOptions struct {
+	// TrustDomain is the SPIFFE trust domain; required, checked by
+	// ValidateTrustDomain.
+	TrustDomain string
+	// Now is the time the CAs are made at. Defaults to time.Now().
+	Now time.Time
+	// Validity is how long each CA certificate is valid. Defaults to
+	// DefaultCAValidity (ten years).
+	Validity time.Duration
+}
+
+// Init makes a bundle with a fresh node CA, gateway serving CA and internal
+// CA for opts.TrustDomain. It fails with ErrTrustDomain for an invalid
+// trust domain and ErrTTL for a negative validity.
+func Init(opts InitOptions) (*Bundle, error) {
+	if err := ValidateTrustDomain(opts.TrustDomain); err != nil {
+		return nil, fmt.Errorf("init pki bundle: %w", err)
+	}
+	now, validity, err := caTimes(opts.Now, opts.Validity)
+	if err != nil {
+		return nil, fmt.Errorf("init pki bundle: %w", err)
+	}
+	b := &Bundle{TrustDomain: opts.TrustDomain}
+	for _, ca := range []struct {
+		kind caKind
+		dst  **CA
+	}{
+		{kindNode, &b.NodeCA},
+		{kindGateway, &b.GatewayCA},
+		{kindInternal, &b.InternalCA},
+	} {
+		if *ca.dst, err = newCA(ca.kind, b.TrustDomain, now, validity); err != nil {
+			return nil, fmt.Errorf("init pki bundle: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// caTimes fills in the defaults for a CA's creation time and validity.
+func caTimes(now time.Time, validity time.Duration) (time.Time, time.Duration, error) {
+	if validity < 0 {
+		return time.Time{}, 0, fmt.Errorf("%w: CA validity %s is negative", ErrTTL, validity)
+	}
+	if validity == 0 {
+		validity = DefaultCAValidity
+	}
+	if now.IsZero() {
+		now = time.Now()
+	}
+	return now, validity, nil
+}
+
+// Validate checks that b is complete and consistent: a valid trust domain,
+// all three CAs present, each a CA certificate with a matching P-256 key,
+// and every previous root a CA certificate. Errors wrap ErrBundleInvalid.
+func (b *Bundle) Validate() error {
+	if b == nil {
+		return fmt.Errorf("%w: nil bundle", ErrBundleInvalid)
+	}
+	if err := ValidateTrustDomain(b.TrustDomain); err != nil {
+		return fmt.Errorf("%w: %w", ErrBundleInvalid, err)
+	}
+	if err := b.NodeCA.validate(kindNode); err != nil {
+		return err
+	}
+	if err := b.GatewayCA.validate(kindGateway); err != nil {
+		return err
+	}
+	if err := b.InternalCA.validate(kindInternal); err != nil {
+		return err
+	}
+	for i, root := range b.PreviousNodeRoots {
+		if root == nil || !root.IsCA {
+			return fmt.Errorf("%w: previous node root %d is not a CA certificate", ErrBundleInvalid, i)
+		}
+	}
+	return nil
+}
+
+// NodeCARoots returns the certificates that node certificates may chain
+// to: the current node CA first, then the retained previous roots. This is
+// the list a JoinResponse carries and a NodeVerifier trusts. The slice is
+// new; the certificates are shared.
+func (b *Bundle) NodeCARoots() []*x509.Certificate {
+	roots := make([]*x509.Certificate, 0, 1+len(b.PreviousNodeRoots))
+	roots = append(roots, b.NodeCA.Cert)
+	return append(roots, b.PreviousNodeRoots...)
+}
+
+// GatewayPin returns the pin of the gateway serving CA's key, the
+// "sha256/<base64>" form of jointoken.Pin that join tokens carry.
+func (b *Bundle) GatewayPin() string {
+	return jointoken.Pin(b.GatewayCA.Cert)
+}
+
+// RotateNodeCA replaces the node CA with a fresh one made at now (zero:
+// time.Now()) valid for validity (zero: DefaultCAValidity), and appends the
+// old certificate to PreviousNodeRoots so that certificates it issued keep
+// verifying. The old key is dropped. New node certificates come from the
+// new CA at once; nodes pick up the new root with their next renewal.
+func (b *Bundle) RotateNodeCA(now time.Time, validity time.Duration) error {
+	if err := b.Validate(); err != nil {
+		return fmt.Errorf("rotate node CA: %w", err)
+	}
+	now, validity, err := caTimes(now, validity)
+	if err != nil {
+		return fmt.Errorf("rotate node CA: %w", err)
+	}
+	ca, err := newCA(kindNode, b.TrustDomain, now, validity)
+	if err != nil {
+		return fmt.Errorf("rotate node CA: %w", err)
+	}
+	b.PreviousNodeRoots = append(b.PreviousNodeRoots, b.NodeCA.Cert)
+	b.NodeCA = ca
+	return nil
+}
+
+// PruneNodeRoots drops the previous node roots that have expired at now
+// (now after their NotAfter), after which no certificate they issued can verify, and returns how many
+// it dropped.
+func (b *Bundle) PruneNodeRoots(now time.Time) int {
+	before := len(b.PreviousNodeRoots)
+	b.PreviousNodeRoots = slices.DeleteFunc(b.PreviousNodeRoots, func(c *x509.Certificate) bool {
+		return now.After(c.NotAfter) // the test crypto/x509 applies
+
+	})
+	return before - len(b.PreviousNodeRoots)
+}

@@ -1,0 +1,157 @@
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// DefaultNodeTTL is the lifetime of a node certificate unless
+// IssueOptions.TTL says otherwise. Node certificates are short-lived and
+// renewed (DESIGN.md, PKI).
+const DefaultNodeTTL = 24 * time.Hour
+
+// NodeBackdate is how far before the time of issue a node certificate's
+// NotBefore lies, so that a node whose clock runs a little behind accepts
+// its fresh certificate.
+const NodeBackdate = time.Minute
+
+// IssueOptions configures IssueNode.
+type IssueOptions struct {
+	// Now is the time of issue. Defaults to time.Now().
+	Now time.Time
+	// TTL is how long after Now the certificate stays valid; it is cut
+	// short where the node CA expires sooner. Defaults to DefaultNodeTTL.
+	TTL time.Duration
+}
+
+// Issued describes a certificate IssueNode made.
+type Issued struct {
+	// CertDER is the DER certificate.
+	CertDER []byte
+	// Serial is the serial number as FormatSerial spells it: 32 lower-case
+	// hex digits. Revocation names certificates by it.
+	Serial string
+	// SPIFFEID is the certificate's only URI SAN,
+	// spiffe://<trust-domain>/node/<node-id>.
+	SPIFFEID string
+	// NotBefore is the start of validity: the time of issue less
+	// NodeBackdate, in whole seconds, UTC.
+	NotBefore time.Time
+	// NotAfter is the end of validity: the time of issue plus the TTL, or
+	// the node CA's end if sooner, in whole seconds, UTC.
+	NotAfter time.Time
+	// RenewAfter is when the node should renew: two thirds of the way from
+	// NotBefore to NotAfter.
+	RenewAfter time.Time
+}
+
+// IssueNode issues the certificate of node nodeID from the node CA for the
+// public key in csrDER, a DER PKCS #10 certificate request (RFC 2986).
+//
+// The CSR must parse and its signature verify (it proves possession of the
+// key), and its key must be ECDSA P-256 or Ed25519. Everything else the CSR
+// asks for, subject and SANs included, is ignored. The certificate has
+// CommonName nodeID, one URI SAN NodeSPIFFEID(trust domain, nodeID),
+// ExtKeyUsageClientAuth only, KeyUsageDigitalSignature, a random 128-bit
+// serial, and validity from now − NodeBackdate to now + TTL.
+//
+// It fails with ErrNodeID for a bad node id, ErrCSRInvalid for a CSR that
+// does not parse or verify, ErrKeyType for another key type, ErrTTL for a
+// negative TTL and ErrCAExpired when the node CA has expired.
+func (b *Bundle) IssueNode(csrDER []byte, nodeID string, opts IssueOptions) (*Issued, error) {
+	if err := ValidateNodeID(nodeID); err != nil {
+		return nil, fmt.Errorf("issue node certificate: %w", err)
+	}
+	if err := b.NodeCA.validate(kindNode); err != nil {
+		return nil, fmt.Errorf("issue node certificate: %w", err)
+	}
+	pub, err := checkCSR(csrDER)
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: %w", nodeID, err)
+	}
+	ttl, err := defaultTTL(opts.TTL, DefaultNodeTTL)
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: %w", nodeID, err)
+	}
+	now := opts.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	notBefore, notAfter, err := b.NodeCA.lifetime(now, NodeBackdate, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: node CA: %w", nodeID, err)
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: %w", nodeID, err)
+	}
+	id := NodeSPIFFEID(b.TrustDomain, nodeID)
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: nodeID},
+		URIs:                  []*url.URL{{Scheme: "spiffe", Host: b.TrustDomain, Path: nodePathPrefix + nodeID}},
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, b.NodeCA.Cert, pub, b.NodeCA.Key)
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: create certificate: %w", nodeID, err)
+	}
+	return &Issued{
+		CertDER:    der,
+		Serial:     FormatSerial(serial),
+		SPIFFEID:   id,
+		NotBefore:  notBefore,
+		NotAfter:   notAfter,
+		RenewAfter: notBefore.Add(notAfter.Sub(notBefore) * 2 / 3),
+	}, nil
+}
+
+// checkCSR parses a DER CSR, checks its key type and then its signature,
+// and returns its public key.
+func checkCSR(der []byte) (any, error) {
+	if len(der) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrCSRInvalid)
+	}
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCSRInvalid, err)
+	}
+	switch pub := csr.PublicKey.(type) {
+	case *ecdsa.PublicKey:
+		if pub.Curve != elliptic.P256() {
+			return nil, fmt.Errorf("%w: ECDSA on %s, want P-256", ErrKeyType, pub.Curve.Params().Name)
+		}
+	case ed25519.PublicKey:
+	case nil:
+		return nil, fmt.Errorf("%w: %s, want ECDSA P-256 or Ed25519", ErrKeyType, csr.PublicKeyAlgorithm)
+	default:
+		return nil, fmt.Errorf("%w: %T, want ECDSA P-256 or Ed25519", ErrKeyType, pub)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("%w: signature: %w", ErrCSRInvalid, err)
+	}
+	return csr.PublicKey, nil
+}
+
+// defaultTTL returns ttl, or def when ttl is zero; a negative ttl fails
+// with ErrTTL.
+func defaultTTL(ttl, def time.Duration) (time.Duration, error) {
+	switch {
+	case ttl < 0:
+		return 0, fmt.Errorf("%w: ttl %s is negative", ErrTTL, ttl)
+	case ttl == 0:
+		return def, nil
+	}
+	return ttl, nil
+}
