@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"strconv"
@@ -25,11 +26,11 @@ func serveCmd(e *env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := config.Flags{Roles: roles}
-			if port != 0 || host != "" {
+			if cmd.Flags().Changed("port") || host != "" {
 				if port < 0 || port > 65535 {
-					return usageError{fmt.Errorf("--port %d is out of range", port)}
+					return usageError{fmt.Errorf("--port %d is out of range 0-65535", port)}
 				}
-				f.Listen = net.JoinHostPort(cmpOr(host, "0.0.0.0"), strconv.Itoa(cmpOr(port, 3000)))
+				f.Listen = net.JoinHostPort(cmp.Or(host, "0.0.0.0"), strconv.Itoa(port))
 			}
 			cfg, err := e.load(f)
 			if err != nil {
@@ -46,15 +47,7 @@ func serveCmd(e *env) *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&roles, "roles", "", "roles to run: all, or a comma list of "+strings.Join(config.Roles, ", ")+" (env "+config.EnvRoles+")")
 	fl.StringVar(&host, "host", "", "API listen host (default 0.0.0.0)")
-	fl.IntVar(&port, "port", 0, "API listen port (default 3000)")
+	fl.IntVar(&port, "port", 3000, "API listen port (0 picks a free one)")
 	fl.BoolVar(&noMigrate, "no-migrate", false, "do not apply migrations; refuse to start when any are pending")
 	return cmd
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }

@@ -10,16 +10,22 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Exercise(context.Background(), t, func(t *testing.T) *storetest.Harness {
-		ctx := context.Background()
-		s, err := postgres.Open(ctx, pgtest.URL(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if _, err := s.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return &storetest.Harness{Store: s, Exec: s.ExecRaw}
-	})
+	storetest.Exercise(context.Background(), t, newHarness)
+}
+
+func BenchmarkStore(b *testing.B) {
+	storetest.Benchmark(b, newHarness)
+}
+
+func newHarness(t testing.TB) *storetest.Harness {
+	ctx := context.Background()
+	s, err := postgres.Open(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if _, err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &storetest.Harness{Store: s, Exec: s.ExecRaw}
 }

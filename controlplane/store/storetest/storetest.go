@@ -26,7 +26,7 @@ type Harness struct {
 }
 
 // NewHarness returns a fresh, empty, migrated database for one test.
-type NewHarness func(t *testing.T) *Harness
+type NewHarness func(t testing.TB) *Harness
 
 // Exercise runs the whole conformance suite against a backend.
 func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {

@@ -1,0 +1,142 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "better-compute.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Load("", env(map[string]string{"HOME": "/home/x", "XDG_DATA_HOME": ""}), Flags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Embedded || !c.AllRoles() || c.BasePath != "/api" || c.Host.Listen != "0.0.0.0:3000" {
+		t.Fatalf("defaults = %+v", c)
+	}
+	g := c.Host.Gateway
+	if g.Listen != "0.0.0.0:8443" || g.MaxStreams != 5000 || g.HeartbeatInterval.Duration != 10*time.Second ||
+		g.DrainDelay.Duration != time.Minute || g.PublicURL != "https://localhost:8443" {
+		t.Fatalf("gateway defaults = %+v", g)
+	}
+	if c.DataDir != DefaultDataDir(env(map[string]string{"HOME": "/home/x"})) {
+		t.Fatalf("data dir = %s", c.DataDir)
+	}
+}
+
+func TestPrecedenceFileEnvFlags(t *testing.T) {
+	path := writeFile(t, `
+database:
+  url: postgres://file@127.0.0.1:5432/db
+secret: file-secret-file-secret-file-secret-00
+roles: [api]
+dataDir: /from/file
+host:
+  listen: 127.0.0.1:3001
+  gateway:
+    heartbeatInterval: 5s
+trustedProxies: ["10.0.0.0/8", "::ffff:192.0.2.1", "fd00::/8"]
+`)
+	c, err := Load(path, env(map[string]string{
+		EnvDatabaseURL: "postgres://env@127.0.0.1:5432/db",
+		EnvRoles:       "api, gateway",
+	}), Flags{DataDir: "/from/flag"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Database.URL != "postgres://env@127.0.0.1:5432/db" || c.DataDir != "/from/flag" ||
+		!c.Runs("gateway") || c.Runs("controllers") || c.Host.Gateway.HeartbeatInterval.Duration != 5*time.Second {
+		t.Fatalf("config = %+v", c)
+	}
+	if len(c.ParsedProxies) != 3 || c.ParsedProxies[1].String() != "192.0.2.1/32" {
+		t.Fatalf("proxies = %v", c.ParsedProxies)
+	}
+}
+
+func TestInvalid(t *testing.T) {
+	pg := map[string]string{EnvDatabaseURL: "postgres://u@127.0.0.1/db", EnvSecret: strings.Repeat("s", 32)}
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		flags      Flags
+		key        string
+	}{
+		{"unknown key", "databse:\n  url: x\n", nil, Flags{}, "file"},
+		{"unknown nested key", "host:\n  gateway:\n    listn: 1\n", nil, Flags{}, "file"},
+		{"short secret", "", map[string]string{EnvSecret: "too-short"}, Flags{}, "secret"},
+		{"bad url", "", map[string]string{EnvDatabaseURL: "mysql://x"}, Flags{}, "database.url"},
+		{"url without secret", "", map[string]string{EnvDatabaseURL: "postgres://u@127.0.0.1/db"}, Flags{}, "secret"},
+		{"bad listen", "", nil, Flags{Listen: "nope"}, "host.listen"},
+		{"unknown role", "", pg, Flags{Roles: "api,web"}, "roles"},
+		{"split roles on sqlite", "", nil, Flags{Roles: "api"}, "roles"},
+		{"bad proxy", "trustedProxies: [\"10.0.0.0/33\"]\n", nil, Flags{}, "trustedProxies[0]"},
+		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "file"},
+		{"short metrics token", "host:\n  metrics:\n    bearerToken: abc\n", nil, Flags{}, "host.metrics.bearerToken"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := ""
+			if tc.file != "" {
+				path = writeFile(t, tc.file)
+			}
+			m := map[string]string{"HOME": t.TempDir()}
+			for k, v := range tc.env {
+				m[k] = v
+			}
+			_, err := Load(path, env(m), tc.flags)
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Key != tc.key {
+				t.Fatalf("err = %v, want a config error naming %q", err, tc.key)
+			}
+		})
+	}
+}
+
+func TestEmbeddedSecretGeneratedOnce(t *testing.T) {
+	dir := t.TempDir()
+	c, err := Load("", env(map[string]string{}), Flags{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureEmbeddedSecret(); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(dir, SecretFile))
+	if err != nil || fi.Mode().Perm() != 0o600 || len(c.Secret) < MinSecretLen {
+		t.Fatalf("secret file %v %v, secret %d chars", fi, err, len(c.Secret))
+	}
+	c2, _ := Load("", env(map[string]string{}), Flags{DataDir: dir})
+	if err := c2.EnsureEmbeddedSecret(); err != nil || c2.Secret != c.Secret {
+		t.Fatalf("second start read a different secret (%v)", err)
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add("host:\n  listen: 127.0.0.1:1\n")
+	f.Add("roles: [all]\ntrustedProxies: [\"::1\"]\n")
+	f.Fuzz(func(t *testing.T, body string) {
+		p := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(p, env(map[string]string{"HOME": "/nonexistent"}), Flags{})
+		if err == nil && c.Host.Listen == "" {
+			t.Fatal("loaded config without defaults")
+		}
+	})
+}

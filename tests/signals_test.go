@@ -1,0 +1,5 @@
+package tests
+
+import "syscall"
+
+const syscallTERM = syscall.SIGTERM

@@ -1,0 +1,275 @@
+// Package testenv starts the real binaries for end-to-end tests: it builds
+// better-compute and bcd once per test binary and runs them as processes,
+// with their output routed through the test log.
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// packages maps binary names to their main packages.
+var packages = map[string]string{
+	"better-compute": "./controlplane/cmd/better-compute",
+	"bcd":            "./bcd/cmd/bcd",
+	"bcx-ipmi":       "./plugins/ipmi/cmd/bcx-ipmi",
+}
+
+// builds caches the binaries of one test process, each built once.
+var builds = struct {
+	mu   sync.Mutex
+	dir  string
+	done map[string]func() (string, error)
+}{done: map[string]func() (string, error){}}
+
+// moduleRoot is the repository root (this file is tests/testenv/testenv.go).
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// Binary returns the path of a binary built from this tree, once per test
+// process: "better-compute", "bcd" or "bcx-ipmi".
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	builds.mu.Lock()
+	build, ok := builds.done[name]
+	if !ok {
+		build = sync.OnceValues(func() (string, error) { return buildBinary(name) })
+		builds.done[name] = build
+	}
+	builds.mu.Unlock()
+	p, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func buildBinary(name string) (string, error) {
+	pkg, ok := packages[name]
+	if !ok {
+		return "", fmt.Errorf("no package for binary %q", name)
+	}
+	builds.mu.Lock()
+	if builds.dir == "" {
+		dir, err := os.MkdirTemp("", "bc-e2e-bin-")
+		if err != nil {
+			builds.mu.Unlock()
+			return "", err
+		}
+		builds.dir = dir
+	}
+	dir := builds.dir
+	builds.mu.Unlock()
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=0.0.0-e2e", "-o", out, pkg)
+	cmd.Dir = moduleRoot()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build %s: %v\n%s", name, err, b)
+	}
+	return out, nil
+}
+
+// Proc is a running process of a test.
+type Proc struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+
+	mu    sync.Mutex
+	lines []string
+	wait  []lineWaiter
+}
+
+type lineWaiter struct {
+	re *regexp.Regexp
+	ch chan []string
+}
+
+// Start runs bin with args and env (added to a minimal environment) and
+// stops it (SIGTERM, then SIGKILL after 10 s) when the test ends.
+func Start(t testing.TB, env []string, bin string, args ...string) *Proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(BaseEnv(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	p := &Proc{t: t, cmd: cmd, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	var wg sync.WaitGroup
+	name := filepath.Base(bin)
+	for _, r := range []io.Reader{stdout, stderr} {
+		wg.Go(func() { p.read(name, r) })
+	}
+	go func() {
+		wg.Wait()
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.Stop(syscall.SIGTERM, 10*time.Second) })
+	return p
+}
+
+// BaseEnv is the environment every process gets: PATH and a HOME of its own
+// are enough; nothing of the developer's environment leaks in.
+func BaseEnv() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "TZ=UTC"}
+}
+
+func (p *Proc) read(name string, r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		p.t.Logf("%s[%d]: %s", name, p.cmd.Process.Pid, line)
+		p.mu.Lock()
+		p.lines = append(p.lines, line)
+		keep := p.wait[:0]
+		for _, w := range p.wait {
+			if m := w.re.FindStringSubmatch(line); m != nil {
+				w.ch <- m
+			} else {
+				keep = append(keep, w)
+			}
+		}
+		p.wait = keep
+		p.mu.Unlock()
+	}
+}
+
+// WaitLine waits for an output line matching pattern (also one already
+// printed) and returns its submatches.
+func (p *Proc) WaitLine(pattern string, timeout time.Duration) []string {
+	p.t.Helper()
+	re := regexp.MustCompile(pattern)
+	ch := make(chan []string, 1)
+	p.mu.Lock()
+	for _, l := range p.lines {
+		if m := re.FindStringSubmatch(l); m != nil {
+			p.mu.Unlock()
+			return m
+		}
+	}
+	p.wait = append(p.wait, lineWaiter{re: re, ch: ch})
+	p.mu.Unlock()
+	select {
+	case m := <-ch:
+		return m
+	case <-p.done:
+		select {
+		case m := <-ch:
+			return m
+		default:
+		}
+		p.t.Fatalf("process exited (%v) before printing %q", p.err, pattern)
+	case <-time.After(timeout):
+		p.t.Fatalf("no line matching %q within %v", pattern, timeout)
+	}
+	return nil
+}
+
+// Output returns everything printed so far.
+func (p *Proc) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+// Wait waits for the process to exit and returns its exit code.
+func (p *Proc) Wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("process still running after %v", timeout)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Signal sends sig to the process.
+func (p *Proc) Signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
+
+// Kill sends SIGKILL to the process group and waits for it.
+func (p *Proc) Kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends sig and, after grace, SIGKILL to the process group.
+func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(grace):
+		p.Kill()
+	}
+}
+
+// Run runs bin to completion and returns its exit code, stdout and stderr.
+func Run(t testing.TB, env []string, stdin string, bin string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(BaseEnv(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatalf("run %s: %v", bin, err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// Get fetches url and returns the status code and body.
+func Get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// WriteFile writes a file in a fresh temporary folder and returns its path.
+func WriteFile(t testing.TB, name, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
