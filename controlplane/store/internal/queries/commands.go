@@ -41,6 +41,7 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 	if p.IdempotencyKey != "" {
 		idem = p.IdempotencyKey
 	}
+	now := s.clock(p.Now)
 	var out []*store.Command
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
@@ -66,7 +67,7 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 		}
 		for start := 0; start < len(nodes); start += enqueueChunk {
 			chunk := nodes[start:min(start+enqueueChunk, len(nodes))]
-			args := []any{p.Kind, JSON(p.Spec), idem, batch, p.CreatedBy, p.Now, p.Timeout.Microseconds()}
+			args := []any{p.Kind, JSON(p.Spec), idem, batch, p.CreatedBy, now, p.Timeout.Microseconds()}
 			var values strings.Builder
 			for i, node := range chunk {
 				if i > 0 {

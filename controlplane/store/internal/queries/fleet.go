@@ -25,7 +25,7 @@ func (s *Store) GatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams)
 			version = excluded.version, sessions = excluded.sessions, max_streams = excluded.max_streams,
 			draining = excluded.draining, heartbeat_at = excluded.heartbeat_at
 		RETURNING `+gatewayColumns,
-		p.ID, p.Region, p.Address, p.Version, p.Sessions, p.MaxStreams, p.Draining, p.Now))
+		p.ID, p.Region, p.Address, p.Version, p.Sessions, p.MaxStreams, p.Draining, s.clock(p.Now)))
 	if err != nil {
 		return nil, s.wrap("upsert gateway "+p.ID, err)
 	}
@@ -81,7 +81,7 @@ func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (se
 			ON CONFLICT (node_id) DO UPDATE SET session_id = excluded.session_id, gateway_id = excluded.gateway_id,
 				epoch = x.epoch + 1, remote_addr = excluded.remote_addr, connected_at = excluded.connected_at,
 				last_heartbeat_at = excluded.last_heartbeat_at
-			RETURNING `+sessionColumns, p.NodeID, p.SessionID, p.GatewayID, p.RemoteAddr, p.Now))
+			RETURNING `+sessionColumns, p.NodeID, p.SessionID, p.GatewayID, p.RemoteAddr, q.clock(p.Now)))
 		if err != nil {
 			return q.wrap("open session for node "+p.NodeID, err)
 		}
@@ -173,7 +173,7 @@ func (s *Store) WorkerHeartbeat(ctx context.Context, p *store.WorkerHeartbeatPar
 	w, err := scanWorker(s.db.QueryRow(ctx, `INSERT INTO workers AS w (id, roles, hostname, pid, version, started_at, heartbeat_at)
 		VALUES ($1, $2, $3, $4, $5, coalesce($6, now()), coalesce($6, now()))
 		ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, heartbeat_at = excluded.heartbeat_at
-		RETURNING `+workerColumns, p.ID, strings.Join(p.Roles, ","), p.Hostname, p.PID, p.Version, p.Now))
+		RETURNING `+workerColumns, p.ID, strings.Join(p.Roles, ","), p.Hostname, p.PID, p.Version, s.clock(p.Now)))
 	if err != nil {
 		return nil, s.wrap("heartbeat worker "+p.ID, err)
 	}

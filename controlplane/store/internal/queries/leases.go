@@ -31,7 +31,7 @@ func (s *Store) LeaseAcquire(ctx context.Context, p *store.LeaseAcquireParams) (
 			expires_at = excluded.expires_at
 		WHERE l.holder = excluded.holder OR l.holder = '' OR l.expires_at <= excluded.renewed_at
 		RETURNING `+leaseColumns,
-		p.Name, p.Holder, p.TTL.Microseconds(), p.Now))
+		p.Name, p.Holder, p.TTL.Microseconds(), s.clock(p.Now)))
 	if err != nil {
 		if errors.Is(s.d.Translate(err), store.ErrNotFound) {
 			return nil, false, nil
@@ -47,7 +47,7 @@ func (s *Store) LeaseRenew(ctx context.Context, p *store.LeaseRenewParams) (*sto
 		UPDATE leases SET renewed_at = coalesce($5, now()), expires_at = coalesce($5, now()) + bc_micros($4)
 		WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > coalesce($5, now())
 		RETURNING `+leaseColumns,
-		p.Name, p.Holder, p.Epoch, p.TTL.Microseconds(), p.Now))
+		p.Name, p.Holder, p.Epoch, p.TTL.Microseconds(), s.clock(p.Now)))
 	if err != nil {
 		if errors.Is(s.d.Translate(err), store.ErrNotFound) {
 			return nil, false, nil

@@ -52,7 +52,7 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
 			updated_at = excluded.updated_at
 		RETURNING `+nodeColumns,
-		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, p.Now))
+		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now)))
 	if err != nil {
 		return nil, s.wrap("upsert node "+p.ID, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -118,4 +119,16 @@ func itoa(n int) string { return strconv.Itoa(n) }
 func (s *Store) ExecRaw(ctx context.Context, sql string) error {
 	_, err := s.db.Exec(ctx, sql)
 	return s.wrap("exec", err)
+}
+
+// clock returns t, or where the database's now() is not stable within a
+// statement (SQLite's registered function reads the clock on every call)
+// the current time, so that one statement sees one instant. PostgreSQL's
+// now() is the transaction's start and needs no help.
+func (s *Store) clock(t *time.Time) *time.Time {
+	if t != nil || s.d.Name != store.DialectSQLite {
+		return t
+	}
+	now := time.Now()
+	return &now
 }
