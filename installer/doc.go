@@ -1,0 +1,10 @@
+// Package installer writes the install script that site admins pipe to sh
+// (DESIGN.md, "Installer") and the systemd units of bcd.
+//
+// Generate checks every option, verifies the release manifest against the
+// pinned keys when one is given, and renders a POSIX sh script from an
+// embedded template. The script pins the sha256 of each binary it may
+// download, taken from the verified manifest, so a host installs nothing whose
+// digest does not match: see docs/install.md for the trust chain. Package
+// installer/manifest builds, signs and verifies release manifests.
+package installer

@@ -1,0 +1,16 @@
+#!/bin/sh
+# postinstall of the bcd package: create the bcd user and reload systemd.
+# The services are not enabled here: a node must join first
+# (bcd join --gateway URL --token-file F), then
+# systemctl enable --now bcd-helper.service bcd.service.
+set -e
+if command -v systemd-sysusers >/dev/null 2>&1; then
+	systemd-sysusers bcd.conf || true
+elif ! getent passwd bcd >/dev/null 2>&1; then
+	useradd --system --home-dir /var/lib/bcd --shell /usr/sbin/nologin bcd || true
+fi
+if [ -d /run/systemd/system ]; then
+	systemctl daemon-reload || true
+	# An upgrade restarts running services on the new binary.
+	systemctl try-restart bcd-helper.service bcd.service || true
+fi
