@@ -513,6 +513,10 @@ type CommandStore interface {
 	CommandOutput(ctx context.Context, commandID string) ([]*CommandOutputChunk, error)
 	// CommandPrune deletes terminal commands finished before before.
 	CommandPrune(ctx context.Context, before time.Time) (int64, error)
+	// CommandRequestCancel cancels a command: a queued one ends cancelled
+	// at once; a dispatched or running one is marked cancel_requested for
+	// its gateway to send Cancel. A terminal command is returned unchanged.
+	CommandRequestCancel(ctx context.Context, id string) (*Command, error)
 }
 
 // CommandEnqueueParams are CommandEnqueue's inputs.

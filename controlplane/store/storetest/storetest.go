@@ -521,8 +521,23 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	if l := must(h.Store.CommandList(ctx, &store.CommandListParams{BatchID: c.BatchID, State: store.CommandQueued})); len(l) != 2 {
 		t.Fatalf("queued commands of batch = %d", len(l))
 	}
-	if n := must(h.Store.CommandPrune(ctx, time.Now().Add(time.Hour))); n != 1 {
-		t.Fatalf("pruned %d commands, want the 1 finished", n)
+	// Cancel: a queued command ends at once; a running one is marked.
+	queued := cmds[1]
+	if c := must(h.Store.CommandRequestCancel(ctx, queued.ID)); c.State != store.CommandCancelled || c.FinishedAt == nil {
+		t.Fatalf("cancelled queued command = %+v", c)
+	}
+	running := cmds[2]
+	must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: running.ID, State: store.CommandRunning}))
+	if c := must(h.Store.CommandRequestCancel(ctx, running.ID)); c.State != store.CommandRunning || !c.CancelRequested {
+		t.Fatalf("cancel of running command = %+v", c)
+	}
+	if c := must(h.Store.CommandRequestCancel(ctx, c.ID)); c.State != store.CommandSucceeded || c.CancelRequested {
+		t.Fatalf("cancel of finished command changed it: %+v", c)
+	}
+	_, err = h.Store.CommandRequestCancel(ctx, "cmd_missing")
+	wantErr(t, err, store.ErrNotFound)
+	if n := must(h.Store.CommandPrune(ctx, time.Now().Add(time.Hour))); n != 2 {
+		t.Fatalf("pruned %d commands, want the 2 finished", n)
 	}
 	if l := must(h.Store.CommandList(ctx, &store.CommandListParams{NodeID: "node_1"})); len(l) != 0 {
 		t.Fatalf("node_1 commands after prune = %d", len(l))

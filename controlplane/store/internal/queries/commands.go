@@ -216,3 +216,25 @@ func (s *Store) CommandPrune(ctx context.Context, before time.Time) (int64, erro
 	n, err := s.db.Exec(ctx, `DELETE FROM commands WHERE state IN `+terminalStates+` AND finished_at < $1`, before)
 	return n, s.wrap("prune commands", err)
 }
+
+// CommandRequestCancel cancels a queued command at once and marks a live
+// one for its gateway.
+func (s *Store) CommandRequestCancel(ctx context.Context, id string) (*store.Command, error) {
+	var out *store.Command
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		if _, err := q.db.Exec(ctx, `UPDATE commands SET state = 'cancelled', cancel_requested = true,
+				error = 'cancelled before dispatch', finished_at = now()
+			WHERE id = $1 AND state = 'queued'`, id); err != nil {
+			return q.wrap("cancel command "+id, err)
+		}
+		if _, err := q.db.Exec(ctx, `UPDATE commands SET cancel_requested = true
+			WHERE id = $1 AND state NOT IN `+terminalStates, id); err != nil {
+			return q.wrap("cancel command "+id, err)
+		}
+		c, err := q.CommandGet(ctx, id)
+		out = c
+		return err
+	})
+	return out, err
+}
