@@ -10,16 +10,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
-
-// Store is what the API reads and writes.
-type Store interface {
-	Ping(ctx context.Context) error
-	MigrationStatus(ctx context.Context) (*store.MigrationStatus, error)
-}
 
 // Config configures the api role.
 type Config struct {
@@ -30,33 +26,59 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight requests may finish on
 	// shutdown. Defaults to 5 s.
 	ShutdownGrace time.Duration
+	// TrustedProxies are the peers whose X-Forwarded-For is believed.
+	TrustedProxies []netip.Prefix
+	// Secret is the deployment secret, to open the PKI bundle.
+	Secret string
+	// Version is reported by the well-known document.
+	Version string
+	// Waker, when set, is told of new commands right after they commit.
+	Waker Waker
+	// Downloads, when set, serves {basePath}/downloads/.
+	Downloads http.Handler
 }
 
 // Server serves the HTTP API.
 type Server struct {
-	cfg   Config
-	store Store
-	log   *slog.Logger
-	mux   *http.ServeMux
+	cfg     Config
+	store   store.Store
+	auth    *iam.Authenticator
+	waker   Waker
+	log     *slog.Logger
+	mux     *http.ServeMux
+	handler http.Handler
+	methods map[string]*method
 	// ready is closed once the listener is bound; Addr is valid after.
 	ready chan struct{}
 	addr  net.Addr
 }
 
-// New returns a Server; call Run to serve.
-func New(cfg Config, st Store, log *slog.Logger) *Server {
+// New returns a Server on st (the API uses most of the storage seam); call
+// Run to serve.
+func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	cfg.Listen = cmp.Or(cfg.Listen, "0.0.0.0:3000")
 	cfg.BasePath = cmp.Or(cfg.BasePath, "/api")
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, 5*time.Second)
-	s := &Server{cfg: cfg, store: st, log: log, mux: http.NewServeMux(), ready: make(chan struct{})}
+	s := &Server{cfg: cfg, store: st, log: logger(log), mux: http.NewServeMux(), ready: make(chan struct{}),
+		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{}}
+	s.registerMethods()
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/health", s.health)
+	s.mux.HandleFunc("GET /.well-known/better-compute", s.wellKnown)
+	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", s.serveRPC)
+	s.mux.HandleFunc(cfg.BasePath+"/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
+	})
+	if cfg.Downloads != nil {
+		s.mux.Handle(cfg.BasePath+"/downloads/", cfg.Downloads)
+	}
+	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
 	return s
 }
 
 // Handler returns the server's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Ready is closed once the listener is bound.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
@@ -74,7 +96,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.addr = ln.Addr()
 	close(s.ready)
 	srv := &http.Server{
-		Handler:           s.mux,
+		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),

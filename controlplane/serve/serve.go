@@ -39,7 +39,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.Runs("api") {
-		srv := api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath}, st, log)
+		if cfg.Embedded {
+			if err := ensureAdminToken(ctx, cfg.DataDir, st, log); err != nil {
+				return err
+			}
+		}
+		srv := api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
+			Secret: cfg.Secret, Version: opts.Version}, st, log)
 		g.Go(func() error { return srv.Run(ctx) })
 		if opts.APIReady != nil {
 			g.Go(func() error {

@@ -1,0 +1,316 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// Waker is told right after commands commit, so the gateways holding their
+// nodes' sessions dispatch at once instead of on their 1-second loop.
+type Waker interface {
+	Wake(ctx context.Context, nodeIDs []string)
+}
+
+func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateCommandsRequest) (*apiv1.CreateCommandsResponse, error) {
+	var spec []byte
+	switch r.GetKind() {
+	case KindExec:
+		e := r.GetExec()
+		if len(e.GetArgv()) == 0 || e.GetArgv()[0] == "" {
+			return nil, invalid("exec.argv", "is required for kind exec")
+		}
+		if e.GetOutputLimitBytes() > MaxOutputLimit {
+			return nil, invalid("exec.outputLimitBytes", "at most %d", MaxOutputLimit)
+		}
+		for k := range e.GetEnv() {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				return nil, invalid("exec.env", "%q is not a variable name", k)
+			}
+		}
+		if e.GetOutputLimitBytes() == 0 {
+			e.OutputLimitBytes = DefaultOutputLimit
+		}
+		b, err := specJSON(e)
+		if err != nil {
+			return nil, err
+		}
+		spec = b
+	case KindInventoryRefresh:
+		if r.Exec != nil {
+			return nil, invalid("exec", "only for kind exec")
+		}
+		spec = []byte("{}")
+	case "":
+		return nil, invalid("kind", "is required: exec or inventory.refresh")
+	default:
+		return nil, invalid("kind", "unknown kind %q: want exec or inventory.refresh", r.GetKind())
+	}
+	timeout := DefaultCommandTimeout
+	if r.Timeout != nil {
+		if err := r.GetTimeout().CheckValid(); err != nil || r.GetTimeout().AsDuration() <= 0 || r.GetTimeout().AsDuration() > MaxCommandTimeout {
+			return nil, invalid("timeout", "must be above 0 and at most %v", MaxCommandTimeout)
+		}
+		timeout = r.GetTimeout().AsDuration()
+	}
+	if len(r.GetIdempotencyKey()) > 128 {
+		return nil, invalid("idempotencyKey", "at most 128 characters")
+	}
+	nodes, err := s.targets(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), Spec: spec,
+		IdempotencyKey: r.GetIdempotencyKey(), CreatedBy: "token:" + p.TokenID, Timeout: timeout})
+	if err != nil {
+		return nil, err
+	}
+	if s.waker != nil {
+		s.waker.Wake(ctx, nodes)
+	}
+	out := &apiv1.CreateCommandsResponse{}
+	for _, c := range cmds {
+		out.BatchId = c.BatchID
+		out.Commands = append(out.Commands, commandOut(c))
+	}
+	return out, nil
+}
+
+// targets resolves node ids or a pool and selector to node ids.
+func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([]string, error) {
+	switch {
+	case len(r.GetNodeIds()) > 0 && r.GetPool() != "":
+		return nil, invalid("nodeIds", "give nodeIds or pool, not both")
+	case len(r.GetNodeIds()) > MaxTargets:
+		return nil, invalid("nodeIds", "at most %d nodes", MaxTargets)
+	case len(r.GetNodeIds()) > 0:
+		var ids []string
+		for _, nid := range r.GetNodeIds() {
+			if err := id("nodeIds", nid); err != nil {
+				return nil, err
+			}
+			if _, err := s.store.NodeGet(ctx, nid); err != nil {
+				return nil, fieldNotFound(err, "nodeIds", "no node "+nid)
+			}
+			if !slices.Contains(ids, nid) {
+				ids = append(ids, nid)
+			}
+		}
+		return ids, nil
+	case r.GetPool() != "":
+		pool, err := s.pool(ctx, "pool", r.GetPool())
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		lp := store.NodeListParams{PoolID: pool.ID, ListParams: store.ListParams{Limit: store.MaxListLimit}}
+		for {
+			nodes, err := s.store.NodeList(ctx, &lp)
+			if err != nil {
+				return nil, err
+			}
+			for _, n := range nodes {
+				if !n.Cordoned && labelsMatch(n.Labels, r.GetSelector()) {
+					ids = append(ids, n.ID)
+				}
+			}
+			if len(nodes) < lp.Limit {
+				break
+			}
+			lp.Cursor = nodes[len(nodes)-1].ID
+		}
+		if len(ids) == 0 {
+			return nil, &Error{Code: CodeNotFound, Field: "pool", Message: "no uncordoned node of pool " + r.GetPool() + " matches"}
+		}
+		return ids, nil
+	}
+	return nil, invalid("nodeIds", "give nodeIds or pool")
+}
+
+func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetCommandRequest) (*apiv1.GetCommandResponse, error) {
+	if err := id("id", r.GetId()); err != nil {
+		return nil, err
+	}
+	c, err := s.store.CommandGet(ctx, r.GetId())
+	if err != nil {
+		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
+	}
+	out := commandOut(c)
+	if r.GetIncludeOutput() {
+		chunks, err := s.store.CommandOutput(ctx, c.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, ch := range chunks {
+			if ch.Stream == store.StreamStderr {
+				out.Stderr = append(out.Stderr, ch.Data...)
+			} else {
+				out.Stdout = append(out.Stdout, ch.Data...)
+			}
+		}
+	}
+	return &apiv1.GetCommandResponse{Command: out}, nil
+}
+
+var commandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning,
+	store.CommandSucceeded, store.CommandFailed, store.CommandCancelled, store.CommandExpired, store.CommandLost}
+
+func (s *Server) commandsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListCommandsRequest) (*apiv1.ListCommandsResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	if r.GetState() != "" && !slices.Contains(commandStates, r.GetState()) {
+		return nil, invalid("state", "unknown state %q", r.GetState())
+	}
+	cmds, err := s.store.CommandList(ctx, &store.CommandListParams{ListParams: lp, NodeID: r.GetNodeId(), BatchID: r.GetBatchId(), State: r.GetState()})
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListCommandsResponse{NextCursor: next(cmds, lp, func(x *store.Command) string { return x.ID })}
+	for _, c := range cmds {
+		out.Commands = append(out.Commands, commandOut(c))
+	}
+	return out, nil
+}
+
+func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.CancelCommandRequest) (*apiv1.CancelCommandResponse, error) {
+	if err := id("id", r.GetId()); err != nil {
+		return nil, err
+	}
+	c, err := s.store.CommandRequestCancel(ctx, r.GetId())
+	if err != nil {
+		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
+	}
+	if s.waker != nil && !store.IsTerminal(c.State) {
+		s.waker.Wake(ctx, []string{c.NodeID})
+	}
+	return &apiv1.CancelCommandResponse{Command: commandOut(c)}, nil
+}
+
+func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	if h := r.GetGpuHealth(); h != "" && h != "degraded" && h != "failed" {
+		return nil, invalid("gpuHealth", "want degraded or failed")
+	}
+	if r.GetMinGpus() < 0 {
+		return nil, invalid("minGpus", "must not be negative")
+	}
+	params := store.NodeListParams{ListParams: lp, State: r.GetState()}
+	if r.GetPool() != "" {
+		pool, err := s.pool(ctx, "pool", r.GetPool())
+		if err != nil {
+			return nil, err
+		}
+		params.PoolID = pool.ID
+	}
+	limit := lp.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	filtered := r.GetGpuModel() != "" || r.GetMinGpus() > 0 || r.GetGpuHealth() != ""
+	out := &apiv1.ListNodesResponse{}
+	// GPU filters read the inventory: scan pages until the page is full.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		params.Limit = limit
+		if filtered {
+			params.Limit = store.MaxListLimit
+		}
+		nodes, err := s.store.NodeList(ctx, &params)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			node := nodeOut(n, "", false)
+			if !gpuMatch(node, r) {
+				continue
+			}
+			out.Nodes = append(out.Nodes, node)
+			if len(out.Nodes) == limit {
+				out.NextCursor = n.ID
+				return s.withGateways(ctx, out), nil
+			}
+		}
+		if len(nodes) < params.Limit {
+			return s.withGateways(ctx, out), nil
+		}
+		params.Cursor = nodes[len(nodes)-1].ID
+		if time.Now().After(deadline) {
+			return nil, &Error{Code: CodeUnavailable, Message: "GPU filter scan took too long; narrow it with pool or state"}
+		}
+	}
+}
+
+func (s *Server) withGateways(ctx context.Context, out *apiv1.ListNodesResponse) *apiv1.ListNodesResponse {
+	for _, n := range out.Nodes {
+		n.GatewayId = s.gatewayOf(ctx, n.Id)
+	}
+	return out
+}
+
+// gpuMatch applies the GPU filters of nodes.list.
+func gpuMatch(n *apiv1.Node, r *apiv1.ListNodesRequest) bool {
+	model := strings.ToLower(r.GetGpuModel())
+	count := 0
+	health := false
+	for _, g := range n.Gpus {
+		if model != "" && !strings.Contains(strings.ToLower(g.Name), model) {
+			continue
+		}
+		count++
+		if r.GetGpuHealth() != "" && g.Health == r.GetGpuHealth() {
+			health = true
+		}
+	}
+	if model != "" && count == 0 {
+		return false
+	}
+	if r.GetMinGpus() > 0 && count < int(r.GetMinGpus()) {
+		return false
+	}
+	if r.GetGpuHealth() != "" && !health {
+		return false
+	}
+	return true
+}
+
+func (s *Server) fleetSummary(ctx context.Context, _ *iam.Principal, _ *apiv1.FleetSummaryRequest) (*apiv1.FleetSummaryResponse, error) {
+	out := &apiv1.FleetSummaryResponse{NodesByState: map[string]int32{}, GpusByModel: map[string]int32{}}
+	lp := store.NodeListParams{ListParams: store.ListParams{Limit: store.MaxListLimit}}
+	for {
+		nodes, err := s.store.NodeList(ctx, &lp)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			out.Nodes++
+			out.NodesByState[n.State]++
+			inv := inventoryOf(n)
+			for _, g := range gpusOut(inv) {
+				out.Gpus++
+				out.GpusByModel[g.Name]++
+				if g.Health != "ok" {
+					out.UnhealthyGpus = append(out.UnhealthyGpus, &apiv1.UnhealthyGPU{NodeId: n.ID, Uuid: g.Uuid,
+						Name: g.Name, Health: g.Health, Reasons: g.HealthReasons})
+				}
+			}
+		}
+		if len(nodes) < lp.Limit {
+			return out, nil
+		}
+		lp.Cursor = nodes[len(nodes)-1].ID
+		if err := ctx.Err(); err != nil {
+			return nil, errors.Join(err)
+		}
+	}
+}

@@ -1,0 +1,105 @@
+package api
+
+import (
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func tsp(t *time.Time) *timestamppb.Timestamp {
+	if t == nil {
+		return nil
+	}
+	return timestamppb.New(*t)
+}
+
+func siteOut(s *store.Site) *apiv1.Site {
+	return &apiv1.Site{Id: s.ID, Name: s.Name, Region: s.Region, CreateTime: ts(s.CreatedAt)}
+}
+
+func poolOut(p *store.Pool) *apiv1.Pool {
+	return &apiv1.Pool{Id: p.ID, Name: p.Name, SiteId: p.SiteID, CreateTime: ts(p.CreatedAt)}
+}
+
+func joinTokenOut(t *store.JoinToken) *apiv1.JoinToken {
+	return &apiv1.JoinToken{Id: t.ID, PoolId: t.PoolID, Description: t.Description, MaxUses: int32(t.MaxUses),
+		Uses: int32(t.Uses), ExpireTime: ts(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt)}
+}
+
+func apiTokenOut(t *store.APIToken) *apiv1.APIToken {
+	return &apiv1.APIToken{Id: t.ID, Role: t.Role, Description: t.Description, AllowCidrs: t.AllowCIDRs,
+		ExpireTime: tsp(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt)}
+}
+
+// inventoryOf decodes a node's stored inventory (protojson of
+// session.v1.Inventory); nil when there is none or it does not decode.
+func inventoryOf(n *store.Node) *sessionv1.Inventory {
+	if len(n.Inventory) == 0 {
+		return nil
+	}
+	inv := &sessionv1.Inventory{}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(n.Inventory, inv); err != nil {
+		return nil
+	}
+	return inv
+}
+
+// healthName turns GPU_HEALTH_STATE_FAILED into "failed".
+func healthName(h *sessionv1.GPUHealth) string {
+	if h == nil || h.GetState() == sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED {
+		return "ok"
+	}
+	return strings.ToLower(strings.TrimPrefix(h.GetState().String(), "GPU_HEALTH_STATE_"))
+}
+
+func gpusOut(inv *sessionv1.Inventory) []*apiv1.GPU {
+	var out []*apiv1.GPU
+	for _, g := range inv.GetGpus() {
+		out = append(out, &apiv1.GPU{Uuid: g.GetUuid(), Name: g.GetName(), MemoryTotalBytes: g.GetMemoryTotalBytes(),
+			Health: healthName(g.GetHealth()), HealthReasons: g.GetHealth().GetReasons()})
+	}
+	return out
+}
+
+func nodeOut(n *store.Node, gatewayID string, withInventory bool) *apiv1.Node {
+	out := &apiv1.Node{Id: n.ID, PoolId: n.PoolID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned,
+		Labels: n.Labels, BcdVersion: n.BCDVersion, Os: n.OS, Arch: n.Arch, LastSeenTime: tsp(n.LastSeenAt),
+		CertExpireTime: tsp(n.CertNotAfter), CreateTime: ts(n.CreatedAt), GatewayId: gatewayID}
+	if inv := inventoryOf(n); inv != nil {
+		out.Gpus = gpusOut(inv)
+	}
+	if withInventory {
+		out.InventoryJson = string(n.Inventory)
+	}
+	return out
+}
+
+func commandOut(c *store.Command) *apiv1.Command {
+	out := &apiv1.Command{Id: c.ID, NodeId: c.NodeID, Kind: c.Kind, State: c.State, BatchId: c.BatchID,
+		Error: c.Error, OutputTruncated: c.OutputTruncated, CreateTime: ts(c.CreatedAt), DeadlineTime: ts(c.DeadlineAt),
+		FinishTime: tsp(c.FinishedAt), Attempt: int32(c.Attempt), CreatedBy: c.CreatedBy}
+	if c.ExitCode != nil {
+		code := int32(*c.ExitCode)
+		out.ExitCode = &code
+	}
+	if c.Kind == KindExec && len(c.Spec) > 0 {
+		spec := &apiv1.ExecSpec{}
+		if (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Spec, spec) == nil {
+			out.Exec = spec
+		}
+	}
+	return out
+}

@@ -1,0 +1,78 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Stable error codes (DESIGN.md, "api").
+const (
+	CodeInvalidArgument  = "INVALID_ARGUMENT"
+	CodeNotFound         = "NOT_FOUND"
+	CodeUnauthenticated  = "UNAUTHENTICATED"
+	CodePermissionDenied = "PERMISSION_DENIED"
+	CodeConflict         = "CONFLICT"
+	CodeUnavailable      = "UNAVAILABLE"
+	CodeInternal         = "INTERNAL"
+)
+
+// Error is an API error: a stable code, a message for people and the
+// request field at fault (protojson name), if any.
+type Error struct {
+	Code    string
+	Message string
+	Field   string
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return e.Code + ": " + e.Field + ": " + e.Message
+	}
+	return e.Code + ": " + e.Message
+}
+
+// status is the HTTP status of a code.
+func (e *Error) status() int {
+	switch e.Code {
+	case CodeInvalidArgument:
+		return http.StatusBadRequest
+	case CodeNotFound:
+		return http.StatusNotFound
+	case CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case CodePermissionDenied:
+		return http.StatusForbidden
+	case CodeConflict:
+		return http.StatusConflict
+	case CodeUnavailable:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func invalid(field, format string, args ...any) *Error {
+	return &Error{Code: CodeInvalidArgument, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) *Error {
+	return &Error{Code: CodeNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// toAPIError maps an error to an API error; store errors keep their
+// meaning, anything unknown is INTERNAL with no detail (the detail is
+// logged, never sent).
+func toAPIError(err error) (*Error, bool) {
+	var e *Error
+	switch {
+	case errors.As(err, &e):
+		return e, true
+	case errors.Is(err, store.ErrNotFound):
+		return &Error{Code: CodeNotFound, Message: err.Error()}, true
+	case errors.Is(err, store.ErrConflict):
+		return &Error{Code: CodeConflict, Message: "already exists"}, true
+	}
+	return &Error{Code: CodeInternal, Message: "internal error"}, false
+}

@@ -1,0 +1,473 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	"github.com/better-compute/better-compute/proto/jointoken"
+)
+
+// Command kinds the API creates.
+const (
+	KindExec             = "exec"
+	KindInventoryRefresh = "inventory.refresh"
+)
+
+// Limits of commands.create.
+const (
+	DefaultCommandTimeout = 10 * time.Minute
+	MaxCommandTimeout     = 24 * time.Hour
+	DefaultOutputLimit    = 1 << 20
+	MaxOutputLimit        = 64 << 20
+	MaxTargets            = 10000
+)
+
+// Limits of joinTokens.create.
+const (
+	DefaultJoinTokenTTL = 2 * time.Hour
+	MaxJoinTokenTTL     = 30 * 24 * time.Hour
+	MaxJoinTokenUses    = 100000
+)
+
+func (s *Server) registerMethods() {
+	const viewer, operator, admin = store.RoleViewer, store.RoleOperator, store.RoleAdmin
+	handle(s, "sites.create", admin, true, s.sitesCreate)
+	handle(s, "sites.list", viewer, false, s.sitesList)
+	handle(s, "pools.create", admin, true, s.poolsCreate)
+	handle(s, "pools.list", viewer, false, s.poolsList)
+	handle(s, "joinTokens.create", admin, true, s.joinTokensCreate)
+	handle(s, "joinTokens.list", viewer, false, s.joinTokensList)
+	handle(s, "joinTokens.revoke", admin, true, s.joinTokensRevoke)
+	handle(s, "nodes.list", viewer, false, s.nodesList)
+	handle(s, "nodes.get", viewer, false, s.nodesGet)
+	handle(s, "nodes.cordon", operator, true, s.nodesCordon(true))
+	handle(s, "nodes.uncordon", operator, true, s.nodesCordon(false))
+	handle(s, "nodes.drain", operator, true, s.nodesDrain)
+	handle(s, "nodes.delete", admin, true, s.nodesDelete)
+	handle(s, "commands.create", operator, true, s.commandsCreate)
+	handle(s, "commands.get", viewer, false, s.commandsGet)
+	handle(s, "commands.list", viewer, false, s.commandsList)
+	handle(s, "commands.cancel", operator, true, s.commandsCancel)
+	handle(s, "gateways.list", viewer, false, s.gatewaysList)
+	handle(s, "pki.revoke", admin, true, s.pkiRevoke)
+	handle(s, "fleet.summary", viewer, false, s.fleetSummary)
+	handle(s, "tokens.create", admin, true, s.tokensCreate)
+	handle(s, "tokens.list", admin, false, s.tokensList)
+	handle(s, "tokens.revoke", admin, true, s.tokensRevoke)
+}
+
+// page validates a page request.
+func page(p *apiv1.Page) (store.ListParams, error) {
+	if p.GetLimit() < 0 || p.GetLimit() > store.MaxListLimit {
+		return store.ListParams{}, invalid("page.limit", "must be 0 to %d", store.MaxListLimit)
+	}
+	if len(p.GetCursor()) > 128 {
+		return store.ListParams{}, invalid("page.cursor", "is not a cursor this API returned")
+	}
+	return store.ListParams{Cursor: p.GetCursor(), Limit: int(p.GetLimit())}, nil
+}
+
+// next is the cursor of the following page, empty after the last.
+func next[T any](items []*T, lp store.ListParams, id func(*T) string) string {
+	limit := lp.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	if len(items) < limit || len(items) == 0 {
+		return ""
+	}
+	return id(items[len(items)-1])
+}
+
+// name checks a resource name: 1 to 63 of a-z, 0-9, '-', '_', '.'.
+func name(field, v string) error {
+	if v == "" || len(v) > 63 {
+		return invalid(field, "must be 1 to 63 characters")
+	}
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return invalid(field, "may hold only a-z, 0-9, '-', '_' and '.'")
+		}
+	}
+	return nil
+}
+
+// id checks an identifier argument.
+func id(field, v string) error {
+	if v == "" {
+		return invalid(field, "is required")
+	}
+	if len(v) > 128 || strings.ContainsAny(v, " \t\r\n/\\") {
+		return invalid(field, "is not a valid id")
+	}
+	return nil
+}
+
+func (s *Server) sitesCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateSiteRequest) (*apiv1.Site, error) {
+	if err := name("name", r.GetName()); err != nil {
+		return nil, err
+	}
+	if err := name("region", r.GetRegion()); err != nil {
+		return nil, err
+	}
+	site, err := s.store.SiteCreate(ctx, &store.SiteCreateParams{Name: r.GetName(), Region: r.GetRegion()})
+	if errors.Is(err, store.ErrConflict) {
+		return nil, &Error{Code: CodeConflict, Field: "name", Message: "a site named " + r.GetName() + " exists"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return siteOut(site), nil
+}
+
+func (s *Server) sitesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListSitesRequest) (*apiv1.ListSitesResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	sites, err := s.store.SiteList(ctx, &lp)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListSitesResponse{NextCursor: next(sites, lp, func(x *store.Site) string { return x.ID })}
+	for _, x := range sites {
+		out.Sites = append(out.Sites, siteOut(x))
+	}
+	return out, nil
+}
+
+func (s *Server) poolsCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreatePoolRequest) (*apiv1.Pool, error) {
+	if err := name("name", r.GetName()); err != nil {
+		return nil, err
+	}
+	if err := id("site", r.GetSite()); err != nil {
+		return nil, err
+	}
+	site, err := s.store.SiteGet(ctx, r.GetSite())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, &Error{Code: CodeNotFound, Field: "site", Message: "no site " + r.GetSite()}
+	}
+	if err != nil {
+		return nil, err
+	}
+	pool, err := s.store.PoolCreate(ctx, &store.PoolCreateParams{Name: r.GetName(), SiteID: site.ID})
+	if errors.Is(err, store.ErrConflict) {
+		return nil, &Error{Code: CodeConflict, Field: "name", Message: "a pool named " + r.GetName() + " exists"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return poolOut(pool), nil
+}
+
+func (s *Server) poolsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListPoolsRequest) (*apiv1.ListPoolsResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	pools, err := s.store.PoolList(ctx, &lp)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListPoolsResponse{NextCursor: next(pools, lp, func(x *store.Pool) string { return x.ID })}
+	for _, x := range pools {
+		out.Pools = append(out.Pools, poolOut(x))
+	}
+	return out, nil
+}
+
+// pool resolves a pool id or name for field.
+func (s *Server) pool(ctx context.Context, field, v string) (*store.Pool, error) {
+	if err := id(field, v); err != nil {
+		return nil, err
+	}
+	p, err := s.store.PoolGet(ctx, v)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, &Error{Code: CodeNotFound, Field: field, Message: "no pool " + v}
+	}
+	return p, err
+}
+
+func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateJoinTokenRequest) (*apiv1.CreateJoinTokenResponse, error) {
+	pool, err := s.pool(ctx, "pool", r.GetPool())
+	if err != nil {
+		return nil, err
+	}
+	ttl := DefaultJoinTokenTTL
+	if r.Ttl != nil {
+		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 || r.GetTtl().AsDuration() > MaxJoinTokenTTL {
+			return nil, invalid("ttl", "must be above 0 and at most %v", MaxJoinTokenTTL)
+		}
+		ttl = r.GetTtl().AsDuration()
+	}
+	uses := int(r.GetMaxUses())
+	if uses == 0 {
+		uses = 1
+	}
+	if uses < 1 || uses > MaxJoinTokenUses {
+		return nil, invalid("maxUses", "must be 1 to %d", MaxJoinTokenUses)
+	}
+	if len(r.GetDescription()) > 256 {
+		return nil, invalid("description", "at most 256 characters")
+	}
+	pin, err := s.gatewayPin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	secret, rec, err := CreateJoinToken(ctx, s.store, pin, pool.ID, ttl, uses, r.GetDescription())
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.CreateJoinTokenResponse{JoinToken: joinTokenOut(rec), Token: secret}, nil
+}
+
+// CreateJoinToken mints a join token carrying pin for pool and stores its
+// hash. It returns the token string, shown once, and its record.
+func CreateJoinToken(ctx context.Context, st interface {
+	JoinTokenCreate(context.Context, *store.JoinTokenCreateParams) (*store.JoinToken, error)
+}, pin, poolID string, ttl time.Duration, maxUses int, description string) (string, *store.JoinToken, error) {
+	tok, err := jointoken.New(pin, nil)
+	if err != nil {
+		return "", nil, fmt.Errorf("make join token: %w", err)
+	}
+	rec, err := st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: tok.ID(), SecretHash: tok.SecretHash(),
+		PoolID: poolID, Description: description, MaxUses: maxUses, ExpiresAt: time.Now().Add(ttl).UTC()})
+	if err != nil {
+		return "", nil, fmt.Errorf("store join token: %w", err)
+	}
+	return tok.String(), rec, nil
+}
+
+// gatewayPin is the pin of the gateway serving CA from the PKI bundle.
+func (s *Server) gatewayPin(ctx context.Context) (string, error) {
+	b, err := s.store.PKIBundleGet(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", &Error{Code: CodeUnavailable, Message: "no PKI yet: run better-compute pki init"}
+	}
+	if err != nil {
+		return "", err
+	}
+	bundle, err := pki.OpenBundle(s.cfg.Secret, b.Sealed)
+	if err != nil {
+		return "", fmt.Errorf("open pki bundle: %w", err)
+	}
+	return bundle.GatewayPin(), nil
+}
+
+func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	toks, err := s.store.JoinTokenList(ctx, &lp)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListJoinTokensResponse{NextCursor: next(toks, lp, func(x *store.JoinToken) string { return x.ID })}
+	for _, x := range toks {
+		out.JoinTokens = append(out.JoinTokens, joinTokenOut(x))
+	}
+	return out, nil
+}
+
+func (s *Server) joinTokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeJoinTokenRequest) (*apiv1.RevokeJoinTokenResponse, error) {
+	if err := id("id", r.GetId()); err != nil {
+		return nil, err
+	}
+	if err := s.store.JoinTokenRevoke(ctx, r.GetId()); err != nil {
+		return nil, fieldNotFound(err, "id", "no join token "+r.GetId())
+	}
+	return &apiv1.RevokeJoinTokenResponse{}, nil
+}
+
+// fieldNotFound names field when err is a missing row.
+func fieldNotFound(err error, field, msg string) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return &Error{Code: CodeNotFound, Field: field, Message: msg}
+	}
+	return err
+}
+
+func (s *Server) node(ctx context.Context, nodeID string) (*store.Node, error) {
+	if err := id("id", nodeID); err != nil {
+		return nil, err
+	}
+	n, err := s.store.NodeGet(ctx, nodeID)
+	return n, fieldNotFound(err, "id", "no node "+nodeID)
+}
+
+func (s *Server) gatewayOf(ctx context.Context, nodeID string) string {
+	if sess, err := s.store.SessionGet(ctx, nodeID); err == nil {
+		return sess.GatewayID
+	}
+	return ""
+}
+
+func (s *Server) nodesGet(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	n, err := s.node(ctx, r.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.NodeResponse{Node: nodeOut(n, s.gatewayOf(ctx, n.ID), true)}, nil
+}
+
+func (s *Server) nodesCordon(cordon bool) func(context.Context, *iam.Principal, *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	return func(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+		if _, err := s.node(ctx, r.GetId()); err != nil {
+			return nil, err
+		}
+		if err := s.store.NodeSetCordoned(ctx, r.GetId(), cordon); err != nil {
+			return nil, err
+		}
+		return s.nodesGet(ctx, p, r)
+	}
+}
+
+// nodesDrain cordons a node and marks it draining: no new commands reach it.
+func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	if _, err := s.node(ctx, r.GetId()); err != nil {
+		return nil, err
+	}
+	err := s.store.Tx(ctx, func(tx store.Store) error {
+		if err := tx.NodeSetCordoned(ctx, r.GetId(), true); err != nil {
+			return err
+		}
+		return tx.NodeSetState(ctx, r.GetId(), store.NodeDraining)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.nodesGet(ctx, p, r)
+}
+
+func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	n, err := s.node(ctx, r.GetId())
+	if err != nil {
+		return nil, err
+	}
+	err = s.store.Tx(ctx, func(tx store.Store) error {
+		if n.CertSerial != "" {
+			if err := tx.RevocationInsert(ctx, &store.Revocation{Serial: n.CertSerial, NodeID: n.ID, Reason: "node deleted"}); err != nil {
+				return err
+			}
+		}
+		return tx.NodeDelete(ctx, n.ID)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.NodeResponse{Node: nodeOut(n, "", false)}, nil
+}
+
+func (s *Server) gatewaysList(ctx context.Context, _ *iam.Principal, _ *apiv1.ListGatewaysRequest) (*apiv1.ListGatewaysResponse, error) {
+	gws, err := s.store.GatewayList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListGatewaysResponse{}
+	for _, g := range gws {
+		out.Gateways = append(out.Gateways, &apiv1.Gateway{Id: g.ID, Region: g.Region, Address: g.Address, Version: g.Version,
+			Sessions: int32(g.Sessions), MaxStreams: int32(g.MaxStreams), Draining: g.Draining, HeartbeatTime: ts(g.HeartbeatAt),
+			Live: time.Since(g.HeartbeatAt) < 20*time.Second})
+	}
+	return out, nil
+}
+
+func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeCertificateRequest) (*apiv1.RevokeCertificateResponse, error) {
+	if (r.GetNodeId() == "") == (r.GetSerial() == "") {
+		return nil, invalid("nodeId", "give exactly one of nodeId and serial")
+	}
+	reason := r.GetReason()
+	if reason == "" {
+		reason = "revoked by an operator"
+	}
+	rev := &store.Revocation{Serial: strings.ToLower(r.GetSerial()), Reason: reason}
+	if r.GetNodeId() != "" {
+		n, err := s.store.NodeGet(ctx, r.GetNodeId())
+		if err != nil {
+			return nil, fieldNotFound(err, "nodeId", "no node "+r.GetNodeId())
+		}
+		if n.CertSerial == "" {
+			return nil, invalid("nodeId", "node %s has no certificate", n.ID)
+		}
+		rev.Serial, rev.NodeID = n.CertSerial, n.ID
+	} else if err := id("serial", rev.Serial); err != nil {
+		return nil, err
+	}
+	if err := s.store.RevocationInsert(ctx, rev); err != nil {
+		return nil, err
+	}
+	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}}, nil
+}
+
+func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateAPITokenRequest) (*apiv1.CreateAPITokenResponse, error) {
+	if !iam.ValidRole(r.GetRole()) {
+		return nil, invalid("role", "must be admin, operator or viewer")
+	}
+	var ttl time.Duration
+	if r.Ttl != nil {
+		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 {
+			return nil, invalid("ttl", "must be a positive duration")
+		}
+		ttl = r.GetTtl().AsDuration()
+	}
+	secret, t, err := iam.Create(ctx, s.store, iam.CreateParams{Role: r.GetRole(), Description: r.GetDescription(), TTL: ttl, AllowCIDRs: r.GetAllowCidrs()})
+	if err != nil {
+		if !errors.Is(err, store.ErrConflict) && strings.Contains(err.Error(), "allowed CIDR") {
+			return nil, invalid("allowCidrs", "%v", err)
+		}
+		return nil, err
+	}
+	return &apiv1.CreateAPITokenResponse{ApiToken: apiTokenOut(t), Token: secret}, nil
+}
+
+func (s *Server) tokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListAPITokensRequest) (*apiv1.ListAPITokensResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	toks, err := s.store.APITokenList(ctx, &lp)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListAPITokensResponse{NextCursor: next(toks, lp, func(x *store.APIToken) string { return x.ID })}
+	for _, x := range toks {
+		out.ApiTokens = append(out.ApiTokens, apiTokenOut(x))
+	}
+	return out, nil
+}
+
+func (s *Server) tokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeAPITokenRequest) (*apiv1.RevokeAPITokenResponse, error) {
+	if err := id("id", r.GetId()); err != nil {
+		return nil, err
+	}
+	if err := s.store.APITokenRevoke(ctx, r.GetId()); err != nil {
+		return nil, fieldNotFound(err, "id", "no token "+r.GetId())
+	}
+	s.auth.Forget()
+	return &apiv1.RevokeAPITokenResponse{}, nil
+}
+
+// specJSON is the stored spec of an exec command.
+func specJSON(e *apiv1.ExecSpec) ([]byte, error) {
+	return protojson.Marshal(e)
+}
+
+// labelsMatch reports whether labels hold every selector entry.
+func labelsMatch(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}

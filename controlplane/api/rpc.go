@@ -1,0 +1,202 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// MaxBodyBytes is the largest request body accepted (1 MiB); larger bodies
+// are INVALID_ARGUMENT.
+const MaxBodyBytes = 1 << 20
+
+// HeaderCSRF must be "1" on every API call: a browser cannot send it across
+// origins without a CORS preflight, so it guards against cross-site requests.
+const HeaderCSRF = "X-Better-Compute"
+
+// method is one registered API method.
+type method struct {
+	role     string // least role allowed
+	mutating bool   // audited
+	newReq   func() proto.Message
+	call     func(context.Context, *iam.Principal, proto.Message) (proto.Message, error)
+}
+
+// handle registers an API method "group.method".
+func handle[Req, Resp proto.Message](s *Server, name, role string, mutating bool, fn func(context.Context, *iam.Principal, Req) (Resp, error)) {
+	var zero Req
+	s.methods[name] = &method{
+		role:     role,
+		mutating: mutating,
+		newReq:   func() proto.Message { return zero.ProtoReflect().New().Interface() },
+		call: func(ctx context.Context, p *iam.Principal, m proto.Message) (proto.Message, error) {
+			return fn(ctx, p, m.(Req))
+		},
+	}
+}
+
+var unmarshal = protojson.UnmarshalOptions{DiscardUnknown: false}
+var marshal = protojson.MarshalOptions{EmitUnpopulated: false, UseProtoNames: false}
+
+var unknownFieldRE = regexp.MustCompile(`unknown field "([^"]+)"`)
+
+// serveRPC handles POST {basePath}/{group}/{method}.
+func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("group") + "." + r.PathValue("method")
+	start := time.Now()
+	m, ok := s.methods[name]
+	if !ok {
+		s.writeError(w, r, notFound("no API method %s", name))
+		return
+	}
+	if r.Header.Get(HeaderCSRF) != "1" {
+		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		return
+	}
+	addr := CallerAddr(r.Context())
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	p, err := s.auth.Authenticate(r.Context(), strings.TrimSpace(token), addr)
+	if err != nil {
+		if errors.Is(err, iam.ErrNoToken) || errors.Is(err, iam.ErrUnknownToken) || errors.Is(err, iam.ErrTokenExpired) ||
+			errors.Is(err, iam.ErrTokenRevoked) || errors.Is(err, iam.ErrAddressDenied) {
+			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error()})
+			return
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	if !iam.Allows(p.Role, m.role) {
+		s.audit(r.Context(), p, name, "", "denied", addr, nil)
+		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+		return
+	}
+	req := m.newReq()
+	if err := decode(w, r, req); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	resp, err := m.call(r.Context(), p, req)
+	if m.mutating {
+		outcome := "ok"
+		if err != nil {
+			e, _ := toAPIError(err)
+			outcome = e.Code
+		}
+		s.audit(r.Context(), p, name, resourceOf(req), outcome, addr, req)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	b, err := marshal.Marshal(resp)
+	if err != nil {
+		s.writeError(w, r, fmt.Errorf("encode response: %w", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+	s.log.DebugContext(r.Context(), "API call", "method", name, "token", p.TokenID, "ms", time.Since(start).Milliseconds())
+}
+
+// decode reads a protojson body; an empty body is an empty request.
+func decode(w http.ResponseWriter, r *http.Request, req proto.Message) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return invalid("", "request body over %d bytes", MaxBodyBytes)
+		}
+		return invalid("", "read body: %v", err)
+	}
+	if len(strings.TrimSpace(string(body))) == 0 {
+		return nil
+	}
+	if err := unmarshal.Unmarshal(body, req); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "proto: ")
+		if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
+			return invalid(m[1], "unknown field %q", m[1])
+		}
+		return invalid(fieldOf(msg), "malformed JSON body: %s", msg)
+	}
+	return nil
+}
+
+// fieldOf finds a field name in a protojson error ("invalid value for
+// string field name: ...").
+var fieldRE = regexp.MustCompile(`field (\w+)`)
+
+func fieldOf(msg string) string {
+	if m := fieldRE.FindStringSubmatch(msg); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// writeError writes the JSON error body with its status.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e, known := toAPIError(err)
+	if !known {
+		s.log.ErrorContext(r.Context(), "API call failed", "path", r.URL.Path, "err", err)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.status())
+	_ = json.NewEncoder(w).Encode(struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+		Field   string `json:"field,omitempty"`
+	}{e.Code, e.Message, e.Field})
+}
+
+// resourceOf names the object a request addresses, for the audit log.
+func resourceOf(req proto.Message) string {
+	fields := req.ProtoReflect().Descriptor().Fields()
+	for _, name := range []string{"id", "node_id", "name", "pool"} {
+		if f := fields.ByName(protoreflect.Name(name)); f != nil {
+			if v := req.ProtoReflect().Get(f); v.IsValid() {
+				if s := v.String(); s != "" && !strings.HasPrefix(s, "<") {
+					return s
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// audit records a call. Secrets never reach the log: requests carry none
+// (tokens are created server-side), and bodies are recorded by digest.
+func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, outcome string, addr any, req proto.Message) {
+	var details []byte
+	if req != nil {
+		b, _ := marshal.Marshal(req)
+		sum := sha256.Sum256(b)
+		details, _ = json.Marshal(map[string]string{"request_sha256": fmt.Sprintf("%x", sum)})
+	}
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome,
+		SourceIP: fmt.Sprint(addr), Details: details}
+	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
+		s.log.ErrorContext(ctx, "Audit write failed", "action", action, "err", err)
+	}
+}
+
+// logger returns a logger that never is nil.
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}

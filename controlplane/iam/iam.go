@@ -1,0 +1,234 @@
+// Package iam authenticates API callers with bearer tokens and authorises
+// their calls by role (DESIGN.md, "api"; issue "Commands end to end").
+//
+// A token is "bcat_" followed by 52 base32 characters (260 random bits); the
+// store keeps only its SHA-256. Roles are ordered: viewer reads; operator also
+// creates and cancels commands, cordons and drains; admin may do everything.
+// A token may be limited to caller addresses (CIDRs) and may expire.
+// Successful authentications are cached for up to 30 s, keyed by the token's
+// hash and the caller's address, so a token used from one address is never
+// served from the cache for another.
+package iam
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// TokenPrefix starts every API token.
+const TokenPrefix = "bcat_"
+
+// Errors of Authenticate.
+var (
+	ErrNoToken       = errors.New("no bearer token")
+	ErrUnknownToken  = errors.New("unknown token")
+	ErrTokenRevoked  = errors.New("token revoked")
+	ErrTokenExpired  = errors.New("token expired")
+	ErrAddressDenied = errors.New("token not allowed from this address")
+)
+
+// rank orders roles; unknown roles rank 0 and are allowed nothing.
+func rank(role string) int {
+	switch role {
+	case store.RoleViewer:
+		return 1
+	case store.RoleOperator:
+		return 2
+	case store.RoleAdmin:
+		return 3
+	}
+	return 0
+}
+
+// ValidRole reports whether role is admin, operator or viewer.
+func ValidRole(role string) bool { return rank(role) > 0 }
+
+// Allows reports whether a caller with role may call a method that requires
+// required.
+func Allows(role, required string) bool {
+	return rank(role) > 0 && rank(role) >= rank(required)
+}
+
+// Principal is an authenticated caller.
+type Principal struct {
+	TokenID string
+	Role    string
+}
+
+// Hash is the stored form of a token.
+func Hash(token string) []byte {
+	h := sha256.Sum256([]byte(token))
+	return h[:]
+}
+
+// NewToken returns a fresh token string.
+func NewToken() string {
+	return TokenPrefix + strings.ToLower(rand.Text()+rand.Text())
+}
+
+// TokenStore is what the authenticator reads.
+type TokenStore interface {
+	APITokenBySecret(ctx context.Context, secretHash []byte) (*store.APIToken, error)
+}
+
+// Config configures an Authenticator.
+type Config struct {
+	// CacheTTL bounds how long a decision is reused. Defaults to 30 s; at
+	// most 30 s.
+	CacheTTL time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Authenticator checks bearer tokens.
+type Authenticator struct {
+	store TokenStore
+	ttl   time.Duration
+	now   func() time.Time
+
+	mu    sync.Mutex
+	cache map[cacheKey]cached
+}
+
+type cacheKey struct {
+	hash [32]byte
+	addr netip.Addr
+}
+
+type cached struct {
+	p       Principal
+	expires time.Time
+}
+
+// maxCache bounds the cache; past it, expired entries are dropped and, if
+// still full, the cache is cleared.
+const maxCache = 10000
+
+// NewAuthenticator returns an Authenticator over st.
+func NewAuthenticator(cfg Config, st TokenStore) *Authenticator {
+	ttl := min(cmp.Or(cfg.CacheTTL, 30*time.Second), 30*time.Second)
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &Authenticator{store: st, ttl: ttl, now: now, cache: map[cacheKey]cached{}}
+}
+
+// Authenticate returns the principal of token called from addr.
+func (a *Authenticator) Authenticate(ctx context.Context, token string, addr netip.Addr) (*Principal, error) {
+	if token == "" {
+		return nil, ErrNoToken
+	}
+	key := cacheKey{hash: sha256.Sum256([]byte(token)), addr: addr}
+	now := a.now()
+	a.mu.Lock()
+	if c, ok := a.cache[key]; ok && now.Before(c.expires) {
+		a.mu.Unlock()
+		p := c.p
+		return &p, nil
+	}
+	a.mu.Unlock()
+	if !strings.HasPrefix(token, TokenPrefix) {
+		return nil, ErrUnknownToken
+	}
+	t, err := a.store.APITokenBySecret(ctx, key.hash[:])
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, ErrUnknownToken
+	case err != nil:
+		return nil, fmt.Errorf("authenticate: %w", err)
+	case t.RevokedAt != nil:
+		return nil, ErrTokenRevoked
+	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
+		return nil, ErrTokenExpired
+	}
+	if len(t.AllowCIDRs) > 0 && !slices.ContainsFunc(t.AllowCIDRs, func(c string) bool {
+		p, err := netip.ParsePrefix(c)
+		return err == nil && p.Contains(addr)
+	}) {
+		return nil, ErrAddressDenied
+	}
+	p := Principal{TokenID: t.ID, Role: t.Role}
+	expires := now.Add(a.ttl)
+	if t.ExpiresAt != nil && t.ExpiresAt.Before(expires) {
+		expires = *t.ExpiresAt
+	}
+	a.mu.Lock()
+	if len(a.cache) >= maxCache {
+		for k, c := range a.cache {
+			if !now.Before(c.expires) {
+				delete(a.cache, k)
+			}
+		}
+		if len(a.cache) >= maxCache {
+			clear(a.cache)
+		}
+	}
+	a.cache[key] = cached{p: p, expires: expires}
+	a.mu.Unlock()
+	return &p, nil
+}
+
+// Forget drops cached decisions (after a revocation in this process).
+func (a *Authenticator) Forget() {
+	a.mu.Lock()
+	clear(a.cache)
+	a.mu.Unlock()
+}
+
+// CreateParams describe a new API token.
+type CreateParams struct {
+	Role        string
+	Description string
+	// TTL is the token's life; 0 means no expiry.
+	TTL        time.Duration
+	AllowCIDRs []string
+}
+
+// TokenCreator is what Create writes to.
+type TokenCreator interface {
+	APITokenCreate(ctx context.Context, t *store.APIToken, secretHash []byte) error
+}
+
+// Create makes a token and returns its secret (shown once) and record.
+func Create(ctx context.Context, st TokenCreator, p CreateParams) (string, *store.APIToken, error) {
+	if !ValidRole(p.Role) {
+		return "", nil, fmt.Errorf("role %q: want admin, operator or viewer", p.Role)
+	}
+	if p.TTL < 0 {
+		return "", nil, fmt.Errorf("ttl %v is negative", p.TTL)
+	}
+	cidrs := make([]string, 0, len(p.AllowCIDRs))
+	for _, c := range p.AllowCIDRs {
+		pfx, err := netip.ParsePrefix(c)
+		if err != nil {
+			a, aerr := netip.ParseAddr(c)
+			if aerr != nil {
+				return "", nil, fmt.Errorf("allowed CIDR %q is not an address or CIDR", c)
+			}
+			pfx = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		cidrs = append(cidrs, pfx.Masked().String())
+	}
+	secret := NewToken()
+	t := &store.APIToken{ID: store.NewID("tok"), Role: p.Role, Description: p.Description, AllowCIDRs: cidrs, CreatedAt: time.Now().UTC()}
+	if p.TTL > 0 {
+		exp := time.Now().Add(p.TTL).UTC()
+		t.ExpiresAt = &exp
+	}
+	if err := st.APITokenCreate(ctx, t, Hash(secret)); err != nil {
+		return "", nil, fmt.Errorf("create api token: %w", err)
+	}
+	return secret, t, nil
+}
