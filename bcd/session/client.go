@@ -1,0 +1,289 @@
+package session
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Log attribute keys of this package.
+const (
+	attrGateway   = "gateway"
+	attrSessionID = "session_id"
+	attrNodeID    = "node_id"
+	attrErr       = "err"
+	attrDelay     = "delay"
+	attrAttempt   = "attempt"
+	attrInterval  = "heartbeat_interval"
+	attrReason    = "reason"
+	attrSkew      = "clock_skew"
+	attrNotAfter  = "not_after"
+	attrRenew     = "renew_after"
+)
+
+// Client holds a node's session with the gateways of its region. Create
+// one with New and call Run; Send and Certificate are safe to call from any
+// goroutine while it runs.
+type Client struct {
+	cfg       Config
+	gws       []gatewayAddr
+	log       *slog.Logger
+	clock     Clock
+	transport transport
+	running   atomic.Bool
+
+	// cert is the client certificate presented at every new handshake.
+	cert atomic.Pointer[tls.Certificate]
+
+	renewMu sync.Mutex // serialises renewals
+
+	mu         sync.Mutex
+	chain      []*x509.Certificate
+	renewAfter time.Time
+	cur        *session // the session that has had its Welcome, if any
+
+	// State of the connect loop, used only by the goroutine running Run.
+	next     int          // index into gws of the next gateway to try
+	override *gatewayAddr // gateway to try next instead, after a Drain
+	resume   *sessionv1.ResumeCursor
+}
+
+// New returns a Client for cfg with its defaults filled in. It fails with
+// an error wrapping ErrConfig when cfg is invalid.
+func New(cfg Config) (*Client, error) {
+	cfg = cfg.withDefaults()
+	gws, err := cfg.validate()
+	if err != nil {
+		return nil, fmt.Errorf("new session client: %w", err)
+	}
+	cfg.Gateways = slices.Clone(cfg.Gateways)
+	cfg.Chain = slices.Clone(cfg.Chain)
+	c := &Client{
+		cfg:   cfg,
+		gws:   gws,
+		log:   cfg.Logger,
+		clock: cfg.Clock,
+		transport: transport{
+			readBuffer:       cfg.ReadBufferSize,
+			writeBuffer:      cfg.WriteBufferSize,
+			keepalive:        max(cfg.Keepalive, 0),
+			keepaliveTimeout: cfg.KeepaliveTimeout,
+			userAgent:        "bcd/" + cfg.BCDVersion,
+		},
+		chain:      cfg.Chain,
+		renewAfter: cfg.RenewAfter,
+	}
+	c.cert.Store(tlsCertificate(cfg.Chain, cfg.Key))
+	return c, nil
+}
+
+// Certificate returns the node's current certificate chain (leaf first)
+// and when it is due for renewal.
+func (c *Client) Certificate() (chain []*x509.Certificate, renewAfter time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.chain), c.renewAfter
+}
+
+// Send sends msg (an Inventory or an Event, say) on the current session,
+// setting msg.Seq. It fails with ErrNotConnected when there is no session.
+func (c *Client) Send(msg *sessionv1.NodeMessage) error {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return ErrNotConnected
+	}
+	return s.send(msg)
+}
+
+// Run holds the session until ctx ends (see the package documentation for
+// the loop). It returns nil when ctx ends, an error wrapping ErrRevoked when
+// the node is revoked and one wrapping ErrCertificateExpired when the
+// node's certificate has expired. Run must not be called again while it
+// runs.
+func (c *Client) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("session client: Run is already running")
+	}
+	defer c.running.Store(false)
+
+	if err := c.checkExpired(ctx); err != nil {
+		return err
+	}
+	if c.cfg.StartJitter > 0 && !c.wait(ctx, c.cfg.Jitter(c.cfg.StartJitter)) {
+		return nil
+	}
+	attempt := 0
+	for {
+		if err := c.checkExpired(ctx); err != nil {
+			return err
+		}
+		gw := c.pick()
+		c.emit(Event{Kind: EventConnecting, Gateway: gw.url, Attempt: attempt})
+		out := c.attempt(ctx, gw)
+		if ctx.Err() != nil {
+			c.emit(Event{Kind: EventDisconnected, Gateway: gw.url, SessionID: out.sessionID})
+			return nil
+		}
+		c.emit(Event{Kind: EventDisconnected, Gateway: gw.url, SessionID: out.sessionID, Err: out.err})
+		switch {
+		case errors.Is(out.err, ErrRevoked):
+			c.log.ErrorContext(ctx, "Node identity revoked: stopping, join the node again to bring it back",
+				attrGateway, gw.url, attrErr, out.err)
+			return out.err
+		}
+		if out.welcomed {
+			attempt = 0
+		}
+		if out.drained {
+			c.log.InfoContext(ctx, "Session drained, reconnecting", attrGateway, gw.url, attrSessionID, out.sessionID)
+			c.afterDrain(gw, out.prefer)
+			continue
+		}
+		if !out.welcomed {
+			c.failover(gw)
+		}
+		delay := reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
+		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
+			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrDelay, delay, attrAttempt, attempt)
+		c.emit(Event{Kind: EventBackoff, Gateway: gw.url, Delay: delay, Attempt: attempt})
+		attempt++
+		if !c.wait(ctx, delay) {
+			return nil
+		}
+	}
+}
+
+// checkExpired fails with ErrCertificateExpired when the current leaf has
+// expired, logging the one line an operator needs.
+func (c *Client) checkExpired(ctx context.Context) error {
+	leaf := c.cert.Load().Leaf
+	if c.clock.Now().Before(leaf.NotAfter) {
+		return nil
+	}
+	c.log.ErrorContext(ctx, "Node certificate expired: join the node again with a new join token",
+		attrNotAfter, leaf.NotAfter)
+	return expiredError(leaf.NotAfter)
+}
+
+// pick returns the gateway for the next attempt.
+func (c *Client) pick() gatewayAddr {
+	if o := c.override; o != nil {
+		c.override = nil
+		return *o
+	}
+	return c.gws[c.next%len(c.gws)]
+}
+
+// failover moves past gw after a failed attempt.
+func (c *Client) failover(gw gatewayAddr) {
+	if c.gws[c.next%len(c.gws)].addr == gw.addr {
+		c.next = (c.next + 1) % len(c.gws)
+	}
+}
+
+// afterDrain chooses where to go after gw drained the session: one of the
+// gateways the Drain preferred, else another gateway of the list at random
+// (spreading the drained nodes), else gw again.
+func (c *Client) afterDrain(gw gatewayAddr, prefer []string) {
+	var ok []gatewayAddr
+	for _, p := range prefer {
+		if g, err := parseGatewayURL(p); err == nil {
+			ok = append(ok, g)
+		}
+	}
+	if len(ok) > 0 {
+		g := ok[int(c.cfg.Jitter(time.Duration(len(ok)-1)))]
+		c.override = &g
+		return
+	}
+	var others []int
+	for i, g := range c.gws {
+		if g.addr != gw.addr {
+			others = append(others, i)
+		}
+	}
+	if len(others) > 0 {
+		c.next = others[int(c.cfg.Jitter(time.Duration(len(others)-1)))]
+	}
+}
+
+// wait waits d or until ctx ends, and reports whether d passed.
+func (c *Client) wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	done := make(chan struct{})
+	t := c.clock.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		if !t.Stop() {
+			<-done
+		}
+		return false
+	}
+}
+
+// emit hands ev to Config.OnEvent.
+func (c *Client) emit(ev Event) {
+	if f := c.cfg.OnEvent; f != nil {
+		f(ev)
+	}
+}
+
+// setCurrent records s as the session Send uses (nil: none).
+func (c *Client) setCurrent(s *session) {
+	c.mu.Lock()
+	c.cur = s
+	c.mu.Unlock()
+}
+
+// getClientCertificate is TLS's source of the client certificate.
+func (c *Client) getClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return c.cert.Load(), nil
+}
+
+// renewDue reports whether the certificate is due for renewal.
+func (c *Client) renewDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.clock.Now().Before(c.renewAfter)
+}
+
+// untilRenew is the time left until renewal, at least 0.
+func (c *Client) untilRenew() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return max(c.renewAfter.Sub(c.clock.Now()), 0)
+}
+
+// hello builds the Hello of a new session.
+func (c *Client) hello() *sessionv1.NodeMessage {
+	h := &sessionv1.Hello{
+		BcdVersion:   c.cfg.BCDVersion,
+		Os:           c.cfg.OS,
+		Arch:         c.cfg.Arch,
+		BootId:       c.cfg.BootID,
+		Capabilities: c.cfg.Capabilities,
+		Resume:       c.resume,
+	}
+	if f := c.cfg.InventoryDigest; f != nil {
+		h.InventoryDigest = f()
+	}
+	if f := c.cfg.PendingResults; f != nil {
+		h.PendingResults = f()
+	}
+	return &sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: h}}
+}

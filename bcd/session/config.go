@@ -1,0 +1,237 @@
+package session
+
+import (
+	"cmp"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Defaults of Config. DESIGN.md ("bcd") and STYLE.md ("Leases and loops")
+// are the source of the backoff rules.
+const (
+	// DefaultBackoffBase is the first reconnect delay's upper bound.
+	DefaultBackoffBase = time.Second
+	// DefaultBackoffMax caps every reconnect delay.
+	DefaultBackoffMax = 60 * time.Second
+	// DefaultStartJitter bounds the random delay before the first connect.
+	DefaultStartJitter = 2 * time.Second
+	// DefaultHandshakeTimeout bounds dial, TLS, Hello and Welcome together.
+	DefaultHandshakeTimeout = 15 * time.Second
+	// DefaultHeartbeatInterval is used when Welcome carries no usable
+	// interval.
+	DefaultHeartbeatInterval = 10 * time.Second
+	// MinHeartbeatInterval is the shortest heartbeat interval honoured; a
+	// shorter one from a gateway is raised to it.
+	MinHeartbeatInterval = 10 * time.Millisecond
+	// DefaultRenewTimeout bounds one Renew call.
+	DefaultRenewTimeout = 30 * time.Second
+	// DefaultRenewRetry is the wait before retrying a failed renewal.
+	DefaultRenewRetry = time.Minute
+	// DefaultKeepalive is the interval of gRPC keepalive pings. It equals
+	// grpc-go servers' default minimum ping interval, so an unconfigured
+	// gateway accepts it.
+	DefaultKeepalive = 5 * time.Minute
+	// DefaultKeepaliveTimeout is how long a keepalive ping, or any data
+	// sent, may stay unacknowledged before the connection is closed.
+	DefaultKeepaliveTimeout = 20 * time.Second
+	// DefaultBufferSize is the gRPC read and the write buffer size of a
+	// connection.
+	DefaultBufferSize = 8 << 10
+	// MaxRetryHint caps a gateway's retry-after-ms hint.
+	MaxRetryHint = 10 * time.Minute
+	// MaxDrainDelay caps a Drain's delay.
+	MaxDrainDelay = 10 * time.Minute
+)
+
+// Handler runs the work a gateway sends. Its methods are called on the
+// Client's receive goroutine, one at a time and in the order the gateway
+// sent the messages: they must return quickly and start long work in a
+// goroutine of their own. ctx ends with the session.
+type Handler interface {
+	// HandleCommand takes a Command. send sends an update for it on the
+	// session it arrived on; it fails with ErrNotConnected once that session
+	// has ended (a result then goes into the next Hello, see
+	// Config.PendingResults). send is safe for concurrent use.
+	HandleCommand(ctx context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error)
+	// HandleCancel takes a Cancel. Unknown or finished command ids are
+	// ignored.
+	HandleCancel(ctx context.Context, c *sessionv1.Cancel)
+}
+
+// Renewal is a certificate Renew returned.
+type Renewal struct {
+	// Chain is the new certificate chain, leaf first, without the root.
+	Chain []*x509.Certificate
+	// NodeCARoots is the current set of node CA roots.
+	NodeCARoots []*x509.Certificate
+	// RenewAfter is when to renew next.
+	RenewAfter time.Time
+}
+
+// Config configures a Client. Fields marked required have no default;
+// every other zero value means the documented default.
+type Config struct {
+	// Gateways are the URLs ("https://host[:port]", port 443 when absent) of
+	// the region's gateways, in order of preference. Required.
+	Gateways []string
+	// Trust says how gateways are authenticated. Required.
+	Trust Trust
+	// Key is the node's private key, the one its certificate certifies.
+	// Renew keeps it. Required.
+	Key crypto.Signer
+	// Chain is the node's certificate chain, leaf first. Required.
+	Chain []*x509.Certificate
+	// RenewAfter is when to renew Chain. Defaults to two thirds of the
+	// way from the leaf's NotBefore to its NotAfter.
+	RenewAfter time.Time
+	// OnRenew persists a renewed certificate. It is called before the new
+	// certificate is used; an error fails the renewal, which is retried
+	// after RenewRetry. Defaults to keeping it in memory only.
+	OnRenew func(ctx context.Context, r *Renewal) error
+
+	// BCDVersion is sent in Hello, semantic version without a leading "v".
+	// Defaults to "0.0.0-dev".
+	BCDVersion string
+	// OS is sent in Hello. Defaults to runtime.GOOS.
+	OS string
+	// Arch is sent in Hello. Defaults to runtime.GOARCH.
+	Arch string
+	// BootID is sent in Hello. Defaults to empty.
+	BootID string
+	// Capabilities are offered in Hello (see session.proto). Defaults to
+	// none.
+	Capabilities []string
+	// InventoryDigest returns the digest of the node's current inventory,
+	// sent in Hello and in every Heartbeat. Defaults to empty.
+	InventoryDigest func() string
+	// Heartbeat fills the readings of a Heartbeat (load, uptime, memory,
+	// running commands) just before it is sent; sent_at and
+	// inventory_digest are already set. Defaults to sending none.
+	Heartbeat func(hb *sessionv1.Heartbeat)
+	// PendingResults returns results of commands that finished while there
+	// was no session, sent in Hello. Defaults to none.
+	PendingResults func() []*sessionv1.CommandResult
+	// Handler runs commands. Defaults to answering each Command with a
+	// FAILED result ("commands not supported") and ignoring Cancel.
+	Handler Handler
+	// OnEvent receives every Event, synchronously and in order, on the
+	// goroutine that caused it; it must not block. Defaults to none.
+	OnEvent func(Event)
+
+	// BackoffBase is the upper bound of the first reconnect delay; the
+	// bound doubles with every failed attempt. Defaults to 1 s.
+	BackoffBase time.Duration
+	// BackoffMax caps the reconnect delay bound. Defaults to 60 s.
+	BackoffMax time.Duration
+	// StartJitter bounds the random delay before the first connect; a
+	// negative value connects at once. Defaults to 2 s.
+	StartJitter time.Duration
+	// HandshakeTimeout bounds dialling, TLS, Hello and Welcome. Defaults
+	// to 15 s.
+	HandshakeTimeout time.Duration
+	// RenewTimeout bounds one Renew call. Defaults to 30 s.
+	RenewTimeout time.Duration
+	// RenewRetry is the wait before a failed renewal is tried again.
+	// Defaults to 1 min.
+	RenewRetry time.Duration
+	// Keepalive is the interval of gRPC keepalive pings; a negative value
+	// turns them off. Defaults to 5 min.
+	Keepalive time.Duration
+	// KeepaliveTimeout is how long a ping or sent data may stay
+	// unacknowledged before the connection is dropped. Defaults to 20 s.
+	KeepaliveTimeout time.Duration
+	// ReadBufferSize and WriteBufferSize are gRPC's per-connection buffers
+	// in bytes. Default to 8 KiB each.
+	ReadBufferSize, WriteBufferSize int
+
+	// Logger receives the Client's logs. Defaults to discarding them.
+	Logger *slog.Logger
+	// Clock is the time source. Defaults to the system clock.
+	Clock Clock
+	// Jitter returns a uniformly random duration in [0, max]; max ≥ 0.
+	// Defaults to math/rand/v2.
+	Jitter func(max time.Duration) time.Duration
+}
+
+// withDefaults returns cfg with its defaults filled in.
+func (cfg Config) withDefaults() Config {
+	cfg.BCDVersion = cmp.Or(cfg.BCDVersion, "0.0.0-dev")
+	cfg.OS = cmp.Or(cfg.OS, runtime.GOOS)
+	cfg.Arch = cmp.Or(cfg.Arch, runtime.GOARCH)
+	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, DefaultBackoffBase)
+	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, DefaultBackoffMax)
+	cfg.StartJitter = cmp.Or(cfg.StartJitter, DefaultStartJitter)
+	cfg.HandshakeTimeout = cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)
+	cfg.RenewTimeout = cmp.Or(cfg.RenewTimeout, DefaultRenewTimeout)
+	cfg.RenewRetry = cmp.Or(cfg.RenewRetry, DefaultRenewRetry)
+	cfg.Keepalive = cmp.Or(cfg.Keepalive, DefaultKeepalive)
+	cfg.KeepaliveTimeout = cmp.Or(cfg.KeepaliveTimeout, DefaultKeepaliveTimeout)
+	cfg.ReadBufferSize = cmp.Or(cfg.ReadBufferSize, DefaultBufferSize)
+	cfg.WriteBufferSize = cmp.Or(cfg.WriteBufferSize, DefaultBufferSize)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	if cfg.Jitter == nil {
+		cfg.Jitter = randomJitter
+	}
+	if cfg.Handler == nil {
+		cfg.Handler = refuseCommands{}
+	}
+	if cfg.RenewAfter.IsZero() && len(cfg.Chain) > 0 && cfg.Chain[0] != nil {
+		cfg.RenewAfter = defaultRenewAfter(cfg.Chain[0])
+	}
+	return cfg
+}
+
+// validate checks a Config that has its defaults.
+func (cfg *Config) validate() ([]gatewayAddr, error) {
+	if len(cfg.Gateways) == 0 {
+		return nil, fmt.Errorf("%w: no gateways", ErrConfig)
+	}
+	gws := make([]gatewayAddr, 0, len(cfg.Gateways))
+	for _, s := range cfg.Gateways {
+		gw, err := parseGatewayURL(s)
+		if err != nil {
+			return nil, err
+		}
+		gws = append(gws, gw)
+	}
+	if err := cfg.Trust.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Key == nil {
+		return nil, fmt.Errorf("%w: no key", ErrConfig)
+	}
+	if len(cfg.Chain) == 0 || cfg.Chain[0] == nil {
+		return nil, fmt.Errorf("%w: no certificate", ErrConfig)
+	}
+	if err := matchKey(cfg.Chain[0], cfg.Key); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.BackoffBase < 0 || cfg.BackoffMax < cfg.BackoffBase {
+		return nil, fmt.Errorf("%w: backoff base %v and cap %v", ErrConfig, cfg.BackoffBase, cfg.BackoffMax)
+	}
+	if cfg.HandshakeTimeout < 0 || cfg.RenewTimeout < 0 || cfg.RenewRetry < 0 || cfg.KeepaliveTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative timeout", ErrConfig)
+	}
+	if cfg.ReadBufferSize < 0 || cfg.WriteBufferSize < 0 {
+		return nil, fmt.Errorf("%w: negative buffer size", ErrConfig)
+	}
+	return gws, nil
+}
+
+// defaultRenewAfter is two thirds of the way through leaf's validity.
+func defaultRenewAfter(leaf *x509.Certificate) time.Time {
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotBefore.Add(life * 2 / 3)
+}

@@ -1,0 +1,62 @@
+// Package session is the node side of the Better Compute session protocol
+// (proto/session/v1): joining with a join token, the one long-lived
+// Connect stream to a gateway of the node's region, heartbeats, command
+// delivery and in-session certificate renewal. It is written once and used
+// by both bcd (bcd/cmd/bcd) and the simulator's FakeDaemon
+// (controlplane/sim).
+//
+// # Joining
+//
+// [Join] sends a CSR for the node's key and the join token to a gateway's
+// JoinService over server-authenticated TLS 1.3 and returns the node's
+// identity ([JoinResult]). The gateway is trusted only through a [Trust]:
+// the pin that the join token carries, an explicit pin, or an explicit CA
+// pool. Nothing is ever trusted on first use.
+//
+// # The session
+//
+// A [Client] holds the session. [Client.Run] loops until its context ends:
+//
+//  1. The first connection is staggered by a random delay of up to
+//     [Config].StartJitter, so that daemons started together (a rack
+//     powering on, a fleet of simulated daemons) do not dial at once.
+//  2. It dials one gateway of [Config].Gateways (one gRPC ClientConn at a
+//     time, TLS 1.3, the client certificate taken from the Client's current
+//     certificate at each handshake, so a renewed certificate is used for
+//     every later connection), opens SessionService.Connect, sends Hello and
+//     waits for Welcome, all within [Config].HandshakeTimeout.
+//  3. It sends a Heartbeat every Welcome.heartbeat_interval, delivers
+//     Command and Cancel to the [Handler], and renews the certificate
+//     through JoinService.Renew at its renew-after time (about two thirds of
+//     its life), handing the new certificate to [Config].OnRenew to be
+//     persisted.
+//  4. When the session ends it waits a full-jitter exponential backoff
+//     (uniform in [0, min(BackoffMax, BackoffBase·2^n)]), at least the
+//     gateway's retry-after-ms hint when one was sent, and dials again; the
+//     attempt counter n resets when a Welcome arrives. A failed attempt moves
+//     on to the next gateway of the list; a Drain makes it wait a random
+//     share of the Drain's delay and then reconnect to a preferred or another
+//     gateway without backoff.
+//
+// Run returns nil when its context ends, an error wrapping [ErrRevoked] when
+// the gateway says the node is revoked (Revoked, or PERMISSION_DENIED on
+// Connect, or UNAUTHENTICATED on Renew), and an error wrapping
+// [ErrCertificateExpired] when the node's certificate has expired: both need
+// an operator, so retrying would only be a crash loop.
+//
+// # Cost per session
+//
+// The simulator runs thousands of Clients in one process, so a Client keeps
+// its footprint small: small gRPC read and write buffers and static 64 KiB
+// flow-control windows ([Config].ReadBufferSize, WriteBufferSize), no
+// DNS resolver goroutine (passthrough target), and, besides gRPC's own, one
+// goroutine per Client (the one running Run, which also receives) plus
+// short-lived timer callbacks for heartbeats, renewals and drains.
+//
+// # Observing a Client
+//
+// [Config].OnEvent receives an [Event] for each change (connecting,
+// connected, disconnected, backoff, draining, renewed), synchronously and in
+// order, which is how bcd sends sd_notify READY=1 and how tests wait without
+// sleeping.
+package session

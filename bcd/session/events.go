@@ -1,0 +1,67 @@
+package session
+
+import (
+	"fmt"
+	"time"
+)
+
+// EventKind names what an Event reports.
+type EventKind int
+
+// Kinds of Event, in the order a session usually produces them.
+const (
+	// EventConnecting: an attempt to reach Gateway starts.
+	EventConnecting EventKind = iota + 1
+	// EventConnected: Gateway answered Hello with Welcome; SessionID is set.
+	EventConnected
+	// EventDraining: Gateway sent Drain; the session ends after Delay.
+	EventDraining
+	// EventDisconnected: the attempt or session with Gateway ended; Err
+	// says why (nil when Run's context ended).
+	EventDisconnected
+	// EventBackoff: the Client waits Delay before the next attempt.
+	EventBackoff
+	// EventRenewed: the certificate was renewed and persisted.
+	EventRenewed
+	// EventRenewFailed: a renewal failed (Err); it is retried.
+	EventRenewFailed
+)
+
+// String returns the kind's name, for example "connected".
+func (k EventKind) String() string {
+	switch k {
+	case EventConnecting:
+		return "connecting"
+	case EventConnected:
+		return "connected"
+	case EventDraining:
+		return "draining"
+	case EventDisconnected:
+		return "disconnected"
+	case EventBackoff:
+		return "backoff"
+	case EventRenewed:
+		return "renewed"
+	case EventRenewFailed:
+		return "renew-failed"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event reports a change in a Client. Fields that do not apply to Kind are
+// zero.
+type Event struct {
+	// Kind is what happened.
+	Kind EventKind
+	// Gateway is the URL of the gateway concerned.
+	Gateway string
+	// SessionID is Welcome.session_id of the session concerned.
+	SessionID string
+	// Delay is the wait chosen, for EventBackoff and EventDraining.
+	Delay time.Duration
+	// Err is the cause, for EventDisconnected and EventRenewFailed.
+	Err error
+	// Attempt counts failed attempts since the last Welcome, for
+	// EventConnecting and EventBackoff; 0 for the first attempt.
+	Attempt int
+}

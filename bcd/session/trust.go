@@ -1,0 +1,129 @@
+package session
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/better-compute/better-compute/proto/jointoken"
+)
+
+// Trust says how the node decides that a gateway is genuine. Exactly one of
+// Pin and Roots is set. There is no trust on first use: a node that has
+// neither refuses to connect.
+type Trust struct {
+	// Pin is the pin of the gateway serving CA's public key,
+	// "sha256/<base64>" (jointoken.Pin): the gateway's chain must contain a
+	// certificate with that key and its leaf must verify up to it
+	// (jointoken.VerifyChain). A join token carries this pin.
+	Pin string
+	// Roots is a pool of CA certificates that gateways' serving certificates
+	// must verify against, as read from `bcd join --ca-file`.
+	Roots *x509.CertPool
+}
+
+// IsZero reports whether t names no trust anchor at all.
+func (t Trust) IsZero() bool { return t.Pin == "" && t.Roots == nil }
+
+// validate checks that exactly one anchor is set and the pin parses.
+func (t Trust) validate() error {
+	switch {
+	case t.Pin != "" && t.Roots != nil:
+		return fmt.Errorf("%w: trust: set a pin or a CA pool, not both", ErrConfig)
+	case t.Pin != "":
+		if _, err := jointoken.ParsePin(t.Pin); err != nil {
+			return fmt.Errorf("%w: trust: %w", ErrConfig, err)
+		}
+	case t.Roots == nil:
+		return fmt.Errorf("%w: trust: no pin and no CA pool (gateways are never trusted on first use)", ErrConfig)
+	}
+	return nil
+}
+
+// verify decides whether chain, as a gateway sent it (leaf first), is
+// trusted for host at now. Errors wrap ErrUntrustedGateway.
+func (t Trust) verify(chain []*x509.Certificate, host string, now time.Time) error {
+	if t.Roots == nil {
+		if err := jointoken.VerifyChain(t.Pin, chain, host, now); err != nil {
+			return fmt.Errorf("%w: %w", ErrUntrustedGateway, err)
+		}
+		return nil
+	}
+	if len(chain) == 0 {
+		return fmt.Errorf("%w: no certificate presented", ErrUntrustedGateway)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{
+		DNSName:       host,
+		Roots:         t.Roots,
+		Intermediates: inter,
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrUntrustedGateway, err)
+	}
+	return nil
+}
+
+// tlsConfig returns the client TLS configuration for a gateway whose
+// certificate must name host: TLS 1.3 only, the chain verified against t
+// (see verify), presenting the certificate getCert returns (nil: none, as
+// for Join). A verification failure is also handed to failed, because gRPC
+// reports handshake errors only as text.
+func (t Trust) tlsConfig(host string, now func() time.Time, getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error), failed func(error)) *tls.Config {
+	return &tls.Config{
+		MinVersion:           tls.VersionTLS13,
+		ServerName:           host,
+		GetClientCertificate: getCert,
+		// The standard verification is replaced, not skipped: verify runs
+		// in VerifyConnection against the pin or the configured pool, with
+		// the injected clock.
+		InsecureSkipVerify: true, //nolint:gosec // see VerifyConnection
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			err := t.verify(cs.PeerCertificates, host, now())
+			if err != nil && failed != nil {
+				failed(err)
+			}
+			return err
+		},
+	}
+}
+
+// gatewayAddr is a parsed gateway URL.
+type gatewayAddr struct {
+	url  string // as configured, for logs and events
+	host string // host name or IP, what the certificate must name
+	addr string // host:port to dial
+}
+
+// parseGatewayURL parses "https://host[:port]" (port 443 when absent).
+// Paths other than "/" and query strings are refused.
+func parseGatewayURL(s string) (gatewayAddr, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: %w", ErrConfig, s, err)
+	}
+	if u.Scheme != "https" {
+		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: scheme must be https", ErrConfig, s)
+	}
+	if u.Hostname() == "" {
+		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: no host", ErrConfig, s)
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: want https://host[:port] only", ErrConfig, s)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "443"
+	}
+	host := strings.TrimSuffix(u.Hostname(), ".")
+	return gatewayAddr{url: s, host: host, addr: net.JoinHostPort(host, port)}, nil
+}
