@@ -67,6 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	pf.StringVar(&e.dataDir, "data-dir", "", "data directory (env "+config.EnvDataDir+")")
 	pf.StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (env "+config.EnvDatabaseURL+"); empty uses the embedded SQLite database")
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e))
+	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e))
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
@@ -76,6 +77,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	var ce *config.Error
 	if errors.As(err, &ue) || errors.As(err, &ce) {
 		return exitUsage
+	}
+	var cf commandFailedError
+	if errors.As(err, &cf) {
+		return exitCommandFailed
 	}
 	return 1
 }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+func nodesCmd(e *env) *cobra.Command {
+	var af apiFlags
+	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect, cordon, drain and delete nodes"}
+	af.add(cmd)
+
+	var out, pool, state, gpuModel, gpuHealth string
+	var minGPUs, limit int32
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List nodes, optionally by pool, state and GPUs",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			c, err := e.client(&af)
+			if err != nil {
+				return err
+			}
+			req := &apiv1.ListNodesRequest{Pool: pool, State: state, GpuModel: gpuModel, MinGpus: minGPUs, GpuHealth: gpuHealth,
+				Page: &apiv1.Page{Limit: limit}}
+			all := &apiv1.ListNodesResponse{}
+			for {
+				resp := &apiv1.ListNodesResponse{}
+				if err := c.Call(cmd.Context(), "nodes.list", req, resp); err != nil {
+					return err
+				}
+				all.Nodes = append(all.Nodes, resp.Nodes...)
+				if resp.NextCursor == "" || limit > 0 {
+					all.NextCursor = resp.NextCursor
+					break
+				}
+				req.Page.Cursor = resp.NextCursor
+			}
+			if out == "json" {
+				return printJSON(e.stdout, all)
+			}
+			var rows [][]string
+			for _, n := range all.Nodes {
+				rows = append(rows, []string{n.Id, n.Hostname, n.State, yesNo(n.Cordoned), gpuSummary(n.Gpus), n.BcdVersion, ago(n.LastSeenTime)})
+			}
+			return table(e.stdout, []string{"ID", "HOSTNAME", "STATE", "CORDONED", "GPUS", "BCD", "LAST SEEN"}, rows)
+		},
+	}
+	fl := list.Flags()
+	fl.StringVar(&pool, "pool", "", "pool id or name")
+	fl.StringVar(&state, "state", "", "joined, ready, unreachable, powered-off or draining")
+	fl.StringVar(&gpuModel, "gpu-model", "", "keep nodes with a GPU whose name contains this")
+	fl.Int32Var(&minGPUs, "min-gpus", 0, "keep nodes with at least this many GPUs (of --gpu-model)")
+	fl.StringVar(&gpuHealth, "gpu-health", "", "keep nodes with a degraded or failed GPU")
+	fl.Int32Var(&limit, "limit", 0, "at most this many (default: all)")
+	outputFlag(list, &out)
+
+	get := &cobra.Command{
+		Use:   "get NODE_ID",
+		Short: "Show a node with its inventory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return nodeCall(e, &af, cmd, "nodes.get", args[0], out)
+		},
+	}
+	outputFlag(get, &out)
+	cmd.AddCommand(list, get)
+	for _, m := range []struct{ use, method, short string }{
+		{"cordon", "nodes.cordon", "Keep new commands off a node"},
+		{"uncordon", "nodes.uncordon", "Let commands reach a node again"},
+		{"drain", "nodes.drain", "Cordon a node and mark it draining"},
+		{"delete", "nodes.delete", "Delete a node and revoke its certificate"},
+	} {
+		c := &cobra.Command{
+			Use:   m.use + " NODE_ID",
+			Short: m.short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				return nodeCall(e, &af, cmd, m.method, args[0], out)
+			},
+		}
+		outputFlag(c, &out)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
+
+func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method, id, out string) error {
+	if err := checkOutput(out); err != nil {
+		return err
+	}
+	c, err := e.client(af)
+	if err != nil {
+		return err
+	}
+	resp := &apiv1.NodeResponse{}
+	if err := c.Call(cmd.Context(), method, &apiv1.NodeRequest{Id: id}, resp); err != nil {
+		return err
+	}
+	if out == "json" {
+		return printJSON(e.stdout, resp.Node)
+	}
+	n := resp.Node
+	rows := [][]string{
+		{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
+		{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
+		{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
+	}
+	for i, g := range n.Gpus {
+		health := g.Health
+		if len(g.HealthReasons) > 0 {
+			health += " (" + strings.Join(g.HealthReasons, "; ") + ")"
+		}
+		rows = append(rows, []string{fmt.Sprintf("gpu %d", i), fmt.Sprintf("%s %s %d GiB %s", g.Name, g.Uuid, g.MemoryTotalBytes>>30, health)})
+	}
+	return table(e.stdout, []string{"FIELD", "VALUE"}, rows)
+}
+
+func gpuSummary(gpus []*apiv1.GPU) string {
+	if len(gpus) == 0 {
+		return "-"
+	}
+	bad := 0
+	for _, g := range gpus {
+		if g.Health != "ok" {
+			bad++
+		}
+	}
+	s := strconv.Itoa(len(gpus)) + "x " + gpus[0].Name
+	if bad > 0 {
+		s += fmt.Sprintf(" (%d unhealthy)", bad)
+	}
+	return s
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// outputFlag adds -o/--output (table or json) to cmd.
+func outputFlag(cmd *cobra.Command, dst *string) {
+	cmd.Flags().StringVarP(dst, "output", "o", "table", "output format: table or json")
+}
+
+// checkOutput validates an -o value.
+func checkOutput(o string) error {
+	if o != "table" && o != "json" {
+		return usageError{fmt.Errorf("--output %q: want table or json", o)}
+	}
+	return nil
+}
+
+// printJSON writes a protobuf message as indented protojson.
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+// printValue writes any value as indented JSON.
+func printValue(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table writes aligned columns for people.
+func table(w io.Writer, header []string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+// when formats a timestamp for tables ("-" when unset).
+func when(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
+}
+
+// ago formats the age of a timestamp ("-" when unset).
+func ago(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return time.Since(t.AsTime()).Round(time.Second).String() + " ago"
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+func tokensCmd(e *env) *cobra.Command {
+	var af apiFlags
+	cmd := &cobra.Command{Use: "tokens", Short: "Create, list and revoke API tokens"}
+	af.add(cmd)
+	var out, role, desc string
+	var ttl time.Duration
+	var cidrs []string
+	create := &cobra.Command{
+		Use:   "create --role admin|operator|viewer",
+		Short: "Create an API token; its secret is printed once",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			c, err := e.client(&af)
+			if err != nil {
+				return err
+			}
+			req := &apiv1.CreateAPITokenRequest{Role: role, Description: desc, AllowCidrs: cidrs}
+			if ttl > 0 {
+				req.Ttl = durationpb.New(ttl)
+			}
+			resp := &apiv1.CreateAPITokenResponse{}
+			if err := c.Call(cmd.Context(), "tokens.create", req, resp); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, resp)
+			}
+			fmt.Fprintln(e.stdout, resp.Token)
+			fmt.Fprintf(e.stderr, "token %s (%s) created; the secret above is shown only once\n", resp.ApiToken.Id, resp.ApiToken.Role)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&role, "role", "", "admin, operator or viewer")
+	create.Flags().StringVar(&desc, "description", "", "what the token is for")
+	create.Flags().DurationVar(&ttl, "ttl", 0, "expire after this long (default never)")
+	create.Flags().StringArrayVar(&cidrs, "allow-cidr", nil, "only accept calls from this address or CIDR (repeatable)")
+	outputFlag(create, &out)
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List API tokens",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			c, err := e.client(&af)
+			if err != nil {
+				return err
+			}
+			resp := &apiv1.ListAPITokensResponse{}
+			if err := c.Call(cmd.Context(), "tokens.list", &apiv1.ListAPITokensRequest{Page: &apiv1.Page{Limit: 1000}}, resp); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, resp)
+			}
+			var rows [][]string
+			for _, t := range resp.ApiTokens {
+				rows = append(rows, []string{t.Id, t.Role, orDash(strings.Join(t.AllowCidrs, ",")), when(t.ExpireTime), when(t.RevokeTime), t.Description})
+			}
+			return table(e.stdout, []string{"ID", "ROLE", "ALLOW", "EXPIRES", "REVOKED", "DESCRIPTION"}, rows)
+		},
+	}
+	outputFlag(list, &out)
+
+	revoke := &cobra.Command{
+		Use:   "revoke TOKEN_ID",
+		Short: "Revoke an API token",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := e.client(&af)
+			if err != nil {
+				return err
+			}
+			if err := c.Call(cmd.Context(), "tokens.revoke", &apiv1.RevokeAPITokenRequest{Id: args[0]}, &apiv1.RevokeAPITokenResponse{}); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "revoked %s\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
