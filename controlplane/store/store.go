@@ -517,6 +517,27 @@ type CommandStore interface {
 	// at once; a dispatched or running one is marked cancel_requested for
 	// its gateway to send Cancel. A terminal command is returned unchanged.
 	CommandRequestCancel(ctx context.Context, id string) (*Command, error)
+	// CommandSweep drives overdue and orphaned commands to a terminal state:
+	// every non-terminal command past its deadline ends expired; a
+	// dispatched, accepted or running command whose node has had no session
+	// for LostAfter ends lost, or goes back to queued when it was created
+	// with an idempotency key. Run it under the command-sweeper lease.
+	CommandSweep(ctx context.Context, p *CommandSweepParams) (*CommandSweepResult, error)
+}
+
+// CommandSweepParams are CommandSweep's inputs.
+type CommandSweepParams struct {
+	// LostAfter is how long a node may be without a session before its
+	// in-flight commands are lost.
+	LostAfter time.Duration
+	Now       *time.Time
+}
+
+// CommandSweepResult counts what a sweep changed.
+type CommandSweepResult struct {
+	Expired  []*Command
+	Lost     []*Command
+	Requeued []*Command
 }
 
 // CommandEnqueueParams are CommandEnqueue's inputs.

@@ -46,6 +46,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"GatewaysSessions", testGatewaysSessions},
 		{"Workers", testWorkers},
 		{"Commands", testCommands},
+		{"CommandSweep", testCommandSweep},
 		{"OutboxEventsAudit", testOutboxEventsAudit},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
@@ -639,4 +640,47 @@ func testAPITokensAndSecrets(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, h.Store.SecretDelete(ctx, "bmc/node_a"))
 	_, err = h.Store.SecretGet(ctx, "bmc/node_a")
 	wantErr(t, err, store.ErrNotFound)
+}
+
+func testCommandSweep(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	for _, id := range []string{"node_gone", "node_live"} {
+		addNode(ctx, t, h, pool, id)
+	}
+	now := time.Now().UTC()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	// node_live has a session; node_gone had one and lost it a minute ago.
+	mustOpen(t, h, ctx, "node_live", "s-live", "gw1")
+	s, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_gone", SessionID: "s-gone", GatewayID: "gw1", Now: at(-time.Minute)})
+	check(t, err)
+	check(t, h.Store.SessionClose(ctx, "node_gone", s.SessionID))
+	enqueue := func(node, key string, timeout time.Duration) *store.Command {
+		c := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec", Spec: []byte(`{}`), IdempotencyKey: key, Timeout: timeout}))[0]
+		must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning, GatewayID: "gw1"}))
+		return c
+	}
+	lost := enqueue("node_gone", "", time.Hour)
+	requeued := enqueue("node_gone", "retry-me", time.Hour)
+	alive := enqueue("node_live", "", time.Hour)
+	overdue := enqueue("node_live", "", time.Second)
+	queuedOverdue := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_live"}, Kind: "exec", Spec: []byte(`{}`), Timeout: time.Second}))[0]
+
+	res := must(h.Store.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: 30 * time.Second, Now: at(5 * time.Second)}))
+	if got := ids(res.Expired); !slices.Equal(got, ids([]*store.Command{overdue, queuedOverdue})) {
+		t.Fatalf("expired %v", got)
+	}
+	if len(res.Lost) != 1 || res.Lost[0].ID != lost.ID || res.Lost[0].State != store.CommandLost {
+		t.Fatalf("lost %+v", res.Lost)
+	}
+	if len(res.Requeued) != 1 || res.Requeued[0].ID != requeued.ID || res.Requeued[0].State != store.CommandQueued {
+		t.Fatalf("requeued %+v", res.Requeued)
+	}
+	if c := must(h.Store.CommandGet(ctx, alive.ID)); c.State != store.CommandRunning {
+		t.Fatalf("command of a live node swept: %+v", c)
+	}
+	// A second sweep finds nothing more: every command reached one state.
+	again := must(h.Store.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: 30 * time.Second, Now: at(6 * time.Second)}))
+	if len(again.Expired)+len(again.Lost)+len(again.Requeued) != 0 {
+		t.Fatalf("second sweep changed %+v", again)
+	}
 }

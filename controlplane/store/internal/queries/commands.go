@@ -238,3 +238,48 @@ func (s *Store) CommandRequestCancel(ctx context.Context, id string) (*store.Com
 	})
 	return out, err
 }
+
+// inFlightStates is the SQL list of states in which a node holds a command.
+const inFlightStates = `('dispatched', 'accepted', 'running')`
+
+// CommandSweep expires overdue commands and loses or re-queues orphaned ones.
+func (s *Store) CommandSweep(ctx context.Context, p *store.CommandSweepParams) (*store.CommandSweepResult, error) {
+	now := s.clock(p.Now)
+	res := &store.CommandSweepResult{}
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var err error
+		res.Expired, err = q.sweepQuery(ctx, `UPDATE commands SET state = 'expired', error = 'deadline passed before a result',
+				finished_at = coalesce($1, now())
+			WHERE state NOT IN `+terminalStates+` AND deadline_at <= coalesce($1, now())
+			RETURNING `+commandColumns, now)
+		if err != nil {
+			return err
+		}
+		orphaned := `state IN ` + inFlightStates + ` AND NOT EXISTS (SELECT 1 FROM sessions x WHERE x.node_id = commands.node_id)
+			AND (SELECT coalesce(n.last_seen_at, n.created_at) FROM nodes n WHERE n.id = commands.node_id) <= coalesce($1, now()) - bc_micros($2)`
+		res.Requeued, err = q.sweepQuery(ctx, `UPDATE commands SET state = 'queued', gateway_id = ''
+			WHERE idempotency_key IS NOT NULL AND NOT cancel_requested AND `+orphaned+` RETURNING `+commandColumns,
+			now, p.LostAfter.Microseconds())
+		if err != nil {
+			return err
+		}
+		res.Lost, err = q.sweepQuery(ctx, `UPDATE commands SET state = 'lost', error = 'the node lost its session while holding the command',
+				finished_at = coalesce($1, now())
+			WHERE `+orphaned+` RETURNING `+commandColumns, now, p.LostAfter.Microseconds())
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+func (s *Store) sweepQuery(ctx context.Context, sql string, args ...any) ([]*store.Command, error) {
+	rows, err := s.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, s.wrap("sweep commands", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("sweep commands", err)
+}
