@@ -3,6 +3,7 @@ module github.com/better-compute/better-compute
 go 1.26.0
 
 require (
+	aead.dev/minisign v0.3.0
 	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
