@@ -1,0 +1,97 @@
+// Package sweeper is the CommandSweeper: a singleton job, under the lease
+// singleton:command-sweeper, that drives every overdue or orphaned command
+// to exactly one terminal state (DESIGN.md, "Commands").
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/lease"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// LeaseName is the sweeper's singleton lease.
+const LeaseName = "singleton:command-sweeper"
+
+// Store is what the sweeper needs.
+type Store interface {
+	lease.Store
+	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+}
+
+// Config configures the sweeper.
+type Config struct {
+	// Holder identifies this process. Required.
+	Holder string
+	// Interval between sweeps. Defaults to 1 s.
+	Interval time.Duration
+	// LostAfter is how long a node may be without a session before its
+	// in-flight commands end lost (or are re-queued when idempotent).
+	// Defaults to 30 s, three default heartbeat intervals.
+	LostAfter time.Duration
+	// OnSweep, when set, is called after each sweep that changed something.
+	OnSweep func(*store.CommandSweepResult)
+}
+
+// Sweeper is the CommandSweeper.
+type Sweeper struct {
+	cfg    Config
+	store  Store
+	log    *slog.Logger
+	holder *lease.Holder
+}
+
+// New returns a Sweeper; call Run.
+func New(cfg Config, st Store, log *slog.Logger) (*Sweeper, error) {
+	cfg.Interval = cmp.Or(cfg.Interval, time.Second)
+	cfg.LostAfter = cmp.Or(cfg.LostAfter, 30*time.Second)
+	h, err := lease.New(lease.Config{Name: LeaseName, Holder: cfg.Holder}, st, log)
+	if err != nil {
+		return nil, err
+	}
+	return &Sweeper{cfg: cfg, store: st, log: log.With("job", "command-sweeper"), holder: h}, nil
+}
+
+// Run sweeps every Interval while holding the lease, until ctx ends.
+func (s *Sweeper) Run(ctx context.Context) error {
+	return s.holder.Run(ctx, func(ctx context.Context, fence store.Fence) error {
+		tick := time.NewTicker(s.cfg.Interval)
+		defer tick.Stop()
+		for {
+			if err := s.sweep(ctx, fence); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// sweep runs one fenced sweep; a lost fence ends the job.
+func (s *Sweeper) sweep(ctx context.Context, fence store.Fence) error {
+	var res *store.CommandSweepResult
+	err := s.store.FencedTx(ctx, fence, func(tx store.Store) error {
+		var err error
+		res, err = tx.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: s.cfg.LostAfter})
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if n := len(res.Expired) + len(res.Lost) + len(res.Requeued); n > 0 {
+		s.log.InfoContext(ctx, "Swept commands", "expired", len(res.Expired), "lost", len(res.Lost), "requeued", len(res.Requeued))
+		if s.cfg.OnSweep != nil {
+			s.cfg.OnSweep(res)
+		}
+	}
+	return nil
+}
