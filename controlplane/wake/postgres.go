@@ -1,0 +1,79 @@
+package wake
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PGNotifier sends NOTIFY through a small pool of its own.
+type PGNotifier struct {
+	pool *pgxpool.Pool
+}
+
+// NewPGNotifier connects to url for sending notifications.
+func NewPGNotifier(ctx context.Context, url string) (*PGNotifier, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("wake: parse database url: %w", err)
+	}
+	cfg.MaxConns = 2
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("wake: connect: %w", err)
+	}
+	return &PGNotifier{pool: p}, nil
+}
+
+// Notify sends one notification.
+func (n *PGNotifier) Notify(ctx context.Context) error {
+	_, err := n.pool.Exec(ctx, "SELECT pg_notify($1, '')", Channel)
+	return err
+}
+
+// Close releases the pool.
+func (n *PGNotifier) Close() { n.pool.Close() }
+
+// Listen holds a connection that LISTENs on Channel and wakes bus locally on
+// every notification, reconnecting with backoff, until ctx ends.
+func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := listenOnce(ctx, url, bus, func() { backoff = 100 * time.Millisecond })
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.WarnContext(ctx, "Wake-up listener lost its connection", "err", err)
+		// Something may have been missed while reconnecting: wake once.
+		bus.Local()
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff/2 + rand.N(backoff)):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+	return nil
+}
+
+func listenOnce(ctx context.Context, url string, bus *Bus, connected func()) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		return err
+	}
+	connected()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		bus.Local()
+	}
+}
