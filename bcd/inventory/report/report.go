@@ -1,0 +1,117 @@
+// Package report turns a host inventory into the session protocol's
+// Inventory message, the form in which bcd reports it and the control plane
+// stores it.
+package report
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/bcd/inventory"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Inventory converts h, collected at at, with the plugins bcd runs.
+func Inventory(h *inventory.Host, plugins []*sessionv1.PluginInfo, at time.Time) *sessionv1.Inventory {
+	inv := &sessionv1.Inventory{
+		Digest:      h.Digest(),
+		GpuStatus:   h.GPUStatus,
+		Plugins:     plugins,
+		CollectedAt: timestamppb.New(at),
+		Host: &sessionv1.HostInfo{
+			Hostname:      h.Hostname,
+			MachineId:     h.MachineID,
+			BootId:        h.BootID,
+			UptimeSeconds: h.UptimeSeconds,
+			Os:            &sessionv1.OS{Name: h.OS.Name, Version: h.OS.Version, Kernel: h.OS.Kernel},
+			Cpu: &sessionv1.CPU{Model: h.CPU.Model, Sockets: uint32(h.CPU.Sockets), Cores: uint32(h.CPU.Cores),
+				Threads: uint32(h.CPU.Threads), Flags: h.CPU.Flags},
+			Memory: &sessionv1.Memory{TotalBytes: h.Memory.TotalBytes, AvailableBytes: h.Memory.AvailableBytes},
+			Dmi: &sessionv1.DMI{SystemVendor: h.DMI.SystemVendor, ProductName: h.DMI.ProductName,
+				ProductSerial: h.DMI.ProductSerial, BiosVersion: h.DMI.BIOSVersion},
+		},
+	}
+	for _, d := range h.Disks {
+		inv.Host.Disks = append(inv.Host.Disks, &sessionv1.Disk{Name: d.Name, SizeBytes: d.SizeBytes, Model: d.Model,
+			Serial: d.Serial, Rotational: d.Rotational})
+	}
+	for _, n := range h.NICs {
+		inv.Host.Nics = append(inv.Host.Nics, &sessionv1.NIC{Name: n.Name, Mac: n.MAC, SpeedMbps: n.SpeedMbps,
+			Addresses: n.Addresses, Driver: n.Driver})
+	}
+	for _, g := range h.GPUs {
+		inv.Gpus = append(inv.Gpus, GPU(&g))
+	}
+	return inv
+}
+
+// GPU converts one GPU.
+func GPU(g *gpu.GPU) *sessionv1.GPU {
+	out := &sessionv1.GPU{
+		Index: uint32(g.Index), Name: g.Name, Uuid: g.UUID, Serial: g.Serial, PciBusId: g.PCIBusID,
+		MemoryTotalBytes: g.MemoryTotalBytes, MemoryUsedBytes: g.MemoryUsedBytes, DriverVersion: g.DriverVersion,
+		CudaDriverVersion: g.CUDADriverVersion, TemperatureC: g.TemperatureC, PowerDrawMw: g.PowerDrawMilliwatts,
+		PowerLimitMw: g.PowerLimitMilliwatts,
+		Clocks:       &sessionv1.Clocks{SmMhz: g.SMClockMHz, MemoryMhz: g.MemoryClockMHz},
+		Health:       &sessionv1.GPUHealth{State: health(g.Health), Reasons: g.HealthReasons},
+		MigMode:      sessionv1.MIGMode_MIG_MODE_UNSUPPORTED,
+	}
+	if e := g.ECC; e != nil {
+		out.EccVolatileCorrected = deref(e.VolatileCorrected)
+		out.EccVolatileUncorrected = deref(e.VolatileUncorrected)
+		out.EccAggregateCorrected = deref(e.AggregateCorrected)
+		out.EccAggregateUncorrected = deref(e.AggregateUncorrected)
+	}
+	if p := g.RetiredPages; p != nil {
+		out.RetiredPages = uint32(derefInt(p.MultipleSingleBitECC) + derefInt(p.DoubleBitECC))
+	}
+	if r := g.RemappedRows; r != nil {
+		out.RemappedRowsCorrectable = uint32(r.Corrected)
+		out.RemappedRowsUncorrectable = uint32(r.Uncorrected)
+		out.RemappedRowsPending = r.Pending
+		out.RemappedRowsFailed = r.Failure
+	}
+	if m := g.MIG; m != nil {
+		out.MigMode, out.MigModePending = migMode(m.Enabled), migMode(m.PendingEnabled)
+		for _, d := range m.Devices {
+			out.MigDevices = append(out.MigDevices, &sessionv1.MIGDevice{Index: uint32(d.Index), Uuid: d.UUID, Profile: d.Name,
+				GpuInstanceId: uint32(d.GPUInstanceID), ComputeInstanceId: uint32(d.ComputeInstanceID)})
+		}
+	}
+	return out
+}
+
+func health(h gpu.Health) sessionv1.GPUHealthState {
+	switch h {
+	case gpu.HealthOK:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK
+	case gpu.HealthDegraded:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED
+	case gpu.HealthFailed:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED
+	}
+	return sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED
+}
+
+func migMode(enabled bool) sessionv1.MIGMode {
+	if enabled {
+		return sessionv1.MIGMode_MIG_MODE_ENABLED
+	}
+	return sessionv1.MIGMode_MIG_MODE_DISABLED
+}
+
+func deref(p *uint64) uint64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
