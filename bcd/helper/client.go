@@ -1,0 +1,103 @@
+package helper
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"syscall"
+
+	bcexec "github.com/better-compute/better-compute/bcd/exec"
+)
+
+// Client talks to the helper.
+type Client struct {
+	// Socket is the helper's socket. Defaults to DefaultSocket.
+	Socket string
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", cmp.Or(c.Socket, DefaultSocket))
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, ErrUnavailable
+		}
+		return nil, fmt.Errorf("dial root helper: %w", err)
+	}
+	return conn, nil
+}
+
+// do sends req and passes each output frame to out; it returns the last
+// frame. Ending ctx closes the connection, which cancels the operation.
+func (c *Client) do(ctx context.Context, req Request, out func(Frame)) (Frame, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return Frame{}, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		return Frame{}, fmt.Errorf("send to root helper: %w", err)
+	}
+	dec := json.NewDecoder(bufio.NewReader(conn))
+	for {
+		var f Frame
+		if err := dec.Decode(&f); err != nil {
+			if ctx.Err() != nil {
+				return Frame{Done: true, ExitCode: -1, Cancelled: true}, nil
+			}
+			return Frame{}, fmt.Errorf("root helper closed the connection: %w", err)
+		}
+		if f.Done {
+			return f, nil
+		}
+		if out != nil {
+			out(f)
+		}
+	}
+}
+
+// Ping checks the helper answers and accepts this process.
+func (c *Client) Ping(ctx context.Context) error {
+	f, err := c.do(ctx, Request{Op: OpPing}, nil)
+	if err != nil {
+		return err
+	}
+	if f.Error != "" {
+		return fmt.Errorf("%w: %s", ErrRefused, f.Error)
+	}
+	return nil
+}
+
+// Exec runs spec as root through the helper.
+func (c *Client) Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
+	f, err := c.do(ctx, Request{Op: OpExec, Exec: &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}},
+		func(f Frame) { out(f.Stream, f.Data) })
+	if err != nil {
+		return bcexec.Result{ExitCode: -1, Err: err}
+	}
+	res := bcexec.Result{ExitCode: f.ExitCode, Truncated: f.Truncated, Cancelled: f.Cancelled}
+	if ctx.Err() != nil {
+		res.Cancelled, res.Err = true, ctx.Err()
+	} else if f.Error != "" {
+		res.Err = errors.New(f.Error)
+	}
+	return res
+}
+
+// Reboot asks the helper to reboot the machine.
+func (c *Client) Reboot(ctx context.Context) error {
+	f, err := c.do(ctx, Request{Op: OpReboot}, nil)
+	if err != nil {
+		return err
+	}
+	if f.Error != "" {
+		return errors.New(f.Error)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+// Package helper is bcd's root helper: a small root process on a Unix socket
+// that does the few privileged things an unprivileged bcd node may ask for
+// (DESIGN.md, "bcd"). It accepts connections only from the configured node
+// user, checked with SO_PEERCRED, and only operations on its allow-list.
+//
+// The protocol is one operation per connection, newline-delimited JSON: the
+// client sends one Request; the helper answers with zero or more Frame
+// values carrying output and a last Frame with Done set. A client that closes
+// its connection cancels the operation, and the helper kills the process
+// group of an exec it started.
+package helper
+
+import (
+	"errors"
+	"syscall"
+)
+
+// DefaultSocket is where the helper listens.
+const DefaultSocket = "/run/bcd/helper.sock"
+
+// Operations on the allow-list.
+const (
+	OpPing   = "ping"
+	OpExec   = "exec"
+	OpReboot = "reboot"
+)
+
+// Request is the one message a client sends.
+type Request struct {
+	Op   string    `json:"op"`
+	Exec *ExecSpec `json:"exec,omitempty"`
+}
+
+// ExecSpec is a program to run as root.
+type ExecSpec struct {
+	Argv        []string          `json:"argv"`
+	Env         map[string]string `json:"env,omitempty"`
+	Dir         string            `json:"dir,omitempty"`
+	OutputLimit int64             `json:"output_limit,omitempty"`
+}
+
+// Frame is one message the helper sends.
+type Frame struct {
+	// Stream and Data carry output (exec): 1 stdout, 2 stderr.
+	Stream int    `json:"stream,omitempty"`
+	Data   []byte `json:"data,omitempty"`
+	// Done ends the answer.
+	Done      bool   `json:"done,omitempty"`
+	ExitCode  int    `json:"exit_code"`
+	Truncated bool   `json:"truncated,omitempty"`
+	Cancelled bool   `json:"cancelled,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// ErrUnavailable is returned by the client when no helper listens: root work
+// needs bcd-helper.service.
+var ErrUnavailable = errors.New("the bcd root helper is not running (start bcd-helper.service); privileged commands need it")
+
+// ErrRefused is returned when the helper refused the operation.
+var ErrRefused = errors.New("refused by the bcd root helper")
+
+// peerUID reads the uid of the process on the other end of a Unix socket.
+func peerUID(fd uintptr) (uint32, error) {
+	cred, err := syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	if err != nil {
+		return 0, err
+	}
+	return cred.Uid, nil
+}
