@@ -71,7 +71,8 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 		s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
 	})
 	if cfg.Downloads != nil {
-		s.mux.Handle(cfg.BasePath+"/downloads/", cfg.Downloads)
+		// GET (and HEAD): a method-less pattern would clash with the RPC route.
+		s.mux.Handle("GET "+cfg.BasePath+"/downloads/", cfg.Downloads)
 	}
 	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
 	return s

@@ -44,8 +44,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 				return err
 			}
 		}
+		dl, closeDownloads, err := downloadsHandler(cfg, log)
+		if err != nil {
+			return err
+		}
+		defer closeDownloads()
 		srv := api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version}, st, log)
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl}, st, log)
 		g.Go(func() error { return srv.Run(ctx) })
 		if opts.APIReady != nil {
 			g.Go(func() error {
