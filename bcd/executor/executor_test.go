@@ -1,0 +1,141 @@
+package executor_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/bcd/executor"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// recorder collects the updates of one session.
+type recorder struct {
+	mu      sync.Mutex
+	updates []*sessionv1.CommandUpdate
+	closed  bool
+	result  chan *sessionv1.CommandResult
+}
+
+func newRecorder() *recorder { return &recorder{result: make(chan *sessionv1.CommandResult, 16)} }
+
+func (r *recorder) send(u *sessionv1.CommandUpdate) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return errors.New("session ended")
+	}
+	r.updates = append(r.updates, u)
+	if res := u.GetResult(); res != nil {
+		r.result <- res
+	}
+	return nil
+}
+
+func (r *recorder) output() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, u := range r.updates {
+		b.Write(u.GetOutput().GetData())
+	}
+	return b.String()
+}
+
+func wait(t *testing.T, r *recorder) *sessionv1.CommandResult {
+	t.Helper()
+	select {
+	case res := <-r.result:
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatal("no result")
+		return nil
+	}
+}
+
+func execCmd(id string, argv ...string) *sessionv1.Command {
+	return &sessionv1.Command{Id: id, Kind: "exec", Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: argv}}}
+}
+
+func TestRunsOnceAndResendsResult(t *testing.T) {
+	e := executor.New(executor.Config{})
+	r := newRecorder()
+	e.HandleCommand(context.Background(), execCmd("cmd_1", "sh", "-c", "echo hi; echo x >> "+t.TempDir()+"/runs"), r.send)
+	res := wait(t, r)
+	if res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || r.output() != "hi\n" {
+		t.Fatalf("result %v output %q", res, r.output())
+	}
+	// A redelivery (gateway restart) gets the same result, without a second run.
+	r2 := newRecorder()
+	e.HandleCommand(context.Background(), execCmd("cmd_1", "sh", "-c", "echo again"), r2.send)
+	again := wait(t, r2)
+	if again.CommandId != "cmd_1" || r2.output() != "" {
+		t.Fatalf("redelivery ran again: %v %q", again, r2.output())
+	}
+	seqs := map[uint64]bool{}
+	for _, u := range r.updates {
+		if seqs[u.UpdateSeq] {
+			t.Fatalf("update seq %d repeated", u.UpdateSeq)
+		}
+		seqs[u.UpdateSeq] = true
+	}
+}
+
+func TestCancel(t *testing.T) {
+	e := executor.New(executor.Config{})
+	r := newRecorder()
+	e.HandleCommand(context.Background(), execCmd("cmd_sleep", "sleep", "600"), r.send)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.Running()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	start := time.Now()
+	e.HandleCancel(context.Background(), &sessionv1.Cancel{CommandId: "cmd_sleep"})
+	res := wait(t, r)
+	if res.State != sessionv1.CommandState_COMMAND_STATE_CANCELLED || time.Since(start) > 2*time.Second {
+		t.Fatalf("cancel: %v after %v", res, time.Since(start))
+	}
+}
+
+func TestDeadlineExpires(t *testing.T) {
+	e := executor.New(executor.Config{})
+	r := newRecorder()
+	c := execCmd("cmd_late", "sleep", "600")
+	c.Deadline = timestamppb.New(time.Now().Add(200 * time.Millisecond))
+	e.HandleCommand(context.Background(), c, r.send)
+	if res := wait(t, r); res.State != sessionv1.CommandState_COMMAND_STATE_EXPIRED {
+		t.Fatalf("deadline: %v", res)
+	}
+}
+
+func TestRootWithoutHelperFailsClearly(t *testing.T) {
+	e := executor.New(executor.Config{IsRoot: func() bool { return false }})
+	r := newRecorder()
+	c := execCmd("cmd_root", "id", "-u")
+	c.GetExec().AsRoot = true
+	e.HandleCommand(context.Background(), c, r.send)
+	res := wait(t, r)
+	if res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "root helper") {
+		t.Fatalf("root exec without helper: %v", res)
+	}
+}
+
+func TestResultKeptWhenSessionEnded(t *testing.T) {
+	e := executor.New(executor.Config{})
+	r := newRecorder()
+	r.closed = true
+	e.HandleCommand(context.Background(), execCmd("cmd_off", "true"), r.send)
+	e.Wait()
+	pending := e.PendingResults()
+	if len(pending) != 1 || pending[0].CommandId != "cmd_off" || pending[0].State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED {
+		t.Fatalf("pending = %v", pending)
+	}
+	if len(e.PendingResults()) != 0 {
+		t.Fatal("pending results returned twice")
+	}
+}
