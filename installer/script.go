@@ -1,0 +1,247 @@
+package installer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/better-compute/better-compute/installer/manifest"
+)
+
+//go:embed install.sh.tmpl
+var scriptText string
+
+var scriptTemplate = template.Must(template.New("install.sh").Option("missingkey=error").
+	Funcs(template.FuncMap{"q": shellQuote}).Parse(scriptText))
+
+// Plugins are the plugins the script can install with bcd.
+var Plugins = []string{"bcx-ipmi"}
+
+// Arches are the Linux architectures the script installs on.
+var Arches = []string{"amd64", "arm64"}
+
+// Options are the install script's settings; Generate checks every one.
+type Options struct {
+	// Pool and Site name where the machine joins (ids like pool_..., or
+	// names): letters, digits, '.', '_' and '-', at most 128.
+	Pool, Site string
+	// GatewayURL is the gateway bcd joins through: https://host[:port].
+	GatewayURL string
+	// BaseURL is the control plane's origin (https://compute.example.com);
+	// the script downloads from BaseURL + BasePath + "/downloads/...". It
+	// must be https unless a release manifest pins the digests.
+	BaseURL string
+	// BasePath is the API's base path. Defaults to /api.
+	BasePath string
+	// Version is the bcd release to install (0.1.0).
+	Version string
+	// Manifest and Signature are a release manifest and its minisign
+	// signature; with Pins they pin every binary's sha256 in the script.
+	// All three or none.
+	Manifest, Signature []byte
+	// Pins are the trusted release key pins (sha256/...).
+	Pins []string
+	// Plugins lists plugins to install beside bcd (bcx-ipmi).
+	Plugins []string
+	// Unprivileged runs bcd as the user bcd beside the root helper.
+	Unprivileged bool
+	// Now is the time the manifest's expiry is checked against. Defaults to
+	// time.Now.
+	Now time.Time
+}
+
+var (
+	nameRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	basePathRE = regexp.MustCompile(`^(/[A-Za-z0-9._~-]+)*$`)
+	hostRE     = regexp.MustCompile(`^[A-Za-z0-9.-]+$|^\[[0-9A-Fa-f:.]+\]$`)
+)
+
+// scriptData is what the template renders.
+type scriptData struct {
+	Version, Pool, Site, GatewayURL, DownloadsURL string
+	GeneratedAt                                   string
+	Unprivileged, Pinned, HTTPSOnly               bool
+	Plugins                                       string
+	ManifestSHA256                                string
+	PinsList                                      string
+	Digests                                       []digest
+	AgentUnit, HelperUnit                         string
+}
+
+type digest struct{ Program, Arch, SHA256 string }
+
+// Generate checks opts and returns the install script. With a release
+// manifest it verifies the manifest's signature against the pins (and its
+// expiry at opts.Now), checks that it is the release asked for, and pins
+// the sha256 of bcd and of each plugin for every Linux architecture the
+// release has. Errors name the option at fault.
+func Generate(opts Options) ([]byte, error) {
+	d, err := check(&opts)
+	if err != nil {
+		return nil, err
+	}
+	units, err := Units(UnitOptions{BinDir: "/usr/local/bin", Unprivileged: opts.Unprivileged})
+	if err != nil {
+		return nil, err
+	}
+	d.AgentUnit = string(units["bcd.service"])
+	d.HelperUnit = string(units["bcd-helper.service"])
+	var b bytes.Buffer
+	if err := scriptTemplate.Execute(&b, d); err != nil {
+		return nil, fmt.Errorf("render install script: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+func check(opts *Options) (*scriptData, error) {
+	if opts.Now.IsZero() {
+		opts.Now = time.Now()
+	}
+	if opts.BasePath == "" {
+		opts.BasePath = "/api"
+	}
+	for _, f := range []struct{ flag, v string }{{"--pool", opts.Pool}, {"--site", opts.Site}} {
+		if f.v == "" {
+			return nil, fmt.Errorf("%s is required", f.flag)
+		}
+		if !nameRE.MatchString(f.v) {
+			return nil, fmt.Errorf("%s %q: use letters, digits, '.', '_' and '-' (at most 128)", f.flag, f.v)
+		}
+	}
+	gw, err := checkURL("--gateway-url", opts.GatewayURL, false)
+	if err != nil {
+		return nil, err
+	}
+	if gw.Scheme != "https" {
+		return nil, fmt.Errorf("--gateway-url %q: the gateway speaks TLS only: use https://host[:port]", opts.GatewayURL)
+	}
+	if gw.Path != "" && gw.Path != "/" {
+		return nil, fmt.Errorf("--gateway-url %q: give no path, only https://host[:port]", opts.GatewayURL)
+	}
+	base, err := checkURL("--base-url", opts.BaseURL, true)
+	if err != nil {
+		return nil, err
+	}
+	if !basePathRE.MatchString(opts.BasePath) {
+		return nil, fmt.Errorf("--base-path %q: want an absolute path like /api", opts.BasePath)
+	}
+	if opts.Version == "" {
+		return nil, errors.New("--bcd-version is required")
+	}
+	if !manifest.ValidVersion(opts.Version) {
+		return nil, fmt.Errorf("--bcd-version %q: want a release version like 0.1.0 (no leading v)", opts.Version)
+	}
+	for _, p := range opts.Plugins {
+		if !slices.Contains(Plugins, p) {
+			return nil, fmt.Errorf("--install-plugins %q: known plugins are %s", p, strings.Join(Plugins, ", "))
+		}
+	}
+	plugins := slices.Compact(slices.Sorted(slices.Values(opts.Plugins)))
+
+	d := &scriptData{
+		Version: opts.Version, Pool: opts.Pool, Site: opts.Site,
+		GatewayURL:   strings.TrimSuffix(gw.String(), "/"),
+		DownloadsURL: strings.TrimSuffix(base.String(), "/") + opts.BasePath + "/downloads",
+		GeneratedAt:  opts.Now.UTC().Format(time.RFC3339),
+		Unprivileged: opts.Unprivileged,
+		HTTPSOnly:    base.Scheme == "https",
+		Plugins:      strings.Join(plugins, " "),
+	}
+
+	haveManifest, haveSig, havePins := opts.Manifest != nil, opts.Signature != nil, len(opts.Pins) > 0
+	switch {
+	case !haveManifest && !havePins:
+		if base.Scheme != "https" {
+			return nil, fmt.Errorf("--base-url %q: without --release-manifest and --release-pins the script trusts the server through TLS alone, so it must be https", opts.BaseURL)
+		}
+		return d, nil
+	case !havePins:
+		return nil, errors.New("--release-manifest needs --release-pins: the pins of the keys trusted to sign releases")
+	case !haveManifest:
+		return nil, errors.New("--release-pins needs --release-manifest: the signed manifest of the release to install")
+	case !haveSig:
+		return nil, errors.New("--release-manifest needs its signature (the .minisig file beside it, or --release-signature)")
+	}
+	for _, p := range opts.Pins {
+		if _, err := manifest.ParsePin(p); err != nil {
+			return nil, fmt.Errorf("--release-pins: %w", err)
+		}
+	}
+	m, err := manifest.Verify(opts.Manifest, opts.Signature, opts.Pins, opts.Now)
+	if err != nil {
+		if errors.Is(err, manifest.ErrExpired) {
+			return nil, fmt.Errorf("--release-manifest: %w: sign a fresh manifest to install this release", err)
+		}
+		return nil, fmt.Errorf("--release-manifest: %w", err)
+	}
+	if m.Version != opts.Version {
+		return nil, fmt.Errorf("--release-manifest is for version %s, not --bcd-version %s", m.Version, opts.Version)
+	}
+	for _, prog := range append([]string{"bcd"}, plugins...) {
+		found := false
+		for _, arch := range Arches {
+			if a, ok := m.Find(manifest.KindBinary, prog, "linux", arch); ok {
+				d.Digests = append(d.Digests, digest{Program: prog, Arch: arch, SHA256: a.SHA256})
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("--release-manifest lists no Linux binary of %s (kind binary, os linux, arch %s)", prog, strings.Join(Arches, " or "))
+		}
+	}
+	sum := sha256.Sum256(opts.Manifest)
+	d.Pinned = true
+	d.ManifestSHA256 = hex.EncodeToString(sum[:])
+	d.PinsList = strings.Join(slices.Compact(slices.Sorted(slices.Values(opts.Pins))), " ")
+	return d, nil
+}
+
+// checkURL parses an http(s) origin: a host, an optional port, no user,
+// query or fragment, and (unless allowPath) no path.
+func checkURL(flag, raw string, allowPath bool) (*url.URL, error) {
+	if raw == "" {
+		return nil, fmt.Errorf("%s is required", flag)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: %v", flag, raw, err)
+	}
+	switch {
+	case u.Scheme != "https" && u.Scheme != "http":
+		return nil, fmt.Errorf("%s %q: want an https:// URL", flag, raw)
+	case u.Host == "" || !hostRE.MatchString(u.Hostname()) && !hostRE.MatchString("["+u.Hostname()+"]"):
+		return nil, fmt.Errorf("%s %q: no valid host", flag, raw)
+	case u.User != nil:
+		return nil, fmt.Errorf("%s %q: credentials do not belong in the URL", flag, raw)
+	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		return nil, fmt.Errorf("%s %q: no query or fragment", flag, raw)
+	case u.Opaque != "":
+		return nil, fmt.Errorf("%s %q: want scheme://host[:port]", flag, raw)
+	case !allowPath && u.Path != "" && u.Path != "/":
+		return nil, fmt.Errorf("%s %q: give no path", flag, raw)
+	case allowPath && !basePathRE.MatchString(strings.TrimSuffix(u.Path, "/")):
+		return nil, fmt.Errorf("%s %q: the path may hold only letters, digits and . _ ~ -", flag, raw)
+	}
+	if p := u.Port(); p != "" {
+		var n int
+		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 || fmt.Sprint(n) != p {
+			return nil, fmt.Errorf("%s %q: invalid port", flag, raw)
+		}
+	}
+	return &url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimSuffix(u.Path, "/")}, nil
+}
+
+// shellQuote quotes s for POSIX sh: in single quotes, each single quote
+// inside closed, escaped with a backslash and reopened.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
