@@ -146,8 +146,15 @@ func (c *Client) Run(ctx context.Context) error {
 			attempt = 0
 		}
 		if out.drained {
-			c.log.InfoContext(ctx, "Session drained, reconnecting", attrGateway, gw.url, attrSessionID, out.sessionID)
+			c.log.InfoContext(ctx, "Session drained, reconnecting elsewhere", attrGateway, gw.url,
+				attrSessionID, out.sessionID, attrDelay, out.drainLeft)
 			c.afterDrain(gw, out.prefer)
+			if out.drainLeft > 0 {
+				c.emit(Event{Kind: EventBackoff, Gateway: gw.url, Delay: out.drainLeft})
+				if !c.wait(ctx, out.drainLeft) {
+					return nil
+				}
+			}
 			continue
 		}
 		if !out.welcomed {

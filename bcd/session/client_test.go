@@ -435,6 +435,36 @@ func TestDrainMovesToAnotherGateway(t *testing.T) {
 	}
 }
 
+func TestDrainThenGatewayClosesFirst(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	a := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ID: "a"})
+	b := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ID: "b"})
+	n := joinNode(t, a)
+	cfg := n.config(a.URL, b.URL)
+	cfg.Jitter = func(d time.Duration) time.Duration { return d } // wait the whole delay
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+
+	sa := a.NextSession(t, wait)
+	const delay = 300 * time.Millisecond
+	if err := sa.SendDrain(delay); err != nil {
+		t.Fatal(err)
+	}
+	ev.next(t, session.EventDraining)
+	// The gateway shuts down before the node's wait is over: the node still
+	// waits out the rest, then goes to the other gateway.
+	sa.End(status.New(codes.Unavailable, "shutting down"))
+	bo := ev.next(t, session.EventBackoff)
+	if bo.Delay <= 0 || bo.Delay > delay {
+		t.Errorf("wait after an early close = %v, want the rest of %v", bo.Delay, delay)
+	}
+	if e := ev.next(t, session.EventConnecting); e.Gateway != b.URL {
+		t.Errorf("reconnected to %s, want %s", e.Gateway, b.URL)
+	}
+	b.NextSession(t, wait)
+}
+
 func TestDrainPrefersNamedGateway(t *testing.T) {
 	t.Parallel()
 	p := sessiontest.NewPKI(t)

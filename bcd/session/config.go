@@ -41,8 +41,7 @@ const (
 	// DefaultKeepaliveTimeout is how long a keepalive ping, or any data
 	// sent, may stay unacknowledged before the connection is closed.
 	DefaultKeepaliveTimeout = 20 * time.Second
-	// DefaultBufferSize is the gRPC read and the write buffer size of a
-	// connection.
+	// DefaultBufferSize is the gRPC write buffer size of a connection.
 	DefaultBufferSize = 8 << 10
 	// MaxRetryHint caps a gateway's retry-after-ms hint.
 	MaxRetryHint = 10 * time.Minute
@@ -53,7 +52,8 @@ const (
 // Handler runs the work a gateway sends. Its methods are called on the
 // Client's receive goroutine, one at a time and in the order the gateway
 // sent the messages: they must return quickly and start long work in a
-// goroutine of their own. ctx ends with the session.
+// goroutine of their own. ctx is Run's: it ends when the agent stops, not
+// when a session does, so a reconnect does not stop running commands.
 type Handler interface {
 	// HandleCommand takes a Command. send sends an update for it on the
 	// session it arrived on; it fails with ErrNotConnected once that session
@@ -147,9 +147,14 @@ type Config struct {
 	// KeepaliveTimeout is how long a ping or sent data may stay
 	// unacknowledged before the connection is dropped. Defaults to 20 s.
 	KeepaliveTimeout time.Duration
-	// ReadBufferSize and WriteBufferSize are gRPC's per-connection buffers
-	// in bytes. Default to 8 KiB each.
-	ReadBufferSize, WriteBufferSize int
+	// ReadBufferSize is gRPC's per-connection read buffer in bytes.
+	// Defaults to none: TLS already holds each record it decrypts, so a
+	// second buffer above it only costs memory.
+	ReadBufferSize int
+	// WriteBufferSize is how much gRPC batches before writing, in bytes;
+	// the buffer is taken from a shared pool for each flush. Defaults to
+	// 8 KiB.
+	WriteBufferSize int
 
 	// Logger receives the Client's logs. Defaults to discarding them.
 	Logger *slog.Logger
@@ -173,7 +178,6 @@ func (cfg Config) withDefaults() Config {
 	cfg.RenewRetry = cmp.Or(cfg.RenewRetry, DefaultRenewRetry)
 	cfg.Keepalive = cmp.Or(cfg.Keepalive, DefaultKeepalive)
 	cfg.KeepaliveTimeout = cmp.Or(cfg.KeepaliveTimeout, DefaultKeepaliveTimeout)
-	cfg.ReadBufferSize = cmp.Or(cfg.ReadBufferSize, DefaultBufferSize)
 	cfg.WriteBufferSize = cmp.Or(cfg.WriteBufferSize, DefaultBufferSize)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -119,7 +119,6 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 	var vf verifyFailure
 	cfg := trust.tlsConfig(gw.host, now, nil, vf.set)
 	cc, err := dial(gw, cfg, transport{
-		readBuffer:  DefaultBufferSize,
 		writeBuffer: DefaultBufferSize,
 		userAgent:   cmp.Or(p.UserAgent, "bcd"),
 	})

@@ -37,7 +37,8 @@ var (
 type outcome struct {
 	sessionID  string
 	welcomed   bool          // a Welcome arrived
-	drained    bool          // ended by the Client after a Drain
+	drained    bool          // a Drain arrived: go elsewhere, without backoff
+	drainLeft  time.Duration // what is left of the Drain's wait when it ended sooner
 	prefer     []string      // the Drain's preferred gateways
 	retryAfter time.Duration // the gateway's retry hint
 	err        error         // why it ended
@@ -66,7 +67,8 @@ type session struct {
 	c      *Client
 	gw     gatewayAddr
 	cc     *grpc.ClientConn
-	ctx    context.Context
+	runCtx context.Context // Run's context, handed to the Handler
+	ctx    context.Context // the session's, ends with it
 	cancel context.CancelCauseFunc
 	id     string
 
@@ -80,11 +82,12 @@ type session struct {
 	wg       sync.WaitGroup
 	interval time.Duration
 	draining bool
+	drainAt  time.Time // when the Drain's wait ends
 	prefer   []string
 }
 
 func newSession(ctx context.Context, c *Client, gw gatewayAddr, cc *grpc.ClientConn) *session {
-	s := &session{c: c, gw: gw, cc: cc}
+	s := &session{c: c, gw: gw, cc: cc, runCtx: ctx}
 	s.ctx, s.cancel = context.WithCancelCause(ctx)
 	return s
 }
@@ -172,12 +175,18 @@ func (s *session) welcome(seq uint64, w *sessionv1.Welcome) {
 // failed builds the outcome of a stream that ended with err.
 func (s *session) failed(err error, stream grpc.ClientStream, vf *verifyFailure, out outcome) outcome {
 	cause := context.Cause(s.ctx)
+	s.mu.Lock()
+	if s.draining {
+		// Whatever ended the session (the wait, or the gateway closing
+		// first), the node goes elsewhere, and not before the wait it drew
+		// is over, so that drained nodes stay spread out.
+		out.drained = true
+		out.prefer = s.prefer
+		out.drainLeft = max(s.drainAt.Sub(s.c.clock.Now()), 0)
+	}
+	s.mu.Unlock()
 	switch {
 	case s.ctx.Err() != nil && errors.Is(cause, errDrained):
-		out.drained = true
-		s.mu.Lock()
-		out.prefer = s.prefer
-		s.mu.Unlock()
 		out.err = errDrained
 		return out
 	case s.ctx.Err() != nil && errors.Is(cause, errHandshakeTimeout):
@@ -241,11 +250,11 @@ func (s *session) handle(msg *sessionv1.GatewayMessage) error {
 	switch b := msg.GetBody().(type) {
 	case *sessionv1.GatewayMessage_Command:
 		if b.Command != nil {
-			c.cfg.Handler.HandleCommand(s.ctx, b.Command, s.sendUpdate)
+			c.cfg.Handler.HandleCommand(s.runCtx, b.Command, s.sendUpdate)
 		}
 	case *sessionv1.GatewayMessage_Cancel:
 		if b.Cancel != nil {
-			c.cfg.Handler.HandleCancel(s.ctx, b.Cancel)
+			c.cfg.Handler.HandleCancel(s.runCtx, b.Cancel)
 		}
 	case *sessionv1.GatewayMessage_Drain:
 		s.drain(b.Drain)
@@ -269,15 +278,16 @@ func (s *session) drain(d *sessionv1.Drain) {
 		s.mu.Unlock()
 		return
 	}
-	s.draining = true
-	s.prefer = d.GetPreferGateways()
-	s.mu.Unlock()
-
 	var delay time.Duration
 	if dd := d.GetDelay(); dd != nil && dd.IsValid() {
 		delay = min(max(dd.AsDuration(), 0), MaxDrainDelay)
 	}
 	wait := s.c.cfg.Jitter(delay)
+	s.draining = true
+	s.drainAt = s.c.clock.Now().Add(wait)
+	s.prefer = d.GetPreferGateways()
+	s.mu.Unlock()
+
 	s.c.log.InfoContext(s.ctx, "Gateway asked the node to reconnect elsewhere", attrGateway, s.gw.url,
 		attrSessionID, s.id, attrReason, d.GetReason(), attrDelay, wait)
 	s.c.emit(Event{Kind: EventDraining, Gateway: s.gw.url, SessionID: s.id, Delay: wait})
