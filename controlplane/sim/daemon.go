@@ -1,0 +1,255 @@
+package sim
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"sync/atomic"
+
+	"github.com/better-compute/better-compute/bcd/session"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Version is the bcd version FakeDaemons report.
+const Version = "0.0.0-sim"
+
+// ErrNotJoined reports Run on a FakeDaemon that has not joined.
+var ErrNotJoined = errors.New("fake daemon not joined")
+
+// DaemonConfig configures a FakeDaemon.
+type DaemonConfig struct {
+	// Name is the simulated hostname; machine id, serials and GPU UUIDs
+	// derive from it. Required.
+	Name string
+	// Labels are sent in the join facts. Defaults to none.
+	Labels map[string]string
+	// Trust overrides how gateways are authenticated. Defaults to the pin
+	// of the join token.
+	Trust session.Trust
+	// Session holds the client settings to use (backoff, timeouts, buffer
+	// sizes, OnEvent, Logger, Clock; Keepalive defaults to off here, as
+	// heartbeats keep the connection busy); the fields that come from the
+	// daemon's identity and simulated host (Gateways, Trust, Key, Chain,
+	// RenewAfter, OnRenew, BCDVersion, OS, Arch, BootID, InventoryDigest,
+	// Heartbeat) are set by the FakeDaemon.
+	Session session.Config
+	// NoInventory skips sending the simulated Inventory after the first
+	// Welcome (its digest is still reported).
+	NoInventory bool
+	// Logger receives the daemon's logs. Defaults to Session.Logger, else
+	// discarding them.
+	Logger *slog.Logger
+}
+
+// FakeDaemon is one simulated bcd. Join it once, then Run it.
+type FakeDaemon struct {
+	cfg    DaemonConfig
+	log    *slog.Logger
+	key    *ecdsa.PrivateKey
+	bootID string
+	inv    *sessionv1.Inventory
+
+	mu  sync.Mutex
+	id  *session.JoinResult
+	cur *session.Client
+
+	sentInventory atomic.Bool
+}
+
+// NewFakeDaemon returns a FakeDaemon with a fresh P-256 key and a simulated
+// host named cfg.Name.
+func NewFakeDaemon(cfg DaemonConfig) (*FakeDaemon, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("new fake daemon: no name")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("new fake daemon: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = cfg.Session.Logger
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var boot [16]byte
+	_, _ = rand.Read(boot[:])
+	return &FakeDaemon{
+		cfg:    cfg,
+		log:    log.With("sim_daemon", cfg.Name),
+		key:    key,
+		bootID: uuid(boot[:]),
+		inv:    simulatedInventory(cfg.Name),
+	}, nil
+}
+
+// Name returns the simulated hostname.
+func (d *FakeDaemon) Name() string { return d.cfg.Name }
+
+// NodeID returns the id the control plane gave the daemon; "" before Join.
+func (d *FakeDaemon) NodeID() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.id == nil {
+		return ""
+	}
+	return d.id.NodeID
+}
+
+// Identity returns what Join obtained, with renewals applied; nil before
+// Join.
+func (d *FakeDaemon) Identity() *session.JoinResult {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.id == nil {
+		return nil
+	}
+	c := *d.id
+	return &c
+}
+
+// Inventory returns the simulated inventory.
+func (d *FakeDaemon) Inventory() *sessionv1.Inventory { return d.inv }
+
+// Facts returns the join facts of the simulated host.
+func (d *FakeDaemon) Facts() *sessionv1.NodeFacts {
+	h := d.inv.GetHost()
+	return &sessionv1.NodeFacts{
+		Hostname:   h.GetHostname(),
+		MachineId:  h.GetMachineId(),
+		Os:         "linux",
+		Arch:       "amd64",
+		BcdVersion: Version,
+		BootId:     d.bootID,
+		Labels:     maps.Clone(d.cfg.Labels),
+	}
+}
+
+// Join joins through gatewayURL with token (session.Join) and keeps the
+// identity in memory.
+func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
+	res, err := session.Join(ctx, session.JoinParams{
+		GatewayURL: gatewayURL,
+		Token:      token,
+		Key:        d.key,
+		Facts:      d.Facts(),
+		Trust:      d.cfg.Trust,
+		UserAgent:  "bcd-sim/" + Version,
+	})
+	if err != nil {
+		return fmt.Errorf("fake daemon %s: %w", d.cfg.Name, err)
+	}
+	d.mu.Lock()
+	d.id = res
+	d.mu.Unlock()
+	d.log.DebugContext(ctx, "Joined", "node_id", res.NodeID)
+	return nil
+}
+
+// Send sends msg on the daemon's session (session.Client.Send).
+func (d *FakeDaemon) Send(msg *sessionv1.NodeMessage) error {
+	d.mu.Lock()
+	c := d.cur
+	d.mu.Unlock()
+	if c == nil {
+		return session.ErrNotConnected
+	}
+	return c.Send(msg)
+}
+
+// Run holds the daemon's session until ctx ends, as session.Client.Run
+// does (nil when ctx ends, ErrRevoked, ErrCertificateExpired). It fails with
+// ErrNotJoined before Join.
+func (d *FakeDaemon) Run(ctx context.Context) error {
+	d.mu.Lock()
+	id := d.id
+	d.mu.Unlock()
+	if id == nil {
+		return fmt.Errorf("fake daemon %s: %w", d.cfg.Name, ErrNotJoined)
+	}
+	cfg := d.cfg.Session
+	cfg.Gateways = id.Gateways
+	cfg.Trust = id.Trust
+	cfg.Key = d.key
+	cfg.Chain = id.Chain
+	cfg.RenewAfter = id.RenewAfter
+	cfg.OnRenew = func(_ context.Context, r *session.Renewal) error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		c := *d.id
+		c.Chain, c.RenewAfter = r.Chain, r.RenewAfter
+		if len(r.NodeCARoots) > 0 {
+			c.NodeCARoots = r.NodeCARoots
+		}
+		d.id = &c
+		return nil
+	}
+	if cfg.Keepalive == 0 {
+		// Heartbeats keep the connection busy; gRPC's keepalive would add
+		// a goroutine per daemon and only matters for real networks.
+		cfg.Keepalive = -1
+	}
+	cfg.BCDVersion = Version
+	cfg.OS, cfg.Arch = "linux", "amd64"
+	cfg.BootID = d.bootID
+	digest := d.inv.GetDigest()
+	cfg.InventoryDigest = func() string { return digest }
+	cfg.Heartbeat = d.heartbeat
+	if cfg.Logger == nil {
+		cfg.Logger = d.log
+	}
+	next := cfg.OnEvent
+	cfg.OnEvent = func(ev session.Event) {
+		if ev.Kind == session.EventConnected && !d.cfg.NoInventory && d.sentInventory.CompareAndSwap(false, true) {
+			if err := d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: d.inv}}); err != nil {
+				d.sentInventory.Store(false)
+			}
+		}
+		if next != nil {
+			next(ev)
+		}
+	}
+	c, err := session.New(cfg)
+	if err != nil {
+		return fmt.Errorf("fake daemon %s: %w", d.cfg.Name, err)
+	}
+	d.mu.Lock()
+	d.cur = c
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.cur = nil
+		d.mu.Unlock()
+	}()
+	return c.Run(ctx)
+}
+
+// heartbeat fills simulated readings: a steady light load.
+func (d *FakeDaemon) heartbeat(hb *sessionv1.Heartbeat) {
+	hb.Load1, hb.Load5, hb.Load15 = 0.42, 0.40, 0.38
+	hb.UptimeSeconds = d.inv.GetHost().GetUptimeSeconds()
+	hb.MemoryAvailableBytes = d.inv.GetHost().GetMemory().GetAvailableBytes()
+}
+
+// uuid formats 16 bytes as a version 4 UUID.
+func uuid(b []byte) string {
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:16])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+// derive returns n bytes derived from name and purpose, stable across runs.
+func derive(name, purpose string, n int) []byte {
+	sum := sha256.Sum256([]byte(purpose + "\x00" + name))
+	return sum[:n]
+}
