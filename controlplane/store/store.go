@@ -50,6 +50,20 @@ func (e *MigrationError) Error() string {
 	return "database was migrated by a newer build: unknown applied migrations " + strings.Join(e.Unknown, ", ") + "; run the build that applied them"
 }
 
+// Shards is the number of shards work is split into (DESIGN.md, "Workers").
+const Shards = 256
+
+// ShardOf returns the shard of a key, such as a node id: FNV-1a (32 bit) of
+// the key modulo Shards.
+func ShardOf(key string) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return int(h % Shards)
+}
+
 // NewID returns a new random identifier with the given prefix, such as
 // "node_k2xq7w4r9d3m5c8v1b6n0zj4p" (prefix, underscore, 26 base32 characters,
 // 130 bits of randomness).
@@ -246,6 +260,7 @@ type Node struct {
 	State           string
 	Cordoned        bool
 	Labels          map[string]string
+	Shard           int
 	Inventory       []byte // JSON, as reported by the node
 	InventoryDigest string
 	BCDVersion      string
@@ -278,6 +293,17 @@ type NodeStore interface {
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
 	// NodeDelete removes a node, its session and commands.
 	NodeDelete(ctx context.Context, id string) error
+	// NodeLivenessReconcile marks the nodes of shard whose last heartbeat is
+	// older than StaleAfter unreachable, and unreachable ones seen since
+	// ready again. Run it under the shard's lease.
+	NodeLivenessReconcile(ctx context.Context, p *NodeLivenessParams) (unreachable, ready []string, err error)
+}
+
+// NodeLivenessParams are NodeLivenessReconcile's inputs.
+type NodeLivenessParams struct {
+	Shard      int
+	StaleAfter time.Duration
+	Now        *time.Time
 }
 
 // NodeUpsertParams are NodeUpsert's inputs.

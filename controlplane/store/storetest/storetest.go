@@ -41,6 +41,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"LeaseRelease", testLeaseRelease},
 		{"SitesAndPools", testSitesAndPools},
 		{"Nodes", testNodes},
+		{"NodeLiveness", testNodeLiveness},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
@@ -683,4 +684,46 @@ func testCommandSweep(ctx context.Context, t *testing.T, h *Harness) {
 	if len(again.Expired)+len(again.Lost)+len(again.Requeued) != 0 {
 		t.Fatalf("second sweep changed %+v", again)
 	}
+}
+
+func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	now := time.Now().UTC()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	n := addNode(ctx, t, h, pool, "node_live")
+	if n.Shard != store.ShardOf("node_live") {
+		t.Fatalf("shard = %d, want %d", n.Shard, store.ShardOf("node_live"))
+	}
+	_, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_live", SessionID: "s1", GatewayID: "gw", Now: at(0)})
+	check(t, err)
+	check(t, h.Store.NodeSetState(ctx, "node_live", store.NodeReady))
+	p := &store.NodeLivenessParams{Shard: n.Shard, StaleAfter: 30 * time.Second, Now: at(10 * time.Second)}
+	if u, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); len(u)+len(r) != 0 {
+		t.Fatalf("fresh node changed: %v %v", u, r)
+	}
+	// Another shard's reconcile leaves it alone.
+	other := *p
+	other.Shard, other.Now = (n.Shard+1)%store.Shards, at(time.Hour)
+	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, &other)); len(u) != 0 {
+		t.Fatalf("shard %d reconciled a node of shard %d", other.Shard, n.Shard)
+	}
+	p.Now = at(31 * time.Second)
+	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(u, []string{"node_live"}) {
+		t.Fatalf("silent node not unreachable: %v", u)
+	}
+	if got := must(h.Store.NodeGet(ctx, "node_live")); got.State != store.NodeUnreachable {
+		t.Fatalf("state = %s", got.State)
+	}
+	must(h.Store.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, at(40*time.Second)))
+	p.Now = at(41 * time.Second)
+	if _, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(r, []string{"node_live"}) {
+		t.Fatalf("node back not ready: %v", r)
+	}
+}
+
+func mustPair(a, b []string, err error) ([]string, []string) {
+	if err != nil {
+		panic(mustError{err})
+	}
+	return a, b
 }

@@ -8,13 +8,13 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, inventory, inventory_digest,
+const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard, inventory, inventory_digest,
 	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, last_seen_at`
 
 func scanNode(r Row) (*store.Node, error) {
 	n := &store.Node{}
 	var labels []byte
-	err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.MachineID, &n.State, &n.Cordoned, &labels, &n.Inventory,
+	err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.MachineID, &n.State, &n.Cordoned, &labels, &n.Shard, &n.Inventory,
 		&n.InventoryDigest, &n.BCDVersion, &n.OS, &n.Arch, &n.BootID, &n.CertSerial, &n.CertNotAfter,
 		&n.CreatedAt, &n.UpdatedAt, &n.LastSeenAt)
 	if err != nil {
@@ -44,15 +44,15 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 	}
 	n, err := scanNode(s.db.QueryRow(ctx, `
 		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
-			cert_serial, cert_not_after, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()))
+			cert_serial, cert_not_after, created_at, updated_at, shard)
+		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12)
 		ON CONFLICT (id) DO UPDATE SET
 			pool_id = excluded.pool_id, hostname = excluded.hostname, machine_id = excluded.machine_id,
 			bcd_version = excluded.bcd_version, os = excluded.os, arch = excluded.arch,
 			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
 			updated_at = excluded.updated_at
 		RETURNING `+nodeColumns,
-		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now)))
+		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID)))
 	if err != nil {
 		return nil, s.wrap("upsert node "+p.ID, err)
 	}
@@ -127,4 +127,36 @@ func (s *Store) NodeSetInventory(ctx context.Context, id string, inventory []byt
 // NodeDelete removes a node and what hangs off it.
 func (s *Store) NodeDelete(ctx context.Context, id string) error {
 	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
+}
+
+// NodeLivenessReconcile moves a shard's nodes between ready and unreachable
+// by the age of their last heartbeat.
+func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error) {
+	now := s.clock(p.Now)
+	ids := func(sql string) ([]string, error) {
+		rows, err := s.db.Query(ctx, sql, p.Shard, now, p.StaleAfter.Microseconds())
+		if err != nil {
+			return nil, s.wrap("reconcile liveness", err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				return nil, s.wrap("reconcile liveness", err)
+			}
+			out = append(out, id)
+		}
+		return out, s.wrap("reconcile liveness", rows.Err())
+	}
+	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
+		WHERE shard = $1 AND state = 'ready' AND coalesce(last_seen_at, created_at) < coalesce($2, now()) - bc_micros($3)
+		RETURNING id`)
+	if err != nil {
+		return nil, nil, err
+	}
+	ready, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
+		WHERE shard = $1 AND state = 'unreachable' AND last_seen_at >= coalesce($2, now()) - bc_micros($3)
+		RETURNING id`)
+	return unreachable, ready, err
 }
