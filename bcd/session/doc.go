@@ -35,8 +35,8 @@
 //     gateway's retry-after-ms hint when one was sent, and dials again; the
 //     attempt counter n resets when a Welcome arrives. A failed attempt moves
 //     on to the next gateway of the list; a Drain makes it wait a random
-//     share of the Drain's delay and then reconnect to a preferred or another
-//     gateway without backoff.
+//     share of the Drain's delay (also when the gateway closes sooner) and
+//     then reconnect to a preferred or another gateway without backoff.
 //
 // Run returns nil when its context ends, an error wrapping [ErrRevoked] when
 // the gateway says the node is revoked (Revoked, or PERMISSION_DENIED on
@@ -47,11 +47,14 @@
 // # Cost per session
 //
 // The simulator runs thousands of Clients in one process, so a Client keeps
-// its footprint small: small gRPC read and write buffers and static 64 KiB
-// flow-control windows ([Config].ReadBufferSize, WriteBufferSize), no
-// DNS resolver goroutine (passthrough target), and, besides gRPC's own, one
-// goroutine per Client (the one running Run, which also receives) plus
-// short-lived timer callbacks for heartbeats, renewals and drains.
+// its footprint small: no gRPC read buffer (TLS already buffers each
+// record), a small pooled write buffer, static 64 KiB flow-control windows,
+// no DNS resolver goroutine (passthrough target), and, besides gRPC's own,
+// one goroutine per Client (the one running Run, which also receives) plus
+// short-lived timer callbacks for heartbeats, renewals and drains. gRPC
+// keepalive pings ([Config].Keepalive) also make gRPC set TCP_USER_TIMEOUT,
+// so a heartbeat left unacknowledged closes a dead connection; the
+// simulator turns them off to save their goroutine.
 //
 // # Observing a Client
 //

@@ -10,20 +10,24 @@ type EventKind int
 
 // Kinds of Event, in the order a session usually produces them.
 const (
-	// EventConnecting: an attempt to reach Gateway starts.
+	// EventConnecting reports that an attempt to reach Gateway starts.
 	EventConnecting EventKind = iota + 1
-	// EventConnected: Gateway answered Hello with Welcome; SessionID is set.
+	// EventConnected reports that Gateway answered Hello with Welcome;
+	// SessionID is set.
 	EventConnected
-	// EventDraining: Gateway sent Drain; the session ends after Delay.
+	// EventDraining reports that Gateway sent Drain; the session ends
+	// after Delay.
 	EventDraining
-	// EventDisconnected: the attempt or session with Gateway ended; Err
-	// says why (nil when Run's context ended).
+	// EventDisconnected reports that the attempt or session with Gateway
+	// ended; Err says why (nil when Run's context ended).
 	EventDisconnected
-	// EventBackoff: the Client waits Delay before the next attempt.
+	// EventBackoff reports that the Client waits Delay before the next
+	// attempt (after a failure, or the rest of a Drain's wait).
 	EventBackoff
-	// EventRenewed: the certificate was renewed and persisted.
+	// EventRenewed reports that the certificate was renewed and persisted.
 	EventRenewed
-	// EventRenewFailed: a renewal failed (Err); it is retried.
+	// EventRenewFailed reports that a renewal failed (Err); it is retried
+	// unless Err wraps ErrRevoked.
 	EventRenewFailed
 )
 
