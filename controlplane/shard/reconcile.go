@@ -1,0 +1,47 @@
+package shard
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Reconciler is a job that works shard by shard.
+type Reconciler interface {
+	// Name names it in logs and metrics.
+	Name() string
+	// Interval is how often each held shard is reconciled.
+	Interval() time.Duration
+	// Reconcile does one pass over one shard; every write goes through
+	// fence.
+	Reconcile(ctx context.Context, shard int, fence store.Fence) error
+}
+
+// RunReconcilers runs each reconciler over the shards m holds until ctx ends.
+func RunReconcilers(ctx context.Context, m *Manager, log *slog.Logger, rs ...Reconciler) {
+	done := make(chan struct{})
+	for _, r := range rs {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			tick := time.NewTicker(r.Interval())
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				for n, fence := range m.Held() {
+					if err := r.Reconcile(ctx, n, fence); err != nil && ctx.Err() == nil {
+						log.WarnContext(ctx, "Reconcile failed", "reconciler", r.Name(), "shard", n, "err", err)
+					}
+				}
+			}
+		}()
+	}
+	for range rs {
+		<-done
+	}
+}
