@@ -62,6 +62,10 @@ type Config struct {
 	Host Host `yaml:"host"`
 	// Downloads serves bcd binaries to air-gapped sites.
 	Downloads Downloads `yaml:"downloads"`
+	// Sinks receive the outbox (webhooks, files).
+	Sinks Sinks `yaml:"sinks"`
+	// Retention bounds how long finished work is kept.
+	Retention Retention `yaml:"retention"`
 
 	// ParsedProxies is TrustedProxies parsed; filled by Load.
 	ParsedProxies []netip.Prefix `yaml:"-"`
@@ -120,6 +124,35 @@ type Metrics struct {
 	// BearerToken (at least 16 characters) enables /metrics for scrapers
 	// that send it.
 	BearerToken string `yaml:"bearerToken"`
+}
+
+// Sinks lists the event sinks; names are unique.
+type Sinks struct {
+	Webhooks []WebhookSink `yaml:"webhooks"`
+	Files    []FileSink    `yaml:"files"`
+}
+
+// WebhookSink posts each outbox entry, signed with HMAC-SHA256.
+type WebhookSink struct {
+	Name   string `yaml:"name"`
+	URL    string `yaml:"url"`
+	Secret string `yaml:"secret"`
+}
+
+// FileSink appends each outbox entry as a JSON line.
+type FileSink struct {
+	Name string `yaml:"name"`
+	Path string `yaml:"path"`
+}
+
+// Retention windows: rows older than these are pruned.
+type Retention struct {
+	// Commands: finished commands. Defaults to 30 days (720h).
+	Commands Duration `yaml:"commands"`
+	// Events: node and GPU events. Defaults to 30 days.
+	Events Duration `yaml:"events"`
+	// Audit: audit rows. Defaults to 365 days (8760h).
+	Audit Duration `yaml:"audit"`
 }
 
 // Downloads configures the downloads route.
@@ -272,6 +305,16 @@ func (c *Config) defaults(getenv func(string) string) {
 			g.PublicURL = "https://localhost:" + port
 		}
 	}
+	r := &c.Retention
+	if r.Commands.Duration == 0 {
+		r.Commands.Duration = 30 * 24 * time.Hour
+	}
+	if r.Events.Duration == 0 {
+		r.Events.Duration = 30 * 24 * time.Hour
+	}
+	if r.Audit.Duration == 0 {
+		r.Audit.Duration = 365 * 24 * time.Hour
+	}
 	c.Embedded = c.Database.URL == ""
 }
 
@@ -313,6 +356,34 @@ func (c *Config) validate() error {
 	if t := c.Host.Metrics.BearerToken; t != "" && len(t) < 16 {
 		return &Error{Key: "host.metrics.bearerToken", Msg: "want at least 16 characters"}
 	}
+	names := map[string]bool{}
+	for i, w := range c.Sinks.Webhooks {
+		key := fmt.Sprintf("sinks.webhooks[%d]", i)
+		if err := sinkName(key, w.Name, names); err != nil {
+			return err
+		}
+		if u, err := url.Parse(w.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return &Error{Key: key + ".url", Msg: "want an http(s):// URL"}
+		}
+		if len(w.Secret) < 16 {
+			return &Error{Key: key + ".secret", Msg: "want at least 16 characters to sign with"}
+		}
+	}
+	for i, f := range c.Sinks.Files {
+		key := fmt.Sprintf("sinks.files[%d]", i)
+		if err := sinkName(key, f.Name, names); err != nil {
+			return err
+		}
+		if f.Path == "" {
+			return &Error{Key: key + ".path", Msg: "is required"}
+		}
+	}
+	for key, d := range map[string]time.Duration{"retention.commands": c.Retention.Commands.Duration,
+		"retention.events": c.Retention.Events.Duration, "retention.audit": c.Retention.Audit.Duration} {
+		if d < time.Hour {
+			return &Error{Key: key, Msg: "want at least 1h"}
+		}
+	}
 	for i, p := range c.TrustedProxies {
 		pfx, err := parseProxy(p)
 		if err != nil {
@@ -351,4 +422,16 @@ func (c *Config) AllRoles() bool {
 // Runs reports whether the process runs role.
 func (c *Config) Runs(role string) bool {
 	return c.AllRoles() || slices.Contains(c.RolesList, role)
+}
+
+// sinkName checks a sink's name: 1 to 63 of a-z, 0-9, '-', unique.
+func sinkName(key, name string, seen map[string]bool) error {
+	if name == "" || len(name) > 63 || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+		return &Error{Key: key + ".name", Msg: "want 1 to 63 of a-z, 0-9 and '-'"}
+	}
+	if seen[name] {
+		return &Error{Key: key + ".name", Msg: "sink " + name + " is configured twice"}
+	}
+	seen[name] = true
+	return nil
 }

@@ -745,6 +745,9 @@ type APITokenStore interface {
 	APITokenBySecret(ctx context.Context, secretHash []byte) (*APIToken, error)
 	APITokenList(ctx context.Context, p *ListParams) ([]*APIToken, error)
 	APITokenRevoke(ctx context.Context, id string) error
+	// TokensPrune deletes join tokens and API tokens that expired or were
+	// revoked before before; it returns how many.
+	TokensPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Secret is a value sealed under the deployment secret for a node or a

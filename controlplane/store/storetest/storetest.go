@@ -633,6 +633,16 @@ func testAPITokensAndSecrets(ctx context.Context, t *testing.T, h *Harness) {
 	if l := must(h.Store.APITokenList(ctx, &store.ListParams{})); len(l) != 1 || l[0].RevokedAt == nil {
 		t.Fatalf("tokens = %+v", l)
 	}
+	check(t, h.Store.APITokenCreate(ctx, &store.APIToken{ID: "tok3", Role: store.RoleAdmin}, []byte("h3")))
+	if n := must(h.Store.TokensPrune(ctx, time.Now().Add(-time.Hour))); n != 0 {
+		t.Fatalf("pruned %d tokens revoked just now", n)
+	}
+	if n := must(h.Store.TokensPrune(ctx, time.Now().Add(time.Hour))); n != 1 {
+		t.Fatalf("pruned %d tokens, want the revoked one", n)
+	}
+	if l := must(h.Store.APITokenList(ctx, &store.ListParams{})); len(l) != 1 || l[0].ID != "tok3" {
+		t.Fatalf("tokens after prune = %+v", l)
+	}
 	check(t, h.Store.SecretPut(ctx, &store.Secret{Name: "bmc/node_a", NodeID: "node_a", Sealed: []byte{1}}))
 	check(t, h.Store.SecretPut(ctx, &store.Secret{Name: "bmc/node_a", NodeID: "node_a", Sealed: []byte{2}}))
 	if s := must(h.Store.SecretGet(ctx, "bmc/node_a")); !slices.Equal(s.Sealed, []byte{2}) {

@@ -250,3 +250,23 @@ func (s *Store) SecretGet(ctx context.Context, name string) (*store.Secret, erro
 func (s *Store) SecretDelete(ctx context.Context, name string) error {
 	return s.exec1(ctx, "delete secret "+name, `DELETE FROM secrets WHERE name = $1`, name)
 }
+
+// TokensPrune deletes tokens expired or revoked before before.
+func (s *Store) TokensPrune(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		for _, sql := range []string{
+			`DELETE FROM join_tokens WHERE expires_at < $1 OR revoked_at < $1`,
+			`DELETE FROM api_tokens WHERE expires_at < $1 OR revoked_at < $1`,
+		} {
+			n, err := q.db.Exec(ctx, sql, before)
+			if err != nil {
+				return q.wrap("prune tokens", err)
+			}
+			total += n
+		}
+		return nil
+	})
+	return total, err
+}
