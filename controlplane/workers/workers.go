@@ -1,0 +1,187 @@
+// Package workers runs the worker roles of one process (DESIGN.md, "The
+// control plane roles"):
+//
+//   - controllers: the shard membership (256 shard:<n> leases by rendezvous
+//     hashing), the node liveness reconciler over the held shards, the
+//     CommandSweeper (singleton:command-sweeper) and retention
+//     (singleton:retention);
+//   - sinks: one outbox dispatcher per configured sink
+//     (singleton:outbox-dispatch:<sink>);
+//   - iam: token expiry (singleton:iam:token-expiry);
+//   - scheduler: the pool-lease placer capacity.placer is not built yet;
+//     the role starts and holds no lease.
+//
+// Every job stops on cancellation and releases its leases; the shard
+// manager also leaves the workers table.
+package workers
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/lease"
+	"github.com/better-compute/better-compute/controlplane/liveness"
+	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/sinks"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/sweeper"
+)
+
+// Roles are the worker roles.
+var Roles = []string{"controllers", "scheduler", "sinks", "iam"}
+
+// Options tune the jobs; zero values take the production defaults.
+type Options struct {
+	// WorkerID names this process. Defaults to <hostname>-<pid>-<random>.
+	WorkerID string
+	// Version is recorded in the workers table.
+	Version string
+	// ShardTTL and ShardRenew tune the shard leases (15 s, 5 s).
+	ShardTTL, ShardRenew time.Duration
+	// LivenessInterval is how often each shard's nodes are checked (5 s).
+	LivenessInterval time.Duration
+	// SweepInterval is the CommandSweeper's interval (1 s).
+	SweepInterval time.Duration
+	// LostAfter is how long a node may lack a session before its in-flight
+	// commands are lost (30 s).
+	LostAfter time.Duration
+}
+
+// NewWorkerID returns a unique worker id for this process.
+func NewWorkerID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), strings.ToLower(rand.Text()[:6]))
+}
+
+// Run runs the worker roles cfg names until ctx ends.
+func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, log *slog.Logger) error {
+	if opts.WorkerID == "" {
+		opts.WorkerID = NewWorkerID()
+	}
+	log = log.With("worker", opts.WorkerID)
+	var roles []string
+	for _, r := range Roles {
+		if cfg.Runs(r) {
+			roles = append(roles, r)
+		}
+	}
+	if len(roles) == 0 {
+		return nil
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	if cfg.Runs("controllers") {
+		m, err := shard.New(shard.Config{WorkerID: opts.WorkerID, Roles: roles, Version: opts.Version,
+			TTL: opts.ShardTTL, Renew: opts.ShardRenew}, st, log)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return m.Run(ctx) })
+		live := liveness.New(liveness.Config{HeartbeatInterval: cfg.Host.Gateway.HeartbeatInterval.Duration,
+			Interval: opts.LivenessInterval}, st, log)
+		g.Go(func() error { shard.RunReconcilers(ctx, m, log, live); return nil })
+		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter}, st, log)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return sw.Run(ctx) })
+		g.Go(func() error {
+			return every(ctx, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
+				return retain(ctx, st, fence, cfg.Retention, log)
+			})
+		})
+	}
+	if cfg.Runs("sinks") {
+		for _, sink := range configuredSinks(cfg) {
+			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID}, sink, st, log)
+			if err != nil {
+				return err
+			}
+			g.Go(func() error { return d.Run(ctx) })
+		}
+	}
+	if cfg.Runs("iam") {
+		g.Go(func() error {
+			return every(ctx, "singleton:iam:token-expiry", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
+				return st.FencedTx(ctx, fence, func(tx store.Store) error {
+					n, err := tx.TokensPrune(ctx, time.Now().Add(-TokenGrace))
+					if n > 0 {
+						log.InfoContext(ctx, "Pruned expired and revoked tokens", "tokens", n)
+					}
+					return err
+				})
+			})
+		})
+	}
+	log.InfoContext(ctx, "Worker roles running", "roles", strings.Join(roles, ","))
+	return g.Wait()
+}
+
+// TokenGrace is how long expired or revoked tokens are kept (so an operator
+// can still see why a join was refused) before token expiry deletes them.
+const TokenGrace = 7 * 24 * time.Hour
+
+// configuredSinks builds the configured sinks.
+func configuredSinks(cfg *config.Config) []sinks.Sink {
+	var out []sinks.Sink
+	for _, w := range cfg.Sinks.Webhooks {
+		out = append(out, &sinks.Webhook{SinkName: w.Name, URL: w.URL, Secret: []byte(w.Secret)})
+	}
+	for _, f := range cfg.Sinks.Files {
+		out = append(out, &sinks.File{SinkName: f.Name, Path: f.Path})
+	}
+	return out
+}
+
+// every runs fn every interval while holding the singleton lease name.
+func every(ctx context.Context, name, holder string, interval time.Duration, st store.Store, log *slog.Logger,
+	fn func(context.Context, store.Fence) error) error {
+	h, err := lease.New(lease.Config{Name: name, Holder: holder}, st, log)
+	if err != nil {
+		return err
+	}
+	return h.Run(ctx, func(ctx context.Context, fence store.Fence) error {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			if err := fn(ctx, fence); err != nil && ctx.Err() == nil {
+				log.WarnContext(ctx, "Job failed", "job", name, "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+			}
+		}
+	})
+}
+
+// retain prunes rows older than the retention windows.
+func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Retention, log *slog.Logger) error {
+	now := time.Now()
+	return st.FencedTx(ctx, fence, func(tx store.Store) error {
+		c, err := tx.CommandPrune(ctx, now.Add(-r.Commands.Duration))
+		if err != nil {
+			return err
+		}
+		e, err := tx.EventPrune(ctx, now.Add(-r.Events.Duration))
+		if err != nil {
+			return err
+		}
+		a, err := tx.AuditPrune(ctx, now.Add(-r.Audit.Duration))
+		if err != nil {
+			return err
+		}
+		if c+e+a > 0 {
+			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a)
+		}
+		return nil
+	})
+}
