@@ -1,0 +1,38 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"net"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/credentials"
+)
+
+// loggedCreds reports refused TLS handshakes (a certificate from another CA,
+// an old TLS version) in the gateway's log, at most a few a second so that a
+// storm of them cannot flood it.
+type loggedCreds struct {
+	credentials.TransportCredentials
+	log   *slog.Logger
+	limit *rate.Limiter
+}
+
+func newLoggedCreds(c credentials.TransportCredentials, log *slog.Logger) *loggedCreds {
+	return &loggedCreds{TransportCredentials: c, log: log, limit: rate.NewLimiter(5, 20)}
+}
+
+// ServerHandshake runs the TLS handshake and logs its failure.
+func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil && c.limit.Allow() {
+		c.log.LogAttrs(context.Background(), slog.LevelWarn, "TLS handshake refused",
+			slog.String("remote", conn.RemoteAddr().String()), slog.String("error", err.Error()))
+	}
+	return out, info, err
+}
+
+// Clone returns a copy sharing the log and its limit.
+func (c *loggedCreds) Clone() credentials.TransportCredentials {
+	return &loggedCreds{TransportCredentials: c.TransportCredentials.Clone(), log: c.log, limit: c.limit}
+}

@@ -1,0 +1,369 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// DefaultCapabilities are the session capabilities this gateway supports
+// (session.proto lists their meaning). Welcome carries those of them a node
+// offers in Hello.
+var DefaultCapabilities = []string{"exec", "cancel", "inventory.v1", "gpu.nvml", "power", "boot", "upgrade", "reboot", "resume"}
+
+// Store is what the gateway reads and writes outside transactions; the
+// transactions it runs (Tx, FencedTx) get the whole store.
+type Store interface {
+	Tx(ctx context.Context, fn func(store.Store) error) error
+	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+	LeaseAcquire(ctx context.Context, p *store.LeaseAcquireParams) (*store.Lease, bool, error)
+	LeaseRenew(ctx context.Context, p *store.LeaseRenewParams) (*store.Lease, bool, error)
+	LeaseRelease(ctx context.Context, name, holder string, epoch int64) error
+	GatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams) (*store.Gateway, error)
+	GatewayList(ctx context.Context) ([]*store.Gateway, error)
+	GatewayDelete(ctx context.Context, id string) error
+	SessionList(ctx context.Context, gatewayID string) ([]*store.Session, error)
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	EventInsert(ctx context.Context, e *store.Event) (int64, error)
+	RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error)
+	RevocationCheck(ctx context.Context, serial string) (bool, error)
+	SecretGet(ctx context.Context, name string) (*store.Secret, error)
+}
+
+// Config configures a Gateway. Zero fields take the documented defaults.
+type Config struct {
+	// ID names the gateway; its lease is gateway:<ID>. Defaults to a new
+	// "gw_" id, so every process is a new gateway.
+	ID string
+	// Listen is the gRPC address. Defaults to 0.0.0.0:8443.
+	Listen string
+	// PublicURL is what daemons dial, https://host:port, listed in
+	// JoinResponse.gateways. Defaults to https://localhost:<bound port>.
+	PublicURL string
+	// Region is the gateway's region (sites.region). Defaults to "default".
+	Region string
+	// CertFile and KeyFile hold the PEM serving certificate (leaf, then the
+	// gateway serving CA) and its key, as pki issue-gateway writes them.
+	// Required.
+	CertFile, KeyFile string
+	// CertReloadInterval is how often the certificate files are re-read.
+	// Defaults to 60 s.
+	CertReloadInterval time.Duration
+	// MaxStreams caps open Connect streams. Defaults to 5,000.
+	MaxStreams int
+	// RetryAfter is the base of the retry hint given when full; the hint is
+	// RetryAfter plus a random share of it, to spread retries. Defaults to
+	// 5 s.
+	RetryAfter time.Duration
+	// HeartbeatInterval is told to daemons in Welcome. Defaults to 10 s.
+	HeartbeatInterval time.Duration
+	// HelloTimeout is how long a new stream may take to send Hello.
+	// Defaults to 10 s.
+	HelloTimeout time.Duration
+	// DrainDelay bounds the random delay sent in Drain on shutdown.
+	// Defaults to 60 s.
+	DrainDelay time.Duration
+	// ShutdownGrace is how long streams may end on their own after Drain
+	// before every connection is closed. Defaults to 2 s.
+	ShutdownGrace time.Duration
+	// NodeCertTTL is the life of issued node certificates. Defaults to
+	// 24 h.
+	NodeCertTTL time.Duration
+	// HandshakeRate is how many new connections (TLS handshakes) are
+	// accepted per second. Defaults to 500.
+	HandshakeRate float64
+	// HandshakeBurst is how many new connections may be accepted at once
+	// above HandshakeRate. Defaults to 50.
+	HandshakeBurst int
+	// LeaseTTL is the life of the gateway:<id> lease. Defaults to 20 s.
+	LeaseTTL time.Duration
+	// LeaseRenewInterval is how often the lease and the gateways row are
+	// renewed. Defaults to 5 s.
+	LeaseRenewInterval time.Duration
+	// FlushInterval is how often heartbeats and ended sessions are
+	// written, in one transaction. Defaults to 1 s.
+	FlushInterval time.Duration
+	// RevocationPollInterval is how often the revocation feed is read.
+	// Defaults to 1 s.
+	RevocationPollInterval time.Duration
+	// Capabilities are the session capabilities supported. Defaults to
+	// DefaultCapabilities.
+	Capabilities []string
+	// Secret is the deployment secret, to open the sealed secrets
+	// JoinService.Secret hands out. Without it Secret answers UNAVAILABLE.
+	Secret string
+	// Version is the build's version, written to the gateways row.
+	Version string
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	c.ID = cmp.Or(c.ID, store.NewID("gw"))
+	c.Listen = cmp.Or(c.Listen, "0.0.0.0:8443")
+	c.Region = cmp.Or(c.Region, "default")
+	c.CertReloadInterval = cmp.Or(c.CertReloadInterval, 60*time.Second)
+	c.MaxStreams = cmp.Or(c.MaxStreams, 5000)
+	c.RetryAfter = cmp.Or(c.RetryAfter, 5*time.Second)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 10*time.Second)
+	c.HelloTimeout = cmp.Or(c.HelloTimeout, 10*time.Second)
+	c.DrainDelay = cmp.Or(c.DrainDelay, 60*time.Second)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, 2*time.Second)
+	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, pki.DefaultNodeTTL)
+	c.HandshakeRate = cmp.Or(c.HandshakeRate, 500)
+	c.HandshakeBurst = cmp.Or(c.HandshakeBurst, 50)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, 20*time.Second)
+	c.LeaseRenewInterval = cmp.Or(c.LeaseRenewInterval, 5*time.Second)
+	c.FlushInterval = cmp.Or(c.FlushInterval, time.Second)
+	c.RevocationPollInterval = cmp.Or(c.RevocationPollInterval, time.Second)
+	if c.Capabilities == nil {
+		c.Capabilities = DefaultCapabilities
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+func (c *Config) validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("listen %q is not a host:port address", c.Listen)
+	}
+	if c.PublicURL != "" {
+		if u, err := url.Parse(c.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("public URL %q is not an https://host:port URL", c.PublicURL)
+		}
+	}
+	if c.CertFile == "" || c.KeyFile == "" {
+		return errors.New("the serving certificate and key files are required (better-compute pki issue-gateway writes them)")
+	}
+	for name, d := range map[string]time.Duration{
+		"cert reload interval": c.CertReloadInterval, "retry after": c.RetryAfter,
+		"heartbeat interval": c.HeartbeatInterval, "hello timeout": c.HelloTimeout, "drain delay": c.DrainDelay,
+		"shutdown grace": c.ShutdownGrace, "node certificate TTL": c.NodeCertTTL, "lease TTL": c.LeaseTTL,
+		"lease renew interval": c.LeaseRenewInterval, "flush interval": c.FlushInterval,
+		"revocation poll interval": c.RevocationPollInterval,
+	} {
+		if d < 0 {
+			return fmt.Errorf("%s %s is negative", name, d)
+		}
+	}
+	switch {
+	case c.MaxStreams < 0:
+		return fmt.Errorf("max streams %d is negative", c.MaxStreams)
+	case c.HandshakeRate < 0 || c.HandshakeBurst < 0:
+		return errors.New("handshake rate and burst must be positive")
+	case c.LeaseRenewInterval >= c.LeaseTTL:
+		return fmt.Errorf("lease renew interval %s must be shorter than the lease TTL %s", c.LeaseRenewInterval, c.LeaseTTL)
+	}
+	return nil
+}
+
+// Gateway is the gateway role of one process.
+type Gateway struct {
+	cfg      Config
+	store    Store
+	bundle   *pki.Bundle
+	verifier *pki.NodeVerifier
+	admit    *admission.Admitter
+	log      *slog.Logger
+	certs    *certReloader
+	server   *grpc.Server
+	caps     map[string]bool
+
+	ready     chan struct{}
+	addr      net.Addr
+	publicURL string
+	ln        *listener
+
+	sessions registry
+	streams  atomic.Int64 // open Connect streams, admitted against MaxStreams
+	draining atomic.Bool
+	fence    atomic.Pointer[store.Fence]
+	pending  pending
+	flushMu  sync.Mutex
+}
+
+// New returns a Gateway serving with bundle's node CA; call Run to serve.
+// It reads the certificate files once and fails when they do not load.
+func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, error) {
+	cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if st == nil || bundle == nil || log == nil {
+		return nil, errors.New("gateway: store, bundle and logger are required")
+	}
+	verifier := bundle.NodeVerifier()
+	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, Now: cfg.Now}, st, bundle, log)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	certs := &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: log}
+	if err := certs.load(); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	g := &Gateway{
+		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
+		certs: certs, ready: make(chan struct{}), caps: map[string]bool{},
+	}
+	for _, c := range cfg.Capabilities {
+		g.caps[c] = true
+	}
+	g.sessions.byNode = map[string]*session{}
+	g.pending.beats = map[string]struct{}{}
+
+	roots := x509.NewCertPool()
+	for _, c := range bundle.NodeCARoots() {
+		roots.AddCert(c)
+	}
+	tlsCfg := &tls.Config{
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: certs.get,
+		ClientAuth:     tls.VerifyClientCertIfGiven,
+		ClientCAs:      roots,
+		Time:           cfg.Now,
+	}
+	g.server = grpc.NewServer(
+		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log)),
+		// Memory per idle session: tls.Conn buffers reads already, so the
+		// HTTP/2 framer reads it directly; the write buffer is pooled and
+		// held only while writing; static windows stop BDP probing.
+		grpc.ReadBufferSize(0),
+		grpc.WriteBufferSize(16<<10),
+		grpc.StaticStreamWindowSize(64<<10),
+		grpc.StaticConnWindowSize(64<<10),
+		grpc.MaxConcurrentStreams(16),
+		grpc.MaxRecvMsgSize(4<<20),
+		grpc.MaxHeaderListSize(16<<10),
+		grpc.ConnectionTimeout(10*time.Second),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 3 * cfg.HeartbeatInterval, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.WaitForHandlers(true),
+	)
+	sessionv1.RegisterJoinServiceServer(g.server, &joinService{g: g})
+	sessionv1.RegisterSessionServiceServer(g.server, &sessionService{g: g})
+	return g, nil
+}
+
+// ID is the gateway's id.
+func (g *Gateway) ID() string { return g.cfg.ID }
+
+// Ready is closed once the listener is bound and the lease held.
+func (g *Gateway) Ready() <-chan struct{} { return g.ready }
+
+// Addr is the bound address, valid after Ready.
+func (g *Gateway) Addr() net.Addr { return g.addr }
+
+// PublicURL is the URL daemons dial, valid after Ready.
+func (g *Gateway) PublicURL() string { return g.publicURL }
+
+// Sessions reports how many sessions the gateway holds.
+func (g *Gateway) Sessions() int { return g.sessions.len() }
+
+// Run serves until ctx ends, then drains and stops as the package
+// documentation describes. It fails when the listener cannot be bound or the
+// lease cannot be taken at start.
+func (g *Gateway) Run(ctx context.Context) error {
+	raw, err := net.Listen("tcp", g.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway listen on %s: %w", g.cfg.Listen, err)
+	}
+	limit := rate.Limit(g.cfg.HandshakeRate)
+	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst))
+	g.addr = raw.Addr()
+	g.publicURL = g.cfg.PublicURL
+	if g.publicURL == "" {
+		g.publicURL = "https://" + net.JoinHostPort("localhost", fmt.Sprint(raw.Addr().(*net.TCPAddr).Port))
+	}
+	if err := g.acquireLease(ctx); err != nil {
+		g.ln.Close()
+		return err
+	}
+	if err := g.upsertRow(ctx); err != nil {
+		g.ln.Close()
+		g.releaseLease()
+		return err
+	}
+	close(g.ready)
+	g.log.InfoContext(ctx, "Gateway listening", "addr", g.addr.String(), "public_url", g.publicURL,
+		"region", g.cfg.Region, "max_streams", g.cfg.MaxStreams)
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.server.Serve(g.ln) }()
+	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
+	var loops sync.WaitGroup
+	for _, loop := range []func(context.Context){g.certs.run(g.cfg.CertReloadInterval), g.leaseLoop, g.flushLoop, g.revocationLoop} {
+		loops.Go(func() { loop(loopCtx) })
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("gateway serve: %w", err)
+	}
+	g.shutdown(loopCtx)
+	stopLoops()
+	loops.Wait()
+	g.finish()
+	return runErr
+}
+
+// shutdown drains the sessions and stops the gRPC server.
+func (g *Gateway) shutdown(ctx context.Context) {
+	g.draining.Store(true)
+	n := g.sessions.len()
+	g.log.InfoContext(ctx, "Gateway draining", "sessions", n, "drain_delay", g.cfg.DrainDelay.String())
+	if err := g.upsertRow(ctx); err != nil {
+		g.log.WarnContext(ctx, "Gateway row not marked draining", "error", err)
+	}
+	g.drainAll()
+	stopped := make(chan struct{})
+	go func() {
+		g.server.GracefulStop()
+		close(stopped)
+	}()
+	t := time.NewTimer(g.cfg.ShutdownGrace)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		g.server.Stop()
+		<-stopped
+	}
+}
+
+// finish writes what is left, releases the lease and deletes the row.
+func (g *Gateway) finish() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.flush(ctx, false); err != nil {
+		g.log.ErrorContext(ctx, "Final session write failed", "error", err)
+	}
+	if err := g.store.GatewayDelete(ctx, g.cfg.ID); err != nil {
+		g.log.WarnContext(ctx, "Gateway row not deleted", "error", err)
+	}
+	g.releaseLease()
+	g.log.InfoContext(ctx, "Gateway stopped")
+}

@@ -1,0 +1,207 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Limits on what a node sends in a session.
+const (
+	maxCapabilities   = 64
+	maxCapabilityLen  = 64
+	maxFactLen        = 128
+	maxDigestLen      = 128
+	maxEventKindLen   = 64
+	maxEventMessage   = 1024
+	maxEventAttrs     = 32
+	maxEventAttrLen   = 256
+	maxInventoryBytes = 1 << 20
+	// writeRate and writeBurst bound the inventory and event writes one
+	// session causes, so a misbehaving node cannot flood the database.
+	writeRate  = rate.Limit(1)
+	writeBurst = 20
+)
+
+// helloInfo is what the gateway keeps of Hello, checked.
+type helloInfo struct {
+	// capabilities in force: those of Hello the gateway supports, in
+	// Hello's order, without duplicates.
+	capabilities []string
+	// bcdVersion, os and arch are Hello's when well-formed, else empty.
+	bcdVersion, os, arch string
+}
+
+// negotiate checks Hello and picks the capabilities in force. It never
+// fails: what is malformed is ignored.
+func (g *Gateway) negotiate(h *sessionv1.Hello) *helloInfo {
+	info := &helloInfo{capabilities: []string{}}
+	for i, c := range h.GetCapabilities() {
+		if i >= maxCapabilities {
+			break
+		}
+		if len(c) > maxCapabilityLen || !g.caps[c] || slices.Contains(info.capabilities, c) {
+			continue
+		}
+		info.capabilities = append(info.capabilities, c)
+	}
+	if text(h.GetBcdVersion(), maxFactLen) && text(h.GetOs(), maxFactLen) && text(h.GetArch(), maxFactLen) {
+		info.bcdVersion, info.os, info.arch = h.GetBcdVersion(), h.GetOs(), h.GetArch()
+	}
+	return info
+}
+
+// changes reports whether Hello says something new about node n.
+func (h *helloInfo) changes(n *store.Node) bool {
+	if h.bcdVersion == "" && h.os == "" && h.arch == "" {
+		return false
+	}
+	return h.bcdVersion != n.BCDVersion || h.os != n.OS || h.arch != n.Arch
+}
+
+// handle acts on one message of an open session. Any message proves the
+// node alive. Malformed content is dropped; nothing a node sends can end the
+// session or fail the gateway.
+func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessage) {
+	g.pending.beat(s.id)
+	switch b := m.GetBody().(type) {
+	case *sessionv1.NodeMessage_Inventory:
+		g.inventory(ctx, s, b.Inventory)
+	case *sessionv1.NodeMessage_Event:
+		g.event(ctx, s, b.Event)
+	case *sessionv1.NodeMessage_CommandUpdate:
+		// Command dispatch and result ingestion come with the commands
+		// issue; until then updates are dropped.
+	case *sessionv1.NodeMessage_Heartbeat, *sessionv1.NodeMessage_Hello:
+		// Liveness only; a second Hello changes nothing.
+	default:
+		// A body this gateway does not know (a newer node): skipped.
+	}
+}
+
+// allowWrite reports whether the session may cause another write now.
+func (s *session) allowWrite() bool {
+	if s.writes == nil {
+		s.writes = rate.NewLimiter(writeRate, writeBurst)
+	}
+	return s.writes.Allow()
+}
+
+// inventory stores a node's inventory when its digest is new.
+func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inventory) {
+	digest := inv.GetDigest()
+	if digest == "" || !text(digest, maxDigestLen) || digest == s.inventoryDigest {
+		return
+	}
+	doc, err := protojson.Marshal(inv)
+	if err != nil || len(doc) > maxInventoryBytes {
+		g.log.WarnContext(ctx, "Inventory dropped", "node_id", s.nodeID, "bytes", len(doc), "error", err)
+		return
+	}
+	if !s.allowWrite() {
+		g.log.WarnContext(ctx, "Inventory dropped: too many writes", "node_id", s.nodeID)
+		return
+	}
+	if err := g.store.NodeSetInventory(ctx, s.nodeID, doc, digest); err != nil {
+		g.log.WarnContext(ctx, "Inventory not stored", "node_id", s.nodeID, "error", err)
+		return
+	}
+	s.inventoryDigest = digest
+}
+
+// severities maps the protocol's severities to the events table's words.
+var severities = map[sessionv1.Severity]string{
+	sessionv1.Severity_SEVERITY_INFO:     "info",
+	sessionv1.Severity_SEVERITY_WARNING:  "warning",
+	sessionv1.Severity_SEVERITY_ERROR:    "error",
+	sessionv1.Severity_SEVERITY_CRITICAL: "critical",
+}
+
+// eventPayload is the JSON payload of a node event.
+type eventPayload struct {
+	GPUUUID    string            `json:"gpuUuid,omitempty"`
+	XID        uint32            `json:"xid,omitempty"`
+	Attributes map[string]string `json:"attributes,omitempty"`
+	NodeTime   *time.Time        `json:"nodeTime,omitempty"`
+}
+
+// event records a node event. The event's time is the gateway's clock; the
+// node's own clock is kept in the payload.
+func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
+	kind := e.GetKind()
+	if kind == "" || !text(kind, maxEventKindLen) {
+		return
+	}
+	if !s.allowWrite() {
+		g.log.WarnContext(ctx, "Event dropped: too many writes", "node_id", s.nodeID, "kind", kind)
+		return
+	}
+	p := eventPayload{XID: e.GetXid()}
+	if text(e.GetGpuUuid(), maxEventAttrLen) {
+		p.GPUUUID = e.GetGpuUuid()
+	}
+	for k, v := range e.GetAttributes() {
+		if len(p.Attributes) >= maxEventAttrs {
+			break
+		}
+		if k != "" && text(k, maxEventAttrLen) && text(v, maxEventAttrLen) {
+			if p.Attributes == nil {
+				p.Attributes = map[string]string{}
+			}
+			p.Attributes[k] = v
+		}
+	}
+	if ts := e.GetTime(); ts != nil && ts.CheckValid() == nil {
+		t := ts.AsTime().UTC()
+		p.NodeTime = &t
+	}
+	payload, err := json.Marshal(p)
+	if err != nil {
+		return
+	}
+	sev, ok := severities[e.GetSeverity()]
+	if !ok {
+		sev = "info"
+	}
+	_, err = g.store.EventInsert(ctx, &store.Event{
+		NodeID: s.nodeID, Kind: kind, Severity: sev, Message: clean(e.GetMessage(), maxEventMessage),
+		Time: g.cfg.Now().UTC(), Payload: payload,
+	})
+	if err != nil {
+		g.log.WarnContext(ctx, "Event not stored", "node_id", s.nodeID, "kind", kind, "error", err)
+	}
+}
+
+// text reports whether s is at most max bytes of valid UTF-8 without
+// control characters.
+func text(s string, max int) bool {
+	if len(s) > max || !utf8.ValidString(s) {
+		return false
+	}
+	return strings.IndexFunc(s, unicode.IsControl) < 0
+}
+
+// clean cuts s to at most max bytes of valid UTF-8 and replaces control
+// characters with spaces.
+func clean(s string, max int) string {
+	if len(s) > max {
+		s = s[:max]
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}

@@ -1,0 +1,188 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// SecretAAD returns the additional data a secret named name is sealed with
+// (pki.Seal under the deployment secret): "better-compute secret " + name.
+// Whoever stores a secret for JoinService.Secret seals it with this.
+func SecretAAD(name string) []byte { return []byte("better-compute secret " + name) }
+
+// MaxSecretNameLen is the longest secret name JoinService.Secret accepts.
+const MaxSecretNameLen = 256
+
+// joinService implements JoinService.
+type joinService struct {
+	sessionv1.UnimplementedJoinServiceServer
+	g *Gateway
+}
+
+// Join admits a machine with its join token (package admission).
+func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessionv1.JoinResponse, error) {
+	g := j.g
+	f := req.GetFacts()
+	adm, err := g.admit.Join(ctx, &admission.Request{
+		Token: req.GetToken(),
+		CSR:   req.GetCsr(),
+		Facts: admission.Facts{
+			Hostname: f.GetHostname(), MachineID: f.GetMachineId(), OS: f.GetOs(), Arch: f.GetArch(),
+			BCDVersion: f.GetBcdVersion(), BootID: f.GetBootId(), Labels: f.GetLabels(),
+		},
+		Source: peerIP(ctx),
+		Via:    "gateway:" + g.cfg.ID,
+	})
+	if err != nil {
+		return nil, joinStatus(err)
+	}
+	return &sessionv1.JoinResponse{
+		NodeId:           adm.Node.ID,
+		CertificateChain: [][]byte{adm.Cert.CertDER},
+		NodeCaRoots:      g.rootsDER(),
+		TrustDomain:      g.bundle.TrustDomain,
+		SpiffeId:         adm.Cert.SPIFFEID,
+		Gateways:         g.regionGateways(ctx, adm.Site.Region),
+		RenewAfter:       timestamppb.New(adm.Cert.RenewAfter),
+		PoolId:           adm.Pool.ID,
+		SiteId:           adm.Site.ID,
+		Region:           adm.Site.Region,
+	}, nil
+}
+
+// joinStatus turns an admission error into the status a daemon sees: a clear
+// reason for a refusal, nothing of the system's errors.
+func joinStatus(err error) error {
+	var msg string
+	switch {
+	case errors.Is(err, admission.ErrTokenMalformed):
+		msg = "join token malformed: pass the whole token as join-tokens create printed it"
+	case errors.Is(err, store.ErrTokenInvalid):
+		msg = "join token unknown"
+	case errors.Is(err, store.ErrTokenExpired):
+		msg = "join token expired: create a new one with better-compute join-tokens create"
+	case errors.Is(err, store.ErrTokenRevoked):
+		msg = "join token revoked"
+	case errors.Is(err, store.ErrTokenExhausted):
+		msg = "join token used up: it reached its max uses"
+	case errors.Is(err, admission.ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	default:
+		return status.Error(codes.Internal, "join failed on the gateway; see its log")
+	}
+	return status.Error(codes.Unauthenticated, msg)
+}
+
+// rootsDER returns the node CA roots, DER-encoded.
+func (g *Gateway) rootsDER() [][]byte {
+	roots := g.bundle.NodeCARoots()
+	out := make([][]byte, len(roots))
+	for i, c := range roots {
+		out[i] = c.Raw
+	}
+	return out
+}
+
+// regionGateways lists the public URLs of the live gateways of region, this
+// one first when it serves the region. With none listed (a region without a
+// gateway of its own yet), it lists this one, so the node can connect.
+func (g *Gateway) regionGateways(ctx context.Context, region string) []string {
+	var urls []string
+	if region == g.cfg.Region {
+		urls = append(urls, g.publicURL)
+	}
+	gws, err := g.store.GatewayList(ctx)
+	if err != nil {
+		g.log.WarnContext(ctx, "Gateway list unavailable; answering with this gateway only", "error", err)
+	}
+	live := g.cfg.Now().Add(-2 * g.cfg.LeaseTTL)
+	for _, gw := range gws {
+		if gw.Region != region || gw.Draining || gw.HeartbeatAt.Before(live) || gw.Address == "" || slices.Contains(urls, gw.Address) {
+			continue
+		}
+		urls = append(urls, gw.Address)
+	}
+	if len(urls) == 0 {
+		urls = append(urls, g.publicURL)
+	}
+	return urls
+}
+
+// Renew issues a new certificate for the calling node.
+func (j *joinService) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*sessionv1.RenewResponse, error) {
+	g := j.g
+	id, err := g.authenticate(ctx, codes.Unauthenticated)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := g.admit.Renew(ctx, &admission.RenewRequest{
+		NodeID: id.nodeID, CSR: req.GetCsr(), Serial: id.serial, Source: peerIP(ctx), Via: "gateway:" + g.cfg.ID,
+	})
+	switch {
+	case errors.Is(err, admission.ErrInvalidRequest):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case err != nil:
+		return nil, g.internal(ctx, "renew", err)
+	}
+	// The session this node holds here now answers to the new serial: a
+	// later revocation of the old one does not end it.
+	g.sessions.renewed(id.nodeID, cert.Serial)
+	return &sessionv1.RenewResponse{
+		CertificateChain: [][]byte{cert.CertDER},
+		NodeCaRoots:      g.rootsDER(),
+		RenewAfter:       timestamppb.New(cert.RenewAfter),
+	}, nil
+}
+
+// Secret hands the calling node a secret sealed for it.
+func (j *joinService) Secret(ctx context.Context, req *sessionv1.SecretRequest) (*sessionv1.SecretResponse, error) {
+	g := j.g
+	id, err := g.authenticate(ctx, codes.PermissionDenied)
+	if err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	if name == "" || len(name) > MaxSecretNameLen {
+		return nil, status.Errorf(codes.InvalidArgument, "secret name must be 1 to %d bytes", MaxSecretNameLen)
+	}
+	entry := &store.AuditEntry{Actor: "node:" + id.nodeID, Action: "secret.read", Resource: "secret/" + name, SourceIP: peerIP(ctx)}
+	if g.cfg.Secret == "" {
+		return nil, status.Error(codes.Unavailable, "this gateway has no deployment secret to open secrets with")
+	}
+	s, err := g.store.SecretGet(ctx, name)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || (err == nil && s.NodeID != id.nodeID):
+		g.auditSecret(ctx, entry, admission.OutcomeRefused)
+		return nil, status.Errorf(codes.NotFound, "secret %q does not exist or is not granted to node %s", name, id.nodeID)
+	case err != nil:
+		return nil, g.internal(ctx, "secret", err)
+	}
+	value, err := pki.Open(g.cfg.Secret, s.Sealed, SecretAAD(name))
+	if err != nil {
+		return nil, g.internal(ctx, "secret", err)
+	}
+	g.auditSecret(ctx, entry, admission.OutcomeSuccess)
+	return &sessionv1.SecretResponse{Name: name, Value: value}, nil
+}
+
+func (g *Gateway) auditSecret(ctx context.Context, e *store.AuditEntry, outcome string) {
+	e.Outcome = outcome
+	e.Details, _ = json.Marshal(map[string]string{"via": "gateway:" + g.cfg.ID})
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := g.store.AuditInsert(actx, e); err != nil {
+		g.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, "error", err)
+	}
+}

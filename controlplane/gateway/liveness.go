@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// LeaseName returns the name of gateway id's lease, "gateway:<id>".
+func LeaseName(id string) string { return "gateway:" + id }
+
+// heartbeatChunk is the most session ids one SessionHeartbeatBatch call
+// carries, under the backends' limits on statement parameters.
+const heartbeatChunk = 5000
+
+// pending is what waits for the next flush: sessions heard from, and
+// sessions ended whose rows are still to be removed.
+type pending struct {
+	mu     sync.Mutex
+	beats  map[string]struct{}
+	closes []endedSession
+}
+
+type endedSession struct{ nodeID, sessionID string }
+
+func (p *pending) beat(sessionID string) {
+	p.mu.Lock()
+	p.beats[sessionID] = struct{}{}
+	p.mu.Unlock()
+}
+
+func (p *pending) close(nodeID, sessionID string) {
+	p.mu.Lock()
+	delete(p.beats, sessionID)
+	p.closes = append(p.closes, endedSession{nodeID, sessionID})
+	p.mu.Unlock()
+}
+
+// take empties p and returns what it held.
+func (p *pending) take() ([]string, []endedSession) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	beats := make([]string, 0, len(p.beats))
+	for id := range p.beats {
+		beats = append(beats, id)
+	}
+	clear(p.beats)
+	closes := p.closes
+	p.closes = nil
+	return beats, closes
+}
+
+// putBack returns what a failed flush took, for the next one.
+func (p *pending) putBack(beats []string, closes []endedSession) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range beats {
+		p.beats[id] = struct{}{}
+	}
+	p.closes = append(closes, p.closes...)
+}
+
+// flushLoop writes heartbeats and ended sessions every FlushInterval.
+func (g *Gateway) flushLoop(ctx context.Context) {
+	t := time.NewTicker(g.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := g.flush(ctx, true); err != nil && ctx.Err() == nil {
+				g.log.WarnContext(ctx, "Heartbeat write failed; retrying at the next flush", "error", err)
+			}
+		}
+	}
+}
+
+// flush writes, in one transaction (fenced on the gateway lease when
+// fenced is set), the rows of ended sessions and the liveness of the
+// sessions heard from, and reads back which sessions the database still
+// gives this gateway. Sessions it no longer does were superseded elsewhere
+// (or removed): they are closed.
+func (g *Gateway) flush(ctx context.Context, fenced bool) error {
+	g.flushMu.Lock()
+	defer g.flushMu.Unlock()
+	beats, closes := g.pending.take()
+	// Sessions are registered after their row commits, so every session in
+	// this snapshot has a row unless something removed it.
+	local := g.sessions.snapshot()
+	var rows []*store.Session
+	var err error
+	if len(beats) == 0 && len(closes) == 0 {
+		if len(local) == 0 {
+			return nil
+		}
+		rows, err = g.store.SessionList(ctx, g.cfg.ID)
+	} else {
+		write := func(tx store.Store) error {
+			for _, c := range closes {
+				if err := tx.SessionClose(ctx, c.nodeID, c.sessionID); err != nil {
+					return err
+				}
+			}
+			for i := 0; i < len(beats); i += heartbeatChunk {
+				if _, err := tx.SessionHeartbeatBatch(ctx, g.cfg.ID, beats[i:min(i+heartbeatChunk, len(beats))], nil); err != nil {
+					return err
+				}
+			}
+			if len(local) > 0 {
+				var err error
+				rows, err = tx.SessionList(ctx, g.cfg.ID)
+				return err
+			}
+			return nil
+		}
+		if fenced {
+			err = g.store.FencedTx(ctx, *g.fence.Load(), write)
+		} else {
+			err = g.store.Tx(ctx, write)
+		}
+		if err != nil {
+			g.pending.putBack(beats, closes)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("flush sessions: %w", err)
+	}
+	current := make(map[string]struct{}, len(rows))
+	for _, r := range rows {
+		current[r.SessionID] = struct{}{}
+	}
+	for _, s := range local {
+		if _, ok := current[s.id]; !ok && s.terminate("superseded by a newer session on another gateway", nil, 0) {
+			g.log.InfoContext(ctx, "Session superseded elsewhere; closed", "node_id", s.nodeID, "session_id", s.id)
+		}
+	}
+	return nil
+}
+
+// acquireLease takes the gateway's lease at start.
+func (g *Gateway) acquireLease(ctx context.Context) error {
+	name := LeaseName(g.cfg.ID)
+	l, ok, err := g.store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: g.cfg.ID, TTL: g.cfg.LeaseTTL})
+	switch {
+	case err != nil:
+		return fmt.Errorf("gateway lease %s: %w", name, err)
+	case !ok:
+		return fmt.Errorf("gateway lease %s is held by another process: is a gateway with id %s running?", name, g.cfg.ID)
+	}
+	g.fence.Store(&store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch})
+	return nil
+}
+
+// leaseLoop renews the lease and refreshes the gateways row.
+func (g *Gateway) leaseLoop(ctx context.Context) {
+	t := time.NewTicker(g.cfg.LeaseRenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.renewLease(ctx)
+		if err := g.upsertRow(ctx); err != nil && ctx.Err() == nil {
+			g.log.WarnContext(ctx, "Gateway row not refreshed", "error", err)
+		}
+	}
+}
+
+// renewLease renews the lease, and takes it again (at a new epoch) when it
+// was lost, as after the database was unreachable for longer than its TTL.
+func (g *Gateway) renewLease(ctx context.Context) {
+	f := g.fence.Load()
+	_, ok, err := g.store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: f.Lease, Holder: f.Holder, Epoch: f.Epoch, TTL: g.cfg.LeaseTTL})
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			g.log.WarnContext(ctx, "Gateway lease not renewed", "error", err)
+		}
+	case !ok:
+		g.log.WarnContext(ctx, "Gateway lease lost; taking it again", "lease", f.Lease, "epoch", f.Epoch)
+		if err := g.acquireLease(ctx); err != nil {
+			g.log.ErrorContext(ctx, "Gateway lease not taken again", "error", err)
+		}
+	}
+}
+
+// releaseLease gives the lease up at shutdown.
+func (g *Gateway) releaseLease() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if f := g.fence.Load(); f != nil {
+		if err := g.store.LeaseRelease(ctx, f.Lease, f.Holder, f.Epoch); err != nil {
+			g.log.WarnContext(ctx, "Gateway lease not released; it expires on its own", "error", err)
+		}
+	}
+}
+
+// upsertRow writes the gateways row.
+func (g *Gateway) upsertRow(ctx context.Context) error {
+	_, err := g.store.GatewayUpsert(ctx, &store.GatewayUpsertParams{
+		ID: g.cfg.ID, Region: g.cfg.Region, Address: g.publicURL, Version: g.cfg.Version,
+		Sessions: g.sessions.len(), MaxStreams: g.cfg.MaxStreams, Draining: g.draining.Load(),
+	})
+	return err
+}

@@ -1,0 +1,333 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// TrailerRetryAfter is the trailer of a refused Connect that says, in
+// milliseconds, when to try again.
+const TrailerRetryAfter = "retry-after-ms"
+
+// ErrNoSession is returned by Send when the node holds no session on this
+// gateway.
+var ErrNoSession = errors.New("node has no session on this gateway")
+
+// revokedGrace is how long a revoked session's connection stays open after
+// Revoked is sent, for the message to reach the node.
+const revokedGrace = 500 * time.Millisecond
+
+// session is one node's Connect stream. Its fields above the line are set
+// before it is shared; the handler goroutine alone uses the ones below.
+type session struct {
+	nodeID      string
+	id          string
+	epoch       int64
+	connectedAt time.Time // database clock
+	conn        *trackedConn
+	stream      sessionv1.SessionService_ConnectServer
+
+	serial atomic.Pointer[string] // certificate serial the session answers to
+	closed atomic.Bool            // ended from outside
+	reason atomic.Pointer[string] // why, once closed
+
+	sendMu sync.Mutex
+	seq    uint64 // last GatewayMessage.seq sent; under sendMu
+	ended  bool   // the handler returned; under sendMu
+
+	// handler goroutine only
+	inventoryDigest string
+	writes          *rate.Limiter // inventory and event writes, made on first use
+}
+
+// sessionService implements SessionService.
+type sessionService struct {
+	sessionv1.UnimplementedSessionServiceServer
+	g *Gateway
+}
+
+// Connect runs one session; see the package documentation.
+func (ss *sessionService) Connect(stream sessionv1.SessionService_ConnectServer) error {
+	return ss.g.connect(stream)
+}
+
+func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
+	ctx := stream.Context()
+	if g.draining.Load() {
+		return status.Error(codes.Unavailable, "gateway is draining: connect to another gateway of the region")
+	}
+	// A cheap refusal first, so a storm beyond capacity costs no database
+	// reads; the reservation below is the exact one.
+	if g.streams.Load() >= int64(g.cfg.MaxStreams) {
+		return g.full(stream)
+	}
+	id, err := g.authenticate(ctx, codes.PermissionDenied)
+	if err != nil {
+		return err
+	}
+	if n := g.streams.Add(1); n > int64(g.cfg.MaxStreams) {
+		g.streams.Add(-1)
+		return g.full(stream)
+	}
+	defer g.streams.Add(-1)
+
+	conn := g.ln.conn(id.addr)
+	hello, err := g.awaitHello(stream, conn)
+	if err != nil {
+		return err
+	}
+	h := g.negotiate(hello)
+	s := &session{nodeID: id.nodeID, id: store.NewID("sess"), conn: conn, stream: stream}
+	s.serial.Store(&id.serial)
+	if err := g.open(ctx, s, id, h); err != nil {
+		return err
+	}
+	defer g.end(s)
+
+	err = s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Welcome{Welcome: &sessionv1.Welcome{
+		SessionId:         s.id,
+		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
+		ServerTime:        timestamppb.New(g.cfg.Now()),
+		Capabilities:      h.capabilities,
+		NodeId:            s.nodeID,
+		GatewayId:         g.cfg.ID,
+	}}})
+	if err != nil {
+		return err
+	}
+	g.log.InfoContext(ctx, "Session opened", "node_id", s.nodeID, "session_id", s.id, "epoch", s.epoch,
+		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
+	for {
+		msg, err := stream.Recv()
+		if s.closed.Load() {
+			return status.Error(codes.Aborted, s.closeReason())
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return err
+		}
+		g.handle(ctx, s, msg)
+	}
+}
+
+// full refuses a stream beyond MaxStreams with a retry hint.
+func (g *Gateway) full(stream sessionv1.SessionService_ConnectServer) error {
+	d := g.cfg.RetryAfter + rand.N(g.cfg.RetryAfter+1)
+	stream.SetTrailer(metadata.Pairs(TrailerRetryAfter, strconv.FormatInt(d.Milliseconds(), 10)))
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("gateway %s is full (%d sessions): retry in %s or connect to another gateway of the region",
+		g.cfg.ID, g.cfg.MaxStreams, d.Round(time.Millisecond)))
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
+}
+
+// awaitHello reads the first message, which must be Hello and must come
+// within HelloTimeout; after that the connection is closed.
+func (g *Gateway) awaitHello(stream sessionv1.SessionService_ConnectServer, conn *trackedConn) (*sessionv1.Hello, error) {
+	var timer *time.Timer
+	if conn != nil {
+		timer = time.AfterFunc(g.cfg.HelloTimeout, func() { conn.Close() })
+	}
+	msg, err := stream.Recv()
+	if timer != nil && !timer.Stop() {
+		return nil, status.Errorf(codes.DeadlineExceeded, "no Hello within %s", g.cfg.HelloTimeout)
+	}
+	if err != nil {
+		return nil, err
+	}
+	hello := msg.GetHello()
+	if hello == nil {
+		return nil, status.Error(codes.InvalidArgument, "the first message of a session must be Hello")
+	}
+	return hello, nil
+}
+
+// open records the session, supersedes older ones and marks the node ready.
+func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloInfo) error {
+	var previous *store.Session
+	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+		row, prev, err := tx.SessionOpen(ctx, &store.SessionOpenParams{
+			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(),
+		})
+		if err != nil {
+			return err
+		}
+		s.epoch, s.connectedAt, previous = row.Epoch, row.ConnectedAt, prev
+		n, err := tx.NodeGet(ctx, s.nodeID)
+		if err != nil {
+			return err
+		}
+		switch n.State {
+		case store.NodeJoined, store.NodeUnreachable, store.NodePoweredOff:
+			if err := tx.NodeSetState(ctx, s.nodeID, store.NodeReady); err != nil {
+				return err
+			}
+		}
+		if h.changes(n) {
+			_, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
+				ID: n.ID, PoolID: n.PoolID, Hostname: n.Hostname, MachineID: n.MachineID, Labels: n.Labels,
+				BCDVersion: h.bcdVersion, OS: h.os, Arch: h.arch, CertSerial: n.CertSerial, CertNotAfter: n.CertNotAfter,
+			})
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, store.ErrFenced):
+		return status.Error(codes.Unavailable, "gateway is renewing its lease: retry shortly")
+	case err != nil:
+		g.log.ErrorContext(ctx, "Session not opened", "node_id", s.nodeID, "error", err)
+		return status.Error(codes.Unavailable, "cannot record the session now: retry shortly")
+	}
+	replaced, current := g.sessions.add(s)
+	if !current {
+		// A newer session of the node opened here meanwhile.
+		g.pending.close(s.nodeID, s.id)
+		return status.Error(codes.Aborted, "superseded by a newer session of this node")
+	}
+	if replaced != nil {
+		replaced.supersede(s)
+	}
+	if previous != nil && previous.GatewayID != g.cfg.ID {
+		g.log.InfoContext(ctx, "Session superseded a session on another gateway", "node_id", s.nodeID,
+			"session_id", s.id, "previous_gateway_id", previous.GatewayID)
+	}
+	return nil
+}
+
+// end forgets an ended session and queues its row's removal.
+func (g *Gateway) end(s *session) {
+	s.sendMu.Lock()
+	s.ended = true
+	s.sendMu.Unlock()
+	g.sessions.remove(s)
+	g.pending.close(s.nodeID, s.id)
+	g.log.Info("Session closed", "node_id", s.nodeID, "session_id", s.id, "reason", s.closeReason())
+}
+
+// Send sends msg to the node's session on this gateway, numbered with the
+// session's next GatewayMessage.seq (msg itself is not changed). It is the
+// seam command dispatch uses. It fails with ErrNoSession when the node
+// holds no session here, and with the stream's error when the send fails.
+func (g *Gateway) Send(nodeID string, msg *sessionv1.GatewayMessage) error {
+	s := g.sessions.get(nodeID)
+	if s == nil || s.closed.Load() {
+		return ErrNoSession
+	}
+	return s.send(msg)
+}
+
+// send numbers msg and sends it; sends are serialised.
+func (s *session) send(msg *sessionv1.GatewayMessage) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if s.ended {
+		return ErrNoSession
+	}
+	s.seq++
+	return s.stream.Send(&sessionv1.GatewayMessage{Seq: s.seq, Body: msg.Body})
+}
+
+// terminate ends the session from outside: final, when given, is sent
+// first and the connection closed grace later (or at once when the send
+// fails); without final the connection is closed at once. It reports
+// whether this call ended the session.
+func (s *session) terminate(reason string, final *sessionv1.GatewayMessage, grace time.Duration) bool {
+	if !s.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	s.reason.Store(&reason)
+	if final == nil {
+		s.closeConn()
+		return true
+	}
+	// The timer also frees a send blocked on flow control.
+	t := time.AfterFunc(grace, s.closeConn)
+	if err := s.send(final); err != nil {
+		t.Stop()
+		s.closeConn()
+	}
+	return true
+}
+
+// supersede ends s in favour of newer. When both share a connection (a
+// client that opened a second stream on it), s ends at its next message
+// instead, so newer survives.
+func (s *session) supersede(newer *session) {
+	if s.conn != nil && s.conn == newer.conn {
+		if s.closed.CompareAndSwap(false, true) {
+			reason := "superseded by session " + newer.id
+			s.reason.Store(&reason)
+		}
+		return
+	}
+	s.terminate("superseded by session "+newer.id, nil, 0)
+}
+
+func (s *session) closeConn() {
+	if s.conn != nil {
+		s.conn.Close()
+	}
+}
+
+func (s *session) closeReason() string {
+	if r := s.reason.Load(); r != nil {
+		return *r
+	}
+	return "stream ended"
+}
+
+// drainAll sends Drain to every session, each with its own random delay up
+// to DrainDelay, giving up after ShutdownGrace (a blocked send is freed when
+// the connections close).
+func (g *Gateway) drainAll() {
+	all := g.sessions.snapshot()
+	work := make(chan *session)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range min(8, len(all)) {
+		wg.Go(func() {
+			for s := range work {
+				delay := time.Duration(rand.Int64N(int64(g.cfg.DrainDelay) + 1))
+				_ = s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{
+					Delay: durationpb.New(delay), Reason: "gateway shutting down",
+				}}})
+			}
+		})
+	}
+	go func() {
+		for _, s := range all {
+			work <- s
+		}
+		close(work)
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(g.cfg.ShutdownGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		g.log.Warn("Drain not sent to every session within the grace", "sessions", len(all))
+	}
+}

@@ -1,0 +1,440 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+func TestConnect(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-10", "")
+		s := e.connect(g, n)
+		w := s.welcome
+		if w.NodeId != n.id || w.GatewayId != g.ID() || w.SessionId == "" || w.HeartbeatInterval.AsDuration() != 10*time.Second ||
+			time.Since(w.ServerTime.AsTime()).Abs() > time.Minute || strings.Join(w.Capabilities, ",") != "exec,inventory.v1" {
+			t.Fatalf("welcome = %+v", w)
+		}
+		row, err := e.st.SessionGet(ctx, n.id)
+		if err != nil || row.SessionID != w.SessionId || row.GatewayID != g.ID() || row.Epoch != 1 {
+			t.Fatalf("session row = %+v, %v", row, err)
+		}
+		nd, _ := e.st.NodeGet(ctx, n.id)
+		if nd.State != store.NodeReady || nd.BCDVersion != "0.1.1" {
+			t.Fatalf("node after connect = %+v", nd)
+		}
+		gw, err := e.st.GatewayGet(ctx, g.ID())
+		if err != nil || gw.Address != g.PublicURL() || gw.Region != "eu-1" || gw.MaxStreams != 5000 {
+			t.Fatalf("gateway row = %+v, %v", gw, err)
+		}
+		if l, err := e.st.LeaseGet(ctx, LeaseName(g.ID())); err != nil || l.Holder != g.ID() || time.Until(l.ExpiresAt) <= 0 {
+			t.Fatalf("lease = %+v, %v", l, err)
+		}
+
+		// Inventory and events are stored.
+		send := func(m *sessionv1.NodeMessage) {
+			if err := s.stream.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: &sessionv1.Inventory{
+			Digest: "d1", Gpus: []*sessionv1.GPU{{Name: "NVIDIA A100-SXM4-40GB"}},
+		}}})
+		send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
+			Kind: "gpu.xid", Xid: 79, Severity: sessionv1.Severity_SEVERITY_CRITICAL, Message: "fallen off the bus",
+		}}})
+		eventually(t, 5*time.Second, "inventory and event stored", func() bool {
+			nd, _ := e.st.NodeGet(ctx, n.id)
+			evs, _ := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
+			return nd.InventoryDigest == "d1" && strings.Contains(string(nd.Inventory), "A100") &&
+				len(evs) == 1 && evs[0].Severity == "critical" && evs[0].Kind == "gpu.xid"
+		})
+
+		// The Send seam numbers messages after Welcome.
+		if err := g.Send(n.id, &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{Reason: "test"}}}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.stream.Recv()
+		if err != nil || m.GetDrain().GetReason() != "test" || m.Seq != 2 {
+			t.Fatalf("sent message = %v, %v", m, err)
+		}
+		if err := g.Send("node_unknown", &sessionv1.GatewayMessage{}); !errors.Is(err, ErrNoSession) {
+			t.Fatalf("send to a node without a session: %v", err)
+		}
+	})
+}
+
+func TestConnectRefused(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-11", "")
+
+		// No client certificate.
+		_, err := e.tryConnect(g, nil)
+		st := wantCode(t, err, codes.Unauthenticated)
+		if !strings.Contains(st.Message(), "client certificate is required") {
+			t.Fatalf("message %q", st.Message())
+		}
+
+		// A certificate from another deployment's node CA, for this node id:
+		// the handshake itself fails.
+		other, err := pki.Init(pki.InitOptions{TrustDomain: testTrustDomain})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, csr := newKey(t)
+		foreign, err := other.IssueNode(csr, n.id, pki.IssueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The client sees the server's alert ("unknown certificate
+		// authority") or, when its write comes first, a broken connection.
+		_, err = e.tryConnect(g, &tls.Certificate{Certificate: [][]byte{foreign.CertDER}, PrivateKey: key})
+		wantCode(t, err, codes.Unavailable)
+
+		// A certificate of this CA whose SPIFFE ID names a node that is not
+		// a node of this deployment.
+		stray, err := e.bundle.IssueNode(csr, "node-that-never-joined", pki.IssueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.tryConnect(g, &tls.Certificate{Certificate: [][]byte{stray.CertDER}, PrivateKey: key})
+		st = wantCode(t, err, codes.PermissionDenied)
+		if !strings.Contains(st.Message(), "node-that-never-joined") {
+			t.Fatalf("stray node: message %q", st.Message())
+		}
+
+		// A certificate naming another (real) node, with a revoked serial.
+		victim := e.join(g, "gpu-12", "")
+		forged, err := e.bundle.IssueNode(csr, victim.id, pki.IssueOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.st.RevocationInsert(ctx, &store.Revocation{Serial: forged.Serial, Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.tryConnect(g, &tls.Certificate{Certificate: [][]byte{forged.CertDER}, PrivateKey: key})
+		st = wantCode(t, err, codes.PermissionDenied)
+		if !strings.Contains(st.Message(), "revoked") {
+			t.Fatalf("revoked: message %q", st.Message())
+		}
+		if rows, _ := e.st.SessionList(ctx, ""); len(rows) != 0 {
+			t.Fatalf("refused connects left sessions: %+v", rows)
+		}
+
+		// The first message must be Hello.
+		cc := e.dial(g, &n.cert)
+		stream, err := sessionv1.NewSessionServiceClient(cc).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}})
+		_, err = stream.Recv()
+		wantCode(t, err, codes.InvalidArgument)
+	})
+}
+
+func TestHelloTimeout(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0].open(t))
+	g := e.start(func(c *Config) { c.HelloTimeout = 300 * time.Millisecond })
+	n := e.join(g, "gpu-13", "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := sessionv1.NewSessionServiceClient(e.dial(g, &n.cert)).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := stream.Recv(); err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("silent stream: %v after %s", err, time.Since(start))
+	}
+}
+
+func TestRevokedSessionClosed(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-20", "")
+		bystander := e.join(g, "gpu-21", "")
+		s := e.connect(g, n)
+		sb := e.connect(g, bystander)
+		nd, _ := e.st.NodeGet(ctx, n.id)
+		start := time.Now()
+		if err := e.st.RevocationInsert(ctx, &store.Revocation{Serial: nd.CertSerial, NodeID: n.id, Reason: "stolen"}); err != nil {
+			t.Fatal(err)
+		}
+		msgs, _ := awaitEnd(t, s, 5*time.Second)
+		if len(msgs) != 1 || !strings.Contains(msgs[0].GetRevoked().GetReason(), "stolen") {
+			t.Fatalf("messages before the end: %v, want Revoked", msgs)
+		}
+		t.Logf("revoked session closed after %s", time.Since(start))
+		// It cannot come back; the bystander stays.
+		_, err := e.tryConnect(g, &n.cert)
+		wantCode(t, err, codes.PermissionDenied)
+		if err := sb.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "revoked session row removed", func() bool {
+			_, err := e.st.SessionGet(ctx, n.id)
+			return errors.Is(err, store.ErrNotFound)
+		})
+		if g.Sessions() != 1 {
+			t.Fatalf("sessions = %d, want the bystander's", g.Sessions())
+		}
+	})
+}
+
+func TestSupersede(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-30", "")
+		old := e.connect(g, n)
+		start := time.Now()
+		newer := e.connect(g, n)
+		if _, err := awaitEnd(t, old, 2*time.Second); err == nil {
+			t.Fatal("superseded stream ended without error")
+		}
+		t.Logf("superseded session closed after %s", time.Since(start))
+		row, err := e.st.SessionGet(ctx, n.id)
+		if err != nil || row.SessionID != newer.welcome.SessionId || row.Epoch != 2 {
+			t.Fatalf("session row = %+v, %v", row, err)
+		}
+		if err := newer.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
+			t.Fatal(err)
+		}
+		// The old session's delayed row removal leaves the newer row.
+		time.Sleep(1500 * time.Millisecond)
+		if row, err := e.st.SessionGet(ctx, n.id); err != nil || row.SessionID != newer.welcome.SessionId {
+			t.Fatalf("after flush: session row = %+v, %v", row, err)
+		}
+		if g.Sessions() != 1 {
+			t.Fatalf("sessions = %d", g.Sessions())
+		}
+	})
+}
+
+func TestSupersededOnAnotherGateway(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b.open(t))
+		g1 := e.start(nil)
+		g2 := e.start(nil)
+		n := e.join(g1, "gpu-31", "")
+		if got := n.resp.Gateways; len(got) != 2 || got[0] != g1.PublicURL() || got[1] != g2.PublicURL() {
+			t.Fatalf("gateways = %v, want %s then %s", got, g1.PublicURL(), g2.PublicURL())
+		}
+		old := e.connect(g1, n)
+		start := time.Now()
+		e.connect(g2, n)
+		if _, err := awaitEnd(t, old, 5*time.Second); err == nil {
+			t.Fatal("stream ended without error")
+		}
+		t.Logf("session superseded on the other gateway closed after %s", time.Since(start))
+		eventually(t, 3*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
+	})
+}
+
+func TestMaxStreams(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b.open(t))
+		g := e.start(func(c *Config) { c.MaxStreams = 1; c.RetryAfter = 2 * time.Second })
+		a := e.join(g, "gpu-40", "")
+		bn := e.join(g, "gpu-41", "")
+		e.connect(g, a)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stream, err := sessionv1.NewSessionServiceClient(e.dial(g, &bn.cert)).Connect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: &sessionv1.Hello{}}})
+		_, err = stream.Recv()
+		st := wantCode(t, err, codes.ResourceExhausted)
+		ms, perr := strconv.Atoi(firstValue(stream.Trailer(), TrailerRetryAfter))
+		if perr != nil || ms < 2000 || ms > 4000 {
+			t.Fatalf("retry-after-ms trailer = %v", stream.Trailer())
+		}
+		var hint *errdetails.RetryInfo
+		for _, d := range st.Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				hint = ri
+			}
+		}
+		if hint == nil || hint.RetryDelay.AsDuration().Milliseconds() != int64(ms) {
+			t.Fatalf("status details = %v, want RetryInfo of %d ms", st.Details(), ms)
+		}
+	})
+}
+
+func firstValue(md metadata.MD, key string) string {
+	if v := md.Get(key); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func TestHeartbeatsBatched(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		cs := &countingStore{Store: b.open(t)}
+		e := newEnv(t, cs)
+		g := e.start(nil)
+		var sessions []*clientSession
+		var nodes []*node
+		for i := range 5 {
+			n := e.join(g, "gpu-5"+strconv.Itoa(i), "")
+			nodes = append(nodes, n)
+			sessions = append(sessions, e.connect(g, n))
+		}
+		before, _ := e.st.SessionGet(ctx, nodes[0].id)
+		writes0, ids0 := cs.heartbeatWrites.Load(), cs.heartbeatIDs.Load()
+		start := time.Now()
+		beats := 0
+		for time.Since(start) < 3*time.Second {
+			for _, s := range sessions {
+				if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
+					t.Fatal(err)
+				}
+				beats++
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(1200 * time.Millisecond)
+		elapsed := time.Since(start)
+		writes, ids := cs.heartbeatWrites.Load()-writes0, cs.heartbeatIDs.Load()-ids0
+		t.Logf("%d heartbeats in %s: %d writes carrying %d session ids", beats, elapsed, writes, ids)
+		if max := int64(elapsed/time.Second) + 1; writes > max || writes < 2 {
+			t.Fatalf("%d heartbeat writes in %s, want 2 to %d (one per second)", writes, elapsed, max)
+		}
+		if ids > writes*5 {
+			t.Fatalf("%d session ids in %d writes: more than one per session per write", ids, writes)
+		}
+		after, _ := e.st.SessionGet(ctx, nodes[0].id)
+		if !after.LastHeartbeatAt.After(before.LastHeartbeatAt) {
+			t.Fatalf("last heartbeat %v not after %v", after.LastHeartbeatAt, before.LastHeartbeatAt)
+		}
+		if nd, _ := e.st.NodeGet(ctx, nodes[0].id); nd.LastSeenAt == nil || nd.LastSeenAt.Before(after.LastHeartbeatAt) {
+			t.Fatalf("node last seen %v", nd.LastSeenAt)
+		}
+	})
+}
+
+func TestShutdownDrains(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(func(c *Config) { c.DrainDelay = 30 * time.Second; c.ShutdownGrace = time.Second })
+		n := e.join(g, "gpu-60", "")
+		s := e.connect(g, n)
+		go g.cancel()
+		msgs, err := awaitEnd(t, s, 10*time.Second)
+		if len(msgs) != 1 || msgs[0].GetDrain() == nil || msgs[0].GetDrain().Delay.AsDuration() > 30*time.Second {
+			t.Fatalf("messages before the end: %v (%v), want one Drain", msgs, err)
+		}
+		g.stop(t)
+		if rows, _ := e.st.SessionList(ctx, ""); len(rows) != 0 {
+			t.Fatalf("session rows left: %+v", rows)
+		}
+		if _, err := e.st.GatewayGet(ctx, g.ID()); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("gateway row after shutdown: %v", err)
+		}
+		if l, err := e.st.LeaseGet(ctx, LeaseName(g.ID())); err != nil || l.Holder != "" {
+			t.Fatalf("lease after shutdown = %+v, %v; want released", l, err)
+		}
+	})
+}
+
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0].open(t))
+	g := e.start(func(c *Config) {
+		c.CertReloadInterval = 100 * time.Millisecond
+		c.HandshakeRate = 10
+		c.HandshakeBurst = 1
+	})
+	handshake := func(cfg *tls.Config) (*tls.ConnectionState, error) {
+		cfg.NextProtos = []string{"h2"}
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", g.Addr().String(), cfg)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		st := c.ConnectionState()
+		return &st, nil
+	}
+	old := e.clientTLS(nil)
+	old.MinVersion, old.MaxVersion = tls.VersionTLS12, tls.VersionTLS12
+	if _, err := handshake(old); err == nil {
+		t.Fatal("a TLS 1.2 handshake succeeded")
+	}
+
+	// Handshakes are admitted at the configured rate.
+	start := time.Now()
+	for range 6 {
+		if _, err := handshake(e.clientTLS(nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Fatalf("6 handshakes at 10/s with burst 1 took %s", d)
+	}
+
+	// A new certificate in the files is served to new handshakes.
+	first, err := handshake(e.clientTLS(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPath := filepath.Join(e.dir, bootstrap.GatewayCertFile)
+	if _, _, err := bootstrap.WriteGatewayCert(e.bundle, e.dir, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(certPath); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "new certificate served", func() bool {
+		st, err := handshake(e.clientTLS(nil))
+		return err == nil && st.PeerCertificates[0].SerialNumber.Cmp(first.PeerCertificates[0].SerialNumber) != 0
+	})
+}
+
+func TestDrainingRefusesNewSessions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0].open(t))
+	g := e.start(nil)
+	n := e.join(g, "gpu-70", "")
+	g.draining.Store(true)
+	_, err := e.tryConnect(g, &n.cert)
+	wantCode(t, err, codes.Unavailable)
+}
