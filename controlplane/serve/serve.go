@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -28,6 +29,9 @@ type Options struct {
 	// APIReady, when set, receives the API server once it listens (tests
 	// and dev use it to learn the bound address).
 	APIReady func(*api.Server)
+	// GatewayReady, when set, receives the gateway once it listens and
+	// holds its lease (Addr and PublicURL are then valid).
+	GatewayReady func(*gateway.Gateway)
 }
 
 // Run migrates (unless NoMigrate), then runs the configured roles until ctx
@@ -36,6 +40,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	log := opts.Log
 	if err := prepareSchema(ctx, st, opts.NoMigrate, log); err != nil {
 		return err
+	}
+	// The gateway is built first: a missing PKI stops serve before any
+	// listener opens.
+	var gw *gateway.Gateway
+	if cfg.Runs("gateway") {
+		var err error
+		if gw, err = newGateway(ctx, cfg, st, opts); err != nil {
+			return err
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if cfg.Runs("api") {
@@ -57,6 +70,19 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 				select {
 				case <-srv.Ready():
 					opts.APIReady(srv)
+				case <-ctx.Done():
+				}
+				return nil
+			})
+		}
+	}
+	if gw != nil {
+		g.Go(func() error { return gw.Run(ctx) })
+		if opts.GatewayReady != nil {
+			g.Go(func() error {
+				select {
+				case <-gw.Ready():
+					opts.GatewayReady(gw)
 				case <-ctx.Done():
 				}
 				return nil

@@ -1,0 +1,61 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// newGateway builds the gateway role. The embedded default makes its PKI,
+// gateway certificate and default site and pool on first start; with
+// PostgreSQL the operator runs pki init and pki issue-gateway first.
+func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options) (*gateway.Gateway, error) {
+	gc := cfg.Host.Gateway
+	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
+	var bundle *pki.Bundle
+	if cfg.Embedded {
+		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region)
+		if err != nil {
+			return nil, fmt.Errorf("gateway role: %w", err)
+		}
+		if setup.Initialised {
+			opts.Log.InfoContext(ctx, "PKI initialised for the embedded default", "trust_domain", setup.Bundle.TrustDomain,
+				"gateway_cert", setup.CertFile)
+		}
+		bundle = setup.Bundle
+		if certFile == "" && keyFile == "" {
+			certFile, keyFile = setup.CertFile, setup.KeyFile
+		}
+	} else {
+		b, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
+		if errors.Is(err, bootstrap.ErrNoBundle) {
+			return nil, fmt.Errorf("gateway role: %w: run better-compute pki init --trust-domain <domain> first, then pki issue-gateway", err)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("gateway role: %w", err)
+		}
+		bundle = b
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
+	}
+	return gateway.New(gateway.Config{
+		Listen:            gc.Listen,
+		PublicURL:         gc.PublicURL,
+		Region:            gc.Region,
+		CertFile:          certFile,
+		KeyFile:           keyFile,
+		MaxStreams:        gc.MaxStreams,
+		HeartbeatInterval: gc.HeartbeatInterval.Duration,
+		DrainDelay:        gc.DrainDelay.Duration,
+		NodeCertTTL:       gc.NodeCertTTL.Duration,
+		Secret:            cfg.Secret,
+		Version:           opts.Version,
+	}, st, bundle, opts.Log)
+}
