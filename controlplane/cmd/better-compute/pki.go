@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// pkiCmd groups the PKI commands (docs/pki.md).
+func pkiCmd(e *env) *cobra.Command {
+	c := &cobra.Command{Use: "pki", Short: "Initialise the machine PKI, issue gateway certificates, revoke node certificates"}
+	c.AddCommand(pkiInitCmd(e), pkiIssueGatewayCmd(e), pkiRevokeCmd(e))
+	return c
+}
+
+func pkiInitCmd(e *env) *cobra.Command {
+	var trustDomain, out string
+	cmd := &cobra.Command{
+		Use:   "init --trust-domain D",
+		Short: "Make the node, gateway and internal CAs and store them sealed under the deployment secret (once per deployment)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			if err := pki.ValidateTrustDomain(trustDomain); err != nil {
+				return usageError{fmt.Errorf("--trust-domain: %w", err)}
+			}
+			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
+				ctx := cmd.Context()
+				if existing, err := st.PKIBundleGet(ctx); err == nil {
+					return fmt.Errorf("the database already holds a PKI bundle for trust domain %s (made %s): pki init runs once per deployment",
+						existing.TrustDomain, existing.CreatedAt.UTC().Format(time.RFC3339))
+				}
+				b, err := bootstrap.InitBundle(ctx, st, cfg.Secret, trustDomain)
+				if err != nil {
+					return err
+				}
+				details, _ := json.Marshal(map[string]string{"trustDomain": trustDomain})
+				if err := audit(ctx, st, "pki.init", "pki", details); err != nil {
+					return err
+				}
+				res := struct {
+					TrustDomain    string    `json:"trustDomain"`
+					GatewayPin     string    `json:"gatewayPin"`
+					NodeCANotAfter time.Time `json:"nodeCaNotAfter"`
+				}{b.TrustDomain, b.GatewayPin(), b.NodeCA.Cert.NotAfter.UTC()}
+				if out == "json" {
+					return printValue(e.stdout, res)
+				}
+				fmt.Fprintf(e.stdout, "PKI initialised for trust domain %s\ngateway CA pin: %s\nnext: better-compute pki issue-gateway --dns <gateway host> --out-dir <dir>\n",
+					res.TrustDomain, res.GatewayPin)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&trustDomain, "trust-domain", "", "SPIFFE trust domain of every identity, such as compute.example.com (required)")
+	_ = cmd.MarkFlagRequired("trust-domain")
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+func pkiIssueGatewayCmd(e *env) *cobra.Command {
+	var (
+		dns, ips    []string
+		outDir, out string
+		ttl         time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "issue-gateway --dns NAME [--ip IP] --out-dir DIR",
+		Short: "Issue a gateway's TLS serving certificate into DIR/gateway.crt and DIR/gateway.key (mode 0600)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			if len(dns) == 0 && len(ips) == 0 {
+				return usageError{errors.New("give at least one --dns name or --ip address the gateway is reached by")}
+			}
+			if outDir == "" {
+				return usageError{errors.New("--out-dir is required")}
+			}
+			if ttl < 0 {
+				return usageError{fmt.Errorf("--ttl %s is negative", ttl)}
+			}
+			var addrs []net.IP
+			for _, s := range ips {
+				ip := net.ParseIP(s)
+				if ip == nil {
+					return usageError{fmt.Errorf("--ip %q is not an IP address", s)}
+				}
+				addrs = append(addrs, ip)
+			}
+			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
+				ctx := cmd.Context()
+				b, err := bundle(ctx, cfg, st)
+				if err != nil {
+					return err
+				}
+				certPath, keyPath, err := bootstrap.WriteGatewayCert(b, outDir, dns, addrs, ttl)
+				if err != nil {
+					return err
+				}
+				notAfter, err := leafNotAfter(certPath)
+				if err != nil {
+					return err
+				}
+				details, _ := json.Marshal(map[string]any{"dns": dns, "ips": ips, "notAfter": notAfter})
+				if err := audit(ctx, st, "pki.issue-gateway", "pki", details); err != nil {
+					return err
+				}
+				res := struct {
+					Cert       string    `json:"cert"`
+					Key        string    `json:"key"`
+					DNS        []string  `json:"dns"`
+					IPs        []string  `json:"ips"`
+					NotAfter   time.Time `json:"notAfter"`
+					GatewayPin string    `json:"gatewayPin"`
+				}{certPath, keyPath, dns, ips, notAfter, b.GatewayPin()}
+				if out == "json" {
+					return printValue(e.stdout, res)
+				}
+				fmt.Fprintf(e.stdout, "wrote %s and %s (valid until %s)\nset host.gateway.tlsFiles.cert and .key to them\n",
+					certPath, keyPath, notAfter.Format(time.RFC3339))
+				return nil
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringSliceVar(&dns, "dns", nil, "DNS name daemons dial (repeat or comma-separate)")
+	fl.StringSliceVar(&ips, "ip", nil, "IP address daemons dial (repeat or comma-separate)")
+	fl.StringVar(&outDir, "out-dir", "", "directory to write gateway.crt and gateway.key into (required)")
+	fl.DurationVar(&ttl, "ttl", 0, "certificate lifetime (default one year)")
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+// leafNotAfter reads the end of validity of the first certificate in path.
+func leafNotAfter(path string) (time.Time, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return time.Time{}, err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return time.Time{}, fmt.Errorf("%s holds no certificate", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return c.NotAfter.UTC(), nil
+}
+
+func pkiRevokeCmd(e *env) *cobra.Command {
+	var nodeID, serial, reason, out string
+	cmd := &cobra.Command{
+		Use:   "revoke --node ID | --serial S",
+		Short: "Revoke a node's current certificate or a certificate serial; gateways close the sessions within seconds",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			if (nodeID == "") == (serial == "") {
+				return usageError{errors.New("give exactly one of --node and --serial")}
+			}
+			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
+				rev, err := revocation(cmd.Context(), st, nodeID, serial, reason)
+				if err != nil {
+					return err
+				}
+				ctx := cmd.Context()
+				if err := st.RevocationInsert(ctx, rev); err != nil {
+					return err
+				}
+				details, _ := json.Marshal(map[string]string{"serial": rev.Serial, "nodeId": rev.NodeID, "reason": rev.Reason})
+				if err := audit(ctx, st, "pki.revoke", "certificate/"+rev.Serial, details); err != nil {
+					return err
+				}
+				res := struct {
+					Serial string `json:"serial"`
+					NodeID string `json:"nodeId,omitempty"`
+					Reason string `json:"reason"`
+				}{rev.Serial, rev.NodeID, rev.Reason}
+				if out == "json" {
+					return printValue(e.stdout, res)
+				}
+				if rev.NodeID != "" {
+					fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", rev.Serial, rev.NodeID)
+				} else {
+					fmt.Fprintf(e.stdout, "revoked certificate %s\n", rev.Serial)
+				}
+				return nil
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&nodeID, "node", "", "node id: revoke its current certificate and end its sessions")
+	fl.StringVar(&serial, "serial", "", "certificate serial (hex, as the audit log and nodes show it)")
+	fl.StringVar(&reason, "reason", "revoked by an operator", "why, for the record")
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+// revocation builds the revocation of a node's current certificate (naming
+// the node, so gateways end every session it opened before) or of a serial.
+func revocation(ctx context.Context, st store.Store, nodeID, serial, reason string) (*store.Revocation, error) {
+	if nodeID != "" {
+		n, err := st.NodeGet(ctx, nodeID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("no node %s", nodeID)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n.CertSerial == "" {
+			return nil, fmt.Errorf("node %s has no certificate", nodeID)
+		}
+		return &store.Revocation{Serial: n.CertSerial, NodeID: n.ID, Reason: reason}, nil
+	}
+	serial = strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(serial, ":", ""), "0x"))
+	if serial == "" || strings.Trim(serial, "0123456789abcdef") != "" || len(serial) > 64 {
+		return nil, usageError{fmt.Errorf("--serial %q is not a hexadecimal certificate serial", serial)}
+	}
+	if len(serial) < 32 {
+		serial = strings.Repeat("0", 32-len(serial)) + serial
+	}
+	return &store.Revocation{Serial: serial, Reason: reason}, nil
+}
