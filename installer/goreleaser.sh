@@ -53,4 +53,12 @@ if [ "$install_only" = true ]; then
 fi
 
 cd "$(dirname "$0")/.."
+# goreleaser drops all git information (commit, its date, so the
+# reproducible timestamps too) when the checkout has no remote. Give such a
+# checkout the module's URL through git's environment configuration, which
+# changes no file.
+if ! git ls-remote --get-url >/dev/null 2>&1 && [ -z "${GIT_CONFIG_COUNT:-}" ]; then
+	export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=remote.origin.url \
+		GIT_CONFIG_VALUE_0=https://github.com/better-compute/better-compute
+fi
 exec "$GORELEASER" release --snapshot --clean --skip=publish "$@"

@@ -93,17 +93,15 @@ func TestSignVerify(t *testing.T) {
 func firstLine(b []byte) []byte { i := bytes.IndexByte(b, '\n'); return append([]byte{}, b[:i+1]...) }
 func restLines(b []byte) []byte { i := bytes.IndexByte(b, '\n'); return b[i+1:] }
 
-// TestEncryptedKey is not parallel: minisign's scrypt takes 1 GiB a run.
+// TestEncryptedKey is not parallel and runs minisign's scrypt (1 GiB, about
+// two seconds a run) only twice: to encrypt and to decrypt.
 func TestEncryptedKey(t *testing.T) {
 	_, priv, _, err := GenerateKey("correct horse")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ParsePrivateKey(priv, ""); err == nil {
-		t.Fatal("encrypted key read without password")
-	}
-	if _, err := ParsePrivateKey(priv, "wrong"); err == nil {
-		t.Fatal("encrypted key read with a wrong password")
+	if _, err := ParsePrivateKey(priv, ""); err == nil || !strings.Contains(err.Error(), "encrypted") {
+		t.Fatalf("encrypted key read without password: %v", err)
 	}
 	if _, err := ParsePrivateKey(priv, "correct horse"); err != nil {
 		t.Fatal(err)
