@@ -396,6 +396,29 @@ func TestInstallScript(t *testing.T) {
 		}
 	})
 
+	t.Run("wget when there is no curl", func(t *testing.T) {
+		if _, err := exec.LookPath("wget"); err != nil {
+			t.Skip("wget is not installed")
+		}
+		h := newHost(t)
+		// PATH: the stubs, then every tool of the system but curl.
+		nocurl := filepath.Join(t.TempDir(), "bin")
+		os.MkdirAll(nocurl, 0o755)
+		for _, d := range filepath.SplitList(os.Getenv("PATH")) {
+			entries, _ := os.ReadDir(d)
+			for _, de := range entries {
+				if de.Name() != "curl" {
+					os.Symlink(filepath.Join(d, de.Name()), filepath.Join(nocurl, de.Name())) // the first wins
+				}
+			}
+		}
+		code, stdout, stderr := testenv.Run(t, []string{"BCD_ROOT=" + h.root, "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + nocurl},
+			"", "dash", script, "--dry-run")
+		if code != 0 || !strings.Contains(stdout, "downloaded and verified") {
+			t.Fatalf("dry run with wget: exit %d\n%s%s", code, stdout, stderr)
+		}
+	})
+
 	t.Run("refused: exhausted token", func(t *testing.T) {
 		h := newHost(t)
 		code, _, stderr := h.run("dash", script, nil, "--token-file", tokenFile)
