@@ -549,6 +549,25 @@ type CommandStore interface {
 	// for LostAfter ends lost, or goes back to queued when it was created
 	// with an idempotency key. Run it under the command-sweeper lease.
 	CommandSweep(ctx context.Context, p *CommandSweepParams) (*CommandSweepResult, error)
+	// CommandClaim moves up to Limit queued commands, oldest first, whose
+	// node's current session is on GatewayID and whose deadline has not
+	// passed, to dispatched on that gateway, and returns them. Concurrent
+	// claimers never get the same command (FOR UPDATE SKIP LOCKED on
+	// PostgreSQL; the write lock on SQLite).
+	CommandClaim(ctx context.Context, p *CommandClaimParams) ([]*Command, error)
+	// CommandInFlight returns nodeID's commands that a node may hold:
+	// dispatched, accepted or running.
+	CommandInFlight(ctx context.Context, nodeID string) ([]*Command, error)
+	// CommandCancelsPending returns the live commands of gatewayID whose
+	// cancellation was requested.
+	CommandCancelsPending(ctx context.Context, gatewayID string) ([]*Command, error)
+}
+
+// CommandClaimParams are CommandClaim's inputs.
+type CommandClaimParams struct {
+	GatewayID string
+	Limit     int
+	Now       *time.Time
 }
 
 // CommandSweepParams are CommandSweep's inputs.

@@ -45,6 +45,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		// One lock per schema, held until the migration transaction ends.
 		MigrationLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute migrate ' || current_schema()))`,
 		ForShare:      " FOR SHARE",
+		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		Migrations:    sub,
 	}), nil
 }

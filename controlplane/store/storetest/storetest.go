@@ -48,6 +48,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Workers", testWorkers},
 		{"Commands", testCommands},
 		{"CommandSweep", testCommandSweep},
+		{"CommandClaim", testCommandClaim},
 		{"OutboxEventsAudit", testOutboxEventsAudit},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
@@ -736,4 +737,52 @@ func mustPair(a, b []string, err error) ([]string, []string) {
 		panic(mustError{err})
 	}
 	return a, b
+}
+
+func testCommandClaim(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	for _, id := range []string{"node_a", "node_b", "node_c"} {
+		addNode(ctx, t, h, pool, id)
+	}
+	mustOpen(t, h, ctx, "node_a", "sa", "gw1")
+	mustOpen(t, h, ctx, "node_b", "sb", "gw2")
+	cmds := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_a", "node_b", "node_c"}, Kind: "exec", Spec: []byte(`{}`), Timeout: time.Minute}))
+	got := must(h.Store.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: "gw1", Limit: 10}))
+	if len(got) != 1 || got[0].NodeID != "node_a" || got[0].State != store.CommandDispatched || got[0].GatewayID != "gw1" || got[0].Attempt != 1 {
+		t.Fatalf("gw1 claimed %+v", got)
+	}
+	if again := must(h.Store.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: "gw1", Limit: 10})); len(again) != 0 {
+		t.Fatalf("claimed twice: %+v", again)
+	}
+	// Concurrent claimers on gw2 get node_b's command exactly once.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	claimed := 0
+	for range 4 {
+		wg.Go(func() {
+			c, err := h.Store.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: "gw2", Limit: 10})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			claimed += len(c)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if claimed != 1 {
+		t.Fatalf("4 concurrent claimers got %d commands, want 1", claimed)
+	}
+	// node_c has no session: its command waits.
+	if c := must(h.Store.CommandGet(ctx, cmds[2].ID)); c.State != store.CommandQueued {
+		t.Fatalf("command without a session = %s", c.State)
+	}
+	if inflight := must(h.Store.CommandInFlight(ctx, "node_a")); len(inflight) != 1 {
+		t.Fatalf("in flight on node_a = %d", len(inflight))
+	}
+	must(h.Store.CommandRequestCancel(ctx, got[0].ID))
+	if cancels := must(h.Store.CommandCancelsPending(ctx, "gw1")); len(cancels) != 1 || cancels[0].ID != got[0].ID {
+		t.Fatalf("cancels = %+v", cancels)
+	}
 }

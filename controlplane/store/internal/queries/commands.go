@@ -283,3 +283,42 @@ func (s *Store) sweepQuery(ctx context.Context, sql string, args ...any) ([]*sto
 	out, err := collect(rows, scanCommand)
 	return out, s.wrap("sweep commands", err)
 }
+
+// CommandClaim moves queued commands of this gateway's sessions to
+// dispatched.
+func (s *Store) CommandClaim(ctx context.Context, p *store.CommandClaimParams) ([]*store.Command, error) {
+	now := s.clock(p.Now)
+	rows, err := s.db.Query(ctx, `UPDATE commands SET state = 'dispatched', gateway_id = $1, attempt = attempt + 1,
+			dispatched_at = coalesce($3, now())
+		WHERE id IN (SELECT c.id FROM commands c JOIN sessions x ON x.node_id = c.node_id
+			WHERE c.state = 'queued' AND x.gateway_id = $1 AND c.deadline_at > coalesce($3, now())
+			ORDER BY c.created_at, c.id LIMIT $2`+s.d.SkipLocked+`)
+		RETURNING `+commandColumns, p.GatewayID, limit(p.Limit), now)
+	if err != nil {
+		return nil, s.wrap("claim commands", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("claim commands", err)
+}
+
+// CommandInFlight returns the commands a node may hold.
+func (s *Store) CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE node_id = $1 AND state IN `+inFlightStates+` ORDER BY created_at, id`, nodeID)
+	if err != nil {
+		return nil, s.wrap("list in-flight commands", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("list in-flight commands", err)
+}
+
+// CommandCancelsPending returns a gateway's live commands to cancel.
+func (s *Store) CommandCancelsPending(ctx context.Context, gatewayID string) ([]*store.Command, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE gateway_id = $1 AND cancel_requested AND state IN `+inFlightStates+` ORDER BY id`, gatewayID)
+	if err != nil {
+		return nil, s.wrap("list cancels", err)
+	}
+	out, err := collect(rows, scanCommand)
+	return out, s.wrap("list cancels", err)
+}

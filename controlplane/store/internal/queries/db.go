@@ -71,6 +71,10 @@ type Dialect struct {
 	// ForShare is appended to the fence check so a takeover waits for the
 	// fenced transaction (" FOR SHARE" on PostgreSQL).
 	ForShare string
+	// SkipLocked is appended to the claim query's row selection so
+	// concurrent claimers skip each other's rows (" FOR UPDATE OF c SKIP
+	// LOCKED" on PostgreSQL).
+	SkipLocked string
 	// Migrations holds the numbered *.sql files, applied in name order.
 	Migrations fs.FS
 }
