@@ -81,6 +81,10 @@ type Store interface {
 	Dialect() Dialect
 	// Ping checks that the database answers.
 	Ping(ctx context.Context) error
+	// Now returns the database's clock: now() on PostgreSQL, the process's
+	// clock on SQLite (the function the backend registers). doctor compares
+	// it with the local clock, since expiry is decided by the database.
+	Now(ctx context.Context) (time.Time, error)
 	// Close releases the connections.
 	Close() error
 
@@ -656,6 +660,9 @@ type OutboxStore interface {
 	// first).
 	OutboxCursor(ctx context.Context, sink string) (int64, error)
 	OutboxCursorSet(ctx context.Context, sink string, lastID int64) error
+	// OutboxMaxID returns the id of the newest entry (0 when the outbox is
+	// empty): a sink's backlog is OutboxMaxID less its cursor.
+	OutboxMaxID(ctx context.Context) (int64, error)
 }
 
 // Event is something that happened on a node or in the control plane, such

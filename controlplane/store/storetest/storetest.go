@@ -50,6 +50,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"CommandSweep", testCommandSweep},
 		{"CommandClaim", testCommandClaim},
 		{"OutboxEventsAudit", testOutboxEventsAudit},
+		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
 	} {
@@ -557,10 +558,16 @@ func ids(cmds []*store.Command) []string {
 }
 
 func testOutboxEventsAudit(ctx context.Context, t *testing.T, h *Harness) {
+	if m := must(h.Store.OutboxMaxID(ctx)); m != 0 {
+		t.Fatalf("empty outbox: max id %d", m)
+	}
 	id1 := must(h.Store.OutboxInsert(ctx, "node.joined", "node_a", []byte(`{"node":"node_a"}`)))
 	id2 := must(h.Store.OutboxInsert(ctx, "node.joined", "node_b", []byte(`{"node":"node_b"}`)))
 	if id2 <= id1 {
 		t.Fatalf("outbox ids not increasing: %d, %d", id1, id2)
+	}
+	if m := must(h.Store.OutboxMaxID(ctx)); m != id2 {
+		t.Fatalf("outbox max id %d, want %d", m, id2)
 	}
 	if after := must(h.Store.OutboxList(ctx, id1, 10)); len(after) != 1 || after[0].Key != "node_b" {
 		t.Fatalf("outbox after %d = %+v", id1, after)
@@ -593,6 +600,20 @@ func testOutboxEventsAudit(ctx context.Context, t *testing.T, h *Harness) {
 	}
 	if n := must(h.Store.AuditPrune(ctx, time.Now().Add(-24*time.Hour))); n != 1 {
 		t.Fatalf("pruned %d audit rows", n)
+	}
+}
+
+func testClock(ctx context.Context, t *testing.T, h *Harness) {
+	before := time.Now()
+	now := must(h.Store.Now(ctx))
+	after := time.Now()
+	// The test database runs on this machine: its clock agrees with ours
+	// to well within a second.
+	if now.Before(before.Add(-time.Second)) || now.After(after.Add(time.Second)) {
+		t.Fatalf("database clock %v, local clock between %v and %v", now, before, after)
+	}
+	if now.Location() != time.UTC {
+		t.Fatalf("database clock in %v, want UTC", now.Location())
 	}
 }
 

@@ -48,6 +48,13 @@ func (s *Store) OutboxCursorSet(ctx context.Context, sink string, lastID int64) 
 	return s.wrap("set outbox cursor of "+sink, err)
 }
 
+// OutboxMaxID returns the newest entry's id, 0 for an empty outbox.
+func (s *Store) OutboxMaxID(ctx context.Context) (int64, error) {
+	var id int64
+	err := s.db.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM outbox`).Scan(&id)
+	return id, s.wrap("read newest outbox id", err)
+}
+
 func nullJSON(b []byte) any {
 	if b == nil {
 		return nil

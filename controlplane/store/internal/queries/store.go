@@ -36,6 +36,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// Now returns the database's clock.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := s.db.QueryRow(ctx, `SELECT now()`).Scan(&t)
+	return t.UTC(), s.wrap("read database clock", err)
+}
+
 // Close releases the pool.
 func (s *Store) Close() error { return s.pool.Close() }
 
