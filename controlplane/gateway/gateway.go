@@ -49,6 +49,7 @@ type Store interface {
 	RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error)
 	RevocationCheck(ctx context.Context, serial string) (bool, error)
 	SecretGet(ctx context.Context, name string) (*store.Secret, error)
+	dispatchStore
 }
 
 // Config configures a Gateway. Zero fields take the documented defaults.
@@ -117,6 +118,24 @@ type Config struct {
 	Version string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+
+	// Wakeups, when set, asks for a dispatch round on every receive (the
+	// API's wake-ups after it commits commands).
+	Wakeups <-chan struct{}
+	// DispatchInterval is the fallback dispatch loop's period. Defaults to
+	// 1 s.
+	DispatchInterval time.Duration
+	// DispatchBatch is the most commands claimed at once. Defaults to 1,000.
+	DispatchBatch int
+	// ResultFlushInterval bounds how long a node's update waits to be
+	// written with others in one transaction. Defaults to 20 ms.
+	ResultFlushInterval time.Duration
+	// OnDispatch, when set, is told of each command sent, with the time
+	// from its creation (metrics).
+	OnDispatch func(kind string, sinceCreated time.Duration)
+	// OnCommandFinished, when set, is told of each terminal result written
+	// (metrics).
+	OnCommandFinished func(kind, state string)
 }
 
 func (c *Config) defaults() {
@@ -137,6 +156,9 @@ func (c *Config) defaults() {
 	c.LeaseRenewInterval = cmp.Or(c.LeaseRenewInterval, 5*time.Second)
 	c.FlushInterval = cmp.Or(c.FlushInterval, time.Second)
 	c.RevocationPollInterval = cmp.Or(c.RevocationPollInterval, time.Second)
+	c.DispatchInterval = cmp.Or(c.DispatchInterval, time.Second)
+	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
+	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
 	if c.Capabilities == nil {
 		c.Capabilities = DefaultCapabilities
 	}
@@ -202,6 +224,7 @@ type Gateway struct {
 	fence    atomic.Pointer[store.Fence]
 	pending  pending
 	flushMu  sync.Mutex
+	dispatch *dispatcher
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.
@@ -225,7 +248,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	}
 	g := &Gateway{
 		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
-		certs: certs, ready: make(chan struct{}), caps: map[string]bool{},
+		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(),
 	}
 	for _, c := range cfg.Capabilities {
 		g.caps[c] = true
@@ -313,7 +336,8 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go func() { serveErr <- g.server.Serve(g.ln) }()
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
-	for _, loop := range []func(context.Context){g.certs.run(g.cfg.CertReloadInterval), g.leaseLoop, g.flushLoop, g.revocationLoop} {
+	for _, loop := range []func(context.Context){g.certs.run(g.cfg.CertReloadInterval), g.leaseLoop, g.flushLoop, g.revocationLoop,
+		g.dispatchLoop, g.resultLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}
 

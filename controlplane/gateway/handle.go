@@ -80,8 +80,7 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 	case *sessionv1.NodeMessage_Event:
 		g.event(ctx, s, b.Event)
 	case *sessionv1.NodeMessage_CommandUpdate:
-		// Command dispatch and result ingestion come with the commands
-		// issue; until then updates are dropped.
+		g.queueUpdate(ctx, s.nodeID, b.CommandUpdate)
 	case *sessionv1.NodeMessage_Heartbeat, *sessionv1.NodeMessage_Hello:
 		// Liveness only; a second Hello changes nothing.
 	default:

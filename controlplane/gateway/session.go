@@ -115,6 +115,7 @@ func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
 	}
 	g.log.InfoContext(ctx, "Session opened", "node_id", s.nodeID, "session_id", s.id, "epoch", s.epoch,
 		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
+	go g.sessionOpened(ctx, s, hello)
 	for {
 		msg, err := stream.Recv()
 		if s.closed.Load() {

@@ -1,0 +1,336 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Command dispatch: the gateway holding a node's session sends it the node's
+// queued commands and writes back what the node reports.
+//
+// A dispatch round claims queued commands of this gateway's sessions
+// (store.CommandClaim: dispatched, attempt + 1) and sends each as a Command;
+// a send that fails puts the command back in the queue. Rounds run every
+// DispatchInterval and at once on a wake-up (the API's, after it commits
+// commands, or a session opening). A session that opens is also sent again
+// the commands its node may still hold (dispatched, accepted, running): the
+// node runs a command id once and answers a repeat with its result, so
+// delivery is at-least-once and execution at-most-once.
+//
+// Updates from nodes are queued and written in batches, one transaction per
+// ResultFlushInterval, fenced on the gateway lease; the first terminal
+// result wins.
+
+// dispatchStore is what dispatch needs of the store.
+type dispatchStore interface {
+	CommandClaim(ctx context.Context, p *store.CommandClaimParams) ([]*store.Command, error)
+	CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error)
+	CommandCancelsPending(ctx context.Context, gatewayID string) ([]*store.Command, error)
+	CommandSetState(ctx context.Context, p *store.CommandSetStateParams) (bool, error)
+}
+
+// nodeUpdate is a command update with the node that sent it.
+type nodeUpdate struct {
+	nodeID string
+	update *sessionv1.CommandUpdate
+}
+
+// dispatcher is the gateway's dispatch state.
+type dispatcher struct {
+	wake    chan struct{}
+	updates chan nodeUpdate
+
+	mu         sync.Mutex
+	cancelSent map[string]bool // command ids sent a Cancel
+}
+
+func newDispatcher() *dispatcher {
+	return &dispatcher{wake: make(chan struct{}, 1), updates: make(chan nodeUpdate, 4096), cancelSent: map[string]bool{}}
+}
+
+// Wake asks for a dispatch round now.
+func (g *Gateway) Wake() {
+	select {
+	case g.dispatch.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatchLoop runs dispatch rounds until ctx ends.
+func (g *Gateway) dispatchLoop(ctx context.Context) {
+	tick := time.NewTicker(g.cfg.DispatchInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-g.dispatch.wake:
+		case <-g.cfg.Wakeups:
+		}
+		if err := g.dispatchRound(ctx); err != nil && ctx.Err() == nil {
+			g.log.WarnContext(ctx, "Dispatch round failed", "error", err)
+		}
+	}
+}
+
+// dispatchRound claims and sends queued commands, then pending cancels.
+func (g *Gateway) dispatchRound(ctx context.Context) error {
+	if g.draining.Load() || g.sessions.len() == 0 {
+		return nil
+	}
+	for {
+		var cmds []*store.Command
+		err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+			var err error
+			cmds, err = tx.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: g.cfg.ID, Limit: g.cfg.DispatchBatch})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for _, c := range cmds {
+			g.sendCommand(ctx, c, true)
+		}
+		if len(cmds) < g.cfg.DispatchBatch {
+			break
+		}
+	}
+	cancels, err := g.store.CommandCancelsPending(ctx, g.cfg.ID)
+	if err != nil {
+		return err
+	}
+	for _, c := range cancels {
+		g.dispatch.mu.Lock()
+		sent := g.dispatch.cancelSent[c.ID]
+		g.dispatch.mu.Unlock()
+		if sent {
+			continue
+		}
+		if err := g.Send(c.NodeID, &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Cancel{Cancel: &sessionv1.Cancel{
+			CommandId: c.ID, Reason: "cancelled by an operator"}}}); err == nil {
+			g.dispatch.mu.Lock()
+			g.dispatch.cancelSent[c.ID] = true
+			g.dispatch.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// sendCommand sends one command; when requeue is set, a failed send puts
+// a freshly claimed command back in the queue.
+func (g *Gateway) sendCommand(ctx context.Context, c *store.Command, requeue bool) {
+	msg, err := commandMessage(c)
+	if err != nil {
+		g.log.ErrorContext(ctx, "Command not sendable", "command_id", c.ID, "error", err)
+		return
+	}
+	if err := g.Send(c.NodeID, msg); err != nil {
+		if requeue {
+			if _, err := g.store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandQueued}); err != nil {
+				g.log.WarnContext(ctx, "Command not requeued; the sweeper will", "command_id", c.ID, "error", err)
+			}
+		}
+		return
+	}
+	if g.cfg.OnDispatch != nil {
+		g.cfg.OnDispatch(c.Kind, g.cfg.Now().Sub(c.CreatedAt))
+	}
+}
+
+// commandMessage builds the wire Command of a stored command.
+func commandMessage(c *store.Command) (*sessionv1.GatewayMessage, error) {
+	cmd := &sessionv1.Command{Id: c.ID, Kind: c.Kind, Deadline: timestamppb.New(c.DeadlineAt), Attempt: uint32(c.Attempt)}
+	if c.Kind == "exec" {
+		spec := &apiv1.ExecSpec{}
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Spec, spec); err != nil {
+			return nil, err
+		}
+		cmd.Spec = &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Cwd: spec.GetCwd(),
+			OutputLimitBytes: spec.GetOutputLimitBytes(), AsRoot: spec.GetAsRoot()}}
+	}
+	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}, nil
+}
+
+// sessionOpened redelivers what the node may hold, takes the results it
+// kept while disconnected and asks for a dispatch round.
+func (g *Gateway) sessionOpened(ctx context.Context, s *session, hello *sessionv1.Hello) {
+	for _, r := range hello.GetPendingResults() {
+		g.queueUpdate(ctx, s.nodeID, &sessionv1.CommandUpdate{CommandId: r.GetCommandId(),
+			Update: &sessionv1.CommandUpdate_Result{Result: r}})
+	}
+	cmds, err := g.store.CommandInFlight(ctx, s.nodeID)
+	if err != nil {
+		g.log.WarnContext(ctx, "In-flight commands not redelivered", "node_id", s.nodeID, "error", err)
+	}
+	for _, c := range cmds {
+		if c.State == store.CommandDispatched {
+			if _, err := g.store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandDispatched, GatewayID: g.cfg.ID}); err != nil {
+				continue
+			}
+		}
+		g.sendCommand(ctx, c, false)
+	}
+	g.Wake()
+}
+
+// queueUpdate hands an update to the result writer; it blocks (slowing
+// only this session) when the writer is behind.
+func (g *Gateway) queueUpdate(ctx context.Context, nodeID string, u *sessionv1.CommandUpdate) {
+	if u.GetCommandId() == "" || len(u.GetCommandId()) > 128 {
+		return
+	}
+	select {
+	case g.dispatch.updates <- nodeUpdate{nodeID: nodeID, update: u}:
+	case <-ctx.Done():
+	}
+}
+
+// resultLoop writes queued updates in batches until ctx ends, then writes
+// what is left.
+func (g *Gateway) resultLoop(ctx context.Context) {
+	const maxBatch = 1024
+	batch := make([]nodeUpdate, 0, maxBatch)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	flush := func(ctx context.Context) {
+		if len(batch) == 0 {
+			return
+		}
+		if err := g.writeUpdates(ctx, batch); err != nil {
+			g.log.WarnContext(ctx, "Command updates not written; the node will resend results on its next session", "updates", len(batch), "error", err)
+		}
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			for {
+				select {
+				case u := <-g.dispatch.updates:
+					batch = append(batch, u)
+				default:
+					flush(context.WithoutCancel(ctx))
+					return
+				}
+			}
+		case u := <-g.dispatch.updates:
+			if len(batch) == 0 {
+				timer.Reset(g.cfg.ResultFlushInterval)
+			}
+			batch = append(batch, u)
+			if len(batch) >= maxBatch {
+				flush(ctx)
+			}
+		case <-timer.C:
+			flush(ctx)
+		}
+	}
+}
+
+// states maps the protocol's terminal states to the store's.
+var states = map[sessionv1.CommandState]string{
+	sessionv1.CommandState_COMMAND_STATE_SUCCEEDED: store.CommandSucceeded,
+	sessionv1.CommandState_COMMAND_STATE_FAILED:    store.CommandFailed,
+	sessionv1.CommandState_COMMAND_STATE_CANCELLED: store.CommandCancelled,
+	sessionv1.CommandState_COMMAND_STATE_EXPIRED:   store.CommandExpired,
+	sessionv1.CommandState_COMMAND_STATE_LOST:      store.CommandLost,
+}
+
+// maxErrorLen bounds the error text kept from a node.
+const maxErrorLen = 4096
+
+// writeUpdates applies a batch in one fenced transaction. Updates for a
+// command of another node are dropped: a node reports only its own work.
+func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
+	var finished []*store.Command
+	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+		finished = finished[:0]
+		owner := map[string]*store.Command{}
+		for _, nu := range batch {
+			u := nu.update
+			c, ok := owner[u.GetCommandId()]
+			if !ok {
+				got, err := tx.CommandGet(ctx, u.GetCommandId())
+				if errors.Is(err, store.ErrNotFound) {
+					owner[u.GetCommandId()] = nil
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				c, owner[u.GetCommandId()] = got, got
+			}
+			if c == nil || c.NodeID != nu.nodeID {
+				continue
+			}
+			if err := g.applyUpdate(ctx, tx, c, u, &finished); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil && g.cfg.OnCommandFinished != nil {
+		for _, c := range finished {
+			g.cfg.OnCommandFinished(c.Kind, c.State)
+		}
+	}
+	return err
+}
+
+func (g *Gateway) applyUpdate(ctx context.Context, tx store.Store, c *store.Command, u *sessionv1.CommandUpdate, finished *[]*store.Command) error {
+	switch b := u.GetUpdate().(type) {
+	case *sessionv1.CommandUpdate_Accepted:
+		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandAccepted})
+		return err
+	case *sessionv1.CommandUpdate_Running:
+		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning})
+		return err
+	case *sessionv1.CommandUpdate_Output:
+		stream := store.StreamStdout
+		if b.Output.GetStream() == sessionv1.OutputStream_OUTPUT_STREAM_STDERR {
+			stream = store.StreamStderr
+		}
+		if len(b.Output.GetData()) == 0 || u.GetUpdateSeq() == 0 {
+			return nil
+		}
+		return tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: int64(u.GetUpdateSeq()),
+			Stream: stream, Data: b.Output.GetData()})
+	case *sessionv1.CommandUpdate_Result:
+		state, ok := states[b.Result.GetState()]
+		if !ok {
+			state = store.CommandFailed
+		}
+		code := int(b.Result.GetExitCode())
+		msg := b.Result.GetError()
+		if len(msg) > maxErrorLen {
+			msg = msg[:maxErrorLen]
+		}
+		var detail []byte
+		if d := b.Result.GetDetailJson(); len(d) > 0 && len(d) <= 64<<10 && validJSON(d) {
+			detail = d
+		}
+		ok, err := tx.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: state, ExitCode: &code, Error: msg,
+			OutputTruncated: b.Result.GetOutputTruncated(), Result: detail})
+		if ok {
+			done := *c
+			done.State = state
+			*finished = append(*finished, &done)
+		}
+		return err
+	}
+	return nil
+}
+
+// validJSON reports whether b is one JSON document.
+func validJSON(b []byte) bool { return json.Valid(b) }
