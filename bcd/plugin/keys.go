@@ -1,0 +1,14 @@
+package plugin
+
+// Attribute keys of this package's log records.
+const (
+	keyPlugin   = "plugin"
+	keyPath     = "path"
+	keyPID      = "pid"
+	keyVersion  = "version"
+	keyError    = "error"
+	keyRetryIn  = "retry_in"
+	keyOp       = "op"
+	keyFailures = "failures"
+	keyLogger   = "logger"
+)
