@@ -8,7 +8,6 @@ const (
 	keyVersion  = "version"
 	keyError    = "error"
 	keyRetryIn  = "retry_in"
-	keyOp       = "op"
 	keyFailures = "failures"
 	keyLogger   = "logger"
 )
