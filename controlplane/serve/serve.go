@@ -10,12 +10,12 @@ import (
 	"log/slog"
 	"strings"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/wake"
+	"github.com/better-compute/better-compute/controlplane/workers"
 )
 
 // Options are serve's run-time switches.
@@ -35,22 +35,31 @@ type Options struct {
 }
 
 // Run migrates (unless NoMigrate), then runs the configured roles until ctx
-// ends or one fails.
+// ends or one fails, and then stops them in the order of DESIGN.md: the
+// gateway drains first (Drain to every daemon, listeners closed, lease
+// released), then the HTTP listener closes, then the worker roles release
+// their leases and leave the workers table.
 func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) error {
 	log := opts.Log
 	if err := prepareSchema(ctx, st, opts.NoMigrate, log); err != nil {
 		return err
 	}
+	bus, stopWake, err := wakeBus(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer stopWake()
 	// The gateway is built first: a missing PKI stops serve before any
 	// listener opens.
 	var gw *gateway.Gateway
 	if cfg.Runs("gateway") {
-		var err error
-		if gw, err = newGateway(ctx, cfg, st, opts); err != nil {
+		wakeups, unsubscribe := bus.Subscribe()
+		defer unsubscribe()
+		if gw, err = newGateway(ctx, cfg, st, opts, wakeups); err != nil {
 			return err
 		}
 	}
-	g, ctx := errgroup.WithContext(ctx)
+	var srv *api.Server
 	if cfg.Runs("api") {
 		if cfg.Embedded {
 			if err := ensureAdminToken(ctx, cfg.DataDir, st, log); err != nil {
@@ -62,40 +71,107 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			return err
 		}
 		defer closeDownloads()
-		srv := api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl}, st, log)
-		g.Go(func() error { return srv.Run(ctx) })
-		if opts.APIReady != nil {
-			g.Go(func() error {
-				select {
-				case <-srv.Ready():
-					opts.APIReady(srv)
-				case <-ctx.Done():
-				}
-				return nil
-			})
-		}
+		srv = api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Waker: bus}, st, log)
 	}
+
+	failed := make(chan error, 8)
+	var stages []*stage
 	if gw != nil {
-		g.Go(func() error { return gw.Run(ctx) })
-		if opts.GatewayReady != nil {
-			g.Go(func() error {
-				select {
-				case <-gw.Ready():
-					opts.GatewayReady(gw)
-				case <-ctx.Done():
-				}
-				return nil
-			})
+		stages = append(stages, start(ctx, failed, gw.Run, gw.Ready(), func() {
+			if opts.GatewayReady != nil {
+				opts.GatewayReady(gw)
+			}
+		}))
+		if cfg.Database.URL != "" {
+			stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+				return wake.Listen(ctx, cfg.Database.URL, bus, log)
+			}, nil, nil))
 		}
 	}
+	if srv != nil {
+		stages = append(stages, start(ctx, failed, srv.Run, srv.Ready(), func() {
+			if opts.APIReady != nil {
+				opts.APIReady(srv)
+			}
+		}))
+	}
+	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version}, log)
+	}, nil, nil))
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)
-	err := g.Wait()
-	if err != nil && !errors.Is(err, context.Canceled) {
-		return err
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("Stopping: gateway drains, then HTTP closes, then workers release their leases")
+	case runErr = <-failed:
+		log.Error("A role failed; stopping the others", "err", runErr)
+	}
+	for _, st := range stages {
+		if err := st.stop(); err != nil && runErr == nil {
+			runErr = err
+		}
+	}
+	if runErr != nil {
+		return runErr
 	}
 	log.Info("Stopped")
 	return nil
+}
+
+// stage is one running component with its own context, so components stop
+// one after another.
+type stage struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs fn in its own context; a failure is reported on failed. When
+// ready is set, onReady runs once it is closed.
+func start(parent context.Context, failed chan<- error, fn func(context.Context) error, ready <-chan struct{}, onReady func()) *stage {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
+	s := &stage{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		err := fn(ctx)
+		if err != nil && ctx.Err() == nil {
+			failed <- err
+		}
+		s.done <- err
+	}()
+	if ready != nil && onReady != nil {
+		go func() {
+			select {
+			case <-ready:
+				onReady()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return s
+}
+
+// stop cancels the component and waits for it.
+func (s *stage) stop() error {
+	s.cancel()
+	err := <-s.done
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// wakeBus makes the wake-up bus: in memory, plus PostgreSQL NOTIFY when the
+// store is PostgreSQL and this process runs the api role.
+func wakeBus(ctx context.Context, cfg *config.Config) (*wake.Bus, func(), error) {
+	if cfg.Database.URL == "" || !cfg.Runs("api") {
+		return wake.NewBus(nil), func() {}, nil
+	}
+	n, err := wake.NewPGNotifier(ctx, cfg.Database.URL)
+	if err != nil {
+		return nil, nil, err
+	}
+	return wake.NewBus(n), n.Close, nil
 }
 
 // prepareSchema migrates, or with noMigrate checks the schema is current.

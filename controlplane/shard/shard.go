@@ -113,7 +113,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Manager, error) {
 	cfg.TTL = cmp.Or(cfg.TTL, 15*time.Second)
 	cfg.Renew = cmp.Or(cfg.Renew, 5*time.Second)
 	cfg.LiveWithin = cmp.Or(cfg.LiveWithin, cfg.TTL)
-	return &Manager{cfg: cfg, store: st, log: log.With("worker", cfg.WorkerID), held: map[int]*held{}}, nil
+	return &Manager{cfg: cfg, store: st, log: log, held: map[int]*held{}}, nil
 }
 
 // Held returns the fences of the shards this process holds and trusts now.

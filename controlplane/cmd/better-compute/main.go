@@ -68,7 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	pf.StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (env "+config.EnvDatabaseURL+"); empty uses the embedded SQLite database")
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
-	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e))
+	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0

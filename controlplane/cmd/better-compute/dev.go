@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/better-compute/better-compute/controlplane/api"
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/serve"
+	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+func devCmd(e *env) *cobra.Command {
+	var (
+		n           int
+		port        int
+		gatewayPort int
+	)
+	cmd := &cobra.Command{
+		Use:   "dev [--sim N]",
+		Short: "Run the control plane on the embedded default with N simulated daemons",
+		Long: "dev starts serve on the embedded default (SQLite in the data directory), on 127.0.0.1,\n" +
+			"and N FakeDaemons that join through a real join token and hold real sessions over TLS,\n" +
+			"each reporting a simulated NVIDIA DGX A100. Ctrl-C stops everything.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if n < 0 || n > 100000 {
+				return usageError{fmt.Errorf("--sim %d: want 0 to 100000", n)}
+			}
+			cfg, err := e.load(config.Flags{Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))})
+			if err != nil {
+				return err
+			}
+			if !cfg.Embedded {
+				return usageError{errors.New("dev runs on the embedded default; unset " + config.EnvDatabaseURL)}
+			}
+			cfg.Host.Gateway.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(gatewayPort))
+			cfg.Host.Gateway.PublicURL = "https://localhost:" + strconv.Itoa(gatewayPort)
+			if gatewayPort == 0 {
+				cfg.Host.Gateway.PublicURL = ""
+			}
+			return runDev(cmd.Context(), e, cfg, n)
+		},
+	}
+	cmd.Flags().IntVar(&n, "sim", 3, "number of simulated daemons")
+	cmd.Flags().IntVar(&port, "port", 3000, "API port on 127.0.0.1 (0 picks a free one)")
+	cmd.Flags().IntVar(&gatewayPort, "gateway-port", 8443, "gateway port on 127.0.0.1 (0 picks a free one)")
+	return cmd
+}
+
+func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	g, ctx := errgroup.WithContext(ctx)
+	apiReady := make(chan *api.Server, 1)
+	gwReady := make(chan *gateway.Gateway, 1)
+	g.Go(func() error {
+		return serve.Run(ctx, cfg, st, serve.Options{Version: version, Log: e.log,
+			APIReady:     func(s *api.Server) { apiReady <- s },
+			GatewayReady: func(gw *gateway.Gateway) { gwReady <- gw }})
+	})
+	g.Go(func() error {
+		var srv *api.Server
+		var gw *gateway.Gateway
+		for srv == nil || gw == nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case srv = <-apiReady:
+			case gw = <-gwReady:
+			}
+		}
+		apiURL := "http://" + srv.Addr().String()
+		fmt.Fprintf(e.stdout, "Better Compute is running on the embedded default (%s)\n", cfg.DataDir)
+		fmt.Fprintf(e.stdout, "  API      %s%s  (admin token in %s)\n", apiURL, cfg.BasePath, filepath.Join(cfg.DataDir, serve.AdminTokenFile))
+		fmt.Fprintf(e.stdout, "  gateway  %s\n", gw.PublicURL())
+		if n == 0 {
+			fmt.Fprintln(e.stdout, "Press Ctrl-C to stop.")
+			return nil
+		}
+		token, err := devJoinToken(ctx, st, cfg, n)
+		if err != nil {
+			return err
+		}
+		fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: gw.PublicURL(), Token: token, N: n})
+		if err != nil {
+			return err
+		}
+		if err := fleet.Join(ctx); err != nil {
+			return fmt.Errorf("join simulated daemons: %w", err)
+		}
+		g.Go(func() error { return fleet.Run(ctx) })
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		_ = fleet.WaitFor(wctx, func(s sim.FleetStats) bool { return s.Connected >= n })
+		fmt.Fprintf(e.stdout, "%d simulated daemons connected (%d GPUs each). Look at the fleet:\n", fleet.Stats().Connected, 8)
+		fmt.Fprintf(e.stdout, "  better-compute nodes list --server %s --data-dir %s\n", apiURL, cfg.DataDir)
+		fmt.Fprintf(e.stdout, "  better-compute nodes list --server %s --data-dir %s --gpu-model A100 --min-gpus 8\n", apiURL, cfg.DataDir)
+		fmt.Fprintln(e.stdout, "Press Ctrl-C to stop.")
+		return nil
+	})
+	err = g.Wait()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// devJoinToken makes a token of the default pool admitting n joins.
+func devJoinToken(ctx context.Context, st store.Store, cfg *config.Config, n int) (string, error) {
+	b, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
+	if err != nil {
+		return "", err
+	}
+	pool, err := st.PoolGet(ctx, bootstrap.DefaultPool)
+	if err != nil {
+		return "", fmt.Errorf("default pool: %w", err)
+	}
+	token, _, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), pool.ID, time.Hour, n, "dev --sim")
+	return token, err
+}
