@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,11 +30,42 @@ host:
 // startServe runs better-compute serve and returns it with its API URL.
 func startServe(t *testing.T, env []string, args ...string) (*testenv.Proc, string) {
 	t.Helper()
+	return startServeConfig(t, env, serveConfig, args...)
+}
+
+// startServeConfig is startServe with the configuration file's content.
+func startServeConfig(t *testing.T, env []string, config string, args ...string) (*testenv.Proc, string) {
+	t.Helper()
 	bin := testenv.Binary(t, "better-compute")
-	cfg := testenv.WriteFile(t, "better-compute.yaml", serveConfig)
+	cfg := testenv.WriteFile(t, "better-compute.yaml", config)
 	p := testenv.Start(t, env, bin, append([]string{"serve", "--config", cfg}, args...)...)
 	m := p.WaitLine(`msg="API listening" addr=(\S+)`, 60*time.Second)
 	return p, "http://" + m[1]
+}
+
+// e2eTrustDomain is the trust domain of the PostgreSQL deployments' PKI.
+const e2eTrustDomain = "e2e.test"
+
+// initPostgresPKI migrates the PostgreSQL database of env, runs pki init
+// and pki issue-gateway for localhost and 127.0.0.1, and returns the
+// configuration lines that point the gateway at the certificate files (to
+// go under host.gateway). With PostgreSQL the gateway role refuses to start
+// without them. env must carry the deployment secret every process uses.
+func initPostgresPKI(t *testing.T, env []string) string {
+	t.Helper()
+	bin := testenv.Binary(t, "better-compute")
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"migrate"},
+		{"pki", "init", "--trust-domain", e2eTrustDomain},
+		{"pki", "issue-gateway", "--dns", "localhost", "--ip", "127.0.0.1", "--out-dir", dir},
+	} {
+		if code, stdout, stderr := testenv.Run(t, env, "", bin, args...); code != 0 {
+			t.Fatalf("better-compute %s: exit %d\n%s%s", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	return fmt.Sprintf("    tlsFiles:\n      cert: %s\n      key: %s\n",
+		filepath.Join(dir, "gateway.crt"), filepath.Join(dir, "gateway.key"))
 }
 
 func checkHealthy(t *testing.T, api, dialect string) {
@@ -78,10 +110,11 @@ func TestServeEmbeddedDefault(t *testing.T) {
 func TestServePostgres(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	p, api := startServe(t, []string{"BETTER_COMPUTE_DATABASE_URL=" + url, "BETTER_COMPUTE_SECRET=" + testSecret},
-		"--data-dir", t.TempDir())
-	p.WaitLine(`msg="Applied migrations" migrations=0001_init`, 10*time.Second)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + url, "BETTER_COMPUTE_SECRET=" + testSecret}
+	tlsFiles := initPostgresPKI(t, env)
+	p, api := startServeConfig(t, env, serveConfig+tlsFiles, "--data-dir", t.TempDir())
 	p.WaitLine(`msg=Serving .*store=postgres`, 10*time.Second)
+	p.WaitLine(`msg="Gateway listening" .*addr=127\.0\.0\.1:\d+`, 10*time.Second)
 	checkHealthy(t, api, "postgres")
 }
 
