@@ -204,6 +204,9 @@ func (d *FakeDaemon) Run(ctx context.Context) error {
 	digest := d.inv.GetDigest()
 	cfg.InventoryDigest = func() string { return digest }
 	cfg.Heartbeat = d.heartbeat
+	if cfg.Handler == nil {
+		cfg.Handler = &commands{d: d}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = d.log
 	}

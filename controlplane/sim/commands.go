@@ -1,0 +1,72 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// commands is a FakeDaemon's simulated command runner: an exec "runs"
+// instantly and prints what it would have run; inventory.refresh re-sends
+// the simulated inventory. Like bcd, it runs a command id once and answers
+// a repeat with the same result.
+type commands struct {
+	d    *FakeDaemon
+	mu   sync.Mutex
+	done map[string]*sessionv1.CommandResult
+}
+
+func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error) {
+	c.mu.Lock()
+	if c.done == nil {
+		c.done = map[string]*sessionv1.CommandResult{}
+	}
+	res, seen := c.done[cmd.GetId()]
+	if !seen {
+		res = c.run(cmd)
+		c.done[cmd.GetId()] = res
+	}
+	c.mu.Unlock()
+	if seen {
+		_ = send(&sessionv1.CommandUpdate{CommandId: cmd.GetId(), UpdateSeq: 4, Update: &sessionv1.CommandUpdate_Result{Result: res}})
+		return
+	}
+	updates := []*sessionv1.CommandUpdate{
+		{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}},
+		{Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{StartedAt: timestamppb.Now()}}},
+	}
+	if cmd.GetKind() == "exec" {
+		out := fmt.Sprintf("simulated %s: %s\n", c.d.cfg.Name, strings.Join(cmd.GetExec().GetArgv(), " "))
+		updates = append(updates, &sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Output{Output: &sessionv1.OutputChunk{
+			Stream: sessionv1.OutputStream_OUTPUT_STREAM_STDOUT, Data: []byte(out)}}})
+	}
+	updates = append(updates, &sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Result{Result: res}})
+	for i, u := range updates {
+		u.CommandId, u.UpdateSeq = cmd.GetId(), uint64(i+1)
+		if err := send(u); err != nil {
+			return
+		}
+	}
+}
+
+func (c *commands) HandleCancel(context.Context, *sessionv1.Cancel) {}
+
+func (c *commands) run(cmd *sessionv1.Command) *sessionv1.CommandResult {
+	res := &sessionv1.CommandResult{CommandId: cmd.GetId(), State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, FinishedAt: timestamppb.Now()}
+	switch cmd.GetKind() {
+	case "exec":
+		if len(cmd.GetExec().GetArgv()) == 0 {
+			res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "exec without argv"
+		}
+	case "inventory.refresh":
+		_ = c.d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: c.d.inv}})
+	default:
+		res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "unsupported command kind "+cmd.GetKind()
+	}
+	return res
+}
