@@ -1,0 +1,55 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/doctor"
+)
+
+func TestDoctorEmbedded(t *testing.T) {
+	t.Parallel()
+	c := cli{t: t, env: map[string]string{config.EnvDataDir: t.TempDir(), "HOME": t.TempDir()}}
+
+	// Before migrate: the schema fails, and so does doctor.
+	code, out, errOut := c.run("doctor")
+	if code != 1 || !strings.Contains(out, "schema") || !strings.Contains(out, "run better-compute migrate") ||
+		!strings.Contains(errOut, "doctor: 1 check(s) failed") {
+		t.Fatalf("doctor before migrate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	c.ok("migrate")
+
+	// Migrated, never served: no bundle or sweeper yet, which warns.
+	code, out, errOut = c.run("doctor", "-o", "json")
+	if code != 0 {
+		t.Fatalf("doctor: exit %d: %s", code, errOut)
+	}
+	var rep doctor.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v in %s", err, out)
+	}
+	if rep.Status != doctor.Warn || len(rep.Checks) != 12 {
+		t.Fatalf("report = %+v", rep)
+	}
+	byID := map[string]doctor.Result{}
+	for _, r := range rep.Checks {
+		byID[r.ID] = r
+	}
+	for id, st := range map[string]doctor.Status{
+		doctor.IDSchema: doctor.OK, doctor.IDClock: doctor.OK, doctor.IDPKI: doctor.Warn, doctor.IDGatewayIdentity: doctor.Warn,
+		doctor.IDGatewayNotifier: doctor.OK, doctor.IDRoutes: doctor.OK, doctor.IDSweeper: doctor.Warn, doctor.IDHeartbeats: doctor.OK,
+	} {
+		if byID[id].Status != st {
+			t.Errorf("%s = %+v, want %s", id, byID[id], st)
+		}
+	}
+
+	// --strict turns the warnings into exit status 1.
+	code, out, errOut = c.run("doctor", "--strict")
+	if code != 1 || !strings.Contains(out, "CHECK") || !strings.Contains(out, "workers.sweeper") || !strings.Contains(errOut, "warned") {
+		t.Fatalf("doctor --strict: exit %d\n%s\n%s", code, out, errOut)
+	}
+	c.fails(exitUsage, "--output", "doctor", "-o", "yaml")
+}

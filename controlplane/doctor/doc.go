@@ -1,0 +1,32 @@
+// Package doctor checks a deployment the way an operator would before and
+// while it runs (DESIGN.md, "Operator CLI"; `better-compute doctor`). Each
+// check is one function returning a Result: an id, a status (ok, warn or
+// fail), a one-line hint saying what to do, and a detail with the figures
+// behind it. Run runs them all in a fixed order.
+//
+// The checks, by id:
+//
+//	schema                  pending migrations (fail), or migrations this build does not know (fail)
+//	clock                   the database clock against this machine's: warn beyond 2 s, fail beyond 30 s
+//	pki                     the PKI bundle is present, opens with the deployment secret, and its CAs are not near their end
+//	host.gateway.identity   the gateway role can authenticate daemons: node CA roots and trust domain, the
+//	                        serving certificate files readable, matching their key, chaining to the gateway
+//	                        serving CA (which the file must carry for pinning daemons), naming the public host,
+//	                        and not near expiry
+//	host.gateway.notifier   PostgreSQL LISTEN/NOTIFY round trip (the API's wake-ups to gateways); in-process on SQLite
+//	host.routes             configured host routes clash with neither basePath nor the built-in routes
+//	workers.queue           commands past their deadline that the sweeper has not ended
+//	workers.sweeper         the singleton:command-sweeper lease is held and not expired
+//	fleet.gateway-headroom  a live gateway's sessions against its max streams: warn at 90 %, fail at 100 %
+//	fleet.heartbeats        ready nodes silent for more than 3 heartbeat intervals
+//	fleet.old-daemons       nodes whose bcd is older (semantic versions) than the newest one seen
+//	fleet.expiring-certs    node certificates ending within 6 h (warn) or already ended (fail)
+//
+// Times the database decides (deadlines, lease expiry, heartbeats) are
+// compared with the database's clock, read by the clock check, so that a
+// skewed operator machine does not produce false findings.
+//
+// When the schema is not migrated (pending migrations, or no database), only
+// schema, clock and host.routes run: the other checks read tables that may
+// not exist yet.
+package doctor
