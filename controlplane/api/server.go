@@ -36,6 +36,13 @@ type Config struct {
 	Waker Waker
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
+	// Metrics, when set together with MetricsToken, serves GET /metrics
+	// (package metrics).
+	Metrics http.Handler
+	// MetricsToken is host.metrics.bearerToken: /metrics answers only
+	// requests carrying "Authorization: Bearer <MetricsToken>". Shorter
+	// than 16 characters, /metrics is not mounted.
+	MetricsToken string
 }
 
 // Server serves the HTTP API.
@@ -74,6 +81,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 		// GET (and HEAD): a method-less pattern would clash with the RPC route.
 		s.mux.Handle("GET "+cfg.BasePath+"/downloads/", cfg.Downloads)
 	}
+	s.mountMetrics()
 	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
 	return s
 }

@@ -53,6 +53,14 @@ type Options struct {
 	// LostAfter is how long a node may lack a session before its in-flight
 	// commands are lost (30 s).
 	LostAfter time.Duration
+	// Metrics, when set, counts the commands the CommandSweeper ends
+	// expired or lost (a *metrics.Metrics).
+	Metrics CommandMetrics
+}
+
+// CommandMetrics counts commands that reached a terminal state.
+type CommandMetrics interface {
+	CommandFinished(kind, state string)
 }
 
 // NewWorkerID returns a unique worker id for this process.
@@ -87,7 +95,8 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		live := liveness.New(liveness.Config{HeartbeatInterval: cfg.Host.Gateway.HeartbeatInterval.Duration,
 			Interval: opts.LivenessInterval}, st, log)
 		g.Go(func() error { shard.RunReconcilers(ctx, m, log, live); return nil })
-		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter}, st, log)
+		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter,
+			OnSweep: countSwept(opts.Metrics)}, st, log)
 		if err != nil {
 			return err
 		}
@@ -127,6 +136,22 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 // TokenGrace is how long expired or revoked tokens are kept (so an operator
 // can still see why a join was refused) before token expiry deletes them.
 const TokenGrace = 7 * 24 * time.Hour
+
+// countSwept returns the sweeper's OnSweep that counts the commands a sweep
+// ended; nil without metrics.
+func countSwept(m CommandMetrics) func(*store.CommandSweepResult) {
+	if m == nil {
+		return nil
+	}
+	return func(r *store.CommandSweepResult) {
+		for _, c := range r.Expired {
+			m.CommandFinished(c.Kind, store.CommandExpired)
+		}
+		for _, c := range r.Lost {
+			m.CommandFinished(c.Kind, store.CommandLost)
+		}
+	}
+}
 
 // configuredSinks builds the configured sinks.
 func configuredSinks(cfg *config.Config) []sinks.Sink {

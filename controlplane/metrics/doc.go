@@ -1,0 +1,36 @@
+// Package metrics is the control plane's Prometheus instrumentation
+// (DESIGN.md, "api": GET /metrics). A Metrics holds its collectors on a
+// private prometheus.Registry, never the global default one, and serves them
+// in the Prometheus text format through Handler. The api role mounts that
+// handler at /metrics behind the bearer token of host.metrics.bearerToken.
+//
+// Two kinds of series:
+//
+// Read from the database at each scrape, so they describe the whole
+// deployment whichever process is scraped (with split roles the api process
+// runs neither gateway nor workers):
+//
+//	bettercompute_store_up                      gauge     1 when the database answered the scrape's ping
+//	bettercompute_gateway_sessions              gauge     sessions of each live gateway {gateway, region}
+//	bettercompute_gateway_max_streams           gauge     each live gateway's stream limit {gateway, region}
+//	bettercompute_leases_held                   gauge     unexpired leases by kind (shard, singleton, gateway) and holder
+//	bettercompute_lease_takeovers_total         counter   changes of holder, by lease kind: the sum of (epoch − 1)
+//	bettercompute_outbox_backlog_entries        gauge     outbox entries a sink has not yet taken {sink}
+//	bettercompute_store_query_duration_seconds  histogram the scrape's own queries {op}, and those components report
+//
+// Reported by the components of the process through the methods of Metrics
+// (each safe on a nil *Metrics, so a component can hold one unconditionally):
+//
+//	bettercompute_gateway_handshakes_total        counter   TLS handshakes a gateway completed {gateway}
+//	bettercompute_gateway_refusals_total          counter   handshakes and sessions refused {gateway, reason}
+//	bettercompute_gateway_heartbeat_lag_seconds   histogram how late heartbeats arrive past the interval {gateway}
+//	bettercompute_commands_finished_total         counter   commands that reached a terminal state {kind, state}
+//	bettercompute_command_dispatch_latency_seconds histogram from a command's creation to its dispatch to the node
+//
+// plus the Go runtime (go_*) and process (process_*) collectors.
+//
+// Lease takeovers are derived from the leases table: every change of holder
+// raises a lease's epoch by one, a graceful hand-over after a release
+// included, so epoch − 1 counts them over the lease's life. The count is
+// monotonic as long as lease rows are not deleted.
+package metrics

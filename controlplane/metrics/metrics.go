@@ -1,0 +1,231 @@
+package metrics
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Namespace prefixes every metric of the control plane.
+const Namespace = "bettercompute"
+
+// Reasons for bettercompute_gateway_refusals_total. Other values are
+// counted as ReasonOther, so the label stays bounded.
+const (
+	// ReasonTLS: the TLS handshake failed (another CA, an old TLS version).
+	ReasonTLS = "tls"
+	// ReasonNoCertificate: Connect, Renew or Secret without a client
+	// certificate.
+	ReasonNoCertificate = "no_certificate"
+	// ReasonUntrusted: a client certificate that does not verify.
+	ReasonUntrusted = "untrusted"
+	// ReasonRevoked: a revoked certificate or node.
+	ReasonRevoked = "revoked"
+	// ReasonUnknownNode: a certificate naming a node the deployment lacks.
+	ReasonUnknownNode = "unknown_node"
+	// ReasonFull: the gateway holds MaxStreams sessions.
+	ReasonFull = "full"
+	// ReasonDraining: the gateway is shutting down.
+	ReasonDraining = "draining"
+	// ReasonHelloTimeout: no Hello within the gateway's limit.
+	ReasonHelloTimeout = "hello_timeout"
+	// ReasonProtocol: a malformed first message.
+	ReasonProtocol = "protocol"
+	// ReasonJoinToken: Join refused for its token (unknown, expired,
+	// revoked, used up, malformed).
+	ReasonJoinToken = "join_token"
+	// ReasonUnavailable: the gateway could not reach the database.
+	ReasonUnavailable = "unavailable"
+	// ReasonOther: anything else.
+	ReasonOther = "other"
+)
+
+var reasons = map[string]bool{ReasonTLS: true, ReasonNoCertificate: true, ReasonUntrusted: true, ReasonRevoked: true,
+	ReasonUnknownNode: true, ReasonFull: true, ReasonDraining: true, ReasonHelloTimeout: true, ReasonProtocol: true,
+	ReasonJoinToken: true, ReasonUnavailable: true, ReasonOther: true}
+
+// Store is what the scrape reads.
+type Store interface {
+	Ping(ctx context.Context) error
+	GatewayList(ctx context.Context) ([]*store.Gateway, error)
+	LeaseList(ctx context.Context, prefix string) ([]*store.Lease, error)
+	OutboxMaxID(ctx context.Context) (int64, error)
+	OutboxCursor(ctx context.Context, sink string) (int64, error)
+}
+
+// Config configures Metrics.
+type Config struct {
+	// Sinks are the names of the configured event sinks, whose outbox
+	// backlog is reported. Defaults to none.
+	Sinks []string
+	// ScrapeTimeout bounds the database reads of one scrape. Defaults to
+	// 5 s.
+	ScrapeTimeout time.Duration
+	// GatewayLiveWithin is how fresh a gateways row must be for its
+	// sessions to be reported. Defaults to 30 s (the gateway lease lives
+	// 20 s; the row is refreshed every 5 s).
+	GatewayLiveWithin time.Duration
+	// Now is the clock lease expiry and gateway freshness are judged by.
+	// Defaults to time.Now.
+	Now func() time.Time
+	// Log receives scrape errors. Defaults to discarding them.
+	Log *slog.Logger
+}
+
+// Metrics holds the control plane's collectors on a private registry. Its
+// methods are safe for concurrent use and do nothing on a nil *Metrics.
+type Metrics struct {
+	cfg Config
+	reg *prometheus.Registry
+
+	handshakes   *prometheus.CounterVec
+	refusals     *prometheus.CounterVec
+	heartbeatLag *prometheus.HistogramVec
+	finished     *prometheus.CounterVec
+	dispatch     prometheus.Histogram
+	storeQuery   *prometheus.HistogramVec
+}
+
+// New returns Metrics reading the deployment-wide series from st at each
+// scrape (st may be nil: those series are then left out).
+func New(cfg Config, st Store) *Metrics {
+	cfg.ScrapeTimeout = cmp.Or(cfg.ScrapeTimeout, 5*time.Second)
+	cfg.GatewayLiveWithin = cmp.Or(cfg.GatewayLiveWithin, 30*time.Second)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	m := &Metrics{cfg: cfg, reg: prometheus.NewRegistry()}
+	m.handshakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "handshakes_total",
+		Help: "TLS handshakes the gateway completed.",
+	}, []string{"gateway"})
+	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "refusals_total",
+		Help: "Handshakes, joins and sessions the gateway refused, by reason.",
+	}, []string{"gateway", "reason"})
+	m.heartbeatLag = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "heartbeat_lag_seconds",
+		Help:    "How late each heartbeat arrived: the time since the session's previous heartbeat less the heartbeat interval, 0 when on time.",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60},
+	}, []string{"gateway"})
+	m.finished = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "commands", Name: "finished_total",
+		Help: "Commands that reached a terminal state, by kind and state.",
+	}, []string{"kind", "state"})
+	m.dispatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "command", Name: "dispatch_latency_seconds",
+		Help:    "Time from a command's creation to its dispatch to the node.",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+	})
+	m.storeQuery = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "store", Name: "query_duration_seconds",
+		Help:    "Duration of database queries: those each scrape makes, and those components report, by operation.",
+		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+	}, []string{"op"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if st != nil {
+		m.reg.MustRegister(&storeCollector{m: m, st: st})
+		// The scrape observes its queries while the registry gathers, in no
+		// set order: made now, their series are there from the first scrape.
+		for _, op := range scrapeOps {
+			m.storeQuery.WithLabelValues(op)
+		}
+	}
+	return m
+}
+
+// Registry returns the private registry, for more collectors or for tests.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in the Prometheus text format (or OpenMetrics
+// when the scraper asks for it). A failed database read leaves its series out
+// of that scrape and is logged; the rest is served.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorLog:          errorLog{m.cfg.Log},
+		ErrorHandling:     promhttp.ContinueOnError,
+		Timeout:           m.cfg.ScrapeTimeout + time.Second,
+		EnableOpenMetrics: true,
+	})
+}
+
+// Handshake counts a TLS handshake gateway completed.
+func (m *Metrics) Handshake(gateway string) {
+	if m == nil {
+		return
+	}
+	m.handshakes.WithLabelValues(gateway).Inc()
+}
+
+// Refused counts a refusal by gateway for reason, one of the Reason
+// constants (others count as ReasonOther).
+func (m *Metrics) Refused(gateway, reason string) {
+	if m == nil {
+		return
+	}
+	if !reasons[reason] {
+		reason = ReasonOther
+	}
+	m.refusals.WithLabelValues(gateway, reason).Inc()
+}
+
+// HeartbeatReceived records a heartbeat that arrived since after the
+// session's previous one, on a gateway telling daemons interval: its lag
+// is since − interval, 0 when on time.
+func (m *Metrics) HeartbeatReceived(gateway string, since, interval time.Duration) {
+	if m == nil {
+		return
+	}
+	m.heartbeatLag.WithLabelValues(gateway).Observe(max(since-interval, 0).Seconds())
+}
+
+// CommandFinished counts a command of kind that reached terminal state
+// (succeeded, failed, cancelled, expired or lost). Call it only when the
+// state was recorded (CommandFinish returned ok), so that duplicates of a
+// result are not counted.
+func (m *Metrics) CommandFinished(kind, state string) {
+	if m == nil {
+		return
+	}
+	if !store.IsTerminal(state) {
+		state = ReasonOther
+	}
+	m.finished.WithLabelValues(kind, state).Inc()
+}
+
+// DispatchLatency records the time d from a command's creation to its
+// dispatch to the node.
+func (m *Metrics) DispatchLatency(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.dispatch.Observe(max(d, 0).Seconds())
+}
+
+// StoreQuery records a database operation op (a short fixed name, such as
+// "heartbeat_flush") that took d.
+func (m *Metrics) StoreQuery(op string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.storeQuery.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// errorLog adapts slog to promhttp's logger.
+type errorLog struct{ log *slog.Logger }
+
+func (l errorLog) Println(v ...any) {
+	l.log.Warn("Metrics scrape incomplete", "err", v)
+}

@@ -1,0 +1,210 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/better-compute/better-compute/controlplane/metrics"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+)
+
+func openStore(t *testing.T) store.Store {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// scrape returns the text exposition of m.
+func scrape(t *testing.T, m *metrics.Metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("scrape: %d %s", rec.Code, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+		t.Fatalf("content type %q", ct)
+	}
+	b, _ := io.ReadAll(rec.Body)
+	return string(b)
+}
+
+func has(t *testing.T, text string, lines ...string) {
+	t.Helper()
+	for _, l := range lines {
+		if !strings.Contains(text, l+"\n") {
+			t.Errorf("exposition lacks %q", l)
+		}
+	}
+}
+
+func TestScrapeReadsTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := openStore(t)
+	now := time.Now()
+	stale := now.Add(-time.Hour)
+	for _, g := range []struct {
+		id       string
+		sessions int
+		at       time.Time
+	}{{"gw-1", 95, now}, {"gw-2", 3, now}, {"gw-dead", 50, stale}} {
+		if _, err := st.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: g.id, Region: "eu-1", Sessions: g.sessions, MaxStreams: 100, Now: &g.at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Three shards and the sweeper held by w1; shard:2 was taken over twice
+	// (w1, then w2, then w1 after w2's lease expired); an expired singleton.
+	acquire := func(name, holder string, at time.Time) {
+		t.Helper()
+		if _, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: name, Holder: holder, TTL: 15 * time.Second, Now: &at}); err != nil || !ok {
+			t.Fatalf("acquire %s for %s: %v %v", name, holder, ok, err)
+		}
+	}
+	acquire("shard:0", "w1", now)
+	acquire("shard:1", "w1", now)
+	acquire("shard:2", "w1", now.Add(-2*time.Minute))
+	acquire("shard:2", "w2", now.Add(-time.Minute))
+	acquire("shard:2", "w1", now)
+	acquire("singleton:command-sweeper", "w1", now)
+	acquire("singleton:retention", "w2", stale)
+	for range 5 {
+		if _, err := st.OutboxInsert(ctx, "node.joined", "n", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newest, _ := st.OutboxMaxID(ctx)
+	if err := st.OutboxCursorSet(ctx, "hooks", newest-2); err != nil {
+		t.Fatal(err)
+	}
+
+	m := metrics.New(metrics.Config{Sinks: []string{"hooks", "archive"}}, st)
+	text := scrape(t, m)
+	has(t, text,
+		"bettercompute_store_up 1",
+		`bettercompute_gateway_sessions{gateway="gw-1",region="eu-1"} 95`,
+		`bettercompute_gateway_sessions{gateway="gw-2",region="eu-1"} 3`,
+		`bettercompute_gateway_max_streams{gateway="gw-1",region="eu-1"} 100`,
+		`bettercompute_leases_held{holder="w1",kind="shard"} 3`,
+		`bettercompute_leases_held{holder="w1",kind="singleton"} 1`,
+		`bettercompute_lease_takeovers_total{kind="shard"} 2`,
+		`bettercompute_lease_takeovers_total{kind="singleton"} 0`,
+		`bettercompute_outbox_backlog_entries{sink="hooks"} 2`,
+		`bettercompute_outbox_backlog_entries{sink="archive"} 5`,
+		"# TYPE bettercompute_lease_takeovers_total counter",
+		"# TYPE bettercompute_store_query_duration_seconds histogram",
+	)
+	if strings.Contains(text, "gw-dead") || strings.Contains(text, `holder="w2"`) {
+		t.Errorf("stale gateway or expired lease reported:\n%s", text)
+	}
+	if !strings.Contains(text, `bettercompute_store_query_duration_seconds_count{op="lease_list"}`) || !strings.Contains(text, "go_goroutines") {
+		t.Errorf("query durations or Go collector missing:\n%s", text)
+	}
+}
+
+func TestReportedSeries(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(metrics.Config{}, nil)
+	m.Handshake("gw-1")
+	m.Handshake("gw-1")
+	m.Refused("gw-1", metrics.ReasonFull)
+	m.Refused("gw-1", "something new")
+	m.HeartbeatReceived("gw-1", 12*time.Second, 10*time.Second)
+	m.HeartbeatReceived("gw-1", 9*time.Second, 10*time.Second)
+	m.CommandFinished("exec", store.CommandSucceeded)
+	m.CommandFinished("exec", store.CommandSucceeded)
+	m.CommandFinished("exec", store.CommandRunning)
+	m.DispatchLatency(30 * time.Millisecond)
+	m.StoreQuery("heartbeat_flush", 2*time.Millisecond)
+	text := scrape(t, m)
+	has(t, text,
+		`bettercompute_gateway_handshakes_total{gateway="gw-1"} 2`,
+		`bettercompute_gateway_refusals_total{gateway="gw-1",reason="full"} 1`,
+		`bettercompute_gateway_refusals_total{gateway="gw-1",reason="other"} 1`,
+		`bettercompute_gateway_heartbeat_lag_seconds_bucket{gateway="gw-1",le="0.05"} 1`,
+		`bettercompute_gateway_heartbeat_lag_seconds_sum{gateway="gw-1"} 2`,
+		`bettercompute_commands_finished_total{kind="exec",state="succeeded"} 2`,
+		`bettercompute_commands_finished_total{kind="exec",state="other"} 1`,
+		`bettercompute_command_dispatch_latency_seconds_bucket{le="0.05"} 1`,
+		`bettercompute_store_query_duration_seconds_count{op="heartbeat_flush"} 1`,
+	)
+	if strings.Contains(text, "bettercompute_store_up") {
+		t.Error("store series without a store")
+	}
+
+	// Every method is a no-op on a nil *Metrics.
+	var none *metrics.Metrics
+	none.Handshake("gw")
+	none.Refused("gw", metrics.ReasonTLS)
+	none.HeartbeatReceived("gw", time.Second, time.Second)
+	none.CommandFinished("exec", store.CommandFailed)
+	none.DispatchLatency(time.Second)
+	none.StoreQuery("x", time.Second)
+}
+
+// TestNamesFollowConventions runs Prometheus's own linter over every series
+// (base units, _total on counters, no reserved suffixes).
+func TestNamesFollowConventions(t *testing.T) {
+	t.Parallel()
+	st := openStore(t)
+	now := time.Now()
+	ctx := context.Background()
+	if _, err := st.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw-1", Sessions: 1, MaxStreams: 10, Now: &now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "shard:0", Holder: "w1", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	m := metrics.New(metrics.Config{Sinks: []string{"hooks"}}, st)
+	m.Handshake("gw-1")
+	m.Refused("gw-1", metrics.ReasonTLS)
+	m.HeartbeatReceived("gw-1", time.Second, time.Second)
+	m.CommandFinished("exec", store.CommandSucceeded)
+	m.DispatchLatency(time.Second)
+	problems, err := testutil.GatherAndLint(m.Registry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "bettercompute_") {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+	n, err := testutil.GatherAndCount(m.Registry())
+	if err != nil || n == 0 {
+		t.Fatalf("gathered %d series: %v", n, err)
+	}
+}
+
+// failing is a store whose database is down.
+type failing struct{ store.Store }
+
+func (failing) Ping(context.Context) error { return errors.New("connection refused") }
+
+func TestScrapeWithTheDatabaseDown(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(metrics.Config{Sinks: []string{"hooks"}}, failing{openStore(t)})
+	m.Handshake("gw-1")
+	text := scrape(t, m)
+	has(t, text, "bettercompute_store_up 0", `bettercompute_gateway_handshakes_total{gateway="gw-1"} 1`)
+	if strings.Contains(text, "bettercompute_outbox_backlog_entries") {
+		t.Errorf("backlog reported with the database down:\n%s", text)
+	}
+}
