@@ -332,3 +332,19 @@ func BenchmarkScan(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkScanSystemNVML scans as bcd node does: with a GPU collector on
+// the system's NVML, which on a host without NVIDIA driver tries to load
+// the library on every scan and reports why there are no GPUs.
+func BenchmarkScanSystemNVML(b *testing.B) {
+	c, err := gpu.New(gpu.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := inventory.NewScanner(inventory.Config{GPU: c})
+	for b.Loop() {
+		if _, err := s.Scan(b.Context()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

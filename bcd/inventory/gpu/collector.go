@@ -145,7 +145,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		return Report{}, fmt.Errorf("collect gpus: count devices: %w", ret)
 	}
 	if n == 0 {
-		return Report{Status: "NVML found no NVIDIA GPUs"}, nil
+		return Report{Status: "NVML found no NVIDIA GPUs", NVML: true}, nil
 	}
 
 	var sys reader
@@ -157,7 +157,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		cuda = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
 	}
 
-	rep := Report{GPUs: make([]GPU, 0, n)}
+	rep := Report{GPUs: make([]GPU, 0, n), NVML: true}
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return Report{}, fmt.Errorf("collect gpus: %w", err)

@@ -108,8 +108,8 @@ func TestCollectDGXA100(t *testing.T) {
 	s := newDGXA100()
 	rep := collect(t, newCollector(t, gpu.Config{NVML: s}))
 
-	if rep.Status != "" {
-		t.Errorf("Status = %q, want empty", rep.Status)
+	if rep.Status != "" || !rep.NVML {
+		t.Errorf("Status = %q, NVML = %v, want empty and true", rep.Status, rep.NVML)
 	}
 	if len(rep.GPUs) != 8 {
 		t.Fatalf("got %d GPUs, want 8", len(rep.GPUs))
@@ -325,8 +325,8 @@ func TestCollectNoDriver(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Collect: %v", err)
 				}
-				if len(rep.GPUs) != 0 || rep.Status == "" {
-					t.Fatalf("Report = %+v, want no GPUs and a Status", rep)
+				if len(rep.GPUs) != 0 || rep.Status == "" || rep.NVML {
+					t.Fatalf("Report = %+v, want no GPUs, a Status and no NVML", rep)
 				}
 			}
 			if err := c.Watch(t.Context(), func(gpu.Event) { t.Error("unexpected event") }); err != nil {
@@ -353,8 +353,8 @@ func TestCollectErrors(t *testing.T) {
 
 	s = newDGXA100()
 	s.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
-	if rep := collect(t, newCollector(t, gpu.Config{NVML: s})); len(rep.GPUs) != 0 || rep.Status == "" {
-		t.Errorf("zero GPUs: Report = %+v, want a Status", rep)
+	if rep := collect(t, newCollector(t, gpu.Config{NVML: s})); len(rep.GPUs) != 0 || rep.Status == "" || !rep.NVML {
+		t.Errorf("zero GPUs: Report = %+v, want a Status and NVML", rep)
 	}
 	if got, want := len(s.ShutdownCalls()), len(s.InitCalls()); got != want {
 		t.Errorf("Shutdown called %d times for %d Inits", got, want)

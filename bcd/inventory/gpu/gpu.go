@@ -11,6 +11,10 @@ type Report struct {
 	// example "nvml library not found (no NVIDIA driver installed)". It is
 	// empty whenever at least one GPU was found.
 	Status string `json:"status,omitempty"`
+	// NVML reports that the NVML library loaded and the driver answered
+	// (nvmlInit succeeded), whether or not it found GPUs; false when Status
+	// says there is no driver.
+	NVML bool `json:"nvml"`
 }
 
 // GPU is the inventory and health of one physical GPU.

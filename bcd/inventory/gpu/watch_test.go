@@ -68,10 +68,6 @@ func (w *watcher) stop() []gpu.Event {
 	return w.events
 }
 
-func xidEvent(d nvml.Device, xid uint64) nvml.EventData {
-	return nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid}
-}
-
 func TestWatchXID79FailsThatGPU(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	s := newDGXA100()
@@ -81,7 +77,7 @@ func TestWatchXID79FailsThatGPU(t *testing.T) {
 	c := newCollector(t, gpu.Config{NVML: s, Now: clock.Now, EventWaitTimeout: 20 * time.Millisecond})
 
 	w := startWatch(t, c)
-	set.ch <- xidEvent(s.Devices[3], 79)
+	set.C <- xidEvent(s.Devices[3], 79)
 	ev := w.next()
 
 	rep := collect(t, c)
@@ -135,16 +131,16 @@ func TestWatchDegradedXIDExpires(t *testing.T) {
 		DegradedXIDWindow: time.Hour})
 
 	w := startWatch(t, c)
-	set.ch <- xidEvent(s.Devices[1], 13)
+	set.C <- xidEvent(s.Devices[1], 13)
 	if ev := w.next(); ev.Severity != gpu.SeverityWarning || ev.XID != 13 {
 		t.Errorf("XID 13 event = %+v, want a warning", ev)
 	}
-	set.ch <- xidEvent(s.Devices[2], 999) // not in the table
+	set.C <- xidEvent(s.Devices[2], 999) // not in the table
 	if ev := w.next(); ev.Severity != gpu.SeverityInfo || ev.GPUUUID != stableUUID(2) {
 		t.Errorf("XID 999 event = %+v, want info for GPU 2", ev)
 	}
-	set.ch <- nvml.EventData{Device: s.Devices[4], EventType: nvml.EventTypeSingleBitEccError}
-	set.ch <- nvml.EventData{Device: s.Devices[5], EventType: nvml.EventTypeDoubleBitEccError}
+	set.C <- nvml.EventData{Device: s.Devices[4], EventType: nvml.EventTypeSingleBitEccError}
+	set.C <- nvml.EventData{Device: s.Devices[5], EventType: nvml.EventTypeDoubleBitEccError}
 	if ev := w.next(); ev.Kind != gpu.EventKindECCUncorrected || ev.GPUUUID != stableUUID(5) {
 		t.Errorf("double-bit event = %+v, want %s for GPU 5", ev, gpu.EventKindECCUncorrected)
 	}
@@ -190,7 +186,7 @@ func TestWatchRetriesFailedWait(t *testing.T) {
 	c := newCollector(t, gpu.Config{NVML: s, EventWaitTimeout: 20 * time.Millisecond})
 
 	w := startWatch(t, c)
-	set.ch <- xidEvent(s.Devices[0], 48)
+	set.C <- xidEvent(s.Devices[0], 48)
 	if ev := w.next(); ev.XID != 48 || ev.Severity != gpu.SeverityCritical {
 		t.Errorf("event = %+v, want critical XID 48", ev)
 	}
