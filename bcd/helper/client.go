@@ -41,10 +41,17 @@ func (c *Client) do(ctx context.Context, req Request, out func(Frame)) (Frame, e
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	dec := json.NewDecoder(bufio.NewReader(conn))
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
+		// A helper that refuses this process answers and closes without
+		// reading the request, which can fail the write (EPIPE); its
+		// answer is still there to read.
+		var f Frame
+		if derr := dec.Decode(&f); derr == nil && f.Done {
+			return f, nil
+		}
 		return Frame{}, fmt.Errorf("send to root helper: %w", err)
 	}
-	dec := json.NewDecoder(bufio.NewReader(conn))
 	for {
 		var f Frame
 		if err := dec.Decode(&f); err != nil {
