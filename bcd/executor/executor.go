@@ -79,8 +79,9 @@ func New(cfg Config) *Executor {
 	return &Executor{cfg: cfg, log: log, seen: map[string]*list.Element{}, order: list.New()}
 }
 
-// Wait waits for running commands to end (after their contexts are
-// cancelled, for shutdown).
+// Wait waits for running commands to end. Cancelling the context given to
+// HandleCommand (the agent stopping) cancels them, which is how bcd shuts
+// down: cancel, then Wait.
 func (e *Executor) Wait() { e.wg.Wait() }
 
 // PendingResults returns, and forgets, the results not yet delivered.
@@ -116,11 +117,13 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		}
 		return
 	}
-	// The command outlives the session it came on: a result reaches the
-	// next session through Hello.
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	// ctx is the agent's, not the session's: the command outlives the
+	// session it came on (a result reaches the next session through Hello)
+	// but not the agent, so stopping bcd kills its process group rather
+	// than leaving it orphaned.
+	cctx, cancel := context.WithCancel(ctx)
 	if d := cmd.GetDeadline(); d != nil {
-		cctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), d.AsTime())
+		cctx, cancel = context.WithDeadline(ctx, d.AsTime())
 	}
 	en := &entry{id: cmd.GetId(), cancel: cancel}
 	e.seen[en.id] = e.order.PushBack(en)

@@ -139,3 +139,21 @@ func TestResultKeptWhenSessionEnded(t *testing.T) {
 		t.Fatal("pending results returned twice")
 	}
 }
+
+// Stopping the agent (cancelling the context HandleCommand got) cancels
+// running commands, and Wait returns once their process groups are gone.
+func TestAgentStopCancelsCommands(t *testing.T) {
+	e := executor.New(executor.Config{})
+	r := newRecorder()
+	ctx, stop := context.WithCancel(context.Background())
+	e.HandleCommand(ctx, execCmd("cmd_stop", "sleep", "600"), r.send)
+	if got := e.Running(); len(got) != 1 {
+		t.Fatalf("Running = %q, want cmd_stop", got)
+	}
+	start := time.Now()
+	stop()
+	e.Wait()
+	if res := wait(t, r); res.State != sessionv1.CommandState_COMMAND_STATE_CANCELLED || time.Since(start) > 5*time.Second {
+		t.Fatalf("after the agent stopped: %v after %v", res, time.Since(start))
+	}
+}
