@@ -1,6 +1,8 @@
 // Command bcd is the Better Compute node agent: `bcd join` gives the
-// machine its identity with a join token, `bcd node` holds its session with
-// the control plane's gateways, `bcd version` says what build this is.
+// machine its identity with a join token, `bcd node` runs the agent (the
+// session with the control plane's gateways, inventory, GPU events,
+// commands), `bcd helper` runs the root helper beside an unprivileged node,
+// `bcd version` says what build this is.
 //
 // Exit status: 0 on success and after SIGINT/SIGTERM; 1 for a failure; 2
 // for bad flags or arguments; 3 when the node's identity is revoked; 4 when
@@ -40,7 +42,7 @@ const (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], env{
-		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv,
+		stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, geteuid: os.Geteuid,
 	})
 	stop()
 	os.Exit(code)
@@ -51,6 +53,7 @@ type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	geteuid        func() int
 }
 
 // usageError marks an error in the command line: exit status 2.
@@ -111,7 +114,8 @@ func newRoot(e env) *cobra.Command {
 	root.SetOut(e.stdout)
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newVersionCmd(e), newJoinCmd(e), newNodeCmd(e))
+	root.AddCommand(newVersionCmd(e), newJoinCmd(e), newNodeCmd(e), newHelperCmd(e))
+	root.AddCommand(newDoctorCmd(e))
 	return root
 }
 

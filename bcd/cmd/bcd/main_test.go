@@ -45,10 +45,16 @@ func (s *syncBuffer) String() string {
 }
 
 func bcd(ctx context.Context, stdin string, environ map[string]string, args ...string) result {
+	return bcdAs(ctx, os.Geteuid(), stdin, environ, args...)
+}
+
+// bcdAs runs bcd as if its effective uid were euid.
+func bcdAs(ctx context.Context, euid int, stdin string, environ map[string]string, args ...string) result {
 	var out, errb syncBuffer
 	code := run(ctx, args, env{
 		stdin: strings.NewReader(stdin), stdout: &out, stderr: &errb,
-		getenv: func(k string) string { return environ[k] },
+		getenv:  func(k string) string { return environ[k] },
+		geteuid: func() int { return euid },
 	})
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
@@ -83,6 +89,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"join", "--gateway", "https://gw", "--ca-file", filepath.Join(dir, "missing")}, map[string]string{tokenEnv: tok}, "--ca-file"},
 		{[]string{"join", "--gateway", "https://gw", "--timeout", "soon"}, nil, "invalid argument"},
 		{[]string{"node", "--log-level", "loud"}, nil, "--log-level"},
+		{[]string{"node", "--inventory-interval", "0s"}, nil, "--inventory-interval"},
+		{[]string{"helper"}, nil, "--node-user is required"},
 	} {
 		r := bcd(t.Context(), "", tc.env, tc.args...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) || strings.Count(r.stderr, "\n") != 1 {
@@ -247,5 +255,21 @@ func TestNodeExpiredCertificate(t *testing.T) {
 	r := bcd(t.Context(), "", nil, "node", "--data-dir", data, "--log-level", "error")
 	if r.code != exitExpired || !strings.Contains(r.stderr, "bcd: node certificate expired") || !strings.Contains(r.stderr, "bcd join") {
 		t.Errorf("expired node: %+v", r)
+	}
+}
+
+func TestHelperRefusals(t *testing.T) {
+	t.Parallel()
+	r := bcdAs(t.Context(), 1000, "", nil, "helper", "--node-user", "bcd")
+	if r.code != exitFailure || !strings.Contains(r.stderr, "must run as root") || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("helper as uid 1000: %+v", r)
+	}
+	r = bcdAs(t.Context(), 0, "", nil, "helper", "--node-user", "root")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--node-user root is root") {
+		t.Errorf("helper for root: %+v", r)
+	}
+	r = bcdAs(t.Context(), 0, "", nil, "helper", "--node-user", "no-such-user-bc", "--socket", filepath.Join(t.TempDir(), "h.sock"))
+	if r.code != exitFailure || !strings.Contains(r.stderr, `node user "no-such-user-bc" does not exist`) {
+		t.Errorf("helper for an unknown user: %+v", r)
 	}
 }

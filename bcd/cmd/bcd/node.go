@@ -4,37 +4,55 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/better-compute/better-compute/bcd/agent"
+	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 )
 
 type nodeFlags struct {
-	dataDir  string
-	logLevel string
+	dataDir      string
+	logLevel     string
+	unprivileged bool
+	helperSocket string
+	rescan       time.Duration
 }
 
 func newNodeCmd(e env) *cobra.Command {
 	var f nodeFlags
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Run the node agent: hold the session with the gateways",
-		Long: `Node loads the identity bcd join wrote, connects to a gateway of the node's
-region and holds the session: heartbeats, certificate renewal, reconnection
-with backoff and failover, until SIGINT or SIGTERM. Under systemd it sends
-READY=1 after the first session is established and WATCHDOG=1 pings when the
-unit sets WatchdogSec=.`,
+		Short: "Run the node agent: session, inventory, GPU events and commands",
+		Long: `Node loads the identity bcd join wrote, scans the machine (CPU, memory, disks,
+NICs, DMI, and GPUs through NVML when a driver is present), connects to a
+gateway of the node's region and holds the session until SIGINT or SIGTERM:
+heartbeats, certificate renewal, reconnection with backoff and failover, the
+inventory after each connect and whenever the machine changes (re-scanned
+every --inventory-interval), GPU XID events as they happen, and the commands
+the gateway sends.
+
+With --unprivileged, bcd runs as a plain user and sends the commands that ask
+for root to the root helper (bcd helper) on --helper-socket; without a running
+helper those commands fail and say so.
+
+Under systemd it sends READY=1 after the first session is established and
+WATCHDOG=1 pings when the unit sets WatchdogSec=.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return node(cmd.Context(), e, &f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.dataDir, "data-dir", identity.DefaultDir, "directory holding the node's identity")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.BoolVar(&f.unprivileged, "unprivileged", false, "run as a plain user: commands that need root go to the root helper")
+	fl.StringVar(&f.helperSocket, "helper-socket", helper.DefaultSocket, "Unix socket of the root helper (with --unprivileged)")
+	fl.DurationVar(&f.rescan, "inventory-interval", agent.DefaultRescanInterval, "how often the machine is scanned again for changes")
 	return cmd
 }
 
@@ -42,6 +60,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	log, err := newLogger(e.stderr, f.logLevel)
 	if err != nil {
 		return err
+	}
+	if f.rescan <= 0 {
+		return usagef("--inventory-interval must be positive")
 	}
 	store := identity.NewStore(f.dataDir)
 	id, err := store.Load()
@@ -54,30 +75,35 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	log = log.With("node_id", id.NodeID)
 	notify := sdnotify.New(log)
 
-	client, err := session.New(session.Config{
-		Gateways:   id.Gateways,
-		Trust:      id.Trust(),
-		Key:        id.Key,
-		Chain:      id.Chain,
-		RenewAfter: id.RenewAfter,
-		// Called by one renewal at a time, so id is not shared.
-		OnRenew: func(_ context.Context, r *session.Renewal) error {
-			id.Renewed(r)
-			return store.SaveRenewal(id)
+	a, err := agent.New(agent.Config{
+		Session: session.Config{
+			Gateways:   id.Gateways,
+			Trust:      id.Trust(),
+			Key:        id.Key,
+			Chain:      id.Chain,
+			RenewAfter: id.RenewAfter,
+			// Called by one renewal at a time, so id is not shared.
+			OnRenew: func(_ context.Context, r *session.Renewal) error {
+				id.Renewed(r)
+				return store.SaveRenewal(id)
+			},
+			BCDVersion: bcdVersion(),
+			BootID:     readLine(bootIDFile),
+			OnEvent: func(ev session.Event) {
+				switch ev.Kind {
+				case session.EventConnected:
+					notify.Ready()
+					notify.Status("connected to " + ev.Gateway)
+				case session.EventBackoff:
+					notify.Status(fmt.Sprintf("reconnecting in %v", ev.Delay.Round(time.Millisecond)))
+				}
+			},
+			Logger: log,
 		},
-		BCDVersion: bcdVersion(),
-		BootID:     readLine(bootIDFile),
-		Heartbeat:  readings,
-		OnEvent: func(ev session.Event) {
-			switch ev.Kind {
-			case session.EventConnected:
-				notify.Ready()
-				notify.Status("connected to " + ev.Gateway)
-			case session.EventBackoff:
-				notify.Status(fmt.Sprintf("reconnecting in %v", ev.Delay.Round(time.Millisecond)))
-			}
-		},
-		Logger: log,
+		Unprivileged:   f.unprivileged,
+		HelperSocket:   f.helperSocket,
+		RescanInterval: f.rescan,
+		Logger:         log,
 	})
 	if err != nil {
 		return err
@@ -87,13 +113,14 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		trustedBy = "pin " + id.GatewayPin
 	}
 	log.InfoContext(ctx, "Starting node agent", "version", bcdVersion(), "spiffe_id", id.SPIFFEID,
-		"gateways", id.Gateways, "gateway_trust", trustedBy, "cert_not_after", id.NotAfter())
+		"gateways", id.Gateways, "gateway_trust", trustedBy, "cert_not_after", id.NotAfter(),
+		"unprivileged", f.unprivileged, "uid", os.Geteuid())
 
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, cancel := context.WithCancel(gctx)
 	g.Go(func() error {
 		defer cancel()
-		return client.Run(gctx)
+		return a.Run(gctx)
 	})
 	g.Go(func() error { return notify.Watchdog(gctx) })
 	err = g.Wait()

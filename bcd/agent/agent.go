@@ -1,0 +1,324 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/better-compute/better-compute/bcd/executor"
+	"github.com/better-compute/better-compute/bcd/helper"
+	"github.com/better-compute/better-compute/bcd/inventory"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/session"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Capabilities the agent offers in Hello (proto/session/v1/session.proto
+// lists their meaning).
+const (
+	CapExec      = "exec"
+	CapCancel    = "cancel"
+	CapInventory = "inventory.v1"
+	CapGPU       = "gpu.nvml"
+	CapResume    = "resume"
+)
+
+// Defaults of Config.
+const (
+	// DefaultRescanInterval is how often the host is scanned again.
+	DefaultRescanInterval = 5 * time.Minute
+	// MaxPendingEvents is how many GPU events are kept while there is no
+	// session; older ones are dropped first.
+	MaxPendingEvents = 64
+	// helperCheckTimeout bounds the start-up check of the root helper.
+	helperCheckTimeout = 5 * time.Second
+)
+
+// Log attribute keys of this package.
+const (
+	attrErr          = "err"
+	attrDigest       = "inventory_digest"
+	attrReason       = "reason"
+	attrGPUs         = "gpus"
+	attrGPUStatus    = "gpu_status"
+	attrCapabilities = "capabilities"
+	attrSocket       = "helper_socket"
+	attrKind         = "kind"
+	attrRetryIn      = "retry_in"
+	attrTook         = "took"
+	attrDropped      = "dropped"
+)
+
+// Scanner reads the host's inventory; *inventory.Scanner implements it.
+type Scanner interface {
+	// Scan reads the inventory; it fails only when ctx is done.
+	Scan(ctx context.Context) (*inventory.Host, error)
+}
+
+// Config configures an Agent. Zero values take the documented defaults.
+type Config struct {
+	// Session holds the session settings: the node's identity (Gateways,
+	// Trust, Key, Chain, RenewAfter, OnRenew), BCDVersion, timeouts and
+	// backoff, OnEvent, Logger and Clock. The agent sets Handler,
+	// Capabilities, InventoryDigest, Heartbeat and PendingResults itself,
+	// and BootID when it is empty (from the scan). Required: see
+	// session.Config.
+	Session session.Config
+	// Unprivileged sends commands that ask for root to the root helper at
+	// HelperSocket instead of running them in this process. Defaults to
+	// false: bcd runs them itself when it runs as root and refuses them
+	// otherwise.
+	Unprivileged bool
+	// HelperSocket is the root helper's Unix socket. Defaults to
+	// helper.DefaultSocket (/run/bcd/helper.sock).
+	HelperSocket string
+	// RescanInterval is how often the host is scanned again to notice
+	// changes. Defaults to DefaultRescanInterval (5 min).
+	RescanInterval time.Duration
+	// GPU reads GPUs for the scans and watches their XID and ECC events.
+	// Defaults to a gpu.Collector on the system's NVML (nvml.New()); a host
+	// without NVIDIA driver then reports no GPUs and why.
+	GPU *gpu.Collector
+	// Scanner reads the host. Defaults to inventory.NewScanner with GPU as
+	// its GPU collector.
+	Scanner Scanner
+	// Plugins lists the plugins bcd runs, for the Inventory. Defaults to
+	// none.
+	Plugins func() []*sessionv1.PluginInfo
+	// Logger receives the agent's logs. Defaults to Session.Logger, else
+	// discarding them.
+	Logger *slog.Logger
+}
+
+// Agent is bcd's node agent. Create one with New and call Run once.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	clock   session.Clock
+	exec    *executor.Executor
+	gpu     *gpu.Collector
+	probe   *gpuProbe
+	scanner Scanner
+	client  atomic.Pointer[session.Client]
+	running atomic.Bool
+
+	connected  chan struct{}   // a Welcome arrived: send the inventory
+	gpuChanged chan struct{}   // a GPU event arrived: scan again
+	refresh    chan chan error // inventory.refresh: scan, send, answer
+
+	digest atomic.Pointer[string]
+
+	mu  sync.Mutex
+	inv *sessionv1.Inventory // the latest scan
+
+	evMu   sync.Mutex // serialises sending events, guards events
+	events []*sessionv1.Event
+
+	resMu   sync.Mutex
+	unacked []*sessionv1.CommandResult // results in a Hello not yet answered by a Welcome
+}
+
+// New returns an Agent for cfg with its defaults filled in. It fails when
+// cfg is invalid, including its session settings (errors wrapping
+// session.ErrConfig).
+func New(cfg Config) (*Agent, error) {
+	cfg.RescanInterval = cmp.Or(cfg.RescanInterval, DefaultRescanInterval)
+	if cfg.RescanInterval < 0 {
+		return nil, fmt.Errorf("new agent: negative rescan interval %v", cfg.RescanInterval)
+	}
+	cfg.HelperSocket = cmp.Or(cfg.HelperSocket, helper.DefaultSocket)
+	log := cmp.Or(cfg.Logger, cfg.Session.Logger, slog.New(slog.DiscardHandler))
+	// The session client is made in Run, once the first scan has decided
+	// the capabilities; this one only checks the settings early.
+	if _, err := session.New(cfg.Session); err != nil {
+		return nil, fmt.Errorf("new agent: %w", err)
+	}
+	a := &Agent{
+		cfg:        cfg,
+		log:        log,
+		clock:      cmp.Or[session.Clock](cfg.Session.Clock, systemClock{}),
+		connected:  make(chan struct{}, 1),
+		gpuChanged: make(chan struct{}, 1),
+		refresh:    make(chan chan error),
+	}
+	a.gpu = cfg.GPU
+	if a.gpu == nil {
+		c, err := gpu.New(gpu.Config{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("new agent: %w", err)
+		}
+		a.gpu = c
+	}
+	a.probe = &gpuProbe{c: a.gpu}
+	a.scanner = cfg.Scanner
+	if a.scanner == nil {
+		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, Logger: log})
+	}
+	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Logger: log}
+	if cfg.Unprivileged {
+		ecfg.Root = &helper.Client{Socket: cfg.HelperSocket}
+	}
+	a.exec = executor.New(ecfg)
+	empty := ""
+	a.digest.Store(&empty)
+	return a, nil
+}
+
+// Run scans the host, then holds the session, reports inventory and GPU
+// events and runs commands until ctx ends (nil) or the session client fails
+// for good (an error wrapping session.ErrRevoked or
+// session.ErrCertificateExpired). Running commands are cancelled and waited
+// for before Run returns. Run must be called only once.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return errors.New("agent: Run called twice")
+	}
+	start := a.clock.Now()
+	host, err := a.scanner.Scan(ctx)
+	if err != nil {
+		return nil // only when ctx is done
+	}
+	a.setInventory(host)
+	caps := a.capabilities(host)
+	a.log.InfoContext(ctx, "Inventory scanned", attrTook, a.clock.Now().Sub(start).Round(time.Millisecond),
+		attrGPUs, len(host.GPUs), attrGPUStatus, host.GPUStatus, attrDigest, a.currentDigest())
+
+	scfg := a.cfg.Session
+	scfg.Handler = a.exec
+	scfg.Capabilities = caps
+	scfg.InventoryDigest = a.currentDigest
+	scfg.Heartbeat = a.heartbeat
+	scfg.PendingResults = a.pendingResults
+	scfg.BootID = cmp.Or(scfg.BootID, host.BootID)
+	scfg.Logger = cmp.Or(scfg.Logger, a.log)
+	next := scfg.OnEvent
+	scfg.OnEvent = func(ev session.Event) {
+		if ev.Kind == session.EventConnected {
+			a.helloAccepted()
+			signal(a.connected)
+		}
+		if next != nil {
+			next(ev)
+		}
+	}
+	client, err := session.New(scfg)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.client.Store(client)
+	a.log.InfoContext(ctx, "Node agent running", attrCapabilities, caps)
+	if a.cfg.Unprivileged {
+		a.checkHelper(ctx)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	gctx, cancel := context.WithCancel(gctx)
+	defer cancel()
+	g.Go(func() error {
+		defer cancel()
+		return client.Run(gctx)
+	})
+	g.Go(func() error { return a.report(gctx) })
+	g.Go(func() error {
+		a.watchGPUs(gctx)
+		return nil
+	})
+	err = g.Wait()
+	// The Handler's context was gctx: the commands are being cancelled.
+	a.exec.Wait()
+	return err
+}
+
+// capabilities returns what the node offers in Hello: gpu.nvml only when
+// the first scan reached NVML (GPUs found, or the driver answered with
+// none).
+func (a *Agent) capabilities(host *inventory.Host) []string {
+	caps := []string{CapExec, CapCancel, CapInventory, CapResume}
+	if a.probe.nvml.Load() || len(host.GPUs) > 0 {
+		caps = append(caps, CapGPU)
+	}
+	return caps
+}
+
+// checkHelper says at start whether the root helper answers, so that an
+// operator sees a missing helper before a root command fails.
+func (a *Agent) checkHelper(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, helperCheckTimeout)
+	defer cancel()
+	c := &helper.Client{Socket: a.cfg.HelperSocket}
+	if err := c.Ping(cctx); err != nil {
+		a.log.WarnContext(ctx, "Root helper not usable: commands that need root fail until it is", attrSocket, a.cfg.HelperSocket, attrErr, err)
+		return
+	}
+	a.log.InfoContext(ctx, "Root helper answers", attrSocket, a.cfg.HelperSocket)
+}
+
+// pendingResults gives a Hello the results the executor could not send,
+// and keeps them until a Welcome shows that the gateway took that Hello: an
+// attempt that fails before its Welcome puts them in the next Hello again
+// (the gateway ignores a result it already recorded).
+func (a *Agent) pendingResults() []*sessionv1.CommandResult {
+	a.resMu.Lock()
+	defer a.resMu.Unlock()
+	a.unacked = append(a.unacked, a.exec.PendingResults()...)
+	return slices.Clone(a.unacked)
+}
+
+// helloAccepted forgets the results of the Hello a Welcome answered.
+func (a *Agent) helloAccepted() {
+	a.resMu.Lock()
+	a.unacked = nil
+	a.resMu.Unlock()
+}
+
+// heartbeat fills a Heartbeat's readings; the session set its digest.
+func (a *Agent) heartbeat(hb *sessionv1.Heartbeat) {
+	readings(hb)
+	hb.RunningCommandIds = a.exec.Running()
+}
+
+// send sends msg on the current session.
+func (a *Agent) send(msg *sessionv1.NodeMessage) error {
+	c := a.client.Load()
+	if c == nil {
+		return session.ErrNotConnected
+	}
+	return c.Send(msg)
+}
+
+// signal wakes the receiver of ch without blocking; wake-ups merge.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// gpuProbe passes Collect through and remembers whether NVML ever answered.
+type gpuProbe struct {
+	c    *gpu.Collector
+	nvml atomic.Bool
+}
+
+func (p *gpuProbe) Collect(ctx context.Context) (gpu.Report, error) {
+	rep, err := p.c.Collect(ctx)
+	if rep.NVML {
+		p.nvml.Store(true)
+	}
+	return rep, err
+}
+
+// systemClock is the clock of the real world.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) AfterFunc(d time.Duration, f func()) session.Timer { return time.AfterFunc(d, f) }

@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// watchGPUs runs the GPU collector's Watch until ctx ends. Watch returns
+// nil at once on a host without NVML (it says so at info level) and an
+// error only when NVML fails otherwise; then it is tried again after
+// RescanInterval.
+func (a *Agent) watchGPUs(ctx context.Context) {
+	for {
+		err := a.gpu.Watch(ctx, func(ev gpu.Event) { a.gpuEvent(ctx, ev) })
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		a.log.WarnContext(ctx, "Cannot watch GPU events", attrErr, err, attrRetryIn, a.cfg.RescanInterval)
+		if !a.sleep(ctx, a.cfg.RescanInterval) {
+			return
+		}
+	}
+}
+
+// gpuEvent sends ev at once (or keeps it for the next session) and starts a
+// scan, which sends the Inventory when the GPU's health changed.
+func (a *Agent) gpuEvent(ctx context.Context, ev gpu.Event) {
+	a.evMu.Lock()
+	a.events = append(a.events, eventMessage(ev))
+	if n := len(a.events) - MaxPendingEvents; n > 0 {
+		a.log.WarnContext(ctx, "Dropped GPU events kept while without a session", attrDropped, n)
+		a.events = a.events[n:]
+	}
+	a.evMu.Unlock()
+	a.flushEvents(ctx)
+	signal(a.gpuChanged)
+}
+
+// flushEvents sends the kept events in order, keeping those it could not
+// send.
+func (a *Agent) flushEvents(ctx context.Context) {
+	a.evMu.Lock()
+	defer a.evMu.Unlock()
+	for len(a.events) > 0 {
+		ev := a.events[0]
+		if err := a.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: ev}}); err != nil {
+			a.log.InfoContext(ctx, "GPU event kept for the next session", attrKind, ev.GetKind(), attrErr, err)
+			return
+		}
+		a.events[0] = nil
+		a.events = a.events[1:]
+	}
+	a.events = nil
+}
+
+// eventMessage converts a GPU event into the session's Event.
+func eventMessage(ev gpu.Event) *sessionv1.Event {
+	return &sessionv1.Event{
+		Kind:     ev.Kind,
+		Time:     timestamppb.New(ev.Time),
+		Severity: severity(ev.Severity),
+		GpuUuid:  ev.GPUUUID,
+		Xid:      uint32(ev.XID),
+		Message:  ev.Message,
+	}
+}
+
+func severity(s gpu.Severity) sessionv1.Severity {
+	switch s {
+	case gpu.SeverityInfo:
+		return sessionv1.Severity_SEVERITY_INFO
+	case gpu.SeverityWarning:
+		return sessionv1.Severity_SEVERITY_WARNING
+	case gpu.SeverityCritical:
+		return sessionv1.Severity_SEVERITY_CRITICAL
+	}
+	return sessionv1.Severity_SEVERITY_UNSPECIFIED
+}
+
+// sleep waits d on the agent's clock or until ctx ends, and reports
+// whether d passed.
+func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
+	done := make(chan struct{})
+	t := a.clock.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	}
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/user"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/bcd/helper"
+)
+
+type helperFlags struct {
+	nodeUser string
+	socket   string
+	logLevel string
+}
+
+func newHelperCmd(e env) *cobra.Command {
+	var f helperFlags
+	cmd := &cobra.Command{
+		Use:   "helper --node-user USER",
+		Short: "Run the root helper of an unprivileged bcd node",
+		Long: `Helper runs as root beside a bcd node started with --unprivileged. It listens
+on a Unix socket (mode 0660, group of the node user) and accepts connections
+only from the node user (checked with SO_PEERCRED), and only the operations on
+its allow-list: run a command as root, reboot. It stops on SIGINT or SIGTERM
+and removes its socket.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runHelper(cmd.Context(), e, &f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.nodeUser, "node-user", "", "the user bcd node runs as, the only one served (required)")
+	fl.StringVar(&f.socket, "socket", helper.DefaultSocket, "Unix socket to listen on")
+	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return cmd
+}
+
+func runHelper(ctx context.Context, e env, f *helperFlags) error {
+	log, err := newLogger(e.stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+	if f.nodeUser == "" {
+		return usagef("--node-user is required (the user bcd node runs as, normally bcd)")
+	}
+	if f.socket == "" {
+		return usagef("--socket must not be empty")
+	}
+	if uid := e.geteuid(); uid != 0 {
+		return fmt.Errorf("bcd helper must run as root (it runs root commands for the node), not as uid %d", uid)
+	}
+	uid, gid, err := lookupUser(f.nodeUser)
+	if err != nil {
+		return err
+	}
+	if uid == 0 {
+		return usagef("--node-user %s is root: the helper serves an unprivileged node user (normally bcd)", f.nodeUser)
+	}
+	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid}, log)
+	if err := srv.Run(ctx); err != nil {
+		return err
+	}
+	log.InfoContext(ctx, "Root helper stopped")
+	return nil
+}
+
+// lookupUser resolves a user name (or numeric uid) to its uid and primary
+// gid.
+func lookupUser(name string) (uid, gid uint32, err error) {
+	u, err := user.Lookup(name)
+	var unknown user.UnknownUserError
+	if errors.As(err, &unknown) {
+		if _, nerr := strconv.ParseUint(name, 10, 32); nerr == nil {
+			u, err = user.LookupId(name)
+		}
+	}
+	if err != nil {
+		if errors.As(err, &unknown) || errors.As(err, new(user.UnknownUserIdError)) {
+			return 0, 0, fmt.Errorf("node user %q does not exist: create it (useradd --system --user-group bcd) or name another with --node-user", name)
+		}
+		return 0, 0, fmt.Errorf("look up node user %q: %w", name, err)
+	}
+	u64, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("node user %q: uid %q is not a number", name, u.Uid)
+	}
+	g64, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("node user %q: gid %q is not a number", name, u.Gid)
+	}
+	return uint32(u64), uint32(g64), nil
+}
