@@ -68,6 +68,11 @@ func buildBinary(name string) (string, error) {
 	builds.mu.Lock()
 	if builds.dir == "" {
 		dir, err := os.MkdirTemp("", "bc-e2e-bin-")
+		if err == nil {
+			// Readable by all, so that tests can run the binaries as
+			// other users (StartAs, RunAs).
+			err = os.Chmod(dir, 0o755)
+		}
 		if err != nil {
 			builds.mu.Unlock()
 			return "", err
@@ -106,9 +111,16 @@ type lineWaiter struct {
 // stops it (SIGTERM, then SIGKILL after 10 s) when the test ends.
 func Start(t testing.TB, env []string, bin string, args ...string) *Proc {
 	t.Helper()
+	return StartAs(t, nil, env, bin, args...)
+}
+
+// StartAs is Start with the process running as cred's user and groups
+// (the test must run as root); a nil cred keeps the test's own.
+func StartAs(t testing.TB, cred *syscall.Credential, env []string, bin string, args ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(BaseEnv(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	stdout, _ := cmd.StdoutPipe()
 	stderr, _ := cmd.StderrPipe()
 	p := &Proc{t: t, cmd: cmd, done: make(chan struct{})}
@@ -238,10 +250,20 @@ func (p *Proc) Stop(sig syscall.Signal, grace time.Duration) {
 // Run runs bin to completion and returns its exit code, stdout and stderr.
 func Run(t testing.TB, env []string, stdin string, bin string, args ...string) (int, string, string) {
 	t.Helper()
+	return RunAs(t, nil, env, stdin, bin, args...)
+}
+
+// RunAs is Run with the process running as cred's user and groups (the
+// test must run as root); a nil cred keeps the test's own.
+func RunAs(t testing.TB, cred *syscall.Credential, env []string, stdin string, bin string, args ...string) (int, string, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(BaseEnv(), env...)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
