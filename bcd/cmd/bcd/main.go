@@ -115,6 +115,7 @@ func newRoot(e env) *cobra.Command {
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newVersionCmd(e), newJoinCmd(e), newNodeCmd(e), newHelperCmd(e))
+	root.AddCommand(newDoctorCmd(e))
 	return root
 }
 

@@ -1,0 +1,41 @@
+// Package doctor checks a node from its own side: what `bcd doctor` runs
+// when a node does not show up in the control plane (DESIGN.md, "bcd"). It
+// needs no session and no control plane: every check works with the network
+// down, and says so.
+//
+// The checks, by id (Target names the gateway, file or plugin when there is
+// one):
+//
+//	identity          the data directory holds an identity that loads
+//	node.certificate  the node certificate matches the key, chains to the node CA roots, is valid now; time left,
+//	                  and whether its renewal is overdue
+//	join-token        the --token-file parses; its pin matches the one the node trusts (expiry and uses are
+//	                  known only to the control plane)
+//	gateway.dns       each gateway's host name resolves
+//	gateway.tcp       a TCP connection to each gateway opens
+//	gateway.tls       the TLS 1.3 handshake succeeds and the gateway's chain verifies against the pinned gateway
+//	                  CA (or the CA file the node joined with), as the agent verifies it; a TLS-inspecting proxy
+//	                  fails here
+//	gateway.clock     this machine's clock against the gateway's (see below)
+//	clock             this machine's clock is synchronised by NTP (the kernel's adjtimex state; Linux only)
+//	nvml              the NVIDIA driver answers NVML; no driver warns (a host without GPUs)
+//	helper            the root helper answers on its socket, when one is there or was named
+//	plugins           the plugin directory is safe to run from (not world-writable)
+//	plugin            each bcx-<name> plugin is an executable that reports its version
+//
+// # Clock skew against the gateway
+//
+// The session's Welcome carries the gateway's clock, but doctor must work
+// when no session can be had, and opening one would supersede the running
+// agent's. TLS 1.3 carries no time (the Random field has not held one since
+// TLS 1.2, and never reliably). So doctor makes one gRPC health check
+// (grpc.health.v1.Health/Check) over a verified TLS connection without a
+// client certificate, which writes nothing on the gateway, and reads the HTTP
+// Date header ("date", RFC 9110 §6.6.1, one-second resolution) of the answer:
+// skew = Date − the midpoint of the call, less the second of resolution and
+// half the round trip. Beyond 5 s it warns; beyond 60 s it fails, since a
+// node that far behind finds fresh certificates (backdated 1 minute) not yet
+// valid. A gateway that sends no Date leaves the skew unknown, which is
+// reported as ok with that said, next to the local NTP state of the clock
+// check.
+package doctor
