@@ -91,16 +91,22 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		return nil, invalid("nodeIds", "at most %d nodes", MaxTargets)
 	case len(r.GetNodeIds()) > 0:
 		var ids []string
+		seen := map[string]bool{}
 		for _, nid := range r.GetNodeIds() {
 			if err := id("nodeIds", nid); err != nil {
 				return nil, err
 			}
-			if _, err := s.store.NodeGet(ctx, nid); err != nil {
-				return nil, fieldNotFound(err, "nodeIds", "no node "+nid)
-			}
-			if !slices.Contains(ids, nid) {
+			if !seen[nid] {
+				seen[nid] = true
 				ids = append(ids, nid)
 			}
+		}
+		missing, err := s.store.NodesMissing(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 {
+			return nil, &Error{Code: CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
 		}
 		return ids, nil
 	case r.GetPool() != "":

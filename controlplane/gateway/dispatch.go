@@ -85,24 +85,36 @@ func (g *Gateway) dispatchLoop(ctx context.Context) {
 }
 
 // dispatchRound claims and sends queued commands, then pending cancels.
+// Commands are sent inside the claiming transaction, before it commits, so
+// the time to the node does not include the commit's fsync; a command sent
+// whose claim then fails to commit stays queued and is sent again, which the
+// node answers from its memory of the command id.
 func (g *Gateway) dispatchRound(ctx context.Context) error {
 	if g.draining.Load() || g.sessions.len() == 0 {
 		return nil
 	}
 	for {
-		var cmds []*store.Command
+		claimed := 0
 		err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
-			var err error
-			cmds, err = tx.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: g.cfg.ID, Limit: g.cfg.DispatchBatch})
-			return err
+			cmds, err := tx.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: g.cfg.ID, Limit: g.cfg.DispatchBatch})
+			if err != nil {
+				return err
+			}
+			claimed = len(cmds)
+			for _, c := range cmds {
+				if g.sendCommand(ctx, c) {
+					continue
+				}
+				if _, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandQueued}); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			return err
 		}
-		for _, c := range cmds {
-			g.sendCommand(ctx, c, true)
-		}
-		if len(cmds) < g.cfg.DispatchBatch {
+		if claimed < g.cfg.DispatchBatch {
 			break
 		}
 	}
@@ -127,25 +139,20 @@ func (g *Gateway) dispatchRound(ctx context.Context) error {
 	return nil
 }
 
-// sendCommand sends one command; when requeue is set, a failed send puts
-// a freshly claimed command back in the queue.
-func (g *Gateway) sendCommand(ctx context.Context, c *store.Command, requeue bool) {
+// sendCommand sends one command and reports whether it went out.
+func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	msg, err := commandMessage(c)
 	if err != nil {
 		g.log.ErrorContext(ctx, "Command not sendable", "command_id", c.ID, "error", err)
-		return
+		return false
 	}
 	if err := g.Send(c.NodeID, msg); err != nil {
-		if requeue {
-			if _, err := g.store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandQueued}); err != nil {
-				g.log.WarnContext(ctx, "Command not requeued; the sweeper will", "command_id", c.ID, "error", err)
-			}
-		}
-		return
+		return false
 	}
 	if g.cfg.OnDispatch != nil {
 		g.cfg.OnDispatch(c.Kind, g.cfg.Now().Sub(c.CreatedAt))
 	}
+	return true
 }
 
 // commandMessage builds the wire Command of a stored command.
@@ -179,7 +186,7 @@ func (g *Gateway) sessionOpened(ctx context.Context, s *session, hello *sessionv
 				continue
 			}
 		}
-		g.sendCommand(ctx, c, false)
+		g.sendCommand(ctx, c)
 	}
 	g.Wake()
 }
@@ -250,10 +257,10 @@ var states = map[sessionv1.CommandState]string{
 // maxErrorLen bounds the error text kept from a node.
 const maxErrorLen = 4096
 
-// writeUpdates applies a batch in one fenced transaction. Updates for a
-// command of another node are dropped: a node reports only its own work.
+// writeUpdates applies a batch in one fenced transaction. Each write is
+// conditional on the command being the sending node's: a node reports only
+// its own work.
 func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
-	var finished []*store.Command
 	// A command whose result is in this batch needs no accepted/running
 	// write: the result supersedes them (one write per command instead of
 	// three at high throughput).
@@ -263,9 +270,9 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 			hasResult[nu.update.GetCommandId()] = true
 		}
 	}
+	var finished []string
 	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
 		finished = finished[:0]
-		owner := map[string]*store.Command{}
 		for _, nu := range batch {
 			u := nu.update
 			switch u.GetUpdate().(type) {
@@ -274,53 +281,45 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 					continue
 				}
 			}
-			c, ok := owner[u.GetCommandId()]
-			if !ok {
-				got, err := tx.CommandGet(ctx, u.GetCommandId())
-				if errors.Is(err, store.ErrNotFound) {
-					owner[u.GetCommandId()] = nil
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				c, owner[u.GetCommandId()] = got, got
-			}
-			if c == nil || c.NodeID != nu.nodeID {
-				continue
-			}
-			if err := g.applyUpdate(ctx, tx, c, u, &finished); err != nil {
+			state, err := applyUpdate(ctx, tx, nu.nodeID, u)
+			if err != nil {
 				return err
+			}
+			if state != "" {
+				finished = append(finished, state)
 			}
 		}
 		return nil
 	})
 	if err == nil && g.cfg.OnCommandFinished != nil {
-		for _, c := range finished {
-			g.cfg.OnCommandFinished(c.Kind, c.State)
+		for _, state := range finished {
+			g.cfg.OnCommandFinished(state)
 		}
 	}
 	return err
 }
 
-func (g *Gateway) applyUpdate(ctx context.Context, tx store.Store, c *store.Command, u *sessionv1.CommandUpdate, finished *[]*store.Command) error {
+// applyUpdate writes one update of nodeID; it returns the terminal state
+// when the update finished the command.
+func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv1.CommandUpdate) (string, error) {
+	id := u.GetCommandId()
 	switch b := u.GetUpdate().(type) {
 	case *sessionv1.CommandUpdate_Accepted:
-		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandAccepted})
-		return err
+		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: id, NodeID: nodeID, State: store.CommandAccepted})
+		return "", ignoreMissing(err)
 	case *sessionv1.CommandUpdate_Running:
-		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning})
-		return err
+		_, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: id, NodeID: nodeID, State: store.CommandRunning})
+		return "", ignoreMissing(err)
 	case *sessionv1.CommandUpdate_Output:
 		stream := store.StreamStdout
 		if b.Output.GetStream() == sessionv1.OutputStream_OUTPUT_STREAM_STDERR {
 			stream = store.StreamStderr
 		}
 		if len(b.Output.GetData()) == 0 || u.GetUpdateSeq() == 0 {
-			return nil
+			return "", nil
 		}
-		return tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: int64(u.GetUpdateSeq()),
-			Stream: stream, Data: b.Output.GetData()})
+		return "", ignoreMissing(tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: id, NodeID: nodeID,
+			Seq: int64(u.GetUpdateSeq()), Stream: stream, Data: b.Output.GetData()}))
 	case *sessionv1.CommandUpdate_Result:
 		state, ok := states[b.Result.GetState()]
 		if !ok {
@@ -335,16 +334,23 @@ func (g *Gateway) applyUpdate(ctx context.Context, tx store.Store, c *store.Comm
 		if d := b.Result.GetDetailJson(); len(d) > 0 && len(d) <= 64<<10 && validJSON(d) {
 			detail = d
 		}
-		ok, err := tx.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: state, ExitCode: &code, Error: msg,
-			OutputTruncated: b.Result.GetOutputTruncated(), Result: detail})
-		if ok {
-			done := *c
-			done.State = state
-			*finished = append(*finished, &done)
+		done, err := tx.CommandFinish(ctx, &store.CommandFinishParams{ID: id, NodeID: nodeID, State: state, ExitCode: &code,
+			Error: msg, OutputTruncated: b.Result.GetOutputTruncated(), Result: detail})
+		if !done {
+			return "", ignoreMissing(err)
 		}
-		return err
+		return state, err
 	}
-	return nil
+	return "", nil
+}
+
+// ignoreMissing drops not-found: a node may report on a command that was
+// deleted (or never existed); that fails nothing else in the batch.
+func ignoreMissing(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // validJSON reports whether b is one JSON document.

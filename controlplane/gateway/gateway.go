@@ -133,9 +133,9 @@ type Config struct {
 	// OnDispatch, when set, is told of each command sent, with the time
 	// from its creation (metrics).
 	OnDispatch func(kind string, sinceCreated time.Duration)
-	// OnCommandFinished, when set, is told of each terminal result written
-	// (metrics).
-	OnCommandFinished func(kind, state string)
+	// OnCommandFinished, when set, is told the state of each terminal
+	// result written (metrics).
+	OnCommandFinished func(state string)
 }
 
 func (c *Config) defaults() {

@@ -297,6 +297,8 @@ type NodeStore interface {
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
 	// NodeDelete removes a node, its session and commands.
 	NodeDelete(ctx context.Context, id string) error
+	// NodesMissing returns those of ids that name no node, in one query.
+	NodesMissing(ctx context.Context, ids []string) ([]string, error)
 	// NodeLivenessReconcile marks the nodes of shard whose last heartbeat is
 	// older than StaleAfter unreachable, and unreachable ones seen since
 	// ready again. Run it under the shard's lease.
@@ -614,12 +616,16 @@ type CommandSetStateParams struct {
 	ID        string
 	State     string
 	GatewayID string
-	Now       *time.Time
+	// NodeID, when set, changes the command only if it is that node's.
+	NodeID string
+	Now    *time.Time
 }
 
 // CommandFinishParams are CommandFinish's inputs.
 type CommandFinishParams struct {
-	ID              string
+	ID string
+	// NodeID, when set, finishes the command only if it is that node's.
+	NodeID          string
 	State           string
 	ExitCode        *int
 	Error           string
@@ -640,6 +646,9 @@ type CommandOutputChunk struct {
 	Seq       int64
 	Stream    int
 	Data      []byte
+	// NodeID, when set on a write, stores the chunk only if the command is
+	// that node's. It is not read back.
+	NodeID string
 }
 
 // OutboxEntry is an event waiting for delivery to the sinks.

@@ -314,6 +314,9 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	_, err := h.Store.NodeFindForRejoin(ctx, pool.ID, "nope", "nope")
 	wantErr(t, err, store.ErrNotFound)
 	addNode(ctx, t, h, pool, "node_b")
+	if missing := must(h.Store.NodesMissing(ctx, []string{"node_a", "node_x", "node_b", "node_y"})); !slices.Equal(missing, []string{"node_x", "node_y"}) {
+		t.Fatalf("missing = %v", missing)
+	}
 	if ready := must(h.Store.NodeList(ctx, &store.NodeListParams{State: store.NodeReady})); len(ready) != 1 {
 		t.Fatalf("ready nodes = %d", len(ready))
 	}
@@ -495,9 +498,19 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	if !ok || got.State != store.CommandRunning || got.Attempt != 1 || got.GatewayID != "gw1" || got.DispatchedAt == nil || got.StartedAt == nil {
 		t.Fatalf("running command = %+v", got)
 	}
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux ")}))
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}))
+	// Another node's output for this command is not stored.
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 9, Stream: store.StreamStdout, Data: []byte("forged"), NodeID: "node_2"}))
+	if ok := must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, NodeID: "node_2", State: store.CommandFailed})); ok {
+		t.Fatal("another node finished the command")
+	}
 	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 2, Stream: store.StreamStdout, Data: []byte("host\n")}))
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux ")}))
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}))
+	// Another node's output for this command is not stored.
+	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 9, Stream: store.StreamStdout, Data: []byte("forged"), NodeID: "node_2"}))
+	if ok := must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, NodeID: "node_2", State: store.CommandFailed})); ok {
+		t.Fatal("another node finished the command")
+	}
 	var out []byte
 	for _, ch := range must(h.Store.CommandOutput(ctx, c.ID)) {
 		out = append(out, ch.Data...)

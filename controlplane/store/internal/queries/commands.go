@@ -144,7 +144,7 @@ func (s *Store) CommandSetState(ctx context.Context, p *store.CommandSetStatePar
 			attempt = CASE WHEN $2 = 'dispatched' THEN attempt + 1 ELSE attempt END,
 			dispatched_at = CASE WHEN $2 = 'dispatched' THEN coalesce($4, now()) ELSE dispatched_at END,
 			started_at = CASE WHEN $2 = 'running' THEN coalesce(started_at, coalesce($4, now())) ELSE started_at END
-		WHERE id = $1 AND state NOT IN `+terminalStates, p.ID, p.State, p.GatewayID, p.Now)
+		WHERE id = $1 AND ($5 = '' OR node_id = $5) AND state NOT IN `+terminalStates, p.ID, p.State, p.GatewayID, p.Now, p.NodeID)
 	if err != nil {
 		return false, s.wrap("set state of command "+p.ID, err)
 	}
@@ -164,9 +164,10 @@ func (s *Store) CommandFinish(ctx context.Context, p *store.CommandFinishParams)
 		result = JSON(p.Result)
 	}
 	n, err := s.db.Exec(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
-			result = $6, finished_at = coalesce($7, now())
-		WHERE id = $1 AND state NOT IN `+terminalStates,
-		p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now)
+			result = $6, finished_at = coalesce($7, now()),
+			started_at = coalesce(started_at, dispatched_at)
+		WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates,
+		p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now, p.NodeID)
 	if err != nil {
 		return false, s.wrap("finish command "+p.ID, err)
 	}
@@ -186,8 +187,9 @@ func (s *Store) commandExists(ctx context.Context, id string) error {
 func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputChunk) error {
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		n, err := q.db.Exec(ctx, `INSERT INTO command_output (command_id, seq, stream, data) VALUES ($1, $2, $3, $4)
-			ON CONFLICT (command_id, seq) DO NOTHING`, c.CommandID, c.Seq, c.Stream, c.Data)
+		n, err := q.db.Exec(ctx, `INSERT INTO command_output (command_id, seq, stream, data)
+			SELECT $1, $2, $3, $4 WHERE $5 = '' OR EXISTS (SELECT 1 FROM commands WHERE id = $1 AND node_id = $5)
+			ON CONFLICT (command_id, seq) DO NOTHING`, c.CommandID, c.Seq, c.Stream, c.Data, c.NodeID)
 		if err != nil || n == 0 {
 			return q.wrap("append output of command "+c.CommandID, err)
 		}

@@ -160,3 +160,38 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 		RETURNING id`)
 	return unreachable, ready, err
 }
+
+// NodesMissing returns the ids that name no node.
+func (s *Store) NodesMissing(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	found := map[string]bool{}
+	for start := 0; start < len(ids); start += 1000 {
+		chunk := ids[start:min(start+1000, len(ids))]
+		in, args := inList(1, chunk)
+		rows, err := s.db.Query(ctx, `SELECT id FROM nodes WHERE id IN (`+in+`)`, args...)
+		if err != nil {
+			return nil, s.wrap("look up nodes", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, s.wrap("look up nodes", err)
+			}
+			found[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, s.wrap("look up nodes", err)
+		}
+	}
+	var missing []string
+	for _, id := range ids {
+		if !found[id] {
+			missing = append(missing, id)
+		}
+	}
+	return missing, nil
+}
