@@ -64,6 +64,7 @@ type entry struct {
 	id     string
 	cancel context.CancelFunc // nil once finished
 	result *sessionv1.CommandResult
+	u      *updater // numbers and sends the command's updates
 }
 
 // New returns an Executor.
@@ -111,9 +112,15 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	e.mu.Lock()
 	if el, ok := e.seen[cmd.GetId()]; ok {
 		en := el.Value.(*entry)
+		result, u := en.result, en.u
 		e.mu.Unlock()
-		if en.result != nil {
-			_ = send(&sessionv1.CommandUpdate{CommandId: en.id, Update: &sessionv1.CommandUpdate_Result{Result: en.result}})
+		switch {
+		case result != nil:
+			_ = send(&sessionv1.CommandUpdate{CommandId: en.id, Update: &sessionv1.CommandUpdate_Result{Result: result}})
+		case u != nil:
+			// Redelivered while running (the node reconnected): the rest
+			// of its updates go to the session it came on now.
+			u.setTransmit(send)
 		}
 		return
 	}
@@ -125,7 +132,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	if d := cmd.GetDeadline(); d != nil {
 		cctx, cancel = context.WithDeadline(ctx, d.AsTime())
 	}
-	en := &entry{id: cmd.GetId(), cancel: cancel}
+	en := &entry{id: cmd.GetId(), cancel: cancel, u: &updater{id: cmd.GetId(), transmit: send}}
 	e.seen[en.id] = e.order.PushBack(en)
 	for e.order.Len() > e.cfg.Remember {
 		old := e.order.Front()
@@ -138,7 +145,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	e.mu.Unlock()
 	e.wg.Go(func() {
 		defer cancel()
-		u := &updater{id: en.id, transmit: send}
+		u := en.u
 		u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}})
 		res := e.run(cctx, cmd, u)
 		res.CommandId = en.id
@@ -173,6 +180,13 @@ type updater struct {
 	mu       sync.Mutex
 	seq      uint64
 	transmit func(*sessionv1.CommandUpdate) error
+}
+
+// setTransmit sends the following updates through send.
+func (u *updater) setTransmit(send func(*sessionv1.CommandUpdate) error) {
+	u.mu.Lock()
+	u.transmit = send
+	u.mu.Unlock()
 }
 
 func (u *updater) send(m *sessionv1.CommandUpdate) error {

@@ -157,3 +157,25 @@ func TestAgentStopCancelsCommands(t *testing.T) {
 		t.Fatalf("after the agent stopped: %v after %v", res, time.Since(start))
 	}
 }
+
+func TestRedeliveryWhileRunningMovesUpdatesToTheNewSession(t *testing.T) {
+	e := executor.New(executor.Config{})
+	old := newRecorder()
+	c := execCmd("cmd_move", "sleep", "0.3")
+	e.HandleCommand(context.Background(), c, old.send)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(e.Running()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	old.mu.Lock()
+	old.closed = true // the node reconnected; that session is gone
+	old.mu.Unlock()
+	cur := newRecorder()
+	e.HandleCommand(context.Background(), c, cur.send)
+	if res := wait(t, cur); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED {
+		t.Fatalf("result on the new session = %v", res)
+	}
+	if p := e.PendingResults(); len(p) != 0 {
+		t.Fatalf("result kept pending although a session was up: %v", p)
+	}
+}
