@@ -14,17 +14,24 @@ import (
 // storm of them cannot flood it.
 type loggedCreds struct {
 	credentials.TransportCredentials
-	log   *slog.Logger
-	limit *rate.Limiter
+	log     *slog.Logger
+	limit   *rate.Limiter
+	metrics Metrics
+	gateway string
 }
 
-func newLoggedCreds(c credentials.TransportCredentials, log *slog.Logger) *loggedCreds {
-	return &loggedCreds{TransportCredentials: c, log: log, limit: rate.NewLimiter(5, 20)}
+func newLoggedCreds(c credentials.TransportCredentials, log *slog.Logger, m Metrics, gateway string) *loggedCreds {
+	return &loggedCreds{TransportCredentials: c, log: log, limit: rate.NewLimiter(5, 20), metrics: m, gateway: gateway}
 }
 
 // ServerHandshake runs the TLS handshake and logs its failure.
 func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil {
+		c.metrics.Refused(c.gateway, reasonTLS)
+	} else {
+		c.metrics.Handshake(c.gateway)
+	}
 	if err != nil && c.limit.Allow() {
 		c.log.LogAttrs(context.Background(), slog.LevelWarn, "TLS handshake refused",
 			slog.String("remote", conn.RemoteAddr().String()), slog.String("error", err.Error()))
@@ -34,5 +41,5 @@ func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 
 // Clone returns a copy sharing the log and its limit.
 func (c *loggedCreds) Clone() credentials.TransportCredentials {
-	return &loggedCreds{TransportCredentials: c.TransportCredentials.Clone(), log: c.log, limit: c.limit}
+	return &loggedCreds{TransportCredentials: c.TransportCredentials.Clone(), log: c.log, limit: c.limit, metrics: c.metrics, gateway: c.gateway}
 }

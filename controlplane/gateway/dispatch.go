@@ -51,11 +51,16 @@ type dispatcher struct {
 	updates chan nodeUpdate
 
 	mu         sync.Mutex
-	cancelSent map[string]bool // command ids sent a Cancel
+	cancelSent map[string]bool   // command ids sent a Cancel
+	kinds      map[string]string // kind of each command sent and not yet finished
 }
 
+// maxKinds bounds the kinds remembered for metrics.
+const maxKinds = 100000
+
 func newDispatcher() *dispatcher {
-	return &dispatcher{wake: make(chan struct{}, 1), updates: make(chan nodeUpdate, 4096), cancelSent: map[string]bool{}}
+	return &dispatcher{wake: make(chan struct{}, 1), updates: make(chan nodeUpdate, 4096), cancelSent: map[string]bool{},
+		kinds: map[string]string{}}
 }
 
 // Wake asks for a dispatch round now.
@@ -149,9 +154,16 @@ func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	if err := g.Send(c.NodeID, msg); err != nil {
 		return false
 	}
+	since := g.cfg.Now().Sub(c.CreatedAt)
+	g.cfg.Metrics.DispatchLatency(since)
 	if g.cfg.OnDispatch != nil {
-		g.cfg.OnDispatch(c.Kind, g.cfg.Now().Sub(c.CreatedAt))
+		g.cfg.OnDispatch(c.Kind, since)
 	}
+	g.dispatch.mu.Lock()
+	if len(g.dispatch.kinds) < maxKinds {
+		g.dispatch.kinds[c.ID] = c.Kind
+	}
+	g.dispatch.mu.Unlock()
 	return true
 }
 
@@ -270,7 +282,8 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 			hasResult[nu.update.GetCommandId()] = true
 		}
 	}
-	var finished []string
+	type done struct{ id, state string }
+	var finished []done
 	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
 		finished = finished[:0]
 		for _, nu := range batch {
@@ -286,17 +299,29 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 				return err
 			}
 			if state != "" {
-				finished = append(finished, state)
+				finished = append(finished, done{u.GetCommandId(), state})
 			}
 		}
 		return nil
 	})
-	if err == nil && g.cfg.OnCommandFinished != nil {
-		for _, state := range finished {
-			g.cfg.OnCommandFinished(state)
+	if err != nil {
+		return err
+	}
+	for _, f := range finished {
+		g.dispatch.mu.Lock()
+		kind, ok := g.dispatch.kinds[f.id]
+		delete(g.dispatch.kinds, f.id)
+		delete(g.dispatch.cancelSent, f.id)
+		g.dispatch.mu.Unlock()
+		if !ok {
+			kind = "unknown" // dispatched by another gateway, or before a restart
+		}
+		g.cfg.Metrics.CommandFinished(kind, f.state)
+		if g.cfg.OnCommandFinished != nil {
+			g.cfg.OnCommandFinished(f.state)
 		}
 	}
-	return err
+	return nil
 }
 
 // applyUpdate writes one update of nodeID; it returns the terminal state

@@ -52,6 +52,34 @@ type Store interface {
 	dispatchStore
 }
 
+// Metrics is what the gateway reports (a *metrics.Metrics satisfies it).
+type Metrics interface {
+	Handshake(gateway string)
+	Refused(gateway, reason string)
+	HeartbeatReceived(gateway string, since, interval time.Duration)
+	DispatchLatency(d time.Duration)
+	CommandFinished(kind, state string)
+}
+
+// noMetrics reports nothing.
+type noMetrics struct{}
+
+func (noMetrics) Handshake(string)                                       {}
+func (noMetrics) Refused(string, string)                                 {}
+func (noMetrics) HeartbeatReceived(string, time.Duration, time.Duration) {}
+func (noMetrics) DispatchLatency(time.Duration)                          {}
+func (noMetrics) CommandFinished(string, string)                         {}
+
+// Refusal reasons reported to Metrics.
+const (
+	reasonTLS          = "tls"
+	reasonUntrusted    = "untrusted"
+	reasonFull         = "full"
+	reasonDraining     = "draining"
+	reasonHelloTimeout = "hello_timeout"
+	reasonProtocol     = "protocol"
+)
+
 // Config configures a Gateway. Zero fields take the documented defaults.
 type Config struct {
 	// ID names the gateway; its lease is gateway:<ID>. Defaults to a new
@@ -130,6 +158,9 @@ type Config struct {
 	// ResultFlushInterval bounds how long a node's update waits to be
 	// written with others in one transaction. Defaults to 20 ms.
 	ResultFlushInterval time.Duration
+	// Metrics receives the gateway's counters and latencies. Defaults to
+	// none.
+	Metrics Metrics
 	// OnDispatch, when set, is told of each command sent, with the time
 	// from its creation (metrics).
 	OnDispatch func(kind string, sinceCreated time.Duration)
@@ -159,6 +190,9 @@ func (c *Config) defaults() {
 	c.DispatchInterval = cmp.Or(c.DispatchInterval, time.Second)
 	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
 	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
+	}
 	if c.Capabilities == nil {
 		c.Capabilities = DefaultCapabilities
 	}
@@ -268,7 +302,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		Time:           cfg.Now,
 	}
 	g.server = grpc.NewServer(
-		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log)),
+		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log, cfg.Metrics, cfg.ID)),
 		// Memory per idle session: tls.Conn buffers reads already, so the
 		// HTTP/2 framer reads it directly; the write buffer is pooled and
 		// held only while writing; static windows stop BDP probing.

@@ -81,8 +81,14 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 		g.event(ctx, s, b.Event)
 	case *sessionv1.NodeMessage_CommandUpdate:
 		g.queueUpdate(ctx, s.nodeID, b.CommandUpdate)
-	case *sessionv1.NodeMessage_Heartbeat, *sessionv1.NodeMessage_Hello:
-		// Liveness only; a second Hello changes nothing.
+	case *sessionv1.NodeMessage_Heartbeat:
+		now := g.cfg.Now()
+		if !s.lastBeat.IsZero() {
+			g.cfg.Metrics.HeartbeatReceived(g.cfg.ID, now.Sub(s.lastBeat), g.cfg.HeartbeatInterval)
+		}
+		s.lastBeat = now
+	case *sessionv1.NodeMessage_Hello:
+		// A second Hello changes nothing.
 	default:
 		// A body this gateway does not know (a newer node): skipped.
 	}

@@ -54,6 +54,7 @@ type session struct {
 	ended  bool   // the handler returned; under sendMu
 
 	// handler goroutine only
+	lastBeat        time.Time
 	inventoryDigest string
 	writes          *rate.Limiter // inventory and event writes, made on first use
 }
@@ -72,6 +73,7 @@ func (ss *sessionService) Connect(stream sessionv1.SessionService_ConnectServer)
 func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
 	ctx := stream.Context()
 	if g.draining.Load() {
+		g.cfg.Metrics.Refused(g.cfg.ID, reasonDraining)
 		return status.Error(codes.Unavailable, "gateway is draining: connect to another gateway of the region")
 	}
 	// A cheap refusal first, so a storm beyond capacity costs no database
@@ -81,6 +83,7 @@ func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
 	}
 	id, err := g.authenticate(ctx, codes.PermissionDenied)
 	if err != nil {
+		g.cfg.Metrics.Refused(g.cfg.ID, reasonUntrusted)
 		return err
 	}
 	if n := g.streams.Add(1); n > int64(g.cfg.MaxStreams) {
@@ -92,6 +95,11 @@ func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
 	conn := g.ln.conn(id.addr)
 	hello, err := g.awaitHello(stream, conn)
 	if err != nil {
+		reason := reasonProtocol
+		if status.Code(err) == codes.DeadlineExceeded {
+			reason = reasonHelloTimeout
+		}
+		g.cfg.Metrics.Refused(g.cfg.ID, reason)
 		return err
 	}
 	h := g.negotiate(hello)
@@ -133,6 +141,7 @@ func (g *Gateway) connect(stream sessionv1.SessionService_ConnectServer) error {
 
 // full refuses a stream beyond MaxStreams with a retry hint.
 func (g *Gateway) full(stream sessionv1.SessionService_ConnectServer) error {
+	g.cfg.Metrics.Refused(g.cfg.ID, reasonFull)
 	d := g.cfg.RetryAfter + rand.N(g.cfg.RetryAfter+1)
 	stream.SetTrailer(metadata.Pairs(TrailerRetryAfter, strconv.FormatInt(d.Milliseconds(), 10)))
 	st := status.New(codes.ResourceExhausted, fmt.Sprintf("gateway %s is full (%d sessions): retry in %s or connect to another gateway of the region",

@@ -15,7 +15,7 @@ import (
 // newGateway builds the gateway role. The embedded default makes its PKI,
 // gateway certificate and default site and pool on first start; with
 // PostgreSQL the operator runs pki init and pki issue-gateway first.
-func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}) (*gateway.Gateway, error) {
+func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m gateway.Metrics) (*gateway.Gateway, error) {
 	gc := cfg.Host.Gateway
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
@@ -58,5 +58,6 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
 		Wakeups:           wakeups,
+		Metrics:           m,
 	}, st, bundle, opts.Log)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/wake"
 	"github.com/better-compute/better-compute/controlplane/workers"
@@ -49,13 +50,14 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		return err
 	}
 	defer stopWake()
+	m := metrics.New(metrics.Config{Sinks: sinkNames(cfg), Log: log}, st)
 	// The gateway is built first: a missing PKI stops serve before any
 	// listener opens.
 	var gw *gateway.Gateway
 	if cfg.Runs("gateway") {
 		wakeups, unsubscribe := bus.Subscribe()
 		defer unsubscribe()
-		if gw, err = newGateway(ctx, cfg, st, opts, wakeups); err != nil {
+		if gw, err = newGateway(ctx, cfg, st, opts, wakeups, m); err != nil {
 			return err
 		}
 	}
@@ -72,7 +74,8 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 		defer closeDownloads()
 		srv = api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Waker: bus}, st, log)
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Waker: bus,
+			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken}, st, log)
 	}
 
 	failed := make(chan error, 8)
@@ -97,7 +100,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 	}
 	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version}, log)
+		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m}, log)
 	}, nil, nil))
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)
 
@@ -159,6 +162,18 @@ func (s *stage) stop() error {
 		return nil
 	}
 	return err
+}
+
+// sinkNames lists the configured sinks, for the outbox backlog metric.
+func sinkNames(cfg *config.Config) []string {
+	var out []string
+	for _, w := range cfg.Sinks.Webhooks {
+		out = append(out, w.Name)
+	}
+	for _, f := range cfg.Sinks.Files {
+		out = append(out, f.Name)
+	}
+	return out
 }
 
 // wakeBus makes the wake-up bus: in memory, plus PostgreSQL NOTIFY when the
