@@ -94,7 +94,7 @@ type Gateway struct {
 	// Listen is the gRPC address. Defaults to 0.0.0.0:8443.
 	Listen string `yaml:"listen"`
 	// PublicURL is what daemons dial (https://host:port). Defaults to
-	// https://localhost:<port of Listen>.
+	// https://localhost:<port of Listen> (the bound port when Listen's is 0).
 	PublicURL string `yaml:"publicURL"`
 	// Region is the gateway's region (sites.region). Defaults to "default".
 	Region string `yaml:"region"`
@@ -301,7 +301,8 @@ func (c *Config) defaults(getenv func(string) string) {
 		g.NodeCertTTL.Duration = 24 * time.Hour
 	}
 	if g.PublicURL == "" {
-		if _, port, err := net.SplitHostPort(g.Listen); err == nil {
+		// Port 0 is chosen at listen time; the gateway then derives it.
+		if _, port, err := net.SplitHostPort(g.Listen); err == nil && port != "0" {
 			g.PublicURL = "https://localhost:" + port
 		}
 	}
@@ -347,7 +348,7 @@ func (c *Config) validate() error {
 			return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address", addr)}
 		}
 	}
-	if u, err := url.Parse(c.Host.Gateway.PublicURL); err != nil || u.Scheme != "https" || u.Host == "" {
+	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
 		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}
 	}
 	if c.Host.Gateway.MaxStreams < 0 {
