@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -54,16 +55,29 @@ func pkiInitCmd(e *env) *cobra.Command {
 				if err := audit(ctx, st, "pki.init", "pki", details); err != nil {
 					return err
 				}
+				// The deployment's first admin token, printed this once, when
+				// the database has no API token yet.
+				var adminToken string
+				if toks, err := st.APITokenList(ctx, &store.ListParams{Limit: 1}); err == nil && len(toks) == 0 {
+					adminToken, _, err = iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin, Description: "first admin token (pki init)"})
+					if err != nil {
+						return err
+					}
+				}
 				res := struct {
 					TrustDomain    string    `json:"trustDomain"`
 					GatewayPin     string    `json:"gatewayPin"`
 					NodeCANotAfter time.Time `json:"nodeCaNotAfter"`
-				}{b.TrustDomain, b.GatewayPin(), b.NodeCA.Cert.NotAfter.UTC()}
+					AdminToken     string    `json:"adminToken,omitempty"`
+				}{b.TrustDomain, b.GatewayPin(), b.NodeCA.Cert.NotAfter.UTC(), adminToken}
 				if out == "json" {
 					return printValue(e.stdout, res)
 				}
-				fmt.Fprintf(e.stdout, "PKI initialised for trust domain %s\ngateway CA pin: %s\nnext: better-compute pki issue-gateway --dns <gateway host> --out-dir <dir>\n",
-					res.TrustDomain, res.GatewayPin)
+				fmt.Fprintf(e.stdout, "PKI initialised for trust domain %s\ngateway CA pin: %s\n", res.TrustDomain, res.GatewayPin)
+				if adminToken != "" {
+					fmt.Fprintf(e.stdout, "first admin API token (shown once, keep it safe): %s\n", adminToken)
+				}
+				fmt.Fprintln(e.stdout, "next: better-compute pki issue-gateway --dns <gateway host> --out-dir <dir>")
 				return nil
 			})
 		},

@@ -74,10 +74,10 @@ func TestStoreCommandsEmbedded(t *testing.T) {
 	c := cli{t: t, env: map[string]string{config.EnvDataDir: dataDir, "HOME": t.TempDir()}}
 
 	c.fails(exitUsage, "--trust-domain", "pki", "init", "--trust-domain", "Compute.Example.com/x")
-	var initRes struct{ TrustDomain, GatewayPin string }
+	var initRes struct{ TrustDomain, GatewayPin, AdminToken string }
 	c.json(&initRes, "pki", "init", "--trust-domain", "compute.example.com")
-	if initRes.TrustDomain != "compute.example.com" || !strings.HasPrefix(initRes.GatewayPin, "sha256/") {
-		t.Fatalf("pki init = %+v", initRes)
+	if initRes.TrustDomain != "compute.example.com" || !strings.HasPrefix(initRes.GatewayPin, "sha256/") || !strings.HasPrefix(initRes.AdminToken, "bcat_") {
+		t.Fatalf("pki init = %+v, want the first admin token printed once", initRes)
 	}
 	c.fails(1, "already holds a PKI bundle", "pki", "init", "--trust-domain", "other.example.com")
 
