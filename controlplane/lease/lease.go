@@ -27,6 +27,7 @@ type Store interface {
 	LeaseAcquire(ctx context.Context, p *store.LeaseAcquireParams) (*store.Lease, bool, error)
 	LeaseRenew(ctx context.Context, p *store.LeaseRenewParams) (*store.Lease, bool, error)
 	LeaseRelease(ctx context.Context, name, holder string, epoch int64) error
+	LeaseGet(ctx context.Context, name string) (*store.Lease, error)
 }
 
 // Config configures a Holder.
@@ -80,6 +81,7 @@ func (h *Holder) Run(ctx context.Context, job Job) error {
 		l, ok, err := h.store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: h.cfg.Name, Holder: h.cfg.Holder, TTL: h.cfg.TTL})
 		switch {
 		case ctx.Err() != nil:
+			h.releaseIfOurs(ctx)
 			return nil
 		case err != nil:
 			h.log.WarnContext(ctx, "Lease acquire failed", "err", err)
@@ -143,6 +145,16 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 				trustUntil = start.Add(h.cfg.TTL - h.cfg.Margin)
 			}
 		}
+	}
+}
+
+// releaseIfOurs releases the lease when the store says this holder has it:
+// an acquire cut short by cancellation may have taken it unseen.
+func (h *Holder) releaseIfOurs(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if l, err := h.store.LeaseGet(rctx, h.cfg.Name); err == nil && l.Holder == h.cfg.Holder {
+		h.release(ctx, l)
 	}
 }
 

@@ -68,6 +68,7 @@ type Store interface {
 	LeaseAcquire(ctx context.Context, p *store.LeaseAcquireParams) (*store.Lease, bool, error)
 	LeaseRenew(ctx context.Context, p *store.LeaseRenewParams) (*store.Lease, bool, error)
 	LeaseRelease(ctx context.Context, name, holder string, epoch int64) error
+	LeaseList(ctx context.Context, prefix string) ([]*store.Lease, error)
 }
 
 // Config configures a Manager.
@@ -239,6 +240,15 @@ func (m *Manager) leave(ctx context.Context) {
 	m.mu.Unlock()
 	for _, h := range all {
 		_ = m.store.LeaseRelease(ctx, h.lease.Name, h.lease.Holder, h.lease.Epoch)
+	}
+	// An acquire cut short by the cancellation may have taken a shard
+	// without this process learning of it: release whatever is still ours.
+	if leases, err := m.store.LeaseList(ctx, "shard:"); err == nil {
+		for _, l := range leases {
+			if l.Holder == m.cfg.WorkerID {
+				_ = m.store.LeaseRelease(ctx, l.Name, l.Holder, l.Epoch)
+			}
+		}
 	}
 	if err := m.store.WorkerDelete(ctx, m.cfg.WorkerID); err != nil {
 		m.log.WarnContext(ctx, "Leaving workers failed", "err", err)
