@@ -135,7 +135,10 @@ func TestCommandsEndToEnd(t *testing.T) {
 		d.serve.Kill()
 		d.start()
 		for _, c := range batch {
-			eventually(t, 60*time.Second, func() bool { s := d.command(c).State; return s == "succeeded" || s == "failed" || s == "lost" || s == "expired" },
+			eventually(t, 60*time.Second, func() bool {
+				s := d.command(c).State
+				return s == "succeeded" || s == "failed" || s == "lost" || s == "expired"
+			},
 				func() string { return fmt.Sprintf("%s still %s", c, d.command(c).State) })
 			if v := d.command(c); v.State != "succeeded" {
 				t.Fatalf("command %s across the restart ended %s (%s)", c, v.State, v.Error)
