@@ -47,6 +47,8 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		ForShare:      " FOR SHARE",
 		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		Migrations:    sub,
+		// One lock per schema, held until the inserting transaction ends.
+		OutboxLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute outbox ' || current_schema()))`,
 	}), nil
 }
 

@@ -71,6 +71,14 @@ type Dialect struct {
 	// ForShare is appended to the fence check so a takeover waits for the
 	// fenced transaction (" FOR SHARE" on PostgreSQL).
 	ForShare string
+	// OutboxLock runs before every outbox insert, in its transaction, and
+	// holds until that transaction ends, so that outbox entries become
+	// visible in id order: otherwise an entry whose transaction commits
+	// after a later one's is skipped by a sink whose cursor has passed it
+	// (PostgreSQL takes identity values at insert, and rows appear at
+	// commit: an advisory transaction lock). Empty when writers are
+	// serialised anyway (SQLite).
+	OutboxLock string
 	// SkipLocked is appended to the claim query's row selection so
 	// concurrent claimers skip each other's rows (" FOR UPDATE OF c SKIP
 	// LOCKED" on PostgreSQL).

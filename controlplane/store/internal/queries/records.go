@@ -9,12 +9,23 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-// OutboxInsert appends an entry to the outbox.
+// OutboxInsert appends an entry to the outbox. Under the dialect's
+// OutboxLock, entries commit in id order, so the insert belongs at the end
+// of its transaction: the lock is held until the commit.
 func (s *Store) OutboxInsert(ctx context.Context, topic, key string, payload []byte) (int64, error) {
 	var id int64
-	err := s.db.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, now())
-		RETURNING id`, topic, key, JSON(payload)).Scan(&id)
-	return id, s.wrap("insert outbox entry", err)
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		if q.d.OutboxLock != "" {
+			if _, err := q.db.Exec(ctx, q.d.OutboxLock); err != nil {
+				return q.wrap("lock outbox", err)
+			}
+		}
+		err := q.db.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, now())
+			RETURNING id`, topic, key, JSON(payload)).Scan(&id)
+		return q.wrap("insert outbox entry", err)
+	})
+	return id, err
 }
 
 // OutboxList returns entries after afterID, oldest first.
