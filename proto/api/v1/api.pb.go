@@ -22,6 +22,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1553,16 +1554,22 @@ type CreateCommandsRequest struct {
 	NodeIds  []string          `protobuf:"bytes,1,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
 	Pool     string            `protobuf:"bytes,2,opt,name=pool,proto3" json:"pool,omitempty"`
 	Selector map[string]string `protobuf:"bytes,3,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// kind: exec or inventory.refresh.
-	Kind string    `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// kind: exec, inventory.refresh, power.status, power.on, power.off (hard),
+	// power.soft-off, power.cycle, power.reset or boot.set.
+	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// exec: for kind exec, required.
 	Exec *ExecSpec `protobuf:"bytes,5,opt,name=exec,proto3" json:"exec,omitempty"`
 	// timeout bounds the command from creation to its terminal state; default
 	// 10 min, at most 24 h.
 	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// idempotency_key makes a retried request return the same commands.
 	IdempotencyKey string `protobuf:"bytes,7,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// power: for the power.* kinds; unset means the node's own BMC.
+	Power *PowerSpec `protobuf:"bytes,8,opt,name=power,proto3" json:"power,omitempty"`
+	// boot: for kind boot.set, required (device).
+	Boot          *BootSpec `protobuf:"bytes,9,opt,name=boot,proto3" json:"boot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateCommandsRequest) Reset() {
@@ -1644,6 +1651,135 @@ func (x *CreateCommandsRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *CreateCommandsRequest) GetPower() *PowerSpec {
+	if x != nil {
+		return x.Power
+	}
+	return nil
+}
+
+func (x *CreateCommandsRequest) GetBoot() *BootSpec {
+	if x != nil {
+		return x.Boot
+	}
+	return nil
+}
+
+// PowerSpec says which BMC a power.* command drives.
+type PowerSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bmc: empty for the node's own BMC (the credentials bmc.setCredentials
+	// sealed for the node, else the bmc entry of the node's /etc/bcd/bmc.yaml);
+	// otherwise the name of a BMC in the bmcs list of the node's
+	// /etc/bcd/bmc.yaml (a site agent's machines without a daemon). 1 to 63 of
+	// A-Z, a-z, 0-9, '.', '-', '_'.
+	Bmc           string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PowerSpec) Reset() {
+	*x = PowerSpec{}
+	mi := &file_api_v1_api_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PowerSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PowerSpec) ProtoMessage() {}
+
+func (x *PowerSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
+func (*PowerSpec) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PowerSpec) GetBmc() string {
+	if x != nil {
+		return x.Bmc
+	}
+	return ""
+}
+
+// BootSpec sets the device a machine boots from (boot.set).
+type BootSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bmc: as PowerSpec.bmc.
+	Bmc string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
+	// device: pxe, disk, bios or cdrom.
+	Device string `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	// persistent keeps the device for every later boot; false sets the next
+	// boot only.
+	Persistent    bool `protobuf:"varint,3,opt,name=persistent,proto3" json:"persistent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootSpec) Reset() {
+	*x = BootSpec{}
+	mi := &file_api_v1_api_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootSpec) ProtoMessage() {}
+
+func (x *BootSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
+func (*BootSpec) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BootSpec) GetBmc() string {
+	if x != nil {
+		return x.Bmc
+	}
+	return ""
+}
+
+func (x *BootSpec) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *BootSpec) GetPersistent() bool {
+	if x != nil {
+		return x.Persistent
+	}
+	return false
+}
+
 type CreateCommandsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BatchId       string                 `protobuf:"bytes,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
@@ -1654,7 +1790,7 @@ type CreateCommandsResponse struct {
 
 func (x *CreateCommandsResponse) Reset() {
 	*x = CreateCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1802,7 @@ func (x *CreateCommandsResponse) String() string {
 func (*CreateCommandsResponse) ProtoMessage() {}
 
 func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1815,7 @@ func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsResponse.ProtoReflect.Descriptor instead.
 func (*CreateCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateCommandsResponse) GetBatchId() string {
@@ -1711,20 +1847,29 @@ type Command struct {
 	Error           string    `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	OutputTruncated bool      `protobuf:"varint,9,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
 	// stdout and stderr, when asked for (commands.get include_output).
-	Stdout        []byte                 `protobuf:"bytes,10,opt,name=stdout,proto3" json:"stdout,omitempty"`
-	Stderr        []byte                 `protobuf:"bytes,11,opt,name=stderr,proto3" json:"stderr,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	DeadlineTime  *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
-	FinishTime    *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=finish_time,json=finishTime,proto3" json:"finish_time,omitempty"`
-	Attempt       int32                  `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,16,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	Stdout       []byte                 `protobuf:"bytes,10,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr       []byte                 `protobuf:"bytes,11,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	CreateTime   *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	DeadlineTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=deadline_time,json=deadlineTime,proto3" json:"deadline_time,omitempty"`
+	FinishTime   *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=finish_time,json=finishTime,proto3" json:"finish_time,omitempty"`
+	Attempt      int32                  `protobuf:"varint,15,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	CreatedBy    string                 `protobuf:"bytes,16,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// power and boot: the spec of power.* and boot.set commands.
+	Power *PowerSpec `protobuf:"bytes,17,opt,name=power,proto3" json:"power,omitempty"`
+	Boot  *BootSpec  `protobuf:"bytes,18,opt,name=boot,proto3" json:"boot,omitempty"`
+	// result: the node's structured answer, for kinds that have one. For
+	// power.* and boot.set: {"bmc": address, "name": BMC name, "action",
+	// "power": "on"|"off", "answer": the BMC's words, "provider": "ipmitool"|
+	// "redfish", "device", "persistent", "reason" (when failed), "source":
+	// where the credentials came from}. Never holds a credential.
+	Result        *structpb.Struct `protobuf:"bytes,19,opt,name=result,proto3" json:"result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1881,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1894,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Command) GetId() string {
@@ -1864,6 +2009,27 @@ func (x *Command) GetCreatedBy() string {
 	return ""
 }
 
+func (x *Command) GetPower() *PowerSpec {
+	if x != nil {
+		return x.Power
+	}
+	return nil
+}
+
+func (x *Command) GetBoot() *BootSpec {
+	if x != nil {
+		return x.Boot
+	}
+	return nil
+}
+
+func (x *Command) GetResult() *structpb.Struct {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
 // commands.get
 type GetCommandRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1875,7 +2041,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +2053,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +2066,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetCommandRequest) GetId() string {
@@ -1926,7 +2092,7 @@ type GetCommandResponse struct {
 
 func (x *GetCommandResponse) Reset() {
 	*x = GetCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2104,7 @@ func (x *GetCommandResponse) String() string {
 func (*GetCommandResponse) ProtoMessage() {}
 
 func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2117,7 @@ func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandResponse.ProtoReflect.Descriptor instead.
 func (*GetCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetCommandResponse) GetCommand() *Command {
@@ -1974,7 +2140,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2152,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2165,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListCommandsRequest) GetPage() *Page {
@@ -2040,7 +2206,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2052,7 +2218,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2065,7 +2231,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListCommandsResponse) GetCommands() []*Command {
@@ -2092,7 +2258,7 @@ type CancelCommandRequest struct {
 
 func (x *CancelCommandRequest) Reset() {
 	*x = CancelCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2270,7 @@ func (x *CancelCommandRequest) String() string {
 func (*CancelCommandRequest) ProtoMessage() {}
 
 func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2283,7 @@ func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandRequest.ProtoReflect.Descriptor instead.
 func (*CancelCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CancelCommandRequest) GetId() string {
@@ -2136,7 +2302,7 @@ type CancelCommandResponse struct {
 
 func (x *CancelCommandResponse) Reset() {
 	*x = CancelCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2314,7 @@ func (x *CancelCommandResponse) String() string {
 func (*CancelCommandResponse) ProtoMessage() {}
 
 func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2327,7 @@ func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandResponse.ProtoReflect.Descriptor instead.
 func (*CancelCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CancelCommandResponse) GetCommand() *Command {
@@ -2190,7 +2356,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2368,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2381,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Gateway) GetId() string {
@@ -2290,7 +2456,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2468,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2481,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 type ListGatewaysResponse struct {
@@ -2327,7 +2493,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2505,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2518,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -2374,7 +2540,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2552,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2565,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -2432,7 +2598,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2610,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2623,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -2476,7 +2642,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2488,7 +2654,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2501,7 +2667,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 type FleetSummaryResponse struct {
@@ -2517,7 +2683,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2529,7 +2695,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2542,7 +2708,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -2594,7 +2760,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2772,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2785,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -2674,7 +2840,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2852,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2865,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *APIToken) GetId() string {
@@ -2765,7 +2931,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2777,7 +2943,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2790,7 +2956,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -2832,7 +2998,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +3010,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +3023,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -2884,7 +3050,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2896,7 +3062,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2909,7 +3075,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -2929,7 +3095,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2941,7 +3107,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2954,7 +3120,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -2981,7 +3147,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3159,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3172,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -3024,7 +3190,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3036,7 +3202,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3049,7 +3215,284 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+}
+
+// bmc.setCredentials: the credentials of a node's own BMC, sealed under the
+// deployment secret as the secret bmc/<node_id>, which only that node can
+// fetch (JoinService.Secret). Replaces what was stored. The password is
+// never logged, returned or put in the audit log.
+type SetBMCCredentialsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address: host name or IP address of the BMC, without port or scheme.
+	Address  string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Username string `protobuf:"bytes,3,opt,name=username,proto3" json:"username,omitempty"`
+	// password: required; 1 to 256 bytes.
+	Password string `protobuf:"bytes,4,opt,name=password,proto3" json:"password,omitempty"`
+	// providers: ipmitool, redfish, tried in this order; default both.
+	Providers []string `protobuf:"bytes,5,rep,name=providers,proto3" json:"providers,omitempty"`
+	// timeout of each BMC call; default 30 s, at most 10 min.
+	Timeout *durationpb.Duration `protobuf:"bytes,6,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// ipmi_port: UDP port of IPMI over LAN; default 623.
+	IpmiPort uint32 `protobuf:"varint,7,opt,name=ipmi_port,json=ipmiPort,proto3" json:"ipmi_port,omitempty"`
+	// redfish_port: HTTPS port of Redfish; default 443.
+	RedfishPort uint32 `protobuf:"varint,8,opt,name=redfish_port,json=redfishPort,proto3" json:"redfish_port,omitempty"`
+	// ipmi_cipher_suite: ipmitool -C; default 3.
+	IpmiCipherSuite string `protobuf:"bytes,9,opt,name=ipmi_cipher_suite,json=ipmiCipherSuite,proto3" json:"ipmi_cipher_suite,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SetBMCCredentialsRequest) Reset() {
+	*x = SetBMCCredentialsRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBMCCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBMCCredentialsRequest) ProtoMessage() {}
+
+func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *SetBMCCredentialsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsRequest) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsRequest) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsRequest) GetPassword() string {
+	if x != nil {
+		return x.Password
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsRequest) GetProviders() []string {
+	if x != nil {
+		return x.Providers
+	}
+	return nil
+}
+
+func (x *SetBMCCredentialsRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *SetBMCCredentialsRequest) GetIpmiPort() uint32 {
+	if x != nil {
+		return x.IpmiPort
+	}
+	return 0
+}
+
+func (x *SetBMCCredentialsRequest) GetRedfishPort() uint32 {
+	if x != nil {
+		return x.RedfishPort
+	}
+	return 0
+}
+
+func (x *SetBMCCredentialsRequest) GetIpmiCipherSuite() string {
+	if x != nil {
+		return x.IpmiCipherSuite
+	}
+	return ""
+}
+
+type SetBMCCredentialsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// secret_name: bmc/<node_id>.
+	SecretName    string                 `protobuf:"bytes,2,opt,name=secret_name,json=secretName,proto3" json:"secret_name,omitempty"`
+	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Username      string                 `protobuf:"bytes,4,opt,name=username,proto3" json:"username,omitempty"`
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetBMCCredentialsResponse) Reset() {
+	*x = SetBMCCredentialsResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetBMCCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetBMCCredentialsResponse) ProtoMessage() {}
+
+func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *SetBMCCredentialsResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsResponse) GetSecretName() string {
+	if x != nil {
+		return x.SecretName
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsResponse) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsResponse) GetUsername() string {
+	if x != nil {
+		return x.Username
+	}
+	return ""
+}
+
+func (x *SetBMCCredentialsResponse) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+// bmc.deleteCredentials
+type DeleteBMCCredentialsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBMCCredentialsRequest) Reset() {
+	*x = DeleteBMCCredentialsRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBMCCredentialsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
+
+func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
+func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type DeleteBMCCredentialsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBMCCredentialsResponse) Reset() {
+	*x = DeleteBMCCredentialsResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBMCCredentialsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
+
+func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
+func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -3069,7 +3512,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3524,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3537,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -3143,7 +3586,7 @@ var File_api_v1_api_proto protoreflect.FileDescriptor
 
 const file_api_v1_api_proto_rawDesc = "" +
 	"\n" +
-	"\x10api/v1/api.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"K\n" +
+	"\x10api/v1/api.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"K\n" +
 	"\x05Error\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
@@ -3265,7 +3708,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x12output_limit_bytes\x18\x05 \x01(\x04R\x10outputLimitBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x80\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x03\n" +
 	"\x15CreateCommandsRequest\x12\x19\n" +
 	"\bnode_ids\x18\x01 \x03(\tR\anodeIds\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12U\n" +
@@ -3273,13 +3716,23 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x122\n" +
 	"\x04exec\x18\x05 \x01(\v2\x1e.bettercompute.api.v1.ExecSpecR\x04exec\x123\n" +
 	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12'\n" +
-	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\x1a;\n" +
+	"\x0fidempotency_key\x18\a \x01(\tR\x0eidempotencyKey\x125\n" +
+	"\x05power\x18\b \x01(\v2\x1f.bettercompute.api.v1.PowerSpecR\x05power\x122\n" +
+	"\x04boot\x18\t \x01(\v2\x1e.bettercompute.api.v1.BootSpecR\x04boot\x1a;\n" +
 	"\rSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"n\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1d\n" +
+	"\tPowerSpec\x12\x10\n" +
+	"\x03bmc\x18\x01 \x01(\tR\x03bmc\"T\n" +
+	"\bBootSpec\x12\x10\n" +
+	"\x03bmc\x18\x01 \x01(\tR\x03bmc\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1e\n" +
+	"\n" +
+	"persistent\x18\x03 \x01(\bR\n" +
+	"persistent\"n\n" +
 	"\x16CreateCommandsResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\tR\abatchId\x129\n" +
-	"\bcommands\x18\x02 \x03(\v2\x1d.bettercompute.api.v1.CommandR\bcommands\"\xc0\x04\n" +
+	"\bcommands\x18\x02 \x03(\v2\x1d.bettercompute.api.v1.CommandR\bcommands\"\xdc\x05\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -3300,7 +3753,10 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"finishTime\x12\x18\n" +
 	"\aattempt\x18\x0f \x01(\x05R\aattempt\x12\x1d\n" +
 	"\n" +
-	"created_by\x18\x10 \x01(\tR\tcreatedByB\f\n" +
+	"created_by\x18\x10 \x01(\tR\tcreatedBy\x125\n" +
+	"\x05power\x18\x11 \x01(\v2\x1f.bettercompute.api.v1.PowerSpecR\x05power\x122\n" +
+	"\x04boot\x18\x12 \x01(\v2\x1e.bettercompute.api.v1.BootSpecR\x04boot\x12/\n" +
+	"\x06result\x18\x13 \x01(\v2\x17.google.protobuf.StructR\x06resultB\f\n" +
 	"\n" +
 	"_exit_code\"J\n" +
 	"\x11GetCommandRequest\x12\x0e\n" +
@@ -3390,7 +3846,28 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"nextCursor\"'\n" +
 	"\x15RevokeAPITokenRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
-	"\x16RevokeAPITokenResponse\"\xc0\x01\n" +
+	"\x16RevokeAPITokenResponse\"\xc4\x02\n" +
+	"\x18SetBMCCredentialsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
+	"\busername\x18\x03 \x01(\tR\busername\x12\x1a\n" +
+	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1c\n" +
+	"\tproviders\x18\x05 \x03(\tR\tproviders\x123\n" +
+	"\atimeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x1b\n" +
+	"\tipmi_port\x18\a \x01(\rR\bipmiPort\x12!\n" +
+	"\fredfish_port\x18\b \x01(\rR\vredfishPort\x12*\n" +
+	"\x11ipmi_cipher_suite\x18\t \x01(\tR\x0fipmiCipherSuite\"\xc8\x01\n" +
+	"\x19SetBMCCredentialsResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vsecret_name\x18\x02 \x01(\tR\n" +
+	"secretName\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1a\n" +
+	"\busername\x18\x04 \x01(\tR\busername\x12;\n" +
+	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\"6\n" +
+	"\x1bDeleteBMCCredentialsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x1e\n" +
+	"\x1cDeleteBMCCredentialsResponse\"\xc0\x01\n" +
 	"\tWellKnown\x12\x17\n" +
 	"\aapi_url\x18\x01 \x01(\tR\x06apiUrl\x12\x1b\n" +
 	"\tbase_path\x18\x02 \x01(\tR\bbasePath\x12\x1a\n" +
@@ -3411,117 +3888,131 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_api_v1_api_proto_goTypes = []any{
-	(*Error)(nil),                     // 0: bettercompute.api.v1.Error
-	(*Page)(nil),                      // 1: bettercompute.api.v1.Page
-	(*Site)(nil),                      // 2: bettercompute.api.v1.Site
-	(*CreateSiteRequest)(nil),         // 3: bettercompute.api.v1.CreateSiteRequest
-	(*ListSitesRequest)(nil),          // 4: bettercompute.api.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),         // 5: bettercompute.api.v1.ListSitesResponse
-	(*Pool)(nil),                      // 6: bettercompute.api.v1.Pool
-	(*CreatePoolRequest)(nil),         // 7: bettercompute.api.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),          // 8: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),         // 9: bettercompute.api.v1.ListPoolsResponse
-	(*JoinToken)(nil),                 // 10: bettercompute.api.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),    // 11: bettercompute.api.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),   // 12: bettercompute.api.v1.CreateJoinTokenResponse
-	(*ListJoinTokensRequest)(nil),     // 13: bettercompute.api.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),    // 14: bettercompute.api.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),    // 15: bettercompute.api.v1.RevokeJoinTokenRequest
-	(*RevokeJoinTokenResponse)(nil),   // 16: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*Node)(nil),                      // 17: bettercompute.api.v1.Node
-	(*GPU)(nil),                       // 18: bettercompute.api.v1.GPU
-	(*ListNodesRequest)(nil),          // 19: bettercompute.api.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),         // 20: bettercompute.api.v1.ListNodesResponse
-	(*NodeRequest)(nil),               // 21: bettercompute.api.v1.NodeRequest
-	(*NodeResponse)(nil),              // 22: bettercompute.api.v1.NodeResponse
-	(*ExecSpec)(nil),                  // 23: bettercompute.api.v1.ExecSpec
-	(*CreateCommandsRequest)(nil),     // 24: bettercompute.api.v1.CreateCommandsRequest
-	(*CreateCommandsResponse)(nil),    // 25: bettercompute.api.v1.CreateCommandsResponse
-	(*Command)(nil),                   // 26: bettercompute.api.v1.Command
-	(*GetCommandRequest)(nil),         // 27: bettercompute.api.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),        // 28: bettercompute.api.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),       // 29: bettercompute.api.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),      // 30: bettercompute.api.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),      // 31: bettercompute.api.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),     // 32: bettercompute.api.v1.CancelCommandResponse
-	(*Gateway)(nil),                   // 33: bettercompute.api.v1.Gateway
-	(*ListGatewaysRequest)(nil),       // 34: bettercompute.api.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),      // 35: bettercompute.api.v1.ListGatewaysResponse
-	(*RevokeCertificateRequest)(nil),  // 36: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil), // 37: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),       // 38: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),      // 39: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),              // 40: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                  // 41: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),     // 42: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),    // 43: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),      // 44: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),     // 45: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),     // 46: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),    // 47: bettercompute.api.v1.RevokeAPITokenResponse
-	(*WellKnown)(nil),                 // 48: bettercompute.api.v1.WellKnown
-	nil,                               // 49: bettercompute.api.v1.Node.LabelsEntry
-	nil,                               // 50: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                               // 51: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                               // 52: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                               // 53: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),     // 54: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 55: google.protobuf.Duration
+	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
+	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
+	(*Site)(nil),                         // 2: bettercompute.api.v1.Site
+	(*CreateSiteRequest)(nil),            // 3: bettercompute.api.v1.CreateSiteRequest
+	(*ListSitesRequest)(nil),             // 4: bettercompute.api.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),            // 5: bettercompute.api.v1.ListSitesResponse
+	(*Pool)(nil),                         // 6: bettercompute.api.v1.Pool
+	(*CreatePoolRequest)(nil),            // 7: bettercompute.api.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),             // 8: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 9: bettercompute.api.v1.ListPoolsResponse
+	(*JoinToken)(nil),                    // 10: bettercompute.api.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),       // 11: bettercompute.api.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),      // 12: bettercompute.api.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),        // 13: bettercompute.api.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),       // 14: bettercompute.api.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),       // 15: bettercompute.api.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),      // 16: bettercompute.api.v1.RevokeJoinTokenResponse
+	(*Node)(nil),                         // 17: bettercompute.api.v1.Node
+	(*GPU)(nil),                          // 18: bettercompute.api.v1.GPU
+	(*ListNodesRequest)(nil),             // 19: bettercompute.api.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 20: bettercompute.api.v1.ListNodesResponse
+	(*NodeRequest)(nil),                  // 21: bettercompute.api.v1.NodeRequest
+	(*NodeResponse)(nil),                 // 22: bettercompute.api.v1.NodeResponse
+	(*ExecSpec)(nil),                     // 23: bettercompute.api.v1.ExecSpec
+	(*CreateCommandsRequest)(nil),        // 24: bettercompute.api.v1.CreateCommandsRequest
+	(*PowerSpec)(nil),                    // 25: bettercompute.api.v1.PowerSpec
+	(*BootSpec)(nil),                     // 26: bettercompute.api.v1.BootSpec
+	(*CreateCommandsResponse)(nil),       // 27: bettercompute.api.v1.CreateCommandsResponse
+	(*Command)(nil),                      // 28: bettercompute.api.v1.Command
+	(*GetCommandRequest)(nil),            // 29: bettercompute.api.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),           // 30: bettercompute.api.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),          // 31: bettercompute.api.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),         // 32: bettercompute.api.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),         // 33: bettercompute.api.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),        // 34: bettercompute.api.v1.CancelCommandResponse
+	(*Gateway)(nil),                      // 35: bettercompute.api.v1.Gateway
+	(*ListGatewaysRequest)(nil),          // 36: bettercompute.api.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),         // 37: bettercompute.api.v1.ListGatewaysResponse
+	(*RevokeCertificateRequest)(nil),     // 38: bettercompute.api.v1.RevokeCertificateRequest
+	(*RevokeCertificateResponse)(nil),    // 39: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 40: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 41: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 42: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 43: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 44: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 45: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 46: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 47: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 48: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 49: bettercompute.api.v1.RevokeAPITokenResponse
+	(*SetBMCCredentialsRequest)(nil),     // 50: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 51: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 52: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 53: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 54: bettercompute.api.v1.WellKnown
+	nil,                                  // 55: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 56: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 57: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 58: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 59: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 60: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 61: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 62: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	54, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	60, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,  // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	2,  // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	54, // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	60, // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
 	1,  // 4: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
 	6,  // 5: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	54, // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	54, // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	54, // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	55, // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	60, // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	60, // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	60, // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	61, // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
 	10, // 10: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,  // 11: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
 	10, // 12: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	49, // 13: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	54, // 14: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	54, // 15: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	54, // 16: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	55, // 13: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	60, // 14: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	60, // 15: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	60, // 16: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
 	18, // 17: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
 	1,  // 18: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
 	17, // 19: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	17, // 20: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	50, // 21: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	51, // 22: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	56, // 21: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	57, // 22: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
 	23, // 23: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	55, // 24: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	26, // 25: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	23, // 26: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	54, // 27: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	54, // 28: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	54, // 29: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	26, // 30: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	1,  // 31: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	26, // 32: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	26, // 33: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	54, // 34: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	33, // 35: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	52, // 36: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	53, // 37: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	40, // 38: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	54, // 39: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	54, // 40: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	54, // 41: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	55, // 42: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	41, // 43: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,  // 44: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	41, // 45: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	46, // [46:46] is the sub-list for method output_type
-	46, // [46:46] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	61, // 24: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	25, // 25: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	26, // 26: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	28, // 27: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	23, // 28: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	60, // 29: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	60, // 30: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	60, // 31: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	25, // 32: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	26, // 33: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	62, // 34: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	28, // 35: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	1,  // 36: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
+	28, // 37: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	28, // 38: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	60, // 39: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	35, // 40: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	58, // 41: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	59, // 42: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	42, // 43: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	60, // 44: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	60, // 45: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	60, // 46: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	61, // 47: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	43, // 48: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,  // 49: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	43, // 50: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	61, // 51: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	60, // 52: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	53, // [53:53] is the sub-list for method output_type
+	53, // [53:53] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -3529,14 +4020,14 @@ func file_api_v1_api_proto_init() {
 	if File_api_v1_api_proto != nil {
 		return
 	}
-	file_api_v1_api_proto_msgTypes[26].OneofWrappers = []any{}
+	file_api_v1_api_proto_msgTypes[28].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -28,8 +28,9 @@
 //   - "gpu.nvml": reads GPUs through NVML (Inventory.gpus, GPU health and
 //     "gpu.xid" events). A node without it reports no GPUs.
 //   - "power": runs Command kinds "power.status", "power.on", "power.off",
-//     "power.cycle" and "power.reset" through a BMC plugin (PowerSpec).
-//   - "boot": runs Command kind "boot.pxe" through a BMC plugin (BootSpec).
+//     "power.soft-off", "power.cycle" and "power.reset" through a BMC plugin
+//     (PowerSpec).
+//   - "boot": runs Command kind "boot.set" through a BMC plugin (BootSpec).
 //   - "upgrade": runs Command kind "upgrade" (UpgradeSpec).
 //   - "reboot": runs Command kind "reboot".
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
@@ -2781,9 +2782,9 @@ type Command struct {
 	// Command id, unique in the deployment.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// What to do: "exec", "inventory.refresh", "power.status", "power.on",
-	// "power.off", "power.cycle", "power.reset", "boot.pxe", "upgrade",
-	// "reboot", "drain". A node answers a kind it does not know with a FAILED
-	// result.
+	// "power.off", "power.soft-off", "power.cycle", "power.reset", "boot.set",
+	// "upgrade", "reboot", "drain". A node answers a kind it does not know
+	// with a FAILED result.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// After this time the command must not start, and one still running is
 	// stopped and reported EXPIRED.
@@ -2920,7 +2921,7 @@ type Command_Power struct {
 }
 
 type Command_Boot struct {
-	// For kind "boot.pxe".
+	// For kind "boot.set".
 	Boot *BootSpec `protobuf:"bytes,12,opt,name=boot,proto3,oneof"`
 }
 
@@ -3039,11 +3040,13 @@ func (x *ExecSpec) GetAsRoot() bool {
 // PowerSpec drives a machine's power through a BMC plugin.
 type PowerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// BMC address (host or host:port); empty means the node's own BMC from its
-	// configuration.
+	// Name of a BMC in the node's BMC file (/etc/bcd/bmc.yaml, list "bmcs": a
+	// site agent's machines that run no daemon); empty means the node's own
+	// BMC (the secret "bmc/<node id>" from JoinService.Secret, else the file's
+	// "bmc" entry).
 	Bmc string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
-	// "status", "on", "off", "cycle" or "reset": the suffix of Command.kind.
-	// A node refuses a command whose kind and action disagree.
+	// "status", "on", "off" (hard), "soft-off", "cycle" or "reset": the suffix
+	// of Command.kind. A node refuses a command whose kind and action disagree.
 	Action        string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3096,7 +3099,7 @@ func (x *PowerSpec) GetAction() string {
 // BootSpec sets the next boot device through a BMC plugin.
 type BootSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// BMC address (host or host:port); empty means the node's own BMC.
+	// As PowerSpec.bmc.
 	Bmc string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	// Boot device: "pxe", "disk", "cdrom" or "bios".
 	Device string `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`

@@ -28,8 +28,9 @@
 //   - "gpu.nvml": reads GPUs through NVML (Inventory.gpus, GPU health and
 //     "gpu.xid" events). A node without it reports no GPUs.
 //   - "power": runs Command kinds "power.status", "power.on", "power.off",
-//     "power.cycle" and "power.reset" through a BMC plugin (PowerSpec).
-//   - "boot": runs Command kind "boot.pxe" through a BMC plugin (BootSpec).
+//     "power.soft-off", "power.cycle" and "power.reset" through a BMC plugin
+//     (PowerSpec).
+//   - "boot": runs Command kind "boot.set" through a BMC plugin (BootSpec).
 //   - "upgrade": runs Command kind "upgrade" (UpgradeSpec).
 //   - "reboot": runs Command kind "reboot".
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
