@@ -93,6 +93,8 @@ type Config struct {
 	// Plugins lists the plugins bcd runs, for the Inventory. Defaults to
 	// none.
 	Plugins func() []*sessionv1.PluginInfo
+	// BMC configures the BMC commands (power.*, boot.set); see BMCConfig.
+	BMC BMCConfig
 	// Logger receives the agent's logs. Defaults to Session.Logger, else
 	// discarding them.
 	Logger *slog.Logger
@@ -104,6 +106,7 @@ type Agent struct {
 	log     *slog.Logger
 	clock   session.Clock
 	exec    *executor.Executor
+	bmc     *bmcRunner
 	gpu     *gpu.Collector
 	probe   *gpuProbe
 	scanner Scanner
@@ -166,6 +169,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Unprivileged {
 		ecfg.Root = &helper.Client{Socket: cfg.HelperSocket}
 	}
+	ecfg.BMC = a.newBMC()
 	a.exec = executor.New(ecfg)
 	empty := ""
 	a.digest.Store(&empty)
@@ -234,6 +238,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	err = g.Wait()
 	// The Handler's context was gctx: the commands are being cancelled.
 	a.exec.Wait()
+	a.closeBMC()
 	return err
 }
 
@@ -241,7 +246,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // the first scan reached NVML (GPUs found, or the driver answered with
 // none).
 func (a *Agent) capabilities(host *inventory.Host) []string {
-	caps := []string{CapExec, CapCancel, CapInventory, CapResume}
+	caps := []string{CapExec, CapCancel, CapInventory, CapResume, CapPower, CapBoot}
 	if a.probe.nvml.Load() || len(host.GPUs) > 0 {
 		caps = append(caps, CapGPU)
 	}

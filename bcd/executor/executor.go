@@ -44,6 +44,9 @@ type Config struct {
 	Remember int
 	// IsRoot reports whether bcd runs as root. Defaults to os.Geteuid() == 0.
 	IsRoot func() bool
+	// BMC carries out the BMC kinds (power.*, boot.set). When nil they
+	// fail.
+	BMC BMC
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -212,6 +215,8 @@ func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) 
 			return failed("inventory refresh: " + err.Error())
 		}
 		return &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}
+	case KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff, KindPowerCycle, KindPowerReset, KindBootSet:
+		return e.bmc(ctx, cmd, u)
 	}
 	return failed(fmt.Sprintf("unsupported command kind %q", cmd.GetKind()))
 }

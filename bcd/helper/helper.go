@@ -11,8 +11,11 @@
 package helper
 
 import (
+	"encoding/json"
 	"errors"
 	"syscall"
+
+	"github.com/better-compute/better-compute/bcd/bmc"
 )
 
 // DefaultSocket is where the helper listens.
@@ -23,12 +26,15 @@ const (
 	OpPing   = "ping"
 	OpExec   = "exec"
 	OpReboot = "reboot"
+	OpBMC    = "bmc"
 )
 
 // Request is the one message a client sends.
 type Request struct {
 	Op   string    `json:"op"`
 	Exec *ExecSpec `json:"exec,omitempty"`
+	// BMC is the call of OpBMC.
+	BMC *bmc.Request `json:"bmc,omitempty"`
 }
 
 // ExecSpec is a program to run as root.
@@ -50,6 +56,8 @@ type Frame struct {
 	Truncated bool   `json:"truncated,omitempty"`
 	Cancelled bool   `json:"cancelled,omitempty"`
 	Error     string `json:"error,omitempty"`
+	// Result is OpBMC's bmc.Result, also when Error is set.
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // ErrUnavailable is returned by the client when no helper listens: root work

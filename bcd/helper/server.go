@@ -27,6 +27,9 @@ type Config struct {
 	NodeGID uint32
 	// RebootCommand reboots the machine. Defaults to systemctl reboot.
 	RebootCommand []string
+	// BMC carries out OpBMC (a *bmc.Controller). When nil, OpBMC is
+	// refused.
+	BMC BMCRunner
 }
 
 // Server is the root helper.
@@ -120,6 +123,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		_ = enc.Encode(Frame{Done: true})
 	case OpExec:
 		s.exec(octx, enc, req.Exec)
+	case OpBMC:
+		s.bmc(octx, enc, req.BMC)
 	case OpReboot:
 		s.log.WarnContext(ctx, "Rebooting at the node's request")
 		out, err := exec.CommandContext(octx, s.cfg.RebootCommand[0], s.cfg.RebootCommand[1:]...).CombinedOutput()

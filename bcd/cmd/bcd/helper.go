@@ -9,13 +9,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/bcd/bmc"
 	"github.com/better-compute/better-compute/bcd/helper"
+	"github.com/better-compute/better-compute/bcd/plugin"
 )
 
 type helperFlags struct {
-	nodeUser string
-	socket   string
-	logLevel string
+	nodeUser  string
+	socket    string
+	logLevel  string
+	bmcFile   string
+	pluginDir string
 }
 
 func newHelperCmd(e env) *cobra.Command {
@@ -26,7 +30,9 @@ func newHelperCmd(e env) *cobra.Command {
 		Long: `Helper runs as root beside a bcd node started with --unprivileged. It listens
 on a Unix socket (mode 0660, group of the node user) and accepts connections
 only from the node user (checked with SO_PEERCRED), and only the operations on
-its allow-list: run a command as root, reboot. It stops on SIGINT or SIGTERM
+its allow-list: run a command as root, reboot, and BMC calls (power and boot
+device, through the plugins in --plugin-dir, with the credentials the node
+passes or those of the root-only --bmc-file). It stops on SIGINT or SIGTERM
 and removes its socket.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runHelper(cmd.Context(), e, &f) },
@@ -35,6 +41,8 @@ and removes its socket.`,
 	fl.StringVar(&f.nodeUser, "node-user", "", "the user bcd node runs as, the only one served (required)")
 	fl.StringVar(&f.socket, "socket", helper.DefaultSocket, "Unix socket to listen on")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (mode 0600)")
+	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins")
 	return cmd
 }
 
@@ -59,7 +67,9 @@ func runHelper(ctx context.Context, e env, f *helperFlags) error {
 	if uid == 0 {
 		return usagef("--node-user %s is root: the helper serves an unprivileged node user (normally bcd)", f.nodeUser)
 	}
-	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid}, log)
+	ctl := bmc.New(bmc.Config{File: f.bmcFile, PluginDir: f.pluginDir, Logger: log})
+	defer ctl.Close()
+	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid, BMC: ctl}, log)
 	if err := srv.Run(ctx); err != nil {
 		return err
 	}

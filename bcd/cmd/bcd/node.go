@@ -11,8 +11,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/better-compute/better-compute/bcd/agent"
+	"github.com/better-compute/better-compute/bcd/bmc"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 )
@@ -23,6 +25,8 @@ type nodeFlags struct {
 	unprivileged bool
 	helperSocket string
 	rescan       time.Duration
+	bmcFile      string
+	pluginDir    string
 }
 
 func newNodeCmd(e env) *cobra.Command {
@@ -53,6 +57,8 @@ WATCHDOG=1 pings when the unit sets WatchdogSec=.`,
 	fl.BoolVar(&f.unprivileged, "unprivileged", false, "run as a plain user: commands that need root go to the root helper")
 	fl.StringVar(&f.helperSocket, "helper-socket", helper.DefaultSocket, "Unix socket of the root helper (with --unprivileged)")
 	fl.DurationVar(&f.rescan, "inventory-interval", agent.DefaultRescanInterval, "how often the machine is scanned again for changes")
+	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (without --unprivileged; the helper has its own)")
+	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins (without --unprivileged; the helper has its own)")
 	return cmd
 }
 
@@ -103,6 +109,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		Unprivileged:   f.unprivileged,
 		HelperSocket:   f.helperSocket,
 		RescanInterval: f.rescan,
+		BMC:            agent.BMCConfig{NodeID: id.NodeID, File: f.bmcFile, PluginDir: f.pluginDir},
 		Logger:         log,
 	})
 	if err != nil {
