@@ -47,10 +47,22 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 			return nil, invalid("exec", "only for kind exec")
 		}
 		spec = []byte("{}")
+	case KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff, KindPowerCycle, KindPowerReset, KindBootSet:
+		b, err := bmcCommandSpec(r)
+		if err != nil {
+			return nil, err
+		}
+		spec = b
 	case "":
-		return nil, invalid("kind", "is required: exec or inventory.refresh")
+		return nil, invalid("kind", "is required: %s", kindsHelp)
 	default:
-		return nil, invalid("kind", "unknown kind %q: want exec or inventory.refresh", r.GetKind())
+		return nil, invalid("kind", "unknown kind %q: want %s", r.GetKind(), kindsHelp)
+	}
+	if r.GetKind() != KindBootSet && r.Boot != nil {
+		return nil, invalid("boot", "only for kind boot.set")
+	}
+	if !isPowerKind(r.GetKind()) && r.Power != nil {
+		return nil, invalid("power", "only for the power.* kinds")
 	}
 	timeout := DefaultCommandTimeout
 	if r.Timeout != nil {

@@ -101,5 +101,6 @@ func commandOut(c *store.Command) *apiv1.Command {
 			out.Exec = spec
 		}
 	}
+	bmcOut(out, c)
 	return out
 }

@@ -63,6 +63,8 @@ func (s *Server) registerMethods() {
 	handle(s, "tokens.create", admin, true, s.tokensCreate)
 	handle(s, "tokens.list", admin, false, s.tokensList)
 	handle(s, "tokens.revoke", admin, true, s.tokensRevoke)
+	handle(s, "bmc.setCredentials", admin, true, s.bmcSetCredentials)
+	handle(s, "bmc.deleteCredentials", admin, true, s.bmcDeleteCredentials)
 }
 
 // page validates a page request.

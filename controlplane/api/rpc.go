@@ -177,12 +177,13 @@ func resourceOf(req proto.Message) string {
 	return ""
 }
 
-// audit records a call. Secrets never reach the log: requests carry none
-// (tokens are created server-side), and bodies are recorded by digest.
+// audit records a call. Secrets never reach the log: bodies are recorded
+// by digest only, and that digest is taken with every password field
+// cleared (bmc.setCredentials), so it cannot confirm a guessed password.
 func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, outcome string, addr any, req proto.Message) {
 	var details []byte
 	if req != nil {
-		b, _ := marshal.Marshal(req)
+		b, _ := marshal.Marshal(withoutSecrets(req))
 		sum := sha256.Sum256(b)
 		details, _ = json.Marshal(map[string]string{"request_sha256": fmt.Sprintf("%x", sum)})
 	}

@@ -178,6 +178,9 @@ func commandMessage(c *store.Command) (*sessionv1.GatewayMessage, error) {
 		cmd.Spec = &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Cwd: spec.GetCwd(),
 			OutputLimitBytes: spec.GetOutputLimitBytes(), AsRoot: spec.GetAsRoot()}}
 	}
+	if err := bmcSpec(cmd, c); err != nil {
+		return nil, err
+	}
 	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}, nil
 }
 

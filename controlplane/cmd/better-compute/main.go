@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
 	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
-	root.AddCommand(doctorCmd(e))
+	root.AddCommand(doctorCmd(e), bmcCmd(e))
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
