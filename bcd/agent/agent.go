@@ -93,6 +93,9 @@ type Config struct {
 	// Plugins lists the plugins bcd runs, for the Inventory. Defaults to
 	// none.
 	Plugins func() []*sessionv1.PluginInfo
+	// Upgrader runs "upgrade" commands (*upgrade.Upgrader); with one the
+	// agent offers CapUpgrade. Defaults to none: they fail.
+	Upgrader executor.Upgrader
 	// BMC configures the BMC commands (power.*, boot.set); see BMCConfig.
 	BMC BMCConfig
 	// Logger receives the agent's logs. Defaults to Session.Logger, else
@@ -166,6 +169,7 @@ func New(cfg Config) (*Agent, error) {
 		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, Logger: log})
 	}
 	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Logger: log}
+	ecfg.Upgrader = cfg.Upgrader
 	if cfg.Unprivileged {
 		ecfg.Root = &helper.Client{Socket: cfg.HelperSocket}
 	}
@@ -247,6 +251,9 @@ func (a *Agent) Run(ctx context.Context) error {
 // none).
 func (a *Agent) capabilities(host *inventory.Host) []string {
 	caps := []string{CapExec, CapCancel, CapInventory, CapResume, CapPower, CapBoot}
+	if a.cfg.Upgrader != nil {
+		caps = append(caps, CapUpgrade)
+	}
 	if a.probe.nvml.Load() || len(host.GPUs) > 0 {
 		caps = append(caps, CapGPU)
 	}

@@ -44,6 +44,8 @@ type Config struct {
 	Remember int
 	// IsRoot reports whether bcd runs as root. Defaults to os.Geteuid() == 0.
 	IsRoot func() bool
+	// Upgrader runs "upgrade" commands. When nil they fail.
+	Upgrader Upgrader
 	// BMC carries out the BMC kinds (power.*, boot.set). When nil they
 	// fail.
 	BMC BMC
@@ -151,6 +153,13 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		u := en.u
 		u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}})
 		res := e.run(cctx, cmd, u)
+		if res == nil {
+			// Handed over to the restarted bcd (Upgrader): no result here.
+			e.mu.Lock()
+			en.cancel = nil
+			e.mu.Unlock()
+			return
+		}
 		res.CommandId = en.id
 		res.FinishedAt = timestamppb.Now()
 		e.mu.Lock()
@@ -207,6 +216,8 @@ func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) 
 	switch cmd.GetKind() {
 	case KindExec:
 		return e.exec(ctx, cmd.GetExec(), u)
+	case KindUpgrade:
+		return e.upgrade(ctx, cmd)
 	case KindInventoryRefresh:
 		if e.cfg.RefreshInventory == nil {
 			return failed("inventory refresh is not available")

@@ -33,6 +33,8 @@ const (
 type Request struct {
 	Op   string    `json:"op"`
 	Exec *ExecSpec `json:"exec,omitempty"`
+	// Upgrade is the call of OpUpgrade.
+	Upgrade *UpgradeRequest `json:"upgrade,omitempty"`
 	// BMC is the call of OpBMC.
 	BMC *bmc.Request `json:"bmc,omitempty"`
 }

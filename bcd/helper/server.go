@@ -27,6 +27,12 @@ type Config struct {
 	NodeGID uint32
 	// RebootCommand reboots the machine. Defaults to systemctl reboot.
 	RebootCommand []string
+	// Binary is the bcd binary OpUpgrade replaces. Defaults to the
+	// executable this process started from (the node runs the same one).
+	Binary string
+	// PinsFile holds the release key pins OpUpgrade verifies against.
+	// Defaults to upgrade.DefaultPinsFile (/etc/bcd/release-pins).
+	PinsFile string
 	// BMC carries out OpBMC (a *bmc.Controller). When nil, OpBMC is
 	// refused.
 	BMC BMCRunner
@@ -123,6 +129,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		_ = enc.Encode(Frame{Done: true})
 	case OpExec:
 		s.exec(octx, enc, req.Exec)
+	case OpUpgrade:
+		s.upgrade(octx, enc, req.Upgrade)
 	case OpBMC:
 		s.bmc(octx, enc, req.BMC)
 	case OpReboot:

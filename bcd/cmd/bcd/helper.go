@@ -12,12 +12,14 @@ import (
 	"github.com/better-compute/better-compute/bcd/bmc"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/plugin"
+	"github.com/better-compute/better-compute/bcd/upgrade"
 )
 
 type helperFlags struct {
 	nodeUser  string
 	socket    string
 	logLevel  string
+	pinsFile  string
 	bmcFile   string
 	pluginDir string
 }
@@ -41,6 +43,7 @@ and removes its socket.`,
 	fl.StringVar(&f.nodeUser, "node-user", "", "the user bcd node runs as, the only one served (required)")
 	fl.StringVar(&f.socket, "socket", helper.DefaultSocket, "Unix socket to listen on")
 	fl.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&f.pinsFile, "release-pins-file", upgrade.DefaultPinsFile, "pinned release keys the upgrade operation verifies against")
 	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (mode 0600)")
 	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins")
 	return cmd
@@ -69,7 +72,7 @@ func runHelper(ctx context.Context, e env, f *helperFlags) error {
 	}
 	ctl := bmc.New(bmc.Config{File: f.bmcFile, PluginDir: f.pluginDir, Logger: log})
 	defer ctl.Close()
-	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid, BMC: ctl}, log)
+	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid, PinsFile: f.pinsFile, BMC: ctl}, log)
 	if err := srv.Run(ctx); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/bcd/upgrade"
 )
 
 type nodeFlags struct {
@@ -25,6 +26,7 @@ type nodeFlags struct {
 	unprivileged bool
 	helperSocket string
 	rescan       time.Duration
+	upgrade      upgradeFlags
 	bmcFile      string
 	pluginDir    string
 }
@@ -57,6 +59,7 @@ WATCHDOG=1 pings when the unit sets WatchdogSec=.`,
 	fl.BoolVar(&f.unprivileged, "unprivileged", false, "run as a plain user: commands that need root go to the root helper")
 	fl.StringVar(&f.helperSocket, "helper-socket", helper.DefaultSocket, "Unix socket of the root helper (with --unprivileged)")
 	fl.DurationVar(&f.rescan, "inventory-interval", agent.DefaultRescanInterval, "how often the machine is scanned again for changes")
+	addUpgradeFlags(cmd, &f.upgrade)
 	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (without --unprivileged; the helper has its own)")
 	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins (without --unprivileged; the helper has its own)")
 	return cmd
@@ -79,6 +82,13 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		return err
 	}
 	log = log.With("node_id", id.NodeID)
+	if upgrade.InTrial() {
+		return runTrial(ctx, log, store, id)
+	}
+	up, err := startUpgrade(ctx, log, f)
+	if err != nil {
+		return err
+	}
 	notify := sdnotify.New(log)
 
 	a, err := agent.New(agent.Config{
@@ -99,6 +109,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 				switch ev.Kind {
 				case session.EventConnected:
 					notify.Ready()
+					up.connected()
 					notify.Status("connected to " + ev.Gateway)
 				case session.EventBackoff:
 					notify.Status(fmt.Sprintf("reconnecting in %v", ev.Delay.Round(time.Millisecond)))
@@ -109,6 +120,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		Unprivileged:   f.unprivileged,
 		HelperSocket:   f.helperSocket,
 		RescanInterval: f.rescan,
+		Upgrader:       up.upgrader(),
 		BMC:            agent.BMCConfig{NodeID: id.NodeID, File: f.bmcFile, PluginDir: f.pluginDir},
 		Logger:         log,
 	})
@@ -124,13 +136,25 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		"unprivileged", f.unprivileged, "uid", os.Geteuid())
 
 	g, gctx := errgroup.WithContext(ctx)
-	gctx, cancel := context.WithCancel(gctx)
+	gctx, stop := context.WithCancelCause(gctx)
+	if up != nil {
+		up.stop = stop
+	}
 	g.Go(func() error {
-		defer cancel()
+		defer stop(nil)
 		return a.Run(gctx)
 	})
 	g.Go(func() error { return notify.Watchdog(gctx) })
+	g.Go(func() error {
+		up.watch(gctx)
+		return nil
+	})
 	err = g.Wait()
+	if err == nil {
+		// An upgrade's restart replaces the process; finish returns only
+		// when it failed.
+		err = up.finish(ctx, context.Cause(gctx), notify)
+	}
 	notify.Stopping()
 	switch {
 	case errors.Is(err, session.ErrRevoked):
