@@ -32,7 +32,7 @@ const (
 )
 
 // kindsHelp lists every kind commands.create accepts, for its errors.
-const kindsHelp = "exec, inventory.refresh, power.status, power.on, power.off, power.soft-off, power.cycle, power.reset or boot.set"
+const kindsHelp = "exec, inventory.refresh, power.status, power.on, power.off, power.soft-off, power.cycle, power.reset, boot.set or upgrade"
 
 // isPowerKind reports whether kind is one of the power.* kinds.
 func isPowerKind(kind string) bool {

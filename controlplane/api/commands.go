@@ -53,6 +53,12 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 			return nil, err
 		}
 		spec = b
+	case KindUpgrade:
+		b, err := s.upgradeCommandSpec(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		spec = b
 	case "":
 		return nil, invalid("kind", "is required: %s", kindsHelp)
 	default:
@@ -63,6 +69,9 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	}
 	if !isPowerKind(r.GetKind()) && r.Power != nil {
 		return nil, invalid("power", "only for the power.* kinds")
+	}
+	if r.GetKind() != KindUpgrade && r.Upgrade != nil {
+		return nil, invalid("upgrade", "only for kind upgrade")
 	}
 	timeout := DefaultCommandTimeout
 	if r.Timeout != nil {

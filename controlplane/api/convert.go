@@ -101,6 +101,7 @@ func commandOut(c *store.Command) *apiv1.Command {
 			out.Exec = spec
 		}
 	}
+	upgradeOut(out, c)
 	bmcOut(out, c)
 	return out
 }

@@ -36,6 +36,11 @@ type Config struct {
 	Waker Waker
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
+	// DownloadsURL is the downloads route as nodes reach it, for upgrade
+	// commands that name no base URL (downloads.publicURL). Defaults to
+	// the scheme and host each commands.create request came to, with
+	// BasePath + "/downloads", when Downloads is set.
+	DownloadsURL string
 	// Metrics, when set together with MetricsToken, serves GET /metrics
 	// (package metrics).
 	Metrics http.Handler
@@ -73,7 +78,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/health", s.health)
 	s.mux.HandleFunc("GET /.well-known/better-compute", s.wellKnown)
-	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", s.serveRPC)
+	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", withOrigin(s.serveRPC))
 	s.mux.HandleFunc(cfg.BasePath+"/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
 	})

@@ -28,6 +28,7 @@ const (
 	EnvRoles        = "BETTER_COMPUTE_ROLES"
 	EnvDataDir      = "BETTER_COMPUTE_DATA_DIR"
 	EnvDownloadsDir = "BETTER_COMPUTE_DOWNLOADS_DIR"
+	EnvDownloadsURL = "BETTER_COMPUTE_DOWNLOADS_URL"
 )
 
 // MinSecretLen is the shortest deployment secret accepted (DESIGN.md, "PKI").
@@ -159,6 +160,12 @@ type Retention struct {
 type Downloads struct {
 	// Dir is a goreleaser dist folder or a mirror of it.
 	Dir string `yaml:"dir"`
+	// PublicURL is the downloads route as nodes reach it
+	// (https://compute.example.com/api/downloads): upgrade commands that
+	// name no base URL send nodes there. Defaults to the scheme and host the
+	// commands.create request came to, with basePath + "/downloads" (set it
+	// behind a proxy that rewrites the host).
+	PublicURL string `yaml:"publicURL"`
 }
 
 // Duration is a time.Duration written as "10s" in YAML.
@@ -217,6 +224,7 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 	over(&c.Secret, getenv(EnvSecret))
 	over(&c.DataDir, getenv(EnvDataDir))
 	over(&c.Downloads.Dir, getenv(EnvDownloadsDir))
+	over(&c.Downloads.PublicURL, getenv(EnvDownloadsURL))
 	if r := getenv(EnvRoles); r != "" {
 		c.RolesList = splitList(r)
 	}
@@ -350,6 +358,9 @@ func (c *Config) validate() error {
 	}
 	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
 		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}
+	}
+	if u, err := url.Parse(c.Downloads.PublicURL); c.Downloads.PublicURL != "" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "") {
+		return &Error{Key: "downloads.publicURL", Msg: "want an http(s)://host/path URL, such as https://compute.example.com/api/downloads"}
 	}
 	if c.Host.Gateway.MaxStreams < 0 {
 		return &Error{Key: "host.gateway.maxStreams", Msg: "must be positive"}

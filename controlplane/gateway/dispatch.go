@@ -181,6 +181,9 @@ func commandMessage(c *store.Command) (*sessionv1.GatewayMessage, error) {
 	if err := bmcSpec(cmd, c); err != nil {
 		return nil, err
 	}
+	if err := upgradeSpec(cmd, c); err != nil {
+		return nil, err
+	}
 	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}, nil
 }
 

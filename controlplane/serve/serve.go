@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 		defer closeDownloads()
 		srv = api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Waker: bus,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
 			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken}, st, log)
 	}
 

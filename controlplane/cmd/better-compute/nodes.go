@@ -12,7 +12,7 @@ import (
 
 func nodesCmd(e *env) *cobra.Command {
 	var af apiFlags
-	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect, cordon, drain and delete nodes"}
+	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect, cordon, drain, delete and upgrade nodes"}
 	af.add(cmd)
 
 	var out, pool, state, gpuModel, gpuHealth string
@@ -72,7 +72,7 @@ func nodesCmd(e *env) *cobra.Command {
 		},
 	}
 	outputFlag(get, &out)
-	cmd.AddCommand(list, get)
+	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af))
 	for _, m := range []struct{ use, method, short string }{
 		{"cordon", "nodes.cordon", "Keep new commands off a node"},
 		{"uncordon", "nodes.uncordon", "Let commands reach a node again"},
