@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,12 +22,30 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// IdleInTransactionTimeout is how long the server lets a session of the
+// store sit idle inside a transaction before it ends the session (and so
+// the transaction and its locks). It is a third of the leases' 15 s TTL:
+// a lease renewal stalled behind a stuck transaction still lands before the
+// lease expires. A control-plane transaction idles only between its own
+// statements, except the gateway's claim while it sends the claimed commands;
+// a claim rolled back leaves its commands queued, to be sent again.
+const IdleInTransactionTimeout = 5 * time.Second
+
 // Open connects to the database at url (a postgres:// URL or a key=value
 // connection string). It does not migrate; call Migrate.
 func Open(ctx context.Context, url string) (*queries.Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	// A session left idle inside a transaction (its process paused, or cut
+	// off between two statements) keeps its row locks, among them a
+	// fence's FOR SHARE on a lease row, which stalls every renewal and
+	// takeover of that lease and the shard rounds waiting on it: the server
+	// ends such a session after IdleInTransactionTimeout, unless the URL
+	// sets idle_in_transaction_session_timeout itself.
+	if _, ok := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
+		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.Itoa(int(IdleInTransactionTimeout.Milliseconds()))
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
