@@ -91,7 +91,8 @@ type Config struct {
 	// its GPU collector.
 	Scanner Scanner
 	// Plugins lists the plugins bcd runs, for the Inventory. Defaults to
-	// none.
+	// PluginsIn(BMC.PluginDir): the bcx-* executables there, with their
+	// --version answers.
 	Plugins func() []*sessionv1.PluginInfo
 	// Upgrader runs "upgrade" commands (*upgrade.Upgrader); with one the
 	// agent offers CapUpgrade. Defaults to none: they fail.
@@ -141,6 +142,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("new agent: negative rescan interval %v", cfg.RescanInterval)
 	}
 	cfg.HelperSocket = cmp.Or(cfg.HelperSocket, helper.DefaultSocket)
+	if cfg.Plugins == nil {
+		cfg.Plugins = PluginsIn(cfg.BMC.PluginDir)
+	}
 	log := cmp.Or(cfg.Logger, cfg.Session.Logger, slog.New(slog.DiscardHandler))
 	// The session client is made in Run, once the first scan has decided
 	// the capabilities; this one only checks the settings early.
