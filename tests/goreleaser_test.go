@@ -163,7 +163,7 @@ func TestInstallFromGoreleaserSnapshot(t *testing.T) {
 		t.Errorf("installed bcd %s, manifest %s", got, bin.SHA256)
 	}
 	if slices.Contains(ids, "bcx-ipmi") {
-		if _, err := os.Stat(filepath.Join(h.root, "usr/local/bin/bcx-ipmi")); err != nil {
+		if _, err := os.Stat(filepath.Join(h.root, "usr/lib/bcd/plugins/bcx-ipmi")); err != nil {
 			t.Error("bcx-ipmi not installed")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"log/slog"
 	"math/big"
 	"net"
@@ -324,11 +325,18 @@ func TestHelper(t *testing.T) {
 			_ = helper.NewServer(helper.Config{Socket: sock, NodeUID: uid, NodeGID: uint32(os.Getgid())}, slog.New(slog.DiscardHandler)).Run(hctx)
 		}()
 		t.Cleanup(func() { cancel(); <-done })
-		for range 500 {
-			if _, err := os.Stat(sock); err == nil {
+		// Wait until the helper answers (a loaded machine may take seconds).
+		c := &helper.Client{Socket: sock}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := c.Ping(ctx)
+			if err == nil || errors.Is(err, helper.ErrRefused) {
 				break
 			}
-			time.Sleep(5 * time.Millisecond)
+			if time.Now().After(deadline) {
+				t.Fatalf("helper on %s never answered: %v", sock, err)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 		return sock
 	}
