@@ -121,11 +121,19 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		e.mu.Unlock()
 		switch {
 		case result != nil:
+			// Output the old session could not take goes first, then
+			// the result again.
+			if u != nil {
+				u.setTransmit(send)
+				u.flush()
+			}
 			_ = send(&sessionv1.CommandUpdate{CommandId: en.id, Update: &sessionv1.CommandUpdate_Result{Result: result}})
 		case u != nil:
 			// Redelivered while running (the node reconnected): the rest
-			// of its updates go to the session it came on now.
+			// of its updates, and the output the old session could not
+			// take, go to the session it came on now.
 			u.setTransmit(send)
+			u.flush()
 		}
 		return
 	}
@@ -192,6 +200,10 @@ type updater struct {
 	mu       sync.Mutex
 	seq      uint64
 	transmit func(*sessionv1.CommandUpdate) error
+	// backlog holds output chunks no session took yet, in order; they are
+	// sent before anything else once a session takes updates again. The
+	// output cap bounds it.
+	backlog []*sessionv1.CommandUpdate
 }
 
 // setTransmit sends the following updates through send.
@@ -206,7 +218,33 @@ func (u *updater) send(m *sessionv1.CommandUpdate) error {
 	defer u.mu.Unlock()
 	u.seq++
 	m.CommandId, m.UpdateSeq = u.id, u.seq
-	return u.transmit(m)
+	err := u.drain()
+	if err == nil {
+		err = u.transmit(m)
+	}
+	if err != nil && m.GetOutput() != nil {
+		u.backlog = append(u.backlog, m)
+	}
+	return err
+}
+
+// flush sends the backlog through the current transmit, if it can.
+func (u *updater) flush() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	_ = u.drain()
+}
+
+// drain sends the backlog in order; it stops at the first failure.
+func (u *updater) drain() error {
+	for len(u.backlog) > 0 {
+		if err := u.transmit(u.backlog[0]); err != nil {
+			return err
+		}
+		u.backlog = u.backlog[1:]
+	}
+	u.backlog = nil
+	return nil
 }
 
 // errRootUnavailable is the clear error for root work without a helper.

@@ -179,3 +179,24 @@ func TestRedeliveryWhileRunningMovesUpdatesToTheNewSession(t *testing.T) {
 		t.Fatalf("result kept pending although a session was up: %v", p)
 	}
 }
+
+func TestOutputWithoutSessionIsSentLater(t *testing.T) {
+	e := executor.New(executor.Config{})
+	old := newRecorder()
+	c := execCmd("cmd_gap", "sh", "-c", "echo before; sleep 0.3; echo during; sleep 0.5; echo after")
+	e.HandleCommand(context.Background(), c, old.send)
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(old.output(), "before") && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	old.mu.Lock()
+	old.closed = true // the session ends while "during" is printed
+	old.mu.Unlock()
+	time.Sleep(500 * time.Millisecond)
+	cur := newRecorder()
+	e.HandleCommand(context.Background(), c, cur.send) // redelivered on the next session
+	wait(t, cur)
+	if got := old.output() + cur.output(); got != "before\nduring\nafter\n" {
+		t.Fatalf("output across sessions = %q, want every line once", got)
+	}
+}
