@@ -260,3 +260,29 @@ func FuzzRequestDecoding(f *testing.F) {
 		}
 	})
 }
+
+func TestBearerScheme(t *testing.T) {
+	f := newFixture(t)
+	for _, h := range []string{"bearer " + f.admin, "BEARER  " + f.admin} {
+		r := httptest.NewRequest(http.MethodPost, "/api/sites/list", strings.NewReader("{}"))
+		r.RemoteAddr = peer
+		r.Header.Set("X-Better-Compute", "1")
+		r.Header.Set("Authorization", h)
+		w := httptest.NewRecorder()
+		f.srv.Handler().ServeHTTP(w, r)
+		if w.Code != 200 {
+			t.Fatalf("Authorization %q: %d %s", h[:8], w.Code, w.Body.String())
+		}
+	}
+	for _, h := range []string{f.admin, "Basic " + f.admin, "Token " + f.admin} {
+		r := httptest.NewRequest(http.MethodPost, "/api/sites/list", strings.NewReader("{}"))
+		r.RemoteAddr = peer
+		r.Header.Set("X-Better-Compute", "1")
+		r.Header.Set("Authorization", h)
+		w := httptest.NewRecorder()
+		f.srv.Handler().ServeHTTP(w, r)
+		if w.Code != 401 {
+			t.Fatalf("Authorization without the Bearer scheme: %d", w.Code)
+		}
+	}
+}

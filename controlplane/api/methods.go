@@ -31,6 +31,10 @@ const (
 	MaxTargets            = 10000
 )
 
+// MaxAPITokenTTL bounds an API token's life (about two years); tokens
+// without a ttl do not expire.
+const MaxAPITokenTTL = 2 * 365 * 24 * time.Hour
+
 // Limits of joinTokens.create.
 const (
 	DefaultJoinTokenTTL = 2 * time.Hour
@@ -417,8 +421,8 @@ func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cr
 	}
 	var ttl time.Duration
 	if r.Ttl != nil {
-		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 {
-			return nil, invalid("ttl", "must be a positive duration")
+		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 || r.GetTtl().AsDuration() > MaxAPITokenTTL {
+			return nil, invalid("ttl", "must be a positive duration of at most %v", MaxAPITokenTTL)
 		}
 		ttl = r.GetTtl().AsDuration()
 	}

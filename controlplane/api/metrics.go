@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
-	"strings"
 )
 
 // MinMetricsTokenLen is the shortest bearer token that enables /metrics
@@ -33,9 +32,9 @@ type bearer struct {
 }
 
 func (b *bearer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token := bearerToken(r)
 	got := sha256.Sum256([]byte(token))
-	if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], b.want[:]) != 1 {
+	if token == "" || subtle.ConstantTimeCompare(got[:], b.want[:]) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="metrics"`)
 		http.Error(w, "unauthorized: send Authorization: Bearer <host.metrics.bearerToken>", http.StatusUnauthorized)
 		return

@@ -69,8 +69,7 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	addr := CallerAddr(r.Context())
-	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	p, err := s.auth.Authenticate(r.Context(), strings.TrimSpace(token), addr)
+	p, err := s.auth.Authenticate(r.Context(), bearerToken(r), addr)
 	if err != nil {
 		if errors.Is(err, iam.ErrNoToken) || errors.Is(err, iam.ErrUnknownToken) || errors.Is(err, iam.ErrTokenExpired) ||
 			errors.Is(err, iam.ErrTokenRevoked) || errors.Is(err, iam.ErrAddressDenied) {
@@ -111,6 +110,17 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 	s.log.DebugContext(r.Context(), "API call", "method", name, "token", p.TokenID, "ms", time.Since(start).Milliseconds())
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header (the scheme is case-insensitive, RFC 9110 §11.1); any other form
+// gives "".
+func bearerToken(r *http.Request) string {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(token)
 }
 
 // decode reads a protojson body; an empty body is an empty request.

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -209,7 +210,7 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 	if path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("read config: %w", err)
+			return nil, &Error{Key: "--config", Msg: err.Error()}
 		}
 		if err := decode(b, c); err != nil {
 			return nil, err
@@ -352,8 +353,16 @@ func (c *Config) validate() error {
 		return &Error{Key: "basePath", Msg: "want an absolute path without a trailing slash, such as /api"}
 	}
 	for key, addr := range map[string]string{"host.listen": c.Host.Listen, "host.gateway.listen": c.Host.Gateway.Listen} {
-		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-			return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address", addr)}
+		_, port, err := net.SplitHostPort(addr)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n < 0 || n > 65535 {
+			return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address with a port of 0 to 65535", addr)}
+		}
+	}
+	for key, d := range map[string]time.Duration{"host.gateway.heartbeatInterval": c.Host.Gateway.HeartbeatInterval.Duration,
+		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration} {
+		if d <= 0 {
+			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
 	}
 	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
@@ -386,8 +395,8 @@ func (c *Config) validate() error {
 		if err := sinkName(key, f.Name, names); err != nil {
 			return err
 		}
-		if f.Path == "" {
-			return &Error{Key: key + ".path", Msg: "is required"}
+		if !filepath.IsAbs(f.Path) {
+			return &Error{Key: key + ".path", Msg: "want an absolute path"}
 		}
 	}
 	for key, d := range map[string]time.Duration{"retention.commands": c.Retention.Commands.Duration,

@@ -91,6 +91,9 @@ func TestInvalid(t *testing.T) {
 		{"webhook without secret", "sinks:\n  webhooks:\n  - {name: hook, url: https://h.example/x}\n", nil, Flags{}, "sinks.webhooks[0].secret"},
 		{"duplicate sink", "sinks:\n  files:\n  - {name: a, path: /x}\n  - {name: a, path: /y}\n", nil, Flags{}, "sinks.files[1].name"},
 		{"short retention", "retention:\n  audit: 1m\n", nil, Flags{}, "retention.audit"},
+		{"negative heartbeat", "host:\n  gateway:\n    heartbeatInterval: -10s\n", nil, Flags{}, "host.gateway.heartbeatInterval"},
+		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},
+		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := ""
@@ -107,6 +110,14 @@ func TestInvalid(t *testing.T) {
 				t.Fatalf("err = %v, want a config error naming %q", err, tc.key)
 			}
 		})
+	}
+}
+
+func TestMissingFileNamesFlag(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "absent.yaml"), env(map[string]string{}), Flags{})
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Key != "--config" {
+		t.Fatalf("err = %v, want a config error naming --config", err)
 	}
 }
 

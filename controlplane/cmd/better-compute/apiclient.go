@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -34,7 +35,7 @@ func (f *apiFlags) add(cmd *cobra.Command) {
 // client resolves the server and token: flags, then environment, then the
 // embedded default's data directory.
 func (e *env) client(f *apiFlags) (*client.Client, error) {
-	server := cmp.Or(f.server, e.getenv(envURL), "http://127.0.0.1:3000")
+	server := cmp.Or(f.server, e.getenv(envURL), e.configuredAPI(), "http://127.0.0.1:3000")
 	u, err := url.Parse(strings.TrimRight(server, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, usageError{fmt.Errorf("--server %q: want an http:// or https:// URL", server)}
@@ -53,4 +54,22 @@ func (e *env) client(f *apiFlags) (*client.Client, error) {
 		token = strings.TrimSpace(string(b))
 	}
 	return &client.Client{BaseURL: server, Token: token}, nil
+}
+
+// configuredAPI is the API URL the configuration's host.listen and basePath
+// name (a wildcard host is dialled on loopback), or "" when the
+// configuration does not load.
+func (e *env) configuredAPI() string {
+	cfg, err := e.load(config.Flags{})
+	if err != nil {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(cfg.Host.Listen)
+	if err != nil || port == "0" {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + cfg.BasePath
 }

@@ -71,6 +71,9 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 			}
 			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: "exec",
 				Exec: &apiv1.ExecSpec{Argv: argv, AsRoot: asRoot}, IdempotencyKey: idemKey}
+			if timeout < 0 {
+				return usageError{fmt.Errorf("--timeout %s: must not be negative", timeout)}
+			}
 			if timeout > 0 {
 				req.Timeout = durationpb.New(timeout)
 			}
@@ -101,6 +104,9 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 	outputFlag(cmd, &out)
 	return cmd
 }
+
+// followGrace is how long follow keeps retrying an API that does not answer.
+const followGrace = 60 * time.Second
 
 // follow polls the commands until each is terminal, printing new output
 // lines prefixed by node id. On cancellation of ctx it cancels the ones
@@ -133,6 +139,7 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	var lostSince time.Time
 	for {
 		remaining := 0
 		for _, x := range cmds {
@@ -145,8 +152,18 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 				if ctx.Err() != nil {
 					break
 				}
-				return err
+				// The API may be restarting: keep following for a while.
+				if lostSince.IsZero() {
+					lostSince = time.Now()
+					fmt.Fprintf(stderr, "lost contact with the API (%v); retrying for %v — the commands keep running\n", err, followGrace)
+				}
+				if time.Since(lostSince) > followGrace {
+					return fmt.Errorf("%w; the commands may still be running: better-compute commands get %s", err, x.Id)
+				}
+				remaining++
+				continue
 			}
+			lostSince = time.Time{}
 			got := resp.Command
 			terminal := isTerminal(got.State)
 			if out == "table" {

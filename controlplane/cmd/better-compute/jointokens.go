@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -88,6 +90,13 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 			case maxUses < 1 || maxUses > maxJoinTokenUses:
 				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, maxJoinTokenUses)}
 			}
+			if outFile != "" {
+				// Check the folder first: a token whose file cannot be
+				// written would be a live credential nobody holds.
+				if fi, err := os.Stat(filepath.Dir(outFile)); err != nil || !fi.IsDir() {
+					return usageError{fmt.Errorf("--out %s: the folder %s does not exist", outFile, filepath.Dir(outFile))}
+				}
+			}
 			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
 				ctx := cmd.Context()
 				p, err := st.PoolGet(ctx, pool)
@@ -119,7 +128,11 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 				res := tokenOut(t, time.Now())
 				if outFile != "" {
 					if err := writeSecretFile(outFile, []byte(tok.String()+"\n")); err != nil {
-						return fmt.Errorf("write the token: %w", err)
+						// Nobody holds the secret: take the token back.
+						if rerr := st.JoinTokenRevoke(ctx, t.ID); rerr != nil {
+							return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.ID, rerr)
+						}
+						return fmt.Errorf("write the token: %w (join token %s revoked)", err, t.ID)
 					}
 					res.File = outFile
 				} else {

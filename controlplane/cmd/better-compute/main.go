@@ -74,6 +74,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if err == nil {
 		return 0
 	}
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return 130 // interrupted (Ctrl-C): what was running was cancelled
+	}
 	fmt.Fprintln(stderr, "better-compute:", err)
 	var ue usageError
 	var ce *config.Error

@@ -31,6 +31,9 @@ func tokensCmd(e *env) *cobra.Command {
 				return err
 			}
 			req := &apiv1.CreateAPITokenRequest{Role: role, Description: desc, AllowCidrs: cidrs}
+			if ttl < 0 {
+				return usageError{fmt.Errorf("--ttl %s: must not be negative", ttl)}
+			}
 			if ttl > 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
