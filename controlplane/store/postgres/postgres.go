@@ -67,8 +67,9 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		ForShare:      " FOR SHARE",
 		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		Migrations:    sub,
-		// One lock per schema, held until the inserting transaction ends.
-		OutboxLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute outbox ' || current_schema()))`,
+		// One lock per schema: writers share it, a reader excludes them.
+		OutboxWriteLock: `SELECT pg_advisory_xact_lock_shared(hashtext('better-compute outbox ' || current_schema()))`,
+		OutboxReadLock:  `SELECT pg_advisory_xact_lock(hashtext('better-compute outbox ' || current_schema()))`,
 	}), nil
 }
 

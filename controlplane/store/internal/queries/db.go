@@ -71,14 +71,17 @@ type Dialect struct {
 	// ForShare is appended to the fence check so a takeover waits for the
 	// fenced transaction (" FOR SHARE" on PostgreSQL).
 	ForShare string
-	// OutboxLock runs before every outbox insert, in its transaction, and
-	// holds until that transaction ends, so that outbox entries become
-	// visible in id order: otherwise an entry whose transaction commits
-	// after a later one's is skipped by a sink whose cursor has passed it
-	// (PostgreSQL takes identity values at insert, and rows appear at
-	// commit: an advisory transaction lock). Empty when writers are
-	// serialised anyway (SQLite).
-	OutboxLock string
+	// OutboxWriteLock runs before every outbox insert, in its transaction,
+	// and OutboxReadLock before every outbox read, in its own; each holds
+	// until its transaction ends. Together they make a reader see only a
+	// gap-free prefix of the outbox: PostgreSQL takes identity values at
+	// insert and rows appear at commit, so without them an entry whose
+	// transaction commits after a later one's is skipped by a sink whose
+	// cursor has passed it. Writers share their lock (they do not wait for
+	// each other); a reader's excludes them, so it waits for the writers
+	// that have taken ids to commit, and later writers take higher ids.
+	// Empty when writers are serialised anyway (SQLite).
+	OutboxWriteLock, OutboxReadLock string
 	// SkipLocked is appended to the claim query's row selection so
 	// concurrent claimers skip each other's rows (" FOR UPDATE OF c SKIP
 	// LOCKED" on PostgreSQL).

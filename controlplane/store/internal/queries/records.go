@@ -9,15 +9,15 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-// OutboxInsert appends an entry to the outbox. Under the dialect's
-// OutboxLock, entries commit in id order, so the insert belongs at the end
-// of its transaction: the lock is held until the commit.
+// OutboxInsert appends an entry to the outbox. It holds the dialect's
+// OutboxWriteLock until its transaction ends (so a reader waits for that
+// commit): the insert belongs at the end of its transaction.
 func (s *Store) OutboxInsert(ctx context.Context, topic, key string, payload []byte) (int64, error) {
 	var id int64
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		if q.d.OutboxLock != "" {
-			if _, err := q.db.Exec(ctx, q.d.OutboxLock); err != nil {
+		if q.d.OutboxWriteLock != "" {
+			if _, err := q.db.Exec(ctx, q.d.OutboxWriteLock); err != nil {
 				return q.wrap("lock outbox", err)
 			}
 		}
@@ -28,18 +28,30 @@ func (s *Store) OutboxInsert(ctx context.Context, topic, key string, payload []b
 	return id, err
 }
 
-// OutboxList returns entries after afterID, oldest first.
+// OutboxList returns entries after afterID, oldest first: under the
+// dialect's OutboxReadLock, only once every entry with a lower id has
+// committed or rolled back.
 func (s *Store) OutboxList(ctx context.Context, afterID int64, n int) ([]*store.OutboxEntry, error) {
-	rows, err := s.db.Query(ctx, `SELECT id, topic, key, payload, created_at FROM outbox
-		WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit(n))
-	if err != nil {
-		return nil, s.wrap("list outbox", err)
-	}
-	out, err := collect(rows, func(r Row) (*store.OutboxEntry, error) {
-		e := &store.OutboxEntry{}
-		return e, r.Scan(&e.ID, &e.Topic, &e.Key, &e.Payload, &e.CreatedAt)
+	var out []*store.OutboxEntry
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		if q.d.OutboxReadLock != "" {
+			if _, err := q.db.Exec(ctx, q.d.OutboxReadLock); err != nil {
+				return q.wrap("lock outbox", err)
+			}
+		}
+		rows, err := q.db.Query(ctx, `SELECT id, topic, key, payload, created_at FROM outbox
+			WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit(n))
+		if err != nil {
+			return q.wrap("list outbox", err)
+		}
+		out, err = collect(rows, func(r Row) (*store.OutboxEntry, error) {
+			e := &store.OutboxEntry{}
+			return e, r.Scan(&e.ID, &e.Topic, &e.Key, &e.Payload, &e.CreatedAt)
+		})
+		return q.wrap("list outbox", err)
 	})
-	return out, s.wrap("list outbox", err)
+	return out, err
 }
 
 // OutboxCursor returns a sink's delivery cursor.
