@@ -68,12 +68,21 @@ func (s *Store) NodeGet(ctx context.Context, id string) (*store.Node, error) {
 	return n, nil
 }
 
-// NodeFindForRejoin finds a pool's node by machine id, then by hostname.
+// NodeFindForRejoin finds a pool's node by machine id, then by hostname:
+// two indexed lookups (an OR of the two would scan the pool).
 func (s *Store) NodeFindForRejoin(ctx context.Context, poolID, machineID, hostname string) (*store.Node, error) {
+	if machineID != "" {
+		n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
+			WHERE pool_id = $1 AND machine_id = $2 ORDER BY created_at LIMIT 1`, poolID, machineID))
+		if err == nil {
+			return n, nil
+		}
+		if !isNotFound(s.d.Translate(err)) {
+			return nil, s.wrap("find node for re-join", err)
+		}
+	}
 	n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
-		WHERE pool_id = $1 AND ((machine_id <> '' AND machine_id = $2) OR hostname = $3)
-		ORDER BY CASE WHEN machine_id <> '' AND machine_id = $2 THEN 0 ELSE 1 END, created_at
-		LIMIT 1`, poolID, machineID, hostname))
+		WHERE pool_id = $1 AND hostname = $2 ORDER BY created_at LIMIT 1`, poolID, hostname))
 	if err != nil {
 		return nil, s.wrap("find node for re-join", err)
 	}
