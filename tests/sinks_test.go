@@ -199,7 +199,7 @@ func TestWebhookSink(t *testing.T) {
 	later := make(chan error, 1)
 	go func() { later <- create() }()
 	passed := false
-	for deadline := time.Now().Add(5 * time.Second); !passed && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(2 * time.Second); !passed && time.Now().Before(deadline); {
 		_, maxID := recv.seen()
 		passed = maxID > heldID
 		time.Sleep(50 * time.Millisecond)
