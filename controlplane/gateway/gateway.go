@@ -258,6 +258,7 @@ type Gateway struct {
 	fence    atomic.Pointer[store.Fence]
 	pending  pending
 	flushMu  sync.Mutex
+	flushes  int // under flushMu
 	dispatch *dispatcher
 }
 

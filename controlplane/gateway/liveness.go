@@ -63,6 +63,10 @@ func (p *pending) putBack(beats []string, closes []endedSession) {
 	p.closes = append(closes, p.closes...)
 }
 
+// readbackEvery is how many flushes pass between read-backs of this
+// gateway's session rows.
+const readbackEvery = 3
+
 // flushLoop writes heartbeats and ended sessions every FlushInterval.
 func (g *Gateway) flushLoop(ctx context.Context) {
 	t := time.NewTicker(g.cfg.FlushInterval)
@@ -89,8 +93,15 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 	defer g.flushMu.Unlock()
 	beats, closes := g.pending.take()
 	// Sessions are registered after their row commits, so every session in
-	// this snapshot has a row unless something removed it.
-	local := g.sessions.snapshot()
+	// this snapshot has a row unless something removed it. Reading every
+	// row back is O(sessions): it is done every readbackEvery-th flush
+	// (every 3 s by default), which bounds how long a session superseded on
+	// another gateway stays open here.
+	g.flushes++
+	var local []*session
+	if g.flushes%readbackEvery == 0 {
+		local = g.sessions.snapshot()
+	}
 	var rows []*store.Session
 	var err error
 	if len(beats) == 0 && len(closes) == 0 {
