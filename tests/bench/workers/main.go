@@ -23,6 +23,16 @@
 // stale (N marked unreachable), every node heartbeating again (N marked
 // ready), with one and with three goroutines (three workers' shares).
 //
+// Sweep (-finished, PostgreSQL): one CommandSweep (what the CommandSweeper
+// runs every second) with M finished commands in the table (expired a day
+// ago, as the retention window keeps them; vacuumed and analysed, as
+// autovacuum leaves the table), best of five; -open-index adds the partial
+// index the expiry query can use first.
+//
+// Enqueue (-enqueue, PostgreSQL): G goroutines create one-node commands
+// (store.CommandEnqueue, one outbox entry each) while a reader reads the
+// outbox as a sink's dispatcher does, for G in 1, 8 and 16.
+//
 // Nothing is asserted; it prints.
 package main
 
@@ -57,8 +67,15 @@ func main() {
 	workers := flag.Int("workers", 3, "workers running before each join")
 	trials := flag.Int("trials", 5, "joins, kills and leaves measured")
 	nodes := flag.Int("nodes", 10000, "nodes for the liveness pass; 0 skips it")
+	finished := flag.String("finished", "", "comma list of finished-command counts to time CommandSweep at (PostgreSQL), such as 0,1000000,3000000")
+	openIndex := flag.Bool("open-index", false, "with -finished: first add a partial index on the deadline of commands not yet terminal")
+	enqueue := flag.Bool("enqueue", false, "time concurrent one-node command enqueues with an outbox reader (PostgreSQL)")
 	flag.Parse()
 	if err := run(*db, *shards, *workers, *trials, *nodes); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	if err := runStore(*db, *finished, *openIndex, *enqueue); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -88,28 +105,73 @@ func run(db string, shards bool, workers, trials, nodes int) error {
 	return nil
 }
 
+// runStore runs the sweep and enqueue measurements asked for.
+func runStore(db, finished string, openIndex, enqueue bool) error {
+	ctx := context.Background()
+	if finished != "" && db != "sqlite" {
+		var sizes []int
+		for f := range strings.SplitSeq(finished, ",") {
+			var n int
+			if _, err := fmt.Sscan(f, &n); err != nil {
+				return fmt.Errorf("-finished: %w", err)
+			}
+			sizes = append(sizes, n)
+		}
+		st, url, cleanup, err := openStoreURL(ctx, db)
+		if err != nil {
+			return err
+		}
+		if openIndex {
+			err = createOpenIndex(ctx, url)
+		}
+		if err == nil {
+			err = benchSweep(ctx, st, url, sizes)
+		}
+		cleanup()
+		if err != nil {
+			return err
+		}
+	}
+	if enqueue && db != "sqlite" {
+		st, cleanup, err := openStore(ctx, db)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		return benchEnqueue(ctx, st)
+	}
+	return nil
+}
+
 // openStore opens a migrated store: a fresh PostgreSQL schema, or a fresh
 // SQLite file.
 func openStore(ctx context.Context, db string) (store.Store, func(), error) {
+	st, _, cleanup, err := openStoreURL(ctx, db)
+	return st, cleanup, err
+}
+
+// openStoreURL is openStore that also returns the PostgreSQL URL of the
+// fresh schema ("" for SQLite).
+func openStoreURL(ctx context.Context, db string) (store.Store, string, func(), error) {
 	if db == "sqlite" {
 		dir, err := os.MkdirTemp("", "bench-workers-")
 		if err != nil {
-			return nil, nil, err
+			return nil, "", nil, err
 		}
 		st, err := sqlite.Open(ctx, filepath.Join(dir, "state.db"))
 		if err != nil {
-			return nil, nil, err
+			return nil, "", nil, err
 		}
 		_, err = st.Migrate(ctx)
-		return st, func() { st.Close(); os.RemoveAll(dir) }, err
+		return st, "", func() { st.Close(); os.RemoveAll(dir) }, err
 	}
 	conn, err := pgx.Connect(ctx, db)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	schema := "bench_" + strings.ToLower(rand.Text()[:10])
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	sep := "?"
 	if strings.Contains(db, "?") {
@@ -119,17 +181,18 @@ func openStore(ctx context.Context, db string) (store.Store, func(), error) {
 		conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
 		conn.Close(context.Background())
 	}
-	st, err := postgres.Open(ctx, db+sep+"search_path="+schema)
+	url := db + sep + "search_path=" + schema
+	st, err := postgres.Open(ctx, url)
 	if err != nil {
 		cleanup()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	if _, err := st.Migrate(ctx); err != nil {
 		st.Close()
 		cleanup()
-		return nil, nil, err
+		return nil, "", nil, err
 	}
-	return st, func() { st.Close(); cleanup() }, nil
+	return st, url, func() { st.Close(); cleanup() }, nil
 }
 
 // errKilled is what a killed worker's store calls return.
@@ -481,6 +544,147 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 			fmt.Printf("  one pass over 256 shards, %d goroutine(s), %s: %v, %d transitions, %.0f nodes/s\n",
 				workers, step.name, took.Round(time.Millisecond), changed, float64(n)/took.Seconds())
 		}
+	}
+	return nil
+}
+
+// openIndexDDL is the partial index the sweep's expiry query can use: its
+// predicate is the query's.
+const openIndexDDL = `CREATE INDEX commands_open_deadline_idx ON commands (deadline_at)
+	WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'expired', 'lost')`
+
+func createOpenIndex(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, openIndexDDL)
+	fmt.Println("sweep: with", strings.Join(strings.Fields(openIndexDDL), " "))
+	return err
+}
+
+func benchSweep(ctx context.Context, st store.Store, url string, sizes []int) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	fmt.Printf("sweep: CommandSweep with finished commands in the table, %s\n", st.Dialect())
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "bench", Region: "default"})
+	if err != nil {
+		return err
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "bench", SiteID: site.ID})
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for i := range 1000 {
+		n, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: fmt.Sprintf("node_sweep%04d", i), PoolID: pool.ID,
+			Hostname: fmt.Sprintf("s%04d", i), MachineID: fmt.Sprintf("s%04d", i)})
+		if err != nil {
+			return err
+		}
+		ids = append(ids, n.ID)
+	}
+	have := 0
+	for _, total := range sizes {
+		// Finished commands, a day old, as the retention window keeps
+		// them: enqueued 1,000 to a statement with a deadline long past,
+		// then ended expired by sweeps.
+		day := time.Now().Add(-24 * time.Hour)
+		for have < total {
+			batch := min(1000, total-have)
+			if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: ids[:batch], Kind: "exec",
+				Spec: []byte(`{}`), Timeout: time.Minute, Now: &day}); err != nil {
+				return err
+			}
+			have += batch
+			if have%100000 == 0 || have == total {
+				if _, err := st.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: 30 * time.Second}); err != nil {
+					return err
+				}
+			}
+		}
+		// As autovacuum leaves the table in a steady state.
+		if _, err := conn.Exec(ctx, `VACUUM ANALYZE commands`); err != nil {
+			return err
+		}
+		best := time.Hour
+		for range 5 {
+			start := time.Now()
+			if _, err := st.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: 30 * time.Second}); err != nil {
+				return err
+			}
+			best = min(best, time.Since(start))
+		}
+		fmt.Printf("  %d finished commands: one CommandSweep %v (best of 5)\n", total, best.Round(10*time.Microsecond))
+	}
+	return nil
+}
+
+func benchEnqueue(ctx context.Context, st store.Store) error {
+	fmt.Printf("enqueue: one-node CommandEnqueue from G goroutines, one outbox reader, %s\n", st.Dialect())
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "bench", Region: "default"})
+	if err != nil {
+		return err
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "bench", SiteID: site.ID})
+	if err != nil {
+		return err
+	}
+	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_enqueue", PoolID: pool.ID, Hostname: "e", MachineID: "e"}); err != nil {
+		return err
+	}
+	for _, g := range []int{1, 8, 16} {
+		const total = 3000
+		stop := make(chan struct{})
+		var reads atomic.Int64
+		var reader sync.WaitGroup
+		reader.Go(func() {
+			var cursor int64
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				es, err := st.OutboxList(ctx, cursor, 100)
+				if err != nil {
+					return
+				}
+				reads.Add(1)
+				if len(es) > 0 {
+					cursor = es[len(es)-1].ID
+				} else {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make(chan error, g)
+		for w := range g {
+			wg.Go(func() {
+				for i := w; i < total; i += g {
+					if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_enqueue"}, Kind: "exec",
+						Spec: []byte(`{}`), Timeout: time.Minute}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		took := time.Since(start)
+		close(stop)
+		reader.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			return err
+		}
+		fmt.Printf("  %2d goroutines: %.0f enqueues/s (%d outbox reads meanwhile)\n", g, total/took.Seconds(), reads.Load())
 	}
 	return nil
 }
