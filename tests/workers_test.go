@@ -599,7 +599,7 @@ func TestWorkersSplitRoles(t *testing.T) {
 	paused.p.Signal(syscall.SIGCONT)
 	eventually(t, 20*time.Second, func() bool { return countLines(paused.p, lost) > lostBefore },
 		func() string { return paused.name + " did not log the loss of " + sweeper.LeaseName + " after SIGCONT" })
-	took = d.waitShards(30*time.Second, paused.id, other)
+	d.waitShards(30*time.Second, paused.id, other)
 	t.Logf("%s resumed; shards split again over it and %s %v later", paused.name, d.worker(other).name,
 		d.dbNow().Sub(resumedAt).Round(time.Millisecond))
 
