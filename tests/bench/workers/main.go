@@ -550,7 +550,7 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 
 // openIndexDDL is the partial index the sweep's expiry query can use: its
 // predicate is the query's.
-const openIndexDDL = `CREATE INDEX commands_open_deadline_idx ON commands (deadline_at)
+const openIndexDDL = `CREATE INDEX IF NOT EXISTS commands_open_deadline_idx ON commands (deadline_at)
 	WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'expired', 'lost')`
 
 func createOpenIndex(ctx context.Context, url string) error {
