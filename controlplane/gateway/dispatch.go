@@ -370,9 +370,27 @@ func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv
 		if !done {
 			return "", ignoreMissing(err)
 		}
+		if err == nil && ownBMCOff(detail) {
+			// The node's own BMC says it is off: powered-off, not
+			// unreachable, until it connects again.
+			err = ignoreMissing(tx.NodeSetState(ctx, nodeID, store.NodePoweredOff))
+		}
 		return state, err
 	}
 	return "", nil
+}
+
+// ownBMCOff reports whether a BMC command's result says the node's own BMC
+// (no name: not a site agent's named BMC) left the machine powered off.
+func ownBMCOff(detail []byte) bool {
+	if len(detail) == 0 {
+		return false
+	}
+	var r struct {
+		Name  string `json:"name"`
+		Power string `json:"power"`
+	}
+	return json.Unmarshal(detail, &r) == nil && r.Name == "" && r.Power == "off"
 }
 
 // ignoreMissing drops not-found: a node may report on a command that was

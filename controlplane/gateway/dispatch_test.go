@@ -132,3 +132,38 @@ func TestRedeliveryAndCancel(t *testing.T) {
 		}
 	})
 }
+
+func TestOwnBMCOffMarksNodePoweredOff(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(func(c *Config) { c.DispatchInterval = 50 * time.Millisecond })
+		defer g.stop(t)
+		n := e.join(g, "gpu-01", "m-1")
+		s := e.connect(g, n)
+		finish := func(detail string) {
+			t.Helper()
+			cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "power.off", Spec: []byte(`{}`), Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := recvBody(t, s, 5*time.Second).GetCommand().GetId()
+			sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
+				Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: []byte(detail)}}})
+			eventually(t, 5*time.Second, "the result", func() bool {
+				c, _ := e.st.CommandGet(ctx, cmds[0].ID)
+				return c.State == store.CommandSucceeded
+			})
+		}
+		// A site agent's named BMC powering another machine off changes
+		// nothing about the agent itself.
+		finish(`{"name":"rack-7","action":"off","power":"off"}`)
+		if got, _ := e.st.NodeGet(ctx, n.id); got.State != store.NodeReady {
+			t.Fatalf("state after a named BMC's off = %s", got.State)
+		}
+		finish(`{"action":"off","power":"off"}`)
+		if got, _ := e.st.NodeGet(ctx, n.id); got.State != store.NodePoweredOff {
+			t.Fatalf("state after its own BMC's off = %s, want powered-off", got.State)
+		}
+	})
+}
