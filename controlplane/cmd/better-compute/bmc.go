@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -132,7 +131,7 @@ func runBMC(ctx context.Context, e *env, af *apiFlags, t *bmcTarget, req *apiv1.
 	if err := c.Call(ctx, "commands.create", req, resp); err != nil {
 		return err
 	}
-	done, err := awaitCommands(ctx, c, resp.Commands, e.stderr)
+	done, err := awaitCommands(ctx, c, resp.Commands, e.stderr, false, nil)
 	if err != nil {
 		return err
 	}
@@ -186,52 +185,6 @@ func bmcRow(x *apiv1.Command) []string {
 		}
 	}
 	return []string{x.NodeId, orDash(bmc), action, x.State, orDash(str("power")), orDash(detail)}
-}
-
-// awaitCommands polls the commands until each is terminal; when ctx ends
-// first it cancels those still running.
-func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stderr io.Writer) ([]*apiv1.Command, error) {
-	done := make([]*apiv1.Command, len(cmds))
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		remaining := 0
-		for i, x := range cmds {
-			if done[i] != nil {
-				continue
-			}
-			resp := &apiv1.GetCommandResponse{}
-			if err := c.Call(ctx, "commands.get", &apiv1.GetCommandRequest{Id: x.Id}, resp); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				return nil, err
-			}
-			if isTerminal(resp.Command.State) {
-				done[i] = resp.Command
-			} else {
-				remaining++
-			}
-		}
-		if ctx.Err() != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			for i, x := range cmds {
-				if done[i] == nil {
-					_ = c.Call(cctx, "commands.cancel", &apiv1.CancelCommandRequest{Id: x.Id}, &apiv1.CancelCommandResponse{})
-					fmt.Fprintf(stderr, "%s: cancelled %s\n", x.NodeId, x.Id)
-				}
-			}
-			return nil, ctx.Err()
-		}
-		if remaining == 0 {
-			return done, nil
-		}
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-		}
-	}
 }
 
 func bmcCredentialsCmd(e *env, af *apiFlags) *cobra.Command {

@@ -105,23 +105,82 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 	return cmd
 }
 
-// followGrace is how long follow keeps retrying an API that does not answer.
+// followGrace is how long polling keeps retrying an API that does not
+// answer (a control-plane restart).
 const followGrace = 60 * time.Second
 
-// follow polls the commands until each is terminal, printing new output
-// lines prefixed by node id. On cancellation of ctx it cancels the ones
-// still running.
+// awaitCommands polls the commands until each is terminal and returns them
+// in order. With includeOutput each poll carries the output so far and is
+// passed to progress. An API that stops answering is retried for
+// followGrace; when ctx ends first, the commands still running are
+// cancelled.
+func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stderr io.Writer, includeOutput bool,
+	progress func(*apiv1.Command)) ([]*apiv1.Command, error) {
+	done := make([]*apiv1.Command, len(cmds))
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var lostSince time.Time
+	for {
+		remaining := 0
+		for i, x := range cmds {
+			if done[i] != nil {
+				continue
+			}
+			resp := &apiv1.GetCommandResponse{}
+			if err := c.Call(ctx, "commands.get", &apiv1.GetCommandRequest{Id: x.Id, IncludeOutput: includeOutput}, resp); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				if lostSince.IsZero() {
+					lostSince = time.Now()
+					fmt.Fprintf(stderr, "lost contact with the API (%v); retrying for %v — the commands keep running\n", err, followGrace)
+				}
+				if time.Since(lostSince) > followGrace {
+					return nil, fmt.Errorf("%w; the commands may still be running: better-compute commands get %s", err, x.Id)
+				}
+				remaining++
+				continue
+			}
+			lostSince = time.Time{}
+			if progress != nil {
+				progress(resp.Command)
+			}
+			if isTerminal(resp.Command.State) {
+				done[i] = resp.Command
+			} else {
+				remaining++
+			}
+		}
+		if ctx.Err() != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			for i, x := range cmds {
+				if done[i] == nil {
+					_ = c.Call(cctx, "commands.cancel", &apiv1.CancelCommandRequest{Id: x.Id}, &apiv1.CancelCommandResponse{})
+					fmt.Fprintf(stderr, "%s: cancelled %s\n", x.NodeId, x.Id)
+				}
+			}
+			cancel()
+			return nil, ctx.Err()
+		}
+		if remaining == 0 {
+			return done, nil
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+}
+
+// follow waits for the commands, printing new output lines prefixed by
+// node id (table output), then each failure; it returns a
+// commandFailedError when any did not succeed.
 func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout, stderr io.Writer, out string) error {
-	type progress struct {
-		stdout, stderr int
-		pendOut        []byte
-		pendErr        []byte
-		done           *apiv1.Command
+	type lines struct {
+		stdout, stderr   int
+		pendOut, pendErr []byte
 	}
-	prog := map[string]*progress{}
-	for _, x := range cmds {
-		prog[x.Id] = &progress{}
-	}
+	prog := map[string]*lines{}
 	emit := func(w io.Writer, node string, pend *[]byte, data []byte, final bool) {
 		*pend = append(*pend, data...)
 		for {
@@ -137,74 +196,30 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 			*pend = nil
 		}
 	}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	var lostSince time.Time
-	for {
-		remaining := 0
-		for _, x := range cmds {
-			p := prog[x.Id]
-			if p.done != nil {
-				continue
-			}
-			resp := &apiv1.GetCommandResponse{}
-			if err := c.Call(ctx, "commands.get", &apiv1.GetCommandRequest{Id: x.Id, IncludeOutput: true}, resp); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				// The API may be restarting: keep following for a while.
-				if lostSince.IsZero() {
-					lostSince = time.Now()
-					fmt.Fprintf(stderr, "lost contact with the API (%v); retrying for %v — the commands keep running\n", err, followGrace)
-				}
-				if time.Since(lostSince) > followGrace {
-					return fmt.Errorf("%w; the commands may still be running: better-compute commands get %s", err, x.Id)
-				}
-				remaining++
-				continue
-			}
-			lostSince = time.Time{}
-			got := resp.Command
-			terminal := isTerminal(got.State)
-			if out == "table" {
-				emit(stdout, got.NodeId, &p.pendOut, got.Stdout[min(p.stdout, len(got.Stdout)):], terminal)
-				emit(stderr, got.NodeId, &p.pendErr, got.Stderr[min(p.stderr, len(got.Stderr)):], terminal)
-			}
-			p.stdout, p.stderr = len(got.Stdout), len(got.Stderr)
-			if terminal {
-				p.done = got
-			} else {
-				remaining++
-			}
+	results, err := awaitCommands(ctx, c, cmds, stderr, true, func(got *apiv1.Command) {
+		if out != "table" {
+			return
 		}
-		if ctx.Err() != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			for _, x := range cmds {
-				if prog[x.Id].done == nil {
-					_ = c.Call(cctx, "commands.cancel", &apiv1.CancelCommandRequest{Id: x.Id}, &apiv1.CancelCommandResponse{})
-					fmt.Fprintf(stderr, "%s: cancelled %s\n", x.NodeId, x.Id)
-				}
-			}
-			cancel()
-			return ctx.Err()
+		p := prog[got.Id]
+		if p == nil {
+			p = &lines{}
+			prog[got.Id] = p
 		}
-		if remaining == 0 {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-		}
+		final := isTerminal(got.State)
+		emit(stdout, got.NodeId, &p.pendOut, got.Stdout[min(p.stdout, len(got.Stdout)):], final)
+		emit(stderr, got.NodeId, &p.pendErr, got.Stderr[min(p.stderr, len(got.Stderr)):], final)
+		p.stdout, p.stderr = len(got.Stdout), len(got.Stderr)
+	})
+	if err != nil {
+		return err
 	}
 	failed := 0
-	var results []*apiv1.Command
-	for _, x := range cmds {
-		d := prog[x.Id].done
-		results = append(results, d)
-		if d.State != "succeeded" {
-			failed++
+	for _, d := range results {
+		if d.State == "succeeded" {
+			continue
 		}
-		if out == "table" && d.State != "succeeded" {
+		failed++
+		if out == "table" {
 			code := "-"
 			if d.ExitCode != nil {
 				code = fmt.Sprint(*d.ExitCode)
