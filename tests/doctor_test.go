@@ -24,13 +24,8 @@ func doctorRun(t *testing.T, d *deployment, args ...string) (int, map[string]doc
 	var res struct {
 		Checks []doctorResult `json:"checks"`
 	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		// Some versions print the list itself.
-		var list []doctorResult
-		if err2 := json.Unmarshal([]byte(out), &list); err2 != nil {
-			t.Fatalf("doctor -o json: %v\n%s%s", err, out, errOut)
-		}
-		res.Checks = list
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Checks) == 0 {
+		t.Fatalf("doctor -o json: %v\n%s%s", err, out, errOut)
 	}
 	m := map[string]doctorResult{}
 	for _, c := range res.Checks {

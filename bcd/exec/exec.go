@@ -14,7 +14,6 @@ import (
 	"sort"
 	"sync"
 	"syscall"
-	"time"
 )
 
 // Streams of output chunks.
@@ -192,12 +191,4 @@ func envList(env map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
-}
-
-// Deadline is a helper for callers: a context that ends at d (zero: never).
-func Deadline(ctx context.Context, d time.Time) (context.Context, context.CancelFunc) {
-	if d.IsZero() {
-		return context.WithCancel(ctx)
-	}
-	return context.WithDeadline(ctx, d)
 }

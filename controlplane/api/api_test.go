@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 )
@@ -283,6 +284,29 @@ func TestBearerScheme(t *testing.T) {
 		f.srv.Handler().ServeHTTP(w, r)
 		if w.Code != 401 {
 			t.Fatalf("Authorization without the Bearer scheme: %d", w.Code)
+		}
+	}
+}
+
+func TestWellKnown(t *testing.T) {
+	f := newFixture(t)
+	b, err := pki.Init(pki.InitOptions{TrustDomain: "wk.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, err := b.SealBundle(strings.Repeat("s", 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.PKIBundleCreate(context.Background(), &store.PKIBundle{TrustDomain: "wk.test", Sealed: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the second answer comes from the cached pin
+		w := httptest.NewRecorder()
+		f.srv.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/.well-known/better-compute", nil))
+		var got struct{ TrustDomain, GatewayCaPin, BasePath string }
+		if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || got.TrustDomain != "wk.test" || got.GatewayCaPin != b.GatewayPin() || got.BasePath != "/api" {
+			t.Fatalf("well-known = %d %s", w.Code, w.Body.String())
 		}
 	}
 }

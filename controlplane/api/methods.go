@@ -225,7 +225,7 @@ func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv
 	if len(r.GetDescription()) > 256 {
 		return nil, invalid("description", "at most 256 characters")
 	}
-	pin, err := s.gatewayPin(ctx)
+	pin, _, err := s.gatewayPin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -253,20 +253,27 @@ func CreateJoinToken(ctx context.Context, st interface {
 	return tok.String(), rec, nil
 }
 
-// gatewayPin is the pin of the gateway serving CA from the PKI bundle.
-func (s *Server) gatewayPin(ctx context.Context) (string, error) {
+// gatewayPin is the pin of the gateway serving CA from the PKI bundle, and
+// the bundle's trust domain. Opening the bundle (HKDF, AES-GCM, key parsing)
+// is done once per bundle version, not per request.
+func (s *Server) gatewayPin(ctx context.Context) (pin, trustDomain string, err error) {
 	b, err := s.store.PKIBundleGet(ctx)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", &Error{Code: CodeUnavailable, Message: "no PKI yet: run better-compute pki init"}
+		return "", "", &Error{Code: CodeUnavailable, Message: "no PKI yet: run better-compute pki init"}
 	}
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	bundle, err := pki.OpenBundle(s.cfg.Secret, b.Sealed)
-	if err != nil {
-		return "", fmt.Errorf("open pki bundle: %w", err)
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
+	if !s.pinOf.Equal(b.UpdatedAt) || s.pin == "" {
+		bundle, err := pki.OpenBundle(s.cfg.Secret, b.Sealed)
+		if err != nil {
+			return "", "", fmt.Errorf("open pki bundle: %w", err)
+		}
+		s.pin, s.pinOf = bundle.GatewayPin(), b.UpdatedAt
 	}
-	return bundle.GatewayPin(), nil
+	return s.pin, b.TrustDomain, nil
 }
 
 func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {

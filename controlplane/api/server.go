@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
@@ -60,6 +61,10 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	methods map[string]*method
+
+	pinMu sync.Mutex
+	pin   string    // gateway CA pin of the bundle version pinOf
+	pinOf time.Time // the bundle's updated_at when pin was read
 	// ready is closed once the listener is bound; Addr is valid after.
 	ready chan struct{}
 	addr  net.Addr

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -24,11 +23,8 @@ func (s *Server) wellKnown(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if b, err := s.store.PKIBundleGet(ctx); err == nil {
-		out.TrustDomain = b.TrustDomain
-		if bundle, err := pki.OpenBundle(s.cfg.Secret, b.Sealed); err == nil {
-			out.GatewayCaPin = bundle.GatewayPin()
-		}
+	if pin, td, err := s.gatewayPin(ctx); err == nil {
+		out.GatewayCaPin, out.TrustDomain = pin, td
 	}
 	body, err := marshal.Marshal(out)
 	if err != nil {

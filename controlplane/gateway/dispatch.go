@@ -362,7 +362,7 @@ func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv
 			msg = msg[:maxErrorLen]
 		}
 		var detail []byte
-		if d := b.Result.GetDetailJson(); len(d) > 0 && len(d) <= 64<<10 && validJSON(d) {
+		if d := b.Result.GetDetailJson(); len(d) > 0 && len(d) <= 64<<10 && json.Valid(d) {
 			detail = d
 		}
 		done, err := tx.CommandFinish(ctx, &store.CommandFinishParams{ID: id, NodeID: nodeID, State: state, ExitCode: &code,
@@ -401,6 +401,3 @@ func ignoreMissing(err error) error {
 	}
 	return err
 }
-
-// validJSON reports whether b is one JSON document.
-func validJSON(b []byte) bool { return json.Valid(b) }

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
 // Limits of join-tokens create.
@@ -110,14 +110,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				tok, err := jointoken.New(b.GatewayPin(), nil)
-				if err != nil {
-					return err
-				}
-				t, err := st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{
-					ID: tok.ID(), SecretHash: tok.SecretHash(), PoolID: p.ID, Description: description,
-					MaxUses: maxUses, ExpiresAt: time.Now().Add(ttl).UTC(),
-				})
+				secret, t, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), p.ID, ttl, maxUses, description)
 				if err != nil {
 					return err
 				}
@@ -127,7 +120,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 				}
 				res := tokenOut(t, time.Now())
 				if outFile != "" {
-					if err := writeSecretFile(outFile, []byte(tok.String()+"\n")); err != nil {
+					if err := writeSecretFile(outFile, []byte(secret+"\n")); err != nil {
 						// Nobody holds the secret: take the token back.
 						if rerr := st.JoinTokenRevoke(ctx, t.ID); rerr != nil {
 							return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.ID, rerr)
@@ -136,7 +129,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 					}
 					res.File = outFile
 				} else {
-					res.Token = tok.String()
+					res.Token = secret
 				}
 				if out == "json" {
 					return printValue(e.stdout, res)
@@ -146,7 +139,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 						t.ID, p.Name, outFile, t.MaxUses, t.ExpiresAt.UTC().Format(time.RFC3339))
 					return nil
 				}
-				fmt.Fprintln(e.stdout, tok.String())
+				fmt.Fprintln(e.stdout, secret)
 				fmt.Fprintf(e.stderr, "join token %s for pool %s: %d uses, expires %s; it is shown only this once\n",
 					t.ID, p.Name, t.MaxUses, t.ExpiresAt.UTC().Format(time.RFC3339))
 				return nil
