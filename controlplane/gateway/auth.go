@@ -19,7 +19,6 @@ type identity struct {
 	nodeID string
 	// serial is the serial of the certificate the caller presented.
 	serial string
-	node   *store.Node
 	// addr is the caller's socket address.
 	addr net.Addr
 }
@@ -73,7 +72,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 	if revoked {
 		return nil, status.Errorf(revokedCode, "certificate %s of node %s is revoked: re-join the machine with a new join token", serial, nodeID)
 	}
-	node, err := g.store.NodeGet(ctx, nodeID)
+	_, err = g.store.NodeGet(ctx, nodeID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return nil, status.Errorf(codes.PermissionDenied, "certificate names node %s, which is not a node of this deployment: re-join the machine", nodeID)
@@ -81,7 +80,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 		g.log.ErrorContext(ctx, "Node lookup failed", "node_id", nodeID, "error", err)
 		return nil, status.Error(codes.Unavailable, "cannot look the node up now; retry")
 	}
-	return &identity{nodeID: nodeID, serial: serial, node: node, addr: p.Addr}, nil
+	return &identity{nodeID: nodeID, serial: serial, addr: p.Addr}, nil
 }
 
 // internal logs err and returns an INTERNAL status that does not leak it.

@@ -306,9 +306,13 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log, cfg.Metrics, cfg.ID)),
 		// Memory per idle session: tls.Conn buffers reads already, so the
 		// HTTP/2 framer reads it directly; the write buffer is pooled and
-		// held only while writing; static windows stop BDP probing.
+		// held only while writing (grpc-go's default); static windows stop
+		// BDP probing; a header table of 0 asks daemons not to index their
+		// headers in HPACK's dynamic table, which the gateway would keep for
+		// the connection's life (a Connect's headers are sent once).
 		grpc.ReadBufferSize(0),
 		grpc.WriteBufferSize(16<<10),
+		grpc.HeaderTableSize(0),
 		grpc.StaticStreamWindowSize(64<<10),
 		grpc.StaticConnWindowSize(64<<10),
 		grpc.MaxConcurrentStreams(16),
