@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -46,18 +47,19 @@ func main() {
 	noInventory := flag.Bool("no-inventory", false, "do not send the simulated inventory after the first Welcome")
 	verbose := flag.Bool("v", false, "log the daemons' warnings on stderr")
 	stopOnEOF := flag.Bool("stop-on-eof", false, "stop at the end of standard input (so as never to outlive the program that started it)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the joins to this file")
 	flag.Parse()
 	if *gateway == "" || *tokenFile == "" || *n < 1 {
 		fmt.Fprintln(os.Stderr, "fleet: --gateway, --token-file and --n ≥ 1 are required")
 		os.Exit(2)
 	}
-	if err := run(*gateway, *tokenFile, *n, *concurrency, *prefix, *noInventory, *verbose, *stopOnEOF); err != nil {
+	if err := run(*gateway, *tokenFile, *n, *concurrency, *prefix, *noInventory, *verbose, *stopOnEOF, *cpuProfile); err != nil {
 		fmt.Fprintf(os.Stderr, "fleet: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(gateway, tokenFile string, n, concurrency int, prefix string, noInventory, verbose, stopOnEOF bool) error {
+func run(gateway, tokenFile string, n, concurrency int, prefix string, noInventory, verbose, stopOnEOF bool, cpuProfile string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if stopOnEOF {
@@ -85,6 +87,16 @@ func run(gateway, tokenFile string, n, concurrency int, prefix string, noInvento
 	// A failed join (the gateway answering INTERNAL under load, say) is
 	// reported and retried, as an installer would; Fleet.Join stops at the
 	// first failure and a second call joins the rest.
+	if cpuProfile != "" {
+		fh, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(fh); err != nil {
+			return err
+		}
+		defer fh.Close()
+	}
 	start := time.Now()
 	failures := 0
 	for {
@@ -99,6 +111,9 @@ func run(gateway, tokenFile string, n, concurrency int, prefix string, noInvento
 		fmt.Printf("join-error joined=%d err=%q\n", f.Stats().Joined, err.Error())
 	}
 	secs := time.Since(start).Seconds()
+	if cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
 	fmt.Printf("joined n=%d seconds=%.2f rate=%.1f failures=%d\n", n, secs, float64(n)/secs, failures)
 
 	done := make(chan error, 1)

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,7 @@ func main() {
 	work := flag.String("work", "", "working directory for binaries, data and logs (default: a new temporary one, removed unless --keep)")
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
+	fleetProfile := flag.String("fleet-cpuprofile", "", "have the fleet write a CPU profile of its joins to this file")
 	bcBin := flag.String("better-compute", "", "better-compute binary to run (default: build ./controlplane/cmd/better-compute)")
 	var serveEnv []string
 	flag.Func("serve-env", "extra KEY=VALUE for serve's environment, such as GOMEMLIMIT=450MiB (repeatable)", func(s string) error {
@@ -85,7 +87,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv}
+	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile}
 	b.build(*bcBin)
 	var results []*result
 	for _, n := range ns {
@@ -130,6 +132,7 @@ type bench struct {
 	restart      bool
 	noInventory  bool
 	serveEnv     []string
+	fleetProfile string
 }
 
 // build builds better-compute (unless bc names a binary) and the fleet into
@@ -170,6 +173,7 @@ type result struct {
 	perSecond      []int64       // sessions the restarted gateway opened, by second since the kill
 	fleetPerSecond []int64       // Welcomes the fleet counted, by stats line since the kill
 	rssRestart     int64
+	mem0, mem1     memStats // serve's runtime memory before the fleet and after the idle window
 }
 
 func (b *bench) run(n int) *result {
@@ -181,8 +185,9 @@ func (b *bench) run(n int) *result {
 	}
 	apiPort, gwPort := freePort(), freePort()
 	cfg := filepath.Join(dir, "better-compute.yaml")
-	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n",
-		apiPort, gwPort, max(2*n, 5000))
+	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n",
+		apiPort, metricsToken, gwPort, max(2*n, 5000))
+	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", apiPort)
 	if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
 		fatalf("%v", err)
 	}
@@ -195,6 +200,7 @@ func (b *bench) run(n int) *result {
 	time.Sleep(5 * time.Second)
 	r.rss0 = vmRSS(serve.pid())
 	r.heap0 = serve.lastGC()
+	r.mem0 = scrapeMemStats(metricsURL)
 
 	tokenFile := filepath.Join(dir, "join-token")
 	cli := exec.Command(b.bc, "--config", cfg, "join-tokens", "create", "--pool", "default",
@@ -208,6 +214,9 @@ func (b *bench) run(n int) *result {
 		"--n", strconv.Itoa(n), "--stop-on-eof"}
 	if b.noInventory {
 		args = append(args, "--no-inventory")
+	}
+	if b.fleetProfile != "" {
+		args = append(args, "--cpuprofile", b.fleetProfile)
 	}
 	logf("n=%d: starting the fleet", n)
 	fl := startFleet(filepath.Join(dir, "fleet.log"), b.fleet, args...)
@@ -227,6 +236,7 @@ func (b *bench) run(n int) *result {
 	c1, t1 := cpuTicks(serve.pid()), time.Now()
 	r.cpuShare = float64(c1-c0) / clockTicks / t1.Sub(t0).Seconds()
 	r.rss1 = vmRSS(serve.pid())
+	r.mem1 = scrapeMemStats(metricsURL)
 	// The live heap after a GC that ran with every session up (the runtime
 	// forces one at least every 2 minutes).
 	r.heap1 = serve.waitGC(gcs, 3*time.Minute)
@@ -291,8 +301,14 @@ func (r *result) print(w io.Writer) {
 		mib(r.rss0), mib(r.rss1), float64(r.rss1-r.rss0)/float64(r.n))
 	fmt.Fprintf(w, "  serve Go heap (live)    %d MB -> %d MB: %.1f KiB per session (gctrace, whole MB)\n",
 		r.heap0.live, r.heap1.live, float64(r.heap1.live-r.heap0.live)*1e6/1024/float64(r.n))
-	fmt.Fprintf(w, "  serve goroutine stacks  %d MB -> %d MB: %.1f KiB per session\n",
+	fmt.Fprintf(w, "  serve goroutine stacks  %d MB -> %d MB: %.1f KiB per session used (gctrace)\n",
 		r.heap0.stacks, r.heap1.stacks, float64(r.heap1.stacks-r.heap0.stacks)*1e6/1024/float64(r.n))
+	perSession := func(f func(m memStats) float64) float64 { return (f(r.mem1) - f(r.mem0)) / 1024 / float64(r.n) }
+	fmt.Fprintf(w, "  serve runtime, per session (from /metrics after the idle window):\n")
+	fmt.Fprintf(w, "    heap spans in use     %.1f KiB (go_memstats_heap_inuse_bytes)\n", perSession(func(m memStats) float64 { return m.heapInuse }))
+	fmt.Fprintf(w, "    goroutine stacks      %.1f KiB (go_memstats_stack_inuse_bytes: stack memory held, not only used)\n", perSession(func(m memStats) float64 { return m.stackInuse }))
+	fmt.Fprintf(w, "    next GC goal          %.1f KiB (go_memstats_next_gc_bytes)\n", perSession(func(m memStats) float64 { return m.nextGC }))
+	fmt.Fprintf(w, "    goroutines            %.2f (go_goroutines)\n", (r.mem1.goroutines-r.mem0.goroutines)/float64(r.n))
 	fmt.Fprintf(w, "  serve CPU, idle         %.1f%% of one core\n", 100*r.cpuShare)
 	fmt.Fprintf(w, "  fleet process RSS       %.1f MiB\n", mib(r.fleetRSS))
 	if r.restarted {
@@ -306,7 +322,7 @@ func (r *result) print(w io.Writer) {
 }
 
 func summary(w io.Writer, rs []*result, idle time.Duration) {
-	fmt.Fprintf(w, "| sessions | joins/s | RSS/session | heap/session | stacks/session | CPU idle (%v) | back after restart | peak/mean reconnects |\n", idle)
+	fmt.Fprintf(w, "| sessions | joins/s | RSS/session | live heap/session | stacks held/session | CPU idle (%v) | back after restart | peak/mean reconnects |\n", idle)
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range rs {
 		back, burst := "-", "-"
@@ -317,7 +333,7 @@ func summary(w io.Writer, rs []*result, idle time.Duration) {
 		fmt.Fprintf(w, "| %d | %.0f | %.1f KiB | %.1f KiB | %.1f KiB | %.1f%% | %s | %s |\n", r.held, r.joinRate,
 			float64(r.rss1-r.rss0)/float64(r.n),
 			float64(r.heap1.live-r.heap0.live)*1e6/1024/float64(r.n),
-			float64(r.heap1.stacks-r.heap0.stacks)*1e6/1024/float64(r.n),
+			(r.mem1.stackInuse-r.mem0.stackInuse)/1024/float64(r.n),
 			100*r.cpuShare, back, burst)
 	}
 }
@@ -329,6 +345,47 @@ func freePort() int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// metricsToken is the bearer token the benchmark gives serve's /metrics.
+const metricsToken = "bench-sessions-metrics-token"
+
+// memStats are the Go runtime's figures serve's /metrics exports, in bytes.
+type memStats struct {
+	heapInuse, stackInuse, nextGC, goroutines float64
+}
+
+// scrapeMemStats reads serve's Go runtime figures from its /metrics.
+func scrapeMemStats(url string) memStats {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+metricsToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fatalf("scrape %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fatalf("scrape %s: %s", url, resp.Status)
+	}
+	var m memStats
+	fields := map[string]*float64{
+		"go_memstats_heap_inuse_bytes":  &m.heapInuse,
+		"go_memstats_stack_inuse_bytes": &m.stackInuse,
+		"go_memstats_next_gc_bytes":     &m.nextGC,
+		"go_goroutines":                 &m.goroutines,
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		if p := fields[name]; ok && p != nil {
+			*p, _ = strconv.ParseFloat(value, 64)
+		}
+	}
+	return m
 }
 
 // vmRSS is pid's resident set size in KiB.
