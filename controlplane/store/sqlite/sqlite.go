@@ -49,21 +49,27 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 	for _, p := range []string{"journal_mode(WAL)", "busy_timeout(10000)", "synchronous(NORMAL)", "foreign_keys(1)"} {
 		q.Add("_pragma", p)
 	}
-	q.Set("_txlock", "immediate")
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
-	db.SetMaxOpenConns(8)
-	if err := db.PingContext(ctx); err != nil {
+	// One connection writes (held by the pool), the others read.
+	// Connections are kept, not closed when more than database/sql's
+	// default two are idle: each holds its prepared statements and the
+	// schema it read on opening.
+	db.SetMaxOpenConns(1 + readers)
+	db.SetMaxIdleConns(1 + readers)
+	p, err := newPool(ctx, db)
+	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
+		p.Close()
 		return nil, err
 	}
-	return queries.New(newPool(db), &queries.Dialect{
+	return queries.New(p, &queries.Dialect{
 		Name:       store.DialectSQLite,
 		Translate:  translate,
 		Migrations: sub,
@@ -87,43 +93,35 @@ func translate(err error) error {
 	return err
 }
 
-// execer is what database/sql's DB and Tx share.
+// readers is how many connections serve reads beside the writer's.
+const readers = 7
+
+// execer is what database/sql's DB and Conn share.
 type execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// conn runs statements on the database (tx nil) or in a transaction,
-// through the statement cache.
+// conn runs statements on x, through prepared statements from cache for
+// those with arguments (a statement without any may be a script of
+// several, a migration, which only the text path runs whole).
 type conn struct {
 	x     execer
-	tx    *sql.Tx
 	cache *stmtCache
 }
 
-// stmt returns the prepared form of q for this conn, or nil to run q as
-// text.
 func (c conn) stmt(ctx context.Context, q string, nargs int) *sql.Stmt {
-	st := c.cache.get(ctx, q, nargs)
-	if st == nil || c.tx == nil {
-		return st
+	if nargs == 0 {
+		return nil
 	}
-	// Reuses the statement where the transaction's connection has it
-	// prepared already; closed with the transaction.
-	return c.tx.StmtContext(ctx, st)
+	return c.cache.get(ctx, q, nargs)
 }
 
 func (c conn) Exec(ctx context.Context, q string, args ...any) (int64, error) {
 	var r sql.Result
 	var err error
-	// A statement without arguments may be a script of several (a
-	// migration), which only the text path runs whole.
-	var st *sql.Stmt
-	if len(args) > 0 {
-		st = c.stmt(ctx, q, len(args))
-	}
-	if st != nil {
+	if st := c.stmt(ctx, q, len(args)); st != nil {
 		r, err = st.ExecContext(ctx, bind(args)...)
 	} else {
 		r, err = c.x.ExecContext(ctx, q, bind(args)...)
@@ -155,21 +153,25 @@ func (c conn) QueryRow(ctx context.Context, q string, args ...any) queries.Row {
 	return row{c.x.QueryRowContext(ctx, q, bind(args)...)}
 }
 
-// Bounds of the statement cache: statements with more arguments are
-// built for one batch (a heartbeat flush of N sessions) and not kept.
+// Bounds of a statement cache: statements with more arguments are built
+// for one batch (a heartbeat flush of N sessions) and not kept.
 const (
 	maxCachedStmts = 512
 	maxCachedArgs  = 32
 )
 
-// stmtCache keeps one prepared statement per query text. database/sql
-// prepares each on a connection the first time it runs there and reuses
-// it after, also inside transactions; without it every call parsed and
-// planned its SQL again, a sixth of serve's CPU during a burst of joins.
+// stmtCache keeps one prepared statement per query text, prepared by
+// prepare (on the readers' DB, or on the writer's connection). Without it
+// every call parsed and planned its SQL again: a sixth of serve's CPU
+// during a burst of joins.
 type stmtCache struct {
-	db *sql.DB
-	mu sync.Mutex
-	m  map[string]*sql.Stmt
+	prepare func(ctx context.Context, q string) (*sql.Stmt, error)
+	mu      sync.Mutex
+	m       map[string]*sql.Stmt
+}
+
+func newStmtCache(prepare func(ctx context.Context, q string) (*sql.Stmt, error)) *stmtCache {
+	return &stmtCache{prepare: prepare, m: map[string]*sql.Stmt{}}
 }
 
 // get returns the cached statement for q, preparing it on first use; nil
@@ -186,7 +188,7 @@ func (c *stmtCache) get(ctx context.Context, q string, nargs int) *sql.Stmt {
 	if ok || full {
 		return st
 	}
-	st, err := c.db.PrepareContext(ctx, q)
+	st, err := c.prepare(ctx, q)
 	if err != nil {
 		return nil
 	}
@@ -209,121 +211,160 @@ func (c *stmtCache) close() {
 	}
 }
 
-// pool runs statements on the database's connections. SQLite takes one
-// writer at a time, and a writer that finds the write lock taken sleeps in
-// SQLite's busy handler (1 ms, then 2, 5, 10, up to 100 ms) however soon
-// the lock frees: under a burst of joins most of the time went to those
-// sleeps. So writes wait their turn here instead, first come first served,
-// and are woken as soon as the previous one ends; the busy timeout remains
-// for writers in other processes (the CLI's migrate, a second serve on the
-// same file). Reads are not gated: WAL lets them run beside the writer.
+// pool runs reads on the reader connections and every write (a
+// transaction, or a statement that is not a SELECT) on the one writer
+// connection it holds, one at a time, first come first served.
+//
+// SQLite takes one writer at a time. Left to database/sql's pool, writers
+// each took a connection and then waited for the write lock in SQLite's
+// busy handler, which sleeps (1, 2, 5 ... 100 ms) however soon the lock
+// frees, holding the connection meanwhile: under a reconnect storm the
+// waiting writers held most connections, reads queued behind them, and
+// sessions timed out. Here a writer waits for its turn without a
+// connection and is woken as soon as the previous write ends; reads never
+// wait for writers (WAL). The busy timeout remains for writers in other
+// processes (the CLI's migrate, a second serve on the same file).
 type pool struct {
 	db    *sql.DB
-	cache *stmtCache
-	// writer holds a token while a write (a transaction, which is BEGIN
-	// IMMEDIATE, or a statement that is not a SELECT) runs.
-	writer chan struct{}
+	reads *stmtCache
+
+	// gate holds a token while a write runs on w.
+	gate   chan struct{}
+	w      *sql.Conn
+	writes *stmtCache
 }
 
-func newPool(db *sql.DB) *pool {
-	return &pool{db: db, cache: &stmtCache{db: db, m: map[string]*sql.Stmt{}}, writer: make(chan struct{}, 1)}
+func newPool(ctx context.Context, db *sql.DB) (*pool, error) {
+	w, err := db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pool{
+		db:     db,
+		reads:  newStmtCache(db.PrepareContext),
+		gate:   make(chan struct{}, 1),
+		w:      w,
+		writes: newStmtCache(w.PrepareContext),
+	}, nil
 }
-
-func (p *pool) conn() conn { return conn{x: p.db, cache: p.cache} }
 
 // lock waits for the writer's turn or for ctx.
 func (p *pool) lock(ctx context.Context) error {
 	select {
-	case p.writer <- struct{}{}:
+	case p.gate <- struct{}{}:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("wait for the database's write lock: %w", ctx.Err())
+		return fmt.Errorf("wait for the database's writer: %w", ctx.Err())
 	}
 }
 
-func (p *pool) unlock() { <-p.writer }
+func (p *pool) unlock() { <-p.gate }
 
-// isRead reports whether q is a plain SELECT, which takes no write lock.
+func (p *pool) reader() conn { return conn{x: p.db, cache: p.reads} }
+func (p *pool) writer() conn { return conn{x: p.w, cache: p.writes} }
+
+// isRead reports whether q is a plain SELECT, which writes nothing.
 func isRead(q string) bool {
 	q = strings.TrimLeft(q, " \t\r\n(")
 	return len(q) >= 6 && strings.EqualFold(q[:6], "select")
 }
 
 func (p *pool) Exec(ctx context.Context, q string, args ...any) (int64, error) {
-	if !isRead(q) {
-		if err := p.lock(ctx); err != nil {
-			return 0, err
-		}
-		defer p.unlock()
+	if isRead(q) {
+		return p.reader().Exec(ctx, q, args...)
 	}
-	return p.conn().Exec(ctx, q, args...)
+	if err := p.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer p.unlock()
+	return p.writer().Exec(ctx, q, args...)
 }
 
 func (p *pool) Query(ctx context.Context, q string, args ...any) (queries.Rows, error) {
 	if isRead(q) {
-		return p.conn().Query(ctx, q, args...)
+		return p.reader().Query(ctx, q, args...)
 	}
 	if err := p.lock(ctx); err != nil {
 		return nil, err
 	}
-	r, err := p.conn().Query(ctx, q, args...)
+	r, err := p.writer().Query(ctx, q, args...)
 	if err != nil {
 		p.unlock()
 		return nil, err
 	}
-	// The statement holds the write lock until its rows are closed.
-	return &lockedRows{Rows: r, unlock: p.unlock}, nil
+	return &writeRows{Rows: r, unlock: p.unlock}, nil
 }
 
 func (p *pool) QueryRow(ctx context.Context, q string, args ...any) queries.Row {
 	if isRead(q) {
-		return p.conn().QueryRow(ctx, q, args...)
+		return p.reader().QueryRow(ctx, q, args...)
 	}
 	if err := p.lock(ctx); err != nil {
 		return errRow{err}
 	}
-	return &lockedRow{Row: p.conn().QueryRow(ctx, q, args...), unlock: p.unlock}
+	return &writeRow{Row: p.writer().QueryRow(ctx, q, args...), unlock: p.unlock}
 }
 
+// Begin starts a write transaction (BEGIN IMMEDIATE) on the writer
+// connection once it is this caller's turn; the turn ends with Commit or
+// Rollback. Its statements, reads included, run on that connection.
 func (p *pool) Begin(ctx context.Context) (queries.Tx, error) {
 	if err := p.lock(ctx); err != nil {
 		return nil, err
 	}
-	t, err := p.db.BeginTx(ctx, nil)
-	if err != nil {
+	if _, err := p.w.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		// A context that ends while BEGIN runs may report its error after
+		// the transaction began: end it, or the connection stays in it.
+		p.rollback(ctx)
 		p.unlock()
 		return nil, err
 	}
-	return &tx{conn: conn{x: t, tx: t, cache: p.cache}, t: t, unlock: p.unlock}, nil
+	return &tx{conn: p.writer(), p: p}, nil
+}
+
+// rollback ends the writer connection's transaction, if any, whatever
+// the state of ctx. SQLite also rolls a transaction back itself after
+// some errors (an interrupted statement, a full disk), so "no transaction
+// is active" is not an error here.
+func (p *pool) rollback(ctx context.Context) error {
+	_, err := p.w.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	if err != nil && strings.Contains(err.Error(), "no transaction is active") {
+		return nil
+	}
+	return err
 }
 
 func (p *pool) Ping(ctx context.Context) error { return p.db.PingContext(ctx) }
+
 func (p *pool) Close() error {
-	p.cache.close()
+	p.reads.close()
+	p.writes.close()
+	p.w.Close()
 	return p.db.Close()
 }
 
-// lockedRows releases the writer's turn when closed.
-type lockedRows struct {
+// writeRows ends the writer's turn when closed: the statement holds the
+// write lock until then.
+type writeRows struct {
 	queries.Rows
 	unlock func()
 	once   sync.Once
 }
 
-func (r *lockedRows) Close() {
+func (r *writeRows) Close() {
 	r.Rows.Close()
 	r.once.Do(r.unlock)
 }
 
-// lockedRow releases the writer's turn once scanned (database/sql closes
-// the statement in Scan).
-type lockedRow struct {
+// writeRow ends the writer's turn once scanned (database/sql closes the
+// statement in Scan).
+type writeRow struct {
 	queries.Row
 	unlock func()
 	once   sync.Once
 }
 
-func (r *lockedRow) Scan(dest ...any) error {
+func (r *writeRow) Scan(dest ...any) error {
 	defer r.once.Do(r.unlock)
 	return r.Row.Scan(dest...)
 }
@@ -333,21 +374,36 @@ type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
 
+// tx is a write transaction on the writer connection. COMMIT and ROLLBACK
+// run even when the caller's context has ended, so that the connection
+// never stays inside a transaction.
 type tx struct {
 	conn
-	t      *sql.Tx
-	unlock func()
-	once   sync.Once
+	p    *pool
+	done bool
 }
 
-func (t *tx) Commit(context.Context) error {
-	defer t.once.Do(t.unlock)
-	return t.t.Commit()
+func (t *tx) Commit(ctx context.Context) error {
+	if t.done {
+		return sql.ErrTxDone
+	}
+	t.done = true
+	defer t.p.unlock()
+	if _, err := t.p.w.ExecContext(context.WithoutCancel(ctx), "COMMIT"); err != nil {
+		// A failed COMMIT leaves the transaction open.
+		_ = t.p.rollback(ctx)
+		return err
+	}
+	return nil
 }
 
-func (t *tx) Rollback(context.Context) error {
-	defer t.once.Do(t.unlock)
-	return t.t.Rollback()
+func (t *tx) Rollback(ctx context.Context) error {
+	if t.done {
+		return sql.ErrTxDone
+	}
+	t.done = true
+	defer t.p.unlock()
+	return t.p.rollback(ctx)
 }
 
 // bind converts arguments to what the schema stores: times as Unix
