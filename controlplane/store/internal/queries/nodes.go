@@ -8,7 +8,10 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard, inventory, inventory_digest,
+// nodeColumns are a node's columns, for SELECT ... FROM nodes; the
+// inventory is kept apart, in node_inventories (migration 0005).
+const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard,
+	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id), inventory_digest,
 	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, last_seen_at`
 
 func scanNode(r Row) (*store.Node, error) {
@@ -42,7 +45,8 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 	if err != nil {
 		return nil, fmt.Errorf("upsert node %s: encode labels: %w", p.ID, err)
 	}
-	n, err := scanNode(s.db.QueryRow(ctx, `
+	var id string
+	err = s.db.QueryRow(ctx, `
 		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
 			cert_serial, cert_not_after, created_at, updated_at, shard)
 		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12)
@@ -51,12 +55,12 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 			bcd_version = excluded.bcd_version, os = excluded.os, arch = excluded.arch,
 			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
 			updated_at = excluded.updated_at
-		RETURNING `+nodeColumns,
-		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID)))
+		RETURNING id`,
+		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID)).Scan(&id)
 	if err != nil {
 		return nil, s.wrap("upsert node "+p.ID, err)
 	}
-	return n, nil
+	return s.NodeGet(ctx, id)
 }
 
 // NodeGet returns a node.
@@ -126,11 +130,24 @@ func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) e
 		`UPDATE nodes SET cordoned = $2, updated_at = now() WHERE id = $1`, id, cordoned)
 }
 
-// NodeSetInventory stores a node's inventory.
+// NodeSetInventory stores a node's inventory (in node_inventories) and its
+// digest (in the node's row).
 func (s *Store) NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error {
-	return s.exec1(ctx, "set inventory of node "+id,
-		`UPDATE nodes SET inventory = $2, inventory_digest = $3, updated_at = now() WHERE id = $1`,
-		id, JSON(inventory), digest)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		if err := q.exec1(ctx, "set inventory of node "+id,
+			`UPDATE nodes SET inventory_digest = $2, updated_at = now() WHERE id = $1`, id, digest); err != nil {
+			return err
+		}
+		var err error
+		if inventory == nil {
+			_, err = q.db.Exec(ctx, `DELETE FROM node_inventories WHERE node_id = $1`, id)
+		} else {
+			_, err = q.db.Exec(ctx, `INSERT INTO node_inventories (node_id, inventory) VALUES ($1, $2)
+				ON CONFLICT (node_id) DO UPDATE SET inventory = excluded.inventory`, id, JSON(inventory))
+		}
+		return q.wrap("set inventory of node "+id, err)
+	})
 }
 
 // NodeDelete removes a node and what hangs off it.
