@@ -16,6 +16,7 @@ import (
 // Store is what the reconciler needs.
 type Store interface {
 	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) (bool, error)
 }
 
 // Config configures the reconciler.
@@ -54,11 +55,18 @@ func (r *Reconciler) Interval() time.Duration { return r.cfg.Interval }
 
 // Reconcile runs one fenced pass over a shard.
 func (r *Reconciler) Reconcile(ctx context.Context, shard int, fence store.Fence) error {
+	p := &store.NodeLivenessParams{Shard: shard, StaleAfter: time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval}
+	// A read first: with nothing due, as in a healthy fleet almost always,
+	// no write transaction (256 shards every round, each a turn of SQLite's
+	// one writer). A node that falls due meanwhile is moved next round.
+	due, err := r.store.NodeLivenessDue(ctx, p)
+	if err != nil || !due {
+		return err
+	}
 	var unreachable, ready []string
-	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err = r.store.FencedTx(ctx, fence, func(tx store.Store) error {
 		var err error
-		unreachable, ready, err = tx.NodeLivenessReconcile(ctx, &store.NodeLivenessParams{Shard: shard,
-			StaleAfter: time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval})
+		unreachable, ready, err = tx.NodeLivenessReconcile(ctx, p)
 		return err
 	})
 	if err != nil {

@@ -303,6 +303,10 @@ type NodeStore interface {
 	// older than StaleAfter unreachable, and unreachable ones seen since
 	// ready again. Run it under the shard's lease.
 	NodeLivenessReconcile(ctx context.Context, p *NodeLivenessParams) (unreachable, ready []string, err error)
+	// NodeLivenessDue reports, with one read, whether NodeLivenessReconcile
+	// with p would move any node: the reconciler skips its write
+	// transaction when nothing is due, as in a healthy fleet almost always.
+	NodeLivenessDue(ctx context.Context, p *NodeLivenessParams) (bool, error)
 }
 
 // NodeLivenessParams are NodeLivenessReconcile's inputs.

@@ -743,6 +743,13 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, err)
 	check(t, h.Store.NodeSetState(ctx, "node_live", store.NodeReady))
 	p := &store.NodeLivenessParams{Shard: n.Shard, StaleAfter: 30 * time.Second, Now: at(10 * time.Second)}
+	due := func(p *store.NodeLivenessParams, want bool) {
+		t.Helper()
+		if got := must(h.Store.NodeLivenessDue(ctx, p)); got != want {
+			t.Fatalf("NodeLivenessDue(shard %d, now %v) = %v, want %v", p.Shard, p.Now, got, want)
+		}
+	}
+	due(p, false)
 	if u, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); len(u)+len(r) != 0 {
 		t.Fatalf("fresh node changed: %v %v", u, r)
 	}
@@ -752,18 +759,23 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, &other)); len(u) != 0 {
 		t.Fatalf("shard %d reconciled a node of shard %d", other.Shard, n.Shard)
 	}
+	due(&other, false)
 	p.Now = at(31 * time.Second)
+	due(p, true)
 	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(u, []string{"node_live"}) {
 		t.Fatalf("silent node not unreachable: %v", u)
 	}
 	if got := must(h.Store.NodeGet(ctx, "node_live")); got.State != store.NodeUnreachable {
 		t.Fatalf("state = %s", got.State)
 	}
+	due(p, false)
 	must(h.Store.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, at(40*time.Second)))
 	p.Now = at(41 * time.Second)
+	due(p, true)
 	if _, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(r, []string{"node_live"}) {
 		t.Fatalf("node back not ready: %v", r)
 	}
+	due(p, false)
 }
 
 func mustPair(a, b []string, err error) ([]string, []string) {

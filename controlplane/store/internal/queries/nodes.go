@@ -155,6 +155,17 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
 }
 
+// NodeLivenessDue reports whether NodeLivenessReconcile would move a node.
+func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) (bool, error) {
+	var due bool
+	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes
+		WHERE shard = $1 AND (
+			(state = 'ready' AND coalesce(last_seen_at, created_at) < coalesce($2, now()) - bc_micros($3))
+			OR (state = 'unreachable' AND last_seen_at >= coalesce($2, now()) - bc_micros($3))))`,
+		p.Shard, s.clock(p.Now), p.StaleAfter.Microseconds()).Scan(&due)
+	return due, s.wrap("check liveness", err)
+}
+
 // NodeLivenessReconcile moves a shard's nodes between ready and unreachable
 // by the age of their last heartbeat.
 func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error) {
