@@ -257,9 +257,12 @@ type Gateway struct {
 	draining atomic.Bool
 	fence    atomic.Pointer[store.Fence]
 	pending  pending
-	flushMu  sync.Mutex
-	flushes  int // under flushMu
-	dispatch *dispatcher
+	// inventories are the reported inventories not yet stored
+	// (inventoryLoop).
+	inventories inventoryBatch
+	flushMu     sync.Mutex
+	flushes     int // under flushMu
+	dispatch    *dispatcher
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.
@@ -376,7 +379,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	for _, loop := range []func(context.Context){g.certs.run(g.cfg.CertReloadInterval), g.leaseLoop, g.flushLoop, g.revocationLoop,
-		g.dispatchLoop, g.resultLoop} {
+		g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}
 

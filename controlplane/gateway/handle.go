@@ -117,10 +117,7 @@ func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inve
 		g.log.WarnContext(ctx, "Inventory dropped: too many writes", "node_id", s.nodeID)
 		return
 	}
-	if err := g.store.NodeSetInventory(ctx, s.nodeID, doc, digest); err != nil {
-		g.log.WarnContext(ctx, "Inventory not stored", "node_id", s.nodeID, "error", err)
-		return
-	}
+	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest})
 	s.inventoryDigest = digest
 }
 
