@@ -39,17 +39,23 @@ var registerOnce = sync.OnceValue(func() error {
 	})
 })
 
+// dsn is the driver's data source name for the database file at path,
+// with the pragmas every connection runs when it opens.
+func dsn(path string) string {
+	q := url.Values{}
+	for _, p := range []string{"journal_mode(WAL)", "busy_timeout(10000)", "synchronous(NORMAL)", "foreign_keys(1)"} {
+		q.Add("_pragma", p)
+	}
+	return "file:" + path + "?" + q.Encode()
+}
+
 // Open opens (creating if needed) the database file at path. It does not
 // migrate; call Migrate.
 func Open(ctx context.Context, path string) (*queries.Store, error) {
 	if err := registerOnce(); err != nil {
 		return nil, fmt.Errorf("register sqlite functions: %w", err)
 	}
-	q := url.Values{}
-	for _, p := range []string{"journal_mode(WAL)", "busy_timeout(10000)", "synchronous(NORMAL)", "foreign_keys(1)"} {
-		q.Add("_pragma", p)
-	}
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}

@@ -78,3 +78,24 @@ func TestMigrationKeepsInventories(t *testing.T) {
 		t.Fatalf("node_2 inventory %q, want none", n.Inventory)
 	}
 }
+
+// TestConnectionPragmas: every connection the store opens is in WAL mode,
+// with the busy timeout, synchronous=NORMAL and foreign keys.
+func TestConnectionPragmas(t *testing.T) {
+	db, err := sql.Open("sqlite", dsn(filepath.Join(t.TempDir(), "state.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for pragma, want := range map[string]string{
+		"journal_mode": "wal", "busy_timeout": "10000", "synchronous": "1", "foreign_keys": "1",
+	} {
+		var got string
+		if err := db.QueryRow("PRAGMA " + pragma).Scan(&got); err != nil {
+			t.Fatalf("PRAGMA %s: %v", pragma, err)
+		}
+		if got != want {
+			t.Errorf("PRAGMA %s = %s, want %s", pragma, got, want)
+		}
+	}
+}
