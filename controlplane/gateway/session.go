@@ -223,6 +223,9 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 		if err != nil {
 			return err
 		}
+		// The inventory a daemon sends on every connect is stored only if
+		// it changed: a gateway restart does not rewrite the fleet's.
+		s.inventoryDigest = n.InventoryDigest
 		switch n.State {
 		case store.NodeJoined, store.NodeUnreachable, store.NodePoweredOff:
 			if err := tx.NodeSetState(ctx, s.nodeID, store.NodeReady); err != nil {

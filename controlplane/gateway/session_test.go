@@ -438,3 +438,42 @@ func TestDrainingRefusesNewSessions(t *testing.T) {
 	_, err := e.tryConnect(g, &n.cert)
 	wantCode(t, err, codes.Unavailable)
 }
+
+// TestInventoryStoredOnlyWhenChanged: a daemon sends its inventory on every
+// connect; after a reconnect the same digest writes nothing, a new one is
+// stored.
+func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-11", "")
+		inventory := func(s *clientSession, digest, gpu string) {
+			t.Helper()
+			if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: &sessionv1.Inventory{
+				Digest: digest, Gpus: []*sessionv1.GPU{{Name: gpu}},
+			}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stored := func(digest, gpu string) bool {
+			nd, _ := e.st.NodeGet(ctx, n.id)
+			return nd.InventoryDigest == digest && strings.Contains(string(nd.Inventory), gpu)
+		}
+		inventory(e.connect(g, n), "d1", "A100")
+		eventually(t, 5*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") })
+
+		// The same digest from a new session is not written again (the
+		// document differs only to show it).
+		s := e.connect(g, n)
+		inventory(s, "d1", "H100")
+		// Nothing to wait for but time: four batch intervals.
+		time.Sleep(4 * inventoryInterval)
+		if !stored("d1", "A100") {
+			t.Fatal("an inventory with the stored digest was written again")
+		}
+		inventory(s, "d2", "B200")
+		eventually(t, 5*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") })
+	})
+}
