@@ -238,6 +238,8 @@ type pool struct {
 	gate   chan struct{}
 	w      *sql.Conn
 	writes *stmtCache
+	// begin, commit and rollback are prepared once on w.
+	beginStmt, commitStmt, rollbackStmt *sql.Stmt
 }
 
 func newPool(ctx context.Context, db *sql.DB) (*pool, error) {
@@ -245,13 +247,23 @@ func newPool(ctx context.Context, db *sql.DB) (*pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &pool{
+	p := &pool{
 		db:     db,
 		reads:  newStmtCache(db.PrepareContext),
 		gate:   make(chan struct{}, 1),
 		w:      w,
 		writes: newStmtCache(w.PrepareContext),
-	}, nil
+	}
+	for _, st := range []struct {
+		dst **sql.Stmt
+		sql string
+	}{{&p.beginStmt, "BEGIN IMMEDIATE"}, {&p.commitStmt, "COMMIT"}, {&p.rollbackStmt, "ROLLBACK"}} {
+		if *st.dst, err = w.PrepareContext(ctx, st.sql); err != nil {
+			w.Close()
+			return nil, fmt.Errorf("prepare %s: %w", st.sql, err)
+		}
+	}
+	return p, nil
 }
 
 // lock waits for the writer's turn or for ctx.
@@ -318,7 +330,7 @@ func (p *pool) Begin(ctx context.Context) (queries.Tx, error) {
 	if err := p.lock(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := p.w.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if _, err := p.beginStmt.ExecContext(ctx); err != nil {
 		// A context that ends while BEGIN runs may report its error after
 		// the transaction began: end it, or the connection stays in it.
 		p.rollback(ctx)
@@ -333,7 +345,7 @@ func (p *pool) Begin(ctx context.Context) (queries.Tx, error) {
 // some errors (an interrupted statement, a full disk), so "no transaction
 // is active" is not an error here.
 func (p *pool) rollback(ctx context.Context) error {
-	_, err := p.w.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	_, err := p.rollbackStmt.ExecContext(context.WithoutCancel(ctx))
 	if err != nil && strings.Contains(err.Error(), "no transaction is active") {
 		return nil
 	}
@@ -345,6 +357,9 @@ func (p *pool) Ping(ctx context.Context) error { return p.db.PingContext(ctx) }
 func (p *pool) Close() error {
 	p.reads.close()
 	p.writes.close()
+	for _, st := range []*sql.Stmt{p.beginStmt, p.commitStmt, p.rollbackStmt} {
+		st.Close()
+	}
 	p.w.Close()
 	return p.db.Close()
 }
@@ -395,7 +410,7 @@ func (t *tx) Commit(ctx context.Context) error {
 	}
 	t.done = true
 	defer t.p.unlock()
-	if _, err := t.p.w.ExecContext(context.WithoutCancel(ctx), "COMMIT"); err != nil {
+	if _, err := t.p.commitStmt.ExecContext(context.WithoutCancel(ctx)); err != nil {
 		// A failed COMMIT leaves the transaction open.
 		_ = t.p.rollback(ctx)
 		return err
