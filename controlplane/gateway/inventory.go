@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,9 +17,15 @@ const inventoryInterval = 250 * time.Millisecond
 
 // inventoryWrite is one node's inventory to store.
 type inventoryWrite struct {
-	doc    []byte // protojson of the Inventory message
-	digest string
+	doc      []byte // protojson of the Inventory message
+	digest   string
+	attempts int // failed writes so far
 }
+
+// maxInventoryAttempts bounds how often one inventory is tried; one the
+// database refuses (PostgreSQL's jsonb takes no NUL character) is then
+// dropped instead of failing every batch after it.
+const maxInventoryAttempts = 3
 
 // inventoryBatch holds the inventories reported since the last write, the
 // latest per node. Written one by one, each in a transaction of its own,
@@ -83,23 +91,52 @@ func (g *Gateway) inventoryLoop(ctx context.Context) {
 	}
 }
 
-// storeInventories writes the pending inventories in one transaction; a
-// node deleted meanwhile is skipped. On failure they stay pending.
+// storeInventories writes the pending inventories in one transaction, in
+// node id order; a node deleted meanwhile is skipped. When the transaction
+// fails, each is tried in one of its own, so that one the database refuses
+// holds up no other; those that fail stay pending, up to
+// maxInventoryAttempts.
 func (g *Gateway) storeInventories(ctx context.Context) error {
 	m := g.inventories.take()
 	if len(m) == 0 {
 		return nil
 	}
+	ids := slices.Sorted(maps.Keys(m))
+	type inventorySetter interface {
+		NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	}
+	write := func(st inventorySetter, id string) error {
+		w := m[id]
+		if err := st.NodeSetInventory(ctx, id, w.doc, w.digest); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		return nil
+	}
 	err := g.store.Tx(ctx, func(tx store.Store) error {
-		for id, w := range m {
-			if err := tx.NodeSetInventory(ctx, id, w.doc, w.digest); err != nil && !errors.Is(err, store.ErrNotFound) {
+		for _, id := range ids {
+			if err := write(tx, id); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		g.inventories.putBack(m)
+	if err == nil || ctx.Err() != nil {
+		if err != nil {
+			g.inventories.putBack(m)
+		}
+		return err
 	}
+	failed := map[string]inventoryWrite{}
+	for _, id := range ids {
+		if err := write(g.store, id); err != nil {
+			w := m[id]
+			if w.attempts++; w.attempts < maxInventoryAttempts {
+				failed[id] = w
+			} else {
+				g.log.WarnContext(ctx, "Inventory dropped: the database refused it", "node_id", id, "error", err)
+			}
+		}
+	}
+	g.inventories.putBack(failed)
 	return err
 }

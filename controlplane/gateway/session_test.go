@@ -477,3 +477,31 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 		eventually(t, 5*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") })
 	})
 }
+
+// TestInventoryRefusedHoldsUpNoOther: an inventory the database refuses
+// (PostgreSQL's jsonb takes no NUL character) does not keep another node's
+// from being stored.
+func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		bad, good := e.join(g, "gpu-12", ""), e.join(g, "gpu-13", "")
+		sb, sg := e.connect(g, bad), e.connect(g, good)
+		for _, m := range []struct {
+			s   *clientSession
+			gpu string
+		}{{sb, "A100\x00"}, {sg, "H100"}} {
+			if err := m.s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: &sessionv1.Inventory{
+				Digest: "d-" + m.gpu[:4], Gpus: []*sessionv1.GPU{{Name: m.gpu}},
+			}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, 5*time.Second, "the other node's inventory stored", func() bool {
+			nd, _ := e.st.NodeGet(ctx, good.id)
+			return nd.InventoryDigest == "d-H100" && strings.Contains(string(nd.Inventory), "H100")
+		})
+	})
+}

@@ -96,3 +96,33 @@ func TestWritesAfterCancelledTransactions(t *testing.T) {
 	})
 	t.Logf("%d of 200 racing transactions committed", n)
 }
+
+// TestWritesAfterPanicInTransaction: a transaction whose callback panics
+// is rolled back and gives the writer back.
+func TestWritesAfterPanicInTransaction(t *testing.T) {
+	ctx := context.Background()
+	st := newHarness(t).Store
+	func() {
+		defer func() { _ = recover() }()
+		_ = st.Tx(ctx, func(tx store.Store) error {
+			if _, err := tx.SiteCreate(ctx, &store.SiteCreateParams{Name: "panicked", Region: "r"}); err != nil {
+				return err
+			}
+			panic("callback failed")
+		})
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := st.SiteCreate(wctx, &store.SiteCreateParams{Name: "after", Region: "r"}); err != nil {
+		t.Fatalf("a write after the panic: %v", err)
+	}
+	sites, err := st.SiteList(ctx, &store.ListParams{Limit: store.MaxListLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sites {
+		if s.Name == "panicked" {
+			t.Fatal("the panicked transaction's site was committed")
+		}
+	}
+}

@@ -297,6 +297,9 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, h.Store.NodeSetCordoned(ctx, "node_a", true))
 	inv := []byte(`{"gpus":[{"name":"NVIDIA A100-SXM4-40GB"}]}`)
 	check(t, h.Store.NodeSetInventory(ctx, "node_a", inv, "sha256:abc"))
+	if err := h.Store.NodeSetInventory(ctx, "node_missing", inv, "sha256:abc"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("inventory of an unknown node: %v, want ErrNotFound", err)
+	}
 	// A re-join keeps state, labels and history, and replaces identity.
 	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", MachineID: "mid-1", CertSerial: "02"}))
 	got := must(h.Store.NodeGet(ctx, "node_a"))

@@ -9,9 +9,11 @@ import (
 )
 
 // nodeColumns are a node's columns, for SELECT ... FROM nodes; the
-// inventory is kept apart, in node_inventories (migration 0005).
+// inventory and its digest are kept apart, in node_inventories (migration
+// 0005).
 const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard,
-	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id), inventory_digest,
+	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id),
+	coalesce((SELECT i.digest FROM node_inventories i WHERE i.node_id = nodes.id), ''),
 	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, last_seen_at`
 
 func scanNode(r Row) (*store.Node, error) {
@@ -130,24 +132,20 @@ func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) e
 		`UPDATE nodes SET cordoned = $2, updated_at = now() WHERE id = $1`, id, cordoned)
 }
 
-// NodeSetInventory stores a node's inventory (in node_inventories) and its
-// digest (in the node's row).
+// NodeSetInventory stores a node's inventory and its digest (in
+// node_inventories: no lock on the node's row). A node that does not exist
+// is store.ErrNotFound, without an SQL error, so a transaction storing
+// several goes on.
 func (s *Store) NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error {
-	return s.Tx(ctx, func(tx store.Store) error {
-		q := tx.(*Store)
-		if err := q.exec1(ctx, "set inventory of node "+id,
-			`UPDATE nodes SET inventory_digest = $2, updated_at = now() WHERE id = $1`, id, digest); err != nil {
-			return err
-		}
-		var err error
-		if inventory == nil {
-			_, err = q.db.Exec(ctx, `DELETE FROM node_inventories WHERE node_id = $1`, id)
-		} else {
-			_, err = q.db.Exec(ctx, `INSERT INTO node_inventories (node_id, inventory) VALUES ($1, $2)
-				ON CONFLICT (node_id) DO UPDATE SET inventory = excluded.inventory`, id, JSON(inventory))
-		}
-		return q.wrap("set inventory of node "+id, err)
-	})
+	var doc any
+	if inventory != nil {
+		doc = JSON(inventory)
+	}
+	return s.exec1(ctx, "set inventory of node "+id,
+		`INSERT INTO node_inventories (node_id, inventory, digest)
+		SELECT id, $2, $3 FROM nodes WHERE id = $1
+		ON CONFLICT (node_id) DO UPDATE SET inventory = excluded.inventory, digest = excluded.digest`,
+		id, doc, digest)
 }
 
 // NodeDelete removes a node and what hangs off it.

@@ -56,6 +56,14 @@ func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
 		return fmt.Errorf("begin: %w", s.d.Translate(err))
 	}
 	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true}
+	// A panic in fn (which net/http, say, recovers) must not leave the
+	// transaction open: on SQLite it would hold the one writer for good.
+	defer func() {
+		if p := recover(); p != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			panic(p)
+		}
+	}()
 	if err := fn(inner); err != nil {
 		_ = tx.Rollback(ctx)
 		return err
