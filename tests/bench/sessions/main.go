@@ -174,6 +174,9 @@ type result struct {
 	fleetPerSecond []int64       // Welcomes the fleet counted, by stats line since the kill
 	rssRestart     int64
 	mem0, mem1     memStats // serve's runtime memory before the fleet and after the idle window
+	// notOpened and notOpenedRestart are Connects serve could not record
+	// in time, in the first connect and after the restart.
+	notOpened, notOpenedRestart int
 }
 
 func (b *bench) run(n int) *result {
@@ -237,6 +240,7 @@ func (b *bench) run(n int) *result {
 	r.cpuShare = float64(c1-c0) / clockTicks / t1.Sub(t0).Seconds()
 	r.rss1 = vmRSS(serve.pid())
 	r.mem1 = scrapeMemStats(metricsURL)
+	r.notOpened = serve.countNotOpened()
 	// The live heap after a GC that ran with every session up (the runtime
 	// forces one at least every 2 minutes).
 	r.heap1 = serve.waitGC(gcs, 3*time.Minute)
@@ -258,6 +262,7 @@ func (b *bench) run(n int) *result {
 		r.back = time.UnixMilli(end.tms).Sub(killed)
 		r.fleetPerSecond = connectsPerLine(fl.since(killed), atKill.connects)
 		r.perSecond, r.peak, r.mean = reconnectRates(serve.sessionsOpened(), killed)
+		r.notOpenedRestart = serve.countNotOpened()
 		logf("n=%d: all back %v after the kill; peak %.0f/s, mean %.0f/s", n, r.back.Round(time.Millisecond), r.peak, r.mean)
 		time.Sleep(10 * time.Second)
 		r.rssRestart = vmRSS(serve.pid())
@@ -297,6 +302,7 @@ func (r *result) print(w io.Writer) {
 	fmt.Fprintf(w, "  joins/s                 %.0f (%d failed joins retried)\n", r.joinRate, r.joinFailures)
 	fmt.Fprintf(w, "  all sessions up after   %v (joins included)\n", r.upAfter.Round(time.Millisecond))
 	fmt.Fprintf(w, "  sessions held           %d\n", r.held)
+	fmt.Fprintf(w, "  Connects not recorded   %d (serve's \"Session not opened\"; the daemons retried)\n", r.notOpened)
 	fmt.Fprintf(w, "  serve RSS               %.1f MiB -> %.1f MiB: %.1f KiB per session\n",
 		mib(r.rss0), mib(r.rss1), float64(r.rss1-r.rss0)/float64(r.n))
 	fmt.Fprintf(w, "  serve Go heap (live)    %d MB -> %d MB: %.1f KiB per session (gctrace, whole MB)\n",
@@ -315,6 +321,7 @@ func (r *result) print(w io.Writer) {
 		fmt.Fprintf(w, "  restart: serve up after %v; all %d back after %v (from kill -9)\n",
 			r.serveUp.Round(time.Millisecond), r.n, r.back.Round(time.Millisecond))
 		fmt.Fprintf(w, "  reconnects/s (gateway)  peak %.0f, mean %.0f (peak/mean %.2f)\n", r.peak, r.mean, r.peak/max(r.mean, 1))
+		fmt.Fprintf(w, "  Connects not recorded   %d after the restart\n", r.notOpenedRestart)
 		fmt.Fprintf(w, "  per second (gateway)    %v\n", r.perSecond)
 		fmt.Fprintf(w, "  per second (fleet)      %v\n", r.fleetPerSecond)
 		fmt.Fprintf(w, "  serve RSS after restart %.1f MiB\n", mib(r.rssRestart))
@@ -442,10 +449,19 @@ type proc struct {
 	joinFailures int
 	// opened are the times of serve's "Session opened" lines.
 	opened []time.Time
+	// notOpened counts serve's "Session not opened" lines: Connects that
+	// could not record their session in time (the daemon retries).
+	notOpened int
 }
 
 // logTime is the time of a serve log line (slog's text handler).
 var logTime = regexp.MustCompile(`^time=(\S+) `)
+
+func (p *proc) countNotOpened() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.notOpened
+}
 
 func (p *proc) sessionsOpened() []time.Time {
 	p.mu.Lock()
@@ -557,6 +573,9 @@ func (b *bench) startServe(logPath string, env []string, cfg string) *proc {
 		}
 		if strings.Contains(line, `msg="Gateway listening"`) {
 			p.ready = true
+		}
+		if strings.Contains(line, `msg="Session not opened"`) {
+			p.notOpened++
 		}
 		if strings.Contains(line, `msg="Session opened"`) {
 			if m := logTime.FindStringSubmatch(line); m != nil {
