@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"net/http/pprof"
 )
 
 // MinMetricsTokenLen is the shortest bearer token that enables /metrics
@@ -11,8 +12,9 @@ import (
 const MinMetricsTokenLen = 16
 
 // mountMetrics serves GET /metrics when a handler and a token of at least
-// MinMetricsTokenLen characters are configured; otherwise the route does not
-// exist (404).
+// MinMetricsTokenLen characters are configured, and, when Pprof is set, the
+// runtime's profiles under GET /debug/pprof/ behind the same token;
+// otherwise the routes do not exist (404).
 func (s *Server) mountMetrics() {
 	if s.cfg.Metrics == nil || s.cfg.MetricsToken == "" {
 		return
@@ -21,7 +23,16 @@ func (s *Server) mountMetrics() {
 		s.log.Warn("Metrics not served: the bearer token is shorter than 16 characters")
 		return
 	}
-	s.mux.Handle("GET /metrics", &bearer{want: sha256.Sum256([]byte(s.cfg.MetricsToken)), next: s.cfg.Metrics})
+	want := sha256.Sum256([]byte(s.cfg.MetricsToken))
+	s.mux.Handle("GET /metrics", &bearer{want: want, next: s.cfg.Metrics})
+	if s.cfg.Pprof {
+		// pprof.Index serves the named profiles (heap, goroutine, allocs,
+		// ...) below it; profile and trace run for ?seconds=N.
+		s.mux.Handle("GET /debug/pprof/", &bearer{want: want, next: http.HandlerFunc(pprof.Index)})
+		s.mux.Handle("GET /debug/pprof/profile", &bearer{want: want, next: http.HandlerFunc(pprof.Profile)})
+		s.mux.Handle("GET /debug/pprof/trace", &bearer{want: want, next: http.HandlerFunc(pprof.Trace)})
+		s.mux.Handle("GET /debug/pprof/symbol", &bearer{want: want, next: http.HandlerFunc(pprof.Symbol)})
+	}
 }
 
 // bearer lets through only requests carrying the token, compared in

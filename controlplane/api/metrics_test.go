@@ -18,6 +18,11 @@ const metricsToken = "scrape-token-0123456789"
 
 func metricsServer(t *testing.T, token string) http.Handler {
 	t.Helper()
+	return metricsServerWith(t, api.Config{MetricsToken: token})
+}
+
+func metricsServerWith(t *testing.T, cfg api.Config) http.Handler {
+	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
@@ -29,11 +34,16 @@ func metricsServer(t *testing.T, token string) http.Handler {
 	}
 	m := metrics.New(metrics.Config{}, st)
 	m.CommandFinished("exec", "succeeded")
-	return api.New(api.Config{Secret: strings.Repeat("s", 32), Metrics: m.Handler(), MetricsToken: token}, st, nil).Handler()
+	cfg.Secret, cfg.Metrics = strings.Repeat("s", 32), m.Handler()
+	return api.New(cfg, st, nil).Handler()
 }
 
 func get(h http.Handler, auth string) *httptest.ResponseRecorder {
-	r := httptest.NewRequest("GET", "/metrics", nil)
+	return getPath(h, "/metrics", auth)
+}
+
+func getPath(h http.Handler, path, auth string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", path, nil)
 	if auth != "" {
 		r.Header.Set("Authorization", auth)
 	}
@@ -88,5 +98,29 @@ func TestMetricsNotMountedWithoutToken(t *testing.T) {
 		if w := get(h, "Bearer "+token); w.Code != http.StatusNotFound {
 			t.Errorf("token %q: /metrics answered %d", token, w.Code)
 		}
+	}
+}
+
+func TestPprofBehindTheMetricsToken(t *testing.T) {
+	t.Parallel()
+	h := metricsServerWith(t, api.Config{MetricsToken: metricsToken, Pprof: true})
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1"} {
+		if w := getPath(h, path, ""); w.Code != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d", path, w.Code)
+		}
+		if w := getPath(h, path, "Bearer wrong-token-0123456789"); w.Code != http.StatusUnauthorized {
+			t.Errorf("%s with a wrong token: %d", path, w.Code)
+		}
+	}
+	if w := getPath(h, "/debug/pprof/goroutine?debug=1", "Bearer "+metricsToken); w.Code != http.StatusOK || !strings.Contains(w.Body.String(), "goroutine profile:") {
+		t.Errorf("goroutine profile with the token: %d %.80q", w.Code, w.Body.String())
+	}
+	if w := getPath(h, "/debug/pprof/heap", "Bearer "+metricsToken); w.Code != http.StatusOK || w.Body.Len() == 0 {
+		t.Errorf("heap profile with the token: %d, %d bytes", w.Code, w.Body.Len())
+	}
+
+	off := metricsServerWith(t, api.Config{MetricsToken: metricsToken})
+	if w := getPath(off, "/debug/pprof/heap", "Bearer "+metricsToken); w.Code != http.StatusNotFound {
+		t.Errorf("pprof off: /debug/pprof/heap answered %d", w.Code)
 	}
 }

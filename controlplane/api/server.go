@@ -49,6 +49,9 @@ type Config struct {
 	// requests carrying "Authorization: Bearer <MetricsToken>". Shorter
 	// than 16 characters, /metrics is not mounted.
 	MetricsToken string
+	// Pprof, with MetricsToken, serves net/http/pprof's profiles under
+	// /debug/pprof/ behind the same token (host.metrics.pprof).
+	Pprof bool
 }
 
 // Server serves the HTTP API.

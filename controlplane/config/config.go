@@ -126,6 +126,10 @@ type Metrics struct {
 	// BearerToken (at least 16 characters) enables /metrics for scrapers
 	// that send it.
 	BearerToken string `yaml:"bearerToken"`
+	// Pprof also serves the Go runtime's profiles (net/http/pprof) under
+	// /debug/pprof/, behind the same bearer token. Off by default: a CPU
+	// profile costs the process while it runs.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Sinks lists the event sinks; names are unique.
@@ -376,6 +380,9 @@ func (c *Config) validate() error {
 	}
 	if t := c.Host.Metrics.BearerToken; t != "" && len(t) < 16 {
 		return &Error{Key: "host.metrics.bearerToken", Msg: "want at least 16 characters"}
+	}
+	if c.Host.Metrics.Pprof && c.Host.Metrics.BearerToken == "" {
+		return &Error{Key: "host.metrics.pprof", Msg: "needs host.metrics.bearerToken: profiles are served only behind it"}
 	}
 	names := map[string]bool{}
 	for i, w := range c.Sinks.Webhooks {

@@ -88,6 +88,7 @@ func TestInvalid(t *testing.T) {
 		{"bad proxy", "trustedProxies: [\"10.0.0.0/33\"]\n", nil, Flags{}, "trustedProxies[0]"},
 		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "file"},
 		{"short metrics token", "host:\n  metrics:\n    bearerToken: abc\n", nil, Flags{}, "host.metrics.bearerToken"},
+		{"pprof without token", "host:\n  metrics:\n    pprof: true\n", nil, Flags{}, "host.metrics.pprof"},
 		{"webhook without secret", "sinks:\n  webhooks:\n  - {name: hook, url: https://h.example/x}\n", nil, Flags{}, "sinks.webhooks[0].secret"},
 		{"duplicate sink", "sinks:\n  files:\n  - {name: a, path: /x}\n  - {name: a, path: /y}\n", nil, Flags{}, "sinks.files[1].name"},
 		{"short retention", "retention:\n  audit: 1m\n", nil, Flags{}, "retention.audit"},

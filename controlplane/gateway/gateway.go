@@ -42,7 +42,7 @@ type Store interface {
 	GatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams) (*store.Gateway, error)
 	GatewayList(ctx context.Context) ([]*store.Gateway, error)
 	GatewayDelete(ctx context.Context, id string) error
-	SessionList(ctx context.Context, gatewayID string) ([]*store.Session, error)
+	SessionIDs(ctx context.Context, gatewayID string) ([]string, error)
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
 	EventInsert(ctx context.Context, e *store.Event) (int64, error)

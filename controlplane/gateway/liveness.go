@@ -93,8 +93,8 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 	defer g.flushMu.Unlock()
 	beats, closes := g.pending.take()
 	// Sessions are registered after their row commits, so every session in
-	// this snapshot has a row unless something removed it. Reading every
-	// row back is O(sessions): it is done every readbackEvery-th flush
+	// this snapshot has a row unless something removed it. Reading the ids of
+	// all of them back is O(sessions) (an index-only scan): it is done every readbackEvery-th flush
 	// (every 3 s by default), which bounds how long a session superseded on
 	// another gateway stays open here.
 	g.flushes++
@@ -102,13 +102,13 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 	if g.flushes%readbackEvery == 0 {
 		local = g.sessions.snapshot()
 	}
-	var rows []*store.Session
+	var rows []string
 	var err error
 	if len(beats) == 0 && len(closes) == 0 {
 		if len(local) == 0 {
 			return nil
 		}
-		rows, err = g.store.SessionList(ctx, g.cfg.ID)
+		rows, err = g.store.SessionIDs(ctx, g.cfg.ID)
 	} else {
 		write := func(tx store.Store) error {
 			for _, c := range closes {
@@ -123,7 +123,7 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 			}
 			if len(local) > 0 {
 				var err error
-				rows, err = tx.SessionList(ctx, g.cfg.ID)
+				rows, err = tx.SessionIDs(ctx, g.cfg.ID)
 				return err
 			}
 			return nil
@@ -141,8 +141,8 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 		return fmt.Errorf("flush sessions: %w", err)
 	}
 	current := make(map[string]struct{}, len(rows))
-	for _, r := range rows {
-		current[r.SessionID] = struct{}{}
+	for _, id := range rows {
+		current[id] = struct{}{}
 	}
 	for _, s := range local {
 		if _, ok := current[s.id]; !ok && s.terminate("superseded by a newer session on another gateway", nil, 0) {

@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		defer closeDownloads()
 		srv = api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
-			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken}, st, log)
+			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof}, st, log)
 	}
 
 	failed := make(chan error, 8)

@@ -433,6 +433,10 @@ type SessionStore interface {
 	SessionClose(ctx context.Context, nodeID, sessionID string) error
 	SessionGet(ctx context.Context, nodeID string) (*Session, error)
 	SessionList(ctx context.Context, gatewayID string) ([]*Session, error)
+	// SessionIDs returns the ids of gatewayID's sessions, in no order: what
+	// a gateway reads back to find its sessions superseded elsewhere,
+	// without the rest of each row.
+	SessionIDs(ctx context.Context, gatewayID string) ([]string, error)
 	// SessionHeartbeatBatch records liveness of many sessions in one
 	// statement per call: the gateway's batched heartbeat write. Sessions no
 	// longer current (superseded) are skipped. It also sets the nodes'

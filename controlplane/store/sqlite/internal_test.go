@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"io/fs"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -60,8 +59,8 @@ func TestMigrationKeepsInventories(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(applied, ",") != "0005_node_inventories" {
-		t.Fatalf("applied %v, want 0005_node_inventories only", applied)
+	if len(applied) == 0 || applied[0] != "0005_node_inventories" {
+		t.Fatalf("applied %v, want 0005_node_inventories first", applied)
 	}
 	n, err := s.NodeGet(ctx, "node_1")
 	if err != nil {

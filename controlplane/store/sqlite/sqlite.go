@@ -78,6 +78,7 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 	return queries.New(p, &queries.Dialect{
 		Name:       store.DialectSQLite,
 		Translate:  translate,
+		TextSet:    "SELECT value FROM json_each(%s)",
 		Migrations: sub,
 	}), nil
 }

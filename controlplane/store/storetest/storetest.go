@@ -320,6 +320,12 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	if missing := must(h.Store.NodesMissing(ctx, []string{"node_a", "node_x", "node_b", "node_y"})); !slices.Equal(missing, []string{"node_x", "node_y"}) {
 		t.Fatalf("missing = %v", missing)
 	}
+	// Ids travel as one JSON array: quotes, backslashes and non-ASCII
+	// must come back as they went.
+	odd := []string{`node"q`, `node\\b`, "nöde", "node_b", "node,a"}
+	if missing := must(h.Store.NodesMissing(ctx, odd)); !slices.Equal(missing, []string{`node"q`, `node\\b`, "nöde", "node,a"}) {
+		t.Fatalf("missing = %q", missing)
+	}
 	if ready := must(h.Store.NodeList(ctx, &store.NodeListParams{State: store.NodeReady})); len(ready) != 1 {
 		t.Fatalf("ready nodes = %d", len(ready))
 	}
@@ -436,7 +442,20 @@ func testGatewaysSessions(ctx context.Context, t *testing.T, h *Harness) {
 	if l := must(h.Store.SessionList(ctx, "gw2")); len(l) != 1 {
 		t.Fatalf("gw2 sessions = %d", len(l))
 	}
+	addNode(ctx, t, h, pool, "node_t")
+	mustOpen(t, h, ctx, "node_t", "sess3", "gw2")
+	if ids := must(h.Store.SessionIDs(ctx, "gw2")); !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"sess2", "sess3"}) {
+		t.Fatalf("gw2 session ids = %v", ids)
+	}
+	if ids := must(h.Store.SessionIDs(ctx, "gw1")); len(ids) != 0 {
+		t.Fatalf("gw1 session ids = %v (its session was superseded)", ids)
+	}
+	check(t, h.Store.SessionClose(ctx, "node_t", "sess3"))
 	check(t, h.Store.SessionClose(ctx, "node_s", "sess2"))
+	// The node keeps its last heartbeat once its session is gone.
+	if node := must(h.Store.NodeGet(ctx, "node_s")); node.LastSeenAt == nil || !node.LastSeenAt.Equal(later) {
+		t.Fatalf("node last seen after its session closed = %v, want %v", node.LastSeenAt, later)
+	}
 	_, err := h.Store.SessionGet(ctx, "node_s")
 	wantErr(t, err, store.ErrNotFound)
 	check(t, h.Store.GatewayDelete(ctx, "gw2"))

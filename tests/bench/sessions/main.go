@@ -56,6 +56,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
 	fleetProfile := flag.String("fleet-cpuprofile", "", "have the fleet write a CPU profile of its joins to this file")
+	serveProfile := flag.String("serve-cpuprofile", "", "write a CPU profile of serve over the idle window to this file (N appended when -n names several sizes; serve's /debug/pprof, host.metrics.pprof)")
 	bcBin := flag.String("better-compute", "", "better-compute binary to run (default: build ./controlplane/cmd/better-compute)")
 	var serveEnv []string
 	flag.Func("serve-env", "extra KEY=VALUE for serve's environment, such as GOMEMLIMIT=450MiB (repeatable)", func(s string) error {
@@ -87,7 +88,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile}
+	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, sizes: len(ns)}
 	b.build(*bcBin)
 	var results []*result
 	for _, n := range ns {
@@ -133,6 +134,8 @@ type bench struct {
 	noInventory  bool
 	serveEnv     []string
 	fleetProfile string
+	serveProfile string
+	sizes        int // how many fleet sizes run
 }
 
 // build builds better-compute (unless bc names a binary) and the fleet into
@@ -188,7 +191,7 @@ func (b *bench) run(n int) *result {
 	}
 	apiPort, gwPort := freePort(), freePort()
 	cfg := filepath.Join(dir, "better-compute.yaml")
-	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n",
+	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n    pprof: true\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n",
 		apiPort, metricsToken, gwPort, max(2*n, 5000))
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", apiPort)
 	if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
@@ -234,9 +237,23 @@ func (b *bench) run(n int) *result {
 
 	logf("n=%d: measuring CPU over %v of idle heartbeats", n, b.idle)
 	gcs := serve.gcCount()
+	profiled := make(chan struct{})
+	if b.serveProfile != "" {
+		file := b.serveProfile
+		if b.sizes > 1 {
+			file += "." + strconv.Itoa(n)
+		}
+		go func() {
+			defer close(profiled)
+			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", apiPort, int(b.idle.Seconds())), file)
+		}()
+	} else {
+		close(profiled)
+	}
 	c0, t0 := cpuTicks(serve.pid()), time.Now()
 	time.Sleep(b.idle)
 	c1, t1 := cpuTicks(serve.pid()), time.Now()
+	<-profiled
 	r.cpuShare = float64(c1-c0) / clockTicks / t1.Sub(t0).Seconds()
 	r.rss1 = vmRSS(serve.pid())
 	r.mem1 = scrapeMemStats(metricsURL)
@@ -360,6 +377,35 @@ const metricsToken = "bench-sessions-metrics-token"
 // memStats are the Go runtime's figures serve's /metrics exports, in bytes.
 type memStats struct {
 	heapInuse, stackInuse, nextGC, goroutines float64
+}
+
+// fetchProfile saves the pprof profile at url (behind the metrics token)
+// to file.
+func fetchProfile(url, file string) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+metricsToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fatalf("profile %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fatalf("profile %s: %s", url, resp.Status)
+	}
+	fh, err := os.Create(file)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	if _, err := io.Copy(fh, resp.Body); err != nil {
+		fatalf("profile %s: %v", url, err)
+	}
+	if err := fh.Close(); err != nil {
+		fatalf("%v", err)
+	}
+	logf("serve CPU profile of the idle window in %s", file)
 }
 
 // scrapeMemStats reads serve's Go runtime figures from its /metrics.

@@ -103,9 +103,9 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 }
 
 func (s *Store) commandsByKey(ctx context.Context, key string, nodes []string) ([]*store.Command, error) {
-	in, args := inList(2, nodes)
+	in, ids := s.textSet("$2", nodes)
 	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
-		WHERE idempotency_key = $1 AND node_id IN (`+in+`)`, append([]any{key}, args...)...)
+		WHERE idempotency_key = $1 AND node_id IN (`+in+`)`, key, ids)
 	if err != nil {
 		return nil, s.wrap("find idempotent commands", err)
 	}

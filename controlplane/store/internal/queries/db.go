@@ -86,6 +86,11 @@ type Dialect struct {
 	// concurrent claimers skip each other's rows (" FOR UPDATE OF c SKIP
 	// LOCKED" on PostgreSQL).
 	SkipLocked string
+	// TextSet is a subquery yielding, one row each, the strings of the
+	// JSON array bound at its one %s placeholder, for "x IN (TextSet)":
+	// one parameter however many values, where a list of placeholders
+	// makes the statement's text, parse and plan grow with the list.
+	TextSet string
 	// Migrations holds the numbered *.sql files, applied in name order.
 	Migrations fs.FS
 }

@@ -2,6 +2,8 @@ package queries
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 
@@ -91,10 +93,24 @@ func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (se
 	return session, previous, err
 }
 
-// SessionClose removes a session if it is still current.
+// SessionClose removes a session if it is still current, and keeps its
+// last heartbeat as the node's last_seen_at. The session row goes first, as
+// in SessionOpen, so the two take their row locks in one order.
 func (s *Store) SessionClose(ctx context.Context, nodeID, sessionID string) error {
-	_, err := s.db.Exec(ctx, `DELETE FROM sessions WHERE node_id = $1 AND session_id = $2`, nodeID, sessionID)
-	return s.wrap("close session of node "+nodeID, err)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var last time.Time
+		err := q.db.QueryRow(ctx, `DELETE FROM sessions WHERE node_id = $1 AND session_id = $2 RETURNING last_heartbeat_at`,
+			nodeID, sessionID).Scan(&last)
+		if err = q.wrap("close session of node "+nodeID, err); err != nil {
+			if isNotFound(err) {
+				return nil // superseded or closed already
+			}
+			return err
+		}
+		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = $2 WHERE id = $1`, nodeID, last)
+		return q.wrap("close session of node "+nodeID, err)
+	})
 }
 
 // SessionGet returns a node's current session.
@@ -118,42 +134,44 @@ func (s *Store) SessionList(ctx context.Context, gatewayID string) ([]*store.Ses
 	return out, s.wrap("list sessions", err)
 }
 
-// SessionHeartbeatBatch marks many sessions alive in two statements.
+// SessionIDs returns the ids of a gateway's sessions, in no order.
+func (s *Store) SessionIDs(ctx context.Context, gatewayID string) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT session_id FROM sessions WHERE gateway_id = $1`, gatewayID)
+	if err != nil {
+		return nil, s.wrap("list session ids", err)
+	}
+	ids, err := collect(rows, scanText)
+	if err != nil {
+		return nil, s.wrap("list session ids", err)
+	}
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = *id
+	}
+	return out, nil
+}
+
+// SessionHeartbeatBatch marks many sessions alive in one statement. It
+// writes no nodes row: a node's last_seen_at reads its current session's
+// last heartbeat (nodeLastSeen).
 func (s *Store) SessionHeartbeatBatch(ctx context.Context, gatewayID string, sessionIDs []string, now *time.Time) (int, error) {
 	if len(sessionIDs) == 0 {
 		return 0, nil
 	}
-	var n int64
-	err := s.Tx(ctx, func(tx store.Store) error {
-		q := tx.(*Store)
-		in, args := inList(3, sessionIDs)
-		var err error
-		n, err = q.db.Exec(ctx, `UPDATE sessions SET last_heartbeat_at = coalesce($2, now())
-			WHERE gateway_id = $1 AND session_id IN (`+in+`)`, append([]any{gatewayID, now}, args...)...)
-		if err != nil {
-			return q.wrap("record heartbeats", err)
-		}
-		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now())
-			WHERE id IN (SELECT node_id FROM sessions WHERE gateway_id = $1 AND session_id IN (`+in+`))`,
-			append([]any{gatewayID, now}, args...)...)
-		return q.wrap("record heartbeats", err)
-	})
-	return int(n), err
+	in, ids := s.textSet("$3", sessionIDs)
+	n, err := s.db.Exec(ctx, `UPDATE sessions SET last_heartbeat_at = coalesce($2, now())
+		WHERE gateway_id = $1 AND session_id IN (`+in+`)`, gatewayID, now, ids)
+	return int(n), s.wrap("record heartbeats", err)
 }
 
-// inList returns "$first, $first+1, ..." for values and the values as args.
-func inList(first int, values []string) (string, []any) {
-	var b strings.Builder
-	args := make([]any, len(values))
-	for i, v := range values {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("$")
-		b.WriteString(itoa(first + i))
-		args[i] = v
+// textSet returns the dialect's subquery over the strings of values, bound
+// as one JSON array at placeholder, and that argument.
+func (s *Store) textSet(placeholder string, values []string) (string, any) {
+	js, err := json.Marshal(values)
+	if err != nil {
+		panic(fmt.Sprintf("marshal strings: %v", err)) // []string always marshals
 	}
-	return b.String(), args
+	return fmt.Sprintf(s.d.TextSet, placeholder), JSON(js)
 }
 
 const workerColumns = `id, roles, hostname, pid, version, started_at, heartbeat_at`

@@ -8,13 +8,19 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
+// nodeLastSeen is a node's last heartbeat, for statements on nodes (not
+// aliased): its current session's, which the gateways' heartbeat batches
+// write, else the one its last session ended with (SessionClose), else
+// NULL. Heartbeats thus write one row each, the session's, and no nodes row.
+const nodeLastSeen = `coalesce((SELECT x.last_heartbeat_at FROM sessions x WHERE x.node_id = nodes.id), nodes.last_seen_at)`
+
 // nodeColumns are a node's columns, for SELECT ... FROM nodes; the
 // inventory and its digest are kept apart, in node_inventories (migration
-// 0005).
+// 0005), and the last heartbeat is nodeLastSeen.
 const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard,
 	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id),
 	coalesce((SELECT i.digest FROM node_inventories i WHERE i.node_id = nodes.id), ''),
-	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, last_seen_at`
+	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, ` + nodeLastSeen
 
 func scanNode(r Row) (*store.Node, error) {
 	n := &store.Node{}
@@ -158,8 +164,8 @@ func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams
 	var due bool
 	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes
 		WHERE shard = $1 AND (
-			(state = 'ready' AND coalesce(last_seen_at, created_at) < coalesce($2, now()) - bc_micros($3))
-			OR (state = 'unreachable' AND last_seen_at >= coalesce($2, now()) - bc_micros($3))))`,
+			(state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($2, now()) - bc_micros($3))
+			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($2, now()) - bc_micros($3))))`,
 		p.Shard, s.clock(p.Now), p.StaleAfter.Microseconds()).Scan(&due)
 	return due, s.wrap("check liveness", err)
 }
@@ -185,13 +191,13 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 		return out, s.wrap("reconcile liveness", rows.Err())
 	}
 	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'ready' AND coalesce(last_seen_at, created_at) < coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($2, now()) - bc_micros($3)
 		RETURNING id`)
 	if err != nil {
 		return nil, nil, err
 	}
 	ready, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'unreachable' AND last_seen_at >= coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($2, now()) - bc_micros($3)
 		RETURNING id`)
 	return unreachable, ready, err
 }
@@ -201,30 +207,22 @@ func (s *Store) NodesMissing(ctx context.Context, ids []string) ([]string, error
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	found := map[string]bool{}
-	for start := 0; start < len(ids); start += 1000 {
-		chunk := ids[start:min(start+1000, len(ids))]
-		in, args := inList(1, chunk)
-		rows, err := s.db.Query(ctx, `SELECT id FROM nodes WHERE id IN (`+in+`)`, args...)
-		if err != nil {
-			return nil, s.wrap("look up nodes", err)
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				return nil, s.wrap("look up nodes", err)
-			}
-			found[id] = true
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, s.wrap("look up nodes", err)
-		}
+	in, set := s.textSet("$1", ids)
+	rows, err := s.db.Query(ctx, `SELECT id FROM nodes WHERE id IN (`+in+`)`, set)
+	if err != nil {
+		return nil, s.wrap("look up nodes", err)
+	}
+	found, err := collect(rows, scanText)
+	if err != nil {
+		return nil, s.wrap("look up nodes", err)
+	}
+	known := make(map[string]bool, len(found))
+	for _, id := range found {
+		known[*id] = true
 	}
 	var missing []string
 	for _, id := range ids {
-		if !found[id] {
+		if !known[id] {
 			missing = append(missing, id)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -125,9 +124,13 @@ func limit(n int) int {
 	return n
 }
 
-func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+// scanText scans a one-column text row.
+func scanText(r Row) (*string, error) {
+	var v string
+	return &v, r.Scan(&v)
+}
 
-func itoa(n int) string { return strconv.Itoa(n) }
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
 
 // ExecRaw runs one raw SQL statement. It is for tests that must set up a
 // state the Store API cannot reach; the control plane never calls it.
