@@ -191,13 +191,13 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 		return out, s.wrap("reconcile liveness", rows.Err())
 	}
 	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($2, now()) - bc_micros($3)
 		RETURNING id`)
 	if err != nil {
 		return nil, nil, err
 	}
 	ready, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND state = 'unreachable' AND ` + nodeLastSeen + ` >= coalesce($2, now()) - bc_micros($3)
 		RETURNING id`)
 	return unreachable, ready, err
 }
