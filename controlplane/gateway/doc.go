@@ -13,8 +13,10 @@
 // a message. The serving certificate is read from files and re-read every
 // CertReloadInterval; new handshakes get the new one, open connections keep
 // theirs. New connections are accepted at a bounded rate (HandshakeRate, with
-// HandshakeBurst), so a reconnect storm queues in the kernel's backlog instead
-// of starving live sessions of CPU.
+// HandshakeBurst) and at most MaxConnecting at a time between accept and
+// Welcome, so a reconnect storm queues in the kernel's backlog instead of
+// starving live sessions of CPU, and the gateway finishes the sessions it
+// started before the daemons' handshake deadlines pass.
 //
 // # Sessions
 //

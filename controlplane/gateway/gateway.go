@@ -125,6 +125,10 @@ type Config struct {
 	// HandshakeBurst is how many new connections may be accepted at once
 	// above HandshakeRate. Defaults to 50.
 	HandshakeBurst int
+	// MaxConnecting is how many accepted connections may be in setup at
+	// once: from accept until Welcome is sent or the stream refused, until
+	// the connection closes, or for HelloTimeout at most. Defaults to 64.
+	MaxConnecting int
 	// LeaseTTL is the life of the gateway:<id> lease. Defaults to 20 s.
 	LeaseTTL time.Duration
 	// LeaseRenewInterval is how often the lease and the gateways row are
@@ -183,6 +187,7 @@ func (c *Config) defaults() {
 	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, pki.DefaultNodeTTL)
 	c.HandshakeRate = cmp.Or(c.HandshakeRate, 500)
 	c.HandshakeBurst = cmp.Or(c.HandshakeBurst, 50)
+	c.MaxConnecting = cmp.Or(c.MaxConnecting, 64)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, 20*time.Second)
 	c.LeaseRenewInterval = cmp.Or(c.LeaseRenewInterval, 5*time.Second)
 	c.FlushInterval = cmp.Or(c.FlushInterval, time.Second)
@@ -229,6 +234,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("max streams %d is negative", c.MaxStreams)
 	case c.HandshakeRate < 0 || c.HandshakeBurst < 0:
 		return errors.New("handshake rate and burst must be positive")
+	case c.MaxConnecting < 0:
+		return fmt.Errorf("max connecting %d is negative", c.MaxConnecting)
 	case c.LeaseRenewInterval >= c.LeaseTTL:
 		return fmt.Errorf("lease renew interval %s must be shorter than the lease TTL %s", c.LeaseRenewInterval, c.LeaseTTL)
 	}
@@ -355,7 +362,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		return fmt.Errorf("gateway listen on %s: %w", g.cfg.Listen, err)
 	}
 	limit := rate.Limit(g.cfg.HandshakeRate)
-	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst))
+	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst), g.cfg.MaxConnecting, g.cfg.HelloTimeout)
 	g.addr = raw.Addr()
 	g.publicURL = g.cfg.PublicURL
 	if g.publicURL == "" {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -114,6 +115,10 @@ func (s *session) finish(err error) error {
 // the caller ends it (also when err, from sending Welcome, is not nil).
 func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*session, error) {
 	ctx := stream.Context()
+	if p, ok := peer.FromContext(ctx); ok {
+		// Welcome sent or the stream refused: the connection is set up.
+		defer g.ln.conn(p.Addr).settle()
+	}
 	if g.draining.Load() {
 		g.cfg.Metrics.Refused(g.cfg.ID, reasonDraining)
 		return nil, status.Error(codes.Unavailable, "gateway is draining: connect to another gateway of the region")

@@ -505,3 +505,56 @@ func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
 		})
 	})
 }
+
+// TestConnectingBounded: with MaxConnecting 1, a connection in setup holds
+// back the next one until it is set up, closed, or HelloTimeout has passed;
+// a session that has its Welcome holds nothing.
+func TestConnectingBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, backends[0].open(t))
+	joiner := e.start(nil)
+	a, b := e.join(joiner, "gpu-60", ""), e.join(joiner, "gpu-61", "")
+	g := e.start(func(c *Config) { c.MaxConnecting = 1; c.HelloTimeout = 2 * time.Second })
+
+	// A session set up gives its slot back: a second one connects.
+	e.connect(g, a)
+
+	// A client that connects and says nothing holds the only slot.
+	stalled, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // accepted
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := e.tryConnect(g, &b.cert)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("connected beside a connection in setup (err %v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	stalled.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("connect after the stalled connection closed: %v", err)
+	}
+	t.Logf("second session up %s after it dialled", time.Since(start).Round(time.Millisecond))
+
+	// One that stays silent holds it for HelloTimeout at most.
+	silent, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	time.Sleep(200 * time.Millisecond)
+	start = time.Now()
+	c := e.join(joiner, "gpu-62", "")
+	if _, err := e.tryConnect(g, &c.cert); err != nil {
+		t.Fatalf("connect beside a silent connection: %v", err)
+	}
+	if d := time.Since(start); d < time.Second {
+		t.Fatalf("connected %s after a silent connection took the only slot; want about HelloTimeout", d)
+	}
+}

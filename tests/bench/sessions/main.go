@@ -56,6 +56,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
 	fleetProfile := flag.String("fleet-cpuprofile", "", "have the fleet write a CPU profile of its joins to this file")
+	restartProfile := flag.String("restart-cpuprofile", "", "write a CPU profile of the restarted serve's first 30 s to this file (N appended when -n names several sizes)")
 	serveProfile := flag.String("serve-cpuprofile", "", "write a CPU profile of serve over the idle window to this file (N appended when -n names several sizes; serve's /debug/pprof, host.metrics.pprof)")
 	bcBin := flag.String("better-compute", "", "better-compute binary to run (default: build ./controlplane/cmd/better-compute)")
 	var serveEnv []string
@@ -88,7 +89,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, sizes: len(ns)}
+	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, sizes: len(ns)}
 	b.build(*bcBin)
 	var results []*result
 	for _, n := range ns {
@@ -135,7 +136,9 @@ type bench struct {
 	serveEnv     []string
 	fleetProfile string
 	serveProfile string
-	sizes        int // how many fleet sizes run
+	// restartProfile names the CPU profile of the restarted serve.
+	restartProfile string
+	sizes          int // how many fleet sizes run
 }
 
 // build builds better-compute (unless bc names a binary) and the fleet into
@@ -239,10 +242,7 @@ func (b *bench) run(n int) *result {
 	gcs := serve.gcCount()
 	profiled := make(chan struct{})
 	if b.serveProfile != "" {
-		file := b.serveProfile
-		if b.sizes > 1 {
-			file += "." + strconv.Itoa(n)
-		}
+		file := b.profileFile(b.serveProfile, n)
 		go func() {
 			defer close(profiled)
 			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", apiPort, int(b.idle.Seconds())), file)
@@ -273,6 +273,16 @@ func (b *bench) run(n int) *result {
 		serve.kill()
 		serve = b.startServe(filepath.Join(dir, "serve-2.log"), env, cfg)
 		r.serveUp = time.Since(killed)
+		profiled := make(chan struct{})
+		if b.restartProfile != "" {
+			go func() {
+				defer close(profiled)
+				fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=30", apiPort), b.profileFile(b.restartProfile, n))
+			}()
+		} else {
+			close(profiled)
+		}
+		defer func() { <-profiled }()
 		end := fl.waitStats(10*time.Minute, func(s stats) bool {
 			return s.connected == n && s.connects-atKill.connects >= int64(n)
 		})
@@ -369,6 +379,14 @@ func freePort() int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// profileFile is where the profile named by a flag goes for fleet size n.
+func (b *bench) profileFile(name string, n int) string {
+	if b.sizes > 1 {
+		return name + "." + strconv.Itoa(n)
+	}
+	return name
 }
 
 // metricsToken is the bearer token the benchmark gives serve's /metrics.
