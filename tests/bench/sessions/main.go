@@ -56,6 +56,8 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
 	fleetProfile := flag.String("fleet-cpuprofile", "", "have the fleet write a CPU profile of its joins to this file")
+	joinConcurrency := flag.Int("join-concurrency", 0, "joins the fleet runs at once (0: the fleet's default)")
+	joinProfile := flag.String("join-cpuprofile", "", "write a CPU profile of serve's first 20 s of joins to this file (N appended when -n names several sizes)")
 	restartProfile := flag.String("restart-cpuprofile", "", "write a CPU profile of the restarted serve's first 30 s to this file (N appended when -n names several sizes)")
 	serveProfile := flag.String("serve-cpuprofile", "", "write a CPU profile of serve over the idle window to this file (N appended when -n names several sizes; serve's /debug/pprof, host.metrics.pprof)")
 	bcBin := flag.String("better-compute", "", "better-compute binary to run (default: build ./controlplane/cmd/better-compute)")
@@ -89,7 +91,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, sizes: len(ns)}
+	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
 	b.build(*bcBin)
 	var results []*result
 	for _, n := range ns {
@@ -136,9 +138,11 @@ type bench struct {
 	serveEnv     []string
 	fleetProfile string
 	serveProfile string
-	// restartProfile names the CPU profile of the restarted serve.
-	restartProfile string
-	sizes          int // how many fleet sizes run
+	// restartProfile and joinProfile name the CPU profiles of the
+	// restarted serve and of serve during joins.
+	restartProfile, joinProfile string
+	joinConcurrency             int
+	sizes                       int // how many fleet sizes run
 }
 
 // build builds better-compute (unless bc names a binary) and the fleet into
@@ -224,12 +228,23 @@ func (b *bench) run(n int) *result {
 	if b.noInventory {
 		args = append(args, "--no-inventory")
 	}
+	if b.joinConcurrency > 0 {
+		args = append(args, "--join-concurrency", strconv.Itoa(b.joinConcurrency))
+	}
 	if b.fleetProfile != "" {
 		args = append(args, "--cpuprofile", b.fleetProfile)
 	}
 	logf("n=%d: starting the fleet", n)
 	fl := startFleet(filepath.Join(dir, "fleet.log"), b.fleet, args...)
 	defer fl.stop()
+	if b.joinProfile != "" {
+		joinProfiled := make(chan struct{})
+		go func() {
+			defer close(joinProfiled)
+			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=20", apiPort), b.profileFile(b.joinProfile, n))
+		}()
+		defer func() { <-joinProfiled }()
+	}
 	start := time.Now()
 	r.joinRate, r.joinFailures = fl.waitJoined(10 * time.Minute)
 	logf("n=%d: joined at %.0f joins/s, %d failed joins retried", n, r.joinRate, r.joinFailures)
