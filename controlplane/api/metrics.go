@@ -3,8 +3,10 @@ package api
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 )
 
 // MinMetricsTokenLen is the shortest bearer token that enables /metrics
@@ -29,10 +31,28 @@ func (s *Server) mountMetrics() {
 		// pprof.Index serves the named profiles (heap, goroutine, allocs,
 		// ...) below it; profile and trace run for ?seconds=N.
 		s.mux.Handle("GET /debug/pprof/", &bearer{want: want, next: http.HandlerFunc(pprof.Index)})
-		s.mux.Handle("GET /debug/pprof/profile", &bearer{want: want, next: http.HandlerFunc(pprof.Profile)})
-		s.mux.Handle("GET /debug/pprof/trace", &bearer{want: want, next: http.HandlerFunc(pprof.Trace)})
+		s.mux.Handle("GET /debug/pprof/profile", &bearer{want: want, next: boundedSeconds(pprof.Profile)})
+		s.mux.Handle("GET /debug/pprof/trace", &bearer{want: want, next: boundedSeconds(pprof.Trace)})
 		s.mux.Handle("GET /debug/pprof/symbol", &bearer{want: want, next: http.HandlerFunc(pprof.Symbol)})
 	}
+}
+
+// MaxProfileSeconds is the longest CPU profile or execution trace
+// /debug/pprof/ runs for one request.
+const MaxProfileSeconds = 300
+
+// boundedSeconds refuses a ?seconds= that is not a whole number from 1 to
+// MaxProfileSeconds (400), so that no request holds the profiler for hours.
+func boundedSeconds(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("seconds"); v != "" {
+			if n, err := strconv.Atoi(v); err != nil || n < 1 || n > MaxProfileSeconds {
+				http.Error(w, fmt.Sprintf("seconds=%q: want a whole number from 1 to %d", v, MaxProfileSeconds), http.StatusBadRequest)
+				return
+			}
+		}
+		h(w, r)
+	})
 }
 
 // bearer lets through only requests carrying the token, compared in

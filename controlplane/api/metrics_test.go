@@ -119,6 +119,15 @@ func TestPprofBehindTheMetricsToken(t *testing.T) {
 		t.Errorf("heap profile with the token: %d, %d bytes", w.Code, w.Body.Len())
 	}
 
+	for _, q := range []string{"seconds=0", "seconds=-5", "seconds=301", "seconds=86400", "seconds=1.5", "seconds=x"} {
+		if w := getPath(h, "/debug/pprof/profile?"+q, "Bearer "+metricsToken); w.Code != http.StatusBadRequest {
+			t.Errorf("profile?%s: %d, want 400", q, w.Code)
+		}
+		if w := getPath(h, "/debug/pprof/trace?"+q, "Bearer "+metricsToken); w.Code != http.StatusBadRequest {
+			t.Errorf("trace?%s: %d, want 400", q, w.Code)
+		}
+	}
+
 	off := metricsServerWith(t, api.Config{MetricsToken: metricsToken})
 	if w := getPath(off, "/debug/pprof/heap", "Bearer "+metricsToken); w.Code != http.StatusNotFound {
 		t.Errorf("pprof off: /debug/pprof/heap answered %d", w.Code)

@@ -24,13 +24,21 @@ func newLoggedCreds(c credentials.TransportCredentials, log *slog.Logger, m Metr
 	return &loggedCreds{TransportCredentials: c, log: log, limit: rate.NewLimiter(5, 20), metrics: m, gateway: gateway}
 }
 
-// ServerHandshake runs the TLS handshake and logs its failure.
+// ServerHandshake runs the TLS handshake and logs its failure. A
+// connection that brought no client certificate (a Join, or a client with no
+// business with sessions) leaves setup here: it cannot open a session, so it
+// holds no slot while it idles.
 func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
 	if err != nil {
 		c.metrics.Refused(c.gateway, reasonTLS)
 	} else {
 		c.metrics.Handshake(c.gateway)
+		if tc, ok := conn.(*trackedConn); ok {
+			if ti, ok := info.(credentials.TLSInfo); !ok || len(ti.State.PeerCertificates) == 0 {
+				tc.settle()
+			}
+		}
 	}
 	if err != nil && c.limit.Allow() {
 		c.log.LogAttrs(context.Background(), slog.LevelWarn, "TLS handshake refused",

@@ -39,8 +39,9 @@ func newListener(ln net.Listener, limiter *rate.Limiter, maxSetup int, settleAft
 		done: make(chan struct{}), conns: map[string]*trackedConn{}}
 }
 
-// Accept waits for the rate limiter and for a setup slot, then accepts.
-// Connections beyond either wait in the kernel's backlog.
+// Accept waits for the rate limiter, accepts, and waits for a setup slot
+// before it returns the connection. Connections beyond either wait in the
+// kernel's backlog.
 func (l *listener) Accept() (net.Conn, error) {
 	if r := l.limiter.Reserve(); r.OK() {
 		if d := r.Delay(); d > 0 {
@@ -54,15 +55,17 @@ func (l *listener) Accept() (net.Conn, error) {
 			}
 		}
 	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	// The accepted connection waits here, unserved, and the next ones in the
+	// backlog, until a connection in setup leaves it.
 	select {
 	case l.setup <- struct{}{}:
 	case <-l.done:
+		c.Close()
 		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.setup
-		return nil, err
 	}
 	tc := &trackedConn{Conn: c, l: l, key: c.RemoteAddr().String()}
 	// A connection that never gets as far as Welcome (a Join, a stalled

@@ -508,25 +508,37 @@ func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
 
 // TestConnectingBounded: with MaxConnecting 1, a connection in setup holds
 // back the next one until it is set up, closed, or HelloTimeout has passed;
-// a session that has its Welcome holds nothing.
+// a session that has its Welcome, and a connection that brought no client
+// certificate (a Join), hold nothing.
 func TestConnectingBounded(t *testing.T) {
 	t.Parallel()
+	const helloTimeout = 4 * time.Second
 	e := newEnv(t, backends[0].open(t))
 	joiner := e.start(nil)
 	a, b := e.join(joiner, "gpu-60", ""), e.join(joiner, "gpu-61", "")
-	g := e.start(func(c *Config) { c.MaxConnecting = 1; c.HelloTimeout = 2 * time.Second })
+	g := e.start(func(c *Config) { c.MaxConnecting = 1; c.HelloTimeout = helloTimeout })
+	inSetup := func() int { return len(g.ln.setup) }
 
-	// A session set up gives its slot back: a second one connects.
+	// A session set up gives its slot back at Welcome.
 	e.connect(g, a)
+	eventually(t, time.Second, "no connection in setup after Welcome", func() bool { return inSetup() == 0 })
 
-	// A client that connects and says nothing holds the only slot.
+	// A join's connection, still open, gives it back at its handshake.
+	start := time.Now()
+	c := e.join(g, "gpu-62", "")
+	e.connect(g, c)
+	if d := time.Since(start); d > helloTimeout/2 {
+		t.Fatalf("join then connect on one slot took %s: the join's idle connection held the slot", d)
+	}
+
+	// A client that connects and says nothing holds the only slot until it
+	// closes.
 	stalled, err := net.Dial("tcp", g.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // accepted
+	eventually(t, 2*time.Second, "the stalled connection accepted", func() bool { return inSetup() == 1 })
 	done := make(chan error, 1)
-	start := time.Now()
 	go func() {
 		_, err := e.tryConnect(g, &b.cert)
 		done <- err
@@ -536,25 +548,28 @@ func TestConnectingBounded(t *testing.T) {
 		t.Fatalf("connected beside a connection in setup (err %v)", err)
 	case <-time.After(500 * time.Millisecond):
 	}
+	closed := time.Now()
 	stalled.Close()
 	if err := <-done; err != nil {
 		t.Fatalf("connect after the stalled connection closed: %v", err)
 	}
-	t.Logf("second session up %s after it dialled", time.Since(start).Round(time.Millisecond))
+	if d := time.Since(closed); d > helloTimeout/2 {
+		t.Fatalf("connected %s after the stalled connection closed", d)
+	}
 
-	// One that stays silent holds it for HelloTimeout at most.
+	// One that stays silent holds it for HelloTimeout.
 	silent, err := net.Dial("tcp", g.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	time.Sleep(200 * time.Millisecond)
-	start = time.Now()
-	c := e.join(joiner, "gpu-62", "")
-	if _, err := e.tryConnect(g, &c.cert); err != nil {
+	eventually(t, 2*time.Second, "the silent connection accepted", func() bool { return inSetup() == 1 })
+	accepted := time.Now()
+	d := e.join(joiner, "gpu-63", "")
+	if _, err := e.tryConnect(g, &d.cert); err != nil {
 		t.Fatalf("connect beside a silent connection: %v", err)
 	}
-	if d := time.Since(start); d < time.Second {
-		t.Fatalf("connected %s after a silent connection took the only slot; want about HelloTimeout", d)
+	if took := time.Since(accepted); took < helloTimeout-time.Second || took > helloTimeout+2*time.Second {
+		t.Fatalf("connected %s after a silent connection took the only slot; want about %s", took, helloTimeout)
 	}
 }

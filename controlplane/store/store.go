@@ -429,7 +429,8 @@ type SessionStore interface {
 	// older one (epoch + 1). It returns the new session and the one it
 	// replaced, if any.
 	SessionOpen(ctx context.Context, p *SessionOpenParams) (session, previous *Session, err error)
-	// SessionClose removes a session if it is still the node's current one.
+	// SessionClose removes a session if it is still the node's current one,
+	// and keeps its last heartbeat as the node's LastSeenAt.
 	SessionClose(ctx context.Context, nodeID, sessionID string) error
 	SessionGet(ctx context.Context, nodeID string) (*Session, error)
 	SessionList(ctx context.Context, gatewayID string) ([]*Session, error)
@@ -439,8 +440,9 @@ type SessionStore interface {
 	SessionIDs(ctx context.Context, gatewayID string) ([]string, error)
 	// SessionHeartbeatBatch records liveness of many sessions in one
 	// statement per call: the gateway's batched heartbeat write. Sessions no
-	// longer current (superseded) are skipped. It also sets the nodes'
-	// last_seen_at.
+	// longer current (superseded) are skipped. It writes no nodes row: a
+	// node's LastSeenAt reads its current session's last heartbeat, and
+	// SessionClose keeps that in the node when the session ends.
 	SessionHeartbeatBatch(ctx context.Context, gatewayID string, sessionIDs []string, now *time.Time) (int, error)
 }
 

@@ -237,14 +237,16 @@ func (b *bench) run(n int) *result {
 	logf("n=%d: starting the fleet", n)
 	fl := startFleet(filepath.Join(dir, "fleet.log"), b.fleet, args...)
 	defer fl.stop()
+	joinProfiled := make(chan struct{})
 	if b.joinProfile != "" {
-		joinProfiled := make(chan struct{})
 		go func() {
 			defer close(joinProfiled)
 			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=20", apiPort), b.profileFile(b.joinProfile, n))
 		}()
-		defer func() { <-joinProfiled }()
+	} else {
+		close(joinProfiled)
 	}
+	defer func() { <-joinProfiled }()
 	start := time.Now()
 	r.joinRate, r.joinFailures = fl.waitJoined(10 * time.Minute)
 	logf("n=%d: joined at %.0f joins/s, %d failed joins retried", n, r.joinRate, r.joinFailures)
@@ -257,6 +259,7 @@ func (b *bench) run(n int) *result {
 	gcs := serve.gcCount()
 	profiled := make(chan struct{})
 	if b.serveProfile != "" {
+		<-joinProfiled // one CPU profile at a time
 		file := b.profileFile(b.serveProfile, n)
 		go func() {
 			defer close(profiled)

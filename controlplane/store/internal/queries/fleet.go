@@ -167,6 +167,9 @@ func (s *Store) SessionHeartbeatBatch(ctx context.Context, gatewayID string, ses
 // textSet returns the dialect's subquery over the strings of values, bound
 // as one JSON array at placeholder, and that argument.
 func (s *Store) textSet(placeholder string, values []string) (string, any) {
+	if values == nil {
+		values = []string{} // "[]", not "null", which PostgreSQL refuses to expand
+	}
 	js, err := json.Marshal(values)
 	if err != nil {
 		panic(fmt.Sprintf("marshal strings: %v", err)) // []string always marshals
