@@ -415,9 +415,9 @@ type memStats struct {
 	heapInuse, stackInuse, nextGC, goroutines float64
 }
 
-// fetchProfile saves the pprof profile at url (behind the metrics token)
-// to file.
-func fetchProfile(url, file string) {
+// getServe GETs url from serve's API with the metrics token and returns the
+// response, whose body the caller closes; what is not a 200 ends the run.
+func getServe(url string) *http.Response {
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		fatalf("%v", err)
@@ -425,12 +425,19 @@ func fetchProfile(url, file string) {
 	req.Header.Set("Authorization", "Bearer "+metricsToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		fatalf("profile %s: %v", url, err)
+		fatalf("GET %s: %v", url, err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		fatalf("profile %s: %s", url, resp.Status)
+		resp.Body.Close()
+		fatalf("GET %s: %s", url, resp.Status)
 	}
+	return resp
+}
+
+// fetchProfile saves the pprof profile at url to file.
+func fetchProfile(url, file string) {
+	resp := getServe(url)
+	defer resp.Body.Close()
 	fh, err := os.Create(file)
 	if err != nil {
 		fatalf("%v", err)
@@ -441,24 +448,13 @@ func fetchProfile(url, file string) {
 	if err := fh.Close(); err != nil {
 		fatalf("%v", err)
 	}
-	logf("serve CPU profile of the idle window in %s", file)
+	logf("serve CPU profile in %s", file)
 }
 
 // scrapeMemStats reads serve's Go runtime figures from its /metrics.
 func scrapeMemStats(url string) memStats {
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		fatalf("%v", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+metricsToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		fatalf("scrape %s: %v", url, err)
-	}
+	resp := getServe(url)
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		fatalf("scrape %s: %s", url, resp.Status)
-	}
 	var m memStats
 	fields := map[string]*float64{
 		"go_memstats_heap_inuse_bytes":  &m.heapInuse,
