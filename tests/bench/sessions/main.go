@@ -237,15 +237,7 @@ func (b *bench) run(n int) *result {
 	logf("n=%d: starting the fleet", n)
 	fl := startFleet(filepath.Join(dir, "fleet.log"), b.fleet, args...)
 	defer fl.stop()
-	joinProfiled := make(chan struct{})
-	if b.joinProfile != "" {
-		go func() {
-			defer close(joinProfiled)
-			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=20", apiPort), b.profileFile(b.joinProfile, n))
-		}()
-	} else {
-		close(joinProfiled)
-	}
+	joinProfiled := b.profile(apiPort, b.joinProfile, n, 20*time.Second)
 	defer func() { <-joinProfiled }()
 	start := time.Now()
 	r.joinRate, r.joinFailures = fl.waitJoined(10 * time.Minute)
@@ -257,17 +249,10 @@ func (b *bench) run(n int) *result {
 
 	logf("n=%d: measuring CPU over %v of idle heartbeats", n, b.idle)
 	gcs := serve.gcCount()
-	profiled := make(chan struct{})
 	if b.serveProfile != "" {
 		<-joinProfiled // one CPU profile at a time
-		file := b.profileFile(b.serveProfile, n)
-		go func() {
-			defer close(profiled)
-			fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", apiPort, int(b.idle.Seconds())), file)
-		}()
-	} else {
-		close(profiled)
 	}
+	profiled := b.profile(apiPort, b.serveProfile, n, b.idle)
 	c0, t0 := cpuTicks(serve.pid()), time.Now()
 	time.Sleep(b.idle)
 	c1, t1 := cpuTicks(serve.pid()), time.Now()
@@ -291,16 +276,8 @@ func (b *bench) run(n int) *result {
 		serve.kill()
 		serve = b.startServe(filepath.Join(dir, "serve-2.log"), env, cfg)
 		r.serveUp = time.Since(killed)
-		profiled := make(chan struct{})
-		if b.restartProfile != "" {
-			go func() {
-				defer close(profiled)
-				fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=30", apiPort), b.profileFile(b.restartProfile, n))
-			}()
-		} else {
-			close(profiled)
-		}
-		defer func() { <-profiled }()
+		restartProfiled := b.profile(apiPort, b.restartProfile, n, 30*time.Second)
+		defer func() { <-restartProfiled }()
 		end := fl.waitStats(10*time.Minute, func(s stats) bool {
 			return s.connected == n && s.connects-atKill.connects >= int64(n)
 		})
@@ -399,12 +376,24 @@ func freePort() int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// profileFile is where the profile named by a flag goes for fleet size n.
-func (b *bench) profileFile(name string, n int) string {
-	if b.sizes > 1 {
-		return name + "." + strconv.Itoa(n)
+// profile starts taking a CPU profile of serve (API on apiPort) over d, for
+// the file a flag named (N appended when several fleet sizes run), and
+// returns a channel closed once it is written; closed at once when name is
+// empty.
+func (b *bench) profile(apiPort int, name string, n int, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	if name == "" {
+		close(done)
+		return done
 	}
-	return name
+	if b.sizes > 1 {
+		name += "." + strconv.Itoa(n)
+	}
+	go func() {
+		defer close(done)
+		fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", apiPort, max(int(d.Seconds()), 1)), name)
+	}()
+	return done
 }
 
 // metricsToken is the bearer token the benchmark gives serve's /metrics.
