@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -16,7 +17,7 @@ import (
 // Store is what the reconciler needs.
 type Store interface {
 	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
-	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) (bool, error)
+	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) ([]int, error)
 }
 
 // Config configures the reconciler.
@@ -32,11 +33,16 @@ type Config struct {
 	OnChange func(nodeID, state string)
 }
 
-// Reconciler moves nodes between ready and unreachable.
+// Reconciler moves nodes between ready and unreachable. It is a
+// shard.Rounder: StartRound finds, with one read, the shards where a node is
+// due to move, and Reconcile opens a write transaction only for those.
 type Reconciler struct {
 	cfg   Config
 	store Store
 	log   *slog.Logger
+
+	mu  sync.Mutex
+	due [store.Shards]bool // set by StartRound, cleared by Reconcile
 }
 
 // New returns a Reconciler.
@@ -53,18 +59,53 @@ func (r *Reconciler) Name() string { return "node-liveness" }
 // Interval is how often each shard is reconciled.
 func (r *Reconciler) Interval() time.Duration { return r.cfg.Interval }
 
-// Reconcile runs one fenced pass over a shard.
-func (r *Reconciler) Reconcile(ctx context.Context, shard int, fence store.Fence) error {
-	p := &store.NodeLivenessParams{Shard: shard, StaleAfter: time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval}
-	// A read first: with nothing due, as in a healthy fleet almost always,
-	// no write transaction (256 shards every round, each a turn of SQLite's
-	// one writer). A node that falls due meanwhile is moved next round.
-	due, err := r.store.NodeLivenessDue(ctx, p)
-	if err != nil || !due {
+// params are the pass's inputs for shard.
+func (r *Reconciler) params(shard int) *store.NodeLivenessParams {
+	return &store.NodeLivenessParams{Shard: shard, StaleAfter: time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval}
+}
+
+// StartRound reads which shards have a node due to move. In a healthy fleet
+// none has, and the round writes nothing: one read a round, not one write
+// transaction (or one read) a shard, each a turn of SQLite's one writer.
+func (r *Reconciler) StartRound(ctx context.Context) error {
+	due, err := r.store.NodeLivenessDue(ctx, r.params(0))
+	if err != nil {
 		return err
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.due = [store.Shards]bool{}
+	for _, n := range due {
+		if n >= 0 && n < store.Shards {
+			r.due[n] = true
+		}
+	}
+	return nil
+}
+
+// takeDue reports whether the last StartRound found shard due, and clears
+// it.
+func (r *Reconciler) takeDue(shard int) bool {
+	if shard < 0 || shard >= store.Shards {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	due := r.due[shard]
+	r.due[shard] = false
+	return due
+}
+
+// Reconcile runs one fenced pass over a shard, if the round's StartRound
+// found a node of it due to move; a node that falls due meanwhile is moved
+// next round.
+func (r *Reconciler) Reconcile(ctx context.Context, shard int, fence store.Fence) error {
+	if !r.takeDue(shard) {
+		return nil
+	}
+	p := r.params(shard)
 	var unreachable, ready []string
-	err = r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
 		var err error
 		unreachable, ready, err = tx.NodeLivenessReconcile(ctx, p)
 		return err

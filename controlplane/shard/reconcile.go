@@ -19,7 +19,19 @@ type Reconciler interface {
 	Reconcile(ctx context.Context, shard int, fence store.Fence) error
 }
 
-// RunReconcilers runs each reconciler over the shards m holds until ctx ends.
+// Rounder is a Reconciler that reads once, at the start of every round,
+// what its passes over the held shards need: one query a round rather than
+// one a shard.
+type Rounder interface {
+	Reconciler
+	// StartRound is called before the round's first Reconcile. On error
+	// the round is skipped.
+	StartRound(ctx context.Context) error
+}
+
+// RunReconcilers runs each reconciler over the shards m holds until ctx ends:
+// a round every Interval, calling StartRound first where the reconciler is
+// a Rounder.
 func RunReconcilers(ctx context.Context, m *Manager, log *slog.Logger, rs ...Reconciler) {
 	done := make(chan struct{})
 	for _, r := range rs {
@@ -33,7 +45,19 @@ func RunReconcilers(ctx context.Context, m *Manager, log *slog.Logger, rs ...Rec
 					return
 				case <-tick.C:
 				}
-				for n, fence := range m.Held() {
+				held := m.Held()
+				if len(held) == 0 {
+					continue
+				}
+				if rr, ok := r.(Rounder); ok {
+					if err := rr.StartRound(ctx); err != nil {
+						if ctx.Err() == nil {
+							log.WarnContext(ctx, "Reconcile round failed", "reconciler", r.Name(), "err", err)
+						}
+						continue
+					}
+				}
+				for n, fence := range held {
 					if err := r.Reconcile(ctx, n, fence); err != nil && ctx.Err() == nil {
 						log.WarnContext(ctx, "Reconcile failed", "reconciler", r.Name(), "shard", n, "err", err)
 					}

@@ -303,10 +303,12 @@ type NodeStore interface {
 	// older than StaleAfter unreachable, and unreachable ones seen since
 	// ready again. Run it under the shard's lease.
 	NodeLivenessReconcile(ctx context.Context, p *NodeLivenessParams) (unreachable, ready []string, err error)
-	// NodeLivenessDue reports, with one read, whether NodeLivenessReconcile
-	// with p would move any node: the reconciler skips its write
-	// transaction when nothing is due, as in a healthy fleet almost always.
-	NodeLivenessDue(ctx context.Context, p *NodeLivenessParams) (bool, error)
+	// NodeLivenessDue returns, with one read over every shard, the shards
+	// (ascending) in which NodeLivenessReconcile with p's StaleAfter and Now
+	// would move a node; p.Shard is ignored. The reconciler reads it once a
+	// round and opens a write transaction only for those shards, none in a
+	// healthy fleet.
+	NodeLivenessDue(ctx context.Context, p *NodeLivenessParams) ([]int, error)
 }
 
 // NodeLivenessParams are NodeLivenessReconcile's inputs.

@@ -765,10 +765,19 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, err)
 	check(t, h.Store.NodeSetState(ctx, "node_live", store.NodeReady))
 	p := &store.NodeLivenessParams{Shard: n.Shard, StaleAfter: 30 * time.Second, Now: at(10 * time.Second)}
+	// due checks the shards NodeLivenessDue names at p.Now: none, or the
+	// node's.
 	due := func(p *store.NodeLivenessParams, want bool) {
 		t.Helper()
-		if got := must(h.Store.NodeLivenessDue(ctx, p)); got != want {
-			t.Fatalf("NodeLivenessDue(shard %d, now %v) = %v, want %v", p.Shard, p.Now, got, want)
+		var shards []int
+		if want {
+			shards = []int{n.Shard}
+		}
+		// The shard asked about does not matter: the read covers them all.
+		q := *p
+		q.Shard = (p.Shard + 7) % store.Shards
+		if got := must(h.Store.NodeLivenessDue(ctx, &q)); !slices.Equal(got, shards) {
+			t.Fatalf("NodeLivenessDue(now %v) = %v, want %v", p.Now, got, shards)
 		}
 	}
 	due(p, false)
@@ -781,7 +790,7 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, &other)); len(u) != 0 {
 		t.Fatalf("shard %d reconciled a node of shard %d", other.Shard, n.Shard)
 	}
-	due(&other, false)
+	due(&other, true)
 	p.Now = at(31 * time.Second)
 	due(p, true)
 	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(u, []string{"node_live"}) {
@@ -798,6 +807,25 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("node back not ready: %v", r)
 	}
 	due(p, false)
+
+	// Silent nodes in several shards, some never connected (their join
+	// time counts): each shard is named once, in ascending order.
+	ids := []string{"node_live"}
+	for i := range 12 {
+		id := fmt.Sprintf("node_quiet%02d", i)
+		addNode(ctx, t, h, pool, id)
+		check(t, h.Store.NodeSetState(ctx, id, store.NodeReady))
+		ids = append(ids, id)
+	}
+	var want []int
+	for _, id := range ids {
+		want = append(want, store.ShardOf(id))
+	}
+	slices.Sort(want)
+	want = slices.Compact(want)
+	if got := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessParams{StaleAfter: 30 * time.Second, Now: at(time.Hour)})); !slices.Equal(got, want) {
+		t.Fatalf("NodeLivenessDue an hour on = %v, want %v", got, want)
+	}
 }
 
 func mustPair(a, b []string, err error) ([]string, []string) {

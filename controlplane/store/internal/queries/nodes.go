@@ -159,15 +159,27 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
 }
 
-// NodeLivenessDue reports whether NodeLivenessReconcile would move a node.
-func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) (bool, error) {
-	var due bool
-	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM nodes
-		WHERE shard = $1 AND (
-			(state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($2, now()) - bc_micros($3))
-			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($2, now()) - bc_micros($3))))`,
-		p.Shard, s.clock(p.Now), p.StaleAfter.Microseconds()).Scan(&due)
-	return due, s.wrap("check liveness", err)
+// NodeLivenessDue returns the shards in which NodeLivenessReconcile would
+// move a node, in one read over the nodes table (p.Shard is ignored).
+func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) ([]int, error) {
+	rows, err := s.db.Query(ctx, `SELECT DISTINCT shard FROM nodes
+		WHERE (state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($1, now()) - bc_micros($2))
+			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($1, now()) - bc_micros($2))
+		ORDER BY shard`,
+		s.clock(p.Now), p.StaleAfter.Microseconds())
+	if err != nil {
+		return nil, s.wrap("check liveness", err)
+	}
+	defer rows.Close()
+	var shards []int
+	for rows.Next() {
+		var n int
+		if err := rows.Scan(&n); err != nil {
+			return nil, s.wrap("check liveness", err)
+		}
+		shards = append(shards, n)
+	}
+	return shards, s.wrap("check liveness", rows.Err())
 }
 
 // NodeLivenessReconcile moves a shard's nodes between ready and unreachable

@@ -1,0 +1,138 @@
+package liveness_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/liveness"
+	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+)
+
+// countingStore is the real store, counting the write transactions the
+// reconciler opens.
+type countingStore struct {
+	store.Store
+	mu     sync.Mutex
+	writes []string // the fenced lease of each
+}
+
+func (c *countingStore) FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error {
+	c.mu.Lock()
+	c.writes = append(c.writes, fence.Lease)
+	c.mu.Unlock()
+	return c.Store.FencedTx(ctx, fence, fn)
+}
+
+func (c *countingStore) takeWrites() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.writes
+	c.writes = nil
+	return w
+}
+
+// TestRoundWritesOnlyWhereDue: one round reads once, then opens a write
+// transaction only in the shard of the node that went silent; a round in a
+// healthy fleet writes nothing.
+func TestRoundWritesOnlyWhereDue(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	past := now.Add(-time.Hour)
+	ids := []string{"node_a", "node_b", "node_c", "node_d", "node_silent"}
+	for _, id := range ids {
+		if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id, MachineID: id}); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.NodeSetState(ctx, id, store.NodeReady); err != nil {
+			t.Fatal(err)
+		}
+		at := &now
+		if id == "node_silent" {
+			at = &past
+		}
+		if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: "s_" + id, GatewayID: "gw", Now: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fences := make([]store.Fence, store.Shards)
+	for n := range store.Shards {
+		l, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: shard.LeaseName(n), Holder: "test", TTL: time.Hour})
+		if err != nil || !ok {
+			t.Fatalf("acquire shard %d: %v", n, err)
+		}
+		fences[n] = store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
+	}
+
+	cs := &countingStore{Store: st}
+	var changed []string
+	r := liveness.New(liveness.Config{OnChange: func(id, state string) { changed = append(changed, id+" "+state) }},
+		cs, slog.New(slog.DiscardHandler))
+	round := func() {
+		t.Helper()
+		if err := r.StartRound(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for n := range store.Shards {
+			if err := r.Reconcile(ctx, n, fences[n]); err != nil {
+				t.Fatalf("shard %d: %v", n, err)
+			}
+		}
+	}
+
+	round()
+	if w, want := cs.takeWrites(), []string{shard.LeaseName(store.ShardOf("node_silent"))}; !slices.Equal(w, want) {
+		t.Fatalf("write transactions %v, want only %v", w, want)
+	}
+	if want := []string{"node_silent " + store.NodeUnreachable}; !slices.Equal(changed, want) {
+		t.Fatalf("changes %v, want %v", changed, want)
+	}
+	// The shard was taken: passes without a new round write nothing.
+	for n := range store.Shards {
+		if err := r.Reconcile(ctx, n, fences[n]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := cs.takeWrites(); len(w) != 0 {
+		t.Fatalf("passes without a round wrote %v", w)
+	}
+	// Nothing due now: a whole round writes nothing.
+	round()
+	if w := cs.takeWrites(); len(w) != 0 {
+		t.Fatalf("healthy round wrote %v", w)
+	}
+	// The node heartbeats again: its shard alone is written, and it is ready.
+	if _, err := st.SessionHeartbeatBatch(ctx, "gw", []string{"s_node_silent"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	changed = nil
+	round()
+	if w, want := cs.takeWrites(), []string{shard.LeaseName(store.ShardOf("node_silent"))}; !slices.Equal(w, want) {
+		t.Fatalf("write transactions %v, want only %v", w, want)
+	}
+	if want := []string{"node_silent " + store.NodeReady}; !slices.Equal(changed, want) {
+		t.Fatalf("changes %v, want %v", changed, want)
+	}
+}
