@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"net"
@@ -559,6 +560,14 @@ func TestRenewInSessionPersistsAndIsUsed(t *testing.T) {
 	}
 	if s1.Gateway.OpenSessions() != 1 {
 		t.Error("renewal disturbed the session")
+	}
+
+	// Join offered X25519 alone; the session and Renew keep Go's hybrid
+	// post-quantum exchange (docs/pki.md).
+	for rpc, want := range map[string]tls.CurveID{"Join": tls.X25519, "Connect": tls.X25519MLKEM768, "Renew": tls.X25519MLKEM768} {
+		if got := g.KeyExchange(rpc); got != want {
+			t.Errorf("%s key exchange = %v, want %v", rpc, got, want)
+		}
 	}
 
 	// The next connection presents a renewed certificate.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto"
+	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net/url"
@@ -118,6 +119,12 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 
 	var vf verifyFailure
 	cfg := trust.tlsConfig(gw.host, now, nil, vf.set)
+	// Join offers X25519 alone, not Go's default hybrid X25519MLKEM768:
+	// what a later quantum computer could read from a recording of this
+	// exchange is a join token long expired, a certificate and a CA bundle,
+	// which are public. Sessions, Renew and Secret keep the hybrid
+	// (docs/pki.md, "Key exchange").
+	cfg.CurvePreferences = []tls.CurveID{tls.X25519}
 	cc, err := dial(gw, cfg, transport{
 		writeBuffer: DefaultBufferSize,
 		userAgent:   cmp.Or(p.UserAgent, "bcd"),

@@ -65,6 +65,7 @@ type Gateway struct {
 	revoked     map[string]string // node id -> reason
 	refuse      []refusal
 	joinGWs     []string
+	groups      map[string]tls.CurveID // RPC name -> key exchange of its last call
 	open        int
 	lastSession int
 
@@ -108,6 +109,7 @@ func NewGateway(t testing.TB, p *PKI, opts GatewayOptions) *Gateway {
 		sessions: make(chan *Session, 128),
 		tokens:   map[string]bool{},
 		revoked:  map[string]string{},
+		groups:   map[string]tls.CurveID{},
 	}
 	for _, tok := range opts.Tokens {
 		g.AddToken(tok)
@@ -187,8 +189,30 @@ func (g *Gateway) OpenSessions() int {
 	return g.open
 }
 
+// KeyExchange returns the TLS key exchange group of the last call of rpc
+// ("Join", "Renew" or "Connect"); 0 before the first.
+func (g *Gateway) KeyExchange(rpc string) tls.CurveID {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.groups[rpc]
+}
+
+// noteKeyExchange records the key exchange of the connection of rpc's call.
+func (g *Gateway) noteKeyExchange(ctx context.Context, rpc string) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return
+	}
+	if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+		g.mu.Lock()
+		g.groups[rpc] = ti.State.CurveID
+		g.mu.Unlock()
+	}
+}
+
 // Join implements JoinService.Join.
 func (g *Gateway) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessionv1.JoinResponse, error) {
+	g.noteKeyExchange(ctx, "Join")
 	if _, err := jointoken.Parse(req.GetToken()); err != nil {
 		return nil, status.Error(codes.Unauthenticated, "malformed join token")
 	}
@@ -224,6 +248,7 @@ func (g *Gateway) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessio
 
 // Renew implements JoinService.Renew.
 func (g *Gateway) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*sessionv1.RenewResponse, error) {
+	g.noteKeyExchange(ctx, "Renew")
 	id, _, err := g.peer(ctx)
 	if err != nil {
 		return nil, err
@@ -285,6 +310,7 @@ func (g *Gateway) isRevoked(id string) string {
 
 // Connect implements SessionService.Connect.
 func (g *Gateway) Connect(stream sessionv1.SessionService_ConnectServer) error {
+	g.noteKeyExchange(stream.Context(), "Connect")
 	id, leaf, err := g.peer(stream.Context())
 	if err != nil {
 		return err
