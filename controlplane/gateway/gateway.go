@@ -270,6 +270,7 @@ type Gateway struct {
 	flushMu     sync.Mutex
 	flushes     int // under flushMu
 	dispatch    *dispatcher
+	gateways    gatewayCache
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,55 @@ import (
 	"github.com/better-compute/better-compute/proto/jointoken"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
+
+// listCounting is the real store, counting GatewayList reads.
+type listCounting struct {
+	store.Store
+	lists atomic.Int64
+}
+
+func (c *listCounting) GatewayList(ctx context.Context) ([]*store.Gateway, error) {
+	c.lists.Add(1)
+	return c.Store.GatewayList(ctx)
+}
+
+// TestJoinGatewayListCached: a burst of joins reads the gateways table
+// once, and a gateway started meanwhile is in the answers within about a
+// second.
+func TestJoinGatewayListCached(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		st := &listCounting{Store: b.open(t)}
+		e := newEnv(t, st)
+		g1 := e.start(nil)
+		base := st.lists.Load()
+		first := e.join(g1, "gpu-60", "")
+		if got := first.resp.Gateways; !slices.Equal(got, []string{g1.PublicURL()}) {
+			t.Fatalf("gateways = %v, want [%s]", got, g1.PublicURL())
+		}
+		g2 := e.start(nil)
+		start := time.Now()
+		joins := 0
+		eventually(t, 5*time.Second, "the new gateway in a join's answer", func() bool {
+			joins++
+			got := e.join(g1, fmt.Sprintf("gpu-6%d", joins), "").resp.Gateways
+			return slices.Equal(got, []string{g1.PublicURL(), g2.PublicURL()})
+		})
+		took := time.Since(start)
+		t.Logf("new gateway listed after %v and %d joins; %d reads of the gateways table", took, joins, st.lists.Load()-base)
+		if took > 3*time.Second {
+			t.Errorf("new gateway listed after %v, want about a second", took)
+		}
+		// One read a second at most, plus the first: far fewer than joins.
+		reads, most := st.lists.Load()-base, int64(took/gatewayListMaxAge)+2
+		if int64(joins)+1 <= most {
+			t.Fatalf("only %d joins in %v: too few to tell a cache from a read per join", joins+1, took)
+		}
+		if reads > most {
+			t.Errorf("%d joins read the gateways table %d times in %v; want at most %d", joins+1, reads, took, most)
+		}
+	})
+}
 
 func TestJoin(t *testing.T) {
 	t.Parallel()
