@@ -122,8 +122,9 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 	// Join offers X25519 alone, not Go's default hybrid X25519MLKEM768:
 	// what a later quantum computer could read from a recording of this
 	// exchange is a join token long expired, a certificate and a CA bundle,
-	// which are public. Sessions, Renew and Secret keep the hybrid
-	// (docs/pki.md, "Key exchange").
+	// which are public, and the node's facts and placement (metadata).
+	// Sessions, Renew and Secret keep the hybrid (docs/pki.md, "Key
+	// exchange").
 	cfg.CurvePreferences = []tls.CurveID{tls.X25519}
 	cc, err := dial(gw, cfg, transport{
 		writeBuffer: DefaultBufferSize,

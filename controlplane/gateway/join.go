@@ -104,9 +104,9 @@ func (g *Gateway) regionGateways(ctx context.Context, region string) []string {
 	if region == g.cfg.Region {
 		urls = append(urls, g.publicURL)
 	}
-	gws, err := g.gateways.list(ctx, g.store)
+	gws, err := g.gateways.list(ctx, g.store, g.cfg.Now())
 	if err != nil {
-		g.log.WarnContext(ctx, "Gateway list unavailable; answering with this gateway only", "error", err)
+		g.log.WarnContext(ctx, "Gateway list unavailable; answering from the last one read", "error", err, "gateways", len(gws))
 	}
 	live := g.cfg.Now().Add(-2 * g.cfg.LeaseTTL)
 	for _, gw := range gws {
@@ -131,23 +131,25 @@ const gatewayListMaxAge = time.Second
 // at 500 joins/s.
 type gatewayCache struct {
 	mu   sync.Mutex
-	read time.Time // zero: never read
+	read time.Time // by the gateway's clock; zero: never read
 	gws  []*store.Gateway
 }
 
 // list returns the gateways, read from st when the last read is older than
-// gatewayListMaxAge. A failed read is not kept: the next call reads again.
-func (c *gatewayCache) list(ctx context.Context, st Store) ([]*store.Gateway, error) {
+// gatewayListMaxAge at now. Joins that find the list old wait for one read
+// rather than each making its own. When the read fails, it returns the
+// last list read (nil if none) with the error.
+func (c *gatewayCache) list(ctx context.Context, st Store, now time.Time) ([]*store.Gateway, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.read.IsZero() && time.Since(c.read) < gatewayListMaxAge {
+	if age := now.Sub(c.read); !c.read.IsZero() && age >= 0 && age < gatewayListMaxAge {
 		return c.gws, nil
 	}
 	gws, err := st.GatewayList(ctx)
 	if err != nil {
-		return nil, err
+		return c.gws, err
 	}
-	c.gws, c.read = gws, time.Now()
+	c.gws, c.read = gws, now
 	return gws, nil
 }
 

@@ -31,40 +31,39 @@ func (c *listCounting) GatewayList(ctx context.Context) ([]*store.Gateway, error
 	return c.Store.GatewayList(ctx)
 }
 
-// TestJoinGatewayListCached: a burst of joins reads the gateways table
-// once, and a gateway started meanwhile is in the answers within about a
-// second.
+// TestJoinGatewayListCached: joins read the gateways table once a second
+// at most, by the gateway's clock, so a gateway started meanwhile is in the
+// answers from the first join a second later.
 func TestJoinGatewayListCached(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		st := &listCounting{Store: b.open(t)}
 		e := newEnv(t, st)
-		g1 := e.start(nil)
+		// g1's clock stands still until the test moves it.
+		var clock atomic.Int64
+		clock.Store(time.Now().UnixNano())
+		g1 := e.start(func(c *Config) { c.Now = func() time.Time { return time.Unix(0, clock.Load()) } })
+		gateways := func(hostname string) []string { return e.join(g1, hostname, "").resp.Gateways }
 		base := st.lists.Load()
-		first := e.join(g1, "gpu-60", "")
-		if got := first.resp.Gateways; !slices.Equal(got, []string{g1.PublicURL()}) {
+		if got := gateways("gpu-60"); !slices.Equal(got, []string{g1.PublicURL()}) {
 			t.Fatalf("gateways = %v, want [%s]", got, g1.PublicURL())
 		}
 		g2 := e.start(nil)
-		start := time.Now()
-		joins := 0
-		eventually(t, 5*time.Second, "the new gateway in a join's answer", func() bool {
-			joins++
-			got := e.join(g1, fmt.Sprintf("gpu-6%d", joins), "").resp.Gateways
-			return slices.Equal(got, []string{g1.PublicURL(), g2.PublicURL()})
-		})
-		took := time.Since(start)
-		t.Logf("new gateway listed after %v and %d joins; %d reads of the gateways table", took, joins, st.lists.Load()-base)
-		if took > 3*time.Second {
-			t.Errorf("new gateway listed after %v, want about a second", took)
+		// Within the second, joins answer from the list read first.
+		for i := range 5 {
+			if got := gateways(fmt.Sprintf("gpu-61%d", i)); !slices.Equal(got, []string{g1.PublicURL()}) {
+				t.Fatalf("join %d within the second: gateways = %v, want the list read first", i, got)
+			}
 		}
-		// One read a second at most, plus the first: far fewer than joins.
-		reads, most := st.lists.Load()-base, int64(took/gatewayListMaxAge)+2
-		if int64(joins)+1 <= most {
-			t.Fatalf("only %d joins in %v: too few to tell a cache from a read per join", joins+1, took)
+		if reads := st.lists.Load() - base; reads != 1 {
+			t.Fatalf("6 joins within a second read the gateways table %d times, want 1", reads)
 		}
-		if reads > most {
-			t.Errorf("%d joins read the gateways table %d times in %v; want at most %d", joins+1, reads, took, most)
+		clock.Add(int64(gatewayListMaxAge))
+		if got := gateways("gpu-62"); !slices.Equal(got, []string{g1.PublicURL(), g2.PublicURL()}) {
+			t.Fatalf("a second on: gateways = %v, want %s then %s", got, g1.PublicURL(), g2.PublicURL())
+		}
+		if reads := st.lists.Load() - base; reads != 2 {
+			t.Fatalf("the gateways table read %d times, want 2", reads)
 		}
 	})
 }

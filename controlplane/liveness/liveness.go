@@ -11,13 +11,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 // Store is what the reconciler needs.
 type Store interface {
 	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
-	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) ([]int, error)
+	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDueParams) ([]int, error)
 }
 
 // Config configures the reconciler.
@@ -59,16 +60,19 @@ func (r *Reconciler) Name() string { return "node-liveness" }
 // Interval is how often each shard is reconciled.
 func (r *Reconciler) Interval() time.Duration { return r.cfg.Interval }
 
-// params are the pass's inputs for shard.
-func (r *Reconciler) params(shard int) *store.NodeLivenessParams {
-	return &store.NodeLivenessParams{Shard: shard, StaleAfter: time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval}
+var _ shard.Rounder = (*Reconciler)(nil)
+
+// staleAfter is the heartbeat age that makes a node unreachable.
+func (r *Reconciler) staleAfter() time.Duration {
+	return time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval
 }
 
-// StartRound reads which shards have a node due to move. In a healthy fleet
-// none has, and the round writes nothing: one read a round, not one write
-// transaction (or one read) a shard, each a turn of SQLite's one writer.
-func (r *Reconciler) StartRound(ctx context.Context) error {
-	due, err := r.store.NodeLivenessDue(ctx, r.params(0))
+// StartRound reads which of shards have a node due to move. In a healthy
+// fleet none has, and the round writes nothing: one read a round, not one
+// write transaction (or one read) a shard, each a turn of SQLite's one
+// writer.
+func (r *Reconciler) StartRound(ctx context.Context, shards []int) error {
+	due, err := r.store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{Shards: shards, StaleAfter: r.staleAfter()})
 	if err != nil {
 		return err
 	}
@@ -83,27 +87,27 @@ func (r *Reconciler) StartRound(ctx context.Context) error {
 	return nil
 }
 
-// takeDue reports whether the last StartRound found shard due, and clears
-// it.
-func (r *Reconciler) takeDue(shard int) bool {
-	if shard < 0 || shard >= store.Shards {
+// takeDue reports whether the last StartRound found shard n due, and
+// clears it.
+func (r *Reconciler) takeDue(n int) bool {
+	if n < 0 || n >= store.Shards {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	due := r.due[shard]
-	r.due[shard] = false
+	due := r.due[n]
+	r.due[n] = false
 	return due
 }
 
-// Reconcile runs one fenced pass over a shard, if the round's StartRound
+// Reconcile runs one fenced pass over shard n, if the round's StartRound
 // found a node of it due to move; a node that falls due meanwhile is moved
 // next round.
-func (r *Reconciler) Reconcile(ctx context.Context, shard int, fence store.Fence) error {
-	if !r.takeDue(shard) {
+func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
+	if !r.takeDue(n) {
 		return nil
 	}
-	p := r.params(shard)
+	p := &store.NodeLivenessParams{Shard: n, StaleAfter: r.staleAfter()}
 	var unreachable, ready []string
 	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
 		var err error

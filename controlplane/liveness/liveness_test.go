@@ -15,12 +15,20 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 )
 
-// countingStore is the real store, counting the write transactions the
-// reconciler opens.
+// countingStore is the real store, counting the reads of due shards and
+// the write transactions the reconciler opens.
 type countingStore struct {
 	store.Store
 	mu     sync.Mutex
+	reads  int
 	writes []string // the fenced lease of each
+}
+
+func (c *countingStore) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDueParams) ([]int, error) {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.Store.NodeLivenessDue(ctx, p)
 }
 
 func (c *countingStore) FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error {
@@ -30,24 +38,26 @@ func (c *countingStore) FencedTx(ctx context.Context, fence store.Fence, fn func
 	return c.Store.FencedTx(ctx, fence, fn)
 }
 
-func (c *countingStore) takeWrites() []string {
+// take returns the reads and writes since the last take.
+func (c *countingStore) take() (int, []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w := c.writes
-	c.writes = nil
-	return w
+	r, w := c.reads, c.writes
+	c.reads, c.writes = 0, nil
+	return r, w
 }
 
 // TestRoundWritesOnlyWhereDue: one round reads once, then opens a write
 // transaction only in the shard of the node that went silent; a round in a
 // healthy fleet writes nothing.
 func TestRoundWritesOnlyWhereDue(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	if _, err := st.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +88,9 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 		}
 	}
 	fences := make([]store.Fence, store.Shards)
+	all := make([]int, store.Shards)
 	for n := range store.Shards {
+		all[n] = n
 		l, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: shard.LeaseName(n), Holder: "test", TTL: time.Hour})
 		if err != nil || !ok {
 			t.Fatalf("acquire shard %d: %v", n, err)
@@ -92,7 +104,7 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 		cs, slog.New(slog.DiscardHandler))
 	round := func() {
 		t.Helper()
-		if err := r.StartRound(ctx); err != nil {
+		if err := r.StartRound(ctx, all); err != nil {
 			t.Fatal(err)
 		}
 		for n := range store.Shards {
@@ -102,9 +114,10 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 		}
 	}
 
+	silentShard := []string{shard.LeaseName(store.ShardOf("node_silent"))}
 	round()
-	if w, want := cs.takeWrites(), []string{shard.LeaseName(store.ShardOf("node_silent"))}; !slices.Equal(w, want) {
-		t.Fatalf("write transactions %v, want only %v", w, want)
+	if reads, writes := cs.take(); reads != 1 || !slices.Equal(writes, silentShard) {
+		t.Fatalf("round read %d times and wrote %v, want one read and only %v", reads, writes, silentShard)
 	}
 	if want := []string{"node_silent " + store.NodeUnreachable}; !slices.Equal(changed, want) {
 		t.Fatalf("changes %v, want %v", changed, want)
@@ -115,13 +128,13 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if w := cs.takeWrites(); len(w) != 0 {
-		t.Fatalf("passes without a round wrote %v", w)
+	if reads, writes := cs.take(); reads != 0 || len(writes) != 0 {
+		t.Fatalf("passes without a round read %d times and wrote %v", reads, writes)
 	}
 	// Nothing due now: a whole round writes nothing.
 	round()
-	if w := cs.takeWrites(); len(w) != 0 {
-		t.Fatalf("healthy round wrote %v", w)
+	if reads, writes := cs.take(); reads != 1 || len(writes) != 0 {
+		t.Fatalf("healthy round read %d times and wrote %v, want one read and no write", reads, writes)
 	}
 	// The node heartbeats again: its shard alone is written, and it is ready.
 	if _, err := st.SessionHeartbeatBatch(ctx, "gw", []string{"s_node_silent"}, nil); err != nil {
@@ -129,8 +142,8 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 	}
 	changed = nil
 	round()
-	if w, want := cs.takeWrites(), []string{shard.LeaseName(store.ShardOf("node_silent"))}; !slices.Equal(w, want) {
-		t.Fatalf("write transactions %v, want only %v", w, want)
+	if reads, writes := cs.take(); reads != 1 || !slices.Equal(writes, silentShard) {
+		t.Fatalf("round read %d times and wrote %v, want one read and only %v", reads, writes, silentShard)
 	}
 	if want := []string{"node_silent " + store.NodeReady}; !slices.Equal(changed, want) {
 		t.Fatalf("changes %v, want %v", changed, want)

@@ -3,6 +3,8 @@ package shard
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -24,9 +26,10 @@ type Reconciler interface {
 // one a shard.
 type Rounder interface {
 	Reconciler
-	// StartRound is called before the round's first Reconcile. On error
-	// the round is skipped.
-	StartRound(ctx context.Context) error
+	// StartRound is called before the round's first Reconcile, with the
+	// shards the round covers (ascending; never none: a round without
+	// shards is skipped). On error the round is skipped.
+	StartRound(ctx context.Context, shards []int) error
 }
 
 // RunReconcilers runs each reconciler over the shards m holds until ctx ends:
@@ -50,7 +53,7 @@ func RunReconcilers(ctx context.Context, m *Manager, log *slog.Logger, rs ...Rec
 					continue
 				}
 				if rr, ok := r.(Rounder); ok {
-					if err := rr.StartRound(ctx); err != nil {
+					if err := rr.StartRound(ctx, slices.Sorted(maps.Keys(held))); err != nil {
 						if ctx.Err() == nil {
 							log.WarnContext(ctx, "Reconcile round failed", "reconciler", r.Name(), "err", err)
 						}

@@ -2,9 +2,12 @@ package shard_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,4 +103,101 @@ func TestManagersSplitAndHandOver(t *testing.T) {
 	}
 	stopB()
 	<-doneB
+}
+
+// rounds records what RunReconcilers calls, as a Rounder.
+type rounds struct {
+	mu     sync.Mutex
+	fail   bool
+	starts [][]int // the shards of each StartRound
+	calls  []int   // per StartRound, the Reconcile calls before the next
+}
+
+func (r *rounds) Name() string            { return "rounds" }
+func (r *rounds) Interval() time.Duration { return 20 * time.Millisecond }
+
+func (r *rounds) StartRound(_ context.Context, shards []int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.starts = append(r.starts, shards)
+	r.calls = append(r.calls, 0)
+	if r.fail {
+		return errors.New("store down")
+	}
+	return nil
+}
+
+func (r *rounds) Reconcile(context.Context, int, store.Fence) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.calls) == 0 {
+		panic("Reconcile before any StartRound")
+	}
+	r.calls[len(r.calls)-1]++
+	return nil
+}
+
+func (r *rounds) seen() ([][]int, []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.starts), slices.Clone(r.calls)
+}
+
+// TestRunReconcilersStartsRounds: a Rounder's StartRound runs once a round,
+// with the held shards in order, before that round's passes; a failed one
+// skips the round; without shards there is no round.
+func TestRunReconcilersStartsRounds(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	run := func(m *shard.Manager, r *rounds, until func() bool) {
+		t.Helper()
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { shard.RunReconcilers(rctx, m, slog.New(slog.DiscardHandler), r); close(done) }()
+		eventually(t, "rounds run", until)
+		cancel()
+		<-done
+	}
+
+	// Not started: the manager holds nothing, so no round begins.
+	idle, err := shard.New(shard.Config{WorkerID: "idle", TTL: time.Second, Renew: 100 * time.Millisecond}, st, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := &rounds{}
+	deadline := time.Now().Add(200 * time.Millisecond)
+	run(idle, none, func() bool { return time.Now().After(deadline) })
+	if starts, _ := none.seen(); len(starts) != 0 {
+		t.Fatalf("%d rounds without shards", len(starts))
+	}
+
+	m, stop, done := start(t, st, "worker-a")
+	defer func() { stop(); <-done }()
+	eventually(t, "all shards held", func() bool { return len(m.Held()) == store.Shards })
+	ok := &rounds{}
+	run(m, ok, func() bool { s, _ := ok.seen(); return len(s) >= 3 })
+	// Each round covers the shards held at its start (all 256 unless a
+	// renewal was late under load), in order, and passes over each once.
+	starts, calls := ok.seen()
+	for i := range starts {
+		if len(starts[i]) == 0 || !slices.IsSorted(starts[i]) || len(slices.Compact(slices.Clone(starts[i]))) != len(starts[i]) || calls[i] != len(starts[i]) {
+			t.Fatalf("round %d: StartRound with shards %v, then %d passes; want them in order, each passed once", i, starts[i], calls[i])
+		}
+	}
+	if len(starts[0]) != store.Shards {
+		t.Errorf("first round covered %d shards, want all %d", len(starts[0]), store.Shards)
+	}
+
+	failing := &rounds{fail: true}
+	run(m, failing, func() bool { s, _ := failing.seen(); return len(s) >= 3 })
+	if _, calls := failing.seen(); slices.Max(calls) != 0 {
+		t.Fatalf("passes after a failed StartRound: %v", calls)
+	}
 }

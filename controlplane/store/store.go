@@ -303,17 +303,30 @@ type NodeStore interface {
 	// older than StaleAfter unreachable, and unreachable ones seen since
 	// ready again. Run it under the shard's lease.
 	NodeLivenessReconcile(ctx context.Context, p *NodeLivenessParams) (unreachable, ready []string, err error)
-	// NodeLivenessDue returns, with one read over every shard, the shards
-	// (ascending) in which NodeLivenessReconcile with p's StaleAfter and Now
-	// would move a node; p.Shard is ignored. The reconciler reads it once a
-	// round and opens a write transaction only for those shards, none in a
-	// healthy fleet.
-	NodeLivenessDue(ctx context.Context, p *NodeLivenessParams) ([]int, error)
+	// NodeLivenessDue returns, with one read, those of p.Shards (ascending)
+	// in which NodeLivenessReconcile with p's StaleAfter and Now would move
+	// a node. The reconciler reads it once a round for the shards it holds
+	// and opens a write transaction only for those named: none in a healthy
+	// fleet.
+	NodeLivenessDue(ctx context.Context, p *NodeLivenessDueParams) ([]int, error)
 }
 
 // NodeLivenessParams are NodeLivenessReconcile's inputs.
 type NodeLivenessParams struct {
-	Shard      int
+	// Shard is the shard whose nodes move, 0 to Shards-1.
+	Shard int
+	// StaleAfter is the heartbeat age that makes a ready node unreachable
+	// (3 heartbeat intervals).
+	StaleAfter time.Duration
+	// Now is the time to judge ages by; nil: the database's clock.
+	Now *time.Time
+}
+
+// NodeLivenessDueParams are NodeLivenessDue's inputs.
+type NodeLivenessDueParams struct {
+	// Shards are the shards to look at; none: the answer is none.
+	Shards []int
+	// StaleAfter and Now are as in NodeLivenessParams.
 	StaleAfter time.Duration
 	Now        *time.Time
 }

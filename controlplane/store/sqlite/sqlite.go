@@ -79,6 +79,7 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 		Name:       store.DialectSQLite,
 		Translate:  translate,
 		TextSet:    "SELECT value FROM json_each(%s)",
+		IntSet:     "SELECT value FROM json_each(%s)",
 		Migrations: sub,
 	}), nil
 }

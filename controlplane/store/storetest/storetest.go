@@ -765,18 +765,20 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, err)
 	check(t, h.Store.NodeSetState(ctx, "node_live", store.NodeReady))
 	p := &store.NodeLivenessParams{Shard: n.Shard, StaleAfter: 30 * time.Second, Now: at(10 * time.Second)}
-	// due checks the shards NodeLivenessDue names at p.Now: none, or the
-	// node's.
+	all := make([]int, store.Shards)
+	for i := range all {
+		all[i] = i
+	}
+	// due checks the shards NodeLivenessDue names at p.Now, of all of
+	// them: none, or the node's.
 	due := func(p *store.NodeLivenessParams, want bool) {
 		t.Helper()
 		var shards []int
 		if want {
 			shards = []int{n.Shard}
 		}
-		// The shard asked about does not matter: the read covers them all.
-		q := *p
-		q.Shard = (p.Shard + 7) % store.Shards
-		if got := must(h.Store.NodeLivenessDue(ctx, &q)); !slices.Equal(got, shards) {
+		q := &store.NodeLivenessDueParams{Shards: all, StaleAfter: p.StaleAfter, Now: p.Now}
+		if got := must(h.Store.NodeLivenessDue(ctx, q)); !slices.Equal(got, shards) {
 			t.Fatalf("NodeLivenessDue(now %v) = %v, want %v", p.Now, got, shards)
 		}
 	}
@@ -791,6 +793,14 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("shard %d reconciled a node of shard %d", other.Shard, n.Shard)
 	}
 	due(&other, true)
+	// Only the shards asked about are looked at.
+	others := slices.DeleteFunc(slices.Clone(all), func(s int) bool { return s == n.Shard })
+	if got := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{Shards: others, StaleAfter: p.StaleAfter, Now: other.Now})); len(got) != 0 {
+		t.Fatalf("NodeLivenessDue without shard %d = %v, want none", n.Shard, got)
+	}
+	if got := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{StaleAfter: p.StaleAfter, Now: other.Now})); len(got) != 0 {
+		t.Fatalf("NodeLivenessDue of no shards = %v, want none", got)
+	}
 	p.Now = at(31 * time.Second)
 	due(p, true)
 	if u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); !slices.Equal(u, []string{"node_live"}) {
@@ -823,8 +833,13 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	}
 	slices.Sort(want)
 	want = slices.Compact(want)
-	if got := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessParams{StaleAfter: 30 * time.Second, Now: at(time.Hour)})); !slices.Equal(got, want) {
+	later := &store.NodeLivenessDueParams{Shards: all, StaleAfter: 30 * time.Second, Now: at(time.Hour)}
+	if got := must(h.Store.NodeLivenessDue(ctx, later)); !slices.Equal(got, want) {
 		t.Fatalf("NodeLivenessDue an hour on = %v, want %v", got, want)
+	}
+	later.Shards = want[1:]
+	if got := must(h.Store.NodeLivenessDue(ctx, later)); !slices.Equal(got, want[1:]) {
+		t.Fatalf("NodeLivenessDue of shards %v = %v, want them all", want[1:], got)
 	}
 }
 

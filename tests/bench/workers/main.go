@@ -496,7 +496,9 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 			n, (n+perGateway-1)/perGateway, took.Round(time.Millisecond), float64(n)/took.Seconds())
 	}
 	fences := make([]store.Fence, store.Shards)
+	all := make([]int, store.Shards)
 	for s := range store.Shards {
+		all[s] = s
 		l, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: shard.LeaseName(s), Holder: "bench", TTL: time.Hour})
 		if err != nil || !ok {
 			return fmt.Errorf("acquire %s: %v", shard.LeaseName(s), err)
@@ -510,7 +512,7 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 		start := time.Now()
 		// A round as shard.RunReconcilers runs it: one read for every
 		// shard, then each shard's pass.
-		if err := r.StartRound(ctx); err != nil {
+		if err := r.StartRound(ctx, all); err != nil {
 			return 0, 0, err
 		}
 		var wg sync.WaitGroup

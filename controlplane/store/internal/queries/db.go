@@ -91,6 +91,8 @@ type Dialect struct {
 	// one parameter however many values, where a list of placeholders
 	// makes the statement's text, parse and plan grow with the list.
 	TextSet string
+	// IntSet is TextSet for a JSON array of integers.
+	IntSet string
 	// Migrations holds the numbered *.sql files, applied in name order.
 	Migrations fs.FS
 }

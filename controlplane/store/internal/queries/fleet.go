@@ -177,6 +177,18 @@ func (s *Store) textSet(placeholder string, values []string) (string, any) {
 	return fmt.Sprintf(s.d.TextSet, placeholder), JSON(js)
 }
 
+// intSet is textSet for integers.
+func (s *Store) intSet(placeholder string, values []int) (string, any) {
+	if values == nil {
+		values = []int{}
+	}
+	js, err := json.Marshal(values)
+	if err != nil {
+		panic(fmt.Sprintf("marshal ints: %v", err)) // []int always marshals
+	}
+	return fmt.Sprintf(s.d.IntSet, placeholder), JSON(js)
+}
+
 const workerColumns = `id, roles, hostname, pid, version, started_at, heartbeat_at`
 
 func scanWorker(r Row) (*store.Worker, error) {

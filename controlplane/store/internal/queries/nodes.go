@@ -159,14 +159,19 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
 }
 
-// NodeLivenessDue returns the shards in which NodeLivenessReconcile would
-// move a node, in one read over the nodes table (p.Shard is ignored).
-func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessParams) ([]int, error) {
+// NodeLivenessDue returns those of p.Shards in which NodeLivenessReconcile
+// would move a node, in one read (the shards bound as one JSON array).
+func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDueParams) ([]int, error) {
+	if len(p.Shards) == 0 {
+		return nil, nil
+	}
+	in, set := s.intSet("$3", p.Shards)
 	rows, err := s.db.Query(ctx, `SELECT DISTINCT shard FROM nodes
-		WHERE (state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($1, now()) - bc_micros($2))
-			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($1, now()) - bc_micros($2))
+		WHERE shard IN (`+in+`) AND (
+			(state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($1, now()) - bc_micros($2))
+			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($1, now()) - bc_micros($2)))
 		ORDER BY shard`,
-		s.clock(p.Now), p.StaleAfter.Microseconds())
+		s.clock(p.Now), p.StaleAfter.Microseconds(), set)
 	if err != nil {
 		return nil, s.wrap("check liveness", err)
 	}
