@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -110,6 +112,13 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 		}
 		rows, err = g.store.SessionIDs(ctx, g.cfg.ID)
 	} else {
+		// Node rows are locked in id order, as the liveness reconciler
+		// locks them (store.NodeLivenessReconcile): a flush closing a
+		// rack's sessions and a liveness pass over the same nodes cannot
+		// deadlock on PostgreSQL.
+		slices.SortFunc(closes, func(a, b endedSession) int {
+			return cmp.Or(cmp.Compare(a.nodeID, b.nodeID), cmp.Compare(a.sessionID, b.sessionID))
+		})
 		write := func(tx store.Store) error {
 			for _, c := range closes {
 				if err := tx.SessionClose(ctx, c.nodeID, c.sessionID); err != nil {

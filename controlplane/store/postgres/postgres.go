@@ -65,6 +65,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		// One lock per schema, held until the migration transaction ends.
 		MigrationLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute migrate ' || current_schema()))`,
 		ForShare:      " FOR SHARE",
+		ForUpdate:     " FOR UPDATE",
 		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		TextSet:       "SELECT jsonb_array_elements_text(%s)",
 		IntSet:        "SELECT jsonb_array_elements_text(%s)::int",

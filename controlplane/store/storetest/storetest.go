@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -42,6 +43,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"SitesAndPools", testSitesAndPools},
 		{"Nodes", testNodes},
 		{"NodeLiveness", testNodeLiveness},
+		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
@@ -820,15 +822,15 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 
 	// Silent nodes in several shards, some never connected (their join
 	// time counts): each shard is named once, in ascending order.
-	ids := []string{"node_live"}
+	quiet := []string{"node_live"}
 	for i := range 12 {
 		id := fmt.Sprintf("node_quiet%02d", i)
 		addNode(ctx, t, h, pool, id)
 		check(t, h.Store.NodeSetState(ctx, id, store.NodeReady))
-		ids = append(ids, id)
+		quiet = append(quiet, id)
 	}
 	var want []int
-	for _, id := range ids {
+	for _, id := range quiet {
 		want = append(want, store.ShardOf(id))
 	}
 	slices.Sort(want)
@@ -840,6 +842,62 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	later.Shards = want[1:]
 	if got := must(h.Store.NodeLivenessDue(ctx, later)); !slices.Equal(got, want[1:]) {
 		t.Fatalf("NodeLivenessDue of shards %v = %v, want them all", want[1:], got)
+	}
+}
+
+// testNodeLivenessBesideSessionCloses runs a liveness pass over a shard
+// while another transaction closes every session of it in node id order, as
+// a gateway's flush does when a rack drops: neither may fail (on
+// PostgreSQL, a deadlock aborts one of them).
+func testNodeLivenessBesideSessionCloses(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	const shard, n = 17, 40
+	var rack []string
+	for i := 0; len(rack) < n; i++ {
+		if id := fmt.Sprintf("node_rack%05d", i); store.ShardOf(id) == shard {
+			rack = append(rack, id)
+		}
+	}
+	// Inserted out of id order, so the table's order is not the ids'.
+	for _, i := range rand.Perm(n) {
+		addNode(ctx, t, h, pool, rack[i])
+	}
+	past := time.Now().Add(-time.Hour)
+	for round := range 30 {
+		sessions := make([]string, n)
+		for i, id := range rack {
+			check(t, h.Store.NodeSetState(ctx, id, store.NodeReady))
+			sessions[i] = fmt.Sprintf("s%d-%d", round, i)
+			if _, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: sessions[i], GatewayID: "gw", Now: &past}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var closeErr, passErr error
+		wg.Go(func() {
+			<-start
+			closeErr = h.Store.Tx(ctx, func(tx store.Store) error {
+				for i, id := range rack {
+					if err := tx.SessionClose(ctx, id, sessions[i]); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		wg.Go(func() {
+			<-start
+			passErr = h.Store.Tx(ctx, func(tx store.Store) error {
+				_, _, err := tx.NodeLivenessReconcile(ctx, &store.NodeLivenessParams{Shard: shard, StaleAfter: 30 * time.Second})
+				return err
+			})
+		})
+		close(start)
+		wg.Wait()
+		if closeErr != nil || passErr != nil {
+			t.Fatalf("round %d: closing sessions: %v; liveness pass: %v", round, closeErr, passErr)
+		}
 	}
 }
 

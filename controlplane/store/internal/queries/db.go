@@ -71,6 +71,10 @@ type Dialect struct {
 	// ForShare is appended to the fence check so a takeover waits for the
 	// fenced transaction (" FOR SHARE" on PostgreSQL).
 	ForShare string
+	// ForUpdate is appended to a selection that locks rows in its ORDER BY
+	// order (" FOR UPDATE" on PostgreSQL; empty where writers are
+	// serialised anyway, SQLite).
+	ForUpdate string
 	// OutboxWriteLock runs before every outbox insert, in its transaction,
 	// and OutboxReadLock before every outbox read, in its own; each holds
 	// until its transaction ends. Together they make a reader see only a

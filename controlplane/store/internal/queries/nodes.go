@@ -207,6 +207,18 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 		}
 		return out, s.wrap("reconcile liveness", rows.Err())
 	}
+	// Lock the rows to move in id order first, where rows are locked at
+	// all: a gateway's flush closing many sessions locks their nodes in id
+	// order too (gateway.flush), so the two cannot deadlock; the updates
+	// below would lock in scan order, one set after the other.
+	if s.d.ForUpdate != "" {
+		if _, err := ids(`SELECT id FROM nodes WHERE shard = $1 AND (
+				(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($2, now()) - bc_micros($3))
+				OR (state = 'unreachable' AND ` + nodeLastSeen + ` >= coalesce($2, now()) - bc_micros($3)))
+			ORDER BY id` + s.d.ForUpdate); err != nil {
+			return nil, nil, err
+		}
+	}
 	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
 		WHERE shard = $1 AND state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($2, now()) - bc_micros($3)
 		RETURNING id`)
