@@ -23,6 +23,7 @@ const (
 	attrErr       = "err"
 	attrDelay     = "delay"
 	attrAttempt   = "attempt"
+	attrHeld      = "held"
 	attrInterval  = "heartbeat_interval"
 	attrReason    = "reason"
 	attrSkew      = "clock_skew"
@@ -142,8 +143,12 @@ func (c *Client) Run(ctx context.Context) error {
 				attrGateway, gw.url, attrErr, out.err)
 			return out.err
 		}
+		var held time.Duration
 		if out.welcomed {
-			attempt = 0
+			held = c.clock.Now().Sub(out.welcomedAt)
+			if held >= c.cfg.StableAfter {
+				attempt = 0
+			}
 		}
 		if out.drained {
 			c.log.InfoContext(ctx, "Session drained, reconnecting elsewhere", attrGateway, gw.url,
@@ -162,7 +167,11 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		delay := reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
-			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrDelay, delay, attrAttempt, attempt)
+			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
+		if out.welcomed && held < c.cfg.StableAfter && attempt >= 2 {
+			c.log.WarnContext(ctx, "Sessions keep ending soon after they start: is another bcd running with this node's identity (a copied data directory)?",
+				attrGateway, gw.url, attrHeld, held, attrAttempt, attempt)
+		}
 		c.emit(Event{Kind: EventBackoff, Gateway: gw.url, Delay: delay, Attempt: attempt})
 		attempt++
 		if !c.wait(ctx, delay) {

@@ -313,6 +313,34 @@ func TestReconnectAfterDropWithBackoff(t *testing.T) {
 	}
 }
 
+// TestShortSessionsBackOff: sessions that end soon after their Welcome (as
+// when two bcd processes share one identity and supersede each other) count
+// as failed attempts; a session that lasted StableAfter starts the backoff
+// over.
+func TestShortSessionsBackOff(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	n := joinNode(t, g)
+	cfg := n.config()
+	cfg.StableAfter = 400 * time.Millisecond
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+
+	for want := range 3 {
+		g.NextSession(t, wait).End(status.New(codes.Unavailable, "superseded"))
+		if b := ev.next(t, session.EventBackoff); b.Attempt != want {
+			t.Fatalf("backoff after short session %d: attempt %d, want %d", want+1, b.Attempt, want)
+		}
+	}
+	s := g.NextSession(t, wait)
+	time.Sleep(cfg.StableAfter + 100*time.Millisecond)
+	s.End(status.New(codes.Unavailable, "gateway going away"))
+	if b := ev.next(t, session.EventBackoff); b.Attempt != 0 {
+		t.Fatalf("backoff after a session of %v: attempt %d, want 0", cfg.StableAfter, b.Attempt)
+	}
+}
+
 func TestRetryAfterHintHonoured(t *testing.T) {
 	t.Parallel()
 	p := sessiontest.NewPKI(t)

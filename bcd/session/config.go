@@ -20,6 +20,9 @@ const (
 	DefaultBackoffBase = time.Second
 	// DefaultBackoffMax caps every reconnect delay.
 	DefaultBackoffMax = 60 * time.Second
+	// DefaultStableAfter is how long a session must last for the backoff
+	// to start over.
+	DefaultStableAfter = 30 * time.Second
 	// DefaultStartJitter bounds the random delay before the first connect.
 	DefaultStartJitter = 2 * time.Second
 	// DefaultHandshakeTimeout bounds dial, TLS, Hello and Welcome together.
@@ -130,6 +133,12 @@ type Config struct {
 	BackoffBase time.Duration
 	// BackoffMax caps the reconnect delay bound. Defaults to 60 s.
 	BackoffMax time.Duration
+	// StableAfter is how long a session must last, from its Welcome, for
+	// the backoff to start over; one that ends sooner counts as a failed
+	// attempt, so a node whose sessions keep ending at once (two bcd
+	// processes sharing one identity supersede each other) backs off
+	// instead of reconnecting in a loop. Defaults to 30 s.
+	StableAfter time.Duration
 	// StartJitter bounds the random delay before the first connect; a
 	// negative value connects at once. Defaults to 2 s.
 	StartJitter time.Duration
@@ -172,6 +181,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.Arch = cmp.Or(cfg.Arch, runtime.GOARCH)
 	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, DefaultBackoffBase)
 	cfg.BackoffMax = cmp.Or(cfg.BackoffMax, DefaultBackoffMax)
+	cfg.StableAfter = cmp.Or(cfg.StableAfter, DefaultStableAfter)
 	cfg.StartJitter = cmp.Or(cfg.StartJitter, DefaultStartJitter)
 	cfg.HandshakeTimeout = cmp.Or(cfg.HandshakeTimeout, DefaultHandshakeTimeout)
 	cfg.RenewTimeout = cmp.Or(cfg.RenewTimeout, DefaultRenewTimeout)

@@ -33,7 +33,8 @@
 //  4. When the session ends it waits a full-jitter exponential backoff
 //     (uniform in [0, min(BackoffMax, BackoffBase·2^n)]), at least the
 //     gateway's retry-after-ms hint when one was sent, and dials again; the
-//     attempt counter n resets when a Welcome arrives. A failed attempt moves
+//     attempt counter n resets when a session ends that lasted
+//     [Config].StableAfter from its Welcome. A failed attempt moves
 //     on to the next gateway of the list; a Drain makes it wait a random
 //     share of the Drain's delay (also when the gateway closes sooner) and
 //     then reconnect to a preferred or another gateway without backoff.

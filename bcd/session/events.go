@@ -65,7 +65,8 @@ type Event struct {
 	Delay time.Duration
 	// Err is the cause, for EventDisconnected and EventRenewFailed.
 	Err error
-	// Attempt counts failed attempts since the last Welcome, for
+	// Attempt counts failed attempts (sessions shorter than
+	// Config.StableAfter included) since the last session that lasted, for
 	// EventConnecting and EventBackoff; 0 for the first attempt.
 	Attempt int
 }

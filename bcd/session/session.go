@@ -37,6 +37,7 @@ var (
 type outcome struct {
 	sessionID  string
 	welcomed   bool          // a Welcome arrived
+	welcomedAt time.Time     // when, by the Client's clock
 	drained    bool          // a Drain arrived: go elsewhere, without backoff
 	drainLeft  time.Duration // what is left of the Drain's wait when it ended sooner
 	prefer     []string      // the Drain's preferred gateways
@@ -131,7 +132,7 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 	}
 	s.stop(slotHandshake)
 	s.welcome(msg.GetSeq(), w)
-	out := outcome{sessionID: s.id, welcomed: true}
+	out := outcome{sessionID: s.id, welcomed: true, welcomedAt: c.clock.Now()}
 
 	c.setCurrent(s)
 	defer c.setCurrent(nil)
