@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
@@ -33,6 +34,14 @@ const (
 
 // ErrNotJoined reports a data directory that holds no identity.
 var ErrNotJoined = errors.New("node not joined")
+
+// ErrInUse is returned by Lock when another process holds the data
+// directory.
+var ErrInUse = errors.New("data directory in use by another bcd node")
+
+// LockFile is the file in the data directory that bcd node holds an
+// exclusive lock (flock) on while it runs.
+const LockFile = "bcd.lock"
 
 // Identity is everything a joined node keeps.
 type Identity struct {
@@ -186,6 +195,27 @@ func (s *Store) Prepare() error {
 	name := f.Name()
 	f.Close()
 	return os.Remove(name)
+}
+
+// Lock takes an exclusive advisory lock on the data directory (flock on
+// LockFile, created mode 0600), so that two bcd node processes cannot run
+// one identity: at the gateway they would supersede each other's sessions
+// without end. It fails with ErrInUse when another process holds it. The
+// lock lasts until release is called or the process exits; it is not
+// inherited across exec.
+func (s *Store) Lock() (release func(), err error) {
+	f, err := os.OpenFile(s.path(LockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data directory %s: %w", s.dir, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is locked (%s): stop the other bcd node first", ErrInUse, s.dir, LockFile)
+		}
+		return nil, fmt.Errorf("lock data directory %s: %w", s.dir, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // Load reads the identity. It fails with ErrNotJoined when there is none.

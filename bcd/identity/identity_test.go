@@ -165,3 +165,26 @@ func TestReadCertificates(t *testing.T) {
 		t.Error("ReadCertificates of a missing file succeeded")
 	}
 }
+
+// TestLockExcludesASecondHolder: while one holder has the data directory,
+// a second Lock fails with ErrInUse; after release it succeeds.
+func TestLockExcludesASecondHolder(t *testing.T) {
+	t.Parallel()
+	s := identity.NewStore(t.TempDir())
+	release, err := s.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Lock(); !errors.Is(err, identity.ErrInUse) {
+		t.Fatalf("second Lock: %v, want ErrInUse", err)
+	}
+	release()
+	again, err := s.Lock()
+	if err != nil {
+		t.Fatalf("Lock after release: %v", err)
+	}
+	again()
+	if _, err := identity.NewStore(filepath.Join(t.TempDir(), "missing")).Lock(); err == nil || errors.Is(err, identity.ErrInUse) {
+		t.Fatalf("Lock of a missing directory: %v, want an error other than ErrInUse", err)
+	}
+}

@@ -104,6 +104,13 @@ type gatewayAddr struct {
 	addr string // host:port to dial
 }
 
+// CheckGatewayURL reports whether s is a gateway URL Join and Connect
+// accept: "https://host[:port]". The error wraps ErrConfig.
+func CheckGatewayURL(s string) error {
+	_, err := parseGatewayURL(s)
+	return err
+}
+
 // parseGatewayURL parses "https://host[:port]" (port 443 when absent).
 // Paths other than "/" and query strings are refused.
 func parseGatewayURL(s string) (gatewayAddr, error) {

@@ -70,7 +70,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 		return nil, status.Error(codes.Unavailable, "cannot check the certificate's revocation now; retry")
 	}
 	if revoked {
-		return nil, status.Errorf(revokedCode, "certificate %s of node %s is revoked: re-join the machine with a new join token", serial, nodeID)
+		return nil, status.Errorf(revokedCode, "certificate %s of node %s is revoked", serial, nodeID)
 	}
 	_, err = g.store.NodeGet(ctx, nodeID)
 	switch {

@@ -56,6 +56,9 @@ otherwise, 2 for bad flags.`,
 			if f.timeout <= 0 {
 				return usagef("--timeout must be positive")
 			}
+			if f.dataDir == "" {
+				return usagef("--data-dir must not be empty")
+			}
 			rep := doctor.Run(cmd.Context(), doctor.Config{DataDir: f.dataDir, Gateways: f.gateways, TokenFile: f.tokenFile,
 				HelperSocket: f.helperSocket, PluginDir: f.pluginDir, Timeout: f.timeout})
 			if err := printDoctor(e, rep, f.output); err != nil {

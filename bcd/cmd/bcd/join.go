@@ -72,6 +72,12 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	if f.gateway == "" {
 		return usagef("--gateway is required")
 	}
+	if err := session.CheckGatewayURL(f.gateway); err != nil {
+		return usagef("--gateway: %w", err)
+	}
+	if f.dataDir == "" {
+		return usagef("--data-dir must not be empty")
+	}
 	if f.caFile != "" && f.caPin != "" {
 		return usagef("--ca-file and --ca-pin exclude each other")
 	}
@@ -126,6 +132,9 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 		Timeout:    f.timeout,
 		UserAgent:  "bcd/" + bcdVersion(),
 	})
+	if errors.Is(err, session.ErrConfig) {
+		return usageError{err} // from the flags: --gateway, --ca-file, --ca-pin
+	}
 	if err != nil {
 		return err
 	}

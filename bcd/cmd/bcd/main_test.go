@@ -88,6 +88,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"join", "--gateway", "https://gw", "--ca-pin", "sha256/xyz"}, map[string]string{tokenEnv: tok}, "--ca-pin"},
 		{[]string{"join", "--gateway", "https://gw", "--ca-file", filepath.Join(dir, "missing")}, map[string]string{tokenEnv: tok}, "--ca-file"},
 		{[]string{"join", "--gateway", "https://gw", "--timeout", "soon"}, nil, "invalid argument"},
+		{[]string{"join", "--gateway", "http://gw:8443", "--data-dir", filepath.Join(dir, "never")}, map[string]string{tokenEnv: tok}, "https"},
+		{[]string{"join", "--gateway", "https://gw/path", "--data-dir", filepath.Join(dir, "never")}, map[string]string{tokenEnv: tok}, "https://host[:port]"},
+		{[]string{"join", "--gateway", "https://gw", "--data-dir", ""}, map[string]string{tokenEnv: tok}, "--data-dir"},
+		{[]string{"node", "--data-dir", ""}, nil, "--data-dir"},
+		{[]string{"doctor", "--data-dir", ""}, nil, "--data-dir"},
 		{[]string{"node", "--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"node", "--inventory-interval", "0s"}, nil, "--inventory-interval"},
 		{[]string{"helper"}, nil, "--node-user is required"},
@@ -99,6 +104,9 @@ func TestUsageErrors(t *testing.T) {
 		if strings.Contains(r.stderr, tok) {
 			t.Errorf("bcd %v printed the token", tc.args)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "never")); err == nil {
+		t.Error("a join refused for its --gateway created the data directory")
 	}
 }
 
@@ -178,6 +186,10 @@ func TestJoinThenNode(t *testing.T) {
 	s := g.NextSession(t, 10*time.Second)
 	if s.Hello.GetBcdVersion() != bcdVersion() {
 		t.Errorf("hello version %q", s.Hello.GetBcdVersion())
+	}
+	// A second bcd node on the same data directory stops at once.
+	if r := bcd(t.Context(), "", nil, "node", "--data-dir", dir); r.code != exitFailure || !strings.Contains(r.stderr, "in use by another bcd node") {
+		t.Errorf("second node on %s: %+v", dir, r)
 	}
 	cancel()
 	select {

@@ -73,6 +73,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	if f.rescan <= 0 {
 		return usagef("--inventory-interval must be positive")
 	}
+	if f.dataDir == "" {
+		return usagef("--data-dir must not be empty")
+	}
 	store := identity.NewStore(f.dataDir)
 	id, err := store.Load()
 	if errors.Is(err, identity.ErrNotJoined) {
@@ -83,7 +86,19 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	log = log.With("node_id", id.NodeID)
 	if upgrade.InTrial() {
+		// A trial runs beside the bcd that started it, which holds the lock.
 		return runTrial(ctx, log, store, id)
+	}
+	release, err := store.Lock()
+	switch {
+	case errors.Is(err, identity.ErrInUse):
+		return err
+	case err != nil:
+		// A data directory this user cannot write (renewals will say so
+		// too) does not stop the agent; it only loses the guard.
+		log.WarnContext(ctx, "Data directory not locked; a second bcd node on it would not be refused", "err", err)
+	default:
+		defer release()
 	}
 	up, err := startUpgrade(ctx, log, f)
 	if err != nil {
@@ -158,7 +173,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	notify.Stopping()
 	switch {
 	case errors.Is(err, session.ErrRevoked):
-		return fmt.Errorf("%w; join the machine again with a new join token (bcd join --force)", err)
+		return fmt.Errorf("%w; join the machine again with a new join token (bcd join --force), then start bcd node again (systemctl restart bcd)", err)
 	case err != nil:
 		return err
 	}

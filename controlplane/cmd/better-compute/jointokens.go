@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
 // Limits of join-tokens create.
@@ -202,7 +204,10 @@ func joinTokensRevokeCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			id := args[0]
+			id, err := joinTokenID(args[0])
+			if err != nil {
+				return err
+			}
 			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
 				ctx := cmd.Context()
 				err := st.JoinTokenRevoke(ctx, id)
@@ -229,4 +234,18 @@ func joinTokensRevokeCmd(e *env) *cobra.Command {
 	}
 	outputFlag(cmd, &out)
 	return cmd
+}
+
+// joinTokenID is the id arg names: a token id (jt_...), or a whole token
+// (bct1.<id>.<secret>.<pin>), of which only the id is used. An error never
+// repeats arg, which may hold a secret.
+func joinTokenID(arg string) (string, error) {
+	if !strings.Contains(arg, ".") {
+		return arg, nil
+	}
+	tok, err := jointoken.Parse(arg)
+	if err != nil {
+		return "", usageError{err: errors.New("not a join token id (jt_...) nor a whole join token; the argument is not repeated here, as it may hold a secret")}
+	}
+	return tok.ID(), nil
 }

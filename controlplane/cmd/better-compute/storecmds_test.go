@@ -157,6 +157,20 @@ func TestStoreCommandsEmbedded(t *testing.T) {
 	if strings.Contains(c.ok("join-tokens", "list", "-o", "json"), tok.String()) {
 		t.Fatal("join-tokens list shows a secret")
 	}
+	// Revoke takes a whole token too (its id is used); a mangled one is
+	// refused without being repeated.
+	whole := strings.TrimSpace(string(fileTok))
+	mangled := whole[:len(whole)-3]
+	if code, out, errOut := c.run("join-tokens", "revoke", mangled); code != exitUsage || strings.Contains(out+errOut, mangled[10:]) {
+		t.Fatalf("revoke of a mangled token: exit %d, output %q %q", code, out, errOut)
+	}
+	c.ok("join-tokens", "revoke", whole)
+	c.json(&tokens, "join-tokens", "list")
+	for _, tk := range tokens {
+		if tk.State != "revoked" {
+			t.Fatalf("after revoking the whole token: %+v", tokens)
+		}
+	}
 
 	// Revocation by node and by serial.
 	ctx := context.Background()
