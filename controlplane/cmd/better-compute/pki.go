@@ -199,6 +199,10 @@ func pkiRevokeCmd(e *env) *cobra.Command {
 					return err
 				}
 				ctx := cmd.Context()
+				already, err := st.RevocationCheck(ctx, rev.Serial)
+				if err != nil {
+					return err
+				}
 				if err := st.RevocationInsert(ctx, rev); err != nil {
 					return err
 				}
@@ -207,16 +211,20 @@ func pkiRevokeCmd(e *env) *cobra.Command {
 					return err
 				}
 				res := struct {
-					Serial string `json:"serial"`
-					NodeID string `json:"nodeId,omitempty"`
-					Reason string `json:"reason"`
-				}{rev.Serial, rev.NodeID, rev.Reason}
+					Serial         string `json:"serial"`
+					NodeID         string `json:"nodeId,omitempty"`
+					Reason         string `json:"reason"`
+					AlreadyRevoked bool   `json:"alreadyRevoked"`
+				}{rev.Serial, rev.NodeID, rev.Reason, already}
 				if out == "json" {
 					return printValue(e.stdout, res)
 				}
-				if rev.NodeID != "" {
+				switch {
+				case already:
+					fmt.Fprintf(e.stdout, "certificate %s was already revoked\n", rev.Serial)
+				case rev.NodeID != "":
 					fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", rev.Serial, rev.NodeID)
-				} else {
+				default:
 					fmt.Fprintf(e.stdout, "revoked certificate %s\n", rev.Serial)
 				}
 				return nil
@@ -247,9 +255,17 @@ func revocation(ctx context.Context, st store.Store, nodeID, serial, reason stri
 		}
 		return &store.Revocation{Serial: n.CertSerial, NodeID: n.ID, Reason: reason}, nil
 	}
+	given := serial
 	serial = strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(serial, ":", ""), "0x"))
-	if serial == "" || strings.Trim(serial, "0123456789abcdef") != "" || len(serial) > 64 {
-		return nil, usageError{fmt.Errorf("--serial %q is not a hexadecimal certificate serial", serial)}
+	if serial == "" || strings.Trim(serial, "0123456789abcdef") != "" {
+		return nil, usageError{fmt.Errorf("--serial %q is not a hexadecimal certificate serial", given)}
+	}
+	// Spelled as pki.FormatSerial spells it: leading zeros dropped, then
+	// padded to 32 digits. RFC 5280 (4.1.2.2): a positive number of at
+	// most 20 octets.
+	serial = strings.TrimLeft(serial, "0")
+	if serial == "" || len(serial) > 40 {
+		return nil, usageError{fmt.Errorf("--serial %q: a certificate serial is a positive number of at most 20 octets (40 hex digits)", given)}
 	}
 	if len(serial) < 32 {
 		serial = strings.Repeat("0", 32-len(serial)) + serial

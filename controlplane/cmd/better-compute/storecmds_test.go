@@ -196,6 +196,24 @@ func TestStoreCommandsEmbedded(t *testing.T) {
 		t.Fatalf("revoke --serial = %+v", rev)
 	}
 	c.fails(exitUsage, "not a hexadecimal", "pki", "revoke", "--serial", "xyz")
+	c.fails(exitUsage, "positive number", "pki", "revoke", "--serial", "00:00")
+	c.fails(exitUsage, "positive number", "pki", "revoke", "--serial", strings.Repeat("f", 41))
+	// Extra leading zeros are spelled away, so the serial matches the one
+	// the CA issued; a second revocation says it was one already.
+	var again struct {
+		Serial         string
+		AlreadyRevoked bool
+	}
+	c.json(&again, "pki", "revoke", "--serial", "0x"+strings.Repeat("0", 37)+"abcd")
+	if again.Serial != "0000000000000000000000000000abcd" || !again.AlreadyRevoked {
+		t.Fatalf("revoke --serial with extra zeros = %+v", again)
+	}
+	if out := c.ok("pki", "revoke", "--serial", "ef"); !strings.Contains(out, "revoked certificate 000000000000000000000000000000ef") {
+		t.Fatalf("revoke --serial ef: %q", out)
+	}
+	if out := c.ok("pki", "revoke", "--serial", "EF"); !strings.Contains(out, "already revoked") {
+		t.Fatalf("second revoke --serial EF: %q", out)
+	}
 }
 
 func TestStoreCommandsPostgres(t *testing.T) {
