@@ -107,6 +107,16 @@ func name(field, v string) error {
 	return nil
 }
 
+// CheckName checks a site, pool or region name as sites.create and
+// pools.create do: 1 to 63 characters of a-z, 0-9, '-', '_' and '.'. The
+// error is the rule it breaks.
+func CheckName(v string) error {
+	if err := name("", v); err != nil {
+		return errors.New(err.(*Error).Message)
+	}
+	return nil
+}
+
 // id checks an identifier argument.
 func id(field, v string) error {
 	if v == "" {

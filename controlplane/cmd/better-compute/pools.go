@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -43,6 +44,9 @@ func poolsCreateCmd(e *env) *cobra.Command {
 			}
 			if name == "" || site == "" {
 				return usageError{errors.New("--name and --site are required")}
+			}
+			if err := api.CheckName(name); err != nil {
+				return usageError{fmt.Errorf("--name %q: %w", name, err)}
 			}
 			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
 				ctx := cmd.Context()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -43,6 +44,11 @@ func sitesCreateCmd(e *env) *cobra.Command {
 			}
 			if name == "" || region == "" {
 				return usageError{errors.New("--name and --region are required")}
+			}
+			for flag, v := range map[string]string{"--name": name, "--region": region} {
+				if err := api.CheckName(v); err != nil {
+					return usageError{fmt.Errorf("%s %q: %w", flag, v, err)}
+				}
 			}
 			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
 				ctx := cmd.Context()

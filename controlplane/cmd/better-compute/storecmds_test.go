@@ -196,6 +196,10 @@ func TestStoreCommandsEmbedded(t *testing.T) {
 		t.Fatalf("revoke --serial = %+v", rev)
 	}
 	c.fails(exitUsage, "not a hexadecimal", "pki", "revoke", "--serial", "xyz")
+	c.fails(exitUsage, "may hold only", "sites", "create", "--name", "  ", "--region", "eu-1")
+	c.fails(exitUsage, "1 to 63 characters", "sites", "create", "--name", strings.Repeat("a", 64), "--region", "eu-1")
+	c.fails(exitUsage, "may hold only", "sites", "create", "--name", "fra-2", "--region", "EU 1")
+	c.fails(exitUsage, "may hold only", "pools", "create", "--name", "rack 1 ", "--site", "ams-1")
 	c.fails(exitUsage, "positive number", "pki", "revoke", "--serial", "00:00")
 	c.fails(exitUsage, "positive number", "pki", "revoke", "--serial", strings.Repeat("f", 41))
 	// Extra leading zeros are spelled away, so the serial matches the one
