@@ -177,7 +177,8 @@ func readToken(e env, path string) (string, error) {
 		}
 		raw = b
 	}
-	tok := strings.TrimSpace(string(raw))
+	// A byte order mark, as some editors write, is not part of the token.
+	tok := strings.TrimSpace(strings.TrimPrefix(string(raw), "\ufeff"))
 	if tok == "" {
 		return "", usagef("the join token is empty")
 	}

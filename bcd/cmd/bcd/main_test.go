@@ -215,7 +215,8 @@ func TestJoinFromStdinWithCAFileAndNodeRevoked(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := filepath.Join(dir, "data")
-	r := bcd(t.Context(), tok+"\n", nil, "join", "--gateway", g.URL, "--token-file", "-", "--data-dir", data, "--ca-file", caFile)
+	// As an editor may save it: a byte order mark and CRLF.
+	r := bcd(t.Context(), "\ufeff"+tok+"\r\n", nil, "join", "--gateway", g.URL, "--token-file", "-", "--data-dir", data, "--ca-file", caFile)
 	if r.code != 0 {
 		t.Fatalf("join: %+v", r)
 	}
