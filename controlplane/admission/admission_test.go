@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
@@ -30,14 +29,7 @@ type fixture struct {
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := sqlitetest.Open(t)
 	b, err := pki.Init(pki.InitOptions{TrustDomain: "compute.example.com"})
 	if err != nil {
 		t.Fatal(err)

@@ -1,17 +1,15 @@
 package api_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/metrics"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
 
 const metricsToken = "scrape-token-0123456789"
@@ -23,15 +21,7 @@ func metricsServer(t *testing.T, token string) http.Handler {
 
 func metricsServerWith(t *testing.T, cfg api.Config) http.Handler {
 	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := sqlitetest.Open(t)
 	m := metrics.New(metrics.Config{}, st)
 	m.CommandFinished("exec", "succeeded")
 	cfg.Secret, cfg.Metrics = strings.Repeat("s", 32), m.Handler()

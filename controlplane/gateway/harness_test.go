@@ -27,7 +27,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -44,18 +44,7 @@ type backend struct {
 }
 
 var backends = []backend{
-	{"sqlite", func(t testing.TB) store.Store {
-		ctx := context.Background()
-		s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		if _, err := s.Migrate(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}},
+	{"sqlite", sqlitetest.Open},
 	{"postgres", func(t testing.TB) store.Store {
 		ctx := context.Background()
 		s, err := postgres.Open(ctx, pgtest.URL(t))

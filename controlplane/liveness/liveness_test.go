@@ -3,7 +3,6 @@ package liveness_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -12,7 +11,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/liveness"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
 
 // countingStore is the real store, counting the reads of due shards and
@@ -53,14 +52,7 @@ func (c *countingStore) take() (int, []string) {
 func TestRoundWritesOnlyWhereDue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := sqlitetest.Open(t)
 	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,22 +13,8 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
-
-func openStore(t *testing.T) store.Store {
-	t.Helper()
-	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
 
 // scrape returns the text exposition of m.
 func scrape(t *testing.T, m *metrics.Metrics) string {
@@ -58,7 +43,7 @@ func has(t *testing.T, text string, lines ...string) {
 func TestScrapeReadsTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := openStore(t)
+	st := sqlitetest.Open(t)
 	now := time.Now()
 	stale := now.Add(-time.Hour)
 	for _, g := range []struct {
@@ -163,7 +148,7 @@ func TestReportedSeries(t *testing.T) {
 // (base units, _total on counters, no reserved suffixes).
 func TestNamesFollowConventions(t *testing.T) {
 	t.Parallel()
-	st := openStore(t)
+	st := sqlitetest.Open(t)
 	now := time.Now()
 	ctx := context.Background()
 	if _, err := st.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw-1", Sessions: 1, MaxStreams: 10, Now: &now}); err != nil {
@@ -200,7 +185,7 @@ func (failing) Ping(context.Context) error { return errors.New("connection refus
 
 func TestScrapeWithTheDatabaseDown(t *testing.T) {
 	t.Parallel()
-	m := metrics.New(metrics.Config{Sinks: []string{"hooks"}}, failing{openStore(t)})
+	m := metrics.New(metrics.Config{Sinks: []string{"hooks"}}, failing{sqlitetest.Open(t)})
 	m.Handshake("gw-1")
 	text := scrape(t, m)
 	has(t, text, "bettercompute_store_up 0", `bettercompute_gateway_handshakes_total{gateway="gw-1"} 1`)

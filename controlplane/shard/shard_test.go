@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
 
 func TestOwnerSpreadsAndMovesLittle(t *testing.T) {
@@ -68,14 +67,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 func TestManagersSplitAndHandOver(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := sqlitetest.Open(t)
 	a, stopA, doneA := start(t, st, "worker-a")
 	eventually(t, "a alone holds all shards", func() bool { return len(a.Held()) == store.Shards })
 	b, stopB, doneB := start(t, st, "worker-b")
@@ -148,14 +140,7 @@ func (r *rounds) seen() ([][]int, []int) {
 // skips the round; without shards there is no round.
 func TestRunReconcilersStartsRounds(t *testing.T) {
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st := sqlitetest.Open(t)
 	run := func(m *shard.Manager, r *rounds, until func() bool) {
 		t.Helper()
 		rctx, cancel := context.WithCancel(ctx)
