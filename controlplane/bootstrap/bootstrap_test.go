@@ -6,36 +6,21 @@ import (
 	"crypto/x509"
 	"errors"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
 const secret = "bootstrap-test-secret-bootstrap-test-secret"
 
-func open(t *testing.T) store.Store {
-	t.Helper()
-	ctx := context.Background()
-	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	if _, err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
 func TestInitAndLoad(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t)
+	st := sqlitetest.Open(t)
 	if _, err := bootstrap.LoadBundle(ctx, st, secret); !errors.Is(err, bootstrap.ErrNoBundle) {
 		t.Fatalf("load before init: %v, want ErrNoBundle", err)
 	}
@@ -58,7 +43,7 @@ func TestInitAndLoad(t *testing.T) {
 func TestEmbedded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	st := open(t)
+	st := sqlitetest.Open(t)
 	dir := t.TempDir()
 	first, err := bootstrap.Embedded(ctx, st, secret, dir, "eu-1")
 	if err != nil {
@@ -107,7 +92,7 @@ func TestEmbedded(t *testing.T) {
 
 	// A certificate from another bundle (the database was replaced) is
 	// issued again.
-	other := open(t)
+	other := sqlitetest.Open(t)
 	third, err := bootstrap.Embedded(ctx, other, secret, dir, "eu-1")
 	if err != nil {
 		t.Fatal(err)
