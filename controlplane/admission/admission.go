@@ -203,17 +203,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
 			return err
 		}
-		prev, err := tx.NodeFindForRejoin(ctx, adm.Pool.ID, req.Facts.MachineID, req.Facts.Hostname)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-		case err != nil:
-			return err
-		default:
-			adm.Rejoined = true
-			if cert, err = a.bundle.IssueNode(req.CSR, prev.ID, opts); err != nil {
-				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
-			}
-		}
+		var prev *store.Node
 		nodeID := candidate
 		if prev != nil {
 			nodeID = prev.ID

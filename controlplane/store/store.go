@@ -273,9 +273,20 @@ type Node struct {
 	BootID          string
 	CertSerial      string
 	CertNotAfter    *time.Time
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	LastSeenAt      *time.Time
+	// KeySHA256 is the lower-case hex SHA-256 of the SubjectPublicKeyInfo
+	// of the key of the node's latest certificate (pki.KeySHA256): the only
+	// key re-attestation and a re-join by proof accept.
+	KeySHA256 string
+	// JoinTokenID is the id of the join token the node joined with last.
+	JoinTokenID string
+	// ClockSkew is the node's clock minus the gateway's, from its
+	// heartbeats (positive: the node runs ahead); nil until measured.
+	ClockSkew *time.Duration
+	// ClockSkewAt is when ClockSkew was measured, by the gateway's clock.
+	ClockSkewAt *time.Time
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	LastSeenAt  *time.Time
 }
 
 // NodeStore keeps nodes.
@@ -285,9 +296,25 @@ type NodeStore interface {
 	// history, state and labels.
 	NodeUpsert(ctx context.Context, p *NodeUpsertParams) (*Node, error)
 	NodeGet(ctx context.Context, id string) (*Node, error)
-	// NodeFindForRejoin returns the node of pool with this machine id, or
-	// failing that this hostname: a reinstalled machine keeps its id.
-	NodeFindForRejoin(ctx context.Context, poolID, machineID, hostname string) (*Node, error)
+	// NodeFindByHostname returns the oldest node of pool with hostname;
+	// ErrNotFound when there is none. A join uses it only to warn: a name
+	// never makes a machine an existing node (DESIGN.md, "Re-join needs
+	// proof, never a name").
+	NodeFindByHostname(ctx context.Context, poolID, hostname string) (*Node, error)
+	// NodeFindByJoinKey returns the node that joined with join token
+	// tokenID and whose latest key is keySHA256; ErrNotFound when there is
+	// none. A Join repeated after a lost reply finds its node with it.
+	NodeFindByJoinKey(ctx context.Context, tokenID, keySHA256 string) (*Node, error)
+	// NodeSetCertificate records a node's new certificate (renewal,
+	// re-attestation): serial, expiry and key hash. ErrNotFound for an
+	// unknown id.
+	NodeSetCertificate(ctx context.Context, p *NodeSetCertificateParams) error
+	// NodeSetClockSkew records a node's clock skew as measured at now.
+	// ErrNotFound for an unknown id.
+	NodeSetClockSkew(ctx context.Context, id string, skew time.Duration, now *time.Time) error
+	// NodeHostnameDuplicates lists the hostnames more than one node has,
+	// with their node ids, sorted by hostname; at most limit hostnames.
+	NodeHostnameDuplicates(ctx context.Context, limit int) ([]*HostnameDuplicate, error)
 	NodeList(ctx context.Context, p *NodeListParams) ([]*Node, error)
 	// NodeSetState moves a node to state; ErrNotFound for an unknown id.
 	NodeSetState(ctx context.Context, id, state string) error
@@ -343,7 +370,25 @@ type NodeUpsertParams struct {
 	Arch         string
 	CertSerial   string
 	CertNotAfter *time.Time
-	Now          *time.Time
+	// KeySHA256 and JoinTokenID replace the node's when not empty.
+	KeySHA256   string
+	JoinTokenID string
+	Now         *time.Time
+}
+
+// NodeSetCertificateParams are NodeSetCertificate's inputs.
+type NodeSetCertificateParams struct {
+	ID        string
+	Serial    string
+	NotAfter  time.Time
+	KeySHA256 string
+	Now       *time.Time
+}
+
+// HostnameDuplicate is a hostname that several nodes have.
+type HostnameDuplicate struct {
+	Hostname string
+	NodeIDs  []string // oldest first
 }
 
 // NodeListParams filter and page NodeList.
@@ -363,7 +408,10 @@ type JoinToken struct {
 	Uses        int
 	ExpiresAt   time.Time
 	RevokedAt   *time.Time
-	CreatedAt   time.Time
+	// NodeID is set on a token made by nodes reinstall: a machine that
+	// joins with it becomes that node, keeping its id, labels and history.
+	NodeID    string
+	CreatedAt time.Time
 }
 
 // JoinTokenStore keeps join tokens.
@@ -379,6 +427,11 @@ type JoinTokenStore interface {
 	// token with max-uses M < N get exactly M successes. Refusals are
 	// ErrTokenInvalid, ErrTokenExpired, ErrTokenRevoked or ErrTokenExhausted.
 	JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*JoinToken, error)
+	// JoinTokenCheck checks a token as JoinTokenConsume does, but uses
+	// nothing and accepts a token whose uses are all spent: a repeated
+	// Join of a node the token already admitted. Refusals are
+	// ErrTokenInvalid, ErrTokenExpired or ErrTokenRevoked.
+	JoinTokenCheck(ctx context.Context, id string, secretHash []byte, now *time.Time) (*JoinToken, error)
 }
 
 // JoinTokenCreateParams are JoinTokenCreate's inputs.
@@ -389,6 +442,8 @@ type JoinTokenCreateParams struct {
 	Description string
 	MaxUses     int
 	ExpiresAt   time.Time
+	// NodeID binds the token to an existing node (nodes reinstall).
+	NodeID string
 }
 
 // Gateway is a live or recently live gateway process.

@@ -311,14 +311,50 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	if !jsonEqual(t, got.Inventory, inv) {
 		t.Fatalf("inventory = %s", got.Inventory)
 	}
-	byMachine := must(h.Store.NodeFindForRejoin(ctx, pool.ID, "mid-1", "other-host"))
-	byHost := must(h.Store.NodeFindForRejoin(ctx, pool.ID, "unknown-mid", "gpu-01"))
-	if byMachine.ID != "node_a" || byHost.ID != "node_a" {
-		t.Fatal("NodeFindForRejoin did not find the node")
+	if byHost := must(h.Store.NodeFindByHostname(ctx, pool.ID, "gpu-01")); byHost.ID != "node_a" {
+		t.Fatalf("NodeFindByHostname found %s, want node_a", byHost.ID)
 	}
-	_, err := h.Store.NodeFindForRejoin(ctx, pool.ID, "nope", "nope")
+	_, err := h.Store.NodeFindByHostname(ctx, pool.ID, "nope")
 	wantErr(t, err, store.ErrNotFound)
+
+	// The join key: set by an upsert that names it, kept by one that
+	// does not, replaced by a new certificate.
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", CertSerial: "03",
+		KeySHA256: "k1", JoinTokenID: "jt_1"}))
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", CertSerial: "04"}))
+	if got := must(h.Store.NodeFindByJoinKey(ctx, "jt_1", "k1")); got.ID != "node_a" || got.KeySHA256 != "k1" || got.JoinTokenID != "jt_1" {
+		t.Fatalf("NodeFindByJoinKey = %+v", got)
+	}
+	for _, k := range [][2]string{{"jt_1", "k2"}, {"jt_2", "k1"}, {"", ""}} {
+		_, err := h.Store.NodeFindByJoinKey(ctx, k[0], k[1])
+		wantErr(t, err, store.ErrNotFound)
+	}
+	na := time.Now().UTC().Add(24 * time.Hour).Truncate(time.Second)
+	check(t, h.Store.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{ID: "node_a", Serial: "05", NotAfter: na, KeySHA256: "k2"}))
+	if got := must(h.Store.NodeGet(ctx, "node_a")); got.CertSerial != "05" || got.KeySHA256 != "k2" || got.CertNotAfter == nil || !got.CertNotAfter.Equal(na) {
+		t.Fatalf("after NodeSetCertificate: %+v", got)
+	}
+	wantErr(t, h.Store.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{ID: "node_missing", Serial: "1", NotAfter: na}), store.ErrNotFound)
+
+	// Clock skew, in milliseconds, negative when the node runs behind.
+	if got := must(h.Store.NodeGet(ctx, "node_a")); got.ClockSkew != nil {
+		t.Fatalf("clock skew before any measure: %v", *got.ClockSkew)
+	}
+	at := time.Now().UTC().Add(time.Minute).Truncate(time.Microsecond)
+	check(t, h.Store.NodeSetClockSkew(ctx, "node_a", -90*time.Second-250*time.Millisecond, &at))
+	if got := must(h.Store.NodeGet(ctx, "node_a")); got.ClockSkew == nil || *got.ClockSkew != -90250*time.Millisecond || got.ClockSkewAt == nil || !got.ClockSkewAt.Equal(at) {
+		t.Fatalf("clock skew = %v at %v", got.ClockSkew, got.ClockSkewAt)
+	}
+	wantErr(t, h.Store.NodeSetClockSkew(ctx, "node_missing", time.Second, nil), store.ErrNotFound)
+
 	addNode(ctx, t, h, pool, "node_b")
+	// Two nodes named alike: listed together, oldest first.
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_twin", PoolID: pool.ID, Hostname: "gpu-01"}))
+	dups := must(h.Store.NodeHostnameDuplicates(ctx, 10))
+	if len(dups) != 1 || dups[0].Hostname != "gpu-01" || !slices.Equal(dups[0].NodeIDs, []string{"node_a", "node_twin"}) {
+		t.Fatalf("duplicates = %+v", dups)
+	}
+	check(t, h.Store.NodeDelete(ctx, "node_twin"))
 	if missing := must(h.Store.NodesMissing(ctx, []string{"node_a", "node_x", "node_b", "node_y"})); !slices.Equal(missing, []string{"node_x", "node_y"}) {
 		t.Fatalf("missing = %v", missing)
 	}
@@ -361,6 +397,23 @@ func testJoinTokens(ctx context.Context, t *testing.T, h *Harness) {
 	must(h.Store.JoinTokenConsume(ctx, "jt1", hash, nil))
 	_, err = h.Store.JoinTokenConsume(ctx, "jt1", hash, nil)
 	wantErr(t, err, store.ErrTokenExhausted)
+	// A check uses nothing and accepts a used-up token, but nothing else.
+	if checked := must(h.Store.JoinTokenCheck(ctx, "jt1", hash, nil)); checked.Uses != 2 || checked.NodeID != "" {
+		t.Fatalf("checked = %+v", checked)
+	}
+	_, err = h.Store.JoinTokenCheck(ctx, "jt1", []byte("wrong"), nil)
+	wantErr(t, err, store.ErrTokenInvalid)
+	_, err = h.Store.JoinTokenCheck(ctx, "jt1", hash, at(3*time.Hour))
+	wantErr(t, err, store.ErrTokenExpired)
+	if got := must(h.Store.JoinTokenGet(ctx, "jt1")); got.Uses != 2 {
+		t.Fatalf("uses after checks = %d", got.Uses)
+	}
+	// A reinstall token names its node.
+	addNode(ctx, t, h, pool, "node_r")
+	if bound := must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: "jt3", SecretHash: hash, PoolID: pool.ID, MaxUses: 1,
+		ExpiresAt: now.Add(time.Hour), NodeID: "node_r"})); bound.NodeID != "node_r" {
+		t.Fatalf("reinstall token = %+v", bound)
+	}
 
 	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: "jt2", SecretHash: hash, PoolID: pool.ID, MaxUses: 5, ExpiresAt: now.Add(time.Hour)}))
 	check(t, h.Store.JoinTokenRevoke(ctx, "jt2"))
@@ -370,7 +423,7 @@ func testJoinTokens(ctx context.Context, t *testing.T, h *Harness) {
 	if got := must(h.Store.JoinTokenGet(ctx, "jt2")); got.RevokedAt == nil {
 		t.Fatal("revoked token has no revoked_at")
 	}
-	if list := must(h.Store.JoinTokenList(ctx, &store.ListParams{})); len(list) != 2 {
+	if list := must(h.Store.JoinTokenList(ctx, &store.ListParams{})); len(list) != 3 {
 		t.Fatalf("tokens = %d", len(list))
 	}
 }

@@ -57,6 +57,83 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// IdentityRefusal names why a gateway refused Renew, Reattest, a Join's
+// KeyProof or a session. It travels as the reason of a google.rpc.ErrorInfo
+// (domain "session.better-compute") in the status details, so a node can
+// tell an expired certificate from a revoked one without reading text.
+type IdentityRefusal int32
+
+const (
+	IdentityRefusal_IDENTITY_REFUSAL_UNSPECIFIED IdentityRefusal = 0
+	// The presented certificate is past its NotAfter by the gateway's clock.
+	IdentityRefusal_CERT_EXPIRED IdentityRefusal = 1
+	// The certificate's serial or the node is revoked: join again.
+	IdentityRefusal_REVOKED IdentityRefusal = 2
+	// The certificate names a node this deployment does not have (deleted).
+	IdentityRefusal_UNKNOWN_NODE IdentityRefusal = 3
+	// Re-attestation: the certificate expired longer ago than
+	// pki.reattestGrace; only a new join (or nodes reinstall) helps.
+	IdentityRefusal_GRACE_PASSED IdentityRefusal = 4
+	// The proof's key is not the key of the node's latest certificate.
+	IdentityRefusal_NOT_LATEST_KEY IdentityRefusal = 5
+	// The proof does not verify: a bad chain or signature, or a nonce that is
+	// stale or not of this connection (a replay).
+	IdentityRefusal_PROOF_INVALID IdentityRefusal = 6
+	// The certificate is not yet valid by the gateway's clock.
+	IdentityRefusal_CERT_NOT_YET_VALID IdentityRefusal = 7
+)
+
+// Enum value maps for IdentityRefusal.
+var (
+	IdentityRefusal_name = map[int32]string{
+		0: "IDENTITY_REFUSAL_UNSPECIFIED",
+		1: "CERT_EXPIRED",
+		2: "REVOKED",
+		3: "UNKNOWN_NODE",
+		4: "GRACE_PASSED",
+		5: "NOT_LATEST_KEY",
+		6: "PROOF_INVALID",
+		7: "CERT_NOT_YET_VALID",
+	}
+	IdentityRefusal_value = map[string]int32{
+		"IDENTITY_REFUSAL_UNSPECIFIED": 0,
+		"CERT_EXPIRED":                 1,
+		"REVOKED":                      2,
+		"UNKNOWN_NODE":                 3,
+		"GRACE_PASSED":                 4,
+		"NOT_LATEST_KEY":               5,
+		"PROOF_INVALID":                6,
+		"CERT_NOT_YET_VALID":           7,
+	}
+)
+
+func (x IdentityRefusal) Enum() *IdentityRefusal {
+	p := new(IdentityRefusal)
+	*p = x
+	return p
+}
+
+func (x IdentityRefusal) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IdentityRefusal) Descriptor() protoreflect.EnumDescriptor {
+	return file_session_v1_session_proto_enumTypes[0].Descriptor()
+}
+
+func (IdentityRefusal) Type() protoreflect.EnumType {
+	return &file_session_v1_session_proto_enumTypes[0]
+}
+
+func (x IdentityRefusal) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IdentityRefusal.Descriptor instead.
+func (IdentityRefusal) EnumDescriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{0}
+}
+
 // MIGMode is a GPU's Multi-Instance GPU mode.
 type MIGMode int32
 
@@ -98,11 +175,11 @@ func (x MIGMode) String() string {
 }
 
 func (MIGMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_session_v1_session_proto_enumTypes[0].Descriptor()
+	return file_session_v1_session_proto_enumTypes[1].Descriptor()
 }
 
 func (MIGMode) Type() protoreflect.EnumType {
-	return &file_session_v1_session_proto_enumTypes[0]
+	return &file_session_v1_session_proto_enumTypes[1]
 }
 
 func (x MIGMode) Number() protoreflect.EnumNumber {
@@ -111,7 +188,7 @@ func (x MIGMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use MIGMode.Descriptor instead.
 func (MIGMode) EnumDescriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{0}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{1}
 }
 
 // GPUHealthState is the overall health of a GPU.
@@ -155,11 +232,11 @@ func (x GPUHealthState) String() string {
 }
 
 func (GPUHealthState) Descriptor() protoreflect.EnumDescriptor {
-	return file_session_v1_session_proto_enumTypes[1].Descriptor()
+	return file_session_v1_session_proto_enumTypes[2].Descriptor()
 }
 
 func (GPUHealthState) Type() protoreflect.EnumType {
-	return &file_session_v1_session_proto_enumTypes[1]
+	return &file_session_v1_session_proto_enumTypes[2]
 }
 
 func (x GPUHealthState) Number() protoreflect.EnumNumber {
@@ -168,7 +245,7 @@ func (x GPUHealthState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use GPUHealthState.Descriptor instead.
 func (GPUHealthState) EnumDescriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{2}
 }
 
 // OutputStream names a process output stream.
@@ -208,11 +285,11 @@ func (x OutputStream) String() string {
 }
 
 func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
-	return file_session_v1_session_proto_enumTypes[2].Descriptor()
+	return file_session_v1_session_proto_enumTypes[3].Descriptor()
 }
 
 func (OutputStream) Type() protoreflect.EnumType {
-	return &file_session_v1_session_proto_enumTypes[2]
+	return &file_session_v1_session_proto_enumTypes[3]
 }
 
 func (x OutputStream) Number() protoreflect.EnumNumber {
@@ -221,7 +298,7 @@ func (x OutputStream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutputStream.Descriptor instead.
 func (OutputStream) EnumDescriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{3}
 }
 
 // CommandState is the terminal state of a command.
@@ -273,11 +350,11 @@ func (x CommandState) String() string {
 }
 
 func (CommandState) Descriptor() protoreflect.EnumDescriptor {
-	return file_session_v1_session_proto_enumTypes[3].Descriptor()
+	return file_session_v1_session_proto_enumTypes[4].Descriptor()
 }
 
 func (CommandState) Type() protoreflect.EnumType {
-	return &file_session_v1_session_proto_enumTypes[3]
+	return &file_session_v1_session_proto_enumTypes[4]
 }
 
 func (x CommandState) Number() protoreflect.EnumNumber {
@@ -286,7 +363,7 @@ func (x CommandState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CommandState.Descriptor instead.
 func (CommandState) EnumDescriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 // Severity grades an Event.
@@ -334,11 +411,11 @@ func (x Severity) String() string {
 }
 
 func (Severity) Descriptor() protoreflect.EnumDescriptor {
-	return file_session_v1_session_proto_enumTypes[4].Descriptor()
+	return file_session_v1_session_proto_enumTypes[5].Descriptor()
 }
 
 func (Severity) Type() protoreflect.EnumType {
-	return &file_session_v1_session_proto_enumTypes[4]
+	return &file_session_v1_session_proto_enumTypes[5]
 }
 
 func (x Severity) Number() protoreflect.EnumNumber {
@@ -347,7 +424,238 @@ func (x Severity) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Severity.Descriptor instead.
 func (Severity) EnumDescriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{5}
+}
+
+// ChallengeRequest asks for a nonce. It has no fields.
+type ChallengeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChallengeRequest) Reset() {
+	*x = ChallengeRequest{}
+	mi := &file_session_v1_session_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChallengeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChallengeRequest) ProtoMessage() {}
+
+func (x *ChallengeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChallengeRequest.ProtoReflect.Descriptor instead.
+func (*ChallengeRequest) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{0}
+}
+
+// ChallengeResponse carries a nonce for a KeyProof.
+type ChallengeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Opaque to the node, at most 64 bytes; signed over in KeyProof.signature.
+	Nonce []byte `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// The gateway's clock when it answered.
+	ServerTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	// How long the nonce is accepted.
+	ValidFor      *durationpb.Duration `protobuf:"bytes,3,opt,name=valid_for,json=validFor,proto3" json:"valid_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChallengeResponse) Reset() {
+	*x = ChallengeResponse{}
+	mi := &file_session_v1_session_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChallengeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChallengeResponse) ProtoMessage() {}
+
+func (x *ChallengeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChallengeResponse.ProtoReflect.Descriptor instead.
+func (*ChallengeResponse) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ChallengeResponse) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *ChallengeResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *ChallengeResponse) GetValidFor() *durationpb.Duration {
+	if x != nil {
+		return x.ValidFor
+	}
+	return nil
+}
+
+// KeyProof proves possession of a node's key on one TLS connection.
+//
+// signature is ASN.1 ECDSA (or Ed25519) over SHA-256 of the bytes
+//
+//	context || 0x00 || nonce || exporter
+//
+// where context is "better-compute reattest v1" for Reattest and
+// "better-compute rejoin v1" for Join, nonce is ChallengeResponse.nonce, and
+// exporter is 32 bytes of the TLS exporter (RFC 8446 §7.5, label
+// "EXPORTER-better-compute-key-proof", no context) of the connection the
+// call is made on.
+type KeyProof struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's latest certificate chain, DER-encoded, leaf first; the leaf
+	// may have expired.
+	CertificateChain [][]byte `protobuf:"bytes,1,rep,name=certificate_chain,json=certificateChain,proto3" json:"certificate_chain,omitempty"`
+	// ChallengeResponse.nonce from this connection.
+	Nonce []byte `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// Signature by the leaf's key, as described above.
+	Signature     []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyProof) Reset() {
+	*x = KeyProof{}
+	mi := &file_session_v1_session_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyProof) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyProof) ProtoMessage() {}
+
+func (x *KeyProof) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyProof.ProtoReflect.Descriptor instead.
+func (*KeyProof) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *KeyProof) GetCertificateChain() [][]byte {
+	if x != nil {
+		return x.CertificateChain
+	}
+	return nil
+}
+
+func (x *KeyProof) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *KeyProof) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// ReattestRequest asks for a certificate after an outage.
+type ReattestRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Proof of the key of the node's latest (expired) certificate.
+	Proof *KeyProof `protobuf:"bytes,1,opt,name=proof,proto3" json:"proof,omitempty"`
+	// DER-encoded PKCS#10 request for the key the new certificate is for.
+	Csr           []byte `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReattestRequest) Reset() {
+	*x = ReattestRequest{}
+	mi := &file_session_v1_session_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReattestRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReattestRequest) ProtoMessage() {}
+
+func (x *ReattestRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReattestRequest.ProtoReflect.Descriptor instead.
+func (*ReattestRequest) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReattestRequest) GetProof() *KeyProof {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+func (x *ReattestRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
 }
 
 // JoinRequest is the node's first call.
@@ -361,14 +669,19 @@ type JoinRequest struct {
 	Csr []byte `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
 	// What the node says about itself; used to name and place it, not trusted
 	// for authorisation.
-	Facts         *NodeFacts `protobuf:"bytes,3,opt,name=facts,proto3" json:"facts,omitempty"`
+	Facts *NodeFacts `protobuf:"bytes,3,opt,name=facts,proto3" json:"facts,omitempty"`
+	// Set when the machine still has a node's key: proof of that key over a
+	// Challenge nonce of this connection. A join matches an existing node only
+	// with such a proof or with a token made for that node (nodes reinstall);
+	// never by hostname or machine id.
+	Proof         *KeyProof `protobuf:"bytes,4,opt,name=proof,proto3" json:"proof,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_session_v1_session_proto_msgTypes[0]
+	mi := &file_session_v1_session_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +693,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[0]
+	mi := &file_session_v1_session_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +706,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{0}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -413,6 +726,13 @@ func (x *JoinRequest) GetCsr() []byte {
 func (x *JoinRequest) GetFacts() *NodeFacts {
 	if x != nil {
 		return x.Facts
+	}
+	return nil
+}
+
+func (x *JoinRequest) GetProof() *KeyProof {
+	if x != nil {
+		return x.Proof
 	}
 	return nil
 }
@@ -443,7 +763,7 @@ type NodeFacts struct {
 
 func (x *NodeFacts) Reset() {
 	*x = NodeFacts{}
-	mi := &file_session_v1_session_proto_msgTypes[1]
+	mi := &file_session_v1_session_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -455,7 +775,7 @@ func (x *NodeFacts) String() string {
 func (*NodeFacts) ProtoMessage() {}
 
 func (x *NodeFacts) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[1]
+	mi := &file_session_v1_session_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -468,7 +788,7 @@ func (x *NodeFacts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeFacts.ProtoReflect.Descriptor instead.
 func (*NodeFacts) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{1}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeFacts) GetHostname() string {
@@ -545,14 +865,29 @@ type JoinResponse struct {
 	// Site of that pool.
 	SiteId string `protobuf:"bytes,9,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
 	// Region of that site; the gateways listed serve this region.
-	Region        string `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
+	Region string `protobuf:"bytes,10,opt,name=region,proto3" json:"region,omitempty"`
+	// The gateway's clock when it answered. The node judges the issued
+	// certificate by it and logs the skew when its own clock disagrees.
+	ServerTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	// Things the person running the join should know, for example that
+	// another node already has this hostname. Printed by bcd join.
+	Warnings []string `protobuf:"bytes,12,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// The join took an existing node's id: by a KeyProof of its current key,
+	// or a token made for it (nodes reinstall).
+	Rejoined bool `protobuf:"varint,13,opt,name=rejoined,proto3" json:"rejoined,omitempty"`
+	// The same token and key joined before (a lost reply): this answer names
+	// the same node, with a fresh certificate, and used no further token use.
+	Repeated bool `protobuf:"varint,14,opt,name=repeated,proto3" json:"repeated,omitempty"`
+	// How long after the certificate's expiry Reattest still renews it
+	// (pki.reattestGrace); zero when re-attestation is off.
+	ReattestGrace *durationpb.Duration `protobuf:"bytes,15,opt,name=reattest_grace,json=reattestGrace,proto3" json:"reattest_grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_session_v1_session_proto_msgTypes[2]
+	mi := &file_session_v1_session_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +899,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[2]
+	mi := &file_session_v1_session_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +912,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{2}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JoinResponse) GetNodeId() string {
@@ -650,6 +985,41 @@ func (x *JoinResponse) GetRegion() string {
 	return ""
 }
 
+func (x *JoinResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+func (x *JoinResponse) GetRejoined() bool {
+	if x != nil {
+		return x.Rejoined
+	}
+	return false
+}
+
+func (x *JoinResponse) GetRepeated() bool {
+	if x != nil {
+		return x.Repeated
+	}
+	return false
+}
+
+func (x *JoinResponse) GetReattestGrace() *durationpb.Duration {
+	if x != nil {
+		return x.ReattestGrace
+	}
+	return nil
+}
+
 // RenewRequest asks for a new certificate.
 type RenewRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -662,7 +1032,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_session_v1_session_proto_msgTypes[3]
+	mi := &file_session_v1_session_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +1044,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[3]
+	mi := &file_session_v1_session_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +1057,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{3}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewRequest) GetCsr() []byte {
@@ -705,14 +1075,19 @@ type RenewResponse struct {
 	// The current node CA roots, DER-encoded; replaces the node's stored set.
 	NodeCaRoots [][]byte `protobuf:"bytes,2,rep,name=node_ca_roots,json=nodeCaRoots,proto3" json:"node_ca_roots,omitempty"`
 	// When the node should call Renew next.
-	RenewAfter    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=renew_after,json=renewAfter,proto3" json:"renew_after,omitempty"`
+	RenewAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=renew_after,json=renewAfter,proto3" json:"renew_after,omitempty"`
+	// The gateway's clock when it answered.
+	ServerTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	// How long after the certificate's expiry Reattest still renews it
+	// (pki.reattestGrace); zero when re-attestation is off.
+	ReattestGrace *durationpb.Duration `protobuf:"bytes,5,opt,name=reattest_grace,json=reattestGrace,proto3" json:"reattest_grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_session_v1_session_proto_msgTypes[4]
+	mi := &file_session_v1_session_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +1099,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[4]
+	mi := &file_session_v1_session_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +1112,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{4}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RenewResponse) GetCertificateChain() [][]byte {
@@ -761,6 +1136,20 @@ func (x *RenewResponse) GetRenewAfter() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *RenewResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *RenewResponse) GetReattestGrace() *durationpb.Duration {
+	if x != nil {
+		return x.ReattestGrace
+	}
+	return nil
+}
+
 // SecretRequest names the secret the node wants.
 type SecretRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -772,7 +1161,7 @@ type SecretRequest struct {
 
 func (x *SecretRequest) Reset() {
 	*x = SecretRequest{}
-	mi := &file_session_v1_session_proto_msgTypes[5]
+	mi := &file_session_v1_session_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -784,7 +1173,7 @@ func (x *SecretRequest) String() string {
 func (*SecretRequest) ProtoMessage() {}
 
 func (x *SecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[5]
+	mi := &file_session_v1_session_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -797,7 +1186,7 @@ func (x *SecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretRequest.ProtoReflect.Descriptor instead.
 func (*SecretRequest) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{5}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SecretRequest) GetName() string {
@@ -824,7 +1213,7 @@ type SecretResponse struct {
 
 func (x *SecretResponse) Reset() {
 	*x = SecretResponse{}
-	mi := &file_session_v1_session_proto_msgTypes[6]
+	mi := &file_session_v1_session_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +1225,7 @@ func (x *SecretResponse) String() string {
 func (*SecretResponse) ProtoMessage() {}
 
 func (x *SecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[6]
+	mi := &file_session_v1_session_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +1238,7 @@ func (x *SecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecretResponse.ProtoReflect.Descriptor instead.
 func (*SecretResponse) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{6}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SecretResponse) GetName() string {
@@ -897,7 +1286,7 @@ type NodeMessage struct {
 
 func (x *NodeMessage) Reset() {
 	*x = NodeMessage{}
-	mi := &file_session_v1_session_proto_msgTypes[7]
+	mi := &file_session_v1_session_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1298,7 @@ func (x *NodeMessage) String() string {
 func (*NodeMessage) ProtoMessage() {}
 
 func (x *NodeMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[7]
+	mi := &file_session_v1_session_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1311,7 @@ func (x *NodeMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMessage.ProtoReflect.Descriptor instead.
 func (*NodeMessage) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{7}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeMessage) GetSeq() uint64 {
@@ -1049,7 +1438,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_session_v1_session_proto_msgTypes[8]
+	mi := &file_session_v1_session_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1450,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[8]
+	mi := &file_session_v1_session_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1463,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{8}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GatewayMessage) GetSeq() uint64 {
@@ -1205,7 +1594,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_session_v1_session_proto_msgTypes[9]
+	mi := &file_session_v1_session_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1606,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[9]
+	mi := &file_session_v1_session_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1619,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{9}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Hello) GetBcdVersion() string {
@@ -1304,7 +1693,7 @@ type ResumeCursor struct {
 
 func (x *ResumeCursor) Reset() {
 	*x = ResumeCursor{}
-	mi := &file_session_v1_session_proto_msgTypes[10]
+	mi := &file_session_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1705,7 @@ func (x *ResumeCursor) String() string {
 func (*ResumeCursor) ProtoMessage() {}
 
 func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[10]
+	mi := &file_session_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1718,7 @@ func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCursor.ProtoReflect.Descriptor instead.
 func (*ResumeCursor) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{10}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ResumeCursor) GetSessionId() string {
@@ -1362,14 +1751,17 @@ type Welcome struct {
 	// The node's id, as read from its client certificate.
 	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Id of the gateway holding the session (its `gateway:<id>` lease).
-	GatewayId     string `protobuf:"bytes,6,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	GatewayId string `protobuf:"bytes,6,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
+	// Public URLs of the region's live gateways, this one first. The node
+	// keeps the latest list with its identity and fails over along it.
+	Gateways      []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_session_v1_session_proto_msgTypes[11]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1773,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[11]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1786,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -1439,6 +1831,13 @@ func (x *Welcome) GetGatewayId() string {
 	return ""
 }
 
+func (x *Welcome) GetGateways() []string {
+	if x != nil {
+		return x.Gateways
+	}
+	return nil
+}
+
 // Heartbeat tells the gateway the node is alive, with cheap live readings.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1465,7 +1864,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[12]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1876,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[12]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1889,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -1574,7 +1973,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1985,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1998,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -1673,7 +2072,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +2084,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +2097,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -1790,7 +2189,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +2201,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +2214,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CPU) GetModel() string {
@@ -1866,7 +2265,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2277,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2290,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -1927,7 +2326,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2338,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2351,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Disk) GetName() string {
@@ -2009,7 +2408,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2420,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2433,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *NIC) GetName() string {
@@ -2087,7 +2486,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2498,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2511,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *OS) GetName() string {
@@ -2153,7 +2552,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2165,7 +2564,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2178,7 +2577,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -2270,7 +2669,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2681,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2694,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -2501,7 +2900,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2912,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2925,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -2588,7 +2987,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2600,7 +2999,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2613,7 +3012,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -2658,7 +3057,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +3069,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +3082,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -2717,7 +3116,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +3128,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +3141,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -2807,7 +3206,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +3218,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +3231,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Command) GetId() string {
@@ -2967,7 +3366,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3378,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3391,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -3054,7 +3453,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3066,7 +3465,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3079,7 +3478,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -3111,7 +3510,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3522,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3535,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -3177,7 +3576,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3189,7 +3588,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3202,7 +3601,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3232,7 +3631,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3244,7 +3643,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3257,7 +3656,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -3291,7 +3690,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3303,7 +3702,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3316,7 +3715,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -3352,7 +3751,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3763,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3776,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Revoked) GetReason() string {
@@ -3410,7 +3809,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3821,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3834,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -3538,7 +3937,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3550,7 +3949,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3563,7 +3962,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -3586,7 +3985,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3598,7 +3997,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +4010,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -3645,7 +4044,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +4056,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +4069,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -3720,7 +4119,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3732,7 +4131,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3745,7 +4144,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -3821,7 +4220,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3833,7 +4232,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3846,7 +4245,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Event) GetKind() string {
@@ -3902,11 +4301,25 @@ var File_session_v1_session_proto protoreflect.FileDescriptor
 
 const file_session_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x18session/v1/session.proto\x12\x18bettercompute.session.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"p\n" +
+	"\x18session/v1/session.proto\x12\x18bettercompute.session.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x10ChallengeRequest\"\x9e\x01\n" +
+	"\x11ChallengeResponse\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\x12;\n" +
+	"\vserver_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x126\n" +
+	"\tvalid_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bvalidFor\"k\n" +
+	"\bKeyProof\x12+\n" +
+	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12\x14\n" +
+	"\x05nonce\x18\x02 \x01(\fR\x05nonce\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"]\n" +
+	"\x0fReattestRequest\x128\n" +
+	"\x05proof\x18\x01 \x01(\v2\".bettercompute.session.v1.KeyProofR\x05proof\x12\x10\n" +
+	"\x03csr\x18\x02 \x01(\fR\x03csr\"\xaa\x01\n" +
 	"\vJoinRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x129\n" +
-	"\x05facts\x18\x03 \x01(\v2#.bettercompute.session.v1.NodeFactsR\x05facts\"\xa8\x02\n" +
+	"\x05facts\x18\x03 \x01(\v2#.bettercompute.session.v1.NodeFactsR\x05facts\x128\n" +
+	"\x05proof\x18\x04 \x01(\v2\".bettercompute.session.v1.KeyProofR\x05proof\"\xa8\x02\n" +
 	"\tNodeFacts\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
@@ -3919,7 +4332,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x06labels\x18\a \x03(\v2/.bettercompute.session.v1.NodeFacts.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x04\n" +
 	"\fJoinResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11certificate_chain\x18\x02 \x03(\fR\x10certificateChain\x12\"\n" +
@@ -3932,14 +4345,23 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\apool_id\x18\b \x01(\tR\x06poolId\x12\x17\n" +
 	"\asite_id\x18\t \x01(\tR\x06siteId\x12\x16\n" +
 	"\x06region\x18\n" +
-	" \x01(\tR\x06region\" \n" +
+	" \x01(\tR\x06region\x12;\n" +
+	"\vserver_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x12\x1a\n" +
+	"\bwarnings\x18\f \x03(\tR\bwarnings\x12\x1a\n" +
+	"\brejoined\x18\r \x01(\bR\brejoined\x12\x1a\n" +
+	"\brepeated\x18\x0e \x01(\bR\brepeated\x12@\n" +
+	"\x0ereattest_grace\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\rreattestGrace\" \n" +
 	"\fRenewRequest\x12\x10\n" +
-	"\x03csr\x18\x01 \x01(\fR\x03csr\"\x9d\x01\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\"\x9c\x02\n" +
 	"\rRenewResponse\x12+\n" +
 	"\x11certificate_chain\x18\x01 \x03(\fR\x10certificateChain\x12\"\n" +
 	"\rnode_ca_roots\x18\x02 \x03(\fR\vnodeCaRoots\x12;\n" +
 	"\vrenew_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"renewAfter\"#\n" +
+	"renewAfter\x12;\n" +
+	"\vserver_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x12@\n" +
+	"\x0ereattest_grace\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\rreattestGrace\"#\n" +
 	"\rSecretRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"u\n" +
 	"\x0eSecretResponse\x12\x12\n" +
@@ -3978,7 +4400,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fResumeCursor\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12(\n" +
-	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\x8b\x02\n" +
+	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\xa7\x02\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12H\n" +
@@ -3988,7 +4410,8 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12\x17\n" +
 	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
-	"gateway_id\x18\x06 \x01(\tR\tgatewayId\"\xbc\x02\n" +
+	"gateway_id\x18\x06 \x01(\tR\tgatewayId\x12\x1a\n" +
+	"\bgateways\x18\a \x03(\tR\bgateways\"\xbc\x02\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12)\n" +
 	"\x10inventory_digest\x18\x02 \x01(\tR\x0finventoryDigest\x12.\n" +
@@ -4195,7 +4618,16 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"attributes\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*j\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb5\x01\n" +
+	"\x0fIdentityRefusal\x12 \n" +
+	"\x1cIDENTITY_REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fCERT_EXPIRED\x10\x01\x12\v\n" +
+	"\aREVOKED\x10\x02\x12\x10\n" +
+	"\fUNKNOWN_NODE\x10\x03\x12\x10\n" +
+	"\fGRACE_PASSED\x10\x04\x12\x12\n" +
+	"\x0eNOT_LATEST_KEY\x10\x05\x12\x11\n" +
+	"\rPROOF_INVALID\x10\x06\x12\x16\n" +
+	"\x12CERT_NOT_YET_VALID\x10\a*j\n" +
 	"\aMIGMode\x12\x18\n" +
 	"\x14MIG_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14MIG_MODE_UNSUPPORTED\x10\x01\x12\x15\n" +
@@ -4222,11 +4654,13 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\rSEVERITY_INFO\x10\x01\x12\x14\n" +
 	"\x10SEVERITY_WARNING\x10\x02\x12\x12\n" +
 	"\x0eSEVERITY_ERROR\x10\x03\x12\x15\n" +
-	"\x11SEVERITY_CRITICAL\x10\x042\x9b\x02\n" +
+	"\x11SEVERITY_CRITICAL\x10\x042\xe1\x03\n" +
 	"\vJoinService\x12U\n" +
 	"\x04Join\x12%.bettercompute.session.v1.JoinRequest\x1a&.bettercompute.session.v1.JoinResponse\x12X\n" +
 	"\x05Renew\x12&.bettercompute.session.v1.RenewRequest\x1a'.bettercompute.session.v1.RenewResponse\x12[\n" +
-	"\x06Secret\x12'.bettercompute.session.v1.SecretRequest\x1a(.bettercompute.session.v1.SecretResponse2p\n" +
+	"\x06Secret\x12'.bettercompute.session.v1.SecretRequest\x1a(.bettercompute.session.v1.SecretResponse\x12d\n" +
+	"\tChallenge\x12*.bettercompute.session.v1.ChallengeRequest\x1a+.bettercompute.session.v1.ChallengeResponse\x12^\n" +
+	"\bReattest\x12).bettercompute.session.v1.ReattestRequest\x1a'.bettercompute.session.v1.RenewResponse2p\n" +
 	"\x0eSessionService\x12^\n" +
 	"\aConnect\x12%.bettercompute.session.v1.NodeMessage\x1a(.bettercompute.session.v1.GatewayMessage(\x010\x01BEZCgithub.com/better-compute/better-compute/proto/session/v1;sessionv1b\x06proto3"
 
@@ -4242,130 +4676,147 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 	return file_session_v1_session_proto_rawDescData
 }
 
-var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_session_v1_session_proto_goTypes = []any{
-	(MIGMode)(0),                  // 0: bettercompute.session.v1.MIGMode
-	(GPUHealthState)(0),           // 1: bettercompute.session.v1.GPUHealthState
-	(OutputStream)(0),             // 2: bettercompute.session.v1.OutputStream
-	(CommandState)(0),             // 3: bettercompute.session.v1.CommandState
-	(Severity)(0),                 // 4: bettercompute.session.v1.Severity
-	(*JoinRequest)(nil),           // 5: bettercompute.session.v1.JoinRequest
-	(*NodeFacts)(nil),             // 6: bettercompute.session.v1.NodeFacts
-	(*JoinResponse)(nil),          // 7: bettercompute.session.v1.JoinResponse
-	(*RenewRequest)(nil),          // 8: bettercompute.session.v1.RenewRequest
-	(*RenewResponse)(nil),         // 9: bettercompute.session.v1.RenewResponse
-	(*SecretRequest)(nil),         // 10: bettercompute.session.v1.SecretRequest
-	(*SecretResponse)(nil),        // 11: bettercompute.session.v1.SecretResponse
-	(*NodeMessage)(nil),           // 12: bettercompute.session.v1.NodeMessage
-	(*GatewayMessage)(nil),        // 13: bettercompute.session.v1.GatewayMessage
-	(*Hello)(nil),                 // 14: bettercompute.session.v1.Hello
-	(*ResumeCursor)(nil),          // 15: bettercompute.session.v1.ResumeCursor
-	(*Welcome)(nil),               // 16: bettercompute.session.v1.Welcome
-	(*Heartbeat)(nil),             // 17: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 18: bettercompute.session.v1.Inventory
-	(*HostInfo)(nil),              // 19: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 20: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 21: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 22: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 23: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 24: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 25: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 26: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 27: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 28: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 29: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 30: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 31: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 32: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 33: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 34: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 35: bettercompute.session.v1.UpgradeSpec
-	(*Cancel)(nil),                // 36: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 37: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 38: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 39: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 40: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 41: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 42: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 43: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 44: bettercompute.session.v1.Event
-	nil,                           // 45: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 46: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 47: bettercompute.session.v1.Event.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 48: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
+	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
+	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
+	(GPUHealthState)(0),           // 2: bettercompute.session.v1.GPUHealthState
+	(OutputStream)(0),             // 3: bettercompute.session.v1.OutputStream
+	(CommandState)(0),             // 4: bettercompute.session.v1.CommandState
+	(Severity)(0),                 // 5: bettercompute.session.v1.Severity
+	(*ChallengeRequest)(nil),      // 6: bettercompute.session.v1.ChallengeRequest
+	(*ChallengeResponse)(nil),     // 7: bettercompute.session.v1.ChallengeResponse
+	(*KeyProof)(nil),              // 8: bettercompute.session.v1.KeyProof
+	(*ReattestRequest)(nil),       // 9: bettercompute.session.v1.ReattestRequest
+	(*JoinRequest)(nil),           // 10: bettercompute.session.v1.JoinRequest
+	(*NodeFacts)(nil),             // 11: bettercompute.session.v1.NodeFacts
+	(*JoinResponse)(nil),          // 12: bettercompute.session.v1.JoinResponse
+	(*RenewRequest)(nil),          // 13: bettercompute.session.v1.RenewRequest
+	(*RenewResponse)(nil),         // 14: bettercompute.session.v1.RenewResponse
+	(*SecretRequest)(nil),         // 15: bettercompute.session.v1.SecretRequest
+	(*SecretResponse)(nil),        // 16: bettercompute.session.v1.SecretResponse
+	(*NodeMessage)(nil),           // 17: bettercompute.session.v1.NodeMessage
+	(*GatewayMessage)(nil),        // 18: bettercompute.session.v1.GatewayMessage
+	(*Hello)(nil),                 // 19: bettercompute.session.v1.Hello
+	(*ResumeCursor)(nil),          // 20: bettercompute.session.v1.ResumeCursor
+	(*Welcome)(nil),               // 21: bettercompute.session.v1.Welcome
+	(*Heartbeat)(nil),             // 22: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 23: bettercompute.session.v1.Inventory
+	(*HostInfo)(nil),              // 24: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 25: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 26: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 27: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 28: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 29: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 30: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 31: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 32: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 33: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 34: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 35: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 36: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 37: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 38: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 39: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 40: bettercompute.session.v1.UpgradeSpec
+	(*Cancel)(nil),                // 41: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 42: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 43: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 44: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 45: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 46: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 47: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 48: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 49: bettercompute.session.v1.Event
+	nil,                           // 50: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 51: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 52: bettercompute.session.v1.Event.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 53: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	6,  // 0: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
-	45, // 1: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	48, // 2: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	48, // 3: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	48, // 4: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // 5: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	17, // 6: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	18, // 7: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	39, // 8: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	44, // 9: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	16, // 10: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	31, // 11: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	36, // 12: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	37, // 13: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	38, // 14: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
-	15, // 15: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	43, // 16: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	49, // 17: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	48, // 18: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	48, // 19: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	19, // 20: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	26, // 21: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	30, // 22: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	48, // 23: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	24, // 24: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	20, // 25: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	21, // 26: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	22, // 27: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	23, // 28: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	25, // 29: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	0,  // 30: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	0,  // 31: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	27, // 32: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	28, // 33: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	29, // 34: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	1,  // 35: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	48, // 36: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	32, // 37: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	33, // 38: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	34, // 39: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	35, // 40: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	46, // 41: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	49, // 42: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	49, // 43: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	40, // 44: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	41, // 45: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	42, // 46: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	43, // 47: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	48, // 48: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	48, // 49: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 50: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	3,  // 51: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	48, // 52: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	48, // 53: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	4,  // 54: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	47, // 55: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	5,  // 56: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	8,  // 57: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	10, // 58: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	12, // 59: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	7,  // 60: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	9,  // 61: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	11, // 62: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	13, // 63: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	60, // [60:64] is the sub-list for method output_type
-	56, // [56:60] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	53, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	54, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
+	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
+	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
+	50, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	53, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	53, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	54, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	53, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	53, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	54, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	53, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 13: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
+	22, // 14: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	23, // 15: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	44, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	49, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	21, // 18: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	36, // 19: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	41, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	42, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	43, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	20, // 23: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	48, // 24: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	54, // 25: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	53, // 26: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	53, // 27: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	24, // 28: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	31, // 29: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	35, // 30: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	53, // 31: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	29, // 32: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	25, // 33: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	26, // 34: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	27, // 35: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	28, // 36: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	30, // 37: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,  // 38: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,  // 39: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	32, // 40: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	33, // 41: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	34, // 42: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,  // 43: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	53, // 44: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	37, // 45: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	38, // 46: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	39, // 47: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	40, // 48: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	51, // 49: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	54, // 50: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	54, // 51: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	45, // 52: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	46, // 53: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	47, // 54: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	48, // 55: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	53, // 56: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	53, // 57: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 58: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,  // 59: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	53, // 60: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	53, // 61: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 62: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	52, // 63: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	10, // 64: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 65: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 66: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 67: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 68: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	17, // 69: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	12, // 70: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 71: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 72: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 73: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 74: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	18, // 75: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	70, // [70:76] is the sub-list for method output_type
+	64, // [64:70] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -4373,27 +4824,27 @@ func file_session_v1_session_proto_init() {
 	if File_session_v1_session_proto != nil {
 		return
 	}
-	file_session_v1_session_proto_msgTypes[7].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[11].OneofWrappers = []any{
 		(*NodeMessage_Hello)(nil),
 		(*NodeMessage_Heartbeat)(nil),
 		(*NodeMessage_Inventory)(nil),
 		(*NodeMessage_CommandUpdate)(nil),
 		(*NodeMessage_Event)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[8].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[12].OneofWrappers = []any{
 		(*GatewayMessage_Welcome)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_Drain)(nil),
 		(*GatewayMessage_Revoked)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[26].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[30].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[34].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[38].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
@@ -4404,8 +4855,8 @@ func file_session_v1_session_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   43,
+			NumEnums:      6,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

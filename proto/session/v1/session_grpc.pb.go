@@ -53,9 +53,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JoinService_Join_FullMethodName   = "/bettercompute.session.v1.JoinService/Join"
-	JoinService_Renew_FullMethodName  = "/bettercompute.session.v1.JoinService/Renew"
-	JoinService_Secret_FullMethodName = "/bettercompute.session.v1.JoinService/Secret"
+	JoinService_Join_FullMethodName      = "/bettercompute.session.v1.JoinService/Join"
+	JoinService_Renew_FullMethodName     = "/bettercompute.session.v1.JoinService/Renew"
+	JoinService_Secret_FullMethodName    = "/bettercompute.session.v1.JoinService/Secret"
+	JoinService_Challenge_FullMethodName = "/bettercompute.session.v1.JoinService/Challenge"
+	JoinService_Reattest_FullMethodName  = "/bettercompute.session.v1.JoinService/Reattest"
 )
 
 // JoinServiceClient is the client API for JoinService service.
@@ -72,13 +74,33 @@ type JoinServiceClient interface {
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	// Renew issues a new certificate for the calling node. Mutual TLS with the
 	// node's current, unexpired certificate; the node id is taken from that
-	// certificate, never from the request. Errors: UNAUTHENTICATED when the
-	// certificate is revoked; INVALID_ARGUMENT for a malformed CSR.
+	// certificate, never from the request. A node renews any number of times
+	// in one session, each time on a connection of its own that presents its
+	// current certificate. Errors: UNAUTHENTICATED with reason CERT_EXPIRED or
+	// CERT_NOT_YET_VALID; PERMISSION_DENIED with REVOKED or UNKNOWN_NODE;
+	// INVALID_ARGUMENT for a malformed CSR.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// Secret hands the calling node a named secret sealed for it (for example
 	// the credentials a BMC plugin needs). Mutual TLS. Errors: NOT_FOUND when the
 	// secret does not exist or is not granted to this node.
 	Secret(ctx context.Context, in *SecretRequest, opts ...grpc.CallOption) (*SecretResponse, error)
+	// Challenge hands out a fresh nonce bound to the calling TLS connection,
+	// for a KeyProof made on the same connection (Reattest, or Join with a
+	// proof). Server-authenticated TLS; no client certificate is needed. The
+	// nonce is good for ChallengeResponse.valid_for on this connection only:
+	// a proof replayed on another connection proves nothing.
+	Challenge(ctx context.Context, in *ChallengeRequest, opts ...grpc.CallOption) (*ChallengeResponse, error)
+	// Reattest issues a new certificate to a node whose certificate expired
+	// while it could not reach a gateway (DESIGN.md, "Identity over time").
+	// Server-authenticated TLS (the expired certificate is not presented in
+	// the handshake); the node proves its latest key with a KeyProof over a
+	// Challenge nonce of this connection. Refused with FAILED_PRECONDITION
+	// and reason GRACE_PASSED once the certificate expired longer ago than the
+	// deployment's pki.reattestGrace; PERMISSION_DENIED (REVOKED,
+	// UNKNOWN_NODE, NOT_LATEST_KEY) or UNAUTHENTICATED (PROOF_INVALID)
+	// otherwise. Every refusal carries a google.rpc.ErrorInfo whose reason is
+	// an IdentityRefusal name.
+	Reattest(ctx context.Context, in *ReattestRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 }
 
 type joinServiceClient struct {
@@ -119,6 +141,26 @@ func (c *joinServiceClient) Secret(ctx context.Context, in *SecretRequest, opts 
 	return out, nil
 }
 
+func (c *joinServiceClient) Challenge(ctx context.Context, in *ChallengeRequest, opts ...grpc.CallOption) (*ChallengeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChallengeResponse)
+	err := c.cc.Invoke(ctx, JoinService_Challenge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *joinServiceClient) Reattest(ctx context.Context, in *ReattestRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewResponse)
+	err := c.cc.Invoke(ctx, JoinService_Reattest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JoinServiceServer is the server API for JoinService service.
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
@@ -133,13 +175,33 @@ type JoinServiceServer interface {
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	// Renew issues a new certificate for the calling node. Mutual TLS with the
 	// node's current, unexpired certificate; the node id is taken from that
-	// certificate, never from the request. Errors: UNAUTHENTICATED when the
-	// certificate is revoked; INVALID_ARGUMENT for a malformed CSR.
+	// certificate, never from the request. A node renews any number of times
+	// in one session, each time on a connection of its own that presents its
+	// current certificate. Errors: UNAUTHENTICATED with reason CERT_EXPIRED or
+	// CERT_NOT_YET_VALID; PERMISSION_DENIED with REVOKED or UNKNOWN_NODE;
+	// INVALID_ARGUMENT for a malformed CSR.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// Secret hands the calling node a named secret sealed for it (for example
 	// the credentials a BMC plugin needs). Mutual TLS. Errors: NOT_FOUND when the
 	// secret does not exist or is not granted to this node.
 	Secret(context.Context, *SecretRequest) (*SecretResponse, error)
+	// Challenge hands out a fresh nonce bound to the calling TLS connection,
+	// for a KeyProof made on the same connection (Reattest, or Join with a
+	// proof). Server-authenticated TLS; no client certificate is needed. The
+	// nonce is good for ChallengeResponse.valid_for on this connection only:
+	// a proof replayed on another connection proves nothing.
+	Challenge(context.Context, *ChallengeRequest) (*ChallengeResponse, error)
+	// Reattest issues a new certificate to a node whose certificate expired
+	// while it could not reach a gateway (DESIGN.md, "Identity over time").
+	// Server-authenticated TLS (the expired certificate is not presented in
+	// the handshake); the node proves its latest key with a KeyProof over a
+	// Challenge nonce of this connection. Refused with FAILED_PRECONDITION
+	// and reason GRACE_PASSED once the certificate expired longer ago than the
+	// deployment's pki.reattestGrace; PERMISSION_DENIED (REVOKED,
+	// UNKNOWN_NODE, NOT_LATEST_KEY) or UNAUTHENTICATED (PROOF_INVALID)
+	// otherwise. Every refusal carries a google.rpc.ErrorInfo whose reason is
+	// an IdentityRefusal name.
+	Reattest(context.Context, *ReattestRequest) (*RenewResponse, error)
 	mustEmbedUnimplementedJoinServiceServer()
 }
 
@@ -158,6 +220,12 @@ func (UnimplementedJoinServiceServer) Renew(context.Context, *RenewRequest) (*Re
 }
 func (UnimplementedJoinServiceServer) Secret(context.Context, *SecretRequest) (*SecretResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Secret not implemented")
+}
+func (UnimplementedJoinServiceServer) Challenge(context.Context, *ChallengeRequest) (*ChallengeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Challenge not implemented")
+}
+func (UnimplementedJoinServiceServer) Reattest(context.Context, *ReattestRequest) (*RenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reattest not implemented")
 }
 func (UnimplementedJoinServiceServer) mustEmbedUnimplementedJoinServiceServer() {}
 func (UnimplementedJoinServiceServer) testEmbeddedByValue()                     {}
@@ -234,6 +302,42 @@ func _JoinService_Secret_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JoinService_Challenge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChallengeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).Challenge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_Challenge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).Challenge(ctx, req.(*ChallengeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _JoinService_Reattest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReattestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).Reattest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_Reattest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).Reattest(ctx, req.(*ReattestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JoinService_ServiceDesc is the grpc.ServiceDesc for JoinService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -252,6 +356,14 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Secret",
 			Handler:    _JoinService_Secret_Handler,
+		},
+		{
+			MethodName: "Challenge",
+			Handler:    _JoinService_Challenge_Handler,
+		},
+		{
+			MethodName: "Reattest",
+			Handler:    _JoinService_Reattest_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

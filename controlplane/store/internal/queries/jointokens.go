@@ -10,19 +10,19 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const joinTokenColumns = `id, pool_id, description, max_uses, uses, expires_at, revoked_at, created_at`
+const joinTokenColumns = `id, pool_id, description, max_uses, uses, expires_at, revoked_at, coalesce(node_id, ''), created_at`
 
 func scanJoinToken(r Row) (*store.JoinToken, error) {
 	t := &store.JoinToken{}
-	return t, r.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt)
+	return t, r.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.NodeID, &t.CreatedAt)
 }
 
 // JoinTokenCreate stores a token's hash and limits.
 func (s *Store) JoinTokenCreate(ctx context.Context, p *store.JoinTokenCreateParams) (*store.JoinToken, error) {
 	t, err := scanJoinToken(s.db.QueryRow(ctx, `INSERT INTO join_tokens
-		(id, secret_hash, pool_id, description, max_uses, expires_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now()) RETURNING `+joinTokenColumns,
-		p.ID, p.SecretHash, p.PoolID, p.Description, p.MaxUses, p.ExpiresAt))
+		(id, secret_hash, pool_id, description, max_uses, expires_at, node_id, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), now()) RETURNING `+joinTokenColumns,
+		p.ID, p.SecretHash, p.PoolID, p.Description, p.MaxUses, p.ExpiresAt, p.NodeID))
 	if err != nil {
 		return nil, s.wrap("create join token", err)
 	}
@@ -67,25 +67,47 @@ func (s *Store) JoinTokenConsume(ctx context.Context, id string, secretHash []by
 		return nil, s.wrap("consume join token", err)
 	}
 	// Refused: say why, reading the row as it is now.
+	return nil, s.joinTokenRefusal(ctx, id, secretHash, now, true)
+}
+
+// JoinTokenCheck checks a token without using it.
+func (s *Store) JoinTokenCheck(ctx context.Context, id string, secretHash []byte, now *time.Time) (*store.JoinToken, error) {
+	t, err := scanJoinToken(s.db.QueryRow(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens
+		WHERE id = $1 AND secret_hash = $2 AND revoked_at IS NULL AND expires_at > coalesce($3, now())`, id, secretHash, now))
+	if err == nil {
+		return t, nil
+	}
+	if !errors.Is(s.d.Translate(err), store.ErrNotFound) {
+		return nil, s.wrap("check join token", err)
+	}
+	return nil, s.joinTokenRefusal(ctx, id, secretHash, now, false)
+}
+
+// joinTokenRefusal says why a token was refused, reading its row as it is
+// now; exhausted counts only when counted is set.
+func (s *Store) joinTokenRefusal(ctx context.Context, id string, secretHash []byte, now *time.Time, counted bool) error {
 	var hash []byte
 	var expired bool
 	row := s.db.QueryRow(ctx, `SELECT `+joinTokenColumns+`, secret_hash, expires_at <= coalesce($2, now())
 		FROM join_tokens WHERE id = $1`, id, now)
-	t = &store.JoinToken{}
-	err = row.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt,
+	t := &store.JoinToken{}
+	err := row.Scan(&t.ID, &t.PoolID, &t.Description, &t.MaxUses, &t.Uses, &t.ExpiresAt, &t.RevokedAt, &t.NodeID, &t.CreatedAt,
 		&hash, &expired)
 	switch {
 	case errors.Is(s.d.Translate(err), store.ErrNotFound):
-		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
+		return fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
 	case err != nil:
-		return nil, s.wrap("consume join token", err)
+		return s.wrap("consume join token", err)
 	case subtle.ConstantTimeCompare(hash, secretHash) != 1:
-		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
+		return fmt.Errorf("consume join token: %w", store.ErrTokenInvalid)
 	case t.RevokedAt != nil:
-		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenRevoked)
+		return fmt.Errorf("consume join token: %w", store.ErrTokenRevoked)
 	case expired:
-		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenExpired)
+		return fmt.Errorf("consume join token: %w", store.ErrTokenExpired)
+	case counted:
+		return fmt.Errorf("consume join token: %w", store.ErrTokenExhausted)
 	default:
-		return nil, fmt.Errorf("consume join token: %w", store.ErrTokenExhausted)
+		// Changed between the two reads; say what the caller can act on.
+		return fmt.Errorf("check join token: %w", store.ErrTokenInvalid)
 	}
 }

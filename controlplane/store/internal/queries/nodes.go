@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -20,16 +21,23 @@ const nodeLastSeen = `coalesce((SELECT x.last_heartbeat_at FROM sessions x WHERE
 const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels, shard,
 	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id),
 	coalesce((SELECT i.digest FROM node_inventories i WHERE i.node_id = nodes.id), ''),
-	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, created_at, updated_at, ` + nodeLastSeen
+	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, key_sha256, join_token_id, clock_skew_ms, clock_skew_at,
+	created_at, updated_at, ` + nodeLastSeen
 
 func scanNode(r Row) (*store.Node, error) {
 	n := &store.Node{}
 	var labels []byte
+	var skewMS *int64
 	err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.MachineID, &n.State, &n.Cordoned, &labels, &n.Shard, &n.Inventory,
 		&n.InventoryDigest, &n.BCDVersion, &n.OS, &n.Arch, &n.BootID, &n.CertSerial, &n.CertNotAfter,
+		&n.KeySHA256, &n.JoinTokenID, &skewMS, &n.ClockSkewAt,
 		&n.CreatedAt, &n.UpdatedAt, &n.LastSeenAt)
 	if err != nil {
 		return nil, err
+	}
+	if skewMS != nil {
+		d := time.Duration(*skewMS) * time.Millisecond
+		n.ClockSkew = &d
 	}
 	if len(labels) > 0 {
 		if err := json.Unmarshal(labels, &n.Labels); err != nil {
@@ -56,15 +64,18 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 	var id string
 	err = s.db.QueryRow(ctx, `
 		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
-			cert_serial, cert_not_after, created_at, updated_at, shard)
-		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12)
+			cert_serial, cert_not_after, created_at, updated_at, shard, key_sha256, join_token_id)
+		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12, $13, $14)
 		ON CONFLICT (id) DO UPDATE SET
 			pool_id = excluded.pool_id, hostname = excluded.hostname, machine_id = excluded.machine_id,
 			bcd_version = excluded.bcd_version, os = excluded.os, arch = excluded.arch,
 			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
+			key_sha256 = CASE WHEN excluded.key_sha256 = '' THEN n.key_sha256 ELSE excluded.key_sha256 END,
+			join_token_id = CASE WHEN excluded.join_token_id = '' THEN n.join_token_id ELSE excluded.join_token_id END,
 			updated_at = excluded.updated_at
 		RETURNING id`,
-		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID)).Scan(&id)
+		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID),
+		p.KeySHA256, p.JoinTokenID).Scan(&id)
 	if err != nil {
 		return nil, s.wrap("upsert node "+p.ID, err)
 	}
@@ -80,25 +91,66 @@ func (s *Store) NodeGet(ctx context.Context, id string) (*store.Node, error) {
 	return n, nil
 }
 
-// NodeFindForRejoin finds a pool's node by machine id, then by hostname:
-// two indexed lookups (an OR of the two would scan the pool).
-func (s *Store) NodeFindForRejoin(ctx context.Context, poolID, machineID, hostname string) (*store.Node, error) {
-	if machineID != "" {
-		n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
-			WHERE pool_id = $1 AND machine_id = $2 ORDER BY created_at LIMIT 1`, poolID, machineID))
-		if err == nil {
-			return n, nil
-		}
-		if !isNotFound(s.d.Translate(err)) {
-			return nil, s.wrap("find node for re-join", err)
-		}
-	}
+// NodeFindByHostname finds a pool's oldest node with hostname (index
+// nodes_pool_hostname_idx).
+func (s *Store) NodeFindByHostname(ctx context.Context, poolID, hostname string) (*store.Node, error) {
 	n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
-		WHERE pool_id = $1 AND hostname = $2 ORDER BY created_at LIMIT 1`, poolID, hostname))
+		WHERE pool_id = $1 AND hostname = $2 ORDER BY created_at, id LIMIT 1`, poolID, hostname))
 	if err != nil {
-		return nil, s.wrap("find node for re-join", err)
+		return nil, s.wrap("find node by hostname", err)
 	}
 	return n, nil
+}
+
+// NodeFindByJoinKey finds the node a token admitted for a key (index
+// nodes_join_key_idx).
+func (s *Store) NodeFindByJoinKey(ctx context.Context, tokenID, keySHA256 string) (*store.Node, error) {
+	if tokenID == "" || keySHA256 == "" {
+		return nil, fmt.Errorf("find node by join key: %w", store.ErrNotFound)
+	}
+	n, err := scanNode(s.db.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes
+		WHERE join_token_id = $1 AND key_sha256 = $2 ORDER BY created_at, id LIMIT 1`, tokenID, keySHA256))
+	if err != nil {
+		return nil, s.wrap("find node by join key", err)
+	}
+	return n, nil
+}
+
+// NodeSetCertificate records a node's new certificate.
+func (s *Store) NodeSetCertificate(ctx context.Context, p *store.NodeSetCertificateParams) error {
+	return s.exec1(ctx, "set certificate of node "+p.ID, `UPDATE nodes SET cert_serial = $2, cert_not_after = $3,
+		key_sha256 = CASE WHEN $4 = '' THEN key_sha256 ELSE $4 END, updated_at = coalesce($5, now()) WHERE id = $1`,
+		p.ID, p.Serial, p.NotAfter, p.KeySHA256, s.clock(p.Now))
+}
+
+// NodeSetClockSkew records a node's clock skew in whole milliseconds.
+func (s *Store) NodeSetClockSkew(ctx context.Context, id string, skew time.Duration, now *time.Time) error {
+	return s.exec1(ctx, "set clock skew of node "+id,
+		`UPDATE nodes SET clock_skew_ms = $2, clock_skew_at = coalesce($3, now()) WHERE id = $1`,
+		id, skew.Milliseconds(), s.clock(now))
+}
+
+// NodeHostnameDuplicates lists hostnames shared by several nodes.
+func (s *Store) NodeHostnameDuplicates(ctx context.Context, limit int) ([]*store.HostnameDuplicate, error) {
+	rows, err := s.db.Query(ctx, `SELECT n.hostname, n.id FROM nodes n
+		WHERE n.hostname IN (SELECT hostname FROM nodes GROUP BY hostname HAVING count(*) > 1 ORDER BY hostname LIMIT $1)
+		ORDER BY n.hostname, n.created_at, n.id`, limit)
+	if err != nil {
+		return nil, s.wrap("list duplicate hostnames", err)
+	}
+	defer rows.Close()
+	var out []*store.HostnameDuplicate
+	for rows.Next() {
+		var host, id string
+		if err := rows.Scan(&host, &id); err != nil {
+			return nil, s.wrap("list duplicate hostnames", err)
+		}
+		if len(out) == 0 || out[len(out)-1].Hostname != host {
+			out = append(out, &store.HostnameDuplicate{Hostname: host})
+		}
+		out[len(out)-1].NodeIDs = append(out[len(out)-1].NodeIDs, id)
+	}
+	return out, s.wrap("list duplicate hostnames", rows.Err())
 }
 
 // NodeList pages nodes by id, filtered by pool and state.
