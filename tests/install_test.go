@@ -421,10 +421,41 @@ func TestInstallScript(t *testing.T) {
 
 	t.Run("refused: exhausted token", func(t *testing.T) {
 		h := newHost(t)
+		// bcd join stores the node's key in the data directory before it
+		// calls the gateway; the script never removes that directory after
+		// a failed join, so a retry is the same joiner (DESIGN.md, "Join is
+		// idempotent per key"). A marker file stands for what an earlier
+		// try left there.
+		dataDir := filepath.Join(h.root, "var/lib/bcd")
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		marker := filepath.Join(dataDir, "earlier-try")
+		if err := os.WriteFile(marker, []byte("kept\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		code, _, stderr := h.run("dash", script, nil, "--token-file", tokenFile)
-		h.refused(code, stderr, "bcd join refused")
+		lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+		if code == 0 || len(lines) != 1 || !strings.HasPrefix(lines[0], "install-bcd: error: bcd join failed: ") ||
+			!strings.Contains(lines[0], "stays in "+dataDir) || !strings.Contains(lines[0], "running this script again") ||
+			!strings.Contains(lines[0], "better-compute nodes reinstall") {
+			t.Errorf("want one error line about the failed join and what to do, got exit %d and:\n%s", code, stderr)
+		}
 		if strings.Contains(stderr, token) {
 			t.Error("the token was printed")
+		}
+		if b, err := os.ReadFile(marker); err != nil || string(b) != "kept\n" {
+			t.Errorf("the data directory after a failed join: %q %v", b, err)
+		}
+		for f := range h.files() {
+			if !strings.HasPrefix(f, "var/lib/bcd/") {
+				t.Errorf("a failed join left %s", f)
+			}
+		}
+		for _, c := range h.calls() {
+			if c != "" && !strings.HasPrefix(c, "systemctl is-") {
+				t.Errorf("a failed join called %q", c)
+			}
 		}
 	})
 

@@ -390,7 +390,7 @@ func (d *splitDeployment) joinFleet(ctx context.Context, perGateway int) *splitF
 		d.t.Fatal(err)
 	}
 	n := perGateway * len(d.gateways)
-	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, n, "e2e workers")
+	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, n, "e2e workers", "")
 	if err != nil {
 		d.t.Fatal(err)
 	}

@@ -55,6 +55,7 @@ const (
 	attrRetryIn      = "retry_in"
 	attrTook         = "took"
 	attrDropped      = "dropped"
+	attrPath         = "path"
 )
 
 // Scanner reads the host's inventory; *inventory.Scanner implements it.
@@ -99,6 +100,14 @@ type Config struct {
 	Upgrader executor.Upgrader
 	// BMC configures the BMC commands (power.*, boot.set); see BMCConfig.
 	BMC BMCConfig
+	// StateDir is where the agent keeps its state file (nodestate.File,
+	// package bcd/nodestate), rewritten on every change of the connection
+	// state and of the certificate, for bcd status and bcd doctor; the data
+	// directory. Defaults to "": no file.
+	StateDir string
+	// Notifier is told the one-line state (nodestate.State.Line) whenever
+	// it changes, for systemd's STATUS=. Defaults to none.
+	Notifier Notifier
 	// Logger receives the agent's logs. Defaults to Session.Logger, else
 	// discarding them.
 	Logger *slog.Logger
@@ -116,6 +125,7 @@ type Agent struct {
 	scanner Scanner
 	client  atomic.Pointer[session.Client]
 	running atomic.Bool
+	state   *stateKeeper
 
 	connected  chan struct{}   // a Welcome arrived: send the inventory
 	gpuChanged chan struct{}   // a GPU event arrived: scan again
@@ -159,6 +169,7 @@ func New(cfg Config) (*Agent, error) {
 		gpuChanged: make(chan struct{}, 1),
 		refresh:    make(chan chan error),
 	}
+	a.state = &stateKeeper{dir: cfg.StateDir, notify: cfg.Notifier, clock: a.clock, log: log}
 	a.gpu = cfg.GPU
 	if a.gpu == nil {
 		c, err := gpu.New(gpu.Config{Logger: log})
@@ -217,6 +228,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.helloAccepted()
 			signal(a.connected)
 		}
+		a.state.event(ctx, ev, a.client.Load())
 		if next != nil {
 			next(ev)
 		}
@@ -226,6 +238,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.client.Store(client)
+	a.state.start(ctx, client)
 	a.log.InfoContext(ctx, "Node agent running", attrCapabilities, caps)
 	if a.cfg.Unprivileged {
 		a.checkHelper(ctx)
@@ -236,7 +249,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	g.Go(func() error {
 		defer cancel()
-		return client.Run(gctx)
+		err := client.Run(gctx)
+		a.state.stopped(ctx, err)
+		return err
 	})
 	g.Go(func() error { return a.report(gctx) })
 	g.Go(func() error {

@@ -41,6 +41,18 @@
 // helper.ErrUnavailable's message ("the bcd root helper is not running
 // ...").
 //
+// # State
+//
+// The agent keeps its connection state for bcd status and bcd doctor
+// (package bcd/nodestate): with Config.StateDir it rewrites the state file
+// there at start, at every connect and disconnect (failed attempts included,
+// with their error), renewal and failed renewal, and when it stops; with
+// Config.Notifier it sends the state's line ("connected to <gateway> since
+// <time>", "disconnected since <time>: <last error>; certificate expires
+// <time>") whenever the line changes, which bcd node passes to systemd as
+// STATUS=. Nothing here stops the systemd watchdog: a disconnected agent
+// is alive and retrying.
+//
 // # Stopping
 //
 // Run returns when its context ends (nil) or the session client fails for

@@ -9,6 +9,8 @@
 //	identity          the data directory holds an identity that loads
 //	node.certificate  the node certificate matches the key, chains to the node CA roots, is valid now; time left,
 //	                  and whether its renewal is overdue
+//	node.session      the running bcd node's own word from its state file (package bcd/nodestate): connected,
+//	                  or disconnected since when and why, and the certificate's and re-attestation's time left
 //	join-token        the --token-file parses; its pin matches the one the node trusts (expiry and uses are
 //	                  known only to the control plane)
 //	gateway.dns       each gateway's host name resolves

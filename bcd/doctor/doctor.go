@@ -40,6 +40,7 @@ func (s Status) rank() int {
 const (
 	IDIdentity    = "identity"
 	IDCertificate = "node.certificate"
+	IDSession     = "node.session"
 	IDJoinToken   = "join-token"
 	IDDNS         = "gateway.dns"
 	IDTCP         = "gateway.tcp"
@@ -161,6 +162,7 @@ func Run(ctx context.Context, cfg Config) *Report {
 	gateways := slices.Clone(cfg.Gateways)
 	if id != nil {
 		r.add(Certificate(id, now))
+		r.add(Session(cfg.DataDir, now))
 		trust = id.Trust()
 		for _, g := range id.Gateways {
 			if !slices.Contains(gateways, g) {

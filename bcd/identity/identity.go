@@ -71,6 +71,9 @@ type Identity struct {
 	PoolID, SiteID, Region string
 	// JoinedAt is when the node joined.
 	JoinedAt time.Time
+	// ReattestGrace is how long after the certificate's expiry the
+	// gateways re-attest it, as they last said; zero when unknown.
+	ReattestGrace time.Duration
 }
 
 // FromJoin builds the Identity of a node that joined with key and got res.
@@ -78,18 +81,19 @@ type Identity struct {
 // the node joined with a CA file.
 func FromJoin(res *session.JoinResult, key crypto.Signer, gatewayCAs []*x509.Certificate, now time.Time) *Identity {
 	id := &Identity{
-		NodeID:      res.NodeID,
-		TrustDomain: res.TrustDomain,
-		SPIFFEID:    res.SPIFFEID,
-		Key:         key,
-		Chain:       res.Chain,
-		NodeCARoots: res.NodeCARoots,
-		Gateways:    slices.Clone(res.Gateways),
-		RenewAfter:  res.RenewAfter,
-		PoolID:      res.PoolID,
-		SiteID:      res.SiteID,
-		Region:      res.Region,
-		JoinedAt:    now.UTC(),
+		NodeID:        res.NodeID,
+		TrustDomain:   res.TrustDomain,
+		SPIFFEID:      res.SPIFFEID,
+		Key:           key,
+		Chain:         res.Chain,
+		NodeCARoots:   res.NodeCARoots,
+		Gateways:      slices.Clone(res.Gateways),
+		RenewAfter:    res.RenewAfter,
+		PoolID:        res.PoolID,
+		SiteID:        res.SiteID,
+		Region:        res.Region,
+		JoinedAt:      now.UTC(),
+		ReattestGrace: res.ReattestGrace,
 	}
 	if res.Trust.Roots != nil {
 		id.GatewayCAs = gatewayCAs
@@ -118,6 +122,9 @@ func (id *Identity) Renewed(r *session.Renewal) {
 		id.NodeCARoots = r.NodeCARoots
 	}
 	id.RenewAfter = r.RenewAfter
+	if r.ReattestGrace > 0 {
+		id.ReattestGrace = r.ReattestGrace
+	}
 }
 
 // NotAfter is the end of the leaf certificate's validity.
@@ -145,6 +152,8 @@ type info struct {
 	SiteID      string    `json:"site_id,omitempty"`
 	Region      string    `json:"region,omitempty"`
 	JoinedAt    time.Time `json:"joined_at"`
+	// ReattestGrace is in seconds; absent when unknown.
+	ReattestGrace int64 `json:"reattest_grace_s,omitempty"`
 }
 
 // infoVersion is the layout version of identity.json this package writes.
@@ -246,6 +255,7 @@ func (s *Store) load() (*Identity, error) {
 		NodeID: in.NodeID, TrustDomain: in.TrustDomain, SPIFFEID: in.SPIFFEID,
 		Gateways: in.Gateways, GatewayPin: in.GatewayPin, RenewAfter: in.RenewAfter,
 		PoolID: in.PoolID, SiteID: in.SiteID, Region: in.Region, JoinedAt: in.JoinedAt,
+		ReattestGrace: time.Duration(in.ReattestGrace) * time.Second,
 	}
 	if id.Key, err = readKey(s.path(KeyFile)); err != nil {
 		return nil, err
@@ -268,6 +278,37 @@ func (s *Store) load() (*Identity, error) {
 		}
 	}
 	return id, nil
+}
+
+// JoinKey returns the key for a join: the one in the data directory, when
+// an earlier join left it (a join that failed or whose reply was lost: the
+// retry is the same joiner, DESIGN.md "Join is idempotent per key"), or a
+// new one, written (mode 0600) before it is returned, so that it outlives
+// a crash during the join. created reports a new key. Nothing in bcd
+// deletes the key when a join fails.
+func (s *Store) JoinKey() (key crypto.Signer, created bool, err error) {
+	key, err = readKey(s.path(KeyFile))
+	switch {
+	case err == nil:
+		return key, false, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, false, fmt.Errorf("join key in %s: %w", s.dir, err)
+	}
+	k, err := GenerateKey()
+	if err != nil {
+		return nil, false, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		return nil, false, fmt.Errorf("encode key: %w", err)
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, false, err
+	}
+	if err := writeFile(s.path(KeyFile), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, false, fmt.Errorf("write join key to %s: %w", s.dir, err)
+	}
+	return k, true, nil
 }
 
 // Save writes the whole identity: the key (mode 0600), certificates, CAs
@@ -328,6 +369,7 @@ func (s *Store) writeInfo(id *Identity) error {
 		Version: infoVersion, NodeID: id.NodeID, TrustDomain: id.TrustDomain, SPIFFEID: id.SPIFFEID,
 		Gateways: id.Gateways, GatewayPin: id.GatewayPin, RenewAfter: id.RenewAfter.UTC(),
 		PoolID: id.PoolID, SiteID: id.SiteID, Region: id.Region, JoinedAt: id.JoinedAt.UTC(),
+		ReattestGrace: int64(id.ReattestGrace / time.Second),
 	}, "", "  ")
 	if err != nil {
 		return err

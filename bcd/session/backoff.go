@@ -3,6 +3,9 @@ package session
 import (
 	"math/rand/v2"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // randomJitter returns a uniformly random duration in [0, max].
@@ -37,4 +40,50 @@ func reconnectDelay(jitter func(time.Duration) time.Duration, base, ceil time.Du
 		d = max(d, hint+jitter(hint/4))
 	}
 	return d
+}
+
+// sessionEnd is how the end of an attempt counts for the backoff.
+type sessionEnd int
+
+const (
+	// endFailed counts as a failed attempt: the backoff bound grows.
+	endFailed sessionEnd = iota
+	// endReset starts the backoff over: the next delay is full jitter over
+	// BackoffBase.
+	endReset
+)
+
+// backoffAfter says how the end of an attempt counts (issue 15), held being
+// how long the session lasted from its Welcome:
+//   - no Welcome: failed;
+//   - welcomed, then drained, or closed by the gateway (the stream ended
+//     cleanly, EOF): reset, however short the session;
+//   - welcomed, then ended by the gateway as superseded (ABORTED, what it
+//     answers a session a newer one of the node replaced): failed, however
+//     long, so that two bcd processes sharing one identity back off instead
+//     of superseding each other in a loop;
+//   - welcomed, then lost otherwise (the connection dropped, as when the
+//     gateway is killed): reset once it lasted stableAfter, failed before.
+//     The gateway ends a session superseded by one on another connection by
+//     closing that connection, which looks the same from here, so a short
+//     lost session still counts.
+func backoffAfter(out outcome, held, stableAfter time.Duration) sessionEnd {
+	if !out.welcomed {
+		return endFailed
+	}
+	if out.drained {
+		return endReset
+	}
+	st, isStatus := status.FromError(out.err)
+	switch {
+	case out.err != nil && !isStatus:
+		// Only a stream that ended cleanly (io.EOF) ends a welcomed session
+		// with an error that carries no gRPC status.
+		return endReset
+	case st.Code() == codes.Aborted:
+		return endFailed
+	case held >= stableAfter:
+		return endReset
+	}
+	return endFailed
 }

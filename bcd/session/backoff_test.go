@@ -1,8 +1,13 @@
 package session
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func TestBackoffBound(t *testing.T) {
@@ -46,5 +51,34 @@ func TestReconnectDelay(t *testing.T) {
 	}
 	if randomJitter(0) != 0 || randomJitter(-1) != 0 {
 		t.Error("jitter of a non-positive bound is not 0")
+	}
+}
+
+// TestBackoffAfter is the rule of issue 15 for how an attempt's end counts.
+func TestBackoffAfter(t *testing.T) {
+	t.Parallel()
+	const stable = 30 * time.Second
+	eof := fmt.Errorf("gateway gw closed the session")
+	lost := fmt.Errorf("gateway gw: %w", status.Error(codes.Unavailable, "error reading from server: EOF"))
+	superseded := fmt.Errorf("gateway gw: %w", status.Error(codes.Aborted, "superseded by session s2"))
+	for _, tc := range []struct {
+		name string
+		out  outcome
+		held time.Duration
+		want sessionEnd
+	}{
+		{"refused before Welcome", outcome{err: lost}, 0, endFailed},
+		{"no Welcome in time", outcome{err: errors.New("gateway gw: no Welcome within 10s")}, 0, endFailed},
+		{"drained at once", outcome{welcomed: true, drained: true, err: errDrained}, 0, endReset},
+		{"drained, then lost", outcome{welcomed: true, drained: true, err: lost}, 0, endReset},
+		{"closed by the gateway at once", outcome{welcomed: true, err: eof}, 0, endReset},
+		{"superseded at once", outcome{welcomed: true, err: superseded}, 0, endFailed},
+		{"superseded after an hour", outcome{welcomed: true, err: superseded}, time.Hour, endFailed},
+		{"lost at once", outcome{welcomed: true, err: lost}, time.Second, endFailed},
+		{"lost after StableAfter", outcome{welcomed: true, err: lost}, stable, endReset},
+	} {
+		if got := backoffAfter(tc.out, tc.held, stable); got != tc.want {
+			t.Errorf("%s: backoffAfter = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

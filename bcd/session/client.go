@@ -26,7 +26,9 @@ const (
 	attrHeld      = "held"
 	attrInterval  = "heartbeat_interval"
 	attrReason    = "reason"
-	attrSkew      = "clock_skew"
+	attrSkew      = "clock_skew"   // in words: "this machine's clock is 5400 s behind the gateway's"
+	attrSkewSec   = "clock_skew_s" // this machine's clock minus the gateway's, seconds
+	attrLocalTime = "local_time"
 	attrNotAfter  = "not_after"
 	attrRenew     = "renew_after"
 )
@@ -39,6 +41,7 @@ type Client struct {
 	gws       []gatewayAddr
 	log       *slog.Logger
 	clock     Clock
+	gwClock   *gatewayClock // the gateways' time, as certificates are judged (gatewayClock)
 	transport transport
 	running   atomic.Bool
 
@@ -50,7 +53,9 @@ type Client struct {
 	mu         sync.Mutex
 	chain      []*x509.Certificate
 	renewAfter time.Time
-	cur        *session // the session that has had its Welcome, if any
+	// reattestGrace is the gateway's re-attestation grace, as last said.
+	reattestGrace time.Duration
+	cur           *session // the session that has had its Welcome, if any
 
 	// State of the connect loop, used only by the goroutine running Run.
 	next     int          // index into gws of the next gateway to try
@@ -80,10 +85,12 @@ func New(cfg Config) (*Client, error) {
 			keepaliveTimeout: cfg.KeepaliveTimeout,
 			userAgent:        "bcd/" + cfg.BCDVersion,
 		},
-		chain:      cfg.Chain,
-		renewAfter: cfg.RenewAfter,
+		chain:         cfg.Chain,
+		renewAfter:    cfg.RenewAfter,
+		reattestGrace: cfg.ReattestGrace,
 	}
 	c.cert.Store(tlsCertificate(cfg.Chain, cfg.Key))
+	c.gwClock = newGatewayClock(cfg.Clock.Now, func() time.Time { return c.cert.Load().Leaf.NotBefore }, cfg.Logger)
 	return c, nil
 }
 
@@ -118,17 +125,11 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	defer c.running.Store(false)
 
-	if err := c.checkExpired(ctx); err != nil {
-		return err
-	}
 	if c.cfg.StartJitter > 0 && !c.wait(ctx, c.cfg.Jitter(c.cfg.StartJitter)) {
 		return nil
 	}
 	attempt := 0
 	for {
-		if err := c.checkExpired(ctx); err != nil {
-			return err
-		}
 		gw := c.pick()
 		c.emit(Event{Kind: EventConnecting, Gateway: gw.url, Attempt: attempt})
 		out := c.attempt(ctx, gw)
@@ -142,13 +143,18 @@ func (c *Client) Run(ctx context.Context) error {
 			c.log.ErrorContext(ctx, "Node identity revoked: stopping, join the node again to bring it back",
 				attrGateway, gw.url, attrErr, out.err)
 			return out.err
+		case errors.Is(out.err, errGracePassed):
+			c.log.ErrorContext(ctx, "Node certificate expired longer ago than the gateway re-attests: stopping; join the node again",
+				attrGateway, gw.url, attrErr, out.err)
+			return out.err
 		}
 		var held time.Duration
 		if out.welcomed {
 			held = c.clock.Now().Sub(out.welcomedAt)
-			if held >= c.cfg.StableAfter {
-				attempt = 0
-			}
+		}
+		failed := backoffAfter(out, held, c.cfg.StableAfter) == endFailed
+		if !failed {
+			attempt = 0
 		}
 		if out.drained {
 			c.log.InfoContext(ctx, "Session drained, reconnecting elsewhere", attrGateway, gw.url,
@@ -168,7 +174,7 @@ func (c *Client) Run(ctx context.Context) error {
 		delay := reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
 			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
-		if out.welcomed && held < c.cfg.StableAfter && attempt >= 2 {
+		if out.welcomed && failed && attempt >= 2 {
 			c.log.WarnContext(ctx, "Sessions keep ending soon after they start: is another bcd running with this node's identity (a copied data directory)?",
 				attrGateway, gw.url, attrHeld, held, attrAttempt, attempt)
 		}
@@ -178,18 +184,6 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// checkExpired fails with ErrCertificateExpired when the current leaf has
-// expired, logging the one line an operator needs.
-func (c *Client) checkExpired(ctx context.Context) error {
-	leaf := c.cert.Load().Leaf
-	if c.clock.Now().Before(leaf.NotAfter) {
-		return nil
-	}
-	c.log.ErrorContext(ctx, "Node certificate expired: join the node again with a new join token",
-		attrNotAfter, leaf.NotAfter)
-	return expiredError(leaf.NotAfter)
 }
 
 // pick returns the gateway for the next attempt.
@@ -271,18 +265,27 @@ func (c *Client) getClientCertificate(*tls.CertificateRequestInfo) (*tls.Certifi
 	return c.cert.Load(), nil
 }
 
-// renewDue reports whether the certificate is due for renewal.
+// ReattestGrace returns the re-attestation grace the gateway last said
+// (zero: unknown or off).
+func (c *Client) ReattestGrace() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reattestGrace
+}
+
+// renewDue reports whether the certificate is due for renewal, by the
+// gateway's time (renew_after is the gateway's).
 func (c *Client) renewDue() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.clock.Now().Before(c.renewAfter)
+	return !c.gwClock.now().Before(c.renewAfter)
 }
 
 // untilRenew is the time left until renewal, at least 0.
 func (c *Client) untilRenew() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return max(c.renewAfter.Sub(c.clock.Now()), 0)
+	return max(c.renewAfter.Sub(c.gwClock.now()), 0)
 }
 
 // hello builds the Hello of a new session.

@@ -160,7 +160,10 @@ func TestJoin(t *testing.T) {
 		t.Errorf("trust = %+v, want the token's pin", id.Trust)
 	}
 	leaf := id.Chain[0]
-	want := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+	// Two thirds from the time of issue, an hour after the backdated
+	// NotBefore.
+	issued := leaf.NotBefore.Add(time.Hour)
+	want := issued.Add(leaf.NotAfter.Sub(issued) * 2 / 3)
 	if d := id.RenewAfter.Sub(want); d > time.Second || d < -time.Second {
 		t.Errorf("renew after %v, want about %v", id.RenewAfter, want)
 	}
@@ -323,21 +326,127 @@ func TestShortSessionsBackOff(t *testing.T) {
 	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
 	n := joinNode(t, g)
 	cfg := n.config()
-	cfg.StableAfter = 400 * time.Millisecond
+	clk := &steppedClock{}
+	cfg.Clock = clk
 	ev := newEvents(&cfg)
 	run(t, newClient(t, cfg))
 
+	// Lost connections soon after Welcome: how a session superseded by one
+	// on another connection ends.
 	for want := range 3 {
-		g.NextSession(t, wait).End(status.New(codes.Unavailable, "superseded"))
+		g.NextSession(t, wait).End(status.New(codes.Unavailable, "connection closed"))
 		if b := ev.next(t, session.EventBackoff); b.Attempt != want {
 			t.Fatalf("backoff after short session %d: attempt %d, want %d", want+1, b.Attempt, want)
 		}
 	}
 	s := g.NextSession(t, wait)
-	time.Sleep(cfg.StableAfter + 100*time.Millisecond)
+	ev.next(t, session.EventConnected) // the Welcome is taken, its time read
+	clk.advance(session.DefaultStableAfter)
 	s.End(status.New(codes.Unavailable, "gateway going away"))
 	if b := ev.next(t, session.EventBackoff); b.Attempt != 0 {
-		t.Fatalf("backoff after a session of %v: attempt %d, want 0", cfg.StableAfter, b.Attempt)
+		t.Fatalf("backoff after a session of %v: attempt %d, want 0", session.DefaultStableAfter, b.Attempt)
+	}
+}
+
+// steppedClock is the system clock moved on by what a test advanced it:
+// a session "lasts" StableAfter without the test waiting for it. Timers
+// are the system's.
+type steppedClock struct {
+	mu  sync.Mutex
+	off time.Duration
+}
+
+func (c *steppedClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.off += d
+	c.mu.Unlock()
+}
+
+func (c *steppedClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.off)
+}
+
+func (*steppedClock) AfterFunc(d time.Duration, f func()) session.Timer { return time.AfterFunc(d, f) }
+
+// TestWelcomedSessionEndedByGatewayResetsBackoff (issue 15): a session that
+// was welcomed and then ended cleanly by the gateway (EOF) or drained starts
+// the backoff over at its base, however short it was; attempts that fail
+// before Welcome still count.
+func TestWelcomedSessionEndedByGatewayResetsBackoff(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	n := joinNode(t, g)
+	cfg := n.config()
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+
+	// failures pushes the attempt counter up with short lost sessions and
+	// a refused Connect, checking each counts.
+	failures := func() {
+		t.Helper()
+		for want := range 2 {
+			g.NextSession(t, wait).End(status.New(codes.Unavailable, "connection closed"))
+			if b := ev.next(t, session.EventBackoff); b.Attempt != want {
+				t.Fatalf("backoff after short session %d: attempt %d, want %d", want+1, b.Attempt, want)
+			}
+		}
+		g.RefuseNext(codes.Unavailable, 0)
+		if b := ev.next(t, session.EventBackoff); b.Attempt != 2 {
+			t.Fatalf("backoff after a refused Connect: attempt %d, want 2", b.Attempt)
+		}
+	}
+
+	failures()
+	g.NextSession(t, wait).End(status.New(codes.OK, ""))
+	b := ev.next(t, session.EventBackoff)
+	if b.Attempt != 0 || b.Delay > cfg.BackoffBase {
+		t.Fatalf("backoff after a session the gateway closed = %+v, want attempt 0, delay within %v", b, cfg.BackoffBase)
+	}
+
+	// Back to attempt 0 after that reset; then a Drain resets it too: the
+	// first failure after the drained session backs off from the base.
+	g.NextSession(t, wait).End(status.New(codes.Unavailable, "connection closed"))
+	if b := ev.next(t, session.EventBackoff); b.Attempt != 1 {
+		t.Fatalf("backoff after a short session following the reset: attempt %d, want 1", b.Attempt)
+	}
+	g.NextSession(t, wait).End(status.New(codes.Unavailable, "connection closed"))
+	ev.next(t, session.EventBackoff)
+	s := g.NextSession(t, wait)
+	if err := s.SendDrain(0); err != nil {
+		t.Fatal(err)
+	}
+	ev.next(t, session.EventDraining)
+	g.RefuseNext(codes.Unavailable, 0)
+	if b := ev.next(t, session.EventBackoff); b.Attempt != 0 || b.Delay > cfg.BackoffBase {
+		t.Fatalf("backoff after the drained session = %+v, want attempt 0, delay within %v", b, cfg.BackoffBase)
+	}
+}
+
+// TestSupersededSessionsCountAsFailures (issue 15): sessions the gateway
+// ends as superseded (ABORTED) count as failed attempts however long they
+// lasted, so two bcd processes sharing one identity back off.
+func TestSupersededSessionsCountAsFailures(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	n := joinNode(t, g)
+	cfg := n.config()
+	clk := &steppedClock{}
+	cfg.Clock = clk
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+
+	for want := range 4 {
+		s := g.NextSession(t, wait)
+		ev.next(t, session.EventConnected)      // the Welcome is taken, its time read
+		clk.advance(session.DefaultStableAfter) // long enough to reset, were it lost
+		s.End(status.New(codes.Aborted, "superseded by session sess_other"))
+		if b := ev.next(t, session.EventBackoff); b.Attempt != want {
+			t.Fatalf("backoff after superseded session %d: attempt %d, want %d", want+1, b.Attempt, want)
+		}
 	}
 }
 
@@ -643,21 +752,95 @@ func TestRenewDueAtStart(t *testing.T) {
 	}
 }
 
-func TestExpiredCertificate(t *testing.T) {
+// TestExpiredCertificateReattests: a node back from an outage longer than
+// its certificate's life re-attests with its key and connects, without an
+// operator; once the gateway says the grace is over, Run stops with
+// ErrCertificateExpired and the exact way back.
+func TestExpiredCertificateReattests(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	key := sessiontest.NewKey(t)
+	now := time.Now()
+	expired := p.NodeCertificate(t, key, "node-1", now.Add(-20*time.Hour), now.Add(-2*time.Hour))
+
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	var renewed []*session.Renewal
+	var mu sync.Mutex
+	c := newClient(t, session.Config{
+		Gateways: []string{g.URL},
+		Trust:    session.Trust{Pin: p.Pin()},
+		Key:      key,
+		Chain:    []*x509.Certificate{expired},
+		OnRenew: func(_ context.Context, r *session.Renewal) error {
+			mu.Lock()
+			renewed = append(renewed, r)
+			mu.Unlock()
+			return nil
+		},
+	})
+	run(t, c)
+	g.NextSession(t, wait)
+	if g.Reattests() != 1 {
+		t.Fatalf("%d re-attestations, want 1", g.Reattests())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(renewed) != 1 || !renewed[0].Chain[0].NotAfter.After(now) {
+		t.Fatalf("re-attested certificate not persisted: %+v", renewed)
+	}
+
+	over := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ReattestRefused: true})
+	c2 := newClient(t, session.Config{
+		Gateways: []string{over.URL},
+		Trust:    session.Trust{Pin: p.Pin()},
+		Key:      key,
+		Chain:    []*x509.Certificate{expired},
+	})
+	err := c2.Run(t.Context())
+	if !errors.Is(err, session.ErrCertificateExpired) || !strings.Contains(err.Error(), "nodes reinstall node-1") || !strings.Contains(err.Error(), "bcd join") {
+		t.Errorf("Run = %v, want ErrCertificateExpired with the re-join command", err)
+	}
+}
+
+// TestExpiredCertificateRetriesWhileUnreachable: with no gateway to answer,
+// an expired certificate is not the end: Run keeps trying.
+func TestExpiredCertificateRetriesWhileUnreachable(t *testing.T) {
 	t.Parallel()
 	p := sessiontest.NewPKI(t)
 	key := sessiontest.NewKey(t)
 	now := time.Now()
 	cert := p.NodeCertificate(t, key, "node-1", now.Add(-48*time.Hour), now.Add(-24*time.Hour))
+	failures := make(chan session.Event, 16)
 	c := newClient(t, session.Config{
-		Gateways: []string{"https://127.0.0.1:1"},
-		Trust:    session.Trust{Pin: p.Pin()},
-		Key:      key,
-		Chain:    []*x509.Certificate{cert},
+		Gateways:    []string{"https://127.0.0.1:1"},
+		Trust:       session.Trust{Pin: p.Pin()},
+		Key:         key,
+		Chain:       []*x509.Certificate{cert},
+		BackoffBase: time.Millisecond,
+		OnEvent: func(ev session.Event) {
+			if ev.Kind == session.EventRenewFailed {
+				select {
+				case failures <- ev:
+				default:
+				}
+			}
+		},
 	})
-	err := c.Run(t.Context())
-	if !errors.Is(err, session.ErrCertificateExpired) || !strings.Contains(err.Error(), "bcd join") {
-		t.Errorf("Run = %v, want ErrCertificateExpired telling to re-join", err)
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { done <- c.Run(ctx) }()
+	for range 2 {
+		select {
+		case <-failures:
+		case err := <-done:
+			t.Fatalf("Run ended with %v while the gateway was unreachable", err)
+		case <-time.After(wait):
+			t.Fatal("no re-attestation attempt")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v after cancel, want nil", err)
 	}
 }
 

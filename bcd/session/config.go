@@ -76,6 +76,10 @@ type Renewal struct {
 	NodeCARoots []*x509.Certificate
 	// RenewAfter is when to renew next.
 	RenewAfter time.Time
+	// ReattestGrace is how long after the certificate's expiry the
+	// gateway still re-attests it, as the gateway last said (zero: off, or
+	// never said).
+	ReattestGrace time.Duration
 }
 
 // Config configures a Client. Fields marked required have no default;
@@ -94,6 +98,11 @@ type Config struct {
 	// RenewAfter is when to renew Chain. Defaults to two thirds of the
 	// way from the leaf's NotBefore to its NotAfter.
 	RenewAfter time.Time
+	// ReattestGrace is how long after its expiry the certificate can still
+	// be re-attested, as the gateway last said (JoinResponse or
+	// RenewResponse.reattest_grace); only reported (Client.ReattestGrace,
+	// logs), the gateway decides. Zero: unknown.
+	ReattestGrace time.Duration
 	// OnRenew persists a renewed certificate. It is called before the new
 	// certificate is used; an error fails the renewal, which is retried
 	// after RenewRetry. Defaults to keeping it in memory only.
@@ -133,11 +142,15 @@ type Config struct {
 	BackoffBase time.Duration
 	// BackoffMax caps the reconnect delay bound. Defaults to 60 s.
 	BackoffMax time.Duration
-	// StableAfter is how long a session must last, from its Welcome, for
-	// the backoff to start over; one that ends sooner counts as a failed
-	// attempt, so a node whose sessions keep ending at once (two bcd
-	// processes sharing one identity supersede each other) backs off
-	// instead of reconnecting in a loop. Defaults to 30 s.
+	// StableAfter is how long a session whose connection is lost must
+	// have lasted, from its Welcome, for the backoff to start over; one
+	// lost sooner counts as a failed attempt, so a node whose sessions keep
+	// ending at once (two bcd processes sharing one identity supersede each
+	// other, and a session superseded from another connection loses its
+	// connection) backs off instead of reconnecting in a loop. A session
+	// drained or closed by the gateway starts the backoff over however
+	// short; one ended as superseded (ABORTED) counts however long.
+	// Defaults to 30 s.
 	StableAfter time.Duration
 	// StartJitter bounds the random delay before the first connect; a
 	// negative value connects at once. Defaults to 2 s.

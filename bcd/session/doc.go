@@ -33,8 +33,11 @@
 //  4. When the session ends it waits a full-jitter exponential backoff
 //     (uniform in [0, min(BackoffMax, BackoffBase·2^n)]), at least the
 //     gateway's retry-after-ms hint when one was sent, and dials again; the
-//     attempt counter n resets when a session ends that lasted
-//     [Config].StableAfter from its Welcome. A failed attempt moves
+//     attempt counter n resets when a welcomed session is drained or closed
+//     by the gateway (EOF), or is lost after lasting [Config].StableAfter
+//     from its Welcome. Failures before Welcome, lost sessions shorter than
+//     that and sessions the gateway ends as superseded (ABORTED) count as
+//     failed attempts. A failed attempt moves
 //     on to the next gateway of the list; a Drain makes it wait a random
 //     share of the Drain's delay (also when the gateway closes sooner) and
 //     then reconnect to a preferred or another gateway without backoff.
@@ -44,6 +47,21 @@
 // Connect, or UNAUTHENTICATED on Renew), and an error wrapping
 // [ErrCertificateExpired] when the node's certificate has expired: both need
 // an operator, so retrying would only be a crash loop.
+//
+// # Clocks
+//
+// Join and Renew answers and Welcome carry the gateway's time. When this
+// machine's clock disagrees by more than a minute, the Client (and Join)
+// logs the skew once, in seconds and with its direction ("this machine's
+// clock is 5400 s behind the gateway's"), judges the certificate it was just
+// issued by the gateway's time, so that a wrong clock never refuses a
+// certificate a join token was spent on, and keeps the offset: later TLS
+// verification of gateways' certificates, the renewal time and the expiry
+// check use the gateway-corrected time, never earlier than the NotBefore of
+// the node's current certificate. Heartbeats carry the machine's own time,
+// from which the gateway records the skew. A certificate outside its
+// validity at that time fails verification with "certificate not yet valid /
+// expired: this machine's clock reads T", not as a pin mismatch.
 //
 // # Cost per session
 //

@@ -29,6 +29,11 @@ var (
 	// would not accept (INVALID_ARGUMENT, PERMISSION_DENIED). The error's
 	// text carries the gateway's message.
 	ErrJoinRefused = errors.New("join refused")
+	// ErrProofRefused reports a Join whose key proof (JoinParams.ProveChain)
+	// the gateway did not accept: the chain is not of this deployment, the
+	// node was deleted or revoked, or the key is not its latest. It is
+	// wrapped together with ErrJoinRefused.
+	ErrProofRefused = errors.New("key proof refused")
 	// ErrConfig reports an invalid Config or JoinParams.
 	ErrConfig = errors.New("invalid session config")
 )

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/proto/jointoken"
+	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -42,8 +44,20 @@ type JoinParams struct {
 	Timeout time.Duration
 	// UserAgent is sent as the gRPC user agent. Defaults to "bcd".
 	UserAgent string
-	// Now is the clock used to verify certificates. Defaults to time.Now.
+	// Now is this machine's clock. Defaults to time.Now. The gateway's
+	// certificate is verified by it; the issued certificate is judged by
+	// the gateway's time (JoinResponse.server_time) when the two disagree
+	// by more than a minute.
 	Now func() time.Time
+	// Logger receives the warning about a clock that disagrees with the
+	// gateway's. Defaults to discarding it.
+	Logger *slog.Logger
+	// ProveChain is set when the machine still has a node's identity: that
+	// node's certificate chain, whose key is Key. The join then proves the
+	// key over a challenge of its connection (JoinRequest.proof) and takes
+	// the node's id without revoking its certificate. Defaults to none: a
+	// new node, whatever the hostname.
+	ProveChain []*x509.Certificate
 }
 
 // JoinResult is the identity Join obtained: everything a node must keep to
@@ -70,6 +84,21 @@ type JoinResult struct {
 	Trust Trust
 	// PoolID, SiteID and Region place the node.
 	PoolID, SiteID, Region string
+	// Rejoined reports that the join took an existing node's id (by the
+	// key proof, or a token made by nodes reinstall).
+	Rejoined bool
+	// Repeated reports that the gateway recognised a repeated join (same
+	// token and key) and used no further token use.
+	Repeated bool
+	// Warnings are the gateway's, for the person running the join (another
+	// node has this hostname).
+	Warnings []string
+	// ReattestGrace is how long after expiry the gateways re-attest the
+	// certificate; zero when the gateway did not say.
+	ReattestGrace time.Duration
+	// ClockSkew is this machine's clock minus the gateway's, as measured
+	// from the answer (negative: behind); 0 when the gateway sent no time.
+	ClockSkew time.Duration
 }
 
 // Join exchanges a join token and a CSR for p.Key for the node's identity
@@ -117,8 +146,14 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 		return nil, err
 	}
 
+	log := p.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	clk := newGatewayClock(now, nil, log)
+
 	var vf verifyFailure
-	cfg := trust.tlsConfig(gw.host, now, nil, vf.set)
+	cfg := trust.tlsConfig(gw.host, clk, nil, vf.set)
 	// Join offers X25519 alone, not Go's default hybrid X25519MLKEM768:
 	// what a later quantum computer could read from a recording of this
 	// exchange is a join token long expired, a certificate and a CA bundle,
@@ -137,14 +172,24 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(p.Timeout, DefaultJoinTimeout))
 	defer cancel()
-	resp, err := sessionv1.NewJoinServiceClient(cc).Join(ctx, &sessionv1.JoinRequest{
-		Token: tok.String(),
-		Csr:   csr,
-		Facts: p.Facts,
-	})
+	req := &sessionv1.JoinRequest{Token: tok.String(), Csr: csr, Facts: p.Facts}
+	if len(p.ProveChain) > 0 {
+		if req.Proof, _, err = prove(ctx, cc, keyproof.PurposeRejoin, p.Key, p.ProveChain); err != nil {
+			if verr := vf.get(); verr != nil {
+				return nil, fmt.Errorf("gateway %s: %w", gw.url, verr)
+			}
+			return nil, fmt.Errorf("gateway %s: %w", gw.url, err)
+		}
+	}
+	resp, err := sessionv1.NewJoinServiceClient(cc).Join(ctx, req)
 	if err != nil {
 		if verr := vf.get(); verr != nil {
 			return nil, fmt.Errorf("gateway %s: %w", gw.url, verr)
+		}
+		switch refusalOf(err) {
+		case sessionv1.IdentityRefusal_PROOF_INVALID, sessionv1.IdentityRefusal_UNKNOWN_NODE,
+			sessionv1.IdentityRefusal_NOT_LATEST_KEY, sessionv1.IdentityRefusal_REVOKED:
+			return nil, fmt.Errorf("%w: %w by gateway %s: %s", ErrProofRefused, ErrJoinRefused, gw.url, status.Convert(err).Message())
 		}
 		switch status.Code(err) {
 		case codes.Unauthenticated, codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition:
@@ -152,7 +197,15 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 		}
 		return nil, fmt.Errorf("gateway %s: %w", gw.url, err)
 	}
-	return joinResult(resp, p.Key, trust, gw.url, now())
+	// A wrong clock must not refuse the certificate a token was spent on:
+	// it is judged by the gateway's time when the clocks disagree.
+	judge, skew := clk.observe(ctx, gw.url, resp.GetServerTime())
+	res, err := joinResult(resp, p.Key, trust, gw.url, judge)
+	if err != nil {
+		return nil, err
+	}
+	res.ClockSkew = skew
+	return res, nil
 }
 
 // joinResult checks a JoinResponse and turns it into a JoinResult.
@@ -189,16 +242,20 @@ func joinResult(resp *sessionv1.JoinResponse, key crypto.Signer, trust Trust, jo
 		renewAfter = ra.AsTime()
 	}
 	return &JoinResult{
-		NodeID:      resp.GetNodeId(),
-		TrustDomain: resp.GetTrustDomain(),
-		SPIFFEID:    spiffe,
-		Chain:       chain,
-		NodeCARoots: roots,
-		Gateways:    slices.Clone(gws),
-		RenewAfter:  renewAfter,
-		Trust:       trust,
-		PoolID:      resp.GetPoolId(),
-		SiteID:      resp.GetSiteId(),
-		Region:      resp.GetRegion(),
+		NodeID:        resp.GetNodeId(),
+		TrustDomain:   resp.GetTrustDomain(),
+		SPIFFEID:      spiffe,
+		Chain:         chain,
+		NodeCARoots:   roots,
+		Gateways:      slices.Clone(gws),
+		RenewAfter:    renewAfter,
+		Trust:         trust,
+		PoolID:        resp.GetPoolId(),
+		SiteID:        resp.GetSiteId(),
+		Region:        resp.GetRegion(),
+		Rejoined:      resp.GetRejoined(),
+		Repeated:      resp.GetRepeated(),
+		Warnings:      slices.Clone(resp.GetWarnings()),
+		ReattestGrace: resp.GetReattestGrace().AsDuration(),
 	}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -14,7 +15,7 @@ import (
 
 // renewVia renews through a connection of its own to gw.
 func (c *Client) renewVia(ctx context.Context, gw gatewayAddr) error {
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.clock.Now, c.getClientCertificate, nil), c.transport)
+	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, nil), c.transport)
 	if err != nil {
 		return err
 	}
@@ -39,9 +40,9 @@ func (c *Client) renewLogged(ctx context.Context, cc *grpc.ClientConn) error {
 }
 
 // renew asks for a new certificate for the node's key (JoinService.Renew,
-// mutual TLS with the current certificate), persists it through
-// Config.OnRenew and then uses it for every new connection. UNAUTHENTICATED
-// means the certificate is revoked: ErrRevoked.
+// mutual TLS with the current certificate) and adopts it. A refusal is read
+// by identityError: ErrRevoked only when the gateway says revoked or
+// deleted.
 func (c *Client) renew(ctx context.Context, cc *grpc.ClientConn) error {
 	c.renewMu.Lock()
 	defer c.renewMu.Unlock()
@@ -53,34 +54,66 @@ func (c *Client) renew(ctx context.Context, cc *grpc.ClientConn) error {
 	defer cancel()
 	resp, err := sessionv1.NewJoinServiceClient(cc).Renew(rctx, &sessionv1.RenewRequest{Csr: csr})
 	if err != nil {
-		if st := status.Convert(err); st.Code() == codes.Unauthenticated {
-			return fmt.Errorf("renew certificate: %w", revokedError(st.Message()))
-		}
+		return fmt.Errorf("renew certificate: %w", identityError(err))
+	}
+	if err := c.adopt(ctx, cc, resp); err != nil {
 		return fmt.Errorf("renew certificate: %w", err)
 	}
+	return nil
+}
+
+// identityError reads a refused Renew or Reattest as what it is: revoked or
+// deleted (ErrRevoked: join again), expired (ErrCertificateExpired), or any
+// other failure, which is worth retrying.
+func identityError(err error) error {
+	st := status.Convert(err)
+	switch refusalOf(err) {
+	case sessionv1.IdentityRefusal_REVOKED, sessionv1.IdentityRefusal_UNKNOWN_NODE:
+		return revokedError(st.Message())
+	case sessionv1.IdentityRefusal_CERT_EXPIRED:
+		return fmt.Errorf("%w: %s", ErrCertificateExpired, st.Message())
+	case sessionv1.IdentityRefusal_GRACE_PASSED:
+		return fmt.Errorf("%w: %w: %s", ErrCertificateExpired, errGracePassed, st.Message())
+	}
+	if st.Code() == codes.PermissionDenied && len(st.Details()) == 0 {
+		// A gateway older than IdentityRefusal said revoked this way.
+		return revokedError(st.Message())
+	}
+	return err
+}
+
+// adopt checks a renewed or re-attested certificate, persists it through
+// Config.OnRenew and then uses it for every new connection.
+func (c *Client) adopt(ctx context.Context, cc *grpc.ClientConn, resp *sessionv1.RenewResponse) error {
 	chain, err := parseDERs("certificate", resp.GetCertificateChain())
 	if err != nil {
-		return fmt.Errorf("renew certificate: %w", err)
+		return err
 	}
 	roots, err := parseDERs("node CA root", resp.GetNodeCaRoots())
 	if err != nil {
-		return fmt.Errorf("renew certificate: %w", err)
+		return err
 	}
-	if err := checkIssued(chain, roots, c.cfg.Key, c.clock.Now()); err != nil {
-		return fmt.Errorf("renew certificate: %w", err)
+	// Judged by the gateway's time when the clocks disagree (gatewayClock).
+	judge, _ := c.gwClock.observe(ctx, "https://"+strings.TrimPrefix(cc.Target(), "passthrough:///"), resp.GetServerTime())
+	if err := checkIssued(chain, roots, c.cfg.Key, judge); err != nil {
+		return err
 	}
-	r := &Renewal{Chain: chain, NodeCARoots: roots, RenewAfter: defaultRenewAfter(chain[0])}
+	r := &Renewal{Chain: chain, NodeCARoots: roots, RenewAfter: defaultRenewAfter(chain[0]), ReattestGrace: c.ReattestGrace()}
 	if ra := resp.GetRenewAfter(); ra != nil && ra.IsValid() {
 		r.RenewAfter = ra.AsTime()
 	}
+	if g := resp.GetReattestGrace(); g != nil && g.IsValid() {
+		r.ReattestGrace = g.AsDuration()
+	}
 	if f := c.cfg.OnRenew; f != nil {
 		if err := f(ctx, r); err != nil {
-			return fmt.Errorf("renew certificate: persist: %w", err)
+			return fmt.Errorf("persist: %w", err)
 		}
 	}
 	c.mu.Lock()
 	c.chain = chain
 	c.renewAfter = r.RenewAfter
+	c.reattestGrace = r.ReattestGrace
 	c.mu.Unlock()
 	c.cert.Store(tlsCertificate(chain, c.cfg.Key))
 	return nil

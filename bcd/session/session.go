@@ -95,7 +95,12 @@ func newSession(ctx context.Context, c *Client, gw gatewayAddr, cc *grpc.ClientC
 
 // attempt dials gw, opens a session and holds it until it ends.
 func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
-	if c.renewDue() {
+	if c.expired() {
+		// The mTLS handshake would fail: re-attest first.
+		if err := c.reattestVia(ctx, gw); err != nil {
+			return outcome{err: err}
+		}
+	} else if c.renewDue() {
 		// Renew first, on a connection of its own, so that the session's
 		// connection presents the new certificate.
 		if err := c.renewVia(ctx, gw); errors.Is(err, ErrRevoked) {
@@ -103,7 +108,7 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 		}
 	}
 	var vf verifyFailure
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.clock.Now, c.getClientCertificate, vf.set), c.transport)
+	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, vf.set), c.transport)
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -166,11 +171,7 @@ func (s *session) welcome(seq uint64, w *sessionv1.Welcome) {
 	}
 	c.log.InfoContext(s.ctx, "Session established", attrGateway, s.gw.url, attrSessionID, s.id,
 		attrNodeID, w.GetNodeId(), attrInterval, s.interval)
-	if st := w.GetServerTime(); st != nil && st.IsValid() {
-		if skew := st.AsTime().Sub(c.clock.Now()); skew > maxSkew || skew < -maxSkew {
-			c.log.WarnContext(s.ctx, "Clock differs from the gateway's; certificates may be refused", attrGateway, s.gw.url, attrSkew, skew)
-		}
-	}
+	c.gwClock.observe(s.ctx, s.gw.url, w.GetServerTime())
 }
 
 // failed builds the outcome of a stream that ended with err.
@@ -319,11 +320,16 @@ func (s *session) heartbeat() {
 // renewal, or a retry after a failure.
 func (s *session) renew() {
 	c := s.c
-	err := c.renewLogged(s.ctx, s.cc)
+	// A connection of its own each time: the session's connection was
+	// authenticated with a certificate that expires before the next
+	// renewal, so a second Renew on it would be refused.
+	err := c.renewVia(s.ctx, s.gw)
 	switch {
 	case err == nil:
 		s.schedule(slotRenew, c.untilRenew(), s.renew)
-	case errors.Is(err, ErrRevoked):
+	case errors.Is(err, ErrRevoked) || errors.Is(err, ErrCertificateExpired):
+		// Revoked ends the session for good; expired ends it for a
+		// re-attestation on the next attempt.
 		s.cancel(err)
 	case s.ctx.Err() == nil:
 		retry := c.cfg.RenewRetry/2 + c.cfg.Jitter(c.cfg.RenewRetry/2)

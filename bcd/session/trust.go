@@ -3,6 +3,7 @@ package session
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -45,11 +46,15 @@ func (t Trust) validate() error {
 }
 
 // verify decides whether chain, as a gateway sent it (leaf first), is
-// trusted for host at now. Errors wrap ErrUntrustedGateway.
-func (t Trust) verify(chain []*x509.Certificate, host string, now time.Time) error {
+// trusted for host at now, the gateway's time as the node estimates it;
+// local is this machine's clock reading, for the error. Errors wrap
+// ErrUntrustedGateway; a certificate outside its validity at now is
+// reported as a clock problem (validityError), not as a pin or CA
+// mismatch.
+func (t Trust) verify(chain []*x509.Certificate, host string, local, now time.Time) error {
 	if t.Roots == nil {
 		if err := jointoken.VerifyChain(t.Pin, chain, host, now); err != nil {
-			return fmt.Errorf("%w: %w", ErrUntrustedGateway, err)
+			return fmt.Errorf("%w: %w", ErrUntrustedGateway, explainValidity(err, local, now))
 		}
 		return nil
 	}
@@ -68,17 +73,52 @@ func (t Trust) verify(chain []*x509.Certificate, host string, now time.Time) err
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrUntrustedGateway, err)
+		return fmt.Errorf("%w: %w", ErrUntrustedGateway, explainValidity(err, local, now))
 	}
 	return nil
 }
 
+// validityError is a chain that failed verification only because a
+// certificate in it is not valid at the time it was judged by: most often
+// this machine's clock is wrong, and the error says what it reads. It
+// unwraps to the x509.CertificateInvalidError.
+type validityError struct {
+	err        x509.CertificateInvalidError
+	local, now time.Time
+}
+
+func (e *validityError) Error() string {
+	const layout = time.RFC3339
+	c := e.err.Cert
+	msg := fmt.Sprintf("certificate not yet valid / expired: this machine's clock reads %s", e.local.UTC().Format(layout))
+	if d := e.now.Sub(e.local); d.Abs() >= time.Second {
+		msg += fmt.Sprintf(" (judged at %s, the gateway's time as last measured)", e.now.UTC().Format(layout))
+	}
+	if c != nil {
+		msg += fmt.Sprintf("; %q is valid from %s to %s", c.Subject.CommonName, c.NotBefore.UTC().Format(layout), c.NotAfter.UTC().Format(layout))
+	}
+	return msg + ": check this machine's clock (NTP)"
+}
+
+func (e *validityError) Unwrap() error { return e.err }
+
+// explainValidity returns err, or a validityError when err is a
+// certificate outside its validity period.
+func explainValidity(err error, local, now time.Time) error {
+	var ci x509.CertificateInvalidError
+	if errors.As(err, &ci) && ci.Reason == x509.Expired {
+		return &validityError{err: ci, local: local, now: now}
+	}
+	return err
+}
+
 // tlsConfig returns the client TLS configuration for a gateway whose
 // certificate must name host: TLS 1.3 only, the chain verified against t
-// (see verify), presenting the certificate getCert returns (nil: none, as
-// for Join). A verification failure is also handed to failed, because gRPC
-// reports handshake errors only as text.
-func (t Trust) tlsConfig(host string, now func() time.Time, getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error), failed func(error)) *tls.Config {
+// (see verify) at clk's estimate of the gateway's time, presenting the
+// certificate getCert returns (nil: none, as for Join). A verification
+// failure is also handed to failed, because gRPC reports handshake errors
+// only as text.
+func (t Trust) tlsConfig(host string, clk *gatewayClock, getCert func(*tls.CertificateRequestInfo) (*tls.Certificate, error), failed func(error)) *tls.Config {
 	return &tls.Config{
 		MinVersion:           tls.VersionTLS13,
 		ServerName:           host,
@@ -88,7 +128,7 @@ func (t Trust) tlsConfig(host string, now func() time.Time, getCert func(*tls.Ce
 		// the injected clock.
 		InsecureSkipVerify: true, //nolint:gosec // see VerifyConnection
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			err := t.verify(cs.PeerCertificates, host, now())
+			err := t.verify(cs.PeerCertificates, host, clk.local(), clk.now())
 			if err != nil && failed != nil {
 				failed(err)
 			}

@@ -26,9 +26,11 @@ const (
 	OutcomeRefused = "refused"
 	// OutcomeError marks an attempt that failed on the system's side.
 	OutcomeError = "error"
-	// RevokeReasonRejoin is the reason recorded on the revocation of a
-	// re-joined node's previous certificate.
-	RevokeReasonRejoin = "re-join"
+	// ActionReattest is the audit action of every re-attestation.
+	ActionReattest = "node.reattested"
+	// RevokeReasonReinstall is the reason recorded on the revocation of the
+	// previous certificate of a node a reinstall token re-joined.
+	RevokeReasonReinstall = "reinstall"
 )
 
 // Errors of Join and Renew, matched with errors.Is.
@@ -42,6 +44,18 @@ var (
 	// ErrInvalidRequest reports a malformed request: a bad CSR (wrapped
 	// with the pki error) or facts outside their limits.
 	ErrInvalidRequest = errors.New("invalid join request")
+	// ErrUnknownNode reports a proof, re-attestation or reinstall token
+	// naming a node this deployment does not have (deleted).
+	ErrUnknownNode = errors.New("unknown node")
+	// ErrNotLatestKey reports a proof by a key that is not the key of the
+	// node's latest certificate.
+	ErrNotLatestKey = errors.New("not the node's latest key")
+	// ErrNodeRevoked reports a proof or re-attestation for a revoked
+	// certificate.
+	ErrNodeRevoked = errors.New("node certificate revoked")
+	// ErrGracePassed reports a re-attestation of a certificate that expired
+	// longer ago than Config.ReattestGrace, or with re-attestation off.
+	ErrGracePassed = errors.New("re-attestation grace passed")
 )
 
 // Limits on what a joining machine may send.
@@ -72,9 +86,17 @@ type Config struct {
 	// NodeCertTTL is the life of the node certificates issued. Defaults to
 	// pki.DefaultNodeTTL (24 h).
 	NodeCertTTL time.Duration
+	// ReattestGrace is how long after its expiry a node's certificate can
+	// still be renewed by Reattest (DESIGN.md, "Re-attestation after an
+	// outage"). Zero turns re-attestation off; the configuration's
+	// pki.reattestGrace defaults to DefaultReattestGrace.
+	ReattestGrace time.Duration
 	// Now is the clock certificates are issued at. Defaults to time.Now.
 	Now func() time.Time
 }
+
+// DefaultReattestGrace is pki.reattestGrace's default: 7 days.
+const DefaultReattestGrace = 7 * 24 * time.Hour
 
 // Admitter admits joining machines and renews node certificates. It is safe
 // for concurrent use.
@@ -94,6 +116,8 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Admitter,
 	switch {
 	case cfg.NodeCertTTL < 0:
 		return nil, fmt.Errorf("admission: node certificate TTL %s is negative", cfg.NodeCertTTL)
+	case cfg.ReattestGrace < 0:
+		return nil, fmt.Errorf("admission: re-attestation grace %s is negative", cfg.ReattestGrace)
 	case st == nil || bundle == nil || log == nil:
 		return nil, errors.New("admission: store, bundle and logger are required")
 	}
@@ -126,6 +150,24 @@ type Request struct {
 	// Via names the component that took the call, such as "gateway:gw_…",
 	// recorded in the audit details.
 	Via string
+	// Proven is set when the caller proved an existing node's key on this
+	// connection (the gateway checked the KeyProof): the join then takes
+	// that node's id, without revoking its live certificate.
+	Proven *ProvenKey
+}
+
+// ProvenKey is a node key the caller proved it holds: the gateway verified a
+// KeyProof by that key, over a nonce of the caller's connection, with a
+// certificate chain from the node CA naming the node.
+type ProvenKey struct {
+	// NodeID is the node the proof's certificate names.
+	NodeID string
+	// KeySHA256 is pki.KeySHA256 of the proven key.
+	KeySHA256 string
+	// Serial is the proof's certificate serial (pki.FormatSerial).
+	Serial string
+	// NotAfter is the proof's certificate's end of validity.
+	NotAfter time.Time
 }
 
 // Admission is an admitted join.
@@ -135,11 +177,18 @@ type Admission struct {
 	Site *store.Site
 	// Cert is the node's new certificate.
 	Cert *pki.Issued
-	// Rejoined reports that an existing node of the pool was re-joined.
+	// Rejoined reports that the join took an existing node's id: by a
+	// proof of its key or a reinstall token.
 	Rejoined bool
-	// RevokedSerial is the previous certificate's serial that a re-join
+	// Repeated reports a Join repeated with the same token and key: the
+	// node it made before, with a fresh certificate, no token use spent.
+	Repeated bool
+	// RevokedSerial is the previous certificate's serial that a reinstall
 	// revoked; empty otherwise.
 	RevokedSerial string
+	// Warnings are for the person running the join (another node has the
+	// hostname).
+	Warnings []string
 }
 
 // auditDetails is the JSON of a join's or renewal's audit row.
@@ -150,6 +199,10 @@ type auditDetails struct {
 	MachineID      string `json:"machineId,omitempty"`
 	Serial         string `json:"serial,omitempty"`
 	Rejoined       bool   `json:"rejoined,omitempty"`
+	Repeated       bool   `json:"repeated,omitempty"`
+	ProvenSerial   string `json:"provenSerial,omitempty"`
+	SameHostnameAs string `json:"sameHostnameAs,omitempty"`
+	NotAfter       string `json:"notAfter,omitempty"`
 	RevokedSerial  string `json:"revokedSerial,omitempty"`
 	PreviousSerial string `json:"previousSerial,omitempty"`
 	Via            string `json:"via,omitempty"`
@@ -189,6 +242,18 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 
 	adm := &Admission{}
 	err = a.store.Tx(ctx, func(tx store.Store) error {
+		// A repeated Join (same token, same key: a lost reply) answers
+		// with the node it made and uses nothing (DESIGN.md, "Join is
+		// idempotent per key").
+		if req.Proven == nil {
+			prev, err := tx.NodeFindByJoinKey(ctx, tok.ID(), cert.KeySHA256)
+			switch {
+			case err == nil:
+				return a.repeat(ctx, tx, req, tok, prev, opts, adm, entry, &details)
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+		}
 		t, err := tx.JoinTokenConsume(ctx, tok.ID(), tok.SecretHash(), nil)
 		if err != nil {
 			if isTokenRefusal(err) {
@@ -203,22 +268,36 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
 			return err
 		}
-		var prev *store.Node
+		prev, revokePrev, err := a.existing(ctx, tx, t, req)
+		if err != nil {
+			return err
+		}
 		nodeID := candidate
 		if prev != nil {
-			nodeID = prev.ID
+			adm.Rejoined, nodeID = true, prev.ID
+			if cert, err = a.bundle.IssueNode(req.CSR, prev.ID, opts); err != nil {
+				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
+			}
+		} else if twin, err := tx.NodeFindByHostname(ctx, adm.Pool.ID, req.Facts.Hostname); err == nil {
+			// A name alone never makes a machine an existing node.
+			adm.Warnings = append(adm.Warnings, fmt.Sprintf(
+				"node %s of pool %s already has hostname %q: this machine joined as a new node; to take that node's place after a reinstall, use a token from better-compute nodes reinstall %s",
+				twin.ID, adm.Pool.Name, req.Facts.Hostname, twin.ID))
+			details.SameHostnameAs = twin.ID
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
 		}
 		notAfter := cert.NotAfter
 		adm.Node, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
 			ID: nodeID, PoolID: adm.Pool.ID, Hostname: req.Facts.Hostname, MachineID: req.Facts.MachineID,
 			Labels: req.Facts.Labels, BCDVersion: req.Facts.BCDVersion, OS: req.Facts.OS, Arch: req.Facts.Arch,
-			CertSerial: cert.Serial, CertNotAfter: &notAfter,
+			CertSerial: cert.Serial, CertNotAfter: &notAfter, KeySHA256: cert.KeySHA256, JoinTokenID: t.ID,
 		})
 		if err != nil {
 			return err
 		}
-		if prev != nil && prev.CertSerial != "" && prev.CertSerial != cert.Serial {
-			err := tx.RevocationInsert(ctx, &store.Revocation{Serial: prev.CertSerial, NodeID: prev.ID, Reason: RevokeReasonRejoin})
+		if revokePrev && prev.CertSerial != "" && prev.CertSerial != cert.Serial {
+			err := tx.RevocationInsert(ctx, &store.Revocation{Serial: prev.CertSerial, NodeID: prev.ID, Reason: RevokeReasonReinstall})
 			if err != nil {
 				return err
 			}
@@ -226,6 +305,9 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		adm.Cert = cert
 		details.Serial, details.Rejoined, details.RevokedSerial = cert.Serial, adm.Rejoined, adm.RevokedSerial
+		if req.Proven != nil {
+			details.ProvenSerial = req.Proven.Serial
+		}
 		ok := *entry
 		ok.Resource, ok.Outcome, ok.Details = "node/"+nodeID, OutcomeSuccess, mustJSON(details)
 		_, err = tx.AuditInsert(ctx, &ok)
@@ -238,8 +320,98 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		return nil, a.fail(ctx, entry, &details, fmt.Errorf("join: %w", err))
 	}
 	a.log.InfoContext(ctx, "Node joined", "node_id", adm.Node.ID, "pool_id", adm.Pool.ID, "hostname", adm.Node.Hostname,
-		"rejoined", adm.Rejoined, "serial", cert.Serial, "source", req.Source)
+		"rejoined", adm.Rejoined, "repeated", adm.Repeated, "serial", adm.Cert.Serial, "source", req.Source)
 	return adm, nil
+}
+
+// existing returns the node a join takes over, if any, and whether its
+// certificate is to be revoked: the node a reinstall token names (its
+// machine was wiped: the old key is gone, so its certificate is revoked),
+// or the node whose current key the caller proved (never revoked: the
+// machine is the node). A mismatch refuses the join.
+func (a *Admitter) existing(ctx context.Context, tx store.Store, t *store.JoinToken, req *Request) (prev *store.Node, revoke bool, err error) {
+	switch {
+	case t.NodeID != "":
+		prev, err = tx.NodeGet(ctx, t.NodeID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, false, fmt.Errorf("%w: %w: node %s, which this reinstall token was made for, no longer exists", ErrRefused, ErrUnknownNode, t.NodeID)
+		}
+		return prev, true, err
+	case req.Proven != nil:
+		prev, err := a.provenNode(ctx, tx, req.Proven)
+		return prev, false, err
+	}
+	return nil, false, nil
+}
+
+// provenNode returns the node whose key p proves: it must exist, p's key
+// must be the key of its latest certificate, and neither that certificate
+// nor the proof's is revoked.
+func (a *Admitter) provenNode(ctx context.Context, tx store.Store, p *ProvenKey) (*store.Node, error) {
+	n, err := tx.NodeGet(ctx, p.NodeID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, fmt.Errorf("%w: %w: node %s", ErrRefused, ErrUnknownNode, p.NodeID)
+	case err != nil:
+		return nil, err
+	}
+	// Nodes joined before keys were recorded are named by their serial.
+	latest := n.KeySHA256 == p.KeySHA256 || (n.KeySHA256 == "" && n.CertSerial == p.Serial)
+	if !latest {
+		return nil, fmt.Errorf("%w: %w: node %s has a newer key than the one proven", ErrRefused, ErrNotLatestKey, n.ID)
+	}
+	for _, serial := range []string{p.Serial, n.CertSerial} {
+		if serial == "" {
+			continue
+		}
+		revoked, err := tx.RevocationCheck(ctx, serial)
+		if err != nil {
+			return nil, err
+		}
+		if revoked {
+			return nil, fmt.Errorf("%w: %w: certificate %s of node %s", ErrRefused, ErrNodeRevoked, serial, n.ID)
+		}
+	}
+	return n, nil
+}
+
+// repeat answers a Join repeated with the same token and key: the same
+// node, a fresh certificate, no token use. The token must still be valid
+// (known secret, not revoked, within its TTL).
+func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok jointoken.Token, n *store.Node,
+	opts pki.IssueOptions, adm *Admission, entry *store.AuditEntry, details *auditDetails) error {
+	if _, err := tx.JoinTokenCheck(ctx, tok.ID(), tok.SecretHash(), nil); err != nil {
+		if isTokenRefusal(err) {
+			return fmt.Errorf("%w: %w", ErrRefused, err)
+		}
+		return err
+	}
+	var err error
+	details.PoolID = n.PoolID
+	if adm.Pool, err = tx.PoolGet(ctx, n.PoolID); err != nil {
+		return err
+	}
+	if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
+		return err
+	}
+	if adm.Cert, err = a.bundle.IssueNode(req.CSR, n.ID, opts); err != nil {
+		return fmt.Errorf("issue certificate for node %s: %w", n.ID, err)
+	}
+	err = tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
+		ID: n.ID, Serial: adm.Cert.Serial, NotAfter: adm.Cert.NotAfter, KeySHA256: adm.Cert.KeySHA256,
+	})
+	if err != nil {
+		return err
+	}
+	if adm.Node, err = tx.NodeGet(ctx, n.ID); err != nil {
+		return err
+	}
+	adm.Repeated = true
+	details.Serial, details.Repeated = adm.Cert.Serial, true
+	ok := *entry
+	ok.Resource, ok.Outcome, ok.Details = "node/"+n.ID, OutcomeSuccess, mustJSON(details)
+	_, err = tx.AuditInsert(ctx, &ok)
+	return err
 }
 
 // refuse writes the audit row of a refused join and returns err.

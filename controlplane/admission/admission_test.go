@@ -60,6 +60,11 @@ func (f *fixture) token(t *testing.T, ttl time.Duration) jointoken.Token {
 func csr(t *testing.T) []byte {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	return csrFor(t, key)
+}
+
+func csrFor(t *testing.T, key *ecdsa.PrivateKey) []byte {
+	t.Helper()
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +72,23 @@ func csr(t *testing.T) []byte {
 	return der
 }
 
-func TestJoinAndRejoin(t *testing.T) {
+// proven is what the gateway hands admission once it checked a KeyProof of
+// the key certified by issued.
+func proven(t *testing.T, nodeID string, issued *pki.Issued) *admission.ProvenKey {
+	t.Helper()
+	return &admission.ProvenKey{NodeID: nodeID, KeySHA256: issued.KeySHA256, Serial: issued.Serial, NotAfter: issued.NotAfter}
+}
+
+func revoked(t *testing.T, st store.Store, serial string) bool {
+	t.Helper()
+	r, err := st.RevocationCheck(context.Background(), serial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestJoinSameHostnameIsANewNode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := setup(t)
@@ -77,26 +98,229 @@ func TestJoinAndRejoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Rejoined || first.Node.CertSerial != first.Cert.Serial || first.Cert.NotAfter.Sub(first.Cert.NotBefore) != time.Hour+pki.NodeBackdate {
+	if first.Rejoined || first.Node.CertSerial != first.Cert.Serial || first.Cert.NotAfter.Sub(first.Cert.NotBefore) != time.Hour+pki.NodeBackdate ||
+		first.Node.KeySHA256 != first.Cert.KeySHA256 || first.Node.JoinTokenID != tok.ID() || len(first.Warnings) != 0 {
 		t.Fatalf("first join = %+v %+v", first, first.Cert)
 	}
+	// Another machine, same hostname and machine id (a cloned image): a
+	// new node, a warning, and the first node's certificate stays good.
 	req.CSR = csr(t)
 	second, err := f.adm.Join(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !second.Rejoined || second.Node.ID != first.Node.ID || second.RevokedSerial != first.Cert.Serial {
-		t.Fatalf("re-join = %+v", second)
+	if second.Rejoined || second.Node.ID == first.Node.ID || second.RevokedSerial != "" ||
+		len(second.Warnings) != 1 || !strings.Contains(second.Warnings[0], first.Node.ID) {
+		t.Fatalf("same hostname = %+v", second)
 	}
-	renewed, err := f.adm.Renew(ctx, &admission.RenewRequest{NodeID: first.Node.ID, CSR: csr(t), Serial: second.Cert.Serial})
+	if revoked(t, f.st, first.Cert.Serial) {
+		t.Fatal("a machine with the same hostname revoked the live node's certificate")
+	}
+	renewed, err := f.adm.Renew(ctx, &admission.RenewRequest{NodeID: first.Node.ID, CSR: csr(t), Serial: first.Cert.Serial})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := f.st.NodeGet(ctx, first.Node.ID); n.CertSerial != renewed.Serial || n.Hostname != "gpu-01" {
+	if n, _ := f.st.NodeGet(ctx, first.Node.ID); n.CertSerial != renewed.Serial || n.Hostname != "gpu-01" || n.KeySHA256 != renewed.KeySHA256 {
 		t.Fatalf("node after renew = %+v", n)
 	}
 	if _, err := f.adm.Renew(ctx, &admission.RenewRequest{NodeID: "node-gone", CSR: csr(t)}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("renew of an unknown node: %v", err)
+	}
+}
+
+func TestJoinRepeatedWithTheSameKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	tok, _ := jointoken.New(f.bundle.GatewayPin(), nil)
+	if _, err := f.st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{
+		ID: tok.ID(), SecretHash: tok.SecretHash(), PoolID: f.pool.ID, MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	req := &admission.Request{Token: tok.String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-02"}}
+	first, err := f.adm.Join(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reply was lost; bcd retries with the same key and a new CSR.
+	req.CSR = csrFor(t, key)
+	again, err := f.adm.Join(ctx, req)
+	if err != nil {
+		t.Fatalf("repeated join: %v", err)
+	}
+	if !again.Repeated || again.Node.ID != first.Node.ID || again.Cert.Serial == first.Cert.Serial || again.Node.CertSerial != again.Cert.Serial {
+		t.Fatalf("repeated join = %+v", again)
+	}
+	if tk, _ := f.st.JoinTokenGet(ctx, tok.ID()); tk.Uses != 1 {
+		t.Fatalf("token uses = %d after a repeated join, want 1", tk.Uses)
+	}
+	// Another key with the used-up token is refused as before.
+	req.CSR = csr(t)
+	if _, err := f.adm.Join(ctx, req); !errors.Is(err, store.ErrTokenExhausted) {
+		t.Fatalf("another key: %v, want ErrTokenExhausted", err)
+	}
+	// The same key after the token's revocation is refused too.
+	if err := f.st.JoinTokenRevoke(ctx, tok.ID()); err != nil {
+		t.Fatal(err)
+	}
+	req.CSR = csrFor(t, key)
+	if _, err := f.adm.Join(ctx, req); !errors.Is(err, store.ErrTokenRevoked) {
+		t.Fatalf("same key, revoked token: %v, want ErrTokenRevoked", err)
+	}
+}
+
+func TestRejoinByProof(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	first, err := f.adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-03"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := proven(t, first.Node.ID, first.Cert)
+	again, err := f.adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csrFor(t, key),
+		Facts: admission.Facts{Hostname: "gpu-03-renamed"}, Proven: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Rejoined || again.Node.ID != first.Node.ID || again.RevokedSerial != "" || again.Node.Hostname != "gpu-03-renamed" {
+		t.Fatalf("re-join by proof = %+v", again)
+	}
+	if revoked(t, f.st, first.Cert.Serial) {
+		t.Fatal("a re-join that proved the current key revoked the live certificate")
+	}
+	// The proof names the first certificate's key: after the node moved to
+	// another key, it proves nothing.
+	if _, err := f.adm.Renew(ctx, &admission.RenewRequest{NodeID: first.Node.ID, CSR: csr(t)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csr(t), Facts: admission.Facts{Hostname: "x"}, Proven: p})
+	if !errors.Is(err, admission.ErrNotLatestKey) {
+		t.Fatalf("proof of an old key: %v, want ErrNotLatestKey", err)
+	}
+	p.NodeID = "node_gone"
+	_, err = f.adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csr(t), Facts: admission.Facts{Hostname: "x"}, Proven: p})
+	if !errors.Is(err, admission.ErrUnknownNode) {
+		t.Fatalf("proof for a deleted node: %v, want ErrUnknownNode", err)
+	}
+}
+
+func TestJoinWithReinstallToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	first, err := f.adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csr(t),
+		Facts: admission.Facts{Hostname: "gpu-04", Labels: map[string]string{"rack": "r7"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _ := jointoken.New(f.bundle.GatewayPin(), nil)
+	if _, err := f.st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: tok.ID(), SecretHash: tok.SecretHash(), PoolID: f.pool.ID,
+		MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour), NodeID: first.Node.ID}); err != nil {
+		t.Fatal(err)
+	}
+	// The wiped machine: a new key, new facts, no labels.
+	again, err := f.adm.Join(ctx, &admission.Request{Token: tok.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "gpu-04", MachineID: "new"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Rejoined || again.Node.ID != first.Node.ID || again.RevokedSerial != first.Cert.Serial || again.Node.Labels["rack"] != "r7" {
+		t.Fatalf("reinstall = %+v %v", again, again.Node.Labels)
+	}
+	if !revoked(t, f.st, first.Cert.Serial) {
+		t.Fatal("the wiped machine's old certificate is not revoked")
+	}
+	if err := f.st.NodeDelete(ctx, first.Node.ID); err != nil {
+		t.Fatal(err)
+	}
+	tok2, _ := jointoken.New(f.bundle.GatewayPin(), nil)
+	if _, err := f.st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: tok2.ID(), SecretHash: tok2.SecretHash(), PoolID: f.pool.ID,
+		MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour), NodeID: first.Node.ID}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.adm.Join(ctx, &admission.Request{Token: tok2.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "gpu-04"}})
+	if !errors.Is(err, admission.ErrUnknownNode) {
+		t.Fatalf("reinstall token of a deleted node: %v, want ErrUnknownNode", err)
+	}
+}
+
+func TestReattest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	var now time.Time
+	adm, err := admission.New(admission.Config{NodeCertTTL: time.Hour, ReattestGrace: 24 * time.Hour, Now: func() time.Time { return now }},
+		f.st, f.bundle, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = time.Now()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	joined, err := adm.Join(ctx, &admission.Request{Token: f.token(t, time.Hour).String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-05"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := joined.Node.ID
+	p := proven(t, id, joined.Cert)
+
+	// An outage of 3 certificate lives: inside the grace.
+	now = joined.Cert.NotAfter.Add(3 * time.Hour)
+	cert, err := adm.Reattest(ctx, &admission.ReattestRequest{Proven: *p, CSR: csrFor(t, key), Source: "192.0.2.9"})
+	if err != nil {
+		t.Fatalf("reattest inside the grace: %v", err)
+	}
+	if !cert.NotAfter.After(now) {
+		t.Fatalf("re-attested certificate ends %s, before now %s", cert.NotAfter, now)
+	}
+	n, _ := f.st.NodeGet(ctx, id)
+	if n.CertSerial != cert.Serial {
+		t.Fatalf("node serial %s, want %s", n.CertSerial, cert.Serial)
+	}
+	audit, _ := f.st.AuditList(ctx, 0, 100)
+	var rows int
+	for _, e := range audit {
+		if e.Action == admission.ActionReattest && e.Outcome == admission.OutcomeSuccess && e.Resource == "node/"+id {
+			rows++
+		}
+	}
+	if rows != 1 {
+		t.Fatalf("%d node.reattested success rows, want 1", rows)
+	}
+	// A re-attestation onto a new key: from then on the old key proves
+	// nothing, even inside the grace.
+	newKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	cert, err = adm.Reattest(ctx, &admission.ReattestRequest{Proven: *p, CSR: csrFor(t, newKey)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adm.Reattest(ctx, &admission.ReattestRequest{Proven: *p, CSR: csrFor(t, key)}); !errors.Is(err, admission.ErrNotLatestKey) {
+		t.Fatalf("old key: %v, want ErrNotLatestKey", err)
+	}
+	p2 := &admission.ProvenKey{NodeID: id, KeySHA256: cert.KeySHA256, Serial: cert.Serial, NotAfter: cert.NotAfter}
+	key = newKey
+
+	// Past the grace.
+	now = cert.NotAfter.Add(24*time.Hour + time.Second)
+	if _, err := adm.Reattest(ctx, &admission.ReattestRequest{Proven: *p2, CSR: csrFor(t, key)}); !errors.Is(err, admission.ErrGracePassed) {
+		t.Fatalf("past the grace: %v, want ErrGracePassed", err)
+	}
+	// Revoked.
+	now = cert.NotAfter.Add(time.Hour)
+	if err := f.st.RevocationInsert(ctx, &store.Revocation{Serial: cert.Serial, NodeID: id, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adm.Reattest(ctx, &admission.ReattestRequest{Proven: *p2, CSR: csrFor(t, key)}); !errors.Is(err, admission.ErrNodeRevoked) {
+		t.Fatalf("revoked: %v, want ErrNodeRevoked", err)
+	}
+	if n, _ := f.st.NodeGet(ctx, id); n.CertSerial != cert.Serial {
+		t.Fatal("a refused re-attestation changed the node")
+	}
+	// Off.
+	off, _ := admission.New(admission.Config{NodeCertTTL: time.Hour, Now: func() time.Time { return now }}, f.st, f.bundle, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if _, err := off.Reattest(ctx, &admission.ReattestRequest{Proven: *p2, CSR: csrFor(t, key)}); !errors.Is(err, admission.ErrGracePassed) {
+		t.Fatalf("grace 0: %v, want ErrGracePassed", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -50,14 +51,8 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 	}
 	details.Serial = cert.Serial
 	err = a.store.Tx(ctx, func(tx store.Store) error {
-		n, err := tx.NodeGet(ctx, req.NodeID)
-		if err != nil {
-			return err
-		}
-		notAfter := cert.NotAfter
-		_, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
-			ID: n.ID, PoolID: n.PoolID, Hostname: n.Hostname, MachineID: n.MachineID, Labels: n.Labels,
-			BCDVersion: n.BCDVersion, OS: n.OS, Arch: n.Arch, CertSerial: cert.Serial, CertNotAfter: &notAfter,
+		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
+			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
 		})
 		if err != nil {
 			return err
@@ -75,3 +70,81 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 	a.log.InfoContext(ctx, "Node certificate renewed", "node_id", req.NodeID, "serial", cert.Serial, "previous_serial", req.Serial)
 	return cert, nil
 }
+
+// ReattestRequest is a node whose certificate expired asking for a new one.
+// The caller checked the node's KeyProof (Proven); nothing else in the
+// request is trusted.
+type ReattestRequest struct {
+	Proven ProvenKey
+	// CSR is the DER PKCS #10 request for the new certificate's key.
+	CSR    []byte
+	Source string
+	Via    string
+}
+
+// Reattest issues a new certificate to a node that proved the key of its
+// latest certificate, when that certificate expired less than
+// Config.ReattestGrace ago (DESIGN.md, "Re-attestation after an outage"),
+// and records it with a node.reattested audit row, in one transaction.
+// Refusals wrap ErrRefused with ErrGracePassed, ErrUnknownNode,
+// ErrNotLatestKey, ErrNodeRevoked or ErrInvalidRequest; each leaves a
+// refused audit row.
+func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Issued, error) {
+	p := req.Proven
+	details := auditDetails{Via: req.Via, PreviousSerial: p.Serial, NotAfter: p.NotAfter.UTC().Format(time.RFC3339)}
+	entry := &store.AuditEntry{Actor: "node:" + p.NodeID, Action: ActionReattest, Resource: "node/" + p.NodeID, SourceIP: req.Source}
+	refuse := func(err error) (*pki.Issued, error) {
+		a.audit(ctx, entry, &details, OutcomeRefused, err)
+		a.log.InfoContext(ctx, "Re-attestation refused", "node_id", p.NodeID, "source", req.Source, "error", err)
+		return nil, err
+	}
+	now := a.cfg.Now()
+	switch {
+	case a.cfg.ReattestGrace == 0:
+		return refuse(fmt.Errorf("%w: %w: re-attestation is off on this deployment (pki.reattestGrace 0)", ErrRefused, ErrGracePassed))
+	case now.Sub(p.NotAfter) > a.cfg.ReattestGrace:
+		return refuse(fmt.Errorf("%w: %w: certificate expired at %s, more than %s ago", ErrRefused, ErrGracePassed,
+			p.NotAfter.UTC().Format(time.RFC3339), a.cfg.ReattestGrace))
+	case len(req.CSR) > MaxCSRSize:
+		return refuse(fmt.Errorf("%w: %w: CSR is %d bytes, at most %d", ErrRefused, ErrInvalidRequest, len(req.CSR), MaxCSRSize))
+	}
+	cert, err := a.bundle.IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
+	switch {
+	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
+		return refuse(fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
+	case err != nil:
+		err = fmt.Errorf("reattest: %w", err)
+		a.audit(ctx, entry, &details, OutcomeError, err)
+		return nil, err
+	}
+	details.Serial = cert.Serial
+	err = a.store.Tx(ctx, func(tx store.Store) error {
+		if _, err := a.provenNode(ctx, tx, &p); err != nil {
+			return err
+		}
+		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
+			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
+		})
+		if err != nil {
+			return err
+		}
+		ok := *entry
+		ok.Outcome, ok.Details = OutcomeSuccess, mustJSON(details)
+		_, err = tx.AuditInsert(ctx, &ok)
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrRefused):
+		return refuse(err)
+	case err != nil:
+		err = fmt.Errorf("reattest node %s: %w", p.NodeID, err)
+		a.audit(ctx, entry, &details, OutcomeError, err)
+		return nil, err
+	}
+	a.log.InfoContext(ctx, "Node re-attested", "node_id", p.NodeID, "serial", cert.Serial, "previous_serial", p.Serial,
+		"expired_for", now.Sub(p.NotAfter).Round(time.Second), "source", req.Source)
+	return cert, nil
+}
+
+// ReattestGrace is the configured re-attestation grace (zero: off).
+func (a *Admitter) ReattestGrace() time.Duration { return a.cfg.ReattestGrace }

@@ -234,7 +234,7 @@ func TestMutatingCallsAudited(t *testing.T) {
 func FuzzRequestDecoding(f *testing.F) {
 	methods := []string{"sites.create", "sites.list", "pools.create", "joinTokens.create", "nodes.list", "nodes.get",
 		"nodes.cordon", "commands.create", "commands.get", "commands.list", "commands.cancel", "pki.revoke",
-		"tokens.create", "fleet.summary", "no.such"}
+		"tokens.create", "fleet.summary", "nodes.reinstall", "no.such"}
 	for i := range methods {
 		for _, s := range []string{`{}`, `{"name":"a","region":"b"}`, `{"page":{"limit":3,"cursor":"x"}}`,
 			`{"nodeIds":["a"],"kind":"exec","exec":{"argv":["ls"],"env":{"A":"1"}},"timeout":"3s"}`, `[`, `null`} {

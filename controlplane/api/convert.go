@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -36,7 +37,7 @@ func poolOut(p *store.Pool) *apiv1.Pool {
 
 func joinTokenOut(t *store.JoinToken) *apiv1.JoinToken {
 	return &apiv1.JoinToken{Id: t.ID, PoolId: t.PoolID, Description: t.Description, MaxUses: int32(t.MaxUses),
-		Uses: int32(t.Uses), ExpireTime: ts(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt)}
+		Uses: int32(t.Uses), ExpireTime: ts(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt), NodeId: t.NodeID}
 }
 
 func apiTokenOut(t *store.APIToken) *apiv1.APIToken {
@@ -83,6 +84,10 @@ func nodeOut(n *store.Node, gatewayID string, withInventory bool) *apiv1.Node {
 	}
 	if withInventory {
 		out.InventoryJson = string(n.Inventory)
+	}
+	if n.ClockSkew != nil {
+		out.ClockSkew = durationpb.New(*n.ClockSkew)
+		out.ClockSkewTime = tsp(n.ClockSkewAt)
 	}
 	return out
 }

@@ -57,6 +57,7 @@ func (s *Server) registerMethods() {
 	handle(s, "nodes.uncordon", operator, true, s.nodesCordon(false))
 	handle(s, "nodes.drain", operator, true, s.nodesDrain)
 	handle(s, "nodes.delete", admin, true, s.nodesDelete)
+	handle(s, "nodes.reinstall", admin, true, s.nodesReinstall)
 	handle(s, "commands.create", operator, true, s.commandsCreate)
 	handle(s, "commands.get", viewer, false, s.commandsGet)
 	handle(s, "commands.list", viewer, false, s.commandsList)
@@ -239,7 +240,7 @@ func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv
 	if err != nil {
 		return nil, err
 	}
-	secret, rec, err := CreateJoinToken(ctx, s.store, pin, pool.ID, ttl, uses, r.GetDescription())
+	secret, rec, err := CreateJoinToken(ctx, s.store, pin, pool.ID, ttl, uses, r.GetDescription(), "")
 	if err != nil {
 		return nil, err
 	}
@@ -247,16 +248,18 @@ func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv
 }
 
 // CreateJoinToken mints a join token carrying pin for pool and stores its
-// hash. It returns the token string, shown once, and its record.
+// hash. A nodeID that is not empty binds the token to that existing node
+// (nodes reinstall): the machine that joins with it becomes that node. It
+// returns the token string, shown once, and its record.
 func CreateJoinToken(ctx context.Context, st interface {
 	JoinTokenCreate(context.Context, *store.JoinTokenCreateParams) (*store.JoinToken, error)
-}, pin, poolID string, ttl time.Duration, maxUses int, description string) (string, *store.JoinToken, error) {
+}, pin, poolID string, ttl time.Duration, maxUses int, description, nodeID string) (string, *store.JoinToken, error) {
 	tok, err := jointoken.New(pin, nil)
 	if err != nil {
 		return "", nil, fmt.Errorf("make join token: %w", err)
 	}
 	rec, err := st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: tok.ID(), SecretHash: tok.SecretHash(),
-		PoolID: poolID, Description: description, MaxUses: maxUses, ExpiresAt: time.Now().Add(ttl).UTC()})
+		PoolID: poolID, Description: description, MaxUses: maxUses, ExpiresAt: time.Now().Add(ttl).UTC(), NodeID: nodeID})
 	if err != nil {
 		return "", nil, fmt.Errorf("store join token: %w", err)
 	}
@@ -389,6 +392,60 @@ func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.Nod
 		return nil, err
 	}
 	return &apiv1.NodeResponse{Node: nodeOut(n, "", false)}, nil
+}
+
+// nodesReinstall makes a one-use join token bound to a node, in its pool,
+// for a machine whose disk was wiped (DESIGN.md, "Re-join needs proof, never
+// a name"): the machine that joins with it takes the node's id and history.
+func (s *Server) nodesReinstall(ctx context.Context, _ *iam.Principal, r *apiv1.ReinstallNodeRequest) (*apiv1.ReinstallNodeResponse, error) {
+	if err := id("node", r.GetNode()); err != nil {
+		return nil, err
+	}
+	n, err := s.store.NodeGet(ctx, r.GetNode())
+	if err != nil {
+		return nil, fieldNotFound(err, "node", "no node "+r.GetNode())
+	}
+	ttl := DefaultJoinTokenTTL
+	if r.Ttl != nil {
+		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 || r.GetTtl().AsDuration() > MaxJoinTokenTTL {
+			return nil, invalid("ttl", "must be above 0 and at most %v", MaxJoinTokenTTL)
+		}
+		ttl = r.GetTtl().AsDuration()
+	}
+	pin, _, err := s.gatewayPin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	secret, rec, err := CreateJoinToken(ctx, s.store, pin, n.PoolID, ttl, 1, "reinstall of node "+n.ID, n.ID)
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.ReinstallNodeResponse{JoinToken: joinTokenOut(rec), Token: secret, GatewayUrls: s.regionGateways(ctx, n.PoolID)}, nil
+}
+
+// regionGateways are the addresses of the live, not draining gateways of the
+// region of pool, as the well-known document lists them; none when they
+// cannot be read.
+func (s *Server) regionGateways(ctx context.Context, poolID string) []string {
+	pool, err := s.store.PoolGet(ctx, poolID)
+	if err != nil {
+		return nil
+	}
+	site, err := s.store.SiteGet(ctx, pool.SiteID)
+	if err != nil {
+		return nil
+	}
+	gws, err := s.store.GatewayList(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, g := range gws {
+		if g.Region == site.Region && time.Since(g.HeartbeatAt) < 20*time.Second && !g.Draining && g.Address != "" {
+			out = append(out, g.Address)
+		}
+	}
+	return out
 }
 
 func (s *Server) gatewaysList(ctx context.Context, _ *iam.Principal, _ *apiv1.ListGatewaysRequest) (*apiv1.ListGatewaysResponse, error) {

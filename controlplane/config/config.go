@@ -68,6 +68,8 @@ type Config struct {
 	Sinks Sinks `yaml:"sinks"`
 	// Retention bounds how long finished work is kept.
 	Retention Retention `yaml:"retention"`
+	// PKI configures node identities over time.
+	PKI PKI `yaml:"pki"`
 
 	// ParsedProxies is TrustedProxies parsed; filled by Load.
 	ParsedProxies []netip.Prefix `yaml:"-"`
@@ -113,6 +115,16 @@ type Gateway struct {
 	DrainDelay Duration `yaml:"drainDelay"`
 	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
 	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+}
+
+// PKI configures node identities over time (DESIGN.md, "Identity over
+// time").
+type PKI struct {
+	// ReattestGrace is how long after its expiry a node's certificate can
+	// still be renewed by re-attestation (JoinService.Reattest), so that a
+	// node back from an outage longer than its certificate's life needs no
+	// operator. "0s" turns re-attestation off. Defaults to 168h (7 days).
+	ReattestGrace *Duration `yaml:"reattestGrace"`
 }
 
 // TLSFiles names PEM files.
@@ -319,6 +331,9 @@ func (c *Config) defaults(getenv func(string) string) {
 			g.PublicURL = "https://localhost:" + port
 		}
 	}
+	if c.PKI.ReattestGrace == nil {
+		c.PKI.ReattestGrace = &Duration{7 * 24 * time.Hour}
+	}
 	r := &c.Retention
 	if r.Commands.Duration == 0 {
 		r.Commands.Duration = 30 * 24 * time.Hour
@@ -368,6 +383,9 @@ func (c *Config) validate() error {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if g := c.PKI.ReattestGrace; g != nil && g.Duration < 0 {
+		return &Error{Key: "pki.reattestGrace", Msg: fmt.Sprintf("%v: want 0 (off) or a positive duration such as 168h", g.Duration)}
 	}
 	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
 		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}

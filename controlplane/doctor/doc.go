@@ -21,6 +21,9 @@
 //	fleet.heartbeats        ready nodes silent for more than 3 heartbeat intervals
 //	fleet.old-daemons       nodes whose bcd is older (semantic versions) than the newest one seen
 //	fleet.expiring-certs    node certificates ending within 6 h (warn) or already ended (fail)
+//	fleet.clock-skew        node clocks (as gateways measure them from heartbeats) more than 30 s off (warn)
+//	fleet.duplicate-hostnames hostnames that several nodes share (warn): a reinstall joined with a plain
+//	                        token, or machines named alike
 //
 // Times the database decides (deadlines, lease expiry, heartbeats) are
 // compared with the database's clock, read by the clock check, so that a

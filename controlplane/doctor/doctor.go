@@ -37,21 +37,23 @@ func (s Status) rank() int {
 
 // Check ids, in the order Run reports them.
 const (
-	IDSchema            = "schema"
-	IDClock             = "clock"
-	IDPKI               = "pki"
-	IDGatewayIdentity   = "host.gateway.identity"
-	IDGatewayNotifier   = "host.gateway.notifier"
-	IDRoutes            = "host.routes"
-	IDQueue             = "workers.queue"
-	IDSweeper           = "workers.sweeper"
-	IDGatewayHeadroom   = "fleet.gateway-headroom"
-	IDHeartbeats        = "fleet.heartbeats"
-	IDOldDaemons        = "fleet.old-daemons"
-	IDExpiringCerts     = "fleet.expiring-certs"
-	defaultGatewayLive  = 30 * time.Second
-	defaultHeartbeat    = 10 * time.Second
-	defaultCheckTimeout = 10 * time.Second
+	IDSchema             = "schema"
+	IDClock              = "clock"
+	IDPKI                = "pki"
+	IDGatewayIdentity    = "host.gateway.identity"
+	IDGatewayNotifier    = "host.gateway.notifier"
+	IDRoutes             = "host.routes"
+	IDQueue              = "workers.queue"
+	IDSweeper            = "workers.sweeper"
+	IDGatewayHeadroom    = "fleet.gateway-headroom"
+	IDHeartbeats         = "fleet.heartbeats"
+	IDOldDaemons         = "fleet.old-daemons"
+	IDExpiringCerts      = "fleet.expiring-certs"
+	IDClockSkew          = "fleet.clock-skew"
+	IDDuplicateHostnames = "fleet.duplicate-hostnames"
+	defaultGatewayLive   = 30 * time.Second
+	defaultHeartbeat     = 10 * time.Second
+	defaultCheckTimeout  = 10 * time.Second
 )
 
 // Result is the outcome of one check.
@@ -211,14 +213,16 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 		r.add(GatewayHeadroom(gws, len(nodes), now, cfg.GatewayLiveWithin))
 	}
 	if nodesErr != nil {
-		for _, id := range []string{IDHeartbeats, IDOldDaemons, IDExpiringCerts} {
+		for _, id := range []string{IDHeartbeats, IDOldDaemons, IDExpiringCerts, IDClockSkew} {
 			r.add(result(id, Fail, "cannot list nodes: "+nodesErr.Error()))
 		}
-		return r
+	} else {
+		r.add(Heartbeats(nodes, cfg.HeartbeatInterval, now))
+		r.add(OldDaemons(nodes))
+		r.add(ExpiringCerts(nodes, now))
+		r.add(ClockSkew(nodes))
 	}
-	r.add(Heartbeats(nodes, cfg.HeartbeatInterval, now))
-	r.add(OldDaemons(nodes))
-	r.add(ExpiringCerts(nodes, now))
+	r.add(DuplicateHostnames(ctx, st))
 	return r
 }
 

@@ -423,7 +423,7 @@ func TestRun(t *testing.T) {
 		for _, c := range rep.Checks {
 			statuses[c.ID] = c.Status
 		}
-		if rep.Status != doctor.OK || len(rep.Checks) != 12 || rep.Failed(true) {
+		if rep.Status != doctor.OK || len(rep.Checks) != 14 || rep.Failed(true) {
 			t.Fatalf("healthy deployment: %+v", rep)
 		}
 		// A stopped sweeper, silent nodes, a gateway at 95 of 100 streams.

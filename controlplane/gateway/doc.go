@@ -43,6 +43,13 @@
 // gateway: a session superseded on another gateway is closed within one
 // interval.
 //
+// A heartbeat's sent_at, the node's clock, against the gateway's gives the
+// node's clock skew (store.Node.ClockSkew, the node's clock minus the
+// gateway's). It is queued on a session's first heartbeat and then only when
+// it moved by more than a second, and written after each flush in one
+// transaction for all nodes measured (NodeSetClockSkew), never once per
+// heartbeat.
+//
 // # Liveness and revocation
 //
 // The gateway holds the lease gateway:<id> (LeaseTTL, renewed every

@@ -119,6 +119,11 @@ type Config struct {
 	// NodeCertTTL is the life of issued node certificates. Defaults to
 	// 24 h.
 	NodeCertTTL time.Duration
+	// ReattestGrace is how long after expiry a node certificate may still
+	// be renewed through Reattest (admission.Config.ReattestGrace). Zero
+	// turns re-attestation off; serve passes pki.reattestGrace, 7 days
+	// unless configured.
+	ReattestGrace time.Duration
 	// HandshakeRate is how many new connections (TLS handshakes) are
 	// accepted per second. Defaults to 500.
 	HandshakeRate float64
@@ -267,10 +272,12 @@ type Gateway struct {
 	// inventories are the reported inventories not yet stored
 	// (inventoryLoop).
 	inventories inventoryBatch
+	skews       skewBatch // measured clock skews not yet stored (measureSkew)
 	flushMu     sync.Mutex
 	flushes     int // under flushMu
 	dispatch    *dispatcher
 	gateways    gatewayCache
+	nonces      *nonces
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.
@@ -284,7 +291,11 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		return nil, errors.New("gateway: store, bundle and logger are required")
 	}
 	verifier := bundle.NodeVerifier()
-	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, Now: cfg.Now}, st, bundle, log)
+	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, ReattestGrace: cfg.ReattestGrace, Now: cfg.Now}, st, bundle, log)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	nonces, err := newNonces()
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -294,7 +305,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	}
 	g := &Gateway{
 		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
-		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(),
+		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(), nonces: nonces,
 	}
 	for _, c := range cfg.Capabilities {
 		g.caps[c] = true

@@ -87,6 +87,7 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 			g.cfg.Metrics.HeartbeatReceived(g.cfg.ID, now.Sub(s.lastBeat), g.cfg.HeartbeatInterval)
 		}
 		s.lastBeat = now
+		g.measureSkew(s, b.Heartbeat, now)
 	case *sessionv1.NodeMessage_Hello:
 		// A second Hello changes nothing.
 	default:

@@ -358,24 +358,55 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 }
 
 // countingStore counts the gateway's heartbeat writes, including those made
-// inside its transactions.
+// inside its transactions, and the session closes and inventory writes of
+// its committed transactions: tests wait on those instead of sleeping.
 type countingStore struct {
 	store.Store
 	heartbeatWrites atomic.Int64
 	heartbeatIDs    atomic.Int64
+	sessionCloses   atomic.Int64 // committed
+	inventoryWrites atomic.Int64 // committed
 }
 
 func (c *countingStore) Tx(ctx context.Context, fn func(store.Store) error) error {
-	return c.Store.Tx(ctx, func(tx store.Store) error { return fn(&countingTx{Store: tx, c: c}) })
+	tx := &countingTx{c: c}
+	err := c.Store.Tx(ctx, func(s store.Store) error { tx.Store = s; return fn(tx) })
+	c.committed(tx, err)
+	return err
 }
 
 func (c *countingStore) FencedTx(ctx context.Context, f store.Fence, fn func(store.Store) error) error {
-	return c.Store.FencedTx(ctx, f, func(tx store.Store) error { return fn(&countingTx{Store: tx, c: c}) })
+	tx := &countingTx{c: c}
+	err := c.Store.FencedTx(ctx, f, func(s store.Store) error { tx.Store = s; return fn(tx) })
+	c.committed(tx, err)
+	return err
 }
 
+// committed adds what tx did when it committed (err is nil).
+func (c *countingStore) committed(tx *countingTx, err error) {
+	if err == nil {
+		c.sessionCloses.Add(tx.closes)
+		c.inventoryWrites.Add(tx.inventories)
+	}
+}
+
+// countingTx is one transaction of a countingStore; a transaction runs on
+// one goroutine, so its own counts need no lock.
 type countingTx struct {
 	store.Store
-	c *countingStore
+	c           *countingStore
+	closes      int64
+	inventories int64
+}
+
+func (t *countingTx) SessionClose(ctx context.Context, nodeID, sessionID string) error {
+	t.closes++
+	return t.Store.SessionClose(ctx, nodeID, sessionID)
+}
+
+func (t *countingTx) NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error {
+	t.inventories++
+	return t.Store.NodeSetInventory(ctx, id, inventory, digest)
 }
 
 func (t *countingTx) SessionHeartbeatBatch(ctx context.Context, gatewayID string, ids []string, now *time.Time) (int, error) {

@@ -10,11 +10,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -36,6 +38,13 @@ type joinService struct {
 func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessionv1.JoinResponse, error) {
 	g := j.g
 	f := req.GetFacts()
+	var proven *admission.ProvenKey
+	if p := req.GetProof(); p != nil {
+		var err error
+		if proven, err = g.checkProof(ctx, p, keyproof.PurposeRejoin); err != nil {
+			return nil, err
+		}
+	}
 	adm, err := g.admit.Join(ctx, &admission.Request{
 		Token: req.GetToken(),
 		CSR:   req.GetCsr(),
@@ -45,8 +54,12 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		},
 		Source: peerIP(ctx),
 		Via:    "gateway:" + g.cfg.ID,
+		Proven: proven,
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, admission.ErrUnknownNode) || errors.Is(err, admission.ErrNotLatestKey) || errors.Is(err, admission.ErrNodeRevoked):
+		return nil, g.admissionStatus(ctx, "join", err)
+	case err != nil:
 		return nil, joinStatus(err)
 	}
 	return &sessionv1.JoinResponse{
@@ -60,6 +73,11 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		PoolId:           adm.Pool.ID,
 		SiteId:           adm.Site.ID,
 		Region:           adm.Site.Region,
+		ServerTime:       timestamppb.New(g.cfg.Now()),
+		Warnings:         adm.Warnings,
+		Rejoined:         adm.Rejoined,
+		Repeated:         adm.Repeated,
+		ReattestGrace:    durationpb.New(g.cfg.ReattestGrace),
 	}, nil
 }
 
@@ -172,11 +190,19 @@ func (j *joinService) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*
 	// The session this node holds here now answers to the new serial: a
 	// later revocation of the old one does not end it.
 	g.sessions.renewed(id.nodeID, cert.Serial)
+	return g.renewResponse(cert), nil
+}
+
+// renewResponse is the answer carrying a renewed or re-attested
+// certificate.
+func (g *Gateway) renewResponse(cert *pki.Issued) *sessionv1.RenewResponse {
 	return &sessionv1.RenewResponse{
 		CertificateChain: [][]byte{cert.CertDER},
 		NodeCaRoots:      g.rootsDER(),
 		RenewAfter:       timestamppb.New(cert.RenewAfter),
-	}, nil
+		ServerTime:       timestamppb.New(g.cfg.Now()),
+		ReattestGrace:    durationpb.New(g.cfg.ReattestGrace),
+	}
 }
 
 // Secret hands the calling node a secret sealed for it.

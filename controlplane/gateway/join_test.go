@@ -5,18 +5,25 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/jointoken"
+	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -122,39 +129,171 @@ func TestJoin(t *testing.T) {
 	})
 }
 
-func TestRejoinKeepsNodeAndRevokesOldCertificate(t *testing.T) {
+// proofOn answers a Challenge on cc with a KeyProof for purpose by n's key.
+func proofOn(t *testing.T, cc *grpc.ClientConn, purpose keyproof.Purpose, n *node) *sessionv1.KeyProof {
+	t.Helper()
+	var p peer.Peer
+	ch, err := sessionv1.NewJoinServiceClient(cc).Challenge(context.Background(), &sessionv1.ChallengeRequest{}, grpc.Peer(&p))
+	if err != nil {
+		t.Fatalf("challenge: %v", err)
+	}
+	info := p.AuthInfo.(credentials.TLSInfo)
+	ekm, err := keyproof.Exporter(&info.State)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := keyproof.Sign(n.key, purpose, ch.GetNonce(), ekm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sessionv1.KeyProof{CertificateChain: n.resp.CertificateChain, Nonce: ch.GetNonce(), Signature: sig}
+}
+
+func wantRefusal(t *testing.T, err error, code codes.Code, reason sessionv1.IdentityRefusal) {
+	t.Helper()
+	wantCode(t, err, code)
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == reason.String() && info.GetDomain() == sessionv1.RefusalDomain {
+			return
+		}
+	}
+	t.Fatalf("error %v carries no %s", err, reason)
+}
+
+// stillHeld fails the test unless n's session s is still the node's
+// session and a heartbeat on it goes through.
+func (e *env) stillHeld(n *node, s *clientSession) {
+	e.t.Helper()
+	got, err := e.st.SessionGet(context.Background(), n.id)
+	if err != nil || got.SessionID != s.welcome.SessionId {
+		e.t.Fatalf("node %s session = %+v (%v), want %s still held", n.id, got, err, s.welcome.SessionId)
+	}
+	hb := &sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}
+	if err := s.stream.Send(hb); err != nil {
+		e.t.Fatalf("node %s session ended: %v", n.id, err)
+	}
+}
+
+// TestRejoinNeedsProof: a name is never proof. The same hostname and
+// machine id join as a new node and leave the live node alone; a proof of
+// the node's key takes its id without revoking it; a proof captured on one
+// connection and replayed on another proves nothing.
+func TestRejoinNeedsProof(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
 		e := newEnv(t, b.open(t))
 		g := e.start(nil)
 		first := e.join(g, "gpu-02", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
-		// Reinstalled: same machine id, new hostname and key, fresh token.
-		second := e.join(g, "gpu-02-reinstalled", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
-		if second.id != first.id {
-			t.Fatalf("re-join by machine id gave node %s, want %s", second.id, first.id)
+		live := e.connect(g, first)
+
+		clone := e.join(g, "gpu-02", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")
+		if clone.id == first.id || clone.resp.Rejoined || len(clone.resp.Warnings) != 1 || !strings.Contains(clone.resp.Warnings[0], first.id) {
+			t.Fatalf("clone joined as %s (rejoined %v, warnings %q), want a new node and a warning naming %s",
+				clone.id, clone.resp.Rejoined, clone.resp.Warnings, first.id)
 		}
-		// Same hostname, no machine id.
-		third := e.join(g, "gpu-02-reinstalled", "")
-		if third.id != first.id {
-			t.Fatalf("re-join by hostname gave node %s, want %s", third.id, first.id)
+		if !clone.resp.GetServerTime().IsValid() {
+			t.Error("JoinResponse carries no server time")
+		}
+		e.stillHeld(first, live)
+
+		// bcd join --force on the machine itself: a proof of its key.
+		cc := e.dial(g, nil)
+		_, csr := newKey(t)
+		proof := proofOn(t, cc, keyproof.PurposeRejoin, first)
+		req := &sessionv1.JoinRequest{Token: e.token(1, time.Hour).String(), Csr: csr, Proof: proof,
+			Facts: &sessionv1.NodeFacts{Hostname: "gpu-02", Os: "linux", Arch: "amd64"}}
+		resp, err := sessionv1.NewJoinServiceClient(cc).Join(ctx, req)
+		if err != nil {
+			t.Fatalf("re-join by proof: %v", err)
+		}
+		if resp.NodeId != first.id || !resp.Rejoined {
+			t.Fatalf("re-join by proof gave node %s (rejoined %v), want %s", resp.NodeId, resp.Rejoined, first.id)
 		}
 		firstLeaf, _ := x509.ParseCertificate(first.resp.CertificateChain[0])
-		revoked, err := e.st.RevocationCheck(ctx, pki.FormatSerial(firstLeaf.SerialNumber))
-		if err != nil || !revoked {
-			t.Fatalf("old certificate revoked = %v (%v), want true", revoked, err)
+		if revoked, err := e.st.RevocationCheck(ctx, pki.FormatSerial(firstLeaf.SerialNumber)); err != nil || revoked {
+			t.Fatalf("re-join by proof revoked the live certificate (%v)", err)
 		}
-		nodes, _ := e.st.NodeList(ctx, &store.NodeListParams{})
-		if len(nodes) != 1 || nodes[0].Labels["rack"] != "r1" {
-			t.Fatalf("nodes = %+v, want the one node", nodes)
+		e.stillHeld(first, live)
+
+		// The captured request, replayed on a new connection.
+		before := takeSnapshot(t, e.st)
+		req.Token = e.token(1, time.Hour).String()
+		before.uses = takeSnapshot(t, e.st).uses
+		_, err = sessionv1.NewJoinServiceClient(e.dial(g, nil)).Join(ctx, req)
+		wantRefusal(t, err, codes.Unauthenticated, sessionv1.IdentityRefusal_PROOF_INVALID)
+		if after := takeSnapshot(t, e.st); after.revocations != before.revocations || after.nodes != before.nodes || !maps.Equal(after.uses, before.uses) {
+			t.Fatalf("a replayed re-join changed the store: %+v -> %+v", before, after)
 		}
-		// The old certificate cannot connect any more; the new one can.
-		if _, err := e.tryConnect(g, &first.cert); err == nil {
-			t.Fatal("the replaced certificate still connects")
-		} else {
-			wantCode(t, err, codes.PermissionDenied)
+		// A proof made for re-attestation is no proof for a join.
+		req.Proof = proofOn(t, cc, keyproof.PurposeReattest, first)
+		_, err = sessionv1.NewJoinServiceClient(cc).Join(ctx, req)
+		wantRefusal(t, err, codes.Unauthenticated, sessionv1.IdentityRefusal_PROOF_INVALID)
+	})
+}
+
+// TestReattest: a node whose certificate expired during an outage gets a
+// new one on the proof of its key, over a connection without a client
+// certificate; a replay on another connection is refused, and so is a
+// certificate expired longer ago than the grace.
+func TestReattest(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		var now atomic.Pointer[time.Time]
+		clock := func() time.Time {
+			if p := now.Load(); p != nil {
+				return *p
+			}
+			return time.Now()
 		}
-		e.connect(g, third)
+		g := e.start(func(c *Config) { c.NodeCertTTL, c.ReattestGrace, c.Now = time.Hour, 6*time.Hour, clock })
+		n := e.join(g, "gpu-07", "")
+		leaf, _ := x509.ParseCertificate(n.resp.CertificateChain[0])
+		// Three certificate lives later.
+		later := leaf.NotAfter.Add(3 * time.Hour)
+		now.Store(&later)
+
+		cc := e.dial(g, nil)
+		_, csr := newKey(t)
+		req := &sessionv1.ReattestRequest{Proof: proofOn(t, cc, keyproof.PurposeReattest, n), Csr: csr}
+		resp, err := sessionv1.NewJoinServiceClient(cc).Reattest(ctx, req)
+		if err != nil {
+			t.Fatalf("reattest: %v", err)
+		}
+		renewed, err := x509.ParseCertificate(resp.CertificateChain[0])
+		if err != nil || !renewed.NotAfter.After(later) || resp.GetReattestGrace().AsDuration() != 6*time.Hour {
+			t.Fatalf("reattested certificate ends %v (%v), grace %v", renewed.NotAfter, err, resp.GetReattestGrace().AsDuration())
+		}
+		audit, _ := e.st.AuditList(ctx, 0, 1000)
+		if !slices.ContainsFunc(audit, func(a *store.AuditEntry) bool {
+			return a.Action == "node.reattested" && a.Outcome == "success" && a.Resource == "node/"+n.id
+		}) {
+			t.Fatal("no node.reattested audit row")
+		}
+
+		// The captured request on another connection.
+		before := takeSnapshot(t, e.st)
+		_, err = sessionv1.NewJoinServiceClient(e.dial(g, nil)).Reattest(ctx, req)
+		wantRefusal(t, err, codes.Unauthenticated, sessionv1.IdentityRefusal_PROOF_INVALID)
+		if after := takeSnapshot(t, e.st); after.revocations != before.revocations {
+			t.Fatal("a replayed re-attestation revoked something")
+		}
+		if got, _ := e.st.NodeGet(ctx, n.id); got.CertSerial != pki.FormatSerial(renewed.SerialNumber) {
+			t.Fatal("a replayed re-attestation changed the node's certificate")
+		}
+		// The node moved to the CSR's new key: the old key proves nothing.
+		_, err = sessionv1.NewJoinServiceClient(cc).Reattest(ctx, &sessionv1.ReattestRequest{Proof: proofOn(t, cc, keyproof.PurposeReattest, n), Csr: csr})
+		wantRefusal(t, err, codes.PermissionDenied, sessionv1.IdentityRefusal_NOT_LATEST_KEY)
+
+		// Past the grace.
+		m := e.join(g, "gpu-08", "")
+		mLeaf, _ := x509.ParseCertificate(m.resp.CertificateChain[0])
+		past := mLeaf.NotAfter.Add(6*time.Hour + time.Minute)
+		now.Store(&past)
+		_, err = sessionv1.NewJoinServiceClient(cc).Reattest(ctx, &sessionv1.ReattestRequest{Proof: proofOn(t, cc, keyproof.PurposeReattest, m), Csr: csr})
+		wantRefusal(t, err, codes.FailedPrecondition, sessionv1.IdentityRefusal_GRACE_PASSED)
 	})
 }
 

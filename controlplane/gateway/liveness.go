@@ -81,6 +81,9 @@ func (g *Gateway) flushLoop(ctx context.Context) {
 			if err := g.flush(ctx, true); err != nil && ctx.Err() == nil {
 				g.log.WarnContext(ctx, "Heartbeat write failed; retrying at the next flush", "error", err)
 			}
+			if err := g.storeSkews(ctx); err != nil && ctx.Err() == nil {
+				g.log.WarnContext(ctx, "Clock skew write failed; retrying at the next flush", "error", err)
+			}
 		}
 	}
 }

@@ -57,6 +57,8 @@ type session struct {
 
 	// handler goroutine only
 	lastBeat        time.Time
+	skew            time.Duration // the node's clock minus ours, as last queued (measureSkew)
+	skewMeasured    bool
 	inventoryDigest string
 	writes          *rate.Limiter // inventory and event writes, made on first use
 }

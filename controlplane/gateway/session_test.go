@@ -214,7 +214,8 @@ func TestSupersede(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		e := newEnv(t, b.open(t))
+		cs := &countingStore{Store: b.open(t)}
+		e := newEnv(t, cs)
 		g := e.start(nil)
 		n := e.join(g, "gpu-30", "")
 		old := e.connect(g, n)
@@ -231,8 +232,9 @@ func TestSupersede(t *testing.T) {
 		if err := newer.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
 			t.Fatal(err)
 		}
-		// The old session's delayed row removal leaves the newer row.
-		time.Sleep(1500 * time.Millisecond)
+		// The old session's delayed row removal, once a flush has committed
+		// it, leaves the newer row.
+		eventually(t, 30*time.Second, "the old session's close flushed", func() bool { return cs.sessionCloses.Load() >= 1 })
 		if row, err := e.st.SessionGet(ctx, n.id); err != nil || row.SessionID != newer.welcome.SessionId {
 			t.Fatalf("after flush: session row = %+v, %v", row, err)
 		}
@@ -328,9 +330,11 @@ func TestHeartbeatsBatched(t *testing.T) {
 				}
 				beats++
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) // the senders' pace, not a wait
 		}
-		time.Sleep(1200 * time.Millisecond)
+		// The last heartbeats are written by the next flush that commits.
+		sent := cs.heartbeatWrites.Load()
+		eventually(t, 30*time.Second, "a flush after the last heartbeats", func() bool { return cs.heartbeatWrites.Load() > sent })
 		elapsed := time.Since(start)
 		writes, ids := cs.heartbeatWrites.Load()-writes0, cs.heartbeatIDs.Load()-ids0
 		t.Logf("%d heartbeats in %s: %d writes carrying %d session ids", beats, elapsed, writes, ids)
@@ -446,7 +450,8 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		e := newEnv(t, b.open(t))
+		cs := &countingStore{Store: b.open(t)}
+		e := newEnv(t, cs)
 		g := e.start(nil)
 		n := e.join(g, "gpu-11", "")
 		inventory := func(s *clientSession, digest, gpu string) {
@@ -464,17 +469,40 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 		inventory(e.connect(g, n), "d1", "A100")
 		eventually(t, 5*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") })
 
+		if w := cs.inventoryWrites.Load(); w != 1 {
+			t.Fatalf("%d inventory writes for the first inventory, want 1", w)
+		}
+
 		// The same digest from a new session is not written again (the
-		// document differs only to show it).
+		// document differs only to show it). An event sent after it on the
+		// same stream, once stored, shows it was handled; another node's
+		// inventory sent after that, once stored, shows the batch it would
+		// have been in was written.
 		s := e.connect(g, n)
 		inventory(s, "d1", "H100")
-		// Nothing to wait for but time: four batch intervals.
-		time.Sleep(4 * inventoryInterval)
-		if !stored("d1", "A100") {
-			t.Fatal("an inventory with the stored digest was written again")
+		if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
+			Kind: "gpu.xid", Xid: 79, Severity: sessionv1.Severity_SEVERITY_CRITICAL, Message: "after the inventory",
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the event after the inventory stored", func() bool {
+			evs, _ := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
+			return len(evs) == 1
+		})
+		other := e.join(g, "gpu-14", "")
+		inventory(e.connect(g, other), "d9", "L40S")
+		eventually(t, 30*time.Second, "the other node's inventory stored", func() bool {
+			nd, _ := e.st.NodeGet(ctx, other.id)
+			return nd.InventoryDigest == "d9"
+		})
+		if w := cs.inventoryWrites.Load(); w != 2 || !stored("d1", "A100") {
+			t.Fatalf("%d inventory writes, want 2 (the first, the other node's): an inventory with the stored digest was written again", w)
 		}
 		inventory(s, "d2", "B200")
-		eventually(t, 5*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") })
+		eventually(t, 30*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") })
+		if w := cs.inventoryWrites.Load(); w != 3 {
+			t.Fatalf("%d inventory writes, want 3", w)
+		}
 	})
 }
 

@@ -5,9 +5,10 @@
 //
 // "Lease not acquired" is a normal result, retried quietly. The holder
 // trusts its lease only until TTL − Margin after the last successful renewal,
-// measured on the monotonic clock, and every write the job makes goes through
-// the fence it is handed, so a paused or partitioned old holder changes
-// nothing.
+// measured on the monotonic clock (Config.Clock; the system clock's readings
+// carry one), and every write the job makes goes through the fence it is
+// handed, so a paused or partitioned old holder changes nothing. The lease's
+// expiry in the store is on the database's clock.
 package lease
 
 import (
@@ -30,6 +31,26 @@ type Store interface {
 	LeaseGet(ctx context.Context, name string) (*store.Lease, error)
 }
 
+// Clock is a Holder's time source: Now for the trust window and After for
+// renewals and retries. Now's readings must carry a monotonic reading, as
+// the system clock's do. Tests pass a fake one (controlplane/internal/clocktest).
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// After returns a channel that receives once d has passed, like
+	// time.After.
+	After(d time.Duration) <-chan time.Time
+}
+
+// systemClock is the Clock of the real world.
+type systemClock struct{}
+
+func (systemClock) Now() time.Time                         { return time.Now() }
+func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+
+// SystemClock is the system clock, Config.Clock's default.
+var SystemClock Clock = systemClock{}
+
 // Config configures a Holder.
 type Config struct {
 	// Name is the lease, such as singleton:command-sweeper.
@@ -45,6 +66,9 @@ type Config struct {
 	Margin time.Duration
 	// Retry is how often a non-holder tries to acquire. Defaults to Renew.
 	Retry time.Duration
+	// Clock times renewals, retries and the trust window. Defaults to the
+	// system clock.
+	Clock Clock
 }
 
 // Holder runs a job while holding a lease.
@@ -63,6 +87,9 @@ func New(cfg Config, st Store, log *slog.Logger) (*Holder, error) {
 	cfg.Renew = cmp.Or(cfg.Renew, cfg.TTL/3)
 	cfg.Margin = cmp.Or(cfg.Margin, cfg.Renew/2)
 	cfg.Retry = cmp.Or(cfg.Retry, cfg.Renew)
+	if cfg.Clock == nil {
+		cfg.Clock = SystemClock
+	}
 	if cfg.Renew+cfg.Margin >= cfg.TTL {
 		return nil, fmt.Errorf("lease %s: renew %v + margin %v must be below ttl %v", cfg.Name, cfg.Renew, cfg.Margin, cfg.TTL)
 	}
@@ -93,23 +120,27 @@ func (h *Holder) Run(ctx context.Context, job Job) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(wait):
+		case <-h.cfg.Clock.After(wait):
 		}
 	}
 }
 
 // hold runs job under l until the lease is lost, the job ends or ctx ends.
 func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
-	acquired := time.Now() // monotonic
-	trustUntil := acquired.Add(h.cfg.TTL - h.cfg.Margin)
+	clock := h.cfg.Clock
+	trustUntil := clock.Now().Add(h.cfg.TTL - h.cfg.Margin) // monotonic
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	fence := store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
 	h.log.InfoContext(ctx, "Lease acquired", "epoch", l.Epoch)
 	done := make(chan error, 1)
 	go func() { done <- job(jctx, fence) }()
-	tick := time.NewTicker(h.cfg.Renew)
-	defer tick.Stop()
+	// One timer at a time, for the next renewal or, when that is later,
+	// the end of the trust window, so the job ends the moment the lease can
+	// no longer be trusted; armed again once a renewal is done, so a fake
+	// clock's pending waits are exactly what the holder waits on.
+	next := func() <-chan time.Time { return clock.After(min(h.cfg.Renew, trustUntil.Sub(clock.Now()))) }
+	tick := next()
 	for {
 		select {
 		case err := <-done:
@@ -123,14 +154,14 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 			<-done
 			h.release(ctx, l)
 			return
-		case <-tick.C:
-			if time.Now().After(trustUntil) {
+		case <-tick:
+			if !clock.Now().Before(trustUntil) {
 				cancel(errors.New("lease expired before renewal"))
 				<-done
 				h.log.WarnContext(ctx, "Lease no longer trusted", "epoch", l.Epoch)
 				return
 			}
-			start := time.Now()
+			start := clock.Now()
 			nl, ok, err := h.store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: l.Name, Holder: l.Holder, Epoch: l.Epoch, TTL: h.cfg.TTL})
 			switch {
 			case err != nil:
@@ -144,6 +175,7 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 				l = nl
 				trustUntil = start.Add(h.cfg.TTL - h.cfg.Margin)
 			}
+			tick = next()
 		}
 	}
 }

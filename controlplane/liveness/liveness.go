@@ -1,7 +1,11 @@
 // Package liveness is the node liveness reconciler: a node whose last
 // heartbeat is older than three heartbeat intervals becomes unreachable, and
-// ready again once it heartbeats (issue "Workers at scale"). It runs shard by
-// shard under the shard leases.
+// ready again once it heartbeats (issue "Workers at scale"). A node its own
+// BMC reported off (powered-off) is never made unreachable, and is ready
+// again once it heartbeats more than one heartbeat interval after it was
+// marked off: the message that carried the report is itself recorded as a
+// heartbeat, at the gateway's next flush, and does not count (issue 15). It
+// runs shard by shard under the shard leases.
 package liveness
 
 import (
@@ -34,7 +38,8 @@ type Config struct {
 	OnChange func(nodeID, state string)
 }
 
-// Reconciler moves nodes between ready and unreachable. It is a
+// Reconciler moves nodes between ready and unreachable, and powered-off
+// nodes heard from again to ready. It is a
 // shard.Rounder: StartRound finds, with one read, the shards where a node is
 // due to move, and Reconcile opens a write transaction only for those.
 type Reconciler struct {
@@ -72,7 +77,8 @@ func (r *Reconciler) staleAfter() time.Duration {
 // write transaction (or one read) a shard, each a turn of SQLite's one
 // writer.
 func (r *Reconciler) StartRound(ctx context.Context, shards []int) error {
-	due, err := r.store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{Shards: shards, StaleAfter: r.staleAfter()})
+	due, err := r.store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{
+		Shards: shards, StaleAfter: r.staleAfter(), PoweredOffGrace: r.cfg.HeartbeatInterval})
 	if err != nil {
 		return err
 	}
@@ -107,7 +113,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 	if !r.takeDue(n) {
 		return nil
 	}
-	p := &store.NodeLivenessParams{Shard: n, StaleAfter: r.staleAfter()}
+	p := &store.NodeLivenessParams{Shard: n, StaleAfter: r.staleAfter(), PoweredOffGrace: r.cfg.HeartbeatInterval}
 	var unreachable, ready []string
 	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
 		var err error

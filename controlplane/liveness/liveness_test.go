@@ -141,3 +141,79 @@ func TestRoundWritesOnlyWhereDue(t *testing.T) {
 		t.Fatalf("changes %v, want %v", changed, want)
 	}
 }
+
+// TestPoweredOffHeardFromAgain: a node its BMC reported off stays
+// powered-off through the heartbeat the report itself left, and is ready
+// again at the first round after it heartbeats past one heartbeat interval,
+// without reconnecting (issue 15: "bmc on" after "bmc off").
+func TestPoweredOffHeardFromAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id, interval = "node_bmc", 10 * time.Second
+	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id, MachineID: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: "s1", GatewayID: "gw"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.NodeSetState(ctx, id, store.NodePoweredOff); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.NodeGet(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n0 := store.ShardOf(id)
+	l, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: shard.LeaseName(n0), Holder: "test", TTL: time.Hour})
+	if err != nil || !ok {
+		t.Fatalf("acquire shard %d: %v", n0, err)
+	}
+	fence := store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
+	var changed []string
+	r := liveness.New(liveness.Config{HeartbeatInterval: interval, OnChange: func(id, state string) { changed = append(changed, id+" "+state) }},
+		st, slog.New(slog.DiscardHandler))
+	round := func() {
+		t.Helper()
+		if err := r.StartRound(ctx, []int{n0}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Reconcile(ctx, n0, fence); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() string {
+		t.Helper()
+		n, err := st.NodeGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.State
+	}
+	// The heartbeat the report left, flushed right after it.
+	if _, err := st.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	round()
+	if got := state(); got != store.NodePoweredOff || len(changed) != 0 {
+		t.Fatalf("after the report's own heartbeat: state %s, changes %v; want %s, none", got, changed, store.NodePoweredOff)
+	}
+	// A heartbeat more than an interval after the mark (written with a
+	// clock that far on: the reconciler judges by the database's).
+	later := n.UpdatedAt.Add(interval + time.Second)
+	if _, err := st.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, &later); err != nil {
+		t.Fatal(err)
+	}
+	round()
+	if got, want := state(), store.NodeReady; got != want || !slices.Equal(changed, []string{id + " " + want}) {
+		t.Fatalf("after a heartbeat past the interval: state %s, changes %v; want %s", got, changed, want)
+	}
+}

@@ -5,9 +5,12 @@ import (
 	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net/url"
 	"time"
 )
@@ -18,9 +21,11 @@ import (
 const DefaultNodeTTL = 24 * time.Hour
 
 // NodeBackdate is how far before the time of issue a node certificate's
-// NotBefore lies, so that a node whose clock runs a little behind accepts
-// its fresh certificate.
-const NodeBackdate = time.Minute
+// NotBefore lies, so that a node whose clock runs up to an hour behind
+// still finds its fresh certificate valid by its own clock (DESIGN.md,
+// "Identity over time", Clocks). Renewal is counted from the time of issue,
+// not from this backdated NotBefore (Issued.RenewAfter).
+const NodeBackdate = time.Hour
 
 // IssueOptions configures IssueNode.
 type IssueOptions struct {
@@ -48,8 +53,38 @@ type Issued struct {
 	// the node CA's end if sooner, in whole seconds, UTC.
 	NotAfter time.Time
 	// RenewAfter is when the node should renew: two thirds of the way from
-	// NotBefore to NotAfter.
+	// the time of issue (not the backdated NotBefore) to NotAfter, plus a
+	// uniformly random share of the next sixth (RenewAfterAt), so that
+	// nodes joined in the same second renew spread over hours.
 	RenewAfter time.Time
+	// KeySHA256 is KeySHA256 of the certified public key.
+	KeySHA256 string
+}
+
+// RenewAfterAt is when a certificate issued at issuedAt and valid until
+// notAfter should be renewed: at two thirds of that span plus a share u of
+// the following sixth, u in [0, 1) (a random number: the jitter). A node
+// then renews at 2/3 to 5/6 of its certificate's life, and at least a sixth
+// of the life is left for retries (DESIGN.md, "Renewal never runs out").
+func RenewAfterAt(issuedAt, notAfter time.Time, u float64) time.Time {
+	life := notAfter.Sub(issuedAt)
+	if life <= 0 {
+		return notAfter
+	}
+	u = min(max(u, 0), 1)
+	return issuedAt.Add(life*2/3 + time.Duration(float64(life/6)*u))
+}
+
+// KeySHA256 is the lower-case hex SHA-256 of the DER SubjectPublicKeyInfo
+// of pub (RFC 5280 §4.1.2.7): how the control plane names a node's key. It
+// fails for a key type crypto/x509 cannot marshal.
+func KeySHA256(pub any) (string, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return "", fmt.Errorf("key hash: %w", err)
+	}
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:]), nil
 }
 
 // IssueNode issues the certificate of node nodeID from the node CA for the
@@ -107,13 +142,18 @@ func (b *Bundle) IssueNode(csrDER []byte, nodeID string, opts IssueOptions) (*Is
 	if err != nil {
 		return nil, fmt.Errorf("issue node certificate for %s: create certificate: %w", nodeID, err)
 	}
+	keyHash, err := KeySHA256(pub)
+	if err != nil {
+		return nil, fmt.Errorf("issue node certificate for %s: %w", nodeID, err)
+	}
 	return &Issued{
 		CertDER:    der,
 		Serial:     FormatSerial(serial),
 		SPIFFEID:   id,
 		NotBefore:  notBefore,
 		NotAfter:   notAfter,
-		RenewAfter: notBefore.Add(notAfter.Sub(notBefore) * 2 / 3),
+		RenewAfter: RenewAfterAt(now.UTC().Truncate(time.Second), notAfter, mathrand.Float64()),
+		KeySHA256:  keyHash,
 	}, nil
 }
 

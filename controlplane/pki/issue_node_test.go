@@ -54,9 +54,11 @@ func TestIssueNode(t *testing.T) {
 			if !issued.NotAfter.Equal(wantAfter) || !cert.NotAfter.Equal(wantAfter) {
 				t.Fatalf("NotAfter = %s (cert %s), want %s", issued.NotAfter, cert.NotAfter, wantAfter)
 			}
-			life := wantAfter.Sub(wantBefore)
-			if want := wantBefore.Add(life * 2 / 3); !issued.RenewAfter.Equal(want) {
-				t.Fatalf("RenewAfter = %s, want %s", issued.RenewAfter, want)
+			// Counted from the time of issue, not the backdated NotBefore,
+			// and jittered over [2/3, 5/6] of the life.
+			life := wantAfter.Sub(testNow)
+			if lo, hi := testNow.Add(life*2/3), testNow.Add(life*5/6); issued.RenewAfter.Before(lo) || !issued.RenewAfter.Before(hi) {
+				t.Fatalf("RenewAfter = %s, want in [%s, %s)", issued.RenewAfter, lo, hi)
 			}
 		})
 	}
@@ -174,8 +176,15 @@ func TestIssueNodeOptions(t *testing.T) {
 	if want := testNow.Add(time.Hour); !issued.NotAfter.Equal(want) {
 		t.Errorf("TTL 1h: NotAfter = %s, want %s", issued.NotAfter, want)
 	}
-	if want := testNow.Add(-NodeBackdate).Add(61 * time.Minute * 2 / 3); !issued.RenewAfter.Equal(want) {
-		t.Errorf("TTL 1h: RenewAfter = %s, want %s", issued.RenewAfter, want)
+	if lo, hi := testNow.Add(40*time.Minute), testNow.Add(50*time.Minute); issued.RenewAfter.Before(lo) || !issued.RenewAfter.Before(hi) {
+		t.Errorf("TTL 1h: RenewAfter = %s, want in [%s, %s)", issued.RenewAfter, lo, hi)
+	}
+	pub, err := x509.ParseCertificate(issued.CertDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := KeySHA256(pub.PublicKey); err != nil || h != issued.KeySHA256 || len(h) != 64 {
+		t.Errorf("KeySHA256 = %q, certificate key hashes to %q (%v)", issued.KeySHA256, h, err)
 	}
 
 	// A TTL past the CA's end is cut to it.
@@ -231,5 +240,35 @@ func TestIssueNodeRefusesNodeIDs(t *testing.T) {
 		if _, err := b.IssueNode(csr, id, IssueOptions{Now: testNow}); err != nil {
 			t.Errorf("node id %q: %v", id, err)
 		}
+	}
+}
+
+// TestRenewAfterAt checks the renewal rule at its ends and its spread: the
+// 10,000 renewals of nodes joined in one second fall over a sixth of the
+// life, none in the last sixth.
+func TestRenewAfterAt(t *testing.T) {
+	issued := testNow
+	notAfter := issued.Add(24 * time.Hour)
+	if got := RenewAfterAt(issued, notAfter, 0); !got.Equal(issued.Add(16 * time.Hour)) {
+		t.Errorf("u=0: %s, want 16 h after issue", got)
+	}
+	if got := RenewAfterAt(issued, notAfter, 0.999999); !got.Before(issued.Add(20*time.Hour)) || got.Before(issued.Add(19*time.Hour)) {
+		t.Errorf("u→1: %s, want just under 20 h after issue", got)
+	}
+	if got := RenewAfterAt(issued, issued, 0.5); !got.Equal(issued) {
+		t.Errorf("empty life: %s, want the expiry", got)
+	}
+	perMinute := map[int64]int{}
+	for i := range 10000 {
+		ra := RenewAfterAt(issued, notAfter, float64(i)/10000)
+		perMinute[ra.Unix()/60]++
+	}
+	busiest := 0
+	for _, n := range perMinute {
+		busiest = max(busiest, n)
+	}
+	// 10,000 over 240 minutes: about 42 a minute.
+	if busiest > 60 {
+		t.Errorf("busiest minute has %d of 10,000 renewals", busiest)
 	}
 }

@@ -19,8 +19,10 @@ import (
 const DefaultServerTTL = 365 * 24 * time.Hour
 
 // serverBackdate is how far before the time of issue a serving
-// certificate's NotBefore lies, for clients whose clocks run behind.
-const serverBackdate = time.Hour
+// certificate's NotBefore lies, for clients whose clocks run up to an hour
+// behind; the same as NodeBackdate (DESIGN.md, "Identity over time",
+// Clocks).
+const serverBackdate = NodeBackdate
 
 // IssueGateway issues a gateway's TLS serving certificate from the gateway
 // serving CA for the given DNS names (wildcards such as "*.gw.example.com"

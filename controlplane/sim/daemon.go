@@ -13,6 +13,7 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -135,8 +136,13 @@ func (d *FakeDaemon) Facts() *sessionv1.NodeFacts {
 }
 
 // Join joins through gatewayURL with token (session.Join) and keeps the
-// identity in memory.
+// identity in memory. The daemon's clock is Session.Clock when set, as for
+// Run, so that a simulated machine whose clock is wrong joins by it too.
 func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
+	var now func() time.Time
+	if c := d.cfg.Session.Clock; c != nil {
+		now = c.Now
+	}
 	res, err := session.Join(ctx, session.JoinParams{
 		GatewayURL: gatewayURL,
 		Token:      token,
@@ -144,6 +150,8 @@ func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
 		Facts:      d.Facts(),
 		Trust:      d.cfg.Trust,
 		UserAgent:  "bcd-sim/" + Version,
+		Now:        now,
+		Logger:     d.log,
 	})
 	if err != nil {
 		return fmt.Errorf("fake daemon %s: %w", d.cfg.Name, err)
@@ -182,11 +190,12 @@ func (d *FakeDaemon) Run(ctx context.Context) error {
 	cfg.Key = d.key
 	cfg.Chain = id.Chain
 	cfg.RenewAfter = id.RenewAfter
+	cfg.ReattestGrace = id.ReattestGrace
 	cfg.OnRenew = func(_ context.Context, r *session.Renewal) error {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		c := *d.id
-		c.Chain, c.RenewAfter = r.Chain, r.RenewAfter
+		c.Chain, c.RenewAfter, c.ReattestGrace = r.Chain, r.RenewAfter, r.ReattestGrace
 		if len(r.NodeCARoots) > 0 {
 			c.NodeCARoots = r.NodeCARoots
 		}

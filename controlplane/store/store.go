@@ -328,7 +328,9 @@ type NodeStore interface {
 	NodesMissing(ctx context.Context, ids []string) ([]string, error)
 	// NodeLivenessReconcile marks the nodes of shard whose last heartbeat is
 	// older than StaleAfter unreachable, and unreachable ones seen since
-	// ready again. Run it under the shard's lease.
+	// ready again, as it does powered-off ones heard from more than
+	// PoweredOffGrace after they were marked off. Run it under the shard's
+	// lease.
 	NodeLivenessReconcile(ctx context.Context, p *NodeLivenessParams) (unreachable, ready []string, err error)
 	// NodeLivenessDue returns, with one read, those of p.Shards (ascending)
 	// in which NodeLivenessReconcile with p's StaleAfter and Now would move
@@ -345,6 +347,13 @@ type NodeLivenessParams struct {
 	// StaleAfter is the heartbeat age that makes a ready node unreachable
 	// (3 heartbeat intervals).
 	StaleAfter time.Duration
+	// PoweredOffGrace is how much later than its move to powered-off (the
+	// node's updated_at) a node's last heartbeat must be, and younger than
+	// StaleAfter, for the node to be ready again: the message that reported
+	// it off is itself recorded as a heartbeat at the gateway's next flush,
+	// and must not count. The reconciler passes one heartbeat interval;
+	// zero counts any heartbeat after the move.
+	PoweredOffGrace time.Duration
 	// Now is the time to judge ages by; nil: the database's clock.
 	Now *time.Time
 }
@@ -353,9 +362,10 @@ type NodeLivenessParams struct {
 type NodeLivenessDueParams struct {
 	// Shards are the shards to look at; none: the answer is none.
 	Shards []int
-	// StaleAfter and Now are as in NodeLivenessParams.
-	StaleAfter time.Duration
-	Now        *time.Time
+	// StaleAfter, PoweredOffGrace and Now are as in NodeLivenessParams.
+	StaleAfter      time.Duration
+	PoweredOffGrace time.Duration
+	Now             *time.Time
 }
 
 // NodeUpsertParams are NodeUpsert's inputs.

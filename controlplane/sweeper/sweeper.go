@@ -34,6 +34,10 @@ type Config struct {
 	LostAfter time.Duration
 	// OnSweep, when set, is called after each sweep that changed something.
 	OnSweep func(*store.CommandSweepResult)
+	// Clock times the sweeps and the lease (lease.Config.Clock); commands'
+	// deadlines and sessions' ages are judged in the store, by the
+	// database's clock. Defaults to the system clock.
+	Clock lease.Clock
 }
 
 // Sweeper is the CommandSweeper.
@@ -48,7 +52,10 @@ type Sweeper struct {
 func New(cfg Config, st Store, log *slog.Logger) (*Sweeper, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, time.Second)
 	cfg.LostAfter = cmp.Or(cfg.LostAfter, 30*time.Second)
-	h, err := lease.New(lease.Config{Name: LeaseName, Holder: cfg.Holder}, st, log)
+	if cfg.Clock == nil {
+		cfg.Clock = lease.SystemClock
+	}
+	h, err := lease.New(lease.Config{Name: LeaseName, Holder: cfg.Holder, Clock: cfg.Clock}, st, log)
 	if err != nil {
 		return nil, err
 	}
@@ -58,8 +65,6 @@ func New(cfg Config, st Store, log *slog.Logger) (*Sweeper, error) {
 // Run sweeps every Interval while holding the lease, until ctx ends.
 func (s *Sweeper) Run(ctx context.Context) error {
 	return s.holder.Run(ctx, func(ctx context.Context, fence store.Fence) error {
-		tick := time.NewTicker(s.cfg.Interval)
-		defer tick.Stop()
 		for {
 			if err := s.sweep(ctx, fence); err != nil {
 				return err
@@ -67,7 +72,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-tick.C:
+			case <-s.cfg.Clock.After(s.cfg.Interval):
 			}
 		}
 	})

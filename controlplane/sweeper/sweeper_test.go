@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 	"github.com/better-compute/better-compute/controlplane/sweeper"
@@ -30,31 +31,55 @@ func TestSweeperExpiresOverdueCommands(t *testing.T) {
 	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_1", PoolID: pool.ID, Hostname: "h"}); err != nil {
 		t.Fatal(err)
 	}
-	cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", Spec: []byte("{}"), Timeout: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
+	// Enqueued two minutes ago with a minute to run: overdue at once, on
+	// the database's clock, which judges deadlines.
+	overdue := func() *store.Command {
+		t.Helper()
+		past := time.Now().Add(-2 * time.Minute)
+		cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", Spec: []byte("{}"), Timeout: time.Minute, Now: &past})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmds[0]
 	}
-	swept := make(chan *store.CommandSweepResult, 1)
-	s, err := sweeper.New(sweeper.Config{Holder: "w1", Interval: 20 * time.Millisecond, OnSweep: func(r *store.CommandSweepResult) { swept <- r }}, st, slog.New(slog.DiscardHandler))
+	first := overdue()
+	clock := clocktest.New(time.Now())
+	swept := make(chan *store.CommandSweepResult, 4)
+	s, err := sweeper.New(sweeper.Config{Holder: "w1", Clock: clock, OnSweep: func(r *store.CommandSweepResult) { swept <- r }}, st, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- s.Run(rctx) }()
-	select {
-	case r := <-swept:
-		if len(r.Expired) != 1 || r.Expired[0].ID != cmds[0].ID {
-			t.Fatalf("sweep = %+v", r)
+	expired := func(c *store.Command, what string) {
+		t.Helper()
+		select {
+		case r := <-swept:
+			if len(r.Expired) != 1 || r.Expired[0].ID != c.ID {
+				t.Fatalf("%s: sweep = %+v, want %s expired", what, r, c.ID)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: no sweep expired the overdue command", what)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no sweep expired the overdue command")
 	}
+	// The first sweep runs as soon as the lease is held.
+	expired(first, "first sweep")
+	// The next one runs an Interval (1 s by default) later on the sweeper's
+	// clock: once it and its lease holder wait on the clock, move it on.
+	second := overdue()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := clock.BlockUntil(wctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	expired(second, "sweep after an interval")
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	c, _ := st.CommandGet(ctx, cmds[0].ID)
+	c, _ := st.CommandGet(ctx, first.ID)
 	if c.State != store.CommandExpired || c.FinishedAt == nil {
 		t.Fatalf("command = %+v", c)
 	}

@@ -38,7 +38,8 @@ func newDoctorCmd(e env) *cobra.Command {
 		Use:   "doctor",
 		Short: "Check this node: identity, gateways (DNS, TCP, TLS, clock), NVML, the helper and plugins",
 		Long: `Doctor checks what the node needs to hold its session, without opening one:
-the identity and node certificate, each gateway's DNS name, TCP port, TLS
+the identity and node certificate, the running node's session state (as bcd
+status reads it), each gateway's DNS name, TCP port, TLS
 certificate (verified against the pinned CA, as bcd node does) and clock, this
 machine's NTP state, NVML, the root helper and the plugins. It works with the
 network down; each check prints an id, a status (ok, warn, fail) and a hint.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -109,21 +110,30 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	}
 
 	store := identity.NewStore(f.dataDir)
-	if !f.force {
-		if old, err := store.Load(); err == nil {
-			return fmt.Errorf("this machine already joined as node %s (%s); pass --force to join again", old.NodeID, store.Dir())
-		} else if !errors.Is(err, identity.ErrNotJoined) {
-			return fmt.Errorf("%w; pass --force to replace it", err)
-		}
+	old, err := store.Load()
+	switch {
+	case err == nil && !f.force:
+		return fmt.Errorf("this machine already joined as node %s (%s); pass --force to join again", old.NodeID, store.Dir())
+	case err != nil && !errors.Is(err, identity.ErrNotJoined) && !f.force:
+		return fmt.Errorf("%w; pass --force to replace it", err)
+	case err != nil:
+		old = nil
 	}
 	if err := store.Prepare(); err != nil {
 		return err
 	}
-	key, err := identity.GenerateKey()
-	if err != nil {
+	// The key is made and stored before Join, and kept when the join
+	// fails: a retry (after a lost reply) is the same joiner. A machine
+	// that still holds a node's identity proves that node's key and
+	// stays that node (DESIGN.md, "Identity over time").
+	var key crypto.Signer
+	var prove []*x509.Certificate
+	if old != nil {
+		key, prove = old.Key, old.Chain
+	} else if key, _, err = store.JoinKey(); err != nil {
 		return err
 	}
-	res, err := session.Join(ctx, session.JoinParams{
+	params := session.JoinParams{
 		GatewayURL: f.gateway,
 		Token:      token,
 		Key:        key,
@@ -131,7 +141,17 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 		Trust:      trust,
 		Timeout:    f.timeout,
 		UserAgent:  "bcd/" + bcdVersion(),
-	})
+		Logger:     log,
+		ProveChain: prove,
+	}
+	res, err := session.Join(ctx, params)
+	if prove != nil && errors.Is(err, session.ErrProofRefused) {
+		// Another deployment's identity, a deleted or revoked node: the
+		// machine joins as a new node, with the same key.
+		fmt.Fprintf(e.stderr, "warning: the gateway did not accept this machine as node %s (%v); joining as a new node\n", old.NodeID, err)
+		params.ProveChain = nil
+		res, err = session.Join(ctx, params)
+	}
 	if errors.Is(err, session.ErrConfig) {
 		return usageError{err} // from the flags: --gateway, --ca-file, --ca-pin
 	}
@@ -142,9 +162,20 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	if err := store.Save(id); err != nil {
 		return err
 	}
-	log.InfoContext(ctx, "Joined", "node_id", id.NodeID, "spiffe_id", id.SPIFFEID, "data_dir", store.Dir())
-	_, err = fmt.Fprintf(e.stdout, "Joined as node %s (%s); identity in %s; gateways: %s\n",
-		id.NodeID, id.SPIFFEID, store.Dir(), strings.Join(id.Gateways, ", "))
+	log.InfoContext(ctx, "Joined", "node_id", id.NodeID, "spiffe_id", id.SPIFFEID, "data_dir", store.Dir(),
+		"rejoined", res.Rejoined, "repeated", res.Repeated)
+	for _, w := range res.Warnings {
+		fmt.Fprintf(e.stderr, "warning: %s\n", w)
+	}
+	how := "Joined as node"
+	switch {
+	case res.Repeated:
+		how = "Joined (the gateway recognised this retry; no further token use) as node"
+	case res.Rejoined:
+		how = "Re-joined as node"
+	}
+	_, err = fmt.Fprintf(e.stdout, "%s %s (%s); identity in %s; gateways: %s\n",
+		how, id.NodeID, id.SPIFFEID, store.Dir(), strings.Join(id.Gateways, ", "))
 	return err
 }
 

@@ -2,7 +2,9 @@
 // machine its identity with a join token, `bcd node` runs the agent (the
 // session with the control plane's gateways, inventory, GPU events,
 // commands), `bcd helper` runs the root helper beside an unprivileged node,
-// `bcd version` says what build this is.
+// `bcd status` says whether the running node holds a session (from its state
+// file, without network), `bcd doctor` checks the node, `bcd version` says
+// what build this is.
 //
 // Exit status: 0 on success and after SIGINT/SIGTERM; 1 for a failure; 2
 // for bad flags or arguments; 3 when the node's identity is revoked; 4 when
@@ -115,7 +117,7 @@ func newRoot(e env) *cobra.Command {
 	root.SetErr(e.stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newVersionCmd(e), newJoinCmd(e), newNodeCmd(e), newHelperCmd(e))
-	root.AddCommand(newDoctorCmd(e))
+	root.AddCommand(newDoctorCmd(e), newStatusCmd(e))
 	return root
 }
 

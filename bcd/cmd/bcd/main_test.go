@@ -256,18 +256,22 @@ func TestNodeExpiredCertificate(t *testing.T) {
 	p := sessiontest.NewPKI(t)
 	key := sessiontest.NewKey(t)
 	now := time.Now()
-	cert := p.NodeCertificate(t, key, "node-9", now.Add(-72*time.Hour), now.Add(-48*time.Hour))
+	cert := p.NodeCertificate(t, key, "node-9", now.Add(-20*time.Hour), now.Add(-2*time.Hour))
+	// Exit 4 only once the gateway says the re-attestation grace is over;
+	// an unreachable gateway is retried (session tests).
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ReattestRefused: true})
 	data := t.TempDir()
 	id := identity.FromJoin(&session.JoinResult{
 		NodeID: "node-9", Chain: []*x509.Certificate{cert}, NodeCARoots: []*x509.Certificate{p.NodeCA},
-		Gateways: []string{"https://127.0.0.1:1"}, Trust: session.Trust{Pin: p.Pin()},
+		Gateways: []string{g.URL}, Trust: session.Trust{Pin: p.Pin()},
 	}, key, nil, now)
 	if err := identity.NewStore(data).Save(id); err != nil {
 		t.Fatal(err)
 	}
 	r := bcd(t.Context(), "", nil, "node", "--data-dir", data, "--log-level", "error")
-	if r.code != exitExpired || !strings.Contains(r.stderr, "bcd: node certificate expired") || !strings.Contains(r.stderr, "bcd join") {
-		t.Errorf("expired node: %+v", r)
+	if r.code != exitExpired || !strings.Contains(r.stderr, "node certificate expired") ||
+		!strings.Contains(r.stderr, "nodes reinstall node-9") || !strings.Contains(r.stderr, "bcd join") {
+		t.Errorf("expired node past the grace: %+v", r)
 	}
 }
 

@@ -48,8 +48,11 @@ With --unprivileged, bcd runs as a plain user and sends the commands that ask
 for root to the root helper (bcd helper) on --helper-socket; without a running
 helper those commands fail and say so.
 
-Under systemd it sends READY=1 after the first session is established and
-WATCHDOG=1 pings when the unit sets WatchdogSec=.`,
+Under systemd it sends READY=1 after the first session is established,
+STATUS= lines ("connected to <gateway> since <time>", "disconnected since
+<time>: <last error>; certificate expires <time>") and WATCHDOG=1 pings when
+the unit sets WatchdogSec=, disconnected or not. It keeps its state in
+<data-dir>/state.json for bcd status and bcd doctor.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return node(cmd.Context(), e, &f) },
 	}
@@ -108,11 +111,12 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 
 	a, err := agent.New(agent.Config{
 		Session: session.Config{
-			Gateways:   id.Gateways,
-			Trust:      id.Trust(),
-			Key:        id.Key,
-			Chain:      id.Chain,
-			RenewAfter: id.RenewAfter,
+			Gateways:      id.Gateways,
+			Trust:         id.Trust(),
+			Key:           id.Key,
+			Chain:         id.Chain,
+			RenewAfter:    id.RenewAfter,
+			ReattestGrace: id.ReattestGrace,
 			// Called by one renewal at a time, so id is not shared.
 			OnRenew: func(_ context.Context, r *session.Renewal) error {
 				id.Renewed(r)
@@ -121,13 +125,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 			BCDVersion: bcdVersion(),
 			BootID:     readLine(bootIDFile),
 			OnEvent: func(ev session.Event) {
-				switch ev.Kind {
-				case session.EventConnected:
+				if ev.Kind == session.EventConnected {
 					notify.Ready()
 					up.connected()
-					notify.Status("connected to " + ev.Gateway)
-				case session.EventBackoff:
-					notify.Status(fmt.Sprintf("reconnecting in %v", ev.Delay.Round(time.Millisecond)))
 				}
 			},
 			Logger: log,
@@ -137,6 +137,8 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		RescanInterval: f.rescan,
 		Upgrader:       up.upgrader(),
 		BMC:            agent.BMCConfig{NodeID: id.NodeID, File: f.bmcFile, PluginDir: f.pluginDir},
+		StateDir:       f.dataDir,
+		Notifier:       notify,
 		Logger:         log,
 	})
 	if err != nil {

@@ -2,9 +2,11 @@ package sessiontest
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/better-compute/better-compute/proto/keyproof"
 	"net"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -35,6 +38,9 @@ type GatewayOptions struct {
 	// CertTTL is the life of node certificates from Join and Renew.
 	// Defaults to 1 h.
 	CertTTL time.Duration
+	// ReattestRefused makes Reattest refuse every valid proof with
+	// GRACE_PASSED, as a gateway does once the grace is over.
+	ReattestRefused bool
 	// RenewAfter, when set, is sent as renew_after this long after issue;
 	// otherwise two thirds of CertTTL.
 	RenewAfter time.Duration
@@ -69,7 +75,9 @@ type Gateway struct {
 	open        int
 	lastSession int
 
-	joins, renewals, nodeSeq atomic.Int64
+	nonces map[string]string // Challenge nonce -> exporter of its connection
+
+	joins, renewals, reattests, nodeSeq atomic.Int64
 
 	sessionv1.UnimplementedJoinServiceServer
 	sessionv1.UnimplementedSessionServiceServer
@@ -240,6 +248,7 @@ func (g *Gateway) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessio
 		SpiffeId:         g.PKI.SPIFFEID(id).String(),
 		Gateways:         gws,
 		RenewAfter:       resp.RenewAfter,
+		ServerTime:       resp.ServerTime,
 		PoolId:           "pool-test",
 		SiteId:           "site-test",
 		Region:           "test",
@@ -254,7 +263,13 @@ func (g *Gateway) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*sess
 		return nil, err
 	}
 	if g.isRevoked(id) != "" {
-		return nil, status.Error(codes.Unauthenticated, "node revoked")
+		// As the real gateway answers (controlplane/gateway, refusal).
+		st, err := status.New(codes.PermissionDenied, "node revoked").WithDetails(&errdetails.ErrorInfo{
+			Reason: sessionv1.IdentityRefusal_REVOKED.String(), Domain: sessionv1.RefusalDomain})
+		if err != nil {
+			return nil, err
+		}
+		return nil, st.Err()
 	}
 	resp, err := g.issue(req.GetCsr(), id)
 	if err != nil {
@@ -265,13 +280,15 @@ func (g *Gateway) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*sess
 }
 
 func (g *Gateway) issue(csr []byte, id string) (*sessionv1.RenewResponse, error) {
+	// Backdated an hour and renewed at two thirds of the time from issue,
+	// as the control plane does (controlplane/pki).
 	now := time.Now()
-	nb, na := now.Add(-time.Minute), now.Add(g.opts.CertTTL)
+	nb, na := now.Add(-time.Hour), now.Add(g.opts.CertTTL)
 	cert, err := g.PKI.IssueNode(csr, id, nb, na)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	ra := nb.Add(na.Sub(nb) * 2 / 3)
+	ra := now.Add(na.Sub(now) * 2 / 3)
 	if g.opts.RenewAfter != 0 {
 		ra = now.Add(g.opts.RenewAfter)
 	}
@@ -279,7 +296,85 @@ func (g *Gateway) issue(csr []byte, id string) (*sessionv1.RenewResponse, error)
 		CertificateChain: [][]byte{cert.Raw},
 		NodeCaRoots:      [][]byte{g.PKI.NodeCA.Raw},
 		RenewAfter:       timestamppb.New(ra),
+		ServerTime:       timestamppb.New(now),
 	}, nil
+}
+
+// Challenge implements JoinService.Challenge: a random nonce, remembered
+// for this connection's exporter.
+func (g *Gateway) Challenge(ctx context.Context, _ *sessionv1.ChallengeRequest) (*sessionv1.ChallengeResponse, error) {
+	ekm, err := exporterOf(ctx)
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	nonce := make([]byte, 16)
+	_, _ = rand.Read(nonce)
+	g.mu.Lock()
+	if g.nonces == nil {
+		g.nonces = map[string]string{}
+	}
+	g.nonces[string(nonce)] = string(ekm)
+	g.mu.Unlock()
+	return &sessionv1.ChallengeResponse{Nonce: nonce, ServerTime: timestamppb.Now(), ValidFor: durationpb.New(time.Minute)}, nil
+}
+
+// Reattest implements JoinService.Reattest: it checks the key proof as
+// the control plane does (a nonce of this connection, a chain from the node
+// CA, the leaf's key) and issues a certificate, or refuses with
+// GRACE_PASSED when GatewayOptions.ReattestRefused is set.
+func (g *Gateway) Reattest(ctx context.Context, req *sessionv1.ReattestRequest) (*sessionv1.RenewResponse, error) {
+	ekm, err := exporterOf(ctx)
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	p := req.GetProof()
+	g.mu.Lock()
+	want, ok := g.nonces[string(p.GetNonce())]
+	delete(g.nonces, string(p.GetNonce()))
+	g.mu.Unlock()
+	if !ok || want != string(ekm) || len(p.GetCertificateChain()) == 0 {
+		return nil, status.Error(codes.Unauthenticated, "nonce not of this connection")
+	}
+	leaf, err := x509.ParseCertificate(p.GetCertificateChain()[0])
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: g.PKI.NodeCAPool(), CurrentTime: leaf.NotAfter.Add(-time.Second),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if err := keyproof.Verify(leaf.PublicKey, keyproof.PurposeReattest, p.GetNonce(), ekm, p.GetSignature()); err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	if g.opts.ReattestRefused {
+		st, err := status.New(codes.FailedPrecondition, "certificate expired longer ago than the grace").WithDetails(&errdetails.ErrorInfo{
+			Reason: sessionv1.IdentityRefusal_GRACE_PASSED.String(), Domain: sessionv1.RefusalDomain})
+		if err != nil {
+			return nil, err
+		}
+		return nil, st.Err()
+	}
+	resp, err := g.issue(req.GetCsr(), leaf.Subject.CommonName)
+	if err != nil {
+		return nil, err
+	}
+	g.reattests.Add(1)
+	return resp, nil
+}
+
+// Reattests returns how many Reattest calls succeeded.
+func (g *Gateway) Reattests() int64 { return g.reattests.Load() }
+
+func exporterOf(ctx context.Context) ([]byte, error) {
+	pr, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, keyproof.ErrNoExporter
+	}
+	info, ok := pr.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil, keyproof.ErrNoExporter
+	}
+	return keyproof.Exporter(&info.State)
 }
 
 // peer returns the node id and certificate of the mTLS peer.

@@ -79,8 +79,10 @@ func (p *PKI) NewToken(t testing.TB) string {
 }
 
 // ServerCertificate issues a serving certificate for 127.0.0.1 and
-// "localhost", valid for a day; its chain holds the leaf and the gateway CA,
-// as a real gateway sends it.
+// "localhost", valid from a day ago (as for a gateway serving for a while,
+// so that a node whose injected clock runs hours behind still accepts it)
+// for two days; its chain holds the leaf and the gateway CA, as a real
+// gateway sends it.
 func (p *PKI) ServerCertificate(t testing.TB) tls.Certificate {
 	t.Helper()
 	key := NewKey(t)
@@ -88,7 +90,7 @@ func (p *PKI) ServerCertificate(t testing.TB) tls.Certificate {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(t),
 		Subject:      pkix.Name{CommonName: "localhost"},
-		NotBefore:    now.Add(-time.Hour),
+		NotBefore:    now.Add(-caAge),
 		NotAfter:     now.Add(24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
@@ -164,6 +166,10 @@ func NewKey(t testing.TB) *ecdsa.PrivateKey {
 	return k
 }
 
+// caAge is how long before NewPKI its CAs and the serving certificate
+// became valid: a deployment running for a day.
+const caAge = 24 * time.Hour
+
 func newCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	key := NewKey(t)
@@ -171,7 +177,7 @@ func newCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          serial(t),
 		Subject:               pkix.Name{CommonName: cn},
-		NotBefore:             now.Add(-time.Hour),
+		NotBefore:             now.Add(-caAge),
 		NotAfter:              now.Add(365 * 24 * time.Hour),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 		BasicConstraintsValid: true,

@@ -130,6 +130,6 @@ func devJoinToken(ctx context.Context, st store.Store, cfg *config.Config, n int
 	if err != nil {
 		return "", fmt.Errorf("default pool: %w", err)
 	}
-	token, _, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), pool.ID, time.Hour, n, "dev --sim")
+	token, _, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), pool.ID, time.Hour, n, "dev --sim", "")
 	return token, err
 }

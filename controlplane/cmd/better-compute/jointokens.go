@@ -25,7 +25,8 @@ const (
 )
 
 // joinTokenJSON is a join token in -o json output. Token is set only by
-// create without --out: the secret is shown once.
+// create without --out: the secret is shown once. NodeID is set on a token
+// of nodes reinstall, bound to that node.
 type joinTokenJSON struct {
 	ID          string     `json:"id"`
 	PoolID      string     `json:"poolId"`
@@ -36,6 +37,7 @@ type joinTokenJSON struct {
 	ExpiresAt   time.Time  `json:"expiresAt"`
 	RevokedAt   *time.Time `json:"revokedAt,omitempty"`
 	CreatedAt   time.Time  `json:"createdAt"`
+	NodeID      string     `json:"nodeId,omitempty"`
 	Token       string     `json:"token,omitempty"`
 	File        string     `json:"file,omitempty"`
 }
@@ -55,7 +57,7 @@ func tokenState(t *store.JoinToken, now time.Time) string {
 
 func tokenOut(t *store.JoinToken, now time.Time) joinTokenJSON {
 	j := joinTokenJSON{ID: t.ID, PoolID: t.PoolID, Description: t.Description, MaxUses: t.MaxUses, Uses: t.Uses,
-		State: tokenState(t, now), ExpiresAt: t.ExpiresAt.UTC(), CreatedAt: t.CreatedAt.UTC()}
+		State: tokenState(t, now), ExpiresAt: t.ExpiresAt.UTC(), CreatedAt: t.CreatedAt.UTC(), NodeID: t.NodeID}
 	if t.RevokedAt != nil {
 		r := t.RevokedAt.UTC()
 		j.RevokedAt = &r
@@ -112,7 +114,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				secret, t, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), p.ID, ttl, maxUses, description)
+				secret, t, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), p.ID, ttl, maxUses, description, "")
 				if err != nil {
 					return err
 				}

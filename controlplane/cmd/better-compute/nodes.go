@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,7 +13,7 @@ import (
 
 func nodesCmd(e *env) *cobra.Command {
 	var af apiFlags
-	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect, cordon, drain, delete and upgrade nodes"}
+	cmd := &cobra.Command{Use: "nodes", Short: "List, inspect, cordon, drain, delete, upgrade and reinstall nodes"}
 	af.add(cmd)
 
 	var out, pool, state, gpuModel, gpuHealth string
@@ -72,7 +73,7 @@ func nodesCmd(e *env) *cobra.Command {
 		},
 	}
 	outputFlag(get, &out)
-	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af))
+	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af))
 	for _, m := range []struct{ use, method, short string }{
 		{"cordon", "nodes.cordon", "Keep new commands off a node"},
 		{"uncordon", "nodes.uncordon", "Let commands reach a node again"},
@@ -113,6 +114,7 @@ func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method, id, out string) 
 		{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
 		{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
 		{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
+		{"clock skew", clockSkew(n)},
 	}
 	for i, g := range n.Gpus {
 		health := g.Health
@@ -146,6 +148,21 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// clockSkew says how far the node's clock is from its gateway's, as the
+// gateway last measured it: "5400 s behind (at 2031-03-04T05:06:07Z)", or
+// "-" when not measured yet.
+func clockSkew(n *apiv1.Node) string {
+	if n.GetClockSkew() == nil {
+		return "-"
+	}
+	s := n.GetClockSkew().AsDuration().Round(time.Second) / time.Second
+	dir := "ahead"
+	if s < 0 {
+		s, dir = -s, "behind"
+	}
+	return fmt.Sprintf("%d s %s (at %s)", s, dir, when(n.GetClockSkewTime()))
 }
 
 func orDash(s string) string {

@@ -44,6 +44,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Nodes", testNodes},
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},
+		{"NodeLivenessPoweredOff", testNodeLivenessPoweredOff},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
@@ -895,6 +896,75 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	later.Shards = want[1:]
 	if got := must(h.Store.NodeLivenessDue(ctx, later)); !slices.Equal(got, want[1:]) {
 		t.Fatalf("NodeLivenessDue of shards %v = %v, want them all", want[1:], got)
+	}
+}
+
+// testNodeLivenessPoweredOff: a node its BMC reported off stays
+// powered-off (never unreachable) while silent, is not brought back by the
+// heartbeat the report itself left within the grace, and is ready again once
+// it heartbeats after the grace (issue 15: "bmc on" after "bmc off" left a
+// heartbeating node powered-off until it reconnected).
+func testNodeLivenessPoweredOff(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	const grace, stale = 10 * time.Second, 30 * time.Second
+	off := func(id, session string) time.Time {
+		t.Helper()
+		n := addNode(ctx, t, h, pool, id)
+		past := time.Now().Add(-time.Minute)
+		_, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: session, GatewayID: "gw", Now: &past})
+		check(t, err)
+		check(t, h.Store.NodeSetState(ctx, id, store.NodeReady))
+		check(t, h.Store.NodeSetState(ctx, id, store.NodePoweredOff))
+		if n = must(h.Store.NodeGet(ctx, id)); n.State != store.NodePoweredOff {
+			t.Fatalf("state of %s = %s, want %s", id, n.State, store.NodePoweredOff)
+		}
+		return n.UpdatedAt // when it was marked off
+	}
+	base := off("node_off", "s1")
+	shard := store.ShardOf("node_off")
+	at := func(d time.Duration) *time.Time { v := base.Add(d); return &v }
+	pass := func(now time.Duration, wantReady bool) {
+		t.Helper()
+		p := &store.NodeLivenessParams{Shard: shard, StaleAfter: stale, PoweredOffGrace: grace, Now: at(now)}
+		due := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{
+			Shards: []int{shard}, StaleAfter: stale, PoweredOffGrace: grace, Now: at(now)}))
+		if got := len(due) == 1; got != wantReady {
+			t.Fatalf("NodeLivenessDue at +%s = %v, want due %v", now, due, wantReady)
+		}
+		u, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p))
+		var want []string
+		if wantReady {
+			want = []string{"node_off"}
+		}
+		if len(u) != 0 || !slices.Equal(r, want) {
+			t.Fatalf("reconcile at +%s: unreachable %v, ready %v; want ready %v", now, u, r, want)
+		}
+	}
+	// Silent: powered-off, however long, never unreachable.
+	pass(time.Hour, false)
+	// The report's own heartbeat, flushed a second later, does not count.
+	must(h.Store.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, at(time.Second)))
+	pass(2*time.Second, false)
+	if n := must(h.Store.NodeGet(ctx, "node_off")); n.State != store.NodePoweredOff {
+		t.Fatalf("state after the report's heartbeat = %s, want %s", n.State, store.NodePoweredOff)
+	}
+	// A heartbeat after the grace does.
+	must(h.Store.SessionHeartbeatBatch(ctx, "gw", []string{"s1"}, at(grace+2*time.Second)))
+	pass(grace+3*time.Second, true)
+	if n := must(h.Store.NodeGet(ctx, "node_off")); n.State != store.NodeReady {
+		t.Fatalf("state after a heartbeat past the grace = %s, want %s", n.State, store.NodeReady)
+	}
+	pass(grace+4*time.Second, false)
+
+	// Heard from after the grace but not since StaleAfter: it stays
+	// powered-off rather than ready for one pass.
+	base2 := off("node_off_quiet", "s2")
+	later := base2.Add(grace + time.Second)
+	must(h.Store.SessionHeartbeatBatch(ctx, "gw", []string{"s2"}, &later))
+	now := later.Add(stale + time.Second)
+	p := &store.NodeLivenessParams{Shard: store.ShardOf("node_off_quiet"), StaleAfter: stale, PoweredOffGrace: grace, Now: &now}
+	if u, r := mustPair(h.Store.NodeLivenessReconcile(ctx, p)); slices.Contains(r, "node_off_quiet") || slices.Contains(u, "node_off_quiet") {
+		t.Fatalf("stale powered-off node moved: unreachable %v, ready %v", u, r)
 	}
 }
 

@@ -160,7 +160,7 @@ func run(n int, db string, samples, rounds int) error {
 	<-srv.Ready()
 	c := &client.Client{BaseURL: "http://" + srv.Addr().String() + "/api", Token: admin}
 
-	token, _, err := api.CreateJoinToken(ctx, st, bundle.GatewayPin(), pool.ID, time.Hour, n, "bench")
+	token, _, err := api.CreateJoinToken(ctx, st, bundle.GatewayPin(), pool.ID, time.Hour, n, "bench", "")
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -211,6 +212,28 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
 }
 
+// Liveness transitions, as SQL conditions on nodes (not aliased) with the
+// time to judge by at $now, the stale age in microseconds at $stale and the
+// powered-off grace in microseconds at $grace (placeholders substituted by
+// livenessSQL).
+const (
+	// livenessStale: a ready node not heard from for StaleAfter (its join
+	// time counts when it never connected) becomes unreachable.
+	livenessStale = `(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($now, now()) - bc_micros($stale))`
+	// livenessBack: an unreachable node heard from since becomes ready, and
+	// so does a powered-off one heard from, recently, more than the grace
+	// after it was marked off.
+	livenessBack = `((state = 'unreachable' AND ` + nodeLastSeen + ` >= coalesce($now, now()) - bc_micros($stale))
+		OR (state = 'powered-off' AND ` + nodeLastSeen + ` >= coalesce($now, now()) - bc_micros($stale)
+			AND ` + nodeLastSeen + ` > updated_at + bc_micros($grace)))`
+)
+
+// livenessSQL substitutes the placeholders of the liveness conditions in
+// sql with now, stale and grace.
+func livenessSQL(sql, now, stale, grace string) string {
+	return strings.NewReplacer("$now", now, "$stale", stale, "$grace", grace).Replace(sql)
+}
+
 // NodeLivenessDue returns those of p.Shards in which NodeLivenessReconcile
 // would move a node, in one read (the shards bound as one JSON array).
 func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDueParams) ([]int, error) {
@@ -218,12 +241,10 @@ func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDuePar
 		return nil, nil
 	}
 	in, set := s.intSet("$3", p.Shards)
-	rows, err := s.db.Query(ctx, `SELECT DISTINCT shard FROM nodes
-		WHERE shard IN (`+in+`) AND (
-			(state = 'ready' AND coalesce(`+nodeLastSeen+`, created_at) < coalesce($1, now()) - bc_micros($2))
-			OR (state = 'unreachable' AND `+nodeLastSeen+` >= coalesce($1, now()) - bc_micros($2)))
-		ORDER BY shard`,
-		s.clock(p.Now), p.StaleAfter.Microseconds(), set)
+	rows, err := s.db.Query(ctx, livenessSQL(`SELECT DISTINCT shard FROM nodes
+		WHERE shard IN (`+in+`) AND (`+livenessStale+` OR `+livenessBack+`)
+		ORDER BY shard`, "$1", "$2", "$4"),
+		s.clock(p.Now), p.StaleAfter.Microseconds(), set, p.PoweredOffGrace.Microseconds())
 	if err != nil {
 		return nil, s.wrap("check liveness", err)
 	}
@@ -240,11 +261,18 @@ func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDuePar
 }
 
 // NodeLivenessReconcile moves a shard's nodes between ready and unreachable
-// by the age of their last heartbeat.
+// by the age of their last heartbeat, and powered-off nodes heard from
+// again to ready.
 func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error) {
-	now := s.clock(p.Now)
+	args := []any{p.Shard, s.clock(p.Now), p.StaleAfter.Microseconds(), p.PoweredOffGrace.Microseconds()}
+	// ids runs sql with the placeholders it uses, $1 to $3 or $1 to $4.
 	ids := func(sql string) ([]string, error) {
-		rows, err := s.db.Query(ctx, sql, p.Shard, now, p.StaleAfter.Microseconds())
+		sql = livenessSQL(sql, "$2", "$3", "$4")
+		a := args
+		if !strings.Contains(sql, "$4") {
+			a = args[:3]
+		}
+		rows, err := s.db.Query(ctx, sql, a...)
 		if err != nil {
 			return nil, s.wrap("reconcile liveness", err)
 		}
@@ -264,21 +292,19 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 	// order too (gateway.flush), so the two cannot deadlock; the updates
 	// below would lock in scan order, one set after the other.
 	if s.d.ForUpdate != "" {
-		if _, err := ids(`SELECT id FROM nodes WHERE shard = $1 AND (
-				(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($2, now()) - bc_micros($3))
-				OR (state = 'unreachable' AND ` + nodeLastSeen + ` >= coalesce($2, now()) - bc_micros($3)))
+		if _, err := ids(`SELECT id FROM nodes WHERE shard = $1 AND (` + livenessStale + ` OR ` + livenessBack + `)
 			ORDER BY id` + s.d.ForUpdate); err != nil {
 			return nil, nil, err
 		}
 	}
 	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND ` + livenessStale + `
 		RETURNING id`)
 	if err != nil {
 		return nil, nil, err
 	}
 	ready, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
-		WHERE shard = $1 AND state = 'unreachable' AND ` + nodeLastSeen + ` >= coalesce($2, now()) - bc_micros($3)
+		WHERE shard = $1 AND ` + livenessBack + `
 		RETURNING id`)
 	return unreachable, ready, err
 }

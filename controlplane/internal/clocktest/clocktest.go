@@ -1,0 +1,106 @@
+// Package clocktest is a fake clock for the control plane's tests: time
+// moves only when the test advances it, and a test waits for the code under
+// test to be waiting on the clock (BlockUntil) instead of sleeping
+// (STYLE.md, "Tests": a fake clock, test signals instead of sleeps). Its
+// methods match lease.Clock, which the lease holder and the sweeper take.
+package clocktest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Clock is a fake clock. The zero value is not usable; call New.
+type Clock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiters []waiter
+	changed chan struct{} // closed, and replaced, whenever waiters changes
+}
+
+type waiter struct {
+	at time.Time
+	ch chan time.Time
+}
+
+// New returns a Clock reading start.
+func New(start time.Time) *Clock {
+	return &Clock{now: start, changed: make(chan struct{})}
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// After returns a channel that receives the clock's time once it has been
+// advanced by d (at once when d ≤ 0), like time.After.
+func (c *Clock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, waiter{at: c.now.Add(d), ch: ch})
+	c.notify()
+	return ch
+}
+
+// Advance moves the clock on by d and fires, in time order, every After
+// whose time has come.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	slices.SortStableFunc(c.waiters, func(a, b waiter) int { return a.at.Compare(b.at) })
+	n := 0
+	for _, w := range c.waiters {
+		if w.at.After(c.now) {
+			break
+		}
+		w.ch <- c.now
+		n++
+	}
+	if n > 0 {
+		c.waiters = slices.Delete(c.waiters, 0, n)
+		c.notify()
+	}
+}
+
+// Waiters returns how many Afters are pending.
+func (c *Clock) Waiters() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiters)
+}
+
+// BlockUntil waits until at least n Afters are pending: the code under test
+// has reached its wait. It fails when ctx ends first.
+func (c *Clock) BlockUntil(ctx context.Context, n int) error {
+	for {
+		c.mu.Lock()
+		have, changed := len(c.waiters), c.changed
+		c.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("clocktest: %d waiters, want %d: %w", have, n, context.Cause(ctx))
+		}
+	}
+}
+
+// notify wakes BlockUntil; c.mu is held.
+func (c *Clock) notify() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
