@@ -71,6 +71,18 @@ type deployment struct {
 // embedded default makes by itself.
 func newDeployment(t *testing.T, backendName string) *deployment {
 	t.Helper()
+	return newDeploymentWith(t, backendName, deploymentConfig{})
+}
+
+// deploymentConfig adds lines to a deployment's configuration file.
+type deploymentConfig struct {
+	gateway string // under host.gateway, indented four spaces: "    nodeCertTTL: 10s\n"
+	top     string // at the top level: "pki:\n  reattestGrace: 5s\n"
+}
+
+// newDeploymentWith is newDeployment with extra configuration.
+func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig) *deployment {
+	t.Helper()
 	ctx := context.Background()
 	d := &deployment{t: t, backend: backendName, bc: testenv.Binary(t, "better-compute"),
 		dataDir: filepath.Join(t.TempDir(), "data")}
@@ -78,7 +90,7 @@ func newDeployment(t *testing.T, backendName string) *deployment {
 	d.api = fmt.Sprintf("http://127.0.0.1:%d", apiPort)
 	d.gwAddr = fmt.Sprintf("127.0.0.1:%d", gwPort)
 	d.gatewayURL = fmt.Sprintf("https://localhost:%d", gwPort)
-	cfg := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  gateway:\n    listen: %s\n", apiPort, d.gwAddr)
+	cfg := extra.top + fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  gateway:\n    listen: %s\n", apiPort, d.gwAddr) + extra.gateway
 	d.env = []string{"BETTER_COMPUTE_DATA_DIR=" + d.dataDir}
 	if backendName == backendPostgres {
 		d.dbURL = pgtest.URL(t)

@@ -18,16 +18,23 @@ import (
 type recorder struct {
 	mu      sync.Mutex
 	updates []*sessionv1.CommandUpdate
+	refused []*sessionv1.CommandUpdate // sent once closed
 	closed  bool
 	result  chan *sessionv1.CommandResult
+	changed chan struct{} // closed, and replaced, at every send
 }
 
-func newRecorder() *recorder { return &recorder{result: make(chan *sessionv1.CommandResult, 16)} }
+func newRecorder() *recorder {
+	return &recorder{result: make(chan *sessionv1.CommandResult, 16), changed: make(chan struct{})}
+}
 
 func (r *recorder) send(u *sessionv1.CommandUpdate) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	close(r.changed)
+	r.changed = make(chan struct{})
 	if r.closed {
+		r.refused = append(r.refused, u)
 		return errors.New("session ended")
 	}
 	r.updates = append(r.updates, u)
@@ -40,11 +47,46 @@ func (r *recorder) send(u *sessionv1.CommandUpdate) error {
 func (r *recorder) output() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return outputOf(r.updates)
+}
+
+func outputOf(updates []*sessionv1.CommandUpdate) string {
 	var b strings.Builder
-	for _, u := range r.updates {
+	for _, u := range updates {
 		b.Write(u.GetOutput().GetData())
 	}
 	return b.String()
+}
+
+// await waits until cond, given the updates sent and those refused, holds;
+// it is checked at every send, so the test waits on the executor, not on
+// time.
+func (r *recorder) await(t *testing.T, what string, cond func(sent, refused []*sessionv1.CommandUpdate) bool) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		r.mu.Lock()
+		ok, changed := cond(r.updates, r.refused), r.changed
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// started reports whether updates hold the command's Running update.
+func started(sent, _ []*sessionv1.CommandUpdate) bool {
+	for _, u := range sent {
+		if u.GetRunning() != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func wait(t *testing.T, r *recorder) *sessionv1.CommandResult {
@@ -90,14 +132,12 @@ func TestCancel(t *testing.T) {
 	e := executor.New(executor.Config{})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), execCmd("cmd_sleep", "sleep", "600"), r.send)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.Running()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	r.await(t, "the command to start", started)
 	start := time.Now()
 	e.HandleCancel(context.Background(), &sessionv1.Cancel{CommandId: "cmd_sleep"})
 	res := wait(t, r)
-	if res.State != sessionv1.CommandState_COMMAND_STATE_CANCELLED || time.Since(start) > 2*time.Second {
+	// Well before the command's own end; 5 s leaves room for a busy machine.
+	if res.State != sessionv1.CommandState_COMMAND_STATE_CANCELLED || time.Since(start) > 5*time.Second {
 		t.Fatalf("cancel: %v after %v", res, time.Since(start))
 	}
 }
@@ -163,10 +203,7 @@ func TestRedeliveryWhileRunningMovesUpdatesToTheNewSession(t *testing.T) {
 	old := newRecorder()
 	c := execCmd("cmd_move", "sleep", "0.3")
 	e.HandleCommand(context.Background(), c, old.send)
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.Running()) == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	old.await(t, "the command to start", started)
 	old.mu.Lock()
 	old.closed = true // the node reconnected; that session is gone
 	old.mu.Unlock()
@@ -185,14 +222,13 @@ func TestOutputWithoutSessionIsSentLater(t *testing.T) {
 	old := newRecorder()
 	c := execCmd("cmd_gap", "sh", "-c", "echo before; sleep 0.3; echo during; sleep 0.5; echo after")
 	e.HandleCommand(context.Background(), c, old.send)
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(old.output(), "before") && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	old.await(t, `"before"`, func(sent, _ []*sessionv1.CommandUpdate) bool { return strings.Contains(outputOf(sent), "before") })
 	old.mu.Lock()
 	old.closed = true // the session ends while "during" is printed
 	old.mu.Unlock()
-	time.Sleep(500 * time.Millisecond)
+	old.await(t, `"during" offered to the ended session`, func(_, refused []*sessionv1.CommandUpdate) bool {
+		return strings.Contains(outputOf(refused), "during")
+	})
 	cur := newRecorder()
 	e.HandleCommand(context.Background(), c, cur.send) // redelivered on the next session
 	wait(t, cur)

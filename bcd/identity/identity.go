@@ -74,6 +74,9 @@ type Identity struct {
 	// ReattestGrace is how long after the certificate's expiry the
 	// gateways re-attest it, as they last said; zero when unknown.
 	ReattestGrace time.Duration
+	// KnownGateways are the gateways Welcomes listed (session.MergeGateways),
+	// tried before the join-time Gateways.
+	KnownGateways []session.KnownGateway
 }
 
 // FromJoin builds the Identity of a node that joined with key and got res.
@@ -153,7 +156,8 @@ type info struct {
 	Region      string    `json:"region,omitempty"`
 	JoinedAt    time.Time `json:"joined_at"`
 	// ReattestGrace is in seconds; absent when unknown.
-	ReattestGrace int64 `json:"reattest_grace_s,omitempty"`
+	ReattestGrace int64                  `json:"reattest_grace_s,omitempty"`
+	KnownGateways []session.KnownGateway `json:"known_gateways,omitempty"`
 }
 
 // infoVersion is the layout version of identity.json this package writes.
@@ -255,7 +259,7 @@ func (s *Store) load() (*Identity, error) {
 		NodeID: in.NodeID, TrustDomain: in.TrustDomain, SPIFFEID: in.SPIFFEID,
 		Gateways: in.Gateways, GatewayPin: in.GatewayPin, RenewAfter: in.RenewAfter,
 		PoolID: in.PoolID, SiteID: in.SiteID, Region: in.Region, JoinedAt: in.JoinedAt,
-		ReattestGrace: time.Duration(in.ReattestGrace) * time.Second,
+		ReattestGrace: time.Duration(in.ReattestGrace) * time.Second, KnownGateways: in.KnownGateways,
 	}
 	if id.Key, err = readKey(s.path(KeyFile)); err != nil {
 		return nil, err
@@ -357,6 +361,14 @@ func (s *Store) SaveRenewal(id *Identity) error {
 	return nil
 }
 
+// SaveGateways writes the node's gateway list (identity.json).
+func (s *Store) SaveGateways(id *Identity) error {
+	if err := s.writeInfo(id); err != nil {
+		return fmt.Errorf("save gateway list to %s: %w", s.dir, err)
+	}
+	return nil
+}
+
 func (s *Store) writeCerts(id *Identity) error {
 	if err := writeFile(s.path(CertFile), encodeCerts(id.Chain), 0o644); err != nil {
 		return err
@@ -369,7 +381,7 @@ func (s *Store) writeInfo(id *Identity) error {
 		Version: infoVersion, NodeID: id.NodeID, TrustDomain: id.TrustDomain, SPIFFEID: id.SPIFFEID,
 		Gateways: id.Gateways, GatewayPin: id.GatewayPin, RenewAfter: id.RenewAfter.UTC(),
 		PoolID: id.PoolID, SiteID: id.SiteID, Region: id.Region, JoinedAt: id.JoinedAt.UTC(),
-		ReattestGrace: int64(id.ReattestGrace / time.Second),
+		ReattestGrace: int64(id.ReattestGrace / time.Second), KnownGateways: id.KnownGateways,
 	}, "", "  ")
 	if err != nil {
 		return err

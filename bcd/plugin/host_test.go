@@ -16,6 +16,15 @@ import (
 	pluginv1 "github.com/better-compute/better-compute/proto/plugin/v1"
 )
 
+// startMargin is the BMC timeout of the tests' calls that may start the
+// plugin, and the bound of their waits for a (re)start: a call's deadline
+// covers the plugin's start (exec of the -race test binary, the handshake),
+// which takes seconds when both cores of the machine are busy ("plugin
+// unavailable: still starting: context deadline exceeded" with 1 s). It is
+// above StartTimeout, which then bounds the start. Calls whose timeout is
+// what the test is about keep their short ones, and run on a started plugin.
+const startMargin = 30 * time.Second
+
 // testConfig is a Config for tests: short timeouts and backoff, logs to
 // sink.
 func testConfig(dir string, sink *logSink) Config {
@@ -23,7 +32,7 @@ func testConfig(dir string, sink *logSink) Config {
 		Dir:            dir,
 		StartTimeout:   20 * time.Second, // a -race test binary starts slowly on 2 cores
 		CallGrace:      200 * time.Millisecond,
-		HealthTimeout:  2 * time.Second,
+		HealthTimeout:  5 * time.Second, // answered in milliseconds when idle, seconds when busy
 		HealthInterval: time.Hour,
 		MinBackoff:     50 * time.Millisecond,
 		MaxBackoff:     200 * time.Millisecond,
@@ -57,14 +66,14 @@ func TestPowerAndList(t *testing.T) {
 	if got := h.List(); len(got) != 1 || got[0].Name != "fake" || got[0].Running {
 		t.Fatalf("List before any call = %+v, want fake, not running", got)
 	}
-	resp, err := h.Power(context.Background(), "fake", power("ok", time.Second))
+	resp, err := h.Power(context.Background(), "fake", power("ok", startMargin))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if resp.GetState() != pluginv1.PowerState_POWER_STATE_ON {
 		t.Errorf("state = %v, want ON", resp.GetState())
 	}
-	if _, err := h.BootDevice(context.Background(), "fake", &pluginv1.BootDeviceRequest{Target: power("ok", time.Second).Target}); err != nil {
+	if _, err := h.BootDevice(context.Background(), "fake", &pluginv1.BootDeviceRequest{Target: power("ok", startMargin).Target}); err != nil {
 		t.Errorf("BootDevice: %v", err)
 	}
 	st := h.List()[0]
@@ -82,13 +91,13 @@ func TestPowerAndList(t *testing.T) {
 func TestNotFoundAndClosed(t *testing.T) {
 	t.Parallel()
 	h := newTestHost(t, testConfig(pluginDir(t), newLogSink(t)))
-	_, err := h.Power(context.Background(), "ipmi", power("ok", time.Second))
+	_, err := h.Power(context.Background(), "ipmi", power("ok", startMargin))
 	var pe *Error
 	if !errors.Is(err, ErrNotFound) || !errors.As(err, &pe) || pe.Plugin != "ipmi" {
 		t.Fatalf("Power on a missing plugin: %v, want ErrNotFound naming ipmi", err)
 	}
 	h.Close()
-	if _, err := h.Power(context.Background(), "ipmi", power("ok", time.Second)); !errors.Is(err, ErrClosed) {
+	if _, err := h.Power(context.Background(), "ipmi", power("ok", startMargin)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Power after Close: %v, want ErrClosed", err)
 	}
 }
@@ -101,7 +110,7 @@ func TestPluginInstalledLater(t *testing.T) {
 	if err := os.Symlink(exe, filepath.Join(dir, "bcx-fake")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Power(context.Background(), "fake", power("ok", time.Second)); err != nil {
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatalf("Power on a plugin installed after New: %v", err)
 	}
 }
@@ -109,7 +118,7 @@ func TestPluginInstalledLater(t *testing.T) {
 func TestUnsupported(t *testing.T) {
 	t.Parallel()
 	h := newTestHost(t, testConfig(pluginDir(t, "nocaps"), newLogSink(t)))
-	_, err := h.Power(context.Background(), "nocaps", power("ok", time.Second))
+	_, err := h.Power(context.Background(), "nocaps", power("ok", startMargin))
 	if !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("Power on a plugin without the power capability: %v, want ErrUnsupported", err)
 	}
@@ -118,7 +127,7 @@ func TestUnsupported(t *testing.T) {
 func TestPluginErrors(t *testing.T) {
 	t.Parallel()
 	h := newTestHost(t, testConfig(pluginDir(t, "fake"), newLogSink(t)))
-	_, err := h.Power(context.Background(), "fake", power("nope", time.Second))
+	_, err := h.Power(context.Background(), "fake", power("nope", startMargin))
 	var pe *Error
 	if !errors.Is(err, ErrInvalid) || !errors.As(err, &pe) || pe.Reason != ReasonInvalidRequest {
 		t.Errorf("invalid request: %v, want ErrInvalid with reason INVALID_REQUEST", err)
@@ -139,7 +148,7 @@ func TestRedaction(t *testing.T) {
 	t.Parallel()
 	sink := newLogSink(t)
 	h := newTestHost(t, testConfig(pluginDir(t, "fake"), sink))
-	req := power("leak", time.Second)
+	req := power("leak", startMargin)
 	secret := req.Target.Password
 	_, err := h.Power(context.Background(), "fake", req)
 	var pe *Error
@@ -149,7 +158,7 @@ func TestRedaction(t *testing.T) {
 	if strings.Contains(err.Error(), secret) || !strings.Contains(err.Error(), Redacted) {
 		t.Errorf("error %q holds the password or no %s", err, Redacted)
 	}
-	sink.waitFor("Fake leaking "+Redacted, 10*time.Second)
+	sink.waitFor("Fake leaking "+Redacted, startMargin)
 	if log := sink.buf.String(); strings.Contains(log, secret) {
 		t.Errorf("log holds the password:\n%s", log)
 	}
@@ -161,7 +170,7 @@ func TestHungPlugin(t *testing.T) {
 	t.Parallel()
 	sink := newLogSink(t)
 	h := newTestHost(t, testConfig(pluginDir(t, "fake"), sink))
-	if _, err := h.Power(context.Background(), "fake", power("ok", time.Second)); err != nil {
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatal(err) // started outside the timing below
 	}
 
@@ -175,8 +184,8 @@ func TestHungPlugin(t *testing.T) {
 	if took > 3*time.Second {
 		t.Errorf("hung call took %s, want about 300ms + 200ms grace", took)
 	}
-	sink.waitFor("Plugin still answers its health check", 10*time.Second)
-	if _, err := h.Power(context.Background(), "fake", power("ok", time.Second)); err != nil {
+	sink.waitFor("Plugin still answers its health check", startMargin)
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatalf("call after a hung call: %v", err)
 	}
 	if s := h.List()[0]; s.Starts != 1 {
@@ -187,8 +196,8 @@ func TestHungPlugin(t *testing.T) {
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("hung call: %v, want ErrTimeout", err)
 	}
-	sink.waitFor("Plugin failed", 10*time.Second)
-	if _, err := h.Power(context.Background(), "fake", power("ok", 10*time.Second)); err != nil {
+	sink.waitFor("Plugin failed", startMargin)
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatalf("call after the hung plugin was killed: %v", err)
 	}
 	if s := h.List()[0]; s.Starts != 2 {
@@ -205,7 +214,7 @@ func TestCrashMidCall(t *testing.T) {
 	exits := make(chan string, 1)
 	cfg.OnExit = func(name, reason string) { exits <- name + ": " + reason }
 	h := newTestHost(t, cfg)
-	if _, err := h.Power(context.Background(), "fake", power("ok", time.Second)); err != nil {
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatal(err)
 	}
 	pid := h.List()[0].PID
@@ -218,15 +227,15 @@ func TestCrashMidCall(t *testing.T) {
 		took = time.Since(start)
 		errc <- err
 	}()
-	sink.waitFor("Fake call received", 10*time.Second)
+	sink.waitFor("Fake call received", startMargin)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	var err error
 	select {
 	case err = <-errc:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the call on a killed plugin did not return within 10 s")
+	case <-time.After(startMargin):
+		t.Fatalf("the call on a killed plugin did not return within %s", startMargin)
 	}
 	t.Logf("call on a killed plugin returned after %s: %v", took, err)
 	if !errors.Is(err, ErrCrashed) {
@@ -235,10 +244,10 @@ func TestCrashMidCall(t *testing.T) {
 	select {
 	case e := <-exits:
 		t.Logf("OnExit: %s", e)
-	case <-time.After(5 * time.Second):
+	case <-time.After(startMargin):
 		t.Error("OnExit not called")
 	}
-	if _, err := h.Power(context.Background(), "fake", power("ok", 10*time.Second)); err != nil {
+	if _, err := h.Power(context.Background(), "fake", power("ok", startMargin)); err != nil {
 		t.Fatalf("call after the crash: %v", err)
 	}
 	s := h.List()[0]
@@ -278,12 +287,12 @@ func TestRunRestarts(t *testing.T) {
 func TestStartFailures(t *testing.T) {
 	t.Parallel()
 	h := newTestHost(t, testConfig(pluginDir(t, "v2", "badexit"), newLogSink(t)))
-	_, err := h.Power(context.Background(), "v2", power("ok", time.Second))
+	_, err := h.Power(context.Background(), "v2", power("ok", startMargin))
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "ncompatible") {
 		t.Errorf("protocol v2 plugin: %v, want ErrUnavailable naming the incompatible version", err)
 	}
 	t.Logf("v2: %v", err)
-	_, err = h.Power(context.Background(), "badexit", power("ok", time.Second))
+	_, err = h.Power(context.Background(), "badexit", power("ok", startMargin))
 	t.Logf("badexit: %v", err)
 	if !errors.Is(err, ErrUnavailable) {
 		t.Errorf("plugin exiting at start: %v, want ErrUnavailable", err)

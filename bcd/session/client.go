@@ -38,7 +38,8 @@ const (
 // goroutine while it runs.
 type Client struct {
 	cfg       Config
-	gws       []gatewayAddr
+	gws       []gatewayAddr  // the order attempts go in (gatewayOrder); Run's goroutine only
+	known     []KnownGateway // the gateways Welcomes listed; Run's goroutine only
 	log       *slog.Logger
 	clock     Clock
 	gwClock   *gatewayClock // the gateways' time, as certificates are judged (gatewayClock)
@@ -76,6 +77,7 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{
 		cfg:   cfg,
 		gws:   gws,
+		known: slices.Clone(cfg.KnownGateways),
 		log:   cfg.Logger,
 		clock: cfg.Clock,
 		transport: transport{

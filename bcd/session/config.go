@@ -86,8 +86,15 @@ type Renewal struct {
 // every other zero value means the documented default.
 type Config struct {
 	// Gateways are the URLs ("https://host[:port]", port 443 when absent) of
-	// the region's gateways, in order of preference. Required.
+	// the region's gateways as the node joined, in order of preference: the
+	// last resort after KnownGateways. Required.
 	Gateways []string
+	// KnownGateways are the gateways Welcomes listed, as last persisted
+	// through OnGateways; tried first, in order. Defaults to none.
+	KnownGateways []KnownGateway
+	// OnGateways persists the node's gateway list when a Welcome changed
+	// it (MergeGateways). Defaults to keeping it in memory only.
+	OnGateways func(ctx context.Context, known []KnownGateway) error
 	// Trust says how gateways are authenticated. Required.
 	Trust Trust
 	// Key is the node's private key, the one its certificate certifies.
@@ -225,8 +232,14 @@ func (cfg *Config) validate() ([]gatewayAddr, error) {
 	if len(cfg.Gateways) == 0 {
 		return nil, fmt.Errorf("%w: no gateways", ErrConfig)
 	}
-	gws := make([]gatewayAddr, 0, len(cfg.Gateways))
-	for _, s := range cfg.Gateways {
+	for _, k := range cfg.KnownGateways {
+		if _, err := parseGatewayURL(k.URL); err != nil {
+			return nil, err
+		}
+	}
+	order := gatewayOrder(cfg.KnownGateways, cfg.Gateways)
+	gws := make([]gatewayAddr, 0, len(order))
+	for _, s := range order {
 		gw, err := parseGatewayURL(s)
 		if err != nil {
 			return nil, err

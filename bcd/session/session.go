@@ -172,6 +172,7 @@ func (s *session) welcome(seq uint64, w *sessionv1.Welcome) {
 	c.log.InfoContext(s.ctx, "Session established", attrGateway, s.gw.url, attrSessionID, s.id,
 		attrNodeID, w.GetNodeId(), attrInterval, s.interval)
 	c.gwClock.observe(s.ctx, s.gw.url, w.GetServerTime())
+	c.listed(s.ctx, s.gw, w.GetGateways())
 }
 
 // failed builds the outcome of a stream that ended with err.

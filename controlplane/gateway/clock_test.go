@@ -107,29 +107,39 @@ func (shiftedClock) AfterFunc(d time.Duration, f func()) nodesession.Timer {
 	return time.AfterFunc(d, f)
 }
 
-// skewSignal is a store that reports each clock skew it wrote, also inside
-// transactions.
+// skewSignal is a store that reports each clock skew written in a
+// transaction once that transaction has committed.
 type skewSignal struct {
 	store.Store
 	wrote chan time.Duration
 }
 
 func (s *skewSignal) Tx(ctx context.Context, fn func(store.Store) error) error {
-	return s.Store.Tx(ctx, func(tx store.Store) error { return fn(&skewSignalTx{Store: tx, s: s}) })
+	tx := &skewSignalTx{}
+	err := s.Store.Tx(ctx, func(inner store.Store) error {
+		tx.Store, tx.skews = inner, nil
+		return fn(tx)
+	})
+	if err == nil {
+		for _, skew := range tx.skews {
+			select {
+			case s.wrote <- skew:
+			default:
+			}
+		}
+	}
+	return err
 }
 
 type skewSignalTx struct {
 	store.Store
-	s *skewSignal
+	skews []time.Duration
 }
 
 func (t *skewSignalTx) NodeSetClockSkew(ctx context.Context, id string, skew time.Duration, now *time.Time) error {
 	err := t.Store.NodeSetClockSkew(ctx, id, skew, now)
 	if err == nil {
-		select {
-		case t.s.wrote <- skew:
-		default:
-		}
+		t.skews = append(t.skews, skew)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -171,6 +172,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 		Capabilities:      h.capabilities,
 		NodeId:            s.nodeID,
 		GatewayId:         g.cfg.ID,
+		Gateways:          g.regionGateways(ctx, g.cfg.Region),
 	}}})
 	if err != nil {
 		return s, err
@@ -357,6 +359,8 @@ func (s *session) closeReason() string {
 // the connections close).
 func (g *Gateway) drainAll() {
 	all := g.sessions.snapshot()
+	// The region's other live gateways, read once for every Drain.
+	prefer := slices.DeleteFunc(g.regionGateways(context.Background(), g.cfg.Region), func(u string) bool { return u == g.publicURL })
 	work := make(chan *session)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -365,7 +369,7 @@ func (g *Gateway) drainAll() {
 			for s := range work {
 				delay := time.Duration(rand.Int64N(int64(g.cfg.DrainDelay) + 1))
 				_ = s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{
-					Delay: durationpb.New(delay), Reason: "gateway shutting down",
+					Delay: durationpb.New(delay), Reason: "gateway shutting down", PreferGateways: prefer,
 				}}})
 			}
 		})

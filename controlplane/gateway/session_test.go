@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -354,6 +355,36 @@ func TestHeartbeatsBatched(t *testing.T) {
 	})
 }
 
+// TestWelcomeAndDrainListGateways: Welcome lists the region's live
+// gateways, this one first, so a node learns gateways added after it
+// joined; a shutting-down gateway's Drain names the others to prefer.
+func TestWelcomeAndDrainListGateways(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		e := newEnv(t, b.open(t))
+		a := e.start(func(c *Config) { c.ID = "gw-a"; c.DrainDelay = time.Second; c.ShutdownGrace = time.Second })
+		n := e.join(a, "gpu-61", "")
+		bgw := e.start(func(c *Config) { c.ID = "gw-b" })
+		var s *clientSession
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			s = e.connect(a, n)
+			if slices.Equal(s.welcome.GetGateways(), []string{a.PublicURL(), bgw.PublicURL()}) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Welcome lists %v, want [%s %s]", s.welcome.GetGateways(), a.PublicURL(), bgw.PublicURL())
+			}
+			s.cancel()
+		}
+		go a.cancel()
+		msgs, err := awaitEnd(t, s, 10*time.Second)
+		if len(msgs) != 1 || !slices.Equal(msgs[0].GetDrain().GetPreferGateways(), []string{bgw.PublicURL()}) {
+			t.Fatalf("before the end: %v (%v), want a Drain preferring %s", msgs, err, bgw.PublicURL())
+		}
+	})
+}
+
 func TestShutdownDrains(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
@@ -467,8 +498,9 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 			return nd.InventoryDigest == digest && strings.Contains(string(nd.Inventory), gpu)
 		}
 		inventory(e.connect(g, n), "d1", "A100")
-		eventually(t, 5*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") })
-
+		// Counted once its transaction has committed, just after it shows.
+		writes := func(n int64) bool { return cs.inventoryWrites.Load() >= n }
+		eventually(t, 30*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") && writes(1) })
 		if w := cs.inventoryWrites.Load(); w != 1 {
 			t.Fatalf("%d inventory writes for the first inventory, want 1", w)
 		}
@@ -493,13 +525,13 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 		inventory(e.connect(g, other), "d9", "L40S")
 		eventually(t, 30*time.Second, "the other node's inventory stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, other.id)
-			return nd.InventoryDigest == "d9"
+			return nd.InventoryDigest == "d9" && writes(2)
 		})
 		if w := cs.inventoryWrites.Load(); w != 2 || !stored("d1", "A100") {
 			t.Fatalf("%d inventory writes, want 2 (the first, the other node's): an inventory with the stored digest was written again", w)
 		}
 		inventory(s, "d2", "B200")
-		eventually(t, 30*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") })
+		eventually(t, 30*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") && writes(3) })
 		if w := cs.inventoryWrites.Load(); w != 3 {
 			t.Fatalf("%d inventory writes, want 3", w)
 		}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -58,9 +59,11 @@ type FakeDaemon struct {
 	bootID string
 	inv    *sessionv1.Inventory
 
-	mu  sync.Mutex
-	id  *session.JoinResult
-	cur *session.Client
+	mu sync.Mutex
+	id *session.JoinResult
+	// known is the gateway list Welcomes gave (session.MergeGateways).
+	known []session.KnownGateway
+	cur   *session.Client
 
 	sentInventory atomic.Bool
 }
@@ -118,6 +121,11 @@ func (d *FakeDaemon) Identity() *session.JoinResult {
 	return &c
 }
 
+// Key returns the daemon's private key (P-256): the key of its CSRs and of
+// the client certificate it presents, for a driver that makes the node's
+// own calls (the renewal benchmark, tests/bench/fleet).
+func (d *FakeDaemon) Key() crypto.Signer { return d.key }
+
 // Inventory returns the simulated inventory.
 func (d *FakeDaemon) Inventory() *sessionv1.Inventory { return d.inv }
 
@@ -163,6 +171,13 @@ func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
 	return nil
 }
 
+// knownGateways returns the gateway list the daemon's Welcomes gave.
+func (d *FakeDaemon) knownGateways() []session.KnownGateway {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.known
+}
+
 // Send sends msg on the daemon's session (session.Client.Send).
 func (d *FakeDaemon) Send(msg *sessionv1.NodeMessage) error {
 	d.mu.Lock()
@@ -191,6 +206,13 @@ func (d *FakeDaemon) Run(ctx context.Context) error {
 	cfg.Chain = id.Chain
 	cfg.RenewAfter = id.RenewAfter
 	cfg.ReattestGrace = id.ReattestGrace
+	cfg.KnownGateways = d.knownGateways()
+	cfg.OnGateways = func(_ context.Context, k []session.KnownGateway) error {
+		d.mu.Lock()
+		d.known = k
+		d.mu.Unlock()
+		return nil
+	}
 	cfg.OnRenew = func(_ context.Context, r *session.Renewal) error {
 		d.mu.Lock()
 		defer d.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -109,6 +110,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	notify := sdnotify.New(log)
 
+	var idMu sync.Mutex
 	a, err := agent.New(agent.Config{
 		Session: session.Config{
 			Gateways:      id.Gateways,
@@ -117,10 +119,20 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 			Chain:         id.Chain,
 			RenewAfter:    id.RenewAfter,
 			ReattestGrace: id.ReattestGrace,
-			// Called by one renewal at a time, so id is not shared.
+			KnownGateways: id.KnownGateways,
+			// A renewal and a Welcome's gateway list may be saved at once:
+			// idMu orders their changes to id and identity.json.
 			OnRenew: func(_ context.Context, r *session.Renewal) error {
+				idMu.Lock()
+				defer idMu.Unlock()
 				id.Renewed(r)
 				return store.SaveRenewal(id)
+			},
+			OnGateways: func(_ context.Context, known []session.KnownGateway) error {
+				idMu.Lock()
+				defer idMu.Unlock()
+				id.KnownGateways = known
+				return store.SaveGateways(id)
 			},
 			BCDVersion: bcdVersion(),
 			BootID:     readLine(bootIDFile),

@@ -71,6 +71,7 @@ type Gateway struct {
 	revoked     map[string]string // node id -> reason
 	refuse      []refusal
 	joinGWs     []string
+	welcomeGWs  []string
 	groups      map[string]tls.CurveID // RPC name -> key exchange of its last call
 	open        int
 	lastSession int
@@ -144,6 +145,14 @@ func (g *Gateway) AddToken(tok string) {
 func (g *Gateway) SetJoinGateways(urls ...string) {
 	g.mu.Lock()
 	g.joinGWs = urls
+	g.mu.Unlock()
+}
+
+// SetWelcomeGateways sets the gateway list Welcome carries (default:
+// none).
+func (g *Gateway) SetWelcomeGateways(urls ...string) {
+	g.mu.Lock()
+	g.welcomeGWs = urls
 	g.mu.Unlock()
 }
 
@@ -460,6 +469,9 @@ func (g *Gateway) Connect(stream sessionv1.SessionService_ConnectServer) error {
 		done:       make(chan struct{}),
 	}
 	defer close(s.done)
+	g.mu.Lock()
+	welcomeGWs := g.welcomeGWs
+	g.mu.Unlock()
 	err = s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Welcome{Welcome: &sessionv1.Welcome{
 		SessionId:         sid,
 		HeartbeatInterval: durationpb.New(g.opts.HeartbeatInterval),
@@ -467,6 +479,7 @@ func (g *Gateway) Connect(stream sessionv1.SessionService_ConnectServer) error {
 		Capabilities:      hello.GetCapabilities(),
 		NodeId:            id,
 		GatewayId:         g.opts.ID,
+		Gateways:          welcomeGWs,
 	}}})
 	if err != nil {
 		return err
