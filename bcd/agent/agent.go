@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/journal"
 	"github.com/better-compute/better-compute/bcd/session"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -103,7 +105,10 @@ type Config struct {
 	// StateDir is where the agent keeps its state file (nodestate.File,
 	// package bcd/nodestate), rewritten on every change of the connection
 	// state and of the certificate, for bcd status and bcd doctor; the data
-	// directory. Defaults to "": no file.
+	// directory. The command journal (package bcd/journal, file
+	// journal.File) is kept there too, so that commands survive bcd's
+	// restarts without running twice. Defaults to "": no state file, and
+	// commands are remembered in memory only.
 	StateDir string
 	// Notifier is told the one-line state (nodestate.State.Line) whenever
 	// it changes, for systemd's STATUS=. Defaults to none.
@@ -119,6 +124,7 @@ type Agent struct {
 	log     *slog.Logger
 	clock   session.Clock
 	exec    *executor.Executor
+	journal *journal.Journal // nil without StateDir
 	bmc     *bmcRunner
 	gpu     *gpu.Collector
 	probe   *gpuProbe
@@ -189,6 +195,13 @@ func New(cfg Config) (*Agent, error) {
 		ecfg.Root = &helper.Client{Socket: cfg.HelperSocket}
 	}
 	ecfg.BMC = a.newBMC()
+	if cfg.StateDir != "" {
+		j, err := journal.Open(journal.Config{Path: filepath.Join(cfg.StateDir, journal.File), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("new agent: %w", err)
+		}
+		a.journal, ecfg.Journal = j, j
+	}
 	a.exec = executor.New(ecfg)
 	empty := ""
 	a.digest.Store(&empty)
@@ -262,6 +275,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The Handler's context was gctx: the commands are being cancelled.
 	a.exec.Wait()
 	a.closeBMC()
+	if a.journal != nil {
+		_ = a.journal.Close()
+	}
 	return err
 }
 
@@ -306,8 +322,10 @@ func (a *Agent) pendingResults() []*sessionv1.CommandResult {
 // helloAccepted forgets the results of the Hello a Welcome answered.
 func (a *Agent) helloAccepted() {
 	a.resMu.Lock()
+	acked := a.unacked
 	a.unacked = nil
 	a.resMu.Unlock()
+	a.exec.Delivered(acked)
 }
 
 // heartbeat fills a Heartbeat's readings; the session set its digest.

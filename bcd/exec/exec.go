@@ -40,6 +40,10 @@ type Spec struct {
 	Credential *syscall.Credential
 	// Home is the HOME of the user it runs as. Defaults to / .
 	Home string
+	// Started, when set, is called with the program's pid, which is also
+	// its process group id, once it has started and before its output is
+	// read; the pid is not reaped before Started returns.
+	Started func(pid int)
 }
 
 // Result is how a run ended.
@@ -89,6 +93,9 @@ func Run(ctx context.Context, spec Spec, out func(stream int, data []byte)) Resu
 	}
 	pgid := cmd.Process.Pid
 	killGroup := func() { _ = syscall.Kill(-pgid, syscall.SIGKILL) }
+	if spec.Started != nil {
+		spec.Started(pgid)
+	}
 
 	var mu sync.Mutex
 	var written int64

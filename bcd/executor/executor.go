@@ -3,6 +3,16 @@
 // idempotency key: a command id seen before is never run twice (a finished
 // one has its result sent again). Results that could not be sent because the
 // session ended are kept and go into the next Hello.
+//
+// With a Config.Journal (package bcd/journal) this holds across bcd's own
+// restarts: every command is recorded before it starts, with the process
+// group it runs in, and a new Executor over the same journal recognises the
+// commands an earlier bcd accepted. Finished ones answer their redelivery
+// with the recorded result (undelivered results go into the next Hello);
+// unfinished ones are reported LOST, after the process group left behind is
+// ended when the boot id and the start time of its leader show it is the
+// recorded one; a "reboot" accepted in an earlier boot is reported
+// SUCCEEDED. docs/bcd.md, "Commands across restarts", gives the rules.
 package executor
 
 import (
@@ -14,10 +24,12 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/journal"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -49,14 +61,38 @@ type Config struct {
 	// BMC carries out the BMC kinds (power.*, boot.set). When nil they
 	// fail.
 	BMC BMC
+	// Journal records every command before it starts, so that a new
+	// Executor over it (after bcd restarted) recognises the commands this
+	// one accepted; New reads it. The Executor does not close it. Defaults
+	// to none: commands are remembered in memory only.
+	Journal *journal.Journal
+	// Proc reads the boot id and processes, and signals process groups.
+	// Defaults to ProcFS("/proc").
+	Proc Proc
+	// KillGrace is how long a process group left behind by an earlier bcd
+	// has after SIGTERM before SIGKILL, and after SIGKILL before it is
+	// reported as not ended. Defaults to DefaultKillGrace (5 s).
+	KillGrace time.Duration
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
 
+// Log attribute keys of this package.
+const (
+	attrCommand = "command"
+	attrKind    = "kind"
+	attrPGID    = "pgid"
+	attrState   = "state"
+	attrReason  = "reason"
+	attrErr     = "err"
+)
+
 // Executor runs commands.
 type Executor struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	proc   Proc
+	bootID string
 
 	mu      sync.Mutex
 	seen    map[string]*list.Element // command id -> entry in order
@@ -66,15 +102,25 @@ type Executor struct {
 }
 
 type entry struct {
-	id     string
-	cancel context.CancelFunc // nil once finished
-	result *sessionv1.CommandResult
-	u      *updater // numbers and sends the command's updates
+	id        string
+	kind      string
+	cancel    context.CancelFunc // nil once finished
+	result    *sessionv1.CommandResult
+	delivered bool     // result reached a gateway
+	handover  bool     // recovered: an earlier bcd handed it to this one (Upgrader)
+	u         *updater // numbers and sends the command's updates
 }
 
-// New returns an Executor.
+// errCancelled is the cause with which Cancel stops a command.
+var errCancelled = errors.New("cancelled")
+
+// New returns an Executor. With a Journal it takes over the commands an
+// earlier bcd recorded there: it ends the process groups they left behind
+// in the background (Wait waits for that too) and keeps their results for
+// the next Hello.
 func New(cfg Config) *Executor {
 	cfg.Remember = cmp.Or(cfg.Remember, 4096)
+	cfg.KillGrace = cmp.Or(cfg.KillGrace, DefaultKillGrace)
 	if cfg.IsRoot == nil {
 		cfg.IsRoot = func() bool { return os.Geteuid() == 0 }
 	}
@@ -82,13 +128,41 @@ func New(cfg Config) *Executor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Executor{cfg: cfg, log: log, seen: map[string]*list.Element{}, order: list.New()}
+	e := &Executor{cfg: cfg, log: log, proc: cmp.Or[Proc](cfg.Proc, ProcFS("/proc")),
+		seen: map[string]*list.Element{}, order: list.New()}
+	if cfg.Journal != nil {
+		id, err := e.proc.BootID()
+		if err != nil {
+			log.Warn("No boot id: commands of an earlier bcd are reported lost and their processes left alone", attrErr, err)
+		}
+		e.bootID = id
+		e.recoverRecords(cfg.Journal.Records())
+	}
+	return e
 }
 
 // Wait waits for running commands to end. Cancelling the context given to
 // HandleCommand (the agent stopping) cancels them, which is how bcd shuts
 // down: cancel, then Wait.
 func (e *Executor) Wait() { e.wg.Wait() }
+
+// Delivered records that results reached a gateway (a Welcome answered the
+// Hello that carried them), so that a restarted bcd does not send them
+// again unasked.
+func (e *Executor) Delivered(results []*sessionv1.CommandResult) {
+	for _, r := range results {
+		e.mu.Lock()
+		en := &entry{id: r.GetCommandId()}
+		if el, ok := e.seen[en.id]; ok {
+			en = el.Value.(*entry)
+		}
+		already := en.delivered
+		e.mu.Unlock()
+		if !already {
+			e.markDelivered(en)
+		}
+	}
+}
 
 // PendingResults returns, and forgets, the results not yet delivered.
 func (e *Executor) PendingResults() []*sessionv1.CommandResult {
@@ -115,9 +189,14 @@ func (e *Executor) Running() []string {
 // HandleCommand starts a command, or answers a redelivery.
 func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error) {
 	e.mu.Lock()
-	if el, ok := e.seen[cmd.GetId()]; ok {
+	if el, ok := e.seen[cmd.GetId()]; ok && el.Value.(*entry).handover {
+		// An earlier bcd restarted to finish this upgrade: the Upgrader
+		// answers it from its own record.
+		delete(e.seen, cmd.GetId())
+		e.order.Remove(el)
+	} else if ok {
 		en := el.Value.(*entry)
-		result, u := en.result, en.u
+		result, u, delivered := en.result, en.u, en.delivered
 		e.mu.Unlock()
 		switch {
 		case result != nil:
@@ -127,7 +206,10 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 				u.setTransmit(send)
 				u.flush()
 			}
-			_ = send(&sessionv1.CommandUpdate{CommandId: en.id, Update: &sessionv1.CommandUpdate_Result{Result: result}})
+			err := send(&sessionv1.CommandUpdate{CommandId: en.id, Update: &sessionv1.CommandUpdate_Result{Result: result}})
+			if err == nil && !delivered {
+				e.markDelivered(en)
+			}
 		case u != nil:
 			// Redelivered while running (the node reconnected): the rest
 			// of its updates, and the output the old session could not
@@ -141,23 +223,43 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	// session it came on (a result reaches the next session through Hello)
 	// but not the agent, so stopping bcd kills its process group rather
 	// than leaving it orphaned.
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancelCause := context.WithCancelCause(ctx)
+	cancel := func() { cancelCause(errCancelled) }
+	stopDeadline := func() {}
 	if d := cmd.GetDeadline(); d != nil {
-		cctx, cancel = context.WithDeadline(ctx, d.AsTime())
+		cctx, stopDeadline = context.WithDeadline(cctx, d.AsTime())
 	}
-	en := &entry{id: cmd.GetId(), cancel: cancel, u: &updater{id: cmd.GetId(), transmit: send}}
+	en := &entry{id: cmd.GetId(), kind: cmd.GetKind(), cancel: cancel, u: &updater{id: cmd.GetId(), transmit: send}}
 	e.seen[en.id] = e.order.PushBack(en)
+	var forget []string
 	for e.order.Len() > e.cfg.Remember {
 		old := e.order.Front()
-		if old.Value.(*entry).cancel != nil {
+		oe := old.Value.(*entry)
+		if oe.cancel != nil {
 			break // never forget a running command
 		}
-		delete(e.seen, old.Value.(*entry).id)
+		if oe.delivered {
+			forget = append(forget, oe.id) // an undelivered one waits for Delivered
+		}
+		delete(e.seen, oe.id)
 		e.order.Remove(old)
 	}
 	e.mu.Unlock()
+	e.forget(forget)
+	// Recorded before it starts, so that a bcd restarted after a crash
+	// knows it was accepted.
+	if j := e.cfg.Journal; j != nil {
+		if err := j.Accept(journal.Record{ID: en.id, Kind: en.kind, BootID: e.bootID, AcceptedAt: time.Now()}); err != nil {
+			e.log.Error("Refused a command that could not be recorded", attrCommand, en.id, attrErr, err)
+			cancelCause(nil)
+			stopDeadline()
+			e.finish(en, failed("bcd could not record the command before running it: "+err.Error()))
+			return
+		}
+	}
 	e.wg.Go(func() {
-		defer cancel()
+		defer cancelCause(nil)
+		defer stopDeadline()
 		u := en.u
 		u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}})
 		res := e.run(cctx, cmd, u)
@@ -166,20 +268,71 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 			e.mu.Lock()
 			en.cancel = nil
 			e.mu.Unlock()
+			if j := e.cfg.Journal; j != nil {
+				if err := j.HandedOver(en.id); err != nil {
+					e.log.Warn("Could not record a command handed to the restarted bcd", attrCommand, en.id, attrErr, err)
+				}
+			}
 			return
 		}
-		res.CommandId = en.id
-		res.FinishedAt = timestamppb.Now()
-		e.mu.Lock()
-		en.cancel, en.result = nil, res
-		e.mu.Unlock()
-		if err := u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Result{Result: res}}); err != nil {
-			e.mu.Lock()
-			e.pending = append(e.pending, res)
-			e.mu.Unlock()
-			e.log.Info("Kept a command result for the next session", "command", en.id, "err", err)
-		}
+		e.finish(en, res)
 	})
+}
+
+// finish records a command's result, in the journal first, and sends it;
+// one no session took is kept for the next Hello.
+func (e *Executor) finish(en *entry, res *sessionv1.CommandResult) {
+	res.CommandId = en.id
+	if res.FinishedAt == nil {
+		res.FinishedAt = timestamppb.Now()
+	}
+	e.mu.Lock()
+	en.cancel, en.result = nil, res
+	e.mu.Unlock()
+	if j := e.cfg.Journal; j != nil {
+		if err := j.Finished(en.id, res); err != nil {
+			e.log.Warn("Could not record a command result", attrCommand, en.id, attrErr, err)
+		}
+	}
+	if err := en.u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Result{Result: res}}); err != nil {
+		e.mu.Lock()
+		e.pending = append(e.pending, res)
+		e.mu.Unlock()
+		e.log.Info("Kept a command result for the next session", attrCommand, en.id, attrErr, err)
+		return
+	}
+	e.markDelivered(en)
+}
+
+// markDelivered records that en's result reached a gateway; a command no
+// longer remembered is forgotten by the journal too.
+func (e *Executor) markDelivered(en *entry) {
+	e.mu.Lock()
+	en.delivered = true
+	el, known := e.seen[en.id]
+	known = known && el.Value.(*entry) == en
+	e.mu.Unlock()
+	if j := e.cfg.Journal; j != nil {
+		err := j.Delivered(en.id)
+		if err == nil && !known {
+			err = j.Forget(en.id)
+		}
+		if err != nil {
+			e.log.Warn("Could not record a delivered result", attrCommand, en.id, attrErr, err)
+		}
+	}
+}
+
+// forget removes the records of commands no longer remembered.
+func (e *Executor) forget(ids []string) {
+	if e.cfg.Journal == nil {
+		return
+	}
+	for _, id := range ids {
+		if err := e.cfg.Journal.Forget(id); err != nil {
+			e.log.Warn("Could not forget a command record", attrCommand, id, attrErr, err)
+		}
+	}
 }
 
 // HandleCancel cancels a running command.
@@ -280,7 +433,7 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		defer cancel()
 	}
 	s := bcexec.Spec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Dir: spec.GetCwd(), OutputLimit: int64(spec.GetOutputLimitBytes()),
-		Home: os.Getenv("HOME")}
+		Home: os.Getenv("HOME"), Started: func(pid int) { e.started(u.id, pid) }}
 	var offsets [3]uint64
 	out := func(stream int, data []byte) {
 		st := sessionv1.OutputStream_OUTPUT_STREAM_STDOUT
@@ -305,6 +458,8 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 	switch {
 	case res.Cancelled && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		r.State, r.Error = sessionv1.CommandState_COMMAND_STATE_EXPIRED, "deadline passed: the program was killed"
+	case res.Cancelled && !errors.Is(context.Cause(ctx), errCancelled):
+		r.State, r.Error = sessionv1.CommandState_COMMAND_STATE_CANCELLED, "bcd stopped while the command ran: the program's process group was killed"
 	case res.Cancelled:
 		r.State, r.Error = sessionv1.CommandState_COMMAND_STATE_CANCELLED, "cancelled: the program's process group was killed"
 	case res.Err != nil:
@@ -315,6 +470,21 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		r.State = sessionv1.CommandState_COMMAND_STATE_SUCCEEDED
 	}
 	return r
+}
+
+// started records the process group a command's program runs in.
+func (e *Executor) started(id string, pid int) {
+	j := e.cfg.Journal
+	if j == nil {
+		return
+	}
+	ticks, err := e.proc.StartTime(pid)
+	if err == nil {
+		err = j.Started(id, pid, ticks)
+	}
+	if err != nil {
+		e.log.Warn("Could not record a command's process group; a restarted bcd would not end it", attrCommand, id, attrPGID, pid, attrErr, err)
+	}
 }
 
 func failed(msg string) *sessionv1.CommandResult {

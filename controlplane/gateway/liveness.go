@@ -12,7 +12,7 @@ import (
 )
 
 // LeaseName returns the name of gateway id's lease, "gateway:<id>".
-func LeaseName(id string) string { return "gateway:" + id }
+func LeaseName(id string) string { return store.GatewayLeasePrefix + id }
 
 // heartbeatChunk is the most session ids one SessionHeartbeatBatch call
 // carries, under the backends' limits on statement parameters.

@@ -477,6 +477,36 @@ type GatewayStore interface {
 	GatewayGet(ctx context.Context, id string) (*Gateway, error)
 	GatewayList(ctx context.Context) ([]*Gateway, error)
 	GatewayDelete(ctx context.Context, id string) error
+	// GatewayReap closes the sessions held by every gateway whose lease
+	// (LeasePrefix + id) is missing, released or expired at Now, keeping
+	// each node's last heartbeat as its LastSeenAt (as SessionClose does),
+	// so that the sweeper finds their commands session-less; and deletes
+	// the rows and leases of gateways dead for longer than PruneAfter. Run
+	// it under a singleton lease, in a fenced transaction.
+	GatewayReap(ctx context.Context, p *GatewayReapParams) (*GatewayReapResult, error)
+}
+
+// GatewayLeasePrefix prefixes the name of a gateway's lease: "gateway:<id>"
+// (DESIGN.md, "The control plane roles").
+const GatewayLeasePrefix = "gateway:"
+
+// GatewayReapParams are GatewayReap's inputs.
+type GatewayReapParams struct {
+	// LeasePrefix is the prefix of gateway lease names ("gateway:").
+	LeasePrefix string
+	// PruneAfter is how long a dead gateway's row and lease are kept.
+	PruneAfter time.Duration
+	Now        *time.Time
+}
+
+// GatewayReapResult is what GatewayReap did.
+type GatewayReapResult struct {
+	// Dead are the ids of the dead gateways whose sessions it closed.
+	Dead []string
+	// Sessions is how many sessions it closed.
+	Sessions int
+	// Pruned are the ids of the gateways whose rows it deleted.
+	Pruned []string
 }
 
 // GatewayUpsertParams are GatewayUpsert's inputs.

@@ -29,6 +29,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
+	"github.com/better-compute/better-compute/controlplane/reaper"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -101,6 +102,11 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 			return err
 		}
 		g.Go(func() error { return sw.Run(ctx) })
+		rp, err := reaper.New(reaper.Config{Holder: opts.WorkerID}, st, log)
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return rp.Run(ctx) })
 		g.Go(func() error {
 			return every(ctx, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
 				return retain(ctx, st, fence, cfg.Retention, log)

@@ -48,6 +48,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
+		{"GatewayReap", testGatewayReap},
 		{"Workers", testWorkers},
 		{"Commands", testCommands},
 		{"CommandSweep", testCommandSweep},
@@ -517,6 +518,65 @@ func testGatewaysSessions(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, h.Store.GatewayDelete(ctx, "gw2"))
 	_, err = h.Store.GatewayGet(ctx, "gw2")
 	wantErr(t, err, store.ErrNotFound)
+}
+
+// testGatewayReap follows a gateway killed without warning: while its
+// lease lives its sessions stay; once the lease expires they are closed,
+// the nodes keep their last heartbeat; after PruneAfter its row and lease
+// go. A live gateway's sessions and row are never touched.
+func testGatewayReap(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	var liveEpoch int64
+	for _, id := range []string{"gw-dead", "gw-live"} {
+		must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: id, Region: "eu-1", Now: at(0)}))
+		l, ok, err := h.Store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "gateway:" + id, Holder: "p-" + id, TTL: 20 * time.Second, Now: at(0)})
+		if err != nil || !ok {
+			t.Fatalf("lease of %s: %v %v", id, ok, err)
+		}
+		liveEpoch = l.Epoch
+	}
+	addNode(ctx, t, h, pool, "node_d")
+	addNode(ctx, t, h, pool, "node_l")
+	mustOpen(t, h, ctx, "node_d", "sess-d", "gw-dead")
+	mustOpen(t, h, ctx, "node_l", "sess-l", "gw-live")
+	hb := now.Add(time.Second)
+	must(h.Store.SessionHeartbeatBatch(ctx, "gw-dead", []string{"sess-d"}, &hb))
+	params := func(d time.Duration) *store.GatewayReapParams {
+		return &store.GatewayReapParams{LeasePrefix: "gateway:", PruneAfter: time.Hour, Now: at(d)}
+	}
+	// Both leases live: nothing to do.
+	if res := must(h.Store.GatewayReap(ctx, params(10*time.Second))); len(res.Dead) != 0 || res.Sessions != 0 {
+		t.Fatalf("with every lease live: %+v", res)
+	}
+	// gw-live renews; gw-dead was killed.
+	if _, ok, err := h.Store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: "gateway:gw-live", Holder: "p-gw-live", Epoch: liveEpoch, TTL: 2 * time.Hour, Now: at(15 * time.Second)}); err != nil || !ok {
+		t.Fatalf("renew: %v %v", ok, err)
+	}
+	res := must(h.Store.GatewayReap(ctx, params(21*time.Second)))
+	if !slices.Equal(res.Dead, []string{"gw-dead"}) || res.Sessions != 1 || len(res.Pruned) != 0 {
+		t.Fatalf("after gw-dead's lease expired: %+v", res)
+	}
+	_, err := h.Store.SessionGet(ctx, "node_d")
+	wantErr(t, err, store.ErrNotFound)
+	if n := must(h.Store.NodeGet(ctx, "node_d")); n.LastSeenAt == nil || !n.LastSeenAt.Equal(hb) {
+		t.Fatalf("node of the dead gateway last seen %v, want its last heartbeat %v", n.LastSeenAt, hb)
+	}
+	if cur := must(h.Store.SessionGet(ctx, "node_l")); cur.SessionID != "sess-l" {
+		t.Fatalf("live gateway's session = %+v", cur)
+	}
+	// Past the retention: the dead gateway's row and lease go.
+	res = must(h.Store.GatewayReap(ctx, params(time.Hour+21*time.Second)))
+	if !slices.Equal(res.Pruned, []string{"gw-dead"}) || res.Sessions != 0 {
+		t.Fatalf("past the retention: %+v", res)
+	}
+	_, err = h.Store.GatewayGet(ctx, "gw-dead")
+	wantErr(t, err, store.ErrNotFound)
+	if l, err := h.Store.LeaseGet(ctx, "gateway:gw-dead"); err == nil {
+		t.Fatalf("dead gateway's lease kept: %+v", l)
+	}
+	must(h.Store.GatewayGet(ctx, "gw-live"))
 }
 
 func mustOpen(t *testing.T, h *Harness, ctx context.Context, node, sess, gw string) (*store.Session, *store.Session) {

@@ -14,7 +14,9 @@
 //	stats t_ms=1764000000000 joined=10000 connected=10000 connects=10000 reconnects=0 disconnects=0 stopped=0 rss_kib=912345
 //
 // t_ms is the Unix time in milliseconds; connects, reconnects and
-// disconnects are running totals (sim.FleetStats).
+// disconnects are running totals (sim.FleetStats). With --renew-for it
+// renews the daemons' certificates instead of running their sessions, for
+// tests/bench/sessions -renewals (renew.go).
 package main
 
 import (
@@ -48,18 +50,22 @@ func main() {
 	verbose := flag.Bool("v", false, "log the daemons' warnings on stderr")
 	stopOnEOF := flag.Bool("stop-on-eof", false, "stop at the end of standard input (so as never to outlive the program that started it)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the joins to this file")
+	var renew renewOptions
+	flag.StringVar(&renew.afterFile, "renew-after-file", "", "after the joins, write each daemon's time of issue, renew_after and NotAfter to this file (renew.go)")
+	flag.DurationVar(&renew.d, "renew-for", 0, "instead of running the sessions, renew the daemons' certificates for this long and print a \"renewed\" line (renew.go)")
+	flag.IntVar(&renew.concurrency, "renew-concurrency", 64, "with --renew-for: renewals at once")
 	flag.Parse()
 	if *gateway == "" || *tokenFile == "" || *n < 1 {
 		fmt.Fprintln(os.Stderr, "fleet: --gateway, --token-file and --n ≥ 1 are required")
 		os.Exit(2)
 	}
-	if err := run(*gateway, *tokenFile, *n, *concurrency, *prefix, *noInventory, *verbose, *stopOnEOF, *cpuProfile); err != nil {
+	if err := run(*gateway, *tokenFile, *n, *concurrency, *prefix, *noInventory, *verbose, *stopOnEOF, *cpuProfile, renew); err != nil {
 		fmt.Fprintf(os.Stderr, "fleet: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(gateway, tokenFile string, n, concurrency int, prefix string, noInventory, verbose, stopOnEOF bool, cpuProfile string) error {
+func run(gateway, tokenFile string, n, concurrency int, prefix string, noInventory, verbose, stopOnEOF bool, cpuProfile string, renew renewOptions) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if stopOnEOF {
@@ -115,6 +121,19 @@ func run(gateway, tokenFile string, n, concurrency int, prefix string, noInvento
 		pprof.StopCPUProfile()
 	}
 	fmt.Printf("joined n=%d seconds=%.2f rate=%.1f failures=%d\n", n, secs, float64(n)/secs, failures)
+	if renew.afterFile != "" {
+		if err := writeRenewAfter(renew.afterFile, f.Daemons()); err != nil {
+			return err
+		}
+		fmt.Printf("renew-after-written file=%s\n", renew.afterFile)
+	}
+	if renew.d > 0 {
+		if err := renewFor(ctx, f.Daemons(), renew); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	}
 
 	done := make(chan error, 1)
 	go func() { done <- f.Run(ctx) }()

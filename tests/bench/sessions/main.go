@@ -19,6 +19,8 @@
 //
 //	go run ./tests/bench/sessions -n 1000,10000
 //
+// With -renewals it measures certificate renewal instead (renewals.go).
+//
 // It runs from the repository root (it builds both binaries there) and
 // needs a file descriptor limit above N (it raises its soft limit to the
 // hard one; the children inherit it).
@@ -61,6 +63,12 @@ func main() {
 	restartProfile := flag.String("restart-cpuprofile", "", "write a CPU profile of the restarted serve's first 30 s to this file (N appended when -n names several sizes)")
 	serveProfile := flag.String("serve-cpuprofile", "", "write a CPU profile of serve over the idle window to this file (N appended when -n names several sizes; serve's /debug/pprof, host.metrics.pprof)")
 	bcBin := flag.String("better-compute", "", "better-compute binary to run (default: build ./controlplane/cmd/better-compute)")
+	renewals := flag.Bool("renewals", false, "measure certificate renewals instead (renewals.go): the spread of the join certificates' renew_after, and renewals per second")
+	var renew renewFlags
+	flag.DurationVar(&renew.d, "renew-for", 30*time.Second, "with -renewals: how long to renew for")
+	flag.IntVar(&renew.concurrency, "renew-concurrency", 64, "with -renewals: renewals at once")
+	flag.DurationVar(&renew.certTTL, "cert-ttl", 0, "with -renewals: host.gateway.nodeCertTTL (0: serve's default, 24h)")
+	flag.StringVar(&renew.db, "db", "", "with -renewals: a PostgreSQL server URL to run serve on, in a fresh schema (default: the embedded store)")
 	var serveEnv []string
 	flag.Func("serve-env", "extra KEY=VALUE for serve's environment, such as GOMEMLIMIT=450MiB (repeatable)", func(s string) error {
 		if !strings.Contains(s, "=") {
@@ -93,6 +101,10 @@ func main() {
 	}
 	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
 	b.build(*bcBin)
+	if *renewals {
+		runRenewals(b, ns, renew)
+		return
+	}
 	var results []*result
 	for _, n := range ns {
 		r := b.run(n)
@@ -216,12 +228,7 @@ func (b *bench) run(n int) *result {
 	r.mem0 = scrapeMemStats(metricsURL)
 
 	tokenFile := filepath.Join(dir, "join-token")
-	cli := exec.Command(b.bc, "--config", cfg, "join-tokens", "create", "--pool", "default",
-		"--max-uses", strconv.Itoa(2*n), "--ttl", "2h", "--out", tokenFile)
-	cli.Env = env
-	if out, err := cli.CombinedOutput(); err != nil {
-		fatalf("join-tokens create: %v\n%s", err, out)
-	}
+	b.createJoinToken(env, cfg, 2*n, tokenFile)
 
 	args := []string{"--gateway", fmt.Sprintf("https://localhost:%d", gwPort), "--token-file", tokenFile,
 		"--n", strconv.Itoa(n), "--stop-on-eof"}

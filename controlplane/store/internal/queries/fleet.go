@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,6 +58,52 @@ func (s *Store) GatewayList(ctx context.Context) ([]*store.Gateway, error) {
 func (s *Store) GatewayDelete(ctx context.Context, id string) error {
 	_, err := s.db.Exec(ctx, `DELETE FROM gateways WHERE id = $1`, id)
 	return s.wrap("delete gateway "+id, err)
+}
+
+// GatewayReap closes dead gateways' sessions and prunes their rows.
+func (s *Store) GatewayReap(ctx context.Context, p *store.GatewayReapParams) (*store.GatewayReapResult, error) {
+	now := s.clock(p.Now)
+	// A gateway is alive while its lease is held and unexpired.
+	live := `EXISTS (SELECT 1 FROM leases l WHERE l.name = $2 || %s AND l.holder <> '' AND l.expires_at > coalesce($1, now()))`
+	res := &store.GatewayReapResult{}
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		rows, err := q.db.Query(ctx, `SELECT DISTINCT x.gateway_id FROM sessions x
+			WHERE NOT `+fmt.Sprintf(live, "x.gateway_id")+` ORDER BY x.gateway_id`, now, p.LeasePrefix)
+		if err != nil {
+			return q.wrap("find dead gateways", err)
+		}
+		if res.Dead, err = texts(rows); err != nil {
+			return q.wrap("find dead gateways", err)
+		}
+		for _, id := range res.Dead {
+			if _, err := q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = (SELECT x.last_heartbeat_at FROM sessions x WHERE x.node_id = nodes.id)
+				WHERE id IN (SELECT x.node_id FROM sessions x WHERE x.gateway_id = $1)`, id); err != nil {
+				return q.wrap("close sessions of gateway "+id, err)
+			}
+			n, err := q.db.Exec(ctx, `DELETE FROM sessions WHERE gateway_id = $1`, id)
+			if err != nil {
+				return q.wrap("close sessions of gateway "+id, err)
+			}
+			res.Sessions += int(n)
+		}
+		rows, err = q.db.Query(ctx, `DELETE FROM gateways WHERE heartbeat_at <= coalesce($1, now()) - bc_micros($3)
+			AND NOT `+fmt.Sprintf(live, "gateways.id")+` RETURNING id`, now, p.LeasePrefix, p.PruneAfter.Microseconds())
+		if err != nil {
+			return q.wrap("prune dead gateways", err)
+		}
+		if res.Pruned, err = texts(rows); err != nil {
+			return q.wrap("prune dead gateways", err)
+		}
+		_, err = q.db.Exec(ctx, `DELETE FROM leases WHERE name LIKE $2 || '%' AND expires_at <= coalesce($1, now()) - bc_micros($3)`,
+			now, p.LeasePrefix, p.PruneAfter.Microseconds())
+		return q.wrap("prune dead gateway leases", err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(res.Pruned)
+	return res, nil
 }
 
 const sessionColumns = `node_id, session_id, gateway_id, epoch, remote_addr, connected_at, last_heartbeat_at`
@@ -140,15 +187,8 @@ func (s *Store) SessionIDs(ctx context.Context, gatewayID string) ([]string, err
 	if err != nil {
 		return nil, s.wrap("list session ids", err)
 	}
-	ids, err := collect(rows, scanText)
-	if err != nil {
-		return nil, s.wrap("list session ids", err)
-	}
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		out[i] = *id
-	}
-	return out, nil
+	ids, err := texts(rows)
+	return ids, s.wrap("list session ids", err)
 }
 
 // SessionHeartbeatBatch marks many sessions alive in one statement. It

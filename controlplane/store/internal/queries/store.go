@@ -113,6 +113,19 @@ func collect[T any](rows Rows, scan func(Row) (*T, error)) ([]*T, error) {
 	return out, rows.Err()
 }
 
+// texts collects rows of one text column.
+func texts(rows Rows) ([]string, error) {
+	ps, err := collect(rows, scanText)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = *p
+	}
+	return out, nil
+}
+
 // limit clamps a list limit to 1..store.MaxListLimit, 100 by default.
 func limit(n int) int {
 	switch {
