@@ -49,7 +49,7 @@ func TestUnits(t *testing.T) {
 		t.Fatalf("root mode has units %v, want bcd.service only", keys(root))
 	}
 	agent := string(root["bcd.service"])
-	for _, want := range []string{"Type=notify", "WatchdogSec=", "RestartPreventExitStatus=3 4 5", "ExecStart=/usr/local/bin/bcd node --data-dir /var/lib/bcd"} {
+	for _, want := range []string{"Type=notify", "WatchdogSec=", "RestartPreventExitStatus=3 4 5", "KillMode=mixed", "ExecStart=/usr/local/bin/bcd node --data-dir /var/lib/bcd"} {
 		if !strings.Contains(agent, want) {
 			t.Errorf("root bcd.service lacks %q", want)
 		}

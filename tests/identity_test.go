@@ -201,7 +201,7 @@ func TestIdentityOutage(t *testing.T) {
 				wantAudit(t, d, admission.ActionReattest, id, admission.OutcomeRefused)
 				reinstall := "better-compute nodes reinstall " + id + " --out token"
 				rejoin := "bcd join --gateway " + d.gatewayURL + " --token-file token --force"
-				final := p.WaitLine(`^bcd: `, time.Second)[0]
+				final := p.WaitLine(`^bcd: .*`, time.Second)[0]
 				if !strings.Contains(final, reinstall) || !strings.Contains(final, rejoin) {
 					t.Fatalf("bcd's last words %q, want the commands %q and %q", final, reinstall, rejoin)
 				}

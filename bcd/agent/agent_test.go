@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -420,5 +421,38 @@ func TestResultsSurviveARefusedReconnect(t *testing.T) {
 	s2.End(status.New(codes.Unavailable, "bye again"))
 	if s3 := r.gw.NextSession(t, wait); len(s3.Hello.GetPendingResults()) != 0 {
 		t.Errorf("results sent again after a Welcome: %v", s3.Hello.GetPendingResults())
+	}
+}
+
+// A deliberate restart (bcd stopped, then started over the same data
+// directory) ends the running command, reports it as stopped by bcd, and
+// the restarted agent answers its redelivery without running it again.
+func TestRestartKeepsCommandsInTheJournal(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	runs := filepath.Join(dir, "runs")
+	cmd := &sessionv1.Command{Id: "cmd_restart", Kind: "exec", Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{
+		Argv: []string{"sh", "-c", "echo run >> " + runs + "; exec sleep 600"}}}}
+	deliver := func(s *sessiontest.Session) {
+		t.Helper()
+		if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := start(t, agent.Config{StateDir: dir})
+	s := r.gw.NextSession(t, wait)
+	deliver(s)
+	next(t, s, "running", func(m *sessionv1.NodeMessage) bool { return m.GetCommandUpdate().GetRunning() != nil })
+	r.shutdown(t)
+
+	r2 := start(t, agent.Config{StateDir: dir})
+	s2 := r2.gw.NextSession(t, wait)
+	deliver(s2)
+	res := next(t, s2, "result of the redelivery", isResult("cmd_restart")).GetCommandUpdate().GetResult()
+	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_CANCELLED || !strings.Contains(res.GetError(), "bcd stopped") {
+		t.Fatalf("redelivered after a restart: %v", res)
+	}
+	if b, err := os.ReadFile(runs); err != nil || string(b) != "run\n" {
+		t.Fatalf("runs = %q, %v: want exactly one run", b, err)
 	}
 }

@@ -87,6 +87,12 @@ func (e *Executor) judge(r journal.Record) verdict {
 // answer redeliveries (and go into the next Hello when undelivered), handed
 // over ones go to the Upgrader again, and unfinished ones are judged.
 func (e *Executor) recoverRecords(recs []journal.Record) {
+	type job struct {
+		en *entry
+		v  verdict
+	}
+	var jobs []job
+	e.mu.Lock()
 	for _, r := range recs {
 		en := &entry{id: r.ID, kind: r.Kind, u: &updater{id: r.ID, transmit: noSession}}
 		e.seen[r.ID] = e.order.PushBack(en)
@@ -96,27 +102,33 @@ func (e *Executor) recoverRecords(recs []journal.Record) {
 			if !r.Delivered {
 				e.pending = append(e.pending, r.Result)
 			}
-			continue
 		case r.HandedOver:
 			en.handover = true
-			continue
+		default:
+			v := e.judge(r)
+			if v.result == nil {
+				// Running until its group is ended: a redelivery
+				// meanwhile moves its result to the session it came on.
+				en.cancel = func() {}
+			}
+			jobs = append(jobs, job{en, v})
 		}
-		v := e.judge(r)
+	}
+	e.mu.Unlock()
+	for _, jb := range jobs {
+		en, v := jb.en, jb.v
 		if v.result != nil {
-			e.log.Warn("A command was left unfinished by an earlier bcd", attrCommand, r.ID, attrKind, r.Kind,
+			e.log.Warn("A command was left unfinished by an earlier bcd", attrCommand, en.id, attrKind, en.kind,
 				attrState, v.result.GetState().String(), attrReason, v.result.GetError())
 			e.finish(en, v.result)
 			continue
 		}
-		// Running until its group is ended: a redelivery meanwhile moves
-		// its result to the session it came on.
-		en.cancel = func() {}
 		e.wg.Go(func() {
-			e.log.Warn("Ending the process group a command left behind", attrCommand, r.ID, attrPGID, v.endGroup)
+			e.log.Warn("Ending the process group a command left behind", attrCommand, en.id, attrPGID, v.endGroup)
 			res := lost(msgGroupEnded)
 			if err := e.endGroup(v.endGroup); err != nil {
 				res = lost(fmt.Sprintf("bcd restarted while the command ran; the process group it left behind could not be ended: %v", err))
-				e.log.Error("Could not end the process group a command left behind", attrCommand, r.ID, attrPGID, v.endGroup, attrErr, err)
+				e.log.Error("Could not end the process group a command left behind", attrCommand, en.id, attrPGID, v.endGroup, attrErr, err)
 			}
 			e.finish(en, res)
 		})

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"math/rand/v2"
 	"time"
 
@@ -58,15 +59,14 @@ const (
 //   - no Welcome: failed;
 //   - welcomed, then drained, or closed by the gateway (the stream ended
 //     cleanly, EOF): reset, however short the session;
-//   - welcomed, then ended by the gateway as superseded (ABORTED, what it
-//     answers a session a newer one of the node replaced): failed, however
-//     long, so that two bcd processes sharing one identity back off instead
-//     of superseding each other in a loop;
+//   - welcomed, then ended by the gateway as superseded (a Superseded
+//     message, or ABORTED on a shared connection): failed, however long, so
+//     that two bcd processes sharing one identity back off instead of
+//     superseding each other in a loop;
 //   - welcomed, then lost otherwise (the connection dropped, as when the
 //     gateway is killed): reset once it lasted stableAfter, failed before.
-//     The gateway ends a session superseded by one on another connection by
-//     closing that connection, which looks the same from here, so a short
-//     lost session still counts.
+//     An older gateway ends a superseded session by closing its connection,
+//     which looks the same from here, so a short lost session still counts.
 func backoffAfter(out outcome, held, stableAfter time.Duration) sessionEnd {
 	if !out.welcomed {
 		return endFailed
@@ -74,14 +74,11 @@ func backoffAfter(out outcome, held, stableAfter time.Duration) sessionEnd {
 	if out.drained {
 		return endReset
 	}
-	st, isStatus := status.FromError(out.err)
 	switch {
-	case out.err != nil && !isStatus:
-		// Only a stream that ended cleanly (io.EOF) ends a welcomed session
-		// with an error that carries no gRPC status.
-		return endReset
-	case st.Code() == codes.Aborted:
+	case errors.Is(out.err, errSuperseded) || status.Code(out.err) == codes.Aborted:
 		return endFailed
+	case errors.Is(out.err, errGatewayClosed):
+		return endReset
 	case held >= stableAfter:
 		return endReset
 	}

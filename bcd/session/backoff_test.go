@@ -58,7 +58,8 @@ func TestReconnectDelay(t *testing.T) {
 func TestBackoffAfter(t *testing.T) {
 	t.Parallel()
 	const stable = 30 * time.Second
-	eof := fmt.Errorf("gateway gw closed the session")
+	eof := fmt.Errorf("gateway gw: %w", errGatewayClosed)
+	told := fmt.Errorf("gateway gw: %w (s2)", errSuperseded)
 	lost := fmt.Errorf("gateway gw: %w", status.Error(codes.Unavailable, "error reading from server: EOF"))
 	superseded := fmt.Errorf("gateway gw: %w", status.Error(codes.Aborted, "superseded by session s2"))
 	for _, tc := range []struct {
@@ -74,6 +75,7 @@ func TestBackoffAfter(t *testing.T) {
 		{"closed by the gateway at once", outcome{welcomed: true, err: eof}, 0, endReset},
 		{"superseded at once", outcome{welcomed: true, err: superseded}, 0, endFailed},
 		{"superseded after an hour", outcome{welcomed: true, err: superseded}, time.Hour, endFailed},
+		{"told superseded after an hour", outcome{welcomed: true, err: told}, time.Hour, endFailed},
 		{"lost at once", outcome{welcomed: true, err: lost}, time.Second, endFailed},
 		{"lost after StableAfter", outcome{welcomed: true, err: lost}, stable, endReset},
 	} {

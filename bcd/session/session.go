@@ -30,6 +30,8 @@ const maxSkew = time.Minute
 // Causes of a session's end set by the Client itself.
 var (
 	errDrained          = errors.New("drained by the gateway")
+	errGatewayClosed    = errors.New("the gateway closed the session")
+	errSuperseded       = errors.New("superseded by a newer session of this node")
 	errHandshakeTimeout = errors.New("handshake timed out")
 )
 
@@ -216,7 +218,7 @@ func (s *session) failed(err error, stream grpc.ClientStream, vf *verifyFailure,
 	st := status.Convert(err)
 	switch {
 	case errors.Is(err, io.EOF):
-		out.err = fmt.Errorf("gateway %s closed the session", s.gw.url)
+		out.err = fmt.Errorf("gateway %s: %w", s.gw.url, errGatewayClosed)
 	case st.Code() == codes.PermissionDenied:
 		out.err = revokedError(st.Message())
 	default:
@@ -263,6 +265,9 @@ func (s *session) handle(msg *sessionv1.GatewayMessage) error {
 		s.drain(b.Drain)
 	case *sessionv1.GatewayMessage_Revoked:
 		return revokedError(b.Revoked.GetReason())
+	case *sessionv1.GatewayMessage_Superseded:
+		return fmt.Errorf("gateway %s: %w (%s): is another bcd running with this node's identity?",
+			s.gw.url, errSuperseded, b.Superseded.GetBySessionId())
 	case *sessionv1.GatewayMessage_Welcome:
 		c.log.DebugContext(s.ctx, "Ignoring a second Welcome", attrGateway, s.gw.url, attrSessionID, s.id)
 	default:

@@ -9,10 +9,15 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // LeaseName returns the name of gateway id's lease, "gateway:<id>".
 func LeaseName(id string) string { return store.GatewayLeasePrefix + id }
+
+// supersededMessage ends a session superseded on another gateway (whose
+// id this gateway does not know).
+var supersededMessage = &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Superseded{Superseded: &sessionv1.Superseded{}}}
 
 // heartbeatChunk is the most session ids one SessionHeartbeatBatch call
 // carries, under the backends' limits on statement parameters.
@@ -157,7 +162,7 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 		current[id] = struct{}{}
 	}
 	for _, s := range local {
-		if _, ok := current[s.id]; !ok && s.terminate("superseded by a newer session on another gateway", nil, 0) {
+		if _, ok := current[s.id]; !ok && s.terminate("superseded by a newer session on another gateway", supersededMessage, time.Second) {
 			g.log.InfoContext(ctx, "Session superseded elsewhere; closed", "node_id", s.nodeID, "session_id", s.id)
 		}
 	}

@@ -338,7 +338,10 @@ func (s *session) supersede(newer *session) {
 		}
 		return
 	}
-	s.terminate("superseded by session "+newer.id, nil, 0)
+	// Told why, the node backs off rather than reconnecting at once (two
+	// bcd processes sharing an identity would otherwise loop).
+	s.terminate("superseded by session "+newer.id, &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Superseded{
+		Superseded: &sessionv1.Superseded{BySessionId: newer.id}}}, time.Second)
 }
 
 func (s *session) closeConn() {

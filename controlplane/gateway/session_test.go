@@ -222,8 +222,12 @@ func TestSupersede(t *testing.T) {
 		old := e.connect(g, n)
 		start := time.Now()
 		newer := e.connect(g, n)
-		if _, err := awaitEnd(t, old, 2*time.Second); err == nil {
+		msgs, err := awaitEnd(t, old, 10*time.Second)
+		if err == nil {
 			t.Fatal("superseded stream ended without error")
+		}
+		if len(msgs) != 1 || msgs[0].GetSuperseded().GetBySessionId() != newer.welcome.SessionId {
+			t.Fatalf("superseded stream got %v before it ended, want Superseded naming %s", msgs, newer.welcome.SessionId)
 		}
 		t.Logf("superseded session closed after %s", time.Since(start))
 		row, err := e.st.SessionGet(ctx, n.id)
@@ -258,8 +262,12 @@ func TestSupersededOnAnotherGateway(t *testing.T) {
 		old := e.connect(g1, n)
 		start := time.Now()
 		e.connect(g2, n)
-		if _, err := awaitEnd(t, old, 5*time.Second); err == nil {
+		msgs, err := awaitEnd(t, old, 15*time.Second)
+		if err == nil {
 			t.Fatal("stream ended without error")
+		}
+		if len(msgs) != 1 || msgs[0].GetSuperseded() == nil {
+			t.Fatalf("superseded stream got %v before it ended, want Superseded", msgs)
 		}
 		t.Logf("session superseded on the other gateway closed after %s", time.Since(start))
 		eventually(t, 3*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })

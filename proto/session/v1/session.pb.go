@@ -1431,6 +1431,7 @@ type GatewayMessage struct {
 	//	*GatewayMessage_Cancel
 	//	*GatewayMessage_Drain
 	//	*GatewayMessage_Revoked
+	//	*GatewayMessage_Superseded
 	Body          isGatewayMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1525,6 +1526,15 @@ func (x *GatewayMessage) GetRevoked() *Revoked {
 	return nil
 }
 
+func (x *GatewayMessage) GetSuperseded() *Superseded {
+	if x != nil {
+		if x, ok := x.Body.(*GatewayMessage_Superseded); ok {
+			return x.Superseded
+		}
+	}
+	return nil
+}
+
 type isGatewayMessage_Body interface {
 	isGatewayMessage_Body()
 }
@@ -1554,6 +1564,13 @@ type GatewayMessage_Revoked struct {
 	Revoked *Revoked `protobuf:"bytes,14,opt,name=revoked,proto3,oneof"`
 }
 
+type GatewayMessage_Superseded struct {
+	// A newer session of this node replaced this one (another connection,
+	// often another bcd with the same identity); the gateway closes the
+	// stream next. The node counts it as a failed attempt and backs off.
+	Superseded *Superseded `protobuf:"bytes,15,opt,name=superseded,proto3,oneof"`
+}
+
 func (*GatewayMessage_Welcome) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Command) isGatewayMessage_Body() {}
@@ -1563,6 +1580,54 @@ func (*GatewayMessage_Cancel) isGatewayMessage_Body() {}
 func (*GatewayMessage_Drain) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Revoked) isGatewayMessage_Body() {}
+
+func (*GatewayMessage_Superseded) isGatewayMessage_Body() {}
+
+// Superseded ends a session that a newer session of the same node replaced.
+type Superseded struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id of the newer session.
+	BySessionId   string `protobuf:"bytes,1,opt,name=by_session_id,json=bySessionId,proto3" json:"by_session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Superseded) Reset() {
+	*x = Superseded{}
+	mi := &file_session_v1_session_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Superseded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Superseded) ProtoMessage() {}
+
+func (x *Superseded) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Superseded.ProtoReflect.Descriptor instead.
+func (*Superseded) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Superseded) GetBySessionId() string {
+	if x != nil {
+		return x.BySessionId
+	}
+	return ""
+}
 
 // Hello opens a session.
 type Hello struct {
@@ -1594,7 +1659,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1671,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1684,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Hello) GetBcdVersion() string {
@@ -1693,7 +1758,7 @@ type ResumeCursor struct {
 
 func (x *ResumeCursor) Reset() {
 	*x = ResumeCursor{}
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +1770,7 @@ func (x *ResumeCursor) String() string {
 func (*ResumeCursor) ProtoMessage() {}
 
 func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +1783,7 @@ func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCursor.ProtoReflect.Descriptor instead.
 func (*ResumeCursor) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResumeCursor) GetSessionId() string {
@@ -1761,7 +1826,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1838,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1851,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -1864,7 +1929,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +1941,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +1954,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -1973,7 +2038,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1985,7 +2050,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1998,7 +2063,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -2072,7 +2137,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2149,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2162,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -2189,7 +2254,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2266,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2279,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CPU) GetModel() string {
@@ -2265,7 +2330,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2342,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2355,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -2326,7 +2391,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2403,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2416,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Disk) GetName() string {
@@ -2408,7 +2473,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2485,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2498,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NIC) GetName() string {
@@ -2486,7 +2551,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2563,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2576,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *OS) GetName() string {
@@ -2552,7 +2617,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2629,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2642,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -2669,7 +2734,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2681,7 +2746,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2694,7 +2759,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -2900,7 +2965,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +2977,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +2990,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -2987,7 +3052,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3064,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3077,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -3057,7 +3122,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3134,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3147,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -3116,7 +3181,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3128,7 +3193,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3141,7 +3206,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -3206,7 +3271,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3283,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3296,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Command) GetId() string {
@@ -3366,7 +3431,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3378,7 +3443,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3391,7 +3456,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -3453,7 +3518,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3465,7 +3530,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3478,7 +3543,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -3510,7 +3575,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3587,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3600,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -3576,7 +3641,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3588,7 +3653,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3601,7 +3666,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3631,7 +3696,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3643,7 +3708,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3656,7 +3721,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -3690,7 +3755,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3702,7 +3767,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3715,7 +3780,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -3751,7 +3816,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3763,7 +3828,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3776,7 +3841,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Revoked) GetReason() string {
@@ -3809,7 +3874,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +3886,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +3899,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -3937,7 +4002,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3949,7 +4014,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3962,7 +4027,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -3985,7 +4050,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3997,7 +4062,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4010,7 +4075,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -4044,7 +4109,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4056,7 +4121,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4069,7 +4134,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -4119,7 +4184,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4196,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4209,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -4220,7 +4285,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4297,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4310,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Event) GetKind() string {
@@ -4377,7 +4442,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\tinventory\x18\f \x01(\v2#.bettercompute.session.v1.InventoryH\x00R\tinventory\x12P\n" +
 	"\x0ecommand_update\x18\r \x01(\v2'.bettercompute.session.v1.CommandUpdateH\x00R\rcommandUpdate\x127\n" +
 	"\x05event\x18\x0e \x01(\v2\x1f.bettercompute.session.v1.EventH\x00R\x05eventB\x06\n" +
-	"\x04body\"\xdc\x02\n" +
+	"\x04body\"\xa4\x03\n" +
 	"\x0eGatewayMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\awelcome\x18\n" +
@@ -4385,8 +4450,14 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\acommand\x18\v \x01(\v2!.bettercompute.session.v1.CommandH\x00R\acommand\x12:\n" +
 	"\x06cancel\x18\f \x01(\v2 .bettercompute.session.v1.CancelH\x00R\x06cancel\x127\n" +
 	"\x05drain\x18\r \x01(\v2\x1f.bettercompute.session.v1.DrainH\x00R\x05drain\x12=\n" +
-	"\arevoked\x18\x0e \x01(\v2!.bettercompute.session.v1.RevokedH\x00R\arevokedB\x06\n" +
-	"\x04body\"\xc6\x02\n" +
+	"\arevoked\x18\x0e \x01(\v2!.bettercompute.session.v1.RevokedH\x00R\arevoked\x12F\n" +
+	"\n" +
+	"superseded\x18\x0f \x01(\v2$.bettercompute.session.v1.SupersededH\x00R\n" +
+	"supersededB\x06\n" +
+	"\x04body\"0\n" +
+	"\n" +
+	"Superseded\x12\"\n" +
+	"\rby_session_id\x18\x01 \x01(\tR\vbySessionId\"\xc6\x02\n" +
 	"\x05Hello\x12\x1f\n" +
 	"\vbcd_version\x18\x01 \x01(\tR\n" +
 	"bcdVersion\x12\x0e\n" +
@@ -4677,7 +4748,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -4698,125 +4769,127 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*SecretResponse)(nil),        // 16: bettercompute.session.v1.SecretResponse
 	(*NodeMessage)(nil),           // 17: bettercompute.session.v1.NodeMessage
 	(*GatewayMessage)(nil),        // 18: bettercompute.session.v1.GatewayMessage
-	(*Hello)(nil),                 // 19: bettercompute.session.v1.Hello
-	(*ResumeCursor)(nil),          // 20: bettercompute.session.v1.ResumeCursor
-	(*Welcome)(nil),               // 21: bettercompute.session.v1.Welcome
-	(*Heartbeat)(nil),             // 22: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 23: bettercompute.session.v1.Inventory
-	(*HostInfo)(nil),              // 24: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 25: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 26: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 27: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 28: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 29: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 30: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 31: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 32: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 33: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 34: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 35: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 36: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 37: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 38: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 39: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 40: bettercompute.session.v1.UpgradeSpec
-	(*Cancel)(nil),                // 41: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 42: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 43: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 44: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 45: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 46: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 47: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 48: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 49: bettercompute.session.v1.Event
-	nil,                           // 50: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 51: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 52: bettercompute.session.v1.Event.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 53: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 54: google.protobuf.Duration
+	(*Superseded)(nil),            // 19: bettercompute.session.v1.Superseded
+	(*Hello)(nil),                 // 20: bettercompute.session.v1.Hello
+	(*ResumeCursor)(nil),          // 21: bettercompute.session.v1.ResumeCursor
+	(*Welcome)(nil),               // 22: bettercompute.session.v1.Welcome
+	(*Heartbeat)(nil),             // 23: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 24: bettercompute.session.v1.Inventory
+	(*HostInfo)(nil),              // 25: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 26: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 27: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 28: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 29: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 30: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 31: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 32: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 33: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 34: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 35: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 36: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 37: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 38: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 39: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 40: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 41: bettercompute.session.v1.UpgradeSpec
+	(*Cancel)(nil),                // 42: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 43: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 44: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 45: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 46: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 47: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 48: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 49: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 50: bettercompute.session.v1.Event
+	nil,                           // 51: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 52: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 53: bettercompute.session.v1.Event.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	53, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	54, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	54, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	55, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	50, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	53, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	53, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	54, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	53, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	53, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	54, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	53, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 13: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	22, // 14: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	23, // 15: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	44, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	49, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	21, // 18: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	36, // 19: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	41, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	42, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	43, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
-	20, // 23: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	48, // 24: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	54, // 25: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	53, // 26: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	53, // 27: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	24, // 28: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	31, // 29: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	35, // 30: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	53, // 31: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	29, // 32: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	25, // 33: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	26, // 34: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	27, // 35: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	28, // 36: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	30, // 37: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,  // 38: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,  // 39: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	32, // 40: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	33, // 41: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	34, // 42: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,  // 43: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	53, // 44: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	37, // 45: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	38, // 46: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	39, // 47: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	40, // 48: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	51, // 49: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	54, // 50: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	54, // 51: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	45, // 52: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	46, // 53: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	47, // 54: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	48, // 55: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	53, // 56: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	53, // 57: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 58: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,  // 59: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	53, // 60: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	53, // 61: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 62: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	52, // 63: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	10, // 64: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 65: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 66: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 67: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 68: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	17, // 69: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	12, // 70: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 71: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 72: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 73: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 74: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	18, // 75: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	70, // [70:76] is the sub-list for method output_type
-	64, // [64:70] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	51, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	54, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	54, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	55, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	54, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	54, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	55, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	54, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 13: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
+	23, // 14: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	24, // 15: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	45, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	50, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	22, // 18: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	37, // 19: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	42, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	43, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	44, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	19, // 23: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
+	21, // 24: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	49, // 25: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	55, // 26: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	54, // 27: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	54, // 28: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	25, // 29: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	32, // 30: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	36, // 31: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	54, // 32: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	30, // 33: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	26, // 34: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	27, // 35: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	28, // 36: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	29, // 37: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	31, // 38: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,  // 39: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,  // 40: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	33, // 41: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	34, // 42: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	35, // 43: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,  // 44: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	54, // 45: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	38, // 46: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	39, // 47: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	40, // 48: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	41, // 49: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	52, // 50: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	55, // 51: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	55, // 52: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	46, // 53: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	47, // 54: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	48, // 55: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	49, // 56: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	54, // 57: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	54, // 58: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 59: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,  // 60: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	54, // 61: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	54, // 62: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 63: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	53, // 64: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	10, // 65: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 66: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 67: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 68: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 69: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	17, // 70: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	12, // 71: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 72: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 73: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 74: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 75: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	18, // 76: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	71, // [71:77] is the sub-list for method output_type
+	65, // [65:71] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -4837,14 +4910,15 @@ func file_session_v1_session_proto_init() {
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_Drain)(nil),
 		(*GatewayMessage_Revoked)(nil),
+		(*GatewayMessage_Superseded)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[30].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[31].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[38].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[39].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
@@ -4856,7 +4930,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   47,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -128,6 +128,12 @@ func (b *bench) renewals(n int, f renewFlags) *renewResult {
 	serve := b.startServe(filepath.Join(dir, "serve.log"), env, cfg)
 	defer serve.kill()
 	tokenFile := filepath.Join(dir, "join-token")
+	if f.db != "" {
+		// The embedded store starts with a default pool; PostgreSQL
+		// starts empty (as tests/deployment_test.go sets it up).
+		b.cli(env, cfg, "sites", "create", "--name", "bench", "--region", "default")
+		b.cli(env, cfg, "pools", "create", "--name", "default", "--site", "bench")
+	}
 	b.createJoinToken(env, cfg, 2*n, tokenFile)
 
 	afterFile := filepath.Join(dir, "renew-after")
@@ -280,11 +286,15 @@ func busiest(ts []time.Time, d time.Duration) peak {
 // createJoinToken makes a join token for uses joins in the default pool,
 // written to file, with serve's CLI.
 func (b *bench) createJoinToken(env []string, cfg string, uses int, file string) {
-	cli := exec.Command(b.bc, "--config", cfg, "join-tokens", "create", "--pool", "default",
-		"--max-uses", strconv.Itoa(uses), "--ttl", "2h", "--out", file)
-	cli.Env = env
-	if out, err := cli.CombinedOutput(); err != nil {
-		fatalf("join-tokens create: %v\n%s", err, out)
+	b.cli(env, cfg, "join-tokens", "create", "--pool", "default", "--max-uses", strconv.Itoa(uses), "--ttl", "2h", "--out", file)
+}
+
+// cli runs serve's CLI with configuration cfg; a failure ends the run.
+func (b *bench) cli(env []string, cfg string, args ...string) {
+	cmd := exec.Command(b.bc, append([]string{"--config", cfg}, args...)...)
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fatalf("better-compute %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
