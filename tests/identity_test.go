@@ -209,6 +209,7 @@ func TestIdentityOutage(t *testing.T) {
 				token := filepath.Join(t.TempDir(), "token")
 				d.cli(d.viaAPI("nodes", "reinstall", id, "--out", token)...)
 				code, stdout, stderr := m.joinWith(d.gatewayURL, token, "--force")
+				t.Logf("%s: the re-join command: exit %d, stdout %q, stderr %q", backend, code, stdout, stderr)
 				if mt := joinedAs.FindStringSubmatch(stdout); code != 0 || mt == nil || mt[1] != id {
 					t.Fatalf("the re-join command bcd gave: exit %d\n%s%s; want node %s", code, stdout, stderr, id)
 				}

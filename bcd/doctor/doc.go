@@ -35,9 +35,9 @@
 // client certificate, which writes nothing on the gateway, and reads the HTTP
 // Date header ("date", RFC 9110 §6.6.1, one-second resolution) of the answer:
 // skew = Date − the midpoint of the call, less the second of resolution and
-// half the round trip. Beyond 5 s it warns; beyond 60 s it fails, since a
-// node that far behind finds fresh certificates (backdated 1 minute) not yet
-// valid. A gateway that sends no Date leaves the skew unknown, which is
+// half the round trip. Beyond 5 s it warns; beyond an hour it fails, since a
+// node that far behind finds fresh certificates (backdated an hour) not yet
+// valid until it has heard the gateway's time. A gateway that sends no Date leaves the skew unknown, which is
 // reported as ok with that said, next to the local NTP state of the clock
 // check.
 package doctor

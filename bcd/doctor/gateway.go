@@ -26,7 +26,11 @@ import (
 // Skew limits of gateway.clock.
 const (
 	SkewWarn = 5 * time.Second
-	SkewFail = time.Minute
+	// SkewFail is the control plane's backdate of certificates
+	// (controlplane/pki NodeBackdate): within it every certificate verifies
+	// by either clock; beyond it bcd relies on judging by the gateway's time,
+	// which a first join cannot do yet.
+	SkewFail = time.Hour
 	// GatewayCertWarnWithin is how close to its end the gateway's serving
 	// certificate warns.
 	GatewayCertWarnWithin = 7 * 24 * time.Hour

@@ -238,7 +238,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		if oe.cancel != nil {
 			break // never forget a running command
 		}
-		if oe.delivered {
+		if oe.delivered || oe.handover {
 			forget = append(forget, oe.id) // an undelivered one waits for Delivered
 		}
 		delete(e.seen, oe.id)

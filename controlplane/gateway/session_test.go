@@ -270,7 +270,7 @@ func TestSupersededOnAnotherGateway(t *testing.T) {
 			t.Fatalf("superseded stream got %v before it ended, want Superseded", msgs)
 		}
 		t.Logf("session superseded on the other gateway closed after %s", time.Since(start))
-		eventually(t, 3*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
+		eventually(t, 15*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strconv"
 	"time"
 
@@ -30,6 +31,18 @@ var migrations embed.FS
 // statements, except the gateway's claim while it sends the claimed commands;
 // a claim rolled back leaves its commands queued, to be sent again.
 const IdleInTransactionTimeout = 5 * time.Second
+
+// EnvFenceTag, set to any value in a process's environment, makes every
+// fenced transaction of its stores set FenceTagSetting, local to the
+// transaction, to "<lease> <holder> <epoch>" after the fence check, so that
+// a trigger a test installs can record, with every row a fenced transaction
+// writes, the lease and epoch it was written under (tests/soak). Unset, the
+// production case, fenced transactions run no extra statement.
+const EnvFenceTag = "BETTER_COMPUTE_TEST_FENCE_TAG"
+
+// FenceTagSetting is the custom setting EnvFenceTag fills; a trigger reads
+// it with current_setting('better_compute.fence', true).
+const FenceTagSetting = "better_compute.fence"
 
 // Open connects to the database at url (a postgres:// URL or a key=value
 // connection string). It does not migrate; call Migrate.
@@ -73,7 +86,16 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		// One lock per schema: writers share it, a reader excludes them.
 		OutboxWriteLock: `SELECT pg_advisory_xact_lock_shared(hashtext('better-compute outbox ' || current_schema()))`,
 		OutboxReadLock:  `SELECT pg_advisory_xact_lock(hashtext('better-compute outbox ' || current_schema()))`,
+		FenceTag:        fenceTag(),
 	}), nil
+}
+
+// fenceTag is the Dialect's FenceTag statement when EnvFenceTag is set.
+func fenceTag() string {
+	if os.Getenv(EnvFenceTag) == "" {
+		return ""
+	}
+	return `SELECT set_config('` + FenceTagSetting + `', $1, true)`
 }
 
 // translate maps driver errors to the store's.

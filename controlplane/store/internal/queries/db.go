@@ -99,4 +99,9 @@ type Dialect struct {
 	IntSet string
 	// Migrations holds the numbered *.sql files, applied in name order.
 	Migrations fs.FS
+	// FenceTag, when not empty, runs in every fenced transaction right
+	// after its fence check, with "<lease> <holder> <epoch>" bound to $1,
+	// so that a test's triggers can record the fence each write was made
+	// under (postgres.EnvFenceTag). Empty, the default, runs nothing.
+	FenceTag string
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -86,6 +87,12 @@ func (s *Store) FencedTx(ctx context.Context, fence store.Fence, fn func(store.S
 				return fmt.Errorf("%s at epoch %d: %w", fence.Lease, fence.Epoch, store.ErrFenced)
 			}
 			return fmt.Errorf("check fence %s: %w", fence.Lease, err)
+		}
+		if s.d.FenceTag != "" {
+			tag := fence.Lease + " " + fence.Holder + " " + strconv.FormatInt(fence.Epoch, 10)
+			if _, err := inner.db.Exec(ctx, s.d.FenceTag, tag); err != nil {
+				return fmt.Errorf("tag fence %s: %w", fence.Lease, s.d.Translate(err))
+			}
 		}
 		return fn(inner)
 	})
