@@ -2,17 +2,13 @@ package tests
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -206,26 +202,14 @@ func (d *deployment) nodes() map[string]apiNode {
 	return m
 }
 
-// eventually polls cond every 100 ms until it holds or timeout passes, then
-// fails the test with what describe says.
+// eventually is testenv.Eventually.
 func eventually(t *testing.T, timeout time.Duration, cond func() bool, describe func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", timeout, describe())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, cond, describe)
 }
 
-// machine is a host for a real bcd: its own hostname and /etc/machine-id
-// and its own data dir. Every bcd on the test host would otherwise report
-// the same hostname and machine id, and the control plane would rightly
-// take each join for a re-join of one reinstalled node. bcd runs under
-// unshare(1) in new UTS and mount namespaces (mapped to root in a new user
-// namespace when the test is not root), where the hostname is set and a
-// file of the machine's is bound over /etc/machine-id.
+// machine is a host for a real bcd (testenv.Machine): its own hostname and
+// /etc/machine-id and its own data dir.
 type machine struct {
 	t       *testing.T
 	name    string
@@ -233,49 +217,16 @@ type machine struct {
 	idFile  string
 }
 
-// unshareProbe checks once that unshare can make the namespaces here.
-var unshareProbe = sync.OnceValue(func() error {
-	args := append(unshareArgs(), "true")
-	if out, err := exec.Command("unshare", args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("unshare %s: %v: %s", strings.Join(args, " "), err, out)
-	}
-	return nil
-})
-
-func unshareArgs() []string {
-	args := []string{"--uts", "--mount", "--propagation", "private"}
-	if os.Geteuid() != 0 {
-		args = append(args, "--map-root-user")
-	}
-	return args
-}
-
-// machineShell sets the hostname, binds the machine id file (when the host
-// has /etc/machine-id) and executes the command, keeping unshare's pid.
-const machineShell = `hostname "$1" && { [ ! -e /etc/machine-id ] || mount --bind "$2" /etc/machine-id; } && shift 2 && exec "$@"`
-
 // newMachine makes a machine named name (a valid hostname).
 func newMachine(t *testing.T, name string) *machine {
 	t.Helper()
-	if err := unshareProbe(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the fleet tests need UTS and mount namespaces: %v", err)
-		}
-		t.Skipf("the fleet tests need UTS and mount namespaces: %v", err)
-	}
-	dir := t.TempDir()
-	sum := sha256.Sum256([]byte(name + dir))
-	m := &machine{t: t, name: name, dataDir: filepath.Join(dir, "bcd"), idFile: filepath.Join(dir, "machine-id")}
-	if err := os.WriteFile(m.idFile, []byte(hex.EncodeToString(sum[:16])+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return m
+	m := testenv.NewMachine(t, name)
+	return &machine{t: t, name: m.Name, dataDir: m.DataDir, idFile: m.IDFile}
 }
 
 // argv returns the program and arguments that run bcd with args on m.
 func (m *machine) argv(args ...string) (string, []string) {
-	a := append(unshareArgs(), "--", "sh", "-c", machineShell, "machine", m.name, m.idFile, testenv.Binary(m.t, "bcd"))
-	return "unshare", append(a, args...)
+	return testenv.NewMachineAt(m.t, m.name, m.dataDir, m.idFile).Argv(args...)
 }
 
 // join runs bcd join on m and returns its exit code, stdout and stderr.

@@ -3,7 +3,6 @@ package tests
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,19 +52,7 @@ const e2eTrustDomain = "e2e.test"
 // without them. env must carry the deployment secret every process uses.
 func initPostgresPKI(t *testing.T, env []string) string {
 	t.Helper()
-	bin := testenv.Binary(t, "better-compute")
-	dir := t.TempDir()
-	for _, args := range [][]string{
-		{"migrate"},
-		{"pki", "init", "--trust-domain", e2eTrustDomain},
-		{"pki", "issue-gateway", "--dns", "localhost", "--ip", "127.0.0.1", "--out-dir", dir},
-	} {
-		if code, stdout, stderr := testenv.Run(t, env, "", bin, args...); code != 0 {
-			t.Fatalf("better-compute %s: exit %d\n%s%s", strings.Join(args, " "), code, stdout, stderr)
-		}
-	}
-	return fmt.Sprintf("    tlsFiles:\n      cert: %s\n      key: %s\n",
-		filepath.Join(dir, "gateway.crt"), filepath.Join(dir, "gateway.key"))
+	return testenv.InitPostgresPKI(t, env, e2eTrustDomain)
 }
 
 func checkHealthy(t *testing.T, api, dialect string) {

@@ -124,6 +124,14 @@ func (g *Gateway) checkProof(ctx context.Context, p *sessionv1.KeyProof, purpose
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	return g.verifyProof(p, purpose, ekm)
+}
+
+// verifyProof is checkProof for a connection whose exporter is ekm.
+func (g *Gateway) verifyProof(p *sessionv1.KeyProof, purpose keyproof.Purpose, ekm []byte) (*admission.ProvenKey, error) {
+	invalid := func(format string, args ...any) error {
+		return refusal(codes.Unauthenticated, sessionv1.IdentityRefusal_PROOF_INVALID, "key proof refused: "+fmt.Sprintf(format, args...))
+	}
 	if err := g.nonces.check(p.GetNonce(), g.cfg.Now(), ekm); err != nil {
 		return nil, invalid("%v: ask for a new challenge on this connection", err)
 	}
@@ -133,6 +141,7 @@ func (g *Gateway) checkProof(ctx context.Context, p *sessionv1.KeyProof, purpose
 	}
 	chain := make([]*x509.Certificate, len(ders))
 	for i, der := range ders {
+		var err error
 		if chain[i], err = x509.ParseCertificate(der); err != nil {
 			return nil, invalid("certificate %d: %v", i, err)
 		}

@@ -13,9 +13,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/jointoken"
+	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -142,4 +144,50 @@ func FuzzConnectEvent(f *testing.F) {
 		Kind: "gpu.xid", Time: timestamppb.Now(), Severity: sessionv1.Severity_SEVERITY_CRITICAL, GpuUuid: "GPU-1", Xid: 79,
 		Message: "fallen off the bus\n", Attributes: map[string]string{"pid": "1234"},
 	}}})
+}
+
+// FuzzReattestRequest feeds arbitrary ReattestRequest bytes, as they would
+// arrive on a connection whose exporter is fixed, to the key-proof check
+// and re-attestation: it never panics, and nothing but the one valid proof
+// of the seeds (a nonce minted for that exporter, signed by the node's
+// key) is accepted.
+func FuzzReattestRequest(f *testing.F) {
+	e, g := fuzzGateway(f)
+	ctx := context.Background()
+	ekm := []byte(strings.Repeat("e", keyproof.ExporterLen))
+	// A node of the deployment, as Join made it.
+	key, csr := newKey(f)
+	tok := e.token(1, time.Hour)
+	adm, err := g.admit.Join(ctx, &admission.Request{Token: tok.String(), CSR: csr, Facts: admission.Facts{Hostname: "gpu-01"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	nonce := g.nonces.mint(g.cfg.Now(), ekm)
+	sig, err := keyproof.Sign(key, keyproof.PurposeReattest, nonce, ekm)
+	if err != nil {
+		f.Fatal(err)
+	}
+	valid := &sessionv1.KeyProof{CertificateChain: [][]byte{adm.Cert.CertDER}, Nonce: nonce, Signature: sig}
+	f.Add(mustMarshal(f, &sessionv1.ReattestRequest{Proof: valid, Csr: csr}))
+	f.Add(mustMarshal(f, &sessionv1.ReattestRequest{Proof: &sessionv1.KeyProof{CertificateChain: valid.CertificateChain, Nonce: nonce, Signature: sig[:8]}, Csr: csr}))
+	f.Add(mustMarshal(f, &sessionv1.ReattestRequest{Proof: &sessionv1.KeyProof{Nonce: []byte("x")}}))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &sessionv1.ReattestRequest{}
+		if proto.Unmarshal(b, req) != nil {
+			return
+		}
+		proven, err := g.verifyProof(req.GetProof(), keyproof.PurposeReattest, ekm)
+		if err != nil {
+			return
+		}
+		if string(req.GetProof().GetNonce()) != string(nonce) || proven.NodeID != adm.Node.ID {
+			t.Fatalf("accepted a proof with nonce %x for node %s", req.GetProof().GetNonce(), proven.NodeID)
+		}
+		// The grace is off on this gateway: admitted proofs are refused
+		// there, cleanly.
+		if _, err := g.admit.Reattest(ctx, &admission.ReattestRequest{Proven: *proven, CSR: req.GetCsr()}); err == nil {
+			t.Fatal("re-attested with re-attestation off")
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -100,6 +101,8 @@ type Proc struct {
 	mu    sync.Mutex
 	lines []string
 	wait  []lineWaiter
+	log   io.Writer // StartLogged: output goes here, not to the test log
+	keep  int       // StartLogged: lines kept for WaitLine and Output
 }
 
 type lineWaiter struct {
@@ -118,12 +121,26 @@ func Start(t testing.TB, env []string, bin string, args ...string) *Proc {
 // (the test must run as root); a nil cred keeps the test's own.
 func StartAs(t testing.TB, cred *syscall.Credential, env []string, bin string, args ...string) *Proc {
 	t.Helper()
+	return start(t, &Proc{t: t}, cred, env, bin, args...)
+}
+
+// StartLogged is Start with the process's output written to log, each line
+// prefixed as in the test log, instead of to the test log, and only the
+// last keep lines of it kept for WaitLine and Output: for processes that
+// run long enough to fill the test log (tests/soak).
+func StartLogged(t testing.TB, log io.Writer, keep int, env []string, bin string, args ...string) *Proc {
+	t.Helper()
+	return start(t, &Proc{t: t, log: log, keep: keep}, nil, env, bin, args...)
+}
+
+func start(t testing.TB, p *Proc, cred *syscall.Credential, env []string, bin string, args ...string) *Proc {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(BaseEnv(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cred}
 	stdout, _ := cmd.StdoutPipe()
 	stderr, _ := cmd.StderrPipe()
-	p := &Proc{t: t, cmd: cmd, done: make(chan struct{})}
+	p.cmd, p.done = cmd, make(chan struct{})
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", bin, err)
 	}
@@ -152,9 +169,16 @@ func (p *Proc) read(name string, r io.Reader) {
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		line := sc.Text()
-		p.t.Logf("%s[%d]: %s", name, p.cmd.Process.Pid, line)
 		p.mu.Lock()
+		if p.log != nil {
+			fmt.Fprintf(p.log, "%s[%d]: %s\n", name, p.cmd.Process.Pid, line)
+		} else {
+			p.t.Logf("%s[%d]: %s", name, p.cmd.Process.Pid, line)
+		}
 		p.lines = append(p.lines, line)
+		if p.keep > 0 && len(p.lines) >= 2*p.keep {
+			p.lines = append([]string(nil), p.lines[len(p.lines)-p.keep:]...)
+		}
 		keep := p.wait[:0]
 		for _, w := range p.wait {
 			if m := w.re.FindStringSubmatch(line); m != nil {
@@ -172,31 +196,40 @@ func (p *Proc) read(name string, r io.Reader) {
 // printed) and returns its submatches.
 func (p *Proc) WaitLine(pattern string, timeout time.Duration) []string {
 	p.t.Helper()
+	m, err := p.Await(pattern, timeout)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return m
+}
+
+// Await is WaitLine returning an error rather than failing the test, for
+// goroutines other than the test's.
+func (p *Proc) Await(pattern string, timeout time.Duration) ([]string, error) {
 	re := regexp.MustCompile(pattern)
 	ch := make(chan []string, 1)
 	p.mu.Lock()
 	for _, l := range p.lines {
 		if m := re.FindStringSubmatch(l); m != nil {
 			p.mu.Unlock()
-			return m
+			return m, nil
 		}
 	}
 	p.wait = append(p.wait, lineWaiter{re: re, ch: ch})
 	p.mu.Unlock()
 	select {
 	case m := <-ch:
-		return m
+		return m, nil
 	case <-p.done:
 		select {
 		case m := <-ch:
-			return m
+			return m, nil
 		default:
 		}
-		p.t.Fatalf("process exited (%v) before printing %q", p.err, pattern)
+		return nil, fmt.Errorf("process exited (%v) before printing %q", p.err, pattern)
 	case <-time.After(timeout):
-		p.t.Fatalf("no line matching %q within %v", pattern, timeout)
+		return nil, fmt.Errorf("no line matching %q within %v", pattern, timeout)
 	}
-	return nil
 }
 
 // Output returns everything printed so far.
@@ -286,6 +319,19 @@ func Get(t testing.TB, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// Eventually polls cond every 100 ms until it holds or timeout passes, then
+// fails the test with what describe says.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, describe func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", timeout, describe())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // WriteFile writes a file in a fresh temporary folder and returns its path.
 func WriteFile(t testing.TB, name, body string) string {
 	t.Helper()
@@ -294,4 +340,15 @@ func WriteFile(t testing.TB, name, body string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
