@@ -209,28 +209,55 @@ func (c *controlPlane) launch(p *cpProc) {
 	env := []string{"BETTER_COMPUTE_SECRET=" + soakSecret,
 		"BETTER_COMPUTE_DATABASE_URL=" + c.url + "&application_name=" + c.app(p.name),
 		postgres.EnvFenceTag + "=1"}
-	p.p = testenv.StartLogged(c.t, log, processKeep, env, c.bin, "serve", "--config", p.cfg, "--roles", p.roles, "--no-migrate")
+	proc := testenv.StartLogged(c.t, log, processKeep, env, c.bin, "serve", "--config", p.cfg, "--roles", p.roles, "--no-migrate")
+	c.mu.Lock()
+	p.p, p.id = proc, ""
 	p.starts++
+	c.mu.Unlock()
 }
 
 // ready waits until p's roles are up and notes its id. It runs in its own
 // goroutine (startAll): it reports with Errorf.
 func (c *controlPlane) ready(p *cpProc) {
 	const wait = 90 * time.Second
+	c.mu.Lock()
+	proc := p.p
+	c.mu.Unlock()
+	var m []string
 	switch p.roles {
 	case "api":
-		waitLine(c.t, p.p, `msg="API listening"`, wait)
+		waitLine(c.t, proc, `msg="API listening"`, wait)
+		return
 	case "gateway":
-		m := waitLine(c.t, p.p, `msg="Gateway listening".* gateway_id=(\S+)`, wait)
-		if m != nil {
-			p.id = m[1]
-		}
+		m = waitLine(c.t, proc, `msg="Gateway listening".* gateway_id=(\S+)`, wait)
 	default:
-		m := waitLine(c.t, p.p, `msg="Worker roles running".* worker=(\S+)`, wait)
-		if m != nil {
-			p.id = m[1]
+		m = waitLine(c.t, proc, `msg="Worker roles running".* worker=(\S+)`, wait)
+	}
+	if m != nil {
+		c.mu.Lock()
+		p.id = m[1]
+		c.mu.Unlock()
+	}
+}
+
+// running reports whether p runs now, and its id in this run.
+func (c *controlPlane) running(p *cpProc) (bool, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return p.p != nil, p.id
+}
+
+// gatewayIDs returns the ids of the gateways running now.
+func (c *controlPlane) gatewayIDs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ids []string
+	for _, g := range c.gateways {
+		if g.p != nil && g.id != "" {
+			ids = append(ids, g.id)
 		}
 	}
+	return ids
 }
 
 // app is the application_name of process name.
@@ -238,14 +265,21 @@ func (c *controlPlane) app(name string) string { return name + "." + c.tag }
 
 // kill sends SIGKILL to p's process group and waits for it.
 func (c *controlPlane) kill(p *cpProc) {
-	p.p.Kill()
-	p.p = nil
+	c.detach(p).Kill()
 }
 
 // stop sends SIGTERM to p and waits (at most 30 s, then SIGKILL).
 func (c *controlPlane) stop(p *cpProc) {
-	p.p.Stop(syscall.SIGTERM, 30*time.Second)
-	p.p = nil
+	c.detach(p).Stop(syscall.SIGTERM, 30*time.Second)
+}
+
+// detach marks p stopped and returns its process.
+func (c *controlPlane) detach(p *cpProc) *testenv.Proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	proc := p.p
+	p.p, p.id = nil, ""
+	return proc
 }
 
 // remove stops gateway g for good.
@@ -258,6 +292,8 @@ func (c *controlPlane) remove(g *cpProc) {
 
 // worker returns the worker process with id, nil when none has it.
 func (c *controlPlane) worker(id string) *cpProc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, w := range c.workers {
 		if w.id == id {
 			return w
@@ -303,11 +339,13 @@ func (c *controlPlane) leasesOf(holder string) map[string]int64 {
 // by live workers of this run.
 func (c *controlPlane) shardsSettled() bool {
 	var ids []string
+	c.mu.Lock()
 	for _, w := range c.workers {
 		if w.p != nil && w.id != "" {
 			ids = append(ids, w.id)
 		}
 	}
+	c.mu.Unlock()
 	var n int
 	err := c.db.QueryRow(context.Background(), `SELECT count(*) FROM leases
 		WHERE name LIKE 'shard:%' AND expires_at > now() AND holder = ANY($1)`, ids).Scan(&n)

@@ -167,15 +167,16 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	for _, w := range res.Warnings {
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
 	}
-	how := "Joined as node"
+	if _, err := fmt.Fprintf(e.stdout, "Joined as node %s (%s); identity in %s; gateways: %s\n",
+		id.NodeID, id.SPIFFEID, store.Dir(), strings.Join(id.Gateways, ", ")); err != nil {
+		return err
+	}
 	switch {
 	case res.Repeated:
-		how = "Joined (the gateway recognised this retry; no further token use) as node"
+		_, err = fmt.Fprintln(e.stdout, "The gateway recognised this join as a retry of an earlier one with this key: the same node, no further token use.")
 	case res.Rejoined:
-		how = "Re-joined as node"
+		_, err = fmt.Fprintf(e.stdout, "Node %s kept its id, labels and history.\n", id.NodeID)
 	}
-	_, err = fmt.Fprintf(e.stdout, "%s %s (%s); identity in %s; gateways: %s\n",
-		how, id.NodeID, id.SPIFFEID, store.Dir(), strings.Join(id.Gateways, ", "))
 	return err
 }
 
