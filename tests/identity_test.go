@@ -42,9 +42,10 @@ var (
 	sessionEnded         = regexp.MustCompile(`msg="Session with gateway ended`)
 )
 
-// joinedAs is bcd join's line naming the node, whichever way it joined:
-// "Joined as node", "Re-joined as node", "Joined (the gateway recognised
-// this retry; no further token use) as node".
+// joinedAs is bcd join's line naming the node, whichever way it joined
+// ("Joined as node ID (...)"); a second line says when it re-joined
+// ("Node ID kept its id, ...") or was recognised as a retry ("... no
+// further token use.").
 var joinedAs = regexp.MustCompile(`as node (\S+) \(`)
 
 // TestIdentityRenewalsKeepOneSession: a bcd node with a 10 s certificate
@@ -321,7 +322,7 @@ func TestIdentitySameHostname(t *testing.T) {
 			t.Fatalf("bcd join on the second machine: exit %d\n%s%s", code, stdout, stderr)
 		}
 		secondID := mt[1]
-		if secondID == firstID || strings.HasPrefix(stdout, "Re-joined") {
+		if secondID == firstID || strings.Contains(stdout, "kept its id") {
 			t.Fatalf("a machine with only the hostname in common joined as %s (%q), want a new node, not %s", secondID, stdout, firstID)
 		}
 		warning := regexp.MustCompile(`(?m)^warning: node ` + firstID + ` .*hostname "twin".*new node`)
@@ -361,7 +362,7 @@ func TestIdentitySameHostname(t *testing.T) {
 		}
 		code, stdout, stderr = first.join(d.gatewayURL, token)
 		mt = joinedAs.FindStringSubmatch(stdout)
-		if code != 0 || mt == nil || mt[1] != firstID || !strings.HasPrefix(stdout, "Re-joined") {
+		if code != 0 || mt == nil || mt[1] != firstID || !strings.Contains(stdout, "Node "+firstID+" kept its id") {
 			t.Fatalf("bcd join of the wiped machine with the reinstall token: exit %d\n%s%s; want re-joined as %s", code, stdout, stderr, firstID)
 		}
 		first.node().WaitLine(sessionEstablishedID+` node_id=`+firstID, 30*time.Second)

@@ -432,7 +432,7 @@ func TestRestartKeepsCommandsInTheJournal(t *testing.T) {
 	dir := t.TempDir()
 	runs := filepath.Join(dir, "runs")
 	cmd := &sessionv1.Command{Id: "cmd_restart", Kind: "exec", Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{
-		Argv: []string{"sh", "-c", "echo run >> " + runs + "; exec sleep 600"}}}}
+		Argv: []string{"sh", "-c", "echo run >> " + runs + "; echo started; exec sleep 600"}}}}
 	deliver := func(s *sessiontest.Session) {
 		t.Helper()
 		if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}); err != nil {
@@ -442,7 +442,10 @@ func TestRestartKeepsCommandsInTheJournal(t *testing.T) {
 	r := start(t, agent.Config{StateDir: dir})
 	s := r.gw.NextSession(t, wait)
 	deliver(s)
-	next(t, s, "running", func(m *sessionv1.NodeMessage) bool { return m.GetCommandUpdate().GetRunning() != nil })
+	// Its output says the run was recorded in runs.
+	next(t, s, "output", func(m *sessionv1.NodeMessage) bool {
+		return strings.Contains(string(m.GetCommandUpdate().GetOutput().GetData()), "started")
+	})
 	r.shutdown(t)
 
 	r2 := start(t, agent.Config{StateDir: dir})

@@ -73,7 +73,9 @@ func identityError(err error) error {
 	case sessionv1.IdentityRefusal_CERT_EXPIRED:
 		return fmt.Errorf("%w: %s", ErrCertificateExpired, st.Message())
 	case sessionv1.IdentityRefusal_GRACE_PASSED:
-		return fmt.Errorf("%w: %w: %s", ErrCertificateExpired, errGracePassed, st.Message())
+		// The gateway's message says the grace passed; the sentinels only
+		// classify it.
+		return &refusedError{msg: fmt.Sprintf("%s: %s", ErrCertificateExpired, st.Message()), is: []error{ErrCertificateExpired, errGracePassed}}
 	}
 	if st.Code() == codes.PermissionDenied && len(st.Details()) == 0 {
 		// A gateway older than IdentityRefusal said revoked this way.
@@ -118,3 +120,13 @@ func (c *Client) adopt(ctx context.Context, cc *grpc.ClientConn, resp *sessionv1
 	c.cert.Store(tlsCertificate(chain, c.cfg.Key))
 	return nil
 }
+
+// refusedError is a gateway's refusal in its own words, matching the
+// sentinels that classify it.
+type refusedError struct {
+	msg string
+	is  []error
+}
+
+func (e *refusedError) Error() string   { return e.msg }
+func (e *refusedError) Unwrap() []error { return e.is }

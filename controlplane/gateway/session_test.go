@@ -341,8 +341,15 @@ func TestHeartbeatsBatched(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond) // the senders' pace, not a wait
 		}
-		// The last heartbeats are written by the next flush that commits.
+		// One more round after the count is read: the flush that writes it
+		// commits after the read, whenever the earlier ones did.
 		sent := cs.heartbeatWrites.Load()
+		for _, s := range sessions {
+			if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
+				t.Fatal(err)
+			}
+			beats++
+		}
 		eventually(t, 30*time.Second, "a flush after the last heartbeats", func() bool { return cs.heartbeatWrites.Load() > sent })
 		elapsed := time.Since(start)
 		writes, ids := cs.heartbeatWrites.Load()-writes0, cs.heartbeatIDs.Load()-ids0

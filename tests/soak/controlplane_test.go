@@ -367,3 +367,14 @@ func waitLine(t *testing.T, p *testenv.Proc, pattern string, timeout time.Durati
 	}
 	return m
 }
+
+// allRunning reports whether every process not removed for good runs and
+// is ready.
+func (c *controlPlane) allRunning() bool {
+	for _, p := range c.procs() {
+		if ok, id := c.running(p); !ok || (id == "" && p.roles != "api") {
+			return false
+		}
+	}
+	return true
+}

@@ -134,3 +134,10 @@ func (o *observer) finish() []absence {
 	}
 	return out
 }
+
+// sampledAfter reports whether the latest sample was taken after t.
+func (o *observer) sampledAfter(t time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.sampled.After(t)
+}

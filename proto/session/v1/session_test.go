@@ -149,7 +149,8 @@ func gatewayMessages() map[string]*sessionv1.GatewayMessage {
 			Delay: durationpb.New(60 * time.Second), Reason: "gateway shutting down",
 			PreferGateways: []string{"https://gw-b.example.com:8443"},
 		}}},
-		"revoked": {Seq: 5, Body: &sessionv1.GatewayMessage_Revoked{Revoked: &sessionv1.Revoked{Reason: "node revoked"}}},
+		"revoked":    {Seq: 5, Body: &sessionv1.GatewayMessage_Revoked{Revoked: &sessionv1.Revoked{Reason: "node revoked"}}},
+		"superseded": {Seq: 6, Body: &sessionv1.GatewayMessage_Superseded{Superseded: &sessionv1.Superseded{BySessionId: "sess_2"}}},
 	}
 }
 
