@@ -5,7 +5,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -26,42 +25,7 @@ type skewWrite struct {
 
 // skewBatch holds the skews measured since the last write, the latest per
 // node.
-type skewBatch struct {
-	mu sync.Mutex
-	m  map[string]skewWrite
-}
-
-func (b *skewBatch) put(nodeID string, w skewWrite) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = map[string]skewWrite{}
-	}
-	b.m[nodeID] = w
-}
-
-func (b *skewBatch) take() map[string]skewWrite {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	m := b.m
-	b.m = nil
-	return m
-}
-
-// putBack queues again the writes of a batch that failed, except for nodes
-// measured again meanwhile.
-func (b *skewBatch) putBack(m map[string]skewWrite) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = map[string]skewWrite{}
-	}
-	for id, w := range m {
-		if _, newer := b.m[id]; !newer {
-			b.m[id] = w
-		}
-	}
-}
+type skewBatch = latest[skewWrite]
 
 // measureSkew takes the node's clock from a heartbeat received at now (the
 // gateway's clock): the node's clock minus the gateway's, network delay

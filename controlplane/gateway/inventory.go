@@ -5,7 +5,6 @@ import (
 	"errors"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -32,42 +31,7 @@ const maxInventoryAttempts = 3
 // they were most of the writes of a fleet connecting for the first time,
 // and on SQLite each took a turn of the one writer ahead of the session
 // rows that daemons wait on.
-type inventoryBatch struct {
-	mu sync.Mutex
-	m  map[string]inventoryWrite
-}
-
-func (b *inventoryBatch) put(nodeID string, w inventoryWrite) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = map[string]inventoryWrite{}
-	}
-	b.m[nodeID] = w
-}
-
-func (b *inventoryBatch) take() map[string]inventoryWrite {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	m := b.m
-	b.m = nil
-	return m
-}
-
-// putBack queues again the writes of a batch that failed, except for nodes
-// that reported a newer inventory meanwhile.
-func (b *inventoryBatch) putBack(m map[string]inventoryWrite) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = map[string]inventoryWrite{}
-	}
-	for id, w := range m {
-		if _, newer := b.m[id]; !newer {
-			b.m[id] = w
-		}
-	}
-}
+type inventoryBatch = latest[inventoryWrite]
 
 // inventoryLoop stores the reported inventories every inventoryInterval,
 // and once more when ctx ends.

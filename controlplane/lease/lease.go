@@ -125,6 +125,24 @@ func (h *Holder) Run(ctx context.Context, job Job) error {
 	}
 }
 
+// Every is the job of a singleton that works in passes: pass runs at once
+// and then every interval (on clock) while the lease is held. A pass's
+// error ends the job (Run logs it, releases the lease and tries again).
+func Every(interval time.Duration, clock Clock, pass Job) Job {
+	return func(ctx context.Context, fence store.Fence) error {
+		for {
+			if err := pass(ctx, fence); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-clock.After(interval):
+			}
+		}
+	}
+}
+
 // hold runs job under l until the lease is lost, the job ends or ctx ends.
 func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 	clock := h.cfg.Clock

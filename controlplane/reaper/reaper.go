@@ -74,18 +74,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Reaper, error) {
 
 // Run reaps every Interval while holding the lease, until ctx ends.
 func (r *Reaper) Run(ctx context.Context) error {
-	return r.holder.Run(ctx, func(ctx context.Context, fence store.Fence) error {
-		for {
-			if err := r.reap(ctx, fence); err != nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-r.cfg.Clock.After(r.cfg.Interval):
-			}
-		}
-	})
+	return r.holder.Run(ctx, lease.Every(r.cfg.Interval, r.cfg.Clock, r.reap))
 }
 
 // reap runs one fenced pass; a lost fence ends the job.

@@ -64,18 +64,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Sweeper, error) {
 
 // Run sweeps every Interval while holding the lease, until ctx ends.
 func (s *Sweeper) Run(ctx context.Context) error {
-	return s.holder.Run(ctx, func(ctx context.Context, fence store.Fence) error {
-		for {
-			if err := s.sweep(ctx, fence); err != nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-s.cfg.Clock.After(s.cfg.Interval):
-			}
-		}
-	})
+	return s.holder.Run(ctx, lease.Every(s.cfg.Interval, s.cfg.Clock, s.sweep))
 }
 
 // sweep runs one fenced sweep; a lost fence ends the job.

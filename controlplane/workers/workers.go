@@ -178,20 +178,12 @@ func every(ctx context.Context, name, holder string, interval time.Duration, st 
 	if err != nil {
 		return err
 	}
-	return h.Run(ctx, func(ctx context.Context, fence store.Fence) error {
-		tick := time.NewTicker(interval)
-		defer tick.Stop()
-		for {
-			if err := fn(ctx, fence); err != nil && ctx.Err() == nil {
-				log.WarnContext(ctx, "Job failed", "job", name, "err", err)
-			}
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-tick.C:
-			}
+	return h.Run(ctx, lease.Every(interval, lease.SystemClock, func(ctx context.Context, fence store.Fence) error {
+		if err := fn(ctx, fence); err != nil && ctx.Err() == nil {
+			log.WarnContext(ctx, "Job failed", "job", name, "err", err)
 		}
-	})
+		return nil
+	}))
 }
 
 // retain prunes rows older than the retention windows.
