@@ -178,7 +178,7 @@ func (s *soak) schedule(dur time.Duration) {
 		for _, st := range steps {
 			time.Sleep(time.Until(next))
 			f := &fault{cycle: c + 1, name: st.name, start: time.Now()}
-			s.t.Logf("%v: %s (cycle %d)", time.Since(start).Round(time.Second), st.name, c+1)
+			s.t.Logf("%v: %s (cycle %d)", time.Since(s.began).Round(time.Second), st.name, c+1)
 			st.run(s, f)
 			if f.end.IsZero() {
 				f.end = time.Now()
@@ -187,7 +187,7 @@ func (s *soak) schedule(dur time.Duration) {
 				s.waitRecovered(f, nil)
 			}
 			s.faults = append(s.faults, f)
-			s.t.Logf("%v: %s: %s; recovered %v after", time.Since(start).Round(time.Second), st.name, f.detail, f.recovered.Round(100*time.Millisecond))
+			s.t.Logf("%v: %s: %s; recovered %v after", time.Since(s.began).Round(time.Second), st.name, f.detail, f.recovered.Round(100*time.Millisecond))
 			next = f.start.Add(gap + st.fixed(s))
 		}
 		time.Sleep(time.Until(cycleStart.Add(per)))
@@ -201,15 +201,20 @@ func (s *soak) schedule(dur time.Duration) {
 func (s *soak) waitRecovered(f *fault, extra func() bool) {
 	f.waited = true
 	deadline := f.end.Add(recoveryLimit)
-	var missing []string
+	var missing, last []string
 	for time.Now().Before(deadline) {
 		ok := s.obs.sampledAfter(f.end)
 		if ok {
-			ok, missing = s.obs.allPresent(s.f.nodeIDs())
+			if ok, missing = s.obs.allPresent(s.f.nodeIDs()); len(missing) > 0 {
+				last = missing
+			}
 		}
 		ok = ok && s.cp.allRunning() && s.cp.shardsSettled() && s.cp.apiUp() && (extra == nil || extra())
 		if ok {
 			f.recovered, f.ok = time.Since(f.end), true
+			if len(last) > 0 && len(last) <= 3 {
+				f.detail += fmt.Sprintf("; the last back: %s", strings.Join(last, ", "))
+			}
 			return
 		}
 		time.Sleep(500 * time.Millisecond)
