@@ -131,6 +131,7 @@ func (c *Client) Run(ctx context.Context) error {
 		return nil
 	}
 	attempt := 0
+	tried := 0 // gateways that failed before Welcome in this round of the list
 	for {
 		gw := c.pick()
 		c.emit(Event{Kind: EventConnecting, Gateway: gw.url, Attempt: attempt})
@@ -156,7 +157,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		failed := backoffAfter(out, held, c.cfg.StableAfter) == endFailed
 		if !failed {
-			attempt = 0
+			attempt, tried = 0, 0
 		}
 		if out.drained {
 			c.log.InfoContext(ctx, "Session drained, reconnecting elsewhere", attrGateway, gw.url,
@@ -170,10 +171,21 @@ func (c *Client) Run(ctx context.Context) error {
 			}
 			continue
 		}
+		// The backoff grows once per round of the gateway list, not per
+		// gateway: a gateway that is gone (kept in the list for a day) or
+		// down costs the next one of the list only BackoffBase.
+		nextInRound := false
 		if !out.welcomed {
 			c.failover(gw)
+			tried++
+			nextInRound = tried < len(c.gws) && out.retryAfter == 0
 		}
-		delay := reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
+		var delay time.Duration
+		if nextInRound {
+			delay = c.cfg.Jitter(c.cfg.BackoffBase)
+		} else {
+			delay = reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
+		}
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
 			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
 		if out.welcomed && failed && attempt >= 2 {
@@ -181,7 +193,10 @@ func (c *Client) Run(ctx context.Context) error {
 				attrGateway, gw.url, attrHeld, held, attrAttempt, attempt)
 		}
 		c.emit(Event{Kind: EventBackoff, Gateway: gw.url, Delay: delay, Attempt: attempt})
-		attempt++
+		if !nextInRound {
+			attempt++
+			tried = 0
+		}
 		if !c.wait(ctx, delay) {
 			return nil
 		}

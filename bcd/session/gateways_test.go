@@ -87,3 +87,43 @@ func TestWelcomeListReachesANewGateway(t *testing.T) {
 	run(t, c2)
 	gwB.NextSession(t, wait)
 }
+
+// TestDeadGatewaysCostOneBackoffStepARound: gateways that refuse (one gone
+// for good, one down) cost the next gateway of the list only BackoffBase;
+// the backoff grows once per round of the list, so a live gateway behind
+// dead ones is reached at once.
+func TestDeadGatewaysCostOneBackoffStepARound(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	n := joinNode(t, g)
+	cfg := n.config("https://127.0.0.1:1", "https://127.0.0.1:2", g.URL)
+	cfg.BackoffBase, cfg.BackoffMax = 50*time.Millisecond, time.Hour
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+	var backoffs []session.Event
+	deadline := time.After(wait)
+	for {
+		var e session.Event
+		select {
+		case e = <-ev:
+		case <-deadline:
+			t.Fatalf("not connected within %v; backoffs %+v", wait, backoffs)
+		}
+		if e.Kind == session.EventConnected {
+			break
+		}
+		if e.Kind == session.EventBackoff {
+			backoffs = append(backoffs, e)
+		}
+	}
+	if len(backoffs) != 2 {
+		t.Fatalf("%d backoffs before the live gateway, want 2 (one per dead gateway): %+v", len(backoffs), backoffs)
+	}
+	for _, b := range backoffs {
+		if b.Attempt != 0 || b.Delay > cfg.BackoffBase {
+			t.Errorf("backoff %+v within the first round, want attempt 0 and at most %v", b, cfg.BackoffBase)
+		}
+	}
+	g.NextSession(t, wait)
+}
