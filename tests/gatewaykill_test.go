@@ -2,13 +2,20 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -30,29 +37,9 @@ func TestGatewayAndNodeKilledTogether(t *testing.T) {
 	d := newSplitDeployment(t, 1, 1)
 	gw := d.gateways[0]
 
-	site, err := d.st.SiteCreate(ctx, &store.SiteCreateParams{Name: "kill", Region: "default"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := d.st.PoolCreate(ctx, &store.PoolCreateParams{Name: "default", SiteID: site.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bundle, err := bootstrap.LoadBundle(ctx, d.st, testSecret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, 1, "e2e kill", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := newMachine(t, "kill-01")
-	nodeID := m.mustJoin(gw.url, testenv.WriteFile(t, "token", token))
+	m, nodeID := d.joinMachine("kill-01", gw)
 	bcd := m.node()
-	eventually(t, 60*time.Second, func() bool {
-		n, err := d.st.NodeGet(ctx, nodeID)
-		return err == nil && n.State == store.NodeReady
-	}, func() string { return "node " + nodeID + " not ready" })
+	d.waitSession(nodeID, gw)
 
 	// A command that runs for ten minutes; its deadline is twenty.
 	const marker = "600.4242"
@@ -94,6 +81,107 @@ func TestGatewayAndNodeKilledTogether(t *testing.T) {
 	m.node()
 	eventually(t, 60*time.Second, func() bool { return !orphanRunning(marker) },
 		func() string { return "the restarted bcd left the orphaned command running" })
+}
+
+// TestNodeReachesAGatewayAddedAfterItJoined: a node joined while only
+// gateway A existed; B starts; A is drained (SIGTERM) and removed for good.
+// The node moves to B, and a restarted bcd, whose join-time list names A
+// alone, reaches B from the list it saved from B's Welcome.
+func TestNodeReachesAGatewayAddedAfterItJoined(t *testing.T) {
+	t.Parallel()
+	d := newSplitDeployment(t, 1, 1)
+	a := d.gateways[0]
+	m, nodeID := d.joinMachine("moved-01", a)
+	bcd := m.node()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("bcd's output:\n%s", bcd.Output())
+		}
+	})
+	d.waitSession(nodeID, a)
+
+	b := d.startGateway("gateway-2")
+	a.p.Signal(syscall.SIGTERM)
+	if code := a.p.Wait(30 * time.Second); code != 0 {
+		t.Errorf("%s exited %d after SIGTERM, want 0", a.name, code)
+	}
+	d.waitSession(nodeID, b)
+
+	// The saved list: B's Welcome named B; the join named A alone.
+	raw, err := os.ReadFile(filepath.Join(m.dataDir, identity.InfoFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Gateways []string               `json:"gateways"`
+		Known    []session.KnownGateway `json:"known_gateways"`
+	}
+	if err := json.Unmarshal(raw, &info); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(info.Gateways, []string{a.url}) || !slices.ContainsFunc(info.Known, func(k session.KnownGateway) bool { return k.URL == b.url }) {
+		t.Fatalf("identity.json gateways %v, known %+v: want the join's [%s] and %s known", info.Gateways, info.Known, a.url, b.url)
+	}
+	bcd.Kill()
+	m.node()
+	d.waitSession(nodeID, b)
+}
+
+// joinMachine joins a new machine named name through gateway g with a
+// one-use token of a pool of its own, and returns it and its node id.
+func (d *splitDeployment) joinMachine(name string, g *splitProc) (*machine, string) {
+	d.t.Helper()
+	ctx := context.Background()
+	site, err := d.st.SiteCreate(ctx, &store.SiteCreateParams{Name: name, Region: "default"})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	pool, err := d.st.PoolCreate(ctx, &store.PoolCreateParams{Name: name, SiteID: site.ID})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	bundle, err := bootstrap.LoadBundle(ctx, d.st, testSecret)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, 1, "e2e "+name, "")
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	m := newMachine(d.t, name)
+	return m, m.mustJoin(g.url, testenv.WriteFile(d.t, "token", token))
+}
+
+// waitSession waits until node nodeID is ready with its session on g.
+func (d *splitDeployment) waitSession(nodeID string, g *splitProc) {
+	d.t.Helper()
+	ctx := context.Background()
+	eventually(d.t, 90*time.Second, func() bool {
+		n, err := d.st.NodeGet(ctx, nodeID)
+		s, serr := d.st.SessionGet(ctx, nodeID)
+		return err == nil && serr == nil && n.State == store.NodeReady && s.GatewayID == g.id
+	}, func() string { return "node " + nodeID + " not ready on " + g.name })
+}
+
+// startGateway starts one more gateway process and waits for its row.
+func (d *splitDeployment) startGateway(name string) *splitProc {
+	d.t.Helper()
+	g := &splitProc{name: name, p: d.start(name, "gateway")}
+	g.url = g.p.WaitLine(`msg="Gateway listening" .*public_url=(\S+)`, 60*time.Second)[1]
+	eventually(d.t, 20*time.Second, func() bool {
+		gws, err := d.st.GatewayList(context.Background())
+		if err != nil {
+			d.t.Fatal(err)
+		}
+		for _, row := range gws {
+			if row.Address == g.url {
+				g.id = row.ID
+			}
+		}
+		return g.id != ""
+	}, func() string { return name + " has no row in gateways" })
+	d.gateways = append(d.gateways, g)
+	return g
 }
 
 // orphanRunning reports whether a process whose command line holds marker

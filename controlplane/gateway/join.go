@@ -153,6 +153,14 @@ type gatewayCache struct {
 	gws  []*store.Gateway
 }
 
+// forget makes the next list read the table: for the Drain of a shutdown,
+// which must name a gateway that started within the last second.
+func (c *gatewayCache) forget() {
+	c.mu.Lock()
+	c.read = time.Time{}
+	c.mu.Unlock()
+}
+
 // list returns the gateways, read from st when the last read is older than
 // gatewayListMaxAge at now. Joins that find the list old wait for one read
 // rather than each making its own. When the read fails, it returns the

@@ -362,7 +362,8 @@ func (s *session) closeReason() string {
 // the connections close).
 func (g *Gateway) drainAll() {
 	all := g.sessions.snapshot()
-	// The region's other live gateways, read once for every Drain.
+	// The region's other live gateways, read afresh once for every Drain.
+	g.gateways.forget()
 	prefer := slices.DeleteFunc(g.regionGateways(context.Background(), g.cfg.Region), func(u string) bool { return u == g.publicURL })
 	work := make(chan *session)
 	done := make(chan struct{})
