@@ -266,8 +266,16 @@ func TestBMCEndToEnd(t *testing.T) {
 		t.Errorf("simulated chassis power %q after off, want 0", got)
 	}
 	wantPower(power("status"), "off")
+	// The node's own BMC said off: powered-off, not unreachable.
+	if st := d.nodes()[node].State; st != "powered-off" {
+		t.Errorf("node state after its BMC powered it off: %s, want powered-off", st)
+	}
 	wantPower(power("on"), "on")
 	wantPower(power("status"), "on")
+	// Its bcd never stopped heartbeating: liveness clears powered-off at
+	// once, without a reconnect (issue 15).
+	eventually(t, 60*time.Second, func() bool { return d.nodes()[node].State == "ready" },
+		func() string { return "node still " + d.nodes()[node].State + " after power on, while heartbeating" })
 	// ipmi_sim's cycle powers off, then on again after about a second.
 	power("cycle")
 	for deadline := time.Now().Add(10 * time.Second); power("status").cmd.Result["power"] != "on"; time.Sleep(200 * time.Millisecond) {
