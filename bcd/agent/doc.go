@@ -48,7 +48,7 @@
 // there at start, at every connect and disconnect (failed attempts included,
 // with their error), renewal and failed renewal, and when it stops; with
 // Config.Notifier it sends the state's line ("connected to <gateway> since
-// <time>", "disconnected since <time>: <last error>; certificate expires
+// <time>", "disconnected since <time>: <last error>; certificate valid until
 // <time>") whenever the line changes, which bcd node passes to systemd as
 // STATUS=. Nothing here stops the systemd watchdog: a disconnected agent
 // is alive and retrying.

@@ -56,7 +56,7 @@ func TestStateFollowsTheSession(t *testing.T) {
 	// attempts that follow.
 	r.gw.Close()
 	line := n.nextLine(t, "disconnected since ")
-	if !strings.Contains(line, "; certificate expires "+s.CertNotAfter.UTC().Format(time.RFC3339)) {
+	if !strings.Contains(line, "; certificate valid until "+s.CertNotAfter.UTC().Format(time.RFC3339)) {
 		t.Errorf("status line %q lacks the certificate's expiry", line)
 	}
 	s, err = nodestate.Read(dir)

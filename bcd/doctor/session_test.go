@@ -32,7 +32,7 @@ func TestSession(t *testing.T) {
 		{name: "connected", edit: func(s *nodestate.State) { s.Connected, s.SessionID = true, "sess-1" }, at: now, st: doctor.OK,
 			hint: "connected to https://gw-1.example.com:8443 since 2025-06-01T09:55:00Z"},
 		{name: "disconnected", at: now, st: doctor.Warn,
-			hint: "disconnected since 2025-06-01T09:55:00Z: connection refused; certificate expires 2025-06-02T06:00:00Z (20h0m left)"},
+			hint: "disconnected since 2025-06-01T09:55:00Z: connection refused; certificate valid until 2025-06-02T06:00:00Z (20h0m left)"},
 		{name: "expired, re-attestable", at: notAfter.Add(time.Hour), st: doctor.Warn, hint: "re-attestation has 6d23h left"},
 		{name: "past the grace", at: notAfter.Add(8 * 24 * time.Hour), st: doctor.Fail, hint: "past its re-attestation grace"},
 		{name: "not running", unlock: true, at: now, st: doctor.Warn, hint: "bcd node is not running (no bcd node holds the data directory lock"},

@@ -79,12 +79,12 @@ func (s *State) Grace() time.Duration { return time.Duration(s.ReattestGraceSeco
 
 // Line is the state on one line, as systemd's STATUS= shows it:
 // "connected to <gateway> since <time>", or "disconnected since <time>:
-// <last error>; certificate expires <time>" (times RFC 3339, UTC).
+// <last error>; certificate valid until <time>" (times RFC 3339, UTC).
 func (s *State) Line() string {
 	if s.Connected {
 		return fmt.Sprintf("connected to %s since %s", s.Gateway, stamp(s.Since))
 	}
-	return fmt.Sprintf("disconnected since %s: %s; certificate expires %s",
+	return fmt.Sprintf("disconnected since %s: %s; certificate valid until %s",
 		stamp(s.Since), cmp.Or(s.LastError, "not connected yet"), stamp(s.CertNotAfter))
 }
 

@@ -81,7 +81,7 @@ func TestWriteRead(t *testing.T) {
 func TestLine(t *testing.T) {
 	t.Parallel()
 	s := sample()
-	if got, want := s.Line(), "disconnected since 2025-06-01T09:55:00Z: connect: connection refused; certificate expires 2025-06-02T06:00:00Z"; got != want {
+	if got, want := s.Line(), "disconnected since 2025-06-01T09:55:00Z: connect: connection refused; certificate valid until 2025-06-02T06:00:00Z"; got != want {
 		t.Errorf("Line = %q, want %q", got, want)
 	}
 	s.LastError = ""

@@ -132,6 +132,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	attempt := 0
 	tried := 0 // gateways that failed before Welcome in this round of the list
+	churn := 0 // welcomed sessions in a row that counted as failures
 	for {
 		gw := c.pick()
 		c.emit(Event{Kind: EventConnecting, Gateway: gw.url, Attempt: attempt})
@@ -156,8 +157,14 @@ func (c *Client) Run(ctx context.Context) error {
 			held = c.clock.Now().Sub(out.welcomedAt)
 		}
 		failed := backoffAfter(out, held, c.cfg.StableAfter) == endFailed
-		if !failed {
-			attempt, tried = 0, 0
+		switch {
+		case !failed:
+			attempt, tried, churn = 0, 0, 0
+		case out.welcomed:
+			// Superseded, or lost early: sessions that keep ending soon
+			// after they start, counted for the warning below.
+			churn++
+			tried = 0
 		}
 		if out.drained {
 			c.log.InfoContext(ctx, "Session drained, reconnecting elsewhere", attrGateway, gw.url,
@@ -188,7 +195,7 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
 			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
-		if out.welcomed && failed && attempt >= 2 {
+		if out.welcomed && failed && churn >= 3 {
 			c.log.WarnContext(ctx, "Sessions keep ending soon after they start: is another bcd running with this node's identity (a copied data directory)?",
 				attrGateway, gw.url, attrHeld, held, attrAttempt, attempt)
 		}

@@ -110,6 +110,10 @@ type Config struct {
 	// RenewResponse.reattest_grace); only reported (Client.ReattestGrace,
 	// logs), the gateway decides. Zero: unknown.
 	ReattestGrace time.Duration
+	// JoinFlags are added to the `bcd join` command Run prints when the
+	// node must be joined again (re-attestation grace passed), such as
+	// "--data-dir /srv/bcd". Defaults to none.
+	JoinFlags string
 	// OnRenew persists a renewed certificate. It is called before the new
 	// certificate is used; an error fails the renewal, which is retried
 	// after RenewRetry. Defaults to keeping it in memory only.

@@ -46,8 +46,12 @@ func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr) error {
 		c.emit(Event{Kind: EventRenewed, Gateway: gw.url})
 		return nil
 	case errors.Is(err, errGracePassed):
+		flags := ""
+		if c.cfg.JoinFlags != "" {
+			flags = " " + c.cfg.JoinFlags
+		}
 		return fmt.Errorf("%w; to bring it back: on the control plane run `better-compute nodes reinstall %s --out token`, "+
-			"then here `bcd join --gateway %s --token-file token --force` and restart bcd", err, nodeIDOf(leaf.URIs), gw.url)
+			"then here `bcd join --gateway %s --token-file token --force%s` and restart bcd", err, nodeIDOf(leaf.URIs), gw.url, flags)
 	case ctx.Err() == nil:
 		c.emit(Event{Kind: EventRenewFailed, Gateway: gw.url, Err: err})
 	}

@@ -245,14 +245,14 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		// A repeated Join (same token, same key: a lost reply) answers
 		// with the node it made and uses nothing (DESIGN.md, "Join is
 		// idempotent per key").
-		if req.Proven == nil {
-			prev, err := tx.NodeFindByJoinKey(ctx, tok.ID(), cert.KeySHA256)
-			switch {
-			case err == nil:
-				return a.repeat(ctx, tx, req, tok, prev, opts, adm, entry, &details)
-			case !errors.Is(err, store.ErrNotFound):
-				return err
-			}
+		// With a proof, only when it names that same node (bcd join --force
+		// retried after its reply was lost).
+		prev, err := tx.NodeFindByJoinKey(ctx, tok.ID(), cert.KeySHA256)
+		switch {
+		case err == nil && (req.Proven == nil || req.Proven.NodeID == prev.ID):
+			return a.repeat(ctx, tx, req, tok, prev, opts, adm, entry, &details)
+		case err != nil && !errors.Is(err, store.ErrNotFound):
+			return err
 		}
 		t, err := tx.JoinTokenConsume(ctx, tok.ID(), tok.SecretHash(), nil)
 		if err != nil {

@@ -191,6 +191,20 @@ func TestRejoinByProof(t *testing.T) {
 	if revoked(t, f.st, first.Cert.Serial) {
 		t.Fatal("a re-join that proved the current key revoked the live certificate")
 	}
+	// That re-join's reply lost, retried with the same token and key: the
+	// same node, no further use of the token.
+	tok2 := f.token(t, time.Hour)
+	req := &admission.Request{Token: tok2.String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-03"}, Proven: p}
+	if _, err := f.adm.Join(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	again2, err := f.adm.Join(ctx, req)
+	if err != nil || !again2.Repeated || again2.Node.ID != first.Node.ID {
+		t.Fatalf("repeated re-join by proof = %+v, %v", again2, err)
+	}
+	if tk, _ := f.st.JoinTokenGet(ctx, tok2.ID()); tk.Uses != 1 {
+		t.Fatalf("token uses = %d after a repeated re-join, want 1", tk.Uses)
+	}
 	// The proof names the first certificate's key: after the node moved to
 	// another key, it proves nothing.
 	if _, err := f.adm.Renew(ctx, &admission.RenewRequest{NodeID: first.Node.ID, CSR: csr(t)}); err != nil {

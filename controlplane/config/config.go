@@ -32,6 +32,9 @@ const (
 	EnvDownloadsURL = "BETTER_COMPUTE_DOWNLOADS_URL"
 )
 
+// MinNodeCertTTL is the shortest host.gateway.nodeCertTTL accepted.
+const MinNodeCertTTL = 10 * time.Second
+
 // MinSecretLen is the shortest deployment secret accepted (DESIGN.md, "PKI").
 const MinSecretLen = 32
 
@@ -383,6 +386,9 @@ func (c *Config) validate() error {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if ttl := c.Host.Gateway.NodeCertTTL.Duration; ttl > 0 && ttl < MinNodeCertTTL {
+		return &Error{Key: "host.gateway.nodeCertTTL", Msg: fmt.Sprintf("%v is too short: at least %v (a node renews at two thirds of it, each time on a new connection)", ttl, MinNodeCertTTL)}
 	}
 	if g := c.PKI.ReattestGrace; g != nil && g.Duration < 0 {
 		return &Error{Key: "pki.reattestGrace", Msg: fmt.Sprintf("%v: want 0 (off) or a positive duration such as 168h", g.Duration)}

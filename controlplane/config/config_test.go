@@ -38,6 +38,18 @@ func TestDefaults(t *testing.T) {
 	if c.DataDir != DefaultDataDir(env(map[string]string{"HOME": "/home/x"})) {
 		t.Fatalf("data dir = %s", c.DataDir)
 	}
+	if c.PKI.ReattestGrace == nil || c.PKI.ReattestGrace.Duration != 7*24*time.Hour {
+		t.Fatalf("pki.reattestGrace default = %v, want 168h", c.PKI.ReattestGrace)
+	}
+	// "0s" is kept: it turns re-attestation off.
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("pki:\n  reattestGrace: 0s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err = Load(path, env(map[string]string{"HOME": "/home/x"}), Flags{})
+	if err != nil || c.PKI.ReattestGrace == nil || c.PKI.ReattestGrace.Duration != 0 {
+		t.Fatalf("pki.reattestGrace: 0s = %v (%v), want 0", c.PKI.ReattestGrace, err)
+	}
 }
 
 func TestPrecedenceFileEnvFlags(t *testing.T) {
@@ -95,6 +107,8 @@ func TestInvalid(t *testing.T) {
 		{"negative heartbeat", "host:\n  gateway:\n    heartbeatInterval: -10s\n", nil, Flags{}, "host.gateway.heartbeatInterval"},
 		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},
 		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
+		{"negative re-attestation grace", "pki:\n  reattestGrace: -1h\n", nil, Flags{}, "pki.reattestGrace"},
+		{"certificate life too short", "host:\n  gateway:\n    nodeCertTTL: 1s\n", nil, Flags{}, "host.gateway.nodeCertTTL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := ""

@@ -128,6 +128,10 @@ type Config struct {
 	// HeartbeatInterval is the interval gateways tell daemons. Defaults to
 	// 10 s.
 	HeartbeatInterval time.Duration
+	// NodeCertTTL is the life of node certificates
+	// (host.gateway.nodeCertTTL): a certificate left with less than a sixth
+	// of it, or CertWarnWithin, has missed its renewal. Defaults to 24 h.
+	NodeCertTTL time.Duration
 	// GatewayLiveWithin is how fresh a gateways row's heartbeat_at must be
 	// for the gateway to count as live. Defaults to 30 s (the gateway lease
 	// lives 20 s and the row is refreshed every 5 s).
@@ -163,12 +167,14 @@ func FromConfig(c *config.Config) Config {
 		},
 		BasePath:          c.BasePath,
 		HeartbeatInterval: c.Host.Gateway.HeartbeatInterval.Duration,
+		NodeCertTTL:       c.Host.Gateway.NodeCertTTL.Duration,
 	}
 }
 
 func (c *Config) defaults() {
 	c.BasePath = cmp.Or(c.BasePath, "/api")
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, defaultHeartbeat)
+	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, 24*time.Hour)
 	c.GatewayLiveWithin = cmp.Or(c.GatewayLiveWithin, defaultGatewayLive)
 	if c.Now == nil {
 		c.Now = time.Now
@@ -219,7 +225,7 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	} else {
 		r.add(Heartbeats(nodes, cfg.HeartbeatInterval, now))
 		r.add(OldDaemons(nodes))
-		r.add(ExpiringCerts(nodes, now))
+		r.add(ExpiringCerts(nodes, now, min(CertWarnWithin, cfg.NodeCertTTL/6)))
 		r.add(ClockSkew(nodes))
 	}
 	r.add(DuplicateHostnames(ctx, st))

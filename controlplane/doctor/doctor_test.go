@@ -370,7 +370,7 @@ func TestNodeChecks(t *testing.T) {
 	healthy := []*store.Node{ready("a", "v0.2.0", time.Second, 20*time.Hour), ready("b", "0.2.0", 5*time.Second, 10*time.Hour)}
 	want(t, doctor.Heartbeats(healthy, 10*time.Second, now), doctor.IDHeartbeats, doctor.OK, "within 30s")
 	want(t, doctor.OldDaemons(healthy), doctor.IDOldDaemons, doctor.OK, "every node runs bcd v0.2.0")
-	want(t, doctor.ExpiringCerts(healthy, now), doctor.IDExpiringCerts, doctor.OK, "")
+	want(t, doctor.ExpiringCerts(healthy, now, doctor.CertWarnWithin), doctor.IDExpiringCerts, doctor.OK, "")
 
 	silent := append(healthy, ready("c", "v0.1.9", time.Minute, 5*time.Hour), ready("d", "v0.10.0-rc.1", time.Hour, -time.Hour),
 		&store.Node{ID: "e", State: store.NodeUnreachable, LastSeenAt: ptr(now.Add(-time.Hour)), BCDVersion: "dev"})
@@ -384,9 +384,14 @@ func TestNodeChecks(t *testing.T) {
 	if !strings.Contains(r.Detail, "1 on v0.1.9") || !strings.Contains(r.Detail, "1 node(s) without a semantic version") {
 		t.Fatalf("detail %q", r.Detail)
 	}
-	want(t, doctor.ExpiringCerts(silent[:3], now), doctor.IDExpiringCerts, doctor.Warn, "1 node certificate(s) end within 6h")
-	r = doctor.ExpiringCerts(silent, now)
-	want(t, r, doctor.IDExpiringCerts, doctor.Fail, "1 node certificate(s) expired")
+	want(t, doctor.ExpiringCerts(silent[:3], now, doctor.CertWarnWithin), doctor.IDExpiringCerts, doctor.Warn, "1 node certificate(s) end within 6h")
+	r = doctor.ExpiringCerts(silent, now, doctor.CertWarnWithin)
+	want(t, r, doctor.IDExpiringCerts, doctor.Fail, "1 node certificate(s) expired: each node re-attests by itself")
+	// 30 s certificates renew within 5 to 10 s of their end: a healthy
+	// one with 9 s left is fine, one with 4 s left missed its renewal.
+	short := []*store.Node{ready("s1", "v0.2.0", time.Second, 9*time.Second), ready("s2", "v0.2.0", time.Second, 4*time.Second)}
+	want(t, doctor.ExpiringCerts(short[:1], now, 30*time.Second/6), doctor.IDExpiringCerts, doctor.OK, "")
+	want(t, doctor.ExpiringCerts(short, now, 30*time.Second/6), doctor.IDExpiringCerts, doctor.Warn, "1 node certificate(s) end within 5s")
 	if r.Detail != "expired: d; expiring: c" {
 		t.Fatalf("detail %q", r.Detail)
 	}

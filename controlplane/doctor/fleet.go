@@ -141,10 +141,12 @@ func OldDaemons(nodes []*store.Node) Result {
 }
 
 // ExpiringCerts checks node certificates (nodes.cert_not_after): any that
-// has ended fails (the node cannot connect until it joins again), any ending
-// within CertWarnWithin warns (its renewal, due 8 h before the end of a
-// 24-hour certificate, did not happen).
-func ExpiringCerts(nodes []*store.Node, now time.Time) Result {
+// has ended fails (the node cannot connect until it re-attests, which it does
+// by itself within pki.reattestGrace once it reaches a gateway), any ending
+// within warnWithin warns: its renewal, due at two thirds to five sixths of
+// its life, did not happen. The doctor passes the smaller of CertWarnWithin
+// and a sixth of host.gateway.nodeCertTTL.
+func ExpiringCerts(nodes []*store.Node, now time.Time, warnWithin time.Duration) Result {
 	var expired, expiring []string
 	for _, n := range nodes {
 		if n.CertNotAfter == nil {
@@ -153,7 +155,7 @@ func ExpiringCerts(nodes []*store.Node, now time.Time) Result {
 		switch left := n.CertNotAfter.Sub(now); {
 		case left <= 0:
 			expired = append(expired, n.ID)
-		case left <= CertWarnWithin:
+		case left <= warnWithin:
 			expiring = append(expiring, n.ID)
 		}
 	}
@@ -166,9 +168,9 @@ func ExpiringCerts(nodes []*store.Node, now time.Time) Result {
 	}
 	switch {
 	case len(expired) > 0:
-		return result(IDExpiringCerts, Fail, fmt.Sprintf("%d node certificate(s) expired: join those machines again (bcd join --force) or delete the nodes", len(expired)), detail...)
+		return result(IDExpiringCerts, Fail, fmt.Sprintf("%d node certificate(s) expired: each node re-attests by itself once it reaches a gateway, within pki.reattestGrace of the expiry; past that, better-compute nodes reinstall NODE", len(expired)), detail...)
 	case len(expiring) > 0:
-		return result(IDExpiringCerts, Warn, fmt.Sprintf("%d node certificate(s) end within %s: their renewal is overdue; run bcd doctor on them", len(expiring), short(CertWarnWithin)), detail...)
+		return result(IDExpiringCerts, Warn, fmt.Sprintf("%d node certificate(s) end within %s: their renewal is overdue; run bcd doctor on them", len(expiring), short(warnWithin)), detail...)
 	}
-	return result(IDExpiringCerts, OK, fmt.Sprintf("no node certificate ends within %s", short(CertWarnWithin)))
+	return result(IDExpiringCerts, OK, fmt.Sprintf("no node certificate ends within %s", short(warnWithin)))
 }

@@ -146,11 +146,11 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	}
 	res, err := session.Join(ctx, params)
 	if prove != nil && errors.Is(err, session.ErrProofRefused) {
-		// Another deployment's identity, a deleted or revoked node: the
-		// machine joins as a new node, with the same key.
-		fmt.Fprintf(e.stderr, "warning: the gateway did not accept this machine as node %s (%v); joining as a new node\n", old.NodeID, err)
-		params.ProveChain = nil
-		res, err = session.Join(ctx, params)
+		// Another deployment's identity, a deleted or revoked node, or a
+		// key the node no longer has: --force asked for that node, so say
+		// why not and how to go on, rather than make another node.
+		return fmt.Errorf("%w; this machine cannot take back node %s: to make it that node again use a token from `better-compute nodes reinstall %s`; to join it as a new node, move %s away first",
+			err, old.NodeID, old.NodeID, store.Dir())
 	}
 	if errors.Is(err, session.ErrConfig) {
 		return usageError{err} // from the flags: --gateway, --ca-file, --ca-pin

@@ -270,7 +270,7 @@ func TestNodeExpiredCertificate(t *testing.T) {
 	}
 	r := bcd(t.Context(), "", nil, "node", "--data-dir", data, "--log-level", "error")
 	if r.code != exitExpired || !strings.Contains(r.stderr, "node certificate expired") ||
-		!strings.Contains(r.stderr, "nodes reinstall node-9") || !strings.Contains(r.stderr, "bcd join") {
+		!strings.Contains(r.stderr, "nodes reinstall node-9") || !strings.Contains(r.stderr, "--force --data-dir "+data+"`") {
 		t.Errorf("expired node past the grace: %+v", r)
 	}
 }

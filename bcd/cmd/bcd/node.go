@@ -51,7 +51,7 @@ helper those commands fail and say so.
 
 Under systemd it sends READY=1 after the first session is established,
 STATUS= lines ("connected to <gateway> since <time>", "disconnected since
-<time>: <last error>; certificate expires <time>") and WATCHDOG=1 pings when
+<time>: <last error>; certificate valid until <time>") and WATCHDOG=1 pings when
 the unit sets WatchdogSec=, disconnected or not. It keeps its state in
 <data-dir>/state.json for bcd status and bcd doctor.`,
 		Args: noArgs,
@@ -120,6 +120,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 			RenewAfter:    id.RenewAfter,
 			ReattestGrace: id.ReattestGrace,
 			KnownGateways: id.KnownGateways,
+			JoinFlags:     rejoinFlags(store.Dir()),
 			// A renewal and a Welcome's gateway list may be saved at once:
 			// idMu orders their changes to id and identity.json.
 			OnRenew: func(_ context.Context, r *session.Renewal) error {
@@ -193,4 +194,12 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	log.InfoContext(ctx, "Node agent stopped")
 	return nil
+}
+
+// rejoinFlags are the flags a printed `bcd join` needs to join into dataDir.
+func rejoinFlags(dataDir string) string {
+	if dataDir == identity.DefaultDir {
+		return ""
+	}
+	return "--data-dir " + dataDir
 }

@@ -209,7 +209,7 @@ func TestNodeStatusWhileDisconnected(t *testing.T) {
 
 	g.Close()
 	line := readNotify(t, notify, "STATUS=disconnected since ")
-	if !strings.Contains(line, "; certificate expires ") {
+	if !strings.Contains(line, "; certificate valid until ") {
 		t.Errorf("status line %q", line)
 	}
 	for range 2 {
