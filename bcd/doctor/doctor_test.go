@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"net"
@@ -142,7 +143,12 @@ func TestCertificate(t *testing.T) {
 	now := time.Now()
 	want(t, doctor.Certificate(id, now), doctor.IDCertificate, doctor.OK, "valid for")
 	want(t, doctor.Certificate(id, id.RenewAfter.Add(time.Hour)), doctor.IDCertificate, doctor.Warn, "renewal overdue by 1h0m0s")
-	want(t, doctor.Certificate(id, id.NotAfter().Add(time.Minute)), doctor.IDCertificate, doctor.Fail, "expired 1m0s ago")
+	want(t, doctor.Certificate(id, id.NotAfter().Add(time.Minute)), doctor.IDCertificate, doctor.Fail, "expired 1m0s ago: bcd node re-attests it")
+	// A short life: the seconds left, not "0s".
+	want(t, doctor.Certificate(id, id.NotAfter().Add(-23*time.Second)), doctor.IDCertificate, doctor.Warn, "23s left")
+	if r := doctor.Certificate(id, now); !strings.Contains(r.Detail, fmt.Sprintf("serial %032x", id.Chain[0].SerialNumber)) {
+		t.Errorf("detail %q, want the serial in 32 hex digits", r.Detail)
+	}
 	want(t, doctor.Certificate(id, id.Chain[0].NotBefore.Add(-time.Hour)), doctor.IDCertificate, doctor.Fail, "clock is behind")
 
 	other := *id

@@ -25,7 +25,8 @@ func Certificate(id *identity.Identity, now time.Time) Result {
 	}
 	leaf := id.Chain[0]
 	target := identity.CertFile
-	detail := fmt.Sprintf("serial %x, valid %s to %s, renew after %s", leaf.SerialNumber, leaf.NotBefore.UTC().Format(time.RFC3339),
+	// 32 hex digits, as the control plane spells serials (pki.FormatSerial).
+	detail := fmt.Sprintf("serial %032x, valid %s to %s, renew after %s", leaf.SerialNumber, leaf.NotBefore.UTC().Format(time.RFC3339),
 		leaf.NotAfter.UTC().Format(time.RFC3339), id.RenewAfter.UTC().Format(time.RFC3339))
 	if pub, ok := id.Key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(leaf.PublicKey) {
 		return result(IDCertificate, target, Fail, "the certificate is not for the node key: join again with bcd join --force", detail)
@@ -45,13 +46,13 @@ func Certificate(id *identity.Identity, now time.Time) Result {
 	}
 	switch left := leaf.NotAfter.Sub(now); {
 	case left <= 0:
-		return result(IDCertificate, target, Fail, fmt.Sprintf("the certificate expired %s ago: bcd node exits 4; join again with bcd join --force", (-left).Round(time.Second)), detail)
+		return result(IDCertificate, target, Fail, fmt.Sprintf("the certificate expired %s ago: bcd node re-attests it by itself once it reaches a gateway, within the gateway's re-attestation grace (bcd status says how long is left)", (-left).Round(time.Second)), detail)
 	case now.Before(leaf.NotBefore):
 		return result(IDCertificate, target, Fail, fmt.Sprintf("the certificate is valid only from %s: this machine's clock is behind; fix NTP", leaf.NotBefore.UTC().Format(time.RFC3339)), detail)
 	case now.After(id.RenewAfter.Add(RenewGrace)):
-		return result(IDCertificate, target, Warn, fmt.Sprintf("renewal overdue by %s, %s left: check bcd node runs and reaches a gateway", now.Sub(id.RenewAfter).Round(time.Minute), left.Round(time.Minute)), detail)
+		return result(IDCertificate, target, Warn, fmt.Sprintf("renewal overdue by %s, %s left: check bcd node runs and reaches a gateway", roundLeft(now.Sub(id.RenewAfter)), roundLeft(left)), detail)
 	default:
-		return result(IDCertificate, target, OK, fmt.Sprintf("valid for %s more", left.Round(time.Minute)), detail)
+		return result(IDCertificate, target, OK, fmt.Sprintf("valid for %s more", roundLeft(left)), detail)
 	}
 }
 
@@ -74,4 +75,13 @@ func JoinToken(path string, id *identity.Identity) (Result, string) {
 			detail, "node trusts "+id.GatewayPin), tok.Pin()
 	}
 	return result(IDJoinToken, path, OK, "the token parses; its expiry and uses are known only to the control plane", detail), tok.Pin()
+}
+
+// roundLeft rounds d to minutes, or to seconds under ten minutes (short
+// certificate lives).
+func roundLeft(d time.Duration) time.Duration {
+	if d < 10*time.Minute {
+		return d.Round(time.Second)
+	}
+	return d.Round(time.Minute)
 }
