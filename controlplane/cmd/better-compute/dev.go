@@ -92,6 +92,14 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			fmt.Fprintln(e.stdout, "Press Ctrl-C to stop.")
 			return nil
 		}
+		// Simulated daemons make new keys each run: the nodes an earlier
+		// run's daemons made would stay behind, unreachable, beside the
+		// new ones with the same hostnames.
+		if removed, err := removeSimulatedNodes(ctx, st); err != nil {
+			return err
+		} else if removed > 0 {
+			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
+		}
 		token, err := devJoinToken(ctx, st, cfg, n)
 		if err != nil {
 			return err
@@ -120,6 +128,44 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 	return nil
 }
 
+// devSimTokenDescription marks the join tokens dev makes for its
+// simulated daemons.
+const devSimTokenDescription = "dev --sim"
+
+// removeSimulatedNodes deletes the nodes that joined with a token dev made
+// for simulated daemons, and returns how many.
+func removeSimulatedNodes(ctx context.Context, st store.Store) (int, error) {
+	sim := map[string]bool{}
+	removed := 0
+	for cursor := ""; ; {
+		nodes, err := st.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Cursor: cursor, Limit: store.MaxListLimit}})
+		if err != nil {
+			return removed, fmt.Errorf("list nodes: %w", err)
+		}
+		for _, n := range nodes {
+			if n.JoinTokenID == "" {
+				continue
+			}
+			isSim, seen := sim[n.JoinTokenID]
+			if !seen {
+				t, err := st.JoinTokenGet(ctx, n.JoinTokenID)
+				isSim = err == nil && t.Description == devSimTokenDescription
+				sim[n.JoinTokenID] = isSim
+			}
+			if isSim {
+				if err := st.NodeDelete(ctx, n.ID); err != nil {
+					return removed, fmt.Errorf("remove simulated node %s: %w", n.ID, err)
+				}
+				removed++
+			}
+		}
+		if len(nodes) < store.MaxListLimit {
+			return removed, nil
+		}
+		cursor = nodes[len(nodes)-1].ID
+	}
+}
+
 // devJoinToken makes a token of the default pool admitting n joins.
 func devJoinToken(ctx context.Context, st store.Store, cfg *config.Config, n int) (string, error) {
 	b, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
@@ -130,6 +176,6 @@ func devJoinToken(ctx context.Context, st store.Store, cfg *config.Config, n int
 	if err != nil {
 		return "", fmt.Errorf("default pool: %w", err)
 	}
-	token, _, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), pool.ID, time.Hour, n, "dev --sim", "")
+	token, _, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), pool.ID, time.Hour, n, devSimTokenDescription, "")
 	return token, err
 }
