@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
@@ -35,12 +36,25 @@ const (
 // without a ttl do not expire.
 const MaxAPITokenTTL = 2 * 365 * 24 * time.Hour
 
-// Limits of joinTokens.create.
+// Limits of joinTokens.create and nodes.reinstall.
 const (
 	DefaultJoinTokenTTL = 2 * time.Hour
+	MinJoinTokenTTL     = time.Minute
 	MaxJoinTokenTTL     = 30 * 24 * time.Hour
 	MaxJoinTokenUses    = 100000
 )
+
+// joinTokenTTL is a request's join token life: DefaultJoinTokenTTL when
+// unset, else MinJoinTokenTTL to MaxJoinTokenTTL (INVALID_ARGUMENT outside).
+func joinTokenTTL(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return DefaultJoinTokenTTL, nil
+	}
+	if err := d.CheckValid(); err != nil || d.AsDuration() < MinJoinTokenTTL || d.AsDuration() > MaxJoinTokenTTL {
+		return 0, invalid("ttl", "must be %v to %v", MinJoinTokenTTL, MaxJoinTokenTTL)
+	}
+	return d.AsDuration(), nil
+}
 
 func (s *Server) registerMethods() {
 	const viewer, operator, admin = store.RoleViewer, store.RoleOperator, store.RoleAdmin
@@ -219,12 +233,9 @@ func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv
 	if err != nil {
 		return nil, err
 	}
-	ttl := DefaultJoinTokenTTL
-	if r.Ttl != nil {
-		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 || r.GetTtl().AsDuration() > MaxJoinTokenTTL {
-			return nil, invalid("ttl", "must be above 0 and at most %v", MaxJoinTokenTTL)
-		}
-		ttl = r.GetTtl().AsDuration()
+	ttl, err := joinTokenTTL(r.GetTtl())
+	if err != nil {
+		return nil, err
 	}
 	uses := int(r.GetMaxUses())
 	if uses == 0 {
@@ -405,12 +416,9 @@ func (s *Server) nodesReinstall(ctx context.Context, _ *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, fieldNotFound(err, "node", "no node "+r.GetNode())
 	}
-	ttl := DefaultJoinTokenTTL
-	if r.Ttl != nil {
-		if err := r.GetTtl().CheckValid(); err != nil || r.GetTtl().AsDuration() <= 0 || r.GetTtl().AsDuration() > MaxJoinTokenTTL {
-			return nil, invalid("ttl", "must be above 0 and at most %v", MaxJoinTokenTTL)
-		}
-		ttl = r.GetTtl().AsDuration()
+	ttl, err := joinTokenTTL(r.GetTtl())
+	if err != nil {
+		return nil, err
 	}
 	pin, _, err := s.gatewayPin(ctx)
 	if err != nil {

@@ -139,6 +139,8 @@ func TestNodesReinstallRefusals(t *testing.T) {
 		{`{"node":"../node_rx"}`, "node"},
 		{`{"node":"node_rx","ttl":"0s"}`, "ttl"},
 		{`{"node":"node_rx","ttl":"-60s"}`, "ttl"},
+		{`{"node":"node_rx","ttl":"0.000000001s"}`, "ttl"},
+		{`{"node":"node_rx","ttl":"59s"}`, "ttl"},
 		{`{"node":"node_rx","ttl":"2592001s"}`, "ttl"},
 		{`{"node":"node_rx","maxUses":3}`, "maxUses"},
 		{`{"node":"node_rx","ttl":"soon"}`, ""},
