@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,20 +108,22 @@ func TestNodeReachesAGatewayAddedAfterItJoined(t *testing.T) {
 	}
 	d.waitSession(nodeID, b)
 
-	// The saved list: B's Welcome named B; the join named A alone.
-	raw, err := os.ReadFile(filepath.Join(m.dataDir, identity.InfoFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The saved list: B's Welcome named B; the join named A alone. The
+	// session row is written before the Welcome that bcd saves the list
+	// from, so the file may lag the row a moment.
 	var info struct {
 		Gateways []string               `json:"gateways"`
 		Known    []session.KnownGateway `json:"known_gateways"`
 	}
-	if err := json.Unmarshal(raw, &info); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(info.Gateways, []string{a.url}) || !slices.ContainsFunc(info.Known, func(k session.KnownGateway) bool { return k.URL == b.url }) {
-		t.Fatalf("identity.json gateways %v, known %+v: want the join's [%s] and %s known", info.Gateways, info.Known, a.url, b.url)
+	eventually(t, 30*time.Second, func() bool {
+		raw, err := os.ReadFile(filepath.Join(m.dataDir, identity.InfoFile))
+		if err != nil || json.Unmarshal(raw, &info) != nil {
+			return false // written by rename: a reader sees the old or the new file
+		}
+		return slices.ContainsFunc(info.Known, func(k session.KnownGateway) bool { return k.URL == b.url })
+	}, func() string { return fmt.Sprintf("identity.json known gateways %+v, want %s", info.Known, b.url) })
+	if !slices.Equal(info.Gateways, []string{a.url}) {
+		t.Fatalf("identity.json join-time gateways %v, want [%s]", info.Gateways, a.url)
 	}
 	bcd.Kill()
 	m.node()
