@@ -125,11 +125,13 @@ func NewAuthenticator(cfg Config, st TokenStore) *Authenticator {
 	return &Authenticator{store: st, ttl: ttl, now: now, cache: map[cacheKey]cached{}}
 }
 
-// Authenticate returns the principal of token called from addr.
+// Authenticate returns the principal of token called from addr; an
+// IPv4-mapped IPv6 addr is compared as the IPv4 address it maps.
 func (a *Authenticator) Authenticate(ctx context.Context, token string, addr netip.Addr) (*Principal, error) {
 	if token == "" {
 		return nil, ErrNoToken
 	}
+	addr = addr.Unmap()
 	key := cacheKey{hash: sha256.Sum256([]byte(token)), addr: addr}
 	now := a.now()
 	a.mu.Lock()
