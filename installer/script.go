@@ -3,10 +3,13 @@ package installer
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/x509"
 	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"slices"
@@ -31,8 +34,11 @@ var Arches = []string{"amd64", "arm64"}
 
 // Options are the install script's settings; Generate checks every one.
 type Options struct {
-	// Pool and Site name where the machine joins (ids like pool_..., or
-	// names): letters, digits, '.', '_' and '-', at most 128.
+	// Pool and Site name where the machine is meant to join (ids like
+	// pool_..., or names): letters, digits, '.', '_' and '-', at most 128.
+	// Both are optional: the join token decides where the machine joins,
+	// and the script prints the pool and site it actually joined. They are
+	// written into the script's header and prompt only as the intent.
 	Pool, Site string
 	// GatewayURL is the gateway bcd joins through: https://host[:port].
 	GatewayURL string
@@ -40,6 +46,21 @@ type Options struct {
 	// the script downloads from BaseURL + BasePath + "/downloads/...". It
 	// must be https unless a release manifest pins the digests.
 	BaseURL string
+	// PinnedPubKey pins the server's TLS key in curl's form
+	// "sha256//BASE64" (the standard base64 of the sha256 of the server
+	// certificate's SubjectPublicKeyInfo, 44 characters). When set, every
+	// download the script makes uses curl -k --pinnedpubkey PIN: the key
+	// alone is trusted, not the system's CAs, so a self-signed control
+	// plane works and a proxy or impostor that re-signs is refused. wget
+	// cannot pin, so such a script requires curl. Needs an https BaseURL.
+	PinnedPubKey string
+	// AllowHTTP lets BaseURL be plain http:// on a host that is not
+	// loopback (127.0.0.0/8, ::1, localhost), which is refused otherwise;
+	// it also needs a release manifest (Manifest, Signature, Pins), whose
+	// pinned sha256 are then the only protection of the binaries. The join
+	// script never sends the join token there: bcd joins the gateway over
+	// TLS.
+	AllowHTTP bool
 	// BasePath is the API's base path. Defaults to /api.
 	BasePath string
 	// Version is the bcd release to install (0.1.0).
@@ -69,7 +90,8 @@ var (
 type scriptData struct {
 	Version, Pool, Site, GatewayURL, DownloadsURL string
 	GeneratedAt                                   string
-	Unprivileged, Pinned, HTTPSOnly               bool
+	Unprivileged, Pinned, HTTPSOnly, AllowHTTP    bool
+	PinnedPubKey                                  string
 	Plugins                                       string
 	ManifestSHA256                                string
 	PinsList                                      string
@@ -95,6 +117,12 @@ func Generate(opts Options) ([]byte, error) {
 	}
 	d.AgentUnit = string(units["bcd.service"])
 	d.HelperUnit = string(units["bcd-helper.service"])
+	for name, u := range units {
+		// The script writes each unit from a here-document ended by this line.
+		if strings.Contains("\n"+string(u), "\nUNIT_EOF\n") {
+			return nil, fmt.Errorf("render install script: %s holds the line UNIT_EOF", name)
+		}
+	}
 	var b bytes.Buffer
 	if err := scriptTemplate.Execute(&b, d); err != nil {
 		return nil, fmt.Errorf("render install script: %w", err)
@@ -110,10 +138,7 @@ func check(opts *Options) (*scriptData, error) {
 		opts.BasePath = "/api"
 	}
 	for _, f := range []struct{ flag, v string }{{"--pool", opts.Pool}, {"--site", opts.Site}} {
-		if f.v == "" {
-			return nil, fmt.Errorf("%s is required", f.flag)
-		}
-		if !nameRE.MatchString(f.v) {
+		if f.v != "" && !nameRE.MatchString(f.v) {
 			return nil, fmt.Errorf("%s %q: use letters, digits, '.', '_' and '-' (at most 128)", f.flag, f.v)
 		}
 	}
@@ -146,6 +171,24 @@ func check(opts *Options) (*scriptData, error) {
 		}
 	}
 	plugins := slices.Compact(slices.Sorted(slices.Values(opts.Plugins)))
+	if opts.PinnedPubKey != "" {
+		if err := CheckPinnedPubKey(opts.PinnedPubKey); err != nil {
+			return nil, err
+		}
+		if base.Scheme != "https" {
+			return nil, fmt.Errorf("--base-url %q: a pinned TLS key needs an https:// URL", opts.BaseURL)
+		}
+	}
+	if base.Scheme == "http" && !IsLoopbackHost(base.Hostname()) {
+		if !opts.AllowHTTP {
+			return nil, fmt.Errorf("--base-url %q: plain HTTP to a host that is not loopback (127.0.0.0/8, ::1, localhost) lets anyone on the way read and swap the script's downloads: use https:// (with --pinned-pubkey for a self-signed server), or, with a signed release manifest, pass --allow-plain-http", opts.BaseURL)
+		}
+		if opts.Manifest == nil {
+			return nil, fmt.Errorf("--allow-plain-http with --base-url %q needs --release-manifest and --release-pins: over plain HTTP only the manifest's sha256 protect the binaries", opts.BaseURL)
+		}
+	} else if opts.AllowHTTP {
+		return nil, fmt.Errorf("--allow-plain-http: --base-url %q is not plain HTTP to a host that is not loopback, so there is nothing to allow", opts.BaseURL)
+	}
 
 	d := &scriptData{
 		Version: opts.Version, Pool: opts.Pool, Site: opts.Site,
@@ -154,6 +197,8 @@ func check(opts *Options) (*scriptData, error) {
 		GeneratedAt:  opts.Now.UTC().Format(time.RFC3339),
 		Unprivileged: opts.Unprivileged,
 		HTTPSOnly:    base.Scheme == "https",
+		AllowHTTP:    opts.AllowHTTP,
+		PinnedPubKey: opts.PinnedPubKey,
 		Plugins:      strings.Join(plugins, " "),
 	}
 
@@ -203,6 +248,44 @@ func check(opts *Options) (*scriptData, error) {
 	d.ManifestSHA256 = hex.EncodeToString(sum[:])
 	d.PinsList = strings.Join(slices.Compact(slices.Sorted(slices.Values(opts.Pins))), " ")
 	return d, nil
+}
+
+// pubKeyPinPrefix starts curl's --pinnedpubkey hash form.
+const pubKeyPinPrefix = "sha256//"
+
+// CheckPinnedPubKey checks a TLS key pin in curl's --pinnedpubkey form:
+// "sha256//" and the standard base64 (44 characters) of the SHA-256 of the
+// server certificate's DER SubjectPublicKeyInfo.
+func CheckPinnedPubKey(pin string) error {
+	b64, ok := strings.CutPrefix(pin, pubKeyPinPrefix)
+	if !ok {
+		return fmt.Errorf("--pinned-pubkey %q: want sha256// and the base64 of the SHA-256 of the server's SubjectPublicKeyInfo (curl's --pinnedpubkey form)", pin)
+	}
+	sum, err := base64.StdEncoding.Strict().DecodeString(b64)
+	if err != nil || len(sum) != sha256.Size {
+		return fmt.Errorf("--pinned-pubkey %q: want sha256// and 44 characters of standard base64 (a SHA-256)", pin)
+	}
+	return nil
+}
+
+// PubKeyPin returns curl's --pinnedpubkey pin of a certificate's public
+// key: "sha256//" and the standard base64 of the SHA-256 of its DER
+// SubjectPublicKeyInfo.
+func PubKeyPin(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return pubKeyPinPrefix + base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// IsLoopbackHost reports whether host (a URL's host name, without brackets
+// or port) is localhost, an IPv4 address in 127.0.0.0/8 or ::1: the hosts
+// the install script downloads from over plain HTTP without
+// Options.AllowHTTP. The script applies the same rule to the text.
+func IsLoopbackHost(host string) bool {
+	if host == "localhost" || host == "::1" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.To4() != nil && ip.String() == host && ip.IsLoopback()
 }
 
 // checkURL parses an http(s) origin: a host, an optional port, no user,

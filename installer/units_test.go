@@ -48,20 +48,33 @@ func TestUnits(t *testing.T) {
 	if len(root) != 1 {
 		t.Fatalf("root mode has units %v, want bcd.service only", keys(root))
 	}
-	agent := string(root["bcd.service"])
+	agent := settings(root["bcd.service"])
 	for _, want := range []string{"Type=notify", "WatchdogSec=", "RestartPreventExitStatus=3 4 5", "KillMode=mixed", "ExecStart=/usr/local/bin/bcd node --data-dir /var/lib/bcd"} {
 		if !strings.Contains(agent, want) {
 			t.Errorf("root bcd.service lacks %q", want)
 		}
 	}
-	for _, not := range []string{"User=", "ProtectSystem=", "NoNewPrivileges="} {
-		if strings.Contains(agent, not) {
-			t.Errorf("root bcd.service sets %q, which breaks root commands", not)
-		}
-	}
+	// The root units share the hardening that leaves root commands whole,
+	// and none of the settings that would break them.
 	unpriv, err := Units(UnitOptions{BinDir: "/usr/local/bin", Unprivileged: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	helper := settings(unpriv["bcd-helper.service"])
+	for name, unit := range map[string]string{"root bcd.service": agent, "bcd-helper.service": helper} {
+		for _, want := range []string{"LockPersonality=yes", "RestrictRealtime=yes", "SystemCallArchitectures=native",
+			"SystemCallFilter=~@obsolete @cpu-emulation", "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK AF_PACKET",
+			"CapabilityBoundingSet=~CAP_WAKE_ALARM"} {
+			if !strings.Contains(unit, want) {
+				t.Errorf("%s lacks %q", name, want)
+			}
+		}
+		for _, not := range []string{"User=", "ProtectSystem=", "NoNewPrivileges=", "PrivateTmp=", "PrivateDevices=", "ProtectKernelModules=",
+			"MemoryDenyWriteExecute=", "RestrictNamespaces=", "ProtectClock=", "ProtectHostname=", "SystemCallFilter=@", "SystemCallFilter=~@module"} {
+			if strings.Contains(unit, "\n"+not) {
+				t.Errorf("%s sets %q, which breaks root commands", name, not)
+			}
+		}
 	}
 	agent = string(unpriv["bcd.service"])
 	for _, want := range []string{"User=bcd", "NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=/var/lib/bcd", "PrivateTmp=yes", "--unprivileged", "bcd-helper.service"} {
@@ -72,6 +85,18 @@ func TestUnits(t *testing.T) {
 	if !strings.Contains(string(unpriv["bcd-helper.service"]), "ExecStart=/usr/local/bin/bcd helper") {
 		t.Errorf("bcd-helper.service: %s", unpriv["bcd-helper.service"])
 	}
+}
+
+// settings returns unit's lines without its comments, each after a
+// newline.
+func settings(unit []byte) string {
+	var b strings.Builder
+	for line := range strings.Lines(string(unit)) {
+		if !strings.HasPrefix(line, "#") {
+			b.WriteString("\n" + strings.TrimSuffix(line, "\n"))
+		}
+	}
+	return b.String()
 }
 
 func keys(m map[string][]byte) []string {

@@ -67,7 +67,9 @@ func newInstallEnv(t *testing.T) *installEnv {
 	p := testenv.Start(t, e.env, e.bc, "serve", "--config", e.cfg)
 	e.api = "http://" + p.WaitLine(`msg="API listening" addr=(\S+)`, 60*time.Second)[1]
 	p.WaitLine(`msg="Gateway listening"`, 30*time.Second)
-	out := e.cli("release", "keygen", "--out-dir", e.keys)
+	// API commands (install-script checks --pool and --site) call this one.
+	e.env = append(e.env, "BETTER_COMPUTE_URL="+e.api)
+	out := e.cli("release", "keygen", "--out", filepath.Join(e.keys, "release.key"))
 	e.pin = regexp.MustCompile(`pin:\s+(sha256/\S+)`).FindStringSubmatch(out)[1]
 	e.cli("sites", "create", "--name", "site-e2e", "--region", "default")
 	e.cli("pools", "create", "--name", "pool-e2e", "--site", "site-e2e")
@@ -327,6 +329,11 @@ func TestInstallScript(t *testing.T) {
 		if strings.Contains(stdout+stderr, token) {
 			t.Error("the token was printed")
 		}
+		// The token decides the pool; the script says which it joined.
+		if !regexp.MustCompile(`install-bcd: Placed in pool pool_\S+, site site_\S+, region default\n`).MatchString(stdout) ||
+			!regexp.MustCompile(`installed and running, joined as node \S+ in pool pool_\S+, site site_\S+\n`).MatchString(stdout) {
+			t.Errorf("the script does not say where the node joined:\n%s", stdout)
+		}
 		files := h.files()
 		for _, f := range []string{"usr/local/bin/bcd", "etc/systemd/system/bcd.service", "var/lib/bcd/identity.json",
 			"etc/bcd/release-pins", "var/lib/bcd/release/manifest.json", "var/lib/bcd/release/manifest.json.minisig"} {
@@ -456,6 +463,22 @@ func TestInstallScript(t *testing.T) {
 			if c != "" && !strings.HasPrefix(c, "systemctl is-") {
 				t.Errorf("a failed join called %q", c)
 			}
+		}
+	})
+
+	t.Run("refused: dead proxy", func(t *testing.T) {
+		h := newHost(t)
+		dead := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		code, _, stderr := h.run("dash", script, []string{"BCD_JOIN_TOKEN=" + token, "http_proxy=" + dead})
+		h.refused(code, stderr, "cannot download the release manifest from "+e.api+"/api/downloads/bcd/0.1.0/manifest.json through the proxy "+dead+" (http_proxy): curl: (7)")
+	})
+
+	t.Run("refused at generation: unknown pool", func(t *testing.T) {
+		code, _, stderr := testenv.Run(t, e.env, "", e.bc, "--config", e.cfg, "daemon", "install-script", "--pool", "nosuchpool",
+			"--gateway-url", e.gatewayURL, "--base-url", e.api, "--bcd-version", "0.1.0", "--release-manifest", filepath.Join(e.dist, "0.1.0", "manifest.json"),
+			"--release-pins", e.pin, "--out", filepath.Join(t.TempDir(), "x.sh"))
+		if code != 2 || !regexp.MustCompile(`--pool nosuchpool: no such pool on the control plane; pools: (.*, )?pool-e2e \(pool_\S+\)(, .*)?\n$`).MatchString(stderr) {
+			t.Errorf("--pool nosuchpool: exit %d %q", code, stderr)
 		}
 	})
 

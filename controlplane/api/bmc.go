@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -155,7 +154,7 @@ func (s *Server) bmcSetCredentials(ctx context.Context, _ *iam.Principal, r *api
 		return nil, err
 	}
 	name := bmcsecret.Name(r.GetNodeId())
-	sealed, err := pki.Seal(s.cfg.Secret, value, gateway.SecretAAD(name))
+	sealed, err := pki.Seal(s.cfg.Secret, value, pki.SecretAAD(name))
 	clear(value)
 	if err != nil {
 		return nil, err

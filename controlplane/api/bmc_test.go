@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/bmcsecret"
@@ -111,7 +110,7 @@ func TestBMCSetCredentials(t *testing.T) {
 	if err != nil || s.NodeID != node || strings.Contains(string(s.Sealed), password) {
 		t.Fatalf("stored secret: %+v %v", s, err)
 	}
-	value, err := pki.Open(strings.Repeat("s", 32), s.Sealed, gateway.SecretAAD("bmc/"+node))
+	value, err := pki.Open(strings.Repeat("s", 32), s.Sealed, pki.SecretAAD("bmc/"+node))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,9 @@ const (
 	CodeConflict         = "CONFLICT"
 	CodeUnavailable      = "UNAVAILABLE"
 	CodeInternal         = "INTERNAL"
+	// CodeMethodNotAllowed answers an API method's path called with an
+	// HTTP method other than POST (405, with "Allow: POST").
+	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
 )
 
 // Error is an API error: a stable code, a message for people and the
@@ -49,6 +52,8 @@ func (e *Error) status() int {
 		return http.StatusConflict
 	case CodeUnavailable:
 		return http.StatusServiceUnavailable
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }

@@ -72,6 +72,7 @@ func (s *Server) registerMethods() {
 	handle(s, "nodes.drain", operator, true, s.nodesDrain)
 	handle(s, "nodes.delete", admin, true, s.nodesDelete)
 	handle(s, "nodes.reinstall", admin, true, s.nodesReinstall)
+	handle(s, "nodes.add", admin, true, s.nodesAdd)
 	handle(s, "commands.create", operator, true, s.commandsCreate)
 	handle(s, "commands.get", viewer, false, s.commandsGet)
 	handle(s, "commands.list", viewer, false, s.commandsList)

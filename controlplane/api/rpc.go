@@ -64,29 +64,41 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, notFound("no API method %s", name))
 		return
 	}
-	if r.Header.Get(HeaderCSRF) != "1" {
-		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
-		return
-	}
 	addr := CallerAddr(r.Context())
 	p, err := s.auth.Authenticate(r.Context(), bearerToken(r), addr)
 	if err != nil {
-		if errors.Is(err, iam.ErrNoToken) || errors.Is(err, iam.ErrUnknownToken) || errors.Is(err, iam.ErrTokenExpired) ||
-			errors.Is(err, iam.ErrTokenRevoked) || errors.Is(err, iam.ErrAddressDenied) {
+		if reason := unauthenticatedReason(err); reason != "" {
+			s.refuseUnauthenticated(r.Context(), reason, name, addr)
 			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error()})
 			return
 		}
 		s.writeError(w, r, err)
 		return
 	}
+	// From here the caller is known: every refusal of a mutating call is
+	// audited under its token, with the code the caller got.
+	refuse := func(e *Error) {
+		if m.mutating {
+			s.audit(r.Context(), p, name, "", auditOutcome(e), addr, nil)
+		}
+		s.writeError(w, r, e)
+	}
+	if r.Header.Get(HeaderCSRF) != "1" {
+		refuse(&Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		return
+	}
 	if !iam.Allows(p.Role, m.role) {
-		s.audit(r.Context(), p, name, "", "denied", addr, nil)
-		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+		refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
 		return
 	}
 	req := m.newReq()
 	if err := decode(w, r, req); err != nil {
-		s.writeError(w, r, err)
+		e, _ := toAPIError(err)
+		refuse(e)
+		return
+	}
+	if e := checkText(req.ProtoReflect()); e != nil {
+		refuse(e)
 		return
 	}
 	resp, err := m.call(r.Context(), p, req)
@@ -110,6 +122,34 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 	s.log.DebugContext(r.Context(), "API call", "method", name, "token", p.TokenID, "ms", time.Since(start).Milliseconds())
+}
+
+// unauthenticatedReason names why Authenticate refused a caller, as the
+// reason label of bettercompute_api_unauthenticated_total; "" when err is
+// not about the caller's token (the store failed).
+func unauthenticatedReason(err error) string {
+	switch {
+	case errors.Is(err, iam.ErrNoToken):
+		return "no_token"
+	case errors.Is(err, iam.ErrUnknownToken):
+		return "unknown_token"
+	case errors.Is(err, iam.ErrTokenExpired):
+		return "expired"
+	case errors.Is(err, iam.ErrTokenRevoked):
+		return "revoked"
+	case errors.Is(err, iam.ErrAddressDenied):
+		return "address_denied"
+	}
+	return ""
+}
+
+// auditOutcome is the audit row's outcome for a refusal: "denied" for a
+// role or header refusal (as before), else the error's code.
+func auditOutcome(e *Error) string {
+	if e.Code == CodePermissionDenied {
+		return "denied"
+	}
+	return e.Code
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"

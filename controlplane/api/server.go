@@ -5,16 +5,19 @@ package api
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -52,6 +55,32 @@ type Config struct {
 	// Pprof, with MetricsToken, serves net/http/pprof's profiles under
 	// /debug/pprof/ behind the same token (host.metrics.pprof).
 	Pprof bool
+	// TLSCertFile and TLSKeyFile, when both set, make the API serve HTTPS
+	// with the certificate in them (leaf first), re-read every 60 s
+	// (host.tls; mode auto issues them into DataDir/pki).
+	TLSCertFile, TLSKeyFile string
+	// PublicURL is the API's origin as other machines reach it
+	// (host.publicURL), for nodes.add's install command and the install
+	// script's downloads. Defaults to PublicHost on the bound port, https
+	// when TLSCertFile is set.
+	PublicURL string
+	// PublicHost is the host of the default PublicURL. Defaults to
+	// localhost.
+	PublicHost string
+	// GatewayURL is the gateway the install script joins through
+	// (host.gateway.publicURL). Defaults to a live gateway's address.
+	GatewayURL string
+	// Releases, when set, is the downloads folder the install script route
+	// ({basePath}/install.sh) installs bcd from.
+	Releases Releases
+	// ReleasePins are downloads.releasePins: with them the install script
+	// pins the signed release manifest of the version it installs.
+	ReleasePins []string
+	// Refusals, when set, counts calls refused for their token.
+	Refusals RefusalCounter
+	// Now is the clock of the unauthenticated-refusal summary rows.
+	// Defaults to time.Now.
+	Now func() time.Time
 }
 
 // Server serves the HTTP API.
@@ -64,6 +93,8 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	methods map[string]*method
+	certs   *certreload.Reloader // nil: plain HTTP
+	unauth  unauthSummary
 
 	pinMu sync.Mutex
 	pin   string    // gateway CA pin of the bundle version pinOf
@@ -81,15 +112,18 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, 5*time.Second)
 	s := &Server{cfg: cfg, store: st, log: logger(log), mux: http.NewServeMux(), ready: make(chan struct{}),
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{}}
+	s.unauth.now = cfg.Now
+	if s.unauth.now == nil {
+		s.unauth.now = time.Now
+	}
 	s.registerMethods()
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/health", s.health)
 	s.mux.HandleFunc("GET /.well-known/better-compute", s.wellKnown)
+	s.mux.HandleFunc("GET "+cfg.BasePath+InstallScriptPath, s.serveInstallScript)
 	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", withOrigin(s.serveRPC))
-	s.mux.HandleFunc(cfg.BasePath+"/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
-	})
+	s.mux.HandleFunc(cfg.BasePath+"/", s.noRoute)
 	if cfg.Downloads != nil {
 		// GET (and HEAD): a method-less pattern would clash with the RPC route.
 		s.mux.Handle("GET "+cfg.BasePath+"/downloads/", cfg.Downloads)
@@ -97,6 +131,31 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s.mountMetrics()
 	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
 	return s
+}
+
+// noRoute answers what no route took under basePath: 405 with "Allow:
+// POST" for an API method's path called with another HTTP method (RFC 9110
+// §15.5.6), 404 otherwise.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, s.cfg.BasePath+"/")
+	if group, method, ok := strings.Cut(rest, "/"); ok && s.methods[group+"."+method] != nil {
+		w.Header().Set("Allow", http.MethodPost)
+		s.writeError(w, r, &Error{Code: CodeMethodNotAllowed,
+			Message: fmt.Sprintf("%s %s: API methods are called with POST", r.Method, r.URL.Path)})
+		return
+	}
+	s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
+}
+
+// certReloadInterval is how often the API re-reads its certificate files,
+// as the gateway does.
+const certReloadInterval = 60 * time.Second
+
+// loopbackListen reports whether addr accepts connections from this
+// machine only.
+func loopbackListen(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
 }
 
 // Handler returns the server's HTTP handler.
@@ -111,6 +170,18 @@ func (s *Server) Addr() net.Addr { return s.addr }
 // Run serves until ctx ends, then closes the listener and lets in-flight
 // requests finish within the shutdown grace.
 func (s *Server) Run(ctx context.Context) error {
+	var tlsCfg *tls.Config
+	if s.cfg.TLSCertFile != "" || s.cfg.TLSKeyFile != "" {
+		certs, err := certreload.New(s.cfg.TLSCertFile, s.cfg.TLSKeyFile, s.log)
+		if err != nil {
+			return fmt.Errorf("api: %w", err)
+		}
+		s.certs = certs
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.GetCertificate}
+		rctx, stopReload := context.WithCancel(ctx)
+		defer stopReload()
+		go certs.Run(rctx, certReloadInterval)
+	}
 	ln, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("api listen on %s: %w", s.cfg.Listen, err)
@@ -122,10 +193,26 @@ func (s *Server) Run(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		TLSConfig:         tlsCfg,
 	}
-	s.log.InfoContext(ctx, "API listening", "addr", s.addr.String(), "base_path", s.cfg.BasePath)
+	scheme := "http"
+	if tlsCfg != nil {
+		scheme = "https"
+	}
+	s.log.InfoContext(ctx, "API listening", "addr", s.addr.String(), "base_path", s.cfg.BasePath, "scheme", scheme,
+		"public_url", s.PublicURL())
+	if tlsCfg == nil && !loopbackListen(s.addr) {
+		s.log.WarnContext(ctx, "The API serves plain HTTP on an address other machines reach: API tokens and join tokens cross the network in clear text; serve HTTPS with --api-tls auto (or files)",
+			"addr", s.addr.String())
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if tlsCfg != nil {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("api serve: %w", err)

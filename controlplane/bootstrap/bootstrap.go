@@ -6,10 +6,7 @@
 package bootstrap
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -19,7 +16,6 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
 // Defaults of the embedded deployment.
@@ -179,53 +175,35 @@ type EmbeddedSetup struct {
 	CertFile, KeyFile string
 	// Initialised reports that this call made the bundle.
 	Initialised bool
+	// Names are the gateway certificate's names; CertIssued reports that
+	// this call issued it.
+	Names      Names
+	CertIssued bool
 }
 
 // Embedded makes sure the embedded default has what it serves with: the
 // bundle (made for DefaultTrustDomain on first start), a gateway certificate
-// for localhost, 127.0.0.1 and ::1 in dataDir/pki (made when missing, issued
-// by another bundle, or within 30 days of its end), and the site "default" in
-// region and its pool "default".
-func Embedded(ctx context.Context, st Store, secret, dataDir, region string) (*EmbeddedSetup, error) {
+// in dataDir/pki for LocalNames(publicHosts) (the public hosts, localhost,
+// 127.0.0.1, ::1, the hostname and the interface addresses; issued when
+// missing, issued by another bundle, for other names, or within 30 days of
+// its end, keeping its key), and the site "default" in region and its pool
+// "default".
+func Embedded(ctx context.Context, st Store, secret, dataDir, region string, publicHosts []string) (*EmbeddedSetup, error) {
 	setup := &EmbeddedSetup{}
 	b, made, err := EnsureBundle(ctx, st, secret, DefaultTrustDomain)
 	if err != nil {
 		return nil, err
 	}
 	setup.Bundle, setup.Initialised = b, made
-	dir := filepath.Join(dataDir, PKIDir)
-	setup.CertFile, setup.KeyFile = filepath.Join(dir, GatewayCertFile), filepath.Join(dir, GatewayKeyFile)
-	if !certUsable(b, setup.CertFile, setup.KeyFile) {
-		_, _, err := WriteGatewayCert(b, dir, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, 0)
-		if err != nil {
-			return nil, fmt.Errorf("write the embedded gateway certificate: %w", err)
-		}
+	setup.Names = LocalNames(publicHosts)
+	setup.CertFile, setup.KeyFile, setup.CertIssued, err = EnsureServingCert(b, filepath.Join(dataDir, PKIDir), GatewayCertFile, GatewayKeyFile, setup.Names)
+	if err != nil {
+		return nil, fmt.Errorf("write the embedded gateway certificate: %w", err)
 	}
 	if err := ensureDefaults(ctx, st, region); err != nil {
 		return nil, err
 	}
 	return setup, nil
-}
-
-// certUsable reports whether the files hold a key pair issued by b's
-// gateway serving CA that is not about to expire.
-func certUsable(b *pki.Bundle, certFile, keyFile string) bool {
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil || pair.Leaf == nil {
-		return false
-	}
-	chain := make([]*x509.Certificate, 0, len(pair.Certificate))
-	for _, der := range pair.Certificate {
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			return false
-		}
-		chain = append(chain, c)
-	}
-	if !jointoken.MatchPin(b.GatewayPin(), chain) || !bytes.Equal(pair.Leaf.RawIssuer, b.GatewayCA.Cert.RawSubject) {
-		return false
-	}
-	return time.Until(pair.Leaf.NotAfter) > renewBefore
 }
 
 // ensureDefaults makes the site and pool "default" when missing.

@@ -5,10 +5,7 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"net/url"
@@ -30,7 +27,30 @@ const (
 	EnvDataDir      = "BETTER_COMPUTE_DATA_DIR"
 	EnvDownloadsDir = "BETTER_COMPUTE_DOWNLOADS_DIR"
 	EnvDownloadsURL = "BETTER_COMPUTE_DOWNLOADS_URL"
+	// EnvPublicURL is host.gateway.publicURL (serve --public-url).
+	EnvPublicURL = "BETTER_COMPUTE_PUBLIC_URL"
+	// EnvGatewayListen is host.gateway.listen (serve --gateway-listen).
+	EnvGatewayListen = "BETTER_COMPUTE_GATEWAY_LISTEN"
+	// EnvAPITLS, EnvAPITLSCert and EnvAPITLSKey are host.tls.mode, .cert
+	// and .key (serve --api-tls, --api-tls-cert, --api-tls-key).
+	EnvAPITLS     = "BETTER_COMPUTE_API_TLS"
+	EnvAPITLSCert = "BETTER_COMPUTE_API_TLS_CERT"
+	EnvAPITLSKey  = "BETTER_COMPUTE_API_TLS_KEY"
 )
+
+// API TLS modes (host.tls.mode).
+const (
+	// TLSModeOff serves the API over plain HTTP.
+	TLSModeOff = "off"
+	// TLSModeAuto serves HTTPS with a certificate issued from the gateway
+	// serving CA into DataDir/pki (api.crt, api.key).
+	TLSModeAuto = "auto"
+	// TLSModeFiles serves HTTPS with host.tls.cert and host.tls.key.
+	TLSModeFiles = "files"
+)
+
+// EnvDatabaseNotifyURL is database.notifyURL, read over the file.
+const EnvDatabaseNotifyURL = "BETTER_COMPUTE_DATABASE_NOTIFY_URL"
 
 // MinNodeCertTTL is the shortest host.gateway.nodeCertTTL accepted.
 const MinNodeCertTTL = 10 * time.Second
@@ -84,12 +104,34 @@ type Config struct {
 type Database struct {
 	// URL is a postgres:// URL; empty selects embedded SQLite.
 	URL string `yaml:"url"`
+	// NotifyURL is the postgres:// URL of a direct connection to the same
+	// database (no transaction-pooling proxy between) that gateways LISTEN
+	// on for wake-ups; NOTIFY still goes through URL. Defaults to URL. Set
+	// it when URL goes through PgBouncer in transaction mode, which loses
+	// LISTEN (docs/scaling.md).
+	NotifyURL string `yaml:"notifyURL"`
+}
+
+// ListenURL is the URL gateways LISTEN on: NotifyURL, or URL without it.
+func (d Database) ListenURL() string {
+	if d.NotifyURL != "" {
+		return d.NotifyURL
+	}
+	return d.URL
 }
 
 // Host configures the serve host.
 type Host struct {
 	// Listen is the API's HTTP address. Defaults to 0.0.0.0:3000.
 	Listen string `yaml:"listen"`
+	// PublicURL is the API's origin as other machines reach it
+	// (https://compute.example.com:3000, no path): the install command of
+	// nodes add and the install script's downloads use it. Defaults to the
+	// host of host.gateway.publicURL on host.listen's port, https when
+	// host.tls serves TLS, else http (docs/configuration.md).
+	PublicURL string `yaml:"publicURL"`
+	// TLS makes the API serve HTTPS.
+	TLS APITLS `yaml:"tls"`
 	// Gateway configures the gateway role.
 	Gateway Gateway `yaml:"gateway"`
 	// Metrics configures GET /metrics.
@@ -128,6 +170,18 @@ type PKI struct {
 	// node back from an outage longer than its certificate's life needs no
 	// operator. "0s" turns re-attestation off. Defaults to 168h (7 days).
 	ReattestGrace *Duration `yaml:"reattestGrace"`
+}
+
+// APITLS configures the API's HTTPS.
+type APITLS struct {
+	// Mode is off, auto or files. Defaults to auto when host.publicURL or
+	// host.gateway.publicURL names a host that is not loopback, to files
+	// when cert and key are set, else off (docs/configuration.md).
+	Mode string `yaml:"mode"`
+	// Cert and Key are the PEM files of mode files (the leaf first, then
+	// any intermediates); re-read every 60 s.
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
 }
 
 // TLSFiles names PEM files.
@@ -186,6 +240,11 @@ type Downloads struct {
 	// commands.create request came to, with basePath + "/downloads" (set it
 	// behind a proxy that rewrites the host).
 	PublicURL string `yaml:"publicURL"`
+	// ReleasePins are the pins (sha256/...) of the keys trusted to sign
+	// releases. With them, GET {basePath}/install.sh pins every binary's
+	// sha256 from the signed manifest (manifest.json and its .minisig) of
+	// the release it installs, when the downloads folder holds one.
+	ReleasePins []string `yaml:"releasePins"`
 }
 
 // Duration is a time.Duration written as "10s" in YAML.
@@ -220,6 +279,13 @@ type Flags struct {
 	DatabaseURL string
 	Roles       string
 	Listen      string
+	// PublicURL is host.gateway.publicURL (--public-url).
+	PublicURL string
+	// GatewayListen is host.gateway.listen (--gateway-listen).
+	GatewayListen string
+	// APITLS, APITLSCert and APITLSKey are host.tls (--api-tls,
+	// --api-tls-cert, --api-tls-key).
+	APITLS, APITLSCert, APITLSKey string
 }
 
 // Load reads the file at path (none when empty), then the environment
@@ -231,7 +297,7 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 		if err != nil {
 			return nil, &Error{Key: "--config", Msg: err.Error()}
 		}
-		if err := decode(b, c); err != nil {
+		if err := decode(b, c, getenv); err != nil {
 			return nil, err
 		}
 	}
@@ -241,16 +307,27 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 		}
 	}
 	over(&c.Database.URL, getenv(EnvDatabaseURL))
+	over(&c.Database.NotifyURL, getenv(EnvDatabaseNotifyURL))
 	over(&c.Secret, getenv(EnvSecret))
 	over(&c.DataDir, getenv(EnvDataDir))
 	over(&c.Downloads.Dir, getenv(EnvDownloadsDir))
 	over(&c.Downloads.PublicURL, getenv(EnvDownloadsURL))
+	over(&c.Host.Gateway.PublicURL, getenv(EnvPublicURL))
+	over(&c.Host.Gateway.Listen, getenv(EnvGatewayListen))
+	over(&c.Host.TLS.Mode, getenv(EnvAPITLS))
+	over(&c.Host.TLS.Cert, getenv(EnvAPITLSCert))
+	over(&c.Host.TLS.Key, getenv(EnvAPITLSKey))
 	if r := getenv(EnvRoles); r != "" {
 		c.RolesList = splitList(r)
 	}
 	over(&c.DataDir, flags.DataDir)
 	over(&c.Database.URL, flags.DatabaseURL)
 	over(&c.Host.Listen, flags.Listen)
+	over(&c.Host.Gateway.PublicURL, flags.PublicURL)
+	over(&c.Host.Gateway.Listen, flags.GatewayListen)
+	over(&c.Host.TLS.Mode, flags.APITLS)
+	over(&c.Host.TLS.Cert, flags.APITLSCert)
+	over(&c.Host.TLS.Key, flags.APITLSKey)
 	if flags.Roles != "" {
 		c.RolesList = splitList(flags.Roles)
 	}
@@ -259,19 +336,6 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 		return nil, err
 	}
 	return c, nil
-}
-
-func decode(b []byte, c *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		var te *yaml.TypeError
-		if errors.As(err, &te) {
-			return &Error{Key: "file", Msg: strings.Join(te.Errors, "; ")}
-		}
-		return &Error{Key: "file", Msg: err.Error()}
-	}
-	return nil
 }
 
 func splitList(s string) []string {
@@ -334,6 +398,19 @@ func (c *Config) defaults(getenv func(string) string) {
 			g.PublicURL = "https://localhost:" + port
 		}
 	}
+	if c.Host.TLS.Mode == "" {
+		switch {
+		case c.Host.TLS.Cert != "" || c.Host.TLS.Key != "":
+			c.Host.TLS.Mode = TLSModeFiles
+		case publicOffLoopback(c.Host.PublicURL) || publicOffLoopback(g.PublicURL):
+			c.Host.TLS.Mode = TLSModeAuto
+		default:
+			c.Host.TLS.Mode = TLSModeOff
+		}
+	}
+	if c.Host.PublicURL == "" {
+		c.Host.PublicURL = c.defaultAPIPublicURL()
+	}
 	if c.PKI.ReattestGrace == nil {
 		c.PKI.ReattestGrace = &Duration{7 * 24 * time.Hour}
 	}
@@ -355,6 +432,15 @@ func (c *Config) validate() error {
 		p, err := url.Parse(u)
 		if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") || p.Host == "" {
 			return &Error{Key: "database.url", Msg: "want a postgres://user@host:port/db URL"}
+		}
+	}
+	if u := c.Database.NotifyURL; u != "" {
+		p, err := url.Parse(u)
+		if err != nil || (p.Scheme != "postgres" && p.Scheme != "postgresql") || p.Host == "" {
+			return &Error{Key: "database.notifyURL", Msg: "want a postgres://user@host:port/db URL"}
+		}
+		if c.Database.URL == "" {
+			return &Error{Key: "database.notifyURL", Msg: "needs database.url (set " + EnvDatabaseURL + ")"}
 		}
 	}
 	if c.Secret != "" && len(c.Secret) < MinSecretLen {
@@ -395,6 +481,14 @@ func (c *Config) validate() error {
 	}
 	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
 		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}
+	}
+	if err := c.validateAPITLS(); err != nil {
+		return err
+	}
+	for i, p := range c.Downloads.ReleasePins {
+		if !strings.HasPrefix(p, "sha256/") || len(p) < len("sha256/")+16 {
+			return &Error{Key: fmt.Sprintf("downloads.releasePins[%d]", i), Msg: "want a release key pin sha256/... as release keygen prints it"}
+		}
 	}
 	if u, err := url.Parse(c.Downloads.PublicURL); c.Downloads.PublicURL != "" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "") {
 		return &Error{Key: "downloads.publicURL", Msg: "want an http(s)://host/path URL, such as https://compute.example.com/api/downloads"}

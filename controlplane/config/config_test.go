@@ -89,16 +89,23 @@ func TestInvalid(t *testing.T) {
 		flags      Flags
 		key        string
 	}{
-		{"unknown key", "databse:\n  url: x\n", nil, Flags{}, "file"},
-		{"unknown nested key", "host:\n  gateway:\n    listn: 1\n", nil, Flags{}, "file"},
+		{"unknown key", "databse:\n  url: x\n", nil, Flags{}, "databse"},
+		{"unknown nested key", "host:\n  gateway:\n    listn: 1\n", nil, Flags{}, "host.gateway.listn"},
+		{"unknown key in a list item", "sinks:\n  files:\n  - {name: a, pth: /x}\n", nil, Flags{}, "sinks.files[0].pth"},
+		{"wrong type", "host:\n  gateway:\n    maxStreams: many\n", nil, Flags{}, "host.gateway.maxStreams"},
+		{"unset variable", "secret: ${BC_TEST_UNSET}\n", nil, Flags{}, "secret"},
+		{"not a variable name", "host:\n  metrics:\n    bearerToken: ${a random string}\n", nil, Flags{}, "host.metrics.bearerToken"},
+		{"malformed YAML", "host: [\n", nil, Flags{}, "file"},
 		{"short secret", "", map[string]string{EnvSecret: "too-short"}, Flags{}, "secret"},
 		{"bad url", "", map[string]string{EnvDatabaseURL: "mysql://x"}, Flags{}, "database.url"},
 		{"url without secret", "", map[string]string{EnvDatabaseURL: "postgres://u@127.0.0.1/db"}, Flags{}, "secret"},
+		{"bad notify url", "", map[string]string{EnvDatabaseURL: "postgres://u@127.0.0.1/db", EnvSecret: strings.Repeat("s", 32), EnvDatabaseNotifyURL: "http://x"}, Flags{}, "database.notifyURL"},
+		{"notify url without url", "database:\n  notifyURL: postgres://u@127.0.0.1/db\n", nil, Flags{}, "database.notifyURL"},
 		{"bad listen", "", nil, Flags{Listen: "nope"}, "host.listen"},
 		{"unknown role", "", pg, Flags{Roles: "api,web"}, "roles"},
 		{"split roles on sqlite", "", nil, Flags{Roles: "api"}, "roles"},
 		{"bad proxy", "trustedProxies: [\"10.0.0.0/33\"]\n", nil, Flags{}, "trustedProxies[0]"},
-		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "file"},
+		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "host.gateway.drainDelay"},
 		{"short metrics token", "host:\n  metrics:\n    bearerToken: abc\n", nil, Flags{}, "host.metrics.bearerToken"},
 		{"pprof without token", "host:\n  metrics:\n    pprof: true\n", nil, Flags{}, "host.metrics.pprof"},
 		{"webhook without secret", "sinks:\n  webhooks:\n  - {name: hook, url: https://h.example/x}\n", nil, Flags{}, "sinks.webhooks[0].secret"},
@@ -136,6 +143,55 @@ func TestMissingFileNamesFlag(t *testing.T) {
 	}
 }
 
+// TestNotifyURL: database.notifyURL from the file, the environment over
+// it, and database.url where gateways LISTEN without it.
+func TestNotifyURL(t *testing.T) {
+	pg := map[string]string{EnvDatabaseURL: "postgres://pool@127.0.0.1:6432/db", EnvSecret: strings.Repeat("s", 32)}
+	c, err := Load("", env(pg), Flags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Database.NotifyURL != "" || c.Database.ListenURL() != pg[EnvDatabaseURL] {
+		t.Fatalf("without notifyURL: %q, listen on %q; want database.url", c.Database.NotifyURL, c.Database.ListenURL())
+	}
+	path := writeFile(t, "database:\n  notifyURL: postgres://file@127.0.0.1:5432/db\n")
+	if c, err = Load(path, env(pg), Flags{}); err != nil || c.Database.ListenURL() != "postgres://file@127.0.0.1:5432/db" {
+		t.Fatalf("from the file: %+v, %v", c, err)
+	}
+	pg[EnvDatabaseNotifyURL] = "postgres://env@127.0.0.1:5432/db"
+	if c, err = Load(path, env(pg), Flags{}); err != nil || c.Database.ListenURL() != "postgres://env@127.0.0.1:5432/db" {
+		t.Fatalf("from the environment: %+v, %v", c, err)
+	}
+}
+
+// TestEmbeddedSecretModes: an existing data directory and secret file with
+// wider modes are tightened to 0700 and 0600.
+func TestEmbeddedSecretModes(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, SecretFile)
+	if err := os.WriteFile(path, []byte(strings.Repeat("x", 40)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load("", env(map[string]string{}), Flags{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureEmbeddedSecret(); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{dir: 0o700, path: 0o600} {
+		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v %v, want mode %o", p, fi.Mode().Perm(), err, want)
+		}
+	}
+}
+
 func TestEmbeddedSecretGeneratedOnce(t *testing.T) {
 	dir := t.TempDir()
 	c, err := Load("", env(map[string]string{}), Flags{DataDir: dir})
@@ -168,4 +224,18 @@ func FuzzLoad(f *testing.F) {
 			t.Fatal("loaded config without defaults")
 		}
 	})
+}
+
+// ${NAME} in any value expands from the environment before the value is
+// read; $${ is a literal ${.
+func TestExpandEnvironment(t *testing.T) {
+	secret := strings.Repeat("k", 40)
+	path := writeFile(t, "secret: ${BC_SECRET}\nhost:\n  metrics:\n    bearerToken: \"tok-${BC_PART}-$${literal}\"\n  gateway:\n    maxStreams: ${BC_STREAMS}\n")
+	c, err := Load(path, env(map[string]string{"HOME": t.TempDir(), "BC_SECRET": secret, "BC_PART": "abcdefghijklmnop", "BC_STREAMS": "42"}), Flags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Secret != secret || c.Host.Metrics.BearerToken != "tok-abcdefghijklmnop-${literal}" || c.Host.Gateway.MaxStreams != 42 {
+		t.Fatalf("secret %q, bearerToken %q, maxStreams %d", c.Secret, c.Host.Metrics.BearerToken, c.Host.Gateway.MaxStreams)
+	}
 }

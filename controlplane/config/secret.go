@@ -24,10 +24,17 @@ func (c *Config) EnsureEmbeddedSecret() error {
 	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	// Also when the directory existed with a wider mode.
+	if err := os.Chmod(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("restrict data dir: %w", err)
+	}
 	path := filepath.Join(c.DataDir, SecretFile)
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
+		if err := os.Chmod(path, 0o600); err != nil {
+			return fmt.Errorf("restrict secret: %w", err)
+		}
 		c.Secret = strings.TrimSpace(string(b))
 		if len(c.Secret) < MinSecretLen {
 			return &Error{Key: "secret", Msg: path + " holds fewer than 32 characters"}

@@ -13,7 +13,11 @@
 //	                        serving certificate files readable, matching their key, chaining to the gateway
 //	                        serving CA (which the file must carry for pinning daemons), naming the public host,
 //	                        and not near expiry
-//	host.gateway.notifier   PostgreSQL LISTEN/NOTIFY round trip (the API's wake-ups to gateways); in-process on SQLite
+//	api.tls                 plain HTTP on a listen address other machines reach (warn); the API certificate
+//	                        (host.tls files, or mode auto's DataDir/pki/api.crt) unreadable, not matching its
+//	                        key, expired or not yet valid (fail), or within 30 days of its end (warn)
+//	host.gateway.notifier   PostgreSQL LISTEN (database.notifyURL, else database.url) hears a NOTIFY sent through
+//	                        database.url within 2 s (the API's wake-ups to gateways; fail); in-process on SQLite
 //	host.routes             configured host routes clash with neither basePath nor the built-in routes
 //	workers.queue           commands past their deadline that the sweeper has not ended
 //	workers.sweeper         the singleton:command-sweeper lease is held and not expired

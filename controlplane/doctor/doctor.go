@@ -112,6 +112,9 @@ type Config struct {
 	// DatabaseURL is the PostgreSQL URL, for the notifier check; empty on
 	// SQLite.
 	DatabaseURL string
+	// NotifyURL is database.notifyURL, where gateways LISTEN; empty for
+	// DatabaseURL.
+	NotifyURL string
 	// Embedded reports the embedded default (SQLite), whose serve makes the
 	// PKI bundle and the gateway certificate on first start.
 	Embedded bool
@@ -120,6 +123,8 @@ type Config struct {
 	DataDir string
 	// Gateway describes the gateway role of this configuration.
 	Gateway GatewayConfig
+	// API describes the api role of this configuration (api.tls).
+	API APIConfig
 	// BasePath prefixes the API routes. Defaults to /api.
 	BasePath string
 	// Routes are the configured host routes (absolute paths). There are
@@ -157,6 +162,7 @@ func FromConfig(c *config.Config) Config {
 	return Config{
 		Secret:      c.Secret,
 		DatabaseURL: c.Database.URL,
+		NotifyURL:   c.Database.NotifyURL,
 		Embedded:    c.Embedded,
 		DataDir:     c.DataDir,
 		Gateway: GatewayConfig{
@@ -165,6 +171,7 @@ func FromConfig(c *config.Config) Config {
 			KeyFile:   c.Host.Gateway.TLSFiles.Key,
 			PublicURL: c.Host.Gateway.PublicURL,
 		},
+		API:               apiConfig(c),
 		BasePath:          c.BasePath,
 		HeartbeatInterval: c.Host.Gateway.HeartbeatInterval.Duration,
 		NodeCertTTL:       c.Host.Gateway.NodeCertTTL.Duration,
@@ -202,7 +209,8 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	pkiRes, bundle := PKI(ctx, st, cfg.Secret, cfg.Embedded, now)
 	r.add(pkiRes)
 	r.add(GatewayIdentity(bundle, cfg.Gateway, cfg.Embedded, now))
-	r.add(Notifier(ctx, st.Dialect(), cfg.DatabaseURL))
+	r.add(APITLS(cfg.API, now))
+	r.add(Notifier(ctx, st.Dialect(), cfg.DatabaseURL, cfg.NotifyURL))
 	r.add(Routes(cfg.BasePath, cfg.Routes))
 	queue, overdue := Queue(ctx, st, now)
 	r.add(queue)

@@ -279,10 +279,26 @@ func TestGatewayIdentity(t *testing.T) {
 func TestNotifier(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	want(t, doctor.Notifier(ctx, store.DialectSQLite, ""), doctor.IDGatewayNotifier, doctor.OK, "in-process")
-	want(t, doctor.Notifier(ctx, store.DialectPostgres, pgtest.URL(t)), doctor.IDGatewayNotifier, doctor.OK, "delivers wake-ups")
-	want(t, doctor.Notifier(ctx, store.DialectPostgres, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"),
-		doctor.IDGatewayNotifier, doctor.Warn, "1-second loop")
+	want(t, doctor.Notifier(ctx, store.DialectSQLite, "", ""), doctor.IDGatewayNotifier, doctor.OK, "in-process")
+	want(t, doctor.Notifier(ctx, store.DialectPostgres, pgtest.URL(t), ""), doctor.IDGatewayNotifier, doctor.OK, "delivers wake-ups")
+	want(t, doctor.Notifier(ctx, store.DialectPostgres, "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=2", ""),
+		doctor.IDGatewayNotifier, doctor.Fail, "1-second loop")
+}
+
+// TestNotifierThroughPgBouncer: through PgBouncer in transaction mode LISTEN
+// succeeds and hears nothing, which fails the check with a hint naming
+// database.notifyURL; a direct notifyURL beside the pooled URL passes.
+func TestNotifierThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	direct, bouncer := pgtest.Database(t)
+	start := time.Now()
+	r := doctor.Notifier(ctx, store.DialectPostgres, bouncer, "")
+	want(t, r, doctor.IDGatewayNotifier, doctor.Fail, "set database.notifyURL (BETTER_COMPUTE_DATABASE_NOTIFY_URL)")
+	if took := time.Since(start); took < doctor.NotifierWait || took > doctor.NotifierWait+5*time.Second {
+		t.Errorf("the failing check took %v, want about %v", took, doctor.NotifierWait)
+	}
+	want(t, doctor.Notifier(ctx, store.DialectPostgres, bouncer, direct), doctor.IDGatewayNotifier, doctor.OK, "delivers wake-ups")
 }
 
 func TestRoutes(t *testing.T) {
@@ -428,7 +444,7 @@ func TestRun(t *testing.T) {
 		for _, c := range rep.Checks {
 			statuses[c.ID] = c.Status
 		}
-		if rep.Status != doctor.OK || len(rep.Checks) != 14 || rep.Failed(true) {
+		if rep.Status != doctor.OK || len(rep.Checks) != 15 || rep.Failed(true) {
 			t.Fatalf("healthy deployment: %+v", rep)
 		}
 		// A stopped sweeper, silent nodes, a gateway at 95 of 100 streams.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -255,7 +256,7 @@ type Gateway struct {
 	verifier *pki.NodeVerifier
 	admit    *admission.Admitter
 	log      *slog.Logger
-	certs    *certReloader
+	certs    *certreload.Reloader
 	server   *grpc.Server
 	caps     map[string]bool
 
@@ -299,8 +300,8 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	certs := &certReloader{certFile: cfg.CertFile, keyFile: cfg.KeyFile, log: log}
-	if err := certs.load(); err != nil {
+	certs, err := certreload.New(cfg.CertFile, cfg.KeyFile, log)
+	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{
@@ -319,7 +320,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	}
 	tlsCfg := &tls.Config{
 		MinVersion:     tls.VersionTLS13,
-		GetCertificate: certs.get,
+		GetCertificate: certs.GetCertificate,
 		ClientAuth:     tls.VerifyClientCertIfGiven,
 		ClientCAs:      roots,
 		Time:           cfg.Now,
@@ -397,7 +398,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	go func() { serveErr <- g.server.Serve(g.ln) }()
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
-	for _, loop := range []func(context.Context){g.certs.run(g.cfg.CertReloadInterval), g.leaseLoop, g.flushLoop, g.revocationLoop,
+	for _, loop := range []func(context.Context){func(ctx context.Context) { g.certs.Run(ctx, g.cfg.CertReloadInterval) }, g.leaseLoop, g.flushLoop, g.revocationLoop,
 		g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}

@@ -20,11 +20,6 @@ import (
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
-// SecretAAD returns the additional data a secret named name is sealed with
-// (pki.Seal under the deployment secret): "better-compute secret " + name.
-// Whoever stores a secret for JoinService.Secret seals it with this.
-func SecretAAD(name string) []byte { return []byte("better-compute secret " + name) }
-
 // MaxSecretNameLen is the longest secret name JoinService.Secret accepts.
 const MaxSecretNameLen = 256
 
@@ -236,7 +231,7 @@ func (j *joinService) Secret(ctx context.Context, req *sessionv1.SecretRequest) 
 	case err != nil:
 		return nil, g.internal(ctx, "secret", err)
 	}
-	value, err := pki.Open(g.cfg.Secret, s.Sealed, SecretAAD(name))
+	value, err := pki.Open(g.cfg.Secret, s.Sealed, pki.SecretAAD(name))
 	if err != nil {
 		return nil, g.internal(ctx, "secret", err)
 	}

@@ -472,7 +472,7 @@ func TestRenewAndSecret(t *testing.T) {
 			if owner == "" {
 				owner = n.id
 			}
-			sealed, err := pki.Seal(testSecret, []byte("value of "+name), SecretAAD(name))
+			sealed, err := pki.Seal(testSecret, []byte("value of "+name), pki.SecretAAD(name))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -92,6 +92,7 @@ type Metrics struct {
 	finished     *prometheus.CounterVec
 	dispatch     prometheus.Histogram
 	storeQuery   *prometheus.HistogramVec
+	apiUnauth    *prometheus.CounterVec
 }
 
 // New returns Metrics reading the deployment-wide series from st at each
@@ -133,7 +134,11 @@ func New(cfg Config, st Store) *Metrics {
 		Help:    "Duration of database queries: those each scrape makes, and those components report, by operation.",
 		Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
 	}, []string{"op"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery,
+	m.apiUnauth = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "api", Name: "unauthenticated_total",
+		Help: "API calls refused for their token (none, unknown, expired, revoked, or from a denied address), by reason; summarised in the audit log at most once a minute.",
+	}, []string{"reason"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if st != nil {
 		m.reg.MustRegister(&storeCollector{m: m, st: st})
@@ -179,6 +184,21 @@ func (m *Metrics) Refused(gateway, reason string) {
 		reason = ReasonOther
 	}
 	m.refusals.WithLabelValues(gateway, reason).Inc()
+}
+
+// APIUnauthenticated counts an API call refused for its token; reason is
+// one of no_token, unknown_token, expired, revoked, address_denied (others
+// count as "other", so the label stays bounded).
+func (m *Metrics) APIUnauthenticated(reason string) {
+	if m == nil {
+		return
+	}
+	switch reason {
+	case "no_token", "unknown_token", "expired", "revoked", "address_denied":
+	default:
+		reason = ReasonOther
+	}
+	m.apiUnauth.WithLabelValues(reason).Inc()
 }
 
 // HeartbeatReceived records a heartbeat that arrived since after the

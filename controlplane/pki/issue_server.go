@@ -39,7 +39,27 @@ func (b *Bundle) IssueGateway(dns []string, ips []net.IP, ttl time.Duration) (ce
 	return b.issueGateway(time.Now(), dns, ips, ttl)
 }
 
+// IssueGatewayWithKey is IssueGateway for the key in keyPEM (a PKCS #8
+// "PRIVATE KEY" block holding an ECDSA key, as IssueGateway writes it)
+// instead of a fresh one: a certificate re-issued for new names keeps its
+// public key, so pins of that key (curl's --pinnedpubkey) stay valid. It
+// returns the same keyPEM. It fails as IssueGateway does, and when keyPEM
+// holds no ECDSA key.
+func (b *Bundle) IssueGatewayWithKey(keyPEM []byte, dns []string, ips []net.IP, ttl time.Duration) (certPEM, outKeyPEM []byte, err error) {
+	key, err := parseKeyPEM(keyPEM)
+	if err != nil {
+		return nil, nil, fmt.Errorf("issue gateway certificate: %w", err)
+	}
+	return b.issueGatewayKey(time.Now(), key, dns, ips, ttl)
+}
+
 func (b *Bundle) issueGateway(now time.Time, dns []string, ips []net.IP, ttl time.Duration) (certPEM, keyPEM []byte, err error) {
+	return b.issueGatewayKey(now, nil, dns, ips, ttl)
+}
+
+// issueGatewayKey issues a gateway certificate for key, or for a fresh key
+// when key is nil.
+func (b *Bundle) issueGatewayKey(now time.Time, key *ecdsa.PrivateKey, dns []string, ips []net.IP, ttl time.Duration) (certPEM, keyPEM []byte, err error) {
 	if len(dns) == 0 && len(ips) == 0 {
 		return nil, nil, fmt.Errorf("issue gateway certificate: %w: no DNS name or IP address", ErrName)
 	}
@@ -59,6 +79,7 @@ func (b *Bundle) issueGateway(now time.Time, dns []string, ips []net.IP, ttl tim
 		dns:     dns,
 		ips:     ips,
 		usages:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		key:     key,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("issue gateway certificate: %w", err)
@@ -110,7 +131,8 @@ type serverParams struct {
 	dns      []string
 	ips      []net.IP
 	usages   []x509.ExtKeyUsage
-	spiffeID *url.URL // nil: no URI SAN
+	spiffeID *url.URL          // nil: no URI SAN
+	key      *ecdsa.PrivateKey // nil: a fresh P-256 key
 }
 
 // issueServer makes a key and a certificate for it signed by ca, and
@@ -134,9 +156,11 @@ func issueServer(ca *CA, p serverParams) (certPEM, keyPEM []byte, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, fmt.Errorf("generate key: %w", err)
+	key := p.key
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, nil, fmt.Errorf("generate key: %w", err)
+		}
 	}
 	serial, err := newSerial()
 	if err != nil {

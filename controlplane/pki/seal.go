@@ -31,6 +31,13 @@ const (
 	sealKeySize = 32
 )
 
+// SecretAAD returns the additional data a named secret (the secrets table:
+// BMC credentials "bmc/<node>", ...) is sealed with under the deployment
+// secret: "better-compute secret " + name. The api seals with it and the
+// gateway opens with it for JoinService.Secret, so a sealed value moved to
+// another name does not open.
+func SecretAAD(name string) []byte { return []byte("better-compute secret " + name) }
+
 // Seal encrypts plaintext under a key derived from secret and authenticates
 // it together with aad, which Open must be given again (it is not stored).
 // The output is SealOverhead bytes longer than plaintext; its layout is in

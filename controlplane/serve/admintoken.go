@@ -22,7 +22,10 @@ const AdminTokenFile = "admin-token"
 // written once, when the database has no API token at all.
 func ensureAdminToken(ctx context.Context, dataDir string, st store.Store, log *slog.Logger) error {
 	path := filepath.Join(dataDir, AdminTokenFile)
-	if _, err := os.Stat(path); err == nil || !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); err == nil {
+		// A file from an earlier build may be more open.
+		return os.Chmod(path, 0o600)
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
 	existing, err := st.APITokenList(ctx, &store.ListParams{Limit: 1})

@@ -20,13 +20,16 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
 	if cfg.Embedded {
-		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region)
+		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region, cfg.PublicHosts())
 		if err != nil {
 			return nil, fmt.Errorf("gateway role: %w", err)
 		}
 		if setup.Initialised {
 			opts.Log.InfoContext(ctx, "PKI initialised for the embedded default", "trust_domain", setup.Bundle.TrustDomain,
 				"gateway_cert", setup.CertFile)
+		}
+		if setup.CertIssued {
+			opts.Log.InfoContext(ctx, "Gateway certificate issued", "cert", setup.CertFile, "names", setup.Names.String())
 		}
 		bundle = setup.Bundle
 		if certFile == "" && keyFile == "" {

@@ -42,6 +42,8 @@ type Options struct {
 // their leases and leave the workers table.
 func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) error {
 	log := opts.Log
+	sd := notifier{log: log}
+	sd.status(ctx, "Starting: checking the schema, then starting "+strings.Join(cfg.RolesList, ","))
 	if err := prepareSchema(ctx, st, opts.NoMigrate, log); err != nil {
 		return err
 	}
@@ -73,13 +75,27 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			return err
 		}
 		defer closeDownloads()
-		srv = api.New(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
+		certFile, keyFile, err := apiCertFiles(ctx, cfg, st, opts)
+		if err != nil {
+			return err
+		}
+		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
-			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof}, st, log)
+			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}
 
 	failed := make(chan error, 8)
 	var stages []*stage
+	// READY=1 waits for the listeners (gateway also holds its lease) and the
+	// workers table (the workers' Ready).
+	workersReady := make(chan struct{})
+	ready := []<-chan struct{}{workersReady}
+	if gw != nil {
+		ready = append(ready, gw.Ready())
+	}
+	if srv != nil {
+		ready = append(ready, srv.Ready())
+	}
 	if gw != nil {
 		stages = append(stages, start(ctx, failed, gw.Run, gw.Ready(), func() {
 			if opts.GatewayReady != nil {
@@ -88,7 +104,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 		if cfg.Database.URL != "" {
 			stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-				return wake.Listen(ctx, cfg.Database.URL, bus, log)
+				// LISTEN needs a session: database.notifyURL, a direct
+				// connection, when database.url is a transaction pooler.
+				return wake.Listen(ctx, cfg.Database.ListenURL(), bus, log)
 			}, nil, nil))
 		}
 	}
@@ -100,17 +118,12 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 	}
 	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m}, log)
+		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m,
+			Ready: func() { close(workersReady) }}, log)
 	}, nil, nil))
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)
 
-	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("Stopping: gateway drains, then HTTP closes, then workers release their leases")
-	case runErr = <-failed:
-		log.Error("A role failed; stopping the others", "err", runErr)
-	}
+	runErr := sd.supervise(ctx, failed, ready, func() string { return readyStatus(cfg, gw, srv) })
 	for _, st := range stages {
 		if err := st.stop(); err != nil && runErr == nil {
 			runErr = err
@@ -121,6 +134,19 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	log.Info("Stopped")
 	return nil
+}
+
+// readyStatus is the STATUS= line sent with READY=1: the roles and the
+// bound addresses.
+func readyStatus(cfg *config.Config, gw *gateway.Gateway, srv *api.Server) string {
+	s := "Serving " + strings.Join(cfg.RolesList, ",")
+	if srv != nil {
+		s += "; API on " + srv.Addr().String()
+	}
+	if gw != nil {
+		s += "; gateway on " + gw.Addr().String() + " (" + gw.PublicURL() + ")"
+	}
+	return s
 }
 
 // stage is one running component with its own context, so components stop

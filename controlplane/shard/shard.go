@@ -99,6 +99,9 @@ type Manager struct {
 
 	mu   sync.Mutex
 	held map[int]*held
+
+	ready     chan struct{}
+	readyOnce sync.Once
 }
 
 type held struct {
@@ -114,8 +117,12 @@ func New(cfg Config, st Store, log *slog.Logger) (*Manager, error) {
 	cfg.TTL = cmp.Or(cfg.TTL, 15*time.Second)
 	cfg.Renew = cmp.Or(cfg.Renew, 5*time.Second)
 	cfg.LiveWithin = cmp.Or(cfg.LiveWithin, cfg.TTL)
-	return &Manager{cfg: cfg, store: st, log: log, held: map[int]*held{}}, nil
+	return &Manager{cfg: cfg, store: st, log: log, held: map[int]*held{}, ready: make(chan struct{})}, nil
 }
+
+// Ready is closed after the first round that succeeded: this process is in
+// the workers table and has tried for the shards it should own.
+func (m *Manager) Ready() <-chan struct{} { return m.ready }
 
 // Held returns the fences of the shards this process holds and trusts now.
 func (m *Manager) Held() map[int]store.Fence {
@@ -140,6 +147,8 @@ func (m *Manager) Run(ctx context.Context) error {
 	for {
 		if err := m.round(ctx, host); err != nil && ctx.Err() == nil {
 			m.log.WarnContext(ctx, "Shard round failed", "err", err)
+		} else if err == nil {
+			m.readyOnce.Do(func() { close(m.ready) })
 		}
 		select {
 		case <-ctx.Done():

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/better-compute/better-compute/controlplane/store/postgres"
 )
 
 // PGNotifier sends NOTIFY through a small pool of its own.
@@ -18,9 +20,9 @@ type PGNotifier struct {
 
 // NewPGNotifier connects to url for sending notifications.
 func NewPGNotifier(ctx context.Context, url string) (*PGNotifier, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, _, err := postgres.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("wake: parse database url: %w", err)
+		return nil, fmt.Errorf("wake: %w", err)
 	}
 	cfg.MaxConns = 2
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -39,7 +41,9 @@ func (n *PGNotifier) Notify(ctx context.Context) error {
 // Close releases the pool.
 func (n *PGNotifier) Close() { n.pool.Close() }
 
-// Listen holds a connection that LISTENs on Channel and wakes bus locally on
+// Listen holds a connection to url (database.notifyURL, else database.url:
+// a direct connection, since LISTEN needs a session that a transaction
+// pooler does not keep) that LISTENs on Channel and wakes bus locally on
 // every notification, reconnecting with backoff, until ctx ends.
 func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
 	backoff := 100 * time.Millisecond
@@ -61,7 +65,11 @@ func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
 }
 
 func listenOnce(ctx context.Context, url string, bus *Bus, connected func()) error {
-	conn, err := pgx.Connect(ctx, url)
+	cfg, _, err := postgres.ParseURL(url)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
 	if err != nil {
 		return err
 	}

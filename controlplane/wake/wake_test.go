@@ -26,6 +26,21 @@ func TestLocalWakeCoalesces(t *testing.T) {
 
 func TestPostgresWakeReachesAnotherProcess(t *testing.T) {
 	url := pgtest.URL(t)
+	wakeAcross(t, url, url)
+}
+
+// TestPostgresWakeThroughPgBouncer: the API notifies through PgBouncer in
+// transaction mode (database.url) and the gateway listens on a direct
+// connection (database.notifyURL), as docs/scaling.md sets it up.
+func TestPostgresWakeThroughPgBouncer(t *testing.T) {
+	direct, bouncer := pgtest.Database(t)
+	wakeAcross(t, bouncer, direct)
+}
+
+// wakeAcross checks that a wake-up sent through notifyURL reaches a bus
+// listening on listenURL.
+func wakeAcross(t *testing.T, notifyURL, listenURL string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The gateway's side: a bus fed by a listener.
@@ -33,9 +48,9 @@ func TestPostgresWakeReachesAnotherProcess(t *testing.T) {
 	ch, stop := gw.Subscribe()
 	defer stop()
 	done := make(chan struct{})
-	go func() { wake.Listen(ctx, url, gw, slog.New(slog.DiscardHandler)); close(done) }()
+	go func() { wake.Listen(ctx, listenURL, gw, slog.New(slog.DiscardHandler)); close(done) }()
 	// The API's side: a bus with a notifier and no local subscriber.
-	n, err := wake.NewPGNotifier(ctx, url)
+	n, err := wake.NewPGNotifier(ctx, notifyURL)
 	if err != nil {
 		t.Fatal(err)
 	}

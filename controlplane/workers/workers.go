@@ -57,6 +57,11 @@ type Options struct {
 	// Metrics, when set, counts the commands the CommandSweeper ends
 	// expired or lost (a *metrics.Metrics).
 	Metrics CommandMetrics
+	// Ready, when set, is called once, when every job has started and,
+	// with the controllers role, this process is in the workers table (the
+	// shard manager's first round succeeded); at once when no worker role
+	// runs. serve tells systemd READY=1 after it.
+	Ready func()
 }
 
 // CommandMetrics counts commands that reached a terminal state.
@@ -83,9 +88,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		}
 	}
 	if len(roles) == 0 {
+		if opts.Ready != nil {
+			opts.Ready()
+		}
 		return nil
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	none := make(chan struct{})
+	close(none)
+	var registered <-chan struct{} = none // the controllers role waits for the shard manager
 	if cfg.Runs("controllers") {
 		m, err := shard.New(shard.Config{WorkerID: opts.WorkerID, Roles: roles, Version: opts.Version,
 			TTL: opts.ShardTTL, Renew: opts.ShardRenew}, st, log)
@@ -93,6 +104,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 			return err
 		}
 		g.Go(func() error { return m.Run(ctx) })
+		registered = m.Ready()
 		live := liveness.New(liveness.Config{HeartbeatInterval: cfg.Host.Gateway.HeartbeatInterval.Duration,
 			Interval: opts.LivenessInterval}, st, log)
 		g.Go(func() error { shard.RunReconcilers(ctx, m, log, live); return nil })
@@ -136,6 +148,16 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		})
 	}
 	log.InfoContext(ctx, "Worker roles running", "roles", strings.Join(roles, ","))
+	if opts.Ready != nil {
+		g.Go(func() error {
+			select {
+			case <-registered:
+				opts.Ready()
+			case <-ctx.Done():
+			}
+			return nil
+		})
+	}
 	return g.Wait()
 }
 

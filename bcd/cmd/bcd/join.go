@@ -171,6 +171,11 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 		id.NodeID, id.SPIFFEID, store.Dir(), strings.Join(id.Gateways, ", ")); err != nil {
 		return err
 	}
+	// The token decides where the node joins; the install script prints
+	// this line so the operator sees it.
+	if _, err := fmt.Fprintf(e.stdout, "Placed in pool %s, site %s, region %s\n", id.PoolID, id.SiteID, id.Region); err != nil {
+		return err
+	}
 	switch {
 	case res.Repeated:
 		_, err = fmt.Fprintln(e.stdout, "The gateway recognised this join as a retry of an earlier one with this key: the same node, no further token use.")

@@ -163,7 +163,7 @@ func TestJoinThenNode(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 
 	r := bcd(t.Context(), "", map[string]string{tokenEnv: tok}, "join", "--gateway", g.URL, "--data-dir", dir, "--label", "rack=r1")
-	if r.code != 0 || !strings.Contains(r.stdout, "Joined as node node-1") {
+	if r.code != 0 || !strings.Contains(r.stdout, "Joined as node node-1") || !strings.Contains(r.stdout, "Placed in pool pool-test, site ") {
 		t.Fatalf("join: %+v", r)
 	}
 	if strings.Contains(r.stdout+r.stderr, tok) {

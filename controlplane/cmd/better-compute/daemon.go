@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/installer"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // daemonCmd groups the commands about installing bcd on machines.
@@ -21,14 +27,92 @@ func daemonCmd(e *env) *cobra.Command {
 	return c
 }
 
+// listAllPages calls a list method page by page and returns every item.
+func listAllPages[Resp proto.Message, T any](ctx context.Context, c *client.Client, method string,
+	req func(cursor string) proto.Message, resp func() Resp, items func(Resp) ([]T, string)) ([]T, error) {
+	var all []T
+	cursor := ""
+	for {
+		r := resp()
+		if err := c.Call(ctx, method, req(cursor), r); err != nil {
+			return nil, err
+		}
+		got, next := items(r)
+		all = append(all, got...)
+		if next == "" {
+			return all, nil
+		}
+		cursor = next
+	}
+}
+
+// checkPlacement checks through the API that pool and site (ids or names;
+// either may be empty) exist and that the pool is at the site. A missing
+// one is a usage error that lists the existing ones.
+func checkPlacement(ctx context.Context, c *client.Client, pool, site string) error {
+	sites, err := listAllPages(ctx, c, "sites.list",
+		func(cur string) proto.Message { return &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cur}} },
+		func() *apiv1.ListSitesResponse { return &apiv1.ListSitesResponse{} },
+		func(r *apiv1.ListSitesResponse) ([]*apiv1.Site, string) { return r.Sites, r.NextCursor })
+	if err != nil {
+		return fmt.Errorf("check --site and --pool on the control plane (leave both out to let the join token decide): %w", err)
+	}
+	var wantSite *apiv1.Site
+	if site != "" {
+		i := slices.IndexFunc(sites, func(s *apiv1.Site) bool { return s.Id == site || s.Name == site })
+		if i < 0 {
+			names := make([]string, 0, len(sites))
+			for _, s := range sites {
+				names = append(names, s.Name+" ("+s.Id+")")
+			}
+			return usageError{fmt.Errorf("--site %s: no such site on the control plane; sites: %s", site, listOrNone(names, "none (better-compute sites create)"))}
+		}
+		wantSite = sites[i]
+	}
+	if pool == "" {
+		return nil
+	}
+	pools, err := listAllPages(ctx, c, "pools.list",
+		func(cur string) proto.Message { return &apiv1.ListPoolsRequest{Page: &apiv1.Page{Cursor: cur}} },
+		func() *apiv1.ListPoolsResponse { return &apiv1.ListPoolsResponse{} },
+		func(r *apiv1.ListPoolsResponse) ([]*apiv1.Pool, string) { return r.Pools, r.NextCursor })
+	if err != nil {
+		return fmt.Errorf("check --pool on the control plane (leave it out to let the join token decide): %w", err)
+	}
+	i := slices.IndexFunc(pools, func(p *apiv1.Pool) bool { return p.Id == pool || p.Name == pool })
+	if i < 0 {
+		names := make([]string, 0, len(pools))
+		for _, p := range pools {
+			names = append(names, p.Name+" ("+p.Id+")")
+		}
+		return usageError{fmt.Errorf("--pool %s: no such pool on the control plane; pools: %s", pool, listOrNone(names, "none (better-compute pools create)"))}
+	}
+	if p := pools[i]; wantSite != nil && p.SiteId != wantSite.Id {
+		at := p.SiteId
+		if j := slices.IndexFunc(sites, func(s *apiv1.Site) bool { return s.Id == p.SiteId }); j >= 0 {
+			at = sites[j].Name
+		}
+		return usageError{fmt.Errorf("--pool %s is at site %s, not --site %s", pool, at, site)}
+	}
+	return nil
+}
+
+func listOrNone(names []string, none string) string {
+	if len(names) == 0 {
+		return none
+	}
+	return strings.Join(names, ", ")
+}
+
 func installScriptCmd(e *env) *cobra.Command {
 	var (
 		o                     installer.Options
 		manifestPath, sigPath string
 		out                   string
+		af                    apiFlags
 	)
 	c := &cobra.Command{
-		Use:   "install-script --pool P --site S --gateway-url URL --base-url URL --bcd-version V [--release-manifest F --release-pins P...] [--install-plugins bcx-ipmi] [--unprivileged] --out F",
+		Use:   "install-script [--pool P --site S] --gateway-url URL --base-url URL --bcd-version V [--release-manifest F --release-pins P...] [--install-plugins bcx-ipmi] [--unprivileged] --out F",
 		Short: "Write the POSIX sh script that installs bcd on a machine and joins it (docs/install.md)",
 		Long: `install-script writes a POSIX sh script that a site admin runs as root (or
 pipes to sh): it detects the architecture, downloads bcd from the control
@@ -38,9 +122,14 @@ the terminal) and starts bcd.
 
 With --release-manifest and --release-pins, the manifest's signature is
 verified here against the pins, and the script pins the sha256 of every
-binary it may download: it installs nothing else. See docs/install.md.`,
+binary it may download: it installs nothing else. With --pinned-pubkey every
+download uses curl with that TLS key pinned.
+
+The join token decides where the machine joins; --pool and --site, when
+given, are checked on the control plane (through the API: --server and
+--token) and written into the script as what is asked. See docs/install.md.`,
 		Args: cobra.NoArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
 				return usageError{errors.New("--out is required (- for standard output)")}
 			}
@@ -65,6 +154,18 @@ binary it may download: it installs nothing else. See docs/install.md.`,
 				o.Signature = b
 			}
 			o.Now = time.Now()
+			if _, err := installer.Generate(o); err != nil {
+				return usageError{err}
+			}
+			if o.Pool != "" || o.Site != "" {
+				c, err := e.client(&af)
+				if err != nil {
+					return err
+				}
+				if err := checkPlacement(cmd.Context(), c, o.Pool, o.Site); err != nil {
+					return err
+				}
+			}
 			script, err := installer.Generate(o)
 			if err != nil {
 				return usageError{err}
@@ -76,13 +177,18 @@ binary it may download: it installs nothing else. See docs/install.md.`,
 			if err := replaceFile(out, script, 0o755); err != nil {
 				return err
 			}
-			fmt.Fprintf(e.stderr, "wrote %s: installs bcd %s, joins pool %s through %s\n", out, o.Version, o.Pool, o.GatewayURL)
+			where := "the pool its join token names"
+			if o.Pool != "" {
+				where = "pool " + o.Pool
+			}
+			fmt.Fprintf(e.stderr, "wrote %s: installs bcd %s, joins %s through %s\n", out, o.Version, where, o.GatewayURL)
 			return nil
 		},
 	}
+	af.add(c)
 	f := c.Flags()
-	f.StringVar(&o.Pool, "pool", "", "pool the machine joins (required)")
-	f.StringVar(&o.Site, "site", "", "site of the pool (required)")
+	f.StringVar(&o.Pool, "pool", "", "pool the machine is meant to join, checked on the control plane (default: the join token decides)")
+	f.StringVar(&o.Site, "site", "", "site of the pool, checked on the control plane (default: the join token decides)")
 	f.StringVar(&o.GatewayURL, "gateway-url", "", "gateway URL, https://host[:port] (required)")
 	f.StringVar(&o.BaseURL, "base-url", "", "control plane URL the downloads route answers on, https://host (required)")
 	f.StringVar(&o.BasePath, "base-path", "/api", "the API's base path on --base-url")
@@ -92,6 +198,8 @@ binary it may download: it installs nothing else. See docs/install.md.`,
 	f.StringSliceVar(&o.Pins, "release-pins", nil, "pins of the keys trusted to sign releases, sha256/... (repeat or comma-separate)")
 	f.StringSliceVar(&o.Plugins, "install-plugins", nil, "plugins to install beside bcd: bcx-ipmi")
 	f.BoolVar(&o.Unprivileged, "unprivileged", false, "run bcd as the user bcd beside a root bcd helper")
+	f.StringVar(&o.PinnedPubKey, "pinned-pubkey", "", "pin of --base-url's TLS key, curl's sha256//BASE64 form: every download uses curl -k --pinnedpubkey")
+	f.BoolVar(&o.AllowHTTP, "allow-plain-http", false, "allow an http:// --base-url that is not loopback (needs --release-manifest)")
 	f.StringVar(&out, "out", "", "script file to write, - for standard output (required)")
 	return c
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -26,6 +27,7 @@ func devCmd(e *env) *cobra.Command {
 		n           int
 		port        int
 		gatewayPort int
+		pub         publicFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev [--sim N]",
@@ -38,17 +40,27 @@ func devCmd(e *env) *cobra.Command {
 			if n < 0 || n > 100000 {
 				return usageError{fmt.Errorf("--sim %d: want 0 to 100000", n)}
 			}
-			cfg, err := e.load(config.Flags{Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))})
+			// dev listens on loopback, unless a public URL off loopback
+			// asks other machines in: then on every address.
+			f := config.Flags{}
+			pub.apply(&f)
+			host := "127.0.0.1"
+			if u, err := url.Parse(pub.publicURL); err == nil && u.Hostname() != "" && !config.IsLoopbackHost(u.Hostname()) {
+				host = "0.0.0.0"
+			}
+			f.Listen = net.JoinHostPort(host, strconv.Itoa(port))
+			if f.GatewayListen == "" {
+				f.GatewayListen = net.JoinHostPort(host, strconv.Itoa(gatewayPort))
+			}
+			if f.PublicURL == "" && gatewayPort != 0 {
+				f.PublicURL = "https://localhost:" + strconv.Itoa(gatewayPort)
+			}
+			cfg, err := e.load(f)
 			if err != nil {
 				return err
 			}
 			if !cfg.Embedded {
 				return usageError{errors.New("dev runs on the embedded default; unset " + config.EnvDatabaseURL)}
-			}
-			cfg.Host.Gateway.Listen = net.JoinHostPort("127.0.0.1", strconv.Itoa(gatewayPort))
-			cfg.Host.Gateway.PublicURL = "https://localhost:" + strconv.Itoa(gatewayPort)
-			if gatewayPort == 0 {
-				cfg.Host.Gateway.PublicURL = ""
 			}
 			return runDev(cmd.Context(), e, cfg, n)
 		},
@@ -56,6 +68,7 @@ func devCmd(e *env) *cobra.Command {
 	cmd.Flags().IntVar(&n, "sim", 3, "number of simulated daemons")
 	cmd.Flags().IntVar(&port, "port", 3000, "API port on 127.0.0.1 (0 picks a free one)")
 	cmd.Flags().IntVar(&gatewayPort, "gateway-port", 8443, "gateway port on 127.0.0.1 (0 picks a free one)")
+	pub.add(cmd)
 	return cmd
 }
 
@@ -84,7 +97,10 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			case gw = <-gwReady:
 			}
 		}
-		apiURL := "http://" + srv.Addr().String()
+		apiURL := cfg.APIScheme() + "://" + srv.Addr().String()
+		if a, ok := srv.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+			apiURL = srv.PublicURL() // listening on every address: the public one
+		}
 		fmt.Fprintf(e.stdout, "Better Compute is running on the embedded default (%s)\n", cfg.DataDir)
 		fmt.Fprintf(e.stdout, "  API      %s%s  (admin token in %s)\n", apiURL, cfg.BasePath, filepath.Join(cfg.DataDir, serve.AdminTokenFile))
 		fmt.Fprintf(e.stdout, "  gateway  %s\n", gw.PublicURL())

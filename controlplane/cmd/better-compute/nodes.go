@@ -73,7 +73,7 @@ func nodesCmd(e *env) *cobra.Command {
 		},
 	}
 	outputFlag(get, &out)
-	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af))
+	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af))
 	for _, m := range []struct{ use, method, short string }{
 		{"cordon", "nodes.cordon", "Keep new commands off a node"},
 		{"uncordon", "nodes.uncordon", "Let commands reach a node again"},

@@ -16,7 +16,6 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -43,27 +42,17 @@ func pkiInitCmd(e *env) *cobra.Command {
 			}
 			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
 				ctx := cmd.Context()
-				if existing, err := st.PKIBundleGet(ctx); err == nil {
-					return fmt.Errorf("the database already holds a PKI bundle for trust domain %s (made %s): pki init runs once per deployment",
-						existing.TrustDomain, existing.CreatedAt.UTC().Format(time.RFC3339))
-				}
-				b, err := bootstrap.InitBundle(ctx, st, cfg.Secret, trustDomain)
+				// The bundle, its audit entry and the deployment's first
+				// admin token (printed this once, when the database has no
+				// API token yet) in one transaction.
+				made, err := bootstrap.InitDeployment(ctx, st, cfg.Secret, trustDomain, func(ctx context.Context, tx store.Store) error {
+					details, _ := json.Marshal(map[string]string{"trustDomain": trustDomain})
+					return audit(ctx, tx, "pki.init", "pki", details)
+				})
 				if err != nil {
 					return err
 				}
-				details, _ := json.Marshal(map[string]string{"trustDomain": trustDomain})
-				if err := audit(ctx, st, "pki.init", "pki", details); err != nil {
-					return err
-				}
-				// The deployment's first admin token, printed this once, when
-				// the database has no API token yet.
-				var adminToken string
-				if toks, err := st.APITokenList(ctx, &store.ListParams{Limit: 1}); err == nil && len(toks) == 0 {
-					adminToken, _, err = iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin, Description: "first admin token (pki init)"})
-					if err != nil {
-						return err
-					}
-				}
+				b, adminToken := made.Bundle, made.AdminToken
 				res := struct {
 					TrustDomain    string    `json:"trustDomain"`
 					GatewayPin     string    `json:"gatewayPin"`
@@ -72,6 +61,9 @@ func pkiInitCmd(e *env) *cobra.Command {
 				}{b.TrustDomain, b.GatewayPin(), b.NodeCA.Cert.NotAfter.UTC(), adminToken}
 				if out == "json" {
 					return printValue(e.stdout, res)
+				}
+				if made.Completed {
+					fmt.Fprintln(e.stdout, "found the PKI bundle of an earlier pki init without its admin token: completed it")
 				}
 				fmt.Fprintf(e.stdout, "PKI initialised for trust domain %s\ngateway CA pin: %s\n", res.TrustDomain, res.GatewayPin)
 				if adminToken != "" {

@@ -28,23 +28,35 @@ func releaseCmd(e *env) *cobra.Command {
 }
 
 func releaseKeygenCmd(e *env) *cobra.Command {
-	var outDir string
+	var outDir, outKey string
 	c := &cobra.Command{
-		Use:   "keygen --out-dir DIR",
-		Short: "Make a minisign release key: DIR/release.key (0600) and DIR/release.pub; prints its pin",
-		Args:  cobra.NoArgs,
+		Use:   "keygen --out FILE | --out-dir DIR",
+		Short: "Make a minisign release key: FILE (0600) and FILE.pub, or DIR/release.key and DIR/release.pub; prints its pin",
+		Long: `keygen makes an Ed25519 minisign key pair: the secret key (mode 0600, in
+minisign's format, encrypted when ` + envReleaseKeyPassword + ` is set) and
+the public key (.pub, as minisign -G writes it). It prints the key's pin,
+sha256/..., which release verify --pins, daemon install-script
+--release-pins and bcd's release pins take. It never overwrites a key.`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if outDir == "" {
-				return usageError{errors.New("--out-dir is required")}
+			var keyPath, pubPath string
+			switch {
+			case outKey != "" && outDir != "":
+				return usageError{errors.New("give --out or --out-dir, not both")}
+			case outKey != "":
+				keyPath, pubPath = outKey, outKey+".pub"
+			case outDir != "":
+				keyPath, pubPath = filepath.Join(outDir, "release.key"), filepath.Join(outDir, "release.pub")
+			default:
+				return usageError{errors.New("--out FILE (writes FILE and FILE.pub) or --out-dir DIR is required")}
 			}
 			pub, priv, pin, err := manifest.GenerateKey(e.getenv(envReleaseKeyPassword))
 			if err != nil {
 				return err
 			}
-			if err := os.MkdirAll(outDir, 0o700); err != nil {
+			if err := os.MkdirAll(filepath.Dir(keyPath), 0o700); err != nil {
 				return err
 			}
-			keyPath, pubPath := filepath.Join(outDir, "release.key"), filepath.Join(outDir, "release.pub")
 			for _, p := range []string{keyPath, pubPath} {
 				if _, err := os.Lstat(p); err == nil {
 					return fmt.Errorf("%s exists; not overwriting a release key", p)
@@ -54,12 +66,14 @@ func releaseKeygenCmd(e *env) *cobra.Command {
 				return err
 			}
 			if err := createFile(pubPath, pub, 0o644); err != nil {
+				os.Remove(keyPath) // no secret key without its public key
 				return err
 			}
 			fmt.Fprintf(e.stdout, "private key: %s\npublic key:  %s\npin:         %s\n", keyPath, pubPath, pin)
 			return nil
 		},
 	}
+	c.Flags().StringVar(&outKey, "out", "", "secret key file to write (mode 0600); the public key goes to FILE.pub")
 	c.Flags().StringVar(&outDir, "out-dir", "", "folder for release.key and release.pub")
 	return c
 }

@@ -19,6 +19,7 @@ func serveCmd(e *env) *cobra.Command {
 		host      string
 		port      int
 		noMigrate bool
+		pub       publicFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -26,6 +27,7 @@ func serveCmd(e *env) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := config.Flags{Roles: roles}
+			pub.apply(&f)
 			if cmd.Flags().Changed("port") || host != "" {
 				if port < 0 || port > 65535 {
 					return usageError{fmt.Errorf("--port %d is out of range 0-65535", port)}
@@ -49,5 +51,6 @@ func serveCmd(e *env) *cobra.Command {
 	fl.StringVar(&host, "host", "", "API listen host (default 0.0.0.0)")
 	fl.IntVar(&port, "port", 3000, "API listen port (0 picks a free one)")
 	fl.BoolVar(&noMigrate, "no-migrate", false, "do not apply migrations; refuse to start when any are pending")
+	pub.add(cmd)
 	return cmd
 }

@@ -16,14 +16,24 @@ import (
 // EmbeddedFile is the embedded database's file name in the data directory.
 const EmbeddedFile = "state.db"
 
+// DataDirMode is the mode of the embedded default's data directory: it
+// holds the database, the deployment secret and the first admin token.
+const DataDirMode = 0o700
+
 // Open opens PostgreSQL at databaseURL, or with an empty URL the SQLite
-// database dataDir/state.db (creating dataDir, mode 0700).
+// database dataDir/state.db (mode sqlite.FileMode), creating dataDir, and
+// setting DataDirMode on it also when it existed with another mode.
 func Open(ctx context.Context, databaseURL, dataDir string) (store.Store, error) {
 	if databaseURL != "" {
 		return postgres.Open(ctx, databaseURL)
 	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+	if err := os.MkdirAll(dataDir, DataDirMode); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	// MkdirAll leaves a directory that exists as it is: one made 0755 by
+	// hand, a package or an earlier build would let everyone list it.
+	if err := os.Chmod(dataDir, DataDirMode); err != nil {
+		return nil, fmt.Errorf("restrict data dir %s to mode %o: %w", dataDir, DataDirMode, err)
 	}
 	return sqlite.Open(ctx, filepath.Join(dataDir, EmbeddedFile))
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -47,19 +48,18 @@ const FenceTagSetting = "better_compute.fence"
 // Open connects to the database at url (a postgres:// URL or a key=value
 // connection string). It does not migrate; call Migrate.
 func Open(ctx context.Context, url string) (*queries.Store, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, timeout, err := ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, err
 	}
 	// A session left idle inside a transaction (its process paused, or cut
 	// off between two statements) keeps its row locks, among them a
 	// fence's FOR SHARE on a lease row, which stalls every renewal and
-	// takeover of that lease and the shard rounds waiting on it: the server
-	// ends such a session after IdleInTransactionTimeout, unless the URL
-	// sets idle_in_transaction_session_timeout itself.
-	if _, ok := cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !ok {
-		cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.Itoa(int(IdleInTransactionTimeout.Milliseconds()))
-	}
+	// takeover of that lease and the shard rounds waiting on it: every
+	// transaction of the store asks the server to end its session after
+	// the timeout, with SET LOCAL in the statement that begins it (one
+	// round trip, simple protocol).
+	begin := pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL " + idleTimeoutParam + " = " + timeout}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to postgres: %w", err)
@@ -72,7 +72,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return queries.New(&pool{p: p}, &queries.Dialect{
+	return queries.New(&pool{p: p, begin: begin}, &queries.Dialect{
 		Name:      store.DialectPostgres,
 		Translate: translate,
 		// One lock per schema, held until the migration transaction ends.
@@ -141,7 +141,41 @@ func (c conn) QueryRow(ctx context.Context, sql string, args ...any) queries.Row
 	return c.q.QueryRow(ctx, sql, bind(args)...)
 }
 
-type pool struct{ p *pgxpool.Pool }
+// ParseURL parses a database URL (a postgres:// URL or a key=value
+// connection string) for a pgx pool the way every part of the control plane
+// connects: idle_in_transaction_session_timeout, when the URL sets it, is
+// taken out of the startup parameters (PgBouncer in transaction mode
+// refuses a startup parameter it does not know) and returned as
+// idleTimeout, a SQL literal for the store's SET LOCAL;
+// IdleInTransactionTimeout in milliseconds otherwise. It fails for a URL
+// pgx cannot parse or a timeout that is not milliseconds or a number with
+// ms, s, min or h.
+func ParseURL(url string) (cfg *pgxpool.Config, idleTimeout string, err error) {
+	cfg, err = pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, "", fmt.Errorf("parse database url: %w", err)
+	}
+	idleTimeout = strconv.Itoa(int(IdleInTransactionTimeout.Milliseconds()))
+	if v, ok := cfg.ConnConfig.RuntimeParams[idleTimeoutParam]; ok {
+		if !timeoutValue.MatchString(v) {
+			return nil, "", fmt.Errorf("parse database url: %s=%q: want milliseconds or a number with ms, s, min or h", idleTimeoutParam, v)
+		}
+		idleTimeout = "'" + v + "'"
+		delete(cfg.ConnConfig.RuntimeParams, idleTimeoutParam)
+	}
+	return cfg, idleTimeout, nil
+}
+
+// idleTimeoutParam is the server setting IdleInTransactionTimeout sets.
+const idleTimeoutParam = "idle_in_transaction_session_timeout"
+
+// timeoutValue is what a URL may give idleTimeoutParam.
+var timeoutValue = regexp.MustCompile(`^[0-9]+(ms|s|min|h)?$`)
+
+type pool struct {
+	p     *pgxpool.Pool
+	begin pgx.TxOptions // BEGIN, then SET LOCAL of idleTimeoutParam
+}
 
 func (p *pool) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
 	return conn{p.p}.Exec(ctx, sql, args...)
@@ -156,7 +190,7 @@ func (p *pool) QueryRow(ctx context.Context, sql string, args ...any) queries.Ro
 }
 
 func (p *pool) Begin(ctx context.Context) (queries.Tx, error) {
-	t, err := p.p.Begin(ctx)
+	t, err := p.p.BeginTx(ctx, p.begin)
 	if err != nil {
 		return nil, err
 	}
@@ -174,7 +208,13 @@ type tx struct {
 func (t *tx) Commit(ctx context.Context) error   { return t.t.Commit(ctx) }
 func (t *tx) Rollback(ctx context.Context) error { return t.t.Rollback(ctx) }
 
-// bind converts JSON arguments to raw bytes (nil to SQL NULL).
+// bind converts JSON arguments to strings (nil to SQL NULL). A string
+// binds as a jsonb parameter in every pgx exec mode
+// (default_query_exec_mode in the URL): the modes that describe the
+// statement encode it as jsonb, and exec and simple_protocol send it as
+// text of unknown type, which the server reads as the jsonb the statement
+// wants. []byte would go as bytea in the last two ("invalid input syntax
+// for type json").
 func bind(args []any) []any {
 	out := args
 	for i, a := range args {
@@ -185,7 +225,7 @@ func bind(args []any) []any {
 			if v == nil {
 				out[i] = nil
 			} else {
-				out[i] = []byte(v)
+				out[i] = string(v)
 			}
 		}
 	}

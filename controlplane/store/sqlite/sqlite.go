@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -49,11 +50,20 @@ func dsn(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
-// Open opens (creating if needed) the database file at path. It does not
-// migrate; call Migrate.
+// FileMode is the mode of the database file and its -wal and -shm files:
+// they hold command output, the audit log and token hashes.
+const FileMode = 0o600
+
+// Open opens (creating if needed) the database file at path, mode
+// FileMode, and sets FileMode on the file and its -wal and -shm files when
+// they exist with another (a file made by an earlier build, or copied in).
+// It does not migrate; call Migrate.
 func Open(ctx context.Context, path string) (*queries.Store, error) {
 	if err := registerOnce(); err != nil {
 		return nil, fmt.Errorf("register sqlite functions: %w", err)
+	}
+	if err := restrictFiles(path); err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
 	}
 	db, err := sql.Open("sqlite", dsn(path))
 	if err != nil {
@@ -82,6 +92,35 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 		IntSet:     "SELECT value FROM json_each(%s)",
 		Migrations: sub,
 	}), nil
+}
+
+// restrictFiles creates the database file at path with FileMode when it
+// does not exist, so that SQLite, which gives its -wal and -shm files the
+// database file's mode, never makes one more open, and sets FileMode on the
+// three when they exist with another.
+func restrictFiles(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, FileMode)
+	if err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm() != FileMode {
+			if err := os.Chmod(p, FileMode); err != nil {
+				return fmt.Errorf("restrict %s to mode %o: %w", p, FileMode, err)
+			}
+		}
+	}
+	return nil
 }
 
 // translate maps driver errors to the store's.

@@ -68,3 +68,69 @@ func URL(t testing.TB) string {
 	u.RawQuery = q.Encode()
 	return fmt.Sprint(u)
 }
+
+// EnvPgBouncerURL names the test PgBouncer (tests/pgbouncer.sh start): a
+// postgres:// URL of PgBouncer in transaction mode in front of ServerURL's
+// server, its database part ignored. tests/run sets it.
+const EnvPgBouncerURL = "BETTER_COMPUTE_TEST_PGBOUNCER_URL"
+
+// Database creates a fresh database on the test server and returns its URL
+// (direct) and the same database's URL through the test PgBouncer
+// (EnvPgBouncerURL, with default_query_exec_mode=exec, as docs/scaling.md
+// gives); the database is dropped when the test ends. A database rather
+// than URL's schema: PgBouncer 1.18 refuses the search_path startup
+// parameter. Without EnvPgBouncerURL, or without a reachable server, the
+// test is skipped, except under CI=true, where that is a failure.
+func Database(t testing.TB) (direct, bouncer string) {
+	t.Helper()
+	bouncerServer := os.Getenv(EnvPgBouncerURL)
+	if bouncerServer == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is required in CI (tests/run starts PgBouncer with tests/pgbouncer.sh start)", EnvPgBouncerURL)
+		}
+		t.Skipf("%s is not set: start PgBouncer with tests/pgbouncer.sh start and export what it prints", EnvPgBouncerURL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	server := ServerURL()
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL is required in CI: %v", err)
+		}
+		t.Skipf("no PostgreSQL at %s (start it with pg_ctlcluster 15 main start): %v", server, err)
+	}
+	defer conn.Close(ctx)
+	name := "t_" + strings.ToLower(rand.Text())[:16]
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, server)
+		if err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		// FORCE: PgBouncer keeps server connections to it open.
+		if _, err := c.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop database %s: %v", name, err)
+		}
+	})
+	withDB := func(raw string, query map[string]string) string {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("parse %s: %v", raw, err)
+		}
+		u.Path = "/" + name
+		q := u.Query()
+		for k, v := range query {
+			q.Set(k, v)
+		}
+		u.RawQuery = q.Encode()
+		return fmt.Sprint(u)
+	}
+	return withDB(server, nil), withDB(bouncerServer, map[string]string{"default_query_exec_mode": "exec"})
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/better-compute/better-compute/controlplane/api"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// nodesAddCmd is nodes add: the one line that installs bcd on a new
+// machine and joins it to a pool (DESIGN.md, "Installer").
+func nodesAddCmd(e *env, af *apiFlags) *cobra.Command {
+	var (
+		pool, site, out string
+		ttl             time.Duration
+		unprivileged    bool
+		plugins         []string
+	)
+	cmd := &cobra.Command{
+		Use:   "add --pool P [--site S] [--ttl 1h] [--unprivileged] [--install-plugins bcx-ipmi] [-o json]",
+		Short: "Print the line that installs bcd on a new machine and joins it to a pool (a one-use join token inside)",
+		Long: `add makes a one-use join token for the pool (nodes.add, audited) and prints
+the line to paste, as root, on the new machine:
+
+  curl -fsS -k --pinnedpubkey 'sha256//...' 'https://HOST:3000/api/install.sh' | BCD_JOIN_TOKEN='...' sh
+
+curl fetches the install script from the API over HTTPS and accepts only the
+API's own key (--pinnedpubkey; -k skips the CA check the pin replaces), so
+neither the script nor the token can be read or swapped on the way. The
+token travels in the environment of sh, never in a URL; the script installs
+bcd from the control plane's downloads folder, joins and starts it.
+
+The API must serve HTTPS to other machines (serve --public-url, or
+--api-tls auto|files): on plain HTTP off loopback add refuses. The token is
+shown once; revoke it with join-tokens revoke ID.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			if pool == "" {
+				return usageError{errors.New("--pool is required")}
+			}
+			if ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL {
+				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
+			}
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			resp := &apiv1.AddNodeResponse{}
+			req := &apiv1.AddNodeRequest{Pool: pool, Site: site, Ttl: durationpb.New(ttl), Unprivileged: unprivileged, Plugins: plugins}
+			if err := c.Call(cmd.Context(), "nodes.add", req, resp); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, resp)
+			}
+			fmt.Fprintln(e.stdout, resp.InstallCommand)
+			fmt.Fprintf(e.stderr, "On the new machine, as root, paste the line above: it installs bcd and joins pool %s.\n", resp.Pool)
+			fmt.Fprintf(e.stderr, "It holds join token %s (one use, expires %s), shown only this once.\n",
+				resp.JoinTokenId, resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&pool, "pool", "", "pool id or name the machine joins (required)")
+	fl.StringVar(&site, "site", "", "site of the pool, checked when given")
+	fl.DurationVar(&ttl, "ttl", api.DefaultAddNodeTTL, "how long the line admits the join (1m to 720h)")
+	fl.BoolVar(&unprivileged, "unprivileged", false, "run bcd as the user bcd beside a root bcd helper")
+	fl.StringSliceVar(&plugins, "install-plugins", nil, "plugins to install beside bcd: bcx-ipmi")
+	outputFlag(cmd, &out)
+	return cmd
+}

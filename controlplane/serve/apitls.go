@@ -1,0 +1,65 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+
+	"github.com/better-compute/better-compute/controlplane/api"
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// apiCertFiles are the API's certificate files for host.tls: none for mode
+// off, the configured files for mode files, and for mode auto a
+// certificate from the gateway serving CA in DataDir/pki (api.crt,
+// api.key) for bootstrap.LocalNames of the public hosts, issued when
+// missing or when those names changed, keeping its key so that the pin
+// nodes add prints survives.
+func apiCertFiles(ctx context.Context, cfg *config.Config, st store.Store, opts Options) (certFile, keyFile string, err error) {
+	switch cfg.Host.TLS.Mode {
+	case config.TLSModeOff:
+		return "", "", nil
+	case config.TLSModeFiles:
+		return cfg.Host.TLS.Cert, cfg.Host.TLS.Key, nil
+	}
+	load := func() (*pki.Bundle, error) { return bootstrap.LoadBundle(ctx, st, cfg.Secret) }
+	if cfg.Embedded {
+		// The gateway role made it already; EnsureBundle is for order's sake.
+		load = func() (*pki.Bundle, error) {
+			b, _, err := bootstrap.EnsureBundle(ctx, st, cfg.Secret, bootstrap.DefaultTrustDomain)
+			return b, err
+		}
+	}
+	b, err := load()
+	if err != nil {
+		return "", "", fmt.Errorf("host.tls mode auto issues the API certificate from the gateway serving CA: %w", err)
+	}
+	names := bootstrap.LocalNames(cfg.PublicHosts())
+	certFile, keyFile, issued, err := bootstrap.EnsureServingCert(b, filepath.Join(cfg.DataDir, bootstrap.PKIDir), bootstrap.APICertFile, bootstrap.APIKeyFile, names)
+	if err != nil {
+		return "", "", fmt.Errorf("issue the API certificate: %w", err)
+	}
+	if issued {
+		opts.Log.InfoContext(ctx, "API certificate issued from the gateway serving CA", "cert", certFile, "names", names.String())
+	}
+	return certFile, keyFile, nil
+}
+
+// withInstall fills in c what the API needs to serve HTTPS, nodes.add and
+// the install script: its certificate files, its public URL, the gateway's
+// public URL, the downloads folder (dl, when it lists releases) and the
+// release pins.
+func withInstall(c api.Config, cfg *config.Config, dl http.Handler, certFile, keyFile string) api.Config {
+	c.TLSCertFile, c.TLSKeyFile = certFile, keyFile
+	c.PublicURL, c.PublicHost = cfg.Host.PublicURL, cfg.APIPublicHost()
+	c.GatewayURL = cfg.Host.Gateway.PublicURL
+	if rel, ok := dl.(api.Releases); ok {
+		c.Releases = rel
+	}
+	c.ReleasePins = cfg.Downloads.ReleasePins
+	return c
+}

@@ -1,0 +1,100 @@
+package tests
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/better-compute/better-compute"
+
+// imports maps each package of the module (tests included) to the
+// packages of the module it imports directly, from go list.
+func moduleImports(t *testing.T) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "./...")
+	cmd.Dir = repoRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	m := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		var ours []string
+		for _, imp := range f[1:] {
+			if imp == module || strings.HasPrefix(imp, module+"/") {
+				ours = append(ours, strings.TrimPrefix(imp, module+"/"))
+			}
+		}
+		m[strings.TrimPrefix(f[0], module+"/")] = ours
+	}
+	return m
+}
+
+func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, dir+"/") }
+
+// TestLayering keeps the dependency rules of the layout (DESIGN.md,
+// "Repository layout"; issue 17): each rule names who may not import what.
+func TestLayering(t *testing.T) {
+	imports := moduleImports(t)
+	roles := []string{"controlplane/api", "controlplane/gateway", "controlplane/workers", "controlplane/liveness",
+		"controlplane/sweeper", "controlplane/sinks", "controlplane/reaper", "controlplane/serve", "controlplane/admission"}
+	rules := []struct {
+		what string
+		from func(string) bool
+		bans func(string) bool
+	}{
+		{"bcd never imports the control plane", func(p string) bool { return under(p, "bcd") || under(p, "plugins") },
+			func(p string) bool { return under(p, "controlplane") }},
+		{"only controlplane/sim imports bcd", func(p string) bool { return under(p, "controlplane") && p != "controlplane/sim" },
+			func(p string) bool { return under(p, "bcd") }},
+		{"the store imports no role", func(p string) bool { return under(p, "controlplane/store") },
+			func(p string) bool { return slices.ContainsFunc(roles, func(r string) bool { return under(p, r) }) }},
+		{"proto imports nothing of ours but proto", func(p string) bool { return under(p, "proto") },
+			func(p string) bool { return !under(p, "proto") }},
+		{"api does not import gateway", func(p string) bool { return under(p, "controlplane/api") },
+			func(p string) bool { return under(p, "controlplane/gateway") }},
+	}
+	for pkg, deps := range imports {
+		for _, r := range rules {
+			if !r.from(pkg) {
+				continue
+			}
+			for _, d := range deps {
+				if r.bans(d) {
+					t.Errorf("%s: %s imports %s", r.what, pkg, d)
+				}
+			}
+		}
+	}
+}
+
+// TestNoTestPackageInBinaries: no package of ours made for tests (a name
+// ending in "test", tests/..., or one importing "testing") is linked into
+// a product binary.
+func TestNoTestPackageInBinaries(t *testing.T) {
+	for _, bin := range []string{"./controlplane/cmd/better-compute", "./bcd/cmd/bcd", "./plugins/ipmi/cmd/bcx-ipmi"} {
+		cmd := exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}} {{join .Imports " "}}`, bin)
+		cmd.Dir = repoRoot()
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", bin, err)
+		}
+		for line := range strings.Lines(string(out)) {
+			f := strings.Fields(line)
+			if !strings.HasPrefix(f[0], module+"/") {
+				continue
+			}
+			pkg := strings.TrimPrefix(f[0], module+"/")
+			if strings.HasSuffix(pkg, "test") || under(pkg, "tests") || slices.Contains(f[1:], "testing") {
+				t.Errorf("%s links %s, a package for tests", bin, pkg)
+			}
+		}
+	}
+}
