@@ -360,7 +360,7 @@ func TestBMCEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range cmds {
-		fmt.Fprintf(&everything, "%s %s %s %s\n", c.Kind, c.Spec, c.Error, c.Result)
+		fmt.Fprintf(&everything, "%s %s %s %s\n", c.Kind, c.SessionSpec, c.Error, c.Result)
 	}
 	audit, err := d.st.AuditList(context.Background(), 0, 1000)
 	if err != nil {

@@ -24,7 +24,7 @@ type commandView struct {
 	State    string `json:"state"`
 	ExitCode *int   `json:"exitCode"`
 	Error    string `json:"error"`
-	Stdout   []byte `json:"stdout"`
+	Stdout   string `json:"stdout"` // text; stdoutBase64 when not UTF-8
 	Attempt  int    `json:"attempt"`
 }
 

@@ -95,10 +95,6 @@ func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig)
 	}
 	d.cfgFile = testenv.WriteFile(t, "better-compute.yaml", cfg)
 	d.start()
-	if backendName == backendPostgres {
-		d.cli("sites", "create", "--name", "e2e", "--region", "default")
-		d.cli("pools", "create", "--name", "default", "--site", "e2e")
-	}
 
 	st, err := backend.Open(ctx, d.dbURL, d.dataDir)
 	if err != nil {
@@ -107,6 +103,7 @@ func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig)
 	t.Cleanup(func() { st.Close() })
 	d.st = st
 	if backendName == backendSQLite {
+		// The CLI finds this token by itself in the data directory.
 		b, err := os.ReadFile(filepath.Join(d.dataDir, "admin-token"))
 		if err != nil {
 			t.Fatalf("embedded default's admin token: %v", err)
@@ -118,6 +115,11 @@ func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig)
 			t.Fatal(err)
 		}
 		d.adminToken = secret
+		// No admin-token file beside PostgreSQL: operator commands take
+		// the token from the environment.
+		d.env = append(d.env, "BETTER_COMPUTE_TOKEN="+secret)
+		d.cli("sites", "create", "--name", "e2e", "--region", "default")
+		d.cli("pools", "create", "--name", "default", "--site", "e2e")
 	}
 	return d
 }
@@ -169,15 +171,17 @@ func (d *deployment) cliJSON(v any, args ...string) {
 func (d *deployment) joinToken(maxUses int, ttl time.Duration) (file, id string) {
 	d.t.Helper()
 	file = filepath.Join(d.t.TempDir(), "join-token")
-	var tok struct {
-		ID string `json:"id"`
+	var res struct {
+		JoinToken struct {
+			ID string `json:"id"`
+		} `json:"joinToken"`
 	}
-	d.cliJSON(&tok, "join-tokens", "create", "--pool", "default", "--max-uses", fmt.Sprint(maxUses),
+	d.cliJSON(&res, "join-tokens", "create", "--pool", "default", "--max-uses", fmt.Sprint(maxUses),
 		"--ttl", ttl.String(), "--out", file)
-	if tok.ID == "" {
+	if res.JoinToken.ID == "" {
 		d.t.Fatal("join-tokens create -o json gave no id")
 	}
-	return file, tok.ID
+	return file, res.JoinToken.ID
 }
 
 // apiNode is a node as `nodes list -o json` shows it.

@@ -64,7 +64,7 @@ func TestDoctorFindsProblems(t *testing.T) {
 	if _, _, err := d.st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: n.ID, SessionID: "s-old", GatewayID: "gw-x", Now: &old}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.ID}, Kind: "exec", Spec: []byte(`{}`), Timeout: time.Millisecond}); err != nil {
+	if _, err := d.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.ID}, Kind: "exec", SessionSpec: []byte(`{}`), Timeout: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	// A gateway near its stream limit.

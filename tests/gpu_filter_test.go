@@ -27,7 +27,7 @@ func TestNodesListGPUFilters(t *testing.T) {
 	api := "http://" + p.WaitLine(`msg="API listening" addr=(\S+)`, 60*time.Second)[1]
 	gw := p.WaitLine(`msg="Gateway listening" .*public_url=(\S+)`, 30*time.Second)[1]
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	if code, _, errOut := testenv.Run(t, env, "", bc, "--config", cfg, "join-tokens", "create", "--pool", "default", "--max-uses", "4", "--out", tokenFile); code != 0 {
+	if code, _, errOut := testenv.Run(t, env, "", bc, "--config", cfg, "join-tokens", "create", "--server", api, "--pool", "default", "--max-uses", "4", "--out", tokenFile); code != 0 {
 		t.Fatalf("join-tokens create: %s", errOut)
 	}
 	token := strings.TrimSpace(readFile(t, tokenFile))

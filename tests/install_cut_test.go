@@ -72,16 +72,18 @@ func sameTree(a, b map[string]string) bool {
 // tokenUses lists the environment's join tokens' uses by id.
 func (e *installEnv) tokenUses() map[string]int {
 	e.t.Helper()
-	var list []struct {
-		ID   string `json:"id"`
-		Uses int    `json:"uses"`
+	var list struct {
+		JoinTokens []struct {
+			ID   string `json:"id"`
+			Uses int    `json:"uses"`
+		} `json:"joinTokens"`
 	}
 	out := e.cli("join-tokens", "list", "-o", "json")
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		e.t.Fatalf("join-tokens list: %v\n%s", err, out)
 	}
 	uses := map[string]int{}
-	for _, tok := range list {
+	for _, tok := range list.JoinTokens {
 		uses[tok.ID] = tok.Uses
 	}
 	return uses

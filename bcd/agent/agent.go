@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/executor"
 	"github.com/better-compute/better-compute/bcd/helper"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	"github.com/better-compute/better-compute/bcd/journal"
@@ -46,7 +47,6 @@ const (
 
 // Log attribute keys of this package.
 const (
-	attrErr          = "err"
 	attrDigest       = "inventory_digest"
 	attrReason       = "reason"
 	attrGPUs         = "gpus"
@@ -302,7 +302,7 @@ func (a *Agent) checkHelper(ctx context.Context) {
 	defer cancel()
 	c := &helper.Client{Socket: a.cfg.HelperSocket}
 	if err := c.Ping(cctx); err != nil {
-		a.log.WarnContext(ctx, "Root helper not usable: commands that need root fail until it is", attrSocket, a.cfg.HelperSocket, attrErr, err)
+		a.log.WarnContext(ctx, "Root helper not usable: commands that need root fail until it is", attrSocket, a.cfg.HelperSocket, logkey.Err, err)
 		return
 	}
 	a.log.InfoContext(ctx, "Root helper answers", attrSocket, a.cfg.HelperSocket)

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -20,7 +21,7 @@ func (a *Agent) watchGPUs(ctx context.Context) {
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		a.log.WarnContext(ctx, "Cannot watch GPU events", attrErr, err, attrRetryIn, a.cfg.RescanInterval)
+		a.log.WarnContext(ctx, "Cannot watch GPU events", logkey.Err, err, attrRetryIn, a.cfg.RescanInterval)
 		if !a.sleep(ctx, a.cfg.RescanInterval) {
 			return
 		}
@@ -49,7 +50,7 @@ func (a *Agent) flushEvents(ctx context.Context) {
 	for len(a.events) > 0 {
 		ev := a.events[0]
 		if err := a.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: ev}}); err != nil {
-			a.log.InfoContext(ctx, "GPU event kept for the next session", attrKind, ev.GetKind(), attrErr, err)
+			a.log.InfoContext(ctx, "GPU event kept for the next session", attrKind, ev.GetKind(), logkey.Err, err)
 			return
 		}
 		a.events[0] = nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/report"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -14,7 +15,7 @@ const (
 	reasonWelcome  = "welcome"
 	reasonPeriodic = "periodic"
 	reasonGPUEvent = "gpu event"
-	reasonRefresh  = "inventory.refresh"
+	reasonRefresh  = sessionv1.KindInventoryRefresh
 )
 
 // report is the inventory loop: one goroutine does every scan after the
@@ -106,7 +107,7 @@ func (a *Agent) sendInventory(ctx context.Context, reason string) {
 		return
 	}
 	if err := a.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: inv}}); err != nil {
-		a.log.DebugContext(ctx, "Inventory not sent; it goes after the next Welcome", attrReason, reason, attrErr, err)
+		a.log.DebugContext(ctx, "Inventory not sent; it goes after the next Welcome", attrReason, reason, logkey.Err, err)
 		return
 	}
 	a.log.DebugContext(ctx, "Sent inventory", attrReason, reason, attrDigest, inv.GetDigest())

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/nodestate"
 	"github.com/better-compute/better-compute/bcd/session"
 )
@@ -134,7 +135,7 @@ func (k *stateKeeper) publish(ctx context.Context) {
 		err := nodestate.Write(k.dir, &k.st)
 		switch {
 		case err != nil && !k.failed:
-			k.log.WarnContext(ctx, "Cannot write the node state: bcd status and bcd doctor will not see it", attrErr, err)
+			k.log.WarnContext(ctx, "Cannot write the node state: bcd status and bcd doctor will not see it", logkey.Err, err)
 		case err == nil && k.failed:
 			k.log.InfoContext(ctx, "Node state written again", attrPath, nodestate.Path(k.dir))
 		}

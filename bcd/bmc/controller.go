@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/proto/bmcsecret"
 	pluginv1 "github.com/better-compute/better-compute/proto/plugin/v1"
@@ -214,7 +215,7 @@ func (c *Controller) Do(ctx context.Context, req *Request) (*Result, error) {
 		res.Reason = reason
 		res.TookMS = time.Since(start).Milliseconds()
 		c.log.WarnContext(ctx, "BMC call failed", "action", req.Action, "bmc", res.BMC, "name", res.Name,
-			"source", res.Source, "reason", reason, "err", err)
+			"source", res.Source, "reason", reason, logkey.Err, err)
 		return res, err
 	}
 	if err := checkRequest(req); err != nil {
@@ -256,7 +257,7 @@ func (c *Controller) Do(ctx context.Context, req *Request) (*Result, error) {
 			// read does not undo a successful action.
 			resp, err = p.Power(ctx, name, &pluginv1.PowerRequest{Target: target, Action: pluginv1.PowerAction_POWER_ACTION_STATUS})
 			if err != nil {
-				c.log.InfoContext(ctx, "Power state not read after the action", "bmc", t.Address, "err", c.wrap(t, err))
+				c.log.InfoContext(ctx, "Power state not read after the action", "bmc", t.Address, logkey.Err, c.wrap(t, err))
 				resp = nil
 			}
 		}

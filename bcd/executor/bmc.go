@@ -5,24 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/bmc"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
-)
-
-// Command kinds of BMC calls (session.proto, capabilities "power" and
-// "boot").
-const (
-	KindPowerStatus  = "power.status"
-	KindPowerOn      = "power.on"
-	KindPowerOff     = "power.off"
-	KindPowerSoftOff = "power.soft-off"
-	KindPowerCycle   = "power.cycle"
-	KindPowerReset   = "power.reset"
-	KindBootSet      = "boot.set"
 )
 
 // BMC carries out BMC calls: the agent's, which adds the node's sealed
@@ -63,7 +50,7 @@ func (e *Executor) bmc(ctx context.Context, cmd *sessionv1.Command, u *updater) 
 // bmcRequest turns a command into a BMC call.
 func bmcRequest(cmd *sessionv1.Command) (*bmc.Request, error) {
 	kind := cmd.GetKind()
-	if kind == KindBootSet {
+	if kind == sessionv1.KindBootSet {
 		spec := cmd.GetBoot()
 		if spec == nil {
 			return nil, errors.New("boot.set without a boot spec")
@@ -71,7 +58,10 @@ func bmcRequest(cmd *sessionv1.Command) (*bmc.Request, error) {
 		req := &bmc.Request{Action: bmc.ActionBoot, BMC: spec.GetBmc(), Device: spec.GetDevice(), Persistent: spec.GetPersistent()}
 		return req, bmc.CheckDevice(req.Device)
 	}
-	action, _ := strings.CutPrefix(kind, "power.")
+	action, ok := sessionv1.PowerAction(kind)
+	if !ok {
+		return nil, fmt.Errorf("unsupported command kind %q", kind)
+	}
 	spec := cmd.GetPower()
 	if a := spec.GetAction(); a != "" && a != action {
 		return nil, fmt.Errorf("command kind %s disagrees with its action %q", kind, a)

@@ -29,14 +29,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/journal"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
-)
-
-// Command kinds this executor runs.
-const (
-	KindExec             = "exec"
-	KindInventoryRefresh = "inventory.refresh"
 )
 
 // RootRunner runs programs as root (the root helper's client).
@@ -79,12 +74,10 @@ type Config struct {
 
 // Log attribute keys of this package.
 const (
-	attrCommand = "command"
-	attrKind    = "kind"
-	attrPGID    = "pgid"
-	attrState   = "state"
-	attrReason  = "reason"
-	attrErr     = "err"
+	attrKind   = "kind"
+	attrPGID   = "pgid"
+	attrState  = "state"
+	attrReason = "reason"
 )
 
 // Executor runs commands.
@@ -133,7 +126,7 @@ func New(cfg Config) *Executor {
 	if cfg.Journal != nil {
 		id, err := e.proc.BootID()
 		if err != nil {
-			log.Warn("No boot id: commands of an earlier bcd are reported lost and their processes left alone", attrErr, err)
+			log.Warn("No boot id: commands of an earlier bcd are reported lost and their processes left alone", logkey.Err, err)
 		}
 		e.bootID = id
 		e.recoverRecords(cfg.Journal.Records())
@@ -250,7 +243,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	// knows it was accepted.
 	if j := e.cfg.Journal; j != nil {
 		if err := j.Accept(journal.Record{ID: en.id, Kind: en.kind, BootID: e.bootID, AcceptedAt: time.Now()}); err != nil {
-			e.log.Error("Refused a command that could not be recorded", attrCommand, en.id, attrErr, err)
+			e.log.Error("Refused a command that could not be recorded", logkey.CommandID, en.id, logkey.Err, err)
 			cancelCause(nil)
 			stopDeadline()
 			e.finish(en, failed("bcd could not record the command before running it: "+err.Error()))
@@ -270,7 +263,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 			e.mu.Unlock()
 			if j := e.cfg.Journal; j != nil {
 				if err := j.HandedOver(en.id); err != nil {
-					e.log.Warn("Could not record a command handed to the restarted bcd", attrCommand, en.id, attrErr, err)
+					e.log.Warn("Could not record a command handed to the restarted bcd", logkey.CommandID, en.id, logkey.Err, err)
 				}
 			}
 			return
@@ -291,14 +284,14 @@ func (e *Executor) finish(en *entry, res *sessionv1.CommandResult) {
 	e.mu.Unlock()
 	if j := e.cfg.Journal; j != nil {
 		if err := j.Finished(en.id, res); err != nil {
-			e.log.Warn("Could not record a command result", attrCommand, en.id, attrErr, err)
+			e.log.Warn("Could not record a command result", logkey.CommandID, en.id, logkey.Err, err)
 		}
 	}
 	if err := en.u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Result{Result: res}}); err != nil {
 		e.mu.Lock()
 		e.pending = append(e.pending, res)
 		e.mu.Unlock()
-		e.log.Info("Kept a command result for the next session", attrCommand, en.id, attrErr, err)
+		e.log.Info("Kept a command result for the next session", logkey.CommandID, en.id, logkey.Err, err)
 		return
 	}
 	e.markDelivered(en)
@@ -318,7 +311,7 @@ func (e *Executor) markDelivered(en *entry) {
 			err = j.Forget(en.id)
 		}
 		if err != nil {
-			e.log.Warn("Could not record a delivered result", attrCommand, en.id, attrErr, err)
+			e.log.Warn("Could not record a delivered result", logkey.CommandID, en.id, logkey.Err, err)
 		}
 	}
 }
@@ -330,7 +323,7 @@ func (e *Executor) forget(ids []string) {
 	}
 	for _, id := range ids {
 		if err := e.cfg.Journal.Forget(id); err != nil {
-			e.log.Warn("Could not forget a command record", attrCommand, id, attrErr, err)
+			e.log.Warn("Could not forget a command record", logkey.CommandID, id, logkey.Err, err)
 		}
 	}
 }
@@ -341,7 +334,7 @@ func (e *Executor) HandleCancel(_ context.Context, c *sessionv1.Cancel) {
 	defer e.mu.Unlock()
 	if el, ok := e.seen[c.GetCommandId()]; ok {
 		if en := el.Value.(*entry); en.cancel != nil {
-			e.log.Info("Cancelling a command", "command", en.id, "reason", c.GetReason())
+			e.log.Info("Cancelling a command", logkey.CommandID, en.id, "reason", c.GetReason())
 			en.cancel()
 		}
 	}
@@ -405,11 +398,11 @@ var errRootUnavailable = errors.New("this command must run as root, but bcd runs
 
 func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) *sessionv1.CommandResult {
 	switch cmd.GetKind() {
-	case KindExec:
+	case sessionv1.KindExec:
 		return e.exec(ctx, cmd.GetExec(), u)
-	case KindUpgrade:
+	case sessionv1.KindUpgrade:
 		return e.upgrade(ctx, cmd)
-	case KindInventoryRefresh:
+	case sessionv1.KindInventoryRefresh:
 		if e.cfg.RefreshInventory == nil {
 			return failed("inventory refresh is not available")
 		}
@@ -417,7 +410,8 @@ func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) 
 			return failed("inventory refresh: " + err.Error())
 		}
 		return &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}
-	case KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff, KindPowerCycle, KindPowerReset, KindBootSet:
+	case sessionv1.KindPowerStatus, sessionv1.KindPowerOn, sessionv1.KindPowerOff, sessionv1.KindPowerSoftOff,
+		sessionv1.KindPowerCycle, sessionv1.KindPowerReset, sessionv1.KindBootSet:
 		return e.bmc(ctx, cmd, u)
 	}
 	return failed(fmt.Sprintf("unsupported command kind %q", cmd.GetKind()))
@@ -483,7 +477,7 @@ func (e *Executor) started(id string, pid int) {
 		err = j.Started(id, pid, ticks)
 	}
 	if err != nil {
-		e.log.Warn("Could not record a command's process group; a restarted bcd would not end it", attrCommand, id, attrPGID, pid, attrErr, err)
+		e.log.Warn("Could not record a command's process group; a restarted bcd would not end it", logkey.CommandID, id, attrPGID, pid, logkey.Err, err)
 	}
 }
 

@@ -10,14 +10,10 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/journal"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
-
-// KindReboot reboots the machine. Its record is how bcd knows, after the
-// reboot, that it is done: a reboot command accepted in an earlier boot
-// succeeded.
-const KindReboot = "reboot"
 
 // DefaultKillGrace is Config.KillGrace's default.
 const DefaultKillGrace = 5 * time.Second
@@ -54,7 +50,9 @@ func (e *Executor) judge(r journal.Record) verdict {
 	switch {
 	case r.BootID == "" || e.bootID == "":
 		return verdict{result: lost(msgUnknownBoot)}
-	case r.BootID != e.bootID && r.Kind == KindReboot:
+	// A reboot command's record is how bcd knows, after the reboot, that
+	// it is done: one accepted in an earlier boot succeeded.
+	case r.BootID != e.bootID && r.Kind == sessionv1.KindReboot:
 		detail, _ := json.Marshal(map[string]string{"boot_id_before": r.BootID, "boot_id_after": e.bootID})
 		return verdict{result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: detail}}
 	case r.BootID != e.bootID:
@@ -66,15 +64,15 @@ func (e *Executor) judge(r journal.Record) verdict {
 	switch {
 	case err == nil && start != r.StartTicks:
 		e.log.Info("A command's pid belongs to another process now; leaving it alone",
-			attrCommand, r.ID, attrPGID, r.PGID)
+			logkey.CommandID, r.ID, attrPGID, r.PGID)
 		return verdict{result: lost(msgRestarted)}
 	case err != nil && !errors.Is(err, os.ErrNotExist):
-		e.log.Warn("Could not read a command's process; leaving it alone", attrCommand, r.ID, attrPGID, r.PGID, attrErr, err)
+		e.log.Warn("Could not read a command's process; leaving it alone", logkey.CommandID, r.ID, attrPGID, r.PGID, logkey.Err, err)
 		return verdict{result: lost(msgRestarted)}
 	}
 	alive, err := e.proc.GroupAlive(r.PGID)
 	if err != nil {
-		e.log.Warn("Could not read a command's process group; leaving it alone", attrCommand, r.ID, attrPGID, r.PGID, attrErr, err)
+		e.log.Warn("Could not read a command's process group; leaving it alone", logkey.CommandID, r.ID, attrPGID, r.PGID, logkey.Err, err)
 		return verdict{result: lost(msgRestarted)}
 	}
 	if !alive {
@@ -118,17 +116,17 @@ func (e *Executor) recoverRecords(recs []journal.Record) {
 	for _, jb := range jobs {
 		en, v := jb.en, jb.v
 		if v.result != nil {
-			e.log.Warn("A command was left unfinished by an earlier bcd", attrCommand, en.id, attrKind, en.kind,
+			e.log.Warn("A command was left unfinished by an earlier bcd", logkey.CommandID, en.id, attrKind, en.kind,
 				attrState, v.result.GetState().String(), attrReason, v.result.GetError())
 			e.finish(en, v.result)
 			continue
 		}
 		e.wg.Go(func() {
-			e.log.Warn("Ending the process group a command left behind", attrCommand, en.id, attrPGID, v.endGroup)
+			e.log.Warn("Ending the process group a command left behind", logkey.CommandID, en.id, attrPGID, v.endGroup)
 			res := lost(msgGroupEnded)
 			if err := e.endGroup(v.endGroup); err != nil {
 				res = lost(fmt.Sprintf("bcd restarted while the command ran; the process group it left behind could not be ended: %v", err))
-				e.log.Error("Could not end the process group a command left behind", attrCommand, en.id, attrPGID, v.endGroup, attrErr, err)
+				e.log.Error("Could not end the process group a command left behind", logkey.CommandID, en.id, attrPGID, v.endGroup, logkey.Err, err)
 			}
 			e.finish(en, res)
 		})

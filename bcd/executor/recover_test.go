@@ -124,9 +124,9 @@ func TestRecognitionRules(t *testing.T) {
 			}
 		}
 	}
-	accept("rebooted", "exec", "boot-old", 100, 5)          // another boot: never signalled
-	accept("reboot", executor.KindReboot, "boot-old", 0, 0) // the reboot it asked for happened
-	accept("reboot-pending", executor.KindReboot, "boot-now", 0, 0)
+	accept("rebooted", "exec", "boot-old", 100, 5)           // another boot: never signalled
+	accept("reboot", sessionv1.KindReboot, "boot-old", 0, 0) // the reboot it asked for happened
+	accept("reboot-pending", sessionv1.KindReboot, "boot-now", 0, 0)
 	accept("no-process", "inventory.refresh", "boot-now", 0, 0)
 	accept("reused", "exec", "boot-now", 200, 7)    // pid 200 now started at 8: another process
 	accept("gone", "exec", "boot-now", 300, 9)      // nothing left of group 300
@@ -283,7 +283,7 @@ func TestHandedOverUpgradeGoesToTheUpgrader(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	j := openJournal(t, dir)
-	up := &sessionv1.Command{Id: "cmd_up", Kind: executor.KindUpgrade, Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: "restart"}}}
+	up := &sessionv1.Command{Id: "cmd_up", Kind: sessionv1.KindUpgrade, Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: "restart"}}}
 	e := executor.New(executor.Config{Journal: j, Upgrader: upgrader{}, Proc: &fakeProc{boot: "b"}})
 	e.HandleCommand(context.Background(), up, newRecorder().send)
 	e.Wait()

@@ -6,9 +6,6 @@ import (
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
-// KindUpgrade moves bcd to another release (UpgradeSpec).
-const KindUpgrade = "upgrade"
-
 // Upgrader runs "upgrade" commands (*upgrade.Upgrader). Upgrade returns the
 // command's result, or nil when bcd restarts to finish the upgrade: the
 // executor then sends no result, and the restarted bcd answers the

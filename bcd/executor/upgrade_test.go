@@ -22,7 +22,7 @@ func (upgrader) Upgrade(_ context.Context, cmd *sessionv1.Command) *sessionv1.Co
 func TestUpgradeKind(t *testing.T) {
 	t.Parallel()
 	upgrade := func(id, version string) *sessionv1.Command {
-		return &sessionv1.Command{Id: id, Kind: executor.KindUpgrade, Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: version}}}
+		return &sessionv1.Command{Id: id, Kind: sessionv1.KindUpgrade, Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: version}}}
 	}
 	// Without an Upgrader the kind fails.
 	r := newRecorder()

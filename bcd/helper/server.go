@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // Config configures the helper server.
@@ -98,7 +99,7 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	var uid uint32
 	var uerr error
 	if err := raw.Control(func(fd uintptr) { uid, uerr = peerUID(fd) }); err != nil || uerr != nil {
-		s.log.WarnContext(ctx, "Helper could not read peer credentials", "err", errors.Join(err, uerr))
+		s.log.WarnContext(ctx, "Helper could not read peer credentials", logkey.Err, errors.Join(err, uerr))
 		return
 	}
 	enc := json.NewEncoder(c)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/upgrade"
 )
 
@@ -52,7 +53,7 @@ func (s *Server) upgrade(ctx context.Context, enc *json.Encoder, req *UpgradeReq
 	err := s.doUpgrade(ctx, req)
 	f := Frame{Done: true}
 	if err != nil {
-		s.log.WarnContext(ctx, "Helper refused or failed an upgrade", "err", err)
+		s.log.WarnContext(ctx, "Helper refused or failed an upgrade", logkey.Err, err)
 		f.ExitCode, f.Error = -1, err.Error()
 	}
 	_ = enc.Encode(f)

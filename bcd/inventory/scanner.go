@@ -9,12 +9,8 @@ import (
 	"os"
 	"slices"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
-)
-
-// Log attribute keys used by this package.
-const (
-	attrErr = "err"
 )
 
 // GPUCollector collects GPU inventory; *gpu.Collector implements it.
@@ -89,7 +85,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Host, error) {
 	if len(h.NICs) > 0 {
 		addrs, err := s.addrs()
 		if err != nil {
-			s.log.WarnContext(ctx, "List interface addresses", attrErr, err)
+			s.log.WarnContext(ctx, "List interface addresses", logkey.Err, err)
 		}
 		for i := range h.NICs {
 			h.NICs[i].Addresses = addrs[h.NICs[i].Name]
@@ -101,7 +97,7 @@ func (s *Scanner) Scan(ctx context.Context) (*Host, error) {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("scan host: %w", ctx.Err())
 		case err != nil:
-			s.log.WarnContext(ctx, "Collect GPUs", attrErr, err)
+			s.log.WarnContext(ctx, "Collect GPUs", logkey.Err, err)
 			h.GPUStatus = "GPU collection failed: " + err.Error()
 		default:
 			h.GPUs, h.GPUStatus = rep.GPUs, rep.Status

@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -34,7 +35,6 @@ const (
 	attrPath    = "path"
 	attrOffset  = "offset"
 	attrDropped = "dropped_bytes"
-	attrErr     = "err"
 )
 
 // Record is what the journal knows of one command.
@@ -316,7 +316,7 @@ func (j *Journal) append(l *line) error {
 		if err := j.compact(); err != nil {
 			// The change is on disk; the journal is only longer than it
 			// needs to be.
-			j.log.Warn("Could not compact the command journal", attrPath, j.cfg.Path, attrErr, err)
+			j.log.Warn("Could not compact the command journal", attrPath, j.cfg.Path, logkey.Err, err)
 		}
 	}
 	return nil

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // DefaultDir is where bcd looks for plugins unless configured otherwise.
@@ -180,7 +182,7 @@ func (h *Host) rescan() error {
 		return err
 	}
 	for _, s := range skips {
-		h.log.Warn("Plugin refused", keyPath, s.path, keyError, s.reason)
+		h.log.Warn("Plugin refused", keyPath, s.path, logkey.Err, s.reason)
 	}
 	var added, removed []*managed
 	h.mu.Lock()
@@ -244,7 +246,7 @@ func (h *Host) Run(ctx context.Context) error {
 		case <-h.clock.After(h.cfg.HealthInterval):
 		}
 		if err := h.rescan(); err != nil {
-			h.log.WarnContext(ctx, "Plugin directory unreadable", keyError, err)
+			h.log.WarnContext(ctx, "Plugin directory unreadable", logkey.Err, err)
 		}
 		h.checkAll(ctx)
 	}

@@ -6,7 +6,6 @@ const (
 	keyPath     = "path"
 	keyPID      = "pid"
 	keyVersion  = "version"
-	keyError    = "error"
 	keyRetryIn  = "retry_in"
 	keyFailures = "failures"
 	keyLogger   = "logger"

@@ -15,6 +15,7 @@ import (
 
 	goplugin "github.com/hashicorp/go-plugin"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	pluginv1 "github.com/better-compute/better-compute/proto/plugin/v1"
 )
 
@@ -179,7 +180,7 @@ func (m *managed) failedLocked(why string) {
 	m.notBefore = m.h.clock.Now().Add(delay)
 	m.healthy = false
 	m.message = m.h.secrets.scrub(why)
-	m.h.log.Warn("Plugin failed", keyPlugin, m.name, keyError, m.message, keyFailures, m.failures, keyRetryIn, delay)
+	m.h.log.Warn("Plugin failed", keyPlugin, m.name, logkey.Err, m.message, keyFailures, m.failures, keyRetryIn, delay)
 	if m.h.eager.Load() && !m.stopped {
 		m.startLocked()
 	}
@@ -211,7 +212,7 @@ func (m *managed) exitedLocked(inst *instance) {
 // failure with reason why, and it is restarted like a crashed plugin.
 func (m *managed) recycle(inst *instance, why string) {
 	if inst.killReason.CompareAndSwap(nil, &why) {
-		m.h.log.Warn("Plugin not answering, killing it", keyPlugin, m.name, keyPID, inst.pid, keyError, why)
+		m.h.log.Warn("Plugin not answering, killing it", keyPlugin, m.name, keyPID, inst.pid, logkey.Err, why)
 		m.h.spawn(inst.kill)
 	}
 }

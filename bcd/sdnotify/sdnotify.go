@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // Notifier sends sd_notify messages. Its methods are safe for concurrent
@@ -47,7 +49,7 @@ func (n *Notifier) Stopping() { n.send(daemon.SdNotifyStopping) }
 func (n *Notifier) Watchdog(ctx context.Context) error {
 	interval, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
-		n.log.WarnContext(ctx, "Ignoring the systemd watchdog settings", "err", err)
+		n.log.WarnContext(ctx, "Ignoring the systemd watchdog settings", logkey.Err, err)
 		return nil
 	}
 	if interval <= 0 {
@@ -68,6 +70,6 @@ func (n *Notifier) Watchdog(ctx context.Context) error {
 
 func (n *Notifier) send(state string) {
 	if _, err := daemon.SdNotify(false, state); err != nil {
-		n.log.Warn("Cannot notify systemd", "state", state, "err", err)
+		n.log.Warn("Cannot notify systemd", "state", state, logkey.Err, err)
 	}
 }

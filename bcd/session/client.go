@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -19,8 +20,6 @@ import (
 const (
 	attrGateway   = "gateway"
 	attrSessionID = "session_id"
-	attrNodeID    = "node_id"
-	attrErr       = "err"
 	attrDelay     = "delay"
 	attrAttempt   = "attempt"
 	attrHeld      = "held"
@@ -145,11 +144,11 @@ func (c *Client) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(out.err, ErrRevoked):
 			c.log.ErrorContext(ctx, "Node identity revoked: stopping, join the node again to bring it back",
-				attrGateway, gw.url, attrErr, out.err)
+				attrGateway, gw.url, logkey.Err, out.err)
 			return out.err
 		case errors.Is(out.err, errGracePassed):
 			c.log.ErrorContext(ctx, "Node certificate expired longer ago than the gateway re-attests: stopping; join the node again",
-				attrGateway, gw.url, attrErr, out.err)
+				attrGateway, gw.url, logkey.Err, out.err)
 			return out.err
 		}
 		var held time.Duration
@@ -194,7 +193,7 @@ func (c *Client) Run(ctx context.Context) error {
 			delay = reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
 		}
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
-			attrGateway, gw.url, attrSessionID, out.sessionID, attrErr, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
+			attrGateway, gw.url, attrSessionID, out.sessionID, logkey.Err, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)
 		if out.welcomed && failed && churn >= 3 {
 			c.log.WarnContext(ctx, "Sessions keep ending soon after they start: is another bcd running with this node's identity (a copied data directory)?",
 				attrGateway, gw.url, attrHeld, held, attrAttempt, attempt)

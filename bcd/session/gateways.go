@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // GatewayKeep is how long a gateway that no Welcome lists any more stays in
@@ -83,7 +85,7 @@ func (c *Client) listed(ctx context.Context, gw gatewayAddr, urls []string) {
 	c.next = max(slices.IndexFunc(gws, func(g gatewayAddr) bool { return g.addr == gw.addr }), 0)
 	if f := c.cfg.OnGateways; f != nil {
 		if err := f(ctx, slices.Clone(merged)); err != nil {
-			c.log.WarnContext(ctx, "Gateway list not saved; keeping it in memory", attrErr, err)
+			c.log.WarnContext(ctx, "Gateway list not saved; keeping it in memory", logkey.Err, err)
 		}
 	}
 	c.log.DebugContext(ctx, "Gateway list updated", attrGateway, gw.url, "gateways", order)

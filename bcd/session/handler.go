@@ -14,7 +14,7 @@ type refuseCommands struct{}
 
 func (refuseCommands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error) {
 	code := int32(0)
-	if cmd.GetKind() == "exec" {
+	if cmd.GetKind() == sessionv1.KindExec {
 		code = -1 // never started
 	}
 	_ = send(&sessionv1.CommandUpdate{

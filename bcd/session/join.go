@@ -84,6 +84,8 @@ type JoinResult struct {
 	Trust Trust
 	// PoolID, SiteID and Region place the node.
 	PoolID, SiteID, Region string
+	// PoolName and SiteName name that pool and site, for people.
+	PoolName, SiteName string
 	// Rejoined reports that the join took an existing node's id (by the
 	// key proof, or a token made by nodes reinstall).
 	Rejoined bool
@@ -251,6 +253,8 @@ func joinResult(resp *sessionv1.JoinResponse, key crypto.Signer, trust Trust, jo
 		RenewAfter:    renewAfter,
 		Trust:         trust,
 		PoolID:        resp.GetPoolId(),
+		PoolName:      resp.GetPoolName(),
+		SiteName:      resp.GetSiteName(),
 		SiteID:        resp.GetSiteId(),
 		Region:        resp.GetRegion(),
 		Rejoined:      resp.GetRejoined(),

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -33,7 +34,7 @@ func (c *Client) renewLogged(ctx context.Context, cc *grpc.ClientConn) error {
 		c.log.InfoContext(ctx, "Node certificate renewed", attrNotAfter, chain[0].NotAfter, attrRenew, renewAfter)
 		c.emit(Event{Kind: EventRenewed})
 	case errors.Is(err, ErrRevoked) || ctx.Err() == nil:
-		c.log.WarnContext(ctx, "Node certificate renewal failed", attrErr, err)
+		c.log.WarnContext(ctx, "Node certificate renewal failed", logkey.Err, err)
 		c.emit(Event{Kind: EventRenewFailed, Err: err})
 	}
 	return err

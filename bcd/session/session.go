@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -172,7 +173,7 @@ func (s *session) welcome(seq uint64, w *sessionv1.Welcome) {
 		s.interval = max(hi.AsDuration(), MinHeartbeatInterval)
 	}
 	c.log.InfoContext(s.ctx, "Session established", attrGateway, s.gw.url, attrSessionID, s.id,
-		attrNodeID, w.GetNodeId(), attrInterval, s.interval)
+		logkey.NodeID, w.GetNodeId(), attrInterval, s.interval)
 	c.gwClock.observe(s.ctx, s.gw.url, w.GetServerTime())
 	c.listed(s.ctx, s.gw, w.GetGateways())
 }

@@ -20,6 +20,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/installer/manifest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -39,12 +40,10 @@ var (
 
 // Log attribute keys of this package.
 const (
-	attrFrom    = "from"
-	attrTo      = "to"
-	attrErr     = "err"
-	attrCommand = "command_id"
-	attrPath    = "path"
-	attrReason  = "reason"
+	attrFrom   = "from"
+	attrTo     = "to"
+	attrPath   = "path"
+	attrReason = "reason"
 )
 
 // Installer swaps bcd's binary. LocalInstaller does it in this process (bcd
@@ -228,7 +227,7 @@ func (u *Upgrader) upgrade(ctx context.Context, cmd *sessionv1.Command) *session
 	if err != nil {
 		return failed(fmt.Sprintf("upgrade to %s: %v", version, err))
 	}
-	log := u.log.With(attrCommand, cmd.GetId(), attrFrom, u.cfg.Version, attrTo, version)
+	log := u.log.With(logkey.CommandID, cmd.GetId(), attrFrom, u.cfg.Version, attrTo, version)
 	log.InfoContext(ctx, "Upgrading bcd", "base_url", base)
 	pins, err := ReadPins(u.cfg.PinsFile)
 	if err != nil {
@@ -298,7 +297,7 @@ func (u *Upgrader) Handover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("finish upgrade: %w", err)
 	}
-	log := u.log.With(attrCommand, m.CommandID, attrFrom, m.From, attrTo, m.To)
+	log := u.log.With(logkey.CommandID, m.CommandID, attrFrom, m.From, attrTo, m.To)
 	log.InfoContext(ctx, "Trying the new bcd before restarting into it", "timeout", u.cfg.HealthTimeout)
 	terr := u.trial(ctx, m.To)
 	if ctx.Err() != nil {
@@ -332,7 +331,7 @@ func (u *Upgrader) Resume(ctx context.Context) (probation bool, err error) {
 		return false, nil
 	}
 	if err != nil {
-		u.log.WarnContext(ctx, "Unreadable upgrade marker removed", attrErr, err)
+		u.log.WarnContext(ctx, "Unreadable upgrade marker removed", logkey.Err, err)
 		return false, u.files.removeMarker()
 	}
 	if m.State == stateRolledBack {
@@ -375,7 +374,7 @@ func (u *Upgrader) Connected() {
 			for _, name := range []string{"manifest.json", "manifest.json.minisig"} {
 				if b, err := os.ReadFile(u.files.path(name)); err == nil {
 					if err := writeFile(filepath.Join(u.cfg.DataDir, releaseDir, name), b); err != nil {
-						u.log.Warn("Could not keep the release manifest", attrErr, err)
+						u.log.Warn("Could not keep the release manifest", logkey.Err, err)
 					}
 				}
 			}
@@ -384,7 +383,7 @@ func (u *Upgrader) Connected() {
 			os.Remove(u.files.path(name))
 		}
 		if err := u.files.removeMarker(); err != nil {
-			u.log.Warn("Could not remove the upgrade marker", attrErr, err)
+			u.log.Warn("Could not remove the upgrade marker", logkey.Err, err)
 		}
 	})
 }

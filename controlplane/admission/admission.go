@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/jointoken"
@@ -319,7 +320,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 	case err != nil:
 		return nil, a.fail(ctx, entry, &details, fmt.Errorf("join: %w", err))
 	}
-	a.log.InfoContext(ctx, "Node joined", "node_id", adm.Node.ID, "pool_id", adm.Pool.ID, "hostname", adm.Node.Hostname,
+	a.log.InfoContext(ctx, "Node joined", logkey.NodeID, adm.Node.ID, "pool_id", adm.Pool.ID, "hostname", adm.Node.Hostname,
 		"rejoined", adm.Rejoined, "repeated", adm.Repeated, "serial", adm.Cert.Serial, "source", req.Source)
 	return adm, nil
 }
@@ -417,7 +418,7 @@ func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok
 // refuse writes the audit row of a refused join and returns err.
 func (a *Admitter) refuse(ctx context.Context, entry *store.AuditEntry, d *auditDetails, err error) error {
 	a.audit(ctx, entry, d, OutcomeRefused, err)
-	a.log.InfoContext(ctx, "Join refused", "source", entry.SourceIP, "token_id", d.TokenID, "error", err)
+	a.log.InfoContext(ctx, "Join refused", "source", entry.SourceIP, "token_id", d.TokenID, logkey.Err, err)
 	return err
 }
 
@@ -425,7 +426,7 @@ func (a *Admitter) refuse(ctx context.Context, entry *store.AuditEntry, d *audit
 // returns err.
 func (a *Admitter) fail(ctx context.Context, entry *store.AuditEntry, d *auditDetails, err error) error {
 	a.audit(ctx, entry, d, OutcomeError, err)
-	a.log.ErrorContext(ctx, "Join failed", "source", entry.SourceIP, "token_id", d.TokenID, "error", err)
+	a.log.ErrorContext(ctx, "Join failed", "source", entry.SourceIP, "token_id", d.TokenID, logkey.Err, err)
 	return err
 }
 
@@ -437,7 +438,7 @@ func (a *Admitter) audit(ctx context.Context, entry *store.AuditEntry, d *auditD
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := a.store.AuditInsert(actx, &e); err != nil {
-		a.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, "error", err)
+		a.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, logkey.Err, err)
 	}
 }
 

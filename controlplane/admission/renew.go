@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -67,7 +68,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 		a.audit(ctx, entry, &details, OutcomeError, err)
 		return nil, err
 	}
-	a.log.InfoContext(ctx, "Node certificate renewed", "node_id", req.NodeID, "serial", cert.Serial, "previous_serial", req.Serial)
+	a.log.InfoContext(ctx, "Node certificate renewed", logkey.NodeID, req.NodeID, "serial", cert.Serial, "previous_serial", req.Serial)
 	return cert, nil
 }
 
@@ -95,7 +96,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 	entry := &store.AuditEntry{Actor: "node:" + p.NodeID, Action: ActionReattest, Resource: "node/" + p.NodeID, SourceIP: req.Source}
 	refuse := func(err error) (*pki.Issued, error) {
 		a.audit(ctx, entry, &details, OutcomeRefused, err)
-		a.log.InfoContext(ctx, "Re-attestation refused", "node_id", p.NodeID, "source", req.Source, "error", err)
+		a.log.InfoContext(ctx, "Re-attestation refused", logkey.NodeID, p.NodeID, "source", req.Source, logkey.Err, err)
 		return nil, err
 	}
 	now := a.cfg.Now()
@@ -141,7 +142,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 		a.audit(ctx, entry, &details, OutcomeError, err)
 		return nil, err
 	}
-	a.log.InfoContext(ctx, "Node re-attested", "node_id", p.NodeID, "serial", cert.Serial, "previous_serial", p.Serial,
+	a.log.InfoContext(ctx, "Node re-attested", logkey.NodeID, p.NodeID, "serial", cert.Serial, "previous_serial", p.Serial,
 		"expired_for", now.Sub(p.NotAfter).Round(time.Second), "source", req.Source)
 	return cert, nil
 }

@@ -17,38 +17,23 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/bmcsecret"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
-
-// BMC command kinds (the node runs them through its BMC plugin).
-const (
-	KindPowerStatus  = "power.status"
-	KindPowerOn      = "power.on"
-	KindPowerOff     = "power.off" // hard
-	KindPowerSoftOff = "power.soft-off"
-	KindPowerCycle   = "power.cycle"
-	KindPowerReset   = "power.reset"
-	KindBootSet      = "boot.set"
-)
-
-// kindsHelp lists every kind commands.create accepts, for its errors.
-const kindsHelp = "exec, inventory.refresh, power.status, power.on, power.off, power.soft-off, power.cycle, power.reset, boot.set or upgrade"
 
 // isPowerKind reports whether kind is one of the power.* kinds.
 func isPowerKind(kind string) bool {
-	switch kind {
-	case KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff, KindPowerCycle, KindPowerReset:
-		return true
-	}
-	return false
+	_, ok := sessionv1.PowerAction(kind)
+	return ok
 }
 
 // bmcCommandSpec validates the spec of a power.* or boot.set request and
-// returns it as the stored JSON.
-func bmcCommandSpec(r *apiv1.CreateCommandsRequest) ([]byte, error) {
+// returns it in the session-protocol form: a PowerSpec whose action is the
+// kind's suffix, or a BootSpec.
+func bmcCommandSpec(r *apiv1.CreateCommandsRequest) (*sessionv1.Command, error) {
 	if r.Exec != nil {
 		return nil, invalid("exec", "only for kind exec")
 	}
-	if r.GetKind() == KindBootSet {
+	if r.GetKind() == sessionv1.KindBootSet {
 		if r.Power != nil {
 			return nil, invalid("power", "only for the power.* kinds")
 		}
@@ -66,7 +51,8 @@ func bmcCommandSpec(r *apiv1.CreateCommandsRequest) ([]byte, error) {
 		if err := bmcName("boot.bmc", b.GetBmc()); err != nil {
 			return nil, err
 		}
-		return protojson.Marshal(b)
+		return &sessionv1.Command{Spec: &sessionv1.Command_Boot{Boot: &sessionv1.BootSpec{Bmc: b.GetBmc(), Device: b.GetDevice(),
+			Persistent: b.GetPersistent()}}}, nil
 	}
 	if r.Boot != nil {
 		return nil, invalid("boot", "only for kind boot.set")
@@ -78,7 +64,8 @@ func bmcCommandSpec(r *apiv1.CreateCommandsRequest) ([]byte, error) {
 	if err := bmcName("power.bmc", p.GetBmc()); err != nil {
 		return nil, err
 	}
-	return protojson.Marshal(p)
+	action, _ := sessionv1.PowerAction(r.GetKind())
+	return &sessionv1.Command{Spec: &sessionv1.Command_Power{Power: &sessionv1.PowerSpec{Bmc: p.GetBmc(), Action: action}}}, nil
 }
 
 // bmcName checks a BMC name: empty (the node's own) or 1 to 63 of A-Z,
@@ -98,24 +85,11 @@ func bmcName(field, v string) error {
 	return nil
 }
 
-// bmcOut fills a command's BMC spec and result for commandOut.
-func bmcOut(out *apiv1.Command, c *store.Command) {
-	unmarshal := protojson.UnmarshalOptions{DiscardUnknown: true}
-	switch {
-	case isPowerKind(c.Kind) && len(c.Spec) > 0:
-		spec := &apiv1.PowerSpec{}
-		if unmarshal.Unmarshal(c.Spec, spec) == nil {
-			out.Power = spec
-		}
-	case c.Kind == KindBootSet && len(c.Spec) > 0:
-		spec := &apiv1.BootSpec{}
-		if unmarshal.Unmarshal(c.Spec, spec) == nil {
-			out.Boot = spec
-		}
-	}
+// resultOut fills a command's structured result for commandOut.
+func resultOut(out *apiv1.Command, c *store.Command) {
 	if len(c.Result) > 0 {
 		res := &structpb.Struct{}
-		if unmarshal.Unmarshal(c.Result, res) == nil {
+		if (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Result, res) == nil {
 			out.Result = res
 		}
 	}

@@ -37,9 +37,10 @@ func TestBMCCommandsCreate(t *testing.T) {
 	node := f.withNode()
 	ctx := context.Background()
 	for _, tc := range []struct{ body, kind, spec string }{
-		{`{"nodeIds":["node_bmc"],"kind":"power.status"}`, "power.status", `{}`},
-		{`{"nodeIds":["node_bmc"],"kind":"power.soft-off","power":{"bmc":"rack1-u07"}}`, "power.soft-off", `{"bmc":"rack1-u07"}`},
-		{`{"nodeIds":["node_bmc"],"kind":"boot.set","boot":{"device":"pxe","persistent":true}}`, "boot.set", `{"device":"pxe","persistent":true}`},
+		// Stored in the session-protocol form, a power.* kind's action set.
+		{`{"nodeIds":["node_bmc"],"kind":"power.status"}`, "power.status", `{"power":{"action":"status"}}`},
+		{`{"nodeIds":["node_bmc"],"kind":"power.soft-off","power":{"bmc":"rack1-u07"}}`, "power.soft-off", `{"power":{"bmc":"rack1-u07","action":"soft-off"}}`},
+		{`{"nodeIds":["node_bmc"],"kind":"boot.set","boot":{"device":"pxe","persistent":true}}`, "boot.set", `{"boot":{"device":"pxe","persistent":true}}`},
 	} {
 		r := f.call("commands.create", f.admin, tc.body, peer)
 		if r.Code != 200 {
@@ -52,10 +53,10 @@ func TestBMCCommandsCreate(t *testing.T) {
 			t.Fatalf("%s: stored %+v %v", tc.body, c, err)
 		}
 		var got, want any
-		_ = json.Unmarshal(c.Spec, &got)
+		_ = json.Unmarshal(c.SessionSpec, &got)
 		_ = json.Unmarshal([]byte(tc.spec), &want)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("%s: spec %s, want %s", tc.body, c.Spec, tc.spec)
+			t.Errorf("%s: spec %s, want %s", tc.body, c.SessionSpec, tc.spec)
 		}
 	}
 	for _, tc := range []struct{ body, field string }{

@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Waker is told right after commands commit, so the gateways holding their
@@ -18,10 +19,25 @@ type Waker interface {
 	Wake(ctx context.Context, nodeIDs []string)
 }
 
+// apiKinds are the kinds commands.create accepts: the protocol's
+// (sessionv1.Kinds) but reboot and drain.
+var apiKinds = []string{sessionv1.KindExec, sessionv1.KindInventoryRefresh, sessionv1.KindPowerStatus, sessionv1.KindPowerOn,
+	sessionv1.KindPowerOff, sessionv1.KindPowerSoftOff, sessionv1.KindPowerCycle, sessionv1.KindPowerReset,
+	sessionv1.KindBootSet, sessionv1.KindUpgrade}
+
+// kindsHelp lists apiKinds for commands.create's errors: "exec, ..., boot.set
+// or upgrade".
+func kindsHelp() string {
+	return strings.Join(apiKinds[:len(apiKinds)-1], ", ") + " or " + apiKinds[len(apiKinds)-1]
+}
+
+// commandsCreate validates the request and stores each command's spec in
+// its session-protocol form (sessionv1.MarshalSpec), the form the gateway
+// sends as it is.
 func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateCommandsRequest) (*apiv1.CreateCommandsResponse, error) {
-	var spec []byte
-	switch r.GetKind() {
-	case KindExec:
+	var spec *sessionv1.Command
+	switch kind := r.GetKind(); {
+	case kind == sessionv1.KindExec:
 		e := r.GetExec()
 		if len(e.GetArgv()) == 0 || e.GetArgv()[0] == "" {
 			return nil, invalid("exec.argv", "is required for kind exec")
@@ -34,44 +50,52 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 				return nil, invalid("exec.env", "%q is not a variable name", k)
 			}
 		}
-		if e.GetOutputLimitBytes() == 0 {
-			e.OutputLimitBytes = DefaultOutputLimit
+		limit := e.GetOutputLimitBytes()
+		if limit == 0 {
+			limit = DefaultOutputLimit
 		}
-		b, err := specJSON(e)
-		if err != nil {
-			return nil, err
-		}
-		spec = b
-	case KindInventoryRefresh:
+		spec = &sessionv1.Command{Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: e.GetArgv(), Env: e.GetEnv(),
+			Cwd: e.GetCwd(), OutputLimitBytes: limit, AsRoot: e.GetAsRoot()}}}
+	case kind == sessionv1.KindInventoryRefresh:
 		if r.Exec != nil {
 			return nil, invalid("exec", "only for kind exec")
 		}
-		spec = []byte("{}")
-	case KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff, KindPowerCycle, KindPowerReset, KindBootSet:
+		spec = &sessionv1.Command{}
+	case isPowerKind(kind) || kind == sessionv1.KindBootSet:
 		b, err := bmcCommandSpec(r)
 		if err != nil {
 			return nil, err
 		}
 		spec = b
-	case KindUpgrade:
+	case kind == sessionv1.KindUpgrade:
 		b, err := s.upgradeCommandSpec(ctx, r)
 		if err != nil {
 			return nil, err
 		}
 		spec = b
-	case "":
-		return nil, invalid("kind", "is required: %s", kindsHelp)
+	case kind == "":
+		return nil, invalid("kind", "is required: %s", kindsHelp())
 	default:
-		return nil, invalid("kind", "unknown kind %q: want %s", r.GetKind(), kindsHelp)
+		return nil, invalid("kind", "unknown kind %q: want %s", kind, kindsHelp())
 	}
-	if r.GetKind() != KindBootSet && r.Boot != nil {
+	if r.GetKind() != sessionv1.KindBootSet && r.Boot != nil {
 		return nil, invalid("boot", "only for kind boot.set")
 	}
 	if !isPowerKind(r.GetKind()) && r.Power != nil {
 		return nil, invalid("power", "only for the power.* kinds")
 	}
-	if r.GetKind() != KindUpgrade && r.Upgrade != nil {
+	if r.GetKind() != sessionv1.KindUpgrade && r.Upgrade != nil {
 		return nil, invalid("upgrade", "only for kind upgrade")
+	}
+	// The checks above give the API's own messages; the protocol's rule is
+	// the last word (a request that passes them and fails it is refused,
+	// never sent).
+	if err := sessionv1.CheckSpec(r.GetKind(), spec); err != nil {
+		return nil, invalid("kind", "%v", err)
+	}
+	stored, err := sessionv1.MarshalSpec(spec)
+	if err != nil {
+		return nil, err
 	}
 	timeout := DefaultCommandTimeout
 	if r.Timeout != nil {
@@ -87,7 +111,7 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, err
 	}
-	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), Spec: spec,
+	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), SessionSpec: stored,
 		IdempotencyKey: r.GetIdempotencyKey(), CreatedBy: "token:" + p.TokenID, Timeout: timeout})
 	if err != nil {
 		return nil, err
@@ -101,6 +125,27 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		out.Commands = append(out.Commands, commandOut(c))
 	}
 	return out, nil
+}
+
+// specOut shows a command's stored spec (the session-protocol form) in the
+// API's messages: Command.exec, power, boot or upgrade. A spec that does
+// not decode is left out.
+func specOut(out *apiv1.Command, c *store.Command) {
+	spec := &sessionv1.Command{}
+	if len(c.SessionSpec) == 0 || sessionv1.UnmarshalSpec(c.SessionSpec, spec) != nil {
+		return
+	}
+	switch x := spec.GetSpec().(type) {
+	case *sessionv1.Command_Exec:
+		out.Exec = &apiv1.ExecSpec{Argv: x.Exec.GetArgv(), Env: x.Exec.GetEnv(), Cwd: x.Exec.GetCwd(), AsRoot: x.Exec.GetAsRoot(),
+			OutputLimitBytes: x.Exec.GetOutputLimitBytes()}
+	case *sessionv1.Command_Power:
+		out.Power = &apiv1.PowerSpec{Bmc: x.Power.GetBmc()}
+	case *sessionv1.Command_Boot:
+		out.Boot = &apiv1.BootSpec{Bmc: x.Boot.GetBmc(), Device: x.Boot.GetDevice(), Persistent: x.Boot.GetPersistent()}
+	case *sessionv1.Command_Upgrade:
+		out.Upgrade = &apiv1.UpgradeSpec{Version: x.Upgrade.GetVersion(), BaseUrl: x.Upgrade.GetBaseUrl()}
+	}
 }
 
 // targets resolves node ids or a pool and selector to node ids.
@@ -174,13 +219,16 @@ func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.Get
 		if err != nil {
 			return nil, err
 		}
+		var stdout, stderr []byte
 		for _, ch := range chunks {
 			if ch.Stream == store.StreamStderr {
-				out.Stderr = append(out.Stderr, ch.Data...)
+				stderr = append(stderr, ch.Data...)
 			} else {
-				out.Stdout = append(out.Stdout, ch.Data...)
+				stdout = append(stdout, ch.Data...)
 			}
 		}
+		out.Stdout, out.StdoutBase64 = outputForms(stdout)
+		out.Stderr, out.StderrBase64 = outputForms(stderr)
 	}
 	return &apiv1.GetCommandResponse{Command: out}, nil
 }
@@ -221,6 +269,9 @@ func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.
 	return &apiv1.CancelCommandResponse{Command: commandOut(c)}, nil
 }
 
+// nodeStates are the states nodes.list filters by (store.Node.State).
+var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining}
+
 func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
@@ -231,6 +282,9 @@ func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListN
 	}
 	if r.GetMinGpus() < 0 {
 		return nil, invalid("minGpus", "must not be negative")
+	}
+	if st := r.GetState(); st != "" && !slices.Contains(nodeStates, st) {
+		return nil, invalid("state", "unknown state %q: want %s", st, strings.Join(nodeStates, ", "))
 	}
 	params := store.NodeListParams{ListParams: lp, State: r.GetState()}
 	if r.GetPool() != "" {

@@ -3,9 +3,11 @@ package api
 import (
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -37,7 +39,22 @@ func poolOut(p *store.Pool) *apiv1.Pool {
 
 func joinTokenOut(t *store.JoinToken) *apiv1.JoinToken {
 	return &apiv1.JoinToken{Id: t.ID, PoolId: t.PoolID, Description: t.Description, MaxUses: int32(t.MaxUses),
-		Uses: int32(t.Uses), ExpireTime: ts(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt), NodeId: t.NodeID}
+		Uses: int32(t.Uses), ExpireTime: ts(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt), NodeId: t.NodeID,
+		State: joinTokenState(t, time.Now())}
+}
+
+// joinTokenState says whether a join token can still admit a join at now:
+// active, revoked, expired or "used up".
+func joinTokenState(t *store.JoinToken, now time.Time) string {
+	switch {
+	case t.RevokedAt != nil:
+		return "revoked"
+	case !t.ExpiresAt.After(now):
+		return "expired"
+	case t.Uses >= t.MaxUses:
+		return "used up"
+	}
+	return "active"
 }
 
 func apiTokenOut(t *store.APIToken) *apiv1.APIToken {
@@ -56,6 +73,34 @@ func inventoryOf(n *store.Node) *sessionv1.Inventory {
 		return nil
 	}
 	return inv
+}
+
+// inventoryStruct is a node's stored inventory as the object Node.inventory
+// carries: its protojson (the API's marshal options) as a Struct, nil when
+// the node has reported none or it does not decode.
+func inventoryStruct(n *store.Node) *structpb.Struct {
+	inv := inventoryOf(n)
+	if inv == nil {
+		return nil
+	}
+	b, err := marshal.Marshal(inv)
+	if err != nil {
+		return nil
+	}
+	st := &structpb.Struct{}
+	if err := protojson.Unmarshal(b, st); err != nil {
+		return nil
+	}
+	return st
+}
+
+// outputForms splits captured output into a Command's two forms: the text
+// when b is valid UTF-8, else the bytes for its _base64 field.
+func outputForms(b []byte) (text string, raw []byte) {
+	if utf8.Valid(b) {
+		return string(b), nil
+	}
+	return "", b
 }
 
 // healthName turns GPU_HEALTH_STATE_FAILED into "failed".
@@ -83,7 +128,7 @@ func nodeOut(n *store.Node, gatewayID string, withInventory bool) *apiv1.Node {
 		out.Gpus = gpusOut(inv)
 	}
 	if withInventory {
-		out.InventoryJson = string(n.Inventory)
+		out.Inventory = inventoryStruct(n)
 	}
 	if n.ClockSkew != nil {
 		out.ClockSkew = durationpb.New(*n.ClockSkew)
@@ -100,13 +145,7 @@ func commandOut(c *store.Command) *apiv1.Command {
 		code := int32(*c.ExitCode)
 		out.ExitCode = &code
 	}
-	if c.Kind == KindExec && len(c.Spec) > 0 {
-		spec := &apiv1.ExecSpec{}
-		if (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Spec, spec) == nil {
-			out.Exec = spec
-		}
-	}
-	upgradeOut(out, c)
-	bmcOut(out, c)
+	specOut(out, c)
+	resultOut(out, c)
 	return out
 }

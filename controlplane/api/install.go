@@ -18,6 +18,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/installer"
 	"github.com/better-compute/better-compute/installer/manifest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
@@ -204,7 +205,7 @@ func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, er
 		if err == nil {
 			opts.Manifest, opts.Signature, opts.Pins = m, sig, s.cfg.ReleasePins
 		} else {
-			s.log.WarnContext(ctx, "Install script without a pinned release manifest", "version", version, "err", err)
+			s.log.WarnContext(ctx, "Install script without a pinned release manifest", "version", version, logkey.Err, err)
 		}
 	}
 	script, err := installer.Generate(opts)
@@ -316,4 +317,26 @@ func InstallCommand(scriptURL, pin, token string) string {
 // shellQuote quotes v for POSIX sh.
 func shellQuote(v string) string {
 	return "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
+}
+
+// LocalURL is where a CLI on this machine reaches the API: the bound
+// address, with an unspecified one (0.0.0.0, ::) as the loopback address of
+// its family, and https when the API serves TLS. Valid after Ready.
+func (s *Server) LocalURL() string {
+	scheme := "http"
+	if s.certs != nil {
+		scheme = "https"
+	}
+	a, ok := s.addr.(*net.TCPAddr)
+	if !ok {
+		return scheme + "://127.0.0.1:3000"
+	}
+	ip := a.IP
+	switch {
+	case ip == nil || ip.IsUnspecified() && ip.To4() != nil:
+		ip = net.IPv4(127, 0, 0, 1)
+	case ip.IsUnspecified():
+		ip = net.IPv6loopback
+	}
+	return scheme + "://" + net.JoinHostPort(ip.String(), strconv.Itoa(a.Port))
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
@@ -15,12 +14,6 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
-)
-
-// Command kinds the API creates.
-const (
-	KindExec             = "exec"
-	KindInventoryRefresh = "inventory.refresh"
 )
 
 // Limits of commands.create.
@@ -56,35 +49,38 @@ func joinTokenTTL(d *durationpb.Duration) (time.Duration, error) {
 	return d.AsDuration(), nil
 }
 
+// registerMethods registers the handler of every API method; which
+// methods exist, their roles and which are audited is api.proto's (service
+// rpcs with the access option), read here through apiv1.Methods.
 func (s *Server) registerMethods() {
-	const viewer, operator, admin = store.RoleViewer, store.RoleOperator, store.RoleAdmin
-	handle(s, "sites.create", admin, true, s.sitesCreate)
-	handle(s, "sites.list", viewer, false, s.sitesList)
-	handle(s, "pools.create", admin, true, s.poolsCreate)
-	handle(s, "pools.list", viewer, false, s.poolsList)
-	handle(s, "joinTokens.create", admin, true, s.joinTokensCreate)
-	handle(s, "joinTokens.list", viewer, false, s.joinTokensList)
-	handle(s, "joinTokens.revoke", admin, true, s.joinTokensRevoke)
-	handle(s, "nodes.list", viewer, false, s.nodesList)
-	handle(s, "nodes.get", viewer, false, s.nodesGet)
-	handle(s, "nodes.cordon", operator, true, s.nodesCordon(true))
-	handle(s, "nodes.uncordon", operator, true, s.nodesCordon(false))
-	handle(s, "nodes.drain", operator, true, s.nodesDrain)
-	handle(s, "nodes.delete", admin, true, s.nodesDelete)
-	handle(s, "nodes.reinstall", admin, true, s.nodesReinstall)
-	handle(s, "nodes.add", admin, true, s.nodesAdd)
-	handle(s, "commands.create", operator, true, s.commandsCreate)
-	handle(s, "commands.get", viewer, false, s.commandsGet)
-	handle(s, "commands.list", viewer, false, s.commandsList)
-	handle(s, "commands.cancel", operator, true, s.commandsCancel)
-	handle(s, "gateways.list", viewer, false, s.gatewaysList)
-	handle(s, "pki.revoke", admin, true, s.pkiRevoke)
-	handle(s, "fleet.summary", viewer, false, s.fleetSummary)
-	handle(s, "tokens.create", admin, true, s.tokensCreate)
-	handle(s, "tokens.list", admin, false, s.tokensList)
-	handle(s, "tokens.revoke", admin, true, s.tokensRevoke)
-	handle(s, "bmc.setCredentials", admin, true, s.bmcSetCredentials)
-	handle(s, "bmc.deleteCredentials", admin, true, s.bmcDeleteCredentials)
+	handle(s, "sites.create", s.sitesCreate)
+	handle(s, "sites.list", s.sitesList)
+	handle(s, "pools.create", s.poolsCreate)
+	handle(s, "pools.list", s.poolsList)
+	handle(s, "joinTokens.create", s.joinTokensCreate)
+	handle(s, "joinTokens.list", s.joinTokensList)
+	handle(s, "joinTokens.revoke", s.joinTokensRevoke)
+	handle(s, "nodes.list", s.nodesList)
+	handle(s, "nodes.get", s.nodesGet)
+	handle(s, "nodes.cordon", s.nodesCordon(true))
+	handle(s, "nodes.uncordon", s.nodesCordon(false))
+	handle(s, "nodes.drain", s.nodesDrain)
+	handle(s, "nodes.delete", s.nodesDelete)
+	handle(s, "nodes.reinstall", s.nodesReinstall)
+	handle(s, "nodes.add", s.nodesAdd)
+	handle(s, "commands.create", s.commandsCreate)
+	handle(s, "commands.get", s.commandsGet)
+	handle(s, "commands.list", s.commandsList)
+	handle(s, "commands.cancel", s.commandsCancel)
+	handle(s, "gateways.list", s.gatewaysList)
+	handle(s, "pki.revoke", s.pkiRevoke)
+	handle(s, "fleet.summary", s.fleetSummary)
+	handle(s, "tokens.create", s.tokensCreate)
+	handle(s, "tokens.list", s.tokensList)
+	handle(s, "tokens.revoke", s.tokensRevoke)
+	handle(s, "bmc.setCredentials", s.bmcSetCredentials)
+	handle(s, "bmc.deleteCredentials", s.bmcDeleteCredentials)
+	handle(s, "audit.list", s.auditList)
 }
 
 // page validates a page request.
@@ -324,7 +320,11 @@ func (s *Server) joinTokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv
 	if err := s.store.JoinTokenRevoke(ctx, r.GetId()); err != nil {
 		return nil, fieldNotFound(err, "id", "no join token "+r.GetId())
 	}
-	return &apiv1.RevokeJoinTokenResponse{}, nil
+	t, err := s.store.JoinTokenGet(ctx, r.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.RevokeJoinTokenResponse{JoinToken: joinTokenOut(t)}, nil
 }
 
 // fieldNotFound names field when err is a missing row.
@@ -479,7 +479,7 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 	if reason == "" {
 		reason = "revoked by an operator"
 	}
-	rev := &store.Revocation{Serial: strings.ToLower(r.GetSerial()), Reason: reason}
+	rev := &store.Revocation{Reason: reason}
 	if r.GetNodeId() != "" {
 		n, err := s.store.NodeGet(ctx, r.GetNodeId())
 		if err != nil {
@@ -489,13 +489,21 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 			return nil, invalid("nodeId", "node %s has no certificate", n.ID)
 		}
 		rev.Serial, rev.NodeID = n.CertSerial, n.ID
-	} else if err := id("serial", rev.Serial); err != nil {
+	} else {
+		serial, err := CanonicalSerial(r.GetSerial())
+		if err != nil {
+			return nil, invalid("serial", "%v", err)
+		}
+		rev.Serial = serial
+	}
+	already, err := s.store.RevocationCheck(ctx, rev.Serial)
+	if err != nil {
 		return nil, err
 	}
 	if err := s.store.RevocationInsert(ctx, rev); err != nil {
 		return nil, err
 	}
-	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}}, nil
+	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}, NodeId: rev.NodeID, AlreadyRevoked: already}, nil
 }
 
 func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateAPITokenRequest) (*apiv1.CreateAPITokenResponse, error) {
@@ -544,11 +552,6 @@ func (s *Server) tokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Re
 	}
 	s.auth.Forget()
 	return &apiv1.RevokeAPITokenResponse{}, nil
-}
-
-// specJSON is the stored spec of an exec command.
-func specJSON(e *apiv1.ExecSpec) ([]byte, error) {
-	return protojson.Marshal(e)
 }
 
 // labelsMatch reports whether labels hold every selector entry.

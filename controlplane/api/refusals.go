@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -66,7 +67,7 @@ func (s *Server) refuseUnauthenticated(ctx context.Context, reason, method strin
 	}
 	if e := s.unauth.refused(reason, method, fmt.Sprint(addr)); e != nil {
 		if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
-			s.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, "err", err)
+			s.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, logkey.Err, err)
 		}
 	}
 }

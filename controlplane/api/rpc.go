@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -29,7 +33,8 @@ const MaxBodyBytes = 1 << 20
 // origins without a CORS preflight, so it guards against cross-site requests.
 const HeaderCSRF = "X-Better-Compute"
 
-// method is one registered API method.
+// method is one registered API method: its access as api.proto declares
+// it (apiv1.Methods) and its handler.
 type method struct {
 	role     string // least role allowed
 	mutating bool   // audited
@@ -37,17 +42,48 @@ type method struct {
 	call     func(context.Context, *iam.Principal, proto.Message) (proto.Message, error)
 }
 
-// handle registers an API method "group.method".
-func handle[Req, Resp proto.Message](s *Server, name, role string, mutating bool, fn func(context.Context, *iam.Principal, Req) (Resp, error)) {
+// handle registers fn as the handler of the API method name
+// ("group.method"); its role and audit flag come from api.proto's services
+// (apiv1.Methods). A name api.proto does not declare, a second handler for
+// one name, or request and response types other than the rpc's are
+// recorded and make checkMethods fail.
+func handle[Req, Resp proto.Message](s *Server, name string, fn func(context.Context, *iam.Principal, Req) (Resp, error)) {
 	var zero Req
+	var zeroResp Resp
+	spec, ok := s.table[name]
+	switch {
+	case !ok:
+		s.bindErrs = append(s.bindErrs, fmt.Errorf("handler %s: no rpc in api.proto's services", name))
+		return
+	case s.methods[name] != nil:
+		s.bindErrs = append(s.bindErrs, fmt.Errorf("handler %s: registered twice", name))
+		return
+	case reflect.TypeOf(zero) != reflect.TypeOf(spec.Request) || reflect.TypeOf(zeroResp) != reflect.TypeOf(spec.Response):
+		s.bindErrs = append(s.bindErrs, fmt.Errorf("handler %s: takes %T and returns %T, api.proto says %T and %T",
+			name, zero, zeroResp, spec.Request, spec.Response))
+		return
+	}
 	s.methods[name] = &method{
-		role:     role,
-		mutating: mutating,
+		role:     spec.Role,
+		mutating: spec.Mutating,
 		newReq:   func() proto.Message { return zero.ProtoReflect().New().Interface() },
 		call: func(ctx context.Context, p *iam.Principal, m proto.Message) (proto.Message, error) {
 			return fn(ctx, p, m.(Req))
 		},
 	}
+}
+
+// checkMethods reports every mismatch between the handlers registered and
+// the table they were registered by: a handler refused by handle, or a
+// method of the table without a handler.
+func (s *Server) checkMethods() error {
+	errs := slices.Clone(s.bindErrs)
+	for _, name := range slices.Sorted(maps.Keys(s.table)) {
+		if s.methods[name] == nil {
+			errs = append(errs, fmt.Errorf("rpc %s of api.proto has no handler", name))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 var unmarshal = protojson.UnmarshalOptions{DiscardUnknown: false}
@@ -201,7 +237,7 @@ func fieldOf(msg string) string {
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, known := toAPIError(err)
 	if !known {
-		s.log.ErrorContext(r.Context(), "API call failed", "path", r.URL.Path, "err", err)
+		s.log.ErrorContext(r.Context(), "API call failed", "path", r.URL.Path, logkey.Err, err)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.status())
@@ -240,7 +276,7 @@ func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, 
 	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome,
 		SourceIP: fmt.Sprint(addr), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
-		s.log.ErrorContext(ctx, "Audit write failed", "action", action, "err", err)
+		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
 	}
 }
 

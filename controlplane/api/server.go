@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Config configures the api role.
@@ -96,6 +97,12 @@ type Server struct {
 	certs   *certreload.Reloader // nil: plain HTTP
 	unauth  unauthSummary
 
+	// table is apiv1.Methods by name, what handle registers against;
+	// bindErrs what it refused.
+	table    map[string]apiv1.Method
+	bindErrs []error
+	openAPI  []byte // {basePath}/openapi.json
+
 	pinMu sync.Mutex
 	pin   string    // gateway CA pin of the bundle version pinOf
 	pinOf time.Time // the bundle's updated_at when pin was read
@@ -116,12 +123,24 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	if s.unauth.now == nil {
 		s.unauth.now = time.Now
 	}
+	s.table = map[string]apiv1.Method{}
+	for _, m := range apiv1.Methods {
+		s.table[m.Name] = m
+	}
 	s.registerMethods()
+	// A handler without an rpc or an rpc without a handler is a build
+	// mistake (TestMethodsMatchProto): refuse to start rather than serve
+	// another API than the one api.proto and openapi.json describe.
+	if err := s.checkMethods(); err != nil {
+		panic("api: the handlers do not match api.proto: " + err.Error())
+	}
+	s.openAPI = openAPIDocument(cfg.BasePath)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.HandleFunc("GET "+cfg.BasePath+"/health", s.health)
 	s.mux.HandleFunc("GET /.well-known/better-compute", s.wellKnown)
 	s.mux.HandleFunc("GET "+cfg.BasePath+InstallScriptPath, s.serveInstallScript)
+	s.mux.HandleFunc("GET "+cfg.BasePath+OpenAPIPath, s.serveOpenAPI)
 	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", withOrigin(s.serveRPC))
 	s.mux.HandleFunc(cfg.BasePath+"/", s.noRoute)
 	if cfg.Downloads != nil {

@@ -6,20 +6,16 @@ import (
 	"net/url"
 	"strings"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
-	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/installer/manifest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
-// KindUpgrade moves bcd on nodes to a release (UpgradeSpec).
-const KindUpgrade = "upgrade"
-
-// upgradeCommandSpec checks an upgrade request and returns the stored spec:
-// the version and the base URL the nodes download from, resolved now (the
-// request's, downloads.publicURL, or this request's origin).
-func (s *Server) upgradeCommandSpec(ctx context.Context, r *apiv1.CreateCommandsRequest) ([]byte, error) {
+// upgradeCommandSpec checks an upgrade request and returns its spec in the
+// session-protocol form: the version and the base URL the nodes download
+// from, resolved now (the request's, downloads.publicURL, or this request's
+// origin).
+func (s *Server) upgradeCommandSpec(ctx context.Context, r *apiv1.CreateCommandsRequest) (*sessionv1.Command, error) {
 	if r.Exec != nil {
 		return nil, invalid("exec", "only for kind exec")
 	}
@@ -40,7 +36,8 @@ func (s *Server) upgradeCommandSpec(ctx context.Context, r *apiv1.CreateCommands
 	if p, err := url.Parse(base); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" || p.RawQuery != "" || p.Fragment != "" {
 		return nil, invalid("upgrade.baseUrl", "want an http(s)://host/path URL of a downloads route, such as https://compute.example.com/api/downloads")
 	}
-	return protojson.Marshal(&apiv1.UpgradeSpec{Version: u.GetVersion(), BaseUrl: strings.TrimRight(base, "/")})
+	return &sessionv1.Command{Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: u.GetVersion(),
+		BaseUrl: strings.TrimRight(base, "/")}}}, nil
 }
 
 // downloadsURL is the downloads route as nodes reach it: configured, or
@@ -55,17 +52,6 @@ func (s *Server) downloadsURL(ctx context.Context) string {
 		return ""
 	}
 	return origin + s.cfg.BasePath + "/downloads"
-}
-
-// upgradeOut shows an upgrade command's spec.
-func upgradeOut(out *apiv1.Command, c *store.Command) {
-	if c.Kind != KindUpgrade || len(c.Spec) == 0 {
-		return
-	}
-	spec := &apiv1.UpgradeSpec{}
-	if (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Spec, spec) == nil {
-		out.Upgrade = spec
-	}
 }
 
 // originKey keys the scheme and host a request came to.

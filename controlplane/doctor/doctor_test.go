@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/controlplane/sweeper"
 )
 
@@ -22,9 +23,11 @@ const secret = "doctor-test-secret-0123456789abcdef"
 
 // rawStore is a backend's store with raw SQL for states the API cannot
 // reach.
-type rawStore interface {
+type rawStore struct {
 	store.Store
-	ExecRaw(ctx context.Context, sql string) error
+	// ExecRaw runs raw SQL on the same database over a connection of its
+	// own (sqlitetest.Exec, pgtest.Exec).
+	ExecRaw func(ctx context.Context, sql string) error
 }
 
 // backends open a fresh, empty store of each backend.
@@ -33,20 +36,22 @@ var backends = []struct {
 	open func(t *testing.T) rawStore
 }{
 	{"sqlite", func(t *testing.T) rawStore {
-		st, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "state.db"))
+		path := filepath.Join(t.TempDir(), "state.db")
+		st, err := sqlite.Open(context.Background(), path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		return st
+		return rawStore{st, sqlitetest.Exec(path)}
 	}},
 	{"postgres", func(t *testing.T) rawStore {
-		st, err := postgres.Open(context.Background(), pgtest.URL(t))
+		url := pgtest.URL(t)
+		st, err := postgres.Open(context.Background(), url)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { st.Close() })
-		return st
+		return rawStore{st, pgtest.Exec(url)}
 	}},
 }
 
@@ -124,7 +129,7 @@ func (f *fleet) overdue(node string, late time.Duration) {
 	f.t.Helper()
 	created := time.Now().Add(-late - time.Minute)
 	if _, err := f.st.CommandEnqueue(context.Background(), &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec",
-		Spec: []byte(`{}`), Timeout: time.Minute, Now: &created}); err != nil {
+		SessionSpec: []byte(`{}`), Timeout: time.Minute, Now: &created}); err != nil {
 		f.t.Fatal(err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/installer/manifest"
 )
 
@@ -231,7 +232,7 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, name, downlo
 	key := fileKey{name: name, size: fi.Size(), modTime: fi.ModTime()}
 	sum, err := h.fileDigest(key, f)
 	if err != nil {
-		h.log.ErrorContext(r.Context(), "Download digest failed", "file", name, "err", err)
+		h.log.ErrorContext(r.Context(), "Download digest failed", "file", name, logkey.Err, err)
 		writeError(w, http.StatusInternalServerError, "INTERNAL", "internal error")
 		return
 	}
@@ -283,7 +284,7 @@ func (h *Handler) serveArchived(w http.ResponseWriter, r *http.Request, archive,
 	if blob == nil {
 		blob, err = extract(f, artifact, h.cfg.MaxArchiveBinary)
 		if err != nil {
-			h.log.WarnContext(r.Context(), "Download archive unreadable", "file", archive, "err", err)
+			h.log.WarnContext(r.Context(), "Download archive unreadable", "file", archive, logkey.Err, err)
 			writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s in %s", artifact, path.Base(archive)))
 			return
 		}
@@ -355,7 +356,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, download string,
 // the folder (a symbolic link out of it), is 404; anything else is logged.
 func (h *Handler) openFailed(w http.ResponseWriter, r *http.Request, name string, err error) {
 	if !errors.Is(err, fs.ErrNotExist) {
-		h.log.WarnContext(r.Context(), "Download refused", "file", name, "err", err)
+		h.log.WarnContext(r.Context(), "Download refused", "file", name, logkey.Err, err)
 	}
 	writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s here", path.Base(name)))
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -80,7 +81,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 	}
 	revoked, err := g.store.RevocationCheck(ctx, serial)
 	if err != nil {
-		g.log.ErrorContext(ctx, "Revocation check failed", "node_id", nodeID, "error", err)
+		g.log.ErrorContext(ctx, "Revocation check failed", logkey.NodeID, nodeID, logkey.Err, err)
 		return nil, status.Error(codes.Unavailable, "cannot check the certificate's revocation now; retry")
 	}
 	if revoked {
@@ -92,7 +93,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 		return nil, refusal(codes.PermissionDenied, sessionv1.IdentityRefusal_UNKNOWN_NODE,
 			fmt.Sprintf("certificate names node %s, which is not a node of this deployment: re-join the machine", nodeID))
 	case err != nil:
-		g.log.ErrorContext(ctx, "Node lookup failed", "node_id", nodeID, "error", err)
+		g.log.ErrorContext(ctx, "Node lookup failed", logkey.NodeID, nodeID, logkey.Err, err)
 		return nil, status.Error(codes.Unavailable, "cannot look the node up now; retry")
 	}
 	return &identity{nodeID: nodeID, serial: serial, addr: p.Addr}, nil
@@ -100,7 +101,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 
 // internal logs err and returns an INTERNAL status that does not leak it.
 func (g *Gateway) internal(ctx context.Context, op string, err error) error {
-	g.log.ErrorContext(ctx, "Gateway call failed", "op", op, "error", err)
+	g.log.ErrorContext(ctx, "Gateway call failed", "op", op, logkey.Err, err)
 	return status.Error(codes.Internal, fmt.Sprintf("%s failed on the gateway; see its log", op))
 }
 

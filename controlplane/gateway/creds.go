@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 )
 
 // loggedCreds reports refused TLS handshakes (a certificate from another CA,
@@ -42,7 +44,7 @@ func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	}
 	if err != nil && c.limit.Allow() {
 		c.log.LogAttrs(context.Background(), slog.LevelWarn, "TLS handshake refused",
-			slog.String("remote", conn.RemoteAddr().String()), slog.String("error", err.Error()))
+			slog.String("remote", conn.RemoteAddr().String()), slog.String(logkey.Err, err.Error()))
 	}
 	return out, info, err
 }

@@ -4,14 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
-	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -84,7 +84,7 @@ func (g *Gateway) dispatchLoop(ctx context.Context) {
 		case <-g.cfg.Wakeups:
 		}
 		if err := g.dispatchRound(ctx); err != nil && ctx.Err() == nil {
-			g.log.WarnContext(ctx, "Dispatch round failed", "error", err)
+			g.log.WarnContext(ctx, "Dispatch round failed", logkey.Err, err)
 		}
 	}
 }
@@ -148,7 +148,7 @@ func (g *Gateway) dispatchRound(ctx context.Context) error {
 func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	msg, err := commandMessage(c)
 	if err != nil {
-		g.log.ErrorContext(ctx, "Command not sendable", "command_id", c.ID, "error", err)
+		g.log.ErrorContext(ctx, "Command not sendable", logkey.CommandID, c.ID, logkey.Err, err)
 		return false
 	}
 	if err := g.Send(c.NodeID, msg); err != nil {
@@ -156,9 +156,6 @@ func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	}
 	since := g.cfg.Now().Sub(c.CreatedAt)
 	g.cfg.Metrics.DispatchLatency(since)
-	if g.cfg.OnDispatch != nil {
-		g.cfg.OnDispatch(c.Kind, since)
-	}
 	g.dispatch.mu.Lock()
 	if len(g.dispatch.kinds) < maxKinds {
 		g.dispatch.kinds[c.ID] = c.Kind
@@ -167,22 +164,14 @@ func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	return true
 }
 
-// commandMessage builds the wire Command of a stored command.
+// commandMessage builds the wire Command of a stored command. The API
+// stored its spec in the session-protocol form (store.Command.SessionSpec,
+// sessionv1.MarshalSpec), which is sent as it is: the gateway knows no
+// kind's spec.
 func commandMessage(c *store.Command) (*sessionv1.GatewayMessage, error) {
 	cmd := &sessionv1.Command{Id: c.ID, Kind: c.Kind, Deadline: timestamppb.New(c.DeadlineAt), Attempt: uint32(c.Attempt)}
-	if c.Kind == "exec" {
-		spec := &apiv1.ExecSpec{}
-		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(c.Spec, spec); err != nil {
-			return nil, err
-		}
-		cmd.Spec = &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Cwd: spec.GetCwd(),
-			OutputLimitBytes: spec.GetOutputLimitBytes(), AsRoot: spec.GetAsRoot()}}
-	}
-	if err := bmcSpec(cmd, c); err != nil {
-		return nil, err
-	}
-	if err := upgradeSpec(cmd, c); err != nil {
-		return nil, err
+	if err := sessionv1.UnmarshalSpec(c.SessionSpec, cmd); err != nil {
+		return nil, fmt.Errorf("command %s: %w", c.ID, err)
 	}
 	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: cmd}}, nil
 }
@@ -196,7 +185,7 @@ func (g *Gateway) sessionOpened(ctx context.Context, s *session, hello *sessionv
 	}
 	cmds, err := g.store.CommandInFlight(ctx, s.nodeID)
 	if err != nil {
-		g.log.WarnContext(ctx, "In-flight commands not redelivered", "node_id", s.nodeID, "error", err)
+		g.log.WarnContext(ctx, "In-flight commands not redelivered", logkey.NodeID, s.nodeID, logkey.Err, err)
 	}
 	for _, c := range cmds {
 		if c.State == store.CommandDispatched {
@@ -233,7 +222,7 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 			return
 		}
 		if err := g.writeUpdates(ctx, batch); err != nil {
-			g.log.WarnContext(ctx, "Command updates not written; the node will resend results on its next session", "updates", len(batch), "error", err)
+			g.log.WarnContext(ctx, "Command updates not written; the node will resend results on its next session", "updates", len(batch), logkey.Err, err)
 		}
 		batch = batch[:0]
 	}

@@ -56,7 +56,7 @@ func TestDispatchAndResults(t *testing.T) {
 		other := e.join(g, "gpu-02", "m-2")
 		s := e.connect(g, n)
 		cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "exec",
-			Spec: []byte(`{"argv":["uname","-a"],"asRoot":true}`), Timeout: time.Minute})
+			SessionSpec: []byte(`{"exec":{"argv":["uname","-a"],"asRoot":true}}`), Timeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func TestRedeliveryAndCancel(t *testing.T) {
 		n := e.join(g, "gpu-01", "m-1")
 		s := e.connect(g, n)
 		cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "exec",
-			Spec: []byte(`{"argv":["sleep","600"]}`), Timeout: time.Minute})
+			SessionSpec: []byte(`{"exec":{"argv":["sleep","600"]}}`), Timeout: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +143,7 @@ func TestOwnBMCOffMarksNodePoweredOff(t *testing.T) {
 		s := e.connect(g, n)
 		finish := func(detail string) {
 			t.Helper()
-			cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "power.off", Spec: []byte(`{}`), Timeout: time.Minute})
+			cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "power.off", SessionSpec: []byte(`{"power":{"action":"off"}}`), Timeout: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

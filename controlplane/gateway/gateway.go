@@ -21,6 +21,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -171,9 +172,6 @@ type Config struct {
 	// Metrics receives the gateway's counters and latencies. Defaults to
 	// none.
 	Metrics Metrics
-	// OnDispatch, when set, is told of each command sent, with the time
-	// from its creation (metrics).
-	OnDispatch func(kind string, sinceCreated time.Duration)
 	// OnCommandFinished, when set, is told the state of each terminal
 	// result written (metrics).
 	OnCommandFinished func(state string)
@@ -422,7 +420,7 @@ func (g *Gateway) shutdown(ctx context.Context) {
 	n := g.sessions.len()
 	g.log.InfoContext(ctx, "Gateway draining", "sessions", n, "drain_delay", g.cfg.DrainDelay.String())
 	if err := g.upsertRow(ctx); err != nil {
-		g.log.WarnContext(ctx, "Gateway row not marked draining", "error", err)
+		g.log.WarnContext(ctx, "Gateway row not marked draining", logkey.Err, err)
 	}
 	g.drainAll()
 	stopped := make(chan struct{})
@@ -445,10 +443,10 @@ func (g *Gateway) finish() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := g.flush(ctx, false); err != nil {
-		g.log.ErrorContext(ctx, "Final session write failed", "error", err)
+		g.log.ErrorContext(ctx, "Final session write failed", logkey.Err, err)
 	}
 	if err := g.store.GatewayDelete(ctx, g.cfg.ID); err != nil {
-		g.log.WarnContext(ctx, "Gateway row not deleted", "error", err)
+		g.log.WarnContext(ctx, "Gateway row not deleted", logkey.Err, err)
 	}
 	g.releaseLease()
 	g.log.InfoContext(ctx, "Gateway stopped")

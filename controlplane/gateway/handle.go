@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -111,11 +112,11 @@ func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inve
 	}
 	doc, err := protojson.Marshal(inv)
 	if err != nil || len(doc) > maxInventoryBytes {
-		g.log.WarnContext(ctx, "Inventory dropped", "node_id", s.nodeID, "bytes", len(doc), "error", err)
+		g.log.WarnContext(ctx, "Inventory dropped", logkey.NodeID, s.nodeID, "bytes", len(doc), logkey.Err, err)
 		return
 	}
 	if !s.allowWrite() {
-		g.log.WarnContext(ctx, "Inventory dropped: too many writes", "node_id", s.nodeID)
+		g.log.WarnContext(ctx, "Inventory dropped: too many writes", logkey.NodeID, s.nodeID)
 		return
 	}
 	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest})
@@ -146,7 +147,7 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		return
 	}
 	if !s.allowWrite() {
-		g.log.WarnContext(ctx, "Event dropped: too many writes", "node_id", s.nodeID, "kind", kind)
+		g.log.WarnContext(ctx, "Event dropped: too many writes", logkey.NodeID, s.nodeID, "kind", kind)
 		return
 	}
 	p := eventPayload{XID: e.GetXid()}
@@ -181,7 +182,7 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		Time: g.cfg.Now().UTC(), Payload: payload,
 	})
 	if err != nil {
-		g.log.WarnContext(ctx, "Event not stored", "node_id", s.nodeID, "kind", kind, "error", err)
+		g.log.WarnContext(ctx, "Event not stored", logkey.NodeID, s.nodeID, "kind", kind, logkey.Err, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -44,12 +45,12 @@ func (g *Gateway) inventoryLoop(ctx context.Context) {
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			if err := g.storeInventories(final); err != nil {
-				g.log.Warn("Inventories not stored at shutdown", "error", err)
+				g.log.Warn("Inventories not stored at shutdown", logkey.Err, err)
 			}
 			return
 		case <-t.C:
 			if err := g.storeInventories(ctx); err != nil && ctx.Err() == nil {
-				g.log.WarnContext(ctx, "Inventories not stored; retrying", "error", err)
+				g.log.WarnContext(ctx, "Inventories not stored; retrying", logkey.Err, err)
 			}
 		}
 	}
@@ -97,7 +98,7 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 			if w.attempts++; w.attempts < maxInventoryAttempts {
 				failed[id] = w
 			} else {
-				g.log.WarnContext(ctx, "Inventory dropped: the database refused it", "node_id", id, "error", err)
+				g.log.WarnContext(ctx, "Inventory dropped: the database refused it", logkey.NodeID, id, logkey.Err, err)
 			}
 		}
 	}

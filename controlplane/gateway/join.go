@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/keyproof"
@@ -66,7 +67,9 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		Gateways:         g.regionGateways(ctx, adm.Site.Region),
 		RenewAfter:       timestamppb.New(adm.Cert.RenewAfter),
 		PoolId:           adm.Pool.ID,
+		PoolName:         adm.Pool.Name,
 		SiteId:           adm.Site.ID,
+		SiteName:         adm.Site.Name,
 		Region:           adm.Site.Region,
 		ServerTime:       timestamppb.New(g.cfg.Now()),
 		Warnings:         adm.Warnings,
@@ -119,7 +122,7 @@ func (g *Gateway) regionGateways(ctx context.Context, region string) []string {
 	}
 	gws, err := g.gateways.list(ctx, g.store, g.cfg.Now())
 	if err != nil {
-		g.log.WarnContext(ctx, "Gateway list unavailable; answering from the last one read", "error", err, "gateways", len(gws))
+		g.log.WarnContext(ctx, "Gateway list unavailable; answering from the last one read", logkey.Err, err, "gateways", len(gws))
 	}
 	live := g.cfg.Now().Add(-2 * g.cfg.LeaseTTL)
 	for _, gw := range gws {
@@ -245,6 +248,6 @@ func (g *Gateway) auditSecret(ctx context.Context, e *store.AuditEntry, outcome 
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := g.store.AuditInsert(actx, e); err != nil {
-		g.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, "error", err)
+		g.log.ErrorContext(ctx, "Audit write failed", "action", e.Action, logkey.Err, err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -84,10 +85,10 @@ func (g *Gateway) flushLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			if err := g.flush(ctx, true); err != nil && ctx.Err() == nil {
-				g.log.WarnContext(ctx, "Heartbeat write failed; retrying at the next flush", "error", err)
+				g.log.WarnContext(ctx, "Heartbeat write failed; retrying at the next flush", logkey.Err, err)
 			}
 			if err := g.storeSkews(ctx); err != nil && ctx.Err() == nil {
-				g.log.WarnContext(ctx, "Clock skew write failed; retrying at the next flush", "error", err)
+				g.log.WarnContext(ctx, "Clock skew write failed; retrying at the next flush", logkey.Err, err)
 			}
 		}
 	}
@@ -163,7 +164,7 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 	}
 	for _, s := range local {
 		if _, ok := current[s.id]; !ok && s.terminate("superseded by a newer session on another gateway", supersededMessage, time.Second) {
-			g.log.InfoContext(ctx, "Session superseded elsewhere; closed", "node_id", s.nodeID, "session_id", s.id)
+			g.log.InfoContext(ctx, "Session superseded elsewhere; closed", logkey.NodeID, s.nodeID, "session_id", s.id)
 		}
 	}
 	return nil
@@ -195,7 +196,7 @@ func (g *Gateway) leaseLoop(ctx context.Context) {
 		}
 		g.renewLease(ctx)
 		if err := g.upsertRow(ctx); err != nil && ctx.Err() == nil {
-			g.log.WarnContext(ctx, "Gateway row not refreshed", "error", err)
+			g.log.WarnContext(ctx, "Gateway row not refreshed", logkey.Err, err)
 		}
 	}
 }
@@ -208,12 +209,12 @@ func (g *Gateway) renewLease(ctx context.Context) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			g.log.WarnContext(ctx, "Gateway lease not renewed", "error", err)
+			g.log.WarnContext(ctx, "Gateway lease not renewed", logkey.Err, err)
 		}
 	case !ok:
 		g.log.WarnContext(ctx, "Gateway lease lost; taking it again", "lease", f.Lease, "epoch", f.Epoch)
 		if err := g.acquireLease(ctx); err != nil {
-			g.log.ErrorContext(ctx, "Gateway lease not taken again", "error", err)
+			g.log.ErrorContext(ctx, "Gateway lease not taken again", logkey.Err, err)
 		}
 	}
 }
@@ -224,7 +225,7 @@ func (g *Gateway) releaseLease() {
 	defer cancel()
 	if f := g.fence.Load(); f != nil {
 		if err := g.store.LeaseRelease(ctx, f.Lease, f.Holder, f.Epoch); err != nil {
-			g.log.WarnContext(ctx, "Gateway lease not released; it expires on its own", "error", err)
+			g.log.WarnContext(ctx, "Gateway lease not released; it expires on its own", logkey.Err, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -39,7 +40,7 @@ func (g *Gateway) applyRevocations(ctx context.Context, since time.Time) time.Ti
 	revs, err := g.store.RevocationList(ctx, since)
 	if err != nil {
 		if ctx.Err() == nil {
-			g.log.WarnContext(ctx, "Revocation feed unavailable", "error", err)
+			g.log.WarnContext(ctx, "Revocation feed unavailable", logkey.Err, err)
 		}
 		return since
 	}
@@ -78,7 +79,7 @@ func (g *Gateway) applyRevocations(ctx context.Context, since time.Time) time.Ti
 		}
 		msg := &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Revoked{Revoked: &sessionv1.Revoked{Reason: reason}}}
 		if s.terminate(reason, msg, revokedGrace) {
-			g.log.InfoContext(ctx, "Session revoked", "node_id", s.nodeID, "session_id", s.id, "serial", r.Serial, "reason", r.Reason)
+			g.log.InfoContext(ctx, "Session revoked", logkey.NodeID, s.nodeID, "session_id", s.id, "serial", r.Serial, "reason", r.Reason)
 		}
 	}
 	if next := newest.Add(-revocationOverlap); next.After(since) {

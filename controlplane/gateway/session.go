@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -177,7 +178,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 	if err != nil {
 		return s, err
 	}
-	g.log.InfoContext(ctx, "Session opened", "node_id", s.nodeID, "session_id", s.id, "epoch", s.epoch,
+	g.log.InfoContext(ctx, "Session opened", logkey.NodeID, s.nodeID, "session_id", s.id, "epoch", s.epoch,
 		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
 	go g.sessionOpened(ctx, s, hello)
 	return s, nil
@@ -253,7 +254,7 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 	case errors.Is(err, store.ErrFenced):
 		return status.Error(codes.Unavailable, "gateway is renewing its lease: retry shortly")
 	case err != nil:
-		g.log.ErrorContext(ctx, "Session not opened", "node_id", s.nodeID, "error", err)
+		g.log.ErrorContext(ctx, "Session not opened", logkey.NodeID, s.nodeID, logkey.Err, err)
 		return status.Error(codes.Unavailable, "cannot record the session now: retry shortly")
 	}
 	replaced, current := g.sessions.add(s)
@@ -266,7 +267,7 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 		replaced.supersede(s)
 	}
 	if previous != nil && previous.GatewayID != g.cfg.ID {
-		g.log.InfoContext(ctx, "Session superseded a session on another gateway", "node_id", s.nodeID,
+		g.log.InfoContext(ctx, "Session superseded a session on another gateway", logkey.NodeID, s.nodeID,
 			"session_id", s.id, "previous_gateway_id", previous.GatewayID)
 	}
 	return nil
@@ -279,7 +280,7 @@ func (g *Gateway) end(s *session) {
 	s.sendMu.Unlock()
 	g.sessions.remove(s)
 	g.pending.close(s.nodeID, s.id)
-	g.log.Info("Session closed", "node_id", s.nodeID, "session_id", s.id, "reason", s.closeReason())
+	g.log.Info("Session closed", logkey.NodeID, s.nodeID, "session_id", s.id, "reason", s.closeReason())
 }
 
 // Send sends msg to the node's session on this gateway, numbered with the

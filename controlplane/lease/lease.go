@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -111,7 +112,7 @@ func (h *Holder) Run(ctx context.Context, job Job) error {
 			h.releaseIfOurs(ctx)
 			return nil
 		case err != nil:
-			h.log.WarnContext(ctx, "Lease acquire failed", "err", err)
+			h.log.WarnContext(ctx, "Lease acquire failed", logkey.Err, err)
 		case ok:
 			h.hold(ctx, l, job)
 		}
@@ -163,7 +164,7 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 		select {
 		case err := <-done:
 			if err != nil && jctx.Err() == nil {
-				h.log.ErrorContext(ctx, "Job under lease failed", "err", err)
+				h.log.ErrorContext(ctx, "Job under lease failed", logkey.Err, err)
 			}
 			h.release(ctx, l)
 			return
@@ -183,7 +184,7 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 			nl, ok, err := h.store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: l.Name, Holder: l.Holder, Epoch: l.Epoch, TTL: h.cfg.TTL})
 			switch {
 			case err != nil:
-				h.log.WarnContext(ctx, "Lease renew failed", "err", err)
+				h.log.WarnContext(ctx, "Lease renew failed", logkey.Err, err)
 			case !ok:
 				cancel(errors.New("lease lost"))
 				<-done
@@ -212,7 +213,7 @@ func (h *Holder) release(ctx context.Context, l *store.Lease) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := h.store.LeaseRelease(rctx, l.Name, l.Holder, l.Epoch); err != nil {
-		h.log.WarnContext(ctx, "Lease release failed", "err", err)
+		h.log.WarnContext(ctx, "Lease release failed", logkey.Err, err)
 		return
 	}
 	h.log.InfoContext(ctx, "Lease released", "epoch", l.Epoch)

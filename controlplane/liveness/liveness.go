@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -124,13 +125,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 		return err
 	}
 	for _, id := range unreachable {
-		r.log.InfoContext(ctx, "Node unreachable", "node", id, "missed_heartbeats", r.cfg.Missed)
+		r.log.InfoContext(ctx, "Node unreachable", logkey.NodeID, id, "missed_heartbeats", r.cfg.Missed)
 		if r.cfg.OnChange != nil {
 			r.cfg.OnChange(id, store.NodeUnreachable)
 		}
 	}
 	for _, id := range ready {
-		r.log.InfoContext(ctx, "Node ready again", "node", id)
+		r.log.InfoContext(ctx, "Node ready again", logkey.NodeID, id)
 		if r.cfg.OnChange != nil {
 			r.cfg.OnChange(id, store.NodeReady)
 		}

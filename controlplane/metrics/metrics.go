@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -247,5 +248,5 @@ func (m *Metrics) StoreQuery(op string, d time.Duration) {
 type errorLog struct{ log *slog.Logger }
 
 func (l errorLog) Println(v ...any) {
-	l.log.Warn("Metrics scrape incomplete", "err", v)
+	l.log.Warn("Metrics scrape incomplete", logkey.Err, v)
 }

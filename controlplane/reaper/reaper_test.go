@@ -41,7 +41,7 @@ func TestDeadGatewaysCommandsEndLost(t *testing.T) {
 	if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_1", SessionID: "sess-1", GatewayID: "gw-1", Now: &killed}); err != nil {
 		t.Fatal(err)
 	}
-	cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", Spec: []byte("{}"), Timeout: time.Hour, Now: &killed})
+	cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", SessionSpec: []byte("{}"), Timeout: time.Hour, Now: &killed})
 	if err != nil {
 		t.Fatal(err)
 	}

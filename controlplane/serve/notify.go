@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 )
 
 // notifier tells systemd how serve is doing through the sd_notify protocol
@@ -24,7 +26,7 @@ type notifier struct {
 func (n notifier) send(ctx context.Context, lines ...string) {
 	msg := strings.Join(lines, "\n")
 	if _, err := daemon.SdNotify(false, msg); err != nil {
-		n.log.WarnContext(ctx, "Cannot notify systemd", "state", msg, "err", err)
+		n.log.WarnContext(ctx, "Cannot notify systemd", "state", msg, logkey.Err, err)
 	}
 }
 
@@ -37,7 +39,7 @@ func (n notifier) status(ctx context.Context, s string) { n.send(ctx, "STATUS="+
 func (n notifier) watchdogInterval(ctx context.Context) time.Duration {
 	d, err := daemon.SdWatchdogEnabled(false)
 	if err != nil {
-		n.log.WarnContext(ctx, "Ignoring the systemd watchdog settings", "err", err)
+		n.log.WarnContext(ctx, "Ignoring the systemd watchdog settings", logkey.Err, err)
 		return 0
 	}
 	return d / 2
@@ -82,7 +84,7 @@ func (n notifier) supervise(ctx context.Context, failed <-chan error, ready []<-
 			n.send(ctx, daemon.SdNotifyStopping, "STATUS=Stopping: gateway drains, then HTTP closes, then workers release their leases")
 			return nil
 		case err := <-failed:
-			n.log.Error("A role failed; stopping the others", "err", err)
+			n.log.Error("A role failed; stopping the others", logkey.Err, err)
 			n.send(ctx, daemon.SdNotifyStopping, "STATUS=Stopping: a role failed: "+err.Error())
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/wake"
@@ -112,6 +113,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	if srv != nil {
 		stages = append(stages, start(ctx, failed, srv.Run, srv.Ready(), func() {
+			if err := writeAPIURL(cfg.DataDir, srv.LocalURL()+cfg.BasePath); err != nil {
+				log.WarnContext(ctx, "The CLI on this machine will not find the API by itself", logkey.Err, err)
+			}
 			if opts.APIReady != nil {
 				opts.APIReady(srv)
 			}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -55,14 +56,14 @@ func RunReconcilers(ctx context.Context, m *Manager, log *slog.Logger, rs ...Rec
 				if rr, ok := r.(Rounder); ok {
 					if err := rr.StartRound(ctx, slices.Sorted(maps.Keys(held))); err != nil {
 						if ctx.Err() == nil {
-							log.WarnContext(ctx, "Reconcile round failed", "reconciler", r.Name(), "err", err)
+							log.WarnContext(ctx, "Reconcile round failed", "reconciler", r.Name(), logkey.Err, err)
 						}
 						continue
 					}
 				}
 				for n, fence := range held {
 					if err := r.Reconcile(ctx, n, fence); err != nil && ctx.Err() == nil {
-						log.WarnContext(ctx, "Reconcile failed", "reconciler", r.Name(), "shard", n, "err", err)
+						log.WarnContext(ctx, "Reconcile failed", "reconciler", r.Name(), "shard", n, logkey.Err, err)
 					}
 				}
 			}

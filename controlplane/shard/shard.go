@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -146,7 +147,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for {
 		if err := m.round(ctx, host); err != nil && ctx.Err() == nil {
-			m.log.WarnContext(ctx, "Shard round failed", "err", err)
+			m.log.WarnContext(ctx, "Shard round failed", logkey.Err, err)
 		} else if err == nil {
 			m.readyOnce.Do(func() { close(m.ready) })
 		}
@@ -235,7 +236,7 @@ func (m *Manager) release(ctx context.Context, n int, h *held) {
 	delete(m.held, n)
 	m.mu.Unlock()
 	if err := m.store.LeaseRelease(ctx, h.lease.Name, h.lease.Holder, h.lease.Epoch); err != nil {
-		m.log.WarnContext(ctx, "Shard release failed", "shard", n, "err", err)
+		m.log.WarnContext(ctx, "Shard release failed", "shard", n, logkey.Err, err)
 	}
 }
 
@@ -260,7 +261,7 @@ func (m *Manager) leave(ctx context.Context) {
 		}
 	}
 	if err := m.store.WorkerDelete(ctx, m.cfg.WorkerID); err != nil {
-		m.log.WarnContext(ctx, "Leaving workers failed", "err", err)
+		m.log.WarnContext(ctx, "Leaving workers failed", logkey.Err, err)
 	}
 	m.log.InfoContext(ctx, "Released shards and left", "shards", len(all))
 }

@@ -40,7 +40,7 @@ func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send
 		{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}},
 		{Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{StartedAt: timestamppb.Now()}}},
 	}
-	if cmd.GetKind() == "exec" {
+	if cmd.GetKind() == sessionv1.KindExec {
 		out := fmt.Sprintf("simulated %s: %s\n", c.d.cfg.Name, strings.Join(cmd.GetExec().GetArgv(), " "))
 		updates = append(updates, &sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Output{Output: &sessionv1.OutputChunk{
 			Stream: sessionv1.OutputStream_OUTPUT_STREAM_STDOUT, Data: []byte(out)}}})
@@ -59,11 +59,11 @@ func (c *commands) HandleCancel(context.Context, *sessionv1.Cancel) {}
 func (c *commands) run(cmd *sessionv1.Command) *sessionv1.CommandResult {
 	res := &sessionv1.CommandResult{CommandId: cmd.GetId(), State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, FinishedAt: timestamppb.Now()}
 	switch cmd.GetKind() {
-	case "exec":
+	case sessionv1.KindExec:
 		if len(cmd.GetExec().GetArgv()) == 0 {
 			res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "exec without argv"
 		}
-	case "inventory.refresh":
+	case sessionv1.KindInventoryRefresh:
 		_ = c.d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: c.d.inv}})
 	default:
 		res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "unsupported command kind "+cmd.GetKind()

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -167,7 +168,7 @@ func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
 	d.mu.Lock()
 	d.id = res
 	d.mu.Unlock()
-	d.log.DebugContext(ctx, "Joined", "node_id", res.NodeID)
+	d.log.DebugContext(ctx, "Joined", logkey.NodeID, res.NodeID)
 	return nil
 }
 

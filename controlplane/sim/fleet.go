@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 )
 
 // DefaultJoinConcurrency bounds the joins a Fleet makes at once.
@@ -194,7 +195,7 @@ func (f *Fleet) Run(ctx context.Context) error {
 			}()
 			if err := d.Run(ctx); err != nil {
 				f.stopped.Add(1)
-				f.log.WarnContext(ctx, "Simulated daemon stopped", "sim_daemon", d.Name(), "node_id", d.NodeID(), "err", err)
+				f.log.WarnContext(ctx, "Simulated daemon stopped", "sim_daemon", d.Name(), logkey.NodeID, d.NodeID(), logkey.Err, err)
 			}
 		})
 	}

@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -90,7 +91,7 @@ func (d *Dispatcher) deliverLoop(ctx context.Context, fence store.Fence) error {
 			failures++
 			bound := min(d.cfg.RetryMax, d.cfg.RetryBase<<min(failures-1, 16))
 			wait = bound/2 + rand.N(bound/2+1)
-			d.log.WarnContext(ctx, "Sink delivery failed; retrying", "err", err, "attempt", failures, "retry_in", wait)
+			d.log.WarnContext(ctx, "Sink delivery failed; retrying", logkey.Err, err, "attempt", failures, "retry_in", wait)
 		case n > 0:
 			failures = 0
 			continue // more may wait

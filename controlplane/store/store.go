@@ -618,12 +618,15 @@ func IsTerminal(state string) bool {
 	return false
 }
 
-// Command is one unit of work for one node.
+// Command is one unit of work for one node. Its spec is kept in the
+// session-protocol form the gateway sends (SessionSpec, migration
+// 0008_command_session_spec); rows an older build wrote in the API's form
+// are converted on read.
 type Command struct {
 	ID              string
 	NodeID          string
 	Kind            string
-	Spec            []byte // JSON
+	SessionSpec     []byte // session-protocol form: protojson of a session.v1 Command with only its spec set (sessionv1.MarshalSpec)
 	State           string
 	IdempotencyKey  string
 	BatchID         string
@@ -715,7 +718,7 @@ type CommandSweepResult struct {
 type CommandEnqueueParams struct {
 	NodeIDs        []string
 	Kind           string
-	Spec           []byte
+	SessionSpec    []byte // as Command.SessionSpec; nil stores {}
 	IdempotencyKey string
 	BatchID        string
 	CreatedBy      string
@@ -833,10 +836,29 @@ type AuditEntry struct {
 	Details  []byte // JSON
 }
 
+// AuditQueryParams filter AuditQuery. Every filter is optional (zero
+// means any) and all apply together.
+type AuditQueryParams struct {
+	// BeforeID pages: only rows with a lower id (0 starts at the newest).
+	BeforeID int64
+	// Since and Until bound the row's time: Since <= time < Until.
+	Since, Until time.Time
+	// Actor, Resource and Outcome match exactly.
+	Actor, Resource, Outcome string
+	// ActionPrefix matches actions that start with it, byte for byte
+	// ("joinTokens." matches joinTokens.create; no wildcards).
+	ActionPrefix string
+	// Limit is 1 to MaxListLimit; 0 means 100.
+	Limit int
+}
+
 // AuditStore keeps the audit log.
 type AuditStore interface {
 	AuditInsert(ctx context.Context, e *AuditEntry) (int64, error)
+	// AuditList returns entries after afterID, oldest first.
 	AuditList(ctx context.Context, afterID int64, limit int) ([]*AuditEntry, error)
+	// AuditQuery returns the entries p selects, newest first (by id).
+	AuditQuery(ctx context.Context, p *AuditQueryParams) ([]*AuditEntry, error)
 	AuditPrune(ctx context.Context, before time.Time) (int64, error)
 }
 

@@ -36,7 +36,7 @@ func TestSweeperExpiresOverdueCommands(t *testing.T) {
 	overdue := func() *store.Command {
 		t.Helper()
 		past := time.Now().Add(-2 * time.Minute)
-		cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", Spec: []byte("{}"), Timeout: time.Minute, Now: &past})
+		cmds, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", SessionSpec: []byte("{}"), Timeout: time.Minute, Now: &past})
 		if err != nil {
 			t.Fatal(err)
 		}

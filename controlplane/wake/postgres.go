@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 )
 
@@ -52,7 +53,7 @@ func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		log.WarnContext(ctx, "Wake-up listener lost its connection", "err", err)
+		log.WarnContext(ctx, "Wake-up listener lost its connection", logkey.Err, err)
 		// Something may have been missed while reconnecting: wake once.
 		bus.Local()
 		select {

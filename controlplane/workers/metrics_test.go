@@ -56,7 +56,7 @@ func TestSweptCommandsAreCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	long := time.Now().Add(-time.Hour)
-	if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node-a"}, Kind: "exec", Spec: []byte(`{}`),
+	if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node-a"}, Kind: "exec", SessionSpec: []byte(`{}`),
 		Timeout: time.Minute, Now: &long}); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
 	"github.com/better-compute/better-compute/controlplane/reaper"
@@ -202,7 +203,7 @@ func every(ctx context.Context, name, holder string, interval time.Duration, st 
 	}
 	return h.Run(ctx, lease.Every(interval, lease.SystemClock, func(ctx context.Context, fence store.Fence) error {
 		if err := fn(ctx, fence); err != nil && ctx.Err() == nil {
-			log.WarnContext(ctx, "Job failed", "job", name, "err", err)
+			log.WarnContext(ctx, "Job failed", "job", name, logkey.Err, err)
 		}
 		return nil
 	}))

@@ -6,6 +6,5 @@ const (
 	keyOp       = "op"
 	keyProvider = "provider"
 	keyReason   = "reason"
-	keyError    = "error"
 	keyTook     = "took"
 )

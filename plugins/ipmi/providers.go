@@ -11,6 +11,7 @@ import (
 	"github.com/bmc-toolbox/bmclib/v2/providers/redfish"
 	"github.com/go-logr/logr"
 
+	"github.com/better-compute/better-compute/plugins/internal/logkey"
 	pluginv1 "github.com/better-compute/better-compute/proto/plugin/v1"
 )
 
@@ -81,7 +82,7 @@ func (ss *session) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if err := ss.conn.Close(ctx); err != nil {
-		ss.log.Debug("BMC session close failed", keyError, err)
+		ss.log.Debug("BMC session close failed", logkey.Err, err)
 	}
 }
 
@@ -104,7 +105,7 @@ func (s *Server) each(ctx context.Context, t *target, op string, fn func(ctx con
 			return p, nil
 		}
 		f := classify(p, err, budget)
-		log.Info("BMC provider failed", keyProvider, providerNames[p], keyReason, string(f.reason), keyError, f.detail, keyTook, time.Since(start))
+		log.Info("BMC provider failed", keyProvider, providerNames[p], keyReason, string(f.reason), logkey.Err, f.detail, keyTook, time.Since(start))
 		fails = append(fails, f)
 		if ctx.Err() != nil && i+1 < len(t.providers) {
 			for _, rest := range t.providers[i+1:] {

@@ -85,3 +85,12 @@ func netnsUsable() error {
 	}
 	return nil
 }
+
+// RunIn returns the program and arguments that run bin with args on machine
+// m (its hostname and machine id) inside network namespace n: a second
+// machine of its own, reachable only over the link.
+func (m *Machine) RunIn(n Netns, bin string, args ...string) (string, []string) {
+	a := append([]string{"netns", "exec", n.Name, "unshare"}, unshareArgs()...)
+	a = append(a, "--", "sh", "-c", machineShell, "machine", m.Name, m.IDFile, bin)
+	return "ip", append(a, args...)
+}

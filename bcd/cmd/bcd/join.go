@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
@@ -162,7 +163,7 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	if err := store.Save(id); err != nil {
 		return err
 	}
-	log.InfoContext(ctx, "Joined", "node_id", id.NodeID, "spiffe_id", id.SPIFFEID, "data_dir", store.Dir(),
+	log.InfoContext(ctx, "Joined", logkey.NodeID, id.NodeID, "spiffe_id", id.SPIFFEID, "data_dir", store.Dir(),
 		"rejoined", res.Rejoined, "repeated", res.Repeated)
 	for _, w := range res.Warnings {
 		fmt.Fprintf(e.stderr, "warning: %s\n", w)
@@ -173,7 +174,8 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	}
 	// The token decides where the node joins; the install script prints
 	// this line so the operator sees it.
-	if _, err := fmt.Fprintf(e.stdout, "Placed in pool %s, site %s, region %s\n", id.PoolID, id.SiteID, id.Region); err != nil {
+	if _, err := fmt.Fprintf(e.stdout, "Placed in pool %s, site %s, region %s\n",
+		named(res.PoolName, id.PoolID), named(res.SiteName, id.SiteID), id.Region); err != nil {
 		return err
 	}
 	switch {
@@ -223,4 +225,13 @@ func readToken(e env, path string) (string, error) {
 		return "", usagef("join token: %w", err)
 	}
 	return tok, nil
+}
+
+// named prints an object by its name and id ("default (pool_abc)"), or by
+// its id alone when the gateway sent no name (an older control plane).
+func named(name, id string) string {
+	if name == "" || name == id {
+		return id
+	}
+	return name + " (" + id + ")"
 }

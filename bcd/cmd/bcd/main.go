@@ -110,7 +110,6 @@ func newRoot(e env) *cobra.Command {
 			_ = cmd.Usage()
 			return usagef("no command given (see bcd --help)")
 		},
-		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
 	root.SetIn(e.stdin)
 	root.SetOut(e.stdout)
@@ -118,6 +117,36 @@ func newRoot(e env) *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newVersionCmd(e), newJoinCmd(e), newNodeCmd(e), newHelperCmd(e))
 	root.AddCommand(newDoctorCmd(e), newStatusCmd(e))
+	// cobra's completion command (bash, zsh, fish, powershell), added now
+	// rather than at Execute so that help and tests see it: bcd completes
+	// its commands and flags, nothing from a server.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		// A missing or unknown shell and extra arguments are usage errors
+		// (exit 2), as elsewhere.
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usagef("unknown shell %q (see %s --help)", args[0], c.CommandPath())
+			}
+			return nil
+		}
+		c.RunE = func(c *cobra.Command, _ []string) error {
+			c.SetOut(c.ErrOrStderr())
+			_ = c.Usage()
+			return usagef("%s needs a shell: bash, zsh, fish or powershell", c.CommandPath())
+		}
+		for _, shell := range c.Commands() {
+			shell.Args = func(c *cobra.Command, args []string) error {
+				if len(args) > 0 {
+					return usagef("%s takes no arguments, got %q", c.CommandPath(), args[0])
+				}
+				return nil
+			}
+		}
+	}
 	return root
 }
 

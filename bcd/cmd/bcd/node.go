@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/bmc"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
@@ -88,7 +89,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	if err != nil {
 		return err
 	}
-	log = log.With("node_id", id.NodeID)
+	log = log.With(logkey.NodeID, id.NodeID)
 	if upgrade.InTrial() {
 		// A trial runs beside the bcd that started it, which holds the lock.
 		return runTrial(ctx, log, store, id)
@@ -100,7 +101,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	case err != nil:
 		// A data directory this user cannot write (renewals will say so
 		// too) does not stop the agent; it only loses the guard.
-		log.WarnContext(ctx, "Data directory not locked; a second bcd node on it would not be refused", "err", err)
+		log.WarnContext(ctx, "Data directory not locked; a second bcd node on it would not be refused", logkey.Err, err)
 	default:
 		defer release()
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/executor"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/upgrade"
@@ -61,7 +62,7 @@ func startUpgrade(ctx context.Context, log *slog.Logger, f *nodeFlags) (*nodeUpg
 	}
 	up, err := upgrade.New(cfg)
 	if err != nil {
-		log.WarnContext(ctx, "Self-upgrade is off", "err", err)
+		log.WarnContext(ctx, "Self-upgrade is off", logkey.Err, err)
 		return nil, nil
 	}
 	n.up = up

@@ -12,11 +12,12 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // Log attribute keys used by this package.
 const (
-	attrErr       = "err"
 	attrStatus    = "status"
 	attrIndex     = "gpu_index"
 	attrUUID      = "gpu_uuid"
@@ -359,7 +360,7 @@ func (c *Collector) noteUnavailable(ctx context.Context, status string) {
 
 func (c *Collector) shutdown(ctx context.Context) {
 	if ret := c.nvml.Shutdown(); ret != nvml.SUCCESS {
-		c.log.WarnContext(ctx, "Shut down NVML", attrErr, error(ret))
+		c.log.WarnContext(ctx, "Shut down NVML", logkey.Err, error(ret))
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
 // watchedEvents are the NVML event types Watch asks for; each GPU gets the
@@ -59,14 +61,14 @@ func (c *Collector) Watch(ctx context.Context, fn func(Event)) error {
 	switch ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
-		c.log.InfoContext(ctx, "GPU events not supported", attrErr, error(ret))
+		c.log.InfoContext(ctx, "GPU events not supported", logkey.Err, error(ret))
 		return nil
 	default:
 		return fmt.Errorf("watch gpu events: create event set: %w", ret)
 	}
 	defer func() {
 		if ret := set.Free(); ret != nvml.SUCCESS {
-			c.log.WarnContext(ctx, "Free NVML event set", attrErr, error(ret))
+			c.log.WarnContext(ctx, "Free NVML event set", logkey.Err, error(ret))
 		}
 	}()
 
@@ -93,7 +95,7 @@ func (c *Collector) Watch(ctx context.Context, fn func(Event)) error {
 		default:
 			backoff = min(max(2*backoff, eventRetryMin), c.retryMax)
 			wait := backoff/2 + rand.N(backoff/2+1)
-			c.log.WarnContext(ctx, "Wait for GPU events", attrErr, error(ret), attrRetryIn, wait)
+			c.log.WarnContext(ctx, "Wait for GPU events", logkey.Err, error(ret), attrRetryIn, wait)
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -115,7 +117,7 @@ func (c *Collector) register(ctx context.Context, set nvml.EventSet) ([]watched,
 	for i := range n {
 		dev, ret := c.nvml.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			c.log.WarnContext(ctx, "Open GPU for events", attrIndex, i, attrErr, error(ret))
+			c.log.WarnContext(ctx, "Open GPU for events", attrIndex, i, logkey.Err, error(ret))
 			continue
 		}
 		uuid, _ := dev.GetUUID() // best effort: the UUID only labels events
@@ -138,7 +140,7 @@ func (c *Collector) register(ctx context.Context, set nvml.EventSet) ([]watched,
 		case nvml.ERROR_NOT_SUPPORTED:
 			c.log.DebugContext(ctx, "GPU supports no watched events", attrIndex, i, attrUUID, uuid)
 		default:
-			c.log.WarnContext(ctx, "Register GPU events", attrIndex, i, attrUUID, uuid, attrErr, error(ret))
+			c.log.WarnContext(ctx, "Register GPU events", attrIndex, i, attrUUID, uuid, logkey.Err, error(ret))
 		}
 	}
 	return gpus, nil

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // maxPasswordFile bounds what --password-file reads.
@@ -107,7 +108,7 @@ func bmcBootCmd(e *env, af *apiFlags) *cobra.Command {
 			default:
 				return usageError{fmt.Errorf("--device %q: want pxe, disk, bios or cdrom", device)}
 			}
-			req := &apiv1.CreateCommandsRequest{NodeIds: t.nodes, Kind: "boot.set",
+			req := &apiv1.CreateCommandsRequest{NodeIds: t.nodes, Kind: sessionv1.KindBootSet,
 				Boot: &apiv1.BootSpec{Bmc: t.bmc, Device: device, Persistent: persistent}}
 			return runBMC(cmd.Context(), e, af, &t, req)
 		},
@@ -172,7 +173,7 @@ func bmcRow(x *apiv1.Command) []string {
 	detail := x.Error
 	if x.State == "succeeded" {
 		switch {
-		case x.Kind == "boot.set":
+		case x.Kind == sessionv1.KindBootSet:
 			detail = "next boot from " + str("device")
 			if p, _ := res["persistent"].(bool); p {
 				detail = "always boot from " + str("device")

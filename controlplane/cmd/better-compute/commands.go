@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // exitCommandFailed is the exit status of `commands run` when any command
@@ -69,7 +70,7 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: "exec",
+			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: sessionv1.KindExec,
 				Exec: &apiv1.ExecSpec{Argv: argv, AsRoot: asRoot}, IdempotencyKey: idemKey}
 			if timeout < 0 {
 				return usageError{fmt.Errorf("--timeout %s: must not be negative", timeout)}
@@ -206,9 +207,10 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 			prog[got.Id] = p
 		}
 		final := isTerminal(got.State)
-		emit(stdout, got.NodeId, &p.pendOut, got.Stdout[min(p.stdout, len(got.Stdout)):], final)
-		emit(stderr, got.NodeId, &p.pendErr, got.Stderr[min(p.stderr, len(got.Stderr)):], final)
-		p.stdout, p.stderr = len(got.Stdout), len(got.Stderr)
+		gotOut, gotErr := commandOutput(got)
+		emit(stdout, got.NodeId, &p.pendOut, gotOut[min(p.stdout, len(gotOut)):], final)
+		emit(stderr, got.NodeId, &p.pendErr, gotErr[min(p.stderr, len(gotErr)):], final)
+		p.stdout, p.stderr = len(gotOut), len(gotErr)
 	})
 	if err != nil {
 		return err
@@ -279,11 +281,12 @@ func commandsGetCmd(e *env, af *apiFlags) *cobra.Command {
 			}); err != nil {
 				return err
 			}
-			if len(x.Stdout) > 0 {
-				fmt.Fprintf(e.stdout, "--- stdout\n%s", x.Stdout)
+			stdout, stderr := commandOutput(x)
+			if len(stdout) > 0 {
+				fmt.Fprintf(e.stdout, "--- stdout\n%s", stdout)
 			}
-			if len(x.Stderr) > 0 {
-				fmt.Fprintf(e.stdout, "--- stderr\n%s", x.Stderr)
+			if len(stderr) > 0 {
+				fmt.Fprintf(e.stdout, "--- stderr\n%s", stderr)
 			}
 			return nil
 		},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/installer"
+	"github.com/better-compute/better-compute/installer/manifest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -104,6 +105,17 @@ func listOrNone(names []string, none string) string {
 	return strings.Join(names, ", ")
 }
 
+// scriptError is the error of an installer.Generate failure: a release
+// manifest that does not verify against the pins (a key not pinned, a bad
+// signature, expired) fails the command (exit 1), as any verification does;
+// anything else is an option in error (exit 2).
+func scriptError(err error) error {
+	if errors.Is(err, manifest.ErrUnpinnedKey) || errors.Is(err, manifest.ErrBadSignature) || errors.Is(err, manifest.ErrExpired) {
+		return err
+	}
+	return usageError{err}
+}
+
 func installScriptCmd(e *env) *cobra.Command {
 	var (
 		o                     installer.Options
@@ -155,7 +167,7 @@ given, are checked on the control plane (through the API: --server and
 			}
 			o.Now = time.Now()
 			if _, err := installer.Generate(o); err != nil {
-				return usageError{err}
+				return scriptError(err)
 			}
 			if o.Pool != "" || o.Site != "" {
 				c, err := e.client(&af)
@@ -168,7 +180,7 @@ given, are checked on the control plane (through the API: --server and
 			}
 			script, err := installer.Generate(o)
 			if err != nil {
-				return usageError{err}
+				return scriptError(err)
 			}
 			if out == "-" {
 				_, err := e.stdout.Write(script)

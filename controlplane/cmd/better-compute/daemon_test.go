@@ -117,4 +117,14 @@ func TestReleaseKeygenSignInstallScript(t *testing.T) {
 	if !strings.Contains(script, "RELEASE_PINS='"+pin+"'") || !strings.Contains(script, "PINNED=1") {
 		t.Errorf("script does not pin the key:\n%s", script)
 	}
+	// The well-formed pin of another key: the manifest does not verify,
+	// which fails the command (exit 1) rather than misusing it (exit 2).
+	m = regexp.MustCompile(`(?m)^pin:\s+(sha256/\S+)$`).FindStringSubmatch(c.ok("release", "keygen", "--out", filepath.Join(dir, "other", "release.key")))
+	if m == nil || m[1] == pin {
+		t.Fatalf("second keygen: pin %v", m)
+	}
+	c.fails(exitFailure, "signed by a key that is not pinned", "daemon", "install-script", "--gateway-url", "https://gw.example.com:8443",
+		"--base-url", "http://127.0.0.1:3000", "--bcd-version", "0.3.0", "--release-manifest", mf, "--release-pins", m[1], "--out", "-")
+	c.fails(exitUsage, "--release-manifest is for version 0.3.0", "daemon", "install-script", "--gateway-url", "https://gw.example.com:8443",
+		"--base-url", "http://127.0.0.1:3000", "--bcd-version", "0.4.0", "--release-manifest", mf, "--release-pins", pin, "--out", "-")
 }

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/doctor"
+	"github.com/better-compute/better-compute/controlplane/store/backend"
 )
 
 // doctorError makes doctor exit 1 after its report.
@@ -23,7 +29,9 @@ func doctorCmd(e *env) *cobra.Command {
 		Use:   "doctor",
 		Short: "Check the schema, clock, PKI, gateway identity, notifier, routes, workers and fleet",
 		Long: `Doctor runs every check of docs/doctor.md against the configured database and
-prints each one's id, status (ok, warn or fail) and a one-line hint.
+prints each one's id, status (ok, warn or fail) and a one-line hint. It
+never writes: a data directory without a deployment (no state.db) is an
+error naming it, and no secret, database or migration is made.
 
 Exit status: 0 when no check failed (with --strict: none warned either), 1
 otherwise, 2 for bad flags or configuration.`,
@@ -36,9 +44,17 @@ otherwise, 2 for bad flags or configuration.`,
 			if err != nil {
 				return err
 			}
-			st, err := openStore(cmd.Context(), cfg)
-			if err != nil {
+			// Doctor reads only: no deployment, secret or schema is made
+			// for it (docs/doctor.md).
+			if err := checkDeployment(cfg); err != nil {
 				return err
+			}
+			if err := readEmbeddedSecret(cfg); err != nil {
+				return err
+			}
+			st, err := backend.Open(cmd.Context(), cfg.Database.URL, cfg.DataDir)
+			if err != nil {
+				return fmt.Errorf("open store: %w", err)
 			}
 			defer st.Close()
 			rep := doctor.Run(cmd.Context(), st, doctor.FromConfig(cfg))
@@ -59,6 +75,24 @@ otherwise, 2 for bad flags or configuration.`,
 	cmd.Flags().BoolVar(&strict, "strict", false, "exit non-zero on warnings too")
 	outputFlag(cmd, &out)
 	return cmd
+}
+
+// readEmbeddedSecret gives the embedded default's cfg the secret in its
+// data directory, as EnsureEmbeddedSecret does, but never makes one: without
+// the file cfg.Secret stays empty and the PKI check says what is missing.
+func readEmbeddedSecret(cfg *config.Config) error {
+	if cfg.Secret != "" || !cfg.Embedded {
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.DataDir, config.SecretFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read secret: %w", err)
+	}
+	cfg.Secret = strings.TrimSpace(string(b))
+	return nil
 }
 
 // printReport writes the report as a table, then the details of the checks

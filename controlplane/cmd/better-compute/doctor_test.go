@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,13 +13,39 @@ import (
 
 func TestDoctorEmbedded(t *testing.T) {
 	t.Parallel()
-	c := cli{t: t, env: map[string]string{config.EnvDataDir: t.TempDir(), "HOME": t.TempDir()}}
+	dataDir := t.TempDir()
+	c := cli{t: t, env: map[string]string{config.EnvDataDir: dataDir, "HOME": t.TempDir()}}
 
-	// Before migrate: the schema fails, and so does doctor.
+	// A fresh directory holds no deployment: doctor says so and writes
+	// nothing (no secret, no state.db).
 	code, out, errOut := c.run("doctor")
+	if code != 1 || !strings.Contains(errOut, "no deployment in "+dataDir+" (no state.db)") {
+		t.Fatalf("doctor on a fresh directory: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if entries, err := os.ReadDir(dataDir); err != nil || len(entries) != 0 {
+		t.Fatalf("doctor on a fresh directory wrote %v (%v)", entries, err)
+	}
+	c.fails(1, "no deployment", "doctor", "--data-dir", filepath.Join(dataDir, "typo"))
+	if _, err := os.Stat(filepath.Join(dataDir, "typo")); err == nil {
+		t.Fatal("doctor --data-dir made the mistyped directory")
+	}
+
+	// An empty database, not migrated: the schema check fails, and doctor
+	// migrates nothing.
+	if err := os.WriteFile(filepath.Join(dataDir, "state.db"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut = c.run("doctor")
 	if code != 1 || !strings.Contains(out, "schema") || !strings.Contains(out, "run better-compute migrate") ||
 		!strings.Contains(errOut, "doctor: 1 check(s) failed") {
 		t.Fatalf("doctor before migrate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, config.SecretFile)); err == nil {
+		t.Fatal("doctor made a secret")
+	}
+	code, out, _ = c.run("doctor")
+	if code != 1 || !strings.Contains(out, "run better-compute migrate") {
+		t.Fatalf("doctor migrated the database: exit %d\n%s", code, out)
 	}
 	c.ok("migrate")
 

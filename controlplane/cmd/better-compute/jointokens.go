@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,68 +10,25 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
-// Limits of join-tokens create.
-const (
-	maxJoinTokenTTL  = 30 * 24 * time.Hour
-	maxJoinTokenUses = 100000
-)
-
-// joinTokenJSON is a join token in -o json output. Token is set only by
-// create without --out: the secret is shown once. NodeID is set on a token
-// of nodes reinstall, bound to that node.
-type joinTokenJSON struct {
-	ID          string     `json:"id"`
-	PoolID      string     `json:"poolId"`
-	Description string     `json:"description,omitempty"`
-	MaxUses     int        `json:"maxUses"`
-	Uses        int        `json:"uses"`
-	State       string     `json:"state"`
-	ExpiresAt   time.Time  `json:"expiresAt"`
-	RevokedAt   *time.Time `json:"revokedAt,omitempty"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	NodeID      string     `json:"nodeId,omitempty"`
-	Token       string     `json:"token,omitempty"`
-	File        string     `json:"file,omitempty"`
-}
-
-// tokenState says whether a token can still admit a join.
-func tokenState(t *store.JoinToken, now time.Time) string {
-	switch {
-	case t.RevokedAt != nil:
-		return "revoked"
-	case !t.ExpiresAt.After(now):
-		return "expired"
-	case t.Uses >= t.MaxUses:
-		return "used up"
-	}
-	return "active"
-}
-
-func tokenOut(t *store.JoinToken, now time.Time) joinTokenJSON {
-	j := joinTokenJSON{ID: t.ID, PoolID: t.PoolID, Description: t.Description, MaxUses: t.MaxUses, Uses: t.Uses,
-		State: tokenState(t, now), ExpiresAt: t.ExpiresAt.UTC(), CreatedAt: t.CreatedAt.UTC(), NodeID: t.NodeID}
-	if t.RevokedAt != nil {
-		r := t.RevokedAt.UTC()
-		j.RevokedAt = &r
-	}
-	return j
-}
-
-// joinTokensCmd groups the join token commands.
+// joinTokensCmd groups the join token commands; they call
+// joinTokens.create, joinTokens.list and joinTokens.revoke.
 func joinTokensCmd(e *env) *cobra.Command {
+	var af apiFlags
 	c := &cobra.Command{Use: "join-tokens", Short: "Create, list and revoke the tokens daemons join a pool with"}
-	c.AddCommand(joinTokensCreateCmd(e), joinTokensListCmd(e), joinTokensRevokeCmd(e))
+	af.add(c)
+	c.AddCommand(joinTokensCreateCmd(e, &af), joinTokensListCmd(e, &af), joinTokensRevokeCmd(e, &af))
 	return c
 }
 
-func joinTokensCreateCmd(e *env) *cobra.Command {
+func joinTokensCreateCmd(e *env, af *apiFlags) *cobra.Command {
 	var (
 		pool, outFile, description, out string
 		ttl                             time.Duration
@@ -81,7 +37,10 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "create --pool P [--ttl 2h] [--max-uses 8] [--out FILE]",
 		Short: "Create a join token for a pool; it is shown once (or written to FILE, mode 0600), only its hash is stored",
-		Args:  cobra.NoArgs,
+		Long: `create calls joinTokens.create. -o json prints its answer: the join token and,
+without --out, the token string itself (shown this once); with --out the
+token is written to FILE (mode 0600) and left out of the answer.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(out); err != nil {
 				return err
@@ -89,10 +48,10 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 			switch {
 			case pool == "":
 				return usageError{errors.New("--pool is required")}
-			case ttl <= 0 || ttl > maxJoinTokenTTL:
-				return usageError{fmt.Errorf("--ttl %s: want more than 0 and at most %s", ttl, maxJoinTokenTTL)}
-			case maxUses < 1 || maxUses > maxJoinTokenUses:
-				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, maxJoinTokenUses)}
+			case ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL:
+				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
+			case maxUses < 1 || maxUses > api.MaxJoinTokenUses:
+				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, api.MaxJoinTokenUses)}
 			}
 			if outFile != "" {
 				// Check the folder first: a token whose file cannot be
@@ -101,58 +60,44 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 					return usageError{fmt.Errorf("--out %s: the folder %s does not exist", outFile, filepath.Dir(outFile))}
 				}
 			}
-			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				p, err := st.PoolGet(ctx, pool)
-				if errors.Is(err, store.ErrNotFound) {
-					return fmt.Errorf("no pool %s (see better-compute pools list)", pool)
-				}
-				if err != nil {
-					return err
-				}
-				b, err := bundle(ctx, cfg, st)
-				if err != nil {
-					return err
-				}
-				secret, t, err := api.CreateJoinToken(ctx, st, b.GatewayPin(), p.ID, ttl, maxUses, description, "")
-				if err != nil {
-					return err
-				}
-				details, _ := json.Marshal(map[string]any{"poolId": p.ID, "maxUses": maxUses, "expiresAt": t.ExpiresAt.UTC()})
-				if err := audit(ctx, st, "joinTokens.create", "join-token/"+t.ID, details); err != nil {
-					return err
-				}
-				res := tokenOut(t, time.Now())
-				if outFile != "" {
-					if err := writeSecretFile(outFile, []byte(secret+"\n")); err != nil {
-						// Nobody holds the secret: take the token back.
-						if rerr := st.JoinTokenRevoke(ctx, t.ID); rerr != nil {
-							return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.ID, rerr)
-						}
-						return fmt.Errorf("write the token: %w (join token %s revoked)", err, t.ID)
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			res := &apiv1.CreateJoinTokenResponse{}
+			req := &apiv1.CreateJoinTokenRequest{Pool: pool, Ttl: durationpb.New(ttl), MaxUses: int32(maxUses), Description: description}
+			if err := c.Call(ctx, "joinTokens.create", req, res); err != nil {
+				return err
+			}
+			t := res.JoinToken
+			if outFile != "" {
+				if err := writeSecretFile(outFile, []byte(res.Token+"\n")); err != nil {
+					// Nobody holds the secret: take the token back.
+					if rerr := c.Call(ctx, "joinTokens.revoke", &apiv1.RevokeJoinTokenRequest{Id: t.Id}, &apiv1.RevokeJoinTokenResponse{}); rerr != nil {
+						return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.Id, rerr)
 					}
-					res.File = outFile
-				} else {
-					res.Token = secret
+					return fmt.Errorf("write the token: %w (join token %s revoked)", err, t.Id)
 				}
-				if out == "json" {
-					return printValue(e.stdout, res)
-				}
-				if outFile != "" {
-					fmt.Fprintf(e.stdout, "join token %s for pool %s written to %s (mode 0600); %d uses, expires %s\n",
-						t.ID, p.Name, outFile, t.MaxUses, t.ExpiresAt.UTC().Format(time.RFC3339))
-					return nil
-				}
-				fmt.Fprintln(e.stdout, secret)
-				fmt.Fprintf(e.stderr, "join token %s for pool %s: %d uses, expires %s; it is shown only this once\n",
-					t.ID, p.Name, t.MaxUses, t.ExpiresAt.UTC().Format(time.RFC3339))
+				res.Token = ""
+			}
+			if out == "json" {
+				return printJSON(e.stdout, res)
+			}
+			if outFile != "" {
+				fmt.Fprintf(e.stdout, "join token %s for pool %s written to %s (mode 0600); %d uses, expires %s\n",
+					t.Id, pool, outFile, t.MaxUses, when(t.ExpireTime))
 				return nil
-			})
+			}
+			fmt.Fprintln(e.stdout, res.Token)
+			fmt.Fprintf(e.stderr, "join token %s for pool %s: %d uses, expires %s; it is shown only this once\n",
+				t.Id, pool, t.MaxUses, when(t.ExpireTime))
+			return nil
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", "", "pool id or name (required)")
-	fl.DurationVar(&ttl, "ttl", 2*time.Hour, "how long the token admits joins")
+	fl.DurationVar(&ttl, "ttl", api.DefaultJoinTokenTTL, "how long the token admits joins")
 	fl.IntVar(&maxUses, "max-uses", 8, "how many joins the token admits")
 	fl.StringVar(&outFile, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	fl.StringVar(&description, "description", "", "what the token is for")
@@ -160,7 +105,7 @@ func joinTokensCreateCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func joinTokensListCmd(e *env) *cobra.Command {
+func joinTokensListCmd(e *env, af *apiFlags) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -170,33 +115,33 @@ func joinTokensListCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				tokens, err := listAll(cmd.Context(), st.JoinTokenList, func(t *store.JoinToken) string { return t.ID })
-				if err != nil {
-					return err
-				}
-				now := time.Now()
-				if out == "json" {
-					res := make([]joinTokenJSON, 0, len(tokens))
-					for _, t := range tokens {
-						res = append(res, tokenOut(t, now))
-					}
-					return printValue(e.stdout, res)
-				}
-				rows := make([][]string, 0, len(tokens))
-				for _, t := range tokens {
-					rows = append(rows, []string{t.ID, t.PoolID, strconv.Itoa(t.Uses) + "/" + strconv.Itoa(t.MaxUses),
-						tokenState(t, now), timeCell(&t.ExpiresAt), t.Description})
-				}
-				return table(e.stdout, []string{"ID", "POOL", "USES", "STATE", "EXPIRES", "DESCRIPTION"}, rows)
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			tokens, err := listAllPages(cmd.Context(), c, "joinTokens.list",
+				func(cur string) proto.Message { return &apiv1.ListJoinTokensRequest{Page: &apiv1.Page{Cursor: cur}} },
+				func() *apiv1.ListJoinTokensResponse { return &apiv1.ListJoinTokensResponse{} },
+				func(r *apiv1.ListJoinTokensResponse) ([]*apiv1.JoinToken, string) { return r.JoinTokens, r.NextCursor })
+			if err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, &apiv1.ListJoinTokensResponse{JoinTokens: tokens})
+			}
+			rows := make([][]string, 0, len(tokens))
+			for _, t := range tokens {
+				rows = append(rows, []string{t.Id, t.PoolId, strconv.Itoa(int(t.Uses)) + "/" + strconv.Itoa(int(t.MaxUses)),
+					t.State, when(t.ExpireTime), t.Description})
+			}
+			return table(e.stdout, []string{"ID", "POOL", "USES", "STATE", "EXPIRES", "DESCRIPTION"}, rows)
 		},
 	}
 	outputFlag(cmd, &out)
 	return cmd
 }
 
-func joinTokensRevokeCmd(e *env) *cobra.Command {
+func joinTokensRevokeCmd(e *env, af *apiFlags) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
 		Use:   "revoke ID",
@@ -210,28 +155,19 @@ func joinTokensRevokeCmd(e *env) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				err := st.JoinTokenRevoke(ctx, id)
-				if errors.Is(err, store.ErrNotFound) {
-					return fmt.Errorf("no join token %s", id)
-				}
-				if err != nil {
-					return err
-				}
-				if err := audit(ctx, st, "joinTokens.revoke", "join-token/"+id, nil); err != nil {
-					return err
-				}
-				t, err := st.JoinTokenGet(ctx, id)
-				if err != nil {
-					return err
-				}
-				if out == "json" {
-					return printValue(e.stdout, tokenOut(t, time.Now()))
-				}
-				fmt.Fprintf(e.stdout, "revoked join token %s\n", id)
-				return nil
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			res := &apiv1.RevokeJoinTokenResponse{}
+			if err := c.Call(cmd.Context(), "joinTokens.revoke", &apiv1.RevokeJoinTokenRequest{Id: id}, res); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, res)
+			}
+			fmt.Fprintf(e.stdout, "revoked join token %s\n", id)
+			return nil
 		},
 	}
 	outputFlag(cmd, &out)

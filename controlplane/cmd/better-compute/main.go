@@ -24,15 +24,6 @@ var (
 	commit  = "none"
 )
 
-// exitUsage is the exit status for bad flags or configuration.
-const exitUsage = 2
-
-// usageError marks errors that exit with status 2.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -47,6 +38,9 @@ type env struct {
 	configPath     string
 	dataDir        string
 	databaseURL    string
+	// api is where the last API client's server and token came from
+	// (apiclient.go), named by an UNAUTHENTICATED answer.
+	api *apiTarget
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -69,25 +63,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
 	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
-	root.AddCommand(doctorCmd(e), bmcCmd(e))
+	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e))
+	enforceUsage(root)
+	addCompletions(root, e)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
-		return 0
+		return exitOK
 	}
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return 130 // interrupted (Ctrl-C): what was running was cancelled
 	}
+	err = e.explain(err)
 	fmt.Fprintln(stderr, "better-compute:", err)
-	var ue usageError
-	var ce *config.Error
-	if errors.As(err, &ue) || errors.As(err, &ce) {
-		return exitUsage
-	}
 	var cf commandFailedError
 	if errors.As(err, &cf) {
 		return exitCommandFailed
 	}
-	return 1
+	return exitCode(err)
 }
 
 // load reads the configuration with flags over it.

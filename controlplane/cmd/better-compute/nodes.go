@@ -66,8 +66,10 @@ func nodesCmd(e *env) *cobra.Command {
 
 	get := &cobra.Command{
 		Use:   "get NODE_ID",
-		Short: "Show a node with its inventory",
-		Args:  cobra.ExactArgs(1),
+		Short: "Show a node: labels, clock skew, an inventory summary and its GPUs",
+		Long: "Shows a node's state, labels, clock skew, an inventory summary (CPU, memory, GPUs by model, OS and\n" +
+			"kernel) and each GPU with its health. -o json prints the API's Node with the whole inventory as an object.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return nodeCall(e, &af, cmd, "nodes.get", args[0], out)
 		},
@@ -114,7 +116,10 @@ func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method, id, out string) 
 		{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
 		{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
 		{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
-		{"clock skew", clockSkew(n)},
+		{"clock skew", clockSkew(n)}, {"labels", labelsSummary(n.Labels)},
+	}
+	if method == "nodes.get" {
+		rows = append(rows, inventoryRows(n)...)
 	}
 	for i, g := range n.Gpus {
 		health := g.Health

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // outputFlag adds -o/--output (table or json) to cmd.
@@ -27,7 +29,10 @@ func checkOutput(o string) error {
 	return nil
 }
 
-// printJSON writes a protobuf message as indented protojson.
+// printJSON writes a protobuf message as indented protojson, with the
+// field names and forms the API answers in (lowerCamelCase, RFC 3339
+// timestamps, unpopulated fields left out): every -o json of an API command
+// prints the API's own message this way (DESIGN.md, "Operator CLI").
 func printJSON(w io.Writer, m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
 	if err != nil {
@@ -68,4 +73,17 @@ func ago(t *timestamppb.Timestamp) string {
 		return "-"
 	}
 	return time.Since(t.AsTime()).Round(time.Second).String() + " ago"
+}
+
+// commandOutput is a command's captured stdout and stderr as bytes, from
+// whichever of the text and base64 fields the API set.
+func commandOutput(c *apiv1.Command) (stdout, stderr []byte) {
+	return outputBytes(c.GetStdout(), c.GetStdoutBase64()), outputBytes(c.GetStderr(), c.GetStderrBase64())
+}
+
+func outputBytes(text string, raw []byte) []byte {
+	if len(raw) > 0 {
+		return raw
+	}
+	return []byte(text)
 }

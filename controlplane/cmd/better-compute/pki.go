@@ -14,10 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // pkiCmd groups the PKI commands (docs/pki.md).
@@ -40,7 +42,7 @@ func pkiInitCmd(e *env) *cobra.Command {
 			if err := pki.ValidateTrustDomain(trustDomain); err != nil {
 				return usageError{fmt.Errorf("--trust-domain: %w", err)}
 			}
-			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
+			return e.withStore(cmd.Context(), true, func(cfg *config.Config, st store.Store) error {
 				ctx := cmd.Context()
 				// The bundle, its audit entry and the deployment's first
 				// admin token (printed this once, when the database has no
@@ -111,7 +113,7 @@ func pkiIssueGatewayCmd(e *env) *cobra.Command {
 				}
 				addrs = append(addrs, ip)
 			}
-			return e.withStore(cmd.Context(), func(cfg *config.Config, st store.Store) error {
+			return e.withStore(cmd.Context(), false, func(cfg *config.Config, st store.Store) error {
 				ctx := cmd.Context()
 				b, err := bundle(ctx, cfg, st)
 				if err != nil {
@@ -173,11 +175,15 @@ func leafNotAfter(path string) (time.Time, error) {
 }
 
 func pkiRevokeCmd(e *env) *cobra.Command {
+	var af apiFlags
 	var nodeID, serial, reason, out string
 	cmd := &cobra.Command{
 		Use:   "revoke --node ID | --serial S",
 		Short: "Revoke a node's current certificate or a certificate serial; gateways close the sessions within seconds",
-		Args:  cobra.NoArgs,
+		Long: `revoke calls pki.revoke: with --node the node's current certificate (and
+gateways end every session it opened before), with --serial that serial
+(hex, colons and 0x allowed, as the audit log and nodes show it).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(out); err != nil {
 				return err
@@ -185,82 +191,42 @@ func pkiRevokeCmd(e *env) *cobra.Command {
 			if (nodeID == "") == (serial == "") {
 				return usageError{errors.New("give exactly one of --node and --serial")}
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				rev, err := revocation(cmd.Context(), st, nodeID, serial, reason)
+			if serial != "" {
+				s, err := api.CanonicalSerial(serial)
 				if err != nil {
-					return err
+					return usageError{fmt.Errorf("--serial %q: %w", serial, err)}
 				}
-				ctx := cmd.Context()
-				already, err := st.RevocationCheck(ctx, rev.Serial)
-				if err != nil {
-					return err
-				}
-				if err := st.RevocationInsert(ctx, rev); err != nil {
-					return err
-				}
-				details, _ := json.Marshal(map[string]string{"serial": rev.Serial, "nodeId": rev.NodeID, "reason": rev.Reason})
-				if err := audit(ctx, st, "pki.revoke", "certificate/"+rev.Serial, details); err != nil {
-					return err
-				}
-				res := struct {
-					Serial         string `json:"serial"`
-					NodeID         string `json:"nodeId,omitempty"`
-					Reason         string `json:"reason"`
-					AlreadyRevoked bool   `json:"alreadyRevoked"`
-				}{rev.Serial, rev.NodeID, rev.Reason, already}
-				if out == "json" {
-					return printValue(e.stdout, res)
-				}
-				switch {
-				case already:
-					fmt.Fprintf(e.stdout, "certificate %s was already revoked\n", rev.Serial)
-				case rev.NodeID != "":
-					fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", rev.Serial, rev.NodeID)
-				default:
-					fmt.Fprintf(e.stdout, "revoked certificate %s\n", rev.Serial)
-				}
-				return nil
-			})
+				serial = s
+			}
+			c, err := e.client(&af)
+			if err != nil {
+				return err
+			}
+			res := &apiv1.RevokeCertificateResponse{}
+			req := &apiv1.RevokeCertificateRequest{NodeId: nodeID, Serial: serial, Reason: reason}
+			if err := c.Call(cmd.Context(), "pki.revoke", req, res); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, res)
+			}
+			revoked := strings.Join(res.Serials, ", ")
+			switch {
+			case res.AlreadyRevoked:
+				fmt.Fprintf(e.stdout, "certificate %s was already revoked\n", revoked)
+			case res.NodeId != "":
+				fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", revoked, res.NodeId)
+			default:
+				fmt.Fprintf(e.stdout, "revoked certificate %s\n", revoked)
+			}
+			return nil
 		},
 	}
+	af.add(cmd)
 	fl := cmd.Flags()
 	fl.StringVar(&nodeID, "node", "", "node id: revoke its current certificate and end its sessions")
 	fl.StringVar(&serial, "serial", "", "certificate serial (hex, as the audit log and nodes show it)")
 	fl.StringVar(&reason, "reason", "revoked by an operator", "why, for the record")
 	outputFlag(cmd, &out)
 	return cmd
-}
-
-// revocation builds the revocation of a node's current certificate (naming
-// the node, so gateways end every session it opened before) or of a serial.
-func revocation(ctx context.Context, st store.Store, nodeID, serial, reason string) (*store.Revocation, error) {
-	if nodeID != "" {
-		n, err := st.NodeGet(ctx, nodeID)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, fmt.Errorf("no node %s", nodeID)
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n.CertSerial == "" {
-			return nil, fmt.Errorf("node %s has no certificate", nodeID)
-		}
-		return &store.Revocation{Serial: n.CertSerial, NodeID: n.ID, Reason: reason}, nil
-	}
-	given := serial
-	serial = strings.ToLower(strings.TrimPrefix(strings.ReplaceAll(serial, ":", ""), "0x"))
-	if serial == "" || strings.Trim(serial, "0123456789abcdef") != "" {
-		return nil, usageError{fmt.Errorf("--serial %q is not a hexadecimal certificate serial", given)}
-	}
-	// Spelled as pki.FormatSerial spells it: leading zeros dropped, then
-	// padded to 32 digits. RFC 5280 (4.1.2.2): a positive number of at
-	// most 20 octets.
-	serial = strings.TrimLeft(serial, "0")
-	if serial == "" || len(serial) > 40 {
-		return nil, usageError{fmt.Errorf("--serial %q: a certificate serial is a positive number of at most 20 octets (40 hex digits)", given)}
-	}
-	if len(serial) < 32 {
-		serial = strings.Repeat("0", 32-len(serial)) + serial
-	}
-	return &store.Revocation{Serial: serial, Reason: reason}, nil
 }

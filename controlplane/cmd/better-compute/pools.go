@@ -1,38 +1,37 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/client"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
-// poolJSON is a pool in -o json output.
-type poolJSON struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	SiteID    string    `json:"siteId"`
-	CreatedAt time.Time `json:"createdAt"`
-}
-
-func poolOut(p *store.Pool) poolJSON {
-	return poolJSON{ID: p.ID, Name: p.Name, SiteID: p.SiteID, CreatedAt: p.CreatedAt.UTC()}
-}
-
-// poolsCmd groups the pool commands.
+// poolsCmd groups the pool commands; they call pools.create and pools.list.
 func poolsCmd(e *env) *cobra.Command {
+	var af apiFlags
 	c := &cobra.Command{Use: "pools", Short: "Create and list pools (groups of nodes at a site; join tokens bind to one)"}
-	c.AddCommand(poolsCreateCmd(e), poolsListCmd(e))
+	af.add(c)
+	c.AddCommand(poolsCreateCmd(e, &af), poolsListCmd(e, &af))
 	return c
 }
 
-func poolsCreateCmd(e *env) *cobra.Command {
+// siteNames maps site ids to names, for tables; empty when sites.list fails.
+func siteNames(cmd *cobra.Command, c *client.Client) map[string]string {
+	names := map[string]string{}
+	sites, _ := listSites(cmd, c)
+	for _, s := range sites {
+		names[s.Id] = s.Name
+	}
+	return names
+}
+
+func poolsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 	var name, site, out string
 	cmd := &cobra.Command{
 		Use:   "create --name N --site S",
@@ -48,31 +47,18 @@ func poolsCreateCmd(e *env) *cobra.Command {
 			if err := api.CheckName(name); err != nil {
 				return usageError{fmt.Errorf("--name %q: %w", name, err)}
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				s, err := st.SiteGet(ctx, site)
-				if errors.Is(err, store.ErrNotFound) {
-					return fmt.Errorf("no site %s (see better-compute sites list)", site)
-				}
-				if err != nil {
-					return err
-				}
-				p, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: name, SiteID: s.ID})
-				if errors.Is(err, store.ErrConflict) {
-					return fmt.Errorf("a pool named %s exists already", name)
-				}
-				if err != nil {
-					return err
-				}
-				details, _ := json.Marshal(poolOut(p))
-				if err := audit(ctx, st, "pools.create", "pool/"+p.ID, details); err != nil {
-					return err
-				}
-				if out == "json" {
-					return printValue(e.stdout, poolOut(p))
-				}
-				return table(e.stdout, []string{"ID", "NAME", "SITE"}, [][]string{{p.ID, p.Name, s.Name}})
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			p := &apiv1.Pool{}
+			if err := c.Call(cmd.Context(), "pools.create", &apiv1.CreatePoolRequest{Name: name, Site: site}, p); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, p)
+			}
+			return table(e.stdout, []string{"ID", "NAME", "SITE"}, [][]string{{p.Id, p.Name, orDash(siteNames(cmd, c)[p.SiteId])}})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "pool name, unique (required)")
@@ -81,7 +67,7 @@ func poolsCreateCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func poolsListCmd(e *env) *cobra.Command {
+func poolsListCmd(e *env, af *apiFlags) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -91,33 +77,26 @@ func poolsListCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				pools, err := listAll(ctx, st.PoolList, func(p *store.Pool) string { return p.ID })
-				if err != nil {
-					return err
-				}
-				if out == "json" {
-					res := make([]poolJSON, 0, len(pools))
-					for _, p := range pools {
-						res = append(res, poolOut(p))
-					}
-					return printValue(e.stdout, res)
-				}
-				sites, err := listAll(ctx, st.SiteList, func(s *store.Site) string { return s.ID })
-				if err != nil {
-					return err
-				}
-				names := map[string]string{}
-				for _, s := range sites {
-					names[s.ID] = s.Name
-				}
-				rows := make([][]string, 0, len(pools))
-				for _, p := range pools {
-					rows = append(rows, []string{p.ID, p.Name, names[p.SiteID], timeCell(&p.CreatedAt)})
-				}
-				return table(e.stdout, []string{"ID", "NAME", "SITE", "CREATED"}, rows)
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			pools, err := listAllPages(cmd.Context(), c, "pools.list",
+				func(cur string) proto.Message { return &apiv1.ListPoolsRequest{Page: &apiv1.Page{Cursor: cur}} },
+				func() *apiv1.ListPoolsResponse { return &apiv1.ListPoolsResponse{} },
+				func(r *apiv1.ListPoolsResponse) ([]*apiv1.Pool, string) { return r.Pools, r.NextCursor })
+			if err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, &apiv1.ListPoolsResponse{Pools: pools})
+			}
+			names := siteNames(cmd, c)
+			rows := make([][]string, 0, len(pools))
+			for _, p := range pools {
+				rows = append(rows, []string{p.Id, p.Name, orDash(names[p.SiteId]), when(p.CreateTime)})
+			}
+			return table(e.stdout, []string{"ID", "NAME", "SITE", "CREATED"}, rows)
 		},
 	}
 	outputFlag(cmd, &out)

@@ -106,7 +106,7 @@ func TestNodesReinstall(t *testing.T) {
 	}
 
 	// Bad input.
-	c.fails(1, "accepts 1 arg", "nodes", "reinstall")
+	c.fails(exitUsage, "accepts 1 arg", "nodes", "reinstall")
 	c.fails(exitUsage, "--ttl", "nodes", "reinstall", "node_rx", "--ttl", "0s")
 	c.fails(exitUsage, "--ttl", "nodes", "reinstall", "node_rx", "--ttl", "721h")
 	c.fails(exitUsage, "--ttl", "nodes", "reinstall", "node_rx", "--ttl", "soon")

@@ -1,38 +1,27 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/client"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
-// siteJSON is a site in -o json output.
-type siteJSON struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Region    string    `json:"region"`
-	CreatedAt time.Time `json:"createdAt"`
-}
-
-func siteOut(s *store.Site) siteJSON {
-	return siteJSON{ID: s.ID, Name: s.Name, Region: s.Region, CreatedAt: s.CreatedAt.UTC()}
-}
-
-// sitesCmd groups the site commands.
+// sitesCmd groups the site commands; they call sites.create and sites.list.
 func sitesCmd(e *env) *cobra.Command {
+	var af apiFlags
 	c := &cobra.Command{Use: "sites", Short: "Create and list sites (physical locations in a region)"}
-	c.AddCommand(sitesCreateCmd(e), sitesListCmd(e))
+	af.add(c)
+	c.AddCommand(sitesCreateCmd(e, &af), sitesListCmd(e, &af))
 	return c
 }
 
-func sitesCreateCmd(e *env) *cobra.Command {
+func sitesCreateCmd(e *env, af *apiFlags) *cobra.Command {
 	var name, region, out string
 	cmd := &cobra.Command{
 		Use:   "create --name N --region R",
@@ -50,24 +39,18 @@ func sitesCreateCmd(e *env) *cobra.Command {
 					return usageError{fmt.Errorf("%s %q: %w", flag, v, err)}
 				}
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				s, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: name, Region: region})
-				if errors.Is(err, store.ErrConflict) {
-					return fmt.Errorf("a site named %s exists already", name)
-				}
-				if err != nil {
-					return err
-				}
-				details, _ := json.Marshal(siteOut(s))
-				if err := audit(ctx, st, "sites.create", "site/"+s.ID, details); err != nil {
-					return err
-				}
-				if out == "json" {
-					return printValue(e.stdout, siteOut(s))
-				}
-				return table(e.stdout, []string{"ID", "NAME", "REGION"}, [][]string{{s.ID, s.Name, s.Region}})
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			s := &apiv1.Site{}
+			if err := c.Call(cmd.Context(), "sites.create", &apiv1.CreateSiteRequest{Name: name, Region: region}, s); err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, s)
+			}
+			return table(e.stdout, []string{"ID", "NAME", "REGION"}, [][]string{{s.Id, s.Name, s.Region}})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "site name, unique (required)")
@@ -76,7 +59,7 @@ func sitesCreateCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func sitesListCmd(e *env) *cobra.Command {
+func sitesListCmd(e *env, af *apiFlags) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -86,26 +69,32 @@ func sitesListCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			return e.withStore(cmd.Context(), func(_ *config.Config, st store.Store) error {
-				sites, err := listAll(cmd.Context(), st.SiteList, func(s *store.Site) string { return s.ID })
-				if err != nil {
-					return err
-				}
-				if out == "json" {
-					res := make([]siteJSON, 0, len(sites))
-					for _, s := range sites {
-						res = append(res, siteOut(s))
-					}
-					return printValue(e.stdout, res)
-				}
-				rows := make([][]string, 0, len(sites))
-				for _, s := range sites {
-					rows = append(rows, []string{s.ID, s.Name, s.Region, timeCell(&s.CreatedAt)})
-				}
-				return table(e.stdout, []string{"ID", "NAME", "REGION", "CREATED"}, rows)
-			})
+			c, err := e.client(af)
+			if err != nil {
+				return err
+			}
+			sites, err := listSites(cmd, c)
+			if err != nil {
+				return err
+			}
+			if out == "json" {
+				return printJSON(e.stdout, &apiv1.ListSitesResponse{Sites: sites})
+			}
+			rows := make([][]string, 0, len(sites))
+			for _, s := range sites {
+				rows = append(rows, []string{s.Id, s.Name, s.Region, when(s.CreateTime)})
+			}
+			return table(e.stdout, []string{"ID", "NAME", "REGION", "CREATED"}, rows)
 		},
 	}
 	outputFlag(cmd, &out)
 	return cmd
+}
+
+// listSites is every site, through sites.list.
+func listSites(cmd *cobra.Command, c *client.Client) ([]*apiv1.Site, error) {
+	return listAllPages(cmd.Context(), c, "sites.list",
+		func(cur string) proto.Message { return &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cur}} },
+		func() *apiv1.ListSitesResponse { return &apiv1.ListSitesResponse{} },
+		func(r *apiv1.ListSitesResponse) ([]*apiv1.Site, string) { return r.Sites, r.NextCursor })
 }

@@ -4,27 +4,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/backend"
 )
 
 // withStore loads the configuration, opens the store and runs fn with both:
-// the operator commands that talk to the database directly (pki, sites,
-// pools, join-tokens). The embedded database is migrated first, as serve
-// would; a PostgreSQL database must be migrated already (better-compute
-// migrate).
-func (e *env) withStore(ctx context.Context, fn func(*config.Config, store.Store) error) error {
+// the operator commands that need the database itself, as they hold the CA
+// keys (pki init, pki issue-gateway); every other operator command goes
+// through the API. Unless create is set (pki init), a data directory that
+// holds no embedded deployment is an error, never a new deployment. The
+// embedded database is migrated first, as serve would; a PostgreSQL
+// database must be migrated already (better-compute migrate).
+func (e *env) withStore(ctx context.Context, create bool, fn func(*config.Config, store.Store) error) error {
 	cfg, err := e.load(config.Flags{})
 	if err != nil {
 		return err
+	}
+	if !create {
+		if err := checkDeployment(cfg); err != nil {
+			return err
+		}
 	}
 	st, err := openStore(ctx, cfg)
 	if err != nil {
@@ -45,6 +53,45 @@ func (e *env) withStore(ctx context.Context, fn func(*config.Config, store.Store
 		}
 	}
 	return fn(cfg, st)
+}
+
+// noDeploymentError is a data directory without an embedded deployment.
+type noDeploymentError struct{ dir string }
+
+func (e noDeploymentError) Error() string {
+	return fmt.Sprintf("no deployment in %s (no %s): start one with `better-compute serve` (or dev, migrate, pki init), "+
+		"or point at one with --data-dir, --config or %s", e.dir, backend.EmbeddedFile, config.EnvDataDir)
+}
+
+// hasDeployment reports whether dir holds an embedded deployment (its
+// state.db).
+func hasDeployment(dir string) (bool, error) {
+	_, err := os.Stat(filepath.Join(dir, backend.EmbeddedFile))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil
+	}
+	return false, fmt.Errorf("look for a deployment in %s: %w", dir, err)
+}
+
+// checkDeployment fails with noDeploymentError when cfg is the embedded
+// default and its data directory holds no deployment. It reads only: a
+// command that merely reads a deployment must never create one (DESIGN.md,
+// "Operator CLI"). With PostgreSQL it checks nothing; the schema check does.
+func checkDeployment(cfg *config.Config) error {
+	if !cfg.Embedded {
+		return nil
+	}
+	ok, err := hasDeployment(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return noDeploymentError{cfg.DataDir}
+	}
+	return nil
 }
 
 // bundle opens the deployment's PKI bundle. The embedded default makes it
@@ -71,31 +118,6 @@ func audit(ctx context.Context, st store.Store, action, resource string, details
 	}
 	_, err := st.AuditInsert(ctx, &store.AuditEntry{Actor: actor, Action: action, Resource: resource, Outcome: "success", Details: details})
 	return err
-}
-
-// listAll pages through a store list.
-func listAll[T any](ctx context.Context, list func(context.Context, *store.ListParams) ([]*T, error), id func(*T) string) ([]*T, error) {
-	var all []*T
-	p := &store.ListParams{Limit: store.MaxListLimit}
-	for {
-		page, err := list(ctx, p)
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, page...)
-		if len(page) < p.Limit {
-			return all, nil
-		}
-		p.Cursor = id(page[len(page)-1])
-	}
-}
-
-// timeCell formats a time for a table, "-" when unset.
-func timeCell(t *time.Time) string {
-	if t == nil || t.IsZero() {
-		return "-"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 // writeSecretFile writes data to path with mode 0600, replacing it

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // nodesUpgradeCmd is `nodes upgrade`: one upgrade command per node, followed
@@ -60,7 +61,7 @@ version once its command ends and exits non-zero when any upgrade failed.`,
 			if err != nil {
 				return err
 			}
-			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: "upgrade",
+			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: sessionv1.KindUpgrade,
 				Upgrade: &apiv1.UpgradeSpec{Version: version, BaseUrl: baseURL}, IdempotencyKey: idemKey}
 			if timeout > 0 {
 				req.Timeout = durationpb.New(timeout)

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 )
 
 // Reloader serves the certificate in two PEM files; a failed re-read keeps
@@ -67,7 +69,7 @@ func (r *Reloader) Run(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 			if err := r.Load(); err != nil {
-				r.log.WarnContext(ctx, "Serving certificate not reloaded; keeping the current one", "error", err)
+				r.log.WarnContext(ctx, "Serving certificate not reloaded; keeping the current one", logkey.Err, err)
 			}
 		}
 	}

@@ -27,7 +27,7 @@ func TestFenceTag(t *testing.T) {
 	if _, err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ExecRaw(ctx, `CREATE TABLE seen (site text, fence text);
+	if err := pgtest.Exec(url)(ctx, `CREATE TABLE seen (site text, fence text);
 CREATE FUNCTION record_fence() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO seen VALUES (NEW.name, current_setting('`+postgres.FenceTagSetting+`', true));

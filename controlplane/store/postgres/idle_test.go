@@ -55,7 +55,7 @@ func TestIdleInTransactionTimeout(t *testing.T) {
 			if _, err := s.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := s.ExecRaw(ctx, `CREATE TABLE seen (site text, timeout text);
+			if err := pgtest.Exec(directURL)(ctx, `CREATE TABLE seen (site text, timeout text);
 CREATE FUNCTION record_timeout() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO seen VALUES (NEW.name, current_setting('idle_in_transaction_session_timeout'));

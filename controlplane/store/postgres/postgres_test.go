@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
@@ -32,7 +33,7 @@ func openHarness(t testing.TB, url string) *storetest.Harness {
 	if _, err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &storetest.Harness{Store: s, Exec: s.ExecRaw}
+	return &storetest.Harness{Store: s, Exec: pgtest.Exec(url), Migrations: os.DirFS("migrations")}
 }
 
 // TestConformanceExecModes runs the suite in each of pgx's other query exec

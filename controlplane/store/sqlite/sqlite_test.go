@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/controlplane/store/storetest"
 )
 
@@ -23,7 +25,8 @@ func BenchmarkStore(b *testing.B) {
 
 func newHarness(t testing.TB) *storetest.Harness {
 	ctx := context.Background()
-	s, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "state.db"))
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := sqlite.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +34,7 @@ func newHarness(t testing.TB) *storetest.Harness {
 	if _, err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return &storetest.Harness{Store: s, Exec: s.ExecRaw}
+	return &storetest.Harness{Store: s, Exec: sqlitetest.Exec(path), Migrations: os.DirFS("migrations")}
 }
 
 // TestWritesAfterCancelledTransactions: every write runs on one

@@ -8,8 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,8 +24,14 @@ import (
 // build).
 type Harness struct {
 	Store store.Store
-	// Exec runs one raw SQL statement on the same database.
+	// Exec runs raw SQL on the same database, over a connection of its own
+	// (sqlitetest.Exec, pgtest.Exec): the production store has no such
+	// hatch.
 	Exec func(ctx context.Context, sql string) error
+	// Migrations is the backend's migrations directory
+	// (os.DirFS("migrations")), for tests that rerun a migration's data
+	// step on rows set up in an older form; nil skips them.
+	Migrations fs.FS
 }
 
 // NewHarness returns a fresh, empty, migrated database for one test.
@@ -51,9 +59,11 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"GatewayReap", testGatewayReap},
 		{"Workers", testWorkers},
 		{"Commands", testCommands},
+		{"CommandSpecForms", testCommandSpecForms},
 		{"CommandSweep", testCommandSweep},
 		{"CommandClaim", testCommandClaim},
 		{"OutboxEventsAudit", testOutboxEventsAudit},
+		{"AuditQuery", testAuditQuery},
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
@@ -604,25 +614,101 @@ func testWorkers(ctx context.Context, t *testing.T, h *Harness) {
 	}
 }
 
+// testCommandSpecForms: a command's spec is kept in its session-protocol
+// form; rows in the form of a build older than migration
+// 0008_command_session_spec (spec only, session_spec NULL) are converted,
+// both by the migration's data step and, for rows an older build writes
+// after it, on read; and the old column keeps the form an older gateway
+// reads.
+func testCommandSpecForms(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	addNode(ctx, t, h, pool, "node_1")
+	cases := []struct {
+		kind, legacy, session string
+	}{
+		{"exec", `{"argv":["nvidia-smi","-L"],"asRoot":true,"outputLimitBytes":"1048576"}`,
+			`{"exec":{"argv":["nvidia-smi","-L"],"asRoot":true,"outputLimitBytes":"1048576"}}`},
+		{"power.cycle", `{"bmc":"rack1"}`, `{"power":{"bmc":"rack1","action":"cycle"}}`},
+		{"power.soft-off", `{}`, `{"power":{"action":"soft-off"}}`},
+		{"boot.set", `{"device":"pxe","persistent":true}`, `{"boot":{"device":"pxe","persistent":true}}`},
+		{"upgrade", `{"version":"0.2.0","baseUrl":"https://x/api/downloads"}`, `{"upgrade":{"version":"0.2.0","baseUrl":"https://x/api/downloads"}}`},
+		{"inventory.refresh", `{}`, `{}`},
+	}
+	var cmds []*store.Command
+	for _, tc := range cases {
+		c := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: tc.kind,
+			SessionSpec: []byte(tc.session), Timeout: time.Minute}))[0]
+		if !jsonEqual(t, c.SessionSpec, []byte(tc.session)) {
+			t.Errorf("%s: enqueued session spec %s, want %s", tc.kind, c.SessionSpec, tc.session)
+		}
+		cmds = append(cmds, c)
+	}
+	if c := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "reboot", Timeout: time.Minute}))[0]; string(c.SessionSpec) != "{}" {
+		t.Errorf("enqueued without a spec: session spec %s, want {}", c.SessionSpec)
+	}
+	if _, err := h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec",
+		SessionSpec: []byte(`{"exec":{},"power":{}}`), Timeout: time.Minute}); err == nil {
+		t.Error("enqueued a session spec with two spec fields")
+	}
+	// The old column holds the oneof's value, which an older gateway reads
+	// as the API's spec (the JSON names are the same): rewrite each row to
+	// the old form, as an older API writes it.
+	for i, tc := range cases {
+		check(t, h.Exec(ctx, fmt.Sprintf(`UPDATE commands SET session_spec = NULL WHERE id = '%s'`, cmds[i].ID)))
+		got := must(h.Store.CommandGet(ctx, cmds[i].ID))
+		if !jsonEqual(t, got.SessionSpec, []byte(tc.session)) {
+			t.Errorf("%s: read from the old column alone: %s, want %s", tc.kind, got.SessionSpec, tc.session)
+		}
+		check(t, h.Exec(ctx, fmt.Sprintf(`UPDATE commands SET spec = '%s' WHERE id = '%s'`, tc.legacy, cmds[i].ID)))
+		got = must(h.Store.CommandGet(ctx, cmds[i].ID))
+		if !jsonEqual(t, got.SessionSpec, []byte(tc.session)) {
+			t.Errorf("%s: an older build's row (spec %s) reads as %s, want %s", tc.kind, tc.legacy, got.SessionSpec, tc.session)
+		}
+	}
+	if h.Migrations == nil {
+		return
+	}
+	b, err := fs.ReadFile(h.Migrations, "0008_command_session_spec.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, update, ok := strings.Cut(string(b), "\nUPDATE commands SET session_spec")
+	if !ok {
+		t.Fatal("migration 0008 has no UPDATE commands SET session_spec step")
+	}
+	check(t, h.Exec(ctx, "UPDATE commands SET session_spec"+update))
+	for i, tc := range cases {
+		// The migration wrote the column: the read needs no fallback.
+		check(t, h.Exec(ctx, fmt.Sprintf(`UPDATE commands SET spec = '"not an object"' WHERE id = '%s'`, cmds[i].ID)))
+		got, err := h.Store.CommandGet(ctx, cmds[i].ID)
+		if err != nil {
+			t.Fatalf("%s: after the migration's data step: %v", tc.kind, err)
+		}
+		if !jsonEqual(t, got.SessionSpec, []byte(tc.session)) {
+			t.Errorf("%s: migration 0008 converted spec %s to %s, want %s", tc.kind, tc.legacy, got.SessionSpec, tc.session)
+		}
+	}
+}
+
 func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	pool := fixture(ctx, t, h)
 	for _, id := range []string{"node_1", "node_2", "node_3"} {
 		addNode(ctx, t, h, pool, id)
 	}
-	spec := []byte(`{"argv":["uname","-a"]}`)
+	spec := []byte(`{"exec":{"argv":["uname","-a"]}}`)
 	cmds := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{
-		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", Spec: spec, IdempotencyKey: "req-1",
+		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", SessionSpec: spec, IdempotencyKey: "req-1",
 		CreatedBy: "token_admin", Timeout: time.Minute,
 	}))
 	if len(cmds) != 3 {
 		t.Fatalf("enqueued %d commands", len(cmds))
 	}
 	c := cmds[0]
-	if c.State != store.CommandQueued || c.Kind != "exec" || !jsonEqual(t, c.Spec, spec) || c.DeadlineAt.Sub(c.CreatedAt) != time.Minute {
+	if c.State != store.CommandQueued || c.Kind != "exec" || !jsonEqual(t, c.SessionSpec, spec) || c.DeadlineAt.Sub(c.CreatedAt) != time.Minute {
 		t.Fatalf("command = %+v", c)
 	}
 	again := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{
-		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", Spec: spec, IdempotencyKey: "req-1", Timeout: time.Minute,
+		NodeIDs: []string{"node_1", "node_2", "node_3"}, Kind: "exec", SessionSpec: spec, IdempotencyKey: "req-1", Timeout: time.Minute,
 	}))
 	if ids(again) == nil || !slices.Equal(ids(again), ids(cmds)) {
 		t.Fatalf("idempotent retry returned %v, want %v", ids(again), ids(cmds))
@@ -754,6 +840,75 @@ func testOutboxEventsAudit(ctx context.Context, t *testing.T, h *Harness) {
 	}
 }
 
+// testAuditQuery checks AuditQuery's filters, newest-first order and
+// paging by id, and that the action prefix is literal ('_' and '%' are not
+// wildcards; case matters).
+func testAuditQuery(ctx context.Context, t *testing.T, h *Harness) {
+	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	rows := []store.AuditEntry{
+		{Time: base, Actor: "token:a", Action: "sites.create", Resource: "ams-1", Outcome: "ok"},
+		{Time: base.Add(time.Minute), Actor: "token:a", Action: "pools.create", Resource: "gpu", Outcome: "ok"},
+		{Time: base.Add(2 * time.Minute), Actor: "token:b", Action: "joinTokens.create", Resource: "gpu", Outcome: "ok"},
+		{Time: base.Add(3 * time.Minute), Actor: "token:b", Action: "joinTokens.revoke", Resource: "jt_1", Outcome: "NOT_FOUND"},
+		{Time: base.Add(4 * time.Minute), Actor: "join-token:jt_2", Action: "join", Resource: "node_a", Outcome: "ok"},
+		{Time: base.Add(5 * time.Minute), Actor: "token:a", Action: "sites_create", Resource: "x", Outcome: "denied"},
+	}
+	ids := make([]int64, len(rows))
+	for i := range rows {
+		ids[i] = must(h.Store.AuditInsert(ctx, &rows[i]))
+	}
+	got := func(p store.AuditQueryParams) []int64 {
+		t.Helper()
+		var out []int64
+		for _, e := range must(h.Store.AuditQuery(ctx, &p)) {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	want := func(name string, p store.AuditQueryParams, idx ...int) {
+		t.Helper()
+		var w []int64
+		for _, i := range idx {
+			w = append(w, ids[i])
+		}
+		if g := got(p); !slices.Equal(g, w) {
+			t.Errorf("%s: ids %v, want %v", name, g, w)
+		}
+	}
+	want("all, newest first", store.AuditQueryParams{}, 5, 4, 3, 2, 1, 0)
+	want("actor", store.AuditQueryParams{Actor: "token:a"}, 5, 1, 0)
+	want("action prefix", store.AuditQueryParams{ActionPrefix: "joinTokens."}, 3, 2)
+	want("whole action", store.AuditQueryParams{ActionPrefix: "sites.create"}, 0)
+	want("underscore is literal", store.AuditQueryParams{ActionPrefix: "sites_"}, 5)
+	want("percent is literal", store.AuditQueryParams{ActionPrefix: "%"})
+	want("case matters", store.AuditQueryParams{ActionPrefix: "JOINTOKENS."})
+	want("resource", store.AuditQueryParams{Resource: "gpu"}, 2, 1)
+	want("outcome", store.AuditQueryParams{Outcome: "NOT_FOUND"}, 3)
+	want("since inclusive, until exclusive", store.AuditQueryParams{Since: base.Add(time.Minute), Until: base.Add(3 * time.Minute)}, 2, 1)
+	want("all filters", store.AuditQueryParams{Actor: "token:b", ActionPrefix: "joinTokens", Resource: "gpu", Outcome: "ok",
+		Since: base, Until: base.Add(time.Hour)}, 2)
+	want("nothing matches", store.AuditQueryParams{Actor: "token:c"})
+
+	// Pages of two, each after the last id of the one before.
+	var paged []int64
+	p := store.AuditQueryParams{Limit: 2}
+	for range 10 {
+		page := got(p)
+		paged = append(paged, page...)
+		if len(page) < p.Limit {
+			break
+		}
+		p.BeforeID = page[len(page)-1]
+	}
+	if w := []int64{ids[5], ids[4], ids[3], ids[2], ids[1], ids[0]}; !slices.Equal(paged, w) {
+		t.Fatalf("paged ids %v, want %v", paged, w)
+	}
+	e := must(h.Store.AuditQuery(ctx, &store.AuditQueryParams{Outcome: "NOT_FOUND"}))
+	if len(e) != 1 || !e[0].Time.Equal(base.Add(3*time.Minute)) || e[0].Actor != "token:b" || e[0].Resource != "jt_1" || e[0].Action != "joinTokens.revoke" {
+		t.Fatalf("entry = %+v", e)
+	}
+}
+
 func testClock(ctx context.Context, t *testing.T, h *Harness) {
 	before := time.Now()
 	now := must(h.Store.Now(ctx))
@@ -839,7 +994,7 @@ func testCommandSweep(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, err)
 	check(t, h.Store.SessionClose(ctx, "node_gone", s.SessionID))
 	enqueue := func(node, key string, timeout time.Duration) *store.Command {
-		c := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec", Spec: []byte(`{}`), IdempotencyKey: key, Timeout: timeout}))[0]
+		c := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec", SessionSpec: []byte(`{}`), IdempotencyKey: key, Timeout: timeout}))[0]
 		must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning, GatewayID: "gw1"}))
 		return c
 	}
@@ -847,7 +1002,7 @@ func testCommandSweep(ctx context.Context, t *testing.T, h *Harness) {
 	requeued := enqueue("node_gone", "retry-me", time.Hour)
 	alive := enqueue("node_live", "", time.Hour)
 	overdue := enqueue("node_live", "", time.Second)
-	queuedOverdue := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_live"}, Kind: "exec", Spec: []byte(`{}`), Timeout: time.Second}))[0]
+	queuedOverdue := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_live"}, Kind: "exec", SessionSpec: []byte(`{}`), Timeout: time.Second}))[0]
 
 	res := must(h.Store.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: 30 * time.Second, Now: at(5 * time.Second)}))
 	if got := ids(res.Expired); !slices.Equal(got, ids([]*store.Command{overdue, queuedOverdue})) {
@@ -1098,7 +1253,7 @@ func testCommandClaim(ctx context.Context, t *testing.T, h *Harness) {
 	}
 	mustOpen(t, h, ctx, "node_a", "sa", "gw1")
 	mustOpen(t, h, ctx, "node_b", "sb", "gw2")
-	cmds := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_a", "node_b", "node_c"}, Kind: "exec", Spec: []byte(`{}`), Timeout: time.Minute}))
+	cmds := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_a", "node_b", "node_c"}, Kind: "exec", SessionSpec: []byte(`{}`), Timeout: time.Minute}))
 	got := must(h.Store.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: "gw1", Limit: 10}))
 	if len(got) != 1 || got[0].NodeID != "node_a" || got[0].State != store.CommandDispatched || got[0].GatewayID != "gw1" || got[0].Attempt != 1 {
 		t.Fatalf("gw1 claimed %+v", got)

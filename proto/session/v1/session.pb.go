@@ -881,6 +881,10 @@ type JoinResponse struct {
 	// How long after the certificate's expiry Reattest still renews it
 	// (pki.reattestGrace); zero when re-attestation is off.
 	ReattestGrace *durationpb.Duration `protobuf:"bytes,15,opt,name=reattest_grace,json=reattestGrace,proto3" json:"reattest_grace,omitempty"`
+	// Names of the pool and site (pool_id, site_id), for people: bcd join
+	// and the install script print where the token placed the node.
+	PoolName      string `protobuf:"bytes,16,opt,name=pool_name,json=poolName,proto3" json:"pool_name,omitempty"`
+	SiteName      string `protobuf:"bytes,17,opt,name=site_name,json=siteName,proto3" json:"site_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1018,6 +1022,20 @@ func (x *JoinResponse) GetReattestGrace() *durationpb.Duration {
 		return x.ReattestGrace
 	}
 	return nil
+}
+
+func (x *JoinResponse) GetPoolName() string {
+	if x != nil {
+		return x.PoolName
+	}
+	return ""
+}
+
+func (x *JoinResponse) GetSiteName() string {
+	if x != nil {
+		return x.SiteName
+	}
+	return ""
 }
 
 // RenewRequest asks for a new certificate.
@@ -4397,7 +4415,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x06labels\x18\a \x03(\v2/.bettercompute.session.v1.NodeFacts.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x04\n" +
 	"\fJoinResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11certificate_chain\x18\x02 \x03(\fR\x10certificateChain\x12\"\n" +
@@ -4416,7 +4434,9 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\bwarnings\x18\f \x03(\tR\bwarnings\x12\x1a\n" +
 	"\brejoined\x18\r \x01(\bR\brejoined\x12\x1a\n" +
 	"\brepeated\x18\x0e \x01(\bR\brepeated\x12@\n" +
-	"\x0ereattest_grace\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\rreattestGrace\" \n" +
+	"\x0ereattest_grace\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\rreattestGrace\x12\x1b\n" +
+	"\tpool_name\x18\x10 \x01(\tR\bpoolName\x12\x1b\n" +
+	"\tsite_name\x18\x11 \x01(\tR\bsiteName\" \n" +
 	"\fRenewRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\"\x9c\x02\n" +
 	"\rRenewResponse\x12+\n" +

@@ -604,7 +604,7 @@ func benchSweep(ctx context.Context, st store.Store, url string, sizes []int) er
 		for have < total {
 			batch := min(1000, total-have)
 			if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: ids[:batch], Kind: "exec",
-				Spec: []byte(`{}`), Timeout: time.Minute, Now: &day}); err != nil {
+				SessionSpec: []byte(`{}`), Timeout: time.Minute, Now: &day}); err != nil {
 				return err
 			}
 			have += batch
@@ -676,7 +676,7 @@ func benchEnqueue(ctx context.Context, st store.Store) error {
 			wg.Go(func() {
 				for i := w; i < total; i += g {
 					if _, err := st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_enqueue"}, Kind: "exec",
-						Spec: []byte(`{}`), Timeout: time.Minute}); err != nil {
+						SessionSpec: []byte(`{}`), Timeout: time.Minute}); err != nil {
 						errs <- err
 						return
 					}

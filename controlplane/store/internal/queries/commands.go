@@ -2,22 +2,82 @@ package queries
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 const commandColumns = `id, node_id, kind, spec, state, coalesce(idempotency_key, ''), batch_id, created_by, attempt,
 	gateway_id, exit_code, error, output_truncated, output_bytes, result, cancel_requested, created_at, deadline_at,
-	dispatched_at, started_at, finished_at`
+	dispatched_at, started_at, finished_at, session_spec`
 
 func scanCommand(r Row) (*store.Command, error) {
 	c := &store.Command{}
-	return c, r.Scan(&c.ID, &c.NodeID, &c.Kind, &c.Spec, &c.State, &c.IdempotencyKey, &c.BatchID, &c.CreatedBy,
+	var legacy []byte
+	err := r.Scan(&c.ID, &c.NodeID, &c.Kind, &legacy, &c.State, &c.IdempotencyKey, &c.BatchID, &c.CreatedBy,
 		&c.Attempt, &c.GatewayID, &c.ExitCode, &c.Error, &c.OutputTruncated, &c.OutputBytes, &c.Result,
-		&c.CancelRequested, &c.CreatedAt, &c.DeadlineAt, &c.DispatchedAt, &c.StartedAt, &c.FinishedAt)
+		&c.CancelRequested, &c.CreatedAt, &c.DeadlineAt, &c.DispatchedAt, &c.StartedAt, &c.FinishedAt, &c.SessionSpec)
+	if err != nil {
+		return c, err
+	}
+	if c.SessionSpec == nil {
+		// Written by a build older than migration 0008 (during a rolling
+		// deploy): convert as the migration does.
+		c.SessionSpec, err = legacySessionSpec(c.Kind, legacy)
+	}
+	return c, err
+}
+
+// legacySessionSpec converts the spec column's form (the API's ExecSpec,
+// PowerSpec, BootSpec or UpgradeSpec as protojson, "{}" for kinds without
+// a spec) to the session-protocol form, as migration
+// 0008_command_session_spec does in SQL: the JSON names of those API
+// messages are the session messages' own, so the spec becomes the value of
+// the oneof field its kind takes, and a power.* spec gains its action.
+// Goes with the spec column at the contract step.
+func legacySessionSpec(kind string, spec []byte) ([]byte, error) {
+	field := ""
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(spec, &obj); err != nil || obj == nil {
+		return nil, fmt.Errorf("command spec of kind %s is not a JSON object: %.80q", kind, spec)
+	}
+	switch action, power := sessionv1.PowerAction(kind); {
+	case power:
+		field = "power"
+		a, _ := json.Marshal(action)
+		obj["action"] = a
+	case kind == sessionv1.KindExec:
+		field = "exec"
+	case kind == sessionv1.KindBootSet:
+		field = "boot"
+	case kind == sessionv1.KindUpgrade:
+		field = "upgrade"
+	default:
+		return []byte("{}"), nil
+	}
+	return json.Marshal(map[string]any{field: obj})
+}
+
+// legacySpec derives the spec column's form from the session-protocol form
+// (the oneof field's value alone, "{}" without one), which a gateway of a
+// build older than migration 0008 reads. Goes with the spec column at the
+// contract step.
+func legacySpec(sessionSpec []byte) ([]byte, error) {
+	if sessionSpec == nil {
+		return []byte("{}"), nil
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(sessionSpec, &obj); err != nil || obj == nil || len(obj) > 1 {
+		return nil, fmt.Errorf("session spec is not a JSON object with at most one field: %.80q", sessionSpec)
+	}
+	for _, v := range obj {
+		return v, nil
+	}
+	return []byte("{}"), nil
 }
 
 // terminalStates is the SQL list of terminal states.
@@ -42,8 +102,16 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 		idem = p.IdempotencyKey
 	}
 	now := s.clock(p.Now)
+	sessionSpec := p.SessionSpec
+	if sessionSpec == nil {
+		sessionSpec = []byte("{}")
+	}
+	legacy, err := legacySpec(sessionSpec)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue commands: %w", err)
+	}
 	var out []*store.Command
-	err := s.Tx(ctx, func(tx store.Store) error {
+	err = s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
 		nodes := p.NodeIDs
 		if p.IdempotencyKey != "" {
@@ -67,18 +135,18 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 		}
 		for start := 0; start < len(nodes); start += enqueueChunk {
 			chunk := nodes[start:min(start+enqueueChunk, len(nodes))]
-			args := []any{p.Kind, JSON(p.Spec), idem, batch, p.CreatedBy, now, p.Timeout.Microseconds()}
+			args := []any{p.Kind, JSON(legacy), idem, batch, p.CreatedBy, now, p.Timeout.Microseconds(), JSON(sessionSpec)}
 			var values strings.Builder
 			for i, node := range chunk {
 				if i > 0 {
 					values.WriteString(", ")
 				}
 				n := len(args)
-				fmt.Fprintf(&values, "($%d, $%d, $1, $2, 'queued', $3, $4, $5, coalesce($6, now()), coalesce($6, now()) + bc_micros($7))", n+1, n+2)
+				fmt.Fprintf(&values, "($%d, $%d, $1, $2, $8, 'queued', $3, $4, $5, coalesce($6, now()), coalesce($6, now()) + bc_micros($7))", n+1, n+2)
 				args = append(args, store.NewID("cmd"), node)
 			}
 			rows, err := q.db.Query(ctx, `INSERT INTO commands
-				(id, node_id, kind, spec, state, idempotency_key, batch_id, created_by, created_at, deadline_at)
+				(id, node_id, kind, spec, session_spec, state, idempotency_key, batch_id, created_by, created_at, deadline_at)
 				VALUES `+values.String()+` RETURNING `+commandColumns, args...)
 			if err != nil {
 				return q.wrap("enqueue commands", err)

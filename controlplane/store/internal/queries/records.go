@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -143,6 +144,57 @@ func (s *Store) AuditList(ctx context.Context, afterID int64, n int) ([]*store.A
 		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details)
 	})
 	return out, s.wrap("list audit log", err)
+}
+
+// AuditQuery returns the entries p selects, newest first. Only the filters
+// that are set become conditions, so the time bounds use audit_log_time_idx
+// and the order the primary key. The action prefix is compared with substr,
+// not LIKE: the same bytes on both dialects, with no wildcard to escape.
+func (s *Store) AuditQuery(ctx context.Context, p *store.AuditQueryParams) ([]*store.AuditEntry, error) {
+	var where []string
+	var args []any
+	cond := func(sql string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(sql, len(args)))
+	}
+	if p.BeforeID > 0 {
+		cond("id < $%d", p.BeforeID)
+	}
+	if !p.Since.IsZero() {
+		cond("time >= $%d", p.Since.UTC())
+	}
+	if !p.Until.IsZero() {
+		cond("time < $%d", p.Until.UTC())
+	}
+	if p.Actor != "" {
+		cond("actor = $%d", p.Actor)
+	}
+	if p.Resource != "" {
+		cond("resource = $%d", p.Resource)
+	}
+	if p.Outcome != "" {
+		cond("outcome = $%d", p.Outcome)
+	}
+	if p.ActionPrefix != "" {
+		args = append(args, p.ActionPrefix)
+		n := len(args)
+		where = append(where, fmt.Sprintf("substr(action, 1, length(CAST($%d AS TEXT))) = CAST($%d AS TEXT)", n, n))
+	}
+	q := `SELECT id, time, actor, action, resource, outcome, source_ip, details FROM audit_log`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	args = append(args, limit(p.Limit))
+	q += fmt.Sprintf(" ORDER BY id DESC LIMIT $%d", len(args))
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, s.wrap("query audit log", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.AuditEntry, error) {
+		e := &store.AuditEntry{}
+		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details)
+	})
+	return out, s.wrap("query audit log", err)
 }
 
 // AuditPrune deletes audit entries older than before.

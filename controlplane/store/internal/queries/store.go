@@ -152,13 +152,6 @@ func scanText(r Row) (*string, error) {
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
 
-// ExecRaw runs one raw SQL statement. It is for tests that must set up a
-// state the Store API cannot reach; the control plane never calls it.
-func (s *Store) ExecRaw(ctx context.Context, sql string) error {
-	_, err := s.db.Exec(ctx, sql)
-	return s.wrap("exec", err)
-}
-
 // clock returns t, or where the database's now() is not stable within a
 // statement (SQLite's registered function reads the clock on every call)
 // the current time, so that one statement sees one instant. PostgreSQL's

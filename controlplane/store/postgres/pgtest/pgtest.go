@@ -134,3 +134,21 @@ func Database(t testing.TB) (direct, bouncer string) {
 	}
 	return withDB(server, nil), withDB(bouncerServer, map[string]string{"default_query_exec_mode": "exec"})
 }
+
+// Exec returns a function that runs raw SQL (one or more statements,
+// simple protocol) at url, the schema of URL or Database, over a
+// connection of its own, for tests that must set up a state the Store API
+// cannot reach. The production store has no such hatch.
+func Exec(url string) func(ctx context.Context, sql string) error {
+	return func(ctx context.Context, sql string) error {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return fmt.Errorf("connect for raw SQL: %w", err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if _, err := conn.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return fmt.Errorf("exec: %w", err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,80 @@
+package api
+
+import (
+	"context"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// maxAuditFilter bounds each text filter of audit.list (bytes).
+const maxAuditFilter = 256
+
+// auditList pages through the audit log, newest first (docs/api.md,
+// "audit.list"): the cursor is the id of the last entry of the previous
+// page, and the next page holds the older entries. since and until bound
+// the time (since inclusive, until exclusive); actor, resource and outcome
+// match exactly; actionPrefix matches the start of the action.
+func (s *Server) auditList(ctx context.Context, _ *iam.Principal, r *apiv1.ListAuditRequest) (*apiv1.ListAuditResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	q := store.AuditQueryParams{Limit: lp.Limit, Actor: r.GetActor(), ActionPrefix: r.GetActionPrefix(),
+		Resource: r.GetResource(), Outcome: r.GetOutcome()}
+	if lp.Cursor != "" {
+		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, invalid("page.cursor", "is not a cursor this API returned")
+		}
+		q.BeforeID = id
+	}
+	for field, v := range map[string]string{"actor": q.Actor, "actionPrefix": q.ActionPrefix, "resource": q.Resource, "outcome": q.Outcome} {
+		if len(v) > maxAuditFilter {
+			return nil, invalid(field, "at most %d bytes", maxAuditFilter)
+		}
+	}
+	if t := r.GetSince(); t != nil {
+		if !t.IsValid() {
+			return nil, invalid("since", "is not a valid time")
+		}
+		q.Since = t.AsTime()
+	}
+	if t := r.GetUntil(); t != nil {
+		if !t.IsValid() {
+			return nil, invalid("until", "is not a valid time")
+		}
+		q.Until = t.AsTime()
+	}
+	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
+		return nil, invalid("until", "must be after since")
+	}
+	entries, err := s.store.AuditQuery(ctx, &q)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListAuditResponse{NextCursor: next(entries, lp, func(e *store.AuditEntry) string { return strconv.FormatInt(e.ID, 10) })}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, auditOut(e))
+	}
+	return out, nil
+}
+
+// auditOut is an audit row in the API's form; details that are not a JSON
+// object are left out.
+func auditOut(e *store.AuditEntry) *apiv1.AuditEntry {
+	a := &apiv1.AuditEntry{Id: strconv.FormatInt(e.ID, 10), Time: ts(e.Time), Actor: e.Actor, Action: e.Action,
+		Resource: e.Resource, Outcome: e.Outcome, SourceIp: e.SourceIP}
+	if len(e.Details) > 0 {
+		d := &structpb.Struct{}
+		if protojson.Unmarshal(e.Details, d) == nil {
+			a.Details = d
+		}
+	}
+	return a
+}

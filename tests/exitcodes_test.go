@@ -1,0 +1,414 @@
+package tests
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/tests/testenv"
+)
+
+// Exit statuses both binaries document: better-compute (DESIGN.md,
+// "Operator CLI"; README.md) and bcd (docs/bcd.md).
+const (
+	exitOK        = 0
+	exitFailure   = 1
+	exitUsage     = 2
+	exitRevoked   = 3 // bcd
+	exitNotJoined = 5 // bcd
+)
+
+// exitCase is one invocation of a command and the exit status it must end
+// with.
+type exitCase struct {
+	// cmd is the command's path, binary first: "better-compute nodes get".
+	cmd string
+	// args follow the path.
+	args []string
+	want int
+	// env is added to the command's environment.
+	env []string
+	// last runs the case after every other, in table order: it changes
+	// what the others rely on (the node's session, its certificate).
+	last bool
+	// exit, when set, is the status instead of running cmd (a process
+	// the fixture started).
+	exit func(t *testing.T) int
+}
+
+// exitFixture is what the cases run against: one embedded-default serve
+// started once, one real bcd node joined to it and connected, and the ids
+// the cases name.
+type exitFixture struct {
+	d       *deployment
+	env     []string // better-compute's environment: the API URL and token too
+	node    string   // the connected node's id
+	m       *machine
+	nodeP   *testenv.Proc
+	command string // a finished command's id
+	token   string // an API token's id, for tokens revoke
+	join    string // a join token's id, for join-tokens revoke
+	joinF   string // a join token file, for bcd join
+	dir     string // scratch
+	bcd     string // the bcd binary
+}
+
+// TestExitCodes runs every command of better-compute and bcd, found by
+// walking each binary's command tree through --help, against exitCases:
+// every command needs at least one case there, and every command (bad
+// flag) and command group (no command, an unknown one) must exit 2 on a
+// usage error. A new command without a case fails this test.
+func TestExitCodes(t *testing.T) {
+	t.Parallel()
+	f := newExitFixture(t)
+	cases := exitCases(f)
+
+	bc := testenv.Binary(t, "better-compute")
+	leaves, groups := commandTree(t, bc, "better-compute", f.env)
+	bl, bg := commandTree(t, f.bcd, "bcd", nil)
+	leaves, groups = append(leaves, bl...), append(groups, bg...)
+	covered := map[string]bool{}
+	for _, c := range cases {
+		covered[c.cmd] = true
+		if !slices.Contains(leaves, c.cmd) && !slices.Contains(groups, c.cmd) {
+			t.Errorf("exit case for %q, which is not a command (%q)", c.cmd, c.args)
+		}
+	}
+	for _, l := range leaves {
+		if !covered[l] {
+			t.Errorf("%s has no exit case in tests/exitcodes_test.go exitCases: add one (usage, failure, success)", l)
+		}
+		// A bad flag is a usage error on every command.
+		cases = append(cases, exitCase{cmd: l, args: []string{"--no-such-flag"}, want: exitUsage})
+	}
+	for _, g := range groups {
+		cases = append(cases, exitCase{cmd: g, want: exitUsage}, exitCase{cmd: g, args: []string{"no-such-command"}, want: exitUsage})
+	}
+
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for _, c := range cases {
+		if c.last {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			f.check(t, c)
+		})
+	}
+	wg.Wait()
+	for _, c := range cases {
+		if c.last {
+			f.check(t, c)
+		}
+	}
+}
+
+// check runs c and reports a wrong exit status.
+func (f *exitFixture) check(t *testing.T, c exitCase) {
+	t.Helper()
+	if c.exit != nil {
+		if got := c.exit(t); got != c.want {
+			t.Errorf("%s %s: exit %d, want %d", c.cmd, strings.Join(c.args, " "), got, c.want)
+		}
+		return
+	}
+	bin, path, _ := strings.Cut(c.cmd, " ")
+	args := append(strings.Fields(path), c.args...)
+	var (
+		code           int
+		stdout, stderr string
+	)
+	switch {
+	case bin == "bcd":
+		code, stdout, stderr = testenv.Run(t, nil, "", f.bcd, args...)
+	default:
+		code, stdout, stderr = testenv.Run(t, append(slices.Clone(f.env), c.env...), "", f.d.bc, append([]string{"--config", f.d.cfgFile}, args...)...)
+	}
+	if code != c.want {
+		t.Errorf("%s %s: exit %d, want %d\nstdout: %s\nstderr: %s", c.cmd, strings.Join(c.args, " "), code, c.want, stdout, stderr)
+	}
+	if code == exitUsage && strings.Count(strings.TrimSpace(lastLine(stderr)), "\n") != 0 {
+		t.Errorf("%s %s: a usage error ends without its one line: %q", c.cmd, strings.Join(c.args, " "), stderr)
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// commandTree walks bin's commands through --help ("Available Commands:")
+// and returns the paths of its leaves and of its groups, each starting
+// with name. cobra's hidden commands are not listed, so not walked.
+func commandTree(t *testing.T, bin, name string, env []string) (leaves, groups []string) {
+	t.Helper()
+	var walk func(path []string)
+	walk = func(path []string) {
+		code, stdout, stderr := testenv.Run(t, env, "", bin, append(path, "--help")...)
+		if code != 0 {
+			t.Fatalf("%s %s --help: exit %d\n%s", name, strings.Join(path, " "), code, stderr)
+		}
+		var subs []string
+		in := false
+		for l := range strings.SplitSeq(stdout, "\n") {
+			switch {
+			case l == "Available Commands:":
+				in = true
+			case in && strings.TrimSpace(l) == "":
+				in = false
+			case in:
+				subs = append(subs, strings.Fields(l)[0])
+			}
+		}
+		full := strings.Join(append([]string{name}, path...), " ")
+		if len(subs) == 0 {
+			leaves = append(leaves, full)
+			return
+		}
+		groups = append(groups, full)
+		for _, s := range subs {
+			walk(append(slices.Clone(path), s))
+		}
+	}
+	walk(nil)
+	return leaves, groups
+}
+
+func newExitFixture(t *testing.T) *exitFixture {
+	t.Helper()
+	d := newDeployment(t, backendSQLite)
+	f := &exitFixture{d: d, dir: t.TempDir(), bcd: testenv.Binary(t, "bcd")}
+	f.env = append(slices.Clone(d.env), "BETTER_COMPUTE_URL="+d.api, "BETTER_COMPUTE_TOKEN="+d.adminToken)
+	tokenFile, _ := f.joinToken(t, 1)
+	f.m = newMachine(t, "exit-node")
+	f.node = f.m.mustJoin(d.gatewayURL, tokenFile)
+	f.nodeP = f.m.node()
+	f.nodeP.WaitLine(sessionEstablished.String(), 30*time.Second)
+	eventually(t, 15*time.Second, func() bool { return d.nodes()[f.node].State == "ready" },
+		func() string { return "node " + f.node + " not ready" })
+	f.joinF, f.join = f.joinToken(t, 2)
+
+	code, stdout, stderr := testenv.Run(t, f.env, "", d.bc, "--config", d.cfgFile, "commands", "run", "--node", f.node, "-o", "json", "--", "true")
+	var run struct {
+		Commands []struct {
+			ID string `json:"id"`
+		} `json:"commands"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &run); code != 0 || err != nil || len(run.Commands) != 1 {
+		t.Fatalf("commands run: exit %d, %v\n%s%s", code, err, stdout, stderr)
+	}
+	f.command = run.Commands[0].ID
+	var tok struct {
+		APIToken struct {
+			ID string `json:"id"`
+		} `json:"apiToken"`
+	}
+	d.cliJSON(&tok, "tokens", "create", "--role", "viewer", "--description", "exit codes")
+	f.token = tok.APIToken.ID
+	if f.token == "" {
+		t.Fatal("tokens create -o json gave no apiToken.id")
+	}
+	return f
+}
+
+// joinToken makes a join token for the pool default with joinTokens.create
+// and returns its file and id.
+func (f *exitFixture) joinToken(t *testing.T, maxUses int) (file, id string) {
+	t.Helper()
+	file = filepath.Join(t.TempDir(), "join-token")
+	var resp struct {
+		JoinToken struct {
+			ID string `json:"id"`
+		} `json:"joinToken"`
+	}
+	f.d.cliJSON(&resp, "join-tokens", "create", "--pool", "default", "--max-uses", strconv.Itoa(maxUses), "--out", file)
+	if resp.JoinToken.ID == "" {
+		t.Fatal("join-tokens create -o json gave no joinToken.id")
+	}
+	return file, resp.JoinToken.ID
+}
+
+// withSecret gives c the deployment secret a database URL needs.
+func withSecret(c exitCase) exitCase {
+	c.env = append(c.env, "BETTER_COMPUTE_SECRET="+testSecret)
+	return c
+}
+
+// file writes body to a new file in the fixture's scratch folder.
+func (f *exitFixture) file(name, body string) string {
+	p := filepath.Join(f.dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// exitCases is the table: at least one case per command of both binaries
+// (a usage error, a failure and a success where one is cheap), besides the
+// bad flag every command is run with.
+func exitCases(f *exitFixture) []exitCase {
+	bc := func(path string, want int, args ...string) exitCase {
+		return exitCase{cmd: "better-compute " + path, args: args, want: want}
+	}
+	scratch := func(name string) string { return filepath.Join(f.dir, name) }
+	pw := f.file("bmc-password", "secret\n")
+	notAFile := f.file("plain-file", "x")
+	unreachableDB := "postgres://postgres@127.0.0.1:1/nothing?connect_timeout=2"
+	return []exitCase{
+		bc("version", exitOK),
+		bc("version", exitUsage, "extra"),
+		bc("help", exitOK, "nodes", "get"),
+		bc("help", exitUsage, "no-such-topic"),
+		bc("completion bash", exitOK),
+		bc("completion zsh", exitOK),
+		bc("completion fish", exitOK),
+		bc("completion powershell", exitUsage, "extra"),
+		bc("completion powershell", exitOK),
+
+		bc("serve", exitUsage, "extra"),
+		// The deployment's own API port is taken: listening fails.
+		bc("serve", exitFailure, "--data-dir", scratch("serve-busy"), "--port", strings.TrimPrefix(f.d.api, "http://127.0.0.1:")),
+		bc("migrate", exitOK),
+		withSecret(bc("migrate", exitFailure, "--database-url", unreachableDB)),
+		bc("migrate", exitUsage, "--database-url", unreachableDB), // no secret: a configuration error
+		bc("doctor", exitOK),
+		bc("doctor", exitUsage, "-o", "yaml"),
+		withSecret(bc("doctor", exitFailure, "--database-url", unreachableDB)),
+		bc("dev", exitUsage, "--sim", "-1"),
+		bc("dev", exitUsage, "extra"),
+
+		bc("pki init", exitUsage), // --trust-domain is required
+		bc("pki init", exitOK, "--data-dir", scratch("pki-init"), "--trust-domain", "exit.test"),
+		bc("pki init", exitFailure, "--trust-domain", "again.test"), // already initialised
+		bc("pki issue-gateway", exitUsage, "--dns", "localhost"),    // no --out-dir
+		bc("pki issue-gateway", exitOK, "--dns", "localhost", "--out-dir", scratch("gw")),
+		bc("pki issue-gateway", exitFailure, "--dns", "localhost", "--out-dir", notAFile),
+		bc("pki revoke", exitUsage),
+		bc("pki revoke", exitFailure, "--node", "node_nosuch"),
+
+		bc("sites create", exitUsage, "--region", "r"),
+		bc("sites create", exitOK, "--name", "exit-site", "--region", "default"),
+		bc("sites list", exitOK),
+		bc("sites list", exitUsage, "-o", "yaml"),
+		bc("pools create", exitUsage, "--name", "p"),
+		bc("pools create", exitOK, "--name", "exit-pool", "--site", "exit-site"),
+		bc("pools create", exitFailure, "--name", "exit-pool-2", "--site", "no-such-site"),
+		bc("pools list", exitOK),
+		bc("pools list", exitUsage, "extra"),
+		bc("join-tokens create", exitUsage),
+		bc("join-tokens create", exitOK, "--pool", "default", "--out", scratch("jt")),
+		bc("join-tokens create", exitFailure, "--pool", "no-such-pool", "--out", scratch("jt2")),
+		bc("join-tokens list", exitOK),
+		bc("join-tokens revoke", exitUsage),
+		bc("join-tokens revoke", exitFailure, "jt_nosuch"),
+		bc("join-tokens revoke", exitOK, f.join),
+
+		bc("nodes list", exitOK),
+		bc("nodes list", exitUsage, "--state", "weird"), // refused by the API: INVALID_ARGUMENT
+		bc("nodes get", exitOK, f.node),
+		bc("nodes get", exitUsage),
+		bc("nodes get", exitFailure, "node_nosuch"),
+		bc("nodes cordon", exitFailure, "node_nosuch"),
+		bc("nodes uncordon", exitOK, f.node),
+		bc("nodes drain", exitUsage, "a", "b"),
+		bc("nodes delete", exitFailure, "node_nosuch"),
+		bc("nodes add", exitUsage),
+		// UNAVAILABLE: this deployment serves no downloads (downloads.dir).
+		bc("nodes add", exitFailure, "--pool", "default"),
+		bc("nodes add", exitFailure, "--pool", "no-such-pool"),
+		bc("nodes upgrade", exitUsage, "--node", f.node),                       // no --version
+		bc("nodes upgrade", exitUsage, "--node", f.node, "--version", "0.2.0"), // INVALID_ARGUMENT: no downloads, no --base-url
+		bc("nodes upgrade", exitFailure, "--node", "node_nosuch", "--version", "0.2.0", "--base-url", "https://example.com/api/downloads"),
+		bc("nodes reinstall", exitUsage),
+		bc("nodes reinstall", exitFailure, "node_nosuch"),
+		bc("nodes reinstall", exitOK, f.node, "--out", scratch("reinstall-token")),
+
+		bc("commands run", exitOK, "--node", f.node, "--", "true"),
+		bc("commands run", exitFailure, "--node", f.node, "--", "false"),
+		bc("commands run", exitUsage, "--pool", "default"),                                // no argv
+		bc("commands run", exitUsage, "--node", f.node, "--timeout", "48h", "--", "true"), // INVALID_ARGUMENT
+		bc("commands run", exitFailure, "--node", "node_nosuch", "--", "true"),
+		bc("commands get", exitOK, f.command),
+		bc("commands get", exitUsage),
+		bc("commands get", exitFailure, "cmd_nosuch"),
+		bc("commands list", exitOK),
+		bc("commands list", exitUsage, "--state", "weird"), // INVALID_ARGUMENT
+		bc("commands cancel", exitFailure, "cmd_nosuch"),
+
+		bc("tokens create", exitOK, "--role", "viewer"),
+		bc("tokens create", exitUsage, "--role", "emperor"), // INVALID_ARGUMENT
+		bc("tokens list", exitOK),
+		bc("tokens revoke", exitUsage),
+		bc("tokens revoke", exitFailure, "tok_nosuch"),
+		bc("tokens revoke", exitOK, f.token),
+
+		bc("bmc status", exitUsage), // no --node
+		bc("bmc status", exitFailure, "--node", "node_nosuch"),
+		bc("bmc on", exitFailure, "--node", "node_nosuch"),
+		bc("bmc off", exitFailure, "--node", "node_nosuch"),
+		bc("bmc soft-off", exitFailure, "--node", "node_nosuch"),
+		bc("bmc cycle", exitFailure, "--node", "node_nosuch"),
+		bc("bmc reset", exitFailure, "--node", "node_nosuch"),
+		bc("bmc boot", exitUsage, "--node", f.node, "--device", "floppy"),
+		bc("bmc credentials set", exitUsage, "--node", f.node),
+		bc("bmc credentials set", exitOK, "--node", f.node, "--address", "10.0.0.9", "--username", "admin", "--password-file", pw),
+		bc("bmc credentials set", exitFailure, "--node", "node_nosuch", "--address", "10.0.0.9", "--username", "admin", "--password-file", pw),
+		bc("bmc credentials delete", exitUsage),
+
+		bc("daemon install-script", exitUsage, "--gateway-url", "https://localhost:8443"), // no --out
+		bc("daemon install-script", exitOK, "--gateway-url", "https://localhost:8443", "--base-url", "https://localhost",
+			"--bcd-version", "0.1.0", "--out", scratch("install.sh")),
+		bc("daemon install-script", exitFailure, "--gateway-url", "https://localhost:8443", "--base-url", "https://localhost",
+			"--bcd-version", "0.1.0", "--out", filepath.Join(notAFile, "install.sh")),
+
+		bc("release keygen", exitUsage),
+		bc("release keygen", exitOK, "--out-dir", scratch("release-keys")),
+		bc("release manifest", exitUsage),
+		bc("release manifest", exitFailure, "--dist", scratch("no-dist"), "--version", "0.1.0"),
+		bc("release sign", exitUsage),
+		bc("release sign", exitFailure, "--key", scratch("no-key"), "--in", notAFile),
+		bc("release verify", exitUsage),
+		bc("release verify", exitFailure, "--pins", "sha256/"+strings.Repeat("A", 43)+"=", "--in", notAFile),
+
+		bc("audit list", exitOK),
+		bc("audit list", exitOK, "--method", "tokens.", "-o", "json"),
+		bc("audit list", exitUsage, "--since", "last tuesday"),
+		bc("audit list", exitUsage, "extra"),
+
+		{cmd: "bcd version", want: exitOK},
+		{cmd: "bcd help", args: []string{"status"}, want: exitOK},
+		{cmd: "bcd completion bash", want: exitOK},
+		{cmd: "bcd completion zsh", want: exitOK},
+		{cmd: "bcd completion fish", want: exitOK},
+		{cmd: "bcd completion powershell", want: exitOK},
+		{cmd: "bcd completion bash", args: []string{"extra"}, want: exitUsage},
+		{cmd: "bcd completion", args: []string{"bogus"}, want: exitUsage},
+		{cmd: "bcd status", args: []string{"--data-dir", f.m.dataDir}, want: exitOK},
+		{cmd: "bcd status", args: []string{"--data-dir", scratch("bcd-empty")}, want: exitFailure},
+		{cmd: "bcd status", args: []string{"-o", "yaml"}, want: exitUsage},
+		{cmd: "bcd doctor", args: []string{"extra"}, want: exitUsage},
+		{cmd: "bcd helper", args: []string{"--node-user", "root"}, want: exitUsage},
+		{cmd: "bcd join", args: []string{"--token-file", f.joinF}, want: exitUsage}, // no --gateway
+		{cmd: "bcd join", args: []string{"--gateway", "https://127.0.0.1:1", "--token-file", f.joinF, "--data-dir", scratch("bcd-join")}, want: exitFailure},
+		{cmd: "bcd node", args: []string{"--data-dir", scratch("bcd-not-joined")}, want: exitNotJoined},
+		{cmd: "bcd node", args: []string{"--log-level", "loud"}, want: exitUsage},
+
+		// Last, in order: these change the node others use.
+		{cmd: "better-compute nodes cordon", args: []string{f.node}, want: exitOK, last: true},
+		{cmd: "better-compute nodes drain", args: []string{f.node}, want: exitOK, last: true},
+		{cmd: "better-compute commands cancel", args: []string{f.command}, want: exitOK, last: true}, // finished already: says so
+		{cmd: "better-compute bmc credentials delete", args: []string{"--node", f.node}, want: exitOK, last: true},
+		{cmd: "better-compute pki revoke", args: []string{"--node", f.node}, want: exitOK, last: true},
+		// The running agent stops for good once its identity is revoked.
+		{cmd: "bcd node", want: exitRevoked, last: true, exit: func(t *testing.T) int { return f.nodeP.Wait(30 * time.Second) }},
+		{cmd: "better-compute nodes delete", args: []string{f.node}, want: exitOK, last: true},
+	}
+}
