@@ -3,7 +3,9 @@ package tests
 import (
 	"bufio"
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -98,6 +100,50 @@ func TestNoTestPackageInBinaries(t *testing.T) {
 			pkg := strings.TrimPrefix(f[0], module+"/")
 			if strings.HasSuffix(pkg, "test") || under(pkg, "tests") || slices.Contains(f[1:], "testing") {
 				t.Errorf("%s links %s, a package for tests", bin, pkg)
+			}
+		}
+	}
+}
+
+// TestGoModTidy fails when go mod tidy would change go.mod or go.sum: a
+// requirement no package needs, a direct requirement marked indirect (or
+// the reverse), or a missing checksum (issue 17). Run `go mod tidy` and
+// commit the result.
+func TestGoModTidy(t *testing.T) {
+	cmd := exec.Command("go", "mod", "tidy", "-diff")
+	cmd.Dir = repoRoot()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go mod tidy -diff: %v: go.mod or go.sum is not tidy (run go mod tidy):\n%s", err, out)
+	}
+	// The layout tidy keeps: direct requirements first, in a block of their
+	// own, then the indirect ones.
+	mod, err := os.ReadFile(filepath.Join(repoRoot(), "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks [][]string
+	in := false
+	for _, line := range strings.Split(string(mod), "\n") {
+		switch {
+		case line == "require (":
+			in = true
+			blocks = append(blocks, nil)
+		case in && line == ")":
+			in = false
+		case in:
+			blocks[len(blocks)-1] = append(blocks[len(blocks)-1], strings.TrimSpace(line))
+		case strings.HasPrefix(line, "require "):
+			blocks = append(blocks, []string{strings.TrimPrefix(line, "require ")})
+		}
+	}
+	if len(blocks) == 0 || len(blocks) > 2 {
+		t.Fatalf("go.mod has %d require blocks, want the direct requirements and then the indirect ones", len(blocks))
+	}
+	for i, b := range blocks {
+		for _, req := range b {
+			if indirect := strings.HasSuffix(req, "// indirect"); indirect != (i == 1) {
+				t.Errorf("go.mod require block %d: %q (the first block holds the direct requirements, the second the indirect ones)", i+1, req)
 			}
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/better-compute/better-compute/installer/manifest"
 	"github.com/better-compute/better-compute/tests/testenv"

@@ -245,7 +245,7 @@ func TestInstallScriptCut(t *testing.T) {
 			t.Errorf("whole script: %v", err)
 		}
 	}
-	if !strings.Contains(stdout, "install-bcd: Placed in pool pool_") || !strings.Contains(stdout, ", joined as node ") {
+	if !strings.Contains(stdout, "install-bcd: Placed in pool pool-e2e (pool_") || !strings.Contains(stdout, ", joined as node ") {
 		t.Errorf("the script does not say where the token placed the node:\n%s", stdout)
 	}
 	for id, n := range e.tokenUses() {

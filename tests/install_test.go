@@ -330,8 +330,8 @@ func TestInstallScript(t *testing.T) {
 			t.Error("the token was printed")
 		}
 		// The token decides the pool; the script says which it joined.
-		if !regexp.MustCompile(`install-bcd: Placed in pool pool_\S+, site site_\S+, region default\n`).MatchString(stdout) ||
-			!regexp.MustCompile(`installed and running, joined as node \S+ in pool pool_\S+, site site_\S+\n`).MatchString(stdout) {
+		if !regexp.MustCompile(`install-bcd: Placed in pool pool-e2e \(pool_\S+\), site site-e2e \(site_\S+\), region default\n`).MatchString(stdout) ||
+			!regexp.MustCompile(`installed and running, joined as node \S+ in pool pool-e2e \(pool_\S+\), site site-e2e \(site_\S+\)\n`).MatchString(stdout) {
 			t.Errorf("the script does not say where the node joined:\n%s", stdout)
 		}
 		files := h.files()

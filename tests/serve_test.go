@@ -181,7 +181,7 @@ func TestBadConfiguration(t *testing.T) {
 		env  []string
 		key  string
 	}{
-		{"unknown key", "databse:\n  url: postgres://x@127.0.0.1/db\n", nil, "field databse not found"},
+		{"unknown key", "databse:\n  url: postgres://x@127.0.0.1/db\n", nil, `databse: line 1: unknown key "databse"`},
 		{"short secret", "", []string{"BETTER_COMPUTE_SECRET=short"}, "secret"},
 		{"bad url", "", []string{"BETTER_COMPUTE_DATABASE_URL=http://nope", "BETTER_COMPUTE_SECRET=" + testSecret}, "database.url"},
 		{"split roles on sqlite", "", []string{"BETTER_COMPUTE_ROLES=api,gateway"}, "split roles need PostgreSQL"},

@@ -17,7 +17,7 @@ import (
 
 	"github.com/goreleaser/nfpm/v2"
 	_ "github.com/goreleaser/nfpm/v2/deb" // registers the deb packager
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -615,7 +615,7 @@ func TestWorkersSplitRoles(t *testing.T) {
 		return true
 	}, func() string { return fmt.Sprintf("nodes %v not unreachable after their daemons stopped", stopped) })
 	for _, id := range stopped {
-		paused.p.WaitLine(`msg="Node unreachable".* node=`+regexp.QuoteMeta(id), 10*time.Second)
+		paused.p.WaitLine(`msg="Node unreachable".* node_id=`+regexp.QuoteMeta(id), 10*time.Second)
 	}
 	d.checkFenced(paused, fenced, stoppedAt, resumedAt, stopped)
 

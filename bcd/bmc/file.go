@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/better-compute/better-compute/proto/bmcsecret"
 )

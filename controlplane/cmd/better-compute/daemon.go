@@ -51,10 +51,7 @@ func listAllPages[Resp proto.Message, T any](ctx context.Context, c *client.Clie
 // either may be empty) exist and that the pool is at the site. A missing
 // one is a usage error that lists the existing ones.
 func checkPlacement(ctx context.Context, c *client.Client, pool, site string) error {
-	sites, err := listAllPages(ctx, c, "sites.list",
-		func(cur string) proto.Message { return &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cur}} },
-		func() *apiv1.ListSitesResponse { return &apiv1.ListSitesResponse{} },
-		func(r *apiv1.ListSitesResponse) ([]*apiv1.Site, string) { return r.Sites, r.NextCursor })
+	sites, err := listSites(ctx, c)
 	if err != nil {
 		return fmt.Errorf("check --site and --pool on the control plane (leave both out to let the join token decide): %w", err)
 	}
@@ -66,6 +63,7 @@ func checkPlacement(ctx context.Context, c *client.Client, pool, site string) er
 			for _, s := range sites {
 				names = append(names, s.Name+" ("+s.Id+")")
 			}
+			slices.Sort(names)
 			return usageError{fmt.Errorf("--site %s: no such site on the control plane; sites: %s", site, listOrNone(names, "none (better-compute sites create)"))}
 		}
 		wantSite = sites[i]
@@ -86,6 +84,7 @@ func checkPlacement(ctx context.Context, c *client.Client, pool, site string) er
 		for _, p := range pools {
 			names = append(names, p.Name+" ("+p.Id+")")
 		}
+		slices.Sort(names)
 		return usageError{fmt.Errorf("--pool %s: no such pool on the control plane; pools: %s", pool, listOrNone(names, "none (better-compute pools create)"))}
 	}
 	if p := pools[i]; wantSite != nil && p.SiteId != wantSite.Id {

@@ -24,7 +24,7 @@ func poolsCmd(e *env) *cobra.Command {
 // siteNames maps site ids to names, for tables; empty when sites.list fails.
 func siteNames(cmd *cobra.Command, c *client.Client) map[string]string {
 	names := map[string]string{}
-	sites, _ := listSites(cmd, c)
+	sites, _ := listSites(cmd.Context(), c)
 	for _, s := range sites {
 		names[s.Id] = s.Name
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -73,7 +74,7 @@ func sitesListCmd(e *env, af *apiFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sites, err := listSites(cmd, c)
+			sites, err := listSites(cmd.Context(), c)
 			if err != nil {
 				return err
 			}
@@ -92,8 +93,8 @@ func sitesListCmd(e *env, af *apiFlags) *cobra.Command {
 }
 
 // listSites is every site, through sites.list.
-func listSites(cmd *cobra.Command, c *client.Client) ([]*apiv1.Site, error) {
-	return listAllPages(cmd.Context(), c, "sites.list",
+func listSites(ctx context.Context, c *client.Client) ([]*apiv1.Site, error) {
+	return listAllPages(ctx, c, "sites.list",
 		func(cur string) proto.Message { return &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cur}} },
 		func() *apiv1.ListSitesResponse { return &apiv1.ListSitesResponse{} },
 		func(r *apiv1.ListSitesResponse) ([]*apiv1.Site, string) { return r.Sites, r.NextCursor })
