@@ -383,6 +383,14 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("audit list", exitUsage, "--since", "last tuesday"),
 		bc("audit list", exitUsage, "extra"),
 
+		bc("events list", exitOK),
+		bc("events list", exitOK, "--type", "node.", "--since", "1h", "-o", "json"),
+		bc("events list", exitUsage, "--since", "yesterday"),
+		bc("events list", exitUsage, "--subject", strings.Repeat("s", 300)), // INVALID_ARGUMENT
+		bc("events watch", exitUsage, "--after", "x"),
+		bc("events watch", exitUsage, "--after", "999999999"), // INVALID_ARGUMENT: no such event yet
+		bc("events watch", exitUsage, "--type", ","),
+
 		{cmd: "bcd version", want: exitOK},
 		{cmd: "bcd help", args: []string{"status"}, want: exitOK},
 		{cmd: "bcd completion bash", want: exitOK},

@@ -126,7 +126,7 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 		t.Fatalf("nodes add: exit %d\n%s%s", code, line, stderr)
 	}
 	line = strings.TrimSpace(line)
-	m := regexp.MustCompile(`^curl -fsS -k --pinnedpubkey '(sha256//[A-Za-z0-9+/]{43}=)' '(https://[^']+/api/install\.sh)' \| BCD_JOIN_TOKEN='(bct1\.[^']+)' sh$`).FindStringSubmatch(line)
+	m := regexp.MustCompile(`^curl -fsS -k --pinnedpubkey '(sha256//[A-Za-z0-9+/]{43}=)' -o install-bcd\.sh '(https://[^']+/api/install\.sh)' && BCD_JOIN_TOKEN='(bct1\.[^']+)' sh install-bcd\.sh$`).FindStringSubmatch(line)
 	if m == nil {
 		t.Fatalf("nodes add printed %q", line)
 	}
@@ -139,15 +139,23 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 	}
 
 	t.Run("the pinned curl fetches the script, a wrong pin fails", func(t *testing.T) {
-		fetch, _, _ := strings.Cut(line, " | ")
-		code, script, stderr := testenv.Run(t, nil, "", "sh", "-c", fetch)
+		fetch, _, _ := strings.Cut(line, " && ")
+		dir := t.TempDir()
+		code, _, stderr := testenv.Run(t, nil, "", "sh", "-c", "cd "+dir+" && "+fetch)
+		b, _ := os.ReadFile(filepath.Join(dir, "install-bcd.sh"))
+		script := string(b)
 		if code != 0 || !strings.HasPrefix(script, "#!/bin/sh") || !strings.Contains(script, pin) || strings.Contains(script, token) ||
 			!strings.Contains(script, releasePin) {
 			t.Fatalf("fetch: exit %d\n%.500s%s", code, script, stderr)
 		}
-		wrong := strings.Replace(fetch, pin, "sha256//"+strings.Repeat("A", 43)+"=", 1)
-		if code, out, stderr := testenv.Run(t, nil, "", "sh", "-c", wrong); code != 90 || out != "" {
-			t.Fatalf("a wrong pin: exit %d (want curl's 90, public key does not match)\n%s%s", code, out, stderr)
+		// The whole line with a wrong pin: curl's 90 is the line's status,
+		// and nothing runs.
+		h := newHost(t)
+		wrong := strings.Replace(line, pin, "sha256//"+strings.Repeat("A", 43)+"=", 1)
+		dir = t.TempDir()
+		code, out, stderr := testenv.Run(t, []string{"BCD_ROOT=" + h.root, "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", "sh", "-c", "cd "+dir+" && "+wrong)
+		if code != 90 || out != "" || len(h.files()) != 0 || len(h.calls()) != 0 {
+			t.Fatalf("a wrong pin: exit %d (want curl's 90, public key does not match), files %v, calls %v\n%s%s", code, h.files(), h.calls(), out, stderr)
 		}
 		// Without the pin and -k the private CA is not trusted.
 		if code, _, _ := testenv.Run(t, nil, "", "curl", "-fsS", scriptURL); code == 0 {
@@ -157,7 +165,7 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 
 	t.Run("the printed line installs and joins", func(t *testing.T) {
 		h := newHost(t)
-		code, stdout, stderr := testenv.Run(t, []string{"BCD_ROOT=" + h.root, "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", "sh", "-c", line)
+		code, stdout, stderr := testenv.Run(t, []string{"BCD_ROOT=" + h.root, "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", "sh", "-c", "cd "+t.TempDir()+" && "+line)
 		if code != 0 {
 			t.Fatalf("the line: exit %d\n%s%s", code, stdout, stderr)
 		}
@@ -184,7 +192,7 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 			t.Fatalf("commands run: exit %d\n%s%s", code, out, stderr)
 		}
 		// The token had one use.
-		code, _, stderr = testenv.Run(t, []string{"BCD_ROOT=" + t.TempDir(), "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", "sh", "-c", line)
+		code, _, stderr = testenv.Run(t, []string{"BCD_ROOT=" + t.TempDir(), "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", "sh", "-c", "cd "+t.TempDir()+" && "+line)
 		if code == 0 || !strings.Contains(stderr, "token") {
 			t.Fatalf("the line again: exit %d, want a refused token\n%s", code, stderr)
 		}

@@ -91,7 +91,7 @@ func secondMachine(t *testing.T, signed bool) {
 	// the install rooted in a folder and systemctl recording its calls.
 	machine := testenv.NewMachine(t, "gpu-node-2")
 	h := newHost(t)
-	bin, args = machine.RunIn(m2, "sh", "-c", line)
+	bin, args = machine.RunIn(m2, "sh", "-c", "cd "+t.TempDir()+" && "+line)
 	code, stdout, stderr := testenv.Run(t, []string{"BCD_ROOT=" + h.root, "STUB_LOG=" + h.log, "PATH=" + h.stubs + ":" + os.Getenv("PATH")}, "", bin, args...)
 	if code != 0 {
 		t.Fatalf("the pasted line: exit %d\n%s%s", code, stdout, stderr)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -25,7 +26,7 @@ import (
 
 // webhookReceiver is a webhook endpoint that answers 503 to its first
 // failFirst requests, then checks each request's signature and records the
-// outbox ids it was sent.
+// CloudEvents ids of the batches it was sent.
 type webhookReceiver struct {
 	t         *testing.T
 	secret    []byte
@@ -33,9 +34,9 @@ type webhookReceiver struct {
 
 	mu       sync.Mutex
 	requests int
-	bad      []string      // why a request was refused
-	got      map[int64]int // outbox id → deliveries accepted
-	maxID    int64
+	bad      []string       // why a request was refused
+	got      map[string]int // CloudEvents id → deliveries accepted
+	last     string         // the id of the last event delivered
 }
 
 func (r *webhookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -48,7 +49,7 @@ func (r *webhookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	ts, tsErr := strconv.ParseInt(req.Header.Get(sinks.HeaderTimestamp), 10, 64)
-	var e sinks.Event
+	var batch []json.RawMessage
 	switch {
 	case err != nil:
 		r.bad = append(r.bad, "read body: "+err.Error())
@@ -58,35 +59,53 @@ func (r *webhookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.bad = append(r.bad, "timestamp "+req.Header.Get(sinks.HeaderTimestamp))
 	case !sinks.Verify(r.secret, ts, body, req.Header.Get(sinks.HeaderSignature)):
 		r.bad = append(r.bad, fmt.Sprintf("signature %q does not verify over %s", req.Header.Get(sinks.HeaderSignature), body))
-	case json.Unmarshal(body, &e) != nil || e.ID == 0:
+	case req.Header.Get("Content-Type") != events.BatchContentType:
+		r.bad = append(r.bad, "content type "+req.Header.Get("Content-Type"))
+	case json.Unmarshal(body, &batch) != nil || len(batch) == 0:
 		r.bad = append(r.bad, "body "+string(body))
-	case req.Header.Get(sinks.HeaderEventID) != strconv.FormatInt(e.ID, 10):
-		r.bad = append(r.bad, fmt.Sprintf("event id header %q for entry %d", req.Header.Get(sinks.HeaderEventID), e.ID))
 	default:
-		r.got[e.ID]++
-		r.maxID = max(r.maxID, e.ID)
+		for _, m := range batch {
+			e, err := events.Parse(m)
+			if err != nil {
+				r.bad = append(r.bad, err.Error())
+				break
+			}
+			r.got[e.ID]++
+			r.last = e.ID
+		}
 		return
 	}
 	w.WriteHeader(http.StatusUnauthorized)
 }
 
-// seen returns a copy of the deliveries and the highest id delivered.
-func (r *webhookReceiver) seen() (map[int64]int, int64) {
+// seen returns a copy of the deliveries and the last id delivered.
+func (r *webhookReceiver) seen() (map[string]int, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	got := make(map[int64]int, len(r.got))
+	got := make(map[string]int, len(r.got))
 	for id, n := range r.got {
 		got[id] = n
 	}
-	return got, r.maxID
+	return got, r.last
+}
+
+// eventID is an outbox entry's CloudEvents id.
+func eventID(t *testing.T, e *store.OutboxEntry) string {
+	t.Helper()
+	env, err := events.Parse(events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt))
+	if err != nil {
+		t.Fatalf("outbox entry %d: %v", e.ID, err)
+	}
+	return env.ID
 }
 
 // TestWebhookSink runs serve with a webhook sink on PostgreSQL (the api and
 // every worker role in one process) against a receiver that fails its first
 // three requests, creates commands through the API from eight clients at
-// once (each commands.create writes one outbox entry), and checks that every
-// outbox entry reaches the receiver at least once with a signature that
-// verifies, and that the sink's cursor ends at the newest entry.
+// once (each commands.create of four nodes writes four command.created
+// events), and checks that every outbox entry reaches the receiver at least
+// once as a CloudEvents batch with a signature that verifies, and that the
+// sink's cursor ends at the newest entry.
 //
 // One entry is written by a transaction the test holds open while the API
 // commits later ones, as a slow API transaction would: on PostgreSQL ids
@@ -101,7 +120,7 @@ func TestWebhookSink(t *testing.T) {
 	if code, stdout, stderr := testenv.Run(t, env, "", bin, "migrate"); code != 0 {
 		t.Fatalf("migrate: exit %d\n%s%s", code, stdout, stderr)
 	}
-	recv := &webhookReceiver{t: t, secret: []byte("e2e-webhook-signing-secret"), failFirst: 3, got: map[int64]int{}}
+	recv := &webhookReceiver{t: t, secret: []byte("e2e-webhook-signing-secret"), failFirst: 3, got: map[string]int{}}
 	srv := httptest.NewServer(recv)
 	t.Cleanup(srv.Close)
 	cfg := fmt.Sprintf("host:\n  listen: 127.0.0.1:0\nsinks:\n  webhooks:\n    - name: hook\n      url: %s/hook\n      secret: %s\n",
@@ -165,16 +184,24 @@ func TestWebhookSink(t *testing.T) {
 		t.Helper()
 		var ids, missing []int64
 		eventually(t, 30*time.Second, func() bool {
-			rows, err := st.OutboxList(ctx, 0, store.MaxListLimit)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids = ids[:0]
-			for _, e := range rows {
-				ids = append(ids, e.ID)
-			}
+			ids, missing = ids[:0], missing[:0]
 			got, _ := recv.seen()
-			missing = slices.DeleteFunc(slices.Clone(ids), func(id int64) bool { return got[id] > 0 })
+			for after := int64(0); ; {
+				rows, err := st.OutboxList(ctx, after, store.MaxListLimit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(rows) == 0 {
+					break
+				}
+				for _, e := range rows {
+					ids = append(ids, e.ID)
+					if got[eventID(t, e)] == 0 {
+						missing = append(missing, e.ID)
+					}
+				}
+				after = rows[len(rows)-1].ID
+			}
 			return len(missing) == 0
 		}, func() string {
 			cursor, _ := st.OutboxCursor(ctx, "hook")
@@ -186,22 +213,24 @@ func TestWebhookSink(t *testing.T) {
 
 	// An entry's transaction stays open while the API commits later
 	// entries, then commits; another burst follows.
-	inserted, commit, held := make(chan int64, 1), make(chan struct{}), make(chan error, 1)
+	inserted, commit, held := make(chan *store.OutboxEntry, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
 		held <- st.Tx(ctx, func(tx store.Store) error {
 			id, err := tx.OutboxInsert(ctx, "e2e.slow-transaction", "held", []byte(`{"held":true}`))
-			inserted <- id
+			inserted <- &store.OutboxEntry{ID: id, Topic: "e2e.slow-transaction", Key: "held", Payload: []byte(`{"held":true}`)}
 			<-commit
 			return err
 		})
 	}()
-	heldID := <-inserted
+	heldEntry := <-inserted
+	heldID := heldEntry.ID
+	_, before := recv.seen()
 	later := make(chan error, 1)
 	go func() { later <- create() }()
 	passed := false
 	for deadline := time.Now().Add(2 * time.Second); !passed && time.Now().Before(deadline); {
-		_, maxID := recv.seen()
-		passed = maxID > heldID
+		_, last := recv.seen()
+		passed = last != before
 		time.Sleep(50 * time.Millisecond)
 	}
 	close(commit)
@@ -214,8 +243,24 @@ func TestWebhookSink(t *testing.T) {
 	t.Logf("entry %d held open: the receiver got a later entry before it committed: %v", heldID, passed)
 	burst()
 	ids := waitDelivered()
-	if len(ids) != 2*8*10+2 {
-		t.Fatalf("%d outbox entries, want %d (one per commands.create and the held one)", len(ids), 2*8*10+2)
+	created := 0
+	for after := int64(0); ; {
+		rows, err := st.OutboxList(ctx, after, store.MaxListLimit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) == 0 {
+			break
+		}
+		for _, e := range rows {
+			if e.Topic == events.CommandCreated {
+				created++
+			}
+		}
+		after = rows[len(rows)-1].ID
+	}
+	if want := (2*8*10 + 1) * len(nodes); created != want {
+		t.Fatalf("%d command.created events, want %d (one per command)", created, want)
 	}
 	eventually(t, 10*time.Second, func() bool {
 		cursor, err := st.OutboxCursor(ctx, "hook")

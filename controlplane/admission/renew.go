@@ -124,7 +124,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 			return err
 		}
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
+			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, Reattested: true,
 		})
 		if err != nil {
 			return err

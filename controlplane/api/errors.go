@@ -54,6 +54,8 @@ func (e *Error) status() int {
 		return http.StatusServiceUnavailable
 	case CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
+	case CodeGone:
+		return http.StatusGone
 	}
 	return http.StatusInternalServerError
 }

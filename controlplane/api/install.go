@@ -301,17 +301,24 @@ func (s *Server) nodesAdd(ctx context.Context, _ *iam.Principal, r *apiv1.AddNod
 		InstallCommand: InstallCommand(scriptURL, pin, secret), ScriptUrl: scriptURL, Pin: pin}, nil
 }
 
+// InstallScriptFile is the file the pasted line saves the script in, in
+// the current directory.
+const InstallScriptFile = "install-bcd.sh"
+
 // InstallCommand is the line to paste on a new machine, as root: curl
-// fetches scriptURL, pinned to pin when it is set (-k then skips only the
-// CA check, which the pin replaces: a certificate with another key is
-// refused), and pipes the script to sh with the token in BCD_JOIN_TOKEN.
-// Each value is single-quoted for sh.
+// fetches scriptURL into InstallScriptFile, pinned to pin when it is set
+// (-k then skips only the CA check, which the pin replaces: a certificate
+// with another key is refused), and only when the whole script arrived
+// (curl exits 0) sh runs it with the token in BCD_JOIN_TOKEN. The line's
+// exit status is curl's on a failed download (90: not the pinned key; 7: no
+// connection) and the script's otherwise; a pipe into sh would hide curl's
+// failure behind sh's 0. Each value is single-quoted for sh.
 func InstallCommand(scriptURL, pin, token string) string {
 	curl := "curl -fsS"
 	if pin != "" {
 		curl += " -k --pinnedpubkey " + shellQuote(pin)
 	}
-	return curl + " " + shellQuote(scriptURL) + " | BCD_JOIN_TOKEN=" + shellQuote(token) + " sh"
+	return curl + " -o " + InstallScriptFile + " " + shellQuote(scriptURL) + " && BCD_JOIN_TOKEN=" + shellQuote(token) + " sh " + InstallScriptFile
 }
 
 // shellQuote quotes v for POSIX sh.
@@ -320,8 +327,8 @@ func shellQuote(v string) string {
 }
 
 // LocalURL is where a CLI on this machine reaches the API: the bound
-// address, with an unspecified one (0.0.0.0, ::) as the loopback address of
-// its family, and https when the API serves TLS. Valid after Ready.
+// address, a wildcard one as 127.0.0.1 (::1 only for a listen address of
+// [::]), and https when the API serves TLS. Valid after Ready.
 func (s *Server) LocalURL() string {
 	scheme := "http"
 	if s.certs != nil {
@@ -332,11 +339,17 @@ func (s *Server) LocalURL() string {
 		return scheme + "://127.0.0.1:3000"
 	}
 	ip := a.IP
-	switch {
-	case ip == nil || ip.IsUnspecified() && ip.To4() != nil:
+	if ip == nil || ip.IsUnspecified() {
+		// Go reports a wildcard listener as [::] even for 0.0.0.0 (a
+		// dual-stack socket), and ::1 does not exist where IPv6 is off:
+		// loopback is 127.0.0.1 unless the listen address itself was an
+		// IPv6 wildcard.
 		ip = net.IPv4(127, 0, 0, 1)
-	case ip.IsUnspecified():
-		ip = net.IPv6loopback
+		if host, _, err := net.SplitHostPort(s.cfg.Listen); err == nil {
+			if l := net.ParseIP(host); l != nil && l.To4() == nil {
+				ip = net.IPv6loopback
+			}
+		}
 	}
 	return scheme + "://" + net.JoinHostPort(ip.String(), strconv.Itoa(a.Port))
 }

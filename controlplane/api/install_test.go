@@ -165,7 +165,7 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 	if resp.Pin != api.SPKIPin(served) || !strings.HasPrefix(resp.Pin, "sha256//") || len(resp.Pin) != len("sha256//")+44 {
 		t.Fatalf("pin %s, served key %s", resp.Pin, api.SPKIPin(served))
 	}
-	want := "curl -fsS -k --pinnedpubkey '" + resp.Pin + "' '" + wantURL + "' | BCD_JOIN_TOKEN='" + resp.Token + "' sh"
+	want := "curl -fsS -k --pinnedpubkey '" + resp.Pin + "' -o install-bcd.sh '" + wantURL + "' && BCD_JOIN_TOKEN='" + resp.Token + "' sh install-bcd.sh"
 	if resp.InstallCommand != want {
 		t.Errorf("install command\n%s\nwant\n%s", resp.InstallCommand, want)
 	}

@@ -81,6 +81,7 @@ func (s *Server) registerMethods() {
 	handle(s, "bmc.setCredentials", s.bmcSetCredentials)
 	handle(s, "bmc.deleteCredentials", s.bmcDeleteCredentials)
 	handle(s, "audit.list", s.auditList)
+	handle(s, "events.list", s.eventsList)
 }
 
 // page validates a page request.

@@ -102,6 +102,12 @@ func TestMethodNotAllowed(t *testing.T) {
 	if w.Code != 404 {
 		t.Fatalf("GET /api/nodes/nosuch: %d", w.Code)
 	}
+	// A GET route called with POST.
+	w = httptest.NewRecorder()
+	f.srv.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/api/health", nil))
+	if w.Code != 405 || w.Header().Get("Allow") != "GET, HEAD" {
+		t.Fatalf("POST /api/health: %d Allow=%q", w.Code, w.Header().Get("Allow"))
+	}
 }
 
 type countRefusals struct {

@@ -150,6 +150,9 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if m.mutating {
+		s.feed.Notify() // it may have written events: the stream reads now
+	}
 	b, err := marshal.Marshal(resp)
 	if err != nil {
 		s.writeError(w, r, fmt.Errorf("encode response: %w", err))

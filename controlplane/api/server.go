@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -82,6 +83,14 @@ type Config struct {
 	// Now is the clock of the unauthenticated-refusal summary rows.
 	// Defaults to time.Now.
 	Now func() time.Time
+	// Feed, when set, is the process's outbox reader the event stream
+	// reads; the caller runs it. Defaults to a feed.New of the store's
+	// outbox that Run runs (Server.Feed returns it, for other readers in
+	// the process such as the fleet page).
+	Feed *feed.Feed
+	// EventHeartbeat is how often an idle event stream sends a comment.
+	// Defaults to 15 s.
+	EventHeartbeat time.Duration
 }
 
 // Server serves the HTTP API.
@@ -96,6 +105,14 @@ type Server struct {
 	methods map[string]*method
 	certs   *certreload.Reloader // nil: plain HTTP
 	unauth  unauthSummary
+
+	// feed is the event stream's outbox reader; ownFeed when Run runs it.
+	feed    *feed.Feed
+	ownFeed bool
+	// stopping is closed when shutdown begins: event streams end then
+	// rather than hold the shutdown for its whole grace.
+	stopping chan struct{}
+	stopOnce sync.Once
 
 	// table is apiv1.Methods by name, what handle registers against;
 	// bindErrs what it refused.
@@ -120,6 +137,10 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s := &Server{cfg: cfg, store: st, log: logger(log), mux: http.NewServeMux(), ready: make(chan struct{}),
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{}}
 	s.unauth.now = cfg.Now
+	s.stopping = make(chan struct{})
+	if s.feed = cfg.Feed; s.feed == nil {
+		s.feed, s.ownFeed = feed.New(feed.Config{}, st, s.log), true
+	}
 	if s.unauth.now == nil {
 		s.unauth.now = time.Now
 	}
@@ -142,18 +163,21 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET "+cfg.BasePath+InstallScriptPath, s.serveInstallScript)
 	s.mux.HandleFunc("GET "+cfg.BasePath+OpenAPIPath, s.serveOpenAPI)
 	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", withOrigin(s.serveRPC))
+	s.mux.HandleFunc("GET "+cfg.BasePath+EventsWatchPath, s.serveEventsWatch)
 	s.mux.HandleFunc(cfg.BasePath+"/", s.noRoute)
 	if cfg.Downloads != nil {
 		// GET (and HEAD): a method-less pattern would clash with the RPC route.
 		s.mux.Handle("GET "+cfg.BasePath+"/downloads/", cfg.Downloads)
 	}
 	s.mountMetrics()
+	s.mountWatch()
 	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
 	return s
 }
 
 // noRoute answers what no route took under basePath: 405 with "Allow:
-// POST" for an API method's path called with another HTTP method (RFC 9110
+// POST" for an API method's path called with another HTTP method, 405 with
+// "Allow: GET, HEAD" for a GET route called with another (RFC 9110
 // §15.5.6), 404 otherwise.
 func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, s.cfg.BasePath+"/")
@@ -162,6 +186,17 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, &Error{Code: CodeMethodNotAllowed,
 			Message: fmt.Sprintf("%s %s: API methods are called with POST", r.Method, r.URL.Path)})
 		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		// A path served to GET only (install.sh, downloads, openapi.json,
+		// health) called with another method.
+		probe := r.Clone(r.Context())
+		probe.Method = http.MethodGet
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != s.cfg.BasePath+"/" {
+			w.Header().Set("Allow", "GET, HEAD")
+			s.writeError(w, r, &Error{Code: CodeMethodNotAllowed, Message: fmt.Sprintf("%s %s: this path answers GET and HEAD", r.Method, r.URL.Path)})
+			return
+		}
 	}
 	s.writeError(w, r, notFound("no route %s %s", r.Method, r.URL.Path))
 }
@@ -176,6 +211,10 @@ func loopbackListen(addr net.Addr) bool {
 	a, ok := addr.(*net.TCPAddr)
 	return ok && a.IP.IsLoopback()
 }
+
+// Feed returns the process's outbox reader, which the event stream reads
+// (for other readers in the process, such as the fleet page).
+func (s *Server) Feed() *feed.Feed { return s.feed }
 
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -206,6 +245,11 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("api listen on %s: %w", s.cfg.Listen, err)
 	}
 	s.addr = ln.Addr()
+	if s.ownFeed {
+		fctx, stopFeed := context.WithCancel(ctx)
+		defer stopFeed()
+		go func() { _ = s.feed.Run(fctx, nil) }()
+	}
 	close(s.ready)
 	srv := &http.Server{
 		Handler:           s.handler,
@@ -214,6 +258,7 @@ func (s *Server) Run(ctx context.Context) error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		TLSConfig:         tlsCfg,
 	}
+	srv.RegisterOnShutdown(func() { s.stopOnce.Do(func() { close(s.stopping) }) })
 	scheme := "http"
 	if tlsCfg != nil {
 		scheme = "https"

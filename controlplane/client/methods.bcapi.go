@@ -260,3 +260,12 @@ func (c *Client) AuditList(ctx context.Context, req *apiv1.ListAuditRequest) (*a
 	}
 	return resp, nil
 }
+
+// EventsList calls events.list (role viewer).
+func (c *Client) EventsList(ctx context.Context, req *apiv1.ListEventsRequest) (*apiv1.ListEventsResponse, error) {
+	resp := new(apiv1.ListEventsResponse)
+	if err := c.Call(ctx, "events.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}

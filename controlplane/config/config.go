@@ -155,6 +155,10 @@ type Gateway struct {
 	MaxStreams int `yaml:"maxStreams"`
 	// HeartbeatInterval is the interval told to daemons. Defaults to 10 s.
 	HeartbeatInterval Duration `yaml:"heartbeatInterval"`
+	// MissedHeartbeats is how many heartbeat intervals without a heartbeat
+	// make a node unreachable (the liveness window is MissedHeartbeats ×
+	// HeartbeatInterval). Defaults to 3; at least 2.
+	MissedHeartbeats int `yaml:"missedHeartbeats"`
 	// DrainDelay is the most a daemon waits before reconnecting elsewhere
 	// after Drain. Defaults to 60 s.
 	DrainDelay Duration `yaml:"drainDelay"`
@@ -199,6 +203,12 @@ type Metrics struct {
 	// /debug/pprof/, behind the same bearer token. Off by default: a CPU
 	// profile costs the process while it runs.
 	Pprof bool `yaml:"pprof"`
+	// Listen, when set (such as 0.0.0.0:9464), serves /metrics (and the
+	// profiles) on a listener of its own, plain HTTP, behind the same bearer
+	// token: for gateway-only and worker-only processes, which have no API
+	// listener. Off by default; an api process keeps /metrics on the API
+	// listener either way (docs/metrics.md).
+	Listen string `yaml:"listen"`
 }
 
 // Sinks lists the event sinks; names are unique.
@@ -207,17 +217,23 @@ type Sinks struct {
 	Files    []FileSink    `yaml:"files"`
 }
 
-// WebhookSink posts each outbox entry, signed with HMAC-SHA256.
+// WebhookSink posts batches of events (CloudEvents JSON arrays), signed
+// with HMAC-SHA256.
 type WebhookSink struct {
 	Name   string `yaml:"name"`
 	URL    string `yaml:"url"`
 	Secret string `yaml:"secret"`
+	// Types are the event type prefixes it takes ("node.",
+	// "com.better-compute.gpu."); none: every event (docs/events.md).
+	Types []string `yaml:"types"`
 }
 
-// FileSink appends each outbox entry as a JSON line.
+// FileSink appends each event as a CloudEvents JSON line.
 type FileSink struct {
 	Name string `yaml:"name"`
 	Path string `yaml:"path"`
+	// Types are as WebhookSink.Types.
+	Types []string `yaml:"types"`
 }
 
 // Retention windows: rows older than these are pruned.
@@ -386,6 +402,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.HeartbeatInterval.Duration == 0 {
 		g.HeartbeatInterval.Duration = 10 * time.Second
 	}
+	if g.MissedHeartbeats == 0 {
+		g.MissedHeartbeats = 3
+	}
 	if g.DrainDelay.Duration == 0 {
 		g.DrainDelay.Duration = 60 * time.Second
 	}
@@ -473,14 +492,21 @@ func (c *Config) validate() error {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
 	}
+	if m := c.Host.Gateway.MissedHeartbeats; m < 2 {
+		return &Error{Key: "host.gateway.missedHeartbeats", Msg: fmt.Sprintf("%d: want at least 2 (one late heartbeat must not make a node unreachable)", m)}
+	}
 	if ttl := c.Host.Gateway.NodeCertTTL.Duration; ttl > 0 && ttl < MinNodeCertTTL {
 		return &Error{Key: "host.gateway.nodeCertTTL", Msg: fmt.Sprintf("%v is too short: at least %v (a node renews at two thirds of it, each time on a new connection)", ttl, MinNodeCertTTL)}
 	}
 	if g := c.PKI.ReattestGrace; g != nil && g.Duration < 0 {
 		return &Error{Key: "pki.reattestGrace", Msg: fmt.Sprintf("%v: want 0 (off) or a positive duration such as 168h", g.Duration)}
 	}
-	if u, err := url.Parse(c.Host.Gateway.PublicURL); c.Host.Gateway.PublicURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
-		return &Error{Key: "host.gateway.publicURL", Msg: "want an https://host:port URL"}
+	if raw := c.Host.Gateway.PublicURL; raw != "" {
+		u, err := checkOrigin(raw, "https")
+		if err != nil {
+			return &Error{Key: "host.gateway.publicURL", Msg: fmt.Sprintf("%q: %v", raw, err)}
+		}
+		c.Host.Gateway.PublicURL = u
 	}
 	if err := c.validateAPITLS(); err != nil {
 		return err
@@ -499,6 +525,14 @@ func (c *Config) validate() error {
 	if t := c.Host.Metrics.BearerToken; t != "" && len(t) < 16 {
 		return &Error{Key: "host.metrics.bearerToken", Msg: "want at least 16 characters"}
 	}
+	if l := c.Host.Metrics.Listen; l != "" {
+		if c.Host.Metrics.BearerToken == "" {
+			return &Error{Key: "host.metrics.listen", Msg: "needs host.metrics.bearerToken: metrics are served only behind it"}
+		}
+		if _, _, err := net.SplitHostPort(l); err != nil {
+			return &Error{Key: "host.metrics.listen", Msg: fmt.Sprintf("%q: want host:port, such as 0.0.0.0:9464", l)}
+		}
+	}
 	if c.Host.Metrics.Pprof && c.Host.Metrics.BearerToken == "" {
 		return &Error{Key: "host.metrics.pprof", Msg: "needs host.metrics.bearerToken: profiles are served only behind it"}
 	}
@@ -514,6 +548,9 @@ func (c *Config) validate() error {
 		if len(w.Secret) < 16 {
 			return &Error{Key: key + ".secret", Msg: "want at least 16 characters to sign with"}
 		}
+		if err := sinkTypes(key, w.Types); err != nil {
+			return err
+		}
 	}
 	for i, f := range c.Sinks.Files {
 		key := fmt.Sprintf("sinks.files[%d]", i)
@@ -522,6 +559,9 @@ func (c *Config) validate() error {
 		}
 		if !filepath.IsAbs(f.Path) {
 			return &Error{Key: key + ".path", Msg: "want an absolute path"}
+		}
+		if err := sinkTypes(key, f.Types); err != nil {
+			return err
 		}
 	}
 	for key, d := range map[string]time.Duration{"retention.commands": c.Retention.Commands.Duration,
@@ -568,6 +608,17 @@ func (c *Config) AllRoles() bool {
 // Runs reports whether the process runs role.
 func (c *Config) Runs(role string) bool {
 	return c.AllRoles() || slices.Contains(c.RolesList, role)
+}
+
+// sinkTypes checks a sink's type prefixes: each non-empty, of the
+// characters event types use (a-z, 0-9, '.', '-').
+func sinkTypes(key string, types []string) error {
+	for i, t := range types {
+		if t == "" || strings.Trim(t, "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
+			return &Error{Key: fmt.Sprintf("%s.types[%d]", key, i), Msg: fmt.Sprintf("%q: want a type prefix such as node. or com.better-compute.gpu. (a-z, 0-9, '.', '-')", t)}
+		}
+	}
+	return nil
 }
 
 // sinkName checks a sink's name: 1 to 63 of a-z, 0-9, '-', unique.

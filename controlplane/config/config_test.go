@@ -112,6 +112,7 @@ func TestInvalid(t *testing.T) {
 		{"duplicate sink", "sinks:\n  files:\n  - {name: a, path: /x}\n  - {name: a, path: /y}\n", nil, Flags{}, "sinks.files[1].name"},
 		{"short retention", "retention:\n  audit: 1m\n", nil, Flags{}, "retention.audit"},
 		{"negative heartbeat", "host:\n  gateway:\n    heartbeatInterval: -10s\n", nil, Flags{}, "host.gateway.heartbeatInterval"},
+		{"one missed heartbeat", "host:\n  gateway:\n    missedHeartbeats: 1\n", nil, Flags{}, "host.gateway.missedHeartbeats"},
 		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},
 		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
 		{"negative re-attestation grace", "pki:\n  reattestGrace: -1h\n", nil, Flags{}, "pki.reattestGrace"},

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -100,18 +102,47 @@ func (c *Config) validateAPITLS() error {
 	default:
 		return &Error{Key: "host.tls.mode", Msg: fmt.Sprintf("%q: want off, auto or files", t.Mode)}
 	}
+	if t.Mode == TLSModeFiles {
+		// Read now, before serve makes anything: a bad pair is a
+		// configuration error (exit 2), not a failure after start.
+		if _, err := tls.LoadX509KeyPair(t.Cert, t.Key); err != nil {
+			return &Error{Key: "host.tls", Msg: fmt.Sprintf("cert %s and key %s: %v", t.Cert, t.Key, err)}
+		}
+	}
 	if raw := c.Host.PublicURL; raw != "" {
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Hostname() == "" || u.User != nil ||
-			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-			return &Error{Key: "host.publicURL", Msg: "want the API's origin, http(s)://host[:port] with no path"}
+		u, err := checkOrigin(raw, "https", "http")
+		if err != nil {
+			return &Error{Key: "host.publicURL", Msg: fmt.Sprintf("%q: %v", raw, err)}
 		}
-		if p := u.Port(); p != "" {
-			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-				return &Error{Key: "host.publicURL", Msg: "invalid port " + p}
-			}
-		}
-		c.Host.PublicURL = strings.TrimSuffix(u.String(), "/")
+		c.Host.PublicURL = u
 	}
 	return nil
+}
+
+// checkOrigin checks that raw is an origin, scheme://host[:port] with one of
+// schemes, a host, a port of 1 to 65535 when given, and no credentials,
+// path, query or fragment (a URL advertised to machines and printed in
+// commands carries nothing else). It returns raw without a trailing "/".
+func checkOrigin(raw string, schemes ...string) (string, error) {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("not a URL: %v", err)
+	case !slices.Contains(schemes, u.Scheme):
+		return "", fmt.Errorf("want %s://host[:port]", strings.Join(schemes, " or "))
+	case u.Hostname() == "":
+		return "", errors.New("no host: want scheme://host[:port]")
+	case u.User != nil:
+		return "", errors.New("credentials do not belong in it")
+	case u.Path != "" && u.Path != "/", u.RawQuery != "", u.ForceQuery, u.Fragment != "":
+		return "", errors.New("want an origin with no path, query or fragment")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return "", fmt.Errorf("port %s: want 1 to 65535", p)
+		}
+	} else if strings.HasSuffix(u.Host, ":") {
+		return "", errors.New("empty port")
+	}
+	return strings.TrimSuffix(u.Scheme+"://"+u.Host, "/"), nil
 }

@@ -1,11 +1,85 @@
 package config
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
+
+// writeKeyPair writes a self-signed certificate and its key as PEM files.
+func writeKeyPair(t *testing.T) (certFile, keyFile string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "api.test"},
+		DNSNames: []string{"api.test"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "api.crt"), filepath.Join(dir, "api.key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// host.tls files that do not load, and a gateway public URL that is not an
+// origin, are configuration errors before anything starts.
+func TestRefusedAtLoad(t *testing.T) {
+	cert, key := writeKeyPair(t)
+	_, otherKey := writeKeyPair(t)
+	for _, tc := range []struct {
+		name  string
+		flags Flags
+		key   string
+	}{
+		{"missing cert file", Flags{APITLSCert: "/nonexistent/api.crt", APITLSKey: key}, "host.tls"},
+		{"key of another cert", Flags{APITLSCert: cert, APITLSKey: otherKey}, "host.tls"},
+		{"cert as key", Flags{APITLSCert: cert, APITLSKey: cert}, "host.tls"},
+		{"path", Flags{PublicURL: "https://h.example:8443/path"}, "host.gateway.publicURL"},
+		{"credentials", Flags{PublicURL: "https://user:pw@h.example:8443"}, "host.gateway.publicURL"},
+		{"query", Flags{PublicURL: "https://h.example:8443?x=1"}, "host.gateway.publicURL"},
+		{"fragment", Flags{PublicURL: "https://h.example:8443#f"}, "host.gateway.publicURL"},
+		{"no host", Flags{PublicURL: "https://:8443"}, "host.gateway.publicURL"},
+		{"port out of range", Flags{PublicURL: "https://h.example:99999"}, "host.gateway.publicURL"},
+		{"empty port", Flags{PublicURL: "https://h.example:"}, "host.gateway.publicURL"},
+		{"not https", Flags{PublicURL: "ftp://h.example"}, "host.gateway.publicURL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load("", env(map[string]string{"HOME": t.TempDir()}), tc.flags)
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Key != tc.key {
+				t.Fatalf("err = %v, want a config error naming %s", err, tc.key)
+			}
+		})
+	}
+	if c, err := Load("", env(map[string]string{"HOME": t.TempDir()}), Flags{PublicURL: "https://[fd99::1]:8443/"}); err != nil ||
+		c.Host.Gateway.PublicURL != "https://[fd99::1]:8443" {
+		t.Fatalf("an IPv6 origin with a trailing slash: %v %+v", err, c)
+	}
+}
 
 func TestPublicURLDefaults(t *testing.T) {
 	c, err := Load("", env(map[string]string{"HOME": "/home/x"}), Flags{})
@@ -53,7 +127,8 @@ func TestPublicURLDefaults(t *testing.T) {
 	}
 
 	// Cert and key alone mean mode files.
-	c, err = Load("", env(nil), Flags{APITLSCert: "/etc/bc/api.crt", APITLSKey: "/etc/bc/api.key"})
+	cert, key := writeKeyPair(t)
+	c, err = Load("", env(nil), Flags{APITLSCert: cert, APITLSKey: key})
 	if err != nil || c.Host.TLS.Mode != TLSModeFiles || c.Host.PublicURL != "https://localhost:3000" {
 		t.Fatalf("files: %+v %v", c.Host, err)
 	}
@@ -78,14 +153,15 @@ downloads:
 		c.Host.TLS.Mode != TLSModeOff || len(c.Downloads.ReleasePins) != 1 || c.Host.PublicURL != "http://file.example.com:3000" {
 		t.Fatalf("file: %+v %+v", c.Host, c.Downloads)
 	}
+	envCert, envKey := writeKeyPair(t)
 	e := env(map[string]string{EnvPublicURL: "https://env.example.com:9443", EnvGatewayListen: "10.0.0.2:9443",
-		EnvAPITLS: "files", EnvAPITLSCert: "/env/api.crt", EnvAPITLSKey: "/env/api.key"})
+		EnvAPITLS: "files", EnvAPITLSCert: envCert, EnvAPITLSKey: envKey})
 	c, err = Load(path, e, Flags{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Host.Gateway.Listen != "10.0.0.2:9443" || c.Host.Gateway.PublicURL != "https://env.example.com:9443" ||
-		c.Host.TLS != (APITLS{Mode: TLSModeFiles, Cert: "/env/api.crt", Key: "/env/api.key"}) {
+		c.Host.TLS != (APITLS{Mode: TLSModeFiles, Cert: envCert, Key: envKey}) {
 		t.Fatalf("env: %+v", c.Host)
 	}
 	c, err = Load(path, e, Flags{PublicURL: "https://flag.example.com:7443", GatewayListen: "10.0.0.3:7443", APITLS: "auto"})

@@ -36,6 +36,12 @@ type APIConfig struct {
 // apiConfig is the APIConfig of c.
 func apiConfig(c *config.Config) APIConfig {
 	a := APIConfig{Enabled: c.Runs("api"), Listen: c.Host.Listen, TLSMode: c.Host.TLS.Mode, PublicURL: c.Host.PublicURL}
+	if u, _ := bootstrap.RecordedAPIURL(c.DataDir); a.TLSMode == config.TLSModeOff && strings.HasPrefix(u, "https://") {
+		// The serve on this data directory was told to serve TLS by a
+		// flag (--public-url, --api-tls) that no file shows: judge the
+		// API as it runs, by the URL it recorded.
+		a.TLSMode = config.TLSModeAuto
+	}
 	switch a.TLSMode {
 	case config.TLSModeFiles:
 		a.CertFile, a.KeyFile = c.Host.TLS.Cert, c.Host.TLS.Key

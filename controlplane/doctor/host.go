@@ -18,7 +18,7 @@ import (
 
 // BuiltinRoutes are the api role's routes outside basePath, which neither
 // basePath nor a host route may shadow.
-var BuiltinRoutes = []string{"/healthz", "/readyz", "/metrics", "/.well-known/better-compute"}
+var BuiltinRoutes = []string{"/healthz", "/readyz", "/metrics", "/.well-known/better-compute", "/watch"}
 
 // NotifierWait is how long the notifier check waits for its own
 // notification once it is sent: on one server it arrives in about a

@@ -40,7 +40,7 @@ type storeCollector struct {
 // Describe sends the descriptors of every series the collector makes.
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStoreUp, descGatewaySessions, descGatewayMaxStreams, descLeasesHeld,
-		descLeaseTakeovers, descOutboxBacklog} {
+		descLeaseTakeovers, descOutboxBacklog, descSingletonHeld} {
 		ch <- d
 	}
 }
@@ -109,6 +109,18 @@ func (c *storeCollector) leases(ctx context.Context, ch chan<- prometheus.Metric
 	}
 	for kind, n := range takeovers {
 		ch <- prometheus.MustNewConstMetric(descLeaseTakeovers, prometheus.CounterValue, float64(n), kind)
+	}
+	// Every singleton job this deployment ever ran has a lease row: held
+	// and unexpired is 1, anything else 0 (an alert on 0 finds a stalled
+	// sweeper).
+	for _, l := range ls {
+		if job, ok := strings.CutPrefix(l.Name, "singleton:"); ok {
+			held := 0.0
+			if l.Holder != "" && l.ExpiresAt.After(now) {
+				held = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descSingletonHeld, prometheus.GaugeValue, held, job)
+		}
 	}
 }
 

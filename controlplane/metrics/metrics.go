@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -60,6 +61,9 @@ type Store interface {
 	LeaseList(ctx context.Context, prefix string) ([]*store.Lease, error)
 	OutboxMaxID(ctx context.Context) (int64, error)
 	OutboxCursor(ctx context.Context, sink string) (int64, error)
+	OutboxQuery(ctx context.Context, p *store.OutboxQueryParams) ([]*store.OutboxEntry, error)
+	NodeCounts(ctx context.Context) ([]*store.NodeCount, error)
+	NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error)
 }
 
 // Config configures Metrics.
@@ -79,6 +83,15 @@ type Config struct {
 	Now func() time.Time
 	// Log receives scrape errors. Defaults to discarding them.
 	Log *slog.Logger
+	// Version and Commit label bettercompute_build_info. Default to
+	// "unknown".
+	Version, Commit string
+	// GPUCacheTTL is how long a count of the GPUs by health is reused:
+	// counting reads every node's inventory. Defaults to 30 s.
+	GPUCacheTTL time.Duration
+	// CertFiles are the serving certificates whose expiry is reported, by
+	// use ("api", "gateway"): PEM files, the leaf first. Defaults to none.
+	CertFiles map[string]string
 }
 
 // Metrics holds the control plane's collectors on a private registry. Its
@@ -94,6 +107,9 @@ type Metrics struct {
 	dispatch     prometheus.Histogram
 	storeQuery   *prometheus.HistogramVec
 	apiUnauth    *prometheus.CounterVec
+
+	certMu    sync.Mutex
+	certFiles map[string]string // use → PEM file, for the expiry series
 }
 
 // New returns Metrics reading the deployment-wide series from st at each
@@ -101,6 +117,7 @@ type Metrics struct {
 func New(cfg Config, st Store) *Metrics {
 	cfg.ScrapeTimeout = cmp.Or(cfg.ScrapeTimeout, 5*time.Second)
 	cfg.GatewayLiveWithin = cmp.Or(cfg.GatewayLiveWithin, 30*time.Second)
+	cfg.GPUCacheTTL = cmp.Or(cfg.GPUCacheTTL, 30*time.Second)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -140,16 +157,35 @@ func New(cfg Config, st Store) *Metrics {
 		Help: "API calls refused for their token (none, unknown, expired, revoked, or from a denied address), by reason; summarised in the audit log at most once a minute.",
 	}, []string{"reason"})
 	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
-		m.reg.MustRegister(&storeCollector{m: m, st: st})
+		m.reg.MustRegister(&storeCollector{m: m, st: st}, &fleetCollector{m: m, st: st})
 		// The scrape observes its queries while the registry gathers, in no
 		// set order: made now, their series are there from the first scrape.
-		for _, op := range scrapeOps {
+		for _, op := range append(scrapeOps, fleetOps...) {
 			m.storeQuery.WithLabelValues(op)
 		}
+	} else {
+		m.reg.MustRegister(&fleetCollector{m: m})
+	}
+	m.certFiles = map[string]string{}
+	for use, file := range cfg.CertFiles {
+		m.certFiles[use] = file
 	}
 	return m
+}
+
+// WatchCertificate reports the expiry of the serving certificate in the
+// PEM file (leaf first) as bettercompute_certificate_expiry_timestamp_seconds
+// with label use ("api", "gateway"), read at each scrape.
+func (m *Metrics) WatchCertificate(use, file string) {
+	if m == nil || file == "" {
+		return
+	}
+	m.certMu.Lock()
+	defer m.certMu.Unlock()
+	m.certFiles[use] = file
 }
 
 // Registry returns the private registry, for more collectors or for tests.

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"strings"
@@ -92,7 +93,9 @@ func TestScrapeReadsTheDatabase(t *testing.T) {
 		`bettercompute_lease_takeovers_total{kind="shard"} 2`,
 		`bettercompute_lease_takeovers_total{kind="singleton"} 0`,
 		`bettercompute_outbox_backlog_entries{sink="hooks"} 2`,
-		`bettercompute_outbox_backlog_entries{sink="archive"} 5`,
+		// The gateways' rows wrote events too (gateway.up): archive has
+		// taken none of them.
+		fmt.Sprintf(`bettercompute_outbox_backlog_entries{sink="archive"} %d`, newest),
 		"# TYPE bettercompute_lease_takeovers_total counter",
 		"# TYPE bettercompute_store_query_duration_seconds histogram",
 	)
@@ -192,4 +195,96 @@ func TestScrapeWithTheDatabaseDown(t *testing.T) {
 	if strings.Contains(text, "bettercompute_outbox_backlog_entries") {
 		t.Errorf("backlog reported with the database down:\n%s", text)
 	}
+}
+
+// TestFleetSeries: build info, nodes by state (every state, 0 when
+// empty), GPUs by health from the inventories, the outbox and delivery lag
+// of each sink, singleton jobs held or not.
+func TestFleetSeries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, inv := range []string{
+		`{"gpus":[{"uuid":"GPU-a","health":{"state":"GPU_HEALTH_STATE_FAILED"}},{"uuid":"GPU-b"}]}`,
+		`{"gpus":[{"uuid":"GPU-c","health":{"state":"GPU_HEALTH_STATE_DEGRADED"}},{"uuid":"GPU-d","health":{"state":"GPU_HEALTH_STATE_OK"}}]}`,
+		``,
+	} {
+		n, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{PoolID: pool.ID, Hostname: fmt.Sprintf("h%d", i),
+			MachineID: fmt.Sprintf("m%d", i), ID: store.NewID("node")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inv != "" {
+			if err := st.NodeSetInventory(ctx, n.ID, []byte(inv), fmt.Sprint(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i == 0 {
+			if err := st.NodeSetState(ctx, n.ID, store.NodeUnreachable); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.NodeSetCordoned(ctx, n.ID, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	now := time.Now()
+	if _, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "singleton:command-sweeper", Holder: "w1",
+		TTL: 15 * time.Second, Now: &now}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	old := now.Add(-time.Hour)
+	if _, ok, err := st.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: "singleton:retention", Holder: "w1",
+		TTL: 15 * time.Second, Now: &old}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	newest, err := st.OutboxInsert(ctx, "com.better-compute.test", "x", []byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.OutboxCursorSet(ctx, "hooks", newest); err != nil {
+		t.Fatal(err)
+	}
+	// Ten minutes from now, what "archive" has not taken is ten minutes old
+	// or more; "hooks" has taken everything.
+	later := now.Add(10 * time.Minute)
+	m := metrics.New(metrics.Config{Sinks: []string{"hooks", "archive"}, Version: "1.2.3", Commit: "abc",
+		Now: func() time.Time { return later }}, st)
+	text := scrape(t, m)
+	has(t, text,
+		`bettercompute_nodes{state="joined"} 2`,
+		`bettercompute_nodes{state="unreachable"} 1`,
+		`bettercompute_nodes{state="ready"} 0`,
+		`bettercompute_nodes{state="powered-off"} 0`,
+		`bettercompute_nodes{state="draining"} 0`,
+		`bettercompute_nodes_cordoned 1`,
+		`bettercompute_gpus{health="ok"} 2`,
+		`bettercompute_gpus{health="degraded"} 1`,
+		`bettercompute_gpus{health="failed"} 1`,
+		`bettercompute_sink_delivery_lag_seconds{sink="hooks"} 0`,
+		`bettercompute_singleton_held{job="command-sweeper"} 0`, // expired ten minutes from now
+		`bettercompute_singleton_held{job="retention"} 0`,
+	)
+	if !strings.Contains(text, `bettercompute_build_info{commit="abc",goversion="go`) {
+		t.Errorf("no build info:\n%s", text)
+	}
+	var lag, archive float64
+	for _, line := range strings.Split(text, "\n") {
+		fmt.Sscanf(line, "bettercompute_outbox_lag_seconds %g", &lag)
+		fmt.Sscanf(line, `bettercompute_sink_delivery_lag_seconds{sink="archive"} %g`, &archive)
+	}
+	if lag < 600 || archive != lag {
+		t.Errorf("outbox lag %g, archive's %g: want both at least 600 s and equal\n%s", lag, archive, text)
+	}
+	// With the real clock the sweeper's lease is held.
+	text = scrape(t, metrics.New(metrics.Config{}, st))
+	has(t, text, `bettercompute_singleton_held{job="command-sweeper"} 1`, `bettercompute_outbox_lag_seconds 0`)
 }

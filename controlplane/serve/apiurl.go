@@ -4,22 +4,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
 )
 
-// APIURLFile, in the data directory, holds the URL a CLI on this machine
-// reaches the running API by, with its base path (https://127.0.0.1:3000/api
-// when the API serves TLS, http:// otherwise), written each time the API starts listening. The
-// CLI reads it when no --server, BETTER_COMPUTE_URL or configuration names
-// the server, so `better-compute nodes add` works beside `serve
-// --public-url` without flags.
-const APIURLFile = "api-url"
-
-// writeAPIURL records url in dataDir/APIURLFile (0600, replaced whole).
+// writeAPIURL records url in dataDir/bootstrap.APIURLFile (0600, replaced
+// whole), for the CLI and doctor on this machine.
 func writeAPIURL(dataDir, url string) error {
 	if dataDir == "" {
 		return nil
 	}
-	path := filepath.Join(dataDir, APIURLFile)
+	path := filepath.Join(dataDir, bootstrap.APIURLFile)
 	tmp, err := os.CreateTemp(dataDir, ".api-url-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -15,7 +16,7 @@ import (
 // newGateway builds the gateway role. The embedded default makes its PKI,
 // gateway certificate and default site and pool on first start; with
 // PostgreSQL the operator runs pki init and pki issue-gateway first.
-func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m gateway.Metrics) (*gateway.Gateway, error) {
+func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m *metrics.Metrics) (*gateway.Gateway, error) {
 	gc := cfg.Host.Gateway
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
@@ -48,6 +49,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	if certFile == "" || keyFile == "" {
 		return nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
 	}
+	m.WatchCertificate("gateway", certFile)
 	return gateway.New(gateway.Config{
 		Listen:            gc.Listen,
 		PublicURL:         gc.PublicURL,

@@ -27,7 +27,9 @@ type Options struct {
 	NoMigrate bool
 	// Version is the build's version, reported by gateways and workers.
 	Version string
-	Log     *slog.Logger
+	// Commit is the build's commit, for bettercompute_build_info.
+	Commit string
+	Log    *slog.Logger
 	// APIReady, when set, receives the API server once it listens (tests
 	// and dev use it to learn the bound address).
 	APIReady func(*api.Server)
@@ -53,7 +55,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		return err
 	}
 	defer stopWake()
-	m := metrics.New(metrics.Config{Sinks: sinkNames(cfg), Log: log}, st)
+	m := metrics.New(metrics.Config{Sinks: sinkNames(cfg), Log: log, Version: opts.Version, Commit: opts.Commit}, st)
 	// The gateway is built first: a missing PKI stops serve before any
 	// listener opens.
 	var gw *gateway.Gateway
@@ -80,6 +82,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		if err != nil {
 			return err
 		}
+		m.WatchCertificate("api", certFile)
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
 			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
@@ -125,6 +128,14 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m,
 			Ready: func() { close(workersReady) }}, log)
 	}, nil, nil))
+	if cfg.Host.Metrics.Listen != "" {
+		// A listener of its own (host.metrics.listen), for processes
+		// without the API's; it closes last, after the workers.
+		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+			return m.Serve(ctx, metrics.ListenConfig{Addr: cfg.Host.Metrics.Listen, Token: cfg.Host.Metrics.BearerToken,
+				Pprof: cfg.Host.Metrics.Pprof})
+		}, nil, nil))
+	}
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)
 
 	runErr := sd.supervise(ctx, failed, ready, func() string { return readyStatus(cfg, gw, srv) })

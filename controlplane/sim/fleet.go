@@ -81,6 +81,9 @@ type Fleet struct {
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced on every change
+	// stops ends each running daemon's Run alone (StopDaemon), by index;
+	// nil until Run starts it.
+	stops []context.CancelFunc
 }
 
 // NewFleet makes the daemons of cfg (keys and simulated hosts; nothing is
@@ -183,17 +186,30 @@ func (f *Fleet) Join(ctx context.Context) error {
 // counted in Stopped; the others keep running.
 func (f *Fleet) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	f.mu.Lock()
+	f.stops = make([]context.CancelFunc, len(f.daemons))
+	f.mu.Unlock()
 	for i, d := range f.daemons {
 		if !f.joined[i].Load() {
 			continue
 		}
 		f.running.Add(1)
+		dctx, stop := context.WithCancel(ctx)
+		f.mu.Lock()
+		f.stops[i] = stop
+		f.mu.Unlock()
 		wg.Go(func() {
+			defer func() {
+				f.mu.Lock()
+				f.stops[i] = nil
+				f.mu.Unlock()
+				stop()
+			}()
 			defer func() {
 				f.running.Add(-1)
 				f.notify()
 			}()
-			if err := d.Run(ctx); err != nil {
+			if err := d.Run(dctx); err != nil {
 				f.stopped.Add(1)
 				f.log.WarnContext(ctx, "Simulated daemon stopped", "sim_daemon", d.Name(), logkey.NodeID, d.NodeID(), logkey.Err, err)
 			}
@@ -201,6 +217,24 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	f.notify()
 	wg.Wait()
+	return nil
+}
+
+// StopDaemon ends the session of the last daemon still running, as if its
+// machine had stopped answering (DESIGN.md, "The simulator": a node that
+// stops answering), and returns it; nil when none runs. The daemon's node
+// goes unreachable once the liveness window passes; the others keep
+// running.
+func (f *Fleet) StopDaemon() *FakeDaemon {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.stops) - 1; i >= 0; i-- {
+		if stop := f.stops[i]; stop != nil {
+			f.stops[i] = nil
+			stop()
+			return f.daemons[i]
+		}
+	}
 	return nil
 }
 

@@ -1,15 +1,16 @@
 package sinks
 
 import (
+	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-// File appends each entry as one JSON line to a file and syncs it.
+// File appends each entry's CloudEvents envelope as one JSON line to a file
+// and syncs it.
 type File struct {
 	// SinkName is the sink's name.
 	SinkName string
@@ -26,12 +27,14 @@ func (f *File) Deliver(_ context.Context, entries []*store.OutboxEntry) error {
 	if err != nil {
 		return fmt.Errorf("file sink %s: %w", f.SinkName, err)
 	}
-	enc := json.NewEncoder(fh)
+	w := bufio.NewWriter(fh)
 	for _, e := range entries {
-		if err := enc.Encode(eventOf(e)); err != nil {
-			fh.Close()
-			return fmt.Errorf("file sink %s: %w", f.SinkName, err)
-		}
+		w.Write(envelope(e))
+		w.WriteByte('\n')
+	}
+	if err := w.Flush(); err != nil {
+		fh.Close()
+		return fmt.Errorf("file sink %s: %w", f.SinkName, err)
 	}
 	if err := fh.Sync(); err != nil {
 		fh.Close()

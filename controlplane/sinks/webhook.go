@@ -7,13 +7,13 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -21,24 +21,27 @@ import (
 const (
 	HeaderSignature = "X-Better-Compute-Signature" // "sha256=<hex>"
 	HeaderTimestamp = "X-Better-Compute-Timestamp" // Unix seconds
-	HeaderEventID   = "X-Better-Compute-Event-Id"  // the outbox id, for dedup
 )
 
-// Event is the JSON body a webhook receives for one outbox entry.
-type Event struct {
-	ID        int64           `json:"id"`
-	Topic     string          `json:"topic"`
-	Key       string          `json:"key,omitempty"`
-	Payload   json.RawMessage `json:"payload"`
-	CreatedAt time.Time       `json:"created_at"`
+// envelope returns an entry's CloudEvents JSON (events.FromOutbox).
+func envelope(e *store.OutboxEntry) []byte {
+	return events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)
 }
 
-func eventOf(e *store.OutboxEntry) Event {
-	p := json.RawMessage(e.Payload)
-	if len(p) == 0 {
-		p = json.RawMessage("null")
+// Batch returns the body a webhook receives for entries: a JSON array of
+// their CloudEvents envelopes, in outbox order (the CloudEvents JSON
+// format's batched mode, events.BatchContentType).
+func Batch(entries []*store.OutboxEntry) []byte {
+	var b bytes.Buffer
+	b.WriteByte('[')
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(envelope(e))
 	}
-	return Event{ID: e.ID, Topic: e.Topic, Key: e.Key, Payload: p, CreatedAt: e.CreatedAt.UTC()}
+	b.WriteByte(']')
+	return b.Bytes()
 }
 
 // Sign returns the signature header value of body sent at ts: HMAC-SHA256
@@ -56,7 +59,9 @@ func Verify(secret []byte, ts int64, body []byte, sig string) bool {
 	return hmac.Equal([]byte(Sign(secret, ts, body)), []byte(sig))
 }
 
-// Webhook posts each entry as one signed JSON request.
+// Webhook posts each batch of entries as one signed request: Content-Type
+// application/cloudevents-batch+json, the body a JSON array of CloudEvents
+// envelopes (Batch).
 type Webhook struct {
 	// SinkName is the sink's name.
 	SinkName string
@@ -75,7 +80,7 @@ type Webhook struct {
 // Name names the sink.
 func (w *Webhook) Name() string { return w.SinkName }
 
-// Deliver posts the entries in order; a non-2xx answer is an error.
+// Deliver posts the entries in one request; a non-2xx answer is an error.
 func (w *Webhook) Deliver(ctx context.Context, entries []*store.OutboxEntry) error {
 	c := w.Client
 	if c == nil {
@@ -85,29 +90,24 @@ func (w *Webhook) Deliver(ctx context.Context, entries []*store.OutboxEntry) err
 	if w.Now != nil {
 		now = w.Now
 	}
-	for _, e := range entries {
-		body, err := json.Marshal(eventOf(e))
-		if err != nil {
-			return fmt.Errorf("encode outbox entry %d: %w", e.ID, err)
-		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		ts := now().Unix()
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-		req.Header.Set(HeaderEventID, strconv.FormatInt(e.ID, 10))
-		req.Header.Set(HeaderSignature, Sign(w.Secret, ts, body))
-		res, err := c.Do(req)
-		if err != nil {
-			return fmt.Errorf("webhook %s: %w", w.SinkName, err)
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
-		res.Body.Close()
-		if res.StatusCode/100 != 2 {
-			return fmt.Errorf("webhook %s answered %s for entry %d", w.SinkName, res.Status, e.ID)
-		}
+	body := Batch(entries)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("webhook %s: %w", w.SinkName, err)
+	}
+	ts := now().Unix()
+	req.Header.Set("Content-Type", events.BatchContentType)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(HeaderSignature, Sign(w.Secret, ts, body))
+	res, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("webhook %s: %w", w.SinkName, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+	res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		return fmt.Errorf("webhook %s answered %s for outbox entries %d to %d", w.SinkName, res.Status,
+			entries[0].ID, entries[len(entries)-1].ID)
 	}
 	return nil
 }

@@ -108,6 +108,7 @@ type Store interface {
 	WorkerStore
 	CommandStore
 	OutboxStore
+	DeadLetterStore
 	EventStore
 	AuditStore
 	PKIStore
@@ -338,6 +339,19 @@ type NodeStore interface {
 	// and opens a write transaction only for those named: none in a healthy
 	// fleet.
 	NodeLivenessDue(ctx context.Context, p *NodeLivenessDueParams) ([]int, error)
+	// NodeCounts counts nodes by the site of their pool and by state, with
+	// how many of each are cordoned, in one grouped query: a few rows
+	// however many nodes (the fleet page's state × site grouping). Rows
+	// are ordered by site id, then state.
+	NodeCounts(ctx context.Context) ([]*NodeCount, error)
+}
+
+// NodeCount is the number of nodes of one site in one state.
+type NodeCount struct {
+	SiteID   string
+	State    string
+	Nodes    int
+	Cordoned int
 }
 
 // NodeLivenessParams are NodeLivenessReconcile's inputs.
@@ -380,7 +394,10 @@ type NodeUpsertParams struct {
 	Arch         string
 	CertSerial   string
 	CertNotAfter *time.Time
-	// KeySHA256 and JoinTokenID replace the node's when not empty.
+	// KeySHA256 and JoinTokenID replace the node's when not empty. A
+	// JoinTokenID marks a join: the upsert writes node.joined (a new id)
+	// or node.rejoined (an existing one) in its transaction; without it
+	// (a session refreshing versions) it writes no event.
 	KeySHA256   string
 	JoinTokenID string
 	Now         *time.Time
@@ -392,7 +409,11 @@ type NodeSetCertificateParams struct {
 	Serial    string
 	NotAfter  time.Time
 	KeySHA256 string
-	Now       *time.Time
+	// Reattested marks a re-attestation (admission.Reattest): the change
+	// writes a node.reattested event. A renewal or a repeated join writes
+	// none.
+	Reattested bool
+	Now        *time.Time
 }
 
 // HostnameDuplicate is a hostname that several nodes have.
@@ -437,6 +458,11 @@ type JoinTokenStore interface {
 	// token with max-uses M < N get exactly M successes. Refusals are
 	// ErrTokenInvalid, ErrTokenExpired, ErrTokenRevoked or ErrTokenExhausted.
 	JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*JoinToken, error)
+	// JoinTokensExpire writes join-token.expired for every token whose TTL
+	// passed by now (nil: the database's clock), unrevoked, that has not
+	// had one, and marks it reported (migration 0009); it returns their ids.
+	// The iam role runs it every minute.
+	JoinTokensExpire(ctx context.Context, now *time.Time) ([]string, error)
 	// JoinTokenCheck checks a token as JoinTokenConsume does, but uses
 	// nothing and accepts a token whose uses are all spent: a repeated
 	// Join of a node the token already admitted. Refusals are
@@ -690,6 +716,10 @@ type CommandStore interface {
 	// CommandCancelsPending returns the live commands of gatewayID whose
 	// cancellation was requested.
 	CommandCancelsPending(ctx context.Context, gatewayID string) ([]*Command, error)
+	// CommandCountOpen counts the commands not yet terminal (queued,
+	// dispatched, accepted, running) by state, in one grouped query; states
+	// with none are absent.
+	CommandCountOpen(ctx context.Context) (map[string]int, error)
 }
 
 // CommandClaimParams are CommandClaim's inputs.
@@ -795,6 +825,38 @@ type OutboxStore interface {
 	// OutboxMaxID returns the id of the newest entry (0 when the outbox is
 	// empty): a sink's backlog is OutboxMaxID less its cursor.
 	OutboxMaxID(ctx context.Context) (int64, error)
+	// OutboxQuery returns the entries p selects: newest first by id, or
+	// oldest first with p.Ascending. It reads without the outbox read lock,
+	// so it may miss an entry whose transaction has not committed yet; a
+	// reader that must see every entry in order (a sink, the event stream)
+	// uses OutboxList.
+	OutboxQuery(ctx context.Context, p *OutboxQueryParams) ([]*OutboxEntry, error)
+	// OutboxPrune deletes the entries created before before, as a prefix of
+	// ids (every id up to the newest such entry), and records the highest id
+	// deleted for OutboxPrunedThrough. It returns how many it deleted.
+	OutboxPrune(ctx context.Context, before time.Time) (int64, error)
+	// OutboxPrunedThrough returns the highest id OutboxPrune has deleted (0
+	// when nothing was pruned): a reader resuming after a lower id has lost
+	// entries to retention.
+	OutboxPrunedThrough(ctx context.Context) (int64, error)
+}
+
+// OutboxQueryParams filter OutboxQuery. Every filter is optional (zero
+// means any) and all apply together.
+type OutboxQueryParams struct {
+	// BeforeID and AfterID bound the id: AfterID < id < BeforeID.
+	BeforeID, AfterID int64
+	// Since and Until bound the entry's creation time: Since <= time < Until.
+	Since, Until time.Time
+	// TopicPrefix matches topics (event types) that start with it, byte for
+	// byte; no wildcards.
+	TopicPrefix string
+	// Key matches the key (the event's subject) exactly.
+	Key string
+	// Ascending lists oldest first; the default is newest first.
+	Ascending bool
+	// Limit is 1 to MaxListLimit; 0 means 100.
+	Limit int
 }
 
 // Event is something that happened on a node or in the control plane, such

@@ -16,6 +16,7 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -48,7 +49,8 @@ type Options struct {
 	Version string
 	// ShardTTL and ShardRenew tune the shard leases (15 s, 5 s).
 	ShardTTL, ShardRenew time.Duration
-	// LivenessInterval is how often each shard's nodes are checked (5 s).
+	// LivenessInterval is how often each shard's nodes are checked.
+	// Defaults to the heartbeat interval, at most 5 s.
 	LivenessInterval time.Duration
 	// SweepInterval is the CommandSweeper's interval (1 s).
 	SweepInterval time.Duration
@@ -106,8 +108,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		}
 		g.Go(func() error { return m.Run(ctx) })
 		registered = m.Ready()
-		live := liveness.New(liveness.Config{HeartbeatInterval: cfg.Host.Gateway.HeartbeatInterval.Duration,
-			Interval: opts.LivenessInterval}, st, log)
+		hb := cfg.Host.Gateway.HeartbeatInterval.Duration
+		live := liveness.New(liveness.Config{HeartbeatInterval: hb, Missed: cfg.Host.Gateway.MissedHeartbeats,
+			Interval: cmp.Or(opts.LivenessInterval, min(hb, 5*time.Second))}, st, log)
 		g.Go(func() error { shard.RunReconcilers(ctx, m, log, live); return nil })
 		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter,
 			OnSweep: countSwept(opts.Metrics)}, st, log)
@@ -128,7 +131,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	}
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {
-			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID}, sink, st, log)
+			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types}, sink, st, log)
 			if err != nil {
 				return err
 			}
@@ -136,6 +139,14 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		}
 	}
 	if cfg.Runs("iam") {
+		g.Go(func() error {
+			return every(ctx, "singleton:iam:join-token-expiry", opts.WorkerID, time.Minute, st, log, func(ctx context.Context, fence store.Fence) error {
+				return st.FencedTx(ctx, fence, func(tx store.Store) error {
+					_, err := tx.JoinTokensExpire(ctx, nil)
+					return err
+				})
+			})
+		})
 		g.Go(func() error {
 			return every(ctx, "singleton:iam:token-expiry", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
 				return st.FencedTx(ctx, fence, func(tx store.Store) error {
@@ -182,14 +193,20 @@ func countSwept(m CommandMetrics) func(*store.CommandSweepResult) {
 	}
 }
 
+// configuredSink is a configured sink and the type prefixes it takes.
+type configuredSink struct {
+	sinks.Sink
+	types []string
+}
+
 // configuredSinks builds the configured sinks.
-func configuredSinks(cfg *config.Config) []sinks.Sink {
-	var out []sinks.Sink
+func configuredSinks(cfg *config.Config) []configuredSink {
+	var out []configuredSink
 	for _, w := range cfg.Sinks.Webhooks {
-		out = append(out, &sinks.Webhook{SinkName: w.Name, URL: w.URL, Secret: []byte(w.Secret)})
+		out = append(out, configuredSink{&sinks.Webhook{SinkName: w.Name, URL: w.URL, Secret: []byte(w.Secret)}, w.Types})
 	}
 	for _, f := range cfg.Sinks.Files {
-		out = append(out, &sinks.File{SinkName: f.Name, Path: f.Path})
+		out = append(out, configuredSink{&sinks.File{SinkName: f.Name, Path: f.Path}, f.Types})
 	}
 	return out
 }
@@ -225,8 +242,14 @@ func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Ret
 		if err != nil {
 			return err
 		}
-		if c+e+a > 0 {
-			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a)
+		// The outbox keeps what sinks and event readers read for as long as
+		// events: a reader resuming after a pruned id gets a gap error.
+		o, err := tx.OutboxPrune(ctx, now.Add(-r.Events.Duration))
+		if err != nil {
+			return err
+		}
+		if c+e+a+o > 0 {
+			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a, "outbox", o)
 		}
 		return nil
 	})

@@ -107,7 +107,7 @@ func (e *env) resolveAPI(f *apiFlags, cfg *config.Config, cfgErr error) (*apiTar
 		// A serve running on this data directory recorded where it
 		// listens (its scheme follows flags such as --public-url, which no
 		// configuration file shows); else the configuration's host.listen.
-		if u, path := recordedAPI(cfg.DataDir); u != "" {
+		if u, path := bootstrap.RecordedAPIURL(cfg.DataDir); u != "" {
 			t.server, t.serverFrom = u, path
 		} else {
 			t.server, t.serverFrom = configuredAPI(cfg), "host.listen of "+of
@@ -182,21 +182,6 @@ func (e *env) httpClient(f *apiFlags, cfg *config.Config) (*http.Client, error) 
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	return &http.Client{Timeout: 60 * time.Second, Transport: tr}, nil
-}
-
-// recordedAPI is the API URL a serve on dataDir wrote into its
-// serve.APIURLFile, and that file's path; "" when there is none.
-func recordedAPI(dataDir string) (string, string) {
-	path := filepath.Join(dataDir, serve.APIURLFile)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", ""
-	}
-	u := strings.TrimSpace(string(b))
-	if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
-		return "", ""
-	}
-	return u, path
 }
 
 // configuredAPI is the API URL cfg's host.listen and basePath name (a

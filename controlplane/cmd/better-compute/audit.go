@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -8,16 +9,13 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // auditCmd groups the audit log commands; audit list calls audit.list.
 func auditCmd(e *env) *cobra.Command {
-	var af apiFlags
-	c := &cobra.Command{Use: "audit", Short: "Read the audit log (who changed what, from where, and how it ended)"}
-	af.add(c)
-	c.AddCommand(auditListCmd(e, &af))
-	return c
+	return apiGroup(e, "audit", "Read the audit log (who changed what, from where, and how it ended)", auditListCmd)
 }
 
 func auditListCmd(e *env, af *apiFlags) *cobra.Command {
@@ -52,41 +50,25 @@ nextCursor set when more entries match than were printed.`,
 			if req.Until, err = auditTime("--until", until, now); err != nil {
 				return err
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			all := &apiv1.ListAuditResponse{}
-			for {
-				page := int32(1000)
-				if left := limit - len(all.Entries); limit > 0 && left < int(page) {
-					page = int32(left)
-				}
-				req.Page = &apiv1.Page{Cursor: all.NextCursor, Limit: page}
-				resp := &apiv1.ListAuditResponse{}
-				if err := c.Call(cmd.Context(), "audit.list", &req, resp); err != nil {
-					return err
-				}
-				all.Entries = append(all.Entries, resp.Entries...)
-				all.NextCursor = resp.NextCursor
-				if resp.NextCursor == "" || (limit > 0 && len(all.Entries) >= limit) {
-					break
-				}
-			}
-			if out == "json" {
-				return printJSON(e.stdout, all)
-			}
-			rows := make([][]string, 0, len(all.Entries))
-			for _, a := range all.Entries {
-				rows = append(rows, []string{when(a.Time), a.Actor, a.Action, orDash(a.Resource), a.Outcome, orDash(a.SourceIp)})
-			}
-			if err := table(e.stdout, []string{"TIME", "ACTOR", "METHOD", "OBJECT", "OUTCOME", "SOURCE"}, rows); err != nil {
-				return err
-			}
-			if all.NextCursor != "" {
-				fmt.Fprintf(e.stderr, "showing the newest %d entries; more match (--limit 0 for all)\n", len(all.Entries))
-			}
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListAuditResponse, error) {
+					entries, next, err := listPages(ctx, limit, 1000, c.AuditList,
+						func(p *apiv1.Page) *apiv1.ListAuditRequest { req.Page = p; return &req },
+						(*apiv1.ListAuditResponse).GetEntries)
+					return &apiv1.ListAuditResponse{Entries: entries, NextCursor: next}, err
+				},
+				func(_ *client.Client, all *apiv1.ListAuditResponse) error {
+					if err := tableOf(e.stdout, []string{"TIME", "ACTOR", "METHOD", "OBJECT", "OUTCOME", "SOURCE"}, all.Entries,
+						func(a *apiv1.AuditEntry) []string {
+							return []string{when(a.Time), a.Actor, a.Action, orDash(a.Resource), a.Outcome, orDash(a.SourceIp)}
+						}); err != nil {
+						return err
+					}
+					if all.NextCursor != "" {
+						fmt.Fprintf(e.stderr, "showing the newest %d entries; more match (--limit 0 for all)\n", len(all.Entries))
+					}
+					return nil
+				})
 		},
 	}
 	fl := cmd.Flags()

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -121,44 +122,34 @@ func bmcBootCmd(e *env, af *apiFlags) *cobra.Command {
 
 // runBMC creates the commands, waits for their results and prints them.
 func runBMC(ctx context.Context, e *env, af *apiFlags, t *bmcTarget, req *apiv1.CreateCommandsRequest) error {
-	c, err := e.client(af)
-	if err != nil {
-		return err
-	}
 	if t.timeout > 0 {
 		req.Timeout = durationpb.New(t.timeout)
 	}
-	resp := &apiv1.CreateCommandsResponse{}
-	if err := c.Call(ctx, "commands.create", req, resp); err != nil {
-		return err
-	}
-	done, err := awaitCommands(ctx, c, resp.Commands, e.stderr, false, nil)
-	if err != nil {
-		return err
-	}
-	if t.out == "json" {
-		if err := printJSON(e.stdout, &apiv1.ListCommandsResponse{Commands: done}); err != nil {
+	return e.startCommands(ctx, af, t.out, false, req, func(c *client.Client, cmds []*apiv1.Command) error {
+		done, err := awaitCommands(ctx, c, cmds, e.stderr, false, nil)
+		if err != nil {
 			return err
 		}
-	} else {
-		var rows [][]string
+		if t.out == "json" {
+			if err := printJSON(e.stdout, &apiv1.ListCommandsResponse{Commands: done}); err != nil {
+				return err
+			}
+		} else {
+			if err := tableOf(e.stdout, []string{"NODE", "BMC", "ACTION", "STATE", "POWER", "DETAIL"}, done, bmcRow); err != nil {
+				return err
+			}
+		}
+		failed := 0
 		for _, x := range done {
-			rows = append(rows, bmcRow(x))
+			if x.State != "succeeded" {
+				failed++
+			}
 		}
-		if err := table(e.stdout, []string{"NODE", "BMC", "ACTION", "STATE", "POWER", "DETAIL"}, rows); err != nil {
-			return err
+		if failed > 0 {
+			return commandFailedError{failed}
 		}
-	}
-	failed := 0
-	for _, x := range done {
-		if x.State != "succeeded" {
-			failed++
-		}
-	}
-	if failed > 0 {
-		return commandFailedError{failed}
-	}
-	return nil
+		return nil
+	})
 }
 
 // bmcRow is one command's line of the table.
@@ -226,19 +217,14 @@ dropped) and is never printed, logged or put in the audit log.`,
 			if timeout > 0 {
 				req.Timeout = durationpb.New(timeout)
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.SetBMCCredentialsResponse{}
-			if err := c.Call(cmd.Context(), "bmc.setCredentials", req, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp)
-			}
-			fmt.Fprintf(e.stdout, "Sealed the BMC credentials of node %s (%s@%s) as secret %s\n", resp.NodeId, resp.Username, resp.Address, resp.SecretName)
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.SetBMCCredentialsResponse, error) {
+					return c.BmcSetCredentials(ctx, req)
+				},
+				func(_ *client.Client, resp *apiv1.SetBMCCredentialsResponse) error {
+					fmt.Fprintf(e.stdout, "Sealed the BMC credentials of node %s (%s@%s) as secret %s\n", resp.NodeId, resp.Username, resp.Address, resp.SecretName)
+					return nil
+				})
 		},
 	}
 	fl := cmd.Flags()
@@ -265,16 +251,14 @@ func bmcCredentialsDeleteCmd(e *env, af *apiFlags) *cobra.Command {
 			if node == "" {
 				return usageError{errors.New("give --node")}
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			if err := c.Call(cmd.Context(), "bmc.deleteCredentials", &apiv1.DeleteBMCCredentialsRequest{NodeId: node},
-				&apiv1.DeleteBMCCredentialsResponse{}); err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "Removed the BMC credentials of node %s\n", node)
-			return nil
+			return runAPI(cmd.Context(), e, af, "table", // no -o: always this line
+				func(ctx context.Context, c *client.Client) (*apiv1.DeleteBMCCredentialsResponse, error) {
+					return c.BmcDeleteCredentials(ctx, &apiv1.DeleteBMCCredentialsRequest{NodeId: node})
+				},
+				func(*client.Client, *apiv1.DeleteBMCCredentialsResponse) error {
+					fmt.Fprintf(e.stdout, "Removed the BMC credentials of node %s\n", node)
+					return nil
+				})
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "node id (required)")

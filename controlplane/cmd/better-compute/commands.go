@@ -27,23 +27,92 @@ type commandFailedError struct{ n int }
 func (e commandFailedError) Error() string { return fmt.Sprintf("%d command(s) did not succeed", e.n) }
 
 func commandsCmd(e *env) *cobra.Command {
-	var af apiFlags
-	cmd := &cobra.Command{Use: "commands", Short: "Run commands on nodes and follow them"}
-	af.add(cmd)
-	cmd.AddCommand(commandsRunCmd(e, &af), commandsGetCmd(e, &af), commandsListCmd(e, &af), commandsCancelCmd(e, &af))
-	return cmd
+	return apiGroup(e, "commands", "Run commands on nodes and follow them", commandsRunCmd, commandsGetCmd, commandsListCmd, commandsCancelCmd)
+}
+
+// runFlags are the flags of a command that creates commands on nodes
+// (commands run, nodes upgrade): which nodes, the deadline, the
+// idempotency key, whether to wait, and -o.
+type runFlags struct {
+	nodes     []string
+	pool      string
+	selectors []string
+	timeout   time.Duration
+	idemKey   string
+	noWait    bool
+	out       string
+}
+
+// add registers the flags on cmd; verb names a retry in the help of
+// --idempotency-key ("run", "upgrade").
+func (f *runFlags) add(cmd *cobra.Command, verb string) {
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.nodes, "node", nil, "target node id (repeatable)")
+	fl.StringVar(&f.pool, "pool", "", "target every uncordoned node of this pool (id or name)")
+	fl.StringArrayVar(&f.selectors, "selector", nil, "with --pool, only nodes with this label key=value (repeatable)")
+	fl.DurationVar(&f.timeout, "timeout", 0, "deadline from creation to result (default 10m, at most 24h)")
+	fl.StringVar(&f.idemKey, "idempotency-key", "", "a retried "+verb+" with the same key returns the same commands")
+	fl.BoolVar(&f.noWait, "no-wait", false, "print the command ids and return at once")
+	outputFlag(cmd, &f.out)
+}
+
+// request checks -o and the flags (usage errors) and returns the
+// commands.create request of kind for them, its spec still to set.
+func (f *runFlags) request(kind string) (*apiv1.CreateCommandsRequest, error) {
+	if err := checkOutput(f.out); err != nil {
+		return nil, err
+	}
+	if (len(f.nodes) == 0) == (f.pool == "") {
+		return nil, usageError{errors.New("give --node (one or more) or --pool")}
+	}
+	sel := map[string]string{}
+	for _, s := range f.selectors {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return nil, usageError{fmt.Errorf("--selector %q: want key=value", s)}
+		}
+		sel[k] = v
+	}
+	if f.timeout < 0 {
+		return nil, usageError{fmt.Errorf("--timeout %s: must not be negative", f.timeout)}
+	}
+	req := &apiv1.CreateCommandsRequest{NodeIds: f.nodes, Pool: f.pool, Selector: sel, Kind: kind, IdempotencyKey: f.idemKey}
+	if f.timeout > 0 {
+		req.Timeout = durationpb.New(f.timeout)
+	}
+	return req, nil
+}
+
+// startCommands makes the client of af, creates req's commands
+// (commands.create) and hands them to wait with the client; with noWait
+// it prints them instead: -o json (out) the API's answer, else a line
+// "ID\tNODE" each.
+func (e *env) startCommands(ctx context.Context, af *apiFlags, out string, noWait bool, req *apiv1.CreateCommandsRequest,
+	wait func(*client.Client, []*apiv1.Command) error) error {
+	c, err := e.client(af)
+	if err != nil {
+		return err
+	}
+	resp, err := c.CommandsCreate(ctx, req)
+	if err != nil {
+		return err
+	}
+	if !noWait {
+		return wait(c, resp.Commands)
+	}
+	if out == "json" {
+		return printJSON(e.stdout, resp)
+	}
+	for _, x := range resp.Commands {
+		fmt.Fprintf(e.stdout, "%s\t%s\n", x.Id, x.NodeId)
+	}
+	return nil
 }
 
 func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 	var (
-		nodes     []string
-		pool      string
-		selectors []string
-		timeout   time.Duration
-		asRoot    bool
-		idemKey   string
-		out       string
-		noWait    bool
+		f      runFlags
+		asRoot bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run (--node N... | --pool P [--selector k=v]...) [flags] -- ARGV...",
@@ -52,57 +121,19 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 			"and exits non-zero when any command did not succeed. Ctrl-C cancels the commands still running.",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, argv []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			if (len(nodes) == 0) == (pool == "") {
-				return usageError{errors.New("give --node (one or more) or --pool")}
-			}
-			sel := map[string]string{}
-			for _, s := range selectors {
-				k, v, ok := strings.Cut(s, "=")
-				if !ok || k == "" {
-					return usageError{fmt.Errorf("--selector %q: want key=value", s)}
-				}
-				sel[k] = v
-			}
-			c, err := e.client(af)
+			req, err := f.request(sessionv1.KindExec)
 			if err != nil {
 				return err
 			}
-			req := &apiv1.CreateCommandsRequest{NodeIds: nodes, Pool: pool, Selector: sel, Kind: sessionv1.KindExec,
-				Exec: &apiv1.ExecSpec{Argv: argv, AsRoot: asRoot}, IdempotencyKey: idemKey}
-			if timeout < 0 {
-				return usageError{fmt.Errorf("--timeout %s: must not be negative", timeout)}
-			}
-			if timeout > 0 {
-				req.Timeout = durationpb.New(timeout)
-			}
-			resp := &apiv1.CreateCommandsResponse{}
-			if err := c.Call(cmd.Context(), "commands.create", req, resp); err != nil {
-				return err
-			}
-			if noWait {
-				if out == "json" {
-					return printJSON(e.stdout, resp)
-				}
-				for _, x := range resp.Commands {
-					fmt.Fprintf(e.stdout, "%s\t%s\n", x.Id, x.NodeId)
-				}
-				return nil
-			}
-			return follow(cmd.Context(), c, resp.Commands, e.stdout, e.stderr, out)
+			req.Exec = &apiv1.ExecSpec{Argv: argv, AsRoot: asRoot}
+			ctx := cmd.Context()
+			return e.startCommands(ctx, af, f.out, f.noWait, req, func(c *client.Client, cmds []*apiv1.Command) error {
+				return follow(ctx, c, cmds, e.stdout, e.stderr, f.out)
+			})
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringArrayVar(&nodes, "node", nil, "target node id (repeatable)")
-	fl.StringVar(&pool, "pool", "", "target every uncordoned node of this pool (id or name)")
-	fl.StringArrayVar(&selectors, "selector", nil, "with --pool, only nodes with this label key=value (repeatable)")
-	fl.DurationVar(&timeout, "timeout", 0, "deadline from creation to result (default 10m, at most 24h)")
-	fl.BoolVar(&asRoot, "as-root", false, "run as root through the node's root helper")
-	fl.StringVar(&idemKey, "idempotency-key", "", "a retried run with the same key returns the same commands")
-	fl.BoolVar(&noWait, "no-wait", false, "print the command ids and return at once")
-	outputFlag(cmd, &out)
+	f.add(cmd, "run")
+	cmd.Flags().BoolVar(&asRoot, "as-root", false, "run as root through the node's root helper")
 	return cmd
 }
 
@@ -127,8 +158,8 @@ func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command,
 			if done[i] != nil {
 				continue
 			}
-			resp := &apiv1.GetCommandResponse{}
-			if err := c.Call(ctx, "commands.get", &apiv1.GetCommandRequest{Id: x.Id, IncludeOutput: includeOutput}, resp); err != nil {
+			resp, err := c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: x.Id, IncludeOutput: includeOutput})
+			if err != nil {
 				if ctx.Err() != nil {
 					break
 				}
@@ -156,7 +187,7 @@ func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command,
 			cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			for i, x := range cmds {
 				if done[i] == nil {
-					_ = c.Call(cctx, "commands.cancel", &apiv1.CancelCommandRequest{Id: x.Id}, &apiv1.CancelCommandResponse{})
+					_, _ = c.CommandsCancel(cctx, &apiv1.CancelCommandRequest{Id: x.Id})
 					fmt.Fprintf(stderr, "%s: cancelled %s\n", x.NodeId, x.Id)
 				}
 			}
@@ -255,40 +286,32 @@ func commandsGetCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "Show a command with its output",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.GetCommandResponse{}
-			if err := c.Call(cmd.Context(), "commands.get", &apiv1.GetCommandRequest{Id: args[0], IncludeOutput: true}, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp.Command)
-			}
-			x := resp.Command
-			code := "-"
-			if x.ExitCode != nil {
-				code = fmt.Sprint(*x.ExitCode)
-			}
-			if err := table(e.stdout, []string{"FIELD", "VALUE"}, [][]string{
-				{"id", x.Id}, {"node", x.NodeId}, {"kind", x.Kind}, {"state", x.State}, {"exit code", code},
-				{"error", orDash(x.Error)}, {"created", when(x.CreateTime)}, {"finished", when(x.FinishTime)},
-				{"truncated", yesNo(x.OutputTruncated)},
-			}); err != nil {
-				return err
-			}
-			stdout, stderr := commandOutput(x)
-			if len(stdout) > 0 {
-				fmt.Fprintf(e.stdout, "--- stdout\n%s", stdout)
-			}
-			if len(stderr) > 0 {
-				fmt.Fprintf(e.stdout, "--- stderr\n%s", stderr)
-			}
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.Command, error) {
+					resp, err := c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: args[0], IncludeOutput: true})
+					return resp.GetCommand(), err
+				},
+				func(_ *client.Client, x *apiv1.Command) error {
+					code := "-"
+					if x.ExitCode != nil {
+						code = fmt.Sprint(*x.ExitCode)
+					}
+					if err := table(e.stdout, []string{"FIELD", "VALUE"}, [][]string{
+						{"id", x.Id}, {"node", x.NodeId}, {"kind", x.Kind}, {"state", x.State}, {"exit code", code},
+						{"error", orDash(x.Error)}, {"created", when(x.CreateTime)}, {"finished", when(x.FinishTime)},
+						{"truncated", yesNo(x.OutputTruncated)},
+					}); err != nil {
+						return err
+					}
+					stdout, stderr := commandOutput(x)
+					if len(stdout) > 0 {
+						fmt.Fprintf(e.stdout, "--- stdout\n%s", stdout)
+					}
+					if len(stderr) > 0 {
+						fmt.Fprintf(e.stdout, "--- stderr\n%s", stderr)
+					}
+					return nil
+				})
 		},
 	}
 	outputFlag(cmd, &out)
@@ -303,32 +326,22 @@ func commandsListCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "List commands",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.ListCommandsResponse{}
-			req := &apiv1.ListCommandsRequest{NodeId: node, BatchId: batch, State: state, Page: &apiv1.Page{Cursor: cursor, Limit: limit}}
-			if err := c.Call(cmd.Context(), "commands.list", req, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp)
-			}
-			var rows [][]string
-			for _, x := range resp.Commands {
-				rows = append(rows, []string{x.Id, x.NodeId, x.Kind, x.State, when(x.CreateTime)})
-			}
-			if err := table(e.stdout, []string{"ID", "NODE", "KIND", "STATE", "CREATED"}, rows); err != nil {
-				return err
-			}
-			if resp.NextCursor != "" {
-				fmt.Fprintf(e.stderr, "more: --cursor %s\n", resp.NextCursor)
-			}
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListCommandsResponse, error) {
+					return c.CommandsList(ctx, &apiv1.ListCommandsRequest{NodeId: node, BatchId: batch, State: state,
+						Page: &apiv1.Page{Cursor: cursor, Limit: limit}})
+				},
+				func(_ *client.Client, resp *apiv1.ListCommandsResponse) error {
+					if err := tableOf(e.stdout, []string{"ID", "NODE", "KIND", "STATE", "CREATED"}, resp.Commands, func(x *apiv1.Command) []string {
+						return []string{x.Id, x.NodeId, x.Kind, x.State, when(x.CreateTime)}
+					}); err != nil {
+						return err
+					}
+					if resp.NextCursor != "" {
+						fmt.Fprintf(e.stderr, "more: --cursor %s\n", resp.NextCursor)
+					}
+					return nil
+				})
 		},
 	}
 	fl := cmd.Flags()
@@ -348,22 +361,15 @@ func commandsCancelCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "Cancel a command (a running one is killed with its whole process group)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.CancelCommandResponse{}
-			if err := c.Call(cmd.Context(), "commands.cancel", &apiv1.CancelCommandRequest{Id: args[0]}, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp.Command)
-			}
-			fmt.Fprintf(e.stdout, "%s\t%s\n", resp.Command.Id, resp.Command.State)
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.Command, error) {
+					resp, err := c.CommandsCancel(ctx, &apiv1.CancelCommandRequest{Id: args[0]})
+					return resp.GetCommand(), err
+				},
+				func(_ *client.Client, x *apiv1.Command) error {
+					fmt.Fprintf(e.stdout, "%s\t%s\n", x.Id, x.State)
+					return nil
+				})
 		},
 	}
 	outputFlag(cmd, &out)

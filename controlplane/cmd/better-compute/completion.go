@@ -101,57 +101,36 @@ func cmdContext(c *cobra.Command) context.Context {
 // nodeCompletions lists node ids, each described by its hostname, pool and
 // state.
 func nodeCompletions(ctx context.Context, cl *client.Client) ([]cobra.Completion, error) {
-	var out []cobra.Completion
-	cursor := ""
-	for len(out) < completionMax {
-		resp, err := cl.NodesList(ctx, &apiv1.ListNodesRequest{Page: &apiv1.Page{Cursor: cursor, Limit: 1000}})
-		if err != nil {
-			return nil, err
-		}
-		for _, n := range resp.GetNodes() {
-			out = append(out, cobra.CompletionWithDesc(n.GetId(), n.GetHostname()+" ("+n.GetState()+")"))
-		}
-		if cursor = resp.GetNextCursor(); cursor == "" {
-			break
-		}
+	nodes, _, err := listPages(ctx, completionMax, 1000, cl.NodesList,
+		func(p *apiv1.Page) *apiv1.ListNodesRequest { return &apiv1.ListNodesRequest{Page: p} },
+		(*apiv1.ListNodesResponse).GetNodes)
+	out := make([]cobra.Completion, 0, len(nodes))
+	for _, n := range nodes {
+		out = append(out, cobra.CompletionWithDesc(n.GetId(), n.GetHostname()+" ("+n.GetState()+")"))
 	}
-	return out, nil
+	return out, err
 }
 
 // poolCompletions lists pool names.
 func poolCompletions(ctx context.Context, cl *client.Client) ([]cobra.Completion, error) {
-	var out []cobra.Completion
-	cursor := ""
-	for len(out) < completionMax {
-		resp, err := cl.PoolsList(ctx, &apiv1.ListPoolsRequest{Page: &apiv1.Page{Cursor: cursor, Limit: 1000}})
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range resp.GetPools() {
-			out = append(out, p.GetName())
-		}
-		if cursor = resp.GetNextCursor(); cursor == "" {
-			break
-		}
+	pools, _, err := listPages(ctx, completionMax, 1000, cl.PoolsList,
+		func(p *apiv1.Page) *apiv1.ListPoolsRequest { return &apiv1.ListPoolsRequest{Page: p} },
+		(*apiv1.ListPoolsResponse).GetPools)
+	out := make([]cobra.Completion, 0, len(pools))
+	for _, p := range pools {
+		out = append(out, p.GetName())
 	}
-	return out, nil
+	return out, err
 }
 
 // siteCompletions lists site names, each described by its region.
 func siteCompletions(ctx context.Context, cl *client.Client) ([]cobra.Completion, error) {
-	var out []cobra.Completion
-	cursor := ""
-	for len(out) < completionMax {
-		resp, err := cl.SitesList(ctx, &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cursor, Limit: 1000}})
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range resp.GetSites() {
-			out = append(out, cobra.CompletionWithDesc(s.GetName(), s.GetRegion()))
-		}
-		if cursor = resp.GetNextCursor(); cursor == "" {
-			break
-		}
+	sites, _, err := listPages(ctx, completionMax, 1000, cl.SitesList,
+		func(p *apiv1.Page) *apiv1.ListSitesRequest { return &apiv1.ListSitesRequest{Page: p} },
+		(*apiv1.ListSitesResponse).GetSites)
+	out := make([]cobra.Completion, 0, len(sites))
+	for _, s := range sites {
+		out = append(out, cobra.CompletionWithDesc(s.GetName(), s.GetRegion()))
 	}
-	return out, nil
+	return out, err
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/installer"
@@ -28,25 +27,6 @@ func daemonCmd(e *env) *cobra.Command {
 	return c
 }
 
-// listAllPages calls a list method page by page and returns every item.
-func listAllPages[Resp proto.Message, T any](ctx context.Context, c *client.Client, method string,
-	req func(cursor string) proto.Message, resp func() Resp, items func(Resp) ([]T, string)) ([]T, error) {
-	var all []T
-	cursor := ""
-	for {
-		r := resp()
-		if err := c.Call(ctx, method, req(cursor), r); err != nil {
-			return nil, err
-		}
-		got, next := items(r)
-		all = append(all, got...)
-		if next == "" {
-			return all, nil
-		}
-		cursor = next
-	}
-}
-
 // checkPlacement checks through the API that pool and site (ids or names;
 // either may be empty) exist and that the pool is at the site. A missing
 // one is a usage error that lists the existing ones.
@@ -57,37 +37,22 @@ func checkPlacement(ctx context.Context, c *client.Client, pool, site string) er
 	}
 	var wantSite *apiv1.Site
 	if site != "" {
-		i := slices.IndexFunc(sites, func(s *apiv1.Site) bool { return s.Id == site || s.Name == site })
-		if i < 0 {
-			names := make([]string, 0, len(sites))
-			for _, s := range sites {
-				names = append(names, s.Name+" ("+s.Id+")")
-			}
-			slices.Sort(names)
-			return usageError{fmt.Errorf("--site %s: no such site on the control plane; sites: %s", site, listOrNone(names, "none (better-compute sites create)"))}
+		if wantSite, err = findNamed(sites, "--site", site, "site", "none (better-compute sites create)"); err != nil {
+			return err
 		}
-		wantSite = sites[i]
 	}
 	if pool == "" {
 		return nil
 	}
-	pools, err := listAllPages(ctx, c, "pools.list",
-		func(cur string) proto.Message { return &apiv1.ListPoolsRequest{Page: &apiv1.Page{Cursor: cur}} },
-		func() *apiv1.ListPoolsResponse { return &apiv1.ListPoolsResponse{} },
-		func(r *apiv1.ListPoolsResponse) ([]*apiv1.Pool, string) { return r.Pools, r.NextCursor })
+	pools, err := listPools(ctx, c)
 	if err != nil {
 		return fmt.Errorf("check --pool on the control plane (leave it out to let the join token decide): %w", err)
 	}
-	i := slices.IndexFunc(pools, func(p *apiv1.Pool) bool { return p.Id == pool || p.Name == pool })
-	if i < 0 {
-		names := make([]string, 0, len(pools))
-		for _, p := range pools {
-			names = append(names, p.Name+" ("+p.Id+")")
-		}
-		slices.Sort(names)
-		return usageError{fmt.Errorf("--pool %s: no such pool on the control plane; pools: %s", pool, listOrNone(names, "none (better-compute pools create)"))}
+	p, err := findNamed(pools, "--pool", pool, "pool", "none (better-compute pools create)")
+	if err != nil {
+		return err
 	}
-	if p := pools[i]; wantSite != nil && p.SiteId != wantSite.Id {
+	if wantSite != nil && p.SiteId != wantSite.Id {
 		at := p.SiteId
 		if j := slices.IndexFunc(sites, func(s *apiv1.Site) bool { return s.Id == p.SiteId }); j >= 0 {
 			at = sites[j].Name
@@ -95,6 +60,28 @@ func checkPlacement(ctx context.Context, c *client.Client, pool, site string) er
 		return usageError{fmt.Errorf("--pool %s is at site %s, not --site %s", pool, at, site)}
 	}
 	return nil
+}
+
+// idNamed is an API object with an id and a name (a site, a pool).
+type idNamed interface {
+	GetId() string
+	GetName() string
+}
+
+// findNamed is the item of items (sites, pools) whose id or name is v, the
+// value of flag; when there is none, a usage error listing them as
+// "name (id)", sorted, or none when there are none at all.
+func findNamed[T idNamed](items []T, flag, v, what, none string) (T, error) {
+	if i := slices.IndexFunc(items, func(x T) bool { return x.GetId() == v || x.GetName() == v }); i >= 0 {
+		return items[i], nil
+	}
+	names := make([]string, 0, len(items))
+	for _, x := range items {
+		names = append(names, x.GetName()+" ("+x.GetId()+")")
+	}
+	slices.Sort(names)
+	var zero T
+	return zero, usageError{fmt.Errorf("%s %s: no such %s on the control plane; %ss: %s", flag, v, what, what, listOrNone(names, none))}
 }
 
 func listOrNone(names []string, none string) string {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,9 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
@@ -23,25 +20,12 @@ func TestInstallScriptChecksPlacement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := sqlitetest.Open(t)
-	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "site-a", Region: "eu-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	site, pool := mustSitePool(t, st, "site-a", "pool-a")
 	other, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "site-b", Region: "eu-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "pool-a", SiteID: site.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	viewer, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleViewer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.New(api.Config{Secret: strings.Repeat("s", 32)}, st, nil).Handler())
-	t.Cleanup(srv.Close)
-	c := cli{t: t, env: map[string]string{config.EnvDataDir: t.TempDir(), "HOME": t.TempDir(), envURL: srv.URL, envToken: viewer}}
+	c := apiCLI(t, st, strings.Repeat("s", 32), mustToken(t, st, store.RoleViewer))
 	base := []string{"daemon", "install-script", "--gateway-url", "https://gw.example.com:8443",
 		"--base-url", "https://compute.example.com", "--bcd-version", "0.1.0", "--out", "-"}
 	with := func(extra ...string) []string { return append(append([]string{}, base...), extra...) }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,7 +37,8 @@ func devCmd(e *env) *cobra.Command {
 		Short: "Run the control plane on the embedded default with N simulated daemons",
 		Long: "dev starts serve on the embedded default (SQLite in the data directory), on 127.0.0.1,\n" +
 			"and N FakeDaemons that join through a real join token and hold real sessions over TLS,\n" +
-			"each reporting a simulated NVIDIA DGX A100. Ctrl-C stops everything.",
+			"each reporting a simulated NVIDIA DGX A100. SIGUSR1 stops one simulated daemon (its node goes\n" +
+			"unreachable). Ctrl-C stops everything.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if n < 0 || n > 100000 {
@@ -82,7 +86,7 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 	apiReady := make(chan *api.Server, 1)
 	gwReady := make(chan *gateway.Gateway, 1)
 	g.Go(func() error {
-		return serve.Run(ctx, cfg, st, serve.Options{Version: version, Log: e.log,
+		return serve.Run(ctx, cfg, st, serve.Options{Version: version, Commit: commit, Log: e.log,
 			APIReady:     func(s *api.Server) { apiReady <- s },
 			GatewayReady: func(gw *gateway.Gateway) { gwReady <- gw }})
 	})
@@ -128,6 +132,9 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			return fmt.Errorf("join simulated daemons: %w", err)
 		}
 		g.Go(func() error { return fleet.Run(ctx) })
+		stopSig := make(chan os.Signal, 1)
+		signal.Notify(stopSig, syscall.SIGUSR1)
+		g.Go(func() error { return stopOnSignal(ctx, e, fleet, stopSig) })
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		_ = fleet.WaitFor(wctx, func(s sim.FleetStats) bool { return s.Connected >= n })
@@ -142,6 +149,23 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 		return err
 	}
 	return nil
+}
+
+// stopOnSignal stops one simulated daemon (the last one still running) on
+// each signal from sig (SIGUSR1), as if its machine stopped answering: a
+// test, or a demo, sees its node go unreachable. It returns when ctx ends.
+func stopOnSignal(ctx context.Context, e *env, fleet *sim.Fleet, sig chan os.Signal) error {
+	defer signal.Stop(sig)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sig:
+			if d := fleet.StopDaemon(); d != nil {
+				fmt.Fprintf(e.stdout, "Stopped simulated daemon %s (node %s)\n", d.Name(), d.NodeID())
+			}
+		}
+	}
 }
 
 // devSimTokenDescription marks the join tokens dev makes for its

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,10 +11,10 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/api"
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
@@ -21,11 +22,8 @@ import (
 // joinTokensCmd groups the join token commands; they call
 // joinTokens.create, joinTokens.list and joinTokens.revoke.
 func joinTokensCmd(e *env) *cobra.Command {
-	var af apiFlags
-	c := &cobra.Command{Use: "join-tokens", Short: "Create, list and revoke the tokens daemons join a pool with"}
-	af.add(c)
-	c.AddCommand(joinTokensCreateCmd(e, &af), joinTokensListCmd(e, &af), joinTokensRevokeCmd(e, &af))
-	return c
+	return apiGroup(e, "join-tokens", "Create, list and revoke the tokens daemons join a pool with",
+		joinTokensCreateCmd, joinTokensListCmd, joinTokensRevokeCmd)
 }
 
 func joinTokensCreateCmd(e *env, af *apiFlags) *cobra.Command {
@@ -53,46 +51,34 @@ token is written to FILE (mode 0600) and left out of the answer.`,
 			case maxUses < 1 || maxUses > api.MaxJoinTokenUses:
 				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, api.MaxJoinTokenUses)}
 			}
-			if outFile != "" {
-				// Check the folder first: a token whose file cannot be
-				// written would be a live credential nobody holds.
-				if fi, err := os.Stat(filepath.Dir(outFile)); err != nil || !fi.IsDir() {
-					return usageError{fmt.Errorf("--out %s: the folder %s does not exist", outFile, filepath.Dir(outFile))}
-				}
-			}
-			c, err := e.client(af)
-			if err != nil {
+			if err := checkOutFolder(outFile); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			res := &apiv1.CreateJoinTokenResponse{}
-			req := &apiv1.CreateJoinTokenRequest{Pool: pool, Ttl: durationpb.New(ttl), MaxUses: int32(maxUses), Description: description}
-			if err := c.Call(ctx, "joinTokens.create", req, res); err != nil {
-				return err
-			}
-			t := res.JoinToken
-			if outFile != "" {
-				if err := writeSecretFile(outFile, []byte(res.Token+"\n")); err != nil {
-					// Nobody holds the secret: take the token back.
-					if rerr := c.Call(ctx, "joinTokens.revoke", &apiv1.RevokeJoinTokenRequest{Id: t.Id}, &apiv1.RevokeJoinTokenResponse{}); rerr != nil {
-						return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.Id, rerr)
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.CreateJoinTokenResponse, error) {
+					req := &apiv1.CreateJoinTokenRequest{Pool: pool, Ttl: durationpb.New(ttl), MaxUses: int32(maxUses), Description: description}
+					res, err := c.JoinTokensCreate(ctx, req)
+					if err != nil || outFile == "" {
+						return res, err
 					}
-					return fmt.Errorf("write the token: %w (join token %s revoked)", err, t.Id)
-				}
-				res.Token = ""
-			}
-			if out == "json" {
-				return printJSON(e.stdout, res)
-			}
-			if outFile != "" {
-				fmt.Fprintf(e.stdout, "join token %s for pool %s written to %s (mode 0600); %d uses, expires %s\n",
-					t.Id, pool, outFile, t.MaxUses, when(t.ExpireTime))
-				return nil
-			}
-			fmt.Fprintln(e.stdout, res.Token)
-			fmt.Fprintf(e.stderr, "join token %s for pool %s: %d uses, expires %s; it is shown only this once\n",
-				t.Id, pool, t.MaxUses, when(t.ExpireTime))
-			return nil
+					if err := writeTokenFile(ctx, c, outFile, res.Token, res.JoinToken.Id); err != nil {
+						return nil, err
+					}
+					res.Token = ""
+					return res, nil
+				},
+				func(_ *client.Client, res *apiv1.CreateJoinTokenResponse) error {
+					t := res.JoinToken
+					if outFile != "" {
+						fmt.Fprintf(e.stdout, "join token %s for pool %s written to %s (mode 0600); %d uses, expires %s\n",
+							t.Id, pool, outFile, t.MaxUses, when(t.ExpireTime))
+						return nil
+					}
+					fmt.Fprintln(e.stdout, res.Token)
+					fmt.Fprintf(e.stderr, "join token %s for pool %s: %d uses, expires %s; it is shown only this once\n",
+						t.Id, pool, t.MaxUses, when(t.ExpireTime))
+					return nil
+				})
 		},
 	}
 	fl := cmd.Flags()
@@ -112,29 +98,20 @@ func joinTokensListCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "List join tokens (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			tokens, err := listAllPages(cmd.Context(), c, "joinTokens.list",
-				func(cur string) proto.Message { return &apiv1.ListJoinTokensRequest{Page: &apiv1.Page{Cursor: cur}} },
-				func() *apiv1.ListJoinTokensResponse { return &apiv1.ListJoinTokensResponse{} },
-				func(r *apiv1.ListJoinTokensResponse) ([]*apiv1.JoinToken, string) { return r.JoinTokens, r.NextCursor })
-			if err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, &apiv1.ListJoinTokensResponse{JoinTokens: tokens})
-			}
-			rows := make([][]string, 0, len(tokens))
-			for _, t := range tokens {
-				rows = append(rows, []string{t.Id, t.PoolId, strconv.Itoa(int(t.Uses)) + "/" + strconv.Itoa(int(t.MaxUses)),
-					t.State, when(t.ExpireTime), t.Description})
-			}
-			return table(e.stdout, []string{"ID", "POOL", "USES", "STATE", "EXPIRES", "DESCRIPTION"}, rows)
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListJoinTokensResponse, error) {
+					tokens, err := listAll(ctx, c.JoinTokensList,
+						func(p *apiv1.Page) *apiv1.ListJoinTokensRequest { return &apiv1.ListJoinTokensRequest{Page: p} },
+						(*apiv1.ListJoinTokensResponse).GetJoinTokens)
+					return &apiv1.ListJoinTokensResponse{JoinTokens: tokens}, err
+				},
+				func(_ *client.Client, r *apiv1.ListJoinTokensResponse) error {
+					return tableOf(e.stdout, []string{"ID", "POOL", "USES", "STATE", "EXPIRES", "DESCRIPTION"}, r.JoinTokens,
+						func(t *apiv1.JoinToken) []string {
+							return []string{t.Id, t.PoolId, strconv.Itoa(int(t.Uses)) + "/" + strconv.Itoa(int(t.MaxUses)),
+								t.State, when(t.ExpireTime), t.Description}
+						})
+				})
 		},
 	}
 	outputFlag(cmd, &out)
@@ -155,19 +132,14 @@ func joinTokensRevokeCmd(e *env, af *apiFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			res := &apiv1.RevokeJoinTokenResponse{}
-			if err := c.Call(cmd.Context(), "joinTokens.revoke", &apiv1.RevokeJoinTokenRequest{Id: id}, res); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, res)
-			}
-			fmt.Fprintf(e.stdout, "revoked join token %s\n", id)
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.RevokeJoinTokenResponse, error) {
+					return c.JoinTokensRevoke(ctx, &apiv1.RevokeJoinTokenRequest{Id: id})
+				},
+				func(*client.Client, *apiv1.RevokeJoinTokenResponse) error {
+					fmt.Fprintf(e.stdout, "revoked join token %s\n", id)
+					return nil
+				})
 		},
 	}
 	outputFlag(cmd, &out)
@@ -186,4 +158,33 @@ func joinTokenID(arg string) (string, error) {
 		return "", usageError{err: errors.New("not a join token id (jt_...) nor a whole join token; the argument is not repeated here, as it may hold a secret")}
 	}
 	return tok.ID(), nil
+}
+
+// checkOutFolder checks that the folder of --out (outFile; "" when not
+// given) exists before a token is made: a token whose file cannot be
+// written would be a live credential nobody holds. Its error is a usage
+// error.
+func checkOutFolder(outFile string) error {
+	if outFile == "" {
+		return nil
+	}
+	if fi, err := os.Stat(filepath.Dir(outFile)); err != nil || !fi.IsDir() {
+		return usageError{fmt.Errorf("--out %s: the folder %s does not exist", outFile, filepath.Dir(outFile))}
+	}
+	return nil
+}
+
+// writeTokenFile writes the secret token (of the join token id) to
+// outFile, mode 0600. When that fails nobody holds the secret, so the
+// token is revoked (joinTokens.revoke); the error says whether that
+// worked.
+func writeTokenFile(ctx context.Context, c *client.Client, outFile, token, id string) error {
+	err := writeSecretFile(outFile, []byte(token+"\n"))
+	if err == nil {
+		return nil
+	}
+	if _, rerr := c.JoinTokensRevoke(ctx, &apiv1.RevokeJoinTokenRequest{Id: id}); rerr != nil {
+		return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, id, rerr)
+	}
+	return fmt.Errorf("write the token: %w (join token %s revoked)", err, id)
 }

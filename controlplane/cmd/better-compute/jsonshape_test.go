@@ -4,16 +4,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net/http/httptest"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
@@ -81,14 +77,7 @@ func TestJSONShapes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := sqlitetest.Open(t)
-	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "eu-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, pool := mustSitePool(t, st, "s", "p")
 	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_js", PoolID: pool.ID, Hostname: "gpu-1",
 		Labels: map[string]string{"rack": "r1"}}); err != nil {
 		t.Fatal(err)
@@ -101,13 +90,7 @@ func TestJSONShapes(t *testing.T) {
 	if err := st.NodeSetInventory(ctx, "node_js", []byte(inv), "d1"); err != nil {
 		t.Fatal(err)
 	}
-	admin, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.New(api.Config{Secret: strings.Repeat("s", 32)}, st, nil).Handler())
-	t.Cleanup(srv.Close)
-	c := cli{t: t, env: map[string]string{config.EnvDataDir: t.TempDir(), "HOME": t.TempDir(), envURL: srv.URL, envToken: admin}}
+	c := apiCLI(t, st, strings.Repeat("s", 32), mustToken(t, st, store.RoleAdmin))
 
 	wantShape(t, "nodes list", jsonShape(t, c.ok("nodes", "list", "-o", "json")),
 		"nodes array", "nodes[].id string", "nodes[].poolId string", "nodes[].labels.rack string",

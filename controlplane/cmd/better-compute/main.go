@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
 	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
-	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e))
+	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e))
 	enforceUsage(root)
 	addCompletions(root, e)
 	err := root.ExecuteContext(ctx)

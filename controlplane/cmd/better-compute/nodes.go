@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -23,36 +25,24 @@ func nodesCmd(e *env) *cobra.Command {
 		Short: "List nodes, optionally by pool, state and GPUs",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(&af)
-			if err != nil {
-				return err
-			}
-			req := &apiv1.ListNodesRequest{Pool: pool, State: state, GpuModel: gpuModel, MinGpus: minGPUs, GpuHealth: gpuHealth,
-				Page: &apiv1.Page{Limit: limit}}
-			all := &apiv1.ListNodesResponse{}
-			for {
-				resp := &apiv1.ListNodesResponse{}
-				if err := c.Call(cmd.Context(), "nodes.list", req, resp); err != nil {
-					return err
-				}
-				all.Nodes = append(all.Nodes, resp.Nodes...)
-				if resp.NextCursor == "" || limit > 0 {
-					all.NextCursor = resp.NextCursor
-					break
-				}
-				req.Page.Cursor = resp.NextCursor
-			}
-			if out == "json" {
-				return printJSON(e.stdout, all)
-			}
-			var rows [][]string
-			for _, n := range all.Nodes {
-				rows = append(rows, []string{n.Id, n.Hostname, n.State, yesNo(n.Cordoned), gpuSummary(n.Gpus), n.BcdVersion, ago(n.LastSeenTime)})
-			}
-			return table(e.stdout, []string{"ID", "HOSTNAME", "STATE", "CORDONED", "GPUS", "BCD", "LAST SEEN"}, rows)
+			return runAPI(cmd.Context(), e, &af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListNodesResponse, error) {
+					req := &apiv1.ListNodesRequest{Pool: pool, State: state, GpuModel: gpuModel, MinGpus: minGPUs, GpuHealth: gpuHealth,
+						Page: &apiv1.Page{Limit: limit}}
+					if limit > 0 { // one page, with the cursor of the next
+						return c.NodesList(ctx, req)
+					}
+					nodes, err := listAll(ctx, c.NodesList,
+						func(p *apiv1.Page) *apiv1.ListNodesRequest { req.Page = p; return req },
+						(*apiv1.ListNodesResponse).GetNodes)
+					return &apiv1.ListNodesResponse{Nodes: nodes}, err
+				},
+				func(_ *client.Client, all *apiv1.ListNodesResponse) error {
+					return tableOf(e.stdout, []string{"ID", "HOSTNAME", "STATE", "CORDONED", "GPUS", "BCD", "LAST SEEN"}, all.Nodes,
+						func(n *apiv1.Node) []string {
+							return []string{n.Id, n.Hostname, n.State, yesNo(n.Cordoned), gpuSummary(n.Gpus), n.BcdVersion, ago(n.LastSeenTime)}
+						})
+				})
 		},
 	}
 	fl := list.Flags()
@@ -71,23 +61,27 @@ func nodesCmd(e *env) *cobra.Command {
 			"kernel) and each GPU with its health. -o json prints the API's Node with the whole inventory as an object.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return nodeCall(e, &af, cmd, "nodes.get", args[0], out)
+			return nodeCall(e, &af, cmd, (*client.Client).NodesGet, true, args[0], out)
 		},
 	}
 	outputFlag(get, &out)
 	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af))
-	for _, m := range []struct{ use, method, short string }{
-		{"cordon", "nodes.cordon", "Keep new commands off a node"},
-		{"uncordon", "nodes.uncordon", "Let commands reach a node again"},
-		{"drain", "nodes.drain", "Cordon a node and mark it draining"},
-		{"delete", "nodes.delete", "Delete a node and revoke its certificate"},
+	for _, m := range []struct {
+		use    string
+		method nodeMethod
+		short  string
+	}{
+		{"cordon", (*client.Client).NodesCordon, "Keep new commands off a node"},
+		{"uncordon", (*client.Client).NodesUncordon, "Let commands reach a node again"},
+		{"drain", (*client.Client).NodesDrain, "Cordon a node and mark it draining"},
+		{"delete", (*client.Client).NodesDelete, "Delete a node and revoke its certificate"},
 	} {
 		c := &cobra.Command{
 			Use:   m.use + " NODE_ID",
 			Short: m.short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				return nodeCall(e, &af, cmd, m.method, args[0], out)
+				return nodeCall(e, &af, cmd, m.method, false, args[0], out)
 			},
 		}
 		outputFlag(c, &out)
@@ -96,39 +90,38 @@ func nodesCmd(e *env) *cobra.Command {
 	return cmd
 }
 
-func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method, id, out string) error {
-	if err := checkOutput(out); err != nil {
-		return err
-	}
-	c, err := e.client(af)
-	if err != nil {
-		return err
-	}
-	resp := &apiv1.NodeResponse{}
-	if err := c.Call(cmd.Context(), method, &apiv1.NodeRequest{Id: id}, resp); err != nil {
-		return err
-	}
-	if out == "json" {
-		return printJSON(e.stdout, resp.Node)
-	}
-	n := resp.Node
-	rows := [][]string{
-		{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
-		{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
-		{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
-		{"clock skew", clockSkew(n)}, {"labels", labelsSummary(n.Labels)},
-	}
-	if method == "nodes.get" {
-		rows = append(rows, inventoryRows(n)...)
-	}
-	for i, g := range n.Gpus {
-		health := g.Health
-		if len(g.HealthReasons) > 0 {
-			health += " (" + strings.Join(g.HealthReasons, "; ") + ")"
-		}
-		rows = append(rows, []string{fmt.Sprintf("gpu %d", i), fmt.Sprintf("%s %s %d GiB %s", g.Name, g.Uuid, g.MemoryTotalBytes>>30, health)})
-	}
-	return table(e.stdout, []string{"FIELD", "VALUE"}, rows)
+// nodeMethod is a node method of the generated client: nodes.get,
+// cordon, uncordon, drain or delete, each answering the node.
+type nodeMethod func(*client.Client, context.Context, *apiv1.NodeRequest) (*apiv1.NodeResponse, error)
+
+// nodeCall calls method on node id and prints the node: -o json the API's
+// Node, else a FIELD/VALUE table, with the inventory summary when
+// inventory is set (nodes get).
+func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method nodeMethod, inventory bool, id, out string) error {
+	return runAPI(cmd.Context(), e, af, out,
+		func(ctx context.Context, c *client.Client) (*apiv1.Node, error) {
+			resp, err := method(c, ctx, &apiv1.NodeRequest{Id: id})
+			return resp.GetNode(), err
+		},
+		func(_ *client.Client, n *apiv1.Node) error {
+			rows := [][]string{
+				{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
+				{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
+				{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
+				{"clock skew", clockSkew(n)}, {"labels", labelsSummary(n.Labels)},
+			}
+			if inventory {
+				rows = append(rows, inventoryRows(n)...)
+			}
+			for i, g := range n.Gpus {
+				health := g.Health
+				if len(g.HealthReasons) > 0 {
+					health += " (" + strings.Join(g.HealthReasons, "; ") + ")"
+				}
+				rows = append(rows, []string{fmt.Sprintf("gpu %d", i), fmt.Sprintf("%s %s %d GiB %s", g.Name, g.Uuid, g.MemoryTotalBytes>>30, health)})
+			}
+			return table(e.stdout, []string{"FIELD", "VALUE"}, rows)
+		})
 }
 
 func gpuSummary(gpus []*apiv1.GPU) string {

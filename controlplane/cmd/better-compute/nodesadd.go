@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/api"
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -27,11 +29,13 @@ func nodesAddCmd(e *env, af *apiFlags) *cobra.Command {
 		Long: `add makes a one-use join token for the pool (nodes.add, audited) and prints
 the line to paste, as root, on the new machine:
 
-  curl -fsS -k --pinnedpubkey 'sha256//...' 'https://HOST:3000/api/install.sh' | BCD_JOIN_TOKEN='...' sh
+  curl -fsS -k --pinnedpubkey 'sha256//...' -o install-bcd.sh 'https://HOST:3000/api/install.sh' && BCD_JOIN_TOKEN='...' sh install-bcd.sh
 
 curl fetches the install script from the API over HTTPS and accepts only the
 API's own key (--pinnedpubkey; -k skips the CA check the pin replaces), so
-neither the script nor the token can be read or swapped on the way. The
+neither the script nor the token can be read or swapped on the way; sh runs
+the script only when curl got all of it, and a failed download fails the
+line with curl's status (90: not the pinned key). The
 token travels in the environment of sh, never in a URL; the script installs
 bcd from the control plane's downloads folder, joins and starts it.
 
@@ -49,23 +53,18 @@ shown once; revoke it with join-tokens revoke ID.`,
 			if ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL {
 				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.AddNodeResponse{}
 			req := &apiv1.AddNodeRequest{Pool: pool, Site: site, Ttl: durationpb.New(ttl), Unprivileged: unprivileged, Plugins: plugins}
-			if err := c.Call(cmd.Context(), "nodes.add", req, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp)
-			}
-			fmt.Fprintln(e.stdout, resp.InstallCommand)
-			fmt.Fprintf(e.stderr, "On the new machine, as root, paste the line above: it installs bcd and joins pool %s.\n", resp.Pool)
-			fmt.Fprintf(e.stderr, "It holds join token %s (one use, expires %s), shown only this once.\n",
-				resp.JoinTokenId, resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
-			return nil
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.AddNodeResponse, error) {
+					return c.NodesAdd(ctx, req)
+				},
+				func(_ *client.Client, resp *apiv1.AddNodeResponse) error {
+					fmt.Fprintln(e.stdout, resp.InstallCommand)
+					fmt.Fprintf(e.stderr, "On the new machine, as root, paste the line above: it installs bcd and joins pool %s.\n", resp.Pool)
+					fmt.Fprintf(e.stderr, "It holds join token %s (one use, expires %s), shown only this once.\n",
+						resp.JoinTokenId, resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+					return nil
+				})
 		},
 	}
 	fl := cmd.Flags()

@@ -59,6 +59,15 @@ func table(w io.Writer, header []string, rows [][]string) error {
 	return tw.Flush()
 }
 
+// tableOf writes a table of items, row making each one's columns.
+func tableOf[T any](w io.Writer, header []string, items []T, row func(T) []string) error {
+	rows := make([][]string, 0, len(items))
+	for _, x := range items {
+		rows = append(rows, row(x))
+	}
+	return table(w, header, rows)
+}
+
 // when formats a timestamp for tables ("-" when unset).
 func when(t *timestamppb.Timestamp) string {
 	if t == nil {

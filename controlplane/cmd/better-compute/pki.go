@@ -16,6 +16,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -198,28 +199,23 @@ gateways end every session it opened before), with --serial that serial
 				}
 				serial = s
 			}
-			c, err := e.client(&af)
-			if err != nil {
-				return err
-			}
-			res := &apiv1.RevokeCertificateResponse{}
 			req := &apiv1.RevokeCertificateRequest{NodeId: nodeID, Serial: serial, Reason: reason}
-			if err := c.Call(cmd.Context(), "pki.revoke", req, res); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, res)
-			}
-			revoked := strings.Join(res.Serials, ", ")
-			switch {
-			case res.AlreadyRevoked:
-				fmt.Fprintf(e.stdout, "certificate %s was already revoked\n", revoked)
-			case res.NodeId != "":
-				fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", revoked, res.NodeId)
-			default:
-				fmt.Fprintf(e.stdout, "revoked certificate %s\n", revoked)
-			}
-			return nil
+			return runAPI(cmd.Context(), e, &af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.RevokeCertificateResponse, error) {
+					return c.PkiRevoke(ctx, req)
+				},
+				func(_ *client.Client, res *apiv1.RevokeCertificateResponse) error {
+					revoked := strings.Join(res.Serials, ", ")
+					switch {
+					case res.AlreadyRevoked:
+						fmt.Fprintf(e.stdout, "certificate %s was already revoked\n", revoked)
+					case res.NodeId != "":
+						fmt.Fprintf(e.stdout, "revoked certificate %s of node %s\n", revoked, res.NodeId)
+					default:
+						fmt.Fprintf(e.stdout, "revoked certificate %s\n", revoked)
+					}
+					return nil
+				})
 		},
 	}
 	af.add(cmd)

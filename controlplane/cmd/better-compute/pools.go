@@ -1,11 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
@@ -14,17 +14,13 @@ import (
 
 // poolsCmd groups the pool commands; they call pools.create and pools.list.
 func poolsCmd(e *env) *cobra.Command {
-	var af apiFlags
-	c := &cobra.Command{Use: "pools", Short: "Create and list pools (groups of nodes at a site; join tokens bind to one)"}
-	af.add(c)
-	c.AddCommand(poolsCreateCmd(e, &af), poolsListCmd(e, &af))
-	return c
+	return apiGroup(e, "pools", "Create and list pools (groups of nodes at a site; join tokens bind to one)", poolsCreateCmd, poolsListCmd)
 }
 
 // siteNames maps site ids to names, for tables; empty when sites.list fails.
-func siteNames(cmd *cobra.Command, c *client.Client) map[string]string {
+func siteNames(ctx context.Context, c *client.Client) map[string]string {
 	names := map[string]string{}
-	sites, _ := listSites(cmd.Context(), c)
+	sites, _ := listSites(ctx, c)
 	for _, s := range sites {
 		names[s.Id] = s.Name
 	}
@@ -47,18 +43,14 @@ func poolsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 			if err := api.CheckName(name); err != nil {
 				return usageError{fmt.Errorf("--name %q: %w", name, err)}
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			p := &apiv1.Pool{}
-			if err := c.Call(cmd.Context(), "pools.create", &apiv1.CreatePoolRequest{Name: name, Site: site}, p); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, p)
-			}
-			return table(e.stdout, []string{"ID", "NAME", "SITE"}, [][]string{{p.Id, p.Name, orDash(siteNames(cmd, c)[p.SiteId])}})
+			ctx := cmd.Context()
+			return runAPI(ctx, e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.Pool, error) {
+					return c.PoolsCreate(ctx, &apiv1.CreatePoolRequest{Name: name, Site: site})
+				},
+				func(c *client.Client, p *apiv1.Pool) error {
+					return table(e.stdout, []string{"ID", "NAME", "SITE"}, [][]string{{p.Id, p.Name, orDash(siteNames(ctx, c)[p.SiteId])}})
+				})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "pool name, unique (required)")
@@ -74,31 +66,27 @@ func poolsListCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "List pools",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			pools, err := listAllPages(cmd.Context(), c, "pools.list",
-				func(cur string) proto.Message { return &apiv1.ListPoolsRequest{Page: &apiv1.Page{Cursor: cur}} },
-				func() *apiv1.ListPoolsResponse { return &apiv1.ListPoolsResponse{} },
-				func(r *apiv1.ListPoolsResponse) ([]*apiv1.Pool, string) { return r.Pools, r.NextCursor })
-			if err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, &apiv1.ListPoolsResponse{Pools: pools})
-			}
-			names := siteNames(cmd, c)
-			rows := make([][]string, 0, len(pools))
-			for _, p := range pools {
-				rows = append(rows, []string{p.Id, p.Name, orDash(names[p.SiteId]), when(p.CreateTime)})
-			}
-			return table(e.stdout, []string{"ID", "NAME", "SITE", "CREATED"}, rows)
+			ctx := cmd.Context()
+			return runAPI(ctx, e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListPoolsResponse, error) {
+					pools, err := listPools(ctx, c)
+					return &apiv1.ListPoolsResponse{Pools: pools}, err
+				},
+				func(c *client.Client, r *apiv1.ListPoolsResponse) error {
+					names := siteNames(ctx, c)
+					return tableOf(e.stdout, []string{"ID", "NAME", "SITE", "CREATED"}, r.Pools, func(p *apiv1.Pool) []string {
+						return []string{p.Id, p.Name, orDash(names[p.SiteId]), when(p.CreateTime)}
+					})
+				})
 		},
 	}
 	outputFlag(cmd, &out)
 	return cmd
+}
+
+// listPools is every pool, through pools.list.
+func listPools(ctx context.Context, c *client.Client) ([]*apiv1.Pool, error) {
+	return listAll(ctx, c.PoolsList,
+		func(p *apiv1.Page) *apiv1.ListPoolsRequest { return &apiv1.ListPoolsRequest{Page: p} },
+		(*apiv1.ListPoolsResponse).GetPools)
 }

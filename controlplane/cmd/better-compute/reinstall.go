@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -58,20 +56,16 @@ never makes a machine an existing node.`,
 			if ttl <= 0 || ttl > api.MaxJoinTokenTTL {
 				return usageError{fmt.Errorf("--ttl %s: want more than 0 and at most %s", ttl, api.MaxJoinTokenTTL)}
 			}
-			if outFile != "" {
-				// Check the folder first: a token whose file cannot be
-				// written would be a live credential nobody holds.
-				if fi, err := os.Stat(filepath.Dir(outFile)); err != nil || !fi.IsDir() {
-					return usageError{fmt.Errorf("--out %s: the folder %s does not exist", outFile, filepath.Dir(outFile))}
-				}
+			if err := checkOutFolder(outFile); err != nil {
+				return err
 			}
 			c, err := e.client(af)
 			if err != nil {
 				return err
 			}
 			ctx := cmd.Context()
-			resp := &apiv1.ReinstallNodeResponse{}
-			if err := c.Call(ctx, "nodes.reinstall", &apiv1.ReinstallNodeRequest{Node: args[0], Ttl: durationpb.New(ttl)}, resp); err != nil {
+			resp, err := c.NodesReinstall(ctx, &apiv1.ReinstallNodeRequest{Node: args[0], Ttl: durationpb.New(ttl)})
+			if err != nil {
 				return err
 			}
 			t := resp.GetJoinToken()
@@ -82,13 +76,8 @@ never makes a machine an existing node.`,
 			res := reinstallJSON{TokenID: t.GetId(), NodeID: t.GetNodeId(), PoolID: t.GetPoolId(),
 				ExpiresAt: t.GetExpireTime().AsTime().UTC(), GatewayURLs: append([]string{}, resp.GatewayUrls...)}
 			if outFile != "" {
-				if err := writeSecretFile(outFile, []byte(resp.Token+"\n")); err != nil {
-					// Nobody holds the secret: take the token back.
-					rerr := c.Call(ctx, "joinTokens.revoke", &apiv1.RevokeJoinTokenRequest{Id: t.GetId()}, &apiv1.RevokeJoinTokenResponse{})
-					if rerr != nil {
-						return fmt.Errorf("write the token: %w (and revoking join token %s failed: %v; revoke it)", err, t.GetId(), rerr)
-					}
-					return fmt.Errorf("write the token: %w (join token %s revoked)", err, t.GetId())
+				if err := writeTokenFile(ctx, c, outFile, resp.Token, t.GetId()); err != nil {
+					return err
 				}
 				res.File = outFile
 				res.JoinCommand = "bcd join --gateway " + gateway + " --token-file " + outFile

@@ -2,15 +2,11 @@ package main
 
 import (
 	"context"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
@@ -34,29 +30,12 @@ func TestNodesReinstall(t *testing.T) {
 	if err := st.PKIBundleCreate(ctx, &store.PKIBundle{TrustDomain: "rx.test", Sealed: sealed}); err != nil {
 		t.Fatal(err)
 	}
-	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "eu-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, pool := mustSitePool(t, st, "s", "p")
 	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_rx", PoolID: pool.ID, Hostname: "h"}); err != nil {
 		t.Fatal(err)
 	}
-	admin, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin})
-	if err != nil {
-		t.Fatal(err)
-	}
-	operator, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleOperator})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(api.New(api.Config{Secret: secret}, st, nil).Handler())
-	t.Cleanup(srv.Close)
-	c := cli{t: t, env: map[string]string{config.EnvDataDir: t.TempDir(), "HOME": t.TempDir(),
-		envURL: srv.URL, envToken: admin}}
+	operator := mustToken(t, st, store.RoleOperator)
+	c := apiCLI(t, st, secret, mustToken(t, st, store.RoleAdmin))
 
 	// No live gateway: the token on stdout, the join command with a
 	// placeholder gateway on stderr.

@@ -43,7 +43,7 @@ func serveCmd(e *env) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			return serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Log: e.log})
+			return serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log})
 		},
 	}
 	fl := cmd.Flags()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
@@ -15,11 +14,7 @@ import (
 
 // sitesCmd groups the site commands; they call sites.create and sites.list.
 func sitesCmd(e *env) *cobra.Command {
-	var af apiFlags
-	c := &cobra.Command{Use: "sites", Short: "Create and list sites (physical locations in a region)"}
-	af.add(c)
-	c.AddCommand(sitesCreateCmd(e, &af), sitesListCmd(e, &af))
-	return c
+	return apiGroup(e, "sites", "Create and list sites (physical locations in a region)", sitesCreateCmd, sitesListCmd)
 }
 
 func sitesCreateCmd(e *env, af *apiFlags) *cobra.Command {
@@ -40,18 +35,13 @@ func sitesCreateCmd(e *env, af *apiFlags) *cobra.Command {
 					return usageError{fmt.Errorf("%s %q: %w", flag, v, err)}
 				}
 			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			s := &apiv1.Site{}
-			if err := c.Call(cmd.Context(), "sites.create", &apiv1.CreateSiteRequest{Name: name, Region: region}, s); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, s)
-			}
-			return table(e.stdout, []string{"ID", "NAME", "REGION"}, [][]string{{s.Id, s.Name, s.Region}})
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.Site, error) {
+					return c.SitesCreate(ctx, &apiv1.CreateSiteRequest{Name: name, Region: region})
+				},
+				func(_ *client.Client, s *apiv1.Site) error {
+					return table(e.stdout, []string{"ID", "NAME", "REGION"}, [][]string{{s.Id, s.Name, s.Region}})
+				})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "site name, unique (required)")
@@ -67,25 +57,16 @@ func sitesListCmd(e *env, af *apiFlags) *cobra.Command {
 		Short: "List sites",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(af)
-			if err != nil {
-				return err
-			}
-			sites, err := listSites(cmd.Context(), c)
-			if err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, &apiv1.ListSitesResponse{Sites: sites})
-			}
-			rows := make([][]string, 0, len(sites))
-			for _, s := range sites {
-				rows = append(rows, []string{s.Id, s.Name, s.Region, when(s.CreateTime)})
-			}
-			return table(e.stdout, []string{"ID", "NAME", "REGION", "CREATED"}, rows)
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListSitesResponse, error) {
+					sites, err := listSites(ctx, c)
+					return &apiv1.ListSitesResponse{Sites: sites}, err
+				},
+				func(_ *client.Client, r *apiv1.ListSitesResponse) error {
+					return tableOf(e.stdout, []string{"ID", "NAME", "REGION", "CREATED"}, r.Sites, func(s *apiv1.Site) []string {
+						return []string{s.Id, s.Name, s.Region, when(s.CreateTime)}
+					})
+				})
 		},
 	}
 	outputFlag(cmd, &out)
@@ -94,8 +75,7 @@ func sitesListCmd(e *env, af *apiFlags) *cobra.Command {
 
 // listSites is every site, through sites.list.
 func listSites(ctx context.Context, c *client.Client) ([]*apiv1.Site, error) {
-	return listAllPages(ctx, c, "sites.list",
-		func(cur string) proto.Message { return &apiv1.ListSitesRequest{Page: &apiv1.Page{Cursor: cur}} },
-		func() *apiv1.ListSitesResponse { return &apiv1.ListSitesResponse{} },
-		func(r *apiv1.ListSitesResponse) ([]*apiv1.Site, string) { return r.Sites, r.NextCursor })
+	return listAll(ctx, c.SitesList,
+		func(p *apiv1.Page) *apiv1.ListSitesRequest { return &apiv1.ListSitesRequest{Page: p} },
+		(*apiv1.ListSitesResponse).GetSites)
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
@@ -331,11 +330,7 @@ func TestStoreCommandsEmbedded(t *testing.T) {
 		t.Fatalf("audit list --limit 2:\n%s", out)
 	}
 	c.fails(exitUsage, "--since", "audit", "list", "--since", "yesterday")
-	viewer, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleViewer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.with(envToken, viewer).fails(1, "PERMISSION_DENIED", "audit", "list")
+	c.with(envToken, mustToken(t, st, store.RoleViewer)).fails(1, "PERMISSION_DENIED", "audit", "list")
 }
 
 func TestStoreCommandsPostgres(t *testing.T) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -26,10 +28,6 @@ func tokensCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			c, err := e.client(&af)
-			if err != nil {
-				return err
-			}
 			req := &apiv1.CreateAPITokenRequest{Role: role, Description: desc, AllowCidrs: cidrs}
 			if ttl < 0 {
 				return usageError{fmt.Errorf("--ttl %s: must not be negative", ttl)}
@@ -37,16 +35,15 @@ func tokensCmd(e *env) *cobra.Command {
 			if ttl > 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
-			resp := &apiv1.CreateAPITokenResponse{}
-			if err := c.Call(cmd.Context(), "tokens.create", req, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp)
-			}
-			fmt.Fprintln(e.stdout, resp.Token)
-			fmt.Fprintf(e.stderr, "token %s (%s) created; the secret above is shown only once\n", resp.ApiToken.Id, resp.ApiToken.Role)
-			return nil
+			return runAPI(cmd.Context(), e, &af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.CreateAPITokenResponse, error) {
+					return c.TokensCreate(ctx, req)
+				},
+				func(_ *client.Client, resp *apiv1.CreateAPITokenResponse) error {
+					fmt.Fprintln(e.stdout, resp.Token)
+					fmt.Fprintf(e.stderr, "token %s (%s) created; the secret above is shown only once\n", resp.ApiToken.Id, resp.ApiToken.Role)
+					return nil
+				})
 		},
 	}
 	create.Flags().StringVar(&role, "role", "", "admin, operator or viewer")
@@ -60,25 +57,16 @@ func tokensCmd(e *env) *cobra.Command {
 		Short: "List API tokens",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			c, err := e.client(&af)
-			if err != nil {
-				return err
-			}
-			resp := &apiv1.ListAPITokensResponse{}
-			if err := c.Call(cmd.Context(), "tokens.list", &apiv1.ListAPITokensRequest{Page: &apiv1.Page{Limit: 1000}}, resp); err != nil {
-				return err
-			}
-			if out == "json" {
-				return printJSON(e.stdout, resp)
-			}
-			var rows [][]string
-			for _, t := range resp.ApiTokens {
-				rows = append(rows, []string{t.Id, t.Role, orDash(strings.Join(t.AllowCidrs, ",")), when(t.ExpireTime), when(t.RevokeTime), t.Description})
-			}
-			return table(e.stdout, []string{"ID", "ROLE", "ALLOW", "EXPIRES", "REVOKED", "DESCRIPTION"}, rows)
+			return runAPI(cmd.Context(), e, &af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.ListAPITokensResponse, error) {
+					return c.TokensList(ctx, &apiv1.ListAPITokensRequest{Page: &apiv1.Page{Limit: 1000}})
+				},
+				func(_ *client.Client, resp *apiv1.ListAPITokensResponse) error {
+					return tableOf(e.stdout, []string{"ID", "ROLE", "ALLOW", "EXPIRES", "REVOKED", "DESCRIPTION"}, resp.ApiTokens,
+						func(t *apiv1.APIToken) []string {
+							return []string{t.Id, t.Role, orDash(strings.Join(t.AllowCidrs, ",")), when(t.ExpireTime), when(t.RevokeTime), t.Description}
+						})
+				})
 		},
 	}
 	outputFlag(list, &out)
@@ -88,15 +76,14 @@ func tokensCmd(e *env) *cobra.Command {
 		Short: "Revoke an API token",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := e.client(&af)
-			if err != nil {
-				return err
-			}
-			if err := c.Call(cmd.Context(), "tokens.revoke", &apiv1.RevokeAPITokenRequest{Id: args[0]}, &apiv1.RevokeAPITokenResponse{}); err != nil {
-				return err
-			}
-			fmt.Fprintf(e.stdout, "revoked %s\n", args[0])
-			return nil
+			return runAPI(cmd.Context(), e, &af, "table", // no -o: always this line
+				func(ctx context.Context, c *client.Client) (*apiv1.RevokeAPITokenResponse, error) {
+					return c.TokensRevoke(ctx, &apiv1.RevokeAPITokenRequest{Id: args[0]})
+				},
+				func(*client.Client, *apiv1.RevokeAPITokenResponse) error {
+					fmt.Fprintf(e.stdout, "revoked %s\n", args[0])
+					return nil
+				})
 		},
 	}
 	cmd.AddCommand(create, list, revoke)

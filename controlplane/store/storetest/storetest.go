@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -53,6 +54,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},
 		{"NodeLivenessPoweredOff", testNodeLivenessPoweredOff},
+		{"Counts", testCounts},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
@@ -63,6 +65,9 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"CommandSweep", testCommandSweep},
 		{"CommandClaim", testCommandClaim},
 		{"OutboxEventsAudit", testOutboxEventsAudit},
+		{"Events", testEvents},
+		{"DeadLetters", testDeadLetters},
+		{"OutboxRead", testOutboxRead},
 		{"AuditQuery", testAuditQuery},
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
@@ -713,8 +718,8 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	if ids(again) == nil || !slices.Equal(ids(again), ids(cmds)) {
 		t.Fatalf("idempotent retry returned %v, want %v", ids(again), ids(cmds))
 	}
-	if outbox := must(h.Store.OutboxList(ctx, 0, 10)); len(outbox) != 1 || outbox[0].Topic != "command.created" {
-		t.Fatalf("outbox after enqueue+retry = %+v", outbox)
+	if outbox := must(h.Store.OutboxList(ctx, 0, 10)); len(outbox) != 3 || outbox[0].Topic != events.CommandCreated || outbox[0].Key != cmds[0].ID {
+		t.Fatalf("outbox after enqueue+retry = %+v (want one command.created per command, none for the retry)", outbox)
 	}
 	ok := must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandDispatched, GatewayID: "gw1"}))
 	must(h.Store.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning}))

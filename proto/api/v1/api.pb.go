@@ -3961,6 +3961,228 @@ func (x *ListAuditResponse) GetNextCursor() string {
 	return ""
 }
 
+// events.list: the events of the outbox (docs/events.md), newest first. The
+// cursor is the id of the last event of the previous page; the next page
+// holds older events. Every filter is optional and all apply together.
+type ListEventsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Page  *Page                  `protobuf:"bytes,1,opt,name=page,proto3" json:"page,omitempty"`
+	// type_prefix selects the types that begin with it, byte for byte; one
+	// without "com.better-compute." is read under it ("node." selects
+	// com.better-compute.node.ready). At most 256 bytes.
+	TypePrefix string `protobuf:"bytes,2,opt,name=type_prefix,json=typePrefix,proto3" json:"type_prefix,omitempty"`
+	// subject selects the events about one object (a node, command, token
+	// id), exactly. At most 256 bytes.
+	Subject string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	// since and until bound the time the event was written: since <= time <
+	// until.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until         *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsRequest) Reset() {
+	*x = ListEventsRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsRequest) ProtoMessage() {}
+
+func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListEventsRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ListEventsRequest) GetPage() *Page {
+	if x != nil {
+		return x.Page
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetTypePrefix() string {
+	if x != nil {
+		return x.TypePrefix
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *ListEventsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListEventsRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+// Event is one event as events.list and the event stream give it.
+type Event struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the outbox id, a decimal integer: the stream's event id, the
+	// Last-Event-ID a watcher resumes after, and the list cursor.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// type is the CloudEvents type, such as com.better-compute.node.ready.
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// subject is the id of the object the event is about.
+	Subject string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	// time is when the event was written.
+	Time *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
+	// cloud_event is the CloudEvents 1.0 envelope as sinks receive it
+	// (specversion, id, source, type, subject, time, datacontenttype, data).
+	CloudEvent    *structpb.Struct `protobuf:"bytes,5,opt,name=cloud_event,json=cloudEvent,proto3" json:"cloud_event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_api_v1_api_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *Event) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Event) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *Event) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *Event) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Event) GetCloudEvent() *structpb.Struct {
+	if x != nil {
+		return x.CloudEvent
+	}
+	return nil
+}
+
+type ListEventsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*Event               `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	NextCursor    string                 `protobuf:"bytes,2,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsResponse) Reset() {
+	*x = ListEventsResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsResponse) ProtoMessage() {}
+
+func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListEventsResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ListEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListEventsResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
+}
+
 // bmc.setCredentials: the credentials of a node's own BMC, sealed under the
 // deployment secret as the secret bmc/<node_id>, which only that node can
 // fetch (JoinService.Secret). Replaces what was stored. The password is
@@ -3989,7 +4211,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4001,7 +4223,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4014,7 +4236,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -4094,7 +4316,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4106,7 +4328,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4119,7 +4341,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -4167,7 +4389,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4179,7 +4401,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4192,7 +4414,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -4210,7 +4432,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4222,7 +4444,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4235,7 +4457,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -4255,7 +4477,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +4489,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +4502,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -4653,6 +4875,24 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x11ListAuditResponse\x12:\n" +
 	"\aentries\x18\x01 \x03(\v2 .bettercompute.api.v1.AuditEntryR\aentries\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
+	"nextCursor\"\xe2\x01\n" +
+	"\x11ListEventsRequest\x12.\n" +
+	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\x12\x1f\n" +
+	"\vtype_prefix\x18\x02 \x01(\tR\n" +
+	"typePrefix\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"\xaf\x01\n" +
+	"\x05Event\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12.\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x128\n" +
+	"\vcloud_event\x18\x05 \x01(\v2\x17.google.protobuf.StructR\n" +
+	"cloudEvent\"j\n" +
+	"\x12ListEventsResponse\x123\n" +
+	"\x06events\x18\x01 \x03(\v2\x1b.bettercompute.api.v1.EventR\x06events\x12\x1f\n" +
+	"\vnext_cursor\x18\x02 \x01(\tR\n" +
 	"nextCursor\"\xc4\x02\n" +
 	"\x18SetBMCCredentialsRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -4750,7 +4990,10 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x05admin\x10\x012t\n" +
 	"\fAuditService\x12d\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListAuditRequest\x1a'.bettercompute.api.v1.ListAuditResponse\"\v\xa2\x9f\x19\a\n" +
-	"\x05adminB=Z;github.com/better-compute/better-compute/proto/api/v1;apiv1b\x06proto3"
+	"\x05admin2x\n" +
+	"\rEventsService\x12g\n" +
+	"\x04List\x12'.bettercompute.api.v1.ListEventsRequest\x1a(.bettercompute.api.v1.ListEventsResponse\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewerB=Z;github.com/better-compute/better-compute/proto/api/v1;apiv1b\x06proto3"
 
 var (
 	file_api_v1_api_proto_rawDescOnce sync.Once
@@ -4764,7 +5007,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -4824,151 +5067,162 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*AuditEntry)(nil),                   // 55: bettercompute.api.v1.AuditEntry
 	(*ListAuditRequest)(nil),             // 56: bettercompute.api.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),            // 57: bettercompute.api.v1.ListAuditResponse
-	(*SetBMCCredentialsRequest)(nil),     // 58: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 59: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 60: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 61: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 62: bettercompute.api.v1.WellKnown
-	nil,                                  // 63: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 64: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 65: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 66: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 67: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 68: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 69: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 70: google.protobuf.Struct
+	(*ListEventsRequest)(nil),            // 58: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 59: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 60: bettercompute.api.v1.ListEventsResponse
+	(*SetBMCCredentialsRequest)(nil),     // 61: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 62: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 63: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 64: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 65: bettercompute.api.v1.WellKnown
+	nil,                                  // 66: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 67: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 68: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 69: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 70: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 71: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 72: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 73: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	68, // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	1,  // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
-	2,  // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	68, // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	1,  // 4: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
-	6,  // 5: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	68, // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	68, // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	68, // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	69, // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	10, // 10: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	1,  // 11: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
-	10, // 12: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	10, // 13: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	63, // 14: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	68, // 15: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	68, // 16: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	68, // 17: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	18, // 18: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	70, // 19: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	69, // 20: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	68, // 21: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
-	1,  // 22: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
-	17, // 23: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	17, // 24: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	69, // 25: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
-	10, // 26: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	69, // 27: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	68, // 28: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	64, // 29: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	65, // 30: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	27, // 31: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	69, // 32: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	29, // 33: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
-	30, // 34: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
-	33, // 35: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	32, // 36: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	27, // 37: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	68, // 38: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	68, // 39: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	68, // 40: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	29, // 41: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
-	30, // 42: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	70, // 43: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	33, // 44: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	32, // 45: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	1,  // 46: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	32, // 47: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	32, // 48: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	68, // 49: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	40, // 50: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	66, // 51: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	67, // 52: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	47, // 53: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	68, // 54: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	68, // 55: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	68, // 56: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	69, // 57: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	48, // 58: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,  // 59: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	48, // 60: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	68, // 61: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	70, // 62: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,  // 63: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	68, // 64: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	68, // 65: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	55, // 66: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	69, // 67: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	68, // 68: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,  // 69: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,  // 70: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,  // 71: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	8,  // 72: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	11, // 73: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	13, // 74: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	15, // 75: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	19, // 76: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	21, // 77: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	21, // 78: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	21, // 79: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	21, // 80: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	21, // 81: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	23, // 82: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	25, // 83: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	28, // 84: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	34, // 85: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	36, // 86: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	38, // 87: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	41, // 88: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	43, // 89: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	45, // 90: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	49, // 91: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	51, // 92: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	53, // 93: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	58, // 94: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	60, // 95: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	56, // 96: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	2,  // 97: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,  // 98: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,  // 99: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	9,  // 100: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	12, // 101: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	14, // 102: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	16, // 103: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	20, // 104: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	22, // 105: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	22, // 106: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	22, // 107: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	22, // 108: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	22, // 109: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	24, // 110: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	26, // 111: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	31, // 112: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	35, // 113: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	37, // 114: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	39, // 115: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	42, // 116: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	44, // 117: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	46, // 118: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	50, // 119: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	52, // 120: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	54, // 121: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	59, // 122: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	61, // 123: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	57, // 124: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	97, // [97:125] is the sub-list for method output_type
-	69, // [69:97] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	71,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
+	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
+	71,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	1,   // 4: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
+	6,   // 5: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	71,  // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	71,  // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	71,  // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	10,  // 10: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	1,   // 11: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
+	10,  // 12: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	10,  // 13: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	66,  // 14: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	71,  // 15: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	71,  // 16: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	71,  // 17: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	18,  // 18: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
+	73,  // 19: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	72,  // 20: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	71,  // 21: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	1,   // 22: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
+	17,  // 23: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	17,  // 24: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
+	72,  // 25: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	10,  // 26: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	72,  // 27: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	71,  // 28: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	67,  // 29: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	68,  // 30: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	27,  // 31: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
+	72,  // 32: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	29,  // 33: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	30,  // 34: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	33,  // 35: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	32,  // 36: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	27,  // 37: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	71,  // 38: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	71,  // 39: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	71,  // 40: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	29,  // 41: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	30,  // 42: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	73,  // 43: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	33,  // 44: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	32,  // 45: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	1,   // 46: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
+	32,  // 47: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	32,  // 48: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	71,  // 49: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	40,  // 50: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	69,  // 51: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	70,  // 52: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	47,  // 53: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	71,  // 54: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	71,  // 55: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	71,  // 56: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	72,  // 57: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	48,  // 58: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 59: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	48,  // 60: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	71,  // 61: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	73,  // 62: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 63: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	71,  // 64: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	71,  // 65: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	55,  // 66: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 67: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	71,  // 68: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	71,  // 69: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	71,  // 70: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	73,  // 71: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	59,  // 72: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	72,  // 73: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	71,  // 74: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 75: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	4,   // 76: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,   // 77: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	8,   // 78: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	11,  // 79: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	13,  // 80: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	15,  // 81: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	19,  // 82: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	21,  // 83: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 84: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 85: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 86: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 87: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	23,  // 88: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	25,  // 89: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	28,  // 90: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	34,  // 91: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	36,  // 92: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	38,  // 93: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	41,  // 94: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	43,  // 95: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	45,  // 96: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	49,  // 97: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	51,  // 98: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	53,  // 99: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	61,  // 100: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	63,  // 101: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	56,  // 102: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	58,  // 103: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	2,   // 104: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	5,   // 105: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	6,   // 106: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	9,   // 107: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	12,  // 108: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	14,  // 109: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	16,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	20,  // 111: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	22,  // 112: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 113: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 114: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 115: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 116: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	24,  // 117: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	26,  // 118: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	31,  // 119: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	35,  // 120: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	37,  // 121: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	39,  // 122: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	42,  // 123: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	44,  // 124: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	46,  // 125: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	50,  // 126: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	52,  // 127: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	54,  // 128: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	62,  // 129: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	64,  // 130: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	57,  // 131: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	60,  // 132: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	104, // [104:133] is the sub-list for method output_type
+	75,  // [75:104] is the sub-list for method input_type
+	75,  // [75:75] is the sub-list for extension type_name
+	75,  // [75:75] is the sub-list for extension extendee
+	0,   // [0:75] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -4984,9 +5238,9 @@ func file_api_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   68,
+			NumMessages:   71,
 			NumExtensions: 0,
-			NumServices:   11,
+			NumServices:   12,
 		},
 		GoTypes:           file_api_v1_api_proto_goTypes,
 		DependencyIndexes: file_api_v1_api_proto_depIdxs,

@@ -50,4 +50,5 @@ var Methods = []Method{
 	{Name: "bmc.setCredentials", Role: "admin", Mutating: true, Request: (*SetBMCCredentialsRequest)(nil), Response: (*SetBMCCredentialsResponse)(nil)},
 	{Name: "bmc.deleteCredentials", Role: "admin", Mutating: true, Request: (*DeleteBMCCredentialsRequest)(nil), Response: (*DeleteBMCCredentialsResponse)(nil)},
 	{Name: "audit.list", Role: "admin", Mutating: false, Request: (*ListAuditRequest)(nil), Response: (*ListAuditResponse)(nil)},
+	{Name: "events.list", Role: "viewer", Mutating: false, Request: (*ListEventsRequest)(nil), Response: (*ListEventsResponse)(nil)},
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -133,6 +134,7 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 				}
 			}
 		}
+		var created []event // one command.created per new command, not for idempotent repeats
 		for start := 0; start < len(nodes); start += enqueueChunk {
 			chunk := nodes[start:min(start+enqueueChunk, len(nodes))]
 			args := []any{p.Kind, JSON(legacy), idem, batch, p.CreatedBy, now, p.Timeout.Microseconds(), JSON(sessionSpec)}
@@ -156,13 +158,11 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 				return q.wrap("enqueue commands", err)
 			}
 			out = append(out, cmds...)
+			for _, c := range cmds {
+				created = append(created, commandEvent(events.CommandCreated, c))
+			}
 		}
-		if len(nodes) == 0 {
-			return nil
-		}
-		payload := fmt.Sprintf(`{"batch_id":%q,"kind":%q,"commands":%d}`, batch, p.Kind, len(nodes))
-		_, err := q.OutboxInsert(ctx, "command.created", batch, []byte(payload))
-		return err
+		return q.emit(ctx, now, created...)
 	})
 	if err != nil {
 		return nil, err
@@ -231,18 +231,28 @@ func (s *Store) CommandFinish(ctx context.Context, p *store.CommandFinishParams)
 	if p.Result != nil {
 		result = JSON(p.Result)
 	}
-	n, err := s.db.Exec(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
-			result = $6, finished_at = coalesce($7, now()),
-			started_at = coalesce(started_at, dispatched_at)
-		WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates,
-		p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now, p.NodeID)
-	if err != nil {
-		return false, s.wrap("finish command "+p.ID, err)
-	}
-	if n == 0 {
-		return false, s.commandExists(ctx, p.ID)
-	}
-	return true, nil
+	var done bool
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		rows, err := q.db.Query(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
+				result = $6, finished_at = coalesce($7, now()),
+				started_at = coalesce(started_at, dispatched_at)
+			WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates+` RETURNING `+commandColumns,
+			p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now, p.NodeID)
+		if err != nil {
+			return q.wrap("finish command "+p.ID, err)
+		}
+		cmds, err := collect(rows, scanCommand)
+		if err != nil {
+			return q.wrap("finish command "+p.ID, err)
+		}
+		if len(cmds) == 0 {
+			return q.commandExists(ctx, p.ID)
+		}
+		done = true
+		return q.emit(ctx, p.Now, commandEvents(cmds)...)
+	})
+	return done, err
 }
 
 func (s *Store) commandExists(ctx context.Context, id string) error {
@@ -293,10 +303,18 @@ func (s *Store) CommandRequestCancel(ctx context.Context, id string) (*store.Com
 	var out *store.Command
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		if _, err := q.db.Exec(ctx, `UPDATE commands SET state = 'cancelled', cancel_requested = true,
+		rows, err := q.db.Query(ctx, `UPDATE commands SET state = 'cancelled', cancel_requested = true,
 				error = 'cancelled before dispatch', finished_at = now()
-			WHERE id = $1 AND state = 'queued'`, id); err != nil {
+			WHERE id = $1 AND state = 'queued' RETURNING `+commandColumns, id)
+		if err != nil {
 			return q.wrap("cancel command "+id, err)
+		}
+		cancelled, err := collect(rows, scanCommand)
+		if err != nil {
+			return q.wrap("cancel command "+id, err)
+		}
+		if err := q.emit(ctx, nil, commandEvents(cancelled)...); err != nil {
+			return err
 		}
 		if _, err := q.db.Exec(ctx, `UPDATE commands SET cancel_requested = true
 			WHERE id = $1 AND state NOT IN `+terminalStates, id); err != nil {
@@ -337,7 +355,10 @@ func (s *Store) CommandSweep(ctx context.Context, p *store.CommandSweepParams) (
 		res.Lost, err = q.sweepQuery(ctx, `UPDATE commands SET state = 'lost', error = 'the node lost its session while holding the command',
 				finished_at = coalesce($1, now())
 			WHERE `+orphaned+` RETURNING `+commandColumns, now, p.LostAfter.Microseconds())
-		return err
+		if err != nil {
+			return err
+		}
+		return q.emit(ctx, now, append(commandEvents(res.Expired), commandEvents(res.Lost)...)...)
 	})
 	if err != nil {
 		return nil, err

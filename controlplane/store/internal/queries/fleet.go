@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -20,7 +21,32 @@ func scanGateway(r Row) (*store.Gateway, error) {
 }
 
 // GatewayUpsert registers or refreshes a gateway.
+// A new row (a gateway starting, or one the reaper pruned coming back)
+// writes gateway.up in the same transaction.
 func (s *Store) GatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams) (*store.Gateway, error) {
+	var g *store.Gateway
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var one int
+		err := q.db.QueryRow(ctx, `SELECT 1 FROM gateways WHERE id = $1`, p.ID).Scan(&one)
+		isNew := isNotFound(q.d.Translate(err))
+		if err != nil && !isNew {
+			return q.wrap("upsert gateway "+p.ID, err)
+		}
+		if g, err = q.gatewayUpsert(ctx, p); err != nil || !isNew {
+			return err
+		}
+		return q.emit(ctx, p.Now, gatewayEvent(events.GatewayUp, g, ""))
+	})
+	return g, err
+}
+
+// gatewayEvent is a gateway's event.
+func gatewayEvent(typ string, g *store.Gateway, reason string) event {
+	return event{typ, g.ID, events.GatewayData{GatewayID: g.ID, Region: g.Region, Address: g.Address, Version: g.Version, Reason: reason}}
+}
+
+func (s *Store) gatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams) (*store.Gateway, error) {
 	g, err := scanGateway(s.db.QueryRow(ctx, `INSERT INTO gateways AS g
 		(id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8, now()), coalesce($8, now()))
@@ -55,9 +81,21 @@ func (s *Store) GatewayList(ctx context.Context) ([]*store.Gateway, error) {
 }
 
 // GatewayDelete removes a gateway row.
+// Deleting a row writes gateway.down (reason "deregistered") in the same
+// transaction.
 func (s *Store) GatewayDelete(ctx context.Context, id string) error {
-	_, err := s.db.Exec(ctx, `DELETE FROM gateways WHERE id = $1`, id)
-	return s.wrap("delete gateway "+id, err)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		rows, err := q.db.Query(ctx, `DELETE FROM gateways WHERE id = $1 RETURNING `+gatewayColumns, id)
+		if err != nil {
+			return q.wrap("delete gateway "+id, err)
+		}
+		gs, err := collect(rows, scanGateway)
+		if err != nil || len(gs) == 0 {
+			return q.wrap("delete gateway "+id, err)
+		}
+		return q.emit(ctx, nil, gatewayEvent(events.GatewayDown, gs[0], "deregistered"))
+	})
 }
 
 // GatewayReap closes dead gateways' sessions and prunes their rows.
@@ -97,7 +135,23 @@ func (s *Store) GatewayReap(ctx context.Context, p *store.GatewayReapParams) (*s
 		}
 		_, err = q.db.Exec(ctx, `DELETE FROM leases WHERE name LIKE $2 || '%' AND expires_at <= coalesce($1, now()) - bc_micros($3)`,
 			now, p.LeasePrefix, p.PruneAfter.Microseconds())
-		return q.wrap("prune dead gateway leases", err)
+		if err != nil {
+			return q.wrap("prune dead gateway leases", err)
+		}
+		// gateway.down for each gateway found dead: its row, if still
+		// there, says what it was.
+		evs := make([]event, 0, len(res.Dead))
+		for _, id := range res.Dead {
+			g, err := q.GatewayGet(ctx, id)
+			if isNotFound(err) {
+				g, err = &store.Gateway{ID: id}, nil
+			}
+			if err != nil {
+				return err
+			}
+			evs = append(evs, gatewayEvent(events.GatewayDown, g, "lease expired"))
+		}
+		return q.emit(ctx, now, evs...)
 	})
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -18,13 +19,23 @@ func scanJoinToken(r Row) (*store.JoinToken, error) {
 }
 
 // JoinTokenCreate stores a token's hash and limits.
+// It writes join-token.created in the same transaction.
 func (s *Store) JoinTokenCreate(ctx context.Context, p *store.JoinTokenCreateParams) (*store.JoinToken, error) {
-	t, err := scanJoinToken(s.db.QueryRow(ctx, `INSERT INTO join_tokens
-		(id, secret_hash, pool_id, description, max_uses, expires_at, node_id, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), now()) RETURNING `+joinTokenColumns,
-		p.ID, p.SecretHash, p.PoolID, p.Description, p.MaxUses, p.ExpiresAt, p.NodeID))
+	var t *store.JoinToken
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var err error
+		t, err = scanJoinToken(q.db.QueryRow(ctx, `INSERT INTO join_tokens
+			(id, secret_hash, pool_id, description, max_uses, expires_at, node_id, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, nullif($7, ''), now()) RETURNING `+joinTokenColumns,
+			p.ID, p.SecretHash, p.PoolID, p.Description, p.MaxUses, p.ExpiresAt, p.NodeID))
+		if err != nil {
+			return q.wrap("create join token", err)
+		}
+		return q.emit(ctx, nil, joinTokenEvent(events.JoinTokenCreated, t))
+	})
 	if err != nil {
-		return nil, s.wrap("create join token", err)
+		return nil, err
 	}
 	return t, nil
 }
@@ -50,16 +61,43 @@ func (s *Store) JoinTokenList(ctx context.Context, p *store.ListParams) ([]*stor
 }
 
 // JoinTokenRevoke revokes a token.
+// A first revocation writes join-token.revoked in the same transaction.
 func (s *Store) JoinTokenRevoke(ctx context.Context, id string) error {
-	return s.exec1(ctx, "revoke join token "+id,
-		`UPDATE join_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		t, err := scanJoinToken(q.db.QueryRow(ctx, `UPDATE join_tokens SET revoked_at = now()
+			WHERE id = $1 AND revoked_at IS NULL RETURNING `+joinTokenColumns, id))
+		switch err := q.wrap("revoke join token "+id, err); {
+		case isNotFound(err): // unknown, or revoked already
+			var one int
+			return q.wrap("revoke join token "+id, q.db.QueryRow(ctx, `SELECT 1 FROM join_tokens WHERE id = $1`, id).Scan(&one))
+		case err != nil:
+			return err
+		}
+		return q.emit(ctx, nil, joinTokenEvent(events.JoinTokenRevoked, t))
+	})
 }
 
 // JoinTokenConsume uses a token once, atomically.
+// A use writes join-token.used, and the last one join-token.exhausted, in
+// the same transaction.
 func (s *Store) JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*store.JoinToken, error) {
-	t, err := scanJoinToken(s.db.QueryRow(ctx, `UPDATE join_tokens SET uses = uses + 1
-		WHERE id = $1 AND secret_hash = $2 AND revoked_at IS NULL AND expires_at > coalesce($3, now()) AND uses < max_uses
-		RETURNING `+joinTokenColumns, id, secretHash, now))
+	var t *store.JoinToken
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var err error
+		t, err = scanJoinToken(q.db.QueryRow(ctx, `UPDATE join_tokens SET uses = uses + 1
+			WHERE id = $1 AND secret_hash = $2 AND revoked_at IS NULL AND expires_at > coalesce($3, now()) AND uses < max_uses
+			RETURNING `+joinTokenColumns, id, secretHash, now))
+		if err != nil {
+			return err // translated below
+		}
+		evs := []event{joinTokenEvent(events.JoinTokenUsed, t)}
+		if t.Uses >= t.MaxUses {
+			evs = append(evs, joinTokenEvent(events.JoinTokenExhausted, t))
+		}
+		return q.emit(ctx, now, evs...)
+	})
 	if err == nil {
 		return t, nil
 	}
@@ -68,6 +106,31 @@ func (s *Store) JoinTokenConsume(ctx context.Context, id string, secretHash []by
 	}
 	// Refused: say why, reading the row as it is now.
 	return nil, s.joinTokenRefusal(ctx, id, secretHash, now, true)
+}
+
+// JoinTokensExpire reports the tokens that expired since the last call.
+func (s *Store) JoinTokensExpire(ctx context.Context, now *time.Time) ([]string, error) {
+	var ids []string
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		rows, err := q.db.Query(ctx, `UPDATE join_tokens SET expiry_reported = true
+			WHERE NOT expiry_reported AND revoked_at IS NULL AND expires_at <= coalesce($1, now())
+			RETURNING `+joinTokenColumns, q.clock(now))
+		if err != nil {
+			return q.wrap("expire join tokens", err)
+		}
+		toks, err := collect(rows, scanJoinToken)
+		if err != nil {
+			return q.wrap("expire join tokens", err)
+		}
+		evs := make([]event, 0, len(toks))
+		for _, t := range toks {
+			ids = append(ids, t.ID)
+			evs = append(evs, joinTokenEvent(events.JoinTokenExpired, t))
+		}
+		return q.emit(ctx, now, evs...)
+	})
+	return ids, err
 }
 
 // JoinTokenCheck checks a token without using it.

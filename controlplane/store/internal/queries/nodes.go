@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -62,8 +63,35 @@ func (s *Store) NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*sto
 	if err != nil {
 		return nil, fmt.Errorf("upsert node %s: encode labels: %w", p.ID, err)
 	}
+	if p.JoinTokenID != "" {
+		// A join: the upsert and its node.joined or node.rejoined event in
+		// one transaction.
+		var out *store.Node
+		err := s.Tx(ctx, func(tx store.Store) error {
+			q := tx.(*Store)
+			typ := events.NodeRejoined
+			prev, err := q.lockNode(ctx, p.ID)
+			switch {
+			case isNotFound(err):
+				typ, prev = events.NodeJoined, &nodeRow{}
+			case err != nil:
+				return err
+			}
+			if out, err = q.nodeUpsert(ctx, p, labels); err != nil {
+				return err
+			}
+			return q.emit(ctx, p.Now, nodeEvent(typ, &nodeRow{id: out.ID, poolID: out.PoolID, hostname: out.Hostname,
+				state: out.State, previous: prev.state, cordoned: out.Cordoned, joinTokenID: out.JoinTokenID}))
+		})
+		return out, err
+	}
+	return s.nodeUpsert(ctx, p, labels)
+}
+
+// nodeUpsert is NodeUpsert's statement.
+func (s *Store) nodeUpsert(ctx context.Context, p *store.NodeUpsertParams, labels JSON) (*store.Node, error) {
 	var id string
-	err = s.db.QueryRow(ctx, `
+	err := s.db.QueryRow(ctx, `
 		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
 			cert_serial, cert_not_after, created_at, updated_at, shard, key_sha256, join_token_id)
 		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12, $13, $14)
@@ -117,11 +145,20 @@ func (s *Store) NodeFindByJoinKey(ctx context.Context, tokenID, keySHA256 string
 	return n, nil
 }
 
-// NodeSetCertificate records a node's new certificate.
+// NodeSetCertificate records a node's new certificate, and with
+// p.Reattested its node.reattested event in the same transaction.
 func (s *Store) NodeSetCertificate(ctx context.Context, p *store.NodeSetCertificateParams) error {
-	return s.exec1(ctx, "set certificate of node "+p.ID, `UPDATE nodes SET cert_serial = $2, cert_not_after = $3,
-		key_sha256 = CASE WHEN $4 = '' THEN key_sha256 ELSE $4 END, updated_at = coalesce($5, now()) WHERE id = $1`,
-		p.ID, p.Serial, p.NotAfter, p.KeySHA256, s.clock(p.Now))
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		err := q.exec1(ctx, "set certificate of node "+p.ID, `UPDATE nodes SET cert_serial = $2, cert_not_after = $3,
+			key_sha256 = CASE WHEN $4 = '' THEN key_sha256 ELSE $4 END, updated_at = coalesce($5, now()) WHERE id = $1`,
+			p.ID, p.Serial, p.NotAfter, p.KeySHA256, q.clock(p.Now))
+		if err != nil || !p.Reattested {
+			return err
+		}
+		return q.emit(ctx, p.Now, event{events.NodeReattested, p.ID,
+			events.NodeCertificateData{NodeID: p.ID, Serial: p.Serial, NotAfter: p.NotAfter.UTC()}})
+	})
 }
 
 // NodeSetClockSkew records a node's clock skew in whole milliseconds.
@@ -179,16 +216,51 @@ func (s *Store) exec1(ctx context.Context, op, sql string, args ...any) error {
 	return nil
 }
 
-// NodeSetState moves a node to state.
+// NodeSetState moves a node to state and, when that changed it, writes the
+// state's event (nodeStateEvents) in the same transaction.
 func (s *Store) NodeSetState(ctx context.Context, id, state string) error {
-	return s.exec1(ctx, "set state of node "+id,
-		`UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1`, id, state)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.lockNode(ctx, id)
+		if err != nil {
+			return fmt.Errorf("set state of node %s: %w", id, err)
+		}
+		if err := q.exec1(ctx, "set state of node "+id,
+			`UPDATE nodes SET state = $2, updated_at = now() WHERE id = $1`, id, state); err != nil {
+			return err
+		}
+		typ, ok := nodeStateEvents[state]
+		if !ok || n.state == state {
+			return nil
+		}
+		n.previous, n.state = n.state, state
+		return q.emit(ctx, nil, nodeEvent(typ, n))
+	})
 }
 
-// NodeSetCordoned sets the cordon flag.
+// NodeSetCordoned sets the cordon flag and, when that changed it, writes
+// node.cordoned or node.uncordoned in the same transaction.
 func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) error {
-	return s.exec1(ctx, "cordon node "+id,
-		`UPDATE nodes SET cordoned = $2, updated_at = now() WHERE id = $1`, id, cordoned)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.lockNode(ctx, id)
+		if err != nil {
+			return fmt.Errorf("cordon node %s: %w", id, err)
+		}
+		if err := q.exec1(ctx, "cordon node "+id,
+			`UPDATE nodes SET cordoned = $2, updated_at = now() WHERE id = $1`, id, cordoned); err != nil {
+			return err
+		}
+		if n.cordoned == cordoned {
+			return nil
+		}
+		n.cordoned = cordoned
+		typ := events.NodeUncordoned
+		if cordoned {
+			typ = events.NodeCordoned
+		}
+		return q.emit(ctx, nil, nodeEvent(typ, n))
+	})
 }
 
 // NodeSetInventory stores a node's inventory and its digest (in
@@ -207,9 +279,21 @@ func (s *Store) NodeSetInventory(ctx context.Context, id string, inventory []byt
 		id, doc, digest)
 }
 
-// NodeDelete removes a node and what hangs off it.
+// NodeDelete removes a node and what hangs off it, and writes node.deleted
+// in the same transaction.
 func (s *Store) NodeDelete(ctx context.Context, id string) error {
-	return s.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.lockNode(ctx, id)
+		if err != nil {
+			return fmt.Errorf("delete node %s: %w", id, err)
+		}
+		if err := q.exec1(ctx, "delete node "+id, `DELETE FROM nodes WHERE id = $1`, id); err != nil {
+			return err
+		}
+		n.previous, n.state = n.state, ""
+		return q.emit(ctx, nil, nodeEvent(events.NodeDeleted, n))
+	})
 }
 
 // Liveness transitions, as SQL conditions on nodes (not aliased) with the
@@ -263,7 +347,18 @@ func (s *Store) NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDuePar
 // NodeLivenessReconcile moves a shard's nodes between ready and unreachable
 // by the age of their last heartbeat, and powered-off nodes heard from
 // again to ready.
+// Each move writes its event (node.unreachable, node.unresponsive when the
+// node's session is still open, node.ready) in the same transaction.
 func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error) {
+	err = s.Tx(ctx, func(tx store.Store) error {
+		var err error
+		unreachable, ready, err = tx.(*Store).nodeLivenessReconcile(ctx, p)
+		return err
+	})
+	return unreachable, ready, err
+}
+
+func (s *Store) nodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error) {
 	args := []any{p.Shard, s.clock(p.Now), p.StaleAfter.Microseconds(), p.PoweredOffGrace.Microseconds()}
 	// ids runs sql with the placeholders it uses, $1 to $3 or $1 to $4.
 	ids := func(sql string) ([]string, error) {
@@ -297,16 +392,50 @@ func (s *Store) NodeLivenessReconcile(ctx context.Context, p *store.NodeLiveness
 			return nil, nil, err
 		}
 	}
-	unreachable, err = ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
+	// Each id comes back with its event's fields: "<id> <pool> <session
+	// open: 1|0> <cordoned: 1|0> <previous state> <hostname>" (ids and
+	// states hold no spaces; a hostname may).
+	const fields = ` || ' ' || pool_id || ' ' || CASE WHEN EXISTS (SELECT 1 FROM sessions x WHERE x.node_id = nodes.id) THEN '1' ELSE '0' END
+		|| ' ' || CASE WHEN cordoned THEN '1' ELSE '0' END || ' ' || `
+	var evs []event
+	rowsOf := func(typ string, lines []string, previous func(string) string) []string {
+		out := make([]string, 0, len(lines))
+		for _, l := range lines {
+			f := strings.SplitN(l, " ", 6)
+			if len(f) < 6 {
+				continue
+			}
+			n := &nodeRow{id: f[0], poolID: f[1], cordoned: f[3] == "1", previous: previous(f[4]), hostname: f[5]}
+			n.state = store.NodeReady
+			t := typ
+			if typ == events.NodeUnreachable {
+				n.state = store.NodeUnreachable
+				if f[2] == "1" {
+					t = events.NodeUnresponsive
+				}
+			}
+			evs = append(evs, nodeEvent(t, n))
+			out = append(out, f[0])
+		}
+		return out
+	}
+	// The previous state is read before the update sets it: a column in
+	// RETURNING is the new value, so the CASE restates the old one.
+	lines, err := ids(`UPDATE nodes SET state = 'unreachable', updated_at = coalesce($2, now())
 		WHERE shard = $1 AND ` + livenessStale + `
-		RETURNING id`)
+		RETURNING id` + fields + `'ready' || ' ' || hostname`)
 	if err != nil {
 		return nil, nil, err
 	}
-	ready, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
+	unreachable = rowsOf(events.NodeUnreachable, lines, func(s string) string { return s })
+	lines, err = ids(`UPDATE nodes SET state = 'ready', updated_at = coalesce($2, now())
 		WHERE shard = $1 AND ` + livenessBack + `
-		RETURNING id`)
-	return unreachable, ready, err
+		RETURNING id` + fields + `'-' || ' ' || hostname`)
+	if err != nil {
+		return nil, nil, err
+	}
+	ready = rowsOf(events.NodeReady, lines, func(string) string { return "" })
+	return unreachable, ready, s.emit(ctx, p.Now, evs...)
 }
 
 // NodesMissing returns the ids that name no node.

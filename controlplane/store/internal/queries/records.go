@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -93,10 +94,34 @@ func (s *Store) EventInsert(ctx context.Context, e *store.Event) (int64, error) 
 		t = time.Now()
 	}
 	var id int64
-	err := s.db.QueryRow(ctx, `INSERT INTO events (node_id, kind, severity, message, time, payload)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(e.Payload)).Scan(&id)
-	return id, s.wrap("insert event", err)
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		err := q.db.QueryRow(ctx, `INSERT INTO events (node_id, kind, severity, message, time, payload)
+			VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+			e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(e.Payload)).Scan(&id)
+		if err != nil || !strings.HasPrefix(e.Kind, "gpu.") {
+			return q.wrap("insert event", err)
+		}
+		return q.emit(ctx, &t, gpuEvent(e))
+	})
+	return id, err
+}
+
+// gpuEvent is the gpu.health-changed event of a node's GPU event (kind
+// "gpu.*"), its GPU and XID read from the payload the gateway writes
+// ({"gpuUuid": ..., "xid": ...}).
+func gpuEvent(e *store.Event) event {
+	var p struct {
+		GPUUUID string `json:"gpuUuid"`
+		XID     int    `json:"xid"`
+	}
+	_ = json.Unmarshal(e.Payload, &p) // a payload without them names neither
+	subject := p.GPUUUID
+	if subject == "" {
+		subject = e.NodeID
+	}
+	return event{events.GPUHealthChanged, subject, events.GPUHealthData{NodeID: e.NodeID, GPUUUID: p.GPUUUID,
+		Kind: e.Kind, Severity: e.Severity, Message: e.Message, XID: p.XID}}
 }
 
 // EventList returns events after AfterID, oldest first.
@@ -228,10 +253,19 @@ func (s *Store) PKIBundleUpdate(ctx context.Context, b *store.PKIBundle) error {
 }
 
 // RevocationInsert revokes a serial.
+// A first revocation of a node's serial writes node.revoked in the same
+// transaction.
 func (s *Store) RevocationInsert(ctx context.Context, r *store.Revocation) error {
-	_, err := s.db.Exec(ctx, `INSERT INTO revocations (serial, node_id, reason, revoked_at) VALUES ($1, $2, $3, now())
-		ON CONFLICT (serial) DO NOTHING`, r.Serial, r.NodeID, r.Reason)
-	return s.wrap("revoke "+r.Serial, err)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.db.Exec(ctx, `INSERT INTO revocations (serial, node_id, reason, revoked_at) VALUES ($1, $2, $3, now())
+			ON CONFLICT (serial) DO NOTHING`, r.Serial, r.NodeID, r.Reason)
+		if err != nil || n == 0 || r.NodeID == "" {
+			return q.wrap("revoke "+r.Serial, err)
+		}
+		return q.emit(ctx, nil, event{events.NodeRevoked, r.NodeID,
+			events.NodeRevokedData{NodeID: r.NodeID, Serial: r.Serial, Reason: r.Reason}})
+	})
 }
 
 // RevocationList returns revocations since a time, oldest first.
@@ -279,9 +313,25 @@ func (s *Store) APITokenCreate(ctx context.Context, t *store.APIToken, secretHas
 	if err != nil {
 		return fmt.Errorf("create api token: %w", err)
 	}
-	_, err = s.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, description, allow_cidrs, expires_at, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now())`, t.ID, secretHash, t.Role, t.Description, JSON(b), t.ExpiresAt)
-	return s.wrap("create api token", err)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		_, err := q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, description, allow_cidrs, expires_at, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now())`, t.ID, secretHash, t.Role, t.Description, JSON(b), t.ExpiresAt)
+		if err != nil {
+			return q.wrap("create api token", err)
+		}
+		return q.emit(ctx, nil, tokenEvent(events.TokenCreated, t))
+	})
+}
+
+// tokenEvent is an API token's event.
+func tokenEvent(typ string, t *store.APIToken) event {
+	d := events.TokenData{TokenID: t.ID, Role: t.Role, Description: t.Description}
+	if t.ExpiresAt != nil {
+		e := t.ExpiresAt.UTC()
+		d.ExpiresAt = &e
+	}
+	return event{typ, t.ID, d}
 }
 
 // APITokenBySecret returns the token with this secret hash.
@@ -305,9 +355,20 @@ func (s *Store) APITokenList(ctx context.Context, p *store.ListParams) ([]*store
 }
 
 // APITokenRevoke revokes a token.
+// A first revocation writes token.revoked in the same transaction.
 func (s *Store) APITokenRevoke(ctx context.Context, id string) error {
-	return s.exec1(ctx, "revoke api token "+id,
-		`UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id)
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		t, err := scanAPIToken(q.db.QueryRow(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id = $1`+q.d.ForUpdate, id))
+		if err != nil {
+			return q.wrap("revoke api token "+id, err)
+		}
+		if err := q.exec1(ctx, "revoke api token "+id,
+			`UPDATE api_tokens SET revoked_at = coalesce(revoked_at, now()) WHERE id = $1`, id); err != nil || t.RevokedAt != nil {
+			return err
+		}
+		return q.emit(ctx, nil, tokenEvent(events.TokenRevoked, t))
+	})
 }
 
 // SecretPut stores or replaces a sealed secret.

@@ -1,0 +1,336 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/feed"
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// EventsWatchPath is the event stream's route under basePath (GET,
+// Server-Sent Events; docs/api.md, "events/watch").
+const EventsWatchPath = "/events/watch"
+
+// CodeGone answers a resume id older than the outbox's retention: the
+// events after it are partly gone (410).
+const CodeGone = "GONE"
+
+// Limits of events.list and the event stream.
+const (
+	maxEventFilter    = 256 // bytes of a type prefix or subject
+	maxStreamTypes    = 32  // prefixes in ?types=
+	streamBatch       = 256 // events written per read of the feed
+	defaultHeartbeat  = 15 * time.Second
+	streamRetryMillis = 2000 // the SSE retry: field, for EventSource
+	streamEventGap    = "gap"
+)
+
+// EventFeed is what the event stream reads: the process's outbox reader
+// (package feed).
+type EventFeed interface {
+	Head(ctx context.Context) (int64, error)
+	Next(ctx context.Context, after int64, limit int) ([]*feed.Event, error)
+	Notify()
+}
+
+// typePrefix is a type filter as the outbox stores types: under
+// events.TypePrefix when it lacks it.
+func typePrefix(p string) string {
+	if p == "" || strings.HasPrefix(p, events.TypePrefix) {
+		return p
+	}
+	return events.TypePrefix + p
+}
+
+// eventsList pages through the outbox's events, newest first (docs/api.md,
+// "events.list").
+func (s *Server) eventsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListEventsRequest) (*apiv1.ListEventsResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	q := store.OutboxQueryParams{Limit: lp.Limit, TopicPrefix: typePrefix(r.GetTypePrefix()), Key: r.GetSubject()}
+	if lp.Cursor != "" {
+		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, invalid("page.cursor", "is not a cursor this API returned")
+		}
+		q.BeforeID = id
+	}
+	for field, v := range map[string]string{"typePrefix": r.GetTypePrefix(), "subject": r.GetSubject()} {
+		if len(v) > maxEventFilter {
+			return nil, invalid(field, "at most %d bytes", maxEventFilter)
+		}
+	}
+	if t := r.GetSince(); t != nil {
+		if !t.IsValid() {
+			return nil, invalid("since", "is not a valid time")
+		}
+		q.Since = t.AsTime()
+	}
+	if t := r.GetUntil(); t != nil {
+		if !t.IsValid() {
+			return nil, invalid("until", "is not a valid time")
+		}
+		q.Until = t.AsTime()
+	}
+	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
+		return nil, invalid("until", "must be after since")
+	}
+	entries, err := s.store.OutboxQuery(ctx, &q)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListEventsResponse{NextCursor: next(entries, lp, func(e *store.OutboxEntry) string { return strconv.FormatInt(e.ID, 10) })}
+	for _, e := range entries {
+		out.Events = append(out.Events, eventOut(&feed.Event{ID: e.ID, Type: e.Topic, Subject: e.Key, Time: e.CreatedAt,
+			JSON: events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)}))
+	}
+	return out, nil
+}
+
+// eventOut is an event in the API's form.
+func eventOut(e *feed.Event) *apiv1.Event {
+	out := &apiv1.Event{Id: strconv.FormatInt(e.ID, 10), Type: e.Type, Subject: e.Subject, Time: ts(e.Time)}
+	ce := &structpb.Struct{}
+	if protojson.Unmarshal(e.JSON, ce) == nil {
+		out.CloudEvent = ce
+	}
+	return out
+}
+
+// serveEventsWatch is GET {basePath}/events/watch: the outbox as
+// Server-Sent Events for a viewer (or higher) token (docs/api.md,
+// "events/watch"). Each event is "id: <outbox id>", "event: <type>" and
+// "data: <CloudEvents JSON>"; a comment every heartbeat keeps proxies from
+// closing an idle stream. The stream starts after Last-Event-ID (or
+// ?after=), or at the newest event without either; ?types=a,b keeps the
+// types that begin with one of the prefixes. A resume id older than
+// retention is 410 GONE before the stream starts, or a "gap" event and the
+// end of the stream once it runs: never a silent skip.
+func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
+	addr := CallerAddr(r.Context())
+	p, err := s.auth.Authenticate(r.Context(), bearerToken(r), addr)
+	if err != nil {
+		if reason := unauthenticatedReason(err); reason != "" {
+			s.refuseUnauthenticated(r.Context(), reason, "events.watch", addr)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="better-compute"`)
+			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error()})
+			return
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	if !iam.Allows(p.Role, store.RoleViewer) {
+		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not watch events (needs viewer)", p.Role)})
+		return
+	}
+	prefixes, e := streamTypes(r.URL.Query().Get("types"))
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	cursor, resumed, e := streamCursor(r)
+	if e != nil {
+		s.writeError(w, r, e)
+		return
+	}
+	if resumed {
+		// A resume id below the pruned mark is a gap even while the feed's
+		// memory still holds what follows it: the answer does not depend on
+		// which api process the watcher reached.
+		newest, err := s.store.OutboxMaxID(ctx)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		pruned, err := s.store.OutboxPrunedThrough(ctx)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if cursor < pruned {
+			gap := &feed.GapError{After: cursor, PrunedThrough: pruned}
+			s.writeError(w, r, &Error{Code: CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
+			return
+		}
+		// After a prune of every entry the newest id is the pruned mark.
+		if newest = max(newest, pruned); cursor > newest {
+			s.writeError(w, r, invalid("Last-Event-ID", "no event %d yet (the newest is %d)", cursor, newest))
+			return
+		}
+	} else if cursor, err = s.feed.Head(ctx); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// The first read happens before the headers go out, so that a gap is
+	// an HTTP status a client cannot miss.
+	first, err := s.nextEvents(ctx, cursor, resumed)
+	var gap *feed.GapError
+	if errors.As(err, &gap) {
+		s.writeError(w, r, &Error{Code: CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
+		return
+	}
+	if err != nil && ctx.Err() == nil {
+		s.writeError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	sw := &sseWriter{w: w, rc: rc}
+	sw.printf("retry: %d\n: better-compute event stream after %d\n\n", streamRetryMillis, cursor)
+	heartbeat := cmpDuration(s.cfg.EventHeartbeat, defaultHeartbeat)
+	s.log.DebugContext(ctx, "Event stream opened", "token", p.TokenID, "after", cursor, "types", strings.Join(prefixes, ","))
+	for evs := first; sw.err == nil && ctx.Err() == nil; {
+		for _, ev := range evs {
+			cursor = ev.ID
+			if events.Matches(prefixes, ev.Type) {
+				sw.event(ev)
+			}
+		}
+		if sw.flush(); sw.err != nil {
+			break
+		}
+		wait, stop := context.WithTimeout(ctx, heartbeat)
+		evs, err = s.feed.Next(wait, cursor, streamBatch)
+		stop()
+		switch {
+		case errors.As(err, &gap):
+			b, _ := json.Marshal(map[string]any{"code": CodeGone, "message": gap.Error(), "after": gap.After,
+				"prunedThrough": gap.PrunedThrough})
+			sw.printf("event: %s\ndata: %s\n\n", streamEventGap, b)
+			sw.flush()
+			return
+		case err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			sw.printf(": heartbeat %s\n\n", time.Now().UTC().Format(time.RFC3339))
+		case err != nil && ctx.Err() == nil:
+			s.log.WarnContext(ctx, "Event stream cannot read the outbox", logkey.Err, err)
+			sw.printf(": the outbox cannot be read now; retrying\n\n")
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// nextEvents is the stream's first read: what follows a resume id (which
+// may be a gap), or nothing for a new watcher.
+func (s *Server) nextEvents(ctx context.Context, cursor int64, resumed bool) ([]*feed.Event, error) {
+	if !resumed {
+		return nil, nil
+	}
+	wait, stop := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer stop()
+	evs, err := s.feed.Next(wait, cursor, streamBatch)
+	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, nil // nothing after the cursor yet
+	}
+	return evs, err
+}
+
+// streamCursor is the id a stream resumes after: Last-Event-ID (what an
+// EventSource sends when it reconnects), else ?after=; resumed is false
+// when neither is given.
+func streamCursor(r *http.Request) (cursor int64, resumed bool, _ *Error) {
+	field, v := "Last-Event-ID", r.Header.Get("Last-Event-ID")
+	if v == "" {
+		field, v = "after", r.URL.Query().Get("after")
+	}
+	if v == "" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0, false, invalid(field, "%q is not an event id (a decimal outbox id)", v)
+	}
+	return n, true, nil
+}
+
+// streamTypes parses ?types=prefix,prefix.
+func streamTypes(v string) ([]string, *Error) {
+	if v == "" {
+		return nil, nil
+	}
+	parts := strings.Split(v, ",")
+	if len(parts) > maxStreamTypes {
+		return nil, invalid("types", "at most %d prefixes", maxStreamTypes)
+	}
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if p == "" || len(p) > maxEventFilter || strings.ContainsAny(p, "\r\n") {
+			return nil, invalid("types", "want prefixes of 1 to %d bytes separated by commas, got %q", maxEventFilter, v)
+		}
+		parts[i] = p
+	}
+	return parts, nil
+}
+
+// cmpDuration is d, or def when d is not positive.
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+// sseWriter writes Server-Sent Events and remembers the first write error
+// (the watcher went away).
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	err error
+}
+
+func (s *sseWriter) printf(format string, args ...any) {
+	if s.err == nil {
+		_, s.err = fmt.Fprintf(s.w, format, args...)
+	}
+}
+
+// event writes one event; the envelope is one line of JSON (json.Marshal
+// escapes newlines inside strings), so one data: line carries it.
+func (s *sseWriter) event(e *feed.Event) {
+	data := e.JSON
+	if bytes.ContainsAny(data, "\r\n") {
+		var b bytes.Buffer
+		if json.Compact(&b, data) == nil {
+			data = b.Bytes()
+		}
+	}
+	s.printf("id: %d\nevent: %s\ndata: %s\n\n", e.ID, e.Type, data)
+}
+
+func (s *sseWriter) flush() {
+	if s.err == nil {
+		s.err = s.rc.Flush()
+	}
+}
