@@ -550,6 +550,11 @@ func TestInstallScript(t *testing.T) {
 		code, stdout, stderr := h.run("dash", s, nil, "--token-file", "-")
 		h.refused(code, stderr, "no join token") // stdin is empty
 		_ = stdout
+		// A garbled token is refused before anything is downloaded.
+		for _, bad := range []string{"not-a-token", "bct1.abc.d$f.ghi"} {
+			code, _, stderr = h.run("dash", s, []string{"BCD_JOIN_TOKEN=" + bad})
+			h.refused(code, stderr, "the join token from BCD_JOIN_TOKEN is malformed")
+		}
 		code, stdout, stderr = h.run("dash", s, nil, "--token-file", tok)
 		if code != 0 {
 			t.Fatalf("unprivileged install: exit %d\n%s%s", code, stdout, stderr)

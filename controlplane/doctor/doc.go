@@ -21,6 +21,7 @@
 //	host.routes             configured host routes clash with neither basePath nor the built-in routes
 //	workers.queue           commands past their deadline that the sweeper has not ended
 //	workers.sweeper         the singleton:command-sweeper lease is held and not expired
+//	sinks.dead-letter       events a sink gave up on wait in the dead-letter table (warn, counted per sink)
 //	fleet.gateway-headroom  a live gateway's sessions against its max streams: warn at 90 %, fail at 100 %
 //	fleet.heartbeats        ready nodes silent for more than 3 heartbeat intervals
 //	fleet.old-daemons       nodes whose bcd is older (semantic versions) than the newest one seen

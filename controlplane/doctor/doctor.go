@@ -215,6 +215,7 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	queue, overdue := Queue(ctx, st, now)
 	r.add(queue)
 	r.add(Sweeper(ctx, st, overdue, now))
+	r.add(DeadLetters(ctx, st))
 
 	gws, gwErr := st.GatewayList(ctx)
 	nodes, nodesErr := listNodes(ctx, st)

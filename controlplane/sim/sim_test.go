@@ -145,3 +145,48 @@ func TestFakeDaemonRunBeforeJoin(t *testing.T) {
 		t.Error("the simulated host is not a function of its name")
 	}
 }
+
+// StopDaemon ends one daemon's session (the last running), then the one
+// before it; the others stay connected, and with none left it returns nil.
+func TestFleetStopDaemon(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	tok := p.NewToken(t)
+	g.AddToken(tok)
+	f, err := sim.NewFleet(sim.FleetConfig{GatewayURL: g.URL, Token: tok, N: 2, Session: fastSession(), NoInventory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.StopDaemon() != nil {
+		t.Fatal("StopDaemon before Run stopped a daemon")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	if err := f.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(runCtx) }()
+	if err := f.WaitFor(ctx, func(s sim.FleetStats) bool { return s.Connected == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.StopDaemon(); d != f.Daemons()[1] {
+		t.Fatalf("StopDaemon stopped %v, want the last daemon", d)
+	}
+	if err := f.WaitFor(ctx, func(s sim.FleetStats) bool { return s.Connected == 1 && s.Running == 1 && s.Stopped == 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.StopDaemon(); d != f.Daemons()[0] {
+		t.Fatalf("second StopDaemon stopped %v, want the first daemon", d)
+	}
+	if err := f.WaitFor(ctx, func(s sim.FleetStats) bool { return s.Running == 0 }); err != nil {
+		t.Fatal(err)
+	}
+	if d := f.StopDaemon(); d != nil {
+		t.Fatalf("StopDaemon with none running stopped %v", d.Name())
+	}
+	stop()
+	<-done
+}
