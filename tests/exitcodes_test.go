@@ -391,6 +391,17 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("events watch", exitUsage, "--after", "999999999"), // INVALID_ARGUMENT: no such event yet
 		bc("events watch", exitUsage, "--type", ","),
 
+		bc("sinks dead-letters", exitOK),
+		bc("sinks dead-letters", exitOK, "--sink", "hook", "-o", "json"),
+		bc("sinks dead-letters", exitUsage, "--sink", "Bad Sink!"), // INVALID_ARGUMENT
+		bc("sinks dead-letters", exitUsage, "extra"),
+		bc("sinks replay", exitOK, "--all", "--sink", "hook"), // none to replay
+		bc("sinks replay", exitFailure, "999999"),             // NOT_FOUND
+		bc("sinks replay", exitUsage),
+		bc("sinks replay", exitUsage, "x"),
+		bc("sinks replay", exitUsage, "--all"),
+		bc("sinks replay", exitUsage, "1", "--all", "--sink", "hook"),
+
 		{cmd: "bcd version", want: exitOK},
 		{cmd: "bcd help", args: []string{"status"}, want: exitOK},
 		{cmd: "bcd completion bash", want: exitOK},

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 type streamFixture struct {
 	*fixture
 	base string
+	stop func() error // cancels Run and returns its error
 }
 
 func newStreamFixture(t *testing.T, heartbeat time.Duration) *streamFixture {
@@ -30,9 +32,14 @@ func newStreamFixture(t *testing.T, heartbeat time.Duration) *streamFixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() { cancel(); runErr = <-done })
+		return runErr
+	}
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	})
@@ -43,7 +50,7 @@ func newStreamFixture(t *testing.T, heartbeat time.Duration) *streamFixture {
 	}
 	f := &fixture{t: t, st: st, srv: srv}
 	f.admin = f.token(store.RoleAdmin, 0)
-	return &streamFixture{fixture: f, base: "http://" + srv.Addr().String() + "/api"}
+	return &streamFixture{fixture: f, base: "http://" + srv.Addr().String() + "/api", stop: stop}
 }
 
 // emit writes n node events to the outbox, subjects node_<from>...
@@ -258,4 +265,25 @@ func TestEventsList(t *testing.T) {
 	wantCode(t, f.call("events.list", viewer, `{"page":{"cursor":"x"}}`, peer), 400, api.CodeInvalidArgument, "page.cursor")
 	wantCode(t, f.call("events.list", viewer, `{"subject":"`+strings.Repeat("s", 300)+`"}`, peer), 400, api.CodeInvalidArgument, "subject")
 	wantCode(t, f.call("events.list", viewer, `{"since":"2026-01-02T00:00:00Z","until":"2026-01-01T00:00:00Z"}`, peer), 400, api.CodeInvalidArgument, "until")
+}
+
+// TestEventsWatchEndsOnShutdown: an open stream does not hold the server's
+// shutdown for its grace (5 s): it ends when shutdown begins.
+func TestEventsWatchEndsOnShutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	f := newStreamFixture(t, 0)
+	_, s := f.open(ctx, f.token(store.RoleViewer, 0), "")
+	if first := s.next(t); !first.comment {
+		t.Fatalf("first block %+v", first)
+	}
+	start := time.Now()
+	if err := f.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for s.sc.Scan() {
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("shutdown with an open stream took %v", d)
+	}
 }

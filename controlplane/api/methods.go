@@ -82,6 +82,8 @@ func (s *Server) registerMethods() {
 	handle(s, "bmc.deleteCredentials", s.bmcDeleteCredentials)
 	handle(s, "audit.list", s.auditList)
 	handle(s, "events.list", s.eventsList)
+	handle(s, "sinks.deadLetters", s.sinksDeadLetters)
+	handle(s, "sinks.replay", s.sinksReplay)
 }
 
 // page validates a page request.

@@ -254,7 +254,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // resourceOf names the object a request addresses, for the audit log.
 func resourceOf(req proto.Message) string {
 	fields := req.ProtoReflect().Descriptor().Fields()
-	for _, name := range []string{"id", "node_id", "node", "name", "pool"} {
+	for _, name := range []string{"id", "node_id", "node", "name", "pool", "sink"} {
 		if f := fields.ByName(protoreflect.Name(name)); f != nil {
 			if v := req.ProtoReflect().Get(f); v.IsValid() {
 				if s := v.String(); s != "" && !strings.HasPrefix(s, "<") {

@@ -269,3 +269,21 @@ func (c *Client) EventsList(ctx context.Context, req *apiv1.ListEventsRequest) (
 	}
 	return resp, nil
 }
+
+// SinksDeadLetters calls sinks.deadLetters (role admin).
+func (c *Client) SinksDeadLetters(ctx context.Context, req *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
+	resp := new(apiv1.ListDeadLettersResponse)
+	if err := c.Call(ctx, "sinks.deadLetters", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// SinksReplay calls sinks.replay (role admin; audited).
+func (c *Client) SinksReplay(ctx context.Context, req *apiv1.ReplayDeadLettersRequest) (*apiv1.ReplayDeadLettersResponse, error) {
+	resp := new(apiv1.ReplayDeadLettersResponse)
+	if err := c.Call(ctx, "sinks.replay", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}

@@ -108,6 +108,8 @@ func TestInvalid(t *testing.T) {
 		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "host.gateway.drainDelay"},
 		{"short metrics token", "host:\n  metrics:\n    bearerToken: abc\n", nil, Flags{}, "host.metrics.bearerToken"},
 		{"pprof without token", "host:\n  metrics:\n    pprof: true\n", nil, Flags{}, "host.metrics.pprof"},
+		{"metrics listener without token", "host:\n  metrics:\n    listen: 127.0.0.1:9464\n", nil, Flags{}, "host.metrics.listen"},
+		{"metrics listener without port", "host:\n  metrics:\n    bearerToken: 0123456789abcdef\n    listen: localhost\n", nil, Flags{}, "host.metrics.listen"},
 		{"webhook without secret", "sinks:\n  webhooks:\n  - {name: hook, url: https://h.example/x}\n", nil, Flags{}, "sinks.webhooks[0].secret"},
 		{"duplicate sink", "sinks:\n  files:\n  - {name: a, path: /x}\n  - {name: a, path: /y}\n", nil, Flags{}, "sinks.files[1].name"},
 		{"short retention", "retention:\n  audit: 1m\n", nil, Flags{}, "retention.audit"},

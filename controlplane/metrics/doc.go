@@ -2,7 +2,9 @@
 // (DESIGN.md, "api": GET /metrics). A Metrics holds its collectors on a
 // private prometheus.Registry, never the global default one, and serves them
 // in the Prometheus text format through Handler. The api role mounts that
-// handler at /metrics behind the bearer token of host.metrics.bearerToken.
+// handler at /metrics behind the bearer token of host.metrics.bearerToken
+// (Mount); a process without the api role serves it on host.metrics.listen
+// (Serve). One namespace, bettercompute_, for every series.
 //
 // Two kinds of series:
 //
@@ -17,6 +19,16 @@
 //	bettercompute_lease_takeovers_total         counter   changes of holder, by lease kind: the sum of (epoch − 1)
 //	bettercompute_outbox_backlog_entries        gauge     outbox entries a sink has not yet taken {sink}
 //	bettercompute_store_query_duration_seconds  histogram the scrape's own queries {op}, and those components report
+//	bettercompute_nodes                         gauge     nodes by state {state}, every state always
+//	bettercompute_nodes_cordoned                gauge     cordoned nodes
+//	bettercompute_gpus                          gauge     GPUs by health {health}, counted at most every GPUCacheTTL
+//	bettercompute_outbox_lag_seconds            gauge     age of the oldest entry some configured sink has not taken
+//	bettercompute_sink_delivery_lag_seconds     gauge     age of the oldest entry after a sink's cursor {sink}
+//	bettercompute_singleton_held                gauge     1 when singleton:<job>'s lease is held {job}
+//
+// Of the process itself: bettercompute_build_info {version, commit,
+// goversion} (always 1) and bettercompute_certificate_expiry_timestamp_seconds
+// {use} for the serving certificates given to WatchCertificate.
 //
 // Reported by the components of the process through the methods of Metrics
 // (each safe on a nil *Metrics, so a component can hold one unconditionally):

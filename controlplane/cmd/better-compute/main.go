@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
 	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
-	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e))
+	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e), sinksCmd(e))
 	enforceUsage(root)
 	addCompletions(root, e)
 	err := root.ExecuteContext(ctx)

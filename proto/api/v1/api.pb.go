@@ -4183,6 +4183,328 @@ func (x *ListEventsResponse) GetNextCursor() string {
 	return ""
 }
 
+// DeadLetter is an event a sink gave up on (docs/events.md, "Sinks"): it
+// failed delivery 10 times in a row and waits in the dead-letter table,
+// no longer blocking its subject, until a replay delivers it.
+type DeadLetter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id is the dead letter's own id, a decimal integer: what
+	// sinks.replay takes, and the list cursor.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// sink names the sink that gave up (sinks.webhooks[].name, sinks.files[].name).
+	Sink string `protobuf:"bytes,2,opt,name=sink,proto3" json:"sink,omitempty"`
+	// event is the event as the outbox held it (its id the outbox id).
+	Event *Event `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// attempts is how many deliveries failed in a row (since the last
+	// replay request, for one being replayed).
+	Attempts int32 `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// last_error is the last delivery's error.
+	LastError string `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// replay is true while a replay is pending: the sink's dispatcher
+	// delivers it before the outbox, and it leaves the table once delivered.
+	Replay bool `protobuf:"varint,6,opt,name=replay,proto3" json:"replay,omitempty"`
+	// fail_time is when it last failed (moved here, or a failed replay).
+	FailTime      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=fail_time,json=failTime,proto3" json:"fail_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_api_v1_api_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *DeadLetter) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetSink() string {
+	if x != nil {
+		return x.Sink
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetEvent() *Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+func (x *DeadLetter) GetFailTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FailTime
+	}
+	return nil
+}
+
+// sinks.deadLetters: the dead letters, oldest first. page.cursor is the
+// next_cursor of the previous page.
+type ListDeadLettersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Page  *Page                  `protobuf:"bytes,1,opt,name=page,proto3" json:"page,omitempty"`
+	// sink keeps one sink's dead letters; empty: every sink's. At most 63
+	// bytes.
+	Sink          string `protobuf:"bytes,2,opt,name=sink,proto3" json:"sink,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersRequest) Reset() {
+	*x = ListDeadLettersRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersRequest) ProtoMessage() {}
+
+func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListDeadLettersRequest) GetPage() *Page {
+	if x != nil {
+		return x.Page
+	}
+	return nil
+}
+
+func (x *ListDeadLettersRequest) GetSink() string {
+	if x != nil {
+		return x.Sink
+	}
+	return ""
+}
+
+type ListDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	NextCursor    string                 `protobuf:"bytes,2,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersResponse) Reset() {
+	*x = ListDeadLettersResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersResponse) ProtoMessage() {}
+
+func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *ListDeadLettersResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
+}
+
+// sinks.replay: marks dead letters for redelivery, attempts back to 0.
+// Give ids (1 to 1,000 dead letter ids, of sink when sink is set), or all
+// with sink (every dead letter of that sink); not both. An id that is not
+// a dead letter (of sink) is NOT_FOUND and nothing is marked.
+type ReplayDeadLettersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sink          string                 `protobuf:"bytes,1,opt,name=sink,proto3" json:"sink,omitempty"`
+	Ids           []string               `protobuf:"bytes,2,rep,name=ids,proto3" json:"ids,omitempty"`
+	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDeadLettersRequest) Reset() {
+	*x = ReplayDeadLettersRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDeadLettersRequest) ProtoMessage() {}
+
+func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ReplayDeadLettersRequest) GetSink() string {
+	if x != nil {
+		return x.Sink
+	}
+	return ""
+}
+
+func (x *ReplayDeadLettersRequest) GetIds() []string {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *ReplayDeadLettersRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+type ReplayDeadLettersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// replayed is how many dead letters were marked.
+	Replayed      int64 `protobuf:"varint,1,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDeadLettersResponse) Reset() {
+	*x = ReplayDeadLettersResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDeadLettersResponse) ProtoMessage() {}
+
+func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
+	if x != nil {
+		return x.Replayed
+	}
+	return 0
+}
+
 // bmc.setCredentials: the credentials of a node's own BMC, sealed under the
 // deployment secret as the secret bmc/<node_id>, which only that node can
 // fetch (JoinService.Secret). Replaces what was stored. The password is
@@ -4211,7 +4533,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4545,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4558,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -4316,7 +4638,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4650,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4663,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -4389,7 +4711,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4723,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4736,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -4432,7 +4754,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4444,7 +4766,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4457,7 +4779,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -4477,7 +4799,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4489,7 +4811,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4502,7 +4824,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -4893,7 +5215,30 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x12ListEventsResponse\x123\n" +
 	"\x06events\x18\x01 \x03(\v2\x1b.bettercompute.api.v1.EventR\x06events\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
-	"nextCursor\"\xc4\x02\n" +
+	"nextCursor\"\xef\x01\n" +
+	"\n" +
+	"DeadLetter\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04sink\x18\x02 \x01(\tR\x04sink\x121\n" +
+	"\x05event\x18\x03 \x01(\v2\x1b.bettercompute.api.v1.EventR\x05event\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\x05R\battempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12\x16\n" +
+	"\x06replay\x18\x06 \x01(\bR\x06replay\x127\n" +
+	"\tfail_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bfailTime\"\\\n" +
+	"\x16ListDeadLettersRequest\x12.\n" +
+	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\x12\x12\n" +
+	"\x04sink\x18\x02 \x01(\tR\x04sink\"\x7f\n" +
+	"\x17ListDeadLettersResponse\x12C\n" +
+	"\fdead_letters\x18\x01 \x03(\v2 .bettercompute.api.v1.DeadLetterR\vdeadLetters\x12\x1f\n" +
+	"\vnext_cursor\x18\x02 \x01(\tR\n" +
+	"nextCursor\"R\n" +
+	"\x18ReplayDeadLettersRequest\x12\x12\n" +
+	"\x04sink\x18\x01 \x01(\tR\x04sink\x12\x10\n" +
+	"\x03ids\x18\x02 \x03(\tR\x03ids\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\"7\n" +
+	"\x19ReplayDeadLettersResponse\x12\x1a\n" +
+	"\breplayed\x18\x01 \x01(\x03R\breplayed\"\xc4\x02\n" +
 	"\x18SetBMCCredentialsRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
@@ -4993,7 +5338,12 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x05admin2x\n" +
 	"\rEventsService\x12g\n" +
 	"\x04List\x12'.bettercompute.api.v1.ListEventsRequest\x1a(.bettercompute.api.v1.ListEventsResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewerB=Z;github.com/better-compute/better-compute/proto/api/v1;apiv1b\x06proto3"
+	"\x06viewer2\x81\x02\n" +
+	"\fSinksService\x12w\n" +
+	"\vDeadLetters\x12,.bettercompute.api.v1.ListDeadLettersRequest\x1a-.bettercompute.api.v1.ListDeadLettersResponse\"\v\xa2\x9f\x19\a\n" +
+	"\x05admin\x12x\n" +
+	"\x06Replay\x12..bettercompute.api.v1.ReplayDeadLettersRequest\x1a/.bettercompute.api.v1.ReplayDeadLettersResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01B=Z;github.com/better-compute/better-compute/proto/api/v1;apiv1b\x06proto3"
 
 var (
 	file_api_v1_api_proto_rawDescOnce sync.Once
@@ -5007,7 +5357,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -5070,159 +5420,172 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*ListEventsRequest)(nil),            // 58: bettercompute.api.v1.ListEventsRequest
 	(*Event)(nil),                        // 59: bettercompute.api.v1.Event
 	(*ListEventsResponse)(nil),           // 60: bettercompute.api.v1.ListEventsResponse
-	(*SetBMCCredentialsRequest)(nil),     // 61: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 62: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 63: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 64: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 65: bettercompute.api.v1.WellKnown
-	nil,                                  // 66: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 67: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 68: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 69: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 70: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 71: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 72: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 73: google.protobuf.Struct
+	(*DeadLetter)(nil),                   // 61: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 62: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 63: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 64: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 65: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 66: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 67: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 68: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 69: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 70: bettercompute.api.v1.WellKnown
+	nil,                                  // 71: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 72: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 73: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 74: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 75: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 77: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 78: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	71,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	76,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	71,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	76,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 4: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
 	6,   // 5: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	71,  // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	71,  // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	71,  // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	72,  // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	76,  // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	76,  // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	76,  // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	77,  // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
 	10,  // 10: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 11: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
 	10,  // 12: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
 	10,  // 13: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	66,  // 14: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	71,  // 15: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	71,  // 16: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	71,  // 17: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	71,  // 14: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	76,  // 15: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	76,  // 16: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	76,  // 17: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
 	18,  // 18: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	73,  // 19: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	72,  // 20: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	71,  // 21: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	78,  // 19: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	77,  // 20: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	76,  // 21: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 22: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
 	17,  // 23: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	17,  // 24: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	72,  // 25: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	77,  // 25: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
 	10,  // 26: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	72,  // 27: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	71,  // 28: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	67,  // 29: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	68,  // 30: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	77,  // 27: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	76,  // 28: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	72,  // 29: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	73,  // 30: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
 	27,  // 31: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	72,  // 32: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	77,  // 32: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
 	29,  // 33: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
 	30,  // 34: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
 	33,  // 35: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	32,  // 36: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	27,  // 37: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	71,  // 38: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	71,  // 39: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	71,  // 40: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	76,  // 38: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	76,  // 39: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	76,  // 40: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
 	29,  // 41: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
 	30,  // 42: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	73,  // 43: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	78,  // 43: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
 	33,  // 44: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	32,  // 45: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 46: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
 	32,  // 47: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	32,  // 48: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	71,  // 49: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	76,  // 49: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
 	40,  // 50: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	69,  // 51: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	70,  // 52: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	74,  // 51: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	75,  // 52: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
 	47,  // 53: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	71,  // 54: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	71,  // 55: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	71,  // 56: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	72,  // 57: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	76,  // 54: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	76,  // 55: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	76,  // 56: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	77,  // 57: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
 	48,  // 58: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
 	1,   // 59: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
 	48,  // 60: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	71,  // 61: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	73,  // 62: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	76,  // 61: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	78,  // 62: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
 	1,   // 63: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	71,  // 64: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	71,  // 65: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	76,  // 64: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	76,  // 65: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
 	55,  // 66: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
 	1,   // 67: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	71,  // 68: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	71,  // 69: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	71,  // 70: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	73,  // 71: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	76,  // 68: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	76,  // 69: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	76,  // 70: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	78,  // 71: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
 	59,  // 72: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	72,  // 73: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	71,  // 74: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 75: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,   // 76: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,   // 77: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	8,   // 78: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	11,  // 79: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	13,  // 80: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	15,  // 81: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	19,  // 82: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	21,  // 83: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 84: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 85: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 86: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 87: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	23,  // 88: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	25,  // 89: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	28,  // 90: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	34,  // 91: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	36,  // 92: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	38,  // 93: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	41,  // 94: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	43,  // 95: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	45,  // 96: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	49,  // 97: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	51,  // 98: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	53,  // 99: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	61,  // 100: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	63,  // 101: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	56,  // 102: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	58,  // 103: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	2,   // 104: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,   // 105: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,   // 106: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	9,   // 107: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	12,  // 108: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	14,  // 109: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	16,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	20,  // 111: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	22,  // 112: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 113: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 114: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 115: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 116: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	24,  // 117: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	26,  // 118: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	31,  // 119: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	35,  // 120: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	37,  // 121: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	39,  // 122: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	42,  // 123: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	44,  // 124: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	46,  // 125: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	50,  // 126: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	52,  // 127: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	54,  // 128: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	62,  // 129: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	64,  // 130: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	57,  // 131: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	60,  // 132: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	104, // [104:133] is the sub-list for method output_type
-	75,  // [75:104] is the sub-list for method input_type
-	75,  // [75:75] is the sub-list for extension type_name
-	75,  // [75:75] is the sub-list for extension extendee
-	0,   // [0:75] is the sub-list for field type_name
+	59,  // 73: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	76,  // 74: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 75: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	61,  // 76: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	77,  // 77: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	76,  // 78: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 79: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	4,   // 80: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	7,   // 81: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	8,   // 82: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	11,  // 83: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	13,  // 84: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	15,  // 85: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	19,  // 86: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	21,  // 87: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 88: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 89: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 90: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	21,  // 91: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	23,  // 92: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	25,  // 93: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	28,  // 94: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	34,  // 95: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	36,  // 96: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	38,  // 97: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	41,  // 98: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	43,  // 99: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	45,  // 100: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	49,  // 101: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	51,  // 102: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	53,  // 103: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	66,  // 104: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	68,  // 105: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	56,  // 106: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	58,  // 107: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	62,  // 108: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	64,  // 109: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 110: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	5,   // 111: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	6,   // 112: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	9,   // 113: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	12,  // 114: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	14,  // 115: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	16,  // 116: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	20,  // 117: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	22,  // 118: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 119: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 120: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 121: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	22,  // 122: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	24,  // 123: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	26,  // 124: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	31,  // 125: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	35,  // 126: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	37,  // 127: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	39,  // 128: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	42,  // 129: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	44,  // 130: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	46,  // 131: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	50,  // 132: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	52,  // 133: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	54,  // 134: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	67,  // 135: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	69,  // 136: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	57,  // 137: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	60,  // 138: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	63,  // 139: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	65,  // 140: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	110, // [110:141] is the sub-list for method output_type
+	79,  // [79:110] is the sub-list for method input_type
+	79,  // [79:79] is the sub-list for extension type_name
+	79,  // [79:79] is the sub-list for extension extendee
+	0,   // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -5238,9 +5601,9 @@ func file_api_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   71,
+			NumMessages:   76,
 			NumExtensions: 0,
-			NumServices:   12,
+			NumServices:   13,
 		},
 		GoTypes:           file_api_v1_api_proto_goTypes,
 		DependencyIndexes: file_api_v1_api_proto_depIdxs,

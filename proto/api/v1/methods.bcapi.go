@@ -51,4 +51,6 @@ var Methods = []Method{
 	{Name: "bmc.deleteCredentials", Role: "admin", Mutating: true, Request: (*DeleteBMCCredentialsRequest)(nil), Response: (*DeleteBMCCredentialsResponse)(nil)},
 	{Name: "audit.list", Role: "admin", Mutating: false, Request: (*ListAuditRequest)(nil), Response: (*ListAuditResponse)(nil)},
 	{Name: "events.list", Role: "viewer", Mutating: false, Request: (*ListEventsRequest)(nil), Response: (*ListEventsResponse)(nil)},
+	{Name: "sinks.deadLetters", Role: "admin", Mutating: false, Request: (*ListDeadLettersRequest)(nil), Response: (*ListDeadLettersResponse)(nil)},
+	{Name: "sinks.replay", Role: "admin", Mutating: true, Request: (*ReplayDeadLettersRequest)(nil), Response: (*ReplayDeadLettersResponse)(nil)},
 }

@@ -1,0 +1,141 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/feed"
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// MaxReplayIDs bounds the ids of one sinks.replay call.
+const MaxReplayIDs = 1000
+
+// errReplayMissing rolls back a sinks.replay whose ids are not all dead
+// letters.
+var errReplayMissing = errors.New("ids that are not dead letters")
+
+// sinksDeadLetters pages through the sinks' dead letters, oldest first
+// (docs/api.md, "sinks.deadLetters"): the cursor is the id of the last
+// dead letter of the previous page; sink keeps one sink's.
+func (s *Server) sinksDeadLetters(ctx context.Context, _ *iam.Principal, r *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
+	lp, err := page(r.GetPage())
+	if err != nil {
+		return nil, err
+	}
+	if r.GetSink() != "" {
+		if err := name("sink", r.GetSink()); err != nil {
+			return nil, err
+		}
+	}
+	q := store.DeadLetterListParams{Sink: r.GetSink(), Limit: lp.Limit}
+	if lp.Cursor != "" {
+		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, invalid("page.cursor", "is not a cursor this API returned")
+		}
+		q.AfterID = id
+	}
+	dls, err := s.store.DeadLetterList(ctx, &q)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return strconv.FormatInt(d.ID, 10) })}
+	for _, d := range dls {
+		out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
+	}
+	return out, nil
+}
+
+// deadLetterOut is a dead letter in the API's form.
+func deadLetterOut(d *store.DeadLetter) *apiv1.DeadLetter {
+	e := &d.Entry
+	return &apiv1.DeadLetter{
+		Id:   strconv.FormatInt(d.ID, 10),
+		Sink: d.Sink,
+		Event: eventOut(&feed.Event{ID: e.ID, Type: e.Topic, Subject: e.Key, Time: e.CreatedAt,
+			JSON: events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)}),
+		Attempts:  int32(d.Attempts),
+		LastError: d.LastError,
+		Replay:    d.Replay,
+		FailTime:  ts(d.FailedAt),
+	}
+}
+
+// sinksReplay marks dead letters for redelivery (docs/api.md,
+// "sinks.replay"): the ids given (all of them dead letters, of sink when
+// it is set, or NOT_FOUND naming those that are not, with nothing marked),
+// or with all every dead letter of sink. The sink's dispatcher delivers
+// them before the outbox.
+func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.ReplayDeadLettersRequest) (*apiv1.ReplayDeadLettersResponse, error) {
+	sink := r.GetSink()
+	if sink != "" {
+		if err := name("sink", sink); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case r.GetAll() && len(r.GetIds()) > 0:
+		return nil, invalid("ids", "give ids or all, not both")
+	case r.GetAll() && sink == "":
+		return nil, invalid("sink", "is required with all: the sink whose dead letters to replay")
+	case r.GetAll():
+		n, err := s.store.DeadLetterReplay(ctx, sink, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
+	case len(r.GetIds()) == 0:
+		return nil, invalid("ids", "give the ids of dead letters to replay (sinks.deadLetters lists them), or all with sink")
+	case len(r.GetIds()) > MaxReplayIDs:
+		return nil, invalid("ids", "at most %d ids in one call", MaxReplayIDs)
+	}
+	ids := make([]int64, 0, len(r.GetIds()))
+	for _, v := range r.GetIds() {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id <= 0 {
+			return nil, invalid("ids", "%q is not a dead letter id (a positive decimal integer)", v)
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	var n int64
+	var missing []string
+	err := s.store.Tx(ctx, func(tx store.Store) error {
+		var err error
+		if n, err = tx.DeadLetterReplay(ctx, sink, ids); err != nil || n == int64(len(ids)) {
+			return err
+		}
+		// Some are not dead letters (of sink): name them, and mark none.
+		for _, id := range ids {
+			one, err := tx.DeadLetterReplay(ctx, sink, []int64{id})
+			if err != nil {
+				return err
+			}
+			if one == 0 {
+				missing = append(missing, strconv.FormatInt(id, 10))
+			}
+		}
+		return errReplayMissing
+	})
+	if errors.Is(err, errReplayMissing) {
+		of := ""
+		if sink != "" {
+			of = " of sink " + sink
+		}
+		return nil, &Error{Code: CodeNotFound, Field: "ids", Message: fmt.Sprintf("no dead letter%s with id %s; nothing was replayed",
+			of, strings.Join(missing, ", "))}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
+}
