@@ -108,8 +108,9 @@ func subsequence(got, want []string) bool {
 	return i == len(want)
 }
 
-// TestEventScenarioWebhook is issue 18's first Done-when scenario, on
-// PostgreSQL with real processes: a webhook sink (an httptest server here)
+// TestEventScenarioWebhook is issue 18's first Done-when scenario, on both
+// backends (the embedded SQLite default and PostgreSQL) with real
+// processes: a webhook sink (an httptest server here)
 // receives, in order per node, the events of a real bcd that joins, runs a
 // command, is cordoned, is killed (unreachable; heartbeats every second) and
 // comes back (ready), and a GPU of a simulated node (a FakeDaemon) raising
@@ -117,12 +118,16 @@ func subsequence(got, want []string) bool {
 // events.Parse; the node's events arrive in outbox order (events.list's ids).
 func TestEventScenarioWebhook(t *testing.T) {
 	t.Parallel()
+	forEachBackend(t, testEventScenarioWebhook)
+}
+
+func testEventScenarioWebhook(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	recv := &envelopeReceiver{secret: []byte("e2e-scenario-signing-secret"), seen: map[string]bool{}}
 	srv := httptest.NewServer(recv)
 	t.Cleanup(srv.Close)
-	d := newDeploymentWith(t, backendPostgres, deploymentConfig{
+	d := newDeploymentWith(t, backend, deploymentConfig{
 		gateway: "    heartbeatInterval: 1s\n",
 		top: fmt.Sprintf("sinks:\n  webhooks:\n    - name: scenario\n      url: %s/hook\n      secret: %s\n",
 			srv.URL, recv.secret),

@@ -93,22 +93,9 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 	addr := publicAddr(t)
 	// The downloads folder holds a signed release; downloads.releasePins
 	// makes the served script pin its digests.
-	dir := t.TempDir()
-	dist, keys := filepath.Join(dir, "dist"), filepath.Join(dir, "keys")
+	dist := filepath.Join(t.TempDir(), "dist")
 	copyFile(t, bcdAt(t, "0.1.0"), filepath.Join(dist, "0.1.0", buildDir("bcd"), "bcd"), 0o755)
-	bc := testenv.Binary(t, "better-compute")
-	var releasePin string
-	for _, args := range [][]string{{"release", "keygen", "--out-dir", keys},
-		{"release", "manifest", "--dist", filepath.Join(dist, "0.1.0"), "--version", "0.1.0", "--expires", "24h"},
-		{"release", "sign", "--key", filepath.Join(keys, "release.key"), "--in", filepath.Join(dist, "0.1.0", "manifest.json")}} {
-		code, out, stderr := testenv.Run(t, nil, "", bc, args...)
-		if code != 0 {
-			t.Fatalf("better-compute %v: exit %d\n%s%s", args, code, out, stderr)
-		}
-		if m := regexp.MustCompile(`pin:\s+(sha256/\S+)`).FindStringSubmatch(out); m != nil {
-			releasePin = m[1]
-		}
-	}
+	releasePin := signRelease(t, filepath.Join(dist, "0.1.0"), "0.1.0")
 	s := startPublicServe(t, addr, dist, "auto", "downloads:\n  releasePins: ["+releasePin+"]\n")
 	if !strings.HasPrefix(s.api, "https://"+addr+":") {
 		t.Fatalf("API on %s, want https on %s", s.api, addr)
@@ -259,4 +246,29 @@ func TestNodesAddRefusesPlainHTTP(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^api\.tls\s+warn\s+.*clear text`).MatchString(out) {
 		t.Fatalf("doctor:\n%s%s", out, stderr)
 	}
+}
+
+// signRelease makes a release key, writes the manifest of the release in
+// folder dir and signs it, as docs/install.md's air-gapped walk-through
+// does; it returns the key's pin for downloads.releasePins.
+func signRelease(t *testing.T, dir, version string) string {
+	t.Helper()
+	bc := testenv.Binary(t, "better-compute")
+	keys := filepath.Join(t.TempDir(), "keys")
+	var pin string
+	for _, args := range [][]string{{"release", "keygen", "--out-dir", keys},
+		{"release", "manifest", "--dist", dir, "--version", version, "--expires", "24h"},
+		{"release", "sign", "--key", filepath.Join(keys, "release.key"), "--in", filepath.Join(dir, "manifest.json")}} {
+		code, out, stderr := testenv.Run(t, nil, "", bc, args...)
+		if code != 0 {
+			t.Fatalf("better-compute %v: exit %d\n%s%s", args, code, out, stderr)
+		}
+		if m := regexp.MustCompile(`pin:\s+(sha256/\S+)`).FindStringSubmatch(out); m != nil {
+			pin = m[1]
+		}
+	}
+	if pin == "" {
+		t.Fatal("release keygen printed no pin")
+	}
+	return pin
 }

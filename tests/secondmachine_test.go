@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -43,20 +42,7 @@ func secondMachine(t *testing.T, signed bool) {
 	copyFile(t, bcdAt(t, "0.1.0"), filepath.Join(dist, "0.1.0", buildDir("bcd"), "bcd"), 0o755)
 	extra := ""
 	if signed {
-		keys := filepath.Join(dir, "keys")
-		var pin string
-		for _, args := range [][]string{{"release", "keygen", "--out-dir", keys},
-			{"release", "manifest", "--dist", filepath.Join(dist, "0.1.0"), "--version", "0.1.0", "--expires", "24h"},
-			{"release", "sign", "--key", filepath.Join(keys, "release.key"), "--in", filepath.Join(dist, "0.1.0", "manifest.json")}} {
-			code, out, stderr := testenv.Run(t, nil, "", bc, args...)
-			if code != 0 {
-				t.Fatalf("better-compute %v: exit %d\n%s%s", args, code, out, stderr)
-			}
-			if m := regexp.MustCompile(`pin:\s+(sha256/\S+)`).FindStringSubmatch(out); m != nil {
-				pin = m[1]
-			}
-		}
-		extra = "downloads:\n  releasePins: [" + pin + "]\n"
+		extra = "downloads:\n  releasePins: [" + signRelease(t, filepath.Join(dist, "0.1.0"), "0.1.0") + "]\n"
 	}
 
 	// The control plane: the README's commands as written, in its

@@ -27,38 +27,21 @@ func (s *Server) auditList(ctx context.Context, _ *iam.Principal, r *apiv1.ListA
 	}
 	q := store.AuditQueryParams{Limit: lp.Limit, Actor: r.GetActor(), ActionPrefix: r.GetActionPrefix(),
 		Resource: r.GetResource(), Outcome: r.GetOutcome()}
-	if lp.Cursor != "" {
-		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
-		if err != nil || id <= 0 {
-			return nil, invalid("page.cursor", "is not a cursor this API returned")
-		}
-		q.BeforeID = id
+	if q.BeforeID, err = idCursor(lp.Cursor); err != nil {
+		return nil, err
 	}
-	for field, v := range map[string]string{"actor": q.Actor, "actionPrefix": q.ActionPrefix, "resource": q.Resource, "outcome": q.Outcome} {
-		if len(v) > maxAuditFilter {
-			return nil, invalid(field, "at most %d bytes", maxAuditFilter)
-		}
+	if err := checkLengths(maxAuditFilter, map[string]string{"actor": q.Actor, "actionPrefix": q.ActionPrefix,
+		"resource": q.Resource, "outcome": q.Outcome}); err != nil {
+		return nil, err
 	}
-	if t := r.GetSince(); t != nil {
-		if !t.IsValid() {
-			return nil, invalid("since", "is not a valid time")
-		}
-		q.Since = t.AsTime()
-	}
-	if t := r.GetUntil(); t != nil {
-		if !t.IsValid() {
-			return nil, invalid("until", "is not a valid time")
-		}
-		q.Until = t.AsTime()
-	}
-	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
-		return nil, invalid("until", "must be after since")
+	if q.Since, q.Until, err = timeWindow(r.GetSince(), r.GetUntil()); err != nil {
+		return nil, err
 	}
 	entries, err := s.store.AuditQuery(ctx, &q)
 	if err != nil {
 		return nil, err
 	}
-	out := &apiv1.ListAuditResponse{NextCursor: next(entries, lp, func(e *store.AuditEntry) string { return strconv.FormatInt(e.ID, 10) })}
+	out := &apiv1.ListAuditResponse{NextCursor: next(entries, lp, func(e *store.AuditEntry) string { return idString(e.ID) })}
 	for _, e := range entries {
 		out.Entries = append(out.Entries, auditOut(e))
 	}

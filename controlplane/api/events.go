@@ -65,38 +65,20 @@ func (s *Server) eventsList(ctx context.Context, _ *iam.Principal, r *apiv1.List
 		return nil, err
 	}
 	q := store.OutboxQueryParams{Limit: lp.Limit, TopicPrefix: typePrefix(r.GetTypePrefix()), Key: r.GetSubject()}
-	if lp.Cursor != "" {
-		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
-		if err != nil || id <= 0 {
-			return nil, invalid("page.cursor", "is not a cursor this API returned")
-		}
-		q.BeforeID = id
+	if q.BeforeID, err = idCursor(lp.Cursor); err != nil {
+		return nil, err
 	}
-	for field, v := range map[string]string{"typePrefix": r.GetTypePrefix(), "subject": r.GetSubject()} {
-		if len(v) > maxEventFilter {
-			return nil, invalid(field, "at most %d bytes", maxEventFilter)
-		}
+	if err := checkLengths(maxEventFilter, map[string]string{"typePrefix": r.GetTypePrefix(), "subject": r.GetSubject()}); err != nil {
+		return nil, err
 	}
-	if t := r.GetSince(); t != nil {
-		if !t.IsValid() {
-			return nil, invalid("since", "is not a valid time")
-		}
-		q.Since = t.AsTime()
-	}
-	if t := r.GetUntil(); t != nil {
-		if !t.IsValid() {
-			return nil, invalid("until", "is not a valid time")
-		}
-		q.Until = t.AsTime()
-	}
-	if !q.Since.IsZero() && !q.Until.IsZero() && !q.Until.After(q.Since) {
-		return nil, invalid("until", "must be after since")
+	if q.Since, q.Until, err = timeWindow(r.GetSince(), r.GetUntil()); err != nil {
+		return nil, err
 	}
 	entries, err := s.store.OutboxQuery(ctx, &q)
 	if err != nil {
 		return nil, err
 	}
-	out := &apiv1.ListEventsResponse{NextCursor: next(entries, lp, func(e *store.OutboxEntry) string { return strconv.FormatInt(e.ID, 10) })}
+	out := &apiv1.ListEventsResponse{NextCursor: next(entries, lp, func(e *store.OutboxEntry) string { return idString(e.ID) })}
 	for _, e := range entries {
 		out.Events = append(out.Events, eventOut(&feed.Event{ID: e.ID, Type: e.Topic, Subject: e.Key, Time: e.CreatedAt,
 			JSON: events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)}))

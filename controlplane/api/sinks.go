@@ -36,18 +36,14 @@ func (s *Server) sinksDeadLetters(ctx context.Context, _ *iam.Principal, r *apiv
 		}
 	}
 	q := store.DeadLetterListParams{Sink: r.GetSink(), Limit: lp.Limit}
-	if lp.Cursor != "" {
-		id, err := strconv.ParseInt(lp.Cursor, 10, 64)
-		if err != nil || id <= 0 {
-			return nil, invalid("page.cursor", "is not a cursor this API returned")
-		}
-		q.AfterID = id
+	if q.AfterID, err = idCursor(lp.Cursor); err != nil {
+		return nil, err
 	}
 	dls, err := s.store.DeadLetterList(ctx, &q)
 	if err != nil {
 		return nil, err
 	}
-	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return strconv.FormatInt(d.ID, 10) })}
+	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return idString(d.ID) })}
 	for _, d := range dls {
 		out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
 	}
