@@ -1,7 +1,6 @@
 package api
 
 import (
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/inventory"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -62,18 +62,8 @@ func apiTokenOut(t *store.APIToken) *apiv1.APIToken {
 		ExpireTime: tsp(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt)}
 }
 
-// inventoryOf decodes a node's stored inventory (protojson of
-// session.v1.Inventory); nil when there is none or it does not decode.
-func inventoryOf(n *store.Node) *sessionv1.Inventory {
-	if len(n.Inventory) == 0 {
-		return nil
-	}
-	inv := &sessionv1.Inventory{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(n.Inventory, inv); err != nil {
-		return nil
-	}
-	return inv
-}
+// inventoryOf decodes a node's stored inventory (inventory.Decode).
+func inventoryOf(n *store.Node) *sessionv1.Inventory { return inventory.Decode(n.Inventory) }
 
 // inventoryStruct is a node's stored inventory as the object Node.inventory
 // carries: its protojson (the API's marshal options) as a Struct, nil when
@@ -103,19 +93,11 @@ func outputForms(b []byte) (text string, raw []byte) {
 	return "", b
 }
 
-// healthName turns GPU_HEALTH_STATE_FAILED into "failed".
-func healthName(h *sessionv1.GPUHealth) string {
-	if h == nil || h.GetState() == sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED {
-		return "ok"
-	}
-	return strings.ToLower(strings.TrimPrefix(h.GetState().String(), "GPU_HEALTH_STATE_"))
-}
-
 func gpusOut(inv *sessionv1.Inventory) []*apiv1.GPU {
 	var out []*apiv1.GPU
 	for _, g := range inv.GetGpus() {
 		out = append(out, &apiv1.GPU{Uuid: g.GetUuid(), Name: g.GetName(), MemoryTotalBytes: g.GetMemoryTotalBytes(),
-			Health: healthName(g.GetHealth()), HealthReasons: g.GetHealth().GetReasons()})
+			Health: inventory.HealthName(g.GetHealth()), HealthReasons: g.GetHealth().GetReasons()})
 	}
 	return out
 }

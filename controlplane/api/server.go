@@ -88,6 +88,14 @@ type Config struct {
 	// outbox that Run runs (Server.Feed returns it, for other readers in
 	// the process such as the fleet page).
 	Feed *feed.Feed
+	// EventWakeups, when set, wakes the feed Run runs when another process
+	// wrote to the outbox (serve: a wake.Bus that LISTENs on
+	// postgres.OutboxChannel); this process's own writes wake it through
+	// the store's OutboxWritten.
+	EventWakeups <-chan struct{}
+	// EventPoll is how often the feed Run runs reads the outbox without a
+	// wake-up (feed.Config.Poll). Defaults to 500 ms.
+	EventPoll time.Duration
 	// EventHeartbeat is how often an idle event stream sends a comment.
 	// Defaults to 15 s.
 	EventHeartbeat time.Duration
@@ -139,7 +147,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s.unauth.now = cfg.Now
 	s.stopping = make(chan struct{})
 	if s.feed = cfg.Feed; s.feed == nil {
-		s.feed, s.ownFeed = feed.New(feed.Config{}, st, s.log), true
+		s.feed, s.ownFeed = feed.New(feed.Config{Poll: cfg.EventPoll}, st, s.log), true
 	}
 	if s.unauth.now == nil {
 		s.unauth.now = time.Now
@@ -248,7 +256,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.ownFeed {
 		fctx, stopFeed := context.WithCancel(ctx)
 		defer stopFeed()
-		go func() { _ = s.feed.Run(fctx, nil) }()
+		written, unsubscribe := s.store.OutboxWritten()
+		defer unsubscribe()
+		go func() { _ = s.feed.Run(fctx, written, s.cfg.EventWakeups) }()
 	}
 	close(s.ready)
 	srv := &http.Server{

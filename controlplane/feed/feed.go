@@ -11,10 +11,11 @@
 // store, and a cursor below what retention pruned (store
 // OutboxPrunedThrough) is a *GapError, never a silent skip.
 //
-// The loop reads when told (Notify: the api's own writes; a wake.Bus
-// subscription: commands it enqueued) and otherwise every Poll, which bounds
-// how late an event written by another process (a gateway, a worker)
-// reaches the readers.
+// The loop reads when told (Notify; the wake-up channels Run is given: the
+// store's OutboxWritten, for every write of the process, and on PostgreSQL
+// a wake.Bus that LISTENs on postgres.OutboxChannel, for the writes of other
+// processes) and otherwise every Poll, the fallback that bounds how late an
+// event reaches the readers when a wake-up is lost.
 package feed
 
 import (
@@ -24,6 +25,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/events"
@@ -88,6 +90,8 @@ type Feed struct {
 
 	ready chan struct{} // closed once head is known
 
+	woken atomic.Int64 // reads a wake-up started that found entries
+
 	mu      sync.Mutex
 	head    int64         // every entry up to head is settled
 	from    int64         // ring holds every entry with from < id <= head
@@ -116,19 +120,25 @@ func (f *Feed) Notify() {
 	}
 }
 
-// Run reads the outbox until ctx ends. wakeups, when not nil, is a further
-// source of Notify (a wake.Bus subscription).
-func (f *Feed) Run(ctx context.Context, wakeups <-chan struct{}) error {
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-wakeups:
-				f.Notify()
-			}
+// Run reads the outbox until ctx ends. Each of wakeups (nil ones are
+// ignored) is a further source of Notify: the store's OutboxWritten, a
+// wake.Bus subscription.
+func (f *Feed) Run(ctx context.Context, wakeups ...<-chan struct{}) error {
+	for _, w := range wakeups {
+		if w == nil {
+			continue
 		}
-	}()
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-w:
+					f.Notify()
+				}
+			}
+		}()
+	}
 	for ctx.Err() == nil {
 		if err := f.start(ctx); err == nil {
 			break
@@ -137,8 +147,10 @@ func (f *Feed) Run(ctx context.Context, wakeups <-chan struct{}) error {
 		}
 		f.sleep(ctx)
 	}
+	woke := false // the read that follows a wake-up
 	for ctx.Err() == nil {
-		n, err := f.read(ctx)
+		n, err := f.read(ctx, woke)
+		woke = false
 		switch {
 		case ctx.Err() != nil:
 		case err != nil:
@@ -146,21 +158,29 @@ func (f *Feed) Run(ctx context.Context, wakeups <-chan struct{}) error {
 		case n == f.cfg.Batch:
 			continue // more may wait
 		}
-		f.sleep(ctx)
+		woke = f.sleep(ctx)
 	}
 	return nil
 }
 
-// sleep waits for a Notify, the poll interval or ctx.
-func (f *Feed) sleep(ctx context.Context) {
+// sleep waits for a Notify, the poll interval or ctx; it reports whether
+// a Notify ended it.
+func (f *Feed) sleep(ctx context.Context) bool {
 	t := time.NewTimer(f.cfg.Poll)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-f.wake:
+		return true
 	case <-t.C:
 	}
+	return false
 }
+
+// WokenReads returns how many reads of the outbox that a wake-up (Notify,
+// or one of Run's channels) started, rather than the poll, found new
+// entries.
+func (f *Feed) WokenReads() int64 { return f.woken.Load() }
 
 // start learns where the outbox ends. OutboxList after the newest id waits,
 // under the read lock, for every writer that took a lower id, so what
@@ -183,13 +203,18 @@ func (f *Feed) start(ctx context.Context) error {
 }
 
 // read takes the entries after head into the ring; it returns how many.
-func (f *Feed) read(ctx context.Context) (int, error) {
+// woke says a wake-up started it: one that finds entries is counted
+// (WokenReads) before readers see them.
+func (f *Feed) read(ctx context.Context, woke bool) (int, error) {
 	f.mu.Lock()
 	head := f.head
 	f.mu.Unlock()
 	entries, err := f.st.OutboxList(ctx, head, f.cfg.Batch)
 	if err != nil {
 		return 0, fmt.Errorf("read outbox after %d: %w", head, err)
+	}
+	if woke && len(entries) > 0 {
+		f.woken.Add(1)
 	}
 	f.append(entries)
 	return len(entries), nil

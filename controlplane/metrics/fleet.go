@@ -8,15 +8,13 @@ import (
 	"maps"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/better-compute/better-compute/controlplane/inventory"
 	"github.com/better-compute/better-compute/controlplane/store"
-	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 var (
@@ -39,9 +37,6 @@ var (
 // nodeStates are the states bettercompute_nodes always reports, 0 when no
 // node is in them.
 var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining}
-
-// gpuHealths are the health names bettercompute_gpus always reports.
-var gpuHealths = []string{"ok", "degraded", "failed"}
 
 // fleetOps name the fleet collector's queries in
 // bettercompute_store_query_duration_seconds.
@@ -109,29 +104,16 @@ func (c *fleetCollector) nodes(ctx context.Context, ch chan<- prometheus.Metric)
 	ch <- prometheus.MustNewConstMetric(descNodesCordoned, prometheus.GaugeValue, float64(cordoned))
 }
 
-// gpuHealth reports the GPUs by health. Counting reads every node's
-// inventory (O(nodes), in pages of store.MaxListLimit), so the count is
-// kept for GPUCacheTTL.
+// gpuHealth reports the GPUs by health (inventory.CountGPUs, which reads
+// every node's inventory: O(nodes)), so the count is kept for GPUCacheTTL.
 func (c *fleetCollector) gpuHealth(ctx context.Context, ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.gpus == nil || c.m.cfg.Now().Sub(c.at) >= c.m.cfg.GPUCacheTTL {
-		counts := map[string]int{}
-		err := c.timed("node_scan", func() error {
-			lp := store.NodeListParams{ListParams: store.ListParams{Limit: store.MaxListLimit}}
-			for {
-				nodes, err := c.st.NodeList(ctx, &lp)
-				if err != nil {
-					return err
-				}
-				for _, n := range nodes {
-					countGPUs(n.Inventory, counts)
-				}
-				if len(nodes) < lp.Limit {
-					return nil
-				}
-				lp.Cursor = nodes[len(nodes)-1].ID
-			}
+		var counts map[string]int
+		err := c.timed("node_scan", func() (err error) {
+			counts, err = inventory.CountGPUs(ctx, c.st)
+			return err
 		})
 		if err != nil {
 			ch <- prometheus.NewInvalidMetric(descGPUs, err)
@@ -139,28 +121,8 @@ func (c *fleetCollector) gpuHealth(ctx context.Context, ch chan<- prometheus.Met
 		}
 		c.gpus, c.at = counts, c.m.cfg.Now()
 	}
-	for _, h := range gpuHealths {
+	for _, h := range inventory.Healths {
 		ch <- prometheus.MustNewConstMetric(descGPUs, prometheus.GaugeValue, float64(c.gpus[h]), h)
-	}
-}
-
-// countGPUs adds the GPUs of an inventory (protojson of
-// session.v1.Inventory) to counts by health; one that does not decode
-// counts nothing.
-func countGPUs(inventory []byte, counts map[string]int) {
-	if len(inventory) == 0 {
-		return
-	}
-	inv := &sessionv1.Inventory{}
-	if (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(inventory, inv) != nil {
-		return
-	}
-	for _, g := range inv.GetGpus() {
-		h := "ok"
-		if s := g.GetHealth().GetState(); s != sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED {
-			h = strings.ToLower(strings.TrimPrefix(s.String(), "GPU_HEALTH_STATE_"))
-		}
-		counts[h]++
 	}
 }
 

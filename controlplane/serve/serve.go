@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/wake"
 	"github.com/better-compute/better-compute/controlplane/workers"
 )
@@ -66,8 +67,19 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			return err
 		}
 	}
+	// listen are the wake-up channels this process LISTENs on (PostgreSQL):
+	// the gateway's command wake-ups, the api's event feed's outbox writes
+	// of other processes.
+	listen := map[string]*wake.Bus{}
+	if gw != nil {
+		listen[wake.Channel] = bus
+	}
 	var srv *api.Server
 	if cfg.Runs("api") {
+		events := wake.NewBus(nil)
+		listen[postgres.OutboxChannel] = events
+		eventWakeups, unsubscribeEvents := events.Subscribe()
+		defer unsubscribeEvents()
 		if cfg.Embedded {
 			if err := ensureAdminToken(ctx, cfg.DataDir, st, log); err != nil {
 				return err
@@ -85,7 +97,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		m.WatchCertificate("api", certFile)
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
-			Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
+			EventWakeups: eventWakeups, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}
 
 	failed := make(chan error, 8)
@@ -106,13 +118,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 				opts.GatewayReady(gw)
 			}
 		}))
-		if cfg.Database.URL != "" {
-			stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-				// LISTEN needs a session: database.notifyURL, a direct
-				// connection, when database.url is a transaction pooler.
-				return wake.Listen(ctx, cfg.Database.ListenURL(), bus, log)
-			}, nil, nil))
-		}
+	}
+	if cfg.Database.URL != "" && len(listen) > 0 {
+		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+			// LISTEN needs a session: database.notifyURL, a direct
+			// connection, when database.url is a transaction pooler.
+			return wake.ListenChannels(ctx, cfg.Database.ListenURL(), listen, log)
+		}, nil, nil))
 	}
 	if srv != nil {
 		stages = append(stages, start(ctx, failed, srv.Run, srv.Ready(), func() {

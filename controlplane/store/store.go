@@ -839,6 +839,14 @@ type OutboxStore interface {
 	// when nothing was pruned): a reader resuming after a lower id has lost
 	// entries to retention.
 	OutboxPrunedThrough(ctx context.Context) (int64, error)
+	// OutboxWritten returns a channel that receives a value after each
+	// commit, through this store, of a transaction that wrote to the
+	// outbox (several coalesce into one pending value), and the function
+	// that ends the subscription: the process's outbox readers read then
+	// rather than at their next poll. On PostgreSQL such a commit also
+	// sends NOTIFY on postgres.OutboxChannel, for the readers of other
+	// processes (wake.ListenChannels).
+	OutboxWritten() (<-chan struct{}, func())
 }
 
 // OutboxQueryParams filter OutboxQuery. Every filter is optional (zero

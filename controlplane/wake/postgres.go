@@ -47,15 +47,25 @@ func (n *PGNotifier) Close() { n.pool.Close() }
 // pooler does not keep) that LISTENs on Channel and wakes bus locally on
 // every notification, reconnecting with backoff, until ctx ends.
 func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
+	return ListenChannels(ctx, url, map[string]*Bus{Channel: bus}, log)
+}
+
+// ListenChannels is Listen on several channels over one connection: a
+// notification on a channel wakes its bus locally (the gateway's command
+// wake-ups on Channel, the api's event feed on postgres.OutboxChannel).
+// After a lost connection every bus is woken once, since something may
+// have been missed while reconnecting.
+func ListenChannels(ctx context.Context, url string, buses map[string]*Bus, log *slog.Logger) error {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := listenOnce(ctx, url, bus, func() { backoff = 100 * time.Millisecond })
+		err := listenOnce(ctx, url, buses, func() { backoff = 100 * time.Millisecond })
 		if ctx.Err() != nil {
 			return nil
 		}
 		log.WarnContext(ctx, "Wake-up listener lost its connection", logkey.Err, err)
-		// Something may have been missed while reconnecting: wake once.
-		bus.Local()
+		for _, bus := range buses {
+			bus.Local()
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff/2 + rand.N(backoff)):
@@ -65,7 +75,7 @@ func Listen(ctx context.Context, url string, bus *Bus, log *slog.Logger) error {
 	return nil
 }
 
-func listenOnce(ctx context.Context, url string, bus *Bus, connected func()) error {
+func listenOnce(ctx context.Context, url string, buses map[string]*Bus, connected func()) error {
 	cfg, _, err := postgres.ParseURL(url)
 	if err != nil {
 		return err
@@ -75,14 +85,19 @@ func listenOnce(ctx context.Context, url string, bus *Bus, connected func()) err
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
-		return err
+	for ch := range buses {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return err
+		}
 	}
 	connected()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		bus.Local()
+		if bus := buses[n.Channel]; bus != nil {
+			bus.Local()
+		}
 	}
 }

@@ -7,6 +7,10 @@
 // better_compute_wake and every gateway's Listener turns the notifications
 // it receives into local wake-ups. A wake-up is a hint only: the gateways'
 // loop still finds every queued command without one.
+//
+// The same listener (ListenChannels) also wakes the api's event feed when
+// another process commits an outbox write: the store sends NOTIFY on
+// postgres.OutboxChannel in every such transaction.
 package wake
 
 import (

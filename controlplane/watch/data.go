@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
+	"github.com/better-compute/better-compute/controlplane/inventory"
 	"github.com/better-compute/better-compute/controlplane/store"
-	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // nodeStates are the node states the page knows, in the order it shows
@@ -195,9 +192,9 @@ func (h *Handler) load(ctx context.Context, filter, cursor string) (*view, error
 	for _, n := range nodes {
 		row := nodeRow{ID: n.ID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned, Version: n.BCDVersion,
 			Site: pl.site(pl.poolSite[n.PoolID]), Pool: cmp.Or(pl.poolName[n.PoolID], n.PoolID), LastSeen: n.LastSeenAt}
-		for _, g := range inventoryOf(n).GetGpus() {
+		for _, g := range inventory.Decode(n.Inventory).GetGpus() {
 			row.GPUs++
-			if healthName(g.GetHealth()) != "ok" {
+			if inventory.HealthName(g.GetHealth()) != "ok" {
 				row.GPUIssues++
 			}
 		}
@@ -263,45 +260,11 @@ func (h *Handler) gpuTotals(ctx context.Context) (*gpuCounts, error) {
 	if l := h.gpus.last; l != nil && now.Sub(l.at) < h.cfg.GPUCacheTTL {
 		return l, nil
 	}
-	out := &gpuCounts{at: now.UTC(), byHealth: map[string]int{}}
-	lp := store.NodeListParams{ListParams: store.ListParams{Limit: store.MaxListLimit}}
-	for {
-		nodes, err := h.store.NodeList(ctx, &lp)
-		if err != nil {
-			return nil, fmt.Errorf("count GPUs: %w", err)
-		}
-		for _, n := range nodes {
-			for _, g := range inventoryOf(n).GetGpus() {
-				out.byHealth[healthName(g.GetHealth())]++
-			}
-		}
-		if len(nodes) < lp.Limit {
-			break
-		}
-		lp.Cursor = nodes[len(nodes)-1].ID
+	byHealth, err := inventory.CountGPUs(ctx, h.store)
+	if err != nil {
+		return nil, err
 	}
+	out := &gpuCounts{at: now.UTC(), byHealth: byHealth}
 	h.gpus.last = out
 	return out, nil
-}
-
-// inventoryOf decodes a node's stored inventory (protojson of
-// session.v1.Inventory); nil when there is none or it does not decode.
-func inventoryOf(n *store.Node) *sessionv1.Inventory {
-	if len(n.Inventory) == 0 {
-		return nil
-	}
-	inv := &sessionv1.Inventory{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(n.Inventory, inv); err != nil {
-		return nil
-	}
-	return inv
-}
-
-// healthName turns GPU_HEALTH_STATE_FAILED into "failed", as the API's
-// nodes.list does.
-func healthName(h *sessionv1.GPUHealth) string {
-	if h == nil || h.GetState() == sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED {
-		return "ok"
-	}
-	return strings.ToLower(strings.TrimPrefix(h.GetState().String(), "GPU_HEALTH_STATE_"))
 }

@@ -2,6 +2,7 @@ package watch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -10,30 +11,32 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 )
 
-// hub watches the store for changes the page shows, once for every open
-// stream of the process: while at least one stream is subscribed it reads,
-// every interval, the newest outbox id and the node and command counts
-// (three small queries), and wakes every subscriber when their fingerprint
-// changed. The outbox alone would do once every state change writes an
-// event (issue 18, item 1); the counts also catch the changes that write
-// none.
+// hub watches for changes the page shows, once for every open stream of
+// the process: while at least one stream is subscribed it follows the
+// process's event feed (package feed, the api's one outbox reader) and
+// wakes every subscriber after each new event; after an event, and every
+// interval without one, it also reads the node and command counts (two
+// small grouped queries) and wakes the subscribers when they changed,
+// which catches the changes that write no event (a command dispatched or
+// running).
 type hub struct {
 	st       Store
+	feed     *feed.Feed
 	interval time.Duration
 	log      *slog.Logger
 
 	mu      sync.Mutex
 	subs    map[chan int64]struct{}
 	running bool
-	last    uint64 // fingerprint of the last read
-	lastID  int64  // outbox id of the last read
+	last    uint64 // fingerprint of the last look
 }
 
-func newHub(st Store, interval time.Duration, log *slog.Logger) *hub {
-	return &hub{st: st, interval: interval, log: log, subs: map[chan int64]struct{}{}}
+func newHub(st Store, f *feed.Feed, interval time.Duration, log *slog.Logger) *hub {
+	return &hub{st: st, feed: f, interval: interval, log: log, subs: map[chan int64]struct{}{}}
 }
 
 // subscribe returns a channel that receives the newest outbox id after
@@ -57,9 +60,9 @@ func (h *hub) subscribe() (<-chan int64, func()) {
 }
 
 func (h *hub) run() {
-	t := time.NewTicker(h.interval)
-	defer t.Stop()
-	for range t.C {
+	ctx := context.Background()
+	cursor, _ := h.feed.Head(ctx) // only a cancelled ctx fails Head
+	for {
 		h.mu.Lock()
 		if len(h.subs) == 0 {
 			h.running = false
@@ -67,41 +70,49 @@ func (h *hub) run() {
 			return
 		}
 		h.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		fp, id, err := h.fingerprint(ctx)
+		read, cancel := context.WithTimeout(ctx, 5*time.Second)
+		fp, err := h.fingerprint(read, cursor)
 		cancel()
+		h.mu.Lock()
 		if err != nil {
 			h.log.Warn("Fleet page change poll failed", logkey.Err, err)
-			continue
-		}
-		h.mu.Lock()
-		if fp != h.last {
-			h.last, h.lastID = fp, id
+		} else if fp != h.last {
+			h.last = fp
 			for ch := range h.subs {
 				select {
-				case ch <- id:
+				case ch <- cursor:
 				default: // one pending wake-up is enough
 				}
 			}
 		}
 		h.mu.Unlock()
+		wait, cancel := context.WithTimeout(ctx, h.interval)
+		evs, err := h.feed.Next(wait, cursor, 1000)
+		cancel()
+		var gap *feed.GapError
+		switch {
+		case errors.As(err, &gap): // fell behind retention: from now on
+			cursor, _ = h.feed.Head(ctx)
+		case err != nil && !errors.Is(err, context.DeadlineExceeded):
+			h.log.Warn("Fleet page cannot follow the event feed", logkey.Err, err)
+			time.Sleep(h.interval)
+		case len(evs) > 0:
+			cursor = evs[len(evs)-1].ID
+		}
 	}
 }
 
-// fingerprint hashes what the page's live part depends on, but for GPU
-// health (in inventories; reported as events, which move the outbox id).
-func (h *hub) fingerprint(ctx context.Context) (uint64, int64, error) {
-	id, err := h.st.OutboxMaxID(ctx)
-	if err != nil {
-		return 0, 0, fmt.Errorf("outbox max id: %w", err)
-	}
+// fingerprint hashes what the page's live part depends on: the newest
+// event id (id) and the node and command counts. GPU health is in
+// inventories; its changes are events, which move id.
+func (h *hub) fingerprint(ctx context.Context, id int64) (uint64, error) {
 	counts, err := h.st.NodeCounts(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	open, err := h.st.CommandCountOpen(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	f := fnv.New64a()
 	fmt.Fprintf(f, "%d|", id)
@@ -116,7 +127,7 @@ func (h *hub) fingerprint(ctx context.Context) (uint64, int64, error) {
 	for _, s := range states {
 		fmt.Fprintf(f, "%s=%d|", s, open[s])
 	}
-	return f.Sum64(), id, nil
+	return f.Sum64(), nil
 }
 
 // events is the page's event stream (Server-Sent Events, authorised by the

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -81,8 +82,12 @@ type Config struct {
 	// GPUCacheTTL is how long the GPU totals (a scan of every inventory)
 	// are reused. Defaults to 5 s.
 	GPUCacheTTL time.Duration
-	// PollInterval is how often the event stream looks for a change (a new
-	// outbox entry, or changed node or command counts). Defaults to 500 ms.
+	// Feed is the process's event feed (api.Server.Feed): the stream
+	// follows it for new events. Required.
+	Feed *feed.Feed
+	// PollInterval is how often the event stream, without a new event,
+	// looks for changed node or command counts (the changes that write no
+	// event). Defaults to 500 ms.
 	PollInterval time.Duration
 	// KeepAlive is the interval of the stream's keep-alive comments.
 	// Defaults to 15 s.
@@ -123,8 +128,8 @@ type Handler struct {
 
 // New returns the page's handler over st; Register mounts it.
 func New(cfg Config, st Store, log *slog.Logger) (*Handler, error) {
-	if cfg.Auth == nil || cfg.CallerAddr == nil {
-		return nil, errors.New("watch: Auth and CallerAddr are required")
+	if cfg.Auth == nil || cfg.CallerAddr == nil || cfg.Feed == nil {
+		return nil, errors.New("watch: Auth, CallerAddr and Feed are required")
 	}
 	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, 30*time.Minute)
 	cfg.MaxLifetime = cmp.Or(cfg.MaxLifetime, 12*time.Hour)
@@ -155,7 +160,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Handler, error) {
 	h := &Handler{cfg: cfg, store: st, log: log, now: now,
 		sessions: newSessions(cfg.IdleTimeout, cfg.MaxLifetime, cfg.MaxSessions, now),
 		static:   http.StripPrefix(Path+"/static/", http.FileServerFS(static))}
-	h.hub = newHub(st, cfg.PollInterval, log)
+	h.hub = newHub(st, cfg.Feed, cfg.PollInterval, log)
 	return h, nil
 }
 

@@ -2,7 +2,9 @@ package watch_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
@@ -52,7 +55,15 @@ func newFixture(t *testing.T, cfg watch.Config) *fixture {
 	cfg.Auth = iam.NewAuthenticator(iam.Config{}, st)
 	cfg.CallerAddr = func(context.Context) netip.Addr { return netip.MustParseAddr("127.0.0.1") }
 	cfg.Now = func() time.Time { return *f.now }
-	cfg.PollInterval = 20 * time.Millisecond
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 20*time.Millisecond)
+	// The process's event feed, as the api runs it: woken by every outbox
+	// write of the store, never by its poll (an hour).
+	cfg.Feed = feed.New(feed.Config{Poll: time.Hour}, st, nil)
+	written, unsubscribe := st.OutboxWritten()
+	feedCtx, stopFeed := context.WithCancel(ctx)
+	feedDone := make(chan struct{})
+	go func() { defer close(feedDone); _ = cfg.Feed.Run(feedCtx, written) }()
+	t.Cleanup(func() { stopFeed(); <-feedDone; unsubscribe() })
 	h, err := watch.New(cfg, st, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -246,9 +257,10 @@ func TestRevokedTokenEndsSession(t *testing.T) {
 }
 
 // The stream: refused without a session; a change event after a node
-// changes state.
+// changes state, carried by the event feed (the counts poll is an hour
+// apart) with the id of the event the change wrote.
 func TestEventStream(t *testing.T) {
-	f := newFixture(t, watch.Config{})
+	f := newFixture(t, watch.Config{PollInterval: time.Hour})
 	if resp, _ := f.get(t, &http.Client{}, "/watch/events"); resp.StatusCode != 401 {
 		t.Fatalf("stream without a session: %d", resp.StatusCode)
 	}
@@ -281,6 +293,11 @@ func TestEventStream(t *testing.T) {
 	if err := f.st.NodeSetState(context.Background(), "node_x", store.NodeReady); err != nil {
 		t.Fatal(err)
 	}
+	newest, err := f.st.OutboxMaxID(context.Background())
+	if err != nil || newest == 0 {
+		t.Fatalf("the node's move wrote no event: %d, %v", newest, err)
+	}
+	waitLine(t, lines, fmt.Sprintf("id: %d", newest))
 	waitLine(t, lines, "event: change")
 }
 

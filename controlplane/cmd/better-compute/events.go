@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -24,81 +23,29 @@ func eventsCmd(e *env) *cobra.Command {
 }
 
 func eventsListCmd(e *env, af *apiFlags) *cobra.Command {
-	var (
-		since, until, out string
-		req               apiv1.ListEventsRequest
-		limit             int
-	)
-	cmd := &cobra.Command{
-		Use:   "list [--type PREFIX] [--subject ID] [--since 1h] [--until T] [--limit N]",
-		Short: "List events, newest first (needs a viewer token)",
-		Long: `list calls events.list and prints the events newest first. --type keeps the
+	var req apiv1.ListEventsRequest
+	w := &windowList[*apiv1.ListEventsRequest, *apiv1.ListEventsResponse, *apiv1.Event]{Noun: "events", Header: []string{"ID", "TIME", "TYPE", "SUBJECT", "DATA"},
+		List: (*client.Client).EventsList, Items: (*apiv1.ListEventsResponse).GetEvents, Row: eventRow,
+		Req: &req, Page: &req.Page, Since: &req.Since, Until: &req.Until}
+	cmd := w.command(e, af, "list [--type PREFIX] [--subject ID] [--since 1h] [--until T] [--limit N]",
+		"List events, newest first (needs a viewer token)",
+		`list calls events.list and prints the events newest first. --type keeps the
 types that begin with it ("node." is read as com.better-compute.node.);
 --subject keeps the events about one node, command or token id. --since and
 --until take a duration before now (90m, 24h) or an RFC 3339 time; since is
 inclusive, until exclusive. --limit bounds the events printed (0: all that
 match); -o json prints the API's ListEventsResponse, each event with its
 CloudEvents envelope, with nextCursor set when more events match than were
-printed.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkOutput(out); err != nil {
-				return err
-			}
-			if limit < 0 {
-				return usageError{fmt.Errorf("--limit %d: want 0 (all) or more", limit)}
-			}
-			now := time.Now()
-			var err error
-			if req.Since, err = auditTime("--since", since, now); err != nil {
-				return err
-			}
-			if req.Until, err = auditTime("--until", until, now); err != nil {
-				return err
-			}
-			return runAPI(cmd.Context(), e, af, out,
-				func(ctx context.Context, c *client.Client) (*apiv1.ListEventsResponse, error) {
-					all := &apiv1.ListEventsResponse{}
-					for {
-						page := int32(1000)
-						if left := limit - len(all.Events); limit > 0 && left < int(page) {
-							page = int32(left)
-						}
-						req.Page = &apiv1.Page{Cursor: all.NextCursor, Limit: page}
-						resp, err := c.EventsList(ctx, &req)
-						if err != nil {
-							return nil, err
-						}
-						all.Events = append(all.Events, resp.Events...)
-						all.NextCursor = resp.NextCursor
-						if resp.NextCursor == "" || (limit > 0 && len(all.Events) >= limit) {
-							return all, nil
-						}
-					}
-				},
-				func(_ *client.Client, all *apiv1.ListEventsResponse) error {
-					rows := make([][]string, 0, len(all.Events))
-					for _, ev := range all.Events {
-						rows = append(rows, []string{ev.Id, when(ev.Time), shortType(ev.Type), orDash(ev.Subject), eventSummary(ev.CloudEvent)})
-					}
-					if err := table(e.stdout, []string{"ID", "TIME", "TYPE", "SUBJECT", "DATA"}, rows); err != nil {
-						return err
-					}
-					if all.NextCursor != "" {
-						fmt.Fprintf(e.stderr, "showing the newest %d events; more match (--limit 0 for all)\n", len(all.Events))
-					}
-					return nil
-				})
-		},
-	}
+printed.`)
 	fl := cmd.Flags()
 	fl.StringVar(&req.TypePrefix, "type", "", "only types starting with this, such as node. or com.better-compute.gpu.")
 	fl.StringVar(&req.Subject, "subject", "", "only events about this object (a node, command or token id)")
-	fl.StringVar(&since, "since", "", "only events at or after this: a duration before now (1h) or an RFC 3339 time")
-	fl.StringVar(&until, "until", "", "only events before this: a duration before now or an RFC 3339 time")
-	fl.IntVar(&limit, "limit", 100, "print at most this many events, the newest (0: all)")
-	outputFlag(cmd, &out)
 	return cmd
+}
+
+// eventRow is an event's row of the events list table.
+func eventRow(ev *apiv1.Event) []string {
+	return []string{ev.Id, when(ev.Time), shortType(ev.Type), orDash(ev.Subject), eventSummary(ev.CloudEvent)}
 }
 
 func eventsWatchCmd(e *env, af *apiFlags) *cobra.Command {

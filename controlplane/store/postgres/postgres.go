@@ -33,6 +33,12 @@ var migrations embed.FS
 // a claim rolled back leaves its commands queued, to be sent again.
 const IdleInTransactionTimeout = 5 * time.Second
 
+// OutboxChannel is the NOTIFY channel on which every transaction that
+// writes to the outbox tells, at its commit, the outbox readers of other
+// processes (the api's event feed; they LISTEN with wake.ListenChannels).
+// A notification is a hint only: the readers also poll.
+const OutboxChannel = "better_compute_outbox"
+
 // EnvFenceTag, set to any value in a process's environment, makes every
 // fenced transaction of its stores set FenceTagSetting, local to the
 // transaction, to "<lease> <holder> <epoch>" after the fence check, so that
@@ -86,6 +92,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		// One lock per schema: writers share it, a reader excludes them.
 		OutboxWriteLock: `SELECT pg_advisory_xact_lock_shared(hashtext('better-compute outbox ' || current_schema()))`,
 		OutboxReadLock:  `SELECT pg_advisory_xact_lock(hashtext('better-compute outbox ' || current_schema()))`,
+		OutboxNotify:    `SELECT pg_notify('` + OutboxChannel + `', '')`,
 		FenceTag:        fenceTag(),
 	}), nil
 }

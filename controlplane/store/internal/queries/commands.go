@@ -16,6 +16,19 @@ const commandColumns = `id, node_id, kind, spec, state, coalesce(idempotency_key
 	gateway_id, exit_code, error, output_truncated, output_bytes, result, cancel_requested, created_at, deadline_at,
 	dispatched_at, started_at, finished_at, session_spec`
 
+// commandEventColumns are the columns a command's events tell (see
+// commandEvent): a terminal result reads back only these, not the spec
+// and result, which a batch of a thousand results would otherwise move.
+const commandEventColumns = `id, node_id, kind, batch_id, state, created_by, exit_code, error`
+
+func scanCommandEvent(r Row) (*store.Command, error) {
+	c := &store.Command{}
+	if err := r.Scan(&c.ID, &c.NodeID, &c.Kind, &c.BatchID, &c.State, &c.CreatedBy, &c.ExitCode, &c.Error); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 func scanCommand(r Row) (*store.Command, error) {
 	c := &store.Command{}
 	var legacy []byte
@@ -237,12 +250,12 @@ func (s *Store) CommandFinish(ctx context.Context, p *store.CommandFinishParams)
 		rows, err := q.db.Query(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
 				result = $6, finished_at = coalesce($7, now()),
 				started_at = coalesce(started_at, dispatched_at)
-			WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates+` RETURNING `+commandColumns,
+			WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates+` RETURNING `+commandEventColumns,
 			p.ID, p.State, p.ExitCode, p.Error, p.OutputTruncated, result, p.Now, p.NodeID)
 		if err != nil {
 			return q.wrap("finish command "+p.ID, err)
 		}
-		cmds, err := collect(rows, scanCommand)
+		cmds, err := collect(rows, scanCommandEvent)
 		if err != nil {
 			return q.wrap("finish command "+p.ID, err)
 		}

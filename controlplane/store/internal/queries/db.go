@@ -86,6 +86,12 @@ type Dialect struct {
 	// that have taken ids to commit, and later writers take higher ids.
 	// Empty when writers are serialised anyway (SQLite).
 	OutboxWriteLock, OutboxReadLock string
+	// OutboxNotify runs in every transaction that writes to the outbox,
+	// to tell other processes at its commit (PostgreSQL: NOTIFY, which
+	// the server delivers only when the transaction commits, and folds
+	// into one per transaction). Empty where every writer is in one
+	// process (SQLite): OutboxWritten's in-process signal is enough.
+	OutboxNotify string
 	// SkipLocked is appended to the claim query's row selection so
 	// concurrent claimers skip each other's rows (" FOR UPDATE OF c SKIP
 	// LOCKED" on PostgreSQL).

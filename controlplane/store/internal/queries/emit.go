@@ -16,10 +16,19 @@ type event struct {
 	data         any
 }
 
+// timedEvent is an event and the time its change happened.
+type timedEvent struct {
+	event
+	at time.Time
+}
+
 // emit writes events to the outbox in s's transaction (its caller's, or
 // one of its own), as CloudEvents envelopes timed now (the time the caller
-// passed, else the process's clock), in one statement. It belongs at the
-// end of its transaction (OutboxInsert's lock).
+// passed, else the process's clock). The transaction takes the outbox
+// write lock at once, and the events of every emit in it are written
+// together in multi-row inserts just before the commit (flushEvents), so
+// they come last in the transaction and a batch of changes costs a few
+// statements, not one per event.
 func (s *Store) emit(ctx context.Context, now *time.Time, evs ...event) error {
 	if len(evs) == 0 {
 		return nil
@@ -30,37 +39,46 @@ func (s *Store) emit(ctx context.Context, now *time.Time, evs ...event) error {
 	}
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		if q.d.OutboxWriteLock != "" {
-			if _, err := q.db.Exec(ctx, q.d.OutboxWriteLock); err != nil {
-				return q.wrap("lock outbox", err)
-			}
+		if err := q.outboxWrite(ctx); err != nil {
+			return err
 		}
-		for start := 0; start < len(evs); start += enqueueChunk {
-			chunk := evs[start:min(start+enqueueChunk, len(evs))]
-			args := make([]any, 0, 3*len(chunk))
-			var values strings.Builder
-			for i, e := range chunk {
-				env, err := events.New(e.typ, e.subject, e.data, t)
-				if err != nil {
-					return err
-				}
-				b, err := env.Marshal()
-				if err != nil {
-					return err
-				}
-				if i > 0 {
-					values.WriteString(", ")
-				}
-				n := len(args)
-				fmt.Fprintf(&values, "($%d, $%d, $%d, now())", n+1, n+2, n+3)
-				args = append(args, e.typ, e.subject, JSON(b))
-			}
-			if _, err := q.db.Exec(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES `+values.String(), args...); err != nil {
-				return q.wrap("write events", err)
-			}
+		for _, e := range evs {
+			*q.pending = append(*q.pending, timedEvent{e, t})
 		}
 		return nil
 	})
+}
+
+// flushEvents writes the transaction's pending events to the outbox, in
+// the order they were emitted.
+func (s *Store) flushEvents(ctx context.Context) error {
+	evs := *s.pending
+	*s.pending = nil
+	for start := 0; start < len(evs); start += enqueueChunk {
+		chunk := evs[start:min(start+enqueueChunk, len(evs))]
+		args := make([]any, 0, 3*len(chunk))
+		var values strings.Builder
+		for i, e := range chunk {
+			env, err := events.New(e.typ, e.subject, e.data, e.at)
+			if err != nil {
+				return err
+			}
+			b, err := env.Marshal()
+			if err != nil {
+				return err
+			}
+			if i > 0 {
+				values.WriteString(", ")
+			}
+			n := len(args)
+			fmt.Fprintf(&values, "($%d, $%d, $%d, now())", n+1, n+2, n+3)
+			args = append(args, e.typ, e.subject, JSON(b))
+		}
+		if _, err := s.db.Exec(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES `+values.String(), args...); err != nil {
+			return s.wrap("write events", err)
+		}
+	}
+	return nil
 }
 
 // nodeEvent is the event of node n as a change left it.

@@ -18,10 +18,8 @@ func (s *Store) OutboxInsert(ctx context.Context, topic, key string, payload []b
 	var id int64
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		if q.d.OutboxWriteLock != "" {
-			if _, err := q.db.Exec(ctx, q.d.OutboxWriteLock); err != nil {
-				return q.wrap("lock outbox", err)
-			}
+		if err := q.outboxWrite(ctx); err != nil {
+			return err
 		}
 		err := q.db.QueryRow(ctx, `INSERT INTO outbox (topic, key, payload, created_at) VALUES ($1, $2, $3, now())
 			RETURNING id`, topic, key, JSON(payload)).Scan(&id)

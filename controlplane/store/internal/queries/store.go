@@ -16,13 +16,21 @@ type Store struct {
 	db   DB // the pool, or the open transaction
 	d    *Dialect
 	inTx bool
+	// written signals OutboxWritten's subscribers, shared by the handle
+	// and its transactions; wrote (in a transaction) is set by an outbox
+	// write, for the commit to signal.
+	written *signal
+	wrote   *bool
+	// pending (in a transaction) holds the events emit was given, written
+	// in one multi-row insert just before the commit.
+	pending *[]timedEvent
 }
 
 var _ store.Store = (*Store)(nil)
 
 // New returns a Store running on pool with dialect d.
 func New(pool Pool, d *Dialect) *Store {
-	return &Store{pool: pool, db: pool, d: d}
+	return &Store{pool: pool, db: pool, d: d, written: newSignal()}
 }
 
 // Dialect names the backend.
@@ -55,7 +63,7 @@ func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
 	if err != nil {
 		return fmt.Errorf("begin: %w", s.d.Translate(err))
 	}
-	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true}
+	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true, written: s.written, wrote: new(bool), pending: new([]timedEvent)}
 	// A panic in fn (which net/http, say, recovers) must not leave the
 	// transaction open: on SQLite it would hold the one writer for good.
 	defer func() {
@@ -68,8 +76,15 @@ func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
 		_ = tx.Rollback(ctx)
 		return err
 	}
+	if err := inner.flushEvents(ctx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", s.d.Translate(err))
+	}
+	if *inner.wrote {
+		s.written.fire()
 	}
 	return nil
 }
