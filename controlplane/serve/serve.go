@@ -74,11 +74,17 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	if gw != nil {
 		listen[wake.Channel] = bus
 	}
+	// Outbox writes of other processes wake the api's event feed and the
+	// sinks' dispatchers.
+	var outboxWakeups func() (<-chan struct{}, func())
+	if cfg.Runs("api") || cfg.Runs("sinks") {
+		outbox := wake.NewBus(nil)
+		listen[postgres.OutboxChannel] = outbox
+		outboxWakeups = outbox.Subscribe
+	}
 	var srv *api.Server
 	if cfg.Runs("api") {
-		events := wake.NewBus(nil)
-		listen[postgres.OutboxChannel] = events
-		eventWakeups, unsubscribeEvents := events.Subscribe()
+		eventWakeups, unsubscribeEvents := outboxWakeups()
 		defer unsubscribeEvents()
 		if cfg.Embedded {
 			if err := ensureAdminToken(ctx, cfg.DataDir, st, log); err != nil {
@@ -137,7 +143,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 	}
 	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m,
+		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups,
 			Ready: func() { close(workersReady) }}, log)
 	}, nil, nil))
 	if cfg.Host.Metrics.Listen != "" {

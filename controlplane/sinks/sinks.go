@@ -68,6 +68,11 @@ type Config struct {
 	// Types are the type prefixes the sink takes (events.Matches); none:
 	// every event. Entries of other types are passed over.
 	Types []string
+	// Wake, when set, ends an idle wait early: a value on it means the
+	// outbox was written (by this process, or another one heard through
+	// LISTEN), so an event is delivered within a read of its commit rather
+	// than up to Poll later. Poll stays the fallback.
+	Wake <-chan struct{}
 }
 
 // LeaseName is a sink's dispatcher lease.
@@ -133,9 +138,14 @@ func (d *Dispatcher) deliverLoop(ctx context.Context, fence store.Fence) error {
 		default:
 			failures = 0
 		}
+		var wake <-chan struct{}
+		if failures == 0 {
+			wake = d.cfg.Wake // a failing sink waits out its backoff
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-wake:
 		case <-time.After(wait):
 		}
 	}

@@ -264,3 +264,31 @@ func TestFileSinkJSONLines(t *testing.T) {
 		return slices.Equal(got, want)
 	})
 }
+
+// With an hour between polls, an event written after the dispatcher went
+// idle is delivered only because the outbox write woke it (Config.Wake, fed
+// by the store's OutboxWritten as workers.Run does).
+func TestWakeEndsTheIdleWait(t *testing.T) {
+	st := openStore(t)
+	recv := &receiver{t: t, secret: []byte("s")}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	first := insert(t, st, events.NodeJoined, "node_1")
+	written, stop := st.OutboxWritten()
+	defer stop()
+	d, err := sinks.NewDispatcher(sinks.Config{Holder: "w1", Poll: time.Hour, Wake: written},
+		&sinks.Webhook{SinkName: "hook", URL: srv.URL, Secret: recv.secret}, st, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	eventually(t, "the first event was not delivered", func() bool { return len(recv.ids()) == 1 })
+	second := insert(t, st, events.NodeReady, "node_1")
+	eventually(t, "an event written while the dispatcher was idle waited for the hour-long poll", func() bool { return len(recv.ids()) == 2 })
+	if got := recv.ids(); !slices.Equal(got, []string{first, second}) {
+		t.Fatalf("delivered %v", got)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -60,6 +61,11 @@ type Options struct {
 	// Metrics, when set, counts the commands the CommandSweeper ends
 	// expired or lost (a *metrics.Metrics).
 	Metrics CommandMetrics
+	// OutboxWakeups, when set, subscribes to outbox writes of other
+	// processes (serve's LISTEN on the outbox channel): the sinks deliver
+	// right after such a write instead of at their next poll. Writes
+	// through this process's store wake them without it.
+	OutboxWakeups func() (<-chan struct{}, func())
 	// Ready, when set, is called once, when every job has started and,
 	// with the controllers role, this process is in the workers table (the
 	// shard manager's first round succeeded); at once when no worker role
@@ -131,10 +137,12 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	}
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {
-			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types}, sink, st, log)
+			wake := make(chan struct{}, 1)
+			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types, Wake: wake}, sink, st, log)
 			if err != nil {
 				return err
 			}
+			g.Go(func() error { forwardWakeups(ctx, wake, st.OutboxWritten, opts.OutboxWakeups); return nil })
 			g.Go(func() error { return d.Run(ctx) })
 		}
 	}
@@ -253,4 +261,31 @@ func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Ret
 		}
 		return nil
 	})
+}
+
+// forwardWakeups passes a value to wake, without blocking (one pending is
+// enough), each time one of the subscriptions fires, until ctx ends.
+func forwardWakeups(ctx context.Context, wake chan<- struct{}, subscribe ...func() (<-chan struct{}, func())) {
+	var wg sync.WaitGroup
+	for _, sub := range subscribe {
+		if sub == nil {
+			continue
+		}
+		ch, stop := sub()
+		wg.Go(func() {
+			defer stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-ch:
+					select {
+					case wake <- struct{}{}:
+					default:
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
