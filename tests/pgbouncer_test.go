@@ -120,7 +120,7 @@ func TestPgBouncerSplitRoles(t *testing.T) {
 	eventually(t, 20*time.Second, func() bool {
 		var n int
 		err := d.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = $1 AND query = 'LISTEN better_compute_wake'`, listenApp).Scan(&n)
+			WHERE application_name = $1 AND query IN ('LISTEN better_compute_wake', 'LISTEN "better_compute_wake"')`, listenApp).Scan(&n)
 		return err == nil && n == 1
 	}, func() string { return "no LISTEN better_compute_wake on the direct connection (database.notifyURL)" })
 

@@ -1,7 +1,9 @@
 package serve
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -12,6 +14,11 @@ import (
 // whole), for the CLI and doctor on this machine.
 func writeAPIURL(dataDir, url string) error {
 	if dataDir == "" {
+		return nil
+	}
+	if _, err := os.Stat(dataDir); errors.Is(err, fs.ErrNotExist) {
+		// A deployment on PostgreSQL need not have a data directory on
+		// every machine: nothing to record, no CLI reads it there.
 		return nil
 	}
 	path := filepath.Join(dataDir, bootstrap.APIURLFile)
