@@ -31,6 +31,24 @@ func ServerURL() string {
 // test is skipped, except under CI=true, where that is a failure.
 func URL(t testing.TB) string {
 	t.Helper()
+	server := ServerURL()
+	schema := scratch(t, "schema", "CREATE SCHEMA %s", "DROP SCHEMA %s CASCADE")
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatalf("parse %s: %v", server, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return fmt.Sprint(u)
+}
+
+// scratch makes an object of the test server under a fresh name with
+// create (a format with one %s, the name) and drops it with drop when the
+// test ends; it returns the name. Without a reachable server the test is
+// skipped, except under CI=true, where that is a failure.
+func scratch(t testing.TB, what, create, drop string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	server := ServerURL()
@@ -42,31 +60,24 @@ func URL(t testing.TB) string {
 		t.Skipf("no PostgreSQL at %s (start it with pg_ctlcluster 15 main start): %v", server, err)
 	}
 	defer conn.Close(ctx)
-	schema := "t_" + strings.ToLower(rand.Text())[:16]
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create schema: %v", err)
+	name := "t_" + strings.ToLower(rand.Text())[:16]
+	if _, err := conn.Exec(ctx, fmt.Sprintf(create, name)); err != nil {
+		t.Fatalf("create %s: %v", what, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		c, err := pgx.Connect(ctx, server)
 		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
+			t.Errorf("drop %s %s: %v", what, name, err)
 			return
 		}
 		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
+		if _, err := c.Exec(ctx, fmt.Sprintf(drop, name)); err != nil {
+			t.Errorf("drop %s %s: %v", what, name, err)
 		}
 	})
-	u, err := url.Parse(server)
-	if err != nil {
-		t.Fatalf("parse %s: %v", server, err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return fmt.Sprint(u)
+	return name
 }
 
 // EnvPgBouncerURL names the test PgBouncer (tests/pgbouncer.sh start): a
@@ -90,35 +101,9 @@ func Database(t testing.TB) (direct, bouncer string) {
 		}
 		t.Skipf("%s is not set: start PgBouncer with tests/pgbouncer.sh start and export what it prints", EnvPgBouncerURL)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	server := ServerURL()
-	conn, err := pgx.Connect(ctx, server)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("PostgreSQL is required in CI: %v", err)
-		}
-		t.Skipf("no PostgreSQL at %s (start it with pg_ctlcluster 15 main start): %v", server, err)
-	}
-	defer conn.Close(ctx)
-	name := "t_" + strings.ToLower(rand.Text())[:16]
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create database: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, server)
-		if err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-			return
-		}
-		defer c.Close(ctx)
-		// FORCE: PgBouncer keeps server connections to it open.
-		if _, err := c.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
+	// FORCE: PgBouncer keeps server connections to it open.
+	name := scratch(t, "database", "CREATE DATABASE %s", "DROP DATABASE %s WITH (FORCE)")
 	withDB := func(raw string, query map[string]string) string {
 		u, err := url.Parse(raw)
 		if err != nil {
