@@ -17,6 +17,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/controlplane/watch"
@@ -28,7 +29,7 @@ type fixture struct {
 	st     store.Store
 	srv    *httptest.Server
 	viewer string
-	now    *time.Time
+	clock  *clocktest.Clock // the handler's clock; safe to advance while its goroutines read it
 }
 
 func newFixture(t *testing.T, cfg watch.Config) *fixture {
@@ -50,11 +51,10 @@ func newFixture(t *testing.T, cfg watch.Config) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	f := &fixture{st: st, viewer: viewer, now: &now}
+	f := &fixture{st: st, viewer: viewer, clock: clocktest.New(time.Now())}
 	cfg.Auth = iam.NewAuthenticator(iam.Config{}, st)
 	cfg.CallerAddr = func(context.Context) netip.Addr { return netip.MustParseAddr("127.0.0.1") }
-	cfg.Now = func() time.Time { return *f.now }
+	cfg.Now = f.clock.Now
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, 20*time.Millisecond)
 	// The process's event feed, as the api runs it: woken by every outbox
 	// write of the store, never by its poll (an hour).
@@ -223,17 +223,17 @@ func TestSessionLifetimes(t *testing.T) {
 	c := f.client(t)
 	f.login(t, c, f.viewer)
 	for range 3 { // used every 50 s: idle never passes, the absolute life does
-		*f.now = f.now.Add(50 * time.Second)
+		f.clock.Advance(50 * time.Second)
 		if resp, _ := f.get(t, c, "/watch/fragment"); resp.StatusCode != 200 {
-			t.Fatalf("fragment at %v: %d", *f.now, resp.StatusCode)
+			t.Fatalf("fragment at %v: %d", f.clock.Now(), resp.StatusCode)
 		}
 	}
-	*f.now = f.now.Add(50 * time.Second)
+	f.clock.Advance(50 * time.Second)
 	if resp, _ := f.get(t, c, "/watch/fragment"); resp.StatusCode != 401 {
 		t.Fatalf("fragment past the absolute lifetime: %d, want 401", resp.StatusCode)
 	}
 	f.login(t, c, f.viewer)
-	*f.now = f.now.Add(61 * time.Second)
+	f.clock.Advance(61 * time.Second)
 	if resp, _ := f.get(t, c, "/watch/fragment"); resp.StatusCode != 401 {
 		t.Fatalf("fragment past the idle timeout: %d, want 401", resp.StatusCode)
 	}
@@ -250,7 +250,7 @@ func TestRevokedTokenEndsSession(t *testing.T) {
 	if err := f.st.APITokenRevoke(context.Background(), toks[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	*f.now = f.now.Add(2 * time.Second)
+	f.clock.Advance(2 * time.Second)
 	if resp, _ := f.get(t, c, "/watch/fragment"); resp.StatusCode != 401 {
 		t.Fatalf("fragment after the token's revocation: %d, want 401", resp.StatusCode)
 	}
