@@ -37,11 +37,17 @@ const (
 	KindReboot = "reboot"
 	// KindDrain makes the node leave its gateway; it takes no spec.
 	KindDrain = "drain"
+	// KindGPUReset resets one GPU through the root helper (GPUResetSpec).
+	KindGPUReset = "gpu.reset"
+	// KindRollback restores the bcd release kept beside the current one;
+	// it takes no spec.
+	KindRollback = "rollback"
 )
 
 // kinds is every kind in the order session.proto lists them.
 var kinds = []string{KindExec, KindInventoryRefresh, KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff,
-	KindPowerCycle, KindPowerReset, KindBootSet, KindUpgrade, KindReboot, KindDrain}
+	KindPowerCycle, KindPowerReset, KindBootSet, KindUpgrade, KindReboot, KindDrain,
+	KindGPUReset, KindRollback}
 
 // Kinds returns every command kind of the protocol, in session.proto's
 // order (a new slice each call).
@@ -79,7 +85,7 @@ var ErrSpecMismatch = errors.New("command spec does not fit its kind")
 // one it takes: an ExecSpec with a non-empty argv[0] for "exec", a
 // PowerSpec whose action is empty or the kind's suffix for "power.*", a
 // BootSpec with a device for "boot.set", an UpgradeSpec with a version for
-// "upgrade", and none for the other kinds. c.Kind is not read (the caller
+// "upgrade", a GPUResetSpec with a GPU UUID for "gpu.reset", and none for the other kinds. c.Kind is not read (the caller
 // passes the kind it means). Errors wrap ErrUnknownKind or ErrSpecMismatch
 // and name the field ("exec.argv").
 func CheckSpec(kind string, c *Command) error {
@@ -110,6 +116,14 @@ func CheckSpec(kind string, c *Command) error {
 		if u := c.GetUpgrade(); u != nil {
 			if u.GetVersion() == "" {
 				return fmt.Errorf("%w: upgrade.version is required for kind %s", ErrSpecMismatch, kind)
+			}
+			ok = true
+		}
+	case KindGPUReset:
+		want = "gpuReset"
+		if g := c.GetGpuReset(); g != nil {
+			if g.GetGpuUuid() == "" {
+				return fmt.Errorf("%w: gpuReset.gpuUuid is required for kind %s", ErrSpecMismatch, kind)
 			}
 			ok = true
 		}

@@ -34,6 +34,10 @@
 //   - "upgrade": runs Command kind "upgrade" (UpgradeSpec).
 //   - "reboot": runs Command kind "reboot".
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
+//   - "gpu.reset": runs Command kind "gpu.reset" (GPUResetSpec) through the
+//     root helper.
+//   - "rollback": runs Command kind "rollback": restores the bcd release kept
+//     beside the current one (no download).
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
@@ -3133,7 +3137,18 @@ type GPUHealth struct {
 	State GPUHealthState `protobuf:"varint,1,opt,name=state,proto3,enum=bettercompute.session.v1.GPUHealthState" json:"state,omitempty"`
 	// Why the state is not OK, one short phrase each, for example
 	// "xid 79: fallen off the bus" or "row remapping failed". Empty when OK.
-	Reasons       []string `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	Reasons []string `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	// The most recent XID among the causes of the state, 0 when none.
+	Xid uint32 `protobuf:"varint,3,opt,name=xid,proto3" json:"xid,omitempty"`
+	// NVIDIA's mnemonic of xid, from the XID catalogue, for example
+	// "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"; empty when xid is 0.
+	XidMnemonic string `protobuf:"bytes,4,opt,name=xid_mnemonic,json=xidMnemonic,proto3" json:"xid_mnemonic,omitempty"`
+	// The strongest resolution any current cause calls for, as NVIDIA's
+	// catalogue names them ("IGNORE", "RESTART_APP", "RESET_GPU",
+	// "RESTART_BM", ...) or "ESCALATE" for the conservative default (a blank
+	// or WORKFLOW_* resolution: quarantine and escalate to a person); empty
+	// when the state is OK.
+	Resolution    string `protobuf:"bytes,5,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3180,6 +3195,27 @@ func (x *GPUHealth) GetReasons() []string {
 		return x.Reasons
 	}
 	return nil
+}
+
+func (x *GPUHealth) GetXid() uint32 {
+	if x != nil {
+		return x.Xid
+	}
+	return 0
+}
+
+func (x *GPUHealth) GetXidMnemonic() string {
+	if x != nil {
+		return x.XidMnemonic
+	}
+	return ""
+}
+
+func (x *GPUHealth) GetResolution() string {
+	if x != nil {
+		return x.Resolution
+	}
+	return ""
 }
 
 // PluginInfo describes one bcd plugin.
@@ -3265,8 +3301,8 @@ type Command struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// What to do: "exec", "inventory.refresh", "power.status", "power.on",
 	// "power.off", "power.soft-off", "power.cycle", "power.reset", "boot.set",
-	// "upgrade", "reboot", "drain". A node answers a kind it does not know
-	// with a FAILED result.
+	// "upgrade", "reboot", "drain", "gpu.reset", "rollback". A node answers a
+	// kind it does not know with a FAILED result.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// After this time the command must not start, and one still running is
 	// stopped and reported EXPIRED.
@@ -3282,6 +3318,7 @@ type Command struct {
 	//	*Command_Power
 	//	*Command_Boot
 	//	*Command_Upgrade
+	//	*Command_GpuReset
 	Spec          isCommand_Spec `protobuf_oneof:"spec"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3388,6 +3425,15 @@ func (x *Command) GetUpgrade() *UpgradeSpec {
 	return nil
 }
 
+func (x *Command) GetGpuReset() *GPUResetSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Command_GpuReset); ok {
+			return x.GpuReset
+		}
+	}
+	return nil
+}
+
 type isCommand_Spec interface {
 	isCommand_Spec()
 }
@@ -3412,6 +3458,11 @@ type Command_Upgrade struct {
 	Upgrade *UpgradeSpec `protobuf:"bytes,13,opt,name=upgrade,proto3,oneof"`
 }
 
+type Command_GpuReset struct {
+	// For kind "gpu.reset".
+	GpuReset *GPUResetSpec `protobuf:"bytes,14,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
+}
+
 func (*Command_Exec) isCommand_Spec() {}
 
 func (*Command_Power) isCommand_Spec() {}
@@ -3419,6 +3470,8 @@ func (*Command_Power) isCommand_Spec() {}
 func (*Command_Boot) isCommand_Spec() {}
 
 func (*Command_Upgrade) isCommand_Spec() {}
+
+func (*Command_GpuReset) isCommand_Spec() {}
 
 // ExecSpec runs a program, without a shell.
 type ExecSpec struct {
@@ -3701,6 +3754,63 @@ func (x *UpgradeSpec) GetBaseUrl() string {
 	return ""
 }
 
+// GPUResetSpec resets one GPU through the root helper ("nvidia-smi -r").
+type GPUResetSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// UUID of the GPU to reset, for example "GPU-5c1f..."; must be one of the
+	// node's GPUs.
+	GpuUuid string `protobuf:"bytes,1,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// Reset even while processes use the GPU (they are killed by the reset);
+	// without it a GPU in use is refused with a FAILED result.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUResetSpec) Reset() {
+	*x = GPUResetSpec{}
+	mi := &file_session_v1_session_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUResetSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUResetSpec) ProtoMessage() {}
+
+func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUResetSpec.ProtoReflect.Descriptor instead.
+func (*GPUResetSpec) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GPUResetSpec) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *GPUResetSpec) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 // Cancel stops a command.
 type Cancel struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3714,7 +3824,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3726,7 +3836,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +3849,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -3773,7 +3883,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +3895,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +3908,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -3834,7 +3944,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +3956,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +3969,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Revoked) GetReason() string {
@@ -3892,7 +4002,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3904,7 +4014,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3917,7 +4027,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -4020,7 +4130,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4032,7 +4142,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4045,7 +4155,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -4068,7 +4178,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4190,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4203,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -4127,7 +4237,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4139,7 +4249,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4152,7 +4262,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -4202,7 +4312,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4214,7 +4324,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4227,7 +4337,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -4296,14 +4406,21 @@ type Event struct {
 	// Human-readable description, one line.
 	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
 	// Further details, for example {"pid": "1234"}.
-	Attributes    map[string]string `protobuf:"bytes,7,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Attributes map[string]string `protobuf:"bytes,7,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// NVIDIA's mnemonic of xid from the XID catalogue; empty when xid is 0.
+	XidMnemonic string `protobuf:"bytes,8,opt,name=xid_mnemonic,json=xidMnemonic,proto3" json:"xid_mnemonic,omitempty"`
+	// NVIDIA's immediate resolution of xid from the catalogue ("IGNORE",
+	// "RESTART_APP", "RESET_GPU", "RESTART_BM", ...), or "ESCALATE" where the
+	// catalogue leaves it blank or names a WORKFLOW_*; for other kinds the
+	// resolution the node's health judgement calls for; empty when none.
+	Resolution    string `protobuf:"bytes,9,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4315,7 +4432,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4328,7 +4445,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Event) GetKind() string {
@@ -4378,6 +4495,20 @@ func (x *Event) GetAttributes() map[string]string {
 		return x.Attributes
 	}
 	return nil
+}
+
+func (x *Event) GetXidMnemonic() string {
+	if x != nil {
+		return x.XidMnemonic
+	}
+	return ""
+}
+
+func (x *Event) GetResolution() string {
+	if x != nil {
+		return x.Resolution
+	}
+	return ""
 }
 
 var File_session_v1_session_proto protoreflect.FileDescriptor
@@ -4611,16 +4742,21 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"memory_mhz\x18\x02 \x01(\rR\tmemoryMhz\x12\x1c\n" +
 	"\n" +
 	"sm_max_mhz\x18\x03 \x01(\rR\bsmMaxMhz\x12$\n" +
-	"\x0ememory_max_mhz\x18\x04 \x01(\rR\fmemoryMaxMhz\"e\n" +
+	"\x0ememory_max_mhz\x18\x04 \x01(\rR\fmemoryMaxMhz\"\xba\x01\n" +
 	"\tGPUHealth\x12>\n" +
 	"\x05state\x18\x01 \x01(\x0e2(.bettercompute.session.v1.GPUHealthStateR\x05state\x12\x18\n" +
-	"\areasons\x18\x02 \x03(\tR\areasons\"n\n" +
+	"\areasons\x18\x02 \x03(\tR\areasons\x12\x10\n" +
+	"\x03xid\x18\x03 \x01(\rR\x03xid\x12!\n" +
+	"\fxid_mnemonic\x18\x04 \x01(\tR\vxidMnemonic\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\x05 \x01(\tR\n" +
+	"resolution\"n\n" +
 	"\n" +
 	"PluginInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
 	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"\xfb\x02\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"\xc2\x03\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x126\n" +
@@ -4630,7 +4766,8 @@ const file_session_v1_session_proto_rawDesc = "" +
 	" \x01(\v2\".bettercompute.session.v1.ExecSpecH\x00R\x04exec\x12;\n" +
 	"\x05power\x18\v \x01(\v2#.bettercompute.session.v1.PowerSpecH\x00R\x05power\x128\n" +
 	"\x04boot\x18\f \x01(\v2\".bettercompute.session.v1.BootSpecH\x00R\x04boot\x12A\n" +
-	"\aupgrade\x18\r \x01(\v2%.bettercompute.session.v1.UpgradeSpecH\x00R\aupgradeB\x06\n" +
+	"\aupgrade\x18\r \x01(\v2%.bettercompute.session.v1.UpgradeSpecH\x00R\aupgrade\x12E\n" +
+	"\tgpu_reset\x18\x0e \x01(\v2&.bettercompute.session.v1.GPUResetSpecH\x00R\bgpuResetB\x06\n" +
 	"\x04spec\"\xa3\x02\n" +
 	"\bExecSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12=\n" +
@@ -4654,6 +4791,9 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\vUpgradeSpec\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x19\n" +
 	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\"?\n" +
+	"\fGPUResetSpec\x12\x19\n" +
+	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"?\n" +
 	"\x06Cancel\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x16\n" +
@@ -4696,7 +4836,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x1f\n" +
 	"\vdetail_json\x18\a \x01(\fR\n" +
-	"detailJson\"\xe2\x02\n" +
+	"detailJson\"\xa5\x03\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12>\n" +
@@ -4706,7 +4846,11 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\amessage\x18\x06 \x01(\tR\amessage\x12O\n" +
 	"\n" +
 	"attributes\x18\a \x03(\v2/.bettercompute.session.v1.Event.AttributesEntryR\n" +
-	"attributes\x1a=\n" +
+	"attributes\x12!\n" +
+	"\fxid_mnemonic\x18\b \x01(\tR\vxidMnemonic\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\t \x01(\tR\n" +
+	"resolution\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb5\x01\n" +
@@ -4768,7 +4912,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -4812,55 +4956,56 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*PowerSpec)(nil),             // 39: bettercompute.session.v1.PowerSpec
 	(*BootSpec)(nil),              // 40: bettercompute.session.v1.BootSpec
 	(*UpgradeSpec)(nil),           // 41: bettercompute.session.v1.UpgradeSpec
-	(*Cancel)(nil),                // 42: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 43: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 44: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 45: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 46: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 47: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 48: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 49: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 50: bettercompute.session.v1.Event
-	nil,                           // 51: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 52: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 53: bettercompute.session.v1.Event.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
+	(*GPUResetSpec)(nil),          // 42: bettercompute.session.v1.GPUResetSpec
+	(*Cancel)(nil),                // 43: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 44: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 45: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 46: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 47: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 48: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 49: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 50: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 51: bettercompute.session.v1.Event
+	nil,                           // 52: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 53: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 54: bettercompute.session.v1.Event.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	54, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	55, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	55, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	56, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	51, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	54, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	54, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	55, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	54, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	54, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	55, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	54, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	52, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	55, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	55, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	56, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	55, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	55, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	56, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	55, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
 	20, // 13: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
 	23, // 14: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
 	24, // 15: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	45, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	50, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	46, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	51, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
 	22, // 18: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
 	37, // 19: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	42, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	43, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	44, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	43, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	44, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	45, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
 	19, // 23: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
 	21, // 24: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	49, // 25: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	55, // 26: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	54, // 27: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	54, // 28: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	50, // 25: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	56, // 26: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	55, // 27: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	55, // 28: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	25, // 29: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
 	32, // 30: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
 	36, // 31: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	54, // 32: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	55, // 32: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
 	30, // 33: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
 	26, // 34: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
 	27, // 35: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
@@ -4873,43 +5018,44 @@ var file_session_v1_session_proto_depIdxs = []int32{
 	34, // 42: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
 	35, // 43: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
 	2,  // 44: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	54, // 45: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	55, // 45: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
 	38, // 46: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
 	39, // 47: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
 	40, // 48: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
 	41, // 49: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	52, // 50: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	55, // 51: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	55, // 52: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	46, // 53: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	47, // 54: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	48, // 55: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	49, // 56: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	54, // 57: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	54, // 58: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 59: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,  // 60: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	54, // 61: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	54, // 62: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 63: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	53, // 64: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	10, // 65: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 66: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 67: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 68: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 69: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	17, // 70: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	12, // 71: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 72: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 73: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 74: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 75: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	18, // 76: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	71, // [71:77] is the sub-list for method output_type
-	65, // [65:71] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	42, // 50: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	53, // 51: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	56, // 52: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	56, // 53: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	47, // 54: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	48, // 55: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	49, // 56: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	50, // 57: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	55, // 58: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	55, // 59: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 60: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,  // 61: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	55, // 62: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	55, // 63: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 64: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	54, // 65: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	10, // 66: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 67: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 68: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 69: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 70: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	17, // 71: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	12, // 72: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 73: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 74: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 75: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 76: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	18, // 77: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	72, // [72:78] is the sub-list for method output_type
+	66, // [66:72] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -4937,8 +5083,9 @@ func file_session_v1_session_proto_init() {
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
+		(*Command_GpuReset)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[39].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[40].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
@@ -4950,7 +5097,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -34,6 +34,10 @@
 //   - "upgrade": runs Command kind "upgrade" (UpgradeSpec).
 //   - "reboot": runs Command kind "reboot".
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
+//   - "gpu.reset": runs Command kind "gpu.reset" (GPUResetSpec) through the
+//     root helper.
+//   - "rollback": runs Command kind "rollback": restores the bcd release kept
+//     beside the current one (no download).
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
