@@ -16,6 +16,9 @@ const (
 	NodeDeleted      = TypePrefix + "node.deleted"      // NodeData: removed with its session and commands
 	NodeRevoked      = TypePrefix + "node.revoked"      // NodeRevokedData: a certificate of the node was revoked
 	NodeReattested   = TypePrefix + "node.reattested"   // NodeCertificateData: a node whose certificate expired proved its key and got a new one
+	// NodeDisruptionChanged is DisruptionData: the node left service, came
+	// back, or changed why it is out (the disruption budget).
+	NodeDisruptionChanged = TypePrefix + "node.disruption-changed"
 
 	GPUHealthChanged = TypePrefix + "gpu.health-changed" // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
 
@@ -53,6 +56,24 @@ type NodeData struct {
 	Cordoned      bool   `json:"cordoned"`
 	// JoinTokenID is the token of node.joined and node.rejoined.
 	JoinTokenID string `json:"joinTokenId,omitempty"`
+}
+
+// DisruptionData is node.disruption-changed's data: the node's hold on its
+// pool's disruption budget as the change left it, and the pool's count.
+type DisruptionData struct {
+	NodeID string `json:"nodeId"`
+	PoolID string `json:"poolId"`
+	// Disruption is why the node is out of service now (quarantined,
+	// draining, remediating, verifying, upgrading), "" when back in service.
+	Disruption         string `json:"disruption"`
+	PreviousDisruption string `json:"previousDisruption"`
+	// Owner holds (or, when back in service, held) the slot, for example
+	// "rollout:rol_..." or "remediation:rem_...".
+	Owner string `json:"owner"`
+	// OutOfService and Budget are the pool's count after the change and
+	// its budget (nodes).
+	OutOfService int `json:"outOfService"`
+	Budget       int `json:"budget"`
 }
 
 // NodeRevokedData is node.revoked's data.
@@ -148,6 +169,7 @@ var Types = []TypeInfo{
 	{NodeUnreachable, NodeData{}}, {NodeUnresponsive, NodeData{}}, {NodePoweredOff, NodeData{}},
 	{NodeCordoned, NodeData{}}, {NodeUncordoned, NodeData{}}, {NodeDrained, NodeData{}}, {NodeDeleted, NodeData{}},
 	{NodeRevoked, NodeRevokedData{}}, {NodeReattested, NodeCertificateData{}},
+	{NodeDisruptionChanged, DisruptionData{}},
 	{GPUHealthChanged, GPUHealthData{}},
 	{CommandCreated, CommandData{}}, {CommandSucceeded, CommandData{}}, {CommandFailed, CommandData{}},
 	{CommandCancelled, CommandData{}}, {CommandExpired, CommandData{}}, {CommandLost, CommandData{}},

@@ -114,6 +114,7 @@ type Store interface {
 	PKIStore
 	APITokenStore
 	SecretStore
+	DisruptionStore
 }
 
 // Migrator applies and reports schema migrations.
@@ -225,10 +226,16 @@ type SiteCreateParams struct {
 
 // Pool is a group of nodes at one site; join tokens are bound to a pool.
 type Pool struct {
-	ID        string
-	Name      string
-	SiteID    string
-	CreatedAt time.Time
+	ID     string
+	Name   string
+	SiteID string
+	// DisruptionBudget is "N" or "N%" (DisruptionStore); default
+	// DefaultDisruptionBudget.
+	DisruptionBudget string
+	// RemediationConcurrency is how many remediation actions may run at
+	// once on the pool's quarantined nodes.
+	RemediationConcurrency int
+	CreatedAt              time.Time
 }
 
 // PoolStore keeps pools.
@@ -285,7 +292,13 @@ type Node struct {
 	ClockSkew *time.Duration
 	// ClockSkewAt is when ClockSkew was measured, by the gateway's clock.
 	ClockSkewAt *time.Time
-	CreatedAt   time.Time
+	// Disruption is why the node is out of service (a Disruption*
+	// reason), "" when in service; DisruptionOwner holds it since
+	// DisruptionSince (DisruptionStore).
+	Disruption      string
+	DisruptionOwner string
+	DisruptionSince *time.Time
+	CreatedAt       time.Time
 	UpdatedAt   time.Time
 	LastSeenAt  *time.Time
 }

@@ -55,6 +55,8 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 		check(t, st.NodeSetState(ctx, id, store.NodeReady))
 	}
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodeReady)) // no change, no event
+	join("node_ev4")
+	must(st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: "node_ev4", Reason: store.DisruptionQuarantined, Owner: "t"}))
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", true))
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", false))
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodePoweredOff))

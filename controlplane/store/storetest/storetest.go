@@ -72,6 +72,8 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
+		{"DisruptionBudget", testDisruptionBudget},
+		{"DisruptionConcurrentAdmissions", testDisruptionConcurrentAdmissions},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -24,7 +24,7 @@ const nodeColumns = `id, pool_id, hostname, machine_id, state, cordoned, labels,
 	(SELECT i.inventory FROM node_inventories i WHERE i.node_id = nodes.id),
 	coalesce((SELECT i.digest FROM node_inventories i WHERE i.node_id = nodes.id), ''),
 	bcd_version, os, arch, boot_id, cert_serial, cert_not_after, key_sha256, join_token_id, clock_skew_ms, clock_skew_at,
-	created_at, updated_at, ` + nodeLastSeen
+	disruption, disruption_owner, disruption_since, created_at, updated_at, ` + nodeLastSeen
 
 func scanNode(r Row) (*store.Node, error) {
 	n := &store.Node{}
@@ -33,7 +33,7 @@ func scanNode(r Row) (*store.Node, error) {
 	err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.MachineID, &n.State, &n.Cordoned, &labels, &n.Shard, &n.Inventory,
 		&n.InventoryDigest, &n.BCDVersion, &n.OS, &n.Arch, &n.BootID, &n.CertSerial, &n.CertNotAfter,
 		&n.KeySHA256, &n.JoinTokenID, &skewMS, &n.ClockSkewAt,
-		&n.CreatedAt, &n.UpdatedAt, &n.LastSeenAt)
+		&n.Disruption, &n.DisruptionOwner, &n.DisruptionSince, &n.CreatedAt, &n.UpdatedAt, &n.LastSeenAt)
 	if err != nil {
 		return nil, err
 	}

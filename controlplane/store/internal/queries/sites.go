@@ -47,6 +47,16 @@ func (s *Store) SiteList(ctx context.Context, p *store.ListParams) ([]*store.Sit
 	return out, s.wrap("list sites", err)
 }
 
+// poolColumns are a pool's columns, in poolRow.fields' order.
+const poolColumns = `id, name, site_id, disruption_budget, remediation_concurrency, created_at`
+
+// poolRow scans poolColumns.
+type poolRow struct{ store.Pool }
+
+func (p *poolRow) fields() []any {
+	return []any{&p.ID, &p.Name, &p.SiteID, &p.DisruptionBudget, &p.RemediationConcurrency, &p.CreatedAt}
+}
+
 // PoolCreate inserts a pool.
 func (s *Store) PoolCreate(ctx context.Context, p *store.PoolCreateParams) (*store.Pool, error) {
 	id := p.ID
@@ -56,37 +66,37 @@ func (s *Store) PoolCreate(ctx context.Context, p *store.PoolCreateParams) (*sto
 	if _, err := s.SiteGet(ctx, p.SiteID); err != nil {
 		return nil, err
 	}
-	pool := &store.Pool{}
+	pool := &poolRow{}
 	err := s.db.QueryRow(ctx, `INSERT INTO pools (id, name, site_id, created_at) VALUES ($1, $2, $3, now())
-		RETURNING id, name, site_id, created_at`, id, p.Name, p.SiteID).
-		Scan(&pool.ID, &pool.Name, &pool.SiteID, &pool.CreatedAt)
+		RETURNING `+poolColumns, id, p.Name, p.SiteID).
+		Scan(pool.fields()...)
 	if err != nil {
 		return nil, s.wrap("create pool "+p.Name, err)
 	}
-	return pool, nil
+	return &pool.Pool, nil
 }
 
 // PoolGet returns a pool by id or name.
 func (s *Store) PoolGet(ctx context.Context, idOrName string) (*store.Pool, error) {
-	pool := &store.Pool{}
-	err := s.db.QueryRow(ctx, `SELECT id, name, site_id, created_at FROM pools WHERE id = $1 OR name = $1`, idOrName).
-		Scan(&pool.ID, &pool.Name, &pool.SiteID, &pool.CreatedAt)
+	pool := &poolRow{}
+	err := s.db.QueryRow(ctx, `SELECT `+poolColumns+` FROM pools WHERE id = $1 OR name = $1`, idOrName).
+		Scan(pool.fields()...)
 	if err != nil {
 		return nil, s.wrap("get pool "+idOrName, err)
 	}
-	return pool, nil
+	return &pool.Pool, nil
 }
 
 // PoolList pages pools by id.
 func (s *Store) PoolList(ctx context.Context, p *store.ListParams) ([]*store.Pool, error) {
-	rows, err := s.db.Query(ctx, `SELECT id, name, site_id, created_at FROM pools WHERE id > $1 ORDER BY id LIMIT $2`,
+	rows, err := s.db.Query(ctx, `SELECT `+poolColumns+` FROM pools WHERE id > $1 ORDER BY id LIMIT $2`,
 		p.Cursor, limit(p.Limit))
 	if err != nil {
 		return nil, s.wrap("list pools", err)
 	}
 	out, err := collect(rows, func(r Row) (*store.Pool, error) {
-		pool := &store.Pool{}
-		return pool, r.Scan(&pool.ID, &pool.Name, &pool.SiteID, &pool.CreatedAt)
+		pool := &poolRow{}
+		return &pool.Pool, r.Scan(pool.fields()...)
 	})
 	return out, s.wrap("list pools", err)
 }
