@@ -34,7 +34,8 @@ func siteOut(s *store.Site) *apiv1.Site {
 }
 
 func poolOut(p *store.Pool) *apiv1.Pool {
-	return &apiv1.Pool{Id: p.ID, Name: p.Name, SiteId: p.SiteID, CreateTime: ts(p.CreatedAt)}
+	return &apiv1.Pool{Id: p.ID, Name: p.Name, SiteId: p.SiteID, CreateTime: ts(p.CreatedAt),
+		DisruptionBudget: p.DisruptionBudget, RemediationConcurrency: int32(p.RemediationConcurrency)}
 }
 
 func joinTokenOut(t *store.JoinToken) *apiv1.JoinToken {

@@ -57,6 +57,8 @@ func (s *Server) registerMethods() {
 	handle(s, "sites.list", s.sitesList)
 	handle(s, "pools.create", s.poolsCreate)
 	handle(s, "pools.list", s.poolsList)
+	handle(s, "pools.get", s.poolsGet)
+	handle(s, "pools.setBudget", s.poolsSetBudget)
 	handle(s, "joinTokens.create", s.joinTokensCreate)
 	handle(s, "joinTokens.list", s.joinTokensList)
 	handle(s, "joinTokens.revoke", s.joinTokensRevoke)
@@ -216,6 +218,55 @@ func (s *Server) poolsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListP
 	return out, nil
 }
 
+// poolsGet is the pool with its disruption budget's counts.
+func (s *Server) poolsGet(ctx context.Context, _ *iam.Principal, r *apiv1.PoolRequest) (*apiv1.Pool, error) {
+	pool, err := s.pool(ctx, "pool", r.GetPool())
+	if err != nil {
+		return nil, err
+	}
+	return s.poolWithBudget(ctx, pool)
+}
+
+// poolsSetBudget sets a pool's disruption budget and remediation
+// concurrency (docs/disruption-budget.md).
+func (s *Server) poolsSetBudget(ctx context.Context, _ *iam.Principal, r *apiv1.SetPoolBudgetRequest) (*apiv1.Pool, error) {
+	pool, err := s.pool(ctx, "pool", r.GetPool())
+	if err != nil {
+		return nil, err
+	}
+	if r.GetDisruptionBudget() == "" && r.GetRemediationConcurrency() == 0 {
+		return nil, &Error{Code: CodeInvalidArgument, Field: "disruptionBudget", Message: "set disruptionBudget, remediationConcurrency or both"}
+	}
+	if b := r.GetDisruptionBudget(); b != "" {
+		if _, err := store.ParseBudget(b); err != nil {
+			return nil, &Error{Code: CodeInvalidArgument, Field: "disruptionBudget", Message: err.Error()}
+		}
+	}
+	if c := r.GetRemediationConcurrency(); c < 0 || c > 1000 {
+		return nil, &Error{Code: CodeInvalidArgument, Field: "remediationConcurrency", Message: "want 1 to 1000"}
+	}
+	err = s.store.PoolSetBudget(ctx, &store.PoolSetBudgetParams{PoolID: pool.ID, Spec: r.GetDisruptionBudget(),
+		RemediationConcurrency: int(r.GetRemediationConcurrency())})
+	if err != nil {
+		return nil, err
+	}
+	if pool, err = s.store.PoolGet(ctx, pool.ID); err != nil {
+		return nil, err
+	}
+	return s.poolWithBudget(ctx, pool)
+}
+
+func (s *Server) poolWithBudget(ctx context.Context, pool *store.Pool) (*apiv1.Pool, error) {
+	b, err := s.store.PoolBudget(ctx, pool.ID)
+	if err != nil {
+		return nil, err
+	}
+	out := poolOut(pool)
+	out.Budget = &apiv1.PoolBudget{Nodes: int32(b.Nodes), Budget: int32(b.Budget), OutOfService: int32(b.OutOfService),
+		Remediating: int32(b.Remediating)}
+	return out, nil
+}
+
 // pool resolves a pool id or name for field.
 func (s *Server) pool(ctx context.Context, field, v string) (*store.Pool, error) {
 	if err := id(field, v); err != nil {
@@ -363,22 +414,58 @@ func (s *Server) nodesGet(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRe
 
 func (s *Server) nodesCordon(cordon bool) func(context.Context, *iam.Principal, *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
 	return func(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-		if _, err := s.node(ctx, r.GetId()); err != nil {
+		n, err := s.node(ctx, r.GetId())
+		if err != nil {
 			return nil, err
 		}
-		if err := s.store.NodeSetCordoned(ctx, r.GetId(), cordon); err != nil {
+		err = s.store.Tx(ctx, func(tx store.Store) error {
+			if err := tx.NodeSetCordoned(ctx, n.ID, cordon); err != nil || cordon {
+				return err
+			}
+			// Uncordoning ends an operator's drain: the node is back in
+			// service and its budget slot free. Holds of others
+			// (remediation, rollouts) stay theirs to end.
+			if err := tx.DisruptionRelease(ctx, n.ID, operatorHold); err != nil {
+				return err
+			}
+			if n.State == store.NodeDraining {
+				return tx.NodeSetState(ctx, n.ID, store.NodeReady)
+			}
+			return nil
+		})
+		if err != nil {
 			return nil, err
 		}
 		return s.nodesGet(ctx, p, r)
 	}
 }
 
-// nodesDrain cordons a node and marks it draining: no new commands reach it.
+// operatorHold owns the disruption-budget slot of an operator's drain
+// (nodes.drain); any operator's nodes.uncordon ends it.
+const operatorHold = "operator"
+
+// nodesDrain cordons a node and marks it draining: no new commands reach
+// it. It takes a slot of the pool's disruption budget (DESIGN.md, "The
+// disruption budget"): refused with CONFLICT, naming the count, while the
+// pool has as many nodes out of service as its budget allows.
 func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-	if _, err := s.node(ctx, r.GetId()); err != nil {
+	n, err := s.node(ctx, r.GetId())
+	if err != nil {
 		return nil, err
 	}
-	err := s.store.Tx(ctx, func(tx store.Store) error {
+	err = s.store.Tx(ctx, func(tx store.Store) error {
+		a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: n.ID, Reason: store.DisruptionDraining, Owner: operatorHold})
+		if err != nil {
+			return err
+		}
+		switch a.Refusal {
+		case store.RefusalBudget:
+			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("pool %s has %d of its %d nodes out of service, its disruption budget "+
+				"(%s): drain refused; wait for one to come back, or raise it with pools.setBudget", n.PoolID, a.Budget.OutOfService,
+				a.Budget.Nodes, a.Budget.Spec)}
+		case store.RefusalHeld:
+			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is out of service already, held by %s", n.ID, a.Holder)}
+		}
 		if err := tx.NodeSetCordoned(ctx, r.GetId(), true); err != nil {
 			return err
 		}

@@ -45,6 +45,27 @@ func (c *Client) PoolsList(ctx context.Context, req *apiv1.ListPoolsRequest) (*a
 	return resp, nil
 }
 
+// PoolsGet calls pools.get (role viewer).
+// The pool with its disruption budget and what counts against it now.
+func (c *Client) PoolsGet(ctx context.Context, req *apiv1.PoolRequest) (*apiv1.Pool, error) {
+	resp := new(apiv1.Pool)
+	if err := c.Call(ctx, "pools.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PoolsSetBudget calls pools.setBudget (role admin; audited).
+// Sets the pool's disruption budget and remediation concurrency
+// (docs/disruption-budget.md).
+func (c *Client) PoolsSetBudget(ctx context.Context, req *apiv1.SetPoolBudgetRequest) (*apiv1.Pool, error) {
+	resp := new(apiv1.Pool)
+	if err := c.Call(ctx, "pools.setBudget", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // JoinTokensCreate calls joinTokens.create (role admin; audited).
 func (c *Client) JoinTokensCreate(ctx context.Context, req *apiv1.CreateJoinTokenRequest) (*apiv1.CreateJoinTokenResponse, error) {
 	resp := new(apiv1.CreateJoinTokenResponse)

@@ -383,11 +383,20 @@ func (x *ListSitesResponse) GetNextCursor() string {
 
 // Pool is a group of nodes at one site.
 type Pool struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	SiteId        string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	SiteId     string                 `protobuf:"bytes,3,opt,name=site_id,json=siteId,proto3" json:"site_id,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The most nodes out of service at once: "N" nodes or "N%" of the pool
+	// (at least one); default "10%".
+	DisruptionBudget string `protobuf:"bytes,5,opt,name=disruption_budget,json=disruptionBudget,proto3" json:"disruption_budget,omitempty"`
+	// Remediation actions (GPU reset, reboot, power cycle) at once on the
+	// pool's quarantined nodes; default 2.
+	RemediationConcurrency int32 `protobuf:"varint,6,opt,name=remediation_concurrency,json=remediationConcurrency,proto3" json:"remediation_concurrency,omitempty"`
+	// What counts against the budget now; set by pools.get and
+	// pools.setBudget only.
+	Budget        *PoolBudget `protobuf:"bytes,7,opt,name=budget,proto3" json:"budget,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -450,6 +459,210 @@ func (x *Pool) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Pool) GetDisruptionBudget() string {
+	if x != nil {
+		return x.DisruptionBudget
+	}
+	return ""
+}
+
+func (x *Pool) GetRemediationConcurrency() int32 {
+	if x != nil {
+		return x.RemediationConcurrency
+	}
+	return 0
+}
+
+func (x *Pool) GetBudget() *PoolBudget {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+// PoolBudget is a pool's disruption budget resolved against its nodes.
+type PoolBudget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Nodes in the pool.
+	Nodes int32 `protobuf:"varint,1,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	// disruption_budget resolved against nodes.
+	Budget int32 `protobuf:"varint,2,opt,name=budget,proto3" json:"budget,omitempty"`
+	// Nodes out of service: held (quarantined, draining, remediating,
+	// verifying, upgrading) or unreachable, powered-off, draining.
+	OutOfService int32 `protobuf:"varint,3,opt,name=out_of_service,json=outOfService,proto3" json:"out_of_service,omitempty"`
+	// Nodes held as remediating.
+	Remediating   int32 `protobuf:"varint,4,opt,name=remediating,proto3" json:"remediating,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolBudget) Reset() {
+	*x = PoolBudget{}
+	mi := &file_api_v1_api_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolBudget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolBudget) ProtoMessage() {}
+
+func (x *PoolBudget) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolBudget.ProtoReflect.Descriptor instead.
+func (*PoolBudget) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PoolBudget) GetNodes() int32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *PoolBudget) GetBudget() int32 {
+	if x != nil {
+		return x.Budget
+	}
+	return 0
+}
+
+func (x *PoolBudget) GetOutOfService() int32 {
+	if x != nil {
+		return x.OutOfService
+	}
+	return 0
+}
+
+func (x *PoolBudget) GetRemediating() int32 {
+	if x != nil {
+		return x.Remediating
+	}
+	return 0
+}
+
+// pools.get; pool is an id or a name.
+type PoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PoolRequest) Reset() {
+	*x = PoolRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolRequest) ProtoMessage() {}
+
+func (x *PoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolRequest.ProtoReflect.Descriptor instead.
+func (*PoolRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PoolRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+// pools.setBudget; pool is an id or a name. An empty disruption_budget
+// or a remediation_concurrency of 0 keeps the current value.
+type SetPoolBudgetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Pool  string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	// "N" (0 or more nodes) or "N%" (1% to 100%).
+	DisruptionBudget string `protobuf:"bytes,2,opt,name=disruption_budget,json=disruptionBudget,proto3" json:"disruption_budget,omitempty"`
+	// 1 or more.
+	RemediationConcurrency int32 `protobuf:"varint,3,opt,name=remediation_concurrency,json=remediationConcurrency,proto3" json:"remediation_concurrency,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *SetPoolBudgetRequest) Reset() {
+	*x = SetPoolBudgetRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetPoolBudgetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetPoolBudgetRequest) ProtoMessage() {}
+
+func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetPoolBudgetRequest.ProtoReflect.Descriptor instead.
+func (*SetPoolBudgetRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetPoolBudgetRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *SetPoolBudgetRequest) GetDisruptionBudget() string {
+	if x != nil {
+		return x.DisruptionBudget
+	}
+	return ""
+}
+
+func (x *SetPoolBudgetRequest) GetRemediationConcurrency() int32 {
+	if x != nil {
+		return x.RemediationConcurrency
+	}
+	return 0
+}
+
 // pools.create; site is an id or a name.
 type CreatePoolRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -461,7 +674,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[7]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -473,7 +686,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[7]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -486,7 +699,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{7}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -513,7 +726,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[8]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +738,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[8]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +751,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{8}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListPoolsRequest) GetPage() *Page {
@@ -558,7 +771,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +783,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +796,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -623,7 +836,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +848,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +861,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *JoinToken) GetId() string {
@@ -735,7 +948,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +960,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +973,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateJoinTokenRequest) GetPool() string {
@@ -802,7 +1015,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +1027,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +1040,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -854,7 +1067,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +1079,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1092,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListJoinTokensRequest) GetPage() *Page {
@@ -899,7 +1112,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1124,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1137,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListJoinTokensResponse) GetJoinTokens() []*JoinToken {
@@ -951,7 +1164,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1176,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1189,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RevokeJoinTokenRequest) GetId() string {
@@ -996,7 +1209,7 @@ type RevokeJoinTokenResponse struct {
 
 func (x *RevokeJoinTokenResponse) Reset() {
 	*x = RevokeJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1221,7 @@ func (x *RevokeJoinTokenResponse) String() string {
 func (*RevokeJoinTokenResponse) ProtoMessage() {}
 
 func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1234,7 @@ func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1070,7 +1283,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1295,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1308,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Node) GetId() string {
@@ -1232,7 +1445,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1457,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1470,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GPU) GetUuid() string {
@@ -1314,7 +1527,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1326,7 +1539,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1339,7 +1552,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListNodesRequest) GetPage() *Page {
@@ -1394,7 +1607,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1619,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1632,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1446,7 +1659,7 @@ type NodeRequest struct {
 
 func (x *NodeRequest) Reset() {
 	*x = NodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1671,7 @@ func (x *NodeRequest) String() string {
 func (*NodeRequest) ProtoMessage() {}
 
 func (x *NodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1684,7 @@ func (x *NodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRequest.ProtoReflect.Descriptor instead.
 func (*NodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeRequest) GetId() string {
@@ -1490,7 +1703,7 @@ type NodeResponse struct {
 
 func (x *NodeResponse) Reset() {
 	*x = NodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1715,7 @@ func (x *NodeResponse) String() string {
 func (*NodeResponse) ProtoMessage() {}
 
 func (x *NodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1728,7 @@ func (x *NodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResponse.ProtoReflect.Descriptor instead.
 func (*NodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeResponse) GetNode() *Node {
@@ -1540,7 +1753,7 @@ type ReinstallNodeRequest struct {
 
 func (x *ReinstallNodeRequest) Reset() {
 	*x = ReinstallNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1765,7 @@ func (x *ReinstallNodeRequest) String() string {
 func (*ReinstallNodeRequest) ProtoMessage() {}
 
 func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1778,7 @@ func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReinstallNodeRequest) GetNode() string {
@@ -1597,7 +1810,7 @@ type ReinstallNodeResponse struct {
 
 func (x *ReinstallNodeResponse) Reset() {
 	*x = ReinstallNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1822,7 @@ func (x *ReinstallNodeResponse) String() string {
 func (*ReinstallNodeResponse) ProtoMessage() {}
 
 func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1835,7 @@ func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReinstallNodeResponse) GetJoinToken() *JoinToken {
@@ -1666,7 +1879,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1891,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1904,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AddNodeRequest) GetPool() string {
@@ -1754,7 +1967,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1979,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1992,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AddNodeResponse) GetJoinTokenId() string {
@@ -1848,7 +2061,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2073,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2086,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -1942,7 +2155,7 @@ type CreateCommandsRequest struct {
 
 func (x *CreateCommandsRequest) Reset() {
 	*x = CreateCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2167,7 @@ func (x *CreateCommandsRequest) String() string {
 func (*CreateCommandsRequest) ProtoMessage() {}
 
 func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2180,7 @@ func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsRequest.ProtoReflect.Descriptor instead.
 func (*CreateCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreateCommandsRequest) GetNodeIds() []string {
@@ -2055,7 +2268,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2280,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2293,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -2106,7 +2319,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2331,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2344,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -2165,7 +2378,7 @@ type CreateCommandsResponse struct {
 
 func (x *CreateCommandsResponse) Reset() {
 	*x = CreateCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2390,7 @@ func (x *CreateCommandsResponse) String() string {
 func (*CreateCommandsResponse) ProtoMessage() {}
 
 func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2403,7 @@ func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsResponse.ProtoReflect.Descriptor instead.
 func (*CreateCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreateCommandsResponse) GetBatchId() string {
@@ -2251,7 +2464,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2476,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2489,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Command) GetId() string {
@@ -2456,7 +2669,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2468,7 +2681,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2481,7 +2694,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -2509,7 +2722,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2734,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2747,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetCommandRequest) GetId() string {
@@ -2560,7 +2773,7 @@ type GetCommandResponse struct {
 
 func (x *GetCommandResponse) Reset() {
 	*x = GetCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2785,7 @@ func (x *GetCommandResponse) String() string {
 func (*GetCommandResponse) ProtoMessage() {}
 
 func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2798,7 @@ func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandResponse.ProtoReflect.Descriptor instead.
 func (*GetCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetCommandResponse) GetCommand() *Command {
@@ -2608,7 +2821,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2620,7 +2833,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2633,7 +2846,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListCommandsRequest) GetPage() *Page {
@@ -2674,7 +2887,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2899,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2912,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListCommandsResponse) GetCommands() []*Command {
@@ -2726,7 +2939,7 @@ type CancelCommandRequest struct {
 
 func (x *CancelCommandRequest) Reset() {
 	*x = CancelCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2951,7 @@ func (x *CancelCommandRequest) String() string {
 func (*CancelCommandRequest) ProtoMessage() {}
 
 func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2964,7 @@ func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandRequest.ProtoReflect.Descriptor instead.
 func (*CancelCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CancelCommandRequest) GetId() string {
@@ -2770,7 +2983,7 @@ type CancelCommandResponse struct {
 
 func (x *CancelCommandResponse) Reset() {
 	*x = CancelCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2995,7 @@ func (x *CancelCommandResponse) String() string {
 func (*CancelCommandResponse) ProtoMessage() {}
 
 func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +3008,7 @@ func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandResponse.ProtoReflect.Descriptor instead.
 func (*CancelCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CancelCommandResponse) GetCommand() *Command {
@@ -2824,7 +3037,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3049,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3062,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Gateway) GetId() string {
@@ -2924,7 +3137,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3149,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3162,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 type ListGatewaysResponse struct {
@@ -2961,7 +3174,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3186,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3199,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3008,7 +3221,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3233,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3246,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -3070,7 +3283,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3295,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3308,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -3128,7 +3341,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3353,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3366,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 type FleetSummaryResponse struct {
@@ -3169,7 +3382,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3394,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3407,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -3246,7 +3459,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3471,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3484,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -3326,7 +3539,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3551,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3564,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *APIToken) GetId() string {
@@ -3417,7 +3630,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3429,7 +3642,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3442,7 +3655,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -3484,7 +3697,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3496,7 +3709,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3509,7 +3722,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -3536,7 +3749,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3548,7 +3761,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3561,7 +3774,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -3581,7 +3794,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +3806,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +3819,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -3633,7 +3846,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3645,7 +3858,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3658,7 +3871,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -3676,7 +3889,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3688,7 +3901,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3701,7 +3914,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -3729,7 +3942,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3741,7 +3954,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3754,7 +3967,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -3832,7 +4045,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3844,7 +4057,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3857,7 +4070,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -3919,7 +4132,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4144,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4157,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -3984,7 +4197,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3996,7 +4209,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4009,7 +4222,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -4068,7 +4281,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4080,7 +4293,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4093,7 +4306,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Event) GetId() string {
@@ -4141,7 +4354,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4366,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4379,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4211,7 +4424,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4436,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4449,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -4302,7 +4515,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4314,7 +4527,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4327,7 +4540,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -4354,7 +4567,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4366,7 +4579,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4379,7 +4592,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -4411,7 +4624,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4423,7 +4636,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4436,7 +4649,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -4470,7 +4683,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4482,7 +4695,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4495,7 +4708,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -4533,7 +4746,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4545,7 +4758,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4558,7 +4771,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -4638,7 +4851,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4650,7 +4863,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4663,7 +4876,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -4711,7 +4924,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4723,7 +4936,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4736,7 +4949,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -4754,7 +4967,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4766,7 +4979,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4779,7 +4992,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -4799,7 +5012,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4811,7 +5024,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4824,7 +5037,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -4895,13 +5108,28 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x11ListSitesResponse\x120\n" +
 	"\x05sites\x18\x01 \x03(\v2\x1a.bettercompute.api.v1.SiteR\x05sites\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
-	"nextCursor\"\x80\x01\n" +
+	"nextCursor\"\xa0\x02\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x17\n" +
 	"\asite_id\x18\x03 \x01(\tR\x06siteId\x12;\n" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\";\n" +
+	"createTime\x12+\n" +
+	"\x11disruption_budget\x18\x05 \x01(\tR\x10disruptionBudget\x127\n" +
+	"\x17remediation_concurrency\x18\x06 \x01(\x05R\x16remediationConcurrency\x128\n" +
+	"\x06budget\x18\a \x01(\v2 .bettercompute.api.v1.PoolBudgetR\x06budget\"\x82\x01\n" +
+	"\n" +
+	"PoolBudget\x12\x14\n" +
+	"\x05nodes\x18\x01 \x01(\x05R\x05nodes\x12\x16\n" +
+	"\x06budget\x18\x02 \x01(\x05R\x06budget\x12$\n" +
+	"\x0eout_of_service\x18\x03 \x01(\x05R\foutOfService\x12 \n" +
+	"\vremediating\x18\x04 \x01(\x05R\vremediating\"!\n" +
+	"\vPoolRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\"\x90\x01\n" +
+	"\x14SetPoolBudgetRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12+\n" +
+	"\x11disruption_budget\x18\x02 \x01(\tR\x10disruptionBudget\x127\n" +
+	"\x17remediation_concurrency\x18\x03 \x01(\x05R\x16remediationConcurrency\";\n" +
 	"\x11CreatePoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\"B\n" +
@@ -5271,12 +5499,16 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x06Create\x12'.bettercompute.api.v1.CreateSiteRequest\x1a\x1a.bettercompute.api.v1.Site\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x01\x12e\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewer2\xd3\x01\n" +
+	"\x06viewer2\x8b\x03\n" +
 	"\fPoolsService\x12\\\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreatePoolRequest\x1a\x1a.bettercompute.api.v1.Pool\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x01\x12e\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListPoolsRequest\x1a'.bettercompute.api.v1.ListPoolsResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewer2\xf0\x02\n" +
+	"\x06viewer\x12R\n" +
+	"\x03Get\x12!.bettercompute.api.v1.PoolRequest\x1a\x1a.bettercompute.api.v1.Pool\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12b\n" +
+	"\tSetBudget\x12*.bettercompute.api.v1.SetPoolBudgetRequest\x1a\x1a.bettercompute.api.v1.Pool\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x012\xf0\x02\n" +
 	"\x11JoinTokensService\x12t\n" +
 	"\x06Create\x12,.bettercompute.api.v1.CreateJoinTokenRequest\x1a-.bettercompute.api.v1.CreateJoinTokenResponse\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x01\x12o\n" +
@@ -5357,7 +5589,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -5366,226 +5598,234 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*ListSitesRequest)(nil),             // 4: bettercompute.api.v1.ListSitesRequest
 	(*ListSitesResponse)(nil),            // 5: bettercompute.api.v1.ListSitesResponse
 	(*Pool)(nil),                         // 6: bettercompute.api.v1.Pool
-	(*CreatePoolRequest)(nil),            // 7: bettercompute.api.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),             // 8: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 9: bettercompute.api.v1.ListPoolsResponse
-	(*JoinToken)(nil),                    // 10: bettercompute.api.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),       // 11: bettercompute.api.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),      // 12: bettercompute.api.v1.CreateJoinTokenResponse
-	(*ListJoinTokensRequest)(nil),        // 13: bettercompute.api.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),       // 14: bettercompute.api.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),       // 15: bettercompute.api.v1.RevokeJoinTokenRequest
-	(*RevokeJoinTokenResponse)(nil),      // 16: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*Node)(nil),                         // 17: bettercompute.api.v1.Node
-	(*GPU)(nil),                          // 18: bettercompute.api.v1.GPU
-	(*ListNodesRequest)(nil),             // 19: bettercompute.api.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),            // 20: bettercompute.api.v1.ListNodesResponse
-	(*NodeRequest)(nil),                  // 21: bettercompute.api.v1.NodeRequest
-	(*NodeResponse)(nil),                 // 22: bettercompute.api.v1.NodeResponse
-	(*ReinstallNodeRequest)(nil),         // 23: bettercompute.api.v1.ReinstallNodeRequest
-	(*ReinstallNodeResponse)(nil),        // 24: bettercompute.api.v1.ReinstallNodeResponse
-	(*AddNodeRequest)(nil),               // 25: bettercompute.api.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),              // 26: bettercompute.api.v1.AddNodeResponse
-	(*ExecSpec)(nil),                     // 27: bettercompute.api.v1.ExecSpec
-	(*CreateCommandsRequest)(nil),        // 28: bettercompute.api.v1.CreateCommandsRequest
-	(*PowerSpec)(nil),                    // 29: bettercompute.api.v1.PowerSpec
-	(*BootSpec)(nil),                     // 30: bettercompute.api.v1.BootSpec
-	(*CreateCommandsResponse)(nil),       // 31: bettercompute.api.v1.CreateCommandsResponse
-	(*Command)(nil),                      // 32: bettercompute.api.v1.Command
-	(*UpgradeSpec)(nil),                  // 33: bettercompute.api.v1.UpgradeSpec
-	(*GetCommandRequest)(nil),            // 34: bettercompute.api.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),           // 35: bettercompute.api.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),          // 36: bettercompute.api.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),         // 37: bettercompute.api.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),         // 38: bettercompute.api.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),        // 39: bettercompute.api.v1.CancelCommandResponse
-	(*Gateway)(nil),                      // 40: bettercompute.api.v1.Gateway
-	(*ListGatewaysRequest)(nil),          // 41: bettercompute.api.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),         // 42: bettercompute.api.v1.ListGatewaysResponse
-	(*RevokeCertificateRequest)(nil),     // 43: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil),    // 44: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 45: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 46: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 47: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 48: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 49: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 50: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 51: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 52: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 53: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 54: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 55: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 56: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 57: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 58: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 59: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 60: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 61: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 62: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 63: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 64: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 65: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 66: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 67: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 68: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 69: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 70: bettercompute.api.v1.WellKnown
-	nil,                                  // 71: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 72: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 73: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 74: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 75: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 76: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 77: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 78: google.protobuf.Struct
+	(*PoolBudget)(nil),                   // 7: bettercompute.api.v1.PoolBudget
+	(*PoolRequest)(nil),                  // 8: bettercompute.api.v1.PoolRequest
+	(*SetPoolBudgetRequest)(nil),         // 9: bettercompute.api.v1.SetPoolBudgetRequest
+	(*CreatePoolRequest)(nil),            // 10: bettercompute.api.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),             // 11: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 12: bettercompute.api.v1.ListPoolsResponse
+	(*JoinToken)(nil),                    // 13: bettercompute.api.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),       // 14: bettercompute.api.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),      // 15: bettercompute.api.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),        // 16: bettercompute.api.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),       // 17: bettercompute.api.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),       // 18: bettercompute.api.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),      // 19: bettercompute.api.v1.RevokeJoinTokenResponse
+	(*Node)(nil),                         // 20: bettercompute.api.v1.Node
+	(*GPU)(nil),                          // 21: bettercompute.api.v1.GPU
+	(*ListNodesRequest)(nil),             // 22: bettercompute.api.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 23: bettercompute.api.v1.ListNodesResponse
+	(*NodeRequest)(nil),                  // 24: bettercompute.api.v1.NodeRequest
+	(*NodeResponse)(nil),                 // 25: bettercompute.api.v1.NodeResponse
+	(*ReinstallNodeRequest)(nil),         // 26: bettercompute.api.v1.ReinstallNodeRequest
+	(*ReinstallNodeResponse)(nil),        // 27: bettercompute.api.v1.ReinstallNodeResponse
+	(*AddNodeRequest)(nil),               // 28: bettercompute.api.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),              // 29: bettercompute.api.v1.AddNodeResponse
+	(*ExecSpec)(nil),                     // 30: bettercompute.api.v1.ExecSpec
+	(*CreateCommandsRequest)(nil),        // 31: bettercompute.api.v1.CreateCommandsRequest
+	(*PowerSpec)(nil),                    // 32: bettercompute.api.v1.PowerSpec
+	(*BootSpec)(nil),                     // 33: bettercompute.api.v1.BootSpec
+	(*CreateCommandsResponse)(nil),       // 34: bettercompute.api.v1.CreateCommandsResponse
+	(*Command)(nil),                      // 35: bettercompute.api.v1.Command
+	(*UpgradeSpec)(nil),                  // 36: bettercompute.api.v1.UpgradeSpec
+	(*GetCommandRequest)(nil),            // 37: bettercompute.api.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),           // 38: bettercompute.api.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),          // 39: bettercompute.api.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),         // 40: bettercompute.api.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),         // 41: bettercompute.api.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),        // 42: bettercompute.api.v1.CancelCommandResponse
+	(*Gateway)(nil),                      // 43: bettercompute.api.v1.Gateway
+	(*ListGatewaysRequest)(nil),          // 44: bettercompute.api.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),         // 45: bettercompute.api.v1.ListGatewaysResponse
+	(*RevokeCertificateRequest)(nil),     // 46: bettercompute.api.v1.RevokeCertificateRequest
+	(*RevokeCertificateResponse)(nil),    // 47: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 48: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 49: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 50: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 51: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 52: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 53: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 54: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 55: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 56: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 57: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 58: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 59: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 60: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 61: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 62: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 63: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 64: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 65: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 66: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 67: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 68: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 69: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 70: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 71: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 72: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 73: bettercompute.api.v1.WellKnown
+	nil,                                  // 74: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 75: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 76: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 77: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 78: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 79: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 80: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 81: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	76,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	79,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	76,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	1,   // 4: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
-	6,   // 5: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	76,  // 6: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	76,  // 7: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	76,  // 8: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	77,  // 9: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	10,  // 10: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	1,   // 11: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
-	10,  // 12: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	10,  // 13: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	71,  // 14: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	76,  // 15: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	76,  // 16: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	76,  // 17: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	18,  // 18: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	78,  // 19: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	77,  // 20: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	76,  // 21: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
-	1,   // 22: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
-	17,  // 23: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	17,  // 24: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	77,  // 25: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
-	10,  // 26: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	77,  // 27: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	76,  // 28: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	72,  // 29: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	73,  // 30: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	27,  // 31: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	77,  // 32: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	29,  // 33: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
-	30,  // 34: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
-	33,  // 35: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	32,  // 36: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	27,  // 37: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	76,  // 38: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	76,  // 39: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	76,  // 40: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	29,  // 41: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
-	30,  // 42: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	78,  // 43: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	33,  // 44: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	32,  // 45: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	1,   // 46: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	32,  // 47: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	32,  // 48: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	76,  // 49: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	40,  // 50: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	74,  // 51: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	75,  // 52: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	47,  // 53: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	76,  // 54: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	76,  // 55: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	76,  // 56: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	77,  // 57: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	48,  // 58: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,   // 59: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	48,  // 60: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	76,  // 61: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	78,  // 62: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,   // 63: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	76,  // 64: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	76,  // 65: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	55,  // 66: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	1,   // 67: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	76,  // 68: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	76,  // 69: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	76,  // 70: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	78,  // 71: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	59,  // 72: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	59,  // 73: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	76,  // 74: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
-	1,   // 75: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	61,  // 76: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	77,  // 77: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	76,  // 78: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 79: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,   // 80: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	7,   // 81: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	8,   // 82: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	11,  // 83: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	13,  // 84: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	15,  // 85: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	19,  // 86: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	21,  // 87: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 88: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 89: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 90: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	21,  // 91: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	23,  // 92: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	25,  // 93: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	28,  // 94: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	34,  // 95: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	36,  // 96: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	38,  // 97: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	41,  // 98: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	43,  // 99: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	45,  // 100: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	49,  // 101: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	51,  // 102: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	53,  // 103: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	66,  // 104: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	68,  // 105: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	56,  // 106: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	58,  // 107: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	62,  // 108: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	64,  // 109: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 110: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,   // 111: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,   // 112: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	9,   // 113: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	12,  // 114: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	14,  // 115: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	16,  // 116: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	20,  // 117: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	22,  // 118: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 119: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 120: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 121: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	22,  // 122: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	24,  // 123: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	26,  // 124: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	31,  // 125: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	35,  // 126: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	37,  // 127: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	39,  // 128: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	42,  // 129: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	44,  // 130: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	46,  // 131: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	50,  // 132: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	52,  // 133: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	54,  // 134: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	67,  // 135: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	69,  // 136: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	57,  // 137: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	60,  // 138: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	63,  // 139: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	65,  // 140: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	110, // [110:141] is the sub-list for method output_type
-	79,  // [79:110] is the sub-list for method input_type
-	79,  // [79:79] is the sub-list for extension type_name
-	79,  // [79:79] is the sub-list for extension extendee
-	0,   // [0:79] is the sub-list for field type_name
+	79,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	7,   // 4: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
+	1,   // 5: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
+	6,   // 6: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	79,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	79,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	79,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	80,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	13,  // 11: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	1,   // 12: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
+	13,  // 13: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	13,  // 14: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	74,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	79,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	79,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	79,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	21,  // 19: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
+	81,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	80,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	79,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	1,   // 23: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
+	20,  // 24: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	20,  // 25: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
+	80,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	13,  // 27: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	80,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	79,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	75,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	76,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	30,  // 32: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
+	80,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	32,  // 34: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	33,  // 35: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	36,  // 36: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	35,  // 37: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	30,  // 38: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	79,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	79,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	79,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	32,  // 42: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	33,  // 43: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	81,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	36,  // 45: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	35,  // 46: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	1,   // 47: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
+	35,  // 48: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	35,  // 49: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	79,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	43,  // 51: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	77,  // 52: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	78,  // 53: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	50,  // 54: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	79,  // 55: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	79,  // 56: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	79,  // 57: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	80,  // 58: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	51,  // 59: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 60: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	51,  // 61: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	79,  // 62: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	81,  // 63: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 64: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	79,  // 65: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	79,  // 66: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	58,  // 67: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 68: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	79,  // 69: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	79,  // 70: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	79,  // 71: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	81,  // 72: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	62,  // 73: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	62,  // 74: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	79,  // 75: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 76: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	64,  // 77: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	80,  // 78: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	79,  // 79: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 80: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	4,   // 81: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	10,  // 82: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	11,  // 83: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	8,   // 84: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	9,   // 85: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	14,  // 86: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	16,  // 87: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	18,  // 88: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	22,  // 89: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	24,  // 90: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 91: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 92: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 93: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 94: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	26,  // 95: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	28,  // 96: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	31,  // 97: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	37,  // 98: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	39,  // 99: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	41,  // 100: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	44,  // 101: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	46,  // 102: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	48,  // 103: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	52,  // 104: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	54,  // 105: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	56,  // 106: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	69,  // 107: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	71,  // 108: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	59,  // 109: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	61,  // 110: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	65,  // 111: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	67,  // 112: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 113: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	5,   // 114: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	6,   // 115: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	12,  // 116: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	6,   // 117: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	6,   // 118: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	15,  // 119: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	17,  // 120: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	19,  // 121: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	23,  // 122: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	25,  // 123: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 124: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 125: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 126: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 127: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	27,  // 128: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	29,  // 129: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	34,  // 130: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	38,  // 131: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	40,  // 132: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	42,  // 133: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	45,  // 134: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	47,  // 135: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	49,  // 136: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	53,  // 137: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	55,  // 138: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	57,  // 139: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	70,  // 140: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	72,  // 141: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	60,  // 142: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	63,  // 143: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	66,  // 144: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	68,  // 145: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	113, // [113:146] is the sub-list for method output_type
+	80,  // [80:113] is the sub-list for method input_type
+	80,  // [80:80] is the sub-list for extension type_name
+	80,  // [80:80] is the sub-list for extension extendee
+	0,   // [0:80] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -5594,14 +5834,14 @@ func file_api_v1_api_proto_init() {
 		return
 	}
 	file_api_v1_options_proto_init()
-	file_api_v1_api_proto_msgTypes[32].OneofWrappers = []any{}
+	file_api_v1_api_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   76,
+			NumMessages:   79,
 			NumExtensions: 0,
 			NumServices:   13,
 		},

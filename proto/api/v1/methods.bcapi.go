@@ -26,6 +26,8 @@ var Methods = []Method{
 	{Name: "sites.list", Role: "viewer", Mutating: false, Request: (*ListSitesRequest)(nil), Response: (*ListSitesResponse)(nil)},
 	{Name: "pools.create", Role: "admin", Mutating: true, Request: (*CreatePoolRequest)(nil), Response: (*Pool)(nil)},
 	{Name: "pools.list", Role: "viewer", Mutating: false, Request: (*ListPoolsRequest)(nil), Response: (*ListPoolsResponse)(nil)},
+	{Name: "pools.get", Role: "viewer", Mutating: false, Request: (*PoolRequest)(nil), Response: (*Pool)(nil)},
+	{Name: "pools.setBudget", Role: "admin", Mutating: true, Request: (*SetPoolBudgetRequest)(nil), Response: (*Pool)(nil)},
 	{Name: "joinTokens.create", Role: "admin", Mutating: true, Request: (*CreateJoinTokenRequest)(nil), Response: (*CreateJoinTokenResponse)(nil)},
 	{Name: "joinTokens.list", Role: "viewer", Mutating: false, Request: (*ListJoinTokensRequest)(nil), Response: (*ListJoinTokensResponse)(nil)},
 	{Name: "joinTokens.revoke", Role: "admin", Mutating: true, Request: (*RevokeJoinTokenRequest)(nil), Response: (*RevokeJoinTokenResponse)(nil)},
