@@ -40,7 +40,8 @@ type Options struct {
 	// and the script prints the pool and site it actually joined. They are
 	// written into the script's header and prompt only as the intent.
 	Pool, Site string
-	// GatewayURL is the gateway bcd joins through: https://host[:port].
+	// GatewayURL is the gateway bcd joins through: https://host[:port], or
+	// wss://host[:port]/v1/session for the WebSocket fallback.
 	GatewayURL string
 	// BaseURL is the control plane's origin (https://compute.example.com);
 	// the script downloads from BaseURL + BasePath + "/downloads/...". It
@@ -142,14 +143,28 @@ func check(opts *Options) (*scriptData, error) {
 			return nil, fmt.Errorf("%s %q: use letters, digits, '.', '_' and '-' (at most 128)", f.flag, f.v)
 		}
 	}
-	gw, err := checkURL("--gateway-url", opts.GatewayURL, false)
+	// The WebSocket fallback's wss URL is checked as the https origin it
+	// names, plus its one path.
+	wsGateway, gwRaw := false, opts.GatewayURL
+	if rest, ok := strings.CutPrefix(gwRaw, "wss://"); ok {
+		wsGateway, gwRaw = true, "https://"+rest
+	}
+	gw, err := checkURL("--gateway-url", gwRaw, true)
 	if err != nil {
 		return nil, err
 	}
-	if gw.Scheme != "https" {
-		return nil, fmt.Errorf("--gateway-url %q: the gateway speaks TLS only: use https://host[:port]", opts.GatewayURL)
+	if wsGateway {
+		gw.Scheme = "wss"
 	}
-	if gw.Path != "" && gw.Path != "/" {
+	switch {
+	case gw.Scheme == "wss" && gw.Path != "/v1/session":
+		return nil, fmt.Errorf("--gateway-url %q: the WebSocket fallback is wss://host[:port]/v1/session", opts.GatewayURL)
+	case gw.Scheme == "wss":
+		// The WebSocket fallback, for a site whose proxy strips client
+		// certificates (docs/install.md).
+	case gw.Scheme != "https":
+		return nil, fmt.Errorf("--gateway-url %q: the gateway speaks TLS only: use https://host[:port] (or wss://host[:port]/v1/session for the WebSocket fallback)", opts.GatewayURL)
+	case gw.Path != "" && gw.Path != "/":
 		return nil, fmt.Errorf("--gateway-url %q: give no path, only https://host[:port]", opts.GatewayURL)
 	}
 	base, err := checkURL("--base-url", opts.BaseURL, true)

@@ -209,10 +209,11 @@ func TestServiceDeb(t *testing.T) {
 
 	// What the package holds, byte for byte what the repository ships.
 	for dst, src := range map[string]string{
-		"usr/lib/systemd/system/better-compute.service": "packaging/systemd/better-compute.service",
-		"usr/lib/sysusers.d/better-compute.conf":        "packaging/sysusers.d/better-compute.conf",
-		"etc/better-compute/config.yaml":                "packaging/better-compute/config.yaml",
-		"usr/bin/better-compute":                        bin,
+		"usr/lib/systemd/system/better-compute.service":  "packaging/systemd/better-compute.service",
+		"usr/lib/sysusers.d/better-compute.conf":         "packaging/sysusers.d/better-compute.conf",
+		"usr/share/better-compute/systemd/low-port.conf": "packaging/systemd/low-port.conf",
+		"etc/better-compute/config.yaml":                 "packaging/better-compute/config.yaml",
+		"usr/bin/better-compute":                         bin,
 	} {
 		got, err := os.ReadFile(filepath.Join(root, dst))
 		if err != nil {

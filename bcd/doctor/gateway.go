@@ -40,8 +40,8 @@ const (
 // tls, clock); a failed step ends the list, since the next ones need it.
 func Gateway(ctx context.Context, rawURL string, trust session.Trust, cfg Config) []Result {
 	u, err := url.Parse(rawURL)
-	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
-		return []Result{result(IDDNS, rawURL, Fail, "not a gateway URL: want https://host[:port]")}
+	if err != nil || (u.Scheme != "https" && u.Scheme != "wss") || u.Hostname() == "" {
+		return []Result{result(IDDNS, rawURL, Fail, "not a gateway URL: want https://host[:port] or wss://host[:port]/v1/session")}
 	}
 	host := strings.TrimSuffix(u.Hostname(), ".")
 	port := u.Port()
@@ -58,6 +58,13 @@ func Gateway(ctx context.Context, rawURL string, trust session.Trust, cfg Config
 	out = append(out, res)
 	if res.Status == Fail {
 		return out
+	}
+	if u.Scheme == "wss" {
+		// The WebSocket fallback: the outer TLS is the site proxy's; the
+		// gateway's own is checked inside the WebSocket when bcd connects.
+		conn.Close()
+		return append(out, result(IDTLS, rawURL, OK,
+			"WebSocket fallback: the gateway's certificate and pin are checked in-band, inside the WebSocket, when bcd connects"))
 	}
 	res = TLS(ctx, conn, host, trust, rawURL, cfg.Timeout, cfg.Now)
 	conn.Close()

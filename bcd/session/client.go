@@ -231,7 +231,7 @@ func (c *Client) failover(gw gatewayAddr) {
 func (c *Client) afterDrain(gw gatewayAddr, prefer []string) {
 	var ok []gatewayAddr
 	for _, p := range prefer {
-		if g, err := parseGatewayURL(p); err == nil {
+		if g, err := parseGatewayURL(p); err == nil && (g.ws != "") == (gw.ws != "") {
 			ok = append(ok, g)
 		}
 	}

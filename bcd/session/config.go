@@ -241,6 +241,14 @@ func (cfg *Config) validate() ([]gatewayAddr, error) {
 			return nil, err
 		}
 	}
+	// One transport: the configured gateways' (IsWebSocketURL). Known
+	// gateways of the other are left out, never dialled.
+	ws := IsWebSocketURL(cfg.Gateways[0])
+	for _, g := range cfg.Gateways[1:] {
+		if IsWebSocketURL(g) != ws {
+			return nil, fmt.Errorf("%w: gateways %q and %q: the list mixes the WebSocket fallback (wss://) with direct gateways (https://); configure one", ErrConfig, cfg.Gateways[0], g)
+		}
+	}
 	order := gatewayOrder(cfg.KnownGateways, cfg.Gateways)
 	gws := make([]gatewayAddr, 0, len(order))
 	for _, s := range order {
@@ -248,7 +256,9 @@ func (cfg *Config) validate() ([]gatewayAddr, error) {
 		if err != nil {
 			return nil, err
 		}
-		gws = append(gws, gw)
+		if (gw.ws != "") == ws {
+			gws = append(gws, gw)
+		}
 	}
 	if err := cfg.Trust.validate(); err != nil {
 		return nil, err

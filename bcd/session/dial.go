@@ -25,7 +25,9 @@ type transport struct {
 
 // dial returns a lazily connecting ClientConn to gw over TLS cfg. The
 // target uses the passthrough resolver: the host is resolved when the
-// connection is made, with no resolver goroutine kept per connection.
+// connection is made, with no resolver goroutine kept per connection. For
+// a WebSocket fallback URL the connection is a WebSocket (websocket.go)
+// and cfg's TLS runs inside it, end to end.
 func dial(gw gatewayAddr, cfg *tls.Config, t transport) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
@@ -43,6 +45,9 @@ func dial(gw gatewayAddr, cfg *tls.Config, t transport) (*grpc.ClientConn, error
 			Time:    t.keepalive,
 			Timeout: t.keepaliveTimeout,
 		}))
+	}
+	if gw.ws != "" {
+		opts = append(opts, grpc.WithContextDialer(webSocketDialer(gw.ws)))
 	}
 	cc, err := grpc.NewClient("passthrough:///"+gw.addr, opts...)
 	if err != nil {

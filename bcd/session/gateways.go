@@ -64,6 +64,10 @@ func gatewayOrder(known []KnownGateway, joined []string) []string {
 // attempts, starting over from gw. It runs on Run's goroutine, which alone
 // reads the list.
 func (c *Client) listed(ctx context.Context, gw gatewayAddr, urls []string) {
+	// Only gateways of the configured transport: a Welcome cannot move a
+	// node off (or onto) the WebSocket fallback.
+	ws := IsWebSocketURL(c.cfg.Gateways[0])
+	urls = slices.DeleteFunc(slices.Clone(urls), func(u string) bool { return IsWebSocketURL(u) != ws })
 	if len(urls) == 0 {
 		return
 	}

@@ -236,7 +236,10 @@ func joinResult(resp *sessionv1.JoinResponse, key crypto.Signer, trust Trust, jo
 			return nil, fmt.Errorf("%w: gateway list: %q is not an https://host[:port] URL", ErrProtocol, g)
 		}
 	}
-	if len(gws) == 0 {
+	if len(gws) == 0 || IsWebSocketURL(joinedVia) {
+		// Joined through the WebSocket fallback: the gateways' direct
+		// addresses are what this site cannot reach, and the fallback is
+		// left only by configuration.
 		gws = []string{joinedVia}
 	}
 	renewAfter := defaultRenewAfter(chain[0])

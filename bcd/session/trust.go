@@ -142,29 +142,53 @@ type gatewayAddr struct {
 	url  string // as configured, for logs and events
 	host string // host name or IP, what the certificate must name
 	addr string // host:port to dial
+	// ws is the WebSocket fallback's URL to dial (wss://host[:port]/v1/session)
+	// when url is one; empty for a direct connection.
+	ws string
 }
 
+// WebSocketPath is the path of the gateway's WebSocket fallback.
+const WebSocketPath = "/v1/session"
+
 // CheckGatewayURL reports whether s is a gateway URL Join and Connect
-// accept: "https://host[:port]". The error wraps ErrConfig.
+// accept: "https://host[:port]", or "wss://host[:port]/v1/session" for the
+// WebSocket fallback. The error wraps ErrConfig.
 func CheckGatewayURL(s string) error {
 	_, err := parseGatewayURL(s)
 	return err
 }
 
-// parseGatewayURL parses "https://host[:port]" (port 443 when absent).
-// Paths other than "/" and query strings are refused.
+// IsWebSocketURL reports whether s is a WebSocket fallback URL (scheme
+// wss). A node whose gateways are such URLs connects through the fallback
+// only, and one whose gateways are https URLs never does: the transport is
+// the one configured, never bcd's own choice, so that no middlebox can
+// force a downgrade (DESIGN.md, "the WebSocket fallback").
+func IsWebSocketURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && u.Scheme == "wss"
+}
+
+// parseGatewayURL parses "https://host[:port]" (port 443 when absent), or
+// "wss://host[:port]/v1/session" (the WebSocket fallback; the path may be
+// left out). Other paths, query strings, fragments and credentials are
+// refused.
 func parseGatewayURL(s string) (gatewayAddr, error) {
 	u, err := url.Parse(s)
 	if err != nil {
 		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: %w", ErrConfig, s, err)
 	}
-	if u.Scheme != "https" {
-		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: scheme must be https", ErrConfig, s)
+	if u.Scheme != "https" && u.Scheme != "wss" {
+		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: scheme must be https (or wss for the WebSocket fallback)", ErrConfig, s)
 	}
 	if u.Hostname() == "" {
 		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: no host", ErrConfig, s)
 	}
-	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+	ws := u.Scheme == "wss"
+	pathOK := u.Path == "" || u.Path == "/" || (ws && u.Path == WebSocketPath)
+	if !pathOK || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		if ws {
+			return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: want wss://host[:port]%s only", ErrConfig, s, WebSocketPath)
+		}
 		return gatewayAddr{}, fmt.Errorf("%w: gateway URL %q: want https://host[:port] only", ErrConfig, s)
 	}
 	port := u.Port()
@@ -172,5 +196,9 @@ func parseGatewayURL(s string) (gatewayAddr, error) {
 		port = "443"
 	}
 	host := strings.TrimSuffix(u.Hostname(), ".")
-	return gatewayAddr{url: s, host: host, addr: net.JoinHostPort(host, port)}, nil
+	gw := gatewayAddr{url: s, host: host, addr: net.JoinHostPort(host, port)}
+	if ws {
+		gw.ws = "wss://" + gw.addr + WebSocketPath
+	}
+	return gw, nil
 }

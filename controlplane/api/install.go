@@ -48,6 +48,7 @@ type scriptOptions struct {
 	version      string // "" for the newest in the downloads folder
 	unprivileged bool
 	plugins      []string
+	websocket    bool // join through the WebSocket fallback (host.gateway.ws.publicURL)
 }
 
 // query is the script URL's query for o.
@@ -62,20 +63,30 @@ func (o scriptOptions) query() string {
 	if len(o.plugins) > 0 {
 		q.Set("plugins", strings.Join(o.plugins, ","))
 	}
+	if o.websocket {
+		q.Set("transport", "websocket")
+	}
 	if len(q) == 0 {
 		return ""
 	}
 	return "?" + q.Encode()
 }
 
-// parseScriptQuery reads ?version=&unprivileged=&plugins= of GET
-// install.sh; a bad value is INVALID_ARGUMENT naming the parameter.
+// parseScriptQuery reads ?version=&unprivileged=&plugins=&transport= of
+// GET install.sh; a bad value is INVALID_ARGUMENT naming the parameter.
 func parseScriptQuery(q url.Values) (scriptOptions, error) {
 	var o scriptOptions
 	for k := range q {
-		if k != "version" && k != "unprivileged" && k != "plugins" {
-			return o, invalid(k, "unknown parameter (want version, unprivileged, plugins)")
+		if k != "version" && k != "unprivileged" && k != "plugins" && k != "transport" {
+			return o, invalid(k, "unknown parameter (want version, unprivileged, plugins, transport)")
 		}
+	}
+	switch v := q.Get("transport"); v {
+	case "", "direct":
+	case "websocket":
+		o.websocket = true
+	default:
+		return o, invalid("transport", "want direct or websocket")
 	}
 	if v := q.Get("version"); v != "" {
 		if !manifest.ValidVersion(v) {
@@ -198,6 +209,12 @@ func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, er
 	if err != nil {
 		return nil, err
 	}
+	if o.websocket {
+		if s.cfg.WebSocketURL == "" {
+			return nil, invalid("transport", "the WebSocket fallback is off: set host.gateway.ws.publicURL (docs/websocket.md)")
+		}
+		gw = s.cfg.WebSocketURL
+	}
 	opts := installer.Options{GatewayURL: gw, BaseURL: s.PublicURL(), BasePath: s.cfg.BasePath, Version: version,
 		PinnedPubKey: s.Pin(), Unprivileged: o.unprivileged, Plugins: o.plugins}
 	if len(s.cfg.ReleasePins) > 0 {
@@ -281,7 +298,8 @@ func (s *Server) nodesAdd(ctx context.Context, _ *iam.Principal, r *apiv1.AddNod
 	if u.Scheme != "https" && !config.IsLoopbackHost(u.Hostname()) {
 		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("the API's public URL %s is plain HTTP on a host other machines reach: the token and the install script would cross the network in clear text; serve the API over HTTPS (serve --api-tls auto, or --api-tls files with --api-tls-cert and --api-tls-key; docs/configuration.md)", base)}
 	}
-	o := scriptOptions{unprivileged: r.GetUnprivileged(), plugins: slices.Compact(slices.Sorted(slices.Values(r.GetPlugins())))}
+	o := scriptOptions{unprivileged: r.GetUnprivileged(), plugins: slices.Compact(slices.Sorted(slices.Values(r.GetPlugins()))),
+		websocket: r.GetWebsocket()}
 	// Make the script once first: a configuration it cannot be made from
 	// fails here, before a token exists.
 	if _, err := s.installScript(ctx, o); err != nil {

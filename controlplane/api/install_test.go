@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -198,4 +199,37 @@ func TestNodesAddOverHTTPS(t *testing.T) {
 			t.Errorf("install.sh%s: %d, want %d", q, res.StatusCode, status)
 		}
 	}
+}
+
+// TestInstallScriptWebSocketTransport: ?transport=websocket (nodes.add
+// websocket) joins through host.gateway.ws.publicURL; asked for while the
+// fallback is off, or with another transport, it is INVALID_ARGUMENT.
+func TestInstallScriptWebSocketTransport(t *testing.T) {
+	t.Parallel()
+	const wsURL = "wss://proxy.example/v1/session"
+	get := func(f *fixture, query string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/api/install.sh"+query, nil)
+		w := httptest.NewRecorder()
+		f.srv.Handler().ServeHTTP(w, r)
+		return w
+	}
+	on, _ := addFixture(t, api.Config{PublicURL: "https://compute.example.com", GatewayURL: "https://localhost:8443", WebSocketURL: wsURL,
+		Releases: releases{"0.1.0"}})
+	if w := get(on, "?transport=websocket"); w.Code != 200 || !strings.Contains(w.Body.String(), "GATEWAY_URL='"+wsURL+"'") {
+		t.Fatalf("install.sh?transport=websocket: %d, no GATEWAY_URL %s in\n%.400s", w.Code, wsURL, w.Body.String())
+	}
+	if w := get(on, ""); w.Code != 200 || !strings.Contains(w.Body.String(), "GATEWAY_URL='https://localhost:8443'") {
+		t.Fatalf("install.sh: %d, not the direct gateway", w.Code)
+	}
+	r := on.call("nodes.add", on.admin, `{"pool":"p","websocket":true}`, peer)
+	if script, _ := r.Body["scriptUrl"].(string); r.Code != 200 || !strings.HasSuffix(script, "?transport=websocket") {
+		t.Fatalf("nodes.add websocket = %v", r)
+	}
+	off, _ := addFixture(t, api.Config{PublicURL: "https://compute.example.com", GatewayURL: "https://localhost:8443", Releases: releases{"0.1.0"}})
+	for f, query := range map[*fixture]string{off: "?transport=websocket", on: "?transport=carrier-pigeon"} {
+		if w := get(f, query); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"field":"transport"`) {
+			t.Errorf("install.sh%s: %d %s", query, w.Code, w.Body.String())
+		}
+	}
+	wantCode(t, off.call("nodes.add", off.admin, `{"pool":"p","websocket":true}`, peer), http.StatusBadRequest, api.CodeInvalidArgument, "transport")
 }

@@ -72,6 +72,10 @@ type Config struct {
 	// GatewayURL is the gateway the install script joins through
 	// (host.gateway.publicURL). Defaults to a live gateway's address.
 	GatewayURL string
+	// WebSocketURL is the WebSocket fallback's URL
+	// (host.gateway.ws.publicURL), for install scripts asked for with
+	// ?transport=websocket; empty when the fallback is off.
+	WebSocketURL string
 	// Releases, when set, is the downloads folder the install script route
 	// ({basePath}/install.sh) installs bcd from.
 	Releases Releases

@@ -164,6 +164,9 @@ type Gateway struct {
 	DrainDelay Duration `yaml:"drainDelay"`
 	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
 	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+	// WS configures the WebSocket fallback (docs/websocket.md); off unless
+	// ws.publicURL is set.
+	WS WebSocketFallback `yaml:"ws"`
 }
 
 // PKI configures node identities over time (DESIGN.md, "Identity over
@@ -411,6 +414,7 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.NodeCertTTL.Duration == 0 {
 		g.NodeCertTTL.Duration = 24 * time.Hour
 	}
+	g.WS.setDefaults()
 	if g.PublicURL == "" {
 		// Port 0 is chosen at listen time; the gateway then derives it.
 		if _, port, err := net.SplitHostPort(g.Listen); err == nil && port != "0" {
@@ -509,6 +513,9 @@ func (c *Config) validate() error {
 		c.Host.Gateway.PublicURL = u
 	}
 	if err := c.validateAPITLS(); err != nil {
+		return err
+	}
+	if err := c.Host.Gateway.WS.validate(); err != nil {
 		return err
 	}
 	for i, p := range c.Downloads.ReleasePins {

@@ -63,12 +63,13 @@ func (c *Config) APIPublicHost() string {
 	return "localhost"
 }
 
-// PublicHosts are the hosts of host.publicURL and host.gateway.publicURL,
-// without duplicates: the names the serving certificates of the embedded
-// default and of host.tls mode auto must hold beside the machine's own.
+// PublicHosts are the hosts of host.publicURL, host.gateway.publicURL and
+// host.gateway.ws.publicURL, without duplicates: the names the serving
+// certificates of the embedded default and of host.tls mode auto must hold
+// beside the machine's own.
 func (c *Config) PublicHosts() []string {
 	var out []string
-	for _, raw := range []string{c.Host.PublicURL, c.Host.Gateway.PublicURL} {
+	for _, raw := range []string{c.Host.PublicURL, c.Host.Gateway.PublicURL, c.Host.Gateway.WS.PublicURL} {
 		if h := urlHost(raw); h != "" && !slices.Contains(out, h) {
 			out = append(out, h)
 		}

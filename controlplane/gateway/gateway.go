@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -94,6 +95,15 @@ type Config struct {
 	PublicURL string
 	// Region is the gateway's region (sites.region). Defaults to "default".
 	Region string
+	// WebSocketListen, when set, also serves the WebSocket fallback at
+	// GET /v1/session on this address (websocket.go): the same gRPC
+	// connection inside a WebSocket, with the TLS handshake in-band, for
+	// sites whose proxies strip client certificates. Empty: none.
+	WebSocketListen string
+	// WebSocketTLS serves the fallback's listener over TLS with the
+	// gateway's certificate; false serves plain HTTP, for a TLS-terminating
+	// proxy in front of it.
+	WebSocketTLS bool
 	// CertFile and KeyFile hold the PEM serving certificate (leaf, then the
 	// gateway serving CA) and its key, as pki issue-gateway writes them.
 	// Required.
@@ -262,6 +272,8 @@ type Gateway struct {
 	addr      net.Addr
 	publicURL string
 	ln        *listener
+	wsln      *wsListener // the WebSocket fallback's upgrades; nil without one
+	wsAddr    net.Addr
 
 	sessions registry
 	streams  atomic.Int64 // open Connect streams, admitted against MaxStreams
@@ -358,6 +370,10 @@ func (g *Gateway) Ready() <-chan struct{} { return g.ready }
 // Addr is the bound address, valid after Ready.
 func (g *Gateway) Addr() net.Addr { return g.addr }
 
+// WebSocketAddr is the WebSocket fallback's bound address, valid after
+// Ready; nil without Config.WebSocketListen.
+func (g *Gateway) WebSocketAddr() net.Addr { return g.wsAddr }
+
 // PublicURL is the URL daemons dial, valid after Ready.
 func (g *Gateway) PublicURL() string { return g.publicURL }
 
@@ -372,19 +388,38 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gateway listen on %s: %w", g.cfg.Listen, err)
 	}
+	g.addr = raw.Addr()
+	var wsRaw net.Listener
+	if g.cfg.WebSocketListen != "" {
+		if wsRaw, err = net.Listen("tcp", g.cfg.WebSocketListen); err != nil {
+			raw.Close()
+			if errors.Is(err, syscall.EACCES) {
+				err = fmt.Errorf("%w (a port below 1024 needs CAP_NET_BIND_SERVICE: the drop-in low-port.conf, docs/websocket.md)", err)
+			}
+			return fmt.Errorf("gateway WebSocket fallback listen on %s: %w", g.cfg.WebSocketListen, err)
+		}
+		g.wsAddr = wsRaw.Addr()
+		g.wsln = newWSListener(wsRaw.Addr())
+		raw = mergeListeners(raw, g.wsln)
+	}
 	limit := rate.Limit(g.cfg.HandshakeRate)
 	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst), g.cfg.MaxConnecting, g.cfg.HelloTimeout)
-	g.addr = raw.Addr()
 	g.publicURL = g.cfg.PublicURL
 	if g.publicURL == "" {
 		g.publicURL = "https://" + net.JoinHostPort("localhost", fmt.Sprint(raw.Addr().(*net.TCPAddr).Port))
 	}
-	if err := g.acquireLease(ctx); err != nil {
+	closeListeners := func() {
 		g.ln.Close()
+		if wsRaw != nil {
+			wsRaw.Close()
+		}
+	}
+	if err := g.acquireLease(ctx); err != nil {
+		closeListeners()
 		return err
 	}
 	if err := g.upsertRow(ctx); err != nil {
-		g.ln.Close()
+		closeListeners()
 		g.releaseLease()
 		return err
 	}
@@ -399,6 +434,19 @@ func (g *Gateway) Run(ctx context.Context) error {
 	for _, loop := range []func(context.Context){func(ctx context.Context) { g.certs.Run(ctx, g.cfg.CertReloadInterval) }, g.leaseLoop, g.flushLoop, g.revocationLoop,
 		g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
+	}
+	if wsRaw != nil {
+		// Until the drain is over, like the gRPC server: its sessions
+		// get their Drain message as the direct ones do.
+		loops.Go(func() {
+			var tlsCfg *tls.Config
+			if g.cfg.WebSocketTLS {
+				tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: g.certs.GetCertificate}
+			}
+			if err := g.serveWebSocket(loopCtx, wsRaw, g.wsln, tlsCfg); err != nil {
+				g.log.ErrorContext(loopCtx, "WebSocket fallback stopped", logkey.Err, err)
+			}
+		})
 	}
 
 	var runErr error

@@ -57,6 +57,7 @@ func withInstall(c api.Config, cfg *config.Config, dl http.Handler, certFile, ke
 	c.TLSCertFile, c.TLSKeyFile = certFile, keyFile
 	c.PublicURL, c.PublicHost = cfg.Host.PublicURL, cfg.APIPublicHost()
 	c.GatewayURL = cfg.Host.Gateway.PublicURL
+	c.WebSocketURL = cfg.Host.Gateway.WS.PublicURL
 	if rel, ok := dl.(api.Releases); ok {
 		c.Releases = rel
 	}

@@ -60,10 +60,20 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		HeartbeatInterval: gc.HeartbeatInterval.Duration,
 		DrainDelay:        gc.DrainDelay.Duration,
 		NodeCertTTL:       gc.NodeCertTTL.Duration,
+		WebSocketListen:   wsListen(gc.WS),
+		WebSocketTLS:      gc.WS.TLS == config.WebSocketTLSGateway,
 		ReattestGrace:     cfg.PKI.ReattestGrace.Duration,
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
 		Wakeups:           wakeups,
 		Metrics:           m,
 	}, st, bundle, opts.Log)
+}
+
+// wsListen is the WebSocket fallback's listen address, "" when it is off.
+func wsListen(ws config.WebSocketFallback) string {
+	if !ws.Enabled() {
+		return ""
+	}
+	return ws.Listen
 }

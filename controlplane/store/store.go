@@ -299,8 +299,8 @@ type Node struct {
 	DisruptionOwner string
 	DisruptionSince *time.Time
 	CreatedAt       time.Time
-	UpdatedAt   time.Time
-	LastSeenAt  *time.Time
+	UpdatedAt       time.Time
+	LastSeenAt      *time.Time
 }
 
 // NodeStore keeps nodes.

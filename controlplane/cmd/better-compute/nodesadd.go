@@ -21,10 +21,11 @@ func nodesAddCmd(e *env, af *apiFlags) *cobra.Command {
 		pool, site, out string
 		ttl             time.Duration
 		unprivileged    bool
+		websocket       bool
 		plugins         []string
 	)
 	cmd := &cobra.Command{
-		Use:   "add --pool P [--site S] [--ttl 1h] [--unprivileged] [--install-plugins bcx-ipmi] [-o json]",
+		Use:   "add --pool P [--site S] [--ttl 1h] [--unprivileged] [--install-plugins bcx-ipmi] [--websocket] [-o json]",
 		Short: "Print the line that installs bcd on a new machine and joins it to a pool (a one-use join token inside)",
 		Long: `add makes a one-use join token for the pool (nodes.add, audited) and prints
 the line to paste, as root, on the new machine:
@@ -53,7 +54,8 @@ shown once; revoke it with join-tokens revoke ID.`,
 			if ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL {
 				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
 			}
-			req := &apiv1.AddNodeRequest{Pool: pool, Site: site, Ttl: durationpb.New(ttl), Unprivileged: unprivileged, Plugins: plugins}
+			req := &apiv1.AddNodeRequest{Pool: pool, Site: site, Ttl: durationpb.New(ttl), Unprivileged: unprivileged, Plugins: plugins,
+				Websocket: websocket}
 			return runAPI(cmd.Context(), e, af, out,
 				func(ctx context.Context, c *client.Client) (*apiv1.AddNodeResponse, error) {
 					return c.NodesAdd(ctx, req)
@@ -72,6 +74,7 @@ shown once; revoke it with join-tokens revoke ID.`,
 	fl.StringVar(&site, "site", "", "site of the pool, checked when given")
 	fl.DurationVar(&ttl, "ttl", api.DefaultAddNodeTTL, "how long the line admits the join (1m to 720h)")
 	fl.BoolVar(&unprivileged, "unprivileged", false, "run bcd as the user bcd beside a root bcd helper")
+	fl.BoolVar(&websocket, "websocket", false, "join through the gateway's WebSocket fallback (host.gateway.ws.publicURL), for a site whose proxy strips client certificates")
 	fl.StringSliceVar(&plugins, "install-plugins", nil, "plugins to install beside bcd: bcx-ipmi")
 	outputFlag(cmd, &out)
 	return cmd

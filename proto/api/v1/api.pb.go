@@ -1867,12 +1867,16 @@ func (x *ReinstallNodeResponse) GetGatewayUrls() []string {
 // is plain http:// on a host other than loopback: the token and the script
 // would cross the network in clear text.
 type AddNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
-	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
-	Ttl           *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
-	Unprivileged  bool                   `protobuf:"varint,4,opt,name=unprivileged,proto3" json:"unprivileged,omitempty"`
-	Plugins       []string               `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Pool         string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Site         string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
+	Ttl          *durationpb.Duration   `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Unprivileged bool                   `protobuf:"varint,4,opt,name=unprivileged,proto3" json:"unprivileged,omitempty"`
+	Plugins      []string               `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
+	// The machine joins through the WebSocket fallback
+	// (host.gateway.ws.publicURL): for a site whose proxy strips client
+	// certificates.
+	Websocket     bool `protobuf:"varint,6,opt,name=websocket,proto3" json:"websocket,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1940,6 +1944,13 @@ func (x *AddNodeRequest) GetPlugins() []string {
 		return x.Plugins
 	}
 	return nil
+}
+
+func (x *AddNodeRequest) GetWebsocket() bool {
+	if x != nil {
+		return x.Websocket
+	}
+	return false
 }
 
 type AddNodeResponse struct {
@@ -5230,13 +5241,14 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"join_token\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.JoinTokenR\tjoinToken\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x12!\n" +
-	"\fgateway_urls\x18\x03 \x03(\tR\vgatewayUrls\"\xa3\x01\n" +
+	"\fgateway_urls\x18\x03 \x03(\tR\vgatewayUrls\"\xc1\x01\n" +
 	"\x0eAddNodeRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x12\n" +
 	"\x04site\x18\x02 \x01(\tR\x04site\x12+\n" +
 	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\"\n" +
 	"\funprivileged\x18\x04 \x01(\bR\funprivileged\x12\x18\n" +
-	"\aplugins\x18\x05 \x03(\tR\aplugins\"\xf4\x01\n" +
+	"\aplugins\x18\x05 \x03(\tR\aplugins\x12\x1c\n" +
+	"\twebsocket\x18\x06 \x01(\bR\twebsocket\"\xf4\x01\n" +
 	"\x0fAddNodeResponse\x12\"\n" +
 	"\rjoin_token_id\x18\x01 \x01(\tR\vjoinTokenId\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\x129\n" +

@@ -168,4 +168,3 @@ func disruptionEvent(nodeID, previous, now, owner string, b *store.PoolBudget) e
 	return event{events.NodeDisruptionChanged, nodeID, events.DisruptionData{NodeID: nodeID, PoolID: b.PoolID,
 		Disruption: now, PreviousDisruption: previous, Owner: owner, OutOfService: b.OutOfService, Budget: b.Budget}}
 }
-
