@@ -1,6 +1,11 @@
 package tests
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -17,6 +22,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -105,4 +115,64 @@ func TestWebSocketFallbackBehindTerminatingProxy(t *testing.T) {
 			t.Fatalf("identity keeps a direct gateway %s: the fallback must never be left by bcd's own choice", k.URL)
 		}
 	}
+
+	// The node's certificate chain with a key that is not its own, through
+	// the same proxy: the in-band handshake refuses it.
+	chain := readChain(t, filepath.Join(m.dataDir, "node.crt"))
+	other, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		c, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPClient: proxy.Client()})
+		if err != nil {
+			return nil, err
+		}
+		return websocket.NetConn(context.Background(), c, websocket.MessageBinary), nil
+	}
+	// The gateway's certificate is not what is tested here: the
+	// gateway's refusal of the forged client is.
+	inner := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, //nolint:gosec // see above
+		Certificates: []tls.Certificate{{Certificate: chain, PrivateKey: other}}}
+	cc, err := grpc.NewClient("passthrough:///gateway", grpc.WithContextDialer(dialer), grpc.WithTransportCredentials(credentials.NewTLS(inner)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	before := upgrades.Load()
+	stream, err := sessionv1.NewSessionServiceClient(cc).Connect(ctx)
+	if err == nil {
+		_ = stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: &sessionv1.Hello{BcdVersion: "0.0.0-e2e"}}})
+		_, err = stream.Recv()
+	}
+	if err == nil {
+		t.Fatal("the node's certificate with another key opened a session through the fallback")
+	}
+	if upgrades.Load() == before {
+		t.Fatalf("the forged attempt never reached the proxy: %v", err)
+	}
+	d.serve.WaitLine(`invalid signature by the client certificate`, 15*time.Second)
+}
+
+// readChain reads the PEM certificates of path, leaf first, as DER.
+func readChain(t *testing.T, path string) [][]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain [][]byte
+	for {
+		var blk *pem.Block
+		if blk, b = pem.Decode(b); blk == nil {
+			break
+		}
+		chain = append(chain, blk.Bytes)
+	}
+	if len(chain) == 0 {
+		t.Fatalf("%s holds no certificate", path)
+	}
+	return chain
 }
