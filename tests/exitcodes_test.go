@@ -291,6 +291,10 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("pki issue-gateway", exitUsage, "--dns", "localhost"),    // no --out-dir
 		bc("pki issue-gateway", exitOK, "--dns", "localhost", "--out-dir", scratch("gw")),
 		bc("pki issue-gateway", exitFailure, "--dns", "localhost", "--out-dir", notAFile),
+		bc("pki issue-internal", exitUsage, "--out-dir", scratch("int")),                       // no --name
+		bc("pki issue-internal", exitUsage, "--name", "Bad Name", "--out-dir", scratch("int")), // invalid name
+		bc("pki issue-internal", exitOK, "--name", "cp-1", "--ip", "127.0.0.1", "--out-dir", scratch("int")),
+		bc("pki issue-internal", exitFailure, "--name", "cp-1", "--out-dir", notAFile),
 		bc("pki revoke", exitUsage),
 		bc("pki revoke", exitFailure, "--node", "node_nosuch"),
 
@@ -303,12 +307,14 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("pools create", exitFailure, "--name", "exit-pool-2", "--site", "no-such-site"),
 		bc("pools list", exitOK),
 		bc("pools list", exitUsage, "extra"),
-		bc("pools get", exitOK, "exit-pool"),
+		// The cases run concurrently: the pool the fixture made, not one
+		// another case creates.
+		bc("pools get", exitOK, "default"),
 		bc("pools get", exitUsage),
 		bc("pools get", exitFailure, "no-such-pool"),
-		bc("pools set-budget", exitOK, "exit-pool", "--budget", "20%"),
-		bc("pools set-budget", exitUsage, "exit-pool"),
-		bc("pools set-budget", exitUsage, "exit-pool", "--budget", "101%"),
+		bc("pools set-budget", exitOK, "default", "--budget", "100%"),
+		bc("pools set-budget", exitUsage, "default"),
+		bc("pools set-budget", exitUsage, "default", "--budget", "101%"),
 		bc("pools set-budget", exitFailure, "no-such-pool", "--budget", "2"),
 		bc("join-tokens create", exitUsage),
 		bc("join-tokens create", exitOK, "--pool", "default", "--out", scratch("jt")),
@@ -337,6 +343,13 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("nodes reinstall", exitUsage),
 		bc("nodes reinstall", exitFailure, "node_nosuch"),
 		bc("nodes reinstall", exitOK, f.node, "--out", scratch("reinstall-token")),
+		bc("nodes shell", exitUsage),
+		bc("nodes shell", exitFailure, "node_nosuch"),               // NOT_FOUND
+		bc("nodes shell", exitOK, f.node),                           // stdin is empty: the shell reads end of input and exits 0
+		bc("nodes port-forward", exitUsage, f.node),                 // no port
+		bc("nodes port-forward", exitUsage, f.node, "99999"),        // not a port
+		bc("nodes port-forward", exitUsage, f.node, "x:80"),         // not a local port
+		bc("nodes port-forward", exitUsage, f.node, "127.0.0.1:22"), // LOCAL is a port, not an address (--address)
 
 		bc("commands run", exitOK, "--node", f.node, "--", "true"),
 		bc("commands run", exitFailure, "--node", f.node, "--", "false"),
@@ -408,6 +421,65 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("sinks replay", exitUsage, "x"),
 		bc("sinks replay", exitUsage, "--all"),
 		bc("sinks replay", exitUsage, "1", "--all", "--sink", "hook"),
+		bc("reservations create", exitOK, "--pool", "default", "--gpus", "1", "--duration", "1h", "--owner", "exit"),
+		bc("reservations create", exitOK, "--pool", "default", "--nodes", "1", "--start", "2h", "--end", "3h", "--owner", "exit", "-o", "json"),
+		bc("reservations create", exitUsage, "--pool", "default", "--gpus", "1", "--duration", "1h"),                            // no owner
+		bc("reservations create", exitUsage, "--pool", "default", "--gpus", "1", "--nodes", "1", "--end", "1h", "--owner", "o"), // both
+		bc("reservations create", exitUsage, "--pool", "default", "--gpus", "1", "--end", "tomorrow", "--owner", "o"),
+		bc("reservations create", exitUsage, "--pool", "default", "--gpus", "1", "--end", "1h", "--owner", "o", "--min-gpu-memory", "lots"),
+		bc("reservations create", exitUsage, "--pool", "default", "--gpus", "5000", "--end", "1h", "--owner", "o"), // INVALID_ARGUMENT
+		bc("reservations create", exitFailure, "--pool", "no-such-pool", "--gpus", "1", "--end", "1h", "--owner", "o"),
+		bc("reservations list", exitOK),
+		bc("reservations list", exitOK, "--pool", "default", "-o", "json"),
+		bc("reservations list", exitUsage, "--state", "bogus"), // INVALID_ARGUMENT
+		bc("reservations list", exitUsage, "extra"),
+		bc("reservations get", exitFailure, "res_nosuch"),
+		bc("reservations get", exitUsage),
+		bc("reservations cancel", exitFailure, "res_nosuch"),
+		bc("reservations cancel", exitUsage),
+		bc("reservations extend", exitFailure, "res_nosuch", "--by", "1h"),
+		bc("reservations extend", exitUsage, "res_nosuch"),
+		bc("reservations extend", exitUsage, "res_nosuch", "--by", "-1h"),
+		bc("capacity", exitOK),
+		bc("capacity", exitOK, "--pool", "default", "--from", "1h", "--to", "2h", "-o", "json"),
+		bc("capacity", exitUsage, "--from", "1h"), // INVALID_ARGUMENT: no --to
+		bc("capacity", exitUsage, "--at", "noon"),
+		bc("capacity", exitFailure, "--pool", "no-such-pool"),
+		bc("capacity", exitUsage, "extra"),
+		bc("remediation list", exitOK),
+		bc("remediation list", exitOK, "--pool", "default", "--open", "-o", "json"),
+		bc("remediation list", exitUsage, "--state", "bogus"), // INVALID_ARGUMENT
+		bc("remediation list", exitFailure, "--pool", "no-such-pool"),
+		bc("remediation list", exitUsage, "extra"),
+		bc("remediation get", exitFailure, "rem_nosuch"),
+		bc("remediation get", exitUsage),
+		bc("remediation pause", exitFailure, "rem_nosuch"),
+		bc("remediation pause", exitUsage),
+		bc("remediation resume", exitFailure, "rem_nosuch"),
+		bc("remediation resume", exitUsage, "a", "b"),
+		bc("remediation return", exitFailure, "rem_nosuch", "--note", "fixed"),
+		bc("remediation return", exitUsage),
+		bc("remediation reset-breaker", exitOK, "default"),
+		bc("remediation reset-breaker", exitFailure, "no-such-pool"),
+		bc("remediation reset-breaker", exitUsage),
+		bc("rollouts create", exitUsage, "--pool", "default"),                       // no --version
+		bc("rollouts create", exitUsage, "--version", "0.2.0", "--pool", "default"), // INVALID_ARGUMENT: no downloads to verify it against
+		bc("rollouts create", exitUsage, "--version", "0.2.0", "--pool", "default", "--soak", "soon"),
+		bc("rollouts create", exitFailure, "--version", "0.2.0", "--pool", "no-such-pool"),
+		bc("rollouts list", exitOK),
+		bc("rollouts list", exitOK, "--pool", "default", "--active", "-o", "json"),
+		bc("rollouts list", exitFailure, "--pool", "no-such-pool"),
+		bc("rollouts list", exitUsage, "extra"),
+		bc("rollouts get", exitFailure, "roll_nosuch"),
+		bc("rollouts get", exitFailure, "roll_nosuch", "--watch"),
+		bc("rollouts get", exitUsage),
+		bc("rollouts get", exitUsage, "roll_nosuch", "--every", "0s"),
+		bc("rollouts pause", exitFailure, "roll_nosuch"),
+		bc("rollouts pause", exitUsage),
+		bc("rollouts resume", exitFailure, "roll_nosuch"),
+		bc("rollouts resume", exitUsage, "a", "b"),
+		bc("rollouts abort", exitFailure, "roll_nosuch", "--reason", "test"),
+		bc("rollouts abort", exitUsage),
 
 		{cmd: "bcd version", want: exitOK},
 		{cmd: "bcd help", args: []string{"status"}, want: exitOK},

@@ -91,11 +91,24 @@ type splitProc struct {
 // gateway and workers worker processes.
 func newSplitDeployment(t *testing.T, gateways, workers int) *splitDeployment {
 	t.Helper()
+	return newSplitDeploymentWith(t, gateways, workers, nil)
+}
+
+// newSplitDeploymentWith is newSplitDeployment with more configuration:
+// extra, when set, runs after pki init with the environment of the CLI
+// (secret and database URL) and returns YAML appended to the configuration
+// file (indented to follow host.gateway's keys or top-level keys).
+func newSplitDeploymentWith(t *testing.T, gateways, workers int, extra func(env []string) string) *splitDeployment {
+	t.Helper()
 	ctx := context.Background()
 	d := &splitDeployment{t: t, tag: fmt.Sprintf("%08x", rand.Uint32()), bin: testenv.Binary(t, "better-compute"), url: pgtest.URL(t)}
 	d.env = []string{"BETTER_COMPUTE_SECRET=" + testSecret}
 	tlsFiles := initPostgresPKI(t, append(slices.Clone(d.env), "BETTER_COMPUTE_DATABASE_URL="+d.url))
-	d.cfgFile = testenv.WriteFile(t, "better-compute.yaml", splitConfig+tlsFiles)
+	more := ""
+	if extra != nil {
+		more = extra(append(slices.Clone(d.env), "BETTER_COMPUTE_DATABASE_URL="+d.url))
+	}
+	d.cfgFile = testenv.WriteFile(t, "better-compute.yaml", splitConfig+tlsFiles+more)
 	installWriteLog(t, d.url)
 
 	st, err := backend.Open(ctx, d.url+"&application_name=e2e-test", "")

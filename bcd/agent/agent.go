@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	"github.com/better-compute/better-compute/bcd/journal"
 	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/bcd/tunnel"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -32,6 +33,10 @@ const (
 	CapInventory = "inventory.v1"
 	CapGPU       = "gpu.nvml"
 	CapResume    = "resume"
+	// CapGPUReset runs Command kind "gpu.reset"; offered with CapGPU.
+	CapGPUReset = "gpu.reset"
+	// CapReboot runs Command kind "reboot".
+	CapReboot = "reboot"
 )
 
 // Defaults of Config.
@@ -93,6 +98,11 @@ type Config struct {
 	// Scanner reads the host. Defaults to inventory.NewScanner with GPU as
 	// its GPU collector.
 	Scanner Scanner
+	// KernelLog is where the NVRM Xid lines of the kernel log are read
+	// from, on hosts with GPUs (gpu.Collector.WatchKernelLog). Defaults to
+	// the root helper (its "kmsg.xid" operation) when Unprivileged, else
+	// the kernel log device itself (gpu.DeviceLog, /dev/kmsg).
+	KernelLog gpu.KernelLog
 	// Plugins lists the plugins bcd runs, for the Inventory. Defaults to
 	// PluginsIn(BMC.PluginDir): the bcx-* executables there, with their
 	// --version answers.
@@ -132,6 +142,9 @@ type Agent struct {
 	client  atomic.Pointer[session.Client]
 	running atomic.Bool
 	state   *stateKeeper
+
+	// kernelLog is Config.KernelLog with its default.
+	kernelLog gpu.KernelLog
 
 	connected  chan struct{}   // a Welcome arrived: send the inventory
 	gpuChanged chan struct{}   // a GPU event arrived: scan again
@@ -185,14 +198,24 @@ func New(cfg Config) (*Agent, error) {
 		a.gpu = c
 	}
 	a.probe = &gpuProbe{c: a.gpu}
+	a.kernelLog = cfg.KernelLog
+	if a.kernelLog == nil {
+		if cfg.Unprivileged {
+			a.kernelLog = &helper.Client{Socket: cfg.HelperSocket}
+		} else {
+			a.kernelLog = gpu.DeviceLog{}
+		}
+	}
 	a.scanner = cfg.Scanner
 	if a.scanner == nil {
 		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, Logger: log})
 	}
 	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Logger: log}
 	ecfg.Upgrader = cfg.Upgrader
+	ecfg.GPUs = a.gpu
 	if cfg.Unprivileged {
-		ecfg.Root = &helper.Client{Socket: cfg.HelperSocket}
+		hc := &helper.Client{Socket: cfg.HelperSocket}
+		ecfg.Root, ecfg.Reboot = hc, hc
 	}
 	ecfg.BMC = a.newBMC()
 	if cfg.StateDir != "" {
@@ -229,6 +252,11 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	scfg := a.cfg.Session
 	scfg.Handler = a.exec
+	tcfg := tunnel.Config{Unprivileged: a.cfg.Unprivileged, Logger: a.log}
+	if a.cfg.Unprivileged {
+		tcfg.RootShells = &helper.Client{Socket: a.cfg.HelperSocket}
+	}
+	scfg.Tunnels = tunnel.New(tcfg)
 	scfg.Capabilities = caps
 	scfg.InventoryDigest = a.currentDigest
 	scfg.Heartbeat = a.heartbeat
@@ -271,6 +299,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.watchGPUs(gctx)
 		return nil
 	})
+	if a.hasGPUs(host) {
+		a.replayResets(scfg.BootID)
+		g.Go(func() error {
+			a.watchKernelLog(gctx)
+			return nil
+		})
+	}
 	err = g.Wait()
 	// The Handler's context was gctx: the commands are being cancelled.
 	a.exec.Wait()
@@ -285,14 +320,23 @@ func (a *Agent) Run(ctx context.Context) error {
 // the first scan reached NVML (GPUs found, or the driver answered with
 // none).
 func (a *Agent) capabilities(host *inventory.Host) []string {
-	caps := []string{CapExec, CapCancel, CapInventory, CapResume, CapPower, CapBoot}
+	caps := []string{CapExec, CapCancel, CapInventory, CapResume, CapPower, CapBoot, CapReboot, sessionv1.CapabilityTunnel}
 	if a.cfg.Upgrader != nil {
 		caps = append(caps, CapUpgrade)
 	}
-	if a.probe.nvml.Load() || len(host.GPUs) > 0 {
-		caps = append(caps, CapGPU)
+	if _, ok := a.cfg.Upgrader.(executor.Rollbacker); ok {
+		caps = append(caps, CapRollback)
+	}
+	if a.hasGPUs(host) {
+		caps = append(caps, CapGPU, CapGPUReset)
 	}
 	return caps
+}
+
+// hasGPUs reports whether the first scan reached NVML (GPUs found, or the
+// driver answered with none).
+func (a *Agent) hasGPUs(host *inventory.Host) bool {
+	return a.probe.nvml.Load() || len(host.GPUs) > 0
 }
 
 // checkHelper says at start whether the root helper answers, so that an

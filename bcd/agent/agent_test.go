@@ -16,11 +16,13 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/agent"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
+	"github.com/better-compute/better-compute/bcd/journal"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/session/sessiontest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -290,7 +292,9 @@ func TestXIDBecomesEventAndInventory(t *testing.T) {
 	set.C <- gputest.XID(nv.Devices[3], 79)
 	ev := next(t, s, "event", func(m *sessionv1.NodeMessage) bool { return m.GetEvent() != nil }).GetEvent()
 	if ev.GetKind() != gpu.EventKindXID || ev.GetXid() != 79 || ev.GetGpuUuid() != gputest.UUID(3) ||
-		ev.GetSeverity() != sessionv1.Severity_SEVERITY_CRITICAL || !strings.Contains(ev.GetMessage(), "XID 79") || ev.GetTime() == nil {
+		ev.GetSeverity() != sessionv1.Severity_SEVERITY_CRITICAL || !strings.Contains(ev.GetMessage(), "XID 79") || ev.GetTime() == nil ||
+		ev.GetXidMnemonic() != "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" || ev.GetResolution() != "RESTART_BM" ||
+		ev.GetAttributes()["source"] != gpu.SourceNVML {
 		t.Errorf("event %v", ev)
 	}
 	after := next(t, s, "inventory after the XID", isInventory).GetInventory()
@@ -305,6 +309,44 @@ func TestXIDBecomesEventAndInventory(t *testing.T) {
 		if g.GetHealth().GetState() != want {
 			t.Errorf("GPU %d health %v, want %v", i, g.GetHealth(), want)
 		}
+	}
+	if h := after.GetGpus()[3].GetHealth(); h.GetXid() != 79 || h.GetResolution() != "RESTART_BM" || h.GetXidMnemonic() != ev.GetXidMnemonic() {
+		t.Errorf("GPU 3 health %v, want XID 79, RESTART_BM", h)
+	}
+	if caps := s.Hello.GetCapabilities(); !slices.Contains(caps, agent.CapGPUReset) || !slices.Contains(caps, agent.CapReboot) {
+		t.Errorf("Hello capabilities %q lack gpu.reset and reboot", caps)
+	}
+}
+
+// kernelLog hands out fixed kernel-log records, then waits.
+type kernelLog []string
+
+func (k kernelLog) FollowKernelLog(ctx context.Context, fn func(string)) error {
+	for _, r := range k {
+		fn(r)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// An XID in the kernel log (here from before bcd started: the look-back)
+// reaches the gateway as an event of the right GPU, and its health.
+func TestKernelLogXIDBecomesEvent(t *testing.T) {
+	t.Parallel()
+	nv := gputest.NewDGXA100()
+	log := kernelLog{"3,900,42000000,-;NVRM: Xid (PCI:0000:02:00): 119, pid=4242, name=trainer, Timeout after 6s of waiting for RPC response from GPU2 GSP!"}
+	r := start(t, agent.Config{GPU: newCollector(t, nv), KernelLog: log})
+	s := r.gw.NextSession(t, wait)
+	ev := next(t, s, "kernel-log event", func(m *sessionv1.NodeMessage) bool { return m.GetEvent() != nil }).GetEvent()
+	if ev.GetXid() != 119 || ev.GetGpuUuid() != gputest.UUID(2) || ev.GetResolution() != "RESET_GPU" ||
+		ev.GetAttributes()["source"] != gpu.SourceKernelLog || ev.GetAttributes()["pid"] != "4242" || ev.GetAttributes()["process"] != "trainer" {
+		t.Fatalf("event %v", ev)
+	}
+	inv := next(t, s, "inventory with GPU 2 failed", func(m *sessionv1.NodeMessage) bool {
+		return m.GetInventory().GetGpus() != nil && m.GetInventory().GetGpus()[2].GetHealth().GetState() == sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED
+	}).GetInventory()
+	if h := inv.GetGpus()[2].GetHealth(); h.GetResolution() != "RESET_GPU" || h.GetXid() != 119 {
+		t.Errorf("GPU 2 health %v", h)
 	}
 }
 
@@ -457,5 +499,38 @@ func TestRestartKeepsCommandsInTheJournal(t *testing.T) {
 	}
 	if b, err := os.ReadFile(runs); err != nil || string(b) != "run\n" {
 		t.Fatalf("runs = %q, %v: want exactly one run", b, err)
+	}
+}
+
+// A GPU reset the journal records for this boot (bcd restarted after it)
+// keeps the kernel log's look-back from bringing back the XID it cleared.
+func TestJournalledResetHidesOlderKernelLogXID(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	j, err := journal.Open(journal.Config{Path: filepath.Join(dir, journal.File)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Accept(journal.Record{ID: "reset_1", Kind: sessionv1.KindGPUReset, BootID: "boot-test", AcceptedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Finished("reset_1", &sessionv1.CommandResult{CommandId: "reset_1", State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED,
+		FinishedAt: timestamppb.Now(), DetailJson: []byte(`{"gpuUuid":"` + gputest.UUID(2) + `"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log := kernelLog{
+		"3,10,1000000,-;NVRM: Xid (PCI:0000:02:00): 119, GSP timeout", // before the reset
+		"3,11,1000001,-;NVRM: Xid (PCI:0000:01:00): 62, PMU halt",     // another GPU, never reset
+	}
+	cfg := agent.Config{GPU: newCollector(t, gputest.NewDGXA100()), KernelLog: log, StateDir: dir}
+	cfg.Session.BootID = "boot-test"
+	r := start(t, cfg)
+	s := r.gw.NextSession(t, wait)
+	ev := next(t, s, "kernel-log event", func(m *sessionv1.NodeMessage) bool { return m.GetEvent() != nil }).GetEvent()
+	if ev.GetXid() != 62 || ev.GetGpuUuid() != gputest.UUID(1) {
+		t.Fatalf("first event %v, want XID 62 on GPU 1 (XID 119 on GPU 2 was reset away)", ev)
 	}
 }

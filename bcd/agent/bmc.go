@@ -75,12 +75,26 @@ func (a *Agent) closeBMC() {
 // Do carries out req.
 func (r *bmcRunner) Do(ctx context.Context, req *bmc.Request) (*bmc.Result, error) {
 	if req.BMC == "" && req.Credentials == nil {
-		creds, err := r.sealed(ctx)
+		id := cmp.Or(req.NodeID, r.nodeID)
+		creds, err := r.sealed(ctx, id)
 		if err != nil {
-			return &bmc.Result{Action: req.Action, Reason: ReasonSecretUnavailable}, err
+			return &bmc.Result{Action: req.Action, NodeID: req.NodeID, Reason: ReasonSecretUnavailable}, err
+		}
+		if creds == nil && req.NodeID != "" {
+			return &bmc.Result{Action: req.Action, NodeID: req.NodeID, Reason: ReasonSecretUnavailable},
+				fmt.Errorf("node %s's BMC: no sealed credentials granted to this node", req.NodeID)
 		}
 		req.Credentials = creds
 	}
+	res, err := r.do(ctx, req)
+	if res != nil {
+		res.NodeID = req.NodeID
+	}
+	return res, err
+}
+
+// do carries out req through the helper or this process's plugins.
+func (r *bmcRunner) do(ctx context.Context, req *bmc.Request) (*bmc.Result, error) {
 	if r.helper != nil {
 		res, err := r.helper.BMC(ctx, req)
 		if errors.Is(err, helper.ErrUnavailable) {
@@ -91,14 +105,15 @@ func (r *bmcRunner) Do(ctx context.Context, req *bmc.Request) (*bmc.Result, erro
 	return r.local.Do(ctx, req)
 }
 
-// sealed fetches the node's own BMC credentials from the gateway; nil when
-// the control plane holds none for the node.
-func (r *bmcRunner) sealed(ctx context.Context) (*bmcsecret.Credentials, error) {
+// sealed fetches the BMC credentials of node nodeID (this node's own, or
+// another's granted to it for one command) from the gateway; nil when the
+// control plane holds none for it.
+func (r *bmcRunner) sealed(ctx context.Context, nodeID string) (*bmcsecret.Credentials, error) {
 	c := r.a.client.Load()
-	if c == nil || r.nodeID == "" {
+	if c == nil || nodeID == "" {
 		return nil, nil
 	}
-	name := bmcsecret.Name(r.nodeID)
+	name := bmcsecret.Name(nodeID)
 	sctx, cancel := context.WithTimeout(ctx, secretTimeout)
 	defer cancel()
 	value, err := c.Secret(sctx, name)

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -24,6 +26,43 @@ func (a *Agent) watchGPUs(ctx context.Context) {
 		a.log.WarnContext(ctx, "Cannot watch GPU events", logkey.Err, err, attrRetryIn, a.cfg.RescanInterval)
 		if !a.sleep(ctx, a.cfg.RescanInterval) {
 			return
+		}
+	}
+}
+
+// watchKernelLog runs the GPU collector's WatchKernelLog until ctx ends;
+// when the log cannot be read (no permission, no helper) it says so and
+// tries again after RescanInterval.
+func (a *Agent) watchKernelLog(ctx context.Context) {
+	for {
+		err := a.gpu.WatchKernelLog(ctx, a.kernelLog, func(ev gpu.Event) { a.gpuEvent(ctx, ev) })
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.WarnContext(ctx, "Cannot read XIDs from the kernel log; NVML events still count", logkey.Err, err, attrRetryIn, a.cfg.RescanInterval)
+		if !a.sleep(ctx, a.cfg.RescanInterval) {
+			return
+		}
+	}
+}
+
+// replayResets tells the GPU collector of the GPU resets this bcd, or one
+// before it, did in this boot (the journal's succeeded gpu.reset commands),
+// so that the kernel log's look-back does not bring back the XIDs they
+// cleared.
+func (a *Agent) replayResets(bootID string) {
+	if a.journal == nil || bootID == "" {
+		return
+	}
+	for _, r := range a.journal.Records() {
+		if r.Kind != sessionv1.KindGPUReset || r.BootID != bootID || r.Result.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED {
+			continue
+		}
+		var d struct {
+			GPUUUID string `json:"gpuUuid"`
+		}
+		if json.Unmarshal(r.Result.GetDetailJson(), &d) == nil && d.GPUUUID != "" && r.Result.GetFinishedAt() != nil {
+			a.gpu.ResetDoneAt(d.GPUUUID, r.Result.GetFinishedAt().AsTime())
 		}
 	}
 }
@@ -61,14 +100,26 @@ func (a *Agent) flushEvents(ctx context.Context) {
 
 // eventMessage converts a GPU event into the session's Event.
 func eventMessage(ev gpu.Event) *sessionv1.Event {
-	return &sessionv1.Event{
-		Kind:     ev.Kind,
-		Time:     timestamppb.New(ev.Time),
-		Severity: severity(ev.Severity),
-		GpuUuid:  ev.GPUUUID,
-		Xid:      uint32(ev.XID),
-		Message:  ev.Message,
+	m := &sessionv1.Event{
+		Kind:        ev.Kind,
+		Time:        timestamppb.New(ev.Time),
+		Severity:    severity(ev.Severity),
+		GpuUuid:     ev.GPUUUID,
+		Xid:         uint32(ev.XID),
+		Message:     ev.Message,
+		XidMnemonic: ev.XIDMnemonic,
+		Resolution:  ev.Resolution,
 	}
+	if ev.Source != "" {
+		m.Attributes = map[string]string{"source": ev.Source}
+		if ev.PID != 0 {
+			m.Attributes["pid"] = strconv.Itoa(ev.PID)
+		}
+		if ev.Process != "" {
+			m.Attributes["process"] = ev.Process
+		}
+	}
+	return m
 }
 
 func severity(s gpu.Severity) sessionv1.Severity {

@@ -87,6 +87,10 @@ type Request struct {
 	// sealed for it (secret bmc/<node id>); nil when it has none. Only used
 	// when BMC is empty.
 	Credentials *bmcsecret.Credentials `json:"credentials,omitempty"`
+	// NodeID names another node whose BMC this node drives as its site's
+	// BMC agent (PowerSpec.node_id): its credentials are the secret
+	// bmc/<NodeID>, granted for the one command. Empty: this node's own.
+	NodeID string `json:"nodeId,omitempty"`
 }
 
 // Result is what a call did: the command's detail_json. It never holds a
@@ -98,6 +102,8 @@ type Result struct {
 	Name string `json:"name,omitempty"`
 	// Action is the Request's.
 	Action string `json:"action"`
+	// NodeID is the Request's: the other node whose BMC answered.
+	NodeID string `json:"nodeId,omitempty"`
 	// Power is the machine's power, PowerOn or PowerOff, read right after
 	// the action (for ActionStatus, the answer itself); empty when it
 	// could not be read.

@@ -69,5 +69,5 @@ func bmcRequest(cmd *sessionv1.Command) (*bmc.Request, error) {
 	if err := bmc.CheckAction(action); err != nil || action == bmc.ActionBoot {
 		return nil, fmt.Errorf("unsupported command kind %q", kind)
 	}
-	return &bmc.Request{Action: action, BMC: spec.GetBmc()}, nil
+	return &bmc.Request{Action: action, BMC: spec.GetBmc(), NodeID: spec.GetNodeId()}, nil
 }

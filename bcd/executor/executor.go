@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -68,6 +69,20 @@ type Config struct {
 	// has after SIGTERM before SIGKILL, and after SIGKILL before it is
 	// reported as not ended. Defaults to DefaultKillGrace (5 s).
 	KillGrace time.Duration
+	// GPUs answers gpu.reset's questions (who uses the GPU) and hears of
+	// its success (*gpu.Collector). When nil, gpu.reset fails.
+	GPUs GPUs
+	// NvidiaSMI is the nvidia-smi program gpu.reset runs as root ("-r -i
+	// UUID"); a name without a slash is looked up in bcd's PATH, else in
+	// the root side's. Defaults to DefaultNvidiaSMI.
+	NvidiaSMI string
+	// Reboot reboots the machine for "reboot" commands (the root helper's
+	// client when bcd is unprivileged). Defaults to running RebootCommand
+	// when bcd is root; otherwise reboot commands fail.
+	Reboot Rebooter
+	// RebootCommand is the program that reboots the machine when bcd is
+	// root and Reboot is nil. Defaults to DefaultRebootCommand.
+	RebootCommand []string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -91,7 +106,13 @@ type Executor struct {
 	seen    map[string]*list.Element // command id -> entry in order
 	order   *list.List               // of *entry, oldest first
 	pending []*sessionv1.CommandResult
-	wg      sync.WaitGroup
+	// changed is closed, and replaced, whenever a command stops running
+	// (drain waits on it).
+	changed chan struct{}
+	// drains counts running drain commands; while any runs, the kinds in
+	// refusedWhileDraining are refused.
+	drains int
+	wg     sync.WaitGroup
 }
 
 type entry struct {
@@ -121,8 +142,12 @@ func New(cfg Config) *Executor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	cfg.NvidiaSMI = cmp.Or(cfg.NvidiaSMI, DefaultNvidiaSMI)
+	if len(cfg.RebootCommand) == 0 {
+		cfg.RebootCommand = DefaultRebootCommand
+	}
 	e := &Executor{cfg: cfg, log: log, proc: cmp.Or[Proc](cfg.Proc, ProcFS("/proc")),
-		seen: map[string]*list.Element{}, order: list.New()}
+		seen: map[string]*list.Element{}, order: list.New(), changed: make(chan struct{})}
 	if cfg.Journal != nil {
 		id, err := e.proc.BootID()
 		if err != nil {
@@ -256,11 +281,15 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		u := en.u
 		u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}})
 		res := e.run(cctx, cmd, u)
+		if res == unfinished {
+			// A reboot under way: its journal record, unfinished, is
+			// answered after the reboot.
+			e.stopped(en)
+			return
+		}
 		if res == nil {
 			// Handed over to the restarted bcd (Upgrader): no result here.
-			e.mu.Lock()
-			en.cancel = nil
-			e.mu.Unlock()
+			e.stopped(en)
 			if j := e.cfg.Journal; j != nil {
 				if err := j.HandedOver(en.id); err != nil {
 					e.log.Warn("Could not record a command handed to the restarted bcd", logkey.CommandID, en.id, logkey.Err, err)
@@ -281,6 +310,7 @@ func (e *Executor) finish(en *entry, res *sessionv1.CommandResult) {
 	}
 	e.mu.Lock()
 	en.cancel, en.result = nil, res
+	e.notifyLocked()
 	e.mu.Unlock()
 	if j := e.cfg.Journal; j != nil {
 		if err := j.Finished(en.id, res); err != nil {
@@ -295,6 +325,20 @@ func (e *Executor) finish(en *entry, res *sessionv1.CommandResult) {
 		return
 	}
 	e.markDelivered(en)
+}
+
+// stopped marks en as no longer running, without a result.
+func (e *Executor) stopped(en *entry) {
+	e.mu.Lock()
+	en.cancel = nil
+	e.notifyLocked()
+	e.mu.Unlock()
+}
+
+// notifyLocked wakes those waiting for a command to stop. e.mu must be held.
+func (e *Executor) notifyLocked() {
+	close(e.changed)
+	e.changed = make(chan struct{})
 }
 
 // markDelivered records that en's result reached a gateway; a command no
@@ -397,11 +441,22 @@ func (u *updater) drain() error {
 var errRootUnavailable = errors.New("this command must run as root, but bcd runs unprivileged and no root helper is configured (start bcd-helper.service)")
 
 func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) *sessionv1.CommandResult {
+	if slices.Contains(refusedWhileDraining, cmd.GetKind()) && e.draining() {
+		return failed(fmt.Sprintf("refused: the node is draining (a drain command runs), so it takes no new %s commands", cmd.GetKind()))
+	}
 	switch cmd.GetKind() {
+	case sessionv1.KindGPUReset:
+		return e.gpuReset(ctx, cmd, u)
+	case sessionv1.KindReboot:
+		return e.reboot(ctx, u)
+	case sessionv1.KindDrain:
+		return e.drain(ctx, u)
 	case sessionv1.KindExec:
 		return e.exec(ctx, cmd.GetExec(), u)
 	case sessionv1.KindUpgrade:
 		return e.upgrade(ctx, cmd)
+	case sessionv1.KindRollback:
+		return e.rollback(ctx, cmd)
 	case sessionv1.KindInventoryRefresh:
 		if e.cfg.RefreshInventory == nil {
 			return failed("inventory refresh is not available")

@@ -20,3 +20,19 @@ func (e *Executor) upgrade(ctx context.Context, cmd *sessionv1.Command) *session
 	}
 	return e.cfg.Upgrader.Upgrade(ctx, cmd)
 }
+
+// Rollbacker runs "rollback" commands (*upgrade.Upgrader): it restores the
+// release bcd kept beside the current one. Like Upgrade, Rollback returns
+// nil when bcd restarts to finish it (the restarted bcd answers the
+// redelivery). The executor runs the kind when its Upgrader is one.
+type Rollbacker interface {
+	Rollback(ctx context.Context, cmd *sessionv1.Command) *sessionv1.CommandResult
+}
+
+func (e *Executor) rollback(ctx context.Context, cmd *sessionv1.Command) *sessionv1.CommandResult {
+	r, ok := e.cfg.Upgrader.(Rollbacker)
+	if !ok {
+		return failed("this bcd does not roll itself back")
+	}
+	return r.Rollback(ctx, cmd)
+}

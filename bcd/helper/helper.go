@@ -27,6 +27,9 @@ const (
 	OpExec   = "exec"
 	OpReboot = "reboot"
 	OpBMC    = "bmc"
+	// OpKmsgXid streams the kernel log's NVRM Xid records (and nothing
+	// else of the log) until the client closes the connection.
+	OpKmsgXid = "kmsg.xid"
 )
 
 // Request is the one message a client sends.
@@ -37,6 +40,8 @@ type Request struct {
 	Upgrade *UpgradeRequest `json:"upgrade,omitempty"`
 	// BMC is the call of OpBMC.
 	BMC *bmc.Request `json:"bmc,omitempty"`
+	// Shell is the call of OpShell.
+	Shell *ShellSpec `json:"shell,omitempty"`
 }
 
 // ExecSpec is a program to run as root.
@@ -60,6 +65,8 @@ type Frame struct {
 	Error     string `json:"error,omitempty"`
 	// Result is OpBMC's bmc.Result, also when Error is set.
 	Result json.RawMessage `json:"result,omitempty"`
+	// Signal is OpShell's: the number of the signal that ended the shell.
+	Signal string `json:"signal,omitempty"`
 }
 
 // ErrUnavailable is returned by the client when no helper listens: root work

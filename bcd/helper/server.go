@@ -37,6 +37,9 @@ type Config struct {
 	// BMC carries out OpBMC (a *bmc.Controller). When nil, OpBMC is
 	// refused.
 	BMC BMCRunner
+	// KernelLog is the kernel log device OpKmsgXid reads. Defaults to
+	// kmsg.DefaultPath (/dev/kmsg).
+	KernelLog string
 }
 
 // Server is the root helper.
@@ -134,6 +137,10 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		s.upgrade(octx, enc, req.Upgrade)
 	case OpBMC:
 		s.bmc(octx, enc, req.BMC)
+	case OpKmsgXid:
+		s.kmsgXid(octx, enc)
+	case OpShell:
+		s.shell(octx, c, enc, req.Shell)
 	case OpReboot:
 		s.log.WarnContext(ctx, "Rebooting at the node's request")
 		out, err := exec.CommandContext(octx, s.cfg.RebootCommand[0], s.cfg.RebootCommand[1:]...).CombinedOutput()

@@ -131,6 +131,10 @@ type Config struct {
 	// Capabilities are offered in Hello (see session.proto). Defaults to
 	// none.
 	Capabilities []string
+	// Tunnels opens the tunnels the gateway asks for (offer capability
+	// "tunnel" with it). Without it a TunnelOpen is answered with an error
+	// frame.
+	Tunnels TunnelHandler
 	// InventoryDigest returns the digest of the node's current inventory,
 	// sent in Hello and in every Heartbeat. Defaults to empty.
 	InventoryDigest func() string

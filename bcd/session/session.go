@@ -262,6 +262,10 @@ func (s *session) handle(msg *sessionv1.GatewayMessage) error {
 		if b.Cancel != nil {
 			c.cfg.Handler.HandleCancel(s.runCtx, b.Cancel)
 		}
+	case *sessionv1.GatewayMessage_TunnelOpen:
+		if b.TunnelOpen != nil {
+			go s.openTunnel(b.TunnelOpen)
+		}
 	case *sessionv1.GatewayMessage_Drain:
 		s.drain(b.Drain)
 	case *sessionv1.GatewayMessage_Revoked:

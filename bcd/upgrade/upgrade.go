@@ -297,6 +297,11 @@ func (u *Upgrader) Handover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("finish upgrade: %w", err)
 	}
+	if m.State == stateRestored {
+		// A rollback command restored the binary that ran here before:
+		// no trial (rollback.go).
+		return u.restart(ctx)
+	}
 	log := u.log.With(logkey.CommandID, m.CommandID, attrFrom, m.From, attrTo, m.To)
 	log.InfoContext(ctx, "Trying the new bcd before restarting into it", "timeout", u.cfg.HealthTimeout)
 	terr := u.trial(ctx, m.To)
@@ -334,7 +339,7 @@ func (u *Upgrader) Resume(ctx context.Context) (probation bool, err error) {
 		u.log.WarnContext(ctx, "Unreadable upgrade marker removed", logkey.Err, err)
 		return false, u.files.removeMarker()
 	}
-	if m.State == stateRolledBack {
+	if m.State == stateRolledBack || m.State == stateRestored {
 		return false, nil
 	}
 	if m.To != u.cfg.Version {
@@ -367,9 +372,23 @@ func (u *Upgrader) Connected() {
 		if err != nil {
 			return
 		}
-		if m.State == stateRolledBack {
+		// The binary kept beside the installed one is now the one that ran
+		// before the upgrade (or, after a rollback, the installed one
+		// itself): a rollback command goes back to it.
+		kept := m.From
+		switch m.State {
+		case stateRestored:
+			kept = m.To
+			u.log.Info("Rolled back by a rollback command", attrFrom, m.From, attrTo, m.To)
+		case stateRolledBack:
 			u.log.Warn("Running the previous bcd again after a failed upgrade", attrFrom, m.From, attrTo, m.To, attrReason, m.Reason)
-		} else {
+		}
+		if kept != "" {
+			if err := writeJSON(u.files.path(previousFile), previous{Version: kept}); err != nil {
+				u.log.Warn("Could not record the previous release", logkey.Err, err)
+			}
+		}
+		if m.State != stateRolledBack && m.State != stateRestored {
 			u.log.Info("Upgrade complete", attrFrom, m.From, attrTo, m.To)
 			for _, name := range []string{"manifest.json", "manifest.json.minisig"} {
 				if b, err := os.ReadFile(u.files.path(name)); err == nil {

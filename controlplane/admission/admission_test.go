@@ -356,6 +356,8 @@ func TestRefusals(t *testing.T) {
 		{"control character", admission.Request{Token: tok.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "a\nb"}}, false},
 		{"long hostname", admission.Request{Token: tok.String(), CSR: csr(t), Facts: admission.Facts{Hostname: strings.Repeat("a", 254)}}, false},
 		{"too many labels", admission.Request{Token: tok.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "h", Labels: labels}}, false},
+		{"reservation label", admission.Request{Token: tok.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "h",
+			Labels: map[string]string{store.ReservationLabelOwner: "me"}}}, false},
 		{"big CSR", admission.Request{Token: tok.String(), CSR: make([]byte, admission.MaxCSRSize+1), Facts: admission.Facts{Hostname: "h"}}, false},
 		{"expired", admission.Request{Token: f.token(t, -time.Second).String(), CSR: csr(t), Facts: admission.Facts{Hostname: "h"}}, true},
 		{"malformed", admission.Request{Token: "nope", CSR: csr(t), Facts: admission.Facts{Hostname: "h"}}, true},
@@ -367,8 +369,8 @@ func TestRefusals(t *testing.T) {
 		}
 	}
 	entries, _ := f.st.AuditList(ctx, 0, 100)
-	if len(entries) != 7 {
-		t.Fatalf("%d audit rows for 7 refusals", len(entries))
+	if len(entries) != 8 {
+		t.Fatalf("%d audit rows for 8 refusals", len(entries))
 	}
 	if tk, _ := f.st.JoinTokenGet(ctx, tok.ID()); tk.Uses != 0 {
 		t.Fatalf("refusals used the token %d times", tk.Uses)

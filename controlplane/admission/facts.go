@@ -2,13 +2,17 @@ package admission
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 // validateFacts checks the facts a machine sends against their limits: a
 // hostname is required; every string is valid UTF-8 without control
-// characters and within its length.
+// characters and within its length; no label is in the reservations'
+// namespace (store.ReservationLabelPrefix).
 func validateFacts(f *Facts) error {
 	if f.Hostname == "" {
 		return fmt.Errorf("hostname is required")
@@ -35,6 +39,11 @@ func validateFacts(f *Facts) error {
 	for k, v := range f.Labels {
 		if k == "" {
 			return fmt.Errorf("label with an empty key")
+		}
+		if strings.HasPrefix(k, store.ReservationLabelPrefix) {
+			// Set only by the placer while a reservation is active, so
+			// that a selector on it names capacity truly reserved.
+			return fmt.Errorf("label %q: the namespace %s is the control plane's (reservations), a node cannot set it", k, store.ReservationLabelPrefix)
 		}
 		if err := checkText("label key", k, MaxLabelKeyLen); err != nil {
 			return err

@@ -19,6 +19,13 @@ type Waker interface {
 	Wake(ctx context.Context, nodeIDs []string)
 }
 
+// Revoker is told right after a revocation commits, so the gateway holding
+// the node's session ends it at once instead of at its next read of the
+// revocation feed. nodeID is empty for a revocation by serial alone.
+type Revoker interface {
+	Revoked(ctx context.Context, nodeID, serial string)
+}
+
 // apiKinds are the kinds commands.create accepts: the protocol's
 // (sessionv1.Kinds) but reboot and drain.
 var apiKinds = []string{sessionv1.KindExec, sessionv1.KindInventoryRefresh, sessionv1.KindPowerStatus, sessionv1.KindPowerOn,

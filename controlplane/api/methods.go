@@ -76,6 +76,7 @@ func (s *Server) registerMethods() {
 	handle(s, "commands.cancel", s.commandsCancel)
 	handle(s, "gateways.list", s.gatewaysList)
 	handle(s, "pki.revoke", s.pkiRevoke)
+	handle(s, "tunnels.create", s.tunnelsCreate)
 	handle(s, "fleet.summary", s.fleetSummary)
 	handle(s, "tokens.create", s.tokensCreate)
 	handle(s, "tokens.list", s.tokensList)
@@ -86,6 +87,26 @@ func (s *Server) registerMethods() {
 	handle(s, "events.list", s.eventsList)
 	handle(s, "sinks.deadLetters", s.sinksDeadLetters)
 	handle(s, "sinks.replay", s.sinksReplay)
+	handle(s, "rollouts.create", s.rolloutsCreate)
+	handle(s, "rollouts.list", s.rolloutsList)
+	handle(s, "rollouts.get", s.rolloutsGet)
+	handle(s, "rollouts.pause", s.rolloutsAction("pause", store.RolloutPaused, store.RolloutRunning))
+	handle(s, "rollouts.resume", s.rolloutsAction("resume", store.RolloutRunning, store.RolloutPaused))
+	handle(s, "rollouts.abort", s.rolloutsAction("abort", store.RolloutAborted, store.RolloutPending, store.RolloutRunning,
+		store.RolloutPaused, store.RolloutRollingBack, store.RolloutHalted))
+	handle(s, "reservations.create", s.reservationsCreate)
+	handle(s, "reservations.list", s.reservationsList)
+	handle(s, "reservations.get", s.reservationsGet)
+	handle(s, "reservations.cancel", s.reservationsCancel)
+	handle(s, "reservations.extend", s.reservationsExtend)
+	handle(s, "capacity.summary", s.capacitySummary)
+	handle(s, "remediation.list", s.remediationList)
+	handle(s, "remediation.get", s.remediationGet)
+	handle(s, "remediation.pause", s.remediationPause(true))
+	handle(s, "remediation.resume", s.remediationPause(false))
+	handle(s, "remediation.return", s.remediationReturn)
+	handle(s, "remediation.resetBreaker", s.remediationResetBreaker)
+	handle(s, "remediation.breakers", s.remediationBreakers)
 }
 
 // page validates a page request.
@@ -454,6 +475,14 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 		return nil, err
 	}
 	err = s.store.Tx(ctx, func(tx store.Store) error {
+		// A reserved node is drained after its reservation, not during it
+		// (docs/reservations.md, "Disruptions").
+		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {
+			return err
+		} else if res != nil {
+			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: drain it after "+
+				"the reservation ends, or cancel it first (reservations cancel %s)", n.ID, res.ID, res.Owner, res.End.UTC().Format(time.RFC3339), res.ID)}
+		}
 		a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: n.ID, Reason: store.DisruptionDraining, Owner: operatorHold})
 		if err != nil {
 			return err
@@ -592,6 +621,9 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 	}
 	if err := s.store.RevocationInsert(ctx, rev); err != nil {
 		return nil, err
+	}
+	if s.cfg.Revoker != nil {
+		s.cfg.Revoker.Revoked(ctx, rev.NodeID, rev.Serial)
 	}
 	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}, NodeId: rev.NodeID, AlreadyRevoked: already}, nil
 }

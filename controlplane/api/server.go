@@ -19,7 +19,9 @@ import (
 	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
+	"github.com/better-compute/better-compute/controlplane/placer"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -40,6 +42,16 @@ type Config struct {
 	Version string
 	// Waker, when set, is told of new commands right after they commit.
 	Waker Waker
+	// Revoker, when set, is told of each revocation right after it
+	// commits (the internal control API's push, control.Client).
+	Revoker Revoker
+	// Tunnels, when set, opens the tunnels GET {basePath}/tunnels/{ticket}
+	// relays (the gateway in the all-in-one process, the internal control
+	// API's client otherwise). Without it tunnels are refused UNAVAILABLE.
+	Tunnels tunnel.Opener
+	// TunnelIdleTimeout closes a tunnel through which no frame passed for
+	// that long. Defaults to DefaultTunnelIdleTimeout (15 min).
+	TunnelIdleTimeout time.Duration
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
 	// DownloadsURL is the downloads route as nodes reach it, for upgrade
@@ -132,6 +144,10 @@ type Server struct {
 	bindErrs []error
 	openAPI  []byte // {basePath}/openapi.json
 
+	// capacity keeps the GPUs of node inventories decoded for
+	// capacity.summary, by inventory digest (placer.Facts).
+	capacity *placer.Facts
+
 	pinMu sync.Mutex
 	pin   string    // gateway CA pin of the bundle version pinOf
 	pinOf time.Time // the bundle's updated_at when pin was read
@@ -147,7 +163,8 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	cfg.BasePath = cmp.Or(cfg.BasePath, "/api")
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, 5*time.Second)
 	s := &Server{cfg: cfg, store: st, log: logger(log), mux: http.NewServeMux(), ready: make(chan struct{}),
-		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{}}
+		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{},
+		capacity: placer.NewFacts()}
 	s.unauth.now = cfg.Now
 	s.stopping = make(chan struct{})
 	if s.feed = cfg.Feed; s.feed == nil {
@@ -176,6 +193,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET "+cfg.BasePath+OpenAPIPath, s.serveOpenAPI)
 	s.mux.HandleFunc("POST "+cfg.BasePath+"/{group}/{method}", withOrigin(s.serveRPC))
 	s.mux.HandleFunc("GET "+cfg.BasePath+EventsWatchPath, s.serveEventsWatch)
+	s.mux.HandleFunc("GET "+cfg.BasePath+TunnelsPath+"{ticket}", s.serveTunnel)
 	s.mux.HandleFunc(cfg.BasePath+"/", s.noRoute)
 	if cfg.Downloads != nil {
 		// GET (and HEAD): a method-less pattern would clash with the RPC route.

@@ -308,3 +308,191 @@ func (c *Client) SinksReplay(ctx context.Context, req *apiv1.ReplayDeadLettersRe
 	}
 	return resp, nil
 }
+
+// RemediationList calls remediation.list (role viewer).
+func (c *Client) RemediationList(ctx context.Context, req *apiv1.ListRemediationsRequest) (*apiv1.ListRemediationsResponse, error) {
+	resp := new(apiv1.ListRemediationsResponse)
+	if err := c.Call(ctx, "remediation.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationGet calls remediation.get (role viewer).
+func (c *Client) RemediationGet(ctx context.Context, req *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
+	resp := new(apiv1.Remediation)
+	if err := c.Call(ctx, "remediation.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationPause calls remediation.pause (role operator; audited).
+// Pause stops the reconciler from moving an open case until Resume.
+func (c *Client) RemediationPause(ctx context.Context, req *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
+	resp := new(apiv1.Remediation)
+	if err := c.Call(ctx, "remediation.pause", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationResume calls remediation.resume (role operator; audited).
+func (c *Client) RemediationResume(ctx context.Context, req *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
+	resp := new(apiv1.Remediation)
+	if err := c.Call(ctx, "remediation.resume", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationReturn calls remediation.return (role operator; audited).
+// Return puts the case's node back in service now (uncordoned, its
+// disruption hold released) and closes the case, whatever its state: an
+// operator's verdict, for an escalated case above all.
+func (c *Client) RemediationReturn(ctx context.Context, req *apiv1.ReturnRemediationRequest) (*apiv1.Remediation, error) {
+	resp := new(apiv1.Remediation)
+	if err := c.Call(ctx, "remediation.return", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationResetBreaker calls remediation.resetBreaker (role operator; audited).
+// ResetBreaker resets a pool's circuit breaker: held cases are acted on
+// again, and quarantines before the reset no longer count.
+func (c *Client) RemediationResetBreaker(ctx context.Context, req *apiv1.ResetBreakerRequest) (*apiv1.RemediationBreaker, error) {
+	resp := new(apiv1.RemediationBreaker)
+	if err := c.Call(ctx, "remediation.resetBreaker", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationBreakers calls remediation.breakers (role viewer).
+// Breakers lists the pools' breakers (those tripped or reset at least
+// once).
+func (c *Client) RemediationBreakers(ctx context.Context, req *apiv1.ListBreakersRequest) (*apiv1.ListBreakersResponse, error) {
+	resp := new(apiv1.ListBreakersResponse)
+	if err := c.Call(ctx, "remediation.breakers", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReservationsCreate calls reservations.create (role operator; audited).
+func (c *Client) ReservationsCreate(ctx context.Context, req *apiv1.CreateReservationRequest) (*apiv1.Reservation, error) {
+	resp := new(apiv1.Reservation)
+	if err := c.Call(ctx, "reservations.create", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReservationsList calls reservations.list (role viewer).
+func (c *Client) ReservationsList(ctx context.Context, req *apiv1.ListReservationsRequest) (*apiv1.ListReservationsResponse, error) {
+	resp := new(apiv1.ListReservationsResponse)
+	if err := c.Call(ctx, "reservations.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReservationsGet calls reservations.get (role viewer).
+func (c *Client) ReservationsGet(ctx context.Context, req *apiv1.GetReservationRequest) (*apiv1.Reservation, error) {
+	resp := new(apiv1.Reservation)
+	if err := c.Call(ctx, "reservations.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReservationsCancel calls reservations.cancel (role operator; audited).
+func (c *Client) ReservationsCancel(ctx context.Context, req *apiv1.CancelReservationRequest) (*apiv1.Reservation, error) {
+	resp := new(apiv1.Reservation)
+	if err := c.Call(ctx, "reservations.cancel", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReservationsExtend calls reservations.extend (role operator; audited).
+func (c *Client) ReservationsExtend(ctx context.Context, req *apiv1.ExtendReservationRequest) (*apiv1.Reservation, error) {
+	resp := new(apiv1.Reservation)
+	if err := c.Call(ctx, "reservations.extend", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// CapacitySummary calls capacity.summary (role viewer).
+func (c *Client) CapacitySummary(ctx context.Context, req *apiv1.CapacitySummaryRequest) (*apiv1.CapacitySummaryResponse, error) {
+	resp := new(apiv1.CapacitySummaryResponse)
+	if err := c.Call(ctx, "capacity.summary", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsCreate calls rollouts.create (role operator; audited).
+func (c *Client) RolloutsCreate(ctx context.Context, req *apiv1.CreateRolloutRequest) (*apiv1.RolloutResponse, error) {
+	resp := new(apiv1.RolloutResponse)
+	if err := c.Call(ctx, "rollouts.create", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsList calls rollouts.list (role viewer).
+func (c *Client) RolloutsList(ctx context.Context, req *apiv1.ListRolloutsRequest) (*apiv1.ListRolloutsResponse, error) {
+	resp := new(apiv1.ListRolloutsResponse)
+	if err := c.Call(ctx, "rollouts.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsGet calls rollouts.get (role viewer).
+func (c *Client) RolloutsGet(ctx context.Context, req *apiv1.GetRolloutRequest) (*apiv1.RolloutResponse, error) {
+	resp := new(apiv1.RolloutResponse)
+	if err := c.Call(ctx, "rollouts.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsPause calls rollouts.pause (role operator; audited).
+func (c *Client) RolloutsPause(ctx context.Context, req *apiv1.RolloutActionRequest) (*apiv1.RolloutResponse, error) {
+	resp := new(apiv1.RolloutResponse)
+	if err := c.Call(ctx, "rollouts.pause", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsResume calls rollouts.resume (role operator; audited).
+func (c *Client) RolloutsResume(ctx context.Context, req *apiv1.RolloutActionRequest) (*apiv1.RolloutResponse, error) {
+	resp := new(apiv1.RolloutResponse)
+	if err := c.Call(ctx, "rollouts.resume", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RolloutsAbort calls rollouts.abort (role operator; audited).
+func (c *Client) RolloutsAbort(ctx context.Context, req *apiv1.RolloutActionRequest) (*apiv1.RolloutResponse, error) {
+	resp := new(apiv1.RolloutResponse)
+	if err := c.Call(ctx, "rollouts.abort", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TunnelsCreate calls tunnels.create (role operator; audited).
+func (c *Client) TunnelsCreate(ctx context.Context, req *apiv1.CreateTunnelRequest) (*apiv1.CreateTunnelResponse, error) {
+	resp := new(apiv1.CreateTunnelResponse)
+	if err := c.Call(ctx, "tunnels.create", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}

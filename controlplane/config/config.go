@@ -93,6 +93,10 @@ type Config struct {
 	Retention Retention `yaml:"retention"`
 	// PKI configures node identities over time.
 	PKI PKI `yaml:"pki"`
+	// Remediation is closed-loop GPU remediation (docs/remediation.md).
+	Remediation Remediation `yaml:"remediation"`
+	// Rollouts is the rollout reconciler (docs/rollouts.md).
+	Rollouts Rollouts `yaml:"rollouts"`
 
 	// ParsedProxies is TrustedProxies parsed; filled by Load.
 	ParsedProxies []netip.Prefix `yaml:"-"`
@@ -164,10 +168,45 @@ type Gateway struct {
 	DrainDelay Duration `yaml:"drainDelay"`
 	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
 	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+	// Internal configures the internal control API (docs/tunnels.md).
+	Internal InternalAPI `yaml:"internal"`
+	// Tunnels configures shells and port forwards (docs/tunnels.md).
+	Tunnels Tunnels `yaml:"tunnels"`
 	// WS configures the WebSocket fallback (docs/websocket.md); off unless
 	// ws.publicURL is set.
 	WS WebSocketFallback `yaml:"ws"`
 }
+
+// InternalAPI configures the internal control API between control-plane
+// processes (package control): the api wakes the gateway holding a node's
+// session over it and pushes revocations. It is on when TLSFiles are set
+// (both sides need a certificate of the internal CA, from pki
+// issue-internal); without it gateways are woken by LISTEN/NOTIFY or their
+// loop. The all-in-one process needs none: its api calls its gateway in
+// memory.
+type InternalAPI struct {
+	// Listen is the gateway's TCP address for it. Defaults to :8444.
+	Listen string `yaml:"listen"`
+	// Address is the host:port other processes dial, advertised in the
+	// gateway's row; its host must be named in the certificate. Defaults to
+	// Listen's host and bound port, localhost when Listen's host is empty
+	// or unspecified.
+	Address string `yaml:"address"`
+	// TLSFiles are this process's internal certificate and key (pki
+	// issue-internal): the gateway serves with it, the api presents it as
+	// a client; re-read every 60 s.
+	TLSFiles TLSFiles `yaml:"tlsFiles"`
+}
+
+// Tunnels configures shells and port forwards to nodes.
+type Tunnels struct {
+	// IdleTimeout closes a tunnel through which nothing passed for that
+	// long. Defaults to 15 min.
+	IdleTimeout Duration `yaml:"idleTimeout"`
+}
+
+// Enabled reports whether the internal control API is configured.
+func (i InternalAPI) Enabled() bool { return i.TLSFiles.Cert != "" && i.TLSFiles.Key != "" }
 
 // PKI configures node identities over time (DESIGN.md, "Identity over
 // time").
@@ -414,6 +453,12 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.NodeCertTTL.Duration == 0 {
 		g.NodeCertTTL.Duration = 24 * time.Hour
 	}
+	if g.Tunnels.IdleTimeout.Duration == 0 {
+		g.Tunnels.IdleTimeout.Duration = 15 * time.Minute
+	}
+	if g.Internal.Listen == "" {
+		g.Internal.Listen = ":8444"
+	}
 	g.WS.setDefaults()
 	if g.PublicURL == "" {
 		// Port 0 is chosen at listen time; the gateway then derives it.
@@ -447,6 +492,8 @@ func (c *Config) defaults(getenv func(string) string) {
 	if r.Audit.Duration == 0 {
 		r.Audit.Duration = 365 * 24 * time.Hour
 	}
+	c.Remediation.defaults()
+	c.Rollouts.defaults()
 	c.Embedded = c.Database.URL == ""
 }
 
@@ -483,7 +530,16 @@ func (c *Config) validate() error {
 	if !strings.HasPrefix(c.BasePath, "/") || strings.HasSuffix(c.BasePath, "/") {
 		return &Error{Key: "basePath", Msg: "want an absolute path without a trailing slash, such as /api"}
 	}
-	for key, addr := range map[string]string{"host.listen": c.Host.Listen, "host.gateway.listen": c.Host.Gateway.Listen} {
+	if in := c.Host.Gateway.Internal; (in.TLSFiles.Cert == "") != (in.TLSFiles.Key == "") {
+		return &Error{Key: "host.gateway.internal.tlsFiles", Msg: "set both cert and key (better-compute pki issue-internal writes them), or neither"}
+	}
+	if a := c.Host.Gateway.Internal.Address; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return &Error{Key: "host.gateway.internal.address", Msg: fmt.Sprintf("%q is not a host:port address", a)}
+		}
+	}
+	for key, addr := range map[string]string{"host.listen": c.Host.Listen, "host.gateway.listen": c.Host.Gateway.Listen,
+		"host.gateway.internal.listen": c.Host.Gateway.Internal.Listen} {
 		_, port, err := net.SplitHostPort(addr)
 		n, perr := strconv.Atoi(port)
 		if err != nil || perr != nil || n < 0 || n > 65535 {
@@ -491,7 +547,8 @@ func (c *Config) validate() error {
 		}
 	}
 	for key, d := range map[string]time.Duration{"host.gateway.heartbeatInterval": c.Host.Gateway.HeartbeatInterval.Duration,
-		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration} {
+		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration,
+		"host.gateway.tunnels.idleTimeout": c.Host.Gateway.Tunnels.IdleTimeout.Duration} {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
@@ -516,6 +573,12 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.Host.Gateway.WS.validate(); err != nil {
+		return err
+	}
+	if err := c.Remediation.validate(); err != nil {
+		return err
+	}
+	if err := c.Rollouts.validate(); err != nil {
 		return err
 	}
 	for i, p := range c.Downloads.ReleasePins {

@@ -22,7 +22,14 @@
 //	workers.queue           commands past their deadline that the sweeper has not ended
 //	workers.sweeper         the singleton:command-sweeper lease is held and not expired
 //	sinks.dead-letter       events a sink gave up on wait in the dead-letter table (warn, counted per sink)
+//	remediation.breaker     a pool's remediation circuit breaker is tripped (fail, until reset-breaker)
+//	database.btree-gist     PostgreSQL: btree_gist and the reservations' exclusion constraint are there (fail)
 //	fleet.gateway-headroom  a live gateway's sessions against its max streams: warn at 90 %, fail at 100 %
+//	host.gateway.internal   the internal control API (host.gateway.internal.tlsFiles): certificate chains to the
+//	                        internal CA with an internal SPIFFE ID, names host.gateway.internal.address, is valid
+//	                        (fail) and not within 30 days of its end (warn); live gateways advertise an address (warn)
+//	host.gateway.tunnels    the api can open tunnels: in its own process, or over the internal control API (split
+//	                        roles without it: warn)
 //	fleet.heartbeats        ready nodes silent for more than 3 heartbeat intervals
 //	fleet.old-daemons       nodes whose bcd is older (semantic versions) than the newest one seen
 //	fleet.expiring-certs    node certificates ending within 6 h (warn) or already ended (fail)

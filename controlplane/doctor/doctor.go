@@ -155,6 +155,8 @@ type GatewayConfig struct {
 	// PublicURL is what daemons dial; its host must be named by the
 	// serving certificate.
 	PublicURL string
+	// Internal is host.gateway.internal.
+	Internal InternalConfig
 }
 
 // FromConfig builds a Config from the control plane's configuration.
@@ -170,6 +172,8 @@ func FromConfig(c *config.Config) Config {
 			CertFile:  c.Host.Gateway.TLSFiles.Cert,
 			KeyFile:   c.Host.Gateway.TLSFiles.Key,
 			PublicURL: c.Host.Gateway.PublicURL,
+			Internal: InternalConfig{CertFile: c.Host.Gateway.Internal.TLSFiles.Cert, KeyFile: c.Host.Gateway.Internal.TLSFiles.Key,
+				Address: c.Host.Gateway.Internal.Address, SplitRoles: !c.AllRoles()},
 		},
 		API:               apiConfig(c),
 		BasePath:          c.BasePath,
@@ -216,6 +220,8 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	r.add(queue)
 	r.add(Sweeper(ctx, st, overdue, now))
 	r.add(DeadLetters(ctx, st))
+	r.add(RemediationBreaker(ctx, st))
+	r.add(BtreeGist(ctx, st))
 
 	gws, gwErr := st.GatewayList(ctx)
 	nodes, nodesErr := listNodes(ctx, st)
@@ -227,6 +233,8 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	default:
 		r.add(GatewayHeadroom(gws, len(nodes), now, cfg.GatewayLiveWithin))
 	}
+	r.add(Internal(bundle, cfg.Gateway.Internal, gws, now, cfg.GatewayLiveWithin))
+	r.add(Tunnels(cfg.Gateway.Internal))
 	if nodesErr != nil {
 		for _, id := range []string{IDHeartbeats, IDOldDaemons, IDExpiringCerts, IDClockSkew} {
 			r.add(result(id, Fail, "cannot list nodes: "+nodesErr.Error()))

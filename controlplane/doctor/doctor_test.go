@@ -449,7 +449,7 @@ func TestRun(t *testing.T) {
 		for _, c := range rep.Checks {
 			statuses[c.ID] = c.Status
 		}
-		if rep.Status != doctor.OK || len(rep.Checks) != 16 || rep.Failed(true) {
+		if rep.Status != doctor.OK || len(rep.Checks) != 20 || rep.Failed(true) {
 			t.Fatalf("healthy deployment: %+v", rep)
 		}
 		// A stopped sweeper, silent nodes, a gateway at 95 of 100 streams.

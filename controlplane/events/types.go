@@ -40,7 +40,74 @@ const (
 
 	TokenCreated = TypePrefix + "token.created" // TokenData: an API token was created
 	TokenRevoked = TypePrefix + "token.revoked" // TokenData: an API token was revoked
+
+	RemediationDetected    = TypePrefix + "remediation.detected"    // RemediationData: a finding opened a case (the policy acts on it next)
+	RemediationHeld        = TypePrefix + "remediation.held"        // RemediationData: recorded but not acted on: the pool's breaker is tripped
+	RemediationQuarantined = TypePrefix + "remediation.quarantined" // RemediationData: cordoned and out of service (never blocked by the budget)
+	RemediationDraining    = TypePrefix + "remediation.draining"    // RemediationData: waiting for running commands, then for a remediation slot
+	RemediationRemediating = TypePrefix + "remediation.remediating" // RemediationData: the action's command (gpu.reset, reboot, power.cycle) was enqueued
+	RemediationVerifying   = TypePrefix + "remediation.verifying"   // RemediationData: the action ended; the node's health is read again
+	RemediationReturned    = TypePrefix + "remediation.returned"    // RemediationData: back in service (uncordoned), the case closed
+	RemediationEscalated   = TypePrefix + "remediation.escalated"   // RemediationData: left to a person; the node stays cordoned
+	RemediationPaused      = TypePrefix + "remediation.paused"      // RemediationData: an operator paused the case
+	RemediationResumed     = TypePrefix + "remediation.resumed"     // RemediationData: an operator resumed the case
+
+	RemediationBreakerTripped = TypePrefix + "remediation.breaker-tripped" // RemediationBreakerData: too many quarantines in the window; nothing new starts
+	RemediationBreakerReset   = TypePrefix + "remediation.breaker-reset"   // RemediationBreakerData: an operator reset the pool's breaker
+
+	RolloutCreated     = TypePrefix + "rollout.created"      // RolloutData: rollouts.create; the release verified, no node touched yet
+	RolloutStarted     = TypePrefix + "rollout.started"      // RolloutData: the reconciler took it up (before the canary wave)
+	RolloutPaused      = TypePrefix + "rollout.paused"       // RolloutData: an operator paused it; nodes already out finish
+	RolloutResumed     = TypePrefix + "rollout.resumed"      // RolloutData: an operator resumed it
+	RolloutRollingBack = TypePrefix + "rollout.rolling-back" // RolloutData: a node failed (failedNodeId, reason); the wave's upgraded nodes roll back
+	RolloutHalted      = TypePrefix + "rollout.halted"       // RolloutData: the wave is rolled back; no new wave starts
+	RolloutCompleted   = TypePrefix + "rollout.completed"    // RolloutData: every node on the version, or skipped
+	RolloutAborted     = TypePrefix + "rollout.aborted"      // RolloutData: an operator aborted it; its holds released
+	RolloutFailed      = TypePrefix + "rollout.failed"       // RolloutData: a rollback failed too; a person must look
+
+	RolloutWaveStarted   = TypePrefix + "rollout.wave-started"   // RolloutWaveData: a wave's nodes were chosen (wave 1 is the canary)
+	RolloutWaveCompleted = TypePrefix + "rollout.wave-completed" // RolloutWaveData: every node of the wave upgraded or skipped
+
+	RolloutNodeDraining    = TypePrefix + "rollout.node-draining"     // RolloutNodeData: admitted; waiting for its running commands
+	RolloutNodeUpgrading   = TypePrefix + "rollout.node-upgrading"    // RolloutNodeData: the upgrade command was enqueued (commandId)
+	RolloutNodeSoaking     = TypePrefix + "rollout.node-soaking"      // RolloutNodeData: back on the new version; the soak runs
+	RolloutNodeUpgraded    = TypePrefix + "rollout.node-upgraded"     // RolloutNodeData: stayed ready for the soak; back in service
+	RolloutNodeSkipped     = TypePrefix + "rollout.node-skipped"      // RolloutNodeData: offline, held by another owner, or busy past the timeout (reason)
+	RolloutNodeFailed      = TypePrefix + "rollout.node-failed"       // RolloutNodeData: failed its trial, did not come back, or turned unhealthy (reason)
+	RolloutNodeRollingBack = TypePrefix + "rollout.node-rolling-back" // RolloutNodeData: the rollback command was enqueued (commandId)
+	RolloutNodeRolledBack  = TypePrefix + "rollout.node-rolled-back"  // RolloutNodeData: back on its previous version
+
+	ReservationCreated    = TypePrefix + "reservation.created"     // ReservationData: reservations.create; pending until the placer places it
+	ReservationPlaced     = TypePrefix + "reservation.placed"      // ReservationData: it holds slots (again, on other nodes, when previousNodeIds is set)
+	ReservationActive     = TypePrefix + "reservation.active"      // ReservationData: its window began; its nodes carry its labels
+	ReservationEnded      = TypePrefix + "reservation.ended"       // ReservationData: its window passed; its slots and labels are released
+	ReservationCancelled  = TypePrefix + "reservation.cancelled"   // ReservationData: an operator cancelled it
+	ReservationFailed     = TypePrefix + "reservation.failed"      // ReservationData: it could not be placed or re-placed (reason)
+	ReservationExtended   = TypePrefix + "reservation.extended"    // ReservationData: its end moved later
+	ReservationNodeFailed = TypePrefix + "reservation.node-failed" // ReservationData: a node of the active reservation failed (nodeId, reason); the owner is told, remediation goes ahead
+
+	TunnelOpened = TypePrefix + "tunnel.opened" // TunnelData: a shell or port forward to a node opened (its ticket used)
+	TunnelClosed = TypePrefix + "tunnel.closed" // TunnelData: it ended: bytes each way, exit status, reason
 )
+
+// TunnelData is the data of tunnel.* events (docs/tunnels.md).
+type TunnelData struct {
+	TunnelID  string `json:"tunnelId"`
+	NodeID    string `json:"nodeId"`
+	Kind      string `json:"kind"`
+	Port      int    `json:"port,omitempty"`
+	AsRoot    bool   `json:"asRoot,omitempty"`
+	CreatedBy string `json:"createdBy"`
+	GatewayID string `json:"gatewayId,omitempty"`
+	// BytesIn and BytesOut (tunnel.closed) are the data bytes from the
+	// client to the node and back.
+	BytesIn  int64 `json:"bytesIn,omitempty"`
+	BytesOut int64 `json:"bytesOut,omitempty"`
+	// ExitCode (tunnel.closed, kind shell) is the shell's exit status.
+	ExitCode *int32 `json:"exitCode,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+}
 
 // NodeData is the data of the node.* events but node.revoked and
 // node.reattested: the node as the change left it.
@@ -106,6 +173,15 @@ type GPUHealthData struct {
 	// XID is NVIDIA's XID error code when the event is one (79: fallen off
 	// the bus), else absent.
 	XID int `json:"xid,omitempty"`
+	// XIDMnemonic is NVIDIA's name of XID from the catalogue the node
+	// classifies with ("ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"); absent
+	// when there is no XID or the catalogue does not list it.
+	XIDMnemonic string `json:"xidMnemonic,omitempty"`
+	// Resolution is what the node says the event calls for: NVIDIA's
+	// immediate resolution ("IGNORE", "RESTART_APP", "RESET_GPU",
+	// "RESTART_BM", ...) or "ESCALATE" (docs/gpu-health.md); absent when
+	// the node named none.
+	Resolution string `json:"resolution,omitempty"`
 }
 
 // CommandData is the data of the command.* events; never the output.
@@ -154,6 +230,91 @@ type TokenData struct {
 	ExpiresAt   *time.Time `json:"expiresAt,omitempty"`
 }
 
+// RemediationData is the data of the remediation.* events but the
+// breaker's; the event's subject is the node's id, so a node's steps are
+// delivered in order.
+type RemediationData struct {
+	RemediationID string `json:"remediationId"`
+	NodeID        string `json:"nodeId"`
+	PoolID        string `json:"poolId"`
+	// State is the case's state after the move; PreviousState before it.
+	State         string `json:"state"`
+	PreviousState string `json:"previousState,omitempty"`
+	// Finding is what was found ("xid", "ecc-uncorrected", "gpu-lost",
+	// "row-remap-failure", "unresponsive", ...), Resolution NVIDIA's
+	// resolution or the node's judgement it came with.
+	Finding     string `json:"finding"`
+	Resolution  string `json:"resolution,omitempty"`
+	XID         int    `json:"xid,omitempty"`
+	XIDMnemonic string `json:"xidMnemonic,omitempty"`
+	GPUUUID     string `json:"gpuUuid,omitempty"`
+	// Action is the policy's action: cordon, gpu.reset, reboot,
+	// power-cycle or escalate.
+	Action   string `json:"action"`
+	Attempts int    `json:"attempts"`
+	// CommandID is the current action's command, when one was enqueued.
+	CommandID string `json:"commandId,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	Paused    bool   `json:"paused"`
+}
+
+// RemediationBreakerData is the data of remediation.breaker-tripped and
+// remediation.breaker-reset; the subject is the pool's id.
+type RemediationBreakerData struct {
+	PoolID string `json:"poolId"`
+	// Quarantines counted in the window when it tripped; Limit and
+	// WindowSeconds the configured breaker.
+	Quarantines   int    `json:"quarantines,omitempty"`
+	Limit         int    `json:"limit,omitempty"`
+	WindowSeconds int64  `json:"windowSeconds,omitempty"`
+	ResetBy       string `json:"resetBy,omitempty"`
+}
+
+// RolloutData is the data of the rollout.* events that tell the rollout's
+// state; the subject of every rollout.* event is the rollout's id, so its
+// steps are delivered in order.
+type RolloutData struct {
+	RolloutID string `json:"rolloutId"`
+	PoolID    string `json:"poolId"`
+	Version   string `json:"version"`
+	// State is the rollout's state after the change; PreviousState before.
+	State         string `json:"state"`
+	PreviousState string `json:"previousState,omitempty"`
+	// Wave is the wave in progress (1 is the canary; 0 before it).
+	Wave int `json:"wave"`
+	// Reason and FailedNodeID say why it halted, failed or was aborted.
+	Reason       string `json:"reason,omitempty"`
+	FailedNodeID string `json:"failedNodeId,omitempty"`
+	// Actor is the operator of pause, resume and abort.
+	Actor string `json:"actor,omitempty"`
+}
+
+// RolloutWaveData is the data of rollout.wave-started and
+// rollout.wave-completed.
+type RolloutWaveData struct {
+	RolloutID string `json:"rolloutId"`
+	PoolID    string `json:"poolId"`
+	Version   string `json:"version"`
+	Wave      int    `json:"wave"`
+	Canary    bool   `json:"canary"`
+	// NodeIDs are the wave's nodes.
+	NodeIDs []string `json:"nodeIds"`
+}
+
+// RolloutNodeData is the data of the rollout.node-* events: one node's step.
+type RolloutNodeData struct {
+	RolloutID string `json:"rolloutId"`
+	NodeID    string `json:"nodeId"`
+	Version   string `json:"version"`
+	// PreviousVersion is the node's version before its wave.
+	PreviousVersion string `json:"previousVersion,omitempty"`
+	State           string `json:"state"`
+	Wave            int    `json:"wave"`
+	// CommandID is the upgrade (or rollback) command, when one was sent.
+	CommandID string `json:"commandId,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+}
+
 // TypeInfo describes one event type.
 type TypeInfo struct {
 	// Type is the full type name.
@@ -177,6 +338,24 @@ var Types = []TypeInfo{
 	{JoinTokenCreated, JoinTokenData{}}, {JoinTokenRevoked, JoinTokenData{}}, {JoinTokenUsed, JoinTokenData{}},
 	{JoinTokenExhausted, JoinTokenData{}}, {JoinTokenExpired, JoinTokenData{}},
 	{TokenCreated, TokenData{}}, {TokenRevoked, TokenData{}},
+	{RemediationDetected, RemediationData{}}, {RemediationHeld, RemediationData{}},
+	{RemediationQuarantined, RemediationData{}}, {RemediationDraining, RemediationData{}},
+	{RemediationRemediating, RemediationData{}}, {RemediationVerifying, RemediationData{}},
+	{RemediationReturned, RemediationData{}}, {RemediationEscalated, RemediationData{}},
+	{RemediationPaused, RemediationData{}}, {RemediationResumed, RemediationData{}},
+	{RemediationBreakerTripped, RemediationBreakerData{}}, {RemediationBreakerReset, RemediationBreakerData{}},
+	{RolloutCreated, RolloutData{}}, {RolloutStarted, RolloutData{}}, {RolloutPaused, RolloutData{}},
+	{RolloutResumed, RolloutData{}}, {RolloutRollingBack, RolloutData{}}, {RolloutHalted, RolloutData{}},
+	{RolloutCompleted, RolloutData{}}, {RolloutAborted, RolloutData{}}, {RolloutFailed, RolloutData{}},
+	{RolloutWaveStarted, RolloutWaveData{}}, {RolloutWaveCompleted, RolloutWaveData{}},
+	{RolloutNodeDraining, RolloutNodeData{}}, {RolloutNodeUpgrading, RolloutNodeData{}},
+	{RolloutNodeSoaking, RolloutNodeData{}}, {RolloutNodeUpgraded, RolloutNodeData{}},
+	{RolloutNodeSkipped, RolloutNodeData{}}, {RolloutNodeFailed, RolloutNodeData{}},
+	{RolloutNodeRollingBack, RolloutNodeData{}}, {RolloutNodeRolledBack, RolloutNodeData{}},
+	{ReservationCreated, ReservationData{}}, {ReservationPlaced, ReservationData{}}, {ReservationActive, ReservationData{}},
+	{ReservationEnded, ReservationData{}}, {ReservationCancelled, ReservationData{}}, {ReservationFailed, ReservationData{}},
+	{ReservationExtended, ReservationData{}}, {ReservationNodeFailed, ReservationData{}},
+	{TunnelOpened, TunnelData{}}, {TunnelClosed, TunnelData{}},
 }
 
 // CommandTerminal returns the type of the event a command ending in state
@@ -195,4 +374,31 @@ func CommandTerminal(state string) string {
 		return CommandLost
 	}
 	return ""
+}
+
+// ReservationData is the data of the reservation.* events: the
+// reservation as the change left it (docs/reservations.md).
+type ReservationData struct {
+	ReservationID string `json:"reservationId"`
+	PoolID        string `json:"poolId"`
+	// Owner is who the reservation is for: the one to tell
+	// (reservation.node-failed names it).
+	Owner string `json:"owner"`
+	// State is after the change; PreviousState before it.
+	State         string `json:"state"`
+	PreviousState string `json:"previousState,omitempty"`
+	// GPUs or Nodes is what it asked for.
+	GPUs  int       `json:"gpus,omitempty"`
+	Nodes int       `json:"nodes,omitempty"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	// NodeIDs are the nodes it holds after the change; PreviousNodeIDs
+	// those it held before a move (reservation.placed after a swap).
+	NodeIDs         []string `json:"nodeIds,omitempty"`
+	PreviousNodeIDs []string `json:"previousNodeIds,omitempty"`
+	// NodeID is the failed node of reservation.node-failed.
+	NodeID string `json:"nodeId,omitempty"`
+	// Reason says why it failed, was cancelled, moved, or why a node
+	// failed.
+	Reason string `json:"reason,omitempty"`
 }

@@ -82,6 +82,7 @@ func (g *Gateway) dispatchLoop(ctx context.Context) {
 		case <-tick.C:
 		case <-g.dispatch.wake:
 		case <-g.cfg.Wakeups:
+			g.cfg.Metrics.Wakeup(g.cfg.ID, WakeBus)
 		}
 		if err := g.dispatchRound(ctx); err != nil && ctx.Err() == nil {
 			g.log.WarnContext(ctx, "Dispatch round failed", logkey.Err, err)
@@ -370,16 +371,18 @@ func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv
 }
 
 // ownBMCOff reports whether a BMC command's result says the node's own BMC
-// (no name: not a site agent's named BMC) left the machine powered off.
+// (no name: not a site agent's named BMC; no nodeId: not another node's
+// BMC driven as its site's agent) left the machine powered off.
 func ownBMCOff(detail []byte) bool {
 	if len(detail) == 0 {
 		return false
 	}
 	var r struct {
-		Name  string `json:"name"`
-		Power string `json:"power"`
+		Name   string `json:"name"`
+		NodeID string `json:"nodeId"`
+		Power  string `json:"power"`
 	}
-	return json.Unmarshal(detail, &r) == nil && r.Name == "" && r.Power == "off"
+	return json.Unmarshal(detail, &r) == nil && r.Name == "" && r.NodeID == "" && r.Power == "off"
 }
 
 // ignoreMissing drops not-found: a node may report on a command that was

@@ -31,7 +31,7 @@ import (
 // DefaultCapabilities are the session capabilities this gateway supports
 // (session.proto lists their meaning). Welcome carries those of them a node
 // offers in Hello.
-var DefaultCapabilities = []string{"exec", "cancel", "inventory.v1", "gpu.nvml", "power", "boot", "upgrade", "reboot", "resume"}
+var DefaultCapabilities = []string{"exec", "cancel", "inventory.v1", "gpu.nvml", "power", "boot", "upgrade", "reboot", "resume", sessionv1.CapabilityTunnel, "rollback", "gpu.reset"}
 
 // Store is what the gateway reads and writes outside transactions; the
 // transactions it runs (Tx, FencedTx) get the whole store.
@@ -52,6 +52,7 @@ type Store interface {
 	RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error)
 	RevocationCheck(ctx context.Context, serial string) (bool, error)
 	SecretGet(ctx context.Context, name string) (*store.Secret, error)
+	SecretGrantTake(ctx context.Context, name, nodeID string, now *time.Time) (bool, error)
 	dispatchStore
 }
 
@@ -62,6 +63,9 @@ type Metrics interface {
 	HeartbeatReceived(gateway string, since, interval time.Duration)
 	DispatchLatency(d time.Duration)
 	CommandFinished(kind, state string)
+	// Wakeup counts a dispatch wake-up of gateway from source (WakeInternal,
+	// WakeBus).
+	Wakeup(gateway, source string)
 }
 
 // noMetrics reports nothing.
@@ -72,6 +76,7 @@ func (noMetrics) Refused(string, string)                                 {}
 func (noMetrics) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (noMetrics) DispatchLatency(time.Duration)                          {}
 func (noMetrics) CommandFinished(string, string)                         {}
+func (noMetrics) Wakeup(string, string)                                  {}
 
 // Refusal reasons reported to Metrics.
 const (
@@ -165,6 +170,10 @@ type Config struct {
 	Secret string
 	// Version is the build's version, written to the gateways row.
 	Version string
+	// InternalAddress is the host:port of this process's internal control
+	// API (control.Server.Address), written to the gateways row so the api
+	// can call this gateway. Empty: none is served.
+	InternalAddress string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 
@@ -289,6 +298,8 @@ type Gateway struct {
 	dispatch    *dispatcher
 	gateways    gatewayCache
 	nonces      *nonces
+	revokeNow   chan struct{} // RevokeNow asks revocationLoop for a read
+	tunnels     tunnelTable   // tunnels waiting for their node's stream (tunnel.go)
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.
@@ -317,6 +328,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	g := &Gateway{
 		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
 		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(), nonces: nonces,
+		revokeNow: make(chan struct{}, 1),
 	}
 	for _, c := range cfg.Capabilities {
 		g.caps[c] = true

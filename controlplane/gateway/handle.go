@@ -137,6 +137,12 @@ type eventPayload struct {
 	XID        uint32            `json:"xid,omitempty"`
 	Attributes map[string]string `json:"attributes,omitempty"`
 	NodeTime   *time.Time        `json:"nodeTime,omitempty"`
+	// XIDMnemonic and Resolution are NVIDIA's, as the node classified the
+	// XID with the catalogue (or the resolution its health judgement calls
+	// for): a resolution makes the event a remediation finding
+	// (store.RemediationFinding).
+	XIDMnemonic string `json:"xidMnemonic,omitempty"`
+	Resolution  string `json:"resolution,omitempty"`
 }
 
 // event records a node event. The event's time is the gateway's clock; the
@@ -153,6 +159,12 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 	p := eventPayload{XID: e.GetXid()}
 	if text(e.GetGpuUuid(), maxEventAttrLen) {
 		p.GPUUUID = e.GetGpuUuid()
+	}
+	if text(e.GetXidMnemonic(), maxEventAttrLen) {
+		p.XIDMnemonic = e.GetXidMnemonic()
+	}
+	if text(e.GetResolution(), maxEventAttrLen) {
+		p.Resolution = e.GetResolution()
 	}
 	for k, v := range e.GetAttributes() {
 		if len(p.Attributes) >= maxEventAttrs {

@@ -489,12 +489,27 @@ func TestRenewAndSecret(t *testing.T) {
 		wantCode(t, err, codes.NotFound)
 		_, err = otherClient.Secret(ctx, &sessionv1.SecretRequest{Name: "missing"})
 		wantCode(t, err, codes.NotFound)
+		// Another node's secret opens once with a grant for one command
+		// (a site's BMC agent driving a silent node's BMC), never after
+		// it is used or expired.
+		for _, g := range []store.SecretGrantParams{{Name: "bmc/mine", NodeID: other.id, CommandID: "cmd_1", ExpiresAt: time.Now().Add(time.Minute)},
+			{Name: "bmc/mine", NodeID: other.id, CommandID: "cmd_old", ExpiresAt: time.Now().Add(-time.Minute)}} {
+			if err := e.st.SecretGrant(ctx, &g); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err = otherClient.Secret(ctx, &sessionv1.SecretRequest{Name: "bmc/mine"})
+		if err != nil || string(got.Value) != "value of bmc/mine" {
+			t.Fatalf("granted secret = %v, %v", got, err)
+		}
+		_, err = otherClient.Secret(ctx, &sessionv1.SecretRequest{Name: "bmc/mine"})
+		wantCode(t, err, codes.NotFound)
 		entries, _ := e.st.AuditList(ctx, 0, 1000)
 		var actions []string
 		for _, a := range entries {
 			actions = append(actions, a.Action+":"+a.Outcome)
 		}
-		for _, want := range []string{"node.renew:success", "node.renew:refused", "secret.read:success", "secret.read:refused"} {
+		for _, want := range []string{"node.renew:success", "node.renew:refused", "secret.read:success", "secret.read:refused", "secret.read-granted:success"} {
 			if !slices.Contains(actions, want) {
 				t.Errorf("audit log %v lacks %s", actions, want)
 			}

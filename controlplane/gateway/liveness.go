@@ -235,6 +235,7 @@ func (g *Gateway) upsertRow(ctx context.Context) error {
 	_, err := g.store.GatewayUpsert(ctx, &store.GatewayUpsertParams{
 		ID: g.cfg.ID, Region: g.cfg.Region, Address: g.publicURL, Version: g.cfg.Version,
 		Sessions: g.sessions.len(), MaxStreams: g.cfg.MaxStreams, Draining: g.draining.Load(),
+		InternalAddress: g.cfg.InternalAddress,
 	})
 	return err
 }

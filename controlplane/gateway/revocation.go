@@ -30,6 +30,8 @@ func (g *Gateway) revocationLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			since = g.applyRevocations(ctx, since)
+		case <-g.revokeNow:
+			since = g.applyRevocations(ctx, since)
 		}
 	}
 }

@@ -48,6 +48,7 @@ type session struct {
 	connectedAt time.Time // database clock
 	conn        *trackedConn
 	stream      sessionv1.SessionService_ConnectServer
+	caps        []string // capabilities in force (Welcome's)
 
 	serial atomic.Pointer[string] // certificate serial the session answers to
 	closed atomic.Bool            // ended from outside
@@ -159,7 +160,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 		return nil, err
 	}
 	h := g.negotiate(hello)
-	s := &session{g: g, nodeID: id.nodeID, id: store.NewID("sess"), conn: conn, stream: stream}
+	s := &session{g: g, nodeID: id.nodeID, id: store.NewID("sess"), conn: conn, stream: stream, caps: h.capabilities}
 	s.serial.Store(&id.serial)
 	if err := g.open(ctx, s, id, h); err != nil {
 		return nil, err

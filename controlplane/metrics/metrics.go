@@ -107,6 +107,7 @@ type Metrics struct {
 	dispatch     prometheus.Histogram
 	storeQuery   *prometheus.HistogramVec
 	apiUnauth    *prometheus.CounterVec
+	wakeups      *prometheus.CounterVec
 
 	certMu    sync.Mutex
 	certFiles map[string]string // use → PEM file, for the expiry series
@@ -156,7 +157,11 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "api", Name: "unauthenticated_total",
 		Help: "API calls refused for their token (none, unknown, expired, revoked, or from a denied address), by reason; summarised in the audit log at most once a minute.",
 	}, []string{"reason"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth,
+	m.wakeups = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "wakeups_total",
+		Help: "Dispatch wake-ups a gateway received, by source: internal (the internal control API, for a node with a session there) or bus (in-process or LISTEN/NOTIFY).",
+	}, []string{"gateway", "source"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
@@ -269,6 +274,18 @@ func (m *Metrics) DispatchLatency(d time.Duration) {
 		return
 	}
 	m.dispatch.Observe(max(d, 0).Seconds())
+}
+
+// Wakeup counts a dispatch wake-up of gateway from source ("internal" or
+// "bus"; others count as "other", so the label stays bounded).
+func (m *Metrics) Wakeup(gateway, source string) {
+	if m == nil {
+		return
+	}
+	if source != "internal" && source != "bus" {
+		source = ReasonOther
+	}
+	m.wakeups.WithLabelValues(gateway, source).Inc()
 }
 
 // StoreQuery records a database operation op (a short fixed name, such as

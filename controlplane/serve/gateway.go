@@ -7,6 +7,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/pki"
@@ -16,14 +17,18 @@ import (
 // newGateway builds the gateway role. The embedded default makes its PKI,
 // gateway certificate and default site and pool on first start; with
 // PostgreSQL the operator runs pki init and pki issue-gateway first.
-func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m *metrics.Metrics) (*gateway.Gateway, error) {
+//
+// When host.gateway.internal is configured it also binds the internal
+// control API's listener (returned for Run to serve; nil otherwise) and
+// advertises its address in the gateway's row.
+func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m *metrics.Metrics) (*gateway.Gateway, *control.Server, error) {
 	gc := cfg.Host.Gateway
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
 	if cfg.Embedded {
 		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region, cfg.PublicHosts())
 		if err != nil {
-			return nil, fmt.Errorf("gateway role: %w", err)
+			return nil, nil, fmt.Errorf("gateway role: %w", err)
 		}
 		if setup.Initialised {
 			opts.Log.InfoContext(ctx, "PKI initialised for the embedded default", "trust_domain", setup.Bundle.TrustDomain,
@@ -39,18 +44,27 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	} else {
 		b, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
 		if errors.Is(err, bootstrap.ErrNoBundle) {
-			return nil, fmt.Errorf("gateway role: %w: run better-compute pki init --trust-domain <domain> first, then pki issue-gateway", err)
+			return nil, nil, fmt.Errorf("gateway role: %w: run better-compute pki init --trust-domain <domain> first, then pki issue-gateway", err)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("gateway role: %w", err)
+			return nil, nil, fmt.Errorf("gateway role: %w", err)
 		}
 		bundle = b
 	}
 	if certFile == "" || keyFile == "" {
-		return nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
+		return nil, nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
 	}
 	m.WatchCertificate("gateway", certFile)
-	return gateway.New(gateway.Config{
+	ctrl, err := internalServer(cfg, bundle, opts.Log)
+	if err != nil {
+		return nil, nil, err
+	}
+	var internalAddress string
+	if ctrl != nil {
+		internalAddress = ctrl.Address()
+		m.WatchCertificate("internal", cfg.Host.Gateway.Internal.TLSFiles.Cert)
+	}
+	gw, err := gateway.New(gateway.Config{
 		Listen:            gc.Listen,
 		PublicURL:         gc.PublicURL,
 		Region:            gc.Region,
@@ -60,14 +74,22 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		HeartbeatInterval: gc.HeartbeatInterval.Duration,
 		DrainDelay:        gc.DrainDelay.Duration,
 		NodeCertTTL:       gc.NodeCertTTL.Duration,
-		WebSocketListen:   wsListen(gc.WS),
-		WebSocketTLS:      gc.WS.TLS == config.WebSocketTLSGateway,
 		ReattestGrace:     cfg.PKI.ReattestGrace.Duration,
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
+		InternalAddress:   internalAddress,
+		WebSocketListen:   wsListen(gc.WS),
+		WebSocketTLS:      gc.WS.TLS == config.WebSocketTLSGateway,
 		Wakeups:           wakeups,
 		Metrics:           m,
 	}, st, bundle, opts.Log)
+	if err != nil {
+		if ctrl != nil {
+			ctrl.Close()
+		}
+		return nil, nil, err
+	}
+	return gw, ctrl, nil
 }
 
 // wsListen is the WebSocket fallback's listen address, "" when it is off.

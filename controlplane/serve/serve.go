@@ -12,11 +12,13 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
+	"github.com/better-compute/better-compute/controlplane/tunnel"
 	"github.com/better-compute/better-compute/controlplane/wake"
 	"github.com/better-compute/better-compute/controlplane/workers"
 )
@@ -60,11 +62,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	// The gateway is built first: a missing PKI stops serve before any
 	// listener opens.
 	var gw *gateway.Gateway
+	var ctrl *control.Server // the gateway's internal control API, when configured
 	if cfg.Runs("gateway") {
 		wakeups, unsubscribe := bus.Subscribe()
 		defer unsubscribe()
-		if gw, err = newGateway(ctx, cfg, st, opts, wakeups, m); err != nil {
+		if gw, ctrl, err = newGateway(ctx, cfg, st, opts, wakeups, m); err != nil {
 			return err
+		}
+		if ctrl != nil {
+			defer ctrl.Close()
 		}
 	}
 	// listen are the wake-up channels this process LISTENs on (PostgreSQL):
@@ -101,8 +107,31 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			return err
 		}
 		m.WatchCertificate("api", certFile)
+		// With the internal control API the api wakes only the gateway
+		// holding each node's session, and the bus (NOTIFY) only for what
+		// it cannot reach that way.
+		var waker api.Waker = bus
+		var revoker api.Revoker
+		internal, err := internalClient(ctx, cfg, st, bus, log)
+		if err != nil {
+			return err
+		}
+		if internal != nil {
+			defer internal.Close()
+			waker, revoker = internal, internal
+		}
+		if internal == nil && gw != nil {
+			revoker = localRevoker{gw}
+		}
+		// Tunnels go to this process's gateway when it holds the node's
+		// session, else through the internal control API.
+		var tunnels tunnel.Opener
+		if gw != nil || internal != nil {
+			tunnels = &tunnelRouter{st: st, local: gw, remote: internal}
+		}
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: bus,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
+			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
 			EventWakeups: eventWakeups, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}
 
@@ -125,6 +154,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			}
 		}))
 	}
+	if ctrl != nil {
+		stages = append(stages, start(ctx, failed, func(ctx context.Context) error { return ctrl.Run(ctx, gw) }, nil, nil))
+	}
 	if cfg.Database.URL != "" && len(listen) > 0 {
 		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
 			// LISTEN needs a session: database.notifyURL, a direct
@@ -143,7 +175,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 	}
 	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups,
+		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups, Waker: bus,
 			Ready: func() { close(workersReady) }}, log)
 	}, nil, nil))
 	if cfg.Host.Metrics.Listen != "" {

@@ -18,6 +18,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -90,6 +91,16 @@ type Config struct {
 	// OnChange, when set, is called after a round that changed the held
 	// shards, with their count.
 	OnChange func(held int)
+	// LeasePrefix names the membership's leases, LeasePrefix + n.
+	// Defaults to "shard:" (the controllers role's 256 shards); the
+	// scheduler role's membership uses its own (placer.LeasePrefix).
+	LeasePrefix string
+	// Shards is how many shards the membership splits. Defaults to
+	// store.Shards.
+	Shards int
+	// Role, when set, counts only the live workers whose row names this
+	// role: a membership of one role's processes (the scheduler's).
+	Role string
 }
 
 // Manager holds this process's share of the shards.
@@ -118,6 +129,8 @@ func New(cfg Config, st Store, log *slog.Logger) (*Manager, error) {
 	cfg.TTL = cmp.Or(cfg.TTL, 15*time.Second)
 	cfg.Renew = cmp.Or(cfg.Renew, 5*time.Second)
 	cfg.LiveWithin = cmp.Or(cfg.LiveWithin, cfg.TTL)
+	cfg.LeasePrefix = cmp.Or(cfg.LeasePrefix, "shard:")
+	cfg.Shards = cmp.Or(cfg.Shards, store.Shards)
 	return &Manager{cfg: cfg, store: st, log: log, held: map[int]*held{}, ready: make(chan struct{})}, nil
 }
 
@@ -173,6 +186,9 @@ func (m *Manager) round(ctx context.Context, host string) error {
 	ids := make([]string, 0, len(live)+1)
 	self := false
 	for _, w := range live {
+		if m.cfg.Role != "" && !slices.Contains(w.Roles, m.cfg.Role) {
+			continue
+		}
 		ids = append(ids, w.ID)
 		self = self || w.ID == m.cfg.WorkerID
 	}
@@ -181,7 +197,7 @@ func (m *Manager) round(ctx context.Context, host string) error {
 	}
 	sort.Strings(ids)
 	before := len(m.Held())
-	for n := range store.Shards {
+	for n := range m.cfg.Shards {
 		want := Owner(n, ids) == m.cfg.WorkerID
 		m.mu.Lock()
 		h, have := m.held[n]
@@ -206,7 +222,7 @@ func (m *Manager) round(ctx context.Context, host string) error {
 
 func (m *Manager) acquire(ctx context.Context, n int) {
 	start := time.Now()
-	l, ok, err := m.store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: LeaseName(n), Holder: m.cfg.WorkerID, TTL: m.cfg.TTL})
+	l, ok, err := m.store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: m.cfg.LeasePrefix + strconv.Itoa(n), Holder: m.cfg.WorkerID, TTL: m.cfg.TTL})
 	if err != nil || !ok {
 		return // held by its previous owner until released or expired
 	}
@@ -253,7 +269,7 @@ func (m *Manager) leave(ctx context.Context) {
 	}
 	// An acquire cut short by the cancellation may have taken a shard
 	// without this process learning of it: release whatever is still ours.
-	if leases, err := m.store.LeaseList(ctx, "shard:"); err == nil {
+	if leases, err := m.store.LeaseList(ctx, m.cfg.LeasePrefix); err == nil {
 		for _, l := range leases {
 			if l.Holder == m.cfg.WorkerID {
 				_ = m.store.LeaseRelease(ctx, l.Name, l.Holder, l.Epoch)

@@ -22,6 +22,9 @@ type commands struct {
 }
 
 func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error) {
+	if c.d.hung() {
+		return // a hung machine answers nothing (faults.go)
+	}
 	c.mu.Lock()
 	if c.done == nil {
 		c.done = map[string]*sessionv1.CommandResult{}
@@ -34,6 +37,25 @@ func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send
 	c.mu.Unlock()
 	if seen {
 		_ = send(&sessionv1.CommandUpdate{CommandId: cmd.GetId(), UpdateSeq: 4, Update: &sessionv1.CommandUpdate_Result{Result: res}})
+		return
+	}
+	if c.d.recovers(cmd, res, send) {
+		// A gpu.reset answers after its delay; a reboot takes the
+		// daemon away and its redelivery is answered after it
+		// (faults.go).
+		return
+	}
+	if c.d.restarts(cmd, res) {
+		// An upgrade or rollback restarts the daemon (release.go): the
+		// result answers the redelivery after it.
+		for i, u := range []*sessionv1.CommandUpdate{
+			{Update: &sessionv1.CommandUpdate_Accepted{Accepted: &sessionv1.Accepted{AcceptedAt: timestamppb.Now()}}},
+			{Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{StartedAt: timestamppb.Now()}}},
+		} {
+			u.CommandId, u.UpdateSeq = cmd.GetId(), uint64(i+1)
+			_ = send(u)
+		}
+		c.d.restart()
 		return
 	}
 	updates := []*sessionv1.CommandUpdate{
@@ -64,7 +86,11 @@ func (c *commands) run(cmd *sessionv1.Command) *sessionv1.CommandResult {
 			res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "exec without argv"
 		}
 	case sessionv1.KindInventoryRefresh:
-		_ = c.d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: c.d.inv}})
+		_ = c.d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: c.d.CurrentInventory()}})
+	case sessionv1.KindUpgrade, sessionv1.KindRollback:
+		return c.d.releaseCommand(cmd)
+	case sessionv1.KindGPUReset, sessionv1.KindReboot, sessionv1.KindDrain:
+		return c.d.recoveryResult(cmd)
 	default:
 		res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "unsupported command kind "+cmd.GetKind()
 	}

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
@@ -66,7 +65,10 @@ type FakeDaemon struct {
 	known []session.KnownGateway
 	cur   *session.Client
 
-	sentInventory atomic.Bool
+	// rel plays the releases the daemon is upgraded to (release.go).
+	rel releaseState
+	// flt holds the injected faults (faults.go).
+	flt faultState
 }
 
 // NewFakeDaemon returns a FakeDaemon with a fresh P-256 key and a simulated
@@ -190,10 +192,11 @@ func (d *FakeDaemon) Send(msg *sessionv1.NodeMessage) error {
 	return c.Send(msg)
 }
 
-// Run holds the daemon's session until ctx ends, as session.Client.Run
-// does (nil when ctx ends, ErrRevoked, ErrCertificateExpired). It fails with
-// ErrNotJoined before Join.
-func (d *FakeDaemon) Run(ctx context.Context) error {
+// runSession holds one session of the daemon until ctx ends, as
+// session.Client.Run does (nil when ctx ends, ErrRevoked,
+// ErrCertificateExpired); Run (release.go) starts it again after a
+// simulated restart. It fails with ErrNotJoined before Join.
+func (d *FakeDaemon) runSession(ctx context.Context) error {
 	d.mu.Lock()
 	id := d.id
 	d.mu.Unlock()
@@ -230,42 +233,31 @@ func (d *FakeDaemon) Run(ctx context.Context) error {
 		// a goroutine per daemon and only matters for real networks.
 		cfg.Keepalive = -1
 	}
-	cfg.BCDVersion = Version
+	cfg.BCDVersion = d.Version()
 	cfg.OS, cfg.Arch = "linux", "amd64"
-	cfg.BootID = d.bootID
-	digest := d.inv.GetDigest()
-	cfg.InventoryDigest = func() string { return digest }
-	cfg.Heartbeat = d.heartbeat
+	cfg.BootID = d.currentBootID()
+	cfg.InventoryDigest = d.inventoryDigest
+	cfg.Heartbeat = d.heartbeatIn(ctx)
 	if cfg.Handler == nil {
-		cfg.Handler = &commands{d: d}
+		cfg.Handler = d.commands()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = d.log
 	}
 	next := cfg.OnEvent
 	cfg.OnEvent = func(ev session.Event) {
-		if ev.Kind == session.EventConnected && !d.cfg.NoInventory && d.sentInventory.CompareAndSwap(false, true) {
-			if err := d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: d.inv}}); err != nil {
-				d.sentInventory.Store(false)
-			}
+		if ev.Kind == session.EventConnected {
+			// The inventory with the GPUs' injected health (faults.go):
+			// after the first Welcome, and after a later one when it
+			// changed since it was sent.
+			d.sendInventoryIfDue()
 		}
 		if next != nil {
 			next(ev)
 		}
 	}
-	c, err := session.New(cfg)
-	if err != nil {
-		return fmt.Errorf("fake daemon %s: %w", d.cfg.Name, err)
-	}
-	d.mu.Lock()
-	d.cur = c
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.cur = nil
-		d.mu.Unlock()
-	}()
-	return c.Run(ctx)
+	// One session, or more after simulated outages (faults.go).
+	return d.runClients(ctx, cfg)
 }
 
 // heartbeat fills simulated readings: a steady light load.

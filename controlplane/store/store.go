@@ -104,6 +104,7 @@ type Store interface {
 	NodeStore
 	JoinTokenStore
 	GatewayStore
+	TunnelStore
 	SessionStore
 	WorkerStore
 	CommandStore
@@ -115,6 +116,9 @@ type Store interface {
 	APITokenStore
 	SecretStore
 	DisruptionStore
+	ReservationStore
+	RemediationStore
+	RolloutStore
 }
 
 // Migrator applies and reports schema migrations.
@@ -506,6 +510,10 @@ type Gateway struct {
 	Draining    bool
 	StartedAt   time.Time
 	HeartbeatAt time.Time
+	// InternalAddress is the host:port of the gateway's internal control
+	// API (host.gateway.internal, migration 0016), empty when it serves
+	// none.
+	InternalAddress string
 }
 
 // GatewayStore keeps the gateways table.
@@ -557,7 +565,9 @@ type GatewayUpsertParams struct {
 	Sessions   int
 	MaxStreams int
 	Draining   bool
-	Now        *time.Time
+	// InternalAddress is Gateway.InternalAddress.
+	InternalAddress string
+	Now             *time.Time
 }
 
 // Session is a node's live connection to one gateway. A node has at most

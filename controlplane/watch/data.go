@@ -36,6 +36,8 @@ type view struct {
 	Commands  []countRow
 	InFlight  int
 	Events    []eventRow
+	// Rollouts are the rollouts in progress or halted (rollouts.go).
+	Rollouts []rolloutRow
 	// The node list: Filter is the state shown ("" all), Nodes one page,
 	// Next the cursor of the next page ("" none), Cursor this page's.
 	Filter  string
@@ -179,6 +181,9 @@ func (h *Handler) load(ctx context.Context, filter, cursor string) (*view, error
 		v.InFlight += open[s]
 	}
 	if v.Events, err = h.latestEvents(ctx); err != nil {
+		return nil, err
+	}
+	if v.Rollouts, err = h.rollouts(ctx, pl); err != nil {
 		return nil, err
 	}
 

@@ -45,6 +45,8 @@ type Store interface {
 	CommandCountOpen(ctx context.Context) (map[string]int, error)
 	OutboxMaxID(ctx context.Context) (int64, error)
 	OutboxList(ctx context.Context, afterID int64, limit int) ([]*store.OutboxEntry, error)
+	RolloutList(ctx context.Context, p *store.RolloutListParams) ([]*store.Rollout, error)
+	RolloutNodes(ctx context.Context, rolloutID string) ([]*store.RolloutNode, error)
 }
 
 // Authenticator checks the API token a login offers (iam.Authenticator).

@@ -3,13 +3,17 @@
 //
 //   - controllers: the shard membership (256 shard:<n> leases by rendezvous
 //     hashing), the node liveness reconciler over the held shards, the
+//     remediation reconciler (unless remediation.disabled), the
 //     CommandSweeper (singleton:command-sweeper) and retention
-//     (singleton:retention);
+//     (singleton:retention), and the rollout reconciler over the held
+//     shards (package rollouts);
 //   - sinks: one outbox dispatcher per configured sink
 //     (singleton:outbox-dispatch:<sink>);
 //   - iam: token expiry (singleton:iam:token-expiry);
-//   - scheduler: the pool-lease placer capacity.placer is not built yet;
-//     the role starts and holds no lease.
+//   - scheduler: the capacity placer capacity.placer (package placer),
+//     under the scheduler role's own shard membership
+//     (placer.Shards scheduler-shard:<n> leases split among the processes
+//     running the role), so several scheduler processes split the pools.
 //
 // Every job stops on cancellation and releases its leases; the shard
 // manager also leaves the workers table.
@@ -32,7 +36,10 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
+	"github.com/better-compute/better-compute/controlplane/placer"
 	"github.com/better-compute/better-compute/controlplane/reaper"
+	"github.com/better-compute/better-compute/controlplane/remediation"
+	"github.com/better-compute/better-compute/controlplane/rollouts"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -66,6 +73,19 @@ type Options struct {
 	// right after such a write instead of at their next poll. Writes
 	// through this process's store wake them without it.
 	OutboxWakeups func() (<-chan struct{}, func())
+	// SchedulerTTL and SchedulerRenew tune the scheduler membership's
+	// leases (10 s, 3 s): a killed scheduler's pools are placed by another
+	// within about TTL + Renew + PlacerInterval.
+	SchedulerTTL, SchedulerRenew time.Duration
+	// PlacerInterval is the placer's round interval (1 s).
+	PlacerInterval time.Duration
+	// Waker, when set, wakes the gateways of nodes a reconciler gave a
+	// command (the rollouts' upgrades and rollbacks); without it they wait
+	// for the gateways' 1 s dispatch poll.
+	Waker rollouts.Waker
+	// RolloutNow is the rollout reconciler's clock (tests). Defaults to
+	// time.Now.
+	RolloutNow func() time.Time
 	// Ready, when set, is called once, when every job has started and,
 	// with the controllers role, this process is in the workers table (the
 	// shard manager's first round succeeded); at once when no worker role
@@ -117,7 +137,16 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		hb := cfg.Host.Gateway.HeartbeatInterval.Duration
 		live := liveness.New(liveness.Config{HeartbeatInterval: hb, Missed: cfg.Host.Gateway.MissedHeartbeats,
 			Interval: cmp.Or(opts.LivenessInterval, min(hb, 5*time.Second))}, st, log)
-		g.Go(func() error { shard.RunReconcilers(ctx, m, log, live); return nil })
+		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: opts.RolloutNow, Waker: opts.Waker}, st, log)
+		recs := []shard.Reconciler{live, ro}
+		if !cfg.Remediation.Disabled {
+			rem, err := remediation.New(remediation.Config{Settings: cfg.Remediation, Holder: opts.WorkerID}, st, log)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rem)
+		}
+		g.Go(func() error { shard.RunReconcilers(ctx, m, log, recs...); return nil })
 		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter,
 			OnSweep: countSwept(opts.Metrics)}, st, log)
 		if err != nil {
@@ -134,6 +163,17 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 				return retain(ctx, st, fence, cfg.Retention, log)
 			})
 		})
+	}
+	if cfg.Runs("scheduler") {
+		m, err := shard.New(shard.Config{WorkerID: opts.WorkerID, Roles: roles, Version: opts.Version,
+			TTL: cmp.Or(opts.SchedulerTTL, 10*time.Second), Renew: cmp.Or(opts.SchedulerRenew, 3*time.Second),
+			LeasePrefix: placer.LeasePrefix, Shards: placer.Shards, Role: "scheduler"}, st, log.With("membership", "scheduler"))
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return m.Run(ctx) })
+		pl := placer.New(placer.Config{Interval: opts.PlacerInterval}, st, log)
+		g.Go(func() error { shard.RunReconcilers(ctx, m, log, pl); return nil })
 	}
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {

@@ -3,6 +3,7 @@ package gpu
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"math"
@@ -14,6 +15,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/kmsg"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/xid"
 )
 
 // Log attribute keys used by this package.
@@ -50,12 +53,26 @@ type Config struct {
 	// between two Collect calls at which the GPU is reported degraded.
 	// Defaults to 100 errors.
 	CorrectedECCSpike uint64
-	// DegradedXIDWindow is how long an XID that implies degraded health
-	// (13, 31, 43) keeps the GPU degraded after it was last seen. XIDs that
-	// imply failure never expire: they hold until the Collector is
-	// discarded (bcd restarts, normally with the reboot that clears them).
-	// Defaults to 1 h.
-	DegradedXIDWindow time.Duration
+	// Catalog classifies XIDs. Defaults to NVIDIA's catalogue as bcd
+	// embeds it (xid.Load).
+	Catalog *xid.Catalog
+	// XIDDedupWindow is how close in time two sightings of the same XID
+	// code on the same GPU must be to count as one: NVML's event and the
+	// kernel's log line of one error, or a burst of the same error, give
+	// one Event. Defaults to 30 s.
+	XIDDedupWindow time.Duration
+	// NVLinkWindow is the window over which the NVLink error totals'
+	// rise is judged. Defaults to 10 min.
+	NVLinkWindow time.Duration
+	// NVLinkErrorThreshold is the rise of a GPU's NVLink error totals
+	// (CRC, replay and recovery errors over all links) within NVLinkWindow
+	// at which the GPU is reported degraded. Our heuristic, not an NVIDIA
+	// rule. Defaults to 100 errors.
+	NVLinkErrorThreshold uint64
+	// BootTime is when the machine booted, to date kernel-log records
+	// (stamped with the time since boot). Defaults to the clock minus
+	// CLOCK_MONOTONIC, read when WatchKernelLog starts.
+	BootTime func() time.Time
 }
 
 // Collector reads GPU inventory and health through NVML and watches for
@@ -68,7 +85,11 @@ type Collector struct {
 	waitTimeout time.Duration
 	retryMax    time.Duration
 	spike       uint64
-	xidWindow   time.Duration
+	catalog     *xid.Catalog
+	dedup       time.Duration
+	nvWindow    time.Duration
+	nvThreshold uint64
+	bootTime    func() time.Time
 
 	// unavailableLogged makes the "no NVML" info log appear once per
 	// Collector, however often Collect and Watch are called.
@@ -76,6 +97,7 @@ type Collector struct {
 
 	mu     sync.Mutex
 	states map[string]*gpuState // by GPU UUID
+	byPCI  map[string]watched   // by kmsg.NVMLBusKey of the PCI bus id, from the last Collect
 }
 
 // New returns a Collector for cfg, with defaults filled in. It returns an
@@ -93,7 +115,20 @@ func New(cfg Config) (*Collector, error) {
 	cfg.EventWaitTimeout = cmp.Or(cfg.EventWaitTimeout, time.Second)
 	cfg.EventRetryMax = cmp.Or(cfg.EventRetryMax, 30*time.Second)
 	cfg.CorrectedECCSpike = cmp.Or(cfg.CorrectedECCSpike, 100)
-	cfg.DegradedXIDWindow = cmp.Or(cfg.DegradedXIDWindow, time.Hour)
+	cfg.XIDDedupWindow = cmp.Or(cfg.XIDDedupWindow, 30*time.Second)
+	cfg.NVLinkWindow = cmp.Or(cfg.NVLinkWindow, 10*time.Minute)
+	cfg.NVLinkErrorThreshold = cmp.Or(cfg.NVLinkErrorThreshold, 100)
+	if cfg.Catalog == nil {
+		c, err := xid.Load()
+		if err != nil {
+			return nil, fmt.Errorf("gpu collector: %w", err)
+		}
+		cfg.Catalog = c
+	}
+	if cfg.BootTime == nil {
+		now := cfg.Now
+		cfg.BootTime = func() time.Time { return bootTime(now()) }
+	}
 
 	if cfg.EventWaitTimeout < time.Millisecond || cfg.EventWaitTimeout/time.Millisecond > math.MaxUint32 {
 		return nil, fmt.Errorf("gpu collector: event wait timeout %v out of range [1ms, %dms]",
@@ -102,8 +137,8 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.EventRetryMax < 0 {
 		return nil, fmt.Errorf("gpu collector: negative event retry max %v", cfg.EventRetryMax)
 	}
-	if cfg.DegradedXIDWindow < 0 {
-		return nil, fmt.Errorf("gpu collector: negative degraded XID window %v", cfg.DegradedXIDWindow)
+	if cfg.XIDDedupWindow < 0 || cfg.NVLinkWindow < 0 {
+		return nil, fmt.Errorf("gpu collector: negative XID dedup window %v or NVLink window %v", cfg.XIDDedupWindow, cfg.NVLinkWindow)
 	}
 	return &Collector{
 		nvml:        cfg.NVML,
@@ -112,8 +147,13 @@ func New(cfg Config) (*Collector, error) {
 		waitTimeout: cfg.EventWaitTimeout,
 		retryMax:    cfg.EventRetryMax,
 		spike:       cfg.CorrectedECCSpike,
-		xidWindow:   cfg.DegradedXIDWindow,
+		catalog:     cfg.Catalog,
+		dedup:       cfg.XIDDedupWindow,
+		nvWindow:    cfg.NVLinkWindow,
+		nvThreshold: cfg.NVLinkErrorThreshold,
+		bootTime:    cfg.BootTime,
 		states:      make(map[string]*gpuState),
+		byPCI:       make(map[string]watched),
 	}, nil
 }
 
@@ -159,6 +199,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 	}
 
 	rep := Report{GPUs: make([]GPU, 0, n), NVML: true}
+	byPCI := make(map[string]watched, n)
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return Report{}, fmt.Errorf("collect gpus: %w", err)
@@ -170,10 +211,13 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		if r.ok("device handle", ret) {
 			readDevice(dev, &g, &r)
 		} else if !r.lost {
-			pre = append(pre, finding{HealthFailed, "NVML cannot open the GPU: " + ret.Error()})
+			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "NVML cannot open the GPU: " + ret.Error()})
 		}
 		if r.lost {
-			pre = append(pre, finding{HealthFailed, "GPU is lost: NVML returned ERROR_GPU_IS_LOST"})
+			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "GPU is lost: NVML returned ERROR_GPU_IS_LOST"})
+		}
+		if key := kmsg.NVMLBusKey(g.PCIBusID); key != "" {
+			byPCI[key] = watched{index: i, uuid: g.UUID}
 		}
 		g.Errors = r.errs
 
@@ -182,7 +226,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		if g.UUID != "" {
 			st = c.stateLocked(g.UUID)
 		}
-		assess(&g, pre, st, assessParams{now: c.now(), correctedSpike: c.spike, degradedXIDWindow: c.xidWindow})
+		assess(&g, pre, st, assessParams{now: c.now(), correctedSpike: c.spike, nvlinkWindow: c.nvWindow, nvlinkThreshold: c.nvThreshold})
 		c.mu.Unlock()
 
 		if g.Health != HealthOK {
@@ -190,6 +234,9 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		}
 		rep.GPUs = append(rep.GPUs, g)
 	}
+	c.mu.Lock()
+	c.byPCI = byPCI
+	c.mu.Unlock()
 	return rep, nil
 }
 
@@ -234,6 +281,66 @@ func readDevice(dev nvml.Device, g *GPU, r *reader) {
 		g.RemappedRows = &RemappedRows{Corrected: corr, Uncorrected: unc, Pending: pending, Failure: failure}
 	}
 	g.MIG = readMIG(dev, r)
+	if v, ret := dev.GetCurrentClocksEventReasons(); r.ok("clocks event reasons", ret) {
+		g.ClocksEventReasons = &v
+	}
+	readFields(dev, g, r)
+}
+
+// Fields read with one nvmlDeviceGetFieldValues call.
+var fieldIDs = []uint32{nvml.FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, nvml.FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+	nvml.FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL, nvml.FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, nvml.FI_DEV_GET_GPU_RECOVERY_ACTION}
+
+// readFields reads the NVLink error totals and the driver's recovery
+// action. A field the GPU or driver does not know is left out quietly.
+func readFields(dev nvml.Device, g *GPU, r *reader) {
+	vals := make([]nvml.FieldValue, len(fieldIDs))
+	for i, id := range fieldIDs {
+		vals[i].FieldId = id
+	}
+	if !r.ok("field values", dev.GetFieldValues(vals)) {
+		return
+	}
+	var nl NVLinkErrors
+	var haveNL bool
+	for _, v := range vals {
+		if nvml.Return(v.NvmlReturn) != nvml.SUCCESS {
+			continue
+		}
+		n := fieldUint(v)
+		switch v.FieldId {
+		case nvml.FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL:
+			nl.CRCFlit, haveNL = n, true
+		case nvml.FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+			nl.CRCData, haveNL = n, true
+		case nvml.FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+			nl.Replay, haveNL = n, true
+		case nvml.FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+			nl.Recovery, haveNL = n, true
+		case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+			g.RecoveryAction = recoveryActionName(nvml.DeviceGpuRecoveryAction(n))
+		}
+	}
+	if haveNL {
+		g.NVLinkErrors = &nl
+	}
+}
+
+// fieldUint reads a field value as an unsigned number (NVML stores it in a
+// union whose type ValueType names; little-endian on every platform NVML
+// ships for).
+func fieldUint(v nvml.FieldValue) uint64 {
+	b := v.Value
+	switch nvml.ValueType(v.ValueType) {
+	case nvml.VALUE_TYPE_UNSIGNED_INT, nvml.VALUE_TYPE_SIGNED_INT:
+		return uint64(binary.LittleEndian.Uint32(b[:4]))
+	case nvml.VALUE_TYPE_UNSIGNED_SHORT:
+		return uint64(binary.LittleEndian.Uint16(b[:2]))
+	case nvml.VALUE_TYPE_DOUBLE:
+		return uint64(math.Float64frombits(binary.LittleEndian.Uint64(b[:])))
+	default:
+		return binary.LittleEndian.Uint64(b[:])
+	}
 }
 
 func readECC(dev nvml.Device, r *reader) *ECC {
@@ -369,7 +476,7 @@ func (c *Collector) shutdown(ctx context.Context) {
 func (c *Collector) stateLocked(uuid string) *gpuState {
 	st, ok := c.states[uuid]
 	if !ok {
-		st = &gpuState{xids: make(map[uint64]time.Time)}
+		st = newState()
 		c.states[uuid] = st
 	}
 	return st

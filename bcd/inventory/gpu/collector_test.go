@@ -373,7 +373,7 @@ func TestNewValidates(t *testing.T) {
 		{EventWaitTimeout: time.Microsecond},
 		{EventWaitTimeout: -time.Second},
 		{EventRetryMax: -time.Second},
-		{DegradedXIDWindow: -time.Second},
+		{XIDDedupWindow: -time.Second},
 	} {
 		cfg.NVML = newDGXA100()
 		if _, err := gpu.New(cfg); err == nil {

@@ -23,47 +23,60 @@
 // # Health
 //
 // Each GPU is [HealthOK], [HealthDegraded] or [HealthFailed]; the worst
-// finding wins and every finding is listed in GPU.HealthReasons.
+// finding wins and every finding is listed in GPU.HealthReasons. Each
+// finding also carries a resolution, and GPU.Resolution is the strongest
+// of them (IGNORE < RESTART_APP < RESET_GPU < RESTART_VM < RESTART_BM < a
+// word that needs a person, such as CONTACT_SUPPORT < ESCALATE); GPU.XID
+// and GPU.XIDMnemonic name the most recent XID among the findings.
 //
-// XID errors, as reported by [Collector.Watch]. Source: NVIDIA's XID
-// catalogue, https://docs.nvidia.com/deploy/xid-errors/ (descriptions and
-// recommended actions); the failed/degraded split is ours, following the
-// catalogue's "reset GPU / RMA" versus "application error" actions.
+// XIDs, from NVML events ([Collector.Watch]) and the kernel log
+// ([Collector.WatchKernelLog]), are classified by NVIDIA's XID catalogue,
+// carried as data in package xid (source: NVIDIA's XID catalogue,
+// https://docs.nvidia.com/deploy/xid-errors/). The resolution is NVIDIA's
+// immediate resolution, or ESCALATE where the catalogue leaves it blank or
+// names a WORKFLOW_* (the conservative default: quarantine and escalate to
+// a person). The health an XID implies follows from its resolution:
 //
-//	XID  description                                            health
-//	 79  GPU has fallen off the bus                             failed
-//	 48  double-bit ECC error                                   failed
-//	 63  ECC page retirement or row remapping recording event   failed
-//	 64  ECC page retirement or row remapper recording failure  failed
-//	 74  NVLink error                                           failed
-//	 92  high single-bit ECC error rate                         failed
-//	 94  contained ECC error                                    failed
-//	 95  uncontained ECC error                                  failed
-//	 13  graphics engine exception                              degraded
-//	 31  GPU memory page fault                                  degraded
-//	 43  GPU stopped processing                                 degraded
-//	any other XID                                               unchanged (event severity info)
+//	resolution                                     health while it holds
+//	IGNORE                                         ok (event, severity info)
+//	RESTART_APP                                    ok (event, severity warning)
+//	RESET_GPU, RESTART_VM, RESTART_BM, ESCALATE    failed
+//	any other word (CONTACT_SUPPORT, CHECK_*, ...) degraded
 //
-// Failed XIDs hold for the life of the Collector (in practice until bcd
-// restarts, normally with the reboot or reset that clears them); degraded
-// XIDs expire [Config].DegradedXIDWindow after they were last seen.
+// An XID that changes health holds until the GPU is reset
+// ([Collector.ResetDone], which bcd's gpu.reset calls when nvidia-smi
+// succeeds) or the machine reboots (the kernel log starts again and bcd
+// remembers nothing of the boot before): no state sticks forever.
 //
-// Counters and states read by Collect:
+// Readings, judged anew at every Collect, so that a finding ends when its
+// cause does:
 //
-//	finding                                                         health
-//	NVML answers ERROR_GPU_IS_LOST, or the handle cannot be opened  failed
-//	volatile uncorrected ECC count > 0 (since driver load)          failed
-//	double-bit ECC event seen by Watch                              failed
-//	row remapping failure (out of spare rows)                       failed
-//	row remapping pending (GPU reset required)                      degraded
-//	retired pages pending (reset or reboot required)                degraded
+//	finding                                                health    resolution
+//	NVML answers ERROR_GPU_IS_LOST, or no handle           failed    RESTART_BM
+//	volatile uncorrected ECC count > 0                     failed    RESET_GPU
+//	double-bit ECC event seen by Watch (until a reset)     failed    RESET_GPU
+//	row remapping failure (out of spare rows)              failed    CONTACT_SUPPORT
+//	row remapping pending (GPU reset required)             degraded  RESET_GPU
+//	retired pages pending (reset or reboot required)       degraded  RESET_GPU
+//	driver recovery action GPU_RESET, DRAIN_AND_RESET,
+//	BUS_RESET                                              failed    RESET_GPU
+//	driver recovery action NODE_REBOOT, SYSTEM_REBOOT      failed    RESTART_BM
+//	driver recovery action DRAIN_P2P, RECOVER_IMEX_DOMAIN  degraded  ESCALATE
+//	clocks held down by hardware slowdown, thermal
+//	slowdown (hardware or software) or a power brake       degraded  CHECK_MECHANICALS
+//	NVLink error totals rose by Config.NVLinkErrorThreshold
+//	within Config.NVLinkWindow                             degraded  ESCALATE
 //	volatile corrected ECC count rose by at least
-//	Config.CorrectedECCSpike since the previous Collect             degraded
+//	Config.CorrectedECCSpike since the previous Collect    degraded  IGNORE
 //
 // Row remapping (Ampere and later) and page retirement (earlier GPUs) follow
 // NVIDIA's "GPU Memory Error Management" guide
-// (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/). The corrected
-// ECC spike threshold is our heuristic, not an NVIDIA rule.
+// (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/). The driver's
+// recovery action is NVML's field FI_DEV_GET_GPU_RECOVERY_ACTION (drivers
+// that do not know it leave it out). The corrected-ECC spike and NVLink
+// thresholds are our heuristics, not NVIDIA rules; the NVLink counters are
+// aggregate totals that never go down, so health looks at their rise within
+// the window (a fall means the driver reloaded: the window starts again).
 //
 // # Events
 //
@@ -72,7 +85,9 @@
 // waits on it with a timeout ([Config].EventWaitTimeout), so cancelling its
 // context stops it within one timeout. Each XID or double-bit ECC event
 // updates the GPU's health and is passed once to the caller's callback as
-// an [Event].
+// an [Event]. [Collector.WatchKernelLog] reads the kernel's NVRM Xid lines
+// (package kmsg) the same way, look-back included; an XID seen by both, or
+// repeated, within Config.XIDDedupWindow on the same GPU is one Event.
 //
 // Collect initialises NVML and shuts it down on every call. NVML counts
 // these references, so while Watch runs (for the life of the daemon) the

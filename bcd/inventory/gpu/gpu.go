@@ -67,12 +67,35 @@ type GPU struct {
 	SMClockMHz uint32 `json:"sm_clock_mhz,omitempty"`
 	// MemoryClockMHz is the current memory clock in MHz. Volatile.
 	MemoryClockMHz uint32 `json:"memory_clock_mhz,omitempty"`
+	// NVLinkErrors are the GPU's NVLink error totals over all its links;
+	// nil when the GPU has no NVLink or does not report them.
+	NVLinkErrors *NVLinkErrors `json:"nvlink_errors,omitempty"`
+	// ClocksEventReasons is NVML's bit mask of why the clocks are held
+	// down now (nvmlClocksEventReason*: 8 hardware slowdown, 32 software
+	// thermal, 64 hardware thermal, 128 power brake, ...); nil when not
+	// reported.
+	ClocksEventReasons *uint64 `json:"clocks_event_reasons,omitempty"`
+	// RecoveryAction is the recovery the driver asks for (NVML field
+	// FI_DEV_GET_GPU_RECOVERY_ACTION, newer drivers only), named as NVML's
+	// header does without its prefix: "GPU_RESET", "NODE_REBOOT",
+	// "DRAIN_P2P", "DRAIN_AND_RESET", "RECOVER_IMEX_DOMAIN", "BUS_RESET",
+	// "SYSTEM_REBOOT"; empty for none or when the driver does not say.
+	RecoveryAction string `json:"recovery_action,omitempty"`
 	// Health is the GPU's overall health; see the package documentation
 	// for the rules.
 	Health Health `json:"health"`
 	// HealthReasons explains a Health other than HealthOK, one line per
-	// finding, for example "XID 79: GPU has fallen off the bus".
+	// finding, for example
+	// "XID 79 ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS: RESTART_BM".
 	HealthReasons []string `json:"health_reasons,omitempty"`
+	// Resolution is the strongest resolution any finding calls for, in
+	// NVIDIA's words ("RESET_GPU", "RESTART_BM", ...) or "ESCALATE"
+	// (package xid); empty when Health is HealthOK.
+	Resolution string `json:"resolution,omitempty"`
+	// XID is the most recent XID among the findings, 0 when none, and
+	// XIDMnemonic its name in NVIDIA's catalogue.
+	XID         uint32 `json:"xid,omitempty"`
+	XIDMnemonic string `json:"xid_mnemonic,omitempty"`
 	// Errors lists NVML queries that failed for a reason other than
 	// "not supported", as "query: NVML error", for example
 	// "serial: ERROR_NO_PERMISSION". The affected fields are left empty.
@@ -122,6 +145,17 @@ type RemappedRows struct {
 	// Failure reports that a remapping failed: the bank ran out of spare
 	// rows and the GPU should be replaced.
 	Failure bool `json:"failure"`
+}
+
+// NVLinkErrors are a GPU's NVLink error counters, summed over its links
+// since the driver loaded (NVML's FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL
+// fields). They only grow; health looks at how much they rose within
+// Config.NVLinkWindow.
+type NVLinkErrors struct {
+	CRCFlit  uint64 `json:"crc_flit"`
+	CRCData  uint64 `json:"crc_data"`
+	Replay   uint64 `json:"replay"`
+	Recovery uint64 `json:"recovery"`
 }
 
 // MIG is a GPU's Multi-Instance GPU mode and the MIG devices carved from it.
@@ -185,8 +219,8 @@ type Severity string
 
 // The event severities.
 const (
-	// SeverityInfo is an event that does not change health (an XID not in
-	// the table in the package documentation).
+	// SeverityInfo is an event that does not change health (an XID NVIDIA
+	// says to ignore).
 	SeverityInfo Severity = "info"
 	// SeverityWarning is an event that makes the GPU [HealthDegraded].
 	SeverityWarning Severity = "warning"
@@ -224,11 +258,34 @@ type Event struct {
 	GPUUUID string `json:"gpu_uuid,omitempty"`
 	// XID is the XID number for [EventKindXID] events, 0 otherwise.
 	XID uint64 `json:"xid,omitempty"`
+	// XIDMnemonic is NVIDIA's name of XID from the catalogue (package xid);
+	// empty for other kinds and for a code the catalogue does not list.
+	XIDMnemonic string `json:"xid_mnemonic,omitempty"`
+	// Resolution is what the event calls for: for an XID the catalogue's
+	// resolution (package xid: NVIDIA's immediate resolution, or ESCALATE),
+	// for an uncorrectable ECC event "RESET_GPU".
+	Resolution string `json:"resolution,omitempty"`
+	// Source is where bcd saw it: [SourceNVML] or [SourceKernelLog].
+	Source string `json:"source,omitempty"`
+	// PID and Process are the process the driver blamed, from a kernel-log
+	// line that names one; 0 and "" otherwise.
+	PID     int    `json:"pid,omitempty"`
+	Process string `json:"process,omitempty"`
 	// Severity grades the event; it matches the health the event implies.
 	Severity Severity `json:"severity"`
 	// Message is a one-line description, for example
 	// "XID 79 on GPU 3 (GPU-5e0d...): GPU has fallen off the bus".
 	Message string `json:"message"`
-	// Time is when bcd received the event (from the injected clock).
+	// Time is when bcd received the event (from the injected clock), or
+	// for a kernel-log line when the kernel logged it.
 	Time time.Time `json:"time"`
 }
+
+// Where an [Event] was seen.
+const (
+	// SourceNVML is NVML's event API (Collector.Watch).
+	SourceNVML = "nvml"
+	// SourceKernelLog is an NVRM Xid line of the kernel log
+	// (Collector.WatchKernelLog).
+	SourceKernelLog = "kmsg"
+)

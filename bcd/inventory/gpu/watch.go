@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/xid"
 )
 
 // watchedEvents are the NVML event types Watch asks for; each GPU gets the
@@ -31,10 +32,13 @@ type watched struct {
 // double-bit and single-bit ECC errors, each where the GPU supports it) and
 // waits for events until ctx is done, then returns nil.
 //
-// Each XID event updates that GPU's health as seen by later Collect calls
-// (see the table in the package documentation) and calls fn once with an
-// [EventKindXID] Event; each double-bit ECC event marks the GPU failed and
-// calls fn once with an [EventKindECCUncorrected] Event. Single-bit ECC
+// Each XID event is classified by NVIDIA's catalogue (package xid), updates
+// that GPU's health as seen by later Collect calls (see the table in the
+// package documentation) and calls fn once with an [EventKindXID] Event,
+// unless the same code on the same GPU was reported within
+// Config.XIDDedupWindow (by this or by WatchKernelLog); each double-bit ECC
+// event marks the GPU failed until it is reset and calls fn once with an
+// [EventKindECCUncorrected] Event. Single-bit ECC
 // events are only logged at debug level: Collect reports their counts and
 // flags spikes. fn runs on Watch's goroutine and should return quickly.
 //
@@ -157,27 +161,28 @@ func (c *Collector) handleEvent(ctx context.Context, data nvml.EventData, gpus [
 	var ev Event
 	switch {
 	case data.EventType&nvml.EventTypeXidCriticalError != 0:
-		xid := data.EventData
-		h, desc := xidClass(xid)
-		if h != HealthOK && w.uuid != "" {
-			c.mu.Lock()
-			c.stateLocked(w.uuid).xids[xid] = now
-			c.mu.Unlock()
+		var pass bool
+		if ev, pass = c.noteXID(w.uuid, label, data.EventData, now, SourceNVML); !pass {
+			c.log.DebugContext(ctx, "GPU event already reported", attrIndex, w.index, attrUUID, w.uuid, attrXID, data.EventData)
+			return
 		}
-		ev = Event{Kind: EventKindXID, GPUUUID: w.uuid, XID: xid, Severity: severityOf(h),
-			Message: fmt.Sprintf("XID %d on %s: %s", xid, label, desc), Time: now}
 	case data.EventType&nvml.EventTypeDoubleBitEccError != 0:
 		if w.uuid != "" {
 			c.mu.Lock()
 			c.stateLocked(w.uuid).uncorrectedEvent = now
 			c.mu.Unlock()
 		}
-		ev = Event{Kind: EventKindECCUncorrected, GPUUUID: w.uuid, Severity: SeverityCritical,
-			Message: "uncorrectable ECC error on " + label, Time: now}
+		ev = Event{Kind: EventKindECCUncorrected, GPUUUID: w.uuid, Severity: SeverityCritical, Resolution: xid.ResetGPU,
+			Source: SourceNVML, Message: "uncorrectable ECC error on " + label, Time: now}
 	default:
 		c.log.DebugContext(ctx, "GPU event", attrIndex, w.index, attrUUID, w.uuid, attrEventType, data.EventType)
 		return
 	}
+	c.report(ctx, w.index, ev, fn)
+}
+
+// report logs ev at its severity's level and passes it to fn.
+func (c *Collector) report(ctx context.Context, index int, ev Event, fn func(Event)) {
 	level := slog.LevelInfo
 	switch ev.Severity {
 	case SeverityWarning:
@@ -185,7 +190,7 @@ func (c *Collector) handleEvent(ctx context.Context, data nvml.EventData, gpus [
 	case SeverityCritical:
 		level = slog.LevelError
 	}
-	c.log.Log(ctx, level, "GPU error event", attrIndex, w.index, attrUUID, w.uuid, attrXID, ev.XID, attrStatus, ev.Message)
+	c.log.Log(ctx, level, "GPU error event", attrIndex, index, attrUUID, ev.GPUUUID, attrXID, ev.XID, attrStatus, ev.Message)
 	fn(ev)
 }
 

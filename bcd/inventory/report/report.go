@@ -55,8 +55,9 @@ func GPU(g *gpu.GPU) *sessionv1.GPU {
 		CudaDriverVersion: g.CUDADriverVersion, TemperatureC: g.TemperatureC, PowerDrawMw: g.PowerDrawMilliwatts,
 		PowerLimitMw: g.PowerLimitMilliwatts,
 		Clocks:       &sessionv1.Clocks{SmMhz: g.SMClockMHz, MemoryMhz: g.MemoryClockMHz},
-		Health:       &sessionv1.GPUHealth{State: health(g.Health), Reasons: g.HealthReasons},
-		MigMode:      sessionv1.MIGMode_MIG_MODE_UNSUPPORTED,
+		Health: &sessionv1.GPUHealth{State: health(g.Health), Reasons: g.HealthReasons, Xid: g.XID,
+			XidMnemonic: g.XIDMnemonic, Resolution: g.Resolution},
+		MigMode: sessionv1.MIGMode_MIG_MODE_UNSUPPORTED,
 	}
 	if e := g.ECC; e != nil {
 		out.EccVolatileCorrected = deref(e.VolatileCorrected)

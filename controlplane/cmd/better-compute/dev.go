@@ -38,7 +38,9 @@ func devCmd(e *env) *cobra.Command {
 		Long: "dev starts serve on the embedded default (SQLite in the data directory), on 127.0.0.1,\n" +
 			"and N FakeDaemons that join through a real join token and hold real sessions over TLS,\n" +
 			"each reporting a simulated NVIDIA DGX A100. SIGUSR1 stops one simulated daemon (its node goes\n" +
-			"unreachable). Ctrl-C stops everything.",
+			"unreachable). SIGUSR2 applies the faults listed in <data-dir>/" + sim.FaultFile + ", one a line\n" +
+			"(\"xid sim-00001 3 79\", \"ecc 2 0 4\", \"lose-gpu 0 5\", \"hang 1\", \"disconnect 1 30s\",\n" +
+			"\"recovery all reset=30s reboot=2m\", \"clear all\"; docs/gpu-health.md). Ctrl-C stops everything.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if n < 0 || n > 100000 {
@@ -135,6 +137,11 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 		stopSig := make(chan os.Signal, 1)
 		signal.Notify(stopSig, syscall.SIGUSR1)
 		g.Go(func() error { return stopOnSignal(ctx, e, fleet, stopSig) })
+		faultSig := make(chan os.Signal, 1)
+		signal.Notify(faultSig, syscall.SIGUSR2)
+		g.Go(func() error {
+			return faultsOnSignal(ctx, e, fleet, filepath.Join(cfg.DataDir, sim.FaultFile), faultSig)
+		})
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		_ = fleet.WaitFor(wctx, func(s sim.FleetStats) bool { return s.Connected >= n })
@@ -163,6 +170,32 @@ func stopOnSignal(ctx context.Context, e *env, fleet *sim.Fleet, sig chan os.Sig
 		case <-sig:
 			if d := fleet.StopDaemon(); d != nil {
 				fmt.Fprintf(e.stdout, "Stopped simulated daemon %s (node %s)\n", d.Name(), d.NodeID())
+			}
+		}
+	}
+}
+
+// faultsOnSignal applies the faults in path (sim.Fleet.ApplyFaults) on each
+// signal from sig (SIGUSR2), so that a demo or a test can raise an XID or
+// hang a node of a running dev. A bad line is reported and the lines after
+// it are not applied. It returns when ctx ends.
+func faultsOnSignal(ctx context.Context, e *env, fleet *sim.Fleet, path string, sig chan os.Signal) error {
+	defer signal.Stop(sig)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sig:
+			f, err := os.Open(path)
+			if err != nil {
+				fmt.Fprintf(e.stderr, "Simulated faults: %v\n", err)
+				continue
+			}
+			n, err := fleet.ApplyFaults(f)
+			f.Close()
+			fmt.Fprintf(e.stdout, "Applied %d simulated fault(s) from %s\n", n, path)
+			if err != nil {
+				fmt.Fprintf(e.stderr, "Simulated faults: %s: %v\n", path, err)
 			}
 		}
 	}

@@ -64,6 +64,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
 	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
 	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e), sinksCmd(e))
+	root.AddCommand(reservationsCmd(e), capacityCmd(e))
+	root.AddCommand(remediationCmd(e))
+	root.AddCommand(rolloutsCmd(e))
 	enforceUsage(root)
 	addCompletions(root, e)
 	err := root.ExecuteContext(ctx)
@@ -72,6 +75,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return 130 // interrupted (Ctrl-C): what was running was cancelled
+	}
+	var rx remoteExitError
+	if errors.As(err, &rx) {
+		return rx.code // the remote shell's own status; it said why itself
 	}
 	err = e.explain(err)
 	fmt.Fprintln(stderr, "better-compute:", err)

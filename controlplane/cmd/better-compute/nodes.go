@@ -66,6 +66,7 @@ func nodesCmd(e *env) *cobra.Command {
 	}
 	outputFlag(get, &out)
 	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af))
+	cmd.AddCommand(nodesShellCmd(e, &af), nodesPortForwardCmd(e, &af))
 	for _, m := range []struct {
 		use    string
 		method nodeMethod

@@ -85,6 +85,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		MigrationLock: `SELECT pg_advisory_xact_lock(hashtext('better-compute migrate ' || current_schema()))`,
 		ForShare:      " FOR SHARE",
 		ForUpdate:     " FOR UPDATE",
+		LockParent:    " FOR NO KEY UPDATE",
 		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		TextSet:       "SELECT jsonb_array_elements_text(%s)",
 		IntSet:        "SELECT jsonb_array_elements_text(%s)::int",
@@ -117,6 +118,8 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", store.ErrConflict, e.Message)
 		case "23503": // foreign_key_violation
 			return fmt.Errorf("%w: referenced row: %s", store.ErrNotFound, e.Message)
+		case "23P01": // exclusion_violation: a reservation slot overlapping another (0015_reservations)
+			return fmt.Errorf("%w: %s", store.ErrConflict, e.Message)
 		}
 	}
 	return err

@@ -125,6 +125,18 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, st.APITokenRevoke(ctx, tok.ID))
 	check(t, st.APITokenRevoke(ctx, tok.ID))
 
+	// Remediation: every step of a case, pause, the breaker.
+	remediationEvents(ctx, t, h, pool)
+
+	// Rollouts: every rollout.* type (rollouts.go).
+	produceRolloutEvents(ctx, t, h, pool)
+
+	// Reservations: every reservation.* type (reservations.go).
+	produceReservationEvents(ctx, t, h, pool)
+
+	// Tunnels: opened and closed (tunnels.go).
+	produceTunnelEvents(ctx, t, h, pool)
+
 	entries := must(st.OutboxList(ctx, 0, store.MaxListLimit))
 	count := map[string]int{}
 	var bySubject = map[string][]string{}

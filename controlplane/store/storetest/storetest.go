@@ -72,8 +72,13 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
+		{"Reservations", testReservations},
+		{"ReservationConcurrentBooking", testReservationConcurrentBooking},
+		{"Remediation", testRemediation},
 		{"DisruptionBudget", testDisruptionBudget},
 		{"DisruptionConcurrentAdmissions", testDisruptionConcurrentAdmissions},
+		{"Rollouts", testRollouts},
+		{"Tunnels", testTunnels},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -482,9 +487,17 @@ func testGatewaysSessions(ctx context.Context, t *testing.T, h *Harness) {
 	if g2.Sessions != 3 || !g2.StartedAt.Equal(g.StartedAt) || g2.HeartbeatAt.Before(g.HeartbeatAt) {
 		t.Fatalf("gateway refresh = %+v (was %+v)", g2, g)
 	}
-	must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw2", Region: "eu-1"}))
+	must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gw2", Region: "eu-1", InternalAddress: "10.0.0.2:8444"}))
 	if gws := must(h.Store.GatewayList(ctx)); len(gws) != 2 {
 		t.Fatalf("gateways = %d", len(gws))
+	}
+	// The internal control API's address (migration 0016) round-trips;
+	// a gateway without one has it empty.
+	if g := must(h.Store.GatewayGet(ctx, "gw2")); g.InternalAddress != "10.0.0.2:8444" {
+		t.Fatalf("gw2 internal address = %q, want 10.0.0.2:8444", g.InternalAddress)
+	}
+	if g := must(h.Store.GatewayGet(ctx, "gw1")); g.InternalAddress != "" {
+		t.Fatalf("gw1 internal address = %q, want none", g.InternalAddress)
 	}
 	addNode(ctx, t, h, pool, "node_s")
 	s1, prev := mustOpen(t, h, ctx, "node_s", "sess1", "gw1")

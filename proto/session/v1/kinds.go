@@ -35,7 +35,11 @@ const (
 	KindUpgrade = "upgrade"
 	// KindReboot reboots the machine; it takes no spec.
 	KindReboot = "reboot"
-	// KindDrain makes the node leave its gateway; it takes no spec.
+	// KindDrain makes the node wait for its running commands to end while
+	// it refuses new exec, upgrade and rollback commands, and succeed once
+	// none is left (EXPIRED at its deadline); it takes no spec. Leaving a
+	// gateway is the gateway's Drain message, not this kind
+	// (docs/bcd.md, "Node kinds").
 	KindDrain = "drain"
 	// KindGPUReset resets one GPU through the root helper (GPUResetSpec).
 	KindGPUReset = "gpu.reset"

@@ -38,6 +38,9 @@
 //     root helper.
 //   - "rollback": runs Command kind "rollback": restores the bcd release kept
 //     beside the current one (no download).
+//   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on
+//     the node's loopback) as a SessionService.Tunnel stream over the session's
+//     own connection.
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
@@ -1284,6 +1287,379 @@ func (x *SecretResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// TunnelOpen asks the node to open a tunnel: a shell with a PTY, or a TCP
+// connection to 127.0.0.1:port on the node.
+type TunnelOpen struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id of the tunnel; the node's first TunnelFrame carries it.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// "shell" or "port".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The TCP port of kind "port" (1 to 65535).
+	Port uint32 `protobuf:"varint,3,opt,name=port,proto3" json:"port,omitempty"`
+	// kind "shell": run it as root (through the root helper when bcd runs
+	// unprivileged) instead of the node user.
+	AsRoot bool `protobuf:"varint,4,opt,name=as_root,json=asRoot,proto3" json:"as_root,omitempty"`
+	// kind "shell": the terminal's first size and TERM.
+	Rows          uint32 `protobuf:"varint,5,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32 `protobuf:"varint,6,opt,name=cols,proto3" json:"cols,omitempty"`
+	Term          string `protobuf:"bytes,7,opt,name=term,proto3" json:"term,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelOpen) Reset() {
+	*x = TunnelOpen{}
+	mi := &file_session_v1_session_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelOpen) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelOpen) ProtoMessage() {}
+
+func (x *TunnelOpen) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelOpen.ProtoReflect.Descriptor instead.
+func (*TunnelOpen) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TunnelOpen) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TunnelOpen) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *TunnelOpen) GetAsRoot() bool {
+	if x != nil {
+		return x.AsRoot
+	}
+	return false
+}
+
+func (x *TunnelOpen) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TunnelOpen) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+func (x *TunnelOpen) GetTerm() string {
+	if x != nil {
+		return x.Term
+	}
+	return ""
+}
+
+// TunnelFrame is one frame of a tunnel, the same on every hop: the client's
+// WebSocket (one binary message per frame), the internal control API's
+// relay and the node's Tunnel stream.
+type TunnelFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set on the node's first frame only: the tunnel it opens.
+	TunnelId string `protobuf:"bytes,1,opt,name=tunnel_id,json=tunnelId,proto3" json:"tunnel_id,omitempty"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*TunnelFrame_Data
+	//	*TunnelFrame_Resize
+	//	*TunnelFrame_Signal
+	//	*TunnelFrame_Eof
+	//	*TunnelFrame_Exit
+	//	*TunnelFrame_Error
+	Body          isTunnelFrame_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelFrame) Reset() {
+	*x = TunnelFrame{}
+	mi := &file_session_v1_session_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelFrame) ProtoMessage() {}
+
+func (x *TunnelFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelFrame.ProtoReflect.Descriptor instead.
+func (*TunnelFrame) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TunnelFrame) GetTunnelId() string {
+	if x != nil {
+		return x.TunnelId
+	}
+	return ""
+}
+
+func (x *TunnelFrame) GetBody() isTunnelFrame_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *TunnelFrame) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *TunnelFrame) GetResize() *WindowSize {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
+func (x *TunnelFrame) GetSignal() string {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Signal); ok {
+			return x.Signal
+		}
+	}
+	return ""
+}
+
+func (x *TunnelFrame) GetEof() bool {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Eof); ok {
+			return x.Eof
+		}
+	}
+	return false
+}
+
+func (x *TunnelFrame) GetExit() *TunnelExit {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Exit); ok {
+			return x.Exit
+		}
+	}
+	return nil
+}
+
+func (x *TunnelFrame) GetError() string {
+	if x != nil {
+		if x, ok := x.Body.(*TunnelFrame_Error); ok {
+			return x.Error
+		}
+	}
+	return ""
+}
+
+type isTunnelFrame_Body interface {
+	isTunnelFrame_Body()
+}
+
+type TunnelFrame_Data struct {
+	// Bytes of the terminal or the TCP stream (at most 64 KiB a frame).
+	Data []byte `protobuf:"bytes,10,opt,name=data,proto3,oneof"`
+}
+
+type TunnelFrame_Resize struct {
+	// The terminal's new size (kind shell, client to node).
+	Resize *WindowSize `protobuf:"bytes,11,opt,name=resize,proto3,oneof"`
+}
+
+type TunnelFrame_Signal struct {
+	// A signal for the shell's process group (client to node): "INT",
+	// "TERM", "HUP", "QUIT", "KILL", "WINCH", "TSTP", "CONT".
+	Signal string `protobuf:"bytes,12,opt,name=signal,proto3,oneof"`
+}
+
+type TunnelFrame_Eof struct {
+	// The sender will send no more data (a half close of a TCP stream).
+	Eof bool `protobuf:"varint,13,opt,name=eof,proto3,oneof"`
+}
+
+type TunnelFrame_Exit struct {
+	// The tunnel ended (node to client): the shell's exit status, or why.
+	Exit *TunnelExit `protobuf:"bytes,14,opt,name=exit,proto3,oneof"`
+}
+
+type TunnelFrame_Error struct {
+	// The tunnel is refused or failed (any hop to the client): why.
+	Error string `protobuf:"bytes,15,opt,name=error,proto3,oneof"`
+}
+
+func (*TunnelFrame_Data) isTunnelFrame_Body() {}
+
+func (*TunnelFrame_Resize) isTunnelFrame_Body() {}
+
+func (*TunnelFrame_Signal) isTunnelFrame_Body() {}
+
+func (*TunnelFrame_Eof) isTunnelFrame_Body() {}
+
+func (*TunnelFrame_Exit) isTunnelFrame_Body() {}
+
+func (*TunnelFrame_Error) isTunnelFrame_Body() {}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WindowSize) Reset() {
+	*x = WindowSize{}
+	mi := &file_session_v1_session_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WindowSize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WindowSize) ProtoMessage() {}
+
+func (x *WindowSize) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WindowSize.ProtoReflect.Descriptor instead.
+func (*WindowSize) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *WindowSize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *WindowSize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+// TunnelExit is how a tunnel ended.
+type TunnelExit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shell's exit code; -1 when it was ended by a signal.
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// The signal that ended the shell, such as "KILL"; empty when it exited.
+	Signal        string `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TunnelExit) Reset() {
+	*x = TunnelExit{}
+	mi := &file_session_v1_session_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TunnelExit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TunnelExit) ProtoMessage() {}
+
+func (x *TunnelExit) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TunnelExit.ProtoReflect.Descriptor instead.
+func (*TunnelExit) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *TunnelExit) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *TunnelExit) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
 // NodeMessage is everything a node sends on a session.
 type NodeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1308,7 +1684,7 @@ type NodeMessage struct {
 
 func (x *NodeMessage) Reset() {
 	*x = NodeMessage{}
-	mi := &file_session_v1_session_proto_msgTypes[11]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1696,7 @@ func (x *NodeMessage) String() string {
 func (*NodeMessage) ProtoMessage() {}
 
 func (x *NodeMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[11]
+	mi := &file_session_v1_session_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1709,7 @@ func (x *NodeMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMessage.ProtoReflect.Descriptor instead.
 func (*NodeMessage) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{11}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *NodeMessage) GetSeq() uint64 {
@@ -1454,6 +1830,7 @@ type GatewayMessage struct {
 	//	*GatewayMessage_Drain
 	//	*GatewayMessage_Revoked
 	//	*GatewayMessage_Superseded
+	//	*GatewayMessage_TunnelOpen
 	Body          isGatewayMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1461,7 +1838,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_session_v1_session_proto_msgTypes[12]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1850,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[12]
+	mi := &file_session_v1_session_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1863,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{12}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GatewayMessage) GetSeq() uint64 {
@@ -1557,6 +1934,15 @@ func (x *GatewayMessage) GetSuperseded() *Superseded {
 	return nil
 }
 
+func (x *GatewayMessage) GetTunnelOpen() *TunnelOpen {
+	if x != nil {
+		if x, ok := x.Body.(*GatewayMessage_TunnelOpen); ok {
+			return x.TunnelOpen
+		}
+	}
+	return nil
+}
+
 type isGatewayMessage_Body interface {
 	isGatewayMessage_Body()
 }
@@ -1593,6 +1979,11 @@ type GatewayMessage_Superseded struct {
 	Superseded *Superseded `protobuf:"bytes,15,opt,name=superseded,proto3,oneof"`
 }
 
+type GatewayMessage_TunnelOpen struct {
+	// Open a tunnel (capability "tunnel").
+	TunnelOpen *TunnelOpen `protobuf:"bytes,16,opt,name=tunnel_open,json=tunnelOpen,proto3,oneof"`
+}
+
 func (*GatewayMessage_Welcome) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Command) isGatewayMessage_Body() {}
@@ -1605,6 +1996,8 @@ func (*GatewayMessage_Revoked) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Superseded) isGatewayMessage_Body() {}
 
+func (*GatewayMessage_TunnelOpen) isGatewayMessage_Body() {}
+
 // Superseded ends a session that a newer session of the same node replaced.
 type Superseded struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1616,7 +2009,7 @@ type Superseded struct {
 
 func (x *Superseded) Reset() {
 	*x = Superseded{}
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +2021,7 @@ func (x *Superseded) String() string {
 func (*Superseded) ProtoMessage() {}
 
 func (x *Superseded) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[13]
+	mi := &file_session_v1_session_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +2034,7 @@ func (x *Superseded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Superseded.ProtoReflect.Descriptor instead.
 func (*Superseded) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{13}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Superseded) GetBySessionId() string {
@@ -1681,7 +2074,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +2086,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[14]
+	mi := &file_session_v1_session_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +2099,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{14}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Hello) GetBcdVersion() string {
@@ -1780,7 +2173,7 @@ type ResumeCursor struct {
 
 func (x *ResumeCursor) Reset() {
 	*x = ResumeCursor{}
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +2185,7 @@ func (x *ResumeCursor) String() string {
 func (*ResumeCursor) ProtoMessage() {}
 
 func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[15]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +2198,7 @@ func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCursor.ProtoReflect.Descriptor instead.
 func (*ResumeCursor) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{15}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResumeCursor) GetSessionId() string {
@@ -1848,7 +2241,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2253,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2266,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -1951,7 +2344,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2356,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2369,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -2060,7 +2453,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2072,7 +2465,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2085,7 +2478,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -2159,7 +2552,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2564,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2577,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -2276,7 +2669,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2288,7 +2681,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2301,7 +2694,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CPU) GetModel() string {
@@ -2352,7 +2745,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2757,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2770,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -2413,7 +2806,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2818,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2831,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Disk) GetName() string {
@@ -2495,7 +2888,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2900,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2913,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NIC) GetName() string {
@@ -2573,7 +2966,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2978,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2991,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *OS) GetName() string {
@@ -2639,7 +3032,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +3044,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +3057,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -2756,7 +3149,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2768,7 +3161,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2781,7 +3174,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -2987,7 +3380,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3392,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3405,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -3074,7 +3467,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3479,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3492,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -3155,7 +3548,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3167,7 +3560,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3180,7 +3573,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -3235,7 +3628,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3247,7 +3640,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3260,7 +3653,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -3326,7 +3719,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3731,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3744,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Command) GetId() string {
@@ -3502,7 +3895,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3514,7 +3907,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3527,7 +3920,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -3582,14 +3975,20 @@ type PowerSpec struct {
 	Bmc string `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	// "status", "on", "off" (hard), "soft-off", "cycle" or "reset": the suffix
 	// of Command.kind. A node refuses a command whose kind and action disagree.
-	Action        string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// Id of another node whose BMC to drive: the node runs as its site's BMC
+	// agent (remediation of a silent node, which cannot reach its own BMC).
+	// The node fetches the secret "bmc/<node_id>" through JoinService.Secret,
+	// which the control plane grants it for this command only. Empty: bmc
+	// decides. A node that sets it answers with its result's "nodeId" set.
+	NodeId        string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3601,7 +4000,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3614,7 +4013,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -3627,6 +4026,13 @@ func (x *PowerSpec) GetBmc() string {
 func (x *PowerSpec) GetAction() string {
 	if x != nil {
 		return x.Action
+	}
+	return ""
+}
+
+func (x *PowerSpec) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
 	}
 	return ""
 }
@@ -3646,7 +4052,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +4064,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +4077,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -3712,7 +4118,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3724,7 +4130,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3737,7 +4143,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3769,7 +4175,7 @@ type GPUResetSpec struct {
 
 func (x *GPUResetSpec) Reset() {
 	*x = GPUResetSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3781,7 +4187,7 @@ func (x *GPUResetSpec) String() string {
 func (*GPUResetSpec) ProtoMessage() {}
 
 func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3794,7 +4200,7 @@ func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUResetSpec.ProtoReflect.Descriptor instead.
 func (*GPUResetSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GPUResetSpec) GetGpuUuid() string {
@@ -3824,7 +4230,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3836,7 +4242,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3849,7 +4255,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -3883,7 +4289,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3895,7 +4301,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3908,7 +4314,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -3944,7 +4350,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3956,7 +4362,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3969,7 +4375,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Revoked) GetReason() string {
@@ -4002,7 +4408,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4014,7 +4420,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4027,7 +4433,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -4130,7 +4536,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4142,7 +4548,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4155,7 +4561,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -4178,7 +4584,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4596,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4609,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -4237,7 +4643,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4249,7 +4655,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4262,7 +4668,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -4312,7 +4718,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4324,7 +4730,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4337,7 +4743,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -4420,7 +4826,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4432,7 +4838,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4445,7 +4851,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Event) GetKind() string {
@@ -4584,7 +4990,34 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x129\n" +
 	"\n" +
-	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf5\x02\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xa6\x01\n" +
+	"\n" +
+	"TunnelOpen\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04port\x18\x03 \x01(\rR\x04port\x12\x17\n" +
+	"\aas_root\x18\x04 \x01(\bR\x06asRoot\x12\x12\n" +
+	"\x04rows\x18\x05 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x06 \x01(\rR\x04cols\x12\x12\n" +
+	"\x04term\x18\a \x01(\tR\x04term\"\x8a\x02\n" +
+	"\vTunnelFrame\x12\x1b\n" +
+	"\ttunnel_id\x18\x01 \x01(\tR\btunnelId\x12\x14\n" +
+	"\x04data\x18\n" +
+	" \x01(\fH\x00R\x04data\x12>\n" +
+	"\x06resize\x18\v \x01(\v2$.bettercompute.session.v1.WindowSizeH\x00R\x06resize\x12\x18\n" +
+	"\x06signal\x18\f \x01(\tH\x00R\x06signal\x12\x12\n" +
+	"\x03eof\x18\r \x01(\bH\x00R\x03eof\x12:\n" +
+	"\x04exit\x18\x0e \x01(\v2$.bettercompute.session.v1.TunnelExitH\x00R\x04exit\x12\x16\n" +
+	"\x05error\x18\x0f \x01(\tH\x00R\x05errorB\x06\n" +
+	"\x04body\"4\n" +
+	"\n" +
+	"WindowSize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"A\n" +
+	"\n" +
+	"TunnelExit\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\tR\x06signal\"\xf5\x02\n" +
 	"\vNodeMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
 	"\x05hello\x18\n" +
@@ -4593,7 +5026,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\tinventory\x18\f \x01(\v2#.bettercompute.session.v1.InventoryH\x00R\tinventory\x12P\n" +
 	"\x0ecommand_update\x18\r \x01(\v2'.bettercompute.session.v1.CommandUpdateH\x00R\rcommandUpdate\x127\n" +
 	"\x05event\x18\x0e \x01(\v2\x1f.bettercompute.session.v1.EventH\x00R\x05eventB\x06\n" +
-	"\x04body\"\xa4\x03\n" +
+	"\x04body\"\xed\x03\n" +
 	"\x0eGatewayMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\awelcome\x18\n" +
@@ -4604,7 +5037,9 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\arevoked\x18\x0e \x01(\v2!.bettercompute.session.v1.RevokedH\x00R\arevoked\x12F\n" +
 	"\n" +
 	"superseded\x18\x0f \x01(\v2$.bettercompute.session.v1.SupersededH\x00R\n" +
-	"supersededB\x06\n" +
+	"superseded\x12G\n" +
+	"\vtunnel_open\x18\x10 \x01(\v2$.bettercompute.session.v1.TunnelOpenH\x00R\n" +
+	"tunnelOpenB\x06\n" +
 	"\x04body\"0\n" +
 	"\n" +
 	"Superseded\x12\"\n" +
@@ -4778,10 +5213,11 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\aas_root\x18\x06 \x01(\bR\x06asRoot\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"5\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
 	"\tPowerSpec\x12\x10\n" +
 	"\x03bmc\x18\x01 \x01(\tR\x03bmc\x12\x16\n" +
-	"\x06action\x18\x02 \x01(\tR\x06action\"T\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"T\n" +
 	"\bBootSpec\x12\x10\n" +
 	"\x03bmc\x18\x01 \x01(\tR\x03bmc\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x1e\n" +
@@ -4895,9 +5331,10 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x05Renew\x12&.bettercompute.session.v1.RenewRequest\x1a'.bettercompute.session.v1.RenewResponse\x12[\n" +
 	"\x06Secret\x12'.bettercompute.session.v1.SecretRequest\x1a(.bettercompute.session.v1.SecretResponse\x12d\n" +
 	"\tChallenge\x12*.bettercompute.session.v1.ChallengeRequest\x1a+.bettercompute.session.v1.ChallengeResponse\x12^\n" +
-	"\bReattest\x12).bettercompute.session.v1.ReattestRequest\x1a'.bettercompute.session.v1.RenewResponse2p\n" +
+	"\bReattest\x12).bettercompute.session.v1.ReattestRequest\x1a'.bettercompute.session.v1.RenewResponse2\xcc\x01\n" +
 	"\x0eSessionService\x12^\n" +
-	"\aConnect\x12%.bettercompute.session.v1.NodeMessage\x1a(.bettercompute.session.v1.GatewayMessage(\x010\x01BEZCgithub.com/better-compute/better-compute/proto/session/v1;sessionv1b\x06proto3"
+	"\aConnect\x12%.bettercompute.session.v1.NodeMessage\x1a(.bettercompute.session.v1.GatewayMessage(\x010\x01\x12Z\n" +
+	"\x06Tunnel\x12%.bettercompute.session.v1.TunnelFrame\x1a%.bettercompute.session.v1.TunnelFrame(\x010\x01BEZCgithub.com/better-compute/better-compute/proto/session/v1;sessionv1b\x06proto3"
 
 var (
 	file_session_v1_session_proto_rawDescOnce sync.Once
@@ -4912,7 +5349,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -4931,131 +5368,140 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*RenewResponse)(nil),         // 14: bettercompute.session.v1.RenewResponse
 	(*SecretRequest)(nil),         // 15: bettercompute.session.v1.SecretRequest
 	(*SecretResponse)(nil),        // 16: bettercompute.session.v1.SecretResponse
-	(*NodeMessage)(nil),           // 17: bettercompute.session.v1.NodeMessage
-	(*GatewayMessage)(nil),        // 18: bettercompute.session.v1.GatewayMessage
-	(*Superseded)(nil),            // 19: bettercompute.session.v1.Superseded
-	(*Hello)(nil),                 // 20: bettercompute.session.v1.Hello
-	(*ResumeCursor)(nil),          // 21: bettercompute.session.v1.ResumeCursor
-	(*Welcome)(nil),               // 22: bettercompute.session.v1.Welcome
-	(*Heartbeat)(nil),             // 23: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 24: bettercompute.session.v1.Inventory
-	(*HostInfo)(nil),              // 25: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 26: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 27: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 28: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 29: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 30: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 31: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 32: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 33: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 34: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 35: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 36: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 37: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 38: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 39: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 40: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 41: bettercompute.session.v1.UpgradeSpec
-	(*GPUResetSpec)(nil),          // 42: bettercompute.session.v1.GPUResetSpec
-	(*Cancel)(nil),                // 43: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 44: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 45: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 46: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 47: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 48: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 49: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 50: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 51: bettercompute.session.v1.Event
-	nil,                           // 52: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 53: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 54: bettercompute.session.v1.Event.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
+	(*TunnelOpen)(nil),            // 17: bettercompute.session.v1.TunnelOpen
+	(*TunnelFrame)(nil),           // 18: bettercompute.session.v1.TunnelFrame
+	(*WindowSize)(nil),            // 19: bettercompute.session.v1.WindowSize
+	(*TunnelExit)(nil),            // 20: bettercompute.session.v1.TunnelExit
+	(*NodeMessage)(nil),           // 21: bettercompute.session.v1.NodeMessage
+	(*GatewayMessage)(nil),        // 22: bettercompute.session.v1.GatewayMessage
+	(*Superseded)(nil),            // 23: bettercompute.session.v1.Superseded
+	(*Hello)(nil),                 // 24: bettercompute.session.v1.Hello
+	(*ResumeCursor)(nil),          // 25: bettercompute.session.v1.ResumeCursor
+	(*Welcome)(nil),               // 26: bettercompute.session.v1.Welcome
+	(*Heartbeat)(nil),             // 27: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 28: bettercompute.session.v1.Inventory
+	(*HostInfo)(nil),              // 29: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 30: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 31: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 32: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 33: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 34: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 35: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 36: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 37: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 38: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 39: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 40: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 41: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 42: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 43: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 44: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 45: bettercompute.session.v1.UpgradeSpec
+	(*GPUResetSpec)(nil),          // 46: bettercompute.session.v1.GPUResetSpec
+	(*Cancel)(nil),                // 47: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 48: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 49: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 50: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 51: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 52: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 53: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 54: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 55: bettercompute.session.v1.Event
+	nil,                           // 56: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 57: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 58: bettercompute.session.v1.Event.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	55, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	56, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	59, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	60, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	52, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	55, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	55, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	56, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	55, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	55, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	56, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	55, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 13: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	23, // 14: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	24, // 15: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	46, // 16: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	51, // 17: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	22, // 18: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	37, // 19: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	43, // 20: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	44, // 21: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	45, // 22: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
-	19, // 23: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
-	21, // 24: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	50, // 25: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	56, // 26: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	55, // 27: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	55, // 28: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	25, // 29: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	32, // 30: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	36, // 31: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	55, // 32: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	30, // 33: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	26, // 34: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	27, // 35: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	28, // 36: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	29, // 37: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	31, // 38: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,  // 39: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,  // 40: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	33, // 41: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	34, // 42: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	35, // 43: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,  // 44: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	55, // 45: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	38, // 46: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	39, // 47: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	40, // 48: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	41, // 49: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	42, // 50: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	53, // 51: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	56, // 52: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	56, // 53: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	47, // 54: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	48, // 55: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	49, // 56: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	50, // 57: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	55, // 58: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	55, // 59: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 60: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,  // 61: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	55, // 62: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	55, // 63: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 64: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	54, // 65: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	10, // 66: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 67: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 68: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 69: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 70: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	17, // 71: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	12, // 72: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 73: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 74: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 75: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 76: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	18, // 77: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	72, // [72:78] is the sub-list for method output_type
-	66, // [66:72] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	56, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	59, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	59, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	60, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	59, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	59, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	60, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	59, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
+	20, // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
+	24, // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
+	27, // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	28, // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	50, // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	55, // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	26, // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	41, // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	47, // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	48, // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	49, // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	23, // 25: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
+	17, // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
+	25, // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	54, // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	60, // 29: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	59, // 30: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	59, // 31: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	29, // 32: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	36, // 33: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	40, // 34: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	59, // 35: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	34, // 36: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	30, // 37: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	31, // 38: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	32, // 39: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	33, // 40: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	35, // 41: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,  // 42: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,  // 43: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	37, // 44: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	38, // 45: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	39, // 46: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,  // 47: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	59, // 48: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	42, // 49: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	43, // 50: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	44, // 51: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	45, // 52: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	46, // 53: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	57, // 54: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	60, // 55: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	60, // 56: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	51, // 57: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	52, // 58: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	53, // 59: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	54, // 60: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	59, // 61: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	59, // 62: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 63: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,  // 64: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	59, // 65: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	59, // 66: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 67: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	58, // 68: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	10, // 69: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 70: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 71: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 72: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 73: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21, // 74: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18, // 75: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12, // 76: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 77: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 78: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 79: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 80: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	22, // 81: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18, // 82: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	76, // [76:83] is the sub-list for method output_type
+	69, // [69:76] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -5063,29 +5509,38 @@ func file_session_v1_session_proto_init() {
 	if File_session_v1_session_proto != nil {
 		return
 	}
-	file_session_v1_session_proto_msgTypes[11].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[12].OneofWrappers = []any{
+		(*TunnelFrame_Data)(nil),
+		(*TunnelFrame_Resize)(nil),
+		(*TunnelFrame_Signal)(nil),
+		(*TunnelFrame_Eof)(nil),
+		(*TunnelFrame_Exit)(nil),
+		(*TunnelFrame_Error)(nil),
+	}
+	file_session_v1_session_proto_msgTypes[15].OneofWrappers = []any{
 		(*NodeMessage_Hello)(nil),
 		(*NodeMessage_Heartbeat)(nil),
 		(*NodeMessage_Inventory)(nil),
 		(*NodeMessage_CommandUpdate)(nil),
 		(*NodeMessage_Event)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[12].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[16].OneofWrappers = []any{
 		(*GatewayMessage_Welcome)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
 		(*GatewayMessage_Drain)(nil),
 		(*GatewayMessage_Revoked)(nil),
 		(*GatewayMessage_Superseded)(nil),
+		(*GatewayMessage_TunnelOpen)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[31].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[35].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 		(*Command_GpuReset)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[40].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[44].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
@@ -5097,7 +5552,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   49,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -38,6 +38,9 @@
 //     root helper.
 //   - "rollback": runs Command kind "rollback": restores the bcd release kept
 //     beside the current one (no download).
+//   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on
+//     the node's loopback) as a SessionService.Tunnel stream over the session's
+//     own connection.
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
@@ -376,6 +379,7 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	SessionService_Connect_FullMethodName = "/bettercompute.session.v1.SessionService/Connect"
+	SessionService_Tunnel_FullMethodName  = "/bettercompute.session.v1.SessionService/Tunnel"
 )
 
 // SessionServiceClient is the client API for SessionService service.
@@ -392,6 +396,14 @@ type SessionServiceClient interface {
 	// is full, PERMISSION_DENIED when the node is revoked). After Welcome both
 	// sides send freely until either closes.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[NodeMessage, GatewayMessage], error)
+	// Tunnel carries one tunnel (docs/tunnels.md). The node opens it, on the
+	// connection of its session, when the gateway sent TunnelOpen (capability
+	// "tunnel"); its first frame names TunnelOpen.tunnel_id and nothing else.
+	// Mutual TLS: the tunnel must be one the gateway opened for the node of
+	// the client certificate (PERMISSION_DENIED otherwise, NOT_FOUND for an
+	// unknown or already opened id). Both sides then send TunnelFrame until
+	// either closes.
+	Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelFrame, TunnelFrame], error)
 }
 
 type sessionServiceClient struct {
@@ -415,6 +427,19 @@ func (c *sessionServiceClient) Connect(ctx context.Context, opts ...grpc.CallOpt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_ConnectClient = grpc.BidiStreamingClient[NodeMessage, GatewayMessage]
 
+func (c *sessionServiceClient) Tunnel(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TunnelFrame, TunnelFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SessionService_ServiceDesc.Streams[1], SessionService_Tunnel_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TunnelFrame, TunnelFrame]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_TunnelClient = grpc.BidiStreamingClient[TunnelFrame, TunnelFrame]
+
 // SessionServiceServer is the server API for SessionService service.
 // All implementations must embed UnimplementedSessionServiceServer
 // for forward compatibility.
@@ -429,6 +454,14 @@ type SessionServiceServer interface {
 	// is full, PERMISSION_DENIED when the node is revoked). After Welcome both
 	// sides send freely until either closes.
 	Connect(grpc.BidiStreamingServer[NodeMessage, GatewayMessage]) error
+	// Tunnel carries one tunnel (docs/tunnels.md). The node opens it, on the
+	// connection of its session, when the gateway sent TunnelOpen (capability
+	// "tunnel"); its first frame names TunnelOpen.tunnel_id and nothing else.
+	// Mutual TLS: the tunnel must be one the gateway opened for the node of
+	// the client certificate (PERMISSION_DENIED otherwise, NOT_FOUND for an
+	// unknown or already opened id). Both sides then send TunnelFrame until
+	// either closes.
+	Tunnel(grpc.BidiStreamingServer[TunnelFrame, TunnelFrame]) error
 	mustEmbedUnimplementedSessionServiceServer()
 }
 
@@ -441,6 +474,9 @@ type UnimplementedSessionServiceServer struct{}
 
 func (UnimplementedSessionServiceServer) Connect(grpc.BidiStreamingServer[NodeMessage, GatewayMessage]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedSessionServiceServer) Tunnel(grpc.BidiStreamingServer[TunnelFrame, TunnelFrame]) error {
+	return status.Error(codes.Unimplemented, "method Tunnel not implemented")
 }
 func (UnimplementedSessionServiceServer) mustEmbedUnimplementedSessionServiceServer() {}
 func (UnimplementedSessionServiceServer) testEmbeddedByValue()                        {}
@@ -470,6 +506,13 @@ func _SessionService_Connect_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SessionService_ConnectServer = grpc.BidiStreamingServer[NodeMessage, GatewayMessage]
 
+func _SessionService_Tunnel_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SessionServiceServer).Tunnel(&grpc.GenericServerStream[TunnelFrame, TunnelFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SessionService_TunnelServer = grpc.BidiStreamingServer[TunnelFrame, TunnelFrame]
+
 // SessionService_ServiceDesc is the grpc.ServiceDesc for SessionService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -481,6 +524,12 @@ var SessionService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Connect",
 			Handler:       _SessionService_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Tunnel",
+			Handler:       _SessionService_Tunnel_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -154,6 +154,8 @@ func gatewayMessages() map[string]*sessionv1.GatewayMessage {
 		}}},
 		"revoked":    {Seq: 5, Body: &sessionv1.GatewayMessage_Revoked{Revoked: &sessionv1.Revoked{Reason: "node revoked"}}},
 		"superseded": {Seq: 6, Body: &sessionv1.GatewayMessage_Superseded{Superseded: &sessionv1.Superseded{BySessionId: "sess_2"}}},
+		"tunnel_open": {Seq: 7, Body: &sessionv1.GatewayMessage_TunnelOpen{TunnelOpen: &sessionv1.TunnelOpen{TunnelId: "tun_1", Kind: sessionv1.TunnelKindShell,
+			AsRoot: true, Rows: 24, Cols: 80, Term: "xterm"}}},
 	}
 }
 

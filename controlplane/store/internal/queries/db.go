@@ -75,6 +75,12 @@ type Dialect struct {
 	// order (" FOR UPDATE" on PostgreSQL; empty where writers are
 	// serialised anyway, SQLite).
 	ForUpdate string
+	// LockParent is appended to a selection that serialises writers on a
+	// parent row without blocking the foreign-key checks of its children
+	// (" FOR NO KEY UPDATE" on PostgreSQL: a join inserting a node takes
+	// FOR KEY SHARE on its pool's row, which FOR UPDATE would wait for,
+	// and a cycle with a node row lock would deadlock). Empty on SQLite.
+	LockParent string
 	// OutboxWriteLock runs before every outbox insert, in its transaction,
 	// and OutboxReadLock before every outbox read, in its own; each holds
 	// until its transaction ends. Together they make a reader see only a

@@ -20,7 +20,7 @@ func (s *Store) poolBudget(ctx context.Context, poolID string, lock bool) (*stor
 	b := &store.PoolBudget{PoolID: poolID}
 	suffix := ""
 	if lock {
-		suffix = s.d.ForUpdate
+		suffix = s.d.LockParent
 	}
 	err := s.db.QueryRow(ctx, `SELECT disruption_budget, remediation_concurrency FROM pools WHERE id = $1`+suffix, poolID).
 		Scan(&b.Spec, &b.RemediationConcurrency)

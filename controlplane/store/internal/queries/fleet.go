@@ -12,12 +12,12 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const gatewayColumns = `id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at`
+const gatewayColumns = `id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at, internal_address`
 
 func scanGateway(r Row) (*store.Gateway, error) {
 	g := &store.Gateway{}
 	return g, r.Scan(&g.ID, &g.Region, &g.Address, &g.Version, &g.Sessions, &g.MaxStreams, &g.Draining,
-		&g.StartedAt, &g.HeartbeatAt)
+		&g.StartedAt, &g.HeartbeatAt, &g.InternalAddress)
 }
 
 // GatewayUpsert registers or refreshes a gateway.
@@ -48,13 +48,13 @@ func gatewayEvent(typ string, g *store.Gateway, reason string) event {
 
 func (s *Store) gatewayUpsert(ctx context.Context, p *store.GatewayUpsertParams) (*store.Gateway, error) {
 	g, err := scanGateway(s.db.QueryRow(ctx, `INSERT INTO gateways AS g
-		(id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8, now()), coalesce($8, now()))
+		(id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at, internal_address)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8, now()), coalesce($8, now()), $9)
 		ON CONFLICT (id) DO UPDATE SET region = excluded.region, address = excluded.address,
 			version = excluded.version, sessions = excluded.sessions, max_streams = excluded.max_streams,
-			draining = excluded.draining, heartbeat_at = excluded.heartbeat_at
+			draining = excluded.draining, heartbeat_at = excluded.heartbeat_at, internal_address = excluded.internal_address
 		RETURNING `+gatewayColumns,
-		p.ID, p.Region, p.Address, p.Version, p.Sessions, p.MaxStreams, p.Draining, s.clock(p.Now)))
+		p.ID, p.Region, p.Address, p.Version, p.Sessions, p.MaxStreams, p.Draining, s.clock(p.Now), p.InternalAddress))
 	if err != nil {
 		return nil, s.wrap("upsert gateway "+p.ID, err)
 	}

@@ -97,8 +97,16 @@ func (s *Store) EventInsert(ctx context.Context, e *store.Event) (int64, error) 
 		err := q.db.QueryRow(ctx, `INSERT INTO events (node_id, kind, severity, message, time, payload)
 			VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
 			e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(e.Payload)).Scan(&id)
-		if err != nil || !strings.HasPrefix(e.Kind, "gpu.") {
+		if err != nil {
 			return q.wrap("insert event", err)
+		}
+		// A resolution in the payload is a finding for the remediation
+		// reconciler, recorded in the event's transaction.
+		if err := q.remediationFinding(ctx, id, e, t); err != nil {
+			return err
+		}
+		if !strings.HasPrefix(e.Kind, "gpu.") {
+			return nil
 		}
 		return q.emit(ctx, &t, gpuEvent(e))
 	})
@@ -107,11 +115,13 @@ func (s *Store) EventInsert(ctx context.Context, e *store.Event) (int64, error) 
 
 // gpuEvent is the gpu.health-changed event of a node's GPU event (kind
 // "gpu.*"), its GPU and XID read from the payload the gateway writes
-// ({"gpuUuid": ..., "xid": ...}).
+// ({"gpuUuid": ..., "xid": ..., "xidMnemonic": ..., "resolution": ...}).
 func gpuEvent(e *store.Event) event {
 	var p struct {
-		GPUUUID string `json:"gpuUuid"`
-		XID     int    `json:"xid"`
+		GPUUUID     string `json:"gpuUuid"`
+		XID         int    `json:"xid"`
+		XIDMnemonic string `json:"xidMnemonic"`
+		Resolution  string `json:"resolution"`
 	}
 	_ = json.Unmarshal(e.Payload, &p) // a payload without them names neither
 	subject := p.GPUUUID
@@ -119,7 +129,7 @@ func gpuEvent(e *store.Event) event {
 		subject = e.NodeID
 	}
 	return event{events.GPUHealthChanged, subject, events.GPUHealthData{NodeID: e.NodeID, GPUUUID: p.GPUUUID,
-		Kind: e.Kind, Severity: e.Severity, Message: e.Message, XID: p.XID}}
+		Kind: e.Kind, Severity: e.Severity, Message: e.Message, XID: p.XID, XIDMnemonic: p.XIDMnemonic, Resolution: p.Resolution}}
 }
 
 // EventList returns events after AfterID, oldest first.

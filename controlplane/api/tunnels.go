@@ -1,0 +1,265 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/coder/websocket"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/tunnel"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Tunnel limits (docs/tunnels.md).
+const (
+	// TunnelTicketTTL is how long a tunnels.create ticket opens a tunnel.
+	TunnelTicketTTL = 30 * time.Second
+	// DefaultTunnelIdleTimeout closes a tunnel through which no frame
+	// passed for that long (Config.TunnelIdleTimeout).
+	DefaultTunnelIdleTimeout = 15 * time.Minute
+	// TunnelsPath is the WebSocket route under basePath:
+	// GET {basePath}/tunnels/{ticket}.
+	TunnelsPath = "/tunnels/"
+)
+
+// tunnelsCreate stores a one-use ticket for a tunnel to a node.
+func (s *Server) tunnelsCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateTunnelRequest) (*apiv1.CreateTunnelResponse, error) {
+	switch r.GetKind() {
+	case tunnel.KindShell:
+		if r.GetPort() != 0 {
+			return nil, invalid("port", "only kind port takes a port")
+		}
+	case tunnel.KindPort:
+		if r.GetPort() < 1 || r.GetPort() > 65535 {
+			return nil, invalid("port", "must be 1 to 65535")
+		}
+		if r.GetAsRoot() {
+			return nil, invalid("asRoot", "only kind shell runs as root")
+		}
+	default:
+		return nil, invalid("kind", "must be shell or port")
+	}
+	if r.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
+		return nil, &Error{Code: CodePermissionDenied, Message: "a root shell needs an admin token (role " + p.Role + ")"}
+	}
+	if r.GetNode() == "" {
+		return nil, invalid("node", "required")
+	}
+	if _, err := s.store.NodeGet(ctx, r.GetNode()); err != nil {
+		return nil, fieldNotFound(err, "node", "no node "+r.GetNode())
+	}
+	secret := rand.Text()
+	sum := sha256.Sum256([]byte(secret))
+	now := s.unauth.now()
+	t, err := s.store.TunnelCreate(ctx, &store.TunnelCreateParams{ID: store.NewID("tun"), SecretHash: sum[:], NodeID: r.GetNode(),
+		Kind: r.GetKind(), Port: int(r.GetPort()), AsRoot: r.GetAsRoot(), CreatedBy: "token:" + p.TokenID, TTL: TunnelTicketTTL, Now: &now})
+	if err != nil {
+		return nil, err
+	}
+	ticket := t.ID + "." + secret
+	return &apiv1.CreateTunnelResponse{Id: t.ID, Ticket: ticket, Path: s.cfg.BasePath + TunnelsPath + ticket,
+		ExpireTime: timestamppb.New(t.ExpiresAt)}, nil
+}
+
+// serveTunnel handles GET {basePath}/tunnels/{ticket}: the caller's bearer
+// token (an operator's, the one that made the ticket; an admin's for a root
+// shell) and the header X-Better-Compute: 1 are checked, the ticket used
+// once, the tunnel opened on the node through Config.Tunnels, and only then
+// the request upgraded to a WebSocket carrying TunnelFrame messages. Every
+// refusal before the upgrade is an HTTP error with the API's JSON body and
+// an audit row (tunnels.open); the tunnel's end writes tunnels.close with
+// the bytes each way and the exit status.
+func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	addr := CallerAddr(ctx)
+	p, err := s.auth.Authenticate(ctx, bearerToken(r), addr)
+	if err != nil {
+		if reason := unauthenticatedReason(err); reason != "" {
+			s.refuseUnauthenticated(ctx, reason, "tunnels.open", addr)
+			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error() + " (a ticket alone opens nothing: send the bearer token that made it)"})
+			return
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	id, secret, _ := strings.Cut(r.PathValue("ticket"), ".")
+	refuse := func(e *Error) {
+		s.audit(ctx, p, "tunnels.open", id, auditOutcome(e), addr, nil)
+		s.writeError(w, r, e)
+	}
+	if r.Header.Get(HeaderCSRF) != "1" {
+		refuse(&Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		return
+	}
+	if !iam.Allows(p.Role, store.RoleOperator) {
+		refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not open tunnels (needs operator)", p.Role)})
+		return
+	}
+	t, err := s.store.TunnelGet(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || secret == "" {
+		refuse(notFound("no such tunnel ticket"))
+		return
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if t.CreatedBy != "token:"+p.TokenID {
+		refuse(&Error{Code: CodePermissionDenied, Message: "the ticket was made by another token: open it with the token that called tunnels.create"})
+		return
+	}
+	if t.AsRoot && !iam.Allows(p.Role, store.RoleAdmin) {
+		refuse(&Error{Code: CodePermissionDenied, Message: "a root shell needs an admin token"})
+		return
+	}
+	sum := sha256.Sum256([]byte(secret))
+	now := s.unauth.now()
+	if _, err := s.store.TunnelUse(ctx, &store.TunnelUseParams{ID: id, SecretHash: sum[:], Now: &now}); err != nil {
+		switch {
+		case errors.Is(err, store.ErrTunnelTicketInvalid):
+			refuse(notFound("no such tunnel ticket"))
+		case errors.Is(err, store.ErrTunnelTicketUsed):
+			refuse(&Error{Code: CodePermissionDenied, Message: "the ticket was used already: tickets open one tunnel (call tunnels.create again)"})
+		case errors.Is(err, store.ErrTunnelTicketExpired):
+			refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("the ticket expired: tickets open a tunnel within %s of tunnels.create", TunnelTicketTTL)})
+		default:
+			s.writeError(w, r, err)
+		}
+		return
+	}
+	if s.cfg.Tunnels == nil {
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "no tunnel relay"})
+		refuse(&Error{Code: CodeUnavailable, Message: "this api process relays no tunnels: configure the internal control API (host.gateway.internal, docs/tunnels.md)"})
+		return
+	}
+	open := &sessionv1.TunnelOpen{TunnelId: t.ID, Kind: t.Kind, Port: uint32(t.Port), AsRoot: t.AsRoot,
+		Rows: queryUint(r, "rows"), Cols: queryUint(r, "cols"), Term: r.URL.Query().Get("term")}
+	if len(open.Term) > 64 {
+		open.Term = ""
+	}
+	conn, gatewayID, err := s.cfg.Tunnels.OpenTunnel(ctx, t.NodeID, open)
+	if err != nil {
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: err.Error()})
+		code := CodeUnavailable
+		if errors.Is(err, tunnel.ErrUnsupported) {
+			code = CodeInvalidArgument
+		}
+		refuse(&Error{Code: code, Message: "open tunnel on node " + t.NodeID + ": " + err.Error()})
+		return
+	}
+	defer conn.Close()
+	if err := s.store.TunnelOpened(ctx, t.ID, gatewayID, nil); err != nil {
+		s.log.ErrorContext(ctx, "Tunnel opening not recorded", "tunnel_id", t.ID, logkey.Err, err)
+	}
+	s.audit(ctx, p, "tunnels.open", t.ID, "ok", addr, nil)
+	s.feed.Notify()
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
+	if err != nil {
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "websocket: " + err.Error()})
+		return
+	}
+	ws.SetReadLimit(tunnel.MaxFrame)
+	idle := s.cfg.TunnelIdleTimeout
+	if idle == 0 {
+		idle = DefaultTunnelIdleTimeout
+	}
+	// The tunnel outlives the request's context only until the server
+	// stops.
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-pctx.Done():
+		}
+	}()
+	res := tunnel.Pipe(pctx, &wsHop{ctx: pctx, c: ws}, conn, idle)
+	conn.Close()
+	status := websocket.StatusNormalClosure
+	if res.Reason != "exit" && res.Reason != "client closed" {
+		status = websocket.StatusGoingAway
+	}
+	_ = ws.Close(status, truncate(res.Reason, 100))
+	s.closeTunnel(ctx, p, t, addr, res)
+}
+
+// closeTunnel records the end of tunnel t: the row, tunnel.closed and an
+// audit row tunnels.close with the bytes each way and the exit status.
+func (s *Server) closeTunnel(ctx context.Context, p *iam.Principal, t *store.Tunnel, addr any, res tunnel.Result) {
+	ctx = context.WithoutCancel(ctx)
+	var code *int32
+	var signal string
+	if res.Exit != nil {
+		c := res.Exit.GetExitCode()
+		code, signal = &c, res.Exit.GetSignal()
+	}
+	if err := s.store.TunnelClose(ctx, &store.TunnelCloseParams{ID: t.ID, BytesIn: res.BytesIn, BytesOut: res.BytesOut, ExitCode: code,
+		Signal: signal, Reason: truncate(res.Reason, 500)}); err != nil {
+		s.log.ErrorContext(ctx, "Tunnel end not recorded", "tunnel_id", t.ID, logkey.Err, err)
+	}
+	details, _ := json.Marshal(map[string]any{"nodeId": t.NodeID, "kind": t.Kind, "port": t.Port, "asRoot": t.AsRoot,
+		"bytesIn": res.BytesIn, "bytesOut": res.BytesOut, "exitCode": code, "signal": signal, "reason": truncate(res.Reason, 500)})
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: "tunnels.close", Resource: t.ID, Outcome: "ok", SourceIP: fmt.Sprint(addr), Details: details}
+	if _, err := s.store.AuditInsert(ctx, e); err != nil {
+		s.log.ErrorContext(ctx, "Audit write failed", "action", "tunnels.close", logkey.Err, err)
+	}
+	s.feed.Notify()
+	s.log.InfoContext(ctx, "Tunnel closed", "tunnel_id", t.ID, logkey.NodeID, t.NodeID, "kind", t.Kind, "bytes_in", res.BytesIn,
+		"bytes_out", res.BytesOut, "reason", res.Reason)
+}
+
+// wsHop is the client's WebSocket as a tunnel hop: one binary message per
+// frame.
+type wsHop struct {
+	ctx context.Context
+	c   *websocket.Conn
+}
+
+func (h *wsHop) Send(f *sessionv1.TunnelFrame) error {
+	return h.c.Write(h.ctx, websocket.MessageBinary, tunnel.Encode(f))
+}
+
+func (h *wsHop) Recv() (*sessionv1.TunnelFrame, error) {
+	typ, b, err := h.c.Read(h.ctx)
+	if err != nil {
+		if s := websocket.CloseStatus(err); s == websocket.StatusNormalClosure || s == websocket.StatusGoingAway {
+			return nil, io.EOF
+		}
+		return nil, err
+	}
+	if typ != websocket.MessageBinary {
+		return nil, fmt.Errorf("%w: a text message", tunnel.ErrFrame)
+	}
+	return tunnel.Parse(b)
+}
+
+// queryUint reads a small unsigned query parameter; 0 when absent or bad.
+func queryUint(r *http.Request, name string) uint32 {
+	n, err := strconv.ParseUint(r.URL.Query().Get(name), 10, 16)
+	if err != nil {
+		return 0
+	}
+	return uint32(n)
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}

@@ -1,0 +1,93 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/coder/websocket"
+
+	"github.com/better-compute/better-compute/controlplane/tunnel"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// OpenTunnel calls tunnels.create and upgrades GET {basePath}/tunnels/{ticket}
+// to a WebSocket with the client's bearer token (docs/tunnels.md). query
+// may carry rows, cols and term for a shell. A refusal before the upgrade
+// is an *Error with the API's code.
+func (c *Client) OpenTunnel(ctx context.Context, req *apiv1.CreateTunnelRequest, query url.Values) (*Tunnel, error) {
+	t, err := c.TunnelsCreate(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return c.DialTunnel(ctx, t.GetPath(), query)
+}
+
+// DialTunnel upgrades path (a tunnels.create answer's) to the tunnel's
+// WebSocket.
+func (c *Client) DialTunnel(ctx context.Context, path string, query url.Values) (*Tunnel, error) {
+	u, err := url.Parse(c.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("open tunnel: base URL: %w", err)
+	}
+	u.Scheme = strings.Replace(u.Scheme, "http", "ws", 1)
+	u.Path, u.RawQuery = path, query.Encode()
+	h := http.Header{}
+	h.Set("X-Better-Compute", "1")
+	if c.Token != "" {
+		h.Set("Authorization", "Bearer "+c.Token)
+	}
+	opts := &websocket.DialOptions{HTTPHeader: h, CompressionMode: websocket.CompressionDisabled, HTTPClient: c.HTTP}
+	ws, res, err := websocket.Dial(ctx, u.String(), opts)
+	if err != nil {
+		if res != nil && res.StatusCode != http.StatusSwitchingProtocols {
+			e := &Error{Status: res.StatusCode}
+			if res.Body != nil {
+				b, _ := io.ReadAll(io.LimitReader(res.Body, 1024))
+				if json.Unmarshal(b, e) != nil || e.Code == "" {
+					e.Code = cmp.Or(http.StatusText(res.StatusCode), "HTTP error")
+					e.Message = strings.TrimSpace(string(b))
+				}
+			}
+			return nil, e
+		}
+		return nil, fmt.Errorf("open tunnel: %w", err)
+	}
+	ws.SetReadLimit(tunnel.MaxFrame)
+	return &Tunnel{ws: ws}, nil
+}
+
+// Tunnel is the client's end of a tunnel: TunnelFrame messages.
+type Tunnel struct {
+	ws *websocket.Conn
+}
+
+// Send sends a frame. Not safe for concurrent use with itself.
+func (t *Tunnel) Send(ctx context.Context, f *sessionv1.TunnelFrame) error {
+	return t.ws.Write(ctx, websocket.MessageBinary, tunnel.Encode(f))
+}
+
+// Recv reads the next frame; io.EOF when the API closed the tunnel
+// normally.
+func (t *Tunnel) Recv(ctx context.Context) (*sessionv1.TunnelFrame, error) {
+	typ, b, err := t.ws.Read(ctx)
+	if err != nil {
+		if s := websocket.CloseStatus(err); s == websocket.StatusNormalClosure || s == websocket.StatusGoingAway {
+			return nil, io.EOF
+		}
+		return nil, err
+	}
+	if typ != websocket.MessageBinary {
+		return nil, fmt.Errorf("%w: a text message", tunnel.ErrFrame)
+	}
+	return tunnel.Parse(b)
+}
+
+// Close closes the WebSocket.
+func (t *Tunnel) Close() error { return t.ws.Close(websocket.StatusNormalClosure, "") }

@@ -1,0 +1,234 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Remediation configures the remediation reconciler of the controllers role
+// (key remediation; docs/remediation.md).
+type Remediation struct {
+	// Disabled turns closed-loop remediation off: findings are recorded
+	// by nobody and nothing is quarantined. Defaults to false (on).
+	Disabled bool `yaml:"disabled"`
+	// Interval is how often each shard's cases are advanced. Defaults to
+	// 2 s.
+	Interval Duration `yaml:"interval"`
+	// Policy maps a finding to an action, first matching rule first; empty
+	// takes DefaultRemediationPolicy. A finding no rule matches is
+	// escalated.
+	Policy []RemediationRule `yaml:"policy"`
+	// MaxAttempts bounds the actions tried on one case (a failed gpu.reset
+	// is followed by a reboot, a reboot whose node does not come back by a
+	// BMC power cycle); past it the case is escalated. Defaults to 3.
+	MaxAttempts int `yaml:"maxAttempts"`
+	// DrainTimeout is how long running commands may take to finish before
+	// the action starts anyway. Defaults to 10 min.
+	DrainTimeout Duration `yaml:"drainTimeout"`
+	// ActionTimeout is the deadline of an action's command. Defaults to
+	// 10 min.
+	ActionTimeout Duration `yaml:"actionTimeout"`
+	// VerifySettle is how long a node must stay ready with healthy GPUs
+	// and no new finding after an action before it returns to service.
+	// Defaults to 30 s.
+	VerifySettle Duration `yaml:"verifySettle"`
+	// VerifyTimeout is how long after an action the node may take to
+	// reconnect and read healthy; past it the action failed. Defaults to
+	// 10 min.
+	VerifyTimeout Duration `yaml:"verifyTimeout"`
+	// Breaker is each pool's circuit breaker.
+	Breaker RemediationBreaker `yaml:"breaker"`
+}
+
+// RemediationBreaker caps new quarantines per pool: at most Quarantines
+// within Window; the next one trips it, and nothing new starts
+// automatically until an operator resets it (remediation reset-breaker).
+type RemediationBreaker struct {
+	// Quarantines is the most new quarantines within Window. Defaults to 5.
+	Quarantines int `yaml:"quarantines"`
+	// Window defaults to 1 h.
+	Window Duration `yaml:"window"`
+}
+
+// The actions a remediation rule may name.
+const (
+	ActionNone       = "none"        // the finding's event only
+	ActionCordon     = "cordon"      // quarantine and leave it to a person, without escalating
+	ActionGPUReset   = "gpu.reset"   // reset the GPU (command gpu.reset)
+	ActionReboot     = "reboot"      // reboot the node (command reboot)
+	ActionPowerCycle = "power-cycle" // power.cycle through the site's BMC agent
+	ActionEscalate   = "escalate"    // quarantine and escalate to a person
+)
+
+// RemediationActions lists the actions, in the order of their strength.
+var RemediationActions = []string{ActionNone, ActionCordon, ActionGPUReset, ActionReboot, ActionPowerCycle, ActionEscalate}
+
+// The findings a rule may match besides a resolution.
+const (
+	FindingXID             = "xid"               // a gpu.xid event
+	FindingECCUncorrected  = "ecc-uncorrected"   // the node's uncorrected ECC threshold was passed (gpu.ecc.uncorrected)
+	FindingRowRemapFailure = "row-remap-failure" // a row could not be remapped (gpu.row-remap.failure)
+	FindingGPULost         = "gpu-lost"          // a GPU is gone from the bus or NVML (gpu.lost)
+	FindingUnresponsive    = "unresponsive"      // silent past the liveness window while its BMC says on
+	FindingPoweredOff      = "powered-off"       // silent while its BMC says off
+	FindingHealth          = "health"            // any other node judgement carrying a resolution
+)
+
+// RemediationFindings lists the findings.
+var RemediationFindings = []string{FindingXID, FindingECCUncorrected, FindingRowRemapFailure, FindingGPULost,
+	FindingUnresponsive, FindingPoweredOff, FindingHealth}
+
+// RemediationRule is one row of the policy: a finding matching every field
+// given (none: every finding) takes Action.
+type RemediationRule struct {
+	// Resolution matches NVIDIA's resolution the node sent ("RESET_GPU",
+	// "RESTART_BM", "ESCALATE", ...), upper case.
+	Resolution string `yaml:"resolution"`
+	// Finding matches one of RemediationFindings.
+	Finding string `yaml:"finding"`
+	// Action is one of RemediationActions. Required.
+	Action string `yaml:"action"`
+	// Line is the rule's line in the file, for errors (0 for the default).
+	Line int `yaml:"-"`
+}
+
+// UnmarshalYAML decodes a rule and records its line.
+func (r *RemediationRule) UnmarshalYAML(n *yaml.Node) error {
+	type plain RemediationRule
+	var p plain
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*r = RemediationRule(p)
+	r.Line = n.Line
+	return nil
+}
+
+// Matches reports whether the rule applies to a finding with resolution.
+func (r RemediationRule) Matches(finding, resolution string) bool {
+	return (r.Finding == "" || r.Finding == finding) && (r.Resolution == "" || r.Resolution == resolution)
+}
+
+// DefaultRemediationPolicy is the policy when none is configured, built from
+// NVIDIA's immediate resolutions (docs/remediation.md, "The default
+// policy"): IGNORE and RESTART_APP raise the event only; RESET_GPU resets
+// the GPU; RESTART_BM and RESTART_VM reboot (bare metal); a failed row
+// remap is escalated; uncorrected ECC past the node's threshold resets the
+// GPU; a lost GPU reboots; a node silent while its BMC says on is power
+// cycled, one its BMC says is off is left alone; everything else,
+// ESCALATE (NVIDIA's blank and WORKFLOW_* resolutions) and CONTACT_SUPPORT
+// included, is quarantined and escalated to a person.
+var DefaultRemediationPolicy = []RemediationRule{
+	{Resolution: "IGNORE", Action: ActionNone},
+	{Resolution: "RESTART_APP", Action: ActionNone},
+	{Finding: FindingRowRemapFailure, Action: ActionEscalate},
+	{Finding: FindingUnresponsive, Action: ActionPowerCycle},
+	{Finding: FindingPoweredOff, Action: ActionNone},
+	{Finding: FindingECCUncorrected, Action: ActionGPUReset},
+	{Finding: FindingGPULost, Action: ActionReboot},
+	{Resolution: "RESET_GPU", Action: ActionGPUReset},
+	{Resolution: "RESTART_BM", Action: ActionReboot},
+	{Resolution: "RESTART_VM", Action: ActionReboot},
+	{Action: ActionEscalate},
+}
+
+var resolutionRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
+
+func (r *Remediation) defaults() {
+	if r.Interval.Duration == 0 {
+		r.Interval.Duration = 2 * time.Second
+	}
+	if len(r.Policy) == 0 {
+		r.Policy = slices.Clone(DefaultRemediationPolicy)
+	}
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = 3
+	}
+	if r.DrainTimeout.Duration == 0 {
+		r.DrainTimeout.Duration = 10 * time.Minute
+	}
+	if r.ActionTimeout.Duration == 0 {
+		r.ActionTimeout.Duration = 10 * time.Minute
+	}
+	if r.VerifySettle.Duration == 0 {
+		r.VerifySettle.Duration = 30 * time.Second
+	}
+	if r.VerifyTimeout.Duration == 0 {
+		r.VerifyTimeout.Duration = 10 * time.Minute
+	}
+	if r.Breaker.Quarantines == 0 {
+		r.Breaker.Quarantines = 5
+	}
+	if r.Breaker.Window.Duration == 0 {
+		r.Breaker.Window.Duration = time.Hour
+	}
+}
+
+// ValidateRemediationPolicy checks a policy: every rule names a known
+// action, a known finding or a resolution in NVIDIA's spelling, no rule
+// repeats an earlier one's match, and none follows a rule that matches
+// everything (it could never apply). Errors name the key at fault
+// (remediation.policy[2].action) and its line.
+func ValidateRemediationPolicy(policy []RemediationRule) error {
+	seen := map[[2]string]int{}
+	for i, r := range policy {
+		key := fmt.Sprintf("remediation.policy[%d]", i)
+		at := ""
+		if r.Line > 0 {
+			at = fmt.Sprintf("line %d: ", r.Line)
+		}
+		if r.Action == "" {
+			return &Error{Key: key + ".action", Msg: at + "is required: one of " + strings.Join(RemediationActions, ", ")}
+		}
+		if !slices.Contains(RemediationActions, r.Action) {
+			return &Error{Key: key + ".action", Msg: fmt.Sprintf("%sunknown action %q: want one of %s", at, r.Action,
+				strings.Join(RemediationActions, ", "))}
+		}
+		if r.Finding != "" && !slices.Contains(RemediationFindings, r.Finding) {
+			return &Error{Key: key + ".finding", Msg: fmt.Sprintf("%sunknown finding %q: want one of %s", at, r.Finding,
+				strings.Join(RemediationFindings, ", "))}
+		}
+		if r.Resolution != "" && !resolutionRE.MatchString(r.Resolution) {
+			return &Error{Key: key + ".resolution", Msg: fmt.Sprintf("%s%q is not a resolution in NVIDIA's spelling, such as RESET_GPU or RESTART_BM", at, r.Resolution)}
+		}
+		m := [2]string{r.Finding, r.Resolution}
+		if j, dup := seen[m]; dup {
+			return &Error{Key: key, Msg: fmt.Sprintf("%smatches what remediation.policy[%d] already matches: it never applies", at, j)}
+		}
+		if j, all := seen[[2]string{}]; all {
+			return &Error{Key: key, Msg: fmt.Sprintf("%sfollows remediation.policy[%d], which matches every finding: it never applies", at, j)}
+		}
+		seen[m] = i
+	}
+	return nil
+}
+
+func (r *Remediation) validate() error {
+	if err := ValidateRemediationPolicy(r.Policy); err != nil {
+		return err
+	}
+	if r.MaxAttempts < 1 || r.MaxAttempts > 10 {
+		return &Error{Key: "remediation.maxAttempts", Msg: fmt.Sprintf("%d: want 1 to 10", r.MaxAttempts)}
+	}
+	if r.Breaker.Quarantines < 1 {
+		return &Error{Key: "remediation.breaker.quarantines", Msg: fmt.Sprintf("%d: want at least 1", r.Breaker.Quarantines)}
+	}
+	for key, d := range map[string]time.Duration{"remediation.interval": r.Interval.Duration,
+		"remediation.drainTimeout": r.DrainTimeout.Duration, "remediation.actionTimeout": r.ActionTimeout.Duration,
+		"remediation.verifySettle": r.VerifySettle.Duration, "remediation.verifyTimeout": r.VerifyTimeout.Duration,
+		"remediation.breaker.window": r.Breaker.Window.Duration} {
+		if d <= 0 {
+			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
+		}
+	}
+	if r.VerifySettle.Duration >= r.VerifyTimeout.Duration {
+		return &Error{Key: "remediation.verifySettle", Msg: fmt.Sprintf("%v: want less than remediation.verifyTimeout (%v)",
+			r.VerifySettle.Duration, r.VerifyTimeout.Duration)}
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// A node's XID event carries NVIDIA's mnemonic and the resolution into the
+// stored event and into gpu.health-changed's data, where the control plane
+// acts on the resolution (docs/gpu-health.md).
+func TestGPUEventCarriesMnemonicAndResolution(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-xid", "")
+		s := e.connect(g, n)
+		before, err := e.st.OutboxMaxID(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
+			Kind: "gpu.xid", Xid: 79, Severity: sessionv1.Severity_SEVERITY_CRITICAL, GpuUuid: "GPU-79",
+			Message: "XID 79 on GPU 3", XidMnemonic: "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", Resolution: "RESTART_BM",
+			Attributes: map[string]string{"source": "kmsg"},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		var data events.GPUHealthData
+		eventually(t, 5*time.Second, "the gpu.health-changed event", func() bool {
+			entries, _ := e.st.OutboxList(ctx, before, store.MaxListLimit)
+			for _, en := range entries {
+				var env struct {
+					Type string          `json:"type"`
+					Data json.RawMessage `json:"data"`
+				}
+				if json.Unmarshal(en.Payload, &env) == nil && env.Type == events.GPUHealthChanged {
+					return json.Unmarshal(env.Data, &data) == nil
+				}
+			}
+			return false
+		})
+		if data.XID != 79 || data.XIDMnemonic != "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" || data.Resolution != "RESTART_BM" ||
+			data.GPUUUID != "GPU-79" || data.NodeID != n.id {
+			t.Errorf("gpu.health-changed data = %+v", data)
+		}
+		evs, err := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
+		if err != nil || len(evs) != 1 {
+			t.Fatalf("events = %v, %v", evs, err)
+		}
+		var p map[string]any
+		if err := json.Unmarshal(evs[0].Payload, &p); err != nil || p["xidMnemonic"] != "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" || p["resolution"] != "RESTART_BM" {
+			t.Errorf("stored payload = %s (%v)", evs[0].Payload, err)
+		}
+	})
+}

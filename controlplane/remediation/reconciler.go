@@ -1,0 +1,619 @@
+package remediation
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// Store is what the reconciler needs outside its transactions; inside them
+// it uses the whole store.Store its FencedTx hands it.
+type Store interface {
+	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	RemediationDue(ctx context.Context, shards []int, now *time.Time) ([]int, error)
+	RemediationSilentDue(ctx context.Context, shards []int) ([]int, error)
+}
+
+// Config configures the reconciler.
+type Config struct {
+	// Settings are the configuration's remediation key, defaults filled
+	// (config.Load fills them; zero fields here take the same defaults).
+	Settings config.Remediation
+	// Holder names this worker in audit rows ("remediation:<holder>").
+	// Required.
+	Holder string
+	// Now is the clock that times the cases (their next times, the drain,
+	// verification and breaker windows). Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Reconciler advances remediation cases shard by shard. It is a
+// shard.Rounder.
+type Reconciler struct {
+	cfg    Config
+	store  Store
+	policy *Policy
+	log    *slog.Logger
+
+	mu  sync.Mutex
+	due [store.Shards]bool
+}
+
+var _ shard.Rounder = (*Reconciler)(nil)
+
+// New returns a Reconciler; an error for a policy that does not validate or
+// a missing Holder.
+func New(cfg Config, st Store, log *slog.Logger) (*Reconciler, error) {
+	if cfg.Holder == "" {
+		return nil, errors.New("remediation: Config.Holder is required")
+	}
+	s := &cfg.Settings
+	s.Interval.Duration = cmp.Or(s.Interval.Duration, 2*time.Second)
+	s.MaxAttempts = cmp.Or(s.MaxAttempts, 3)
+	s.DrainTimeout.Duration = cmp.Or(s.DrainTimeout.Duration, 10*time.Minute)
+	s.ActionTimeout.Duration = cmp.Or(s.ActionTimeout.Duration, 10*time.Minute)
+	s.VerifySettle.Duration = cmp.Or(s.VerifySettle.Duration, 30*time.Second)
+	s.VerifyTimeout.Duration = cmp.Or(s.VerifyTimeout.Duration, 10*time.Minute)
+	s.Breaker.Quarantines = cmp.Or(s.Breaker.Quarantines, 5)
+	s.Breaker.Window.Duration = cmp.Or(s.Breaker.Window.Duration, time.Hour)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	p, err := NewPolicy(s.Policy)
+	if err != nil {
+		return nil, err
+	}
+	return &Reconciler{cfg: cfg, store: st, policy: p, log: log.With("reconciler", "remediation")}, nil
+}
+
+// Name names the reconciler.
+func (r *Reconciler) Name() string { return "remediation" }
+
+// Interval is how often each shard is reconciled.
+func (r *Reconciler) Interval() time.Duration { return r.cfg.Settings.Interval.Duration }
+
+// actor is the audit rows' actor.
+func (r *Reconciler) actor() string { return "remediation:" + r.cfg.Holder }
+
+// StartRound reads which of shards have work: findings waiting, cases due,
+// or a silent node with BMC credentials and no case.
+func (r *Reconciler) StartRound(ctx context.Context, shards []int) error {
+	now := r.cfg.Now()
+	due, err := r.store.RemediationDue(ctx, shards, &now)
+	if err != nil {
+		return err
+	}
+	silent, err := r.store.RemediationSilentDue(ctx, shards)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.due = [store.Shards]bool{}
+	for _, n := range append(due, silent...) {
+		if n >= 0 && n < store.Shards {
+			r.due[n] = true
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) takeDue(n int) bool {
+	if n < 0 || n >= store.Shards {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.due[n]
+	r.due[n] = false
+	return d
+}
+
+// Reconcile takes shard n's findings and advances its due cases, each in
+// a fenced transaction of its own, when the round found work there.
+func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
+	if !r.takeDue(n) {
+		return nil
+	}
+	return r.ReconcileShard(ctx, n, fence)
+}
+
+// ReconcileShard does one pass over shard n whether or not a round found
+// it due (tests drive it directly).
+func (r *Reconciler) ReconcileShard(ctx context.Context, n int, fence store.Fence) error {
+	if err := r.takeFindings(ctx, n, fence); err != nil {
+		return err
+	}
+	if err := r.openSilent(ctx, n, fence); err != nil {
+		return err
+	}
+	now := r.cfg.Now()
+	var cases []*store.Remediation
+	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+		var err error
+		cases, err = tx.RemediationOpenInShard(ctx, n, &now, false)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, c := range cases {
+		err := r.store.FencedTx(ctx, fence, func(tx store.Store) error { return r.advance(ctx, tx, c) })
+		if errors.Is(err, store.ErrFenced) {
+			return err
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remediation %s of node %s: %w", c.ID, c.NodeID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// takeFindings turns shard n's findings into cases, in one transaction:
+// a finding whose action is none is dropped (its event was the answer);
+// one for a node whose case is verifying fails the verification; one for a
+// node with another open case adds nothing.
+func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence) error {
+	return r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+		fs, err := tx.RemediationFindingsTake(ctx, n, 500)
+		if err != nil {
+			return err
+		}
+		now := r.cfg.Now()
+		for _, f := range fs {
+			finding := FindingOf(f.Kind)
+			action := r.policy.Action(finding, f.Resolution)
+			if action == config.ActionNone {
+				r.log.DebugContext(ctx, "Finding needs no action", logkey.NodeID, f.NodeID, "kind", f.Kind, "resolution", f.Resolution)
+				continue
+			}
+			open, err := tx.RemediationOpenFor(ctx, f.NodeID)
+			switch {
+			case err == nil:
+				if open.State == store.RemediationVerifying && !open.Paused {
+					if err := r.fail(ctx, tx, open, fmt.Sprintf("new finding while verifying: %s %s", f.Kind, f.Resolution), now); err != nil {
+						return err
+					}
+				}
+				continue
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+			c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
+				Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
+				GPUUUID: f.GPUUUID, Message: f.Message, Action: action, NextAt: now, CreatedAt: now}, r.actor())
+			if errors.Is(err, store.ErrNotFound) {
+				continue // the node was deleted since
+			}
+			if err != nil {
+				return err
+			}
+			r.log.InfoContext(ctx, "Remediation opened", logkey.NodeID, c.NodeID, "remediation", c.ID, "finding", finding,
+				"resolution", f.Resolution, "xid", f.XID, "action", action)
+			// Quarantine at once, in the same transaction: the time from
+			// the XID to quarantine is one round.
+			if err := r.advance(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// later is the next time a waiting case is looked at.
+func (r *Reconciler) later(now time.Time) *time.Time {
+	t := now.Add(r.cfg.Settings.Interval.Duration)
+	return &t
+}
+
+// never is the next time of a case only a person moves (escalated,
+// cordoned): a year on; an operator's move sets it again.
+func never(now time.Time) *time.Time {
+	t := now.Add(365 * 24 * time.Hour)
+	return &t
+}
+
+// owner is the disruption hold's owner of a case.
+func owner(c *store.Remediation) string { return "remediation:" + c.ID }
+
+// move moves c to state with p's other fields.
+func (r *Reconciler) move(ctx context.Context, tx store.Store, c *store.Remediation, to string, now time.Time,
+	p store.RemediationMoveParams) (*store.Remediation, error) {
+	p.ID, p.From, p.To, p.Actor, p.Now = c.ID, []string{c.State}, to, r.actor(), &now
+	m, err := tx.RemediationMove(ctx, &p)
+	if err != nil {
+		return nil, err
+	}
+	if m.State != c.State {
+		r.log.InfoContext(ctx, "Remediation moved", logkey.NodeID, m.NodeID, "remediation", m.ID, "from", c.State,
+			"to", m.State, "action", m.Action, "attempts", m.Attempts, "reason", m.Reason)
+	}
+	return m, nil
+}
+
+// wait leaves c in its state, to be looked at again later.
+func (r *Reconciler) wait(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string) error {
+	_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: r.later(now), Reason: reason})
+	return err
+}
+
+// advance takes c one or more steps along its way, in tx.
+func (r *Reconciler) advance(ctx context.Context, tx store.Store, c *store.Remediation) error {
+	now := r.cfg.Now()
+	switch c.State {
+	case store.RemediationDetected, store.RemediationHeld:
+		if c.Action == ActionProbe {
+			return r.probe(ctx, tx, c, now)
+		}
+		return r.quarantine(ctx, tx, c, now)
+	case store.RemediationQuarantined:
+		switch c.Action {
+		case config.ActionCordon:
+			_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: never(now),
+				Reason: "the policy cordons only: return it with remediation return"})
+			return err
+		case config.ActionEscalate:
+			return r.escalate(ctx, tx, c, now, "the policy escalates "+describe(c))
+		}
+		m, err := r.move(ctx, tx, c, store.RemediationDraining, now, store.RemediationMoveParams{})
+		if err != nil {
+			return err
+		}
+		return r.drain(ctx, tx, m, now)
+	case store.RemediationDraining:
+		return r.drain(ctx, tx, c, now)
+	case store.RemediationRemediating:
+		return r.watch(ctx, tx, c, now)
+	case store.RemediationVerifying:
+		return r.verify(ctx, tx, c, now)
+	case store.RemediationEscalated:
+		_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: never(now)})
+		return err
+	}
+	return fmt.Errorf("unknown state %q", c.State)
+}
+
+// describe names a case's finding for reasons.
+func describe(c *store.Remediation) string {
+	s := c.Finding
+	if c.XID != 0 {
+		s += fmt.Sprintf(" %d", c.XID)
+		if c.XIDMnemonic != "" {
+			s += " (" + c.XIDMnemonic + ")"
+		}
+	}
+	if c.Resolution != "" {
+		s += " resolution " + c.Resolution
+	}
+	return s
+}
+
+// quarantine cordons the node and takes its hold, when the pool's breaker
+// admits one more quarantine; else the case is held.
+func (r *Reconciler) quarantine(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+	b := r.cfg.Settings.Breaker
+	ok, tripped, err := tx.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: c.PoolID,
+		Limit: b.Quarantines, Window: b.Window.Duration, Now: &now})
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if tripped {
+			r.log.WarnContext(ctx, "Remediation breaker tripped: nothing new starts until an operator resets it",
+				"pool_id", c.PoolID, "quarantines", b.Quarantines, "window", b.Window.Duration)
+		}
+		_, err := r.move(ctx, tx, c, store.RemediationHeld, now, store.RemediationMoveParams{NextAt: r.later(now),
+			Reason: "the pool's remediation breaker is tripped: better-compute remediation reset-breaker " + c.PoolID})
+		return err
+	}
+	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
+		Owner: owner(c), Now: &now})
+	if err != nil {
+		return err
+	}
+	if !adm.Admitted {
+		return r.wait(ctx, tx, c, now, "quarantine refused: "+adm.Refusal)
+	}
+	if err := tx.NodeSetCordoned(ctx, c.NodeID, true); err != nil {
+		return err
+	}
+	m, err := r.move(ctx, tx, c, store.RemediationQuarantined, now, store.RemediationMoveParams{Reason: describe(c)})
+	if err != nil {
+		return err
+	}
+	return r.advance(ctx, tx, m)
+}
+
+// drain waits for the node's running commands (at most DrainTimeout) and
+// for a remediation slot, then starts the action.
+func (r *Reconciler) drain(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+	running, err := tx.CommandInFlight(ctx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	node, err := tx.NodeGet(ctx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	// A node that is not ready runs nothing to wait for.
+	if len(running) > 0 && node.State == store.NodeReady && now.Before(c.StateSince.Add(r.cfg.Settings.DrainTimeout.Duration)) {
+		return r.wait(ctx, tx, c, now, fmt.Sprintf("waiting for %d running commands", len(running)))
+	}
+	target, spec, kind, err := r.command(ctx, tx, c)
+	if err != nil {
+		return err
+	}
+	if target == "" {
+		return r.escalate(ctx, tx, c, now, fmt.Sprintf("%s is not possible: %s", c.Action, spec))
+	}
+	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionRemediating,
+		Owner: owner(c), Now: &now})
+	if err != nil {
+		return err
+	}
+	if !adm.Admitted {
+		return r.wait(ctx, tx, c, now, fmt.Sprintf("waiting for a remediation slot (%s: %d of %d remediating)",
+			adm.Refusal, adm.Budget.Remediating, adm.Budget.RemediationConcurrency))
+	}
+	boot, err := bootMarker(ctx, tx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	attempt := c.Attempts + 1
+	cmds, err := tx.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{target}, Kind: kind,
+		SessionSpec: []byte(spec), IdempotencyKey: fmt.Sprintf("remediation:%s:%d", c.ID, attempt),
+		CreatedBy: owner(c), Timeout: r.cfg.Settings.ActionTimeout.Duration, Now: &now})
+	if err != nil {
+		return err
+	}
+	if c.Action == config.ActionPowerCycle {
+		if err := r.grant(ctx, tx, c.NodeID, target, cmds[0].ID, now); err != nil {
+			return err
+		}
+	}
+	_, err = r.move(ctx, tx, c, store.RemediationRemediating, now, store.RemediationMoveParams{Attempts: &attempt,
+		CommandID: cmds[0].ID, BootID: boot, NextAt: r.later(now),
+		Reason: fmt.Sprintf("attempt %d: %s on %s", attempt, kind, target)})
+	return err
+}
+
+// command returns the node the action's command goes to, its spec
+// (sessionv1.MarshalSpec) and kind; an empty target with the reason in
+// spec when the action cannot be taken.
+func (r *Reconciler) command(ctx context.Context, tx store.Store, c *store.Remediation) (target, spec, kind string, err error) {
+	var cmd *sessionv1.Command
+	switch c.Action {
+	case config.ActionGPUReset:
+		if c.GPUUUID == "" {
+			return "", "the finding names no GPU", "", nil
+		}
+		kind, target = sessionv1.KindGPUReset, c.NodeID
+		cmd = &sessionv1.Command{Spec: &sessionv1.Command_GpuReset{GpuReset: &sessionv1.GPUResetSpec{GpuUuid: c.GPUUUID}}}
+	case config.ActionReboot:
+		kind, target = sessionv1.KindReboot, c.NodeID
+		cmd = &sessionv1.Command{}
+	case config.ActionPowerCycle:
+		agent, why, err := bmcAgent(ctx, tx, c.NodeID)
+		if err != nil || agent == "" {
+			return "", why, "", err
+		}
+		kind, target = sessionv1.KindPowerCycle, agent
+		cmd = powerCommand(c.NodeID, "cycle")
+	default:
+		return "", "no command for action " + c.Action, "", nil
+	}
+	b, err := sessionv1.MarshalSpec(cmd)
+	if err != nil {
+		return "", "", "", err
+	}
+	return target, string(b), kind, nil
+}
+
+// watch follows the action's command: done, the node is verified; failed,
+// the next action is tried.
+func (r *Reconciler) watch(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+	cmd, err := tx.CommandGet(ctx, c.CommandID)
+	if errors.Is(err, store.ErrNotFound) {
+		return r.fail(ctx, tx, c, "the action's command "+c.CommandID+" is gone", now)
+	}
+	if err != nil {
+		return err
+	}
+	ok := cmd.State == store.CommandSucceeded
+	switch cmd.State {
+	case store.CommandSucceeded:
+	case store.CommandFailed, store.CommandCancelled:
+	case store.CommandExpired, store.CommandLost:
+		// A node that reboots may never report its reboot command done:
+		// whether it came back is for verification to say.
+		ok = c.Action == config.ActionReboot || c.Action == config.ActionPowerCycle
+	default:
+		// A node that went down for its reboot and stays down never
+		// answers (its idempotent command goes back to the queue): past
+		// the verify timeout the reboot failed, and is not to be
+		// delivered should the node come back later.
+		rebooting := c.Action == config.ActionReboot || c.Action == config.ActionPowerCycle
+		if rebooting && now.After(c.StateSince.Add(r.cfg.Settings.VerifyTimeout.Duration)) {
+			if _, err := tx.CommandRequestCancel(ctx, cmd.ID); err != nil {
+				return err
+			}
+			return r.fail(ctx, tx, c, fmt.Sprintf("%s: the node did not come back within %v", cmd.Kind,
+				r.cfg.Settings.VerifyTimeout.Duration), now)
+		}
+		_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: r.later(now)})
+		return err
+	}
+	if !ok {
+		return r.fail(ctx, tx, c, fmt.Sprintf("%s ended %s: %s", cmd.Kind, cmd.State, cmd.Error), now)
+	}
+	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionVerifying,
+		Owner: owner(c), Now: &now})
+	if err != nil {
+		return err
+	}
+	if !adm.Admitted {
+		return r.wait(ctx, tx, c, now, "verification hold refused: "+adm.Refusal)
+	}
+	_, err = r.move(ctx, tx, c, store.RemediationVerifying, now, store.RemediationMoveParams{NextAt: r.later(now),
+		Reason: fmt.Sprintf("%s ended %s", cmd.Kind, cmd.State)})
+	return err
+}
+
+// verify returns the node to service once it has been ready, with a new
+// boot after a reboot or power cycle and no failed GPU, for VerifySettle.
+func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+	node, err := tx.NodeGet(ctx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	boot, err := bootMarker(ctx, tx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	s := r.cfg.Settings
+	healthy, why := nodeHealthy(node, c, boot)
+	if healthy && !now.Before(c.StateSince.Add(s.VerifySettle.Duration)) {
+		if err := tx.NodeSetCordoned(ctx, c.NodeID, false); err != nil {
+			return err
+		}
+		if err := tx.DisruptionRelease(ctx, c.NodeID, owner(c)); err != nil {
+			return err
+		}
+		_, err := r.move(ctx, tx, c, store.RemediationReturned, now, store.RemediationMoveParams{ClearCommand: true,
+			Reason: "verified: ready with healthy GPUs after " + c.Action})
+		return err
+	}
+	if now.After(c.StateSince.Add(s.VerifyTimeout.Duration)) {
+		return r.fail(ctx, tx, c, fmt.Sprintf("not healthy %v after %s: %s", s.VerifyTimeout.Duration, c.Action, why), now)
+	}
+	return r.wait(ctx, tx, c, now, "verifying: "+why)
+}
+
+// bootMarker names the node's boot and session ("<boot id>|<session
+// id>"): a reboot or power cycle is over when it has changed, the node
+// having connected again (with a new boot id, where it reports one).
+func bootMarker(ctx context.Context, tx store.Store, nodeID string) (string, error) {
+	node, err := tx.NodeGet(ctx, nodeID)
+	if err != nil {
+		return "", err
+	}
+	sess := ""
+	switch s, err := tx.SessionGet(ctx, nodeID); {
+	case err == nil:
+		sess = s.SessionID
+	case !errors.Is(err, store.ErrNotFound):
+		return "", err
+	}
+	return node.BootID + "|" + sess, nil
+}
+
+// rebooted reports whether marker names another boot than before (the
+// boot id changed where both are known, else the session).
+func rebooted(before, marker string) bool {
+	bb, bs, _ := strings.Cut(before, "|")
+	nb, ns, _ := strings.Cut(marker, "|")
+	if ns == "" {
+		return false
+	}
+	if bb != "" && nb != "" {
+		return bb != nb
+	}
+	return bs != ns
+}
+
+// nodeHealthy reports whether node reads healthy for c's verification
+// (boot its boot marker now), and why not.
+func nodeHealthy(n *store.Node, c *store.Remediation, boot string) (bool, string) {
+	if n.State != store.NodeReady {
+		return false, "node is " + n.State
+	}
+	if n.LastSeenAt == nil || n.LastSeenAt.Before(c.StateSince) {
+		return false, "no heartbeat since the action"
+	}
+	if (c.Action == config.ActionReboot || c.Action == config.ActionPowerCycle) && !rebooted(c.BootID, boot) {
+		return false, "the node has not connected again since the reboot"
+	}
+	if uuid := failedGPU(n.Inventory); uuid != "" {
+		return false, "GPU " + uuid + " reads failed"
+	}
+	return true, ""
+}
+
+// failedGPU returns the UUID of a GPU the inventory (protojson of
+// session.v1 Inventory) says failed, "" when none.
+func failedGPU(inv []byte) string {
+	if len(inv) == 0 {
+		return ""
+	}
+	var doc struct {
+		GPUs []struct {
+			UUID   string `json:"uuid"`
+			Health struct {
+				State string `json:"state"`
+			} `json:"health"`
+		} `json:"gpus"`
+	}
+	if json.Unmarshal(inv, &doc) != nil {
+		return ""
+	}
+	for _, g := range doc.GPUs {
+		if g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED.String() {
+			return g.UUID
+		}
+	}
+	return ""
+}
+
+// fail records a failed action: the next action of the ladder when
+// attempts remain, else escalation.
+func (r *Reconciler) fail(ctx context.Context, tx store.Store, c *store.Remediation, reason string, now time.Time) error {
+	if c.Attempts >= r.cfg.Settings.MaxAttempts {
+		return r.escalate(ctx, tx, c, now, fmt.Sprintf("%s; %d attempts spent", reason, c.Attempts))
+	}
+	_, hasBMC, err := bmcAgentFor(ctx, tx, c.NodeID)
+	if err != nil {
+		return err
+	}
+	next := nextAction(c.Action, hasBMC)
+	if next == "" {
+		return r.escalate(ctx, tx, c, now, reason+"; no further action")
+	}
+	// Back to draining: the remediating slot is given up while the next
+	// action waits for one.
+	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionDraining,
+		Owner: owner(c), Now: &now})
+	if err != nil {
+		return err
+	}
+	if !adm.Admitted {
+		return r.escalate(ctx, tx, c, now, reason+"; hold refused: "+adm.Refusal)
+	}
+	_, err = r.move(ctx, tx, c, store.RemediationDraining, now, store.RemediationMoveParams{Action: next, ClearCommand: true,
+		Reason: reason + "; next: " + next})
+	return err
+}
+
+// escalate leaves the case to a person: the node stays cordoned and
+// quarantined (its remediation slot given back).
+func (r *Reconciler) escalate(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string) error {
+	if _, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
+		Owner: owner(c), Now: &now}); err != nil {
+		return err
+	}
+	_, err := r.move(ctx, tx, c, store.RemediationEscalated, now, store.RemediationMoveParams{Action: config.ActionEscalate,
+		ClearCommand: true, NextAt: never(now), Reason: reason})
+	return err
+}

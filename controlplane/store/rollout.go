@@ -1,0 +1,268 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rollout states (DESIGN.md, "Rollouts of bcd"; docs/rollouts.md). A
+// rollout is active while pending, running, paused or rolling-back; the
+// others end it, but halted, which waits for an operator's abort.
+const (
+	// RolloutPending: created; no node touched yet.
+	RolloutPending = "pending"
+	// RolloutRunning: waves in progress.
+	RolloutRunning = "running"
+	// RolloutPaused: no new node or wave starts; nodes already out finish.
+	RolloutPaused = "paused"
+	// RolloutRollingBack: a node failed; the wave's upgraded nodes are
+	// being rolled back.
+	RolloutRollingBack = "rolling-back"
+	// RolloutHalted: a node failed and its wave was rolled back; no new
+	// wave ever starts. Abort ends it.
+	RolloutHalted = "halted"
+	// RolloutCompleted: every node is on the new version, or skipped.
+	RolloutCompleted = "completed"
+	// RolloutAborted: an operator stopped it.
+	RolloutAborted = "aborted"
+	// RolloutFailed: a rollback failed too; the nodes need a person.
+	RolloutFailed = "failed"
+)
+
+// RolloutActive reports whether a rollout in state still drives nodes
+// (pending, running, paused, rolling-back). A pool has at most one rollout
+// that is active or halted.
+func RolloutActive(state string) bool {
+	switch state {
+	case RolloutPending, RolloutRunning, RolloutPaused, RolloutRollingBack:
+		return true
+	}
+	return false
+}
+
+// States of a node in a rollout (RolloutNode.State).
+const (
+	// RolloutNodePending: not upgraded yet (not in a wave, or its wave has
+	// not admitted it).
+	RolloutNodePending = "pending"
+	// RolloutNodeDraining: admitted; its running commands are finishing.
+	RolloutNodeDraining = "draining"
+	// RolloutNodeUpgrading: the upgrade command is sent; waiting for the
+	// node to come back on the new version.
+	RolloutNodeUpgrading = "upgrading"
+	// RolloutNodeSoaking: back on the new version; must stay healthy for
+	// the soak.
+	RolloutNodeSoaking = "soaking"
+	// RolloutNodeUpgraded: on the new version, soaked: done.
+	RolloutNodeUpgraded = "upgraded"
+	// RolloutNodeSkipped: offline, held out of service by another owner
+	// or still busy at its turn; left on its version and reported.
+	RolloutNodeSkipped = "skipped"
+	// RolloutNodeFailed: failed its trial, did not come back within the
+	// timeout, turned unhealthy during the soak, or its rollback failed.
+	RolloutNodeFailed = "failed"
+	// RolloutNodeRollingBack: the rollback command is sent.
+	RolloutNodeRollingBack = "rolling-back"
+	// RolloutNodeRolledBack: back on its previous version.
+	RolloutNodeRolledBack = "rolled-back"
+)
+
+// RolloutOwnerPrefix prefixes the disruption owner a rollout's nodes are
+// held under: "rollout:<id>".
+const RolloutOwnerPrefix = "rollout:"
+
+// RolloutOwner is the disruption owner of rollout id's holds.
+func RolloutOwner(id string) string { return RolloutOwnerPrefix + id }
+
+// ParseCount checks a rollout size, "N" nodes (at least 1) or "N%" of the
+// pool (1 to 100), and returns its canonical form. field names it in the
+// error ("wave", "max-unavailable").
+func ParseCount(field, spec string) (string, error) {
+	s := strings.TrimSpace(spec)
+	pct := strings.HasSuffix(s, "%")
+	n, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+	switch {
+	case err != nil || n < 1:
+		return "", fmt.Errorf("%s %q: want a count of nodes (5) or a share of the pool (10%%)", field, spec)
+	case pct && n > 100:
+		return "", fmt.Errorf("%s %q: a share must be 1%% to 100%%", field, spec)
+	}
+	if pct {
+		return strconv.Itoa(n) + "%", nil
+	}
+	return strconv.Itoa(n), nil
+}
+
+// ResolveCount returns spec (ParseCount's form) against a pool of nodes: N,
+// or N% of nodes rounded down, at least one.
+func ResolveCount(spec string, nodes int) int {
+	if pct, ok := strings.CutSuffix(spec, "%"); ok {
+		n, _ := strconv.Atoi(pct)
+		return max(1, nodes*n/100)
+	}
+	n, err := strconv.Atoi(spec)
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}
+
+// Rollout is a rollout of bcd version Version to the nodes of a pool, in
+// waves (migration 0014_rollouts).
+type Rollout struct {
+	ID     string
+	PoolID string
+	// Version is the release rolled out; BaseURL the downloads route the
+	// nodes fetch it from.
+	Version string
+	BaseURL string
+	// Canary is the first wave's size (nodes).
+	Canary int
+	// Wave and MaxUnavailable are "N" or "N%" (ParseCount): the size of
+	// each later wave, and how many of the rollout's nodes may be out at
+	// once (besides the pool's disruption budget).
+	Wave           string
+	MaxUnavailable string
+	// Soak is how long an upgraded node must stay ready; Timeout how long
+	// a node has to come back on the new version (and to drain).
+	Soak    time.Duration
+	Timeout time.Duration
+	// Drain waits for the node's running commands before its upgrade.
+	Drain bool
+	State string
+	// CurrentWave is the wave in progress: 0 before the first (the
+	// canary is wave 1).
+	CurrentWave int
+	// Reason says why the rollout halted, failed or was aborted;
+	// FailedNodeID names the node that halted it.
+	Reason       string
+	FailedNodeID string
+	CreatedBy    string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	FinishedAt   *time.Time
+}
+
+// RolloutNode is one node of a rollout, with what the reconciler reads of
+// the node itself.
+type RolloutNode struct {
+	RolloutID string
+	NodeID    string
+	// PreviousVersion is the node's version when its wave began.
+	PreviousVersion string
+	State           string
+	// Wave is the node's wave, 0 until it is in one.
+	Wave int
+	// UpgradeCommandID and RollbackCommandID are the commands sent (the
+	// idempotency keys make a second send return the same one).
+	UpgradeCommandID  string
+	RollbackCommandID string
+	// Reason says why the node was skipped, failed or rolled back.
+	Reason string
+	// StateSince is when the node entered State.
+	StateSince time.Time
+
+	// Read from the node, its session and commands (not stored here):
+	Hostname        string
+	NodeState       string
+	BCDVersion      string
+	Connected       bool // the node has a session now
+	Disruption      string
+	DisruptionOwner string
+	// UpgradeState/UpgradeError and RollbackState/RollbackError are the
+	// commands' state and error ("" without one).
+	UpgradeState, UpgradeError   string
+	RollbackState, RollbackError string
+}
+
+// RolloutStore keeps rollouts (package controlplane/rollouts drives them).
+type RolloutStore interface {
+	// RolloutCreate inserts a rollout of every node of p.PoolID (pending),
+	// writing rollout.created. ErrNotFound for an unknown pool;
+	// ErrConflict when the pool has a rollout that is active or halted.
+	RolloutCreate(ctx context.Context, p *RolloutCreateParams) (*Rollout, error)
+	// RolloutGet returns a rollout; ErrNotFound when there is none.
+	RolloutGet(ctx context.Context, id string) (*Rollout, error)
+	// RolloutList pages rollouts by id; PoolID and Active filter.
+	RolloutList(ctx context.Context, p *RolloutListParams) ([]*Rollout, error)
+	// RolloutNodes returns a rollout's nodes, by wave then node id, with
+	// their live state (one read).
+	RolloutNodes(ctx context.Context, rolloutID string) ([]*RolloutNode, error)
+	// RolloutUpdate changes a rollout as p says, only while its state is
+	// one of p.From (any when empty; ErrConflict otherwise), writing
+	// rollout.<state> when the state changes, rollout.wave-completed and
+	// rollout.wave-started when the wave moves (and wave-completed when it
+	// completes). An operator's pause, resume and abort and the
+	// reconciler's moves all go through it.
+	RolloutUpdate(ctx context.Context, p *RolloutUpdateParams) (*Rollout, error)
+	// RolloutNodeUpdate changes one node of a rollout, writing
+	// rollout.node-<state> when its state changes. ErrNotFound when the
+	// node is not in the rollout.
+	RolloutNodeUpdate(ctx context.Context, p *RolloutNodeUpdateParams) error
+	// RolloutsActive returns the rollouts that are active (RolloutActive),
+	// by id: what the reconciler reads once a round.
+	RolloutsActive(ctx context.Context) ([]*Rollout, error)
+}
+
+// RolloutCreateParams are RolloutCreate's inputs. ID defaults to a new
+// roll_ id.
+type RolloutCreateParams struct {
+	ID             string
+	PoolID         string
+	Version        string
+	BaseURL        string
+	Canary         int
+	Wave           string
+	MaxUnavailable string
+	Soak           time.Duration
+	Timeout        time.Duration
+	Drain          bool
+	CreatedBy      string
+	Now            *time.Time
+}
+
+// RolloutListParams filter and page RolloutList.
+type RolloutListParams struct {
+	ListParams
+	PoolID string
+	// Active keeps the rollouts that are active or halted.
+	Active bool
+}
+
+// RolloutUpdateParams are RolloutUpdate's inputs; zero fields keep the
+// rollout's value.
+type RolloutUpdateParams struct {
+	ID string
+	// From lists the states the rollout may be in; empty: any.
+	From []string
+	// State is the new state.
+	State string
+	// Wave, when not nil, moves the rollout to that wave and puts
+	// WaveNodes in it (recording each one's version as PreviousVersion).
+	Wave      *int
+	WaveNodes []string
+	// Reason and FailedNodeID are recorded when set.
+	Reason       string
+	FailedNodeID string
+	// Actor is recorded in the events (the operator, or "" for the
+	// reconciler).
+	Actor string
+	Now   *time.Time
+}
+
+// RolloutNodeUpdateParams are RolloutNodeUpdate's inputs; zero fields
+// keep the node's value.
+type RolloutNodeUpdateParams struct {
+	RolloutID string
+	NodeID    string
+	State     string
+	// Wave, when not nil, is the node's wave.
+	Wave              *int
+	UpgradeCommandID  string
+	RollbackCommandID string
+	Reason            string
+	Now               *time.Time
+}

@@ -1,0 +1,217 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// testRemediation drives the remediation store: findings recorded in their
+// event's transaction and taken once, one open case per node, guarded
+// moves with their events and audit rows, pause, and the breaker admitting
+// concurrently at most its limit.
+func testRemediation(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	pool := fixture(ctx, t, h)
+	addNode(ctx, t, h, pool, "node_rm1")
+	addNode(ctx, t, h, pool, "node_rm2")
+	sh := store.ShardOf("node_rm1")
+
+	// A node event naming a resolution is a finding; one without is not.
+	must(st.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Severity: "critical", Message: "XID 95",
+		Payload: []byte(`{"gpuUuid":"GPU-1","xid":95,"xidMnemonic":"UNCONTAINED_ECC_ERROR","resolution":"RESET_GPU"}`)}))
+	must(st.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Payload: []byte(`{"xid":31}`)}))
+	// A rolled-back event leaves no finding.
+	boom := errors.New("roll back")
+	if err := st.Tx(ctx, func(tx store.Store) error {
+		must(tx.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Payload: []byte(`{"xid":79,"resolution":"RESTART_BM"}`)}))
+		return boom
+	}); !errors.Is(err, boom) {
+		t.Fatalf("tx = %v", err)
+	}
+	if due := must(st.RemediationDue(ctx, []int{sh}, nil)); !slices.Equal(due, []int{sh}) {
+		t.Fatalf("due = %v, want [%d]", due, sh)
+	}
+	fs := must(st.RemediationFindingsTake(ctx, sh, 10))
+	if len(fs) != 1 || fs[0].NodeID != "node_rm1" || fs[0].Resolution != "RESET_GPU" || fs[0].XID != 95 ||
+		fs[0].XIDMnemonic != "UNCONTAINED_ECC_ERROR" || fs[0].GPUUUID != "GPU-1" || fs[0].Kind != "gpu.xid" || fs[0].EventID == 0 {
+		t.Fatalf("findings = %+v", fs)
+	}
+	if again := must(st.RemediationFindingsTake(ctx, sh, 10)); len(again) != 0 {
+		t.Fatalf("findings taken twice: %+v", again)
+	}
+	if due := must(st.RemediationDue(ctx, []int{sh}, nil)); len(due) != 0 {
+		t.Fatalf("due after take = %v", due)
+	}
+
+	// One open case per node.
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	c := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm1", State: store.RemediationDetected, Finding: "xid",
+		Resolution: "RESET_GPU", XID: 95, GPUUUID: "GPU-1", Action: "gpu.reset", CreatedAt: now}, "remediation:w1"))
+	if c.PoolID != pool.ID || c.Shard != sh || c.State != store.RemediationDetected || !c.NextAt.Equal(now) || c.ClosedAt != nil ||
+		len(c.CommandIDs) != 0 {
+		t.Fatalf("created %+v", c)
+	}
+	if _, err := st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm1", State: store.RemediationDetected, Finding: "xid",
+		Action: "reboot"}, "w"); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second open case: %v, want ErrConflict", err)
+	}
+	if _, err := st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_none", State: store.RemediationDetected, Finding: "xid",
+		Action: "reboot"}, "w"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("case of an unknown node: %v, want ErrNotFound", err)
+	}
+	if got := must(st.RemediationOpenFor(ctx, "node_rm1")); got.ID != c.ID {
+		t.Fatalf("open for node_rm1 = %s", got.ID)
+	}
+
+	// Guarded moves.
+	later := now.Add(time.Minute)
+	q := must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, From: []string{store.RemediationDetected},
+		To: store.RemediationQuarantined, Actor: "remediation:w1", Now: &now}))
+	if q.QuarantinedAt == nil || !q.QuarantinedAt.Equal(now) {
+		t.Fatalf("quarantined at %v", q.QuarantinedAt)
+	}
+	if _, err := st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, From: []string{store.RemediationDetected},
+		To: store.RemediationQuarantined, Actor: "remediation:w2"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a move from a state the case left: %v, want ErrNotFound", err)
+	}
+	one := 1
+	r := must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationRemediating, Attempts: &one,
+		CommandID: "cmd_1", NextAt: &later, Actor: "remediation:w1"}))
+	if r.Attempts != 1 || r.CommandID != "cmd_1" || !slices.Equal(r.CommandIDs, []string{"cmd_1"}) || !r.NextAt.Equal(later) {
+		t.Fatalf("remediating %+v", r)
+	}
+	if open := must(st.RemediationOpenInShard(ctx, sh, &now, false)); len(open) != 0 {
+		t.Fatalf("a case not yet due was listed: %+v", open)
+	}
+	if open := must(st.RemediationOpenInShard(ctx, sh, &later, false)); len(open) != 1 || open[0].ID != c.ID {
+		t.Fatalf("due open cases = %+v", open)
+	}
+	p := must(st.RemediationSetPaused(ctx, c.ID, true, "token:op"))
+	if !p.Paused {
+		t.Fatal("not paused")
+	}
+	farLater := later.Add(time.Hour)
+	if due := must(st.RemediationDue(ctx, []int{sh}, &farLater)); len(due) != 0 {
+		t.Fatalf("a paused case is due: %v", due)
+	}
+	must(st.RemediationSetPaused(ctx, c.ID, false, "token:op"))
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationVerifying, ClearCommand: true, Actor: "w"}))
+	ret := must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationReturned, Actor: "w"}))
+	if ret.ClosedAt == nil || ret.CommandID != "" || !slices.Equal(ret.CommandIDs, []string{"cmd_1"}) {
+		t.Fatalf("returned %+v", ret)
+	}
+	if _, err := st.RemediationOpenFor(ctx, "node_rm1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("open case after return: %v", err)
+	}
+	if _, err := st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationDraining, Actor: "w"}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("move of a closed case: %v, want ErrNotFound", err)
+	}
+	// A new case for the node once the last closed.
+	c2 := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm1", State: store.RemediationDetected, Finding: "gpu-lost",
+		Action: "reboot"}, "w"))
+	if list := must(st.RemediationList(ctx, &store.RemediationListParams{NodeID: "node_rm1"})); len(list) != 2 {
+		t.Fatalf("list = %d cases", len(list))
+	}
+	if list := must(st.RemediationList(ctx, &store.RemediationListParams{NodeID: "node_rm1", OpenOnly: true})); len(list) != 1 || list[0].ID != c2.ID {
+		t.Fatalf("open list = %+v", list)
+	}
+
+	// Each move was audited in its transaction.
+	audit := must(st.AuditQuery(ctx, &store.AuditQueryParams{Resource: "remediation/" + c.ID, Limit: 100}))
+	var actions []string
+	for _, a := range audit {
+		actions = append(actions, a.Action)
+	}
+	slices.Reverse(actions)
+	want := []string{"remediation.detected", "remediation.quarantined", "remediation.remediating", "remediation.pause",
+		"remediation.resume", "remediation.verifying", "remediation.returned"}
+	if !slices.Equal(actions, want) {
+		t.Fatalf("audit actions %v, want %v", actions, want)
+	}
+
+	// The breaker: concurrent admissions never exceed the limit; the one
+	// past it trips it, and nothing is admitted until a reset.
+	bp := fixture(ctx, t, h)
+	var nodes []string
+	for i := range 6 {
+		id := "node_rmb" + string(rune('a'+i))
+		addNode(ctx, t, h, bp, id)
+		nodes = append(nodes, id)
+	}
+	var mu sync.Mutex
+	var admitted, tripped int
+	var wg sync.WaitGroup
+	for _, id := range nodes {
+		wg.Go(func() {
+			err := st.Tx(ctx, func(tx store.Store) error {
+				ok, tr, err := tx.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: bp.ID, Limit: 3, Window: time.Hour})
+				if err != nil || !ok {
+					mu.Lock()
+					if tr {
+						tripped++
+					}
+					mu.Unlock()
+					return err
+				}
+				rc, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: id, State: store.RemediationDetected, Finding: "xid", Action: "reboot"}, "w")
+				if err != nil {
+					return err
+				}
+				if _, err := tx.RemediationMove(ctx, &store.RemediationMoveParams{ID: rc.ID, To: store.RemediationQuarantined, Actor: "w"}); err != nil {
+					return err
+				}
+				mu.Lock()
+				admitted++
+				mu.Unlock()
+				return nil
+			})
+			if err != nil {
+				t.Errorf("admit %s: %v", id, err)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted != 3 || tripped != 1 {
+		t.Fatalf("admitted %d, tripped %d; want 3 and 1", admitted, tripped)
+	}
+	bs := must(st.RemediationBreakers(ctx))
+	i := slices.IndexFunc(bs, func(b *store.RemediationBreaker) bool { return b.PoolID == bp.ID })
+	if i < 0 || bs[i].TrippedAt == nil {
+		t.Fatalf("breakers = %+v", bs)
+	}
+	if ok, _, _ := st.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: bp.ID, Limit: 100, Window: time.Hour}); ok {
+		t.Fatal("a tripped breaker admitted")
+	}
+	if _, err := st.RemediationBreakerReset(ctx, "pool_none", "token:op", nil); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("reset of an unknown pool: %v", err)
+	}
+	must(st.RemediationBreakerReset(ctx, bp.ID, "token:op", nil))
+	if ok, _, _ := st.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: bp.ID, Limit: 3, Window: time.Hour}); !ok {
+		t.Fatal("a reset breaker refused: quarantines before the reset count")
+	}
+}
+
+// remediationEvents makes every remediation event once, for testEvents.
+func remediationEvents(ctx context.Context, t *testing.T, h *Harness, pool *store.Pool) {
+	st := h.Store
+	addNode(ctx, t, h, pool, "node_ev5")
+	c := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_ev5", State: store.RemediationDetected, Finding: "xid",
+		Resolution: "RESTART_BM", XID: 79, Action: "reboot"}, "remediation"))
+	for _, to := range []string{store.RemediationHeld, store.RemediationQuarantined, store.RemediationDraining,
+		store.RemediationRemediating, store.RemediationVerifying, store.RemediationEscalated} {
+		must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: to, Actor: "remediation"}))
+	}
+	must(st.RemediationSetPaused(ctx, c.ID, true, "token:op"))
+	must(st.RemediationSetPaused(ctx, c.ID, false, "token:op"))
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationReturned, Actor: "token:op"}))
+	if _, tripped, err := st.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: pool.ID, Limit: 1, Window: time.Hour}); err != nil || !tripped {
+		t.Fatalf("breaker admit: tripped %v, %v", tripped, err)
+	}
+	must(st.RemediationBreakerReset(ctx, pool.ID, "token:op", nil))
+}

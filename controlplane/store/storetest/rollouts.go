@@ -1,0 +1,187 @@
+package storetest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// testRollouts walks a rollout's rows: create (one pending row per node of
+// the pool, the node's version kept), one open rollout per pool, waves
+// (previous versions recorded), node steps with their commands and the
+// live view (session, command states), operator moves guarded by From,
+// listing and the active set.
+func testRollouts(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	pool := fixture(ctx, t, h)
+	for i := range 4 {
+		id := fmt.Sprintf("node_ro%d", i)
+		must(st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id + ".example", MachineID: "m-" + id, BCDVersion: "0.1.0"}))
+	}
+	if _, err := st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: "pool_none", Version: "0.2.0", Canary: 1, Wave: "1",
+		MaxUnavailable: "1", Timeout: time.Minute}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("rollout of an unknown pool: %v, want ErrNotFound", err)
+	}
+	ro := must(st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: "0.2.0", BaseURL: "https://x/api/downloads",
+		Canary: 1, Wave: "50%", MaxUnavailable: "2", Soak: 3 * time.Second, Timeout: time.Minute, Drain: true, CreatedBy: "token:t"}))
+	if ro.State != store.RolloutPending || ro.Soak != 3*time.Second || ro.Timeout != time.Minute || !ro.Drain || ro.CurrentWave != 0 ||
+		ro.Wave != "50%" || ro.Canary != 1 || ro.CreatedBy != "token:t" || ro.FinishedAt != nil {
+		t.Fatalf("created rollout = %+v", ro)
+	}
+	if _, err := st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: "0.3.0", Canary: 1, Wave: "1",
+		MaxUnavailable: "1", Timeout: time.Minute}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second open rollout of the pool: %v, want ErrConflict", err)
+	}
+	nodes := must(st.RolloutNodes(ctx, ro.ID))
+	if len(nodes) != 4 {
+		t.Fatalf("rollout nodes = %d, want 4", len(nodes))
+	}
+	for _, n := range nodes {
+		if n.State != store.RolloutNodePending || n.Wave != 0 || n.PreviousVersion != "0.1.0" || n.BCDVersion != "0.1.0" || n.Connected {
+			t.Fatalf("new rollout node = %+v", n)
+		}
+	}
+	if got := must(st.RolloutsActive(ctx)); !slices.ContainsFunc(got, func(r *store.Rollout) bool { return r.ID == ro.ID }) {
+		t.Fatalf("active rollouts lack %s", ro.ID)
+	}
+
+	// The canary wave: node_ro0, now on 0.1.5.
+	must(st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_ro0", PoolID: pool.ID, Hostname: "node_ro0.example", MachineID: "m-node_ro0", BCDVersion: "0.1.5"}))
+	one := 1
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPending}, State: store.RolloutRunning,
+		Wave: &one, WaveNodes: []string{"node_ro0"}}))
+	if ro.State != store.RolloutRunning || ro.CurrentWave != 1 {
+		t.Fatalf("started rollout = %+v", ro)
+	}
+	cmd := must(st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_ro0"}, Kind: "upgrade",
+		IdempotencyKey: "rollout:" + ro.ID + ":upgrade", Timeout: time.Minute}))[0]
+	check(t, st.RolloutNodeUpdate(ctx, &store.RolloutNodeUpdateParams{RolloutID: ro.ID, NodeID: "node_ro0", State: store.RolloutNodeUpgrading,
+		UpgradeCommandID: cmd.ID}))
+	mustOpen(t, h, ctx, "node_ro0", "sess_ro0", "gw_ro")
+	nodes = must(st.RolloutNodes(ctx, ro.ID))
+	var n0 *store.RolloutNode
+	for _, n := range nodes {
+		if n.NodeID == "node_ro0" {
+			n0 = n
+		}
+	}
+	if n0 == nil || n0.Wave != 1 || n0.PreviousVersion != "0.1.5" || n0.State != store.RolloutNodeUpgrading || n0.UpgradeCommandID != cmd.ID ||
+		n0.UpgradeState != store.CommandQueued || !n0.Connected || n0.Hostname != "node_ro0.example" || n0.RollbackState != "" {
+		t.Fatalf("canary node = %+v", n0)
+	}
+	if nodes[len(nodes)-1].NodeID != "node_ro0" {
+		t.Fatalf("rollout nodes not by wave: last is %s", nodes[len(nodes)-1].NodeID)
+	}
+	if err := st.RolloutNodeUpdate(ctx, &store.RolloutNodeUpdateParams{RolloutID: ro.ID, NodeID: "node_none", State: store.RolloutNodeFailed}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("update of a node not in the rollout: %v, want ErrNotFound", err)
+	}
+
+	// Operator moves: pause only from running, resume only from paused.
+	if _, err := st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("resume of a running rollout: %v, want ErrConflict", err)
+	}
+	must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutRunning}, State: store.RolloutPaused, Actor: "token:t"}))
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}))
+	if ro.State != store.RolloutRunning {
+		t.Fatalf("resumed rollout = %s", ro.State)
+	}
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, State: store.RolloutAborted, Reason: "operator"}))
+	if ro.FinishedAt == nil || ro.Reason != "operator" {
+		t.Fatalf("aborted rollout = %+v", ro)
+	}
+	if got := must(st.RolloutsActive(ctx)); slices.ContainsFunc(got, func(r *store.Rollout) bool { return r.ID == ro.ID }) {
+		t.Fatalf("an aborted rollout is active")
+	}
+	// The pool is free for another rollout; the list filters.
+	ro2 := must(st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: "0.3.0", Canary: 2, Wave: "1",
+		MaxUnavailable: "1", Timeout: time.Minute}))
+	all := must(st.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID}))
+	open := must(st.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID, Active: true}))
+	if len(all) != 2 || len(open) != 1 || open[0].ID != ro2.ID {
+		t.Fatalf("rollouts of the pool: %d, open %v, want 2 and [%s]", len(all), open, ro2.ID)
+	}
+	if _, err := st.RolloutGet(ctx, "roll_none"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("get of an unknown rollout: %v", err)
+	}
+}
+
+// produceRolloutEvents writes every rollout.* event type (testEvents reads
+// them all back and checks their shapes): a rollout that starts, pauses,
+// resumes, walks a node through every step, completes its waves, halts,
+// completes, and others that abort and fail.
+func produceRolloutEvents(ctx context.Context, t *testing.T, h *Harness, pool *store.Pool) {
+	st := h.Store
+	for _, id := range []string{"node_rev1", "node_rev2"} {
+		must(st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id + ".example", MachineID: "m-" + id, BCDVersion: "0.1.0"}))
+	}
+	create := func() *store.Rollout {
+		return must(st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: "0.2.0", Canary: 1, Wave: "1",
+			MaxUnavailable: "1", Timeout: time.Minute, CreatedBy: "token:t"}))
+	}
+	move := func(ro *store.Rollout, state string, wave int, nodes ...string) {
+		p := &store.RolloutUpdateParams{ID: ro.ID, State: state}
+		if wave >= 0 {
+			p.Wave, p.WaveNodes = &wave, nodes
+		}
+		must(st.RolloutUpdate(ctx, p))
+	}
+	node := func(ro *store.Rollout, id, state string) {
+		check(t, st.RolloutNodeUpdate(ctx, &store.RolloutNodeUpdateParams{RolloutID: ro.ID, NodeID: id, State: state, Reason: "step " + state}))
+	}
+	ro := create()
+	move(ro, store.RolloutRunning, 1, "node_rev1")
+	move(ro, store.RolloutPaused, -1)
+	move(ro, store.RolloutRunning, -1)
+	for _, s := range []string{store.RolloutNodeDraining, store.RolloutNodeUpgrading, store.RolloutNodeSoaking, store.RolloutNodeUpgraded,
+		store.RolloutNodeFailed, store.RolloutNodeRollingBack, store.RolloutNodeRolledBack} {
+		node(ro, "node_rev1", s)
+	}
+	move(ro, store.RolloutRunning, 2, "node_rev2")
+	node(ro, "node_rev2", store.RolloutNodeSkipped)
+	move(ro, store.RolloutRollingBack, -1)
+	move(ro, store.RolloutHalted, -1)
+	move(ro, store.RolloutCompleted, -1)
+	move(create(), store.RolloutAborted, -1)
+	move(create(), store.RolloutFailed, -1)
+
+	// The canary's wave-started names its node; a node step its command
+	// and versions.
+	entries := must(st.OutboxQuery(ctx, &store.OutboxQueryParams{Key: ro.ID, Ascending: true}))
+	var types []string
+	for _, e := range entries {
+		env, err := events.Parse(e.Payload)
+		if err != nil {
+			t.Fatalf("rollout event %d: %v", e.ID, err)
+		}
+		types = append(types, env.Type)
+		if env.Type == events.RolloutWaveStarted {
+			var d events.RolloutWaveData
+			check(t, json.Unmarshal(env.Data, &d))
+			if d.Wave == 1 && (!d.Canary || !slices.Equal(d.NodeIDs, []string{"node_rev1"})) {
+				t.Errorf("canary wave-started = %+v", d)
+			}
+		}
+		if env.Type == events.RolloutNodeUpgraded {
+			var d events.RolloutNodeData
+			check(t, json.Unmarshal(env.Data, &d))
+			if d.NodeID != "node_rev1" || d.PreviousVersion != "0.1.0" || d.Version != "0.2.0" || d.Wave != 1 || d.State != store.RolloutNodeUpgraded {
+				t.Errorf("node-upgraded = %+v", d)
+			}
+		}
+	}
+	want := []string{events.RolloutCreated, events.RolloutWaveStarted, events.RolloutStarted, events.RolloutPaused, events.RolloutResumed,
+		events.RolloutNodeDraining, events.RolloutNodeUpgrading, events.RolloutNodeSoaking, events.RolloutNodeUpgraded,
+		events.RolloutNodeFailed, events.RolloutNodeRollingBack, events.RolloutNodeRolledBack,
+		events.RolloutWaveCompleted, events.RolloutWaveStarted, events.RolloutNodeSkipped, events.RolloutRollingBack,
+		events.RolloutHalted, events.RolloutWaveCompleted, events.RolloutCompleted}
+	if !slices.Equal(types, want) {
+		t.Errorf("rollout events in order:\n got %v\nwant %v", types, want)
+	}
+}
