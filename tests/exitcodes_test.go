@@ -303,7 +303,9 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("sites list", exitOK),
 		bc("sites list", exitUsage, "-o", "yaml"),
 		bc("pools create", exitUsage, "--name", "p"),
-		bc("pools create", exitOK, "--name", "exit-pool", "--site", "exit-site"),
+		// The cases run concurrently: a site the deployment made (the
+		// embedded default's), not exit-site, which another case creates.
+		bc("pools create", exitOK, "--name", "exit-pool", "--site", "default"),
 		bc("pools create", exitFailure, "--name", "exit-pool-2", "--site", "no-such-site"),
 		bc("pools list", exitOK),
 		bc("pools list", exitUsage, "extra"),
@@ -315,6 +317,8 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("pools set-budget", exitOK, "default", "--budget", "100%"),
 		bc("pools set-budget", exitUsage, "default"),
 		bc("pools set-budget", exitUsage, "default", "--budget", "101%"),
+		bc("pools set-budget", exitUsage, "default", "--budget", "4294967296"),
+		bc("pools set-budget", exitUsage, "default", "--remediation-concurrency", "0"),
 		bc("pools set-budget", exitFailure, "no-such-pool", "--budget", "2"),
 		bc("join-tokens create", exitUsage),
 		bc("join-tokens create", exitOK, "--pool", "default", "--out", scratch("jt")),

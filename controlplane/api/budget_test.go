@@ -45,6 +45,7 @@ func TestPoolBudgetAndDrain(t *testing.T) {
 		`{"pool":"gpu"}`: "disruptionBudget",
 		`{"pool":"gpu","disruptionBudget":"101%"}`:                          "disruptionBudget",
 		`{"pool":"gpu","disruptionBudget":"x"}`:                             "disruptionBudget",
+		`{"pool":"gpu","disruptionBudget":"99999999999"}`:                   "disruptionBudget",
 		`{"pool":"gpu","disruptionBudget":"2","remediationConcurrency":-1}`: "remediationConcurrency",
 	} {
 		wantCode(t, f.call("pools.setBudget", f.admin, body, peer), 400, "INVALID_ARGUMENT", field)

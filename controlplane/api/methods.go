@@ -490,7 +490,7 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 		switch a.Refusal {
 		case store.RefusalBudget:
 			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("pool %s has %d of its %d nodes out of service, its disruption budget "+
-				"(%s): drain refused; wait for one to come back, or raise it with pools.setBudget", n.PoolID, a.Budget.OutOfService,
+				"(%s): drain refused; wait for one to come back, or raise it (better-compute pools set-budget, pools.setBudget)", n.PoolID, a.Budget.OutOfService,
 				a.Budget.Nodes, a.Budget.Spec)}
 		case store.RefusalHeld:
 			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is out of service already, held by %s", n.ID, a.Holder)}

@@ -394,3 +394,35 @@ func TestDrainWaitsForRunningCommands(t *testing.T) {
 		}
 	})
 }
+
+// TestReservedNodeIsStillRemediated: failed hardware is remediated whether
+// or not the node holds a reservation (DESIGN.md, "Scheduler"): a node
+// placed for an active reservation raises XID 95 and is quarantined, reset
+// and returned like any other; the reservation keeps its slot.
+func TestReservedNodeIsStillRemediated(t *testing.T) {
+	t.Parallel()
+	backends(t, func(t *testing.T, st store.Store) {
+		f := newFixture(t, st, 3, config.Remediation{})
+		now := time.Now()
+		r, err := st.ReservationCreate(f.ctx, &store.ReservationCreateParams{PoolID: f.pool.ID, Nodes: 1,
+			Start: now.Add(-time.Minute), End: now.Add(time.Hour), Owner: "team-a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.ReservationPlace(f.ctx, &store.ReservationPlaceParams{ID: r.ID,
+			Slots: []*store.ReservationSlot{{NodeID: "node_01", GPU: 0}}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := st.NodeReservedNow(f.ctx, "node_01", nil); err != nil || got == nil {
+			t.Fatalf("node_01 is not reserved: %v %v", got, err)
+		}
+		f.xid("node_01", 95, "UNCONTAINED_ECC_ERROR", "RESET_GPU")
+		f.until(20, "returned", func() bool { c := f.caseOf("node_01"); return c != nil && c.State == store.RemediationReturned })
+		if got := f.commandsOf("node_01"); got[sessionv1.KindGPUReset] != 1 {
+			t.Errorf("reserved node's XID 95 commands %v, want one gpu.reset", got)
+		}
+		if got, err := st.NodeReservedNow(f.ctx, "node_01", nil); err != nil || got == nil || got.ID != r.ID {
+			t.Errorf("after remediation the reservation is %v (%v), want %s still holding the node", got, err, r.ID)
+		}
+	})
+}

@@ -58,8 +58,12 @@ func KnownDisruption(reason string) bool {
 	return false
 }
 
-// ParseBudget checks a budget spec, "N" nodes (0 or more) or "N%" of the
-// pool's nodes (1 to 100), and returns it in its canonical form.
+// MaxBudgetNodes is the largest count a budget spec may name: more nodes
+// than any pool holds, and far below the integer range it is counted in.
+const MaxBudgetNodes = 1_000_000
+
+// ParseBudget checks a budget spec, "N" nodes (0 to MaxBudgetNodes) or "N%"
+// of the pool's nodes (1 to 100), and returns it in its canonical form.
 func ParseBudget(spec string) (string, error) {
 	s := strings.TrimSpace(spec)
 	pct := strings.HasSuffix(s, "%")
@@ -69,6 +73,8 @@ func ParseBudget(spec string) (string, error) {
 		return "", fmt.Errorf("disruption budget %q: want a count of nodes (3) or a share of the pool (10%%)", spec)
 	case pct && (n < 1 || n > 100):
 		return "", fmt.Errorf("disruption budget %q: a share must be 1%% to 100%%", spec)
+	case !pct && n > MaxBudgetNodes:
+		return "", fmt.Errorf("disruption budget %q: at most %d nodes (or give a share, such as 100%%)", spec, MaxBudgetNodes)
 	}
 	if pct {
 		return strconv.Itoa(n) + "%", nil

@@ -136,7 +136,7 @@ func poolsSetBudgetCmd(e *env, af *apiFlags) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			if budget == "" && concurrency == 0 {
+			if budget == "" && !cmd.Flags().Changed("remediation-concurrency") {
 				return usageError{errors.New("--budget, --remediation-concurrency or both are required")}
 			}
 			if budget != "" {
@@ -144,8 +144,8 @@ func poolsSetBudgetCmd(e *env, af *apiFlags) *cobra.Command {
 					return usageError{fmt.Errorf("--budget: %w", err)}
 				}
 			}
-			if concurrency < 0 {
-				return usageError{fmt.Errorf("--remediation-concurrency %d: want 1 or more", concurrency)}
+			if cmd.Flags().Changed("remediation-concurrency") && (concurrency < 1 || concurrency > 1000) {
+				return usageError{fmt.Errorf("--remediation-concurrency %d: want 1 to 1000", concurrency)}
 			}
 			ctx := cmd.Context()
 			return runAPI(ctx, e, af, out,
@@ -157,7 +157,7 @@ func poolsSetBudgetCmd(e *env, af *apiFlags) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&budget, "budget", "", "most nodes out of service at once: N nodes or N% of the pool")
-	cmd.Flags().Int32Var(&concurrency, "remediation-concurrency", 0, "remediation actions at once on quarantined nodes (1 or more)")
+	cmd.Flags().Int32Var(&concurrency, "remediation-concurrency", 0, "remediation actions at once on quarantined nodes (1 to 1000)")
 	outputFlag(cmd, &out)
 	return cmd
 }

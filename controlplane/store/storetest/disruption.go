@@ -106,7 +106,7 @@ func testDisruptionBudget(ctx context.Context, t *testing.T, h *Harness) {
 	} else {
 		wantErr(t, err, store.ErrNotFound)
 	}
-	for _, spec := range []string{"", "x", "-1", "0%", "101%", "5.5"} {
+	for _, spec := range []string{"", "x", "-1", "0%", "101%", "5.5", "1000001", "4294967296", "99999999999"} {
 		if err := st.PoolSetBudget(ctx, &store.PoolSetBudgetParams{PoolID: pool.ID, Spec: spec, RemediationConcurrency: -1}); err == nil {
 			t.Errorf("PoolSetBudget(%q, -1): no error", spec)
 		}
