@@ -512,6 +512,14 @@ func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.Nod
 		return nil, err
 	}
 	err = s.store.Tx(ctx, func(tx store.Store) error {
+		// A node holding capacity for someone is not deleted under them:
+		// the reservation would stay active holding nothing.
+		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {
+			return err
+		} else if res != nil {
+			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: delete it after "+
+				"the reservation ends, or cancel it first (reservations cancel %s)", n.ID, res.ID, res.Owner, res.End.UTC().Format(time.RFC3339), res.ID)}
+		}
 		if n.CertSerial != "" {
 			if err := tx.RevocationInsert(ctx, &store.Revocation{Serial: n.CertSerial, NodeID: n.ID, Reason: "node deleted"}); err != nil {
 				return err

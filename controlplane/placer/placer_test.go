@@ -550,6 +550,18 @@ func TestDrainWaitsForReservation(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Code != "CONFLICT" || !strings.Contains(ae.Message, r.ID) || !strings.Contains(ae.Message, "team-c") {
 			t.Fatalf("drain of a reserved node: %v", err)
 		}
+		// Nor is it deleted under its reservation.
+		admin, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = (&client.Client{BaseURL: hs.URL + "/api", Token: admin}).NodesDelete(ctx, &apiv1.NodeRequest{Id: nodes[0]})
+		if !errors.As(err, &ae) || ae.Code != "CONFLICT" || !strings.Contains(ae.Message, r.ID) {
+			t.Fatalf("delete of a reserved node: %v", err)
+		}
+		if _, err := st.NodeGet(ctx, nodes[0]); err != nil {
+			t.Fatalf("the refused delete removed the node: %v", err)
+		}
 		// The node's labels are visible to selectors meanwhile.
 		n, err := c.NodesGet(ctx, &apiv1.NodeRequest{Id: nodes[0]})
 		if err != nil || n.GetNode().GetLabels()[store.ReservationLabelOwner] != "team-c" {
