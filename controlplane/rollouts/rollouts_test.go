@@ -503,13 +503,27 @@ func TestRolloutWaitsForReservation(t *testing.T) {
 }
 
 // running enqueues an exec command on node and marks it running, as if
-// the node were running it (a FakeDaemon runs an exec at once).
+// the node were running it (a FakeDaemon runs an exec at once). Both in
+// one transaction: the gateway's dispatch must never see it queued (it
+// did, and the daemon failed it, seen in CI).
 func (e *env) running(node string) *store.Command {
 	e.t.Helper()
-	ctx := context.Background()
-	c := mustV(e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec", Timeout: time.Hour}))[0]
-	if ok := mustV(e.st.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning, GatewayID: "gw_elsewhere"})); !ok {
-		e.t.Fatalf("command %s not running", c.ID)
+	var c *store.Command
+	err := e.st.Tx(context.Background(), func(tx store.Store) error {
+		ctx := context.Background()
+		cs, err := tx.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{node}, Kind: "exec", Timeout: time.Hour})
+		if err != nil {
+			return err
+		}
+		c = cs[0]
+		ok, err := tx.CommandSetState(ctx, &store.CommandSetStateParams{ID: c.ID, State: store.CommandRunning, GatewayID: "gw_elsewhere"})
+		if err == nil && !ok {
+			err = fmt.Errorf("command %s not running", c.ID)
+		}
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	return c
 }
