@@ -256,8 +256,9 @@ func signRelease(t *testing.T, dir, version string) string {
 	bc := testenv.Binary(t, "better-compute")
 	keys := filepath.Join(t.TempDir(), "keys")
 	var pin string
-	for _, args := range [][]string{{"release", "keygen", "--out-dir", keys},
-		{"release", "manifest", "--dist", dir, "--version", version, "--expires", "24h"},
+	// docs/install.md's commands ("An air-gapped site"), as written.
+	for _, args := range [][]string{{"release", "keygen", "--out", filepath.Join(keys, "release.key")},
+		{"release", "manifest", "--dist", dir, "--version", version, "--expires", "720h"},
 		{"release", "sign", "--key", filepath.Join(keys, "release.key"), "--in", filepath.Join(dir, "manifest.json")}} {
 		code, out, stderr := testenv.Run(t, nil, "", bc, args...)
 		if code != 0 {

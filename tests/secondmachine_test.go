@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -40,19 +41,25 @@ func secondMachine(t *testing.T, signed bool) {
 	dir := t.TempDir()
 	dist := filepath.Join(dir, "dist")
 	copyFile(t, bcdAt(t, "0.1.0"), filepath.Join(dist, "0.1.0", buildDir("bcd"), "bcd"), 0o755)
-	extra := ""
-	if signed {
-		extra = "downloads:\n  releasePins: [" + signRelease(t, filepath.Join(dist, "0.1.0"), "0.1.0") + "]\n"
-	}
 
-	// The control plane: the README's commands as written, in its
+	// The control plane: the commands of README.md (plain) or of
+	// docs/install.md's air-gapped site (signed) as written, in its
 	// namespace (where port 3000 and 8443 are its own). The public URL's
-	// host is not loopback, so the API serves HTTPS on its own; the signed
-	// variant adds downloads.releasePins in a configuration file.
-	env := []string{"BETTER_COMPUTE_DATA_DIR=" + filepath.Join(dir, "data"), "BETTER_COMPUTE_DOWNLOADS_DIR=" + dist}
-	serveArgs := []string{"serve", "--public-url", fmt.Sprintf("https://%s:8443", cp.Addr)}
-	if extra != "" {
-		serveArgs = append(serveArgs, "--config", testenv.WriteFile(t, "better-compute.yaml", extra))
+	// host is not loopback, so the API serves HTTPS on its own.
+	env := []string{"BETTER_COMPUTE_DATA_DIR=" + filepath.Join(dir, "data")}
+	publicURL := fmt.Sprintf("https://%s:8443", cp.Addr)
+	serveArgs := []string{"serve", "--public-url", publicURL}
+	if signed {
+		// docs/install.md: downloads.dir and downloads.releasePins in
+		// better-compute.yaml, then serve --config better-compute.yaml
+		// --public-url https://HOST:8443.
+		pin := signRelease(t, filepath.Join(dist, "0.1.0"), "0.1.0")
+		cfg := testenv.WriteFile(t, "better-compute.yaml", "downloads:\n  dir: "+dist+"\n  releasePins: ["+pin+"]\n")
+		serveArgs = []string{"serve", "--config", cfg, "--public-url", publicURL}
+	} else {
+		// README.md: BETTER_COMPUTE_DOWNLOADS_DIR=$PWD/dist bin/better-compute
+		// serve --public-url https://HOST:8443.
+		env = append(env, "BETTER_COMPUTE_DOWNLOADS_DIR="+dist)
 	}
 	bin, args := cp.Wrap(bc, serveArgs...)
 	serve := testenv.Start(t, env, bin, args...)
@@ -69,8 +76,12 @@ func secondMachine(t *testing.T, signed bool) {
 		return out
 	}
 	line := strings.TrimSpace(onCP("nodes", "add", "--pool", "default"))
-	if !strings.HasPrefix(line, "curl ") || !strings.Contains(line, "--pinnedpubkey") || !strings.Contains(line, api+"/api/install.sh") {
-		t.Fatalf("nodes add printed %q", line)
+	// The line README.md and docs/install.md show, word for word but for
+	// the pin, the host and the token.
+	lineRE := regexp.MustCompile(`^curl -fsS -k --pinnedpubkey 'sha256//[A-Za-z0-9+/]{43}=' -o install-bcd.sh '` +
+		regexp.QuoteMeta(api+"/api/install.sh") + `' && BCD_JOIN_TOKEN='bct1[^']+' sh install-bcd.sh$`)
+	if !lineRE.MatchString(line) {
+		t.Fatalf("nodes add printed %q, want the line of README.md (%s)", line, lineRE)
 	}
 
 	// The new machine: the second command, pasted into a shell there, with

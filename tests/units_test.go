@@ -144,7 +144,8 @@ func named(unit, row string) bool {
 // TestUnitsAnalyze checks every systemd unit we ship or the install script
 // writes with systemd-analyze: verify passes with the real binary at the
 // ExecStart path, and security --offline=true scores the sandboxed units
-// (unprivileged bcd, better-compute) at 5.0 or lower and the root units
+// (unprivileged bcd as the packages and the install script's --unprivileged
+// write it, better-compute) at 5.0 or lower and the root units
 // (bcd in root mode, bcd-helper) below the 9.6 they scored unhardened;
 // every option flagged in a root unit or better-compute.service is set or
 // named in a comment there, with the reason.
@@ -156,6 +157,10 @@ func TestUnitsAnalyze(t *testing.T) {
 		t.Fatal(err)
 	}
 	scripted, err := installer.Units(installer.UnitOptions{BinDir: "/usr/local/bin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scriptedUnprivileged, err := installer.Units(installer.UnitOptions{BinDir: "/usr/local/bin", Unprivileged: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +180,8 @@ func TestUnitsAnalyze(t *testing.T) {
 		{"unprivileged bcd.service (deb, rpm)", packaged, map[string]string{"/usr/bin/bcd": bcd}, "bcd.service", 5.0, false},
 		{"bcd-helper.service (deb, rpm)", packaged, map[string]string{"/usr/bin/bcd": bcd}, "bcd-helper.service", 9.5, true},
 		{"root bcd.service (install script)", scripted, map[string]string{"/usr/local/bin/bcd": bcd}, "bcd.service", 9.5, true},
+		{"unprivileged bcd.service (install script --unprivileged)", scriptedUnprivileged, map[string]string{"/usr/local/bin/bcd": bcd}, "bcd.service", 5.0, false},
+		{"bcd-helper.service (install script --unprivileged)", scriptedUnprivileged, map[string]string{"/usr/local/bin/bcd": bcd}, "bcd-helper.service", 9.5, true},
 		{"better-compute.service (deb, rpm)", map[string][]byte{"better-compute.service": cpUnit},
 			map[string]string{"/usr/bin/better-compute": cp}, "better-compute.service", 5.0, true},
 	}
