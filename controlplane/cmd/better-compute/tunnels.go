@@ -175,6 +175,15 @@ on NODE, until interrupted.`,
 			if err != nil {
 				return err
 			}
+			// The node is checked before the port is opened: a wrong or
+			// offline node fails now, not at the first connection.
+			n, err := c.NodesGet(cmd.Context(), &apiv1.NodeRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if n.GetNode().GetGatewayId() == "" {
+				return fmt.Errorf("node %s holds no session (state %s): nothing to forward to until its bcd is connected", args[0], n.GetNode().GetState())
+			}
 			ln, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(local)))
 			if err != nil {
 				return fmt.Errorf("listen: %w", err)
