@@ -57,6 +57,9 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, err
 	}
+	if base := r.GetBaseUrl(); base != "" && !downloadsRouteURL(base) {
+		return nil, invalid("baseUrl", "want an http(s)://host/path URL of a downloads route, such as https://compute.example.com/api/downloads")
+	}
 	pool, err := s.store.PoolGet(ctx, r.GetPool())
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
@@ -64,17 +67,15 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, err
 	}
+	// The release is checked first: without it no base URL would help.
+	if err := s.verifyRelease(ctx, pool.ID, version); err != nil {
+		return nil, err
+	}
 	base := r.GetBaseUrl()
 	if base == "" {
 		if base = s.downloadsURL(ctx); base == "" {
 			return nil, invalid("baseUrl", "this control plane serves no downloads (set downloads.dir) and the request names no baseUrl")
 		}
-	}
-	if u, err := url.Parse(base); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, invalid("baseUrl", "want an http(s)://host/path URL of a downloads route, such as https://compute.example.com/api/downloads")
-	}
-	if err := s.verifyRelease(ctx, pool.ID, version); err != nil {
-		return nil, err
 	}
 	ro, err := s.store.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: version, BaseURL: strings.TrimRight(base, "/"),
 		Canary: max(1, int(r.GetCanary())), Wave: wave, MaxUnavailable: maxOut, Soak: soak, Timeout: timeout,
@@ -91,6 +92,13 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		return nil, err
 	}
 	return s.rolloutResponse(ctx, ro)
+}
+
+// downloadsRouteURL reports whether base is an http(s)://host/path URL
+// without query or fragment, as a downloads route's base is.
+func downloadsRouteURL(base string) bool {
+	u, err := url.Parse(base)
+	return err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != "" && u.RawQuery == "" && u.Fragment == ""
 }
 
 // verifyRelease checks that the downloads folder holds version with a

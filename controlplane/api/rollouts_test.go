@@ -107,6 +107,7 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 		{`{"version":"0.2.0","pool":"p","maxUnavailable":"200%"}`, "maxUnavailable", "1% to 100%"},
 		{`{"version":"0.2.0","pool":"p","timeout":"0s"}`, "timeout", "must be"},
 		{`{"version":"0.2.0","pool":"p","canary":1000}`, "canary", "must be"},
+		{`{"version":"0.2.0","pool":"p","baseUrl":"ftp://x/downloads"}`, "baseUrl", "http(s)://host/path"},
 	} {
 		r := f.call("rollouts.create", op, c.body, peer)
 		status, code := http.StatusBadRequest, api.CodeInvalidArgument
@@ -123,6 +124,12 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 	wantCode(t, r, http.StatusBadRequest, api.CodeInvalidArgument, "version")
 	noDownloads := mk(api.Config{ReleasePins: []string{pin}})
 	wantCode(t, noDownloads.call("rollouts.create", noDownloads.admin, `{"version":"0.2.0","pool":"p"}`, peer),
+		http.StatusBadRequest, api.CodeInvalidArgument, "version")
+	// With no downloads at all the release is what is missing, not a
+	// base URL (naming baseUrl sent callers to a flag that cannot help).
+	bare := &fixture{t: t, st: st, srv: api.New(api.Config{Secret: strings.Repeat("s", 32)}, st, nil)}
+	bare.admin = bare.token(store.RoleAdmin, 0)
+	wantCode(t, bare.call("rollouts.create", bare.admin, `{"version":"0.2.0","pool":"p"}`, peer),
 		http.StatusBadRequest, api.CodeInvalidArgument, "version")
 	wantCode(t, f.call("rollouts.create", viewer, `{"version":"0.2.0","pool":"p"}`, peer), http.StatusForbidden, api.CodePermissionDenied, "")
 
