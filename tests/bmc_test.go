@@ -66,8 +66,19 @@ func freeUDP(t *testing.T) int {
 // configuration and waits until ipmitool gets an answer.
 func startIPMISim(t *testing.T) *ipmiSim {
 	t.Helper()
+	return startIPMISimWith(t, "")
+}
+
+// startIPMISimWith is startIPMISim with chassisControl as the chassis
+// control program ("": plugins/ipmi/testdata/chassis_control), run as
+// "chassisControl STATE get|set ...".
+func startIPMISimWith(t *testing.T, chassisControl string) *ipmiSim {
+	t.Helper()
 	requireIPMITools(t)
 	td := filepath.Join(repoRoot(), "plugins", "ipmi", "testdata")
+	if chassisControl == "" {
+		chassisControl = filepath.Join(td, "chassis_control")
+	}
 	dir := t.TempDir()
 	s := &ipmiSim{port: freeUDP(t), state: filepath.Join(dir, "chassis")}
 	for _, d := range []string{s.state, filepath.Join(dir, "sim")} {
@@ -79,7 +90,7 @@ func startIPMISim(t *testing.T) *ipmiSim {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf = []byte(strings.NewReplacer("@PORT@", strconv.Itoa(s.port), "@CHASSIS_CONTROL@", filepath.Join(td, "chassis_control"),
+	conf = []byte(strings.NewReplacer("@PORT@", strconv.Itoa(s.port), "@CHASSIS_CONTROL@", chassisControl,
 		"@STATE@", s.state).Replace(string(conf)))
 	if err := os.WriteFile(filepath.Join(dir, "lan.conf"), conf, 0o600); err != nil {
 		t.Fatal(err)

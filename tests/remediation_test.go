@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -233,5 +236,351 @@ func TestRemediationSurvivesWorkerKill(t *testing.T) {
 	}
 	if want := []string{"detected", "quarantined", "draining", "remediating", "verifying", "returned"}; !slices.Equal(steps, want) {
 		t.Errorf("steps %v, want %v", steps, want)
+	}
+}
+
+// TestXID79RebootThenPowerCycle: with real processes — serve (embedded
+// SQLite), two real bcd machines of one site, the real bcx-ipmi on one
+// (the site's BMC agent) and OpenIPMI's ipmi_sim as the other's BMC — the
+// GPU node's bcd is the nvmlmock build (go-nvml's mock DGX A100;
+// docs/gpu-health.md, "Test hook") with a stand-in systemctl first on its
+// PATH that records what it is asked and reboots nothing. XID 79
+// (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, RESTART_BM) raised on GPU 3 quarantines the
+// node, drains it and sends it a reboot command; when the stand-in has been
+// asked to reboot, the test kills the node's bcd (a reboot that hangs) and
+// does not start it again. The reboot is failed after verifyTimeout and the
+// policy power cycles the node through the agent: ipmi_sim's chassis goes
+// off and on, and its chassis-control script, on power on, starts the
+// node's bcd (the machine booting). The node connects again with a fresh
+// mock (no XID), is verified and returned to service. Every step is in the
+// event stream in order.
+func TestXID79RebootThenPowerCycle(t *testing.T) {
+	t.Parallel()
+	requireIPMITools(t)
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
+		gateway: "    heartbeatInterval: 1s\n",
+		// The reboot's command outlives verifyTimeout, so that the
+		// reboot is failed for not coming back, not for expiring.
+		top: "remediation:\n  interval: 500ms\n  verifySettle: 2s\n  verifyTimeout: 40s\n  actionTimeout: 150s\n",
+	})
+	tokenFile, _ := d.joinToken(2, time.Hour)
+	agentM, gpuM := newMachine(t, "bmc-agent"), newMachine(t, "gpu-xid79")
+	agent, node := agentM.mustJoin(d.gatewayURL, tokenFile), gpuM.mustJoin(d.gatewayURL, tokenFile)
+	mockBCD := testenv.BinaryTags(t, "bcd", "nvmlmock")
+
+	plugins := filepath.Join(t.TempDir(), "plugins")
+	copyFile(t, testenv.Binary(t, "bcx-ipmi"), filepath.Join(plugins, "bcx-ipmi"), 0o755)
+	if err := os.Chmod(plugins, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, args := agentM.argv("node", "--data-dir", agentM.dataDir, "--plugin-dir", plugins,
+		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"))
+	testenv.Start(t, nil, bin, args...).WaitLine(sessionEstablished.String(), 60*time.Second)
+
+	// The GPU machine: a stand-in systemctl that records its arguments,
+	// and the script its BMC's chassis control runs on power on.
+	dir := t.TempDir()
+	stub := filepath.Join(dir, "stub")
+	asked := filepath.Join(dir, "systemctl.log")
+	writeScript(t, filepath.Join(stub, "systemctl"), "#!/bin/sh\necho \"$*\" >>"+shellQuote(asked)+"\n")
+	path := "PATH=" + stub + ":" + os.Getenv("PATH")
+	gm := testenv.NewMachineAt(t, gpuM.name, gpuM.dataDir, gpuM.idFile)
+	gm.BCD = mockBCD
+	bin, args = gm.Argv("node", "--data-dir", gpuM.dataDir, "--plugin-dir", t.TempDir(),
+		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"))
+	pidFile, bootLog, boots := filepath.Join(dir, "bcd.pid"), filepath.Join(dir, "bcd-after-boot.log"), filepath.Join(dir, "boots")
+	argv := []string{"env", "-i", path, "HOME=" + os.TempDir(), "TZ=UTC", bin}
+	var cmdline []string
+	for _, a := range append(argv, args...) {
+		cmdline = append(cmdline, shellQuote(a))
+	}
+	// On: the machine boots and starts its bcd, in a session of its own
+	// with its output in a file (ipmi_sim waits for the script, not for
+	// bcd), its pid recorded. Off: whatever runs there dies.
+	boot := writeScript(t, filepath.Join(dir, "boot"), fmt.Sprintf(`#!/bin/sh
+pid=%[1]s
+if [ -s "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null; then exit 0; fi
+echo boot >>%[2]s
+setsid sh -c 'echo $$ >"$0"; exec "$@"' "$pid" %[3]s >>%[4]s 2>&1 </dev/null &
+`, shellQuote(pidFile), shellQuote(boots), strings.Join(cmdline, " "), shellQuote(bootLog)))
+	halt := writeScript(t, filepath.Join(dir, "halt"), fmt.Sprintf(`#!/bin/sh
+pid=%[1]s
+if [ -s "$pid" ]; then kill -9 "$(cat "$pid")" 2>/dev/null; fi
+exit 0
+`, shellQuote(pidFile)))
+	chassis := writeScript(t, filepath.Join(dir, "chassis_control"), fmt.Sprintf(`#!/bin/sh
+# plugins/ipmi/testdata/chassis_control, and the machine's power: on boots it, off halts it.
+%[1]s "$@" || exit
+[ "$2" = set ] || exit 0
+shift 2
+while [ $# -ge 2 ]; do
+	case "$1 $2" in
+	"power 1") %[2]s ;;
+	"power 0") %[3]s ;;
+	esac
+	shift 2
+done
+`, shellQuote(filepath.Join(repoRoot(), "plugins", "ipmi", "testdata", "chassis_control")), shellQuote(boot), shellQuote(halt)))
+	sim := startIPMISimWith(t, chassis)
+	// The bcd the machine's boot started is the test's to stop.
+	t.Cleanup(func() { stopPidFile(t, pidFile) })
+
+	np := testenv.Start(t, []string{path}, bin, args...)
+	np.WaitLine(`NVML is go-nvml's mock DGX A100`, 60*time.Second)
+	np.WaitLine(sessionEstablished.String(), 60*time.Second)
+	nodeOf := func(id string) *store.Node {
+		n, err := d.st.NodeGet(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, 60*time.Second, func() bool {
+		return nodeOf(agent).State == store.NodeReady && nodeOf(node).State == store.NodeReady &&
+			strings.Contains(string(nodeOf(node).Inventory), gputest.UUID(7)) && runsIPMI(nodeOf(agent).Inventory)
+	}, func() string {
+		return "nodes not ready with their inventories: agent " + nodeOf(agent).State + ", node " + nodeOf(node).State
+	})
+
+	pwFile := filepath.Join(t.TempDir(), "bmc-password")
+	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.cli(d.viaAPI("bmc", "credentials", "set", "--node", node, "--address", "127.0.0.1", "--username", simUser,
+		"--password-file", pwFile, "--providers", "ipmitool", "--ipmi-port", strconv.Itoa(sim.port), "--bmc-timeout", "10s")...)
+
+	// XID 79 on GPU 3.
+	if err := os.WriteFile(filepath.Join(gpuM.dataDir, "nvmlmock-xids"), []byte("3 79\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	np.Signal(syscall.SIGUSR1)
+	np.WaitLine(`msg="Mock XID raised" .*gpu_index=3 xid=79`, 30*time.Second)
+
+	// Quarantined, drained and the reboot asked for: the stand-in says so.
+	eventually(t, 120*time.Second, func() bool {
+		b, _ := os.ReadFile(asked)
+		return strings.Contains(string(b), "reboot")
+	}, func() string {
+		c := latestCase(t, d.st, node)
+		if c == nil {
+			return "no case for the node"
+		}
+		return "no reboot asked; case " + c.State + " action " + c.Action + ": " + c.Reason
+	})
+	rebootAsked := time.Since(start)
+	c := latestCase(t, d.st, node)
+	if c.State != store.RemediationRemediating || c.Action != "reboot" || c.Finding != "xid" || c.XID != 79 ||
+		c.Resolution != "RESTART_BM" || c.GPUUUID != gputest.UUID(3) || !nodeOf(node).Cordoned {
+		t.Fatalf("when the reboot was asked: case %s action %s finding %s xid %d %s gpu %s, node cordoned %v",
+			c.State, c.Action, c.Finding, c.XID, c.Resolution, c.GPUUUID, nodeOf(node).Cordoned)
+	}
+	// The node's inventory says GPU 3 failed (what verification reads).
+	eventually(t, 60*time.Second, func() bool { return failedGPUs(nodeOf(node).Inventory) == gputest.UUID(3) },
+		func() string { return "failed GPUs before the reboot: " + failedGPUs(nodeOf(node).Inventory) })
+	// The reboot hangs: bcd is gone, the machine does not come back.
+	np.Stop(syscall.SIGKILL, time.Second)
+
+	eventually(t, 180*time.Second, func() bool {
+		c := latestCase(t, d.st, node)
+		return c.State == store.RemediationReturned || c.State == store.RemediationEscalated
+	}, func() string {
+		c := latestCase(t, d.st, node)
+		return "case " + c.State + " action " + c.Action + ": " + c.Reason
+	})
+	took := time.Since(start)
+	c = latestCase(t, d.st, node)
+	if c.State != store.RemediationReturned {
+		t.Fatalf("case %s: %s", c.State, c.Reason)
+	}
+	t.Logf("XID 79 → reboot asked in %v, → returned in %v", rebootAsked.Round(time.Millisecond), took.Round(time.Millisecond))
+
+	// Every step in the event stream, in order: the node's GPU event, then
+	// each remediation move with its action.
+	es, err := d.st.OutboxQuery(t.Context(), &store.OutboxQueryParams{TopicPrefix: "com.better-compute.", Ascending: true,
+		Limit: store.MaxListLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []string
+	for _, e := range es {
+		env, err := events.Parse(e.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case env.Type == events.GPUHealthChanged:
+			var data events.GPUHealthData
+			if err := json.Unmarshal(env.Data, &data); err != nil {
+				t.Fatal(err)
+			}
+			if data.NodeID == node {
+				steps = append(steps, fmt.Sprintf("gpu.health-changed %s %d %s %s", data.Kind, data.XID, data.Resolution, data.GPUUUID))
+				t.Logf("event %s: %s %s xid %d %s %s", e.CreatedAt.Format("15:04:05.000"), env.Type, data.Kind, data.XID, data.XIDMnemonic, data.Resolution)
+			}
+		case strings.HasPrefix(env.Type, "com.better-compute.remediation.") && e.Key == node:
+			var data events.RemediationData
+			if err := json.Unmarshal(env.Data, &data); err != nil {
+				t.Fatal(err)
+			}
+			steps = append(steps, strings.TrimPrefix(e.Topic, "com.better-compute.remediation.")+" "+data.Action)
+			t.Logf("event %s: %s %s attempts %d: %s", e.CreatedAt.Format("15:04:05.000"), env.Type, data.Action, data.Attempts, data.Reason)
+		}
+	}
+	want := []string{"gpu.health-changed gpu.xid 79 RESTART_BM " + gputest.UUID(3),
+		"detected reboot", "quarantined reboot", "draining reboot", "remediating reboot",
+		"draining power-cycle", "remediating power-cycle", "verifying power-cycle", "returned power-cycle"}
+	if !slices.Equal(steps, want) {
+		t.Errorf("remediation steps of the node\n%q, want\n%q", steps, want)
+	}
+	if c.Finding != "xid" || c.Action != "power-cycle" || c.Attempts != 2 || len(c.CommandIDs) != 2 {
+		t.Errorf("case finding %s action %s attempts %d commands %v", c.Finding, c.Action, c.Attempts, c.CommandIDs)
+	}
+
+	// The commands: one reboot on the node, asked of systemctl once (and
+	// cancelled when the node did not come back, so that it is not
+	// delivered again); one power cycle through the agent, with the node's
+	// secret opened under a grant.
+	cmds, err := d.st.CommandList(t.Context(), &store.CommandListParams{NodeID: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cmds) != 1 || cmds[0].Kind != "reboot" || cmds[0].ID != c.CommandIDs[0] ||
+		(cmds[0].State != store.CommandCancelled && cmds[0].State != store.CommandLost) {
+		for _, cmd := range cmds {
+			t.Logf("node's command %s %s %s: %s", cmd.ID, cmd.Kind, cmd.State, cmd.Error)
+		}
+		t.Errorf("node's commands: %d, want the one reboot, cancelled or lost", len(cmds))
+	} else {
+		t.Logf("the reboot command ended %s: %s", cmds[0].State, cmds[0].Error)
+	}
+	if b, _ := os.ReadFile(asked); string(b) != "reboot\n" {
+		t.Errorf("systemctl was asked %q, want one reboot", b)
+	}
+	cmds, err = d.st.CommandList(t.Context(), &store.CommandListParams{NodeID: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cmds) != 1 || cmds[0].Kind != "power.cycle" || cmds[0].State != store.CommandSucceeded || cmds[0].ID != c.CommandIDs[1] {
+		for _, cmd := range cmds {
+			t.Logf("agent's command %s %s %s: %s", cmd.ID, cmd.Kind, cmd.State, cmd.Error)
+		}
+		t.Errorf("agent's commands: %d, want the one power.cycle, succeeded", len(cmds))
+	}
+	audit, err := d.st.AuditQuery(t.Context(), &store.AuditQueryParams{Resource: "secret/bmc/" + node, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(audit, func(a *store.AuditEntry) bool {
+		return a.Action == "secret.read-granted" && a.Actor == "node:"+agent && a.Outcome == "success"
+	}) {
+		t.Errorf("no granted secret read by the agent: %+v", audit)
+	}
+
+	// The BMC went off and on, and the boot started the node's bcd once.
+	if log := sim.read(t, "log"); !strings.Contains(log, "set power 0") || !strings.Contains(log, "set power 1") {
+		t.Errorf("chassis control log:\n%s", log)
+	}
+	if b, _ := os.ReadFile(boots); string(b) != "boot\n" {
+		t.Errorf("boots %q, want one", b)
+	}
+	if b, _ := os.ReadFile(bootLog); !sessionEstablished.Match(b) {
+		t.Errorf("the bcd the boot started has no session:\n%s", b)
+	}
+	if n := nodeOf(node); n.State != store.NodeReady || n.Cordoned || failedGPUs(n.Inventory) != "" ||
+		!strings.Contains(string(n.Inventory), gputest.UUID(7)) {
+		t.Errorf("node after return: %s, cordoned %v, inventory %s", n.State, n.Cordoned, n.Inventory)
+	}
+}
+
+// failedGPUs lists the UUIDs of the GPUs an inventory (protojson of
+// session.v1 Inventory) says failed, comma-separated.
+func failedGPUs(inv []byte) string {
+	var doc struct {
+		GPUs []struct {
+			UUID   string `json:"uuid"`
+			Health struct {
+				State string `json:"state"`
+			} `json:"health"`
+		} `json:"gpus"`
+	}
+	if json.Unmarshal(inv, &doc) != nil {
+		return ""
+	}
+	var failed []string
+	for _, g := range doc.GPUs {
+		if g.Health.State == "GPU_HEALTH_STATE_FAILED" {
+			failed = append(failed, g.UUID)
+		}
+	}
+	return strings.Join(failed, ",")
+}
+
+// runsIPMI reports whether an inventory lists the ipmi plugin healthy.
+func runsIPMI(inv []byte) bool {
+	var doc struct {
+		Plugins []struct {
+			Name    string `json:"name"`
+			Healthy bool   `json:"healthy"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal(inv, &doc) != nil {
+		return false
+	}
+	for _, p := range doc.Plugins {
+		if p.Name == "ipmi" && p.Healthy {
+			return true
+		}
+	}
+	return false
+}
+
+// writeScript writes an executable file at path and returns path.
+func writeScript(t *testing.T, path, body string) string {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// shellQuote quotes s for sh.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// stopPidFile stops the process whose pid file names it, if it runs:
+// SIGTERM, then SIGKILL after 10 s.
+func stopPidFile(t *testing.T, pidFile string) {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return
+	}
+	gone := func() bool {
+		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil {
+			return true
+		}
+		s := string(st)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		return len(f) > 0 && f[0] == "Z"
+	}
+	if gone() {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(10 * time.Second); !gone(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return
+		}
 	}
 }

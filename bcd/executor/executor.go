@@ -81,7 +81,9 @@ type Config struct {
 	// when bcd is root; otherwise reboot commands fail.
 	Reboot Rebooter
 	// RebootCommand is the program that reboots the machine when bcd is
-	// root and Reboot is nil. Defaults to DefaultRebootCommand.
+	// root and Reboot is nil, its name looked up in bcd's own PATH first
+	// (as NvidiaSMI's), else in the default PATH (bcexec.DefaultPath).
+	// Defaults to DefaultRebootCommand.
 	RebootCommand []string
 	// Logger defaults to discarding.
 	Logger *slog.Logger

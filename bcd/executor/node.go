@@ -186,7 +186,15 @@ func (e *Executor) reboot(ctx context.Context, u *updater) *sessionv1.CommandRes
 	case e.cfg.Reboot != nil:
 		err = e.cfg.Reboot.Reboot(ctx)
 	case e.cfg.IsRoot():
-		if res := bcexec.Run(ctx, bcexec.Spec{Argv: e.cfg.RebootCommand, OutputLimit: 4 << 10}, output(u)); res.Err != nil {
+		argv := slices.Clone(e.cfg.RebootCommand)
+		if !strings.Contains(argv[0], "/") {
+			// As nvidia-smi is: bcd's own PATH first (a test's
+			// stand-in systemctl), the default PATH otherwise.
+			if p, err := exec.LookPath(argv[0]); err == nil {
+				argv[0] = p
+			}
+		}
+		if res := bcexec.Run(ctx, bcexec.Spec{Argv: argv, OutputLimit: 4 << 10}, output(u)); res.Err != nil {
 			err = res.Err
 		} else if res.ExitCode != 0 {
 			err = fmt.Errorf("%s exited with status %d", strings.Join(e.cfg.RebootCommand, " "), res.ExitCode)

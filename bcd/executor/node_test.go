@@ -219,6 +219,43 @@ func TestRebootIsNotRepeated(t *testing.T) {
 	}
 }
 
+// As root without a Rebooter, a reboot runs RebootCommand, its program
+// looked up in bcd's own PATH first (where a test's stand-in systemctl
+// is), and then waits for the machine to go down without a result.
+func TestRebootRunsSystemctlFromPATH(t *testing.T) {
+	dir := t.TempDir()
+	asked := filepath.Join(dir, "asked")
+	if err := os.WriteFile(filepath.Join(dir, "systemctl"), []byte("#!/bin/sh\necho \"$*\" >> "+asked+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	j, err := journal.Open(journal.Config{Path: filepath.Join(t.TempDir(), journal.File)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	proc := &fakeProc{boot: "boot-1", procs: map[int]*fakeProcess{}}
+	e := executor.New(executor.Config{Journal: j, Proc: proc, IsRoot: func() bool { return true }})
+	ctx, stop := context.WithCancel(t.Context())
+	r := newRecorder()
+	e.HandleCommand(ctx, &sessionv1.Command{Id: "reboot_1", Kind: sessionv1.KindReboot}, r.send)
+	r.await(t, "the reboot to start", started)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(asked); string(b) == "reboot\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(asked)
+			t.Fatalf("the stand-in systemctl was asked %q, want reboot", b)
+		}
+	}
+	stop() // the machine goes down
+	e.Wait()
+	if res := e.PendingResults(); len(res) != 0 {
+		t.Fatalf("a result before the reboot happened: %v", res)
+	}
+}
+
 // A drain waits for the running commands and refuses new exec commands
 // meanwhile; once it ends the node takes them again.
 func TestDrain(t *testing.T) {

@@ -27,6 +27,9 @@ type Machine struct {
 	DataDir string
 	// IDFile holds the machine id bound over /etc/machine-id.
 	IDFile string
+	// BCD is the bcd binary Argv runs. Defaults to Binary(t, "bcd"); a
+	// variant such as BinaryTags(t, "bcd", "nvmlmock") may be set.
+	BCD string
 }
 
 // unshareProbe checks once that unshare can make the namespaces here.
@@ -73,12 +76,16 @@ func NewMachine(t testing.TB, name string) *Machine {
 // Clone returns a copy of m as a cloned virtual machine is: the same
 // hostname and machine id, and a data dir of its own, empty.
 func (m *Machine) Clone() *Machine {
-	return &Machine{t: m.t, Name: m.Name, DataDir: filepath.Join(m.t.TempDir(), "bcd"), IDFile: m.IDFile}
+	return &Machine{t: m.t, Name: m.Name, DataDir: filepath.Join(m.t.TempDir(), "bcd"), IDFile: m.IDFile, BCD: m.BCD}
 }
 
 // Argv returns the program and arguments that run bcd with args on m.
 func (m *Machine) Argv(args ...string) (string, []string) {
-	a := append(unshareArgs(), "--", "sh", "-c", machineShell, "machine", m.Name, m.IDFile, Binary(m.t, "bcd"))
+	bcd := m.BCD
+	if bcd == "" {
+		bcd = Binary(m.t, "bcd")
+	}
+	a := append(unshareArgs(), "--", "sh", "-c", machineShell, "machine", m.Name, m.IDFile, bcd)
 	return "unshare", append(a, args...)
 }
 

@@ -47,11 +47,21 @@ func moduleRoot() string {
 // process: "better-compute", "bcd" or "bcx-ipmi".
 func Binary(t testing.TB, name string) string {
 	t.Helper()
+	return BinaryTags(t, name)
+}
+
+// BinaryTags is Binary built with the given build tags, once per test
+// process and set of tags, beside the plain build: for example
+// BinaryTags(t, "bcd", "nvmlmock"), the bcd whose NVML is go-nvml's mock
+// DGX A100 (docs/gpu-health.md, "Test hook"). No tags: Binary.
+func BinaryTags(t testing.TB, name string, tags ...string) string {
+	t.Helper()
+	key := strings.Join(append([]string{name}, tags...), "-")
 	builds.mu.Lock()
-	build, ok := builds.done[name]
+	build, ok := builds.done[key]
 	if !ok {
-		build = sync.OnceValues(func() (string, error) { return buildBinary(name) })
-		builds.done[name] = build
+		build = sync.OnceValues(func() (string, error) { return buildBinary(name, key, tags) })
+		builds.done[key] = build
 	}
 	builds.mu.Unlock()
 	p, err := build()
@@ -61,7 +71,9 @@ func Binary(t testing.TB, name string) string {
 	return p
 }
 
-func buildBinary(name string) (string, error) {
+// buildBinary builds binary name with tags into the build directory as
+// file.
+func buildBinary(name, file string, tags []string) (string, error) {
 	pkg, ok := packages[name]
 	if !ok {
 		return "", fmt.Errorf("no package for binary %q", name)
@@ -82,8 +94,12 @@ func buildBinary(name string) (string, error) {
 	}
 	dir := builds.dir
 	builds.mu.Unlock()
-	out := filepath.Join(dir, name)
-	cmd := exec.Command("go", "build", "-ldflags", "-X main.version=0.0.0-e2e", "-o", out, pkg)
+	out := filepath.Join(dir, file)
+	args := []string{"build", "-ldflags", "-X main.version=0.0.0-e2e", "-o", out}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = moduleRoot()
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build %s: %v\n%s", name, err, b)

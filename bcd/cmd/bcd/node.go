@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"time"
@@ -16,11 +17,18 @@ import (
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/upgrade"
 )
+
+// testGPUs, set only by the nvmlmock test build (nvmlmock.go), gives bcd
+// node its GPUs and kernel log instead of the system's: go-nvml's mock DGX
+// A100 and XIDs raised by the test (docs/gpu-health.md, "Test hook"). Nil in
+// production builds.
+var testGPUs func(ctx context.Context, log *slog.Logger, dataDir string) (*gpu.Collector, gpu.KernelLog, error)
 
 type nodeFlags struct {
 	dataDir      string
@@ -111,6 +119,16 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	notify := sdnotify.New(log)
 
+	// Production builds read the system's NVML and kernel log (nil: the
+	// agent's defaults); the nvmlmock test build, go-nvml's mock.
+	var gpus *gpu.Collector
+	var kernelLog gpu.KernelLog
+	if testGPUs != nil {
+		if gpus, kernelLog, err = testGPUs(ctx, log, f.dataDir); err != nil {
+			return err
+		}
+	}
+
 	var idMu sync.Mutex
 	a, err := agent.New(agent.Config{
 		Session: session.Config{
@@ -149,6 +167,8 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		Unprivileged:   f.unprivileged,
 		HelperSocket:   f.helperSocket,
 		RescanInterval: f.rescan,
+		GPU:            gpus,
+		KernelLog:      kernelLog,
 		Upgrader:       up.upgrader(),
 		BMC:            agent.BMCConfig{NodeID: id.NodeID, File: f.bmcFile, PluginDir: f.pluginDir},
 		StateDir:       f.dataDir,
