@@ -286,6 +286,10 @@ type Retention struct {
 	Events Duration `yaml:"events"`
 	// Audit: audit rows. Defaults to 365 days (8760h).
 	Audit Duration `yaml:"audit"`
+	// History: closed reservations (ended, cancelled, failed) and finished
+	// rollouts (completed, aborted, failed), counted from when they
+	// closed. Defaults to 90 days (2160h).
+	History Duration `yaml:"history"`
 }
 
 // Downloads configures the downloads route.
@@ -492,6 +496,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	if r.Audit.Duration == 0 {
 		r.Audit.Duration = 365 * 24 * time.Hour
 	}
+	if r.History.Duration == 0 {
+		r.History.Duration = 90 * 24 * time.Hour
+	}
 	c.Remediation.defaults()
 	c.Rollouts.defaults()
 	c.Embedded = c.Database.URL == ""
@@ -635,7 +642,8 @@ func (c *Config) validate() error {
 		}
 	}
 	for key, d := range map[string]time.Duration{"retention.commands": c.Retention.Commands.Duration,
-		"retention.events": c.Retention.Events.Duration, "retention.audit": c.Retention.Audit.Duration} {
+		"retention.events": c.Retention.Events.Duration, "retention.audit": c.Retention.Audit.Duration,
+		"retention.history": c.Retention.History.Duration} {
 		if d < time.Hour {
 			return &Error{Key: key, Msg: "want at least 1h"}
 		}

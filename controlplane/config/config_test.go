@@ -113,6 +113,7 @@ func TestInvalid(t *testing.T) {
 		{"webhook without secret", "sinks:\n  webhooks:\n  - {name: hook, url: https://h.example/x}\n", nil, Flags{}, "sinks.webhooks[0].secret"},
 		{"duplicate sink", "sinks:\n  files:\n  - {name: a, path: /x}\n  - {name: a, path: /y}\n", nil, Flags{}, "sinks.files[1].name"},
 		{"short retention", "retention:\n  audit: 1m\n", nil, Flags{}, "retention.audit"},
+		{"short history", "retention:\n  history: 30m\n", nil, Flags{}, "retention.history"},
 		{"negative heartbeat", "host:\n  gateway:\n    heartbeatInterval: -10s\n", nil, Flags{}, "host.gateway.heartbeatInterval"},
 		{"one missed heartbeat", "host:\n  gateway:\n    missedHeartbeats: 1\n", nil, Flags{}, "host.gateway.missedHeartbeats"},
 		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},

@@ -165,6 +165,10 @@ type ReservationStore interface {
 	// error when none does. Rollouts and operator drains wait while it
 	// returns one (docs/reservations.md, "Disruptions").
 	NodeReservedNow(ctx context.Context, nodeID string, now *time.Time) (*Reservation, error)
+	// ReservationPrune deletes the ended, cancelled and failed
+	// reservations (with their slots) last changed before before, and
+	// returns how many: retention.history.
+	ReservationPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
 // ReservationCreateParams are ReservationCreate's inputs. ID defaults to

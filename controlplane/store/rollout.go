@@ -205,6 +205,10 @@ type RolloutStore interface {
 	// RolloutsActive returns the rollouts that are active (RolloutActive),
 	// by id: what the reconciler reads once a round.
 	RolloutsActive(ctx context.Context) ([]*Rollout, error)
+	// RolloutPrune deletes the completed, aborted and failed rollouts
+	// (with their nodes) finished before before, and returns how many:
+	// retention.history.
+	RolloutPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
 // RolloutCreateParams are RolloutCreate's inputs. ID defaults to a new

@@ -296,8 +296,17 @@ func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Ret
 		if err != nil {
 			return err
 		}
-		if c+e+a+o > 0 {
-			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a, "outbox", o)
+		res, err := tx.ReservationPrune(ctx, now.Add(-r.History.Duration))
+		if err != nil {
+			return err
+		}
+		ro, err := tx.RolloutPrune(ctx, now.Add(-r.History.Duration))
+		if err != nil {
+			return err
+		}
+		if c+e+a+o+res+ro > 0 {
+			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a, "outbox", o,
+				"reservations", res, "rollouts", ro)
 		}
 		return nil
 	})

@@ -58,6 +58,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
 		{"GatewaysSessions", testGatewaysSessions},
+		{"SessionBootID", testSessionBootID},
 		{"GatewayReap", testGatewayReap},
 		{"Workers", testWorkers},
 		{"Commands", testCommands},
@@ -78,6 +79,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"DisruptionBudget", testDisruptionBudget},
 		{"DisruptionConcurrentAdmissions", testDisruptionConcurrentAdmissions},
 		{"Rollouts", testRollouts},
+		{"HistoryPrune", testHistoryPrune},
 		{"Tunnels", testTunnels},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -607,6 +609,46 @@ func testGatewayReap(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("dead gateway's lease kept: %+v", l)
 	}
 	must(h.Store.GatewayGet(ctx, "gw-live"))
+}
+
+// testSessionBootID: the boot id a node reports when its session opens is
+// the node's BootID: kept when the session closes and across a re-join's
+// upsert, replaced by the next session's, and cleared by a session that
+// reports none (an older bcd), so that a stale boot id is never read as
+// the current boot's.
+func testSessionBootID(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	addNode(ctx, t, h, pool, "node_b")
+	bootID := func() string { t.Helper(); return must(h.Store.NodeGet(ctx, "node_b")).BootID }
+	if b := bootID(); b != "" {
+		t.Fatalf("boot id before any session = %q", b)
+	}
+	open := func(sess, boot string) {
+		t.Helper()
+		_, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_b", SessionID: sess, GatewayID: "gw1", BootID: boot})
+		check(t, err)
+	}
+	open("sess-b1", "boot-a")
+	if b := bootID(); b != "boot-a" {
+		t.Fatalf("boot id after the first session = %q, want boot-a", b)
+	}
+	check(t, h.Store.SessionClose(ctx, "node_b", "sess-b1"))
+	addNode(ctx, t, h, pool, "node_b")
+	if b := bootID(); b != "boot-a" {
+		t.Fatalf("boot id after the session closed and an upsert = %q, want boot-a", b)
+	}
+	open("sess-b2", "boot-a") // bcd restarted, same boot
+	if b := bootID(); b != "boot-a" {
+		t.Fatalf("boot id after a restart = %q, want boot-a", b)
+	}
+	open("sess-b3", "boot-b") // rebooted, superseding the old session
+	if b := bootID(); b != "boot-b" {
+		t.Fatalf("boot id after a reboot = %q, want boot-b", b)
+	}
+	open("sess-b4", "")
+	if b := bootID(); b != "" {
+		t.Fatalf("boot id after a session that reported none = %q, want none", b)
+	}
 }
 
 func mustOpen(t *testing.T, h *Harness, ctx context.Context, node, sess, gw string) (*store.Session, *store.Session) {

@@ -774,3 +774,10 @@ func (s *Store) ReservationPoolsDue(ctx context.Context, poolIDs []string, now t
 	out, err := texts(rows)
 	return out, s.wrap("list pools with reservations due", err)
 }
+
+// ReservationPrune deletes closed reservations last changed before before.
+func (s *Store) ReservationPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM reservations WHERE state IN ($1, $2, $3) AND updated_at < $4`,
+		store.ReservationEnded, store.ReservationCancelled, store.ReservationFailed, before)
+	return n, s.wrap("prune reservations", err)
+}

@@ -311,3 +311,10 @@ func (s *Store) RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdat
 			Version: version, PreviousVersion: n.PreviousVersion, State: n.State, Wave: n.Wave, CommandID: cmd, Reason: n.Reason}})
 	})
 }
+
+// RolloutPrune deletes finished rollouts that finished before before.
+func (s *Store) RolloutPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM rollouts WHERE state IN ($1, $2, $3) AND finished_at < $4`,
+		store.RolloutCompleted, store.RolloutAborted, store.RolloutFailed, before)
+	return n, s.wrap("prune rollouts", err)
+}
