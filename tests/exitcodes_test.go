@@ -260,6 +260,7 @@ func exitCases(f *exitFixture) []exitCase {
 	}
 	scratch := func(name string) string { return filepath.Join(f.dir, name) }
 	pw := f.file("bmc-password", "secret\n")
+	pwNotUTF8 := f.file("bmc-password-not-utf8", "se\xffcret\n")
 	notAFile := f.file("plain-file", "x")
 	unreachableDB := "postgres://postgres@127.0.0.1:1/nothing?connect_timeout=2"
 	return []exitCase{
@@ -333,6 +334,7 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("nodes get", exitOK, f.node),
 		bc("nodes get", exitUsage),
 		bc("nodes get", exitFailure, "node_nosuch"),
+		bc("nodes get", exitUsage, "node_\xff"), // not UTF-8: the client refuses to send it, as the API would
 		bc("nodes cordon", exitFailure, "node_nosuch"),
 		bc("nodes uncordon", exitOK, f.node),
 		bc("nodes drain", exitUsage, "a", "b"),
@@ -348,18 +350,20 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("nodes reinstall", exitFailure, "node_nosuch"),
 		bc("nodes reinstall", exitOK, f.node, "--out", scratch("reinstall-token")),
 		bc("nodes shell", exitUsage),
-		bc("nodes shell", exitFailure, "node_nosuch"),               // NOT_FOUND
-		bc("nodes shell", exitOK, f.node),                           // stdin is empty: the shell reads end of input and exits 0
-		bc("nodes port-forward", exitUsage, f.node),                 // no port
-		bc("nodes port-forward", exitUsage, f.node, "99999"),        // not a port
-		bc("nodes port-forward", exitUsage, f.node, "x:80"),         // not a local port
-		bc("nodes port-forward", exitUsage, f.node, "127.0.0.1:22"), // LOCAL is a port, not an address (--address)
+		bc("nodes shell", exitFailure, "node_nosuch"),                // NOT_FOUND
+		bc("nodes shell", exitOK, f.node),                            // stdin is empty: the shell reads end of input and exits 0
+		bc("nodes port-forward", exitUsage, f.node),                  // no port
+		bc("nodes port-forward", exitUsage, f.node, "99999"),         // not a port
+		bc("nodes port-forward", exitUsage, f.node, "x:80"),          // not a local port
+		bc("nodes port-forward", exitUsage, f.node, "127.0.0.1:22"),  // LOCAL is a port, not an address (--address)
+		bc("nodes port-forward", exitFailure, "node_nosuch", "0:22"), // refused before it listens (it waited for a connection)
 
 		bc("commands run", exitOK, "--node", f.node, "--", "true"),
 		bc("commands run", exitFailure, "--node", f.node, "--", "false"),
 		bc("commands run", exitUsage, "--pool", "default"),                                // no argv
 		bc("commands run", exitUsage, "--node", f.node, "--timeout", "48h", "--", "true"), // INVALID_ARGUMENT
 		bc("commands run", exitFailure, "--node", "node_nosuch", "--", "true"),
+		bc("commands run", exitUsage, "--node", f.node, "--", "echo", "\xff"), // argv not UTF-8
 		bc("commands get", exitOK, f.command),
 		bc("commands get", exitUsage),
 		bc("commands get", exitFailure, "cmd_nosuch"),
@@ -369,6 +373,7 @@ func exitCases(f *exitFixture) []exitCase {
 
 		bc("tokens create", exitOK, "--role", "viewer"),
 		bc("tokens create", exitUsage, "--role", "emperor"), // INVALID_ARGUMENT
+		bc("tokens create", exitUsage, "--role", "viewer", "--description", "a\xffb"),
 		bc("tokens list", exitOK),
 		bc("tokens revoke", exitUsage),
 		bc("tokens revoke", exitFailure, "tok_nosuch"),
@@ -383,6 +388,7 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("bmc reset", exitFailure, "--node", "node_nosuch"),
 		bc("bmc boot", exitUsage, "--node", f.node, "--device", "floppy"),
 		bc("bmc credentials set", exitUsage, "--node", f.node),
+		bc("bmc credentials set", exitUsage, "--node", f.node, "--address", "10.0.0.9", "--username", "admin", "--password-file", pwNotUTF8),
 		bc("bmc credentials set", exitOK, "--node", f.node, "--address", "10.0.0.9", "--username", "admin", "--password-file", pw),
 		bc("bmc credentials set", exitFailure, "--node", "node_nosuch", "--address", "10.0.0.9", "--username", "admin", "--password-file", pw),
 		bc("bmc credentials delete", exitUsage),
@@ -511,6 +517,8 @@ func exitCases(f *exitFixture) []exitCase {
 		{cmd: "better-compute pki revoke", args: []string{"--node", f.node}, want: exitOK, last: true},
 		// The running agent stops for good once its identity is revoked.
 		{cmd: "bcd node", want: exitRevoked, last: true, exit: func(t *testing.T) int { return f.nodeP.Wait(30 * time.Second) }},
+		// Its state file is left, saying it is no longer running.
+		{cmd: "bcd status", args: []string{"--data-dir", f.m.dataDir}, want: exitFailure, last: true},
 		{cmd: "better-compute nodes delete", args: []string{f.node}, want: exitOK, last: true},
 	}
 }

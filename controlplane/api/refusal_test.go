@@ -14,14 +14,29 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
 
-// auditCount returns how many audit rows the store holds.
+// auditRows returns every audit row the store holds, oldest first.
 func (f *fixture) auditRows() []*store.AuditEntry {
 	f.t.Helper()
-	rows, err := f.st.AuditList(context.Background(), 0, 100000)
-	if err != nil {
-		f.t.Fatal(err)
+	return f.auditRowsAfter(0)
+}
+
+// auditRowsAfter returns the audit rows after the row id, oldest first,
+// page after page: AuditList answers at most store.MaxListLimit rows (a
+// count from one page stops growing there).
+func (f *fixture) auditRowsAfter(id int64) []*store.AuditEntry {
+	f.t.Helper()
+	var all []*store.AuditEntry
+	for {
+		rows, err := f.st.AuditList(context.Background(), id, store.MaxListLimit)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		all = append(all, rows...)
+		if len(rows) < store.MaxListLimit {
+			return all
+		}
+		id = rows[len(rows)-1].ID
 	}
-	return rows
 }
 
 // A NUL or bad UTF-8 in any string field is INVALID_ARGUMENT naming the

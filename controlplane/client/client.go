@@ -44,6 +44,17 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %s", e.Code, e.Message)
 }
 
+// EncodeError is a request that cannot be written as the API's JSON: a
+// text field that is not valid UTF-8, which the API would refuse as
+// INVALID_ARGUMENT. Nothing was sent.
+type EncodeError struct {
+	Method string
+	Err    error
+}
+
+func (e *EncodeError) Error() string { return fmt.Sprintf("encode %s request: %v", e.Method, e.Err) }
+func (e *EncodeError) Unwrap() error { return e.Err }
+
 // Call invokes method ("group.method") with req and decodes into resp.
 func (c *Client) Call(ctx context.Context, method string, req, resp proto.Message) error {
 	group, name, ok := strings.Cut(method, ".")
@@ -52,7 +63,7 @@ func (c *Client) Call(ctx context.Context, method string, req, resp proto.Messag
 	}
 	body, err := protojson.Marshal(req)
 	if err != nil {
-		return fmt.Errorf("encode %s request: %w", method, err)
+		return &EncodeError{Method: method, Err: err}
 	}
 	url := strings.TrimRight(c.BaseURL, "/") + "/" + group + "/" + name
 	r, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))

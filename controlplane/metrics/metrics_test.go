@@ -121,6 +121,10 @@ func TestReportedSeries(t *testing.T) {
 	m.CommandFinished("exec", store.CommandRunning)
 	m.DispatchLatency(30 * time.Millisecond)
 	m.StoreQuery("heartbeat_flush", 2*time.Millisecond)
+	m.APIUnauthenticated("unknown_token")
+	m.APIUnauthenticated("unknown_token")
+	m.APIUnauthenticated("no_token")
+	m.APIUnauthenticated("a reason of a later build")
 	text := scrape(t, m)
 	has(t, text,
 		`bettercompute_gateway_handshakes_total{gateway="gw-1"} 2`,
@@ -132,6 +136,9 @@ func TestReportedSeries(t *testing.T) {
 		`bettercompute_commands_finished_total{kind="exec",state="other"} 1`,
 		`bettercompute_command_dispatch_latency_seconds_bucket{le="0.05"} 1`,
 		`bettercompute_store_query_duration_seconds_count{op="heartbeat_flush"} 1`,
+		`bettercompute_api_unauthenticated_total{reason="unknown_token"} 2`,
+		`bettercompute_api_unauthenticated_total{reason="no_token"} 1`,
+		`bettercompute_api_unauthenticated_total{reason="other"} 1`,
 	)
 	if strings.Contains(text, "bettercompute_store_up") {
 		t.Error("store series without a store")
@@ -145,6 +152,7 @@ func TestReportedSeries(t *testing.T) {
 	none.CommandFinished("exec", store.CommandFailed)
 	none.DispatchLatency(time.Second)
 	none.StoreQuery("x", time.Second)
+	none.APIUnauthenticated("no_token")
 }
 
 // TestNamesFollowConventions runs Prometheus's own linter over every series

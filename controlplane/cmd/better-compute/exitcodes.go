@@ -31,18 +31,21 @@ func (e usageError) Error() string { return e.err.Error() }
 func (e usageError) Unwrap() error { return e.err }
 
 // exitCode is the exit status err calls for: exitUsage for a usageError, a
-// configuration error (*config.Error) or an API answer of
-// INVALID_ARGUMENT; exitFailure for anything else.
+// configuration error (*config.Error), an API answer of INVALID_ARGUMENT or
+// a request the client could not encode (an argument that is not valid
+// UTF-8, which the API would refuse the same way); exitFailure for anything
+// else.
 func exitCode(err error) int {
 	var (
 		ue usageError
 		ce *config.Error
 		ae *client.Error
+		ee *client.EncodeError
 	)
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.As(err, &ce):
+	case errors.As(err, &ue), errors.As(err, &ce), errors.As(err, &ee):
 		return exitUsage
 	case errors.As(err, &ae) && ae.Code == api.CodeInvalidArgument:
 		return exitUsage

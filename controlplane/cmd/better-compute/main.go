@@ -46,29 +46,10 @@ type env struct {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	e := &env{stdout: stdout, stderr: stderr, getenv: getenv,
 		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
-	root := &cobra.Command{
-		Use:           "better-compute",
-		Short:         "The Better Compute control plane and operator CLI",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := newRoot(e)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	pf := root.PersistentFlags()
-	pf.StringVar(&e.configPath, "config", "", "configuration file (YAML)")
-	pf.StringVar(&e.dataDir, "data-dir", "", "data directory (env "+config.EnvDataDir+")")
-	pf.StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (env "+config.EnvDatabaseURL+"); empty uses the embedded SQLite database")
-	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
-	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
-	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
-	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e), sinksCmd(e))
-	root.AddCommand(reservationsCmd(e), capacityCmd(e))
-	root.AddCommand(remediationCmd(e))
-	root.AddCommand(rolloutsCmd(e))
-	enforceUsage(root)
-	addCompletions(root, e)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK
@@ -87,6 +68,31 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return exitCommandFailed
 	}
 	return exitCode(err)
+}
+
+// newRoot is the whole command tree, its commands sharing e.
+func newRoot(e *env) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "better-compute",
+		Short:         "The Better Compute control plane and operator CLI",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&e.configPath, "config", "", "configuration file (YAML)")
+	pf.StringVar(&e.dataDir, "data-dir", "", "data directory (env "+config.EnvDataDir+")")
+	pf.StringVar(&e.databaseURL, "database-url", "", "PostgreSQL URL (env "+config.EnvDatabaseURL+"); empty uses the embedded SQLite database")
+	root.AddCommand(versionCmd(e), serveCmd(e), migrateCmd(e), releaseCmd(e), daemonCmd(e))
+	root.AddCommand(pkiCmd(e), sitesCmd(e), poolsCmd(e), joinTokensCmd(e))
+	root.AddCommand(nodesCmd(e), commandsCmd(e), tokensCmd(e), devCmd(e))
+	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e), sinksCmd(e))
+	root.AddCommand(reservationsCmd(e), capacityCmd(e))
+	root.AddCommand(remediationCmd(e))
+	root.AddCommand(rolloutsCmd(e))
+	enforceUsage(root)
+	addCompletions(root, e)
+	return root
 }
 
 // load reads the configuration with flags over it.

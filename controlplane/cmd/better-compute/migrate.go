@@ -18,11 +18,7 @@ func migrateCmd(e *env) *cobra.Command {
 		Short: "Apply pending database migrations (safe to run from many processes at once)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg, err := e.load(config.Flags{})
-			if err != nil {
-				return err
-			}
-			st, err := openStore(cmd.Context(), cfg)
+			_, st, err := e.loadStore(cmd.Context(), config.Flags{})
 			if err != nil {
 				return err
 			}
@@ -39,6 +35,21 @@ func migrateCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// loadStore loads the configuration with f over it and opens its store
+// (openStore): serve and migrate, which make a deployment where there is
+// none. The caller closes the store.
+func (e *env) loadStore(ctx context.Context, f config.Flags) (*config.Config, store.Store, error) {
+	cfg, err := e.load(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, st, nil
 }
 
 // openStore opens the configured store, generating the embedded default's

@@ -85,9 +85,8 @@ func pkiInitCmd(e *env) *cobra.Command {
 
 func pkiIssueGatewayCmd(e *env) *cobra.Command {
 	var (
-		dns, ips    []string
-		outDir, out string
-		ttl         time.Duration
+		cf  certFlags
+		out string
 	)
 	cmd := &cobra.Command{
 		Use:   "issue-gateway --dns NAME [--ip IP] --out-dir DIR",
@@ -97,65 +96,125 @@ func pkiIssueGatewayCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			if len(dns) == 0 && len(ips) == 0 {
+			if len(cf.dns) == 0 && len(cf.ips) == 0 {
 				return usageError{errors.New("give at least one --dns name or --ip address the gateway is reached by")}
 			}
-			if outDir == "" {
-				return usageError{errors.New("--out-dir is required")}
+			addrs, err := cf.check()
+			if err != nil {
+				return err
 			}
-			if ttl < 0 {
-				return usageError{fmt.Errorf("--ttl %s is negative", ttl)}
-			}
-			var addrs []net.IP
-			for _, s := range ips {
-				ip := net.ParseIP(s)
-				if ip == nil {
-					return usageError{fmt.Errorf("--ip %q is not an IP address", s)}
-				}
-				addrs = append(addrs, ip)
-			}
-			return e.withStore(cmd.Context(), false, func(cfg *config.Config, st store.Store) error {
-				ctx := cmd.Context()
-				b, err := bundle(ctx, cfg, st)
-				if err != nil {
-					return err
-				}
-				certPath, keyPath, err := bootstrap.WriteGatewayCert(b, outDir, dns, addrs, ttl)
-				if err != nil {
-					return err
-				}
-				notAfter, err := leafNotAfter(certPath)
-				if err != nil {
-					return err
-				}
-				details, _ := json.Marshal(map[string]any{"dns": dns, "ips": ips, "notAfter": notAfter})
-				if err := audit(ctx, st, "pki.issue-gateway", "pki", details); err != nil {
-					return err
-				}
-				res := struct {
-					Cert       string    `json:"cert"`
-					Key        string    `json:"key"`
-					DNS        []string  `json:"dns"`
-					IPs        []string  `json:"ips"`
-					NotAfter   time.Time `json:"notAfter"`
-					GatewayPin string    `json:"gatewayPin"`
-				}{certPath, keyPath, dns, ips, notAfter, b.GatewayPin()}
-				if out == "json" {
-					return printValue(e.stdout, res)
-				}
-				fmt.Fprintf(e.stdout, "wrote %s and %s (valid until %s)\nset host.gateway.tlsFiles.cert and .key to them\n",
-					certPath, keyPath, notAfter.Format(time.RFC3339))
-				return nil
+			return e.issueCert(cmd.Context(), out, issuedCert{
+				action:  "pki.issue-gateway",
+				details: map[string]any{"dns": cf.dns, "ips": cf.ips},
+				write: func(b *pki.Bundle) (string, string, error) {
+					return bootstrap.WriteGatewayCert(b, cf.outDir, cf.dns, addrs, cf.ttl)
+				},
+				result: func(b *pki.Bundle, cert, key string, notAfter time.Time) any {
+					return struct {
+						Cert       string    `json:"cert"`
+						Key        string    `json:"key"`
+						DNS        []string  `json:"dns"`
+						IPs        []string  `json:"ips"`
+						NotAfter   time.Time `json:"notAfter"`
+						GatewayPin string    `json:"gatewayPin"`
+					}{cert, key, cf.dns, cf.ips, notAfter, b.GatewayPin()}
+				},
+				filesKey: "host.gateway.tlsFiles",
 			})
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringSliceVar(&dns, "dns", nil, "DNS name daemons dial (repeat or comma-separate)")
-	fl.StringSliceVar(&ips, "ip", nil, "IP address daemons dial (repeat or comma-separate)")
-	fl.StringVar(&outDir, "out-dir", "", "directory to write gateway.crt and gateway.key into (required)")
-	fl.DurationVar(&ttl, "ttl", 0, "certificate lifetime (default one year)")
+	cf.add(cmd, "daemons dial", "gateway.crt and gateway.key")
 	outputFlag(cmd, &out)
 	return cmd
+}
+
+// certFlags are the flags pki issue-gateway and pki issue-internal share:
+// the names the certificate is dialled by, where it is written and for how
+// long it is valid.
+type certFlags struct {
+	dns, ips []string
+	outDir   string
+	ttl      time.Duration
+}
+
+// add adds the flags to cmd: dialledBy says who dials the names ("daemons
+// dial"), files what --out-dir receives.
+func (f *certFlags) add(cmd *cobra.Command, dialledBy, files string) {
+	fl := cmd.Flags()
+	fl.StringSliceVar(&f.dns, "dns", nil, "DNS name "+dialledBy+" (repeat or comma-separate)")
+	fl.StringSliceVar(&f.ips, "ip", nil, "IP address "+dialledBy+" (repeat or comma-separate)")
+	fl.StringVar(&f.outDir, "out-dir", "", "directory to write "+files+" into (required)")
+	fl.DurationVar(&f.ttl, "ttl", 0, "certificate lifetime (default one year)")
+}
+
+// check checks --out-dir and --ttl and parses --ip; its errors are usage
+// errors.
+func (f *certFlags) check() ([]net.IP, error) {
+	if f.outDir == "" {
+		return nil, usageError{errors.New("--out-dir is required")}
+	}
+	if f.ttl < 0 {
+		return nil, usageError{fmt.Errorf("--ttl %s is negative", f.ttl)}
+	}
+	var addrs []net.IP
+	for _, s := range f.ips {
+		ip := net.ParseIP(s)
+		if ip == nil {
+			return nil, usageError{fmt.Errorf("--ip %q is not an IP address", s)}
+		}
+		addrs = append(addrs, ip)
+	}
+	return addrs, nil
+}
+
+// issuedCert is what one pki issue-* command writes and says.
+type issuedCert struct {
+	// action is the audit row's action; details its details, to which
+	// the certificate's notAfter is added.
+	action  string
+	details map[string]any
+	// write writes the certificate and key with the deployment's bundle
+	// and returns their paths; a pki.ErrName or pki.ErrTTL is a usage
+	// error.
+	write func(*pki.Bundle) (cert, key string, err error)
+	// result is what -o json prints.
+	result func(b *pki.Bundle, cert, key string, notAfter time.Time) any
+	// filesKey is the configuration key whose .cert and .key take the
+	// files.
+	filesKey string
+}
+
+// issueCert opens the deployment's PKI bundle (the CA keys are in the
+// database: withStore), writes c's certificate, audits it and prints it.
+func (e *env) issueCert(ctx context.Context, out string, c issuedCert) error {
+	return e.withStore(ctx, false, func(cfg *config.Config, st store.Store) error {
+		b, err := bundle(ctx, cfg, st)
+		if err != nil {
+			return err
+		}
+		certPath, keyPath, err := c.write(b)
+		if errors.Is(err, pki.ErrName) || errors.Is(err, pki.ErrTTL) {
+			return usageError{err}
+		}
+		if err != nil {
+			return err
+		}
+		notAfter, err := leafNotAfter(certPath)
+		if err != nil {
+			return err
+		}
+		c.details["notAfter"] = notAfter
+		details, _ := json.Marshal(c.details)
+		if err := audit(ctx, st, c.action, "pki", details); err != nil {
+			return err
+		}
+		if out == "json" {
+			return printValue(e.stdout, c.result(b, certPath, keyPath, notAfter))
+		}
+		fmt.Fprintf(e.stdout, "wrote %s and %s (valid until %s)\nset %s.cert and .key to them\n",
+			certPath, keyPath, notAfter.Format(time.RFC3339), c.filesKey)
+		return nil
+	})
 }
 
 // leafNotAfter reads the end of validity of the first certificate in path.

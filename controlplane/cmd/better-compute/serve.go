@@ -34,11 +34,7 @@ func serveCmd(e *env) *cobra.Command {
 				}
 				f.Listen = net.JoinHostPort(cmp.Or(host, "0.0.0.0"), strconv.Itoa(port))
 			}
-			cfg, err := e.load(f)
-			if err != nil {
-				return err
-			}
-			st, err := openStore(cmd.Context(), cfg)
+			cfg, st, err := e.loadStore(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
