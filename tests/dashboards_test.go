@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
@@ -126,47 +129,63 @@ func scrapeNames(t *testing.T, url, token string) map[string]bool {
 	return names
 }
 
-// TestDashboardMetricsExist runs dev --sim 2 with a metrics token and a
-// file sink, makes it do what the panels count (a command runs, an API
-// call is refused for its token, a gateway handshake fails), and checks
-// that every metric the Grafana dashboard and the alert rules query is
-// served by its /metrics.
+// TestDashboardMetricsExist, on both backends: a real serve (every role
+// in one process) with a metrics token and a file sink, a FakeDaemon joined
+// (its GPUs and heartbeats), made to do what the panels count (a command
+// runs, an API call is refused for its token, gateway handshakes fail), and
+// every metric the Grafana dashboard and the alert rules query is served by
+// its /metrics.
 func TestDashboardMetricsExist(t *testing.T) {
 	t.Parallel()
-	const token = "dashboard-metrics-token-0123"
-	dataDir := filepath.Join(t.TempDir(), "data")
-	cfg := testenv.WriteFile(t, "better-compute.yaml", fmt.Sprintf(
-		"host:\n  metrics:\n    bearerToken: %s\nsinks:\n  files:\n    - name: archive\n      path: %s\n",
-		token, filepath.Join(t.TempDir(), "events.jsonl")))
-	bin := testenv.Binary(t, "better-compute")
-	env := testenv.BaseEnv()
-	p := testenv.Start(t, env, bin, "--config", cfg, "dev", "--sim", "2", "--port", "0", "--gateway-port", "0", "--data-dir", dataDir)
-	api := p.WaitLine(`API\s+(http://\S+?)/api\s`, 60*time.Second)[1]
-	gw := p.WaitLine(`msg="Gateway listening" .*addr=(\S+)`, 60*time.Second)[1]
-	p.WaitLine(`2 simulated daemons connected`, 90*time.Second)
+	forEachBackend(t, testDashboardMetricsExist)
+}
 
-	code, out, errOut := testenv.Run(t, env, "", bin, "commands", "run", "--pool", "default", "--server", api, "--data-dir", dataDir, "--", "true")
-	if code != 0 {
-		t.Fatalf("commands run: exit %d\n%s%s", code, out, errOut)
+func testDashboardMetricsExist(t *testing.T, backend string) {
+	const token = "dashboard-metrics-token-0123"
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := newDeploymentWith(t, backend, deploymentConfig{
+		host:    fmt.Sprintf("  metrics:\n    bearerToken: %s\n", token),
+		gateway: "    heartbeatInterval: 1s\n",
+		top:     fmt.Sprintf("sinks:\n  files:\n    - name: archive\n      path: %s\n", filepath.Join(t.TempDir(), "events.jsonl")),
+	})
+
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	fd, err := sim.NewFakeDaemon(sim.DaemonConfig{Name: "dashboard-sim-01", Session: session.Config{StartJitter: -1}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if code, _ := testenv.Get(t, api+"/api/events/watch"); code != http.StatusUnauthorized {
+	if err := fd.Join(ctx, d.gatewayURL, strings.TrimSpace(readFile(t, tokenFile))); err != nil {
+		t.Fatal(err)
+	}
+	simCtx, stopSim := context.WithCancel(ctx)
+	simDone := make(chan error, 1)
+	go func() { simDone <- fd.Run(simCtx) }()
+	t.Cleanup(func() { stopSim(); <-simDone })
+	eventually(t, 30*time.Second, func() bool { return d.nodes()[fd.NodeID()].State == "ready" },
+		func() string { return fmt.Sprintf("node %s is %+v, want ready", fd.NodeID(), d.nodes()[fd.NodeID()]) })
+
+	cmd := d.runNoWait(fd.NodeID(), nil, "true")
+	eventually(t, 30*time.Second, func() bool { return d.command(cmd).State == "succeeded" },
+		func() string { return fmt.Sprintf("command %s: %+v", cmd, d.command(cmd)) })
+	if code, _ := testenv.Get(t, d.api+"/api/events/watch"); code != http.StatusUnauthorized {
 		t.Fatalf("events/watch without a token = %d, want 401", code)
 	}
 	// A client that speaks no TLS: a refused handshake.
-	if c, err := net.Dial("tcp", gw); err == nil {
+	if c, err := net.Dial("tcp", d.gwAddr); err == nil {
 		_, _ = c.Write([]byte("not tls\r\n\r\n"))
 		_, _ = io.ReadAll(c)
 		c.Close()
 	}
 	// And one whose certificate the gateway does not know.
-	if c, err := tls.Dial("tcp", gw, &tls.Config{InsecureSkipVerify: true}); err == nil {
+	if c, err := tls.Dial("tcp", d.gwAddr, &tls.Config{InsecureSkipVerify: true}); err == nil {
 		c.Close()
 	}
 
 	dashboard, alerts := queriedMetrics(t)
 	var missing []string
 	eventually(t, 30*time.Second, func() bool {
-		names := scrapeNames(t, api+"/metrics", token)
+		names := scrapeNames(t, d.api+"/metrics", token)
 		missing = missing[:0]
 		for _, n := range slices.Concat(dashboard, alerts) {
 			if !names[n] {
@@ -174,8 +193,8 @@ func TestDashboardMetricsExist(t *testing.T) {
 			}
 		}
 		return len(missing) == 0
-	}, func() string { return fmt.Sprintf("/metrics of a running dev --sim 2 lacks %v", missing) })
-	t.Logf("dashboard queries %d metrics, the alert rules %d: all served", len(dashboard), len(alerts))
+	}, func() string { return fmt.Sprintf("/metrics of a running serve (%s) lacks %v", backend, missing) })
+	t.Logf("%s: the dashboard queries %d metrics, the alert rules %d: all served", backend, len(dashboard), len(alerts))
 }
 
 // TestMetricsListener: on PostgreSQL, a worker-only process and a

@@ -73,6 +73,7 @@ func newDeployment(t *testing.T, backendName string) *deployment {
 // deploymentConfig adds lines to a deployment's configuration file.
 type deploymentConfig struct {
 	gateway string // under host.gateway, indented four spaces: "    nodeCertTTL: 10s\n"
+	host    string // under host, indented two spaces: "  metrics:\n    bearerToken: x\n"
 	top     string // at the top level: "pki:\n  reattestGrace: 5s\n"
 }
 
@@ -86,7 +87,8 @@ func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig)
 	d.api = fmt.Sprintf("http://127.0.0.1:%d", apiPort)
 	d.gwAddr = fmt.Sprintf("127.0.0.1:%d", gwPort)
 	d.gatewayURL = fmt.Sprintf("https://localhost:%d", gwPort)
-	cfg := extra.top + fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  gateway:\n    listen: %s\n", apiPort, d.gwAddr) + extra.gateway
+	cfg := extra.top + fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n", apiPort) + extra.host +
+		fmt.Sprintf("  gateway:\n    listen: %s\n", d.gwAddr) + extra.gateway
 	d.env = []string{"BETTER_COMPUTE_DATA_DIR=" + d.dataDir}
 	if backendName == backendPostgres {
 		d.dbURL = pgtest.URL(t)
@@ -212,25 +214,39 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, describe 
 	testenv.Eventually(t, timeout, cond, describe)
 }
 
-// machine is a host for a real bcd (testenv.Machine): its own hostname and
-// /etc/machine-id and its own data dir.
+// machine is a host for a real bcd (testenv.Machine): its own hostname,
+// /etc/machine-id and boot id, and its own data dir.
 type machine struct {
-	t       *testing.T
-	name    string
-	dataDir string
-	idFile  string
+	t          *testing.T
+	name       string
+	dataDir    string
+	idFile     string
+	bootIDFile string
 }
 
 // newMachine makes a machine named name (a valid hostname).
 func newMachine(t *testing.T, name string) *machine {
 	t.Helper()
 	m := testenv.NewMachine(t, name)
-	return &machine{t: t, name: m.Name, dataDir: m.DataDir, idFile: m.IDFile}
+	return &machine{t: t, name: m.Name, dataDir: m.DataDir, idFile: m.IDFile, bootIDFile: m.BootIDFile}
+}
+
+// tm is m as a testenv.Machine.
+func (m *machine) tm() *testenv.Machine {
+	tm := testenv.NewMachineAt(m.t, m.name, m.dataDir, m.idFile)
+	tm.BootIDFile = m.bootIDFile
+	return tm
 }
 
 // argv returns the program and arguments that run bcd with args on m.
 func (m *machine) argv(args ...string) (string, []string) {
-	return testenv.NewMachineAt(m.t, m.name, m.dataDir, m.idFile).Argv(args...)
+	return m.tm().Argv(args...)
+}
+
+// boot gives m a new boot id (testenv.Machine.Boot), as booting it does.
+func (m *machine) boot() {
+	m.t.Helper()
+	m.tm().Boot()
 }
 
 // join runs bcd join on m and returns its exit code, stdout and stderr.

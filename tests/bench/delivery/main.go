@@ -58,19 +58,20 @@ func main() {
 	rate := flag.Int("rate", 200, "events per second over the whole fleet (at most 1 per daemon per second: the gateway's per-session write rate)")
 	seconds := flag.Int("seconds", 30, "seconds of events")
 	db := flag.String("db", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL server URL (a fresh schema is made and dropped)")
+	pool := flag.Int("pool", 0, "the store's most connections (pool_max_conns), which the gateway and the sink share; 0: pgx's default, max(4, CPUs)")
 	flag.Parse()
 	if *rate < 1 || *rate > *n || *seconds < 1 {
 		fmt.Fprintln(os.Stderr, "bench: want 1 <= -rate <= -n and -seconds >= 1")
 		os.Exit(2)
 	}
-	if err := run(*n, *rate, *seconds, *db); err != nil {
+	if err := run(*n, *rate, *seconds, *db, *pool); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
 // openStore opens a fresh schema on db; the returned function drops it.
-func openStore(ctx context.Context, db string) (store.Store, func(), error) {
+func openStore(ctx context.Context, db string, pool int) (store.Store, func(), error) {
 	conn, err := pgx.Connect(ctx, db)
 	if err != nil {
 		return nil, nil, err
@@ -80,6 +81,9 @@ func openStore(ctx context.Context, db string) (store.Store, func(), error) {
 		return nil, nil, err
 	}
 	url := db + cmp.Or(map[bool]string{true: "&"}[strings.Contains(db, "?")], "?") + "search_path=" + schema
+	if pool > 0 {
+		url += fmt.Sprintf("&pool_max_conns=%d", pool)
+	}
 	st, err := postgres.Open(ctx, url)
 	return st, func() {
 		if st != nil {
@@ -108,11 +112,11 @@ func loadavg() string {
 	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
-func run(n, rate, seconds int, db string) error {
+func run(n, rate, seconds int, db string, maxConns int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	st, cleanup, err := openStore(ctx, db)
+	st, cleanup, err := openStore(ctx, db, maxConns)
 	if err != nil {
 		return err
 	}

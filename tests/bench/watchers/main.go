@@ -3,11 +3,14 @@
 // (this program re-run with -child), on PostgreSQL, so that its CPU is
 // read from /proc alone; the parent opens the watchers over loopback HTTP
 // and writes events two ways: straight into the outbox (as a gateway or a
-// worker in another process does, found by the api's poll) and through the
-// api's own tokens.create (each writes token.created; the api reads the
-// outbox at once after its own writes).
+// worker in another process does: the api's feed is woken by the NOTIFY
+// of the writing transaction, which it LISTENs for as serve wires it, and
+// its poll is the fallback) and through the api's own tokens.create (each
+// writes token.created; the api reads the outbox at once after its own
+// writes).
 //
 //	go run ./tests/bench/watchers -watchers 100 -rate 200 -seconds 10
+//	go run ./tests/bench/watchers -poll-only   # the fallback alone: no LISTEN
 //
 // It prints, for each way, the api process's CPU (cores) with the watchers
 // idle and while events flow, and the lag from the write to the watcher's
@@ -41,6 +44,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
+	"github.com/better-compute/better-compute/controlplane/wake"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -50,12 +54,13 @@ func main() {
 	seconds := flag.Int("seconds", 10, "seconds of writing, per way")
 	db := flag.String("db", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL server URL (a fresh schema is made and dropped)")
 	child := flag.String("child", "", "internal: run the api on this database URL")
+	pollOnly := flag.Bool("poll-only", false, "the api does not LISTEN for other processes' outbox writes: its feed finds them at its poll (500 ms)")
 	flag.Parse()
 	var err error
 	if *child != "" {
-		err = runChild(*child)
+		err = runChild(*child, *pollOnly)
 	} else {
-		err = run(*db, *watchers, *rate, *seconds)
+		err = run(*db, *watchers, *rate, *seconds, *pollOnly)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -63,8 +68,10 @@ func main() {
 	}
 }
 
-// runChild serves the api on 127.0.0.1 and prints "READY <addr>".
-func runChild(url string) error {
+// runChild serves the api on 127.0.0.1 and prints "READY <addr>". Unless
+// pollOnly, it LISTENs on postgres.OutboxChannel and wakes the api's event
+// feed with it, as serve does (controlplane/serve).
+func runChild(url string, pollOnly bool) error {
 	ctx := context.Background()
 	st, err := postgres.Open(ctx, url)
 	if err != nil {
@@ -72,8 +79,18 @@ func runChild(url string) error {
 	}
 	defer st.Close()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	srv := api.New(api.Config{Listen: "127.0.0.1:0", Secret: strings.Repeat("b", 32)}, st, log)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
+	var wakeups <-chan struct{}
+	if !pollOnly {
+		outbox := wake.NewBus(nil)
+		var unsubscribe func()
+		wakeups, unsubscribe = outbox.Subscribe()
+		defer unsubscribe()
+		go func() {
+			errc <- wake.ListenChannels(ctx, url, map[string]*wake.Bus{postgres.OutboxChannel: outbox}, log)
+		}()
+	}
+	srv := api.New(api.Config{Listen: "127.0.0.1:0", Secret: strings.Repeat("b", 32), EventWakeups: wakeups}, st, log)
 	go func() { errc <- srv.Run(ctx) }()
 	select {
 	case <-srv.Ready():
@@ -111,7 +128,7 @@ type receipts struct {
 	got []receipt
 }
 
-func run(db string, n, rate, seconds int) error {
+func run(db string, n, rate, seconds int, pollOnly bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	conn, err := pgx.Connect(ctx, db)
@@ -146,7 +163,7 @@ func run(db string, n, rate, seconds int) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, self, "-child", url)
+	cmd := exec.CommandContext(ctx, self, "-child", url, "-poll-only="+strconv.FormatBool(pollOnly))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -208,6 +225,10 @@ func run(db string, n, rate, seconds int) error {
 	}
 	opened.Wait()
 	fmt.Printf("%d watchers on one api process (PostgreSQL, loopback HTTP), %d events/s for %d s each way\n", n, rate, seconds)
+	outboxWay := "written straight into the outbox (another process; its NOTIFY wakes the api's feed)"
+	if pollOnly {
+		outboxWay = "written straight into the outbox (another process; -poll-only: the api's poll finds it)"
+	}
 
 	measure := func(d time.Duration, fn func(context.Context)) float64 {
 		c0, _ := cpuSeconds(pid)
@@ -226,7 +247,7 @@ func run(db string, n, rate, seconds int) error {
 		name  string
 		write func(ctx context.Context, i int) error
 	}{
-		{"written straight into the outbox (another process; the api's poll finds it)", func(ctx context.Context, i int) error {
+		{outboxWay, func(ctx context.Context, i int) error {
 			subject := fmt.Sprintf("bench-%d", i)
 			env, err := events.New("com.better-compute.bench.tick", subject, map[string]int{"i": i}, time.Now())
 			if err != nil {
