@@ -92,10 +92,9 @@ type Dialect struct {
 	// that have taken ids to commit, and later writers take higher ids.
 	// Empty when writers are serialised anyway (SQLite).
 	OutboxWriteLock, OutboxReadLock string
-	// OutboxNotify runs in every transaction that writes to the outbox,
-	// to tell other processes at its commit (PostgreSQL: NOTIFY, which
-	// the server delivers only when the transaction commits, and folds
-	// into one per transaction). Empty where every writer is in one
+	// OutboxNotify is sent after commits that wrote to the outbox, on a
+	// statement of its own and coalesced (notifier), to tell other
+	// processes (PostgreSQL: NOTIFY). Empty where every writer is in one
 	// process (SQLite): OutboxWritten's in-process signal is enough.
 	OutboxNotify string
 	// SkipLocked is appended to the claim query's row selection so

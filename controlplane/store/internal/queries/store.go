@@ -21,6 +21,9 @@ type Store struct {
 	// write, for the commit to signal.
 	written *signal
 	wrote   *bool
+	// notify tells other processes of outbox commits (nil where the
+	// dialect has no OutboxNotify).
+	notify *notifier
 	// pending (in a transaction) holds the events emit was given, written
 	// in one multi-row insert just before the commit.
 	pending *[]timedEvent
@@ -30,7 +33,7 @@ var _ store.Store = (*Store)(nil)
 
 // New returns a Store running on pool with dialect d.
 func New(pool Pool, d *Dialect) *Store {
-	return &Store{pool: pool, db: pool, d: d, written: newSignal()}
+	return &Store{pool: pool, db: pool, d: d, written: newSignal(), notify: newNotifier(pool, d.OutboxNotify)}
 }
 
 // Dialect names the backend.
@@ -51,8 +54,11 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return t.UTC(), s.wrap("read database clock", err)
 }
 
-// Close releases the pool.
-func (s *Store) Close() error { return s.pool.Close() }
+// Close stops the notifier and releases the pool.
+func (s *Store) Close() error {
+	s.notify.close()
+	return s.pool.Close()
+}
 
 // Tx runs fn in one transaction.
 func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
@@ -63,7 +69,7 @@ func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
 	if err != nil {
 		return fmt.Errorf("begin: %w", s.d.Translate(err))
 	}
-	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true, written: s.written, wrote: new(bool), pending: new([]timedEvent)}
+	inner := &Store{pool: s.pool, db: tx, d: s.d, inTx: true, written: s.written, notify: s.notify, wrote: new(bool), pending: new([]timedEvent)}
 	// A panic in fn (which net/http, say, recovers) must not leave the
 	// transaction open: on SQLite it would hold the one writer for good.
 	defer func() {
@@ -85,6 +91,7 @@ func (s *Store) Tx(ctx context.Context, fn func(store.Store) error) error {
 	}
 	if *inner.wrote {
 		s.written.fire()
+		s.notify.wake()
 	}
 	return nil
 }
