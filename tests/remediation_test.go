@@ -29,8 +29,9 @@ import (
 // granted the silent node's sealed BMC secret for each command), which
 // says on: unresponsive; the node is quarantined and power cycled through
 // the agent (ipmi_sim's chassis goes off and on); when the node's bcd comes
-// back (the test starts it again, as the machine's boot would), it is
-// verified and returned to service. Every step is in the event stream in
+// back (the test boots the machine, with a new boot id, and starts it
+// again, as the machine's boot would), it is verified by its new boot id
+// and returned to service. Every step is in the event stream in
 // order, and the agent's reads of the other node's secret are audited.
 func TestSilentNodePowerCycledThroughSiteAgent(t *testing.T) {
 	t.Parallel()
@@ -62,6 +63,10 @@ func TestSilentNodePowerCycledThroughSiteAgent(t *testing.T) {
 	sp := startNode(silentM, noPlugins)
 	eventually(t, 30*time.Second, func() bool { n := d.nodes(); return n[agent].State == "ready" && n[silent].State == "ready" },
 		func() string { return "nodes not ready" })
+	bootBefore := nodeBootID(t, d.st, silent)
+	if want := readBootID(t, silentM); bootBefore != want {
+		t.Fatalf("the silent node's recorded boot id %q, want its machine's %q", bootBefore, want)
+	}
 
 	pwFile := filepath.Join(t.TempDir(), "bmc-password")
 	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
@@ -82,6 +87,10 @@ func TestSilentNodePowerCycledThroughSiteAgent(t *testing.T) {
 		if !cycled && c.Action == "power-cycle" && c.State == store.RemediationVerifying {
 			// The cycle succeeded: the machine boots, and its bcd starts.
 			cycled = true
+			if !strings.HasPrefix(c.BootID, bootBefore+"|") {
+				t.Errorf("the case recorded boot %q at the power cycle, want the node's boot id %s", c.BootID, bootBefore)
+			}
+			silentM.boot()
 			restarted = startNode(silentM, noPlugins)
 		}
 		return c.State == store.RemediationReturned
@@ -141,6 +150,29 @@ func TestSilentNodePowerCycledThroughSiteAgent(t *testing.T) {
 	if n := d.nodes()[silent]; n.State != "ready" {
 		t.Errorf("silent node after return: %s", n.State)
 	}
+	if after, want := nodeBootID(t, d.st, silent), readBootID(t, silentM); after == bootBefore || after != want {
+		t.Errorf("silent node's boot id after return %q (before %q), want its new boot's %q", after, bootBefore, want)
+	}
+}
+
+// nodeBootID reads the boot id the store recorded for node.
+func nodeBootID(t *testing.T, st store.Store, node string) string {
+	t.Helper()
+	n, err := st.NodeGet(t.Context(), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n.BootID
+}
+
+// readBootID reads m's current boot id.
+func readBootID(t *testing.T, m *machine) string {
+	t.Helper()
+	b, err := os.ReadFile(m.bootIDFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // latestCase reads node's newest remediation case from the store.
@@ -250,9 +282,10 @@ func TestRemediationSurvivesWorkerKill(t *testing.T) {
 // asked to reboot, the test kills the node's bcd (a reboot that hangs) and
 // does not start it again. The reboot is failed after verifyTimeout and the
 // policy power cycles the node through the agent: ipmi_sim's chassis goes
-// off and on, and its chassis-control script, on power on, starts the
-// node's bcd (the machine booting). The node connects again with a fresh
-// mock (no XID), is verified and returned to service. Every step is in the
+// off and on, and its chassis-control script, on power on, gives the
+// machine a new boot id and starts the node's bcd (the machine booting).
+// The node connects again with a fresh mock (no XID) and the new boot id,
+// is verified and returned to service. Every step is in the
 // event stream in order.
 func TestXID79RebootThenPowerCycle(t *testing.T) {
 	t.Parallel()
@@ -284,7 +317,7 @@ func TestXID79RebootThenPowerCycle(t *testing.T) {
 	asked := filepath.Join(dir, "systemctl.log")
 	writeScript(t, filepath.Join(stub, "systemctl"), "#!/bin/sh\necho \"$*\" >>"+shellQuote(asked)+"\n")
 	path := "PATH=" + stub + ":" + os.Getenv("PATH")
-	gm := testenv.NewMachineAt(t, gpuM.name, gpuM.dataDir, gpuM.idFile)
+	gm := gpuM.tm()
 	gm.BCD = mockBCD
 	bin, args = gm.Argv("node", "--data-dir", gpuM.dataDir, "--plugin-dir", t.TempDir(),
 		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"))
@@ -294,15 +327,17 @@ func TestXID79RebootThenPowerCycle(t *testing.T) {
 	for _, a := range append(argv, args...) {
 		cmdline = append(cmdline, shellQuote(a))
 	}
-	// On: the machine boots and starts its bcd, in a session of its own
-	// with its output in a file (ipmi_sim waits for the script, not for
-	// bcd), its pid recorded. Off: whatever runs there dies.
+	// On: the machine boots (a new boot id) and starts its bcd, in a
+	// session of its own with its output in a file (ipmi_sim waits for
+	// the script, not for bcd), its pid recorded. Off: whatever runs there
+	// dies.
 	boot := writeScript(t, filepath.Join(dir, "boot"), fmt.Sprintf(`#!/bin/sh
 pid=%[1]s
 if [ -s "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null; then exit 0; fi
 echo boot >>%[2]s
+cat /proc/sys/kernel/random/uuid >%[5]s || exit
 setsid sh -c 'echo $$ >"$0"; exec "$@"' "$pid" %[3]s >>%[4]s 2>&1 </dev/null &
-`, shellQuote(pidFile), shellQuote(boots), strings.Join(cmdline, " "), shellQuote(bootLog)))
+`, shellQuote(pidFile), shellQuote(boots), strings.Join(cmdline, " "), shellQuote(bootLog), shellQuote(gpuM.bootIDFile)))
 	halt := writeScript(t, filepath.Join(dir, "halt"), fmt.Sprintf(`#!/bin/sh
 pid=%[1]s
 if [ -s "$pid" ]; then kill -9 "$(cat "$pid")" 2>/dev/null; fi
@@ -341,6 +376,10 @@ done
 	}, func() string {
 		return "nodes not ready with their inventories: agent " + nodeOf(agent).State + ", node " + nodeOf(node).State
 	})
+	bootBefore := nodeOf(node).BootID
+	if want := readBootID(t, gpuM); bootBefore != want {
+		t.Fatalf("the node's recorded boot id %q, want its machine's %q", bootBefore, want)
+	}
 
 	pwFile := filepath.Join(t.TempDir(), "bmc-password")
 	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
@@ -370,6 +409,9 @@ done
 	})
 	rebootAsked := time.Since(start)
 	c := latestCase(t, d.st, node)
+	if !strings.HasPrefix(c.BootID, bootBefore+"|") {
+		t.Errorf("the case recorded boot %q at the reboot, want the node's boot id %s", c.BootID, bootBefore)
+	}
 	if c.State != store.RemediationRemediating || c.Action != "reboot" || c.Finding != "xid" || c.XID != 79 ||
 		c.Resolution != "RESTART_BM" || c.GPUUUID != gputest.UUID(3) || !nodeOf(node).Cordoned {
 		t.Fatalf("when the reboot was asked: case %s action %s finding %s xid %d %s gpu %s, node cordoned %v",
@@ -490,6 +532,9 @@ done
 	if n := nodeOf(node); n.State != store.NodeReady || n.Cordoned || failedGPUs(n.Inventory) != "" ||
 		!strings.Contains(string(n.Inventory), gputest.UUID(7)) {
 		t.Errorf("node after return: %s, cordoned %v, inventory %s", n.State, n.Cordoned, n.Inventory)
+	}
+	if after, want := nodeOf(node).BootID, readBootID(t, gpuM); after == bootBefore || after != want {
+		t.Errorf("node's boot id after return %q (before %q), want the new boot's %q", after, bootBefore, want)
 	}
 }
 

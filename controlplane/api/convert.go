@@ -106,7 +106,7 @@ func gpusOut(inv *sessionv1.Inventory) []*apiv1.GPU {
 func nodeOut(n *store.Node, gatewayID string, withInventory bool) *apiv1.Node {
 	out := &apiv1.Node{Id: n.ID, PoolId: n.PoolID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned,
 		Labels: n.Labels, BcdVersion: n.BCDVersion, Os: n.OS, Arch: n.Arch, LastSeenTime: tsp(n.LastSeenAt),
-		CertExpireTime: tsp(n.CertNotAfter), CreateTime: ts(n.CreatedAt), GatewayId: gatewayID}
+		CertExpireTime: tsp(n.CertNotAfter), CreateTime: ts(n.CreatedAt), GatewayId: gatewayID, BootId: n.BootID}
 	if inv := inventoryOf(n); inv != nil {
 		out.Gpus = gpusOut(inv)
 	}

@@ -41,6 +41,9 @@ type helloInfo struct {
 	capabilities []string
 	// bcdVersion, os and arch are Hello's when well-formed, else empty.
 	bcdVersion, os, arch string
+	// bootID is Hello's boot id when well-formed, else empty (as from an
+	// older bcd, which sends none).
+	bootID string
 }
 
 // negotiate checks Hello and picks the capabilities in force. It never
@@ -58,6 +61,9 @@ func (g *Gateway) negotiate(h *sessionv1.Hello) *helloInfo {
 	}
 	if text(h.GetBcdVersion(), maxFactLen) && text(h.GetOs(), maxFactLen) && text(h.GetArch(), maxFactLen) {
 		info.bcdVersion, info.os, info.arch = h.GetBcdVersion(), h.GetOs(), h.GetArch()
+	}
+	if text(h.GetBootId(), maxFactLen) {
+		info.bootID = h.GetBootId()
 	}
 	return info
 }

@@ -275,6 +275,13 @@ func (e *env) tryConnect(g *running, cert *tls.Certificate) (*clientSession, err
 }
 
 func (e *env) connectOn(cc *grpc.ClientConn) (*clientSession, error) {
+	return e.connectWith(cc, &sessionv1.Hello{
+		BcdVersion: "0.1.1", Os: "linux", Arch: "amd64", Capabilities: []string{"exec", "future.thing", "inventory.v1", "exec"},
+	})
+}
+
+// connectWith opens a session on cc with hello as its first message.
+func (e *env) connectWith(cc *grpc.ClientConn, hello *sessionv1.Hello) (*clientSession, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.t.Cleanup(cancel)
 	stream, err := sessionv1.NewSessionServiceClient(cc).Connect(ctx)
@@ -282,9 +289,7 @@ func (e *env) connectOn(cc *grpc.ClientConn) (*clientSession, error) {
 		cancel()
 		return nil, err
 	}
-	err = stream.Send(&sessionv1.NodeMessage{Seq: 1, Body: &sessionv1.NodeMessage_Hello{Hello: &sessionv1.Hello{
-		BcdVersion: "0.1.1", Os: "linux", Arch: "amd64", Capabilities: []string{"exec", "future.thing", "inventory.v1", "exec"},
-	}}})
+	err = stream.Send(&sessionv1.NodeMessage{Seq: 1, Body: &sessionv1.NodeMessage_Hello{Hello: hello}})
 	if errors.Is(err, io.EOF) {
 		// The server ended the stream already; Recv says why.
 		_, err = stream.Recv()

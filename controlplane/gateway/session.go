@@ -219,12 +219,13 @@ func (g *Gateway) awaitHello(stream sessionv1.SessionService_ConnectServer, conn
 	return hello, nil
 }
 
-// open records the session, supersedes older ones and marks the node ready.
+// open records the session and the node's boot id, supersedes older ones
+// and marks the node ready.
 func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloInfo) error {
 	var previous *store.Session
 	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
 		row, prev, err := tx.SessionOpen(ctx, &store.SessionOpenParams{
-			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(),
+			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID,
 		})
 		if err != nil {
 			return err

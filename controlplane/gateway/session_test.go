@@ -85,6 +85,43 @@ func TestConnect(t *testing.T) {
 	})
 }
 
+// TestBootIDRecorded: the boot id of Hello is the node's BootID from the
+// session's open on: a reconnection of the same boot keeps it, one of a new
+// boot replaces it, and a Hello without one (an older bcd) or with a
+// malformed one leaves none.
+func TestBootIDRecorded(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-11", "")
+		for _, tc := range []struct{ sent, want string }{
+			{"4f1c2f8e-1d7a-4c38-9b55-6c1f0d3a7e21", "4f1c2f8e-1d7a-4c38-9b55-6c1f0d3a7e21"},
+			{"4f1c2f8e-1d7a-4c38-9b55-6c1f0d3a7e21", "4f1c2f8e-1d7a-4c38-9b55-6c1f0d3a7e21"},
+			{"9a0b7c55-2e61-4f0e-8d3b-0c7e5a1b2f44", "9a0b7c55-2e61-4f0e-8d3b-0c7e5a1b2f44"},
+			{"", ""},
+			{"bad\nboot", ""},
+		} {
+			s, err := e.connectWith(e.dial(g, &n.cert), &sessionv1.Hello{BcdVersion: "0.1.1", Os: "linux", Arch: "amd64", BootId: tc.sent})
+			if err != nil {
+				t.Fatalf("connect with boot id %q: %v", tc.sent, err)
+			}
+			nd, err := e.st.NodeGet(ctx, n.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nd.BootID != tc.want {
+				t.Fatalf("after a session with boot id %q: node boot id %q, want %q", tc.sent, nd.BootID, tc.want)
+			}
+			row, err := e.st.SessionGet(ctx, n.id)
+			if err != nil || row.SessionID != s.welcome.SessionId {
+				t.Fatalf("session row = %+v, %v", row, err)
+			}
+		}
+	})
+}
+
 func TestConnectRefused(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {

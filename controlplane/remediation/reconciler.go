@@ -503,8 +503,9 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 }
 
 // bootMarker names the node's boot and session ("<boot id>|<session
-// id>"): a reboot or power cycle is over when it has changed, the node
-// having connected again (with a new boot id, where it reports one).
+// id>"): the boot id the node reported when its current (or, without one,
+// its last) session opened, empty when it reported none, and its current
+// session, empty when it has none.
 func bootMarker(ctx context.Context, tx store.Store, nodeID string) (string, error) {
 	node, err := tx.NodeGet(ctx, nodeID)
 	if err != nil {
@@ -520,18 +521,24 @@ func bootMarker(ctx context.Context, tx store.Store, nodeID string) (string, err
 	return node.BootID + "|" + sess, nil
 }
 
-// rebooted reports whether marker names another boot than before (the
-// boot id changed where both are known, else the session).
-func rebooted(before, marker string) bool {
+// rebooted reports whether marker, the boot marker now, names another boot
+// than before, the one recorded at the action, and why not. The node must
+// hold a session it did not hold at the action; where it reported a boot
+// id at the action and reports one now, that must have changed too: a new
+// session with the same boot id is bcd restarted on a machine that did
+// not reboot. Where either is missing (an older bcd, which reports none),
+// the new session is all there is to go by.
+func rebooted(before, marker string) (bool, string) {
 	bb, bs, _ := strings.Cut(before, "|")
 	nb, ns, _ := strings.Cut(marker, "|")
-	if ns == "" {
-		return false
+	switch {
+	case ns == "" || ns == bs:
+		return false, "the node has not connected again since the action"
+	case bb != "" && nb != "" && bb == nb:
+		return false, "the node connected again with the boot id it had before the action (" + nb +
+			"): its bcd restarted, the machine did not reboot"
 	}
-	if bb != "" && nb != "" {
-		return bb != nb
-	}
-	return bs != ns
+	return true, ""
 }
 
 // nodeHealthy reports whether node reads healthy for c's verification
@@ -543,8 +550,10 @@ func nodeHealthy(n *store.Node, c *store.Remediation, boot string) (bool, string
 	if n.LastSeenAt == nil || n.LastSeenAt.Before(c.StateSince) {
 		return false, "no heartbeat since the action"
 	}
-	if (c.Action == config.ActionReboot || c.Action == config.ActionPowerCycle) && !rebooted(c.BootID, boot) {
-		return false, "the node has not connected again since the reboot"
+	if c.Action == config.ActionReboot || c.Action == config.ActionPowerCycle {
+		if ok, why := rebooted(c.BootID, boot); !ok {
+			return false, why
+		}
 	}
 	if uuid := failedGPU(n.Inventory); uuid != "" {
 		return false, "GPU " + uuid + " reads failed"

@@ -59,6 +59,7 @@ const (
 	stayDown                     // a reboot that never comes back (the command is lost)
 	hold                         // never answers (the command stays queued)
 	comeBackNow                  // (power.cycle) the target reconnects
+	restartOnly                  // (reboot) bcd restarts, the machine does not reboot: the same boot id
 )
 
 // fixture is a pool of played nodes, a clock and a reconciler.
@@ -79,13 +80,17 @@ type fixture struct {
 	epoch  map[int]int64
 	holder string
 	sess   map[string]int
+	// boot is the boot id each node reports when it connects, "" for an
+	// older bcd that reports none; boots counts each node's boots.
+	boot  map[string]string
+	boots map[string]int
 }
 
 func newFixture(t *testing.T, st store.Store, n int, settings config.Remediation) *fixture {
 	ctx := context.Background()
 	f := &fixture{t: t, ctx: ctx, st: st, clock: clocktest.New(time.Now().UTC().Truncate(time.Millisecond)),
 		down: map[string]bool{}, answers: map[string]behaviour{}, power: map[string]string{}, epoch: map[int]int64{},
-		holder: "w1", sess: map[string]int{}}
+		holder: "w1", sess: map[string]int{}, boot: map[string]string{}, boots: map[string]int{}}
 	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s-" + store.NewID("x"), Region: "eu"})
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +104,7 @@ func newFixture(t *testing.T, st store.Store, n int, settings config.Remediation
 			t.Fatal(err)
 		}
 		f.nodes = append(f.nodes, id)
+		f.reboot(id)
 		f.connect(id)
 	}
 	f.rec = f.reconciler(settings)
@@ -125,12 +131,22 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// connect opens a new session for id (a (re)connection) and marks it ready.
+// reboot gives node id a new boot: a new boot id, except for an older bcd
+// (boot id "" once connected), which reports none.
+func (f *fixture) reboot(id string) {
+	f.boots[id]++
+	if f.boots[id] == 1 || f.boot[id] != "" {
+		f.boot[id] = fmt.Sprintf("boot-%s-%d", id, f.boots[id])
+	}
+}
+
+// connect opens a new session for id (a (re)connection) with its boot id,
+// as the gateway records Hello, and marks it ready.
 func (f *fixture) connect(id string) {
 	f.sess[id]++
 	now := f.clock.Now()
 	if _, _, err := f.st.SessionOpen(f.ctx, &store.SessionOpenParams{NodeID: id, SessionID: fmt.Sprintf("s_%s_%d", id, f.sess[id]),
-		GatewayID: "gw", Now: &now}); err != nil {
+		GatewayID: "gw", BootID: f.boot[id], Now: &now}); err != nil {
 		f.t.Fatal(err)
 	}
 	if err := f.st.NodeSetState(f.ctx, id, store.NodeReady); err != nil {
@@ -253,8 +269,12 @@ func (f *fixture) answer(id string, c *store.Command, now time.Time) {
 		if err := f.st.NodeSetState(f.ctx, id, store.NodeUnreachable); err != nil {
 			f.t.Fatal(err)
 		}
+	case c.Kind == sessionv1.KindReboot && b == restartOnly:
+		finish(store.CommandSucceeded, nil)
+		f.connect(id)
 	case c.Kind == sessionv1.KindReboot:
 		finish(store.CommandSucceeded, nil)
+		f.reboot(id)
 		f.connect(id)
 	case c.Kind == sessionv1.KindPowerStatus:
 		target := spec.GetPower().GetNodeId()
@@ -265,6 +285,7 @@ func (f *fixture) answer(id string, c *store.Command, now time.Time) {
 		res, _ := json.Marshal(map[string]string{"action": "cycle", "nodeId": target, "power": "on"})
 		finish(store.CommandSucceeded, res)
 		delete(f.down, target)
+		f.reboot(target)
 		f.connect(target)
 	default:
 		finish(store.CommandSucceeded, nil)

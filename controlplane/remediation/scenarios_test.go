@@ -138,6 +138,103 @@ func TestLadderToPowerCycle(t *testing.T) {
 	})
 }
 
+// TestRebootVerifiedByBootID: after a reboot, verification wants the node
+// back with another boot id than the one recorded at the action. node_00's
+// "reboot" only restarts its bcd (a new session, the same boot id): it is
+// not verified, stays verifying until verifyTimeout and is then power
+// cycled (the policy's next step), which gives it a new boot id and
+// returns it. node_01 comes back with a new boot id and is returned after
+// its one reboot. node_02's bcd is an older one that reports no boot id:
+// its new session suffices.
+func TestRebootVerifiedByBootID(t *testing.T) {
+	t.Parallel()
+	backends(t, func(t *testing.T, st store.Store) {
+		const verifyTimeout = 20 * time.Second
+		f := newFixture(t, st, 4, config.Remediation{VerifyTimeout: config.Duration{Duration: verifyTimeout}})
+		agent := "node_03"
+		if err := st.NodeSetInventory(f.ctx, agent, []byte(`{"plugins":[{"name":"ipmi","version":"1.0.0","healthy":true}]}`), "d"); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.SecretPut(f.ctx, &store.Secret{Name: bmcsecret.Name("node_00"), NodeID: "node_00", Sealed: []byte("sealed")}); err != nil {
+			t.Fatal(err)
+		}
+		f.answers["node_00 "+sessionv1.KindReboot] = restartOnly
+		f.boot["node_02"] = "" // an older bcd: no boot id in its Hello
+		f.connect("node_02")
+		for _, id := range []string{"node_00", "node_01", "node_02"} {
+			f.xid(id, 79, "GPU_HAS_FALLEN_OFF_THE_BUS", "RESTART_BM")
+		}
+		// The boot id is recorded when the reboot is sent.
+		f.until(20, "node_00 rebooting", func() bool {
+			c := f.caseOf("node_00")
+			return c != nil && c.Action == config.ActionReboot && c.State == store.RemediationVerifying
+		})
+		if c := f.caseOf("node_00"); !strings.HasPrefix(c.BootID, "boot-node_00-1|") {
+			t.Errorf("node_00's case recorded boot %q at the reboot, want its boot id boot-node_00-1", c.BootID)
+		}
+		if n := f.node("node_00"); n.BootID != "boot-node_00-1" || f.sess["node_00"] != 2 {
+			t.Fatalf("node_00 after its bcd restarted: boot id %q, session %d", n.BootID, f.sess["node_00"])
+		}
+		// The same boot id in a new session: not verified, for as long as
+		// verifyTimeout.
+		since := f.caseOf("node_00").StateSince
+		for f.clock.Now().Before(since.Add(verifyTimeout - time.Second)) {
+			f.round()
+			c := f.caseOf("node_00")
+			if c.State != store.RemediationVerifying || c.Action != config.ActionReboot {
+				t.Fatalf("node_00 with the same boot id %v after its reboot: case %s %s: %s",
+					f.clock.Now().Sub(since), c.State, c.Action, c.Reason)
+			}
+			if !strings.Contains(c.Reason, "boot id") {
+				t.Fatalf("node_00 verifying: reason %q, want it to name the unchanged boot id", c.Reason)
+			}
+		}
+		var granted bool
+		f.until(80, "all returned", func() bool {
+			if !granted {
+				if cmds, _ := st.CommandList(f.ctx, &store.CommandListParams{NodeID: agent, State: store.CommandQueued}); len(cmds) > 0 {
+					ok, err := st.SecretGrantTake(f.ctx, bmcsecret.Name("node_00"), agent, nil)
+					if err != nil || !ok {
+						t.Fatalf("no grant for the agent: %v", err)
+					}
+					granted = true
+				}
+			}
+			for _, id := range []string{"node_00", "node_01", "node_02"} {
+				if c := f.caseOf(id); c.State != store.RemediationReturned {
+					return false
+				}
+			}
+			return true
+		})
+		ladder := []string{"detected", "quarantined", "draining", "remediating", "verifying",
+			"draining", "remediating", "verifying", "returned"}
+		if got := f.steps("node_00"); !slices.Equal(got, ladder) {
+			t.Errorf("node_00 steps %v, want %v", got, ladder)
+		}
+		if c := f.caseOf("node_00"); c.Action != config.ActionPowerCycle || c.Attempts != 2 {
+			t.Errorf("node_00 returned after %s, attempt %d; want the power cycle, attempt 2", c.Action, c.Attempts)
+		}
+		if got := f.commandsOf(agent); got[sessionv1.KindPowerCycle] != 1 {
+			t.Errorf("agent's commands %v, want one power.cycle", got)
+		}
+		full := []string{"detected", "quarantined", "draining", "remediating", "verifying", "returned"}
+		for _, id := range []string{"node_01", "node_02"} {
+			if got := f.steps(id); !slices.Equal(got, full) {
+				t.Errorf("%s steps %v, want %v", id, got, full)
+			}
+			if got := f.commandsOf(id); got[sessionv1.KindReboot] != 1 || len(got) != 1 {
+				t.Errorf("%s commands %v, want one reboot", id, got)
+			}
+		}
+		for id, want := range map[string]string{"node_00": "boot-node_00-2", "node_01": "boot-node_01-2", "node_02": ""} {
+			if n := f.node(id); n.BootID != want || n.Cordoned {
+				t.Errorf("%s returned: boot id %q (want %q), cordoned %v", id, n.BootID, want, n.Cordoned)
+			}
+		}
+	})
+}
+
 // TestSilentNodeBMCEvidence: a node silent past the liveness window whose
 // BMC answers on is unresponsive and power cycled; one whose BMC says off
 // is powered-off and left alone (the default policy).

@@ -47,8 +47,8 @@ type Recovery struct {
 	// reconnects with a new boot id. Defaults to DefaultRestartDelay.
 	RebootDelay time.Duration
 	// RebootHangs makes a reboot never come back (the machine hangs on the
-	// way): the daemon stays away until ClearFaults, as after a BMC power
-	// cycle.
+	// way): the daemon stays away until ClearFaults, and comes back then,
+	// as after a BMC power cycle, with a new boot id.
 	RebootHangs bool
 }
 
@@ -87,6 +87,9 @@ type faultState struct {
 	recovery Recovery
 	stats    FaultStats
 	bootID   string
+	// booting is set while a reboot that hangs keeps the daemon away: it
+	// comes back with a new boot id when ClearFaults ends it.
+	booting bool
 
 	// hung is closed while the daemon answers; a new, open channel while
 	// it hangs.
@@ -260,11 +263,15 @@ func (f *faultState) takeDownLocked(dur time.Duration, reboot bool) {
 		f.downTimer.Stop()
 		f.downTimer = nil
 	}
+	if reboot && dur == 0 {
+		f.booting = true
+	}
 	if dur > 0 {
 		f.downTimer = time.AfterFunc(dur, func() {
 			f.mu.Lock()
 			defer f.mu.Unlock()
-			if reboot {
+			if reboot || f.booting {
+				f.booting = false
 				f.rebootedLocked()
 			}
 			f.bringUpLocked()
@@ -298,7 +305,8 @@ func (f *faultState) bringUpLocked() {
 
 // ClearFaults ends every injected fault: the GPUs read healthy (the next
 // inventory says so), a hung daemon answers again and one kept away
-// reconnects. The Recovery settings stay.
+// reconnects: after a reboot that hung, with a new boot id, as the power
+// cycle that ends such a hang brings it back. The Recovery settings stay.
 func (d *FakeDaemon) ClearFaults() {
 	f := d.faults()
 	f.mu.Lock()
@@ -313,6 +321,10 @@ func (d *FakeDaemon) ClearFaults() {
 	if f.downTimer != nil {
 		f.downTimer.Stop()
 		f.downTimer = nil
+	}
+	if f.booting {
+		f.booting = false
+		f.rebootedLocked()
 	}
 	f.bringUpLocked()
 	f.mu.Unlock()

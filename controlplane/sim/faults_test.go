@@ -200,6 +200,36 @@ func TestFaultLostGPUThenReboot(t *testing.T) {
 	}
 }
 
+// A reboot that hangs keeps the daemon away until its faults are cleared
+// (the power cycle that ends the hang); it comes back with a new boot id.
+func TestFaultRebootHangsThenPowerCycle(t *testing.T) {
+	t.Parallel()
+	r, s := newFaultRig(t)
+	d := r.d
+	d.SetRecovery(sim.Recovery{RebootHangs: true})
+	if err := s.Send(command("reboot_h", sessionv1.KindReboot)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-time.After(wait):
+		t.Fatal("the session outlived the reboot")
+	}
+	select {
+	case s2 := <-r.g.Sessions():
+		t.Fatalf("a daemon whose reboot hangs came back: %v", s2.Hello)
+	case <-time.After(300 * time.Millisecond):
+	}
+	d.ClearFaults()
+	s2 := r.g.NextSession(t, wait)
+	if b := s2.Hello.GetBootId(); b == s.Hello.GetBootId() || b == "" {
+		t.Fatalf("back after the power cycle with boot id %q (was %q)", b, s.Hello.GetBootId())
+	}
+	if st := d.FaultStats(); st.Reboots != 1 || st.Boots != 2 || st.Down {
+		t.Errorf("stats %+v, want one reboot and a new boot", st)
+	}
+}
+
 // A hung daemon keeps its session but sends no heartbeats and answers no
 // commands; a disconnected one stays away until its faults are cleared.
 func TestFaultHangAndDisconnect(t *testing.T) {

@@ -282,9 +282,11 @@ type Node struct {
 	BCDVersion      string
 	OS              string
 	Arch            string
-	BootID          string
-	CertSerial      string
-	CertNotAfter    *time.Time
+	// BootID is the boot id the node reported when its latest session
+	// opened (/proc/sys/kernel/random/boot_id), "" when it reported none.
+	BootID       string
+	CertSerial   string
+	CertNotAfter *time.Time
 	// KeySHA256 is the lower-case hex SHA-256 of the SubjectPublicKeyInfo
 	// of the key of the node's latest certificate (pki.KeySHA256): the only
 	// key re-attestation and a re-join by proof accept.
@@ -585,8 +587,8 @@ type Session struct {
 // SessionStore keeps sessions and their liveness.
 type SessionStore interface {
 	// SessionOpen records a node's new session on a gateway, superseding any
-	// older one (epoch + 1). It returns the new session and the one it
-	// replaced, if any.
+	// older one (epoch + 1), and the boot id the node reported as its
+	// BootID. It returns the new session and the one it replaced, if any.
 	SessionOpen(ctx context.Context, p *SessionOpenParams) (session, previous *Session, err error)
 	// SessionClose removes a session if it is still the node's current one,
 	// and keeps its last heartbeat as the node's LastSeenAt.
@@ -611,7 +613,10 @@ type SessionOpenParams struct {
 	SessionID  string
 	GatewayID  string
 	RemoteAddr string
-	Now        *time.Time
+	// BootID is the boot id the node reported in Hello, recorded as the
+	// node's BootID ("" when it reports none: an older bcd).
+	BootID string
+	Now    *time.Time
 }
 
 // Worker is a process running worker roles.

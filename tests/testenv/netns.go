@@ -91,6 +91,6 @@ func netnsUsable() error {
 // machine of its own, reachable only over the link.
 func (m *Machine) RunIn(n Netns, bin string, args ...string) (string, []string) {
 	a := append([]string{"netns", "exec", n.Name, "unshare"}, unshareArgs()...)
-	a = append(a, "--", "sh", "-c", machineShell, "machine", m.Name, m.IDFile, bin)
+	a = append(a, "--", "sh", "-c", machineShell, "machine", m.Name, m.IDFile, m.BootIDFile, bin)
 	return "ip", append(a, args...)
 }

@@ -72,7 +72,7 @@ func wantShape(t *testing.T, what string, got []string, want ...string) {
 // the list response ({"nodes": [...], "nextCursor"}), lowerCamelCase
 // names, command output as text with a separate base64 field only for
 // output that is not UTF-8, the inventory as an object. The nodes get
-// table shows labels, clock skew and the inventory summary.
+// table shows labels, clock skew, the boot id and the inventory summary.
 func TestJSONShapes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -90,6 +90,10 @@ func TestJSONShapes(t *testing.T) {
 	if err := st.NodeSetInventory(ctx, "node_js", []byte(inv), "d1"); err != nil {
 		t.Fatal(err)
 	}
+	const bootID = "6d3f1e2a-0b4c-4e5f-9a8b-7c6d5e4f3a2b"
+	if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_js", SessionID: "sess_js", GatewayID: "gw", BootID: bootID}); err != nil {
+		t.Fatal(err)
+	}
 	c := apiCLI(t, st, strings.Repeat("s", 32), mustToken(t, st, store.RoleAdmin))
 
 	wantShape(t, "nodes list", jsonShape(t, c.ok("nodes", "list", "-o", "json")),
@@ -98,12 +102,12 @@ func TestJSONShapes(t *testing.T) {
 	got := jsonShape(t, c.ok("nodes", "get", "node_js", "-o", "json"))
 	wantShape(t, "nodes get", got, "id string", "labels.rack string", "inventory object", "inventory.host.cpu.model string",
 		"inventory.host.cpu.cores number", "inventory.host.memory.totalBytes string", "inventory.host.os.kernel string",
-		"inventory.gpus[].name string", "inventory.collectedAt string")
+		"inventory.gpus[].name string", "inventory.collectedAt string", "bootId string")
 	if slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, "inventoryJson") }) {
 		t.Errorf("nodes get -o json still has inventoryJson:\n%s", strings.Join(got, "\n"))
 	}
 	table := c.ok("nodes", "get", "node_js")
-	for _, re := range []string{`(?m)^labels\s+rack=r1$`, `(?m)^clock skew\s+-$`, `(?m)^cpu\s+AMD EPYC 9654 \(2 sockets, 192 cores, 384 threads\)$`,
+	for _, re := range []string{`(?m)^labels\s+rack=r1$`, `(?m)^clock skew\s+-$`, `(?m)^boot id\s+` + bootID + `$`, `(?m)^cpu\s+AMD EPYC 9654 \(2 sockets, 192 cores, 384 threads\)$`,
 		`(?m)^memory\s+1024\.0 GiB$`, `(?m)^gpus\s+2x NVIDIA H100 80GB HBM3 \(80 GiB\)$`, `(?m)^os\s+debian 12$`, `(?m)^kernel\s+6\.1\.0-18-amd64$`} {
 		if !regexp.MustCompile(re).MatchString(table) {
 			t.Errorf("nodes get table: no line matching %s:\n%s", re, table)

@@ -108,7 +108,7 @@ func nodeCall(e *env, af *apiFlags, cmd *cobra.Command, method nodeMethod, inven
 			rows := [][]string{
 				{"id", n.Id}, {"hostname", n.Hostname}, {"pool", n.PoolId}, {"state", n.State}, {"cordoned", yesNo(n.Cordoned)},
 				{"gateway", orDash(n.GatewayId)}, {"bcd", orDash(n.BcdVersion)}, {"os/arch", n.Os + "/" + n.Arch},
-				{"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
+				{"boot id", orDash(n.BootId)}, {"last seen", when(n.LastSeenTime)}, {"certificate expires", when(n.CertExpireTime)},
 				{"clock skew", clockSkew(n)}, {"labels", labelsSummary(n.Labels)},
 			}
 			if inventory {

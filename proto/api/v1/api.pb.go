@@ -1277,6 +1277,10 @@ type Node struct {
 	ClockSkew *durationpb.Duration `protobuf:"bytes,16,opt,name=clock_skew,json=clockSkew,proto3" json:"clock_skew,omitempty"`
 	// clock_skew_time is when clock_skew was measured, by the gateway's clock.
 	ClockSkewTime *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=clock_skew_time,json=clockSkewTime,proto3" json:"clock_skew_time,omitempty"`
+	// boot_id is the boot id the node reported when its latest session
+	// opened (/proc/sys/kernel/random/boot_id; a new one after each boot),
+	// empty when it reported none (an older bcd) or never connected.
+	BootId        string `protobuf:"bytes,19,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1428,6 +1432,13 @@ func (x *Node) GetClockSkewTime() *timestamppb.Timestamp {
 		return x.ClockSkewTime
 	}
 	return nil
+}
+
+func (x *Node) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
 }
 
 // GPU is one GPU of a node, as its last inventory reported it.
@@ -5185,7 +5196,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"Y\n" +
 	"\x17RevokeJoinTokenResponse\x12>\n" +
 	"\n" +
-	"join_token\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.JoinTokenR\tjoinToken\"\x9b\x06\n" +
+	"join_token\x18\x01 \x01(\v2\x1f.bettercompute.api.v1.JoinTokenR\tjoinToken\"\xb4\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x1a\n" +
@@ -5208,7 +5219,8 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\tinventory\x18\x12 \x01(\v2\x17.google.protobuf.StructR\tinventory\x128\n" +
 	"\n" +
 	"clock_skew\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\tclockSkew\x12B\n" +
-	"\x0fclock_skew_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rclockSkewTime\x1a9\n" +
+	"\x0fclock_skew_time\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\rclockSkewTime\x12\x17\n" +
+	"\aboot_id\x18\x13 \x01(\tR\x06bootId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x0f\x10\x10R\x0einventory_json\"\x9a\x01\n" +

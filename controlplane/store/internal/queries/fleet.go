@@ -167,7 +167,8 @@ func scanSession(r Row) (*store.Session, error) {
 	return x, r.Scan(&x.NodeID, &x.SessionID, &x.GatewayID, &x.Epoch, &x.RemoteAddr, &x.ConnectedAt, &x.LastHeartbeatAt)
 }
 
-// SessionOpen records a node's new session, superseding the older one.
+// SessionOpen records a node's new session, superseding the older one,
+// and the node's boot id.
 func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (session, previous *store.Session, err error) {
 	err = s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
@@ -188,7 +189,8 @@ func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (se
 		if err != nil {
 			return q.wrap("open session for node "+p.NodeID, err)
 		}
-		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()) WHERE id = $1`, p.NodeID, p.Now)
+		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()), boot_id = $3 WHERE id = $1`,
+			p.NodeID, p.Now, p.BootID)
 		return q.wrap("open session for node "+p.NodeID, err)
 	})
 	return session, previous, err
