@@ -13,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -538,46 +541,33 @@ done
 	}
 }
 
-// failedGPUs lists the UUIDs of the GPUs an inventory (protojson of
-// session.v1 Inventory) says failed, comma-separated.
-func failedGPUs(inv []byte) string {
-	var doc struct {
-		GPUs []struct {
-			UUID   string `json:"uuid"`
-			Health struct {
-				State string `json:"state"`
-			} `json:"health"`
-		} `json:"gpus"`
+// inventory decodes a stored inventory (protojson of session.v1
+// Inventory); an unreadable one is empty.
+func inventory(b []byte) *sessionv1.Inventory {
+	inv := &sessionv1.Inventory{}
+	if protojson.Unmarshal(b, inv) != nil {
+		return &sessionv1.Inventory{}
 	}
-	if json.Unmarshal(inv, &doc) != nil {
-		return ""
-	}
+	return inv
+}
+
+// failedGPUs lists the UUIDs of the GPUs an inventory says failed,
+// comma-separated.
+func failedGPUs(b []byte) string {
 	var failed []string
-	for _, g := range doc.GPUs {
-		if g.Health.State == "GPU_HEALTH_STATE_FAILED" {
-			failed = append(failed, g.UUID)
+	for _, g := range inventory(b).GetGpus() {
+		if g.GetHealth().GetState() == sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED {
+			failed = append(failed, g.GetUuid())
 		}
 	}
 	return strings.Join(failed, ",")
 }
 
 // runsIPMI reports whether an inventory lists the ipmi plugin healthy.
-func runsIPMI(inv []byte) bool {
-	var doc struct {
-		Plugins []struct {
-			Name    string `json:"name"`
-			Healthy bool   `json:"healthy"`
-		} `json:"plugins"`
-	}
-	if json.Unmarshal(inv, &doc) != nil {
-		return false
-	}
-	for _, p := range doc.Plugins {
-		if p.Name == "ipmi" && p.Healthy {
-			return true
-		}
-	}
-	return false
+func runsIPMI(b []byte) bool {
+	return slices.ContainsFunc(inventory(b).GetPlugins(), func(p *sessionv1.PluginInfo) bool {
+		return p.GetName() == "ipmi" && p.GetHealthy()
+	})
 }
 
 // writeScript writes an executable file at path and returns path.
