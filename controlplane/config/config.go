@@ -286,9 +286,10 @@ type Retention struct {
 	Events Duration `yaml:"events"`
 	// Audit: audit rows. Defaults to 365 days (8760h).
 	Audit Duration `yaml:"audit"`
-	// History: closed reservations (ended, cancelled, failed) and finished
-	// rollouts (completed, aborted, failed), counted from when they
-	// closed. Defaults to 90 days (2160h).
+	// History: closed reservations (ended, cancelled, failed), finished
+	// rollouts (completed, aborted, failed) and closed remediation cases
+	// (returned), counted from when they closed. Defaults to 90 days
+	// (2160h).
 	History Duration `yaml:"history"`
 }
 

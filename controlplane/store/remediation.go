@@ -154,6 +154,9 @@ type RemediationStore interface {
 	// SecretGrantTake uses up one unexpired grant of name to nodeID; false
 	// when there is none.
 	SecretGrantTake(ctx context.Context, name, nodeID string, now *time.Time) (bool, error)
+	// RemediationPrune deletes the closed (returned) cases closed before
+	// before, and returns how many: retention.history.
+	RemediationPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
 // SecretGrantParams are SecretGrant's inputs.

@@ -304,9 +304,13 @@ func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Ret
 		if err != nil {
 			return err
 		}
-		if c+e+a+o+res+ro > 0 {
+		rem, err := tx.RemediationPrune(ctx, now.Add(-r.History.Duration))
+		if err != nil {
+			return err
+		}
+		if c+e+a+o+res+ro+rem > 0 {
 			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a, "outbox", o,
-				"reservations", res, "rollouts", ro)
+				"reservations", res, "rollouts", ro, "remediations", rem)
 		}
 		return nil
 	})

@@ -69,4 +69,27 @@ func testHistoryPrune(ctx context.Context, t *testing.T, h *Harness) {
 	if n := must(st.RolloutPrune(ctx, cutoff)); n != 0 {
 		t.Fatalf("second prune deleted %d rollouts", n)
 	}
+
+	// Remediation cases: a returned one closed before the cutoff goes, one
+	// returned after it and an escalated (open) one stay.
+	remediated := func(node string, day int, to string) *store.Remediation {
+		id := "node_hp_" + node + "_" + store.NewID("x")
+		addNode(ctx, t, h, pool, id)
+		c := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: id, State: store.RemediationDetected, Finding: "xid",
+			Resolution: "RESET_GPU", XID: 95, Action: "gpu.reset", CreatedAt: *at(day)}, "remediation:h"))
+		return must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, From: []string{store.RemediationDetected},
+			To: to, Actor: "remediation:h", Now: at(day + 1)}))
+	}
+	returnedOld := remediated("a", 1, store.RemediationReturned)
+	returnedNew := remediated("b", 19, store.RemediationReturned)
+	escalated := remediated("c", 1, store.RemediationEscalated)
+	if n := must(st.RemediationPrune(ctx, cutoff)); n != 1 {
+		t.Fatalf("pruned %d remediation cases, want the 1 closed before the cutoff", n)
+	}
+	if _, err := st.RemediationGet(ctx, returnedOld.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("case returned before the cutoff: %v, want ErrNotFound", err)
+	}
+	for _, c := range []*store.Remediation{returnedNew, escalated} {
+		must(st.RemediationGet(ctx, c.ID))
+	}
 }

@@ -510,3 +510,9 @@ func (s *Store) SecretGrantTake(ctx context.Context, name, nodeID string, now *t
 	})
 	return ok, err
 }
+
+// RemediationPrune deletes the cases closed before before.
+func (s *Store) RemediationPrune(ctx context.Context, before time.Time) (int64, error) {
+	n, err := s.db.Exec(ctx, `DELETE FROM remediations WHERE closed_at IS NOT NULL AND closed_at < $1`, before)
+	return n, s.wrap("prune remediation cases", err)
+}
