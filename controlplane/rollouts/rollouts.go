@@ -210,6 +210,13 @@ func (p *plan) setNode(n *store.RolloutNode, state, reason string, cmd func(*sto
 	if cmd != nil {
 		cmd(u)
 	}
+	if n.State == store.RolloutNodePending && state != store.RolloutNodePending {
+		u.ClearReason = true // what it waited for is over
+		n.Reason = ""
+	}
+	if reason != "" {
+		n.Reason = reason
+	}
 	n.State = state
 	p.op(func(tx store.Store) error { return tx.RolloutNodeUpdate(context.Background(), u) })
 }
@@ -330,7 +337,12 @@ func (p *plan) advance(ctx context.Context) error {
 			if r, err := p.r.store.NodeReservedNow(ctx, n.NodeID, &p.now); err != nil {
 				return err
 			} else if r != nil {
-				p.r.log.DebugContext(ctx, "Rollout waits for a reservation", logkey.NodeID, n.NodeID, "reservation", r.ID, "owner", r.Owner)
+				// Said on the node (rollouts get), once: a reason-only
+				// change writes no event.
+				if why := fmt.Sprintf("waits for reservation %s (%s) to end at %s", r.ID, r.Owner, r.End.UTC().Format(time.RFC3339)); n.Reason != why {
+					p.setNode(n, store.RolloutNodePending, why, nil)
+					p.info("Rollout waits for a reservation", logkey.NodeID, n.NodeID, "reservation", r.ID, "owner", r.Owner)
+				}
 				continue
 			}
 			reason := store.DisruptionUpgrading
@@ -547,8 +559,9 @@ func (p *plan) upgrade(ctx context.Context, n *store.RolloutNode) error {
 		reason = fmt.Sprintf("%d command(s) still running ended by the restart of bcd: %s", len(ended), strings.Join(ended, ", "))
 	}
 	var cmdID string
+	from := n.State // the ops run after the plan, when n.State has moved on
 	p.op(func(tx store.Store) error {
-		if n.State == store.RolloutNodeDraining {
+		if from == store.RolloutNodeDraining {
 			a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: id, Reason: store.DisruptionUpgrading, Owner: p.owner, Now: &p.now})
 			if err != nil {
 				return err
@@ -570,7 +583,7 @@ func (p *plan) upgrade(ctx context.Context, n *store.RolloutNode) error {
 		}
 		cmdID = cmds[0].ID
 		return tx.RolloutNodeUpdate(ctx, &store.RolloutNodeUpdateParams{RolloutID: ro.ID, NodeID: id, State: store.RolloutNodeUpgrading,
-			UpgradeCommandID: cmdID, Reason: reason, Now: &p.now})
+			UpgradeCommandID: cmdID, Reason: reason, ClearReason: from == store.RolloutNodePending, Now: &p.now})
 	})
 	n.State = store.RolloutNodeUpgrading
 	p.woken = append(p.woken, id)

@@ -493,9 +493,18 @@ func TestRolloutWaitsForReservation(t *testing.T) {
 		}
 		return n == 2
 	})
+	// rollouts get says what the node waits for.
+	for _, rn := range mustV(e.st.RolloutNodes(ctx, ro.ID)) {
+		if rn.NodeID == reserved && (!strings.Contains(rn.Reason, r.ID) || !strings.Contains(rn.Reason, "team-a")) {
+			t.Errorf("reserved node's reason %q, want it to name reservation %s and its owner", rn.Reason, r.ID)
+		}
+	}
 	mustV(e.st.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.ID}))
 	ro = e.until(w, ro, "completed", state(store.RolloutCompleted))
 	for _, n := range mustV(e.st.RolloutNodes(ctx, ro.ID)) {
+		if strings.Contains(n.Reason, "waits for") {
+			t.Errorf("%s: the wait note %q outlived the wait", n.NodeID, n.Reason)
+		}
 		if n.State != store.RolloutNodeUpgraded {
 			t.Errorf("%s: %s (%q), want upgraded after the reservation ended", n.NodeID, n.State, n.Reason)
 		}
@@ -581,6 +590,21 @@ func TestRolloutDrains(t *testing.T) {
 	}
 	if c := mustV(e.st.CommandGet(ctx, stuck.ID)); c.State != store.CommandRunning {
 		t.Errorf("a drain ended the command it waited for: %s", c.State)
+	}
+	// The drained node's hold went from draining to upgrading (and back
+	// in service), each a node.disruption-changed event.
+	var moves []string
+	for _, en := range mustV(e.st.OutboxQuery(ctx, &store.OutboxQueryParams{Key: e.ids[0], TopicPrefix: events.NodeDisruptionChanged,
+		Ascending: true, Limit: store.MaxListLimit})) {
+		env := mustV(events.Parse(en.Payload))
+		var d events.DisruptionData
+		if err := json.Unmarshal(env.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		moves = append(moves, d.Disruption)
+	}
+	if want := []string{store.DisruptionDraining, store.DisruptionUpgrading, ""}; !slices.Equal(moves, want) {
+		t.Errorf("drained node's disruption moves %q, want %q", moves, want)
 	}
 
 	// --drain=false: the busy node is upgraded, its command reported as

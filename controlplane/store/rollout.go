@@ -160,7 +160,8 @@ type RolloutNode struct {
 	// idempotency keys make a second send return the same one).
 	UpgradeCommandID  string
 	RollbackCommandID string
-	// Reason says why the node was skipped, failed or rolled back.
+	// Reason says why the node was skipped, failed or rolled back, or,
+	// while it is pending, what it waits for (a reservation holding it).
 	Reason string
 	// StateSince is when the node entered State.
 	StateSince time.Time
@@ -268,5 +269,9 @@ type RolloutNodeUpdateParams struct {
 	UpgradeCommandID  string
 	RollbackCommandID string
 	Reason            string
-	Now               *time.Time
+	// ClearReason empties the node's reason (Reason, when set, is then
+	// recorded): a pending node's note of what it waits for ends when it
+	// moves on.
+	ClearReason bool
+	Now         *time.Time
 }

@@ -289,6 +289,9 @@ func (s *Store) RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdat
 		if p.RollbackCommandID != "" {
 			n.RollbackCommandID = p.RollbackCommandID
 		}
+		if p.ClearReason {
+			n.Reason = ""
+		}
 		if p.Reason != "" {
 			n.Reason = p.Reason
 		}
