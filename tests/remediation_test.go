@@ -71,12 +71,7 @@ func TestSilentNodePowerCycledThroughSiteAgent(t *testing.T) {
 		t.Fatalf("the silent node's recorded boot id %q, want its machine's %q", bootBefore, want)
 	}
 
-	pwFile := filepath.Join(t.TempDir(), "bmc-password")
-	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d.cli(d.viaAPI("bmc", "credentials", "set", "--node", silent, "--address", "127.0.0.1", "--username", simUser,
-		"--password-file", pwFile, "--providers", "ipmitool", "--ipmi-port", strconv.Itoa(sim.port), "--bmc-timeout", "10s")...)
+	sealSimCredentials(t, d, silent, sim)
 
 	// The machine hangs: its bcd is gone, its BMC still says on.
 	sp.Stop(syscall.SIGKILL, time.Second)
@@ -384,12 +379,7 @@ done
 		t.Fatalf("the node's recorded boot id %q, want its machine's %q", bootBefore, want)
 	}
 
-	pwFile := filepath.Join(t.TempDir(), "bmc-password")
-	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	d.cli(d.viaAPI("bmc", "credentials", "set", "--node", node, "--address", "127.0.0.1", "--username", simUser,
-		"--password-file", pwFile, "--providers", "ipmitool", "--ipmi-port", strconv.Itoa(sim.port), "--bmc-timeout", "10s")...)
+	sealSimCredentials(t, d, node, sim)
 
 	// XID 79 on GPU 3.
 	if err := os.WriteFile(filepath.Join(gpuM.dataDir, "nvmlmock-xids"), []byte("3 79\n"), 0o600); err != nil {
@@ -568,6 +558,18 @@ func runsIPMI(b []byte) bool {
 	return slices.ContainsFunc(inventory(b).GetPlugins(), func(p *sessionv1.PluginInfo) bool {
 		return p.GetName() == "ipmi" && p.GetHealthy()
 	})
+}
+
+// sealSimCredentials seals ipmi_sim's user and password as node's BMC
+// credentials (bmc credentials set, through the API).
+func sealSimCredentials(t *testing.T, d *deployment, node string, sim *ipmiSim) {
+	t.Helper()
+	pwFile := filepath.Join(t.TempDir(), "bmc-password")
+	if err := os.WriteFile(pwFile, []byte(simPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.cli(d.viaAPI("bmc", "credentials", "set", "--node", node, "--address", "127.0.0.1", "--username", simUser,
+		"--password-file", pwFile, "--providers", "ipmitool", "--ipmi-port", strconv.Itoa(sim.port), "--bmc-timeout", "10s")...)
 }
 
 // writeScript writes an executable file at path and returns path.

@@ -274,43 +274,39 @@ func every(ctx context.Context, name, holder string, interval time.Duration, st 
 	}))
 }
 
-// retain prunes rows older than the retention windows.
+// retain prunes rows older than the retention windows, in one fenced
+// transaction, and logs what went.
 func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Retention, log *slog.Logger) error {
 	now := time.Now()
 	return st.FencedTx(ctx, fence, func(tx store.Store) error {
-		c, err := tx.CommandPrune(ctx, now.Add(-r.Commands.Duration))
-		if err != nil {
-			return err
+		prunes := []struct {
+			what   string
+			window time.Duration
+			prune  func(context.Context, time.Time) (int64, error)
+		}{
+			{"commands", r.Commands.Duration, tx.CommandPrune},
+			{"events", r.Events.Duration, tx.EventPrune},
+			{"audit", r.Audit.Duration, tx.AuditPrune},
+			// The outbox keeps what sinks and event readers read for as
+			// long as events: a reader resuming after a pruned id gets a
+			// gap error.
+			{"outbox", r.Events.Duration, tx.OutboxPrune},
+			{"reservations", r.History.Duration, tx.ReservationPrune},
+			{"rollouts", r.History.Duration, tx.RolloutPrune},
+			{"remediations", r.History.Duration, tx.RemediationPrune},
 		}
-		e, err := tx.EventPrune(ctx, now.Add(-r.Events.Duration))
-		if err != nil {
-			return err
+		var total int64
+		attrs := make([]any, 0, 2*len(prunes))
+		for _, p := range prunes {
+			n, err := p.prune(ctx, now.Add(-p.window))
+			if err != nil {
+				return err
+			}
+			total += n
+			attrs = append(attrs, p.what, n)
 		}
-		a, err := tx.AuditPrune(ctx, now.Add(-r.Audit.Duration))
-		if err != nil {
-			return err
-		}
-		// The outbox keeps what sinks and event readers read for as long as
-		// events: a reader resuming after a pruned id gets a gap error.
-		o, err := tx.OutboxPrune(ctx, now.Add(-r.Events.Duration))
-		if err != nil {
-			return err
-		}
-		res, err := tx.ReservationPrune(ctx, now.Add(-r.History.Duration))
-		if err != nil {
-			return err
-		}
-		ro, err := tx.RolloutPrune(ctx, now.Add(-r.History.Duration))
-		if err != nil {
-			return err
-		}
-		rem, err := tx.RemediationPrune(ctx, now.Add(-r.History.Duration))
-		if err != nil {
-			return err
-		}
-		if c+e+a+o+res+ro+rem > 0 {
-			log.InfoContext(ctx, "Retention pruned", "commands", c, "events", e, "audit", a, "outbox", o,
-				"reservations", res, "rollouts", ro, "remediations", rem)
+		if total > 0 {
+			log.InfoContext(ctx, "Retention pruned", attrs...)
 		}
 		return nil
 	})
