@@ -127,7 +127,7 @@ func TestCommandsEndToEnd(t *testing.T) {
 
 		// A gateway killed and restarted mid-dispatch runs no command twice
 		// and leaves none unfinished.
-		runs := t.TempDir()
+		runs := sharedDir(t) // the command user writes there
 		var batch []string
 		for i, id := range ids[1:] {
 			batch = append(batch, d.runNoWait(id, []string{"--timeout", "90s"}, "sh", "-c", fmt.Sprintf("echo ran >> %s/%d; sleep 1", runs, i)))

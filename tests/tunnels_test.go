@@ -69,8 +69,9 @@ func TestTunnelsSplitRoles(t *testing.T) {
 
 // TestTunnelRootShellThroughHelper: nodes shell --as-root to a real bcd
 // running unprivileged as a fresh system user beside a real root bcd
-// helper: the shell runs as root through the helper's "shell" operation,
-// a plain shell as the node user, and the exit status comes back.
+// helper: the shell runs as root through the helper's "shell" operation
+// under a grant for the tunnel, a plain shell as the helper's command user
+// (not the node user), and the exit status comes back.
 func TestTunnelRootShellThroughHelper(t *testing.T) {
 	t.Parallel()
 	u := newNodeUser(t)
@@ -95,7 +96,8 @@ func TestTunnelRootShellThroughHelper(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("bcd join as %s: exit %d: %s %s", u.name, code, out, errOut)
 	}
-	hp := testenv.Start(t, nil, bcdBin, "helper", "--node-user", u.name, "--socket", sock)
+	cu := newNodeUser(t) // the helper's command user
+	hp := testenv.Start(t, nil, bcdBin, "helper", "--node-user", u.name, "--command-user", cu.name, "--data-dir", data, "--socket", sock)
 	hp.WaitLine(`Root helper listening`, 30*time.Second)
 	node := testenv.StartAs(t, u.cred(), nil, bcdBin, "node", "--unprivileged", "--helper-socket", sock, "--data-dir", data)
 	node.WaitLine(sessionEstablished.String(), 30*time.Second)
@@ -111,10 +113,10 @@ func TestTunnelRootShellThroughHelper(t *testing.T) {
 	}
 	sh = startShell(t, tt, 24, 80)
 	sh.send(t, "echo uid=$(id -u)\r")
-	sh.expect(t, regexp.MustCompile(`uid=`+strconv.Itoa(int(u.uid))+`\r`))
+	sh.expect(t, regexp.MustCompile(`uid=`+strconv.Itoa(int(cu.uid))+`\r`))
 	sh.send(t, "exit\r")
 	if code := sh.exit(t, 15*time.Second); code != 0 {
-		t.Fatalf("node user's shell exited %d, want 0\n%s", code, sh.output())
+		t.Fatalf("command user's shell exited %d, want 0\n%s", code, sh.output())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/session/sessiontest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -135,9 +137,12 @@ func execOn(t *testing.T, s *sessiontest.Session, id string, asRoot bool, argv .
 
 // TestUnprivilegedNodeBesideRootHelper runs a real `bcd node --unprivileged`
 // as a fresh system user beside a real root `bcd helper`, against an
-// in-process test gateway: plain commands run as the node user, root
-// commands run as root through the helper, the helper refuses every other
-// uid, and without the helper root commands fail with a clear error.
+// in-process test gateway: plain commands run as the command user
+// through the helper (neither root nor the node user), root commands run
+// as root through the helper under a grant, the helper refuses every other
+// uid, a plain command that connects to the helper's socket is refused and
+// cannot read /etc/shadow, and without the helper commands fail with a
+// clear error.
 func TestUnprivilegedNodeBesideRootHelper(t *testing.T) {
 	t.Parallel()
 	u := newNodeUser(t)
@@ -162,7 +167,8 @@ func TestUnprivilegedNodeBesideRootHelper(t *testing.T) {
 		t.Fatalf("bcd join as %s: exit %d: %s %s", u.name, code, out, errOut)
 	}
 
-	hp := testenv.Start(t, nil, bcd, "helper", "--node-user", u.name, "--socket", sock)
+	cu := newNodeUser(t) // the command user of this helper
+	hp := testenv.Start(t, nil, bcd, "helper", "--node-user", u.name, "--command-user", cu.name, "--data-dir", data, "--socket", sock)
 	hp.WaitLine(`Root helper listening`, 30*time.Second)
 	fi, err := os.Stat(sock)
 	if err != nil {
@@ -177,17 +183,45 @@ func TestUnprivilegedNodeBesideRootHelper(t *testing.T) {
 	s := g.NextSession(t, 30*time.Second)
 	awaitMessage(t, s, "inventory", func(m *sessionv1.NodeMessage) bool { return m.GetInventory() != nil })
 
-	// A plain exec runs as the node user.
-	res, out := execOn(t, s, "cmd_user", false, "id", "-u")
-	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || strings.TrimSpace(out) != strconv.Itoa(int(u.uid)) {
-		t.Errorf("id -u as the node user: %v, output %q, want %d", res, out, u.uid)
+	// A plain exec runs as the command user, in its HOME in the data dir.
+	res, out := execOn(t, s, "cmd_user", false, "sh", "-c", "echo $(id -u) $(pwd)")
+	if want := fmt.Sprintf("%d %s", cu.uid, filepath.Join(data, cmduser.HomeDir)); res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || strings.TrimSpace(out) != want {
+		t.Errorf("id -u as the command user: %v, output %q, want %q (node user %d)", res, out, want, u.uid)
+	}
+	// Such a command cannot use the helper: the socket (0660 root:node
+	// group) does not let it connect, and the helper refuses its uid.
+	if perl, err := exec.LookPath("perl"); err == nil {
+		res, out = execOn(t, s, "cmd_sneak", false, perl, "-MIO::Socket::UNIX", "-e",
+			`$SIG{PIPE} = "IGNORE"; my $s = IO::Socket::UNIX->new(Peer => $ARGV[0]) or die "connect: $!\n"; `+
+				`print $s qq({"op":"exec","exec":{"argv":["cat","/etc/shadow"],"as_root":true,"command_id":"cmd_sneak"}}\n); print scalar <$s>`,
+			sock)
+		if res.GetState() == sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || strings.Contains(out, "root:") {
+			t.Errorf("a plain command reached the helper: %v, output %q", res, out)
+		}
+		t.Logf("a plain command connecting to the helper: %s, %q", res.GetError(), out)
+	}
+	if res, out := execOn(t, s, "cmd_shadow", false, "cat", "/etc/shadow"); res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || strings.Contains(out, "root:") {
+		t.Errorf("cat /etc/shadow as the command user: %v, output %q", res, out)
+	}
+	// The helper refuses the command user by uid, also where the socket's
+	// mode would let it in (its group given to it here).
+	if perl, err := exec.LookPath("perl"); err == nil {
+		_, pout, perr := testenv.RunAs(t, &syscall.Credential{Uid: cu.uid, Gid: u.gid, Groups: []uint32{}}, nil, "", perl,
+			"-MIO::Socket::UNIX", "-e",
+			`$SIG{PIPE} = "IGNORE"; my $s = IO::Socket::UNIX->new(Peer => $ARGV[0]) or die "connect: $!\n"; `+
+				`print $s qq({"op":"grant","grant":{"id":"cmd_x"}}\n); print scalar <$s>`,
+			sock)
+		if !strings.Contains(pout, "it is the command user") {
+			t.Errorf("connection from the command user: %q %q, want a refusal", pout, perr)
+		}
+		hp.WaitLine(`Helper refused a connection from the command user`, 10*time.Second)
 	}
 	// A root exec runs as root, through the helper.
 	res, out = execOn(t, s, "cmd_root", true, "id", "-u")
 	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || strings.TrimSpace(out) != "0" {
 		t.Errorf("id -u as root: %v, output %q, want 0", res, out)
 	}
-	hp.WaitLine(`Running as root for the node.*program=id`, 10*time.Second)
+	hp.WaitLine(`Running as root for the node.*program=id command_id=cmd_root`, 10*time.Second)
 
 	// Other uids are refused by peer credentials: this test process (root,
 	// which the socket's mode lets in) ...
@@ -222,8 +256,15 @@ func TestUnprivilegedNodeBesideRootHelper(t *testing.T) {
 	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), helper.ErrUnavailable.Error()) {
 		t.Errorf("root exec without the helper: %v, want FAILED with %q", res, helper.ErrUnavailable)
 	}
-	// The node itself keeps running.
-	if res, out := execOn(t, s, "cmd_after", false, "echo", "still here"); res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || out != "still here\n" {
-		t.Errorf("exec after the helper stopped: %v %q", res, out)
+	// Plain ones too (the helper starts them), and the node keeps running.
+	if res, _ := execOn(t, s, "cmd_after", false, "echo", "still here"); res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), helper.ErrUnavailable.Error()) {
+		t.Errorf("plain exec without the helper: %v, want FAILED with %q", res, helper.ErrUnavailable)
 	}
+	if res := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: &sessionv1.Command{Id: "cmd_refresh", Kind: "inventory.refresh"}}}); res != nil {
+		t.Fatal(res)
+	}
+	awaitMessage(t, s, "inventory.refresh's result", func(m *sessionv1.NodeMessage) bool {
+		r := m.GetCommandUpdate().GetResult()
+		return m.GetCommandUpdate().GetCommandId() == "cmd_refresh" && r.GetState() == sessionv1.CommandState_COMMAND_STATE_SUCCEEDED
+	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/executor"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
@@ -88,6 +89,15 @@ type Config struct {
 	// HelperSocket is the root helper's Unix socket. Defaults to
 	// helper.DefaultSocket (/run/bcd/helper.sock).
 	HelperSocket string
+	// CommandUser is the user that exec commands and shells without
+	// as_root run as when bcd runs as root (package bcd/cmduser); when
+	// Unprivileged the root helper starts them as its own command user.
+	// When nil (and not Unprivileged) such commands and shells are
+	// refused: none runs as root or as bcd's own uid.
+	CommandUser *cmduser.User
+	// CommandHome is CommandUser's HOME (cmduser.Home of the data
+	// directory). Required with CommandUser.
+	CommandHome string
 	// RescanInterval is how often the host is scanned again to notice
 	// changes. Defaults to DefaultRescanInterval (5 min).
 	RescanInterval time.Duration
@@ -213,9 +223,15 @@ func New(cfg Config) (*Agent, error) {
 	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Logger: log}
 	ecfg.Upgrader = cfg.Upgrader
 	ecfg.GPUs = a.gpu
-	if cfg.Unprivileged {
+	switch {
+	case cfg.Unprivileged:
 		hc := &helper.Client{Socket: cfg.HelperSocket}
-		ecfg.Root, ecfg.Reboot = hc, hc
+		ecfg.Commands, ecfg.Root, ecfg.Reboot = hc, hc, hc
+	case cfg.CommandUser != nil:
+		if cfg.CommandHome == "" {
+			return nil, errors.New("new agent: a command user needs a home (CommandHome)")
+		}
+		ecfg.Commands = &cmduser.Runner{User: *cfg.CommandUser, Home: cfg.CommandHome}
 	}
 	ecfg.BMC = a.newBMC()
 	if cfg.StateDir != "" {
@@ -252,9 +268,9 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	scfg := a.cfg.Session
 	scfg.Handler = a.exec
-	tcfg := tunnel.Config{Unprivileged: a.cfg.Unprivileged, Logger: a.log}
+	tcfg := tunnel.Config{Unprivileged: a.cfg.Unprivileged, CommandUser: a.cfg.CommandUser, CommandHome: a.cfg.CommandHome, Logger: a.log}
 	if a.cfg.Unprivileged {
-		tcfg.RootShells = &helper.Client{Socket: a.cfg.HelperSocket}
+		tcfg.Helper = &helper.Client{Socket: a.cfg.HelperSocket}
 	}
 	scfg.Tunnels = tunnel.New(tcfg)
 	scfg.Capabilities = caps

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/agent"
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
@@ -81,6 +82,9 @@ func start(t *testing.T, cfg agent.Config) *running {
 	if cfg.GPU == nil {
 		cfg.GPU = noNVML(t)
 	}
+	if cfg.CommandUser == nil && !cfg.Unprivileged && os.Geteuid() == 0 {
+		cfg.CommandUser, cfg.CommandHome = commandUser(t)
+	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -90,6 +94,32 @@ func start(t *testing.T, cfg agent.Config) *running {
 	go func() { r.done <- a.Run(ctx) }()
 	t.Cleanup(func() { r.shutdown(t) })
 	return r
+}
+
+// commandUser returns nobody as the command user, with a HOME it can
+// reach (switching to it needs root).
+func commandUser(t *testing.T) (*cmduser.User, string) {
+	t.Helper()
+	u, err := cmduser.Lookup("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &u, filepath.Join(openDir(t), cmduser.HomeDir)
+}
+
+// openDir returns a fresh folder every user can write, removed when the
+// test ends.
+func openDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bc-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // shutdown stops the agent and checks that Run returned nil.
@@ -402,15 +432,35 @@ func TestCommandsAndRootWithoutHelper(t *testing.T) {
 	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), "root helper is not running") {
 		t.Errorf("root exec without a helper: %v", res)
 	}
+	// An unprivileged bcd runs no command itself: the helper starts them
+	// as the command user.
+	send(exec("cmd_plain", false, "id", "-u"))
+	res = next(t, s, "plain result", isResult("cmd_plain")).GetCommandUpdate().GetResult()
+	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), "root helper is not running") {
+		t.Errorf("plain exec of an unprivileged bcd without a helper: %v", res)
+	}
+}
 
-	send(exec("cmd_sleep", false, "sleep", "600"))
+// TestCommandCancelled: a running command is in the heartbeat, and a Cancel
+// ends it.
+func TestCommandCancelled(t *testing.T) {
+	t.Parallel()
+	r := start(t, agent.Config{})
+	s := r.gw.NextSession(t, wait)
+	send := func(c *sessionv1.Command) {
+		t.Helper()
+		if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: c}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&sessionv1.Command{Id: "cmd_sleep", Kind: "exec", Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{Argv: []string{"sleep", "600"}}}})
 	next(t, s, "heartbeat naming the running command", func(m *sessionv1.NodeMessage) bool {
 		return slices.Contains(m.GetHeartbeat().GetRunningCommandIds(), "cmd_sleep")
 	})
 	if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Cancel{Cancel: &sessionv1.Cancel{CommandId: "cmd_sleep"}}}); err != nil {
 		t.Fatal(err)
 	}
-	res = next(t, s, "cancelled result", isResult("cmd_sleep")).GetCommandUpdate().GetResult()
+	res := next(t, s, "cancelled result", isResult("cmd_sleep")).GetCommandUpdate().GetResult()
 	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_CANCELLED {
 		t.Errorf("cancelled sleep: %v", res)
 	}
@@ -472,7 +522,7 @@ func TestResultsSurviveARefusedReconnect(t *testing.T) {
 func TestRestartKeepsCommandsInTheJournal(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	runs := filepath.Join(dir, "runs")
+	runs := filepath.Join(openDir(t), "runs") // the command user writes it
 	cmd := &sessionv1.Command{Id: "cmd_restart", Kind: "exec", Spec: &sessionv1.Command_Exec{Exec: &sessionv1.ExecSpec{
 		Argv: []string{"sh", "-c", "echo run >> " + runs + "; echo started; exec sleep 600"}}}}
 	deliver := func(s *sessiontest.Session) {

@@ -35,11 +35,14 @@
 // # Commands and the root helper
 //
 // The executor is the session's Handler; its undelivered results go into
-// the next Hello, and into each later Hello until a Welcome answers one. Commands that ask for root (ExecSpec.as_root) run in bcd
-// itself when it runs as root; with Config.Unprivileged they go to the root
-// helper's socket, and when no helper listens they fail with
-// helper.ErrUnavailable's message ("the bcd root helper is not running
-// ...").
+// the next Hello, and into each later Hello until a Welcome answers one.
+// Commands and shells without as_root run as the command user
+// (Config.CommandUser, package bcd/cmduser), never as root or bcd's own uid.
+// Commands that ask for root (ExecSpec.as_root) run in bcd itself when it
+// runs as root. With Config.Unprivileged every command and shell goes to
+// the root helper's socket (a root one under a grant bound to its id), and
+// when no helper listens they fail with helper.ErrUnavailable's message
+// ("the bcd root helper is not running ...").
 //
 // # State
 //

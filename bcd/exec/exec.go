@@ -29,7 +29,8 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 type Spec struct {
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH.
 	Argv []string
-	// Env is added to a minimal environment (PATH, HOME, LANG=C.UTF-8).
+	// Env is added to a minimal environment (PATH, HOME, LANG=C.UTF-8,
+	// and USER when User is set).
 	Env map[string]string
 	// Dir is the working directory. Defaults to / .
 	Dir string
@@ -40,6 +41,8 @@ type Spec struct {
 	Credential *syscall.Credential
 	// Home is the HOME of the user it runs as. Defaults to / .
 	Home string
+	// User is the name of the user it runs as (USER). Defaults to none.
+	User string
 	// Started, when set, is called with the program's pid, which is also
 	// its process group id, once it has started and before its output is
 	// read; the pid is not reaped before Started returns.
@@ -68,6 +71,9 @@ func Run(ctx context.Context, spec Spec, out func(stream int, data []byte)) Resu
 	}
 	limit := cmp.Or(spec.OutputLimit, 1<<20)
 	env := map[string]string{"PATH": DefaultPath, "HOME": cmp.Or(spec.Home, "/"), "LANG": "C.UTF-8"}
+	if spec.User != "" {
+		env["USER"] = spec.User
+	}
 	for k, v := range spec.Env {
 		env[k] = v
 	}

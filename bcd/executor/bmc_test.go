@@ -30,7 +30,7 @@ func TestBMCCommands(t *testing.T) {
 	f := &fakeBMC{do: func(_ context.Context, req *bmc.Request) (*bmc.Result, error) {
 		return &bmc.Result{BMC: "10.0.0.1", Name: req.BMC, Action: req.Action, Power: bmc.PowerOn, Provider: "ipmitool"}, nil
 	}}
-	e := executor.New(executor.Config{BMC: f})
+	e := executor.New(executor.Config{Commands: asSelf{}, BMC: f})
 	ctx := context.Background()
 	run := func(id string, cmd *sessionv1.Command) *sessionv1.CommandResult {
 		t.Helper()
@@ -91,7 +91,7 @@ func TestBMCCommands(t *testing.T) {
 }
 
 func TestBMCCommandsWithoutBMC(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), &sessionv1.Command{Id: "x", Kind: "power.status"}, r.send)
 	if res := wait(t, r); res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), "not available") {

@@ -43,7 +43,7 @@ func crashingBCD(dir string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	e := executor.New(executor.Config{Journal: j})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j})
 	ready := make(chan string, 1)
 	e.HandleCommand(context.Background(), orphanCmd(dir), func(u *sessionv1.CommandUpdate) error {
 		if b := u.GetOutput().GetData(); bytes.HasPrefix(b, []byte("ready")) {
@@ -112,7 +112,7 @@ func TestCrashEndsTheOrphanAndNeverRunsTwice(t *testing.T) {
 	}
 
 	j := openJournal(t, dir)
-	e := executor.New(executor.Config{Journal: j, Logger: testLogger(t)})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Logger: testLogger(t)})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), orphanCmd(dir), r.send) // the redelivery
 	var res *sessionv1.CommandResult

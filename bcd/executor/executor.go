@@ -35,13 +35,25 @@ import (
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
-// RootRunner runs programs as root (the root helper's client).
+// RootRunner runs programs as root for a command (the root helper's
+// client, which asks for a grant bound to the command id first).
 type RootRunner interface {
+	ExecRoot(ctx context.Context, commandID string, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result
+}
+
+// Runner runs programs as the command user (package bcd/cmduser): a
+// *cmduser.Runner when bcd is root, the root helper's client when it is
+// unprivileged.
+type Runner interface {
 	Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result
 }
 
 // Config configures an Executor.
 type Config struct {
+	// Commands runs exec commands without as_root, as the command user,
+	// never as root or bcd's own uid (issue 27). When nil they fail with
+	// errNoCommandUser.
+	Commands Runner
 	// Root runs as_root commands when bcd is unprivileged. When nil, bcd
 	// running as root runs them itself and an unprivileged bcd refuses them.
 	Root RootRunner
@@ -439,6 +451,10 @@ func (u *updater) drain() error {
 	return nil
 }
 
+// errNoCommandUser is the error of an exec without as_root when the
+// Executor has no Config.Commands.
+var errNoCommandUser = errors.New("this bcd has no command user to run commands as (bcd node --command-user); it runs no command as root or as itself")
+
 // errRootUnavailable is the clear error for root work without a helper.
 var errRootUnavailable = errors.New("this command must run as root, but bcd runs unprivileged and no root helper is configured (start bcd-helper.service)")
 
@@ -484,7 +500,7 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		defer cancel()
 	}
 	s := bcexec.Spec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Dir: spec.GetCwd(), OutputLimit: int64(spec.GetOutputLimitBytes()),
-		Home: os.Getenv("HOME"), Started: func(pid int) { e.started(u.id, pid) }}
+		Started: func(pid int) { e.started(u.id, pid) }}
 	var offsets [3]uint64
 	out := func(stream int, data []byte) {
 		st := sessionv1.OutputStream_OUTPUT_STREAM_STDOUT
@@ -498,10 +514,15 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 	_ = u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{StartedAt: timestamppb.Now()}}})
 	var res bcexec.Result
 	switch {
-	case !spec.GetAsRoot() || (e.cfg.Root == nil && e.cfg.IsRoot()):
-		res = bcexec.Run(ctx, s, out)
+	case !spec.GetAsRoot() && e.cfg.Commands == nil:
+		return failed(errNoCommandUser.Error())
+	case !spec.GetAsRoot():
+		res = e.cfg.Commands.Exec(ctx, s, out)
 	case e.cfg.Root != nil:
-		res = e.cfg.Root.Exec(ctx, s, out)
+		res = e.cfg.Root.ExecRoot(ctx, u.id, s, out)
+	case e.cfg.IsRoot():
+		s.Home, s.User = "/root", "root"
+		res = bcexec.Run(ctx, s, out)
 	default:
 		return failed(errRootUnavailable.Error())
 	}

@@ -105,7 +105,7 @@ func execCmd(id string, argv ...string) *sessionv1.Command {
 }
 
 func TestRunsOnceAndResendsResult(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), execCmd("cmd_1", "sh", "-c", "echo hi; echo x >> "+t.TempDir()+"/runs"), r.send)
 	res := wait(t, r)
@@ -129,7 +129,7 @@ func TestRunsOnceAndResendsResult(t *testing.T) {
 }
 
 func TestCancel(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), execCmd("cmd_sleep", "sleep", "600"), r.send)
 	r.await(t, "the command to start", started)
@@ -143,7 +143,7 @@ func TestCancel(t *testing.T) {
 }
 
 func TestDeadlineExpires(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	c := execCmd("cmd_late", "sleep", "600")
 	c.Deadline = timestamppb.New(time.Now().Add(200 * time.Millisecond))
@@ -154,7 +154,7 @@ func TestDeadlineExpires(t *testing.T) {
 }
 
 func TestRootWithoutHelperFailsClearly(t *testing.T) {
-	e := executor.New(executor.Config{IsRoot: func() bool { return false }})
+	e := executor.New(executor.Config{Commands: asSelf{}, IsRoot: func() bool { return false }})
 	r := newRecorder()
 	c := execCmd("cmd_root", "id", "-u")
 	c.GetExec().AsRoot = true
@@ -166,7 +166,7 @@ func TestRootWithoutHelperFailsClearly(t *testing.T) {
 }
 
 func TestResultKeptWhenSessionEnded(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	r.closed = true
 	e.HandleCommand(context.Background(), execCmd("cmd_off", "true"), r.send)
@@ -183,7 +183,7 @@ func TestResultKeptWhenSessionEnded(t *testing.T) {
 // Stopping the agent (cancelling the context HandleCommand got) cancels
 // running commands, and Wait returns once their process groups are gone.
 func TestAgentStopCancelsCommands(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	r := newRecorder()
 	ctx, stop := context.WithCancel(context.Background())
 	e.HandleCommand(ctx, execCmd("cmd_stop", "sleep", "600"), r.send)
@@ -199,7 +199,7 @@ func TestAgentStopCancelsCommands(t *testing.T) {
 }
 
 func TestRedeliveryWhileRunningMovesUpdatesToTheNewSession(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	old := newRecorder()
 	c := execCmd("cmd_move", "sleep", "0.3")
 	e.HandleCommand(context.Background(), c, old.send)
@@ -218,7 +218,7 @@ func TestRedeliveryWhileRunningMovesUpdatesToTheNewSession(t *testing.T) {
 }
 
 func TestOutputWithoutSessionIsSentLater(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	old := newRecorder()
 	c := execCmd("cmd_gap", "sh", "-c", "echo before; sleep 0.3; echo during; sleep 0.5; echo after")
 	e.HandleCommand(context.Background(), c, old.send)

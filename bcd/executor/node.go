@@ -76,11 +76,11 @@ func output(u *updater) func(stream int, data []byte) {
 
 // asRoot runs argv as root: through the root helper when there is one,
 // itself when bcd is root; errRootUnavailable otherwise.
-func (e *Executor) asRoot(ctx context.Context, argv []string, out func(int, []byte)) bcexec.Result {
-	s := bcexec.Spec{Argv: argv, OutputLimit: 64 << 10, Home: "/root"}
+func (e *Executor) asRoot(ctx context.Context, id string, argv []string, out func(int, []byte)) bcexec.Result {
+	s := bcexec.Spec{Argv: argv, OutputLimit: 64 << 10, Home: "/root", User: "root"}
 	switch {
 	case e.cfg.Root != nil:
-		return e.cfg.Root.Exec(ctx, s, out)
+		return e.cfg.Root.ExecRoot(ctx, id, s, out)
 	case e.cfg.IsRoot():
 		return bcexec.Run(ctx, s, out)
 	}
@@ -130,7 +130,7 @@ func (e *Executor) gpuReset(ctx context.Context, cmd *sessionv1.Command, u *upda
 			argv = append(argv, strconv.Itoa(p))
 		}
 		e.log.Warn("Killing the processes on a GPU before a forced reset", logkey.CommandID, u.id, "gpu_uuid", uuid, "pids", pids)
-		if res := e.asRoot(ctx, argv, out); res.Err != nil && ctx.Err() == nil {
+		if res := e.asRoot(ctx, cmd.GetId(), argv, out); res.Err != nil && ctx.Err() == nil {
 			return failed("gpu.reset: kill the GPU's processes: " + res.Err.Error())
 		}
 	}
@@ -143,7 +143,7 @@ func (e *Executor) gpuReset(ctx context.Context, cmd *sessionv1.Command, u *upda
 		}
 	}
 	e.log.Info("Resetting a GPU", logkey.CommandID, u.id, "gpu_uuid", uuid, "program", smi)
-	res := e.asRoot(ctx, []string{smi, "-r", "-i", uuid}, out)
+	res := e.asRoot(ctx, cmd.GetId(), []string{smi, "-r", "-i", uuid}, out)
 	switch {
 	case res.Cancelled || ctx.Err() != nil:
 		r := failed("gpu.reset: stopped while nvidia-smi ran")

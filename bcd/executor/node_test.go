@@ -74,7 +74,7 @@ func TestGPUReset(t *testing.T) {
 
 	gpus := &fakeGPUs{procs: map[string][]int{gpuA: nil, "GPU-0b": {victim.Process.Pid}}}
 	refreshed := make(chan struct{}, 4)
-	e := executor.New(executor.Config{GPUs: gpus, IsRoot: func() bool { return true },
+	e := executor.New(executor.Config{Commands: asSelf{}, GPUs: gpus, IsRoot: func() bool { return true },
 		RefreshInventory: func(context.Context) error { refreshed <- struct{}{}; return nil }})
 	run := func(c *sessionv1.Command) (*sessionv1.CommandResult, *recorder) {
 		t.Helper()
@@ -130,7 +130,7 @@ func TestGPUReset(t *testing.T) {
 	}
 
 	// Without the node's GPUs, or without root, it fails clearly.
-	e2 := executor.New(executor.Config{IsRoot: func() bool { return false }, GPUs: gpus})
+	e2 := executor.New(executor.Config{Commands: asSelf{}, IsRoot: func() bool { return false }, GPUs: gpus})
 	r2 := newRecorder()
 	e2.HandleCommand(t.Context(), gpuResetCmd("reset_5", gpuA, false), r2.send)
 	if res := wait(t, r2); res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "root helper") {
@@ -168,7 +168,7 @@ func TestRebootIsNotRepeated(t *testing.T) {
 	}
 	rb := &fakeRebooter{}
 	proc := &fakeProc{boot: "boot-1", procs: map[int]*fakeProcess{}}
-	e := executor.New(executor.Config{Journal: j, Reboot: rb, Proc: proc})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Reboot: rb, Proc: proc})
 	ctx, stop := context.WithCancel(t.Context())
 	r := newRecorder()
 	cmd := &sessionv1.Command{Id: "reboot_1", Kind: sessionv1.KindReboot}
@@ -193,7 +193,7 @@ func TestRebootIsNotRepeated(t *testing.T) {
 	defer j.Close()
 	proc2 := &fakeProc{boot: "boot-2", procs: map[int]*fakeProcess{}}
 	rb2 := &fakeRebooter{}
-	e2 := executor.New(executor.Config{Journal: j, Reboot: rb2, Proc: proc2})
+	e2 := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Reboot: rb2, Proc: proc2})
 	r2 := newRecorder()
 	e2.HandleCommand(t.Context(), cmd, r2.send)
 	res := wait(t, r2)
@@ -204,13 +204,13 @@ func TestRebootIsNotRepeated(t *testing.T) {
 
 	// Without a journal a reboot is refused; a deadline that passes with
 	// the machine still up expires it.
-	e3 := executor.New(executor.Config{Reboot: rb})
+	e3 := executor.New(executor.Config{Commands: asSelf{}, Reboot: rb})
 	r3 := newRecorder()
 	e3.HandleCommand(t.Context(), &sessionv1.Command{Id: "reboot_2", Kind: sessionv1.KindReboot}, r3.send)
 	if res := wait(t, r3); res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "journal") {
 		t.Errorf("reboot without a journal: %v", res)
 	}
-	e4 := executor.New(executor.Config{Journal: j, Reboot: rb, Proc: proc2})
+	e4 := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Reboot: rb, Proc: proc2})
 	r4 := newRecorder()
 	e4.HandleCommand(t.Context(), &sessionv1.Command{Id: "reboot_3", Kind: sessionv1.KindReboot,
 		Deadline: timestamppb.New(time.Now().Add(200 * time.Millisecond))}, r4.send)
@@ -235,7 +235,7 @@ func TestRebootRunsSystemctlFromPATH(t *testing.T) {
 	}
 	defer j.Close()
 	proc := &fakeProc{boot: "boot-1", procs: map[int]*fakeProcess{}}
-	e := executor.New(executor.Config{Journal: j, Proc: proc, IsRoot: func() bool { return true }})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: proc, IsRoot: func() bool { return true }})
 	ctx, stop := context.WithCancel(t.Context())
 	r := newRecorder()
 	e.HandleCommand(ctx, &sessionv1.Command{Id: "reboot_1", Kind: sessionv1.KindReboot}, r.send)
@@ -259,7 +259,7 @@ func TestRebootRunsSystemctlFromPATH(t *testing.T) {
 // A drain waits for the running commands and refuses new exec commands
 // meanwhile; once it ends the node takes them again.
 func TestDrain(t *testing.T) {
-	e := executor.New(executor.Config{})
+	e := executor.New(executor.Config{Commands: asSelf{}})
 	gate := filepath.Join(t.TempDir(), "gate")
 	long := newRecorder()
 	e.HandleCommand(t.Context(), execCmd("long", "sh", "-c", "while [ ! -f "+gate+" ]; do sleep 0.05; done"), long.send)

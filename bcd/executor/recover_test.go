@@ -147,7 +147,7 @@ func TestRecognitionRules(t *testing.T) {
 		601: {start: 16, pgrp: 600},
 	}}
 
-	e := executor.New(executor.Config{Journal: j, Proc: proc, KillGrace: 50 * time.Millisecond, Logger: testLogger(t)})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: proc, KillGrace: 50 * time.Millisecond, Logger: testLogger(t)})
 	e.Wait()
 	got := map[string]*sessionv1.CommandResult{}
 	for _, r := range e.PendingResults() {
@@ -211,7 +211,7 @@ func TestRecognitionWithoutBootID(t *testing.T) {
 		t.Fatal(err)
 	}
 	proc := &fakeProc{procs: map[int]*fakeProcess{400: {start: 11, pgrp: 400}}}
-	e := executor.New(executor.Config{Journal: j, Proc: proc, Logger: testLogger(t)})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: proc, Logger: testLogger(t)})
 	e.Wait()
 	p := e.PendingResults()
 	if len(p) != 1 || p[0].GetState() != sessionv1.CommandState_COMMAND_STATE_LOST || len(proc.sent()) != 0 {
@@ -227,7 +227,7 @@ func TestJournalBeforeStartAndAfterDelivery(t *testing.T) {
 	dir := t.TempDir()
 	j := openJournal(t, dir)
 	proc := &fakeProc{boot: "boot-now"}
-	e := executor.New(executor.Config{Journal: j, Proc: executor.ProcFS("/proc"), Logger: testLogger(t)})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: executor.ProcFS("/proc"), Logger: testLogger(t)})
 	r := newRecorder()
 	e.HandleCommand(context.Background(), execCmd("cmd_seen", "cat", filepath.Join(dir, journal.File)), r.send)
 	if res := wait(t, r); res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || !strings.Contains(r.output(), `"id":"cmd_seen"`) {
@@ -249,7 +249,7 @@ func TestJournalBeforeStartAndAfterDelivery(t *testing.T) {
 	j.Close()
 
 	j = openJournal(t, dir)
-	e = executor.New(executor.Config{Journal: j, Proc: proc, Logger: testLogger(t)})
+	e = executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: proc, Logger: testLogger(t)})
 	p := e.PendingResults()
 	if len(p) != 1 || p[0].GetCommandId() != "cmd_off" || p[0].GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED {
 		t.Fatalf("pending after restart = %v", p)
@@ -258,7 +258,7 @@ func TestJournalBeforeStartAndAfterDelivery(t *testing.T) {
 	e.Delivered(p)
 	j.Close()
 	j = openJournal(t, dir)
-	e = executor.New(executor.Config{Journal: j, Proc: proc, Logger: testLogger(t)})
+	e = executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: proc, Logger: testLogger(t)})
 	if p := e.PendingResults(); len(p) != 0 {
 		t.Fatalf("delivered results pending again: %v", p)
 	}
@@ -284,13 +284,13 @@ func TestHandedOverUpgradeGoesToTheUpgrader(t *testing.T) {
 	dir := t.TempDir()
 	j := openJournal(t, dir)
 	up := &sessionv1.Command{Id: "cmd_up", Kind: sessionv1.KindUpgrade, Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{Version: "restart"}}}
-	e := executor.New(executor.Config{Journal: j, Upgrader: upgrader{}, Proc: &fakeProc{boot: "b"}})
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Upgrader: upgrader{}, Proc: &fakeProc{boot: "b"}})
 	e.HandleCommand(context.Background(), up, newRecorder().send)
 	e.Wait()
 	j.Close()
 
 	u := &recordedUpgrader{}
-	e = executor.New(executor.Config{Journal: openJournal(t, dir), Upgrader: u, Proc: &fakeProc{boot: "b"}})
+	e = executor.New(executor.Config{Commands: asSelf{}, Journal: openJournal(t, dir), Upgrader: u, Proc: &fakeProc{boot: "b"}})
 	if p := e.PendingResults(); len(p) != 0 {
 		t.Fatalf("a handed-over upgrade was reported at start: %v", p)
 	}

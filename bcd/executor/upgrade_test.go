@@ -26,12 +26,12 @@ func TestUpgradeKind(t *testing.T) {
 	}
 	// Without an Upgrader the kind fails.
 	r := newRecorder()
-	executor.New(executor.Config{}).HandleCommand(context.Background(), upgrade("c0", "b"), r.send)
+	executor.New(executor.Config{Commands: asSelf{}}).HandleCommand(context.Background(), upgrade("c0", "b"), r.send)
 	if res := wait(t, r); res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED {
 		t.Fatalf("without an upgrader: %v", res)
 	}
 
-	e := executor.New(executor.Config{Upgrader: upgrader{}})
+	e := executor.New(executor.Config{Commands: asSelf{}, Upgrader: upgrader{}})
 	r = newRecorder()
 	e.HandleCommand(context.Background(), upgrade("c1", "b"), r.send)
 	if res := wait(t, r); res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || string(res.GetDetailJson()) != `{"from":"a","to":"b"}` || res.GetCommandId() != "c1" {

@@ -81,10 +81,38 @@ func (c *Client) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Exec runs spec as root through the helper.
+// Grant asks the helper for a grant for id (OpGrant): the right to start
+// one root process for that command or tunnel within GrantTTL.
+func (c *Client) Grant(ctx context.Context, id string) (string, error) {
+	f, err := c.do(ctx, Request{Op: OpGrant, Grant: &GrantRequest{ID: id}}, nil)
+	if err != nil {
+		return "", err
+	}
+	if f.Error != "" || f.Grant == "" {
+		return "", fmt.Errorf("%w: grant for %s: %s", ErrRefused, id, f.Error)
+	}
+	return f.Grant, nil
+}
+
+// Exec runs spec through the helper as the command user (the helper's
+// --command-user); spec.Credential, Home and User are the helper's to set.
 func (c *Client) Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
-	f, err := c.do(ctx, Request{Op: OpExec, Exec: &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}},
-		func(f Frame) { out(f.Stream, f.Data) })
+	return c.exec(ctx, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}, out)
+}
+
+// ExecRoot runs spec as root through the helper, for command id: it asks
+// for a grant bound to id first (Grant), and the helper checks it.
+func (c *Client) ExecRoot(ctx context.Context, id string, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
+	g, err := c.Grant(ctx, id)
+	if err != nil {
+		return bcexec.Result{ExitCode: -1, Err: err}
+	}
+	return c.exec(ctx, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit,
+		AsRoot: true, CommandID: id, Grant: g}, out)
+}
+
+func (c *Client) exec(ctx context.Context, spec *ExecSpec, out func(stream int, data []byte)) bcexec.Result {
+	f, err := c.do(ctx, Request{Op: OpExec, Exec: spec}, func(f Frame) { out(f.Stream, f.Data) })
 	if err != nil {
 		return bcexec.Result{ExitCode: -1, Err: err}
 	}

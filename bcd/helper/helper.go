@@ -1,7 +1,10 @@
 // Package helper is bcd's root helper: a small root process on a Unix socket
 // that does the few privileged things an unprivileged bcd node may ask for
 // (DESIGN.md, "bcd"). It accepts connections only from the configured node
-// user, checked with SO_PEERCRED, and only operations on its allow-list.
+// user, checked with SO_PEERCRED, never from the command user (package
+// bcd/cmduser), and only operations on its allow-list. It starts the
+// commands and shells of an unprivileged bcd as the command user, and a root
+// process only under a grant (OpGrant) bound to the command's or tunnel's id.
 //
 // The protocol is one operation per connection, newline-delimited JSON: the
 // client sends one Request; the helper answers with zero or more Frame
@@ -42,14 +45,23 @@ type Request struct {
 	BMC *bmc.Request `json:"bmc,omitempty"`
 	// Shell is the call of OpShell.
 	Shell *ShellSpec `json:"shell,omitempty"`
+	// Grant is the call of OpGrant.
+	Grant *GrantRequest `json:"grant,omitempty"`
 }
 
-// ExecSpec is a program to run as root.
+// ExecSpec is a program to run: as the command user, or as root when
+// AsRoot is set and Grant is a grant (OpGrant) for CommandID.
 type ExecSpec struct {
 	Argv        []string          `json:"argv"`
 	Env         map[string]string `json:"env,omitempty"`
 	Dir         string            `json:"dir,omitempty"`
 	OutputLimit int64             `json:"output_limit,omitempty"`
+	// AsRoot runs the program as root, under Grant.
+	AsRoot bool `json:"as_root,omitempty"`
+	// CommandID is the id of the command the program runs for.
+	CommandID string `json:"command_id,omitempty"`
+	// Grant is the token OpGrant returned for CommandID (AsRoot only).
+	Grant string `json:"grant,omitempty"`
 }
 
 // Frame is one message the helper sends.
@@ -67,6 +79,8 @@ type Frame struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	// Signal is OpShell's: the number of the signal that ended the shell.
 	Signal string `json:"signal,omitempty"`
+	// Grant is OpGrant's answer: the grant's token.
+	Grant string `json:"grant,omitempty"`
 }
 
 // ErrUnavailable is returned by the client when no helper listens: root work

@@ -13,7 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"time"
 
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
@@ -26,6 +28,14 @@ type Config struct {
 	NodeUID uint32
 	// NodeGID owns the socket (mode 0660), so the node user can reach it.
 	NodeGID uint32
+	// CommandUser is the user the node's commands and plain shells run as
+	// (package bcd/cmduser); connections from it are refused. It must be
+	// neither root nor the node user. When its Name is empty, execs and
+	// shells that are not root are refused.
+	CommandUser cmduser.User
+	// CommandHome is the command user's HOME (cmduser.Home of the node's
+	// data directory), made when missing. Required with CommandUser.
+	CommandHome string
 	// RebootCommand reboots the machine. Defaults to systemctl reboot.
 	RebootCommand []string
 	// Binary is the bcd binary OpUpgrade replaces. Defaults to the
@@ -44,8 +54,9 @@ type Config struct {
 
 // Server is the root helper.
 type Server struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	grants *grants
 }
 
 // NewServer returns a Server; call Run.
@@ -54,11 +65,20 @@ func NewServer(cfg Config, log *slog.Logger) *Server {
 	if len(cfg.RebootCommand) == 0 {
 		cfg.RebootCommand = []string{"systemctl", "reboot"}
 	}
-	return &Server{cfg: cfg, log: log}
+	return &Server{cfg: cfg, log: log, grants: newGrants(time.Now)}
 }
 
-// Run listens until ctx ends.
+// Run listens until ctx ends. It fails at once when CommandUser is root or
+// the node user, or has no CommandHome.
 func (s *Server) Run(ctx context.Context) error {
+	if cu := s.cfg.CommandUser; cu.Name != "" {
+		if err := cu.Check(s.cfg.NodeUID); err != nil {
+			return fmt.Errorf("helper: %w", err)
+		}
+		if s.cfg.CommandHome == "" {
+			return errors.New("helper: the command user needs a home (CommandHome)")
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(s.cfg.Socket), 0o755); err != nil {
 		return fmt.Errorf("helper socket dir: %w", err)
 	}
@@ -106,19 +126,28 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		return
 	}
 	enc := json.NewEncoder(c)
+	if cu := s.cfg.CommandUser; cu.Name != "" && uid == cu.UID {
+		s.log.WarnContext(ctx, "Helper refused a connection from the command user", attrUID, uid, logkey.CommandUser, cu.Name)
+		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: fmt.Sprintf("uid %d may not use the root helper: it is the command user %s", uid, cu.Name)})
+		return
+	}
 	if uid != s.cfg.NodeUID {
-		s.log.WarnContext(ctx, "Helper refused a connection from another user", "uid", uid, "want_uid", s.cfg.NodeUID)
+		s.log.WarnContext(ctx, "Helper refused a connection from another user", attrUID, uid, "want_uid", s.cfg.NodeUID)
 		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: fmt.Sprintf("uid %d may not use the root helper", uid)})
 		return
 	}
-	r := bufio.NewReader(c)
-	line, err := r.ReadBytes('\n')
+	r := bufio.NewReaderSize(c, 64<<10)
+	line, err := readLine(r, MaxRequest)
 	if err != nil {
+		if errors.Is(err, errTooLong) {
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: err.Error()})
+		}
 		return
 	}
-	var req Request
-	if err := json.Unmarshal(line, &req); err != nil {
-		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "malformed request"})
+	req, err := decodeRequest(line)
+	if err != nil {
+		s.log.WarnContext(ctx, "Helper refused a request", "op", req.Op, logkey.Err, err)
+		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: err.Error()})
 		return
 	}
 	// The client closing its side cancels the operation.
@@ -131,6 +160,13 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	switch req.Op {
 	case OpPing:
 		_ = enc.Encode(Frame{Done: true})
+	case OpGrant:
+		tok, err := s.grants.issue(req.Grant.ID)
+		if err != nil {
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: err.Error()})
+			return
+		}
+		_ = enc.Encode(Frame{Done: true, Grant: tok})
 	case OpExec:
 		s.exec(octx, enc, req.Exec)
 	case OpUpgrade:
@@ -156,21 +192,61 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 }
 
 func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec) {
-	if spec == nil || len(spec.Argv) == 0 {
-		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "exec needs argv"})
-		return
-	}
-	s.log.InfoContext(ctx, "Running as root for the node", "program", spec.Argv[0])
 	var mu sync.Mutex
-	res := bcexec.Run(ctx, bcexec.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit, Home: "/root"},
-		func(stream int, data []byte) {
-			mu.Lock()
-			defer mu.Unlock()
-			_ = enc.Encode(Frame{Stream: stream, Data: data})
-		})
+	out := func(stream int, data []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(Frame{Stream: stream, Data: data})
+	}
+	run := bcexec.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}
+	var res bcexec.Result
+	if spec.AsRoot {
+		if err := s.grants.use(spec.CommandID, spec.Grant); err != nil {
+			s.log.WarnContext(ctx, "Helper refused a root exec", logkey.CommandID, spec.CommandID, logkey.Err, err)
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "refused: " + err.Error()})
+			return
+		}
+		s.log.InfoContext(ctx, "Running as root for the node", "program", spec.Argv[0], logkey.CommandID, spec.CommandID)
+		run.Home, run.User = "/root", "root"
+		res = bcexec.Run(ctx, run, out)
+	} else {
+		cu := s.cfg.CommandUser
+		if cu.Name == "" {
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "this helper has no command user (--command-user): it runs only root commands"})
+			return
+		}
+		s.log.DebugContext(ctx, "Running as the command user for the node", "program", spec.Argv[0], logkey.CommandID, spec.CommandID, logkey.CommandUser, cu.Name)
+		res = (&cmduser.Runner{User: cu, Home: s.cfg.CommandHome}).Exec(ctx, run, out)
+	}
 	f := Frame{Done: true, ExitCode: res.ExitCode, Truncated: res.Truncated, Cancelled: res.Cancelled}
 	if res.Err != nil {
 		f.Error = res.Err.Error()
 	}
 	_ = enc.Encode(f)
+}
+
+// Log attribute keys of this package.
+const (
+	attrUID = "uid"
+)
+
+// readLine reads one line of at most max bytes (without its newline); a
+// longer one fails with errTooLong.
+func readLine(r *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(line)+len(chunk) > max+1 {
+			return nil, errTooLong
+		}
+		line = append(line, chunk...)
+		switch {
+		case err == nil:
+			return line[:len(line)-1], nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		default:
+			return nil, err
+		}
+	}
 }

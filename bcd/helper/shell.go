@@ -14,11 +14,16 @@ import (
 	"syscall"
 
 	"github.com/creack/pty"
+
+	"github.com/better-compute/better-compute/bcd/cmduser"
+	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 )
 
-// OpShell starts a root login shell on a new PTY for a tunnel
-// (docs/tunnels.md, `nodes shell --as-root`) and hands the PTY's master to
-// the client over the socket (SCM_RIGHTS) with a first Frame; the last
+// OpShell starts a login shell on a new PTY for a tunnel (docs/tunnels.md,
+// `nodes shell`): as the command user, or as root (`--as-root`) under a
+// grant (OpGrant) for the tunnel's id. It hands the PTY's master to the
+// client over the socket (SCM_RIGHTS) with a first Frame; the last
 // Frame, once the shell exits, carries its exit status (ExitCode, and
 // Signal when a signal ended it). The client closing the connection hangs
 // up the shell's process group.
@@ -29,6 +34,13 @@ type ShellSpec struct {
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
 	Term string `json:"term,omitempty"`
+	// AsRoot starts a root shell, under Grant.
+	AsRoot bool `json:"as_root,omitempty"`
+	// ID is the tunnel's id, which Grant must be bound to (AsRoot).
+	ID string `json:"id,omitempty"`
+	// Grant is the token OpGrant returned for ID; Client.Shell asks for
+	// one itself when it is empty.
+	Grant string `json:"grant,omitempty"`
 }
 
 // shell serves OpShell on c.
@@ -45,9 +57,29 @@ func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, 
 	if term == "" || len(term) > 64 {
 		term = "xterm-256color"
 	}
-	cmd.Env = []string{"TERM=" + term, "HOME=/root", "USER=root", "LOGNAME=root", "SHELL=" + sh,
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Dir = "/root"
+	name, home := "root", "/root"
+	if spec.AsRoot {
+		if err := s.grants.use(spec.ID, spec.Grant); err != nil {
+			s.log.WarnContext(ctx, "Helper refused a root shell", "tunnel_id", spec.ID, logkey.Err, err)
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "refused: " + err.Error()})
+			return
+		}
+	} else {
+		cu := s.cfg.CommandUser
+		if cu.Name == "" {
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "this helper has no command user (--command-user): it starts only root shells"})
+			return
+		}
+		if err := cmduser.MakeHome(s.cfg.CommandHome, cu); err != nil {
+			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: err.Error()})
+			return
+		}
+		name, home = cu.Name, s.cfg.CommandHome
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: cu.UID, Gid: cu.GID, Groups: []uint32{}}}
+	}
+	cmd.Env = []string{"TERM=" + term, "HOME=" + home, "USER=" + name, "LOGNAME=" + name, "SHELL=" + sh,
+		"LANG=C.UTF-8", "PATH=" + bcexec.DefaultPath}
+	cmd.Dir = home
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"
 	}
@@ -57,10 +89,10 @@ func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, 
 	}
 	ptmx, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
-		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: fmt.Sprintf("start a root shell: %v", err)})
+		_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: fmt.Sprintf("start a shell as %s: %v", name, err)})
 		return
 	}
-	s.log.InfoContext(ctx, "Root shell started for the node", "pid", cmd.Process.Pid)
+	s.log.InfoContext(ctx, "Shell started for the node", "pid", cmd.Process.Pid, "user", name, "tunnel_id", spec.ID)
 	ack, _ := json.Marshal(Frame{})
 	_, _, err = c.WriteMsgUnix(append(ack, '\n'), syscall.UnixRights(int(ptmx.Fd())), nil)
 	ptmx.Close() // the client holds it now
@@ -92,8 +124,8 @@ func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, 
 	_ = enc.Encode(f)
 }
 
-// RootShell is a root shell the helper started: its PTY's master, and its
-// end.
+// RootShell is a shell the helper started (as root or as the command
+// user): its PTY's master, and its end.
 type RootShell struct {
 	// PTY is the master side of the shell's terminal.
 	PTY *os.File
@@ -104,8 +136,17 @@ type RootShell struct {
 	Close func()
 }
 
-// Shell asks the helper for a root shell on a new PTY (OpShell).
+// Shell asks the helper for a shell on a new PTY (OpShell): as root when
+// spec.AsRoot (it asks for the grant for spec.ID first, unless spec carries
+// one), else as the command user.
 func (c *Client) Shell(ctx context.Context, spec ShellSpec) (*RootShell, error) {
+	if spec.AsRoot && spec.Grant == "" {
+		g, err := c.Grant(ctx, spec.ID)
+		if err != nil {
+			return nil, err
+		}
+		spec.Grant = g
+	}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err

@@ -11,13 +11,25 @@ import (
 	"github.com/better-compute/better-compute/bcd/helper"
 )
 
-// TestShellThroughHelper: OpShell hands over a PTY whose shell runs as the
-// helper's user (root in CI) with the size asked for, and reports its exit
-// status when it ends.
+// TestShellThroughHelper: OpShell hands over a PTY whose shell runs as root
+// under a grant for the tunnel (as the command user without as_root) with
+// the size asked for, and reports its exit status when it ends.
 func TestShellThroughHelper(t *testing.T) {
+	needRoot(t)
 	sock := startHelper(t, uint32(os.Getuid()))
 	c := &helper.Client{Socket: sock}
-	sh, err := c.Shell(context.Background(), helper.ShellSpec{Rows: 33, Cols: 101})
+	shellAs(t, c, helper.ShellSpec{Rows: 33, Cols: 101, AsRoot: true, ID: "tun_1"}, "0")
+	shellAs(t, c, helper.ShellSpec{Rows: 33, Cols: 101, ID: "tun_2"}, "65534")
+	if _, err := c.Shell(context.Background(), helper.ShellSpec{AsRoot: true, ID: "tun_3", Grant: strings.Repeat("00", 32)}); err == nil ||
+		!strings.Contains(err.Error(), "grant") {
+		t.Fatalf("root shell with a made-up grant: %v, want refused", err)
+	}
+}
+
+// shellAs starts a shell with spec and checks it runs as uid.
+func shellAs(t *testing.T, c *helper.Client, spec helper.ShellSpec, uid string) {
+	t.Helper()
+	sh, err := c.Shell(context.Background(), spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +60,7 @@ func TestShellThroughHelper(t *testing.T) {
 	}
 	sh.PTY.Close()
 	<-done
-	if !strings.Contains(out.String(), "33 101") || (os.Getuid() == 0 && !strings.Contains(out.String(), "\n0\r")) {
-		t.Fatalf("root shell output:\n%s", out.String())
+	if !strings.Contains(out.String(), "33 101") || !strings.Contains(out.String(), "\n"+uid+"\r") {
+		t.Fatalf("shell output, want uid %s:\n%s", uid, out.String())
 	}
 }

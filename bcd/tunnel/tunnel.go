@@ -24,6 +24,8 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
+	"github.com/better-compute/better-compute/bcd/cmduser"
+	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/session"
@@ -40,11 +42,16 @@ type Config struct {
 	// /bin/bash when it exists, else /bin/sh.
 	Shell string
 	// Unprivileged reports that bcd runs as a plain user beside the root
-	// helper: a root shell is then started by the helper (RootShells, its
-	// "shell" operation).
+	// helper: every shell is then started by the helper (Helper, its
+	// "shell" operation), as root or as the command user.
 	Unprivileged bool
-	// RootShells starts root shells when Unprivileged (a *helper.Client).
-	RootShells RootShells
+	// Helper starts the shells when Unprivileged (a *helper.Client).
+	Helper Shells
+	// CommandUser is the user a shell without as_root runs as when bcd is
+	// root (not Unprivileged). When nil such shells are refused.
+	CommandUser *cmduser.User
+	// CommandHome is CommandUser's HOME, its shells' working directory.
+	CommandHome string
 	// DialTimeout bounds kind "port"'s connect. Defaults to 5 s.
 	DialTimeout time.Duration
 	// Logger receives the handler's logs. Defaults to discarding them.
@@ -124,16 +131,31 @@ type shellProc struct {
 	wait   func() (code int32, signal string, err error)
 }
 
-// startLocal starts the login shell as bcd's own user.
-func (h *Handler) startLocal(open *sessionv1.TunnelOpen, size *pty.Winsize) (*shellProc, error) {
+// startLocal starts the login shell in this process's stead: as root when
+// asRoot (bcd is root), else as the command user.
+func (h *Handler) startLocal(open *sessionv1.TunnelOpen, size *pty.Winsize, asRoot bool) (*shellProc, error) {
 	cmd := exec.Command(h.cfg.Shell, "-l")
 	term := open.GetTerm()
-	if term == "" {
+	if term == "" || len(term) > 64 {
 		term = "xterm-256color"
 	}
-	cmd.Env = append(os.Environ(), "TERM="+term)
-	if home, err := os.UserHomeDir(); err == nil {
-		cmd.Dir = home
+	name, home := "root", "/root"
+	if !asRoot {
+		u := h.cfg.CommandUser
+		if u == nil {
+			return nil, errors.New("this bcd has no command user to start shells as (bcd node --command-user)")
+		}
+		if err := cmduser.MakeHome(h.cfg.CommandHome, *u); err != nil {
+			return nil, err
+		}
+		name, home = u.Name, h.cfg.CommandHome
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}}
+	}
+	cmd.Env = []string{"TERM=" + term, "HOME=" + home, "USER=" + name, "LOGNAME=" + name, "SHELL=" + h.cfg.Shell,
+		"LANG=C.UTF-8", "PATH=" + bcexec.DefaultPath}
+	cmd.Dir = home
+	if _, err := os.Stat(home); err != nil {
+		cmd.Dir = "/"
 	}
 	ptmx, err := pty.StartWithSize(cmd, size)
 	if err != nil {
@@ -169,16 +191,19 @@ func (h *Handler) startLocal(open *sessionv1.TunnelOpen, size *pty.Winsize) (*sh
 	}, nil
 }
 
-// controlChars are the signals a root shell of the helper gets through its
-// terminal (bcd cannot signal root's processes): the line discipline sends
-// them to the foreground process group.
+// controlChars are the signals a shell of the helper gets through its
+// terminal (an unprivileged bcd cannot signal root's or the command user's
+// processes): the line discipline sends them to the foreground process
+// group.
 var controlChars = map[syscall.Signal]byte{syscall.SIGINT: 3, syscall.SIGQUIT: 0x1c, syscall.SIGTSTP: 0x1a}
 
-// startRoot asks the root helper for a root shell (bcd unprivileged).
-func (h *Handler) startRoot(ctx context.Context, open *sessionv1.TunnelOpen, size *pty.Winsize) (*shellProc, error) {
-	rs, err := h.cfg.RootShells.Shell(ctx, helper.ShellSpec{Rows: size.Rows, Cols: size.Cols, Term: open.GetTerm()})
+// startHelper asks the root helper for a shell (bcd unprivileged): a root
+// shell under a grant bound to the tunnel's id, or the command user's.
+func (h *Handler) startHelper(ctx context.Context, open *sessionv1.TunnelOpen, size *pty.Winsize) (*shellProc, error) {
+	rs, err := h.cfg.Helper.Shell(ctx, helper.ShellSpec{Rows: size.Rows, Cols: size.Cols, Term: open.GetTerm(),
+		AsRoot: open.GetAsRoot(), ID: open.GetTunnelId()})
 	if err != nil {
-		return nil, fmt.Errorf("root shell through the root helper: %w", err)
+		return nil, fmt.Errorf("shell through the root helper: %w", err)
 	}
 	return &shellProc{
 		ptmx: rs.PTY,
@@ -201,29 +226,29 @@ func (h *Handler) startRoot(ctx context.Context, open *sessionv1.TunnelOpen, siz
 	}, nil
 }
 
-// RootShells starts root shells: the root helper's client
-// (*helper.Client) when bcd runs unprivileged.
-type RootShells interface {
+// Shells starts shells, as root or as the command user: the root helper's
+// client (*helper.Client) when bcd runs unprivileged.
+type Shells interface {
 	Shell(ctx context.Context, spec helper.ShellSpec) (*helper.RootShell, error)
 }
 
 // shell runs a login shell on a PTY until it exits or the tunnel ends: as
-// bcd's own user, or for as_root through the root helper when bcd runs
-// unprivileged (as root itself otherwise).
+// the command user, or as root for as_root; through the root helper when
+// bcd runs unprivileged, started by bcd itself when it is root.
 func (h *Handler) shell(ctx context.Context, open *sessionv1.TunnelOpen, st session.TunnelStream) error {
 	size := &pty.Winsize{Rows: uint16(cmp.Or(open.GetRows(), 24)), Cols: uint16(cmp.Or(open.GetCols(), 80))}
 	var p *shellProc
 	var err error
 	switch {
-	case open.GetAsRoot() && h.cfg.Unprivileged:
-		if h.cfg.RootShells == nil {
-			return errors.New("a root shell needs the root helper, which this bcd was not given")
+	case h.cfg.Unprivileged:
+		if h.cfg.Helper == nil {
+			return errors.New("a shell of an unprivileged bcd needs the root helper, which this bcd was not given")
 		}
-		p, err = h.startRoot(ctx, open, size)
-	case open.GetAsRoot() && os.Geteuid() != 0:
-		return errors.New("a root shell needs bcd running as root or with the root helper (--unprivileged)")
+		p, err = h.startHelper(ctx, open, size)
+	case os.Geteuid() != 0:
+		return errors.New("a shell needs bcd running as root (it starts shells as the command user) or with the root helper (--unprivileged)")
 	default:
-		p, err = h.startLocal(open, size)
+		p, err = h.startLocal(open, size, open.GetAsRoot())
 	}
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/tunnel"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -61,17 +63,44 @@ func until(t *testing.T, s *stream, within time.Duration) (string, *sessionv1.Tu
 	}
 }
 
-// TestShellExitStatusAndSize: the shell sees the window size asked for and
-// a resize, runs on a terminal, and its exit status comes back.
+// commandUser returns nobody as the command user, with a HOME it can
+// reach; switching to it needs root.
+func commandUser(t *testing.T) (*cmduser.User, string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true but not root: shells run as the command user")
+		}
+		t.Skip("not root: shells run as the command user")
+	}
+	u, err := cmduser.Lookup("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "bc-tunnel-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return &u, filepath.Join(dir, cmduser.HomeDir)
+}
+
+// TestShellExitStatusAndSize: the shell runs as the command user in its
+// HOME, sees the window size asked for and a resize, runs on a terminal,
+// and its exit status comes back.
 func TestShellExitStatusAndSize(t *testing.T) {
-	h := tunnel.New(tunnel.Config{Shell: "/bin/sh"})
+	u, home := commandUser(t)
+	h := tunnel.New(tunnel.Config{Shell: "/bin/sh", CommandUser: u, CommandHome: home})
 	s := newStream()
 	done := make(chan struct{})
 	go func() {
 		h.HandleTunnel(context.Background(), &sessionv1.TunnelOpen{TunnelId: "t", Kind: sessionv1.TunnelKindShell, Rows: 30, Cols: 90}, s)
 		close(done)
 	}()
-	s.in <- data("stty size; tty\n")
+	s.in <- data("stty size; tty; echo id=$(id -u) home=$HOME pwd=$(pwd)\n")
 	var first bytes.Buffer
 	for deadline := time.After(20 * time.Second); !strings.Contains(first.String(), "/dev/pts/"); {
 		select {
@@ -89,7 +118,7 @@ func TestShellExitStatusAndSize(t *testing.T) {
 	if f.GetExit().GetExitCode() != 3 {
 		t.Fatalf("exit frame %v, want exit code 3; output:\n%s", f, out)
 	}
-	for _, want := range []string{"30 90", "50 132", "/dev/pts/"} {
+	for _, want := range []string{"30 90", "50 132", "/dev/pts/", fmt.Sprintf("id=%d home=%s pwd=%s", u.UID, home, home)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -152,7 +181,7 @@ func TestRootShellThroughHelper(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	h := tunnel.New(tunnel.Config{Unprivileged: true, RootShells: hc})
+	h := tunnel.New(tunnel.Config{Unprivileged: true, Helper: hc})
 	s := newStream()
 	go h.HandleTunnel(context.Background(), &sessionv1.TunnelOpen{TunnelId: "t", Kind: sessionv1.TunnelKindShell, AsRoot: true, Rows: 20, Cols: 70}, s)
 	s.in <- data("stty size; exit 7\n")

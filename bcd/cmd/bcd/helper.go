@@ -10,18 +10,23 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/bcd/bmc"
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/helper"
+	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/upgrade"
 )
 
 type helperFlags struct {
-	nodeUser  string
-	socket    string
-	logLevel  string
-	pinsFile  string
-	bmcFile   string
-	pluginDir string
+	nodeUser    string
+	socket      string
+	logLevel    string
+	pinsFile    string
+	bmcFile     string
+	pluginDir   string
+	commandUser string
+	dataDir     string
 }
 
 func newHelperCmd(e env) *cobra.Command {
@@ -31,11 +36,13 @@ func newHelperCmd(e env) *cobra.Command {
 		Short: "Run the root helper of an unprivileged bcd node",
 		Long: `Helper runs as root beside a bcd node started with --unprivileged. It listens
 on a Unix socket (mode 0660, group of the node user) and accepts connections
-only from the node user (checked with SO_PEERCRED), and only the operations on
-its allow-list: run a command as root, reboot, and BMC calls (power and boot
-device, through the plugins in --plugin-dir, with the credentials the node
-passes or those of the root-only --bmc-file). It stops on SIGINT or SIGTERM
-and removes its socket.`,
+only from the node user (checked with SO_PEERCRED), never from --command-user,
+and only the operations on its allow-list: start the node's commands and
+shells as --command-user (bcd-cmd, created when missing; HOME is home/ in
+--data-dir), start one as root under a grant bound to its command id, reboot,
+and BMC calls (power and boot device, through the plugins in --plugin-dir,
+with the credentials the node passes or those of the root-only --bmc-file).
+It stops on SIGINT or SIGTERM and removes its socket.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runHelper(cmd.Context(), e, &f) },
 	}
@@ -46,6 +53,8 @@ and removes its socket.`,
 	fl.StringVar(&f.pinsFile, "release-pins-file", upgrade.DefaultPinsFile, "pinned release keys the upgrade operation verifies against")
 	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (mode 0600)")
 	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins")
+	fl.StringVar(&f.commandUser, "command-user", cmduser.DefaultName, "the user the node's commands and shells without as_root run as (created when missing; never the node user)")
+	fl.StringVar(&f.dataDir, "data-dir", identity.DefaultDir, "the node's data directory: the command user's HOME is home/ in it")
 	return cmd
 }
 
@@ -70,9 +79,24 @@ func runHelper(ctx context.Context, e env, f *helperFlags) error {
 	if uid == 0 {
 		return usagef("--node-user %s is root: the helper serves an unprivileged node user (normally bcd)", f.nodeUser)
 	}
+	if f.commandUser == "" || f.dataDir == "" {
+		return usagef("--command-user and --data-dir must not be empty")
+	}
+	home := cmduser.Home(f.dataDir)
+	cu, created, err := cmduser.Ensure(ctx, f.commandUser, home)
+	if err != nil {
+		return err
+	}
+	if created {
+		log.InfoContext(ctx, "Created the command user", logkey.CommandUser, cu.Name, "uid", cu.UID, "gid", cu.GID)
+	}
+	if err := cu.Check(uid); err != nil {
+		return usagef("%v", err)
+	}
 	ctl := bmc.New(bmc.Config{File: f.bmcFile, PluginDir: f.pluginDir, Logger: log})
 	defer ctl.Close()
-	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid, PinsFile: f.pinsFile, BMC: ctl}, log)
+	srv := helper.NewServer(helper.Config{Socket: f.socket, NodeUID: uid, NodeGID: gid, CommandUser: cu, CommandHome: home,
+		PinsFile: f.pinsFile, BMC: ctl}, log)
 	if err := srv.Run(ctx); err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/agent"
 	"github.com/better-compute/better-compute/bcd/bmc"
+	"github.com/better-compute/better-compute/bcd/cmduser"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
@@ -39,6 +40,7 @@ type nodeFlags struct {
 	upgrade      upgradeFlags
 	bmcFile      string
 	pluginDir    string
+	commandUser  string
 }
 
 func newNodeCmd(e env) *cobra.Command {
@@ -54,9 +56,14 @@ inventory after each connect and whenever the machine changes (re-scanned
 every --inventory-interval), GPU XID events as they happen, and the commands
 the gateway sends.
 
-With --unprivileged, bcd runs as a plain user and sends the commands that ask
-for root to the root helper (bcd helper) on --helper-socket; without a running
-helper those commands fail and say so.
+Commands and shells that do not ask for root run as --command-user (bcd-cmd),
+never as root and never as the user bcd runs as; their HOME is home/ in the
+data directory. A root bcd creates that user when it is missing.
+
+With --unprivileged, bcd runs as a plain user and asks the root helper (bcd
+helper) on --helper-socket to start every command and shell: as its command
+user, or as root under a grant bound to the command; without a running helper
+those commands fail and say so.
 
 Under systemd it sends READY=1 after the first session is established,
 STATUS= lines ("connected to <gateway> since <time>", "disconnected since
@@ -75,6 +82,7 @@ the unit sets WatchdogSec=, disconnected or not. It keeps its state in
 	addUpgradeFlags(cmd, &f.upgrade)
 	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (without --unprivileged; the helper has its own)")
 	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins (without --unprivileged; the helper has its own)")
+	fl.StringVar(&f.commandUser, "command-user", cmduser.DefaultName, "the user commands and shells without as_root run as (created when missing; with --unprivileged the helper's --command-user counts)")
 	return cmd
 }
 
@@ -112,6 +120,10 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		log.WarnContext(ctx, "Data directory not locked; a second bcd node on it would not be refused", logkey.Err, err)
 	default:
 		defer release()
+	}
+	cu, err := commandUser(ctx, log, e, f)
+	if err != nil {
+		return err
 	}
 	up, err := startUpgrade(ctx, log, f)
 	if err != nil {
@@ -166,6 +178,8 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		},
 		Unprivileged:   f.unprivileged,
 		HelperSocket:   f.helperSocket,
+		CommandUser:    cu,
+		CommandHome:    cmduser.Home(f.dataDir),
 		RescanInterval: f.rescan,
 		GPU:            gpus,
 		KernelLog:      kernelLog,
@@ -215,6 +229,52 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	log.InfoContext(ctx, "Node agent stopped")
 	return nil
+}
+
+// commandUser readies the command user for a root bcd: it creates the
+// user when missing (and says so), checks it is neither root nor bcd's own
+// uid, and makes its HOME in the data directory, which it lets the user
+// pass through. An unprivileged bcd only opens its data directory: the
+// helper starts the commands as its own command user. A bcd that is
+// neither root nor unprivileged starts no command or shell without as_root
+// (nil).
+func commandUser(ctx context.Context, log *slog.Logger, e env, f *nodeFlags) (*cmduser.User, error) {
+	if f.commandUser == "" {
+		return nil, usagef("--command-user must not be empty")
+	}
+	home := cmduser.Home(f.dataDir)
+	euid := e.geteuid()
+	if f.unprivileged || euid != 0 {
+		if err := cmduser.OpenDataDir(f.dataDir); err != nil {
+			log.WarnContext(ctx, "Commands may not reach their home", logkey.Err, err)
+		}
+		if !f.unprivileged {
+			log.WarnContext(ctx, "bcd runs neither as root nor with --unprivileged: commands and shells without as_root are refused, since they never run as bcd's own user",
+				"uid", euid)
+		}
+		return nil, nil
+	}
+	u, created, err := cmduser.Ensure(ctx, f.commandUser, home)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.InfoContext(ctx, "Created the command user", logkey.CommandUser, u.Name, "uid", u.UID, "gid", u.GID)
+	}
+	if err := u.Check(uint32(euid)); err != nil {
+		return nil, usagef("%v", err)
+	}
+	if err := cmduser.OpenDataDir(f.dataDir); err != nil {
+		return nil, err
+	}
+	if err := cmduser.MakeHome(home, u); err != nil {
+		return nil, err
+	}
+	if err := cmduser.Reachable(home, u); err != nil {
+		log.WarnContext(ctx, "Commands cannot reach their home: they will fail to start", logkey.Err, err)
+	}
+	log.InfoContext(ctx, "Commands run as the command user", logkey.CommandUser, u.Name, "uid", u.UID, "home", home)
+	return &u, nil
 }
 
 // rejoinFlags are the flags a printed `bcd join` needs to join into dataDir.

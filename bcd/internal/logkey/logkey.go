@@ -12,4 +12,7 @@ const (
 	NodeID = "node_id"
 	// CommandID is a command's id (cmd_...).
 	CommandID = "command_id"
+	// CommandUser is the name of the command user, the user commands and
+	// shells without as_root run as (package bcd/cmduser).
+	CommandUser = "command_user"
 )
