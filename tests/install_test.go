@@ -354,6 +354,10 @@ func TestInstallScript(t *testing.T) {
 			t.Errorf("bcd.service:\n%s", unit)
 		}
 		calls := strings.Join(h.calls(), "\n")
+		// The command user, which commands without asRoot run as (issue 27).
+		if !regexp.MustCompile(`(?m)^useradd --root \S+ --system --user-group --home-dir /var/lib/bcd/home .* bcd-cmd$`).MatchString(calls) {
+			t.Errorf("no useradd of bcd-cmd:\n%s", calls)
+		}
 		if !strings.Contains(calls, "systemctl daemon-reload") || !strings.Contains(calls, "systemctl enable --now bcd.service") {
 			t.Errorf("systemctl calls:\n%s", calls)
 		}
