@@ -211,8 +211,11 @@ echo "$1:x:999:999::/var/lib/bcd:/usr/sbin/nologin" >>"$root/etc/passwd"
 func newHost(t *testing.T) *host {
 	t.Helper()
 	dir := t.TempDir()
+	testenv.PassThrough(t, dir) // the command user reaches its HOME in root/var/lib/bcd
 	h := &host{t: t, root: filepath.Join(dir, "root"), stubs: filepath.Join(dir, "stubs"), log: filepath.Join(dir, "calls.log")}
-	for _, d := range []string{h.root, h.stubs} {
+	// var/lib is there, 0755, as on every machine (bcd join would make it
+	// 0700, which would keep the command user from its HOME).
+	for _, d := range []string{h.root, h.stubs, filepath.Join(h.root, "var", "lib")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}

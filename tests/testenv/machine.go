@@ -76,7 +76,7 @@ func NewMachine(t testing.TB, name string) *Machine {
 		t.Skipf("real bcd machines need UTS and mount namespaces: %v", err)
 	}
 	dir := t.TempDir()
-	passThrough(t, dir)
+	PassThrough(t, dir)
 	sum := sha256.Sum256([]byte(name + dir))
 	m := &Machine{t: t, Name: name, DataDir: filepath.Join(dir, "bcd"), IDFile: filepath.Join(dir, "machine-id"),
 		BootIDFile: filepath.Join(dir, "boot_id")}
@@ -92,7 +92,7 @@ func NewMachine(t testing.TB, name string) *Machine {
 // own.
 func (m *Machine) Clone() *Machine {
 	dir := m.t.TempDir()
-	passThrough(m.t, dir)
+	PassThrough(m.t, dir)
 	c := &Machine{t: m.t, Name: m.Name, DataDir: filepath.Join(dir, "bcd"), IDFile: m.IDFile, BCD: m.BCD}
 	if m.BootIDFile != "" {
 		c.BootIDFile = filepath.Join(m.t.TempDir(), "boot_id")
@@ -101,10 +101,10 @@ func (m *Machine) Clone() *Machine {
 	return c
 }
 
-// passThrough lets every user search dir and the test's temporary folder
+// PassThrough lets every user search dir and the test's temporary folder
 // above it (mode 0711: no listing), as /var/lib is on a real machine, so
 // that bcd's command user (bcd-cmd) reaches its HOME in the data dir.
-func passThrough(t testing.TB, dir string) {
+func PassThrough(t testing.TB, dir string) {
 	t.Helper()
 	for _, d := range []string{dir, filepath.Dir(dir)} {
 		if err := os.Chmod(d, 0o711); err != nil {
