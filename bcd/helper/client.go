@@ -97,7 +97,7 @@ func (c *Client) Grant(ctx context.Context, id string) (string, error) {
 // Exec runs spec through the helper as the command user (the helper's
 // --command-user); spec.Credential, Home and User are the helper's to set.
 func (c *Client) Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
-	return c.exec(ctx, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}, out)
+	return c.exec(ctx, OpExecUser, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}, out)
 }
 
 // ExecRoot runs spec as root through the helper, for command id: it asks
@@ -107,12 +107,12 @@ func (c *Client) ExecRoot(ctx context.Context, id string, spec bcexec.Spec, out 
 	if err != nil {
 		return bcexec.Result{ExitCode: -1, Err: err}
 	}
-	return c.exec(ctx, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit,
-		AsRoot: true, CommandID: id, Grant: g}, out)
+	return c.exec(ctx, OpExec, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit,
+		CommandID: id, Grant: g}, out)
 }
 
-func (c *Client) exec(ctx context.Context, spec *ExecSpec, out func(stream int, data []byte)) bcexec.Result {
-	f, err := c.do(ctx, Request{Op: OpExec, Exec: spec}, func(f Frame) { out(f.Stream, f.Data) })
+func (c *Client) exec(ctx context.Context, op string, spec *ExecSpec, out func(stream int, data []byte)) bcexec.Result {
+	f, err := c.do(ctx, Request{Op: op, Exec: spec}, func(f Frame) { out(f.Stream, f.Data) })
 	if err != nil {
 		return bcexec.Result{ExitCode: -1, Err: err}
 	}

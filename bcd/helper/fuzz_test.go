@@ -18,10 +18,11 @@ import (
 func FuzzRequest(f *testing.F) {
 	for _, seed := range []string{
 		`{"op":"ping"}`,
-		`{"op":"exec","exec":{"argv":["id","-u"],"env":{"A":"b"},"dir":"/tmp","output_limit":1024}}`,
-		`{"op":"exec","exec":{"argv":["id"],"as_root":true,"command_id":"cmd_1","grant":"00"}}`,
+		`{"op":"exec.user","exec":{"argv":["id","-u"],"env":{"A":"b"},"dir":"/tmp","output_limit":1024}}`,
+		`{"op":"exec","exec":{"argv":["id"],"command_id":"cmd_1","grant":"00"}}`,
+		`{"op":"shell.user","shell":{"rows":24,"cols":80,"id":"tun_2"}}`,
 		`{"op":"grant","grant":{"id":"cmd_1"}}`,
-		`{"op":"shell","shell":{"rows":24,"cols":80,"as_root":true,"id":"tun_1","grant":"x"}}`,
+		`{"op":"shell","shell":{"rows":24,"cols":80,"id":"tun_1","grant":"x"}}`,
 		`{"op":"exec","exec":{"argv":[""]}}`,
 		`{"op":"exec","exec":{"argv":["x"],"env":{"":"1","A=B":"2"}}}`,
 		`{"op":"exec","exec":{"argv":["x"],"output_limit":-1}}`,
@@ -49,7 +50,7 @@ func FuzzRequest(f *testing.F) {
 			return
 		}
 		switch req.Op {
-		case OpExec:
+		case OpExec, OpExecUser:
 			e := req.Exec
 			if e == nil || len(e.Argv) == 0 || len(e.Argv) > MaxArgs || len(e.Env) > MaxEnv || e.OutputLimit < 0 || e.OutputLimit > MaxOutputLimit {
 				t.Fatalf("exec past its bounds accepted: %+v", e)
@@ -59,7 +60,7 @@ func FuzzRequest(f *testing.F) {
 					t.Fatalf("environment name %q accepted", k)
 				}
 			}
-			if e.AsRoot {
+			if req.Op == OpExec {
 				if checkID(e.CommandID) != nil {
 					t.Fatalf("root exec with id %q accepted", e.CommandID)
 				}

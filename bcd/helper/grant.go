@@ -11,7 +11,7 @@ import (
 )
 
 // OpGrant asks the helper for a grant: the right to start one root process
-// (an exec with AsRoot, or a root shell) for one command or tunnel id. The
+// (OpExec, or a root shell, OpShell) for one command or tunnel id. The
 // answer's Frame carries the grant in Grant. bcd asks for it right before it
 // asks for the root process, and only for a command or tunnel the control
 // plane sent as root (docs/bcd.md, "What a command can touch").

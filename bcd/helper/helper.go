@@ -26,10 +26,17 @@ const DefaultSocket = "/run/bcd/helper.sock"
 
 // Operations on the allow-list.
 const (
-	OpPing   = "ping"
-	OpExec   = "exec"
-	OpReboot = "reboot"
-	OpBMC    = "bmc"
+	OpPing = "ping"
+	// OpExec runs a program as root, under a grant (OpGrant) for its
+	// command id.
+	OpExec = "exec"
+	// OpExecUser runs a program as the command user. It is an operation of
+	// its own, not a flag of OpExec, so that a helper older than the
+	// command user refuses it (off its allow-list) rather than running it
+	// as root.
+	OpExecUser = "exec.user"
+	OpReboot   = "reboot"
+	OpBMC      = "bmc"
 	// OpKmsgXid streams the kernel log's NVRM Xid records (and nothing
 	// else of the log) until the client closes the connection.
 	OpKmsgXid = "kmsg.xid"
@@ -49,18 +56,16 @@ type Request struct {
 	Grant *GrantRequest `json:"grant,omitempty"`
 }
 
-// ExecSpec is a program to run: as the command user, or as root when
-// AsRoot is set and Grant is a grant (OpGrant) for CommandID.
+// ExecSpec is a program to run: as root (OpExec, where Grant must be a
+// grant for CommandID), or as the command user (OpExecUser).
 type ExecSpec struct {
 	Argv        []string          `json:"argv"`
 	Env         map[string]string `json:"env,omitempty"`
 	Dir         string            `json:"dir,omitempty"`
 	OutputLimit int64             `json:"output_limit,omitempty"`
-	// AsRoot runs the program as root, under Grant.
-	AsRoot bool `json:"as_root,omitempty"`
 	// CommandID is the id of the command the program runs for.
 	CommandID string `json:"command_id,omitempty"`
-	// Grant is the token OpGrant returned for CommandID (AsRoot only).
+	// Grant is the token OpGrant returned for CommandID (OpExec only).
 	Grant string `json:"grant,omitempty"`
 }
 

@@ -132,23 +132,23 @@ func TestRootNeedsGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, spec := range map[string]helper.ExecSpec{
-		"no grant":          {AsRoot: true, CommandID: "cmd_mine"},
-		"made up grant":     {AsRoot: true, CommandID: "cmd_mine", Grant: strings.Repeat("ab", 32)},
-		"another's grant":   {AsRoot: true, CommandID: "cmd_mine", Grant: other},
-		"no command id":     {AsRoot: true, Grant: mine},
-		"oversized command": {AsRoot: true, CommandID: strings.Repeat("x", helper.MaxIDLen+1), Grant: mine},
+		"no grant":          {CommandID: "cmd_mine"},
+		"made up grant":     {CommandID: "cmd_mine", Grant: strings.Repeat("ab", 32)},
+		"another's grant":   {CommandID: "cmd_mine", Grant: other},
+		"no command id":     {Grant: mine},
+		"oversized command": {CommandID: strings.Repeat("x", helper.MaxIDLen+1), Grant: mine},
 	} {
 		if f := try(spec); !f.Done || f.ExitCode != -1 || f.Error == "" {
 			t.Errorf("%s: %+v, want a refusal", name, f)
 		}
 	}
-	if f := try(helper.ExecSpec{AsRoot: true, CommandID: "cmd_mine", Grant: mine}); f.Error != "" || f.ExitCode != 0 {
+	if f := try(helper.ExecSpec{CommandID: "cmd_mine", Grant: mine}); f.Error != "" || f.ExitCode != 0 {
 		t.Fatalf("with its grant: %+v", f)
 	}
 	if err := os.Remove(marker); err != nil {
 		t.Fatalf("the granted exec did not run: %v", err)
 	}
-	if f := try(helper.ExecSpec{AsRoot: true, CommandID: "cmd_mine", Grant: mine}); !strings.Contains(f.Error, "used or expired") {
+	if f := try(helper.ExecSpec{CommandID: "cmd_mine", Grant: mine}); !strings.Contains(f.Error, "used or expired") {
 		t.Errorf("grant used twice: %+v", f)
 	}
 	if _, err := os.Stat(marker); !errors.Is(err, os.ErrNotExist) {

@@ -41,22 +41,26 @@ func decodeRequest(line []byte) (Request, error) {
 	}
 	switch req.Op {
 	case OpExec:
-		return req, checkExec(req.Exec)
+		return req, checkExec(req.Exec, true)
+	case OpExecUser:
+		return req, checkExec(req.Exec, false)
 	case OpGrant:
 		if req.Grant == nil {
 			return req, errors.New("grant needs an id")
 		}
 		return req, checkID(req.Grant.ID)
 	case OpShell:
-		if req.Shell != nil && req.Shell.AsRoot {
-			return req, checkID(req.Shell.ID)
+		if req.Shell == nil {
+			return req, errors.New("shell needs the tunnel's id")
 		}
+		return req, checkID(req.Shell.ID)
 	}
 	return req, nil
 }
 
-// checkExec checks an exec's shape and bounds.
-func checkExec(spec *ExecSpec) error {
+// checkExec checks an exec's shape and bounds; a root one needs its
+// command id.
+func checkExec(spec *ExecSpec, root bool) error {
 	switch {
 	case spec == nil || len(spec.Argv) == 0 || spec.Argv[0] == "":
 		return errors.New("exec needs argv")
@@ -72,7 +76,7 @@ func checkExec(spec *ExecSpec) error {
 			return fmt.Errorf("exec: environment variable name %q", k)
 		}
 	}
-	if spec.AsRoot {
+	if root {
 		return checkID(spec.CommandID)
 	}
 	return nil

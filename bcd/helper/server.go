@@ -168,7 +168,9 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		}
 		_ = enc.Encode(Frame{Done: true, Grant: tok})
 	case OpExec:
-		s.exec(octx, enc, req.Exec)
+		s.exec(octx, enc, req.Exec, true)
+	case OpExecUser:
+		s.exec(octx, enc, req.Exec, false)
 	case OpUpgrade:
 		s.upgrade(octx, enc, req.Upgrade)
 	case OpBMC:
@@ -176,7 +178,9 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	case OpKmsgXid:
 		s.kmsgXid(octx, enc)
 	case OpShell:
-		s.shell(octx, c, enc, req.Shell)
+		s.shell(octx, c, enc, req.Shell, true)
+	case OpShellUser:
+		s.shell(octx, c, enc, req.Shell, false)
 	case OpReboot:
 		s.log.WarnContext(ctx, "Rebooting at the node's request")
 		out, err := exec.CommandContext(octx, s.cfg.RebootCommand[0], s.cfg.RebootCommand[1:]...).CombinedOutput()
@@ -191,7 +195,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 	}
 }
 
-func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec) {
+// exec runs spec as root (under its grant) or as the command user.
+func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec, root bool) {
 	var mu sync.Mutex
 	out := func(stream int, data []byte) {
 		mu.Lock()
@@ -200,7 +205,7 @@ func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec) {
 	}
 	run := bcexec.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}
 	var res bcexec.Result
-	if spec.AsRoot {
+	if root {
 		if err := s.grants.use(spec.CommandID, spec.Grant); err != nil {
 			s.log.WarnContext(ctx, "Helper refused a root exec", logkey.CommandID, spec.CommandID, logkey.Err, err)
 			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "refused: " + err.Error()})

@@ -29,25 +29,28 @@ import (
 // up the shell's process group.
 const OpShell = "shell"
 
+// OpShellUser starts a login shell as the command user, as OpShell does
+// otherwise (an operation of its own, which a helper older than the
+// command user refuses).
+const OpShellUser = "shell.user"
+
 // ShellSpec is the call of OpShell.
 type ShellSpec struct {
 	Rows uint16 `json:"rows,omitempty"`
 	Cols uint16 `json:"cols,omitempty"`
 	Term string `json:"term,omitempty"`
-	// AsRoot starts a root shell, under Grant.
-	AsRoot bool `json:"as_root,omitempty"`
-	// ID is the tunnel's id, which Grant must be bound to (AsRoot).
+	// AsRoot chooses the operation Client.Shell asks for: OpShell, a root
+	// shell under Grant, or OpShellUser. It is not sent.
+	AsRoot bool `json:"-"`
+	// ID is the tunnel's id, which Grant must be bound to (OpShell).
 	ID string `json:"id,omitempty"`
 	// Grant is the token OpGrant returned for ID; Client.Shell asks for
 	// one itself when it is empty.
 	Grant string `json:"grant,omitempty"`
 }
 
-// shell serves OpShell on c.
-func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, spec *ShellSpec) {
-	if spec == nil {
-		spec = &ShellSpec{}
-	}
+// shell serves OpShell (root) and OpShellUser on c.
+func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, spec *ShellSpec, root bool) {
 	sh := "/bin/sh"
 	if _, err := os.Stat("/bin/bash"); err == nil {
 		sh = "/bin/bash"
@@ -58,7 +61,7 @@ func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, 
 		term = "xterm-256color"
 	}
 	name, home := "root", "/root"
-	if spec.AsRoot {
+	if root {
 		if err := s.grants.use(spec.ID, spec.Grant); err != nil {
 			s.log.WarnContext(ctx, "Helper refused a root shell", "tunnel_id", spec.ID, logkey.Err, err)
 			_ = enc.Encode(Frame{Done: true, ExitCode: -1, Error: "refused: " + err.Error()})
@@ -152,7 +155,11 @@ func (c *Client) Shell(ctx context.Context, spec ShellSpec) (*RootShell, error) 
 		return nil, err
 	}
 	uc := conn.(*net.UnixConn)
-	if err := json.NewEncoder(uc).Encode(Request{Op: OpShell, Shell: &spec}); err != nil {
+	op := OpShellUser
+	if spec.AsRoot {
+		op = OpShell
+	}
+	if err := json.NewEncoder(uc).Encode(Request{Op: op, Shell: &spec}); err != nil {
 		uc.Close()
 		return nil, fmt.Errorf("send to root helper: %w", err)
 	}
