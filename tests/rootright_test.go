@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +80,9 @@ func TestAsRootNeedsAdmin(t *testing.T) {
 	}, func() string { return "the admin's asRoot command never finished: " + c.State })
 	if c.State != "succeeded" || strings.TrimSpace(c.Stdout) != "0" || !c.Exec.AsRoot {
 		t.Fatalf("the admin's asRoot id -u: %+v, want succeeded, 0, exec.asRoot true", c)
+	}
+	if out := d.cli(d.viaAPI("commands", "get", id)...); !regexp.MustCompile(`(?m)^as root\s+yes$`).MatchString(out) {
+		t.Fatalf("commands get %s does not say it ran as root:\n%s", id, out)
 	}
 	if _, err := os.Stat(marker); err == nil {
 		t.Fatal("the operator's refused command ran")
