@@ -51,9 +51,11 @@ var (
 	// ErrNotLatestKey reports a proof by a key that is not the key of the
 	// node's latest certificate.
 	ErrNotLatestKey = errors.New("not the node's latest key")
-	// ErrNodeRevoked reports a proof or re-attestation for a revoked
-	// certificate.
-	ErrNodeRevoked = errors.New("node certificate revoked")
+	// ErrNodeRevoked reports a join (a retry with the same token and key,
+	// or a proof of the node's key) or a re-attestation for a revoked node
+	// or certificate. Revocation is final: only a reinstall token brings
+	// the machine back, as a new node.
+	ErrNodeRevoked = errors.New("node revoked")
 	// ErrGracePassed reports a re-attestation of a certificate that expired
 	// longer ago than Config.ReattestGrace, or with re-attestation off.
 	ErrGracePassed = errors.New("re-attestation grace passed")
@@ -205,6 +207,7 @@ type auditDetails struct {
 	SameHostnameAs string `json:"sameHostnameAs,omitempty"`
 	NotAfter       string `json:"notAfter,omitempty"`
 	RevokedSerial  string `json:"revokedSerial,omitempty"`
+	RevokedNode    string `json:"revokedNode,omitempty"`
 	PreviousSerial string `json:"previousSerial,omitempty"`
 	Via            string `json:"via,omitempty"`
 	Reason         string `json:"reason,omitempty"`
@@ -274,11 +277,28 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 			return err
 		}
 		nodeID := candidate
+		if prev != nil && revokePrev {
+			// A reinstall token for a revoked node brings the machine back
+			// as a new node: the revoked identity stays revoked, with its
+			// history (docs/pki.md, "Revocation is final").
+			revoked, err := nodeRevoked(ctx, tx, prev)
+			if err != nil {
+				return err
+			}
+			if revoked {
+				adm.Warnings = append(adm.Warnings, fmt.Sprintf(
+					"node %s is revoked and stays so: this machine joined as a new node with the reinstall token made for it", prev.ID))
+				details.RevokedNode = prev.ID
+				prev, revokePrev = nil, false
+			}
+		}
 		if prev != nil {
 			adm.Rejoined, nodeID = true, prev.ID
 			if cert, err = a.bundle.IssueNode(req.CSR, prev.ID, opts); err != nil {
 				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
 			}
+		} else if details.RevokedNode != "" {
+			// The warning above says what happened.
 		} else if twin, err := tx.NodeFindByHostname(ctx, adm.Pool.ID, req.Facts.Hostname); err == nil {
 			// A name alone never makes a machine an existing node.
 			adm.Warnings = append(adm.Warnings, fmt.Sprintf(
@@ -370,15 +390,39 @@ func (a *Admitter) provenNode(ctx context.Context, tx store.Store, p *ProvenKey)
 			return nil, err
 		}
 		if revoked {
-			return nil, fmt.Errorf("%w: %w: certificate %s of node %s", ErrRefused, ErrNodeRevoked, serial, n.ID)
+			return nil, revokedRefusal(n.ID, serial)
 		}
 	}
 	return n, nil
 }
 
+// nodeRevoked reports whether n is revoked: its current certificate's
+// serial is (pki.revoke of the node or the serial; a node deleted is gone
+// altogether). A node a reinstall re-joined has a new, unrevoked serial.
+func nodeRevoked(ctx context.Context, tx store.Store, n *store.Node) (bool, error) {
+	if n.CertSerial == "" {
+		return false, nil
+	}
+	revoked, err := tx.RevocationCheck(ctx, n.CertSerial)
+	if err != nil {
+		return false, fmt.Errorf("check revocation of node %s: %w", n.ID, err)
+	}
+	return revoked, nil
+}
+
+// revokedRefusal is the refusal of every way back for a revoked node: a
+// join retried with its token and key, bcd join --force (a proof of its
+// key) and re-attestation.
+func revokedRefusal(nodeID, serial string) error {
+	return fmt.Errorf("%w: %w: node %s (certificate %s) is revoked, and revocation is final: "+
+		"only a token from better-compute nodes reinstall %s (an admin's) brings this machine back, as a new node",
+		ErrRefused, ErrNodeRevoked, nodeID, serial, nodeID)
+}
+
 // repeat answers a Join repeated with the same token and key: the same
 // node, a fresh certificate, no token use. The token must still be valid
-// (known secret, not revoked, within its TTL).
+// (known secret, not revoked, within its TTL), and the node not revoked: a
+// revoked node never walks back in with its old token (ErrNodeRevoked).
 func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok jointoken.Token, n *store.Node,
 	opts pki.IssueOptions, adm *Admission, entry *store.AuditEntry, details *auditDetails) error {
 	if _, err := tx.JoinTokenCheck(ctx, tok.ID(), tok.SecretHash(), nil); err != nil {
@@ -387,7 +431,14 @@ func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok
 		}
 		return err
 	}
-	var err error
+	revoked, err := nodeRevoked(ctx, tx, n)
+	if err != nil {
+		return err
+	}
+	if revoked {
+		entry.Resource = "node/" + n.ID
+		return revokedRefusal(n.ID, n.CertSerial)
+	}
 	details.PoolID = n.PoolID
 	if adm.Pool, err = tx.PoolGet(ctx, n.PoolID); err != nil {
 		return err

@@ -376,3 +376,65 @@ func TestRefusals(t *testing.T) {
 		t.Fatalf("refusals used the token %d times", tk.Uses)
 	}
 }
+
+// TestRevokedNodeStaysRevoked: a revoked node is refused its join retried
+// with the same token and key (the lost-reply path bcd join --force takes)
+// and its re-join by proof, each with a refused audit row naming it; a
+// reinstall token made for it brings the machine back as a new node.
+func TestRevokedNodeStaysRevoked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	tok := f.token(t, time.Hour)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	first, err := f.adm.Join(ctx, &admission.Request{Token: tok.String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-05"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.RevocationInsert(ctx, &store.Revocation{Serial: first.Cert.Serial, NodeID: first.Node.ID, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	p := proven(t, first.Node.ID, first.Cert)
+	for name, req := range map[string]*admission.Request{
+		"same token and key":        {Token: tok.String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-05"}},
+		"same token, key proven":    {Token: tok.String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-05"}, Proven: p},
+		"another token, key proven": {Token: f.token(t, time.Hour).String(), CSR: csrFor(t, key), Facts: admission.Facts{Hostname: "gpu-05"}, Proven: p},
+	} {
+		_, err := f.adm.Join(ctx, req)
+		if !errors.Is(err, admission.ErrNodeRevoked) || !errors.Is(err, admission.ErrRefused) || strings.Contains(err.Error(), "join again") {
+			t.Fatalf("%s: %v, want a refusal wrapping ErrNodeRevoked that does not say join again", name, err)
+		}
+	}
+	if n, _ := f.st.NodeGet(ctx, first.Node.ID); n.CertSerial != first.Cert.Serial {
+		t.Fatalf("the refused joins changed the node's certificate to %s", n.CertSerial)
+	}
+	refused := 0
+	entries, err := f.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: admission.ActionJoin, Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Outcome == admission.OutcomeRefused && strings.Contains(string(e.Details), "is revoked") {
+			refused++
+		}
+	}
+	if refused != 3 {
+		t.Fatalf("%d refused node.join audit rows saying revoked, want 3", refused)
+	}
+
+	reinstall, _ := jointoken.New(f.bundle.GatewayPin(), nil)
+	if _, err := f.st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: reinstall.ID(), SecretHash: reinstall.SecretHash(), PoolID: f.pool.ID,
+		MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour), NodeID: first.Node.ID}); err != nil {
+		t.Fatal(err)
+	}
+	back, err := f.adm.Join(ctx, &admission.Request{Token: reinstall.String(), CSR: csr(t), Facts: admission.Facts{Hostname: "gpu-05"}, Proven: p})
+	if err != nil {
+		t.Fatalf("reinstall token of a revoked node: %v", err)
+	}
+	if back.Rejoined || back.Node.ID == first.Node.ID || len(back.Warnings) != 1 || !strings.Contains(back.Warnings[0], "joined as a new node") {
+		t.Fatalf("reinstall of a revoked node = %+v, want a new node with one warning", back)
+	}
+	if !revoked(t, f.st, first.Cert.Serial) || revoked(t, f.st, back.Cert.Serial) {
+		t.Fatal("after the reinstall the old certificate must stay revoked and the new one not be")
+	}
+}

@@ -57,6 +57,11 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 				return nil, invalid("exec.env", "%q is not a variable name", k)
 			}
 		}
+		// Root is one right: the rule of a root shell (tunnelsCreate).
+		if e.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
+			return nil, &Error{Code: CodePermissionDenied, Field: "exec.asRoot",
+				Message: "a command as root needs an admin token (role " + p.Role + "); without asRoot it runs as the node's command user"}
+		}
 		limit := e.GetOutputLimitBytes()
 		if limit == 0 {
 			limit = DefaultOutputLimit

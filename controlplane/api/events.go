@@ -38,6 +38,9 @@ const (
 	defaultHeartbeat  = 15 * time.Second
 	streamRetryMillis = 2000 // the SSE retry: field, for EventSource
 	streamEventGap    = "gap"
+	// streamEventRevoked ends a stream whose token was revoked or expired:
+	// data {"code": "UNAUTHENTICATED", "message": why}.
+	streamEventRevoked = "revoked"
 )
 
 // EventFeed is what the event stream reads: the process's outbox reader
@@ -127,12 +130,14 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, e)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	// The stream ends when its token is revoked or expires (checkLive).
+	defer s.live.add(&liveCall{token: bearerToken(r), addr: addr, tokenID: p.TokenID, cancel: cancel})()
 	go func() {
 		select {
 		case <-s.stopping:
-			cancel()
+			cancel(nil)
 		case <-ctx.Done():
 		}
 	}()
@@ -221,6 +226,14 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 			case <-time.After(time.Second):
 			}
 		}
+	}
+	if re := revokedCause(ctx); re != nil && sw.err == nil {
+		// One last event says why, so the client stops rather than dial
+		// again (client.Watch returns it as UNAUTHENTICATED).
+		b, _ := json.Marshal(map[string]any{"code": CodeUnauthenticated, "message": re.Reason})
+		sw.printf("event: %s\ndata: %s\n\n", streamEventRevoked, b)
+		sw.flush()
+		s.log.InfoContext(ctx, "Event stream ended", "token", p.TokenID, "reason", re.Reason)
 	}
 }
 

@@ -530,6 +530,12 @@ func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.Nod
 	if err != nil {
 		return nil, err
 	}
+	// Its session ends at once, not at the gateway's next read of the
+	// revocation feed, and its tunnels through this process with it.
+	if s.cfg.Revoker != nil && n.CertSerial != "" {
+		s.cfg.Revoker.Revoked(ctx, n.ID, n.CertSerial)
+	}
+	s.live.checkNow()
 	return &apiv1.NodeResponse{Node: nodeOut(n, "", false)}, nil
 }
 
@@ -633,6 +639,7 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 	if s.cfg.Revoker != nil {
 		s.cfg.Revoker.Revoked(ctx, rev.NodeID, rev.Serial)
 	}
+	s.live.checkNow() // tunnels to the node through this process end now
 	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}, NodeId: rev.NodeID, AlreadyRevoked: already}, nil
 }
 
@@ -681,6 +688,7 @@ func (s *Server) tokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Re
 		return nil, fieldNotFound(err, "id", "no token "+r.GetId())
 	}
 	s.auth.Forget()
+	s.live.checkNow() // its event streams and tunnels in this process end now
 	return &apiv1.RevokeAPITokenResponse{}, nil
 }
 

@@ -115,6 +115,11 @@ type Config struct {
 	// EventHeartbeat is how often an idle event stream sends a comment.
 	// Defaults to 15 s.
 	EventHeartbeat time.Duration
+	// RevocationCheck is how often the event streams and tunnels this
+	// process holds are checked against the database, so that a revoked
+	// or expired token, or a revoked or deleted node, ends them whichever
+	// process revoked it. Defaults to DefaultRevocationCheck (1 s).
+	RevocationCheck time.Duration
 }
 
 // Server serves the HTTP API.
@@ -137,6 +142,8 @@ type Server struct {
 	// rather than hold the shutdown for its whole grace.
 	stopping chan struct{}
 	stopOnce sync.Once
+	// live are the event streams and tunnels open now, for checkLiveLoop.
+	live *liveCalls
 
 	// table is apiv1.Methods by name, what handle registers against;
 	// bindErrs what it refused.
@@ -167,6 +174,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 		capacity: placer.NewFacts()}
 	s.unauth.now = cfg.Now
 	s.stopping = make(chan struct{})
+	s.live = newLiveCalls()
 	if s.feed = cfg.Feed; s.feed == nil {
 		s.feed, s.ownFeed = feed.New(feed.Config{Poll: cfg.EventPoll}, st, s.log), true
 	}
@@ -282,6 +290,9 @@ func (s *Server) Run(ctx context.Context) error {
 		defer unsubscribe()
 		go func() { _ = s.feed.Run(fctx, written, s.cfg.EventWakeups) }()
 	}
+	lctx, stopLive := context.WithCancel(ctx)
+	defer stopLive()
+	go s.checkLiveLoop(lctx)
 	close(s.ready)
 	srv := &http.Server{
 		Handler:           s.handler,

@@ -179,22 +179,43 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	// The tunnel outlives the request's context only until the server
 	// stops.
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
+	// It ends too when the token that opened it, or its node, is revoked
+	// (checkLive).
+	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	defer s.live.add(&liveCall{token: bearerToken(r), addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel})()
 	go func() {
 		select {
 		case <-s.stopping:
-			cancel()
+			cancel(nil)
 		case <-pctx.Done():
 		}
 	}()
-	res := tunnel.Pipe(pctx, &wsHop{ctx: pctx, c: ws}, conn, idle)
+	// The WebSocket's own reads and writes outlive pctx until the close
+	// below: a read cancelled by its context drops the connection without
+	// a close frame, and the client would never learn why.
+	wctx, stopWS := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWS()
+	res := tunnel.Pipe(pctx, &wsHop{ctx: wctx, c: ws}, conn, idle)
 	conn.Close()
 	status := websocket.StatusNormalClosure
 	if res.Reason != "exit" && res.Reason != "client closed" {
 		status = websocket.StatusGoingAway
 	}
-	_ = ws.Close(status, truncate(res.Reason, 100))
+	re := revokedCause(pctx)
+	if re == nil && (res.Reason == "node closed" || strings.HasPrefix(res.Reason, "node: ")) {
+		// The gateway may end a revoked or deleted node's tunnels before
+		// this process's next check: say why all the same.
+		if why := s.nodeEnded(context.WithoutCancel(ctx), t.NodeID); why != "" {
+			re = &RevokedError{Reason: why}
+		}
+	}
+	if re != nil {
+		// The client reads this close status as "credential revoked"
+		// (client.ErrRevoked) and shows the reason as its one line.
+		status, res.Reason = websocket.StatusCode(tunnel.CloseRevoked), re.Reason
+	}
+	_ = ws.Close(status, truncate(res.Reason, 120))
 	s.closeTunnel(ctx, p, t, addr, res)
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,13 +74,38 @@ func (t *Tunnel) Send(ctx context.Context, f *sessionv1.TunnelFrame) error {
 	return t.ws.Write(ctx, websocket.MessageBinary, tunnel.Encode(f))
 }
 
+// ErrRevoked matches (errors.Is) a *RevokedError.
+var ErrRevoked = errors.New("credential revoked")
+
+// RevokedError reports that the API ended a long-lived call (a tunnel, the
+// event stream) because the API token that opened it, or the node it
+// reached, was revoked, deleted or expired. Its text is the API's one line,
+// such as "credential revoked: API token tok_… was revoked"; retrying with
+// the same token does not help.
+type RevokedError struct{ Reason string }
+
+func (e *RevokedError) Error() string {
+	if e.Reason == "" {
+		return ErrRevoked.Error()
+	}
+	return e.Reason
+}
+
+// Is makes errors.Is(err, ErrRevoked) hold.
+func (e *RevokedError) Is(target error) bool { return target == ErrRevoked }
+
 // Recv reads the next frame; io.EOF when the API closed the tunnel
-// normally.
+// normally; a *RevokedError when the API ended it because its token or
+// node was revoked (close status tunnel.CloseRevoked).
 func (t *Tunnel) Recv(ctx context.Context) (*sessionv1.TunnelFrame, error) {
 	typ, b, err := t.ws.Read(ctx)
 	if err != nil {
-		if s := websocket.CloseStatus(err); s == websocket.StatusNormalClosure || s == websocket.StatusGoingAway {
+		var ce websocket.CloseError
+		switch s := websocket.CloseStatus(err); {
+		case s == websocket.StatusNormalClosure || s == websocket.StatusGoingAway:
 			return nil, io.EOF
+		case s == websocket.StatusCode(tunnel.CloseRevoked) && errors.As(err, &ce):
+			return nil, &RevokedError{Reason: ce.Reason}
 		}
 		return nil, err
 	}

@@ -46,7 +46,8 @@ type WatchEvent struct {
 // order. It ends when ctx ends (nil), when fn fails (fn's error), or when
 // the server refuses the stream or ends it with a gap (an *Error: GONE when
 // the events after the resume id were pruned, UNAUTHENTICATED,
-// INVALID_ARGUMENT, ...).
+// INVALID_ARGUMENT, ...), or ends it because the token was revoked or
+// expired (a *RevokedError).
 func (c *Client) Watch(ctx context.Context, p WatchParams, fn func(*WatchEvent) error) error {
 	hc := &http.Client{}
 	if c.HTTP != nil {
@@ -66,6 +67,8 @@ func (c *Client) Watch(ctx context.Context, p WatchParams, fn func(*WatchEvent) 
 		case ctx.Err() != nil:
 			return nil
 		case errors.As(err, &apiErr) && apiErr.Status != 0 && apiErr.Status < 500:
+			return err
+		case errors.Is(err, ErrRevoked):
 			return err
 		}
 		var cbErr callbackError
@@ -144,6 +147,15 @@ func (c *Client) watchOnce(ctx context.Context, hc *http.Client, after int64, re
 				e := &Error{Status: http.StatusGone, Code: "GONE"}
 				_ = json.Unmarshal(data, e)
 				return got, e
+			}
+			if typ == "revoked" {
+				// The token was revoked or expired: dialling again is
+				// refused, so end with the server's one line.
+				var e struct {
+					Message string `json:"message"`
+				}
+				_ = json.Unmarshal(data, &e)
+				return got, &RevokedError{Reason: e.Message}
 			}
 			if id != "" && data != nil {
 				n, err := strconv.ParseInt(id, 10, 64)

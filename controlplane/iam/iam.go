@@ -141,30 +141,9 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 		return &p, nil
 	}
 	a.mu.Unlock()
-	if !strings.HasPrefix(token, TokenPrefix) {
-		return nil, ErrUnknownToken
-	}
-	t, err := a.store.APITokenBySecret(ctx, key.hash[:])
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil, ErrUnknownToken
-	case err != nil:
-		return nil, fmt.Errorf("authenticate: %w", err)
-	case t.RevokedAt != nil:
-		return nil, ErrTokenRevoked
-	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
-		return nil, ErrTokenExpired
-	}
-	if len(t.AllowCIDRs) > 0 && !slices.ContainsFunc(t.AllowCIDRs, func(c string) bool {
-		p, err := netip.ParsePrefix(c)
-		return err == nil && p.Contains(addr)
-	}) {
-		return nil, ErrAddressDenied
-	}
-	p := Principal{TokenID: t.ID, Role: t.Role}
-	expires := now.Add(a.ttl)
-	if t.ExpiresAt != nil && t.ExpiresAt.Before(expires) {
-		expires = *t.ExpiresAt
+	p, expires, err := a.lookup(ctx, token, key, now)
+	if err != nil {
+		return nil, err
 	}
 	a.mu.Lock()
 	if len(a.cache) >= maxCache {
@@ -177,9 +156,73 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 			clear(a.cache)
 		}
 	}
-	a.cache[key] = cached{p: p, expires: expires}
+	a.cache[key] = cached{p: *p, expires: expires}
 	a.mu.Unlock()
-	return &p, nil
+	return p, nil
+}
+
+// Recheck authenticates token from addr again from the store, never from
+// the cache, for calls that outlive one request (event streams, tunnels):
+// they end when it fails with ErrTokenRevoked, ErrTokenExpired,
+// ErrUnknownToken (deleted) or ErrAddressDenied. Such a refusal also drops
+// every cached decision for the token in this process, so its next call is
+// refused here at once. Other errors are the store's: the caller retries.
+func (a *Authenticator) Recheck(ctx context.Context, token string, addr netip.Addr) (*Principal, error) {
+	if token == "" {
+		return nil, ErrNoToken
+	}
+	addr = addr.Unmap()
+	key := cacheKey{hash: sha256.Sum256([]byte(token)), addr: addr}
+	p, _, err := a.lookup(ctx, token, key, a.now())
+	if err != nil && IsRefusal(err) {
+		a.mu.Lock()
+		for k := range a.cache {
+			if k.hash == key.hash {
+				delete(a.cache, k)
+			}
+		}
+		a.mu.Unlock()
+	}
+	return p, err
+}
+
+// IsRefusal reports whether err from Authenticate or Recheck refuses the
+// token (none, unknown, revoked, expired or not from this address) rather
+// than reports a store failure.
+func IsRefusal(err error) bool {
+	return errors.Is(err, ErrNoToken) || errors.Is(err, ErrUnknownToken) || errors.Is(err, ErrTokenRevoked) ||
+		errors.Is(err, ErrTokenExpired) || errors.Is(err, ErrAddressDenied)
+}
+
+// lookup reads the token from the store and judges it at now: its
+// principal and how long the decision may be cached.
+func (a *Authenticator) lookup(ctx context.Context, token string, key cacheKey, now time.Time) (*Principal, time.Time, error) {
+	addr := key.addr
+	if !strings.HasPrefix(token, TokenPrefix) {
+		return nil, time.Time{}, ErrUnknownToken
+	}
+	t, err := a.store.APITokenBySecret(ctx, key.hash[:])
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, time.Time{}, ErrUnknownToken
+	case err != nil:
+		return nil, time.Time{}, fmt.Errorf("authenticate: %w", err)
+	case t.RevokedAt != nil:
+		return nil, time.Time{}, ErrTokenRevoked
+	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
+		return nil, time.Time{}, ErrTokenExpired
+	}
+	if len(t.AllowCIDRs) > 0 && !slices.ContainsFunc(t.AllowCIDRs, func(c string) bool {
+		p, err := netip.ParsePrefix(c)
+		return err == nil && p.Contains(addr)
+	}) {
+		return nil, time.Time{}, ErrAddressDenied
+	}
+	expires := now.Add(a.ttl)
+	if t.ExpiresAt != nil && t.ExpiresAt.Before(expires) {
+		expires = *t.ExpiresAt
+	}
+	return &Principal{TokenID: t.ID, Role: t.Role}, expires, nil
 }
 
 // Forget drops cached decisions (after a revocation in this process).

@@ -243,3 +243,34 @@ func TestCacheEndsWithToken(t *testing.T) {
 		t.Fatalf("1 s after expiry, with a decision cached 6 s ago: %v", err)
 	}
 }
+
+// Recheck reads the store whatever the cache holds, and a refusal drops the
+// token's cached decisions for every address, so a token revoked by
+// another process is refused here at once once a long-lived call saw it.
+func TestRecheck(t *testing.T) {
+	st := newTokens()
+	c := &clock{now: time.Now()}
+	a := iam.NewAuthenticator(iam.Config{Now: c.Now}, st)
+	secret, tok, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleOperator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []netip.Addr{inNet, other} {
+		if _, err := a.Authenticate(ctx, secret, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err := a.Recheck(ctx, secret, inNet); err != nil || p.TokenID != tok.ID || st.count() != 3 {
+		t.Fatalf("Recheck of a live token = %+v, %v after %d lookups; want its principal from a third lookup", p, err, st.count())
+	}
+	st.revoke(tok.ID, c.Now())
+	if _, err := a.Recheck(ctx, secret, inNet); !errors.Is(err, iam.ErrTokenRevoked) || !iam.IsRefusal(err) {
+		t.Fatalf("Recheck of a revoked token: %v, want ErrTokenRevoked", err)
+	}
+	if _, err := a.Authenticate(ctx, secret, other); !errors.Is(err, iam.ErrTokenRevoked) {
+		t.Fatalf("Authenticate from another address after Recheck saw the revocation: %v, want ErrTokenRevoked (cache dropped)", err)
+	}
+	if _, err := a.Recheck(ctx, "", inNet); !errors.Is(err, iam.ErrNoToken) {
+		t.Fatalf("Recheck of no token: %v", err)
+	}
+}

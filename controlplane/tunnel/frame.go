@@ -19,6 +19,12 @@ const (
 	KindPort  = sessionv1.TunnelKindPort
 )
 
+// CloseRevoked is the WebSocket close status with which the api ends a
+// client's tunnel because the API token that opened it, or its node, was
+// revoked, deleted or expired; the close reason is the one line to show.
+// It is 1008, policy violation (RFC 6455 §7.4.1).
+const CloseRevoked = 1008
+
 // Limits every hop enforces.
 const (
 	// MaxData is the most bytes of one data frame.

@@ -150,7 +150,7 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 		// Another deployment's identity, a deleted or revoked node, or a
 		// key the node no longer has: --force asked for that node, so say
 		// why not and how to go on, rather than make another node.
-		return fmt.Errorf("%w; this machine cannot take back node %s: to make it that node again use a token from `better-compute nodes reinstall %s`; to join it as a new node, move %s away first",
+		return fmt.Errorf("%w; this machine cannot take back node %s: to bring it back use a token from `better-compute nodes reinstall %s` (a revoked node comes back as a new node); to join it as a new node, move %s away first",
 			err, old.NodeID, old.NodeID, store.Dir())
 	}
 	if errors.Is(err, session.ErrConfig) {

@@ -223,7 +223,8 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	notify.Stopping()
 	switch {
 	case errors.Is(err, session.ErrRevoked):
-		return fmt.Errorf("%w; join the machine again with a new join token (bcd join --force), then start bcd node again (systemctl restart bcd)", err)
+		return fmt.Errorf("%w; revocation is final: a revoked node comes back only with a token from better-compute nodes reinstall NODE (an admin's), "+
+			"as a new node (bcd join --force with that token, then systemctl restart bcd); a deleted node's machine joins as a new node with a new token", err)
 	case err != nil:
 		return err
 	}

@@ -296,11 +296,16 @@ func commandsGetCmd(e *env, af *apiFlags) *cobra.Command {
 					if x.ExitCode != nil {
 						code = fmt.Sprint(*x.ExitCode)
 					}
-					if err := table(e.stdout, []string{"FIELD", "VALUE"}, [][]string{
+					rows := [][]string{
 						{"id", x.Id}, {"node", x.NodeId}, {"kind", x.Kind}, {"state", x.State}, {"exit code", code},
 						{"error", orDash(x.Error)}, {"created", when(x.CreateTime)}, {"finished", when(x.FinishTime)},
 						{"truncated", yesNo(x.OutputTruncated)},
-					}); err != nil {
+					}
+					if x.Exec != nil {
+						// Whether it ran as root (an admin's asRoot).
+						rows = append(rows[:4], append([][]string{{"as root", yesNo(x.Exec.GetAsRoot())}}, rows[4:]...)...)
+					}
+					if err := table(e.stdout, []string{"FIELD", "VALUE"}, rows); err != nil {
 						return err
 					}
 					stdout, stderr := commandOutput(x)

@@ -63,7 +63,8 @@ list printed). --type keeps the types that begin with it (repeat it, or give
 several separated by commas). When the connection drops, watch reconnects
 and resumes after the last event it printed, so nothing is lost or printed
 twice; if the events after that id were pruned by retention the server says
-so (GONE) and watch ends with status 1. -o json prints one JSON object per
+so (GONE) and watch ends with status 1; so it does, with one line saying
+so, when its token is revoked or expires. -o json prints one JSON object per
 line, each the shape of an event of events list -o json.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

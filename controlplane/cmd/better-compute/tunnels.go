@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
@@ -120,6 +121,9 @@ func runShell(ctx context.Context, c *client.Client, node string, asRoot bool, i
 		if errors.Is(err, io.EOF) {
 			return errors.New("the tunnel closed before the shell exited")
 		}
+		if errors.Is(err, client.ErrRevoked) {
+			return err // the API's one line: "credential revoked: ..."
+		}
 		if err != nil {
 			return fmt.Errorf("tunnel: %w", err)
 		}
@@ -214,24 +218,43 @@ func parsePorts(s string) (local, remote int, err error) {
 	return local, remote, nil
 }
 
-// portForward serves ln until ctx ends: each connection gets a tunnel.
+// portForward serves ln until ctx ends: each connection gets a tunnel. A
+// tunnel the API ended because the token or the node was revoked (or a
+// token the API no longer accepts) ends the whole port-forward with that
+// error, printed once by main: every other tunnel would end the same way.
 func portForward(ctx context.Context, c *client.Client, node string, remote int, ln net.Listener, stderr io.Writer) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
+			if cause := context.Cause(ctx); errors.Is(cause, client.ErrRevoked) || isUnauthenticated(cause) {
+				return cause
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
 		go func() {
-			if err := forwardOne(ctx, c, node, remote, conn.(*net.TCPConn)); err != nil {
+			err := forwardOne(ctx, c, node, remote, conn.(*net.TCPConn))
+			switch {
+			case errors.Is(err, client.ErrRevoked) || isUnauthenticated(err):
+				cancel(err)
+			case err != nil && ctx.Err() == nil:
 				fmt.Fprintln(stderr, "better-compute: port-forward:", err)
 			}
 		}()
 	}
+}
+
+// isUnauthenticated reports an API refusal of the token itself (revoked,
+// expired, unknown): nothing more can be forwarded with it.
+func isUnauthenticated(err error) bool {
+	var ae *client.Error
+	return errors.As(err, &ae) && ae.Code == api.CodeUnauthenticated
 }
 
 // forwardOne copies one local connection through its own tunnel.

@@ -74,7 +74,8 @@ const (
 	IdentityRefusal_IDENTITY_REFUSAL_UNSPECIFIED IdentityRefusal = 0
 	// The presented certificate is past its NotAfter by the gateway's clock.
 	IdentityRefusal_CERT_EXPIRED IdentityRefusal = 1
-	// The certificate's serial or the node is revoked: join again.
+	// The certificate's serial or the node is revoked. Revocation is final:
+	// only a token from nodes reinstall brings the machine back, as a new node.
 	IdentityRefusal_REVOKED IdentityRefusal = 2
 	// The certificate names a node this deployment does not have (deleted).
 	IdentityRefusal_UNKNOWN_NODE IdentityRefusal = 3
