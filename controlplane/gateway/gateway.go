@@ -192,6 +192,11 @@ type Config struct {
 	// Metrics receives the gateway's counters and latencies. Defaults to
 	// none.
 	Metrics Metrics
+	// NodeLogInterval is the least time between two log lines of one kind
+	// about one node's session (a dropped event, a refused inventory); the
+	// next line counts those dropped meanwhile. Defaults to
+	// DefaultNodeLogInterval (1 min).
+	NodeLogInterval time.Duration
 	// Listeners watches the gateway's listeners (direct and WebSocket):
 	// their accepts back off on temporary errors, and the process's
 	// /readyz reports one that keeps failing (internal/accept). Defaults
@@ -224,6 +229,7 @@ func (c *Config) defaults() {
 	c.DispatchInterval = cmp.Or(c.DispatchInterval, time.Second)
 	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
 	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
+	c.NodeLogInterval = cmp.Or(c.NodeLogInterval, DefaultNodeLogInterval)
 	if c.Metrics == nil {
 		c.Metrics = noMetrics{}
 	}
@@ -252,7 +258,7 @@ func (c *Config) validate() error {
 		"heartbeat interval": c.HeartbeatInterval, "hello timeout": c.HelloTimeout, "drain delay": c.DrainDelay,
 		"shutdown grace": c.ShutdownGrace, "node certificate TTL": c.NodeCertTTL, "lease TTL": c.LeaseTTL,
 		"lease renew interval": c.LeaseRenewInterval, "flush interval": c.FlushInterval,
-		"revocation poll interval": c.RevocationPollInterval,
+		"revocation poll interval": c.RevocationPollInterval, "node log interval": c.NodeLogInterval,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%s %s is negative", name, d)

@@ -75,6 +75,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		HeartbeatInterval: gc.HeartbeatInterval.Duration,
 		DrainDelay:        gc.DrainDelay.Duration,
 		NodeCertTTL:       gc.NodeCertTTL.Duration,
+		NodeLogInterval:   gc.NodeLogInterval.Duration,
 		ReattestGrace:     cfg.PKI.ReattestGrace.Duration,
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
