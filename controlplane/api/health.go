@@ -13,9 +13,16 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
-// readyz answers readiness: every migration is applied and the store
-// answers. 503 otherwise, with the reason.
+// readyz answers readiness: every listener of the process accepts (none
+// has failed to accept for more than 10 s in a row), every migration is
+// applied and the store answers. 503 otherwise, with the reason.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	// First, and without the database: with descriptors exhausted a new
+	// database connection would fail too, and the reason would be lost.
+	if err := s.cfg.Listeners.Check(); err != nil {
+		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	st, err := s.store.MigrationStatus(ctx)

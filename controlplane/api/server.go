@@ -18,6 +18,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/placer"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -109,6 +110,11 @@ type Config struct {
 	// postgres.OutboxChannel); this process's own writes wake it through
 	// the store's OutboxWritten.
 	EventWakeups <-chan struct{}
+	// Listeners watches the process's listeners, the API's among them:
+	// accepts back off on temporary errors, and /readyz answers 503 while
+	// one has failed to accept for more than 10 s in a row
+	// (internal/accept). Defaults to a watch of the API's listener alone.
+	Listeners *accept.Watch
 	// EventPoll is how often the feed Run runs reads the outbox without a
 	// wake-up (feed.Config.Poll). Defaults to 500 ms.
 	EventPoll time.Duration
@@ -173,6 +179,9 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{},
 		capacity: placer.NewFacts()}
 	s.unauth.now = cfg.Now
+	if s.cfg.Listeners == nil {
+		s.cfg.Listeners = accept.NewWatch(accept.Config{Log: s.log})
+	}
 	s.stopping = make(chan struct{})
 	s.live = newLiveCalls()
 	if s.feed = cfg.Feed; s.feed == nil {
@@ -278,10 +287,11 @@ func (s *Server) Run(ctx context.Context) error {
 		defer stopReload()
 		go certs.Run(rctx, certReloadInterval)
 	}
-	ln, err := net.Listen("tcp", s.cfg.Listen)
+	tcp, err := net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("api listen on %s: %w", s.cfg.Listen, err)
 	}
+	ln := s.cfg.Listeners.Wrap("api", tcp)
 	s.addr = ln.Addr()
 	if s.ownFeed {
 		fctx, stopFeed := context.WithCancel(ctx)

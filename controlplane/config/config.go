@@ -168,6 +168,11 @@ type Gateway struct {
 	DrainDelay Duration `yaml:"drainDelay"`
 	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
 	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+	// NodeLogInterval is the least time between two log lines of one kind
+	// about one node's session (events dropped for their rate, an
+	// inventory refused); the next line counts those dropped meanwhile.
+	// Defaults to 1 min.
+	NodeLogInterval Duration `yaml:"nodeLogInterval"`
 	// Internal configures the internal control API (docs/tunnels.md).
 	Internal InternalAPI `yaml:"internal"`
 	// Tunnels configures shells and port forwards (docs/tunnels.md).
@@ -458,6 +463,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.NodeCertTTL.Duration == 0 {
 		g.NodeCertTTL.Duration = 24 * time.Hour
 	}
+	if g.NodeLogInterval.Duration == 0 {
+		g.NodeLogInterval.Duration = time.Minute
+	}
 	if g.Tunnels.IdleTimeout.Duration == 0 {
 		g.Tunnels.IdleTimeout.Duration = 15 * time.Minute
 	}
@@ -556,7 +564,8 @@ func (c *Config) validate() error {
 	}
 	for key, d := range map[string]time.Duration{"host.gateway.heartbeatInterval": c.Host.Gateway.HeartbeatInterval.Duration,
 		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration,
-		"host.gateway.tunnels.idleTimeout": c.Host.Gateway.Tunnels.IdleTimeout.Duration} {
+		"host.gateway.tunnels.idleTimeout": c.Host.Gateway.Tunnels.IdleTimeout.Duration,
+		"host.gateway.nodeLogInterval":     c.Host.Gateway.NodeLogInterval.Duration} {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	controlv1 "github.com/better-compute/better-compute/proto/control/v1"
 )
@@ -50,6 +51,10 @@ type ServerConfig struct {
 	// CertReloadInterval is how often the certificate files are re-read.
 	// Defaults to 60 s.
 	CertReloadInterval time.Duration
+	// Listeners watches the listener: accepts back off on temporary
+	// errors, and the process's /readyz reports it when it keeps failing
+	// (internal/accept). Defaults to none (back-off only).
+	Listeners *accept.Watch
 }
 
 // Server serves ControlService for one gateway.
@@ -90,7 +95,7 @@ func Listen(cfg ServerConfig, id *Identity, log *slog.Logger) (*Server, error) {
 		}
 		address = net.JoinHostPort(host, port)
 	}
-	return &Server{cfg: cfg, id: id, log: log, ln: ln, address: address}, nil
+	return &Server{cfg: cfg, id: id, log: log, ln: cfg.Listeners.Wrap("internal_api", ln), address: address}, nil
 }
 
 // Address is the host:port other processes dial (ServerConfig.Address).

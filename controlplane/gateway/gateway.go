@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
@@ -191,6 +192,16 @@ type Config struct {
 	// Metrics receives the gateway's counters and latencies. Defaults to
 	// none.
 	Metrics Metrics
+	// NodeLogInterval is the least time between two log lines of one kind
+	// about one node's session (a dropped event, a refused inventory); the
+	// next line counts those dropped meanwhile. Defaults to
+	// DefaultNodeLogInterval (1 min).
+	NodeLogInterval time.Duration
+	// Listeners watches the gateway's listeners (direct and WebSocket):
+	// their accepts back off on temporary errors, and the process's
+	// /readyz reports one that keeps failing (internal/accept). Defaults
+	// to a watch of the gateway's own, logging to its logger.
+	Listeners *accept.Watch
 	// OnCommandFinished, when set, is told the state of each terminal
 	// result written (metrics).
 	OnCommandFinished func(state string)
@@ -218,6 +229,7 @@ func (c *Config) defaults() {
 	c.DispatchInterval = cmp.Or(c.DispatchInterval, time.Second)
 	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
 	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
+	c.NodeLogInterval = cmp.Or(c.NodeLogInterval, DefaultNodeLogInterval)
 	if c.Metrics == nil {
 		c.Metrics = noMetrics{}
 	}
@@ -246,7 +258,7 @@ func (c *Config) validate() error {
 		"heartbeat interval": c.HeartbeatInterval, "hello timeout": c.HelloTimeout, "drain delay": c.DrainDelay,
 		"shutdown grace": c.ShutdownGrace, "node certificate TTL": c.NodeCertTTL, "lease TTL": c.LeaseTTL,
 		"lease renew interval": c.LeaseRenewInterval, "flush interval": c.FlushInterval,
-		"revocation poll interval": c.RevocationPollInterval,
+		"revocation poll interval": c.RevocationPollInterval, "node log interval": c.NodeLogInterval,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%s %s is negative", name, d)
@@ -311,6 +323,10 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	}
 	if st == nil || bundle == nil || log == nil {
 		return nil, errors.New("gateway: store, bundle and logger are required")
+	}
+	if cfg.Listeners == nil {
+		m, _ := cfg.Metrics.(accept.Metrics)
+		cfg.Listeners = accept.NewWatch(accept.Config{Log: log, Metrics: m})
 	}
 	verifier := bundle.NodeVerifier()
 	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, ReattestGrace: cfg.ReattestGrace, Now: cfg.Now}, st, bundle, log)
@@ -396,20 +412,25 @@ func (g *Gateway) Sessions() int { return g.sessions.len() }
 // documentation describes. It fails when the listener cannot be bound or the
 // lease cannot be taken at start.
 func (g *Gateway) Run(ctx context.Context) error {
-	raw, err := net.Listen("tcp", g.cfg.Listen)
+	tcp, err := net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("gateway listen on %s: %w", g.cfg.Listen, err)
 	}
+	// Accepts that fail for a moment (descriptors exhausted) back off and
+	// retry, so neither port stops for good (internal/accept).
+	var raw net.Listener = g.cfg.Listeners.Wrap("gateway", tcp)
 	g.addr = raw.Addr()
 	var wsRaw net.Listener
 	if g.cfg.WebSocketListen != "" {
-		if wsRaw, err = net.Listen("tcp", g.cfg.WebSocketListen); err != nil {
+		wsTCP, err := net.Listen("tcp", g.cfg.WebSocketListen)
+		if err != nil {
 			raw.Close()
 			if errors.Is(err, syscall.EACCES) {
 				err = fmt.Errorf("%w (a port below 1024 needs CAP_NET_BIND_SERVICE: the drop-in low-port.conf, docs/websocket.md)", err)
 			}
 			return fmt.Errorf("gateway WebSocket fallback listen on %s: %w", g.cfg.WebSocketListen, err)
 		}
+		wsRaw = g.cfg.Listeners.Wrap("gateway_websocket", wsTCP)
 		g.wsAddr = wsRaw.Addr()
 		g.wsln = newWSListener(wsRaw.Addr())
 		raw = mergeListeners(raw, g.wsln)

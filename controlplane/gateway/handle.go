@@ -118,11 +118,11 @@ func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inve
 	}
 	doc, err := protojson.Marshal(inv)
 	if err != nil || len(doc) > maxInventoryBytes {
-		g.log.WarnContext(ctx, "Inventory dropped", logkey.NodeID, s.nodeID, "bytes", len(doc), logkey.Err, err)
+		g.warnNode(ctx, s, "Inventory dropped", "bytes", len(doc), logkey.Err, err)
 		return
 	}
 	if !s.allowWrite() {
-		g.log.WarnContext(ctx, "Inventory dropped: too many writes", logkey.NodeID, s.nodeID)
+		g.warnNode(ctx, s, "Inventory dropped: too many writes")
 		return
 	}
 	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest})
@@ -159,7 +159,7 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		return
 	}
 	if !s.allowWrite() {
-		g.log.WarnContext(ctx, "Event dropped: too many writes", logkey.NodeID, s.nodeID, "kind", kind)
+		g.warnNode(ctx, s, "Event dropped: too many writes", "kind", kind)
 		return
 	}
 	p := eventPayload{XID: e.GetXid()}
@@ -200,7 +200,7 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		Time: g.cfg.Now().UTC(), Payload: payload,
 	})
 	if err != nil {
-		g.log.WarnContext(ctx, "Event not stored", logkey.NodeID, s.nodeID, "kind", kind, logkey.Err, err)
+		g.warnNode(ctx, s, "Event not stored", "kind", kind, logkey.Err, err)
 	}
 }
 

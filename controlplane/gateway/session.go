@@ -64,6 +64,7 @@ type session struct {
 	skewMeasured    bool
 	inventoryDigest string
 	writes          *rate.Limiter // inventory and event writes, made on first use
+	notes           nodeNotes     // log lines about the node, limited (warnNode)
 }
 
 // sessionService implements SessionService.

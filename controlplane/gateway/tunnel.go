@@ -68,22 +68,49 @@ type pendingTunnel struct {
 	done   chan struct{} // closed by the opener's Close: the handler returns
 }
 
-func (t *tunnelTable) add(id string, p *pendingTunnel) {
+// add makes p the tunnel waiting under id, unless another one already
+// waits under that id (false).
+func (t *tunnelTable) add(id string, p *pendingTunnel) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.pending == nil {
 		t.pending = map[string]*pendingTunnel{}
 	}
+	if t.pending[id] != nil {
+		return false
+	}
 	t.pending[id] = p
+	return true
 }
 
-// take removes and returns the tunnel id, or nil.
-func (t *tunnelTable) take(id string) *pendingTunnel {
+// claim hands the tunnel waiting under id to a stream of nodeID: it
+// removes and returns it when it is nodeID's. A tunnel of another node is
+// left waiting for its own node (other is true), so that a node naming
+// another's tunnel id (issue 28) neither takes nor ends it.
+func (t *tunnelTable) claim(id, nodeID string) (p *pendingTunnel, other bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	p := t.pending[id]
+	p = t.pending[id]
+	switch {
+	case p == nil:
+		return nil, false
+	case p.nodeID != nodeID:
+		return nil, true
+	}
 	delete(t.pending, id)
-	return p
+	return p, false
+}
+
+// withdraw removes p from under id, and reports whether it was still
+// waiting there (false: a stream of its node claimed it).
+func (t *tunnelTable) withdraw(id string, p *pendingTunnel) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pending[id] != p {
+		return false
+	}
+	delete(t.pending, id)
+	return true
 }
 
 // OpenTunnel opens open on the node's session here and returns its stream
@@ -112,9 +139,11 @@ func (g *Gateway) OpenTunnel(ctx context.Context, nodeID string, open *sessionv1
 		}
 	}()
 	p := &pendingTunnel{nodeID: nodeID, stream: make(chan sessionv1.SessionService_TunnelServer, 1), done: make(chan struct{})}
-	g.tunnels.add(open.GetTunnelId(), p)
+	if !g.tunnels.add(open.GetTunnelId(), p) {
+		return nil, "", fmt.Errorf("open tunnel on node %s: tunnel id %s is already waiting for a node", nodeID, open.GetTunnelId())
+	}
 	if err := s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_TunnelOpen{TunnelOpen: open}}); err != nil {
-		g.tunnels.take(open.GetTunnelId())
+		g.tunnels.withdraw(open.GetTunnelId(), p)
 		return nil, "", fmt.Errorf("open tunnel on node %s: %w", nodeID, err)
 	}
 	t := time.NewTimer(tunnel.OpenTimeout)
@@ -127,7 +156,7 @@ func (g *Gateway) OpenTunnel(ctx context.Context, nodeID string, open *sessionv1
 	case <-t.C:
 	case <-ctx.Done():
 	}
-	if g.tunnels.take(open.GetTunnelId()) == nil {
+	if !g.tunnels.withdraw(open.GetTunnelId(), p) {
 		// The node's stream came in the meantime: let its handler go.
 		select {
 		case <-p.stream:
@@ -176,13 +205,15 @@ func (ss *sessionService) Tunnel(stream sessionv1.SessionService_TunnelServer) e
 	if err := tunnel.Check(first); err != nil || first.GetTunnelId() == "" {
 		return status.Error(codes.InvalidArgument, "the first tunnel frame must name the tunnel")
 	}
-	p := g.tunnels.take(first.GetTunnelId())
+	p, other := g.tunnels.claim(first.GetTunnelId(), id.nodeID)
 	switch {
+	case other:
+		// Refused, and the tunnel keeps waiting for its own node.
+		g.log.WarnContext(stream.Context(), "Tunnel stream refused: the tunnel id is another node's", logkey.NodeID, id.nodeID,
+			"tunnel_id", first.GetTunnelId())
+		return status.Errorf(codes.PermissionDenied, "tunnel %s is not for node %s", first.GetTunnelId(), id.nodeID)
 	case p == nil:
 		return status.Errorf(codes.NotFound, "no tunnel %s is waiting on this gateway", first.GetTunnelId())
-	case p.nodeID != id.nodeID:
-		close(p.done)
-		return status.Errorf(codes.PermissionDenied, "tunnel %s is not for node %s", first.GetTunnelId(), id.nodeID)
 	}
 	p.stream <- stream
 	select {

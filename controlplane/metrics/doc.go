@@ -38,6 +38,7 @@
 //	bettercompute_gateway_heartbeat_lag_seconds   histogram how late heartbeats arrive past the interval {gateway}
 //	bettercompute_commands_finished_total         counter   commands that reached a terminal state {kind, state}
 //	bettercompute_command_dispatch_latency_seconds histogram from a command's creation to its dispatch to the node
+//	bettercompute_listener_accept_errors_total    counter   failed accepts of the process's listeners {listener}
 //
 // plus the Go runtime (go_*) and process (process_*) collectors.
 //

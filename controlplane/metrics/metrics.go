@@ -108,6 +108,7 @@ type Metrics struct {
 	storeQuery   *prometheus.HistogramVec
 	apiUnauth    *prometheus.CounterVec
 	wakeups      *prometheus.CounterVec
+	acceptErrors *prometheus.CounterVec
 
 	certMu    sync.Mutex
 	certFiles map[string]string // use → PEM file, for the expiry series
@@ -161,7 +162,11 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "gateway", Name: "wakeups_total",
 		Help: "Dispatch wake-ups a gateway received, by source: internal (the internal control API, for a node with a session there) or bus (in-process or LISTEN/NOTIFY).",
 	}, []string{"gateway", "source"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups,
+	m.acceptErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "listener", Name: "accept_errors_total",
+		Help: "Failed accepts of the process's listeners (gateway, gateway_websocket, api, internal_api, metrics), each followed by a back-off of 5 ms doubling to 1 s; /readyz answers not ready while one has failed for more than 10 s in a row.",
+	}, []string{"listener"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
@@ -286,6 +291,15 @@ func (m *Metrics) Wakeup(gateway, source string) {
 		source = ReasonOther
 	}
 	m.wakeups.WithLabelValues(gateway, source).Inc()
+}
+
+// AcceptError counts a failed accept of the named listener
+// (internal/accept's Metrics).
+func (m *Metrics) AcceptError(listener string) {
+	if m == nil {
+		return
+	}
+	m.acceptErrors.WithLabelValues(listener).Inc()
 }
 
 // StoreQuery records a database operation op (a short fixed name, such as

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 )
 
 // MinTokenLen is the shortest bearer token that enables /metrics
@@ -56,6 +58,9 @@ type ListenConfig struct {
 	Pprof bool
 	// Ready, when set, is called with the bound address once it listens.
 	Ready func(net.Addr)
+	// Listeners watches the listener: accepts back off on temporary
+	// errors (internal/accept). Defaults to none (back-off only).
+	Listeners *accept.Watch
 }
 
 // Serve serves m's /metrics (and the profiles with Pprof) on a listener of
@@ -70,6 +75,7 @@ func (m *Metrics) Serve(ctx context.Context, cfg ListenConfig) error {
 	if err != nil {
 		return fmt.Errorf("metrics listen on %s: %w", cfg.Addr, err)
 	}
+	ln = cfg.Listeners.Wrap("metrics", ln)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(m.cfg.Log.Handler(), slog.LevelWarn)}
 	m.cfg.Log.InfoContext(ctx, "Metrics listening", "addr", ln.Addr().String())

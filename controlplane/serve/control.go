@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
@@ -19,7 +20,7 @@ import (
 
 // internalServer binds the internal control API of a gateway process
 // (host.gateway.internal), or returns nil when it is not configured.
-func internalServer(cfg *config.Config, bundle *pki.Bundle, log *slog.Logger) (*control.Server, error) {
+func internalServer(cfg *config.Config, bundle *pki.Bundle, listeners *accept.Watch, log *slog.Logger) (*control.Server, error) {
 	in := cfg.Host.Gateway.Internal
 	if !in.Enabled() {
 		return nil, nil
@@ -28,7 +29,7 @@ func internalServer(cfg *config.Config, bundle *pki.Bundle, log *slog.Logger) (*
 	if err != nil {
 		return nil, &config.Error{Key: "host.gateway.internal.tlsFiles", Msg: err.Error()}
 	}
-	srv, err := control.Listen(control.ServerConfig{Listen: in.Listen, Address: in.Address}, id, log)
+	srv, err := control.Listen(control.ServerConfig{Listen: in.Listen, Address: in.Address, Listeners: listeners}, id, log)
 	if err != nil {
 		return nil, fmt.Errorf("gateway role: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -21,7 +22,7 @@ import (
 // When host.gateway.internal is configured it also binds the internal
 // control API's listener (returned for Run to serve; nil otherwise) and
 // advertises its address in the gateway's row.
-func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m *metrics.Metrics) (*gateway.Gateway, *control.Server, error) {
+func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Options, wakeups <-chan struct{}, m *metrics.Metrics, listeners *accept.Watch) (*gateway.Gateway, *control.Server, error) {
 	gc := cfg.Host.Gateway
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
@@ -55,7 +56,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		return nil, nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
 	}
 	m.WatchCertificate("gateway", certFile)
-	ctrl, err := internalServer(cfg, bundle, opts.Log)
+	ctrl, err := internalServer(cfg, bundle, listeners, opts.Log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -74,6 +75,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		HeartbeatInterval: gc.HeartbeatInterval.Duration,
 		DrainDelay:        gc.DrainDelay.Duration,
 		NodeCertTTL:       gc.NodeCertTTL.Duration,
+		NodeLogInterval:   gc.NodeLogInterval.Duration,
 		ReattestGrace:     cfg.PKI.ReattestGrace.Duration,
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
@@ -82,6 +84,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		WebSocketTLS:      gc.WS.TLS == config.WebSocketTLSGateway,
 		Wakeups:           wakeups,
 		Metrics:           m,
+		Listeners:         listeners,
 	}, st, bundle, opts.Log)
 	if err != nil {
 		if ctrl != nil {

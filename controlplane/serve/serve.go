@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -59,6 +60,10 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	defer stopWake()
 	m := metrics.New(metrics.Config{Sinks: sinkNames(cfg), Log: log, Version: opts.Version, Commit: opts.Commit}, st)
+	// Every listener of the process goes through one watch: accepts back
+	// off on temporary errors, and /readyz reports a listener that keeps
+	// failing (internal/accept).
+	listeners := accept.NewWatch(accept.Config{Log: log, Metrics: m})
 	// The gateway is built first: a missing PKI stops serve before any
 	// listener opens.
 	var gw *gateway.Gateway
@@ -66,7 +71,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	if cfg.Runs("gateway") {
 		wakeups, unsubscribe := bus.Subscribe()
 		defer unsubscribe()
-		if gw, ctrl, err = newGateway(ctx, cfg, st, opts, wakeups, m); err != nil {
+		if gw, ctrl, err = newGateway(ctx, cfg, st, opts, wakeups, m, listeners); err != nil {
 			return err
 		}
 		if ctrl != nil {
@@ -132,7 +137,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
-			EventWakeups: eventWakeups, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
+			EventWakeups: eventWakeups, Listeners: listeners, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}
 
 	failed := make(chan error, 8)
@@ -183,7 +188,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		// without the API's; it closes last, after the workers.
 		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
 			return m.Serve(ctx, metrics.ListenConfig{Addr: cfg.Host.Metrics.Listen, Token: cfg.Host.Metrics.BearerToken,
-				Pprof: cfg.Host.Metrics.Pprof})
+				Pprof: cfg.Host.Metrics.Pprof, Listeners: listeners})
 		}, nil, nil))
 	}
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -188,10 +190,13 @@ on NODE, until interrupted.`,
 			if n.GetNode().GetGatewayId() == "" {
 				return fmt.Errorf("node %s holds no session (state %s): nothing to forward to until its bcd is connected", args[0], n.GetNode().GetState())
 			}
-			ln, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(local)))
+			tcp, err := net.Listen("tcp", net.JoinHostPort(address, strconv.Itoa(local)))
 			if err != nil {
 				return fmt.Errorf("listen: %w", err)
 			}
+			// Accepts that fail for a moment (descriptors exhausted) back
+			// off and retry, with a line on stderr when it starts and ends.
+			ln := accept.NewWatch(accept.Config{Log: slog.New(slog.NewTextHandler(e.stderr, nil))}).Wrap("port-forward", tcp)
 			defer ln.Close()
 			fmt.Fprintf(e.stdout, "Forwarding %s -> %s:%d\n", ln.Addr(), args[0], remote)
 			return portForward(cmd.Context(), c, args[0], remote, ln, e.stderr)

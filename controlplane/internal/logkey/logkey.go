@@ -12,4 +12,7 @@ const (
 	NodeID = "node_id"
 	// CommandID is a command's id (cmd_...).
 	CommandID = "command_id"
+	// Listener names one of the process's listeners ("gateway", "api",
+	// ...), as the internal/accept package labels them.
+	Listener = "listener"
 )
