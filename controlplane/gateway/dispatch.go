@@ -339,8 +339,12 @@ func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv
 		if len(b.Output.GetData()) == 0 || u.GetUpdateSeq() == 0 {
 			return "", nil
 		}
-		return "", ignoreMissing(tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: id, NodeID: nodeID,
-			Seq: int64(u.GetUpdateSeq()), Stream: stream, Data: b.Output.GetData()}))
+		// The store keeps it only within the command's output limit and
+		// before its result (CommandAppendOutput): a node cannot grow the
+		// database past what the command allows.
+		_, err := tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: id, NodeID: nodeID,
+			Seq: int64(u.GetUpdateSeq()), Stream: stream, Data: b.Output.GetData()})
+		return "", ignoreMissing(err)
 	case *sessionv1.CommandUpdate_Result:
 		state, ok := states[b.Result.GetState()]
 		if !ok {
