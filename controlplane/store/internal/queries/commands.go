@@ -285,10 +285,11 @@ func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputC
 		var (
 			state, kind  string
 			have         int64
+			truncated    bool
 			spec, legacy []byte
 		)
-		err := q.db.QueryRow(ctx, `SELECT state, kind, output_bytes, session_spec, spec FROM commands
-			WHERE id = $1 AND ($2 = '' OR node_id = $2)`, c.CommandID, c.NodeID).Scan(&state, &kind, &have, &spec, &legacy)
+		err := q.db.QueryRow(ctx, `SELECT state, kind, output_bytes, output_truncated, session_spec, spec FROM commands
+			WHERE id = $1 AND ($2 = '' OR node_id = $2)`, c.CommandID, c.NodeID).Scan(&state, &kind, &have, &truncated, &spec, &legacy)
 		if err != nil {
 			if err = q.wrap("append output of command "+c.CommandID, err); errors.Is(err, store.ErrNotFound) {
 				return nil
@@ -318,7 +319,9 @@ func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputC
 			}
 			kept = len(data)
 		}
-		if kept == 0 && !cut {
+		if kept == 0 && (!cut || truncated) {
+			// Nothing changes: no write (a node sending on past its
+			// limit must not churn the command's row either).
 			return nil
 		}
 		_, err = q.db.Exec(ctx, `UPDATE commands SET output_bytes = output_bytes + $2, output_truncated = output_truncated OR $3
