@@ -22,8 +22,8 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/sim"
-	"github.com/better-compute/better-compute/tests/testenv"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+	"github.com/better-compute/better-compute/tests/testenv"
 )
 
 // TestHostileNodeOutputBounded (issue 28): a node sends 1 GiB of output,
@@ -142,7 +142,9 @@ func TestHostileNodeOutputBounded(t *testing.T) {
 		err := db.QueryRow(ctx, `SELECT coalesce((SELECT sum(length(data)) FROM command_output WHERE command_id = $1), 0),
 			output_bytes, output_truncated FROM commands WHERE id = $1`, cmd).Scan(&stored, &outputBytes, &truncated)
 		return err == nil && stored == sessionv1.DefaultOutputLimitBytes
-	}, func() string { return fmt.Sprintf("stored %d bytes of output, want %d", stored, sessionv1.DefaultOutputLimitBytes) })
+	}, func() string {
+		return fmt.Sprintf("stored %d bytes of output, want %d", stored, sessionv1.DefaultOutputLimitBytes)
+	})
 	if outputBytes != sessionv1.DefaultOutputLimitBytes || !truncated {
 		t.Fatalf("command %s: output_bytes %d truncated %v, want %d true", cmd, outputBytes, truncated, sessionv1.DefaultOutputLimitBytes)
 	}
