@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -226,13 +227,23 @@ func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.Get
 		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
 	}
 	out := commandOut(c)
+	resp := &apiv1.GetCommandResponse{Command: out}
 	if r.GetIncludeOutput() {
-		chunks, err := s.store.CommandOutput(ctx, c.ID)
+		var after int64
+		if cur := r.GetOutputCursor(); cur != "" {
+			if after, err = strconv.ParseInt(cur, 10, 64); err != nil || after < 0 {
+				return nil, invalid("outputCursor", "%q is not an output cursor (the nextOutputCursor of an earlier answer)", cur)
+			}
+		}
+		// One page at a time (issue 28): a command's whole output (up to
+		// its outputLimitBytes, 64 MiB at most) is never read at once.
+		page, err := s.store.CommandOutputPage(ctx, &store.CommandOutputPageParams{CommandID: c.ID, AfterSeq: after,
+			MaxBytes: store.MaxOutputPage})
 		if err != nil {
 			return nil, err
 		}
 		var stdout, stderr []byte
-		for _, ch := range chunks {
+		for _, ch := range page.Chunks {
 			if ch.Stream == store.StreamStderr {
 				stderr = append(stderr, ch.Data...)
 			} else {
@@ -241,8 +252,11 @@ func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.Get
 		}
 		out.Stdout, out.StdoutBase64 = outputForms(stdout)
 		out.Stderr, out.StderrBase64 = outputForms(stderr)
+		if page.More {
+			resp.NextOutputCursor = strconv.FormatInt(page.Chunks[len(page.Chunks)-1].Seq, 10)
+		}
 	}
-	return &apiv1.GetCommandResponse{Command: out}, nil
+	return resp, nil
 }
 
 var commandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning,

@@ -61,7 +61,7 @@ func TestErrorCodesDocumented(t *testing.T) {
 	t.Parallel()
 	sec := docsSection(t, "Errors")
 	for _, code := range []string{CodeInvalidArgument, CodeUnauthenticated, CodePermissionDenied, CodeNotFound,
-		CodeMethodNotAllowed, CodeConflict, CodeGone, CodeUnavailable, CodeInternal} {
+		CodeMethodNotAllowed, CodeConflict, CodeGone, CodeResourceExhausted, CodeUnavailable, CodeInternal} {
 		want := fmt.Sprintf("| `%s` | %d |", code, (&Error{Code: code}).status())
 		if !strings.Contains(sec, want) {
 			t.Errorf("docs/api.md, \"Errors\": no row starting %s", want)

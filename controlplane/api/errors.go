@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -16,7 +17,11 @@ const (
 	CodePermissionDenied = "PERMISSION_DENIED"
 	CodeConflict         = "CONFLICT"
 	CodeUnavailable      = "UNAVAILABLE"
-	CodeInternal         = "INTERNAL"
+	// CodeResourceExhausted refuses a call over one of a caller's bounds
+	// (event streams or calls in flight per token); 429 with Retry-After,
+	// the seconds to wait before trying again.
+	CodeResourceExhausted = "RESOURCE_EXHAUSTED"
+	CodeInternal          = "INTERNAL"
 	// CodeMethodNotAllowed answers an API method's path called with an
 	// HTTP method other than POST (405, with "Allow: POST").
 	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
@@ -28,6 +33,10 @@ type Error struct {
 	Code    string
 	Message string
 	Field   string
+	// RetryAfter, with CodeResourceExhausted, is how long the caller
+	// should wait before trying again (the Retry-After header, in whole
+	// seconds, at least 1).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -56,6 +65,8 @@ func (e *Error) status() int {
 		return http.StatusMethodNotAllowed
 	case CodeGone:
 		return http.StatusGone
+	case CodeResourceExhausted:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }

@@ -130,6 +130,12 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, e)
 		return
 	}
+	if !s.streams.acquire(p.TokenID) {
+		s.writeError(w, r, exhausted(streamsRetryAfter, "this token holds %d event streams, the most it may (host.limits.eventStreamsPerToken); close one first",
+			s.streams.max))
+		return
+	}
+	defer s.streams.release(p.TokenID)
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	// The stream ends when its token is revoked or expires (checkLive).

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -119,6 +120,12 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		s.writeError(w, r, e)
 	}
+	if !s.inFlight.acquire(p.TokenID) {
+		refuse(exhausted(inFlightRetryAfter, "this token has %d API calls in flight, the most it may (host.limits.inFlightPerToken); wait for one to end",
+			s.inFlight.max))
+		return
+	}
+	defer s.inFlight.release(p.TokenID)
 	if r.Header.Get(HeaderCSRF) != "1" {
 		refuse(&Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
 		return
@@ -128,7 +135,7 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := m.newReq()
-	if err := decode(w, r, req); err != nil {
+	if err := s.decode(w, r, req); err != nil {
 		e, _ := toAPIError(err)
 		refuse(e)
 		return
@@ -203,15 +210,21 @@ func bearerToken(r *http.Request) string {
 }
 
 // decode reads a protojson body; an empty body is an empty request.
-func decode(w http.ResponseWriter, r *http.Request, req proto.Message) error {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, req proto.Message) error {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return invalid("", "request body over %d bytes", MaxBodyBytes)
+		case isTimeout(err):
+			return invalid("", "the request body did not arrive within %s (host.limits.bodyReadTimeout)", s.cfg.BodyReadTimeout)
 		}
 		return invalid("", "read body: %v", err)
 	}
+	// The whole body is in: the call itself may take longer than the
+	// body's deadline (bodyDeadline).
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return nil
 	}
@@ -243,12 +256,21 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.ErrorContext(r.Context(), "API call failed", "path", r.URL.Path, logkey.Err, err)
 	}
 	w.Header().Set("Content-Type", "application/json")
+	if e.Code == CodeResourceExhausted {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.RetryAfter)))
+	}
 	w.WriteHeader(e.status())
 	_ = json.NewEncoder(w).Encode(struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 		Field   string `json:"field,omitempty"`
 	}{e.Code, e.Message, e.Field})
+}
+
+// retryAfterSeconds is d in whole seconds for Retry-After (RFC 9110
+// §10.2.3), rounded up, at least 1.
+func retryAfterSeconds(d time.Duration) int {
+	return max(1, int((d+time.Second-1)/time.Second))
 }
 
 // resourceOf names the object a request addresses, for the audit log.

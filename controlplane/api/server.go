@@ -126,6 +126,17 @@ type Config struct {
 	// or expired token, or a revoked or deleted node, ends them whichever
 	// process revoked it. Defaults to DefaultRevocationCheck (1 s).
 	RevocationCheck time.Duration
+	// EventStreamsPerToken caps the event streams one token holds open at
+	// once; more are refused RESOURCE_EXHAUSTED (host.limits). Defaults to
+	// DefaultEventStreamsPerToken (16).
+	EventStreamsPerToken int
+	// InFlightPerToken caps the API calls one token has in flight at once;
+	// more are refused RESOURCE_EXHAUSTED (host.limits). Defaults to
+	// DefaultInFlightPerToken (64).
+	InFlightPerToken int
+	// BodyReadTimeout bounds how long a request's whole body may take to
+	// arrive (host.limits). Defaults to DefaultBodyReadTimeout (30 s).
+	BodyReadTimeout time.Duration
 }
 
 // Server serves the HTTP API.
@@ -140,6 +151,10 @@ type Server struct {
 	methods map[string]*method
 	certs   *certreload.Reloader // nil: plain HTTP
 	unauth  unauthSummary
+
+	// streams and inFlight count each token's event streams and calls in
+	// flight against their caps.
+	streams, inFlight *holdings
 
 	// feed is the event stream's outbox reader; ownFeed when Run runs it.
 	feed    *feed.Feed
@@ -175,9 +190,12 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	cfg.Listen = cmp.Or(cfg.Listen, "0.0.0.0:3000")
 	cfg.BasePath = cmp.Or(cfg.BasePath, "/api")
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, 5*time.Second)
+	cfg.EventStreamsPerToken = cmp.Or(cfg.EventStreamsPerToken, DefaultEventStreamsPerToken)
+	cfg.InFlightPerToken = cmp.Or(cfg.InFlightPerToken, DefaultInFlightPerToken)
+	cfg.BodyReadTimeout = cmp.Or(cfg.BodyReadTimeout, DefaultBodyReadTimeout)
 	s := &Server{cfg: cfg, store: st, log: logger(log), mux: http.NewServeMux(), ready: make(chan struct{}),
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{},
-		capacity: placer.NewFacts()}
+		capacity: placer.NewFacts(), streams: newHoldings(cfg.EventStreamsPerToken), inFlight: newHoldings(cfg.InFlightPerToken)}
 	s.unauth.now = cfg.Now
 	if s.cfg.Listeners == nil {
 		s.cfg.Listeners = accept.NewWatch(accept.Config{Log: s.log})
@@ -218,7 +236,7 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	}
 	s.mountMetrics()
 	s.mountWatch()
-	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: s.mux}
+	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: bodyDeadline(cfg.BodyReadTimeout, s.mux)}
 	return s
 }
 

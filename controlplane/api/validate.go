@@ -52,9 +52,33 @@ func walkText(m protoreflect.Message, prefix string) *Error {
 func walkValue(fd protoreflect.FieldDescriptor, v protoreflect.Value, path string) *Error {
 	switch fd.Kind() {
 	case protoreflect.StringKind:
-		return textError(path, v.String())
+		if e := textError(path, v.String()); e != nil {
+			return e
+		}
+		return lengthError(fd, path, v.String())
 	case protoreflect.MessageKind, protoreflect.GroupKind:
 		return walkText(v.Message(), path+".")
+	}
+	return nil
+}
+
+// lengthError bounds a string by what its field holds (issue 28): an id
+// (a field named id or ending in _id or _ids) at most MaxIDBytes, a
+// description, note, reason or message at most MaxNoteBytes. Other
+// strings are bounded by the body (MaxBodyBytes) and their own checks
+// (names, labels).
+func lengthError(fd protoreflect.FieldDescriptor, path, s string) *Error {
+	n := string(fd.Name())
+	switch {
+	case n == "id" || strings.HasSuffix(n, "_id") || strings.HasSuffix(n, "_ids"):
+		if len(s) > MaxIDBytes {
+			return invalid(path, "%s is %d bytes; an id is at most %d", path, len(s), MaxIDBytes)
+		}
+	case n == "description" || n == "note" || n == "reason" || n == "message" ||
+		strings.HasSuffix(n, "_description") || strings.HasSuffix(n, "_note") || strings.HasSuffix(n, "_reason"):
+		if len(s) > MaxNoteBytes {
+			return invalid(path, "%s is %d bytes; at most %d (1 KiB)", path, len(s), MaxNoteBytes)
+		}
 	}
 	return nil
 }

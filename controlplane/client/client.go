@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,13 +36,35 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field"`
+	// RetryAfter is the answer's Retry-After (RESOURCE_EXHAUSTED: how long
+	// to wait before trying again); 0 when it had none.
+	RetryAfter time.Duration `json:"-"`
 }
 
 func (e *Error) Error() string {
+	msg := fmt.Sprintf("%s: %s", e.Code, e.Message)
 	if e.Field != "" {
-		return fmt.Sprintf("%s: %s: %s", e.Code, e.Field, e.Message)
+		msg = fmt.Sprintf("%s: %s: %s", e.Code, e.Field, e.Message)
 	}
-	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+	if e.RetryAfter > 0 {
+		msg += fmt.Sprintf(" (try again in %s)", e.RetryAfter)
+	}
+	return msg
+}
+
+// newError is the Error of a non-200 answer res whose body is b.
+func newError(res *http.Response, b []byte) *Error {
+	e := &Error{Status: res.StatusCode}
+	if json.Unmarshal(b, e) != nil || e.Code == "" {
+		e.Code = cmp.Or(http.StatusText(res.StatusCode), "HTTP error")
+		e.Message = strings.TrimSpace(string(b))
+	}
+	// Retry-After in seconds (RFC 9110 §10.2.3); the API never sends the
+	// date form.
+	if n, err := strconv.Atoi(strings.TrimSpace(res.Header.Get("Retry-After"))); err == nil && n > 0 {
+		e.RetryAfter = time.Duration(n) * time.Second
+	}
+	return e
 }
 
 // EncodeError is a request that cannot be written as the API's JSON: a
@@ -89,12 +112,7 @@ func (c *Client) Call(ctx context.Context, method string, req, resp proto.Messag
 		return fmt.Errorf("read %s response: %w", method, err)
 	}
 	if res.StatusCode != http.StatusOK {
-		e := &Error{Status: res.StatusCode}
-		if json.Unmarshal(b, e) != nil || e.Code == "" {
-			e.Code = cmp.Or(http.StatusText(res.StatusCode), "HTTP error")
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return e
+		return newError(res, b)
 	}
 	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(b, resp); err != nil {
 		return fmt.Errorf("decode %s response: %w", method, err)

@@ -1,9 +1,7 @@
 package client
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -48,15 +46,11 @@ func (c *Client) DialTunnel(ctx context.Context, path string, query url.Values) 
 	ws, res, err := websocket.Dial(ctx, u.String(), opts)
 	if err != nil {
 		if res != nil && res.StatusCode != http.StatusSwitchingProtocols {
-			e := &Error{Status: res.StatusCode}
+			var b []byte
 			if res.Body != nil {
-				b, _ := io.ReadAll(io.LimitReader(res.Body, 1024))
-				if json.Unmarshal(b, e) != nil || e.Code == "" {
-					e.Code = cmp.Or(http.StatusText(res.StatusCode), "HTTP error")
-					e.Message = strings.TrimSpace(string(b))
-				}
+				b, _ = io.ReadAll(io.LimitReader(res.Body, 1024))
 			}
-			return nil, e
+			return nil, newError(res, b)
 		}
 		return nil, fmt.Errorf("open tunnel: %w", err)
 	}

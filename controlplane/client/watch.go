@@ -2,7 +2,6 @@ package client
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -125,12 +124,7 @@ func (c *Client) watchOnce(ctx context.Context, hc *http.Client, after int64, re
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-		e := &Error{Status: res.StatusCode}
-		if json.Unmarshal(b, e) != nil || e.Code == "" {
-			e.Code = cmp.Or(http.StatusText(res.StatusCode), "HTTP error")
-			e.Message = strings.TrimSpace(string(b))
-		}
-		return false, e
+		return false, newError(res, b)
 	}
 	sc := bufio.NewScanner(res.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)

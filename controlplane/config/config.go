@@ -5,6 +5,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -140,6 +141,23 @@ type Host struct {
 	Gateway Gateway `yaml:"gateway"`
 	// Metrics configures GET /metrics.
 	Metrics Metrics `yaml:"metrics"`
+	// Limits bounds what one API caller holds (issue 28).
+	Limits APILimits `yaml:"limits"`
+}
+
+// APILimits bounds what one API caller holds at once; past a cap the API
+// answers RESOURCE_EXHAUSTED (429 with Retry-After). Zero takes the
+// default.
+type APILimits struct {
+	// EventStreamsPerToken caps the event streams (events/watch) one token
+	// holds open. Defaults to 16.
+	EventStreamsPerToken int `yaml:"eventStreamsPerToken"`
+	// InFlightPerToken caps the API calls one token has in flight.
+	// Defaults to 64.
+	InFlightPerToken int `yaml:"inFlightPerToken"`
+	// BodyReadTimeout bounds how long a request's whole body may take to
+	// arrive; a slower one is cut. Defaults to 30 s.
+	BodyReadTimeout Duration `yaml:"bodyReadTimeout"`
 }
 
 // Gateway configures the gateway role.
@@ -451,6 +469,12 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.MaxStreams == 0 {
 		g.MaxStreams = 5000
 	}
+	{
+		l := &c.Host.Limits
+		l.EventStreamsPerToken = cmp.Or(l.EventStreamsPerToken, 16)
+		l.InFlightPerToken = cmp.Or(l.InFlightPerToken, 64)
+		l.BodyReadTimeout.Duration = cmp.Or(l.BodyReadTimeout.Duration, 30*time.Second)
+	}
 	if g.HeartbeatInterval.Duration == 0 {
 		g.HeartbeatInterval.Duration = 10 * time.Second
 	}
@@ -605,6 +629,16 @@ func (c *Config) validate() error {
 	}
 	if u, err := url.Parse(c.Downloads.PublicURL); c.Downloads.PublicURL != "" && (err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "") {
 		return &Error{Key: "downloads.publicURL", Msg: "want an http(s)://host/path URL, such as https://compute.example.com/api/downloads"}
+	}
+	if l := c.Host.Limits; l.EventStreamsPerToken < 0 || l.InFlightPerToken < 0 || l.BodyReadTimeout.Duration < 0 {
+		key := "host.limits.eventStreamsPerToken"
+		switch {
+		case l.InFlightPerToken < 0:
+			key = "host.limits.inFlightPerToken"
+		case l.BodyReadTimeout.Duration < 0:
+			key = "host.limits.bodyReadTimeout"
+		}
+		return &Error{Key: key, Msg: "must be positive"}
 	}
 	if c.Host.Gateway.MaxStreams < 0 {
 		return &Error{Key: "host.gateway.maxStreams", Msg: "must be positive"}

@@ -35,6 +35,11 @@ func TestDefaults(t *testing.T) {
 		g.DrainDelay.Duration != time.Minute || g.PublicURL != "https://localhost:8443" {
 		t.Fatalf("gateway defaults = %+v", g)
 	}
+	// The API's per-caller bounds (issue 28; docs/configuration.md's
+	// example shows these defaults).
+	if l := c.Host.Limits; l.EventStreamsPerToken != 16 || l.InFlightPerToken != 64 || l.BodyReadTimeout.Duration != 30*time.Second {
+		t.Fatalf("host.limits defaults = %+v, want 16 streams, 64 in flight, 30s body", l)
+	}
 	if c.DataDir != DefaultDataDir(env(map[string]string{"HOME": "/home/x"})) {
 		t.Fatalf("data dir = %s", c.DataDir)
 	}
@@ -106,6 +111,8 @@ func TestInvalid(t *testing.T) {
 		{"split roles on sqlite", "", nil, Flags{Roles: "api"}, "roles"},
 		{"bad proxy", "trustedProxies: [\"10.0.0.0/33\"]\n", nil, Flags{}, "trustedProxies[0]"},
 		{"bad duration", "host:\n  gateway:\n    drainDelay: soon\n", nil, Flags{}, "host.gateway.drainDelay"},
+		{"negative streams per token", "host:\n  limits:\n    eventStreamsPerToken: -1\n", nil, Flags{}, "host.limits.eventStreamsPerToken"},
+		{"negative body timeout", "host:\n  limits:\n    bodyReadTimeout: -1s\n", nil, Flags{}, "host.limits.bodyReadTimeout"},
 		{"short metrics token", "host:\n  metrics:\n    bearerToken: abc\n", nil, Flags{}, "host.metrics.bearerToken"},
 		{"pprof without token", "host:\n  metrics:\n    pprof: true\n", nil, Flags{}, "host.metrics.pprof"},
 		{"metrics listener without token", "host:\n  metrics:\n    listen: 127.0.0.1:9464\n", nil, Flags{}, "host.metrics.listen"},

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -43,12 +44,28 @@ type dispatchStore interface {
 type nodeUpdate struct {
 	nodeID string
 	update *sessionv1.CommandUpdate
+	// held is the output data it holds of maxQueuedOutput, given back
+	// once it is written.
+	held int64
 }
+
+// maxQueuedOutput bounds the output data queued for the result writer
+// (bytes), however many messages carry it: without it 4,096 queued
+// updates of 4 MiB each (the gateway's largest message) could hold 16 GiB
+// (issue 28). A session whose output finds it full waits, as it does for
+// a full queue.
+const maxQueuedOutput = 64 << 20
+
+// maxBatchOutput writes a batch early once it holds this much output data
+// (bytes).
+const maxBatchOutput = 16 << 20
 
 // dispatcher is the gateway's dispatch state.
 type dispatcher struct {
 	wake    chan struct{}
 	updates chan nodeUpdate
+	// output holds the output data queued and batched (maxQueuedOutput).
+	output *semaphore.Weighted
 
 	mu         sync.Mutex
 	cancelSent map[string]bool   // command ids sent a Cancel
@@ -60,7 +77,8 @@ const maxKinds = 100000
 
 func newDispatcher() *dispatcher {
 	return &dispatcher{wake: make(chan struct{}, 1), updates: make(chan nodeUpdate, 4096), cancelSent: map[string]bool{},
-		kinds: map[string]string{}}
+		output: semaphore.NewWeighted(maxQueuedOutput),
+		kinds:  map[string]string{}}
 }
 
 // Wake asks for a dispatch round now.
@@ -205,9 +223,19 @@ func (g *Gateway) queueUpdate(ctx context.Context, nodeID string, u *sessionv1.C
 	if u.GetCommandId() == "" || len(u.GetCommandId()) > 128 {
 		return
 	}
+	held := int64(len(u.GetOutput().GetData()))
+	if held > 0 {
+		if err := g.dispatch.output.Acquire(ctx, min(held, maxQueuedOutput)); err != nil {
+			return
+		}
+		held = min(held, maxQueuedOutput)
+	}
 	select {
-	case g.dispatch.updates <- nodeUpdate{nodeID: nodeID, update: u}:
+	case g.dispatch.updates <- nodeUpdate{nodeID: nodeID, update: u, held: held}:
 	case <-ctx.Done():
+		if held > 0 {
+			g.dispatch.output.Release(held)
+		}
 	}
 }
 
@@ -216,6 +244,7 @@ func (g *Gateway) queueUpdate(ctx context.Context, nodeID string, u *sessionv1.C
 func (g *Gateway) resultLoop(ctx context.Context) {
 	const maxBatch = 1024
 	batch := make([]nodeUpdate, 0, maxBatch)
+	var batchOutput int64 // output data the batch holds
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	flush := func(ctx context.Context) {
@@ -225,7 +254,11 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 		if err := g.writeUpdates(ctx, batch); err != nil {
 			g.log.WarnContext(ctx, "Command updates not written; the node will resend results on its next session", "updates", len(batch), logkey.Err, err)
 		}
-		batch = batch[:0]
+		if batchOutput > 0 {
+			g.dispatch.output.Release(batchOutput)
+		}
+		clear(batch) // the written updates' data is not kept alive
+		batch, batchOutput = batch[:0], 0
 	}
 	for {
 		select {
@@ -234,6 +267,7 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 				select {
 				case u := <-g.dispatch.updates:
 					batch = append(batch, u)
+					batchOutput += u.held
 				default:
 					flush(context.WithoutCancel(ctx))
 					return
@@ -244,7 +278,7 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 				timer.Reset(g.cfg.ResultFlushInterval)
 			}
 			batch = append(batch, u)
-			if len(batch) >= maxBatch {
+			if batchOutput += u.held; len(batch) >= maxBatch || batchOutput >= maxBatchOutput {
 				flush(ctx)
 			}
 		case <-timer.C:
@@ -339,8 +373,12 @@ func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv
 		if len(b.Output.GetData()) == 0 || u.GetUpdateSeq() == 0 {
 			return "", nil
 		}
-		return "", ignoreMissing(tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: id, NodeID: nodeID,
-			Seq: int64(u.GetUpdateSeq()), Stream: stream, Data: b.Output.GetData()}))
+		// The store keeps it only within the command's output limit and
+		// before its result (CommandAppendOutput): a node cannot grow the
+		// database past what the command allows.
+		_, err := tx.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: id, NodeID: nodeID,
+			Seq: int64(u.GetUpdateSeq()), Stream: stream, Data: b.Output.GetData()})
+		return "", ignoreMissing(err)
 	case *sessionv1.CommandUpdate_Result:
 		state, ok := states[b.Result.GetState()]
 		if !ok {

@@ -89,7 +89,11 @@ func TestDispatchAndResults(t *testing.T) {
 		if got.State != store.CommandSucceeded || *got.ExitCode != 0 || got.GatewayID != g.ID() {
 			t.Fatalf("command = %+v", got)
 		}
-		out, _ := e.st.CommandOutput(ctx, c.GetId())
+		page, _ := e.st.CommandOutputPage(ctx, &store.CommandOutputPageParams{CommandID: c.GetId()})
+		var out []*store.CommandOutputChunk
+		if page != nil {
+			out = page.Chunks
+		}
 		if len(out) != 1 || string(out[0].Data) != "Linux gpu-01\n" {
 			t.Fatalf("output = %+v", out)
 		}

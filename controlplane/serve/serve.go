@@ -137,7 +137,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
-			EventWakeups: eventWakeups, Listeners: listeners, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
+			EventWakeups: eventWakeups, Listeners: listeners, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m,
+			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
+			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration}, cfg, dl, certFile, keyFile), st, log)
 	}
 
 	failed := make(chan error, 8)

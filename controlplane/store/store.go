@@ -715,11 +715,19 @@ type CommandStore interface {
 	// CommandFinish records a terminal result. The first terminal result
 	// wins: later ones leave the command as it is and return ok false.
 	CommandFinish(ctx context.Context, p *CommandFinishParams) (ok bool, err error)
-	// CommandAppendOutput stores a chunk of output at its sequence number;
-	// a chunk already stored (a redelivery) is ignored.
-	CommandAppendOutput(ctx context.Context, p *CommandOutputChunk) error
-	// CommandOutput returns a command's output chunks in order.
-	CommandOutput(ctx context.Context, commandID string) ([]*CommandOutputChunk, error)
+	// CommandAppendOutput stores a chunk of output at its sequence number
+	// and returns how many of its bytes were kept. A chunk already stored
+	// (a redelivery) is ignored. Nothing is kept for a command that is
+	// terminal (its result is in: issue 28) or that is not NodeID's; data
+	// past the command's output limit (its exec spec's outputLimitBytes,
+	// else sessionv1.DefaultOutputLimitBytes) or past MaxOutputChunk in one
+	// chunk is cut, and the command is marked output_truncated. A missing
+	// command keeps nothing and is no error.
+	CommandAppendOutput(ctx context.Context, p *CommandOutputChunk) (kept int, err error)
+	// CommandOutputPage returns a command's output chunks after AfterSeq,
+	// in order, at most MaxBytes of data together (always at least one
+	// chunk when any follows): no more than a page is read into memory.
+	CommandOutputPage(ctx context.Context, p *CommandOutputPageParams) (*CommandOutputPage, error)
 	// CommandPrune deletes terminal commands finished before before.
 	CommandPrune(ctx context.Context, before time.Time) (int64, error)
 	// CommandRequestCancel cancels a command: a queued one ends cancelled
@@ -820,6 +828,34 @@ const (
 	StreamStdout = 1
 	StreamStderr = 2
 )
+
+// MaxOutputChunk is the most data one stored output chunk keeps (bytes):
+// bcd sends chunks of at most 32 KiB, so a larger one is a hostile node's,
+// and cutting it keeps every chunk within one page (MaxOutputPage).
+const MaxOutputChunk = 1 << 20
+
+// MaxOutputPage is the most output data CommandOutputPage reads at once
+// (bytes; issue 28: reading output back never loads more than a page).
+const MaxOutputPage = 1 << 20
+
+// CommandOutputPageParams are CommandOutputPage's inputs.
+type CommandOutputPageParams struct {
+	CommandID string
+	// AfterSeq is the sequence number of the last chunk already read; 0
+	// starts at the first.
+	AfterSeq int64
+	// MaxBytes bounds the page's data. Defaults to, and is at most,
+	// MaxOutputPage.
+	MaxBytes int64
+}
+
+// CommandOutputPage is one page of a command's output.
+type CommandOutputPage struct {
+	Chunks []*CommandOutputChunk
+	// More reports chunks after the page's last: read on with AfterSeq
+	// set to its Seq.
+	More bool
+}
 
 // CommandOutputChunk is a piece of a command's output.
 type CommandOutputChunk struct {

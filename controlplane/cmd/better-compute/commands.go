@@ -158,7 +158,7 @@ func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command,
 			if done[i] != nil {
 				continue
 			}
-			resp, err := c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: x.Id, IncludeOutput: includeOutput})
+			got, err := getCommand(ctx, c, x.Id, includeOutput)
 			if err != nil {
 				if ctx.Err() != nil {
 					break
@@ -175,10 +175,10 @@ func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command,
 			}
 			lostSince = time.Time{}
 			if progress != nil {
-				progress(resp.Command)
+				progress(got)
 			}
-			if isTerminal(resp.Command.State) {
-				done[i] = resp.Command
+			if isTerminal(got.State) {
+				done[i] = got
 			} else {
 				remaining++
 			}
@@ -288,8 +288,7 @@ func commandsGetCmd(e *env, af *apiFlags) *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runAPI(cmd.Context(), e, af, out,
 				func(ctx context.Context, c *client.Client) (*apiv1.Command, error) {
-					resp, err := c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: args[0], IncludeOutput: true})
-					return resp.GetCommand(), err
+					return getCommand(ctx, c, args[0], true)
 				},
 				func(_ *client.Client, x *apiv1.Command) error {
 					code := "-"

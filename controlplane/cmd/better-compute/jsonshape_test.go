@@ -129,7 +129,7 @@ func TestJSONShapes(t *testing.T) {
 		{CommandID: id, Seq: 1, Stream: store.StreamStdout, Data: []byte("héllo\n")},
 		{CommandID: id, Seq: 2, Stream: store.StreamStderr, Data: notUTF8},
 	} {
-		if err := st.CommandAppendOutput(ctx, ch); err != nil {
+		if _, err := st.CommandAppendOutput(ctx, ch); err != nil {
 			t.Fatalf("chunk %d: %v", i, err)
 		}
 	}

@@ -1,18 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -95,4 +98,35 @@ func outputBytes(text string, raw []byte) []byte {
 		return raw
 	}
 	return []byte(text)
+}
+
+// getCommand is commands.get of id; with includeOutput it follows the
+// output's pages (at most 1 MiB each, next_output_cursor) and returns the
+// command with all of its output, as text where each stream is valid UTF-8
+// and in the _base64 field otherwise.
+func getCommand(ctx context.Context, c *client.Client, id string, includeOutput bool) (*apiv1.Command, error) {
+	resp, err := c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: id, IncludeOutput: includeOutput})
+	if err != nil || resp.GetNextOutputCursor() == "" {
+		return resp.GetCommand(), err
+	}
+	x := resp.GetCommand()
+	stdout, stderr := commandOutput(x)
+	for cursor := resp.GetNextOutputCursor(); cursor != ""; cursor = resp.GetNextOutputCursor() {
+		if resp, err = c.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: id, IncludeOutput: true, OutputCursor: cursor}); err != nil {
+			return nil, err
+		}
+		o, e := commandOutput(resp.GetCommand())
+		stdout, stderr = append(stdout, o...), append(stderr, e...)
+	}
+	x.Stdout, x.StdoutBase64 = textOrBytes(stdout)
+	x.Stderr, x.StderrBase64 = textOrBytes(stderr)
+	return x, nil
+}
+
+// textOrBytes is b as the API gives a stream: text when valid UTF-8.
+func textOrBytes(b []byte) (string, []byte) {
+	if utf8.Valid(b) {
+		return string(b), nil
+	}
+	return "", b
 }

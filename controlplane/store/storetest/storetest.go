@@ -46,6 +46,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		fn   func(context.Context, *testing.T, *Harness)
 	}{
 		{"Migrations", testMigrations},
+		{"CommandOutputBounds", testCommandOutputBounds},
 		{"LeaseExclusive", testLeaseExclusive},
 		{"LeaseExpiryAndFencing", testLeaseExpiryAndFencing},
 		{"LeaseRelease", testLeaseRelease},
@@ -784,21 +785,28 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	if !ok || got.State != store.CommandRunning || got.Attempt != 1 || got.GatewayID != "gw1" || got.DispatchedAt == nil || got.StartedAt == nil {
 		t.Fatalf("running command = %+v", got)
 	}
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}))
+	appendOut := func(p *store.CommandOutputChunk) int { return must(h.Store.CommandAppendOutput(ctx, p)) }
+	if n := appendOut(&store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}); n != 6 {
+		t.Fatalf("kept %d of 6 bytes", n)
+	}
 	// Another node's output for this command is not stored.
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 9, Stream: store.StreamStdout, Data: []byte("forged"), NodeID: "node_2"}))
+	if n := appendOut(&store.CommandOutputChunk{CommandID: c.ID, Seq: 9, Stream: store.StreamStdout, Data: []byte("forged"), NodeID: "node_2"}); n != 0 {
+		t.Fatalf("kept %d bytes of another node's output", n)
+	}
 	if ok := must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, NodeID: "node_2", State: store.CommandFailed})); ok {
 		t.Fatal("another node finished the command")
 	}
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 2, Stream: store.StreamStdout, Data: []byte("host\n")}))
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}))
-	// Another node's output for this command is not stored.
-	check(t, h.Store.CommandAppendOutput(ctx, &store.CommandOutputChunk{CommandID: c.ID, Seq: 9, Stream: store.StreamStdout, Data: []byte("forged"), NodeID: "node_2"}))
-	if ok := must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, NodeID: "node_2", State: store.CommandFailed})); ok {
-		t.Fatal("another node finished the command")
+	appendOut(&store.CommandOutputChunk{CommandID: c.ID, Seq: 2, Stream: store.StreamStdout, Data: []byte("host\n")})
+	// A redelivery is ignored.
+	if n := appendOut(&store.CommandOutputChunk{CommandID: c.ID, Seq: 1, Stream: store.StreamStdout, Data: []byte("Linux "), NodeID: "node_1"}); n != 0 {
+		t.Fatalf("kept %d bytes of a redelivered chunk", n)
+	}
+	// A missing command keeps nothing and is no error.
+	if n := appendOut(&store.CommandOutputChunk{CommandID: "cmd_missing", Seq: 1, Stream: store.StreamStdout, Data: []byte("x")}); n != 0 {
+		t.Fatalf("kept %d bytes for a missing command", n)
 	}
 	var out []byte
-	for _, ch := range must(h.Store.CommandOutput(ctx, c.ID)) {
+	for _, ch := range must(h.Store.CommandOutputPage(ctx, &store.CommandOutputPageParams{CommandID: c.ID})).Chunks {
 		out = append(out, ch.Data...)
 	}
 	if string(out) != "Linux host\n" {
@@ -807,6 +815,13 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	zero := 0
 	if !must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: store.CommandSucceeded, ExitCode: &zero})) {
 		t.Fatal("first terminal result refused")
+	}
+	// Nothing is accepted for a command after its terminal result.
+	if n := appendOut(&store.CommandOutputChunk{CommandID: c.ID, Seq: 3, Stream: store.StreamStdout, Data: []byte("late"), NodeID: "node_1"}); n != 0 {
+		t.Fatalf("kept %d bytes of output sent after the result", n)
+	}
+	if got := must(h.Store.CommandGet(ctx, c.ID)); got.OutputBytes != 11 {
+		t.Fatalf("output_bytes after a late chunk = %d, want 11", got.OutputBytes)
 	}
 	one := 1
 	if must(h.Store.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: store.CommandFailed, ExitCode: &one})) {

@@ -2457,7 +2457,8 @@ type Command struct {
 	Error           string    `protobuf:"bytes,8,opt,name=error,proto3" json:"error,omitempty"`
 	OutputTruncated bool      `protobuf:"varint,9,opt,name=output_truncated,json=outputTruncated,proto3" json:"output_truncated,omitempty"`
 	// stdout and stderr are the output captured so far, when asked for
-	// (commands.get include_output): as text when the stream's bytes are
+	// (commands.get include_output; one page of at most 1 MiB of the two
+	// together, next_output_cursor says when more follows): as text when the stream's bytes are
 	// valid UTF-8, else empty with the bytes in stdout_base64 or
 	// stderr_base64 (base64 in JSON). At most one of each pair is set.
 	Stdout       string                 `protobuf:"bytes,21,opt,name=stdout,proto3" json:"stdout,omitempty"`
@@ -2735,9 +2736,15 @@ func (x *UpgradeSpec) GetBaseUrl() string {
 
 // commands.get
 type GetCommandRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	IncludeOutput bool                   `protobuf:"varint,2,opt,name=include_output,json=includeOutput,proto3" json:"include_output,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// include_output: the command's stdout and stderr, one page of at most
+	// 1 MiB of output at a time (the API never reads more than a page of a
+	// command's output at once).
+	IncludeOutput bool `protobuf:"varint,2,opt,name=include_output,json=includeOutput,proto3" json:"include_output,omitempty"`
+	// output_cursor: with include_output, the page after this one: the
+	// next_output_cursor of the previous answer. Empty starts at the first.
+	OutputCursor  string `protobuf:"bytes,3,opt,name=output_cursor,json=outputCursor,proto3" json:"output_cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2786,11 +2793,21 @@ func (x *GetCommandRequest) GetIncludeOutput() bool {
 	return false
 }
 
+func (x *GetCommandRequest) GetOutputCursor() string {
+	if x != nil {
+		return x.OutputCursor
+	}
+	return ""
+}
+
 type GetCommandResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Command       *Command               `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Command *Command               `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	// next_output_cursor: with include_output, set when more output follows
+	// this page: call again with it as output_cursor.
+	NextOutputCursor string `protobuf:"bytes,2,opt,name=next_output_cursor,json=nextOutputCursor,proto3" json:"next_output_cursor,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetCommandResponse) Reset() {
@@ -2828,6 +2845,13 @@ func (x *GetCommandResponse) GetCommand() *Command {
 		return x.Command
 	}
 	return nil
+}
+
+func (x *GetCommandResponse) GetNextOutputCursor() string {
+	if x != nil {
+		return x.NextOutputCursor
+	}
+	return ""
 }
 
 // commands.list
@@ -5337,12 +5361,14 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x10\vJ\x04\b\v\x10\f\"B\n" +
 	"\vUpgradeSpec\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x19\n" +
-	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\"J\n" +
+	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\"o\n" +
 	"\x11GetCommandRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
-	"\x0einclude_output\x18\x02 \x01(\bR\rincludeOutput\"M\n" +
+	"\x0einclude_output\x18\x02 \x01(\bR\rincludeOutput\x12#\n" +
+	"\routput_cursor\x18\x03 \x01(\tR\foutputCursor\"{\n" +
 	"\x12GetCommandResponse\x127\n" +
-	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\x8f\x01\n" +
+	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\x12,\n" +
+	"\x12next_output_cursor\x18\x02 \x01(\tR\x10nextOutputCursor\"\x8f\x01\n" +
 	"\x13ListCommandsRequest\x12.\n" +
 	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x19\n" +

@@ -150,6 +150,12 @@ func CheckSpec(kind string, c *Command) error {
 	return nil
 }
 
+// DefaultOutputLimitBytes is the output a command keeps when its spec names
+// no limit (an exec without outputLimitBytes, and every other kind): bcd
+// stops capturing past it, the API fills it into exec specs at enqueue, and
+// the gateway keeps no more of a node's output (issue 28).
+const DefaultOutputLimitBytes = 1 << 20
+
 // MarshalSpec returns the protojson form of c's spec alone: c with every
 // field but the spec oneof cleared ({"exec":{"argv":["nvidia-smi"]}}, {}
 // for a command without a spec). It is the form the control plane stores a

@@ -3,6 +3,7 @@ package queries
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -247,7 +248,7 @@ func (s *Store) CommandFinish(ctx context.Context, p *store.CommandFinishParams)
 	var done bool
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		rows, err := q.db.Query(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = $5,
+		rows, err := q.db.Query(ctx, `UPDATE commands SET state = $2, exit_code = $3, error = $4, output_truncated = output_truncated OR $5,
 				result = $6, finished_at = coalesce($7, now()),
 				started_at = coalesce(started_at, dispatched_at)
 			WHERE id = $1 AND ($8 = '' OR node_id = $8) AND state NOT IN `+terminalStates+` RETURNING `+commandEventColumns,
@@ -274,34 +275,129 @@ func (s *Store) commandExists(ctx context.Context, id string) error {
 	return s.wrap("get command "+id, err)
 }
 
-// CommandAppendOutput stores an output chunk once.
-func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputChunk) error {
-	return s.Tx(ctx, func(tx store.Store) error {
+// CommandAppendOutput stores an output chunk once, within the command's
+// output limit and only while the command is not terminal.
+func (s *Store) CommandAppendOutput(ctx context.Context, c *store.CommandOutputChunk) (int, error) {
+	var kept int
+	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		n, err := q.db.Exec(ctx, `INSERT INTO command_output (command_id, seq, stream, data)
-			SELECT $1, $2, $3, $4 WHERE $5 = '' OR EXISTS (SELECT 1 FROM commands WHERE id = $1 AND node_id = $5)
-			ON CONFLICT (command_id, seq) DO NOTHING`, c.CommandID, c.Seq, c.Stream, c.Data, c.NodeID)
-		if err != nil || n == 0 {
+		kept = 0
+		var (
+			state, kind  string
+			have         int64
+			truncated    bool
+			spec, legacy []byte
+		)
+		err := q.db.QueryRow(ctx, `SELECT state, kind, output_bytes, output_truncated, session_spec, spec FROM commands
+			WHERE id = $1 AND ($2 = '' OR node_id = $2)`, c.CommandID, c.NodeID).Scan(&state, &kind, &have, &truncated, &spec, &legacy)
+		if err != nil {
+			if err = q.wrap("append output of command "+c.CommandID, err); errors.Is(err, store.ErrNotFound) {
+				return nil
+			}
+			return err
+		}
+		if store.IsTerminal(state) {
+			return nil
+		}
+		limit, err := outputLimit(kind, spec, legacy)
+		if err != nil {
 			return q.wrap("append output of command "+c.CommandID, err)
 		}
-		_, err = q.db.Exec(ctx, `UPDATE commands SET output_bytes = output_bytes + $2 WHERE id = $1`,
-			c.CommandID, int64(len(c.Data)))
+		data := c.Data
+		if room := max(0, min(limit-have, store.MaxOutputChunk)); int64(len(data)) > room {
+			data = data[:room]
+		}
+		cut := len(data) < len(c.Data)
+		if len(data) > 0 {
+			n, err := q.db.Exec(ctx, `INSERT INTO command_output (command_id, seq, stream, data) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (command_id, seq) DO NOTHING`, c.CommandID, c.Seq, c.Stream, data)
+			if err != nil {
+				return q.wrap("append output of command "+c.CommandID, err)
+			}
+			if n == 0 {
+				return nil // a redelivery
+			}
+			kept = len(data)
+		}
+		if kept == 0 && (!cut || truncated) {
+			// Nothing changes: no write (a node sending on past its
+			// limit must not churn the command's row either).
+			return nil
+		}
+		_, err = q.db.Exec(ctx, `UPDATE commands SET output_bytes = output_bytes + $2, output_truncated = output_truncated OR $3
+			WHERE id = $1`, c.CommandID, int64(kept), cut)
 		return q.wrap("append output of command "+c.CommandID, err)
 	})
+	return kept, err
 }
 
-// CommandOutput returns a command's output chunks in order.
-func (s *Store) CommandOutput(ctx context.Context, commandID string) ([]*store.CommandOutputChunk, error) {
-	rows, err := s.db.Query(ctx, `SELECT command_id, seq, stream, data FROM command_output
-		WHERE command_id = $1 ORDER BY seq`, commandID)
-	if err != nil {
-		return nil, s.wrap("read output of command "+commandID, err)
+// outputLimit is the most output a command keeps: its exec spec's
+// outputLimitBytes, else sessionv1.DefaultOutputLimitBytes.
+func outputLimit(kind string, spec, legacy []byte) (int64, error) {
+	if kind != sessionv1.KindExec {
+		return sessionv1.DefaultOutputLimitBytes, nil
 	}
-	out, err := collect(rows, func(r Row) (*store.CommandOutputChunk, error) {
+	if spec == nil {
+		var err error
+		if spec, err = legacySessionSpec(kind, legacy); err != nil {
+			return 0, err
+		}
+	}
+	var c sessionv1.Command
+	if err := sessionv1.UnmarshalSpec(spec, &c); err != nil {
+		return 0, err
+	}
+	if n := c.GetExec().GetOutputLimitBytes(); n > 0 {
+		return int64(n), nil
+	}
+	return sessionv1.DefaultOutputLimitBytes, nil
+}
+
+// CommandOutputPage reads one page of a command's output: the page's last
+// sequence number is found from the chunks' lengths alone, so only the
+// page's data is read.
+func (s *Store) CommandOutputPage(ctx context.Context, p *store.CommandOutputPageParams) (*store.CommandOutputPage, error) {
+	maxBytes := p.MaxBytes
+	if maxBytes <= 0 || maxBytes > store.MaxOutputPage {
+		maxBytes = store.MaxOutputPage
+	}
+	what := "read output of command " + p.CommandID
+	var last *int64
+	err := s.db.QueryRow(ctx, `SELECT max(seq) FROM (SELECT seq, sum(length(data)) OVER (ORDER BY seq) AS upto
+			FROM command_output WHERE command_id = $1 AND seq > $2) page WHERE upto <= $3`,
+		p.CommandID, p.AfterSeq, maxBytes).Scan(&last)
+	if err != nil {
+		return nil, s.wrap(what, err)
+	}
+	var rows Rows
+	if last != nil {
+		rows, err = s.db.Query(ctx, `SELECT command_id, seq, stream, data FROM command_output
+			WHERE command_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq`, p.CommandID, p.AfterSeq, *last)
+	} else {
+		// The next chunk alone is over maxBytes (a caller's smaller
+		// page): it is the page.
+		rows, err = s.db.Query(ctx, `SELECT command_id, seq, stream, data FROM command_output
+			WHERE command_id = $1 AND seq > $2 ORDER BY seq LIMIT 1`, p.CommandID, p.AfterSeq)
+	}
+	if err != nil {
+		return nil, s.wrap(what, err)
+	}
+	chunks, err := collect(rows, func(r Row) (*store.CommandOutputChunk, error) {
 		c := &store.CommandOutputChunk{}
 		return c, r.Scan(&c.CommandID, &c.Seq, &c.Stream, &c.Data)
 	})
-	return out, s.wrap("read output of command "+commandID, err)
+	if err != nil {
+		return nil, s.wrap(what, err)
+	}
+	page := &store.CommandOutputPage{Chunks: chunks}
+	if len(chunks) > 0 {
+		err = s.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM command_output WHERE command_id = $1 AND seq > $2)`,
+			p.CommandID, chunks[len(chunks)-1].Seq).Scan(&page.More)
+		if err != nil {
+			return nil, s.wrap(what, err)
+		}
+	}
+	return page, nil
 }
 
 // CommandPrune deletes terminal commands finished before before.
