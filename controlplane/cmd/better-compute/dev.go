@@ -68,7 +68,9 @@ func devCmd(e *env) *cobra.Command {
 			if !cfg.Embedded {
 				return usageError{errors.New("dev runs on the embedded default; unset " + config.EnvDatabaseURL)}
 			}
-			return runDev(cmd.Context(), e, cfg, n)
+			return portInUse(runDev(cmd.Context(), e, cfg, n),
+				listenFlag{cfg.Host.Listen, "choose another with --port N (0 picks a free one)"},
+				listenFlag{cfg.Host.Gateway.Listen, "choose another with --gateway-port N (0 picks a free one)"})
 		},
 	}
 	cmd.Flags().IntVar(&n, "sim", 3, "number of simulated daemons")
