@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,10 @@ func TestInstallWithoutSystemd(t *testing.T) {
 	serve := testenv.Start(t, env, bin, args...)
 	serve.WaitLine(`msg="API listening" addr=\S+ .*scheme=https`, 90*time.Second)
 	serve.WaitLine(`msg="Gateway listening"`, 30*time.Second)
+	// Its banner: what runs, the API with the admin token's file, the gateway.
+	serve.WaitLine(`^Better Compute serve: all roles \(data directory `, 10*time.Second)
+	serve.WaitLine(`^\s+API\s+https://`+regexp.QuoteMeta(cp.Addr.String())+`:3000/api\s+\(admin token in \S+/admin-token\)$`, 10*time.Second)
+	serve.WaitLine(`^\s+gateway\s+https://`+regexp.QuoteMeta(cp.Addr.String())+`:8443$`, 10*time.Second)
 	onCP := func(args ...string) string {
 		t.Helper()
 		bin, a := cp.Wrap(bc, args...)

@@ -105,10 +105,7 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			case gw = <-gwReady:
 			}
 		}
-		apiURL := cfg.APIScheme() + "://" + srv.Addr().String()
-		if a, ok := srv.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
-			apiURL = srv.PublicURL() // listening on every address: the public one
-		}
+		apiURL := apiURLOf(cfg, srv)
 		fmt.Fprintf(e.stdout, "Better Compute is running on the embedded default (%s)\n", cfg.DataDir)
 		fmt.Fprintf(e.stdout, "  API      %s%s  (admin token in %s)\n", apiURL, cfg.BasePath, filepath.Join(cfg.DataDir, serve.AdminTokenFile))
 		fmt.Fprintf(e.stdout, "  gateway  %s\n", gw.PublicURL())
