@@ -81,11 +81,15 @@ func devCmd(e *env) *cobra.Command {
 }
 
 func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
+	// A line per step, so that a first start (which makes the secret, the
+	// database and the PKI) shows where it is (issue 51).
+	fmt.Fprintf(e.stdout, "Starting Better Compute dev in %s\n", cfg.DataDir)
 	st, err := openStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	fmt.Fprintln(e.stdout, "  database  SQLite opened; applying migrations, then the PKI (made on the first run), the API and the gateway")
 	g, ctx := errgroup.WithContext(ctx)
 	apiReady := make(chan *api.Server, 1)
 	gwReady := make(chan *gateway.Gateway, 1)
@@ -121,6 +125,7 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 		} else if removed > 0 {
 			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
 		}
+		fmt.Fprintf(e.stdout, "  joining %d simulated daemon(s) through the gateway\n", n)
 		token, err := devJoinToken(ctx, st, cfg, n)
 		if err != nil {
 			return err
