@@ -92,7 +92,7 @@ func TestReadmeCommands(t *testing.T) {
 	dev.WaitLine(`^\s+database\s+SQLite opened; applying migrations`, 90*time.Second)
 	dev.WaitLine(`^\s+API\s+http://127\.0\.0\.1:3000/api\s`, 90*time.Second)
 	dev.WaitLine(`^\s+gateway\s+https://localhost:8443$`, 10*time.Second)
-	dev.WaitLine(`^\s+joining 3 simulated daemon\(s\) through the gateway$`, 30*time.Second)
+	dev.WaitLine(`^\s+joining 3 simulated daemon\(s\) through the gateway \(0 kept from an earlier run\)$`, 30*time.Second)
 	dev.WaitLine(`^3 simulated daemons connected \(8 GPUs each\)`, 90*time.Second)
 
 	// The viewer token of the paragraph after it.

@@ -117,23 +117,32 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			fmt.Fprintln(e.stdout, "Press Ctrl-C to stop.")
 			return nil
 		}
-		// Simulated daemons make new keys each run: the nodes an earlier
-		// run's daemons made would stay behind, unreachable, beside the
-		// new ones with the same hostnames.
-		if removed, err := removeSimulatedNodes(ctx, st); err != nil {
-			return err
-		} else if removed > 0 {
-			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
-		}
-		fmt.Fprintf(e.stdout, "  joining %d simulated daemon(s) through the gateway\n", n)
 		token, err := devJoinToken(ctx, st, cfg, n)
 		if err != nil {
 			return err
 		}
-		fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: gw.PublicURL(), Token: token, N: n})
+		// The simulated daemons keep their identities in the data
+		// directory (sim/<name>), so their node ids stay the same from
+		// one run to the next. The nodes of an earlier run that no daemon
+		// holds now (fewer daemons, an expired certificate) would stay
+		// behind, unreachable, beside the new ones: they are removed.
+		fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: gw.PublicURL(), Token: token, N: n,
+			StateDir: filepath.Join(cfg.DataDir, devSimStateDir)})
 		if err != nil {
 			return err
 		}
+		keep := map[string]bool{}
+		for _, d := range fleet.Daemons() {
+			if id := d.NodeID(); id != "" {
+				keep[id] = true
+			}
+		}
+		if removed, err := removeSimulatedNodes(ctx, st, keep); err != nil {
+			return err
+		} else if removed > 0 {
+			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
+		}
+		fmt.Fprintf(e.stdout, "  joining %d simulated daemon(s) through the gateway (%d kept from an earlier run)\n", n, len(keep))
 		if err := fleet.Join(ctx); err != nil {
 			return fmt.Errorf("join simulated daemons: %w", err)
 		}
@@ -209,9 +218,14 @@ func faultsOnSignal(ctx context.Context, e *env, fleet *sim.Fleet, path string, 
 // simulated daemons.
 const devSimTokenDescription = "dev --sim"
 
+// devSimStateDir is the folder in the data directory where dev's simulated
+// daemons keep their identities (sim.FleetConfig.StateDir).
+const devSimStateDir = "sim"
+
 // removeSimulatedNodes deletes the nodes that joined with a token dev made
-// for simulated daemons, and returns how many.
-func removeSimulatedNodes(ctx context.Context, st store.Store) (int, error) {
+// for simulated daemons, but those in keep (held by this run's daemons),
+// and returns how many.
+func removeSimulatedNodes(ctx context.Context, st store.Store, keep map[string]bool) (int, error) {
 	sim := map[string]bool{}
 	removed := 0
 	for cursor := ""; ; {
@@ -229,7 +243,7 @@ func removeSimulatedNodes(ctx context.Context, st store.Store) (int, error) {
 				isSim = err == nil && t.Description == devSimTokenDescription
 				sim[n.JoinTokenID] = isSim
 			}
-			if isSim {
+			if isSim && !keep[n.ID] {
 				if err := st.NodeDelete(ctx, n.ID); err != nil {
 					return removed, fmt.Errorf("remove simulated node %s: %w", n.ID, err)
 				}
