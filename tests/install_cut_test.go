@@ -197,7 +197,7 @@ func TestInstallScriptCut(t *testing.T) {
 				if got := treeState(t, h.root); !sameTree(got, empty) {
 					fail("changed BCD_ROOT", "%s, %s: exit %d and BCD_ROOT changed: %v\n%s", j.c.what, j.shell, code, got, stderr.String())
 					os.RemoveAll(h.root)
-					os.MkdirAll(h.root, 0o755)
+					os.MkdirAll(filepath.Join(h.root, "run/systemd/system"), 0o755)
 				}
 				if entries, _ := os.ReadDir(tmp); len(entries) != 0 {
 					fail("left files in TMPDIR", "%s, %s: exit %d and left %d entries in TMPDIR", j.c.what, j.shell, code, len(entries))

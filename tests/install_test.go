@@ -185,9 +185,11 @@ type host struct {
 }
 
 const systemctlStub = `#!/bin/sh
-# Records its calls; is-enabled and is-active answer from what was recorded.
+# Records its calls; is-enabled and is-active answer from what was recorded,
+# is-system-running as a booted systemd does.
 echo "systemctl $*" >>"$STUB_LOG"
 case "$1" in
+is-system-running) echo running ;;
 is-enabled | is-active)
 	for u; do :; done
 	grep -q "^systemctl enable --now.* $u\( \|\$\)" "$STUB_LOG"
@@ -214,8 +216,9 @@ func newHost(t *testing.T) *host {
 	testenv.PassThrough(t, dir) // the command user reaches its HOME in root/var/lib/bcd
 	h := &host{t: t, root: filepath.Join(dir, "root"), stubs: filepath.Join(dir, "stubs"), log: filepath.Join(dir, "calls.log")}
 	// var/lib is there, 0755, as on every machine (bcd join would make it
-	// 0700, which would keep the command user from its HOME).
-	for _, d := range []string{h.root, h.stubs, filepath.Join(h.root, "var", "lib")} {
+	// 0700, which would keep the command user from its HOME), and the root
+	// is a machine systemd booted (sd_booted(3): /run/systemd/system).
+	for _, d := range []string{h.root, h.stubs, filepath.Join(h.root, "var", "lib"), filepath.Join(h.root, "run/systemd/system")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -388,7 +391,7 @@ func TestInstallScript(t *testing.T) {
 			}
 		}
 		for _, c := range h.calls()[ncalls:] {
-			if !strings.HasPrefix(c, "systemctl is-enabled") && !strings.HasPrefix(c, "systemctl is-active") {
+			if !strings.HasPrefix(c, "systemctl is-") {
 				t.Errorf("second run called %q", c)
 			}
 		}

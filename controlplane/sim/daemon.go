@@ -49,6 +49,13 @@ type DaemonConfig struct {
 	// Logger receives the daemon's logs. Defaults to Session.Logger, else
 	// discarding them.
 	Logger *slog.Logger
+	// StateDir, when set, keeps the daemon's key and identity there, in
+	// bcd's data directory layout (bcd/identity.Store), so that a daemon
+	// made again with the same StateDir is the same node: NewFakeDaemon
+	// restores them unless the certificate has expired, and Join then
+	// only points the daemon at the gateway it is given; a fresh Join saves
+	// them. Renewals are not saved. Defaults to none: a fresh key each time.
+	StateDir string
 }
 
 // FakeDaemon is one simulated bcd. Join it once, then Run it.
@@ -61,6 +68,8 @@ type FakeDaemon struct {
 
 	mu sync.Mutex
 	id *session.JoinResult
+	// restored: id and key came from StateDir, and Join does not join.
+	restored bool
 	// known is the gateway list Welcomes gave (session.MergeGateways).
 	known []session.KnownGateway
 	cur   *session.Client
@@ -90,13 +99,17 @@ func NewFakeDaemon(cfg DaemonConfig) (*FakeDaemon, error) {
 	}
 	var boot [16]byte
 	_, _ = rand.Read(boot[:])
-	return &FakeDaemon{
+	d := &FakeDaemon{
 		cfg:    cfg,
 		log:    log.With("sim_daemon", cfg.Name),
 		key:    key,
 		bootID: uuid(boot[:]),
 		inv:    simulatedInventory(cfg.Name),
-	}, nil
+	}
+	if err := d.restore(time.Now()); err != nil {
+		return nil, fmt.Errorf("new fake daemon %s: %w", cfg.Name, err)
+	}
+	return d, nil
 }
 
 // Name returns the simulated hostname.
@@ -150,6 +163,19 @@ func (d *FakeDaemon) Facts() *sessionv1.NodeFacts {
 // identity in memory. The daemon's clock is Session.Clock when set, as for
 // Run, so that a simulated machine whose clock is wrong joins by it too.
 func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
+	d.mu.Lock()
+	restored := d.restored
+	if restored {
+		// The node's identity was kept (StateDir): the same node, through
+		// this gateway, as a restarted bcd.
+		c := *d.id
+		c.Gateways = []string{gatewayURL}
+		d.id = &c
+	}
+	d.mu.Unlock()
+	if restored {
+		return nil
+	}
 	var now func() time.Time
 	if c := d.cfg.Session.Clock; c != nil {
 		now = c.Now
@@ -171,7 +197,7 @@ func (d *FakeDaemon) Join(ctx context.Context, gatewayURL, token string) error {
 	d.id = res
 	d.mu.Unlock()
 	d.log.DebugContext(ctx, "Joined", logkey.NodeID, res.NodeID)
-	return nil
+	return d.keep(res)
 }
 
 // knownGateways returns the gateway list the daemon's Welcomes gave.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -44,6 +45,10 @@ type FleetConfig struct {
 	Session session.Config
 	// NoInventory skips sending inventories (see DaemonConfig).
 	NoInventory bool
+	// StateDir, when set, keeps each daemon's identity in StateDir/<name>
+	// (DaemonConfig.StateDir): a fleet made again with it is the same
+	// nodes. Defaults to none.
+	StateDir string
 	// Logger receives the fleet's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -138,8 +143,14 @@ func (f *Fleet) newDaemon(i int) (*FakeDaemon, error) {
 	if sc.Logger == nil {
 		sc.Logger = f.log
 	}
+	name := fmt.Sprintf("%s-%05d", f.cfg.NamePrefix, i)
+	stateDir := ""
+	if f.cfg.StateDir != "" {
+		stateDir = filepath.Join(f.cfg.StateDir, name)
+	}
 	return NewFakeDaemon(DaemonConfig{
-		Name:        fmt.Sprintf("%s-%05d", f.cfg.NamePrefix, i),
+		StateDir:    stateDir,
+		Name:        name,
 		Labels:      f.cfg.Labels,
 		Trust:       f.cfg.Trust,
 		Session:     sc,

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/better-compute/better-compute/controlplane/client"
@@ -111,8 +113,9 @@ func (e *env) startCommands(ctx context.Context, af *apiFlags, out string, noWai
 
 func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 	var (
-		f      runFlags
-		asRoot bool
+		f        runFlags
+		asRoot   bool
+		progress bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run (--node N... | --pool P [--selector k=v]...) [flags] -- ARGV...",
@@ -127,14 +130,52 @@ func commandsRunCmd(e *env, af *apiFlags) *cobra.Command {
 			}
 			req.Exec = &apiv1.ExecSpec{Argv: argv, AsRoot: asRoot}
 			ctx := cmd.Context()
+			every := time.Duration(0)
+			if progress || isTerminalWriter(e.stderr) {
+				every = waitReportInterval
+			}
 			return e.startCommands(ctx, af, f.out, f.noWait, req, func(c *client.Client, cmds []*apiv1.Command) error {
-				return follow(ctx, c, cmds, e.stdout, e.stderr, f.out)
+				return follow(ctx, c, cmds, e.stdout, e.stderr, f.out, every)
 			})
 		},
 	}
 	f.add(cmd, "run")
 	cmd.Flags().BoolVar(&asRoot, "as-root", false, "run as root through the node's root helper")
+	cmd.Flags().BoolVar(&progress, "progress", false, "every 10s, print on standard error which nodes have not answered yet (on when standard error is a terminal)")
 	return cmd
+}
+
+// waitReportInterval is how often commands run says which nodes it still
+// waits for (on a terminal, or with --progress).
+const waitReportInterval = 10 * time.Second
+
+// maxWaitReportNodes bounds the node ids one waiting line names; the rest
+// are counted.
+const maxWaitReportNodes = 10
+
+// isTerminalWriter reports whether w is a terminal.
+func isTerminalWriter(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// waitingLine is the line commands run prints while commands have not
+// finished: how long it has waited, for how many of the nodes, and which
+// (at most maxWaitReportNodes ids, with each command's state).
+func waitingLine(waited time.Duration, total int, pending []*apiv1.Command) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "waited %s for %d of %d node(s): ", waited.Round(time.Second), len(pending), total)
+	for i, x := range pending {
+		if i == maxWaitReportNodes {
+			fmt.Fprintf(&b, " and %d more", len(pending)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s (%s)", x.NodeId, x.State)
+	}
+	return b.String()
 }
 
 // followGrace is how long polling keeps retrying an API that does not
@@ -207,12 +248,22 @@ func awaitCommands(ctx context.Context, c *client.Client, cmds []*apiv1.Command,
 // follow waits for the commands, printing new output lines prefixed by
 // node id (table output), then each failure; it returns a
 // commandFailedError when any did not succeed.
-func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout, stderr io.Writer, out string) error {
+//
+// Every `every` (0: never) it prints on stderr which nodes it still waits
+// for (waitingLine); when the results come, the nodes whose commands
+// expired (no result before the deadline) are named in one line.
+func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout, stderr io.Writer, out string, every time.Duration) error {
 	type lines struct {
 		stdout, stderr   int
 		pendOut, pendErr []byte
 	}
 	prog := map[string]*lines{}
+	latest := make(map[string]*apiv1.Command, len(cmds))
+	for _, x := range cmds {
+		latest[x.Id] = x
+	}
+	start := time.Now()
+	lastReport := start
 	emit := func(w io.Writer, node string, pend *[]byte, data []byte, final bool) {
 		*pend = append(*pend, data...)
 		for {
@@ -229,6 +280,19 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 		}
 	}
 	results, err := awaitCommands(ctx, c, cmds, stderr, true, func(got *apiv1.Command) {
+		latest[got.Id] = got
+		if every > 0 && time.Since(lastReport) >= every {
+			lastReport = time.Now()
+			var pending []*apiv1.Command
+			for _, x := range cmds {
+				if l := latest[x.Id]; !isTerminal(l.State) {
+					pending = append(pending, l)
+				}
+			}
+			if len(pending) > 0 {
+				fmt.Fprintln(stderr, waitingLine(time.Since(start), len(cmds), pending))
+			}
+		}
 		if out != "table" {
 			return
 		}
@@ -247,9 +311,13 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 		return err
 	}
 	failed := 0
+	var expired []string
 	for _, d := range results {
 		if d.State == "succeeded" {
 			continue
+		}
+		if d.State == "expired" {
+			expired = append(expired, d.NodeId)
 		}
 		failed++
 		if out == "table" {
@@ -264,6 +332,9 @@ func follow(ctx context.Context, c *client.Client, cmds []*apiv1.Command, stdout
 		if err := printJSON(stdout, &apiv1.ListCommandsResponse{Commands: results}); err != nil {
 			return err
 		}
+	}
+	if len(expired) > 0 {
+		fmt.Fprintf(stderr, "no result before the deadline (--timeout) from %d node(s): %s\n", len(expired), strings.Join(expired, ", "))
 	}
 	if failed > 0 {
 		return commandFailedError{failed}

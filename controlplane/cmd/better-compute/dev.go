@@ -68,7 +68,9 @@ func devCmd(e *env) *cobra.Command {
 			if !cfg.Embedded {
 				return usageError{errors.New("dev runs on the embedded default; unset " + config.EnvDatabaseURL)}
 			}
-			return runDev(cmd.Context(), e, cfg, n)
+			return portInUse(runDev(cmd.Context(), e, cfg, n),
+				listenFlag{cfg.Host.Listen, "choose another with --port N (0 picks a free one)"},
+				listenFlag{cfg.Host.Gateway.Listen, "choose another with --gateway-port N (0 picks a free one)"})
 		},
 	}
 	cmd.Flags().IntVar(&n, "sim", 3, "number of simulated daemons")
@@ -79,11 +81,15 @@ func devCmd(e *env) *cobra.Command {
 }
 
 func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
+	// A line per step, so that a first start (which makes the secret, the
+	// database and the PKI) shows where it is (issue 51).
+	fmt.Fprintf(e.stdout, "Starting Better Compute dev in %s\n", cfg.DataDir)
 	st, err := openStore(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	fmt.Fprintln(e.stdout, "  database  SQLite opened; applying migrations, then the PKI (made on the first run), the API and the gateway")
 	g, ctx := errgroup.WithContext(ctx)
 	apiReady := make(chan *api.Server, 1)
 	gwReady := make(chan *gateway.Gateway, 1)
@@ -103,10 +109,7 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			case gw = <-gwReady:
 			}
 		}
-		apiURL := cfg.APIScheme() + "://" + srv.Addr().String()
-		if a, ok := srv.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
-			apiURL = srv.PublicURL() // listening on every address: the public one
-		}
+		apiURL := apiURLOf(cfg, srv)
 		fmt.Fprintf(e.stdout, "Better Compute is running on the embedded default (%s)\n", cfg.DataDir)
 		fmt.Fprintf(e.stdout, "  API      %s%s  (admin token in %s)\n", apiURL, cfg.BasePath, filepath.Join(cfg.DataDir, serve.AdminTokenFile))
 		fmt.Fprintf(e.stdout, "  gateway  %s\n", gw.PublicURL())
@@ -114,22 +117,32 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 			fmt.Fprintln(e.stdout, "Press Ctrl-C to stop.")
 			return nil
 		}
-		// Simulated daemons make new keys each run: the nodes an earlier
-		// run's daemons made would stay behind, unreachable, beside the
-		// new ones with the same hostnames.
-		if removed, err := removeSimulatedNodes(ctx, st); err != nil {
-			return err
-		} else if removed > 0 {
-			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
-		}
 		token, err := devJoinToken(ctx, st, cfg, n)
 		if err != nil {
 			return err
 		}
-		fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: gw.PublicURL(), Token: token, N: n})
+		// The simulated daemons keep their identities in the data
+		// directory (sim/<name>), so their node ids stay the same from
+		// one run to the next. The nodes of an earlier run that no daemon
+		// holds now (fewer daemons, an expired certificate) would stay
+		// behind, unreachable, beside the new ones: they are removed.
+		fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: gw.PublicURL(), Token: token, N: n,
+			StateDir: filepath.Join(cfg.DataDir, devSimStateDir)})
 		if err != nil {
 			return err
 		}
+		keep := map[string]bool{}
+		for _, d := range fleet.Daemons() {
+			if id := d.NodeID(); id != "" {
+				keep[id] = true
+			}
+		}
+		if removed, err := removeSimulatedNodes(ctx, st, keep); err != nil {
+			return err
+		} else if removed > 0 {
+			fmt.Fprintf(e.stdout, "  removed %d simulated node(s) of an earlier dev run\n", removed)
+		}
+		fmt.Fprintf(e.stdout, "  joining %d simulated daemon(s) through the gateway (%d kept from an earlier run)\n", n, len(keep))
 		if err := fleet.Join(ctx); err != nil {
 			return fmt.Errorf("join simulated daemons: %w", err)
 		}
@@ -205,9 +218,14 @@ func faultsOnSignal(ctx context.Context, e *env, fleet *sim.Fleet, path string, 
 // simulated daemons.
 const devSimTokenDescription = "dev --sim"
 
+// devSimStateDir is the folder in the data directory where dev's simulated
+// daemons keep their identities (sim.FleetConfig.StateDir).
+const devSimStateDir = "sim"
+
 // removeSimulatedNodes deletes the nodes that joined with a token dev made
-// for simulated daemons, and returns how many.
-func removeSimulatedNodes(ctx context.Context, st store.Store) (int, error) {
+// for simulated daemons, but those in keep (held by this run's daemons),
+// and returns how many.
+func removeSimulatedNodes(ctx context.Context, st store.Store, keep map[string]bool) (int, error) {
 	sim := map[string]bool{}
 	removed := 0
 	for cursor := ""; ; {
@@ -225,7 +243,7 @@ func removeSimulatedNodes(ctx context.Context, st store.Store) (int, error) {
 				isSim = err == nil && t.Description == devSimTokenDescription
 				sim[n.JoinTokenID] = isSim
 			}
-			if isSim {
+			if isSim && !keep[n.ID] {
 				if err := st.NodeDelete(ctx, n.ID); err != nil {
 					return removed, fmt.Errorf("remove simulated node %s: %w", n.ID, err)
 				}

@@ -39,7 +39,12 @@ func serveCmd(e *env) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			return serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log})
+			banner := serveBanner{w: e.stdout, cfg: cfg}
+			banner.header()
+			return portInUse(serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log,
+				APIReady: banner.api, GatewayReady: banner.gateway}),
+				listenFlag{cfg.Host.Listen, "choose another with --port N (host.listen)"},
+				listenFlag{cfg.Host.Gateway.Listen, "choose another with --gateway-listen HOST:PORT (host.gateway.listen)"})
 		},
 	}
 	fl := cmd.Flags()

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
+	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -47,6 +48,13 @@ token.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := e.client(af)
 			if err != nil {
+				return err
+			}
+			n, err := c.NodesGet(cmd.Context(), &apiv1.NodeRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			if err := refuseSimulated(n.GetNode()); err != nil {
 				return err
 			}
 			return runShell(cmd.Context(), c, args[0], asRoot, os.Stdin, e.stdout)
@@ -187,6 +195,9 @@ on NODE, until interrupted.`,
 			if err != nil {
 				return err
 			}
+			if err := refuseSimulated(n.GetNode()); err != nil {
+				return err
+			}
 			if n.GetNode().GetGatewayId() == "" {
 				return fmt.Errorf("node %s holds no session (state %s): nothing to forward to until its bcd is connected", args[0], n.GetNode().GetState())
 			}
@@ -204,6 +215,18 @@ on NODE, until interrupted.`,
 	}
 	cmd.Flags().StringVar(&address, "address", "127.0.0.1", "local address to listen on")
 	return cmd
+}
+
+// refuseSimulated refuses a tunnel to a simulated node (a FakeDaemon of
+// dev --sim, which reports bcd version sim.Version) before anything is
+// opened or listens: it has no shell and no ports, and it offers no tunnels,
+// so the API's answer for a bcd without tunnels ("upgrade bcd") would be
+// wrong advice.
+func refuseSimulated(n *apiv1.Node) error {
+	if n.GetBcdVersion() == sim.Version {
+		return fmt.Errorf("node %s is simulated (a FakeDaemon of dev --sim, bcd %s): it has no shell or ports to reach; shells and port-forwards need a real bcd (docs/tunnels.md)", n.GetId(), sim.Version)
+	}
+	return nil
 }
 
 // parsePorts reads [LOCAL:]REMOTE.

@@ -41,9 +41,9 @@ version once its command ends and exits non-zero when any upgrade failed.`,
 			ctx := cmd.Context()
 			return e.startCommands(ctx, af, f.out, f.noWait, req, func(c *client.Client, cmds []*apiv1.Command) error {
 				if f.out == "json" {
-					return follow(ctx, c, cmds, e.stdout, e.stderr, f.out)
+					return follow(ctx, c, cmds, e.stdout, e.stderr, f.out, 0)
 				}
-				ferr := follow(ctx, c, cmds, io.Discard, e.stderr, f.out)
+				ferr := follow(ctx, c, cmds, io.Discard, e.stderr, f.out, 0)
 				var rows [][]string
 				for _, x := range cmds {
 					state, bcd := "?", "?"
