@@ -130,7 +130,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			tunnels = &tunnelRouter{st: st, local: gw, remote: internal}
 		}
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
 			EventWakeups: eventWakeups, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}

@@ -1,0 +1,100 @@
+package tests
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/tests/testenv"
+)
+
+// rawGet sends "GET target" to addr exactly as written (no client cleans
+// or escapes it) and returns the status code and the body.
+func rawGet(t *testing.T, addr, target string) (int, string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", target, addr); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("GET %s: %v", target, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestProbeEdgesRefused (issue 29, item 8), against a real serve: a raw
+// ".." (or "." or an empty segment) in a download path answers 400
+// INVALID_ARGUMENT as docs/install.md promises, not a 307 to the cleaned
+// path; an install-script parameter that does not parse (a raw ";") or is
+// unknown answers 400 INVALID_ARGUMENT naming it, not 200 with the
+// defaults; sinks.replay of a sink that is not configured, with all or
+// with ids, is NOT_FOUND (exit 1 from the CLI), not 200.
+func TestProbeEdgesRefused(t *testing.T) {
+	t.Parallel()
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
+		top: fmt.Sprintf("downloads:\n  dir: %s\nsinks:\n  files:\n    - name: archive\n      path: %s\n",
+			t.TempDir(), filepath.Join(t.TempDir(), "events.jsonl")),
+	})
+	addr := strings.TrimPrefix(d.api, "http://")
+	code := func(body string) (string, string) {
+		var e struct{ Code, Field, Message string }
+		_ = json.Unmarshal([]byte(body), &e)
+		return e.Code, e.Field
+	}
+	for _, target := range []string{
+		"/api/downloads/bcd/../../secret",
+		"/api/downloads/bcd/0.1.0/../linux-amd64",
+		"/api/downloads/bcd/./0.1.0/linux-amd64",
+		"/api/downloads/bcd//0.1.0/linux-amd64",
+		"/api/downloads/..",
+	} {
+		status, body := rawGet(t, addr, target)
+		if c, _ := code(body); status != http.StatusBadRequest || c != "INVALID_ARGUMENT" {
+			t.Errorf("GET %s: %d %s, want 400 INVALID_ARGUMENT", target, status, body)
+		}
+	}
+	// A clean path still reaches the downloads handler (no such file: 404).
+	if status, body := rawGet(t, addr, "/api/downloads/bcd/0.1.0/linux-amd64"); status != http.StatusNotFound {
+		t.Errorf("GET a clean download path: %d %s, want 404", status, body)
+	}
+
+	for target, field := range map[string]string{
+		"/api/install.sh?unprivileged=';id;'": "unprivileged",
+		"/api/install.sh?unprivileged=yes":    "unprivileged",
+		"/api/install.sh?version=1;2":         "version",
+		"/api/install.sh?colour=blue":         "colour",
+		"/api/install.sh?transport=%zz":       "transport",
+	} {
+		status, body := rawGet(t, addr, target)
+		if c, f := code(body); status != http.StatusBadRequest || c != "INVALID_ARGUMENT" || f != field {
+			t.Errorf("GET %s: %d %s, want 400 INVALID_ARGUMENT naming %s", target, status, body, field)
+		}
+	}
+
+	for _, args := range [][]string{
+		{"sinks", "replay", "--sink", "no-such-sink", "--all"},
+		{"sinks", "replay", "--sink", "no-such-sink", "1"},
+	} {
+		c, stdout, stderr := testenv.Run(t, d.env, "", d.bc, append([]string{"--config", d.cfgFile}, d.viaAPI(args...)...)...)
+		if c != 1 || !strings.Contains(stderr, "no sink") || !strings.Contains(stderr, "no-such-sink") {
+			t.Errorf("better-compute %s: exit %d, %s%s; want exit 1 and NOT_FOUND naming the sink", strings.Join(args, " "), c, stdout, stderr)
+		}
+	}
+	// The configured sink with nothing dead: replayed none, exit 0.
+	d.cli(d.viaAPI("sinks", "replay", "--sink", "archive", "--all")...)
+}
