@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -97,4 +98,75 @@ func TestProbeEdgesRefused(t *testing.T) {
 	}
 	// The configured sink with nothing dead: replayed none, exit 0.
 	d.cli(d.viaAPI("sinks", "replay", "--sink", "archive", "--all")...)
+}
+
+// apiPost calls method over HTTP with token and returns the status and the
+// raw body.
+func apiPost(t *testing.T, d *deployment, method, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, d.api+"/api/"+strings.ReplaceAll(method, ".", "/"), strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Better-Compute", "1")
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// TestCommandEnvHiddenFromViewers (issue 29, item 7): an exec command's
+// environment may hold credentials. A viewer reading it (commands.get,
+// commands.list, and the CLI's get in table and JSON form) sees the
+// variables' names only; an operator and an admin see the values.
+func TestCommandEnvHiddenFromViewers(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, backendSQLite)
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	fl, err := sim.NewFleet(sim.FleetConfig{GatewayURL: d.gatewayURL, Token: strings.TrimSpace(readFile(t, tokenFile)),
+		N: 1, NamePrefix: "env", NoInventory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fl.Join(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	node := fl.Daemons()[0].NodeID()
+	const name, value = "API_KEY_29", "s3cr3t-value-of-issue-29"
+	status, body := apiPost(t, d, "commands.create", d.adminToken,
+		fmt.Sprintf(`{"nodeIds":[%q],"kind":"exec","exec":{"argv":["true"],"env":{%q:%q}}}`, node, name, value))
+	var created struct{ Commands []struct{ ID string } }
+	if err := json.Unmarshal([]byte(body), &created); status != http.StatusOK || err != nil || len(created.Commands) != 1 {
+		t.Fatalf("commands.create: %d %s", status, body)
+	}
+	id := created.Commands[0].ID
+	token := func(role string) string {
+		return strings.TrimSpace(d.cli(d.viaAPI("tokens", "create", "--role", role)...))
+	}
+	viewer, operator := token("viewer"), token("operator")
+
+	for _, read := range []struct{ method, body string }{
+		{"commands.get", fmt.Sprintf(`{"id":%q}`, id)},
+		{"commands.list", fmt.Sprintf(`{"nodeId":%q}`, node)},
+	} {
+		status, body := apiPost(t, d, read.method, viewer, read.body)
+		if status != http.StatusOK || strings.Contains(body, value) || !strings.Contains(body, name) {
+			t.Errorf("viewer's %s: %d %s; want the variable's name and not its value", read.method, status, body)
+		}
+		for role, tok := range map[string]string{"operator": operator, "admin": d.adminToken} {
+			if status, body := apiPost(t, d, read.method, tok, read.body); status != http.StatusOK || !strings.Contains(body, value) {
+				t.Errorf("%s's %s: %d %s; want the variable's value", role, read.method, status, body)
+			}
+		}
+	}
+	for _, out := range []string{"table", "json"} {
+		stdout := d.cli("commands", "get", id, "--server", d.api, "--token", viewer, "-o", out)
+		if strings.Contains(stdout, value) {
+			t.Errorf("viewer's commands get -o %s shows the value:\n%s", out, stdout)
+		}
+	}
 }
