@@ -170,3 +170,59 @@ func TestCommandEnvHiddenFromViewers(t *testing.T) {
 		}
 	}
 }
+
+// TestCLIEscapesNodeText (issue 29, item 5): a node whose hostname carries
+// a right-to-left override and whose label carries bidirectional isolates
+// and a zero-width space (the gateway refuses control characters in
+// labels, not these) is shown by the CLI's tables and plain text (nodes list, nodes
+// get) with those characters escaped, while -o json keeps them exactly.
+func TestCLIEscapesNodeText(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, backendSQLite)
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	const hostname, label = "evil\u202egnp.exe", "ok\u2066\u202etxt.exe\u2069\u200b"
+	fd, err := sim.NewFakeDaemon(sim.DaemonConfig{Name: hostname, Labels: map[string]string{"note": label}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fd.Join(t.Context(), d.gatewayURL, strings.TrimSpace(readFile(t, tokenFile))); err != nil {
+		t.Fatal(err)
+	}
+	node := fd.NodeID()
+	raw := func(s string) bool { return strings.ContainsAny(s, "\u202e\u2066\u2069\u200b\x1b") }
+	for _, args := range [][]string{{"nodes", "list"}, {"nodes", "get", node}} {
+		out := d.cli(d.viaAPI(args...)...)
+		if raw(out) || !strings.Contains(out, `evil\u202egnp.exe`) {
+			t.Errorf("better-compute %s printed:\n%q\nwant the hostname escaped (evil\\u202egnp.exe) and no raw control or override character", strings.Join(args, " "), out)
+		}
+	}
+	if out := d.cli(d.viaAPI("nodes", "get", node)...); !strings.Contains(out, `ok\u2066\u202etxt.exe\u2069\u200b`) {
+		t.Errorf("nodes get shows the label as:\n%q\nwant it escaped", out)
+	}
+	// -o json is the API's answer: the strings decode exactly.
+	out := d.cli(d.viaAPI("nodes", "get", node, "-o", "json")...)
+	var got any
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("nodes get -o json: %v\n%s", err, out)
+	}
+	found := map[string]bool{}
+	var walk func(v any)
+	walk = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for _, e := range x {
+				walk(e)
+			}
+		case []any:
+			for _, e := range x {
+				walk(e)
+			}
+		case string:
+			found[x] = true
+		}
+	}
+	walk(got)
+	if !found[hostname] || !found[label] {
+		t.Errorf("nodes get -o json does not hold the hostname and the label exactly:\n%s", out)
+	}
+}
