@@ -55,6 +55,10 @@ type Config struct {
 	TunnelIdleTimeout time.Duration
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
+	// EmbeddedDir is the directory of the embedded database ("" on
+	// PostgreSQL): /readyz answers not ready, "database disk full", while
+	// its filesystem has less than MinFreeBytes free (issue 29).
+	EmbeddedDir string
 	// Sinks are the names of the configured event sinks (sinks.webhooks and
 	// sinks.files): sinks.replay for any other sink is NOT_FOUND (issue 29).
 	Sinks []string

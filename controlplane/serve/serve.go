@@ -130,7 +130,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			tunnels = &tunnelRouter{st: st, local: gw, remote: internal}
 		}
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), EmbeddedDir: embeddedDir(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
 			EventWakeups: eventWakeups, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m}, cfg, dl, certFile, keyFile), st, log)
 	}
@@ -256,6 +256,14 @@ func (s *stage) stop() error {
 }
 
 // sinkNames lists the configured sinks, for the outbox backlog metric.
+// embeddedDir is the directory of the embedded database, "" on PostgreSQL.
+func embeddedDir(cfg *config.Config) string {
+	if !cfg.Embedded {
+		return ""
+	}
+	return cfg.DataDir
+}
+
 func sinkNames(cfg *config.Config) []string {
 	var out []string
 	for _, w := range cfg.Sinks.Webhooks {

@@ -23,6 +23,10 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict is returned when a write would violate a uniqueness rule.
 	ErrConflict = errors.New("conflict")
+	// ErrDiskFull is returned by a write the database could not make for
+	// want of disk space (SQLite's SQLITE_FULL, PostgreSQL's disk_full):
+	// the API answers UNAVAILABLE "database disk full" (issue 29).
+	ErrDiskFull = errors.New("database disk full")
 	// ErrFenced is returned by a fenced write whose lease is no longer held
 	// by the writer at the writer's epoch.
 	ErrFenced = errors.New("lease lost: write fenced")

@@ -162,6 +162,9 @@ func translate(err error) error {
 		case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
 			return fmt.Errorf("%w: referenced row: %s", store.ErrNotFound, e.Error())
 		}
+		if e.Code()&0xff == sqlite3.SQLITE_FULL {
+			return fmt.Errorf("%w: %s", store.ErrDiskFull, e.Error())
+		}
 	}
 	return err
 }
