@@ -184,7 +184,10 @@ func commandTree(t *testing.T, bin, name string, env []string) (leaves, groups [
 
 func newExitFixture(t *testing.T) *exitFixture {
 	t.Helper()
-	d := newDeployment(t, backendSQLite)
+	// The file sink hook is the sink sinks replay names (an unknown sink
+	// is NOT_FOUND, issue 29).
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
+		top: "sinks:\n  files:\n    - name: hook\n      path: " + filepath.Join(t.TempDir(), "events.jsonl") + "\n"})
 	f := &exitFixture{d: d, dir: t.TempDir(), bcd: testenv.Binary(t, "bcd")}
 	f.env = append(slices.Clone(d.env), "BETTER_COMPUTE_URL="+d.api, "BETTER_COMPUTE_TOKEN="+d.adminToken)
 	tokenFile, _ := f.joinToken(t, 1)
@@ -425,8 +428,9 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("sinks dead-letters", exitOK, "--sink", "hook", "-o", "json"),
 		bc("sinks dead-letters", exitUsage, "--sink", "Bad Sink!"), // INVALID_ARGUMENT
 		bc("sinks dead-letters", exitUsage, "extra"),
-		bc("sinks replay", exitOK, "--all", "--sink", "hook"), // none to replay
-		bc("sinks replay", exitFailure, "999999"),             // NOT_FOUND
+		bc("sinks replay", exitOK, "--all", "--sink", "hook"),              // none to replay
+		bc("sinks replay", exitFailure, "999999"),                          // NOT_FOUND
+		bc("sinks replay", exitFailure, "--all", "--sink", "no-such-sink"), // NOT_FOUND: not configured
 		bc("sinks replay", exitUsage),
 		bc("sinks replay", exitUsage, "x"),
 		bc("sinks replay", exitUsage, "--all"),

@@ -40,7 +40,8 @@ func MergeGateways(known []KnownGateway, listed []string, now time.Time, keep ti
 			out = append(out, k)
 		}
 	}
-	return out
+	// At most MaxGatewayList, the newest listed first.
+	return out[:min(len(out), MaxGatewayList)]
 }
 
 // gatewayOrder is the order a Client tries gateways in: the known ones,

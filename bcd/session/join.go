@@ -231,6 +231,9 @@ func joinResult(resp *sessionv1.JoinResponse, key crypto.Signer, trust Trust, jo
 		return nil, fmt.Errorf("%w: certificate does not name %s", ErrProtocol, spiffe)
 	}
 	gws := resp.GetGateways()
+	if err := checkGatewayList("join gateways", gws); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
 	for _, g := range gws {
 		if _, err := parseGatewayURL(g); err != nil {
 			return nil, fmt.Errorf("%w: gateway list: %q is not an https://host[:port] URL", ErrProtocol, g)

@@ -138,6 +138,9 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 	if w == nil {
 		return outcome{err: fmt.Errorf("%w: gateway %s answered Hello with %T, not Welcome", ErrProtocol, gw.url, msg.GetBody())}
 	}
+	if err := checkGatewayMessage(msg); err != nil {
+		return outcome{err: fmt.Errorf("%w: gateway %s: refused its Welcome: %w", ErrProtocol, gw.url, err)}
+	}
 	s.stop(slotHandshake)
 	s.welcome(msg.GetSeq(), w)
 	out := outcome{sessionID: s.id, welcomed: true, welcomedAt: c.clock.Now()}
@@ -155,6 +158,13 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 		}
 		if seq := msg.GetSeq(); seq > c.resume.GetLastGatewaySeq() {
 			c.resume.LastGatewaySeq = seq
+		}
+		// A message out of range ends the session, as the gateway ends a
+		// node's that sends one: nothing of it is kept or acted on.
+		if err := checkGatewayMessage(msg); err != nil {
+			c.log.WarnContext(s.ctx, "Gateway message refused: ending the session", attrGateway, gw.url, logkey.Err, err)
+			out.err = fmt.Errorf("%w: gateway %s: %w", ErrProtocol, gw.url, err)
+			return out
 		}
 		if err := s.handle(msg); err != nil {
 			out.err = err

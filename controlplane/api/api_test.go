@@ -31,7 +31,7 @@ func newFixture(t testing.TB, trusted ...string) *fixture {
 	for _, p := range trusted {
 		proxies = append(proxies, netip.MustParsePrefix(p))
 	}
-	srv := api.New(api.Config{TrustedProxies: proxies, Secret: strings.Repeat("s", 32)}, st, nil)
+	srv := api.New(api.Config{TrustedProxies: proxies, Secret: strings.Repeat("s", 32), Sinks: []string{"alerts", "archive", "quiet"}}, st, nil)
 	f := &fixture{t: t, st: st, srv: srv}
 	f.admin = f.token(store.RoleAdmin, 0)
 	return f

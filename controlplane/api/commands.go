@@ -218,7 +218,29 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 	return nil, invalid("nodeIds", "give nodeIds or pool")
 }
 
-func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetCommandRequest) (*apiv1.GetCommandResponse, error) {
+// HiddenEnvValue replaces each value of an exec command's environment in
+// what a viewer reads (commands.get, commands.list): the names show, the
+// values may hold credentials; operators and admins see them (issue 29,
+// docs/security.md).
+const HiddenEnvValue = "<hidden>"
+
+// forRole hides what c's reader may not see: a viewer gets the names of an
+// exec command's environment, never the values. It returns c.
+func forRole(c *apiv1.Command, p *iam.Principal) *apiv1.Command {
+	if p != nil && iam.Allows(p.Role, store.RoleOperator) {
+		return c
+	}
+	if x := c.GetExec(); x != nil && len(x.Env) > 0 {
+		env := make(map[string]string, len(x.Env))
+		for k := range x.Env {
+			env[k] = HiddenEnvValue
+		}
+		x.Env = env
+	}
+	return c
+}
+
+func (s *Server) commandsGet(ctx context.Context, p *iam.Principal, r *apiv1.GetCommandRequest) (*apiv1.GetCommandResponse, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
@@ -226,7 +248,7 @@ func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.Get
 	if err != nil {
 		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
 	}
-	out := commandOut(c)
+	out := forRole(commandOut(c), p)
 	resp := &apiv1.GetCommandResponse{Command: out}
 	if r.GetIncludeOutput() {
 		var after int64
@@ -262,7 +284,7 @@ func (s *Server) commandsGet(ctx context.Context, _ *iam.Principal, r *apiv1.Get
 var commandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning,
 	store.CommandSucceeded, store.CommandFailed, store.CommandCancelled, store.CommandExpired, store.CommandLost}
 
-func (s *Server) commandsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListCommandsRequest) (*apiv1.ListCommandsResponse, error) {
+func (s *Server) commandsList(ctx context.Context, p *iam.Principal, r *apiv1.ListCommandsRequest) (*apiv1.ListCommandsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -276,7 +298,7 @@ func (s *Server) commandsList(ctx context.Context, _ *iam.Principal, r *apiv1.Li
 	}
 	out := &apiv1.ListCommandsResponse{NextCursor: next(cmds, lp, func(x *store.Command) string { return x.ID })}
 	for _, c := range cmds {
-		out.Commands = append(out.Commands, commandOut(c))
+		out.Commands = append(out.Commands, forRole(commandOut(c), p))
 	}
 	return out, nil
 }

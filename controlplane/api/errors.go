@@ -91,6 +91,8 @@ func toAPIError(err error) (*Error, bool) {
 		return &Error{Code: CodeNotFound, Message: err.Error()}, true
 	case errors.Is(err, store.ErrConflict):
 		return &Error{Code: CodeConflict, Message: "already exists"}, true
+	case errors.Is(err, store.ErrDiskFull):
+		return &Error{Code: CodeUnavailable, Message: "database disk full: nothing was written; free space where the database keeps its files"}, true
 	}
 	return &Error{Code: CodeInternal, Message: "internal error"}, false
 }

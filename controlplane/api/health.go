@@ -3,7 +3,9 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"syscall"
 	"time"
 )
 
@@ -13,9 +15,24 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok\n"))
 }
 
+// MinFreeBytes is the free space under which the embedded database's
+// filesystem counts as full for /readyz: less than SQLite needs to grow its
+// write-ahead log by a few transactions.
+const MinFreeBytes = 1 << 20
+
+// freeBytes returns the space free to this process on dir's filesystem.
+func freeBytes(dir string) (uint64, error) {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &fs); err != nil {
+		return 0, err
+	}
+	return fs.Bavail * uint64(fs.Bsize), nil
+}
+
 // readyz answers readiness: every listener of the process accepts (none
 // has failed to accept for more than 10 s in a row), every migration is
-// applied and the store answers. 503 otherwise, with the reason.
+// applied, the store answers and the embedded database's filesystem has
+// room to write. 503 otherwise, with the reason.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	// First, and without the database: with descriptors exhausted a new
 	// database connection would fail too, and the reason would be lost.
@@ -25,6 +42,12 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	if dir := s.cfg.EmbeddedDir; dir != "" {
+		if free, err := freeBytes(dir); err == nil && free < MinFreeBytes {
+			http.Error(w, fmt.Sprintf("not ready: database disk full (%d bytes free on the filesystem of %s)", free, dir), http.StatusServiceUnavailable)
+			return
+		}
+	}
 	st, err := s.store.MigrationStatus(ctx)
 	switch {
 	case err != nil:

@@ -239,11 +239,33 @@ func orNone(vs []string) string {
 	return strings.Join(vs, ", ")
 }
 
+// badQueryParam names the first parameter of rawQuery that does not parse
+// (a ";" separator or a bad escape), for the refusal's field.
+func badQueryParam(rawQuery string) string {
+	for pair := range strings.SplitSeq(rawQuery, "&") {
+		k, _, _ := strings.Cut(pair, "=")
+		if _, err := url.ParseQuery(pair); err != nil || strings.Contains(pair, ";") {
+			if uk, err := url.QueryUnescape(k); err == nil && !strings.Contains(uk, ";") {
+				return uk
+			}
+			return "query"
+		}
+	}
+	return "query"
+}
+
 // serveInstallScript answers GET {basePath}/install.sh. It is public: the
 // script holds no secret (the join token comes from the machine's
 // environment, BCD_JOIN_TOKEN).
 func (s *Server) serveInstallScript(w http.ResponseWriter, r *http.Request) {
-	o, err := parseScriptQuery(r.URL.Query())
+	// ParseQuery, not URL.Query: Query drops a pair it cannot parse (a raw
+	// ";" in "unprivileged=';id;'"), which would answer the defaults.
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		s.writeError(w, r, invalid(badQueryParam(r.URL.RawQuery), "malformed query: %v", err))
+		return
+	}
+	o, err := parseScriptQuery(q)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +56,13 @@ type Config struct {
 	TunnelIdleTimeout time.Duration
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
+	// EmbeddedDir is the directory of the embedded database ("" on
+	// PostgreSQL): /readyz answers not ready, "database disk full", while
+	// its filesystem has less than MinFreeBytes free (issue 29).
+	EmbeddedDir string
+	// Sinks are the names of the configured event sinks (sinks.webhooks and
+	// sinks.files): sinks.replay for any other sink is NOT_FOUND (issue 29).
+	Sinks []string
 	// DownloadsURL is the downloads route as nodes reach it, for upgrade
 	// commands that name no base URL (downloads.publicURL). Defaults to
 	// the scheme and host each commands.create request came to, with
@@ -236,8 +244,22 @@ func New(cfg Config, st store.Store, log *slog.Logger) *Server {
 	}
 	s.mountMetrics()
 	s.mountWatch()
-	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: bodyDeadline(cfg.BodyReadTimeout, s.mux)}
+	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: bodyDeadline(cfg.BodyReadTimeout, http.HandlerFunc(s.route))}
 	return s
+}
+
+// route hands a request to the mux, except a download path that is not
+// clean (".", ".." or empty segments): the mux would redirect it (307) to
+// its cleaned form, and docs/install.md promises 400 INVALID_ARGUMENT, which
+// the downloads handler answers (issue 29).
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Downloads != nil {
+		if rest, ok := strings.CutPrefix(r.URL.Path, s.cfg.BasePath+"/downloads/"); ok && path.Clean("/"+rest) != "/"+strings.TrimSuffix(rest, "/") {
+			s.cfg.Downloads.ServeHTTP(w, r)
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
 }
 
 // noRoute answers what no route took under basePath: 405 with "Allow:

@@ -76,6 +76,11 @@ func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.Rep
 		if err := name("sink", sink); err != nil {
 			return nil, err
 		}
+		// A sink that is not configured has no dispatcher to deliver what
+		// would be marked: NOT_FOUND, not a silent success (issue 29).
+		if !slices.Contains(s.cfg.Sinks, sink) {
+			return nil, &Error{Code: CodeNotFound, Field: "sink", Message: fmt.Sprintf("no sink %q is configured (sinks.webhooks, sinks.files); nothing was replayed", sink)}
+		}
 	}
 	switch {
 	case r.GetAll() && len(r.GetIds()) > 0:

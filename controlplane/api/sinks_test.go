@@ -142,8 +142,13 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 	if d := f.deadLetters(t, "archive"); d[b1].Replay {
 		t.Fatalf("replay of alerts marked archive's %+v", d[b1])
 	}
-	if r := f.call("sinks.replay", f.admin, `{"sink":"nothing-here","all":true}`, peer); r.Code != 200 || r.Body["replayed"] != nil {
+	if r := f.call("sinks.replay", f.admin, `{"sink":"quiet","all":true}`, peer); r.Code != 200 || r.Body["replayed"] != nil {
 		t.Fatalf("replay all of a sink without dead letters = %v", r)
+	}
+	// A sink that is not configured: NOT_FOUND, with all or with ids
+	// (issue 29).
+	for _, body := range []string{`{"sink":"nothing-here","ids":["` + str(a1) + `"]}`, `{"sink":"nothing-here","all":true}`} {
+		wantCode(t, f.call("sinks.replay", f.admin, body, peer), 404, api.CodeNotFound, "sink")
 	}
 	rows, err := f.st.AuditQuery(context.Background(), &store.AuditQueryParams{ActionPrefix: "sinks.replay", Limit: 100})
 	if err != nil {
@@ -156,7 +161,7 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 	for _, e := range rows {
 		outcomes[e.Outcome]++
 	}
-	if outcomes["ok"] != 3 || outcomes["denied"] != 2 || outcomes[api.CodeNotFound] != 2 || outcomes[api.CodeInvalidArgument] != 7 {
+	if outcomes["ok"] != 3 || outcomes["denied"] != 2 || outcomes[api.CodeNotFound] != 4 || outcomes[api.CodeInvalidArgument] != 7 {
 		t.Fatalf("audit outcomes of sinks.replay: %v", outcomes)
 	}
 

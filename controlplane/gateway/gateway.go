@@ -47,6 +47,7 @@ type Store interface {
 	GatewayList(ctx context.Context) ([]*store.Gateway, error)
 	GatewayDelete(ctx context.Context, id string) error
 	SessionIDs(ctx context.Context, gatewayID string) ([]string, error)
+	SessionDrain(ctx context.Context, p *store.SessionDrainParams) (int, error)
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
 	EventInsert(ctx context.Context, e *store.Event) (int64, error)
@@ -503,6 +504,17 @@ func (g *Gateway) shutdown(ctx context.Context) {
 	if err := g.upsertRow(ctx); err != nil {
 		g.log.WarnContext(ctx, "Gateway row not marked draining", logkey.Err, err)
 	}
+	// Before any Drain goes out: a node waiting out its delay is not
+	// silent (liveness counts it heard from until the delay, plus one
+	// heartbeat interval for its reconnect, has passed), so no remediation
+	// case opens for it. The write has its own deadline: the shutdown goes
+	// on without it.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	if _, err := g.store.SessionDrain(wctx, &store.SessionDrainParams{GatewayID: g.cfg.ID,
+		Within: g.cfg.DrainDelay + g.cfg.HeartbeatInterval}); err != nil {
+		g.log.WarnContext(ctx, "Nodes' reconnect delay not recorded: liveness may count them silent", logkey.Err, err)
+	}
+	cancel()
 	g.drainAll()
 	stopped := make(chan struct{})
 	go func() {

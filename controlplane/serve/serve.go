@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			tunnels = &tunnelRouter{st: st, local: gw, remote: internal}
 		}
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), EmbeddedDir: embeddedDir(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
 			EventWakeups: eventWakeups, Listeners: listeners, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m,
 			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
@@ -263,6 +263,14 @@ func (s *stage) stop() error {
 }
 
 // sinkNames lists the configured sinks, for the outbox backlog metric.
+// embeddedDir is the directory of the embedded database, "" on PostgreSQL.
+func embeddedDir(cfg *config.Config) string {
+	if !cfg.Embedded {
+		return ""
+	}
+	return cfg.DataDir
+}
+
 func sinkNames(cfg *config.Config) []string {
 	var out []string
 	for _, w := range cfg.Sinks.Webhooks {

@@ -23,6 +23,10 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict is returned when a write would violate a uniqueness rule.
 	ErrConflict = errors.New("conflict")
+	// ErrDiskFull is returned by a write the database could not make for
+	// want of disk space (SQLite's SQLITE_FULL, PostgreSQL's disk_full):
+	// the API answers UNAVAILABLE "database disk full" (issue 29).
+	ErrDiskFull = errors.New("database disk full")
 	// ErrFenced is returned by a fenced write whose lease is no longer held
 	// by the writer at the writer's epoch.
 	ErrFenced = errors.New("lease lost: write fenced")
@@ -605,6 +609,23 @@ type SessionStore interface {
 	// node's LastSeenAt reads its current session's last heartbeat, and
 	// SessionClose keeps that in the node when the session ends.
 	SessionHeartbeatBatch(ctx context.Context, gatewayID string, sessionIDs []string, now *time.Time) (int, error)
+	// SessionDrain records that every session of p.GatewayID was sent
+	// Drain with a delay of at most p.Within: each of their nodes is due
+	// back by p.Now + p.Within, and liveness counts it heard from until
+	// then (issue 29: a node waiting out its reconnect delay after a
+	// gateway restart is not silent). It returns how many nodes it marked.
+	SessionDrain(ctx context.Context, p *SessionDrainParams) (int, error)
+}
+
+// SessionDrainParams are SessionDrain's inputs.
+type SessionDrainParams struct {
+	// GatewayID is the draining gateway.
+	GatewayID string
+	// Within is the most a node may take to come back: the gateway passes
+	// host.gateway.drainDelay plus one heartbeat interval.
+	Within time.Duration
+	// Now is when the Drains are sent; nil: the database's clock.
+	Now *time.Time
 }
 
 // SessionOpenParams are SessionOpen's inputs.

@@ -51,6 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
+	for _, w := range []io.Writer{e.stdout, e.stderr} {
+		if ew, ok := w.(*escapingWriter); ok {
+			_ = ew.Flush()
+		}
+	}
 	if err == nil {
 		return exitOK
 	}
@@ -62,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return rx.code // the remote shell's own status; it said why itself
 	}
 	err = e.explain(err)
-	fmt.Fprintln(stderr, "better-compute:", err)
+	fmt.Fprintln(stderr, "better-compute:", escapeText(err.Error(), true))
 	var cf commandFailedError
 	if errors.As(err, &cf) {
 		return exitCommandFailed
@@ -79,6 +84,18 @@ func newRoot(e *env) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	// Everything printed for people is escaped (escape.go); -o json is
+	// the API's answer, exact.
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		if cmd.Annotations[annotationRawOutput] != "" {
+			return nil
+		}
+		if f := cmd.Flags().Lookup("output"); f == nil || f.Value.String() != "json" {
+			e.stdout = &escapingWriter{w: e.stdout}
+		}
+		e.stderr = &escapingWriter{w: e.stderr}
+		return nil
+	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&e.configPath, "config", "", "configuration file (YAML)")
 	pf.StringVar(&e.dataDir, "data-dir", "", "data directory (env "+config.EnvDataDir+")")

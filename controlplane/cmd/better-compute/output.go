@@ -52,12 +52,17 @@ func printValue(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// table writes aligned columns for people.
+// table writes aligned columns for people, each cell escaped (escapeText):
+// a value cannot break its row or column, or reorder what is shown.
 func table(w io.Writer, header []string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = escapeText(c, false)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
 }

@@ -44,7 +44,9 @@ GET {basePath}/tunnels/{ticket} as a WebSocket) and exits with the shell's
 exit status (128+N when a signal N ended it). The terminal is put in raw
 mode while the shell runs; its size follows yours. --as-root needs an admin
 token.`,
-		Args: cobra.ExactArgs(1),
+		// The terminal's bytes pass as they are (escape.go).
+		Annotations: map[string]string{annotationRawOutput: "true"},
+		Args:        cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := e.client(af)
 			if err != nil {

@@ -120,6 +120,8 @@ func translate(err error) error {
 			return fmt.Errorf("%w: referenced row: %s", store.ErrNotFound, e.Message)
 		case "23P01": // exclusion_violation: a reservation slot overlapping another (0015_reservations)
 			return fmt.Errorf("%w: %s", store.ErrConflict, e.Message)
+		case "53100": // disk_full
+			return fmt.Errorf("%w: %s", store.ErrDiskFull, e.Message)
 		}
 	}
 	return err

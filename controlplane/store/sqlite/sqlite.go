@@ -78,7 +78,7 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 	p, err := newPool(ctx, db)
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+		return nil, explainDamage(path, fmt.Errorf("open sqlite %s: %w", path, err))
 	}
 	sub, err := fs.Sub(migrations, "migrations")
 	if err != nil {
@@ -123,6 +123,32 @@ func restrictFiles(path string) error {
 	return nil
 }
 
+// ErrDamaged marks a database file SQLite finds corrupt or not a
+// database at all (SQLITE_CORRUPT, SQLITE_NOTADB): a truncated or
+// overwritten file, which no retry mends.
+var ErrDamaged = errors.New("the database file is damaged")
+
+// explainDamage returns err unchanged unless SQLite found path's file
+// corrupt or not a database; then an error (ErrDamaged) that names the
+// file, how to check it and how to restore it (issue 29; docs/security.md,
+// "Backups"), wrapping err.
+func explainDamage(path string, err error) error {
+	var e *sqlite.Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	if c := e.Code() & 0xff; c != sqlite3.SQLITE_CORRUPT && c != sqlite3.SQLITE_NOTADB {
+		return err
+	}
+	return fmt.Errorf("%w: %w\n"+
+		"  The embedded database %s is truncated or corrupt; better-compute will not start on it.\n"+
+		"  Check it: sqlite3 %s 'PRAGMA integrity_check'\n"+
+		"  Restore the latest backup to that path (with serve stopped), then start again; backups are\n"+
+		"  taken, while serve runs, with: sqlite3 %s \".backup '%s.bak'\"\n"+
+		"  Nodes keep their identities: they reconnect once the control plane is back",
+		ErrDamaged, err, path, path, path, path)
+}
+
 // translate maps driver errors to the store's.
 func translate(err error) error {
 	if errors.Is(err, sql.ErrNoRows) {
@@ -135,6 +161,9 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", store.ErrConflict, e.Error())
 		case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
 			return fmt.Errorf("%w: referenced row: %s", store.ErrNotFound, e.Error())
+		}
+		if e.Code()&0xff == sqlite3.SQLITE_FULL {
+			return fmt.Errorf("%w: %s", store.ErrDiskFull, e.Error())
 		}
 	}
 	return err

@@ -55,6 +55,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},
 		{"NodeLivenessPoweredOff", testNodeLivenessPoweredOff},
+		{"NodeLivenessDrained", testNodeLivenessDrained},
 		{"Counts", testCounts},
 		{"JoinTokens", testJoinTokens},
 		{"JoinTokenConcurrentUses", testJoinTokenConcurrentUses},
@@ -1188,6 +1189,55 @@ func testNodeLiveness(ctx context.Context, t *testing.T, h *Harness) {
 	later.Shards = want[1:]
 	if got := must(h.Store.NodeLivenessDue(ctx, later)); !slices.Equal(got, want[1:]) {
 		t.Fatalf("NodeLivenessDue of shards %v = %v, want them all", want[1:], got)
+	}
+}
+
+// testNodeLivenessDrained: a node whose gateway drained it (SessionDrain)
+// counts as heard from until it is due back, and is unreachable only once
+// that time is StaleAfter old; a node of another gateway is not marked
+// (issue 29: a gateway restart opened silent-node cases).
+func testNodeLivenessDrained(ctx context.Context, t *testing.T, h *Harness) {
+	pool := fixture(ctx, t, h)
+	const stale, within = 30 * time.Second, 60 * time.Second
+	now := time.Now().UTC()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	for _, id := range []string{"node_drained", "node_elsewhere"} {
+		addNode(ctx, t, h, pool, id)
+		gw := "gw_draining"
+		if id == "node_elsewhere" {
+			gw = "gw_staying"
+		}
+		_, _, err := h.Store.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: "s_" + id, GatewayID: gw, Now: at(0)})
+		check(t, err)
+		check(t, h.Store.NodeSetState(ctx, id, store.NodeReady))
+	}
+	if n := must(h.Store.SessionDrain(ctx, &store.SessionDrainParams{GatewayID: "gw_draining", Within: within, Now: at(0)})); n != 1 {
+		t.Fatalf("SessionDrain marked %d nodes, want 1", n)
+	}
+	check(t, h.Store.SessionClose(ctx, "node_drained", "s_node_drained"))
+	// unreachable reconciles id's shard at now and returns who moved.
+	unreachable := func(id string, now time.Duration) []string {
+		t.Helper()
+		u, _ := mustPair(h.Store.NodeLivenessReconcile(ctx, &store.NodeLivenessParams{
+			Shard: store.ShardOf(id), StaleAfter: stale, Now: at(now)}))
+		return slices.DeleteFunc(u, func(s string) bool { return s != id })
+	}
+	// Past StaleAfter, inside the delay: the other gateway's node is
+	// silent, the drained one is not.
+	if u := unreachable("node_elsewhere", 31*time.Second); !slices.Equal(u, []string{"node_elsewhere"}) {
+		t.Fatalf("undrained silent node: unreachable %v", u)
+	}
+	due := must(h.Store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{
+		Shards: []int{store.ShardOf("node_drained")}, StaleAfter: stale, Now: at(within + stale - time.Second)}))
+	if len(due) != 0 {
+		t.Fatalf("drained node due within its delay plus StaleAfter: %v", due)
+	}
+	if u := unreachable("node_drained", within+stale-time.Second); len(u) != 0 {
+		t.Fatalf("drained node unreachable within its delay plus StaleAfter: %v", u)
+	}
+	// Not back by its delay plus StaleAfter: silent.
+	if u := unreachable("node_drained", within+stale+time.Second); !slices.Equal(u, []string{"node_drained"}) {
+		t.Fatalf("drained node not back: unreachable %v", u)
 	}
 }
 

@@ -260,6 +260,15 @@ func (s *Store) SessionHeartbeatBatch(ctx context.Context, gatewayID string, ses
 	return int(n), s.wrap("record heartbeats", err)
 }
 
+// SessionDrain records that a gateway's nodes are due back by Now +
+// Within (nodes.reconnect_by, which liveness counts as heard from).
+func (s *Store) SessionDrain(ctx context.Context, p *store.SessionDrainParams) (int, error) {
+	n, err := s.db.Exec(ctx, `UPDATE nodes SET reconnect_by = coalesce($2, now()) + bc_micros($3)
+		WHERE id IN (SELECT node_id FROM sessions WHERE gateway_id = $1)`,
+		p.GatewayID, s.clock(p.Now), p.Within.Microseconds())
+	return int(n), s.wrap("record drained sessions of gateway "+p.GatewayID, err)
+}
+
 // textSet returns the dialect's subquery over the strings of values, bound
 // as one JSON array at placeholder, and that argument.
 func (s *Store) textSet(placeholder string, values []string) (string, any) {

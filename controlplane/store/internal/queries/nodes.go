@@ -303,7 +303,10 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 const (
 	// livenessStale: a ready node not heard from for StaleAfter (its join
 	// time counts when it never connected) becomes unreachable.
-	livenessStale = `(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($now, now()) - bc_micros($stale))`
+	// A node a draining gateway told to reconnect later counts as heard
+	// from until it is due back (reconnect_by, SessionDrain).
+	livenessStale = `(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($now, now()) - bc_micros($stale)
+		AND (reconnect_by IS NULL OR reconnect_by < coalesce($now, now()) - bc_micros($stale)))`
 	// livenessBack: an unreachable node heard from since becomes ready, and
 	// so does a powered-off one heard from, recently, more than the grace
 	// after it was marked off.
