@@ -140,15 +140,41 @@ func TestGPUReset(t *testing.T) {
 
 // fakeRebooter records reboots.
 type fakeRebooter struct {
-	mu    sync.Mutex
-	calls int
+	mu     sync.Mutex
+	calls  int
+	called chan struct{} // closed at the first call
 }
 
 func (f *fakeRebooter) Reboot(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
+	if f.calls == 1 {
+		close(f.first())
+	}
 	return nil
+}
+
+// first returns the channel closed at the first call; f.mu is held.
+func (f *fakeRebooter) first() chan struct{} {
+	if f.called == nil {
+		f.called = make(chan struct{})
+	}
+	return f.called
+}
+
+// awaitCall waits for the first Reboot: the executor reports running
+// before it asks for the reboot.
+func (f *fakeRebooter) awaitCall(t *testing.T) {
+	t.Helper()
+	f.mu.Lock()
+	ch := f.first()
+	f.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the reboot was never asked for")
+	}
 }
 
 func (f *fakeRebooter) n() int {
@@ -174,6 +200,7 @@ func TestRebootIsNotRepeated(t *testing.T) {
 	cmd := &sessionv1.Command{Id: "reboot_1", Kind: sessionv1.KindReboot}
 	e.HandleCommand(ctx, cmd, r.send)
 	r.await(t, "the reboot to start", started)
+	rb.awaitCall(t)
 	if rb.n() != 1 {
 		t.Fatalf("reboots: %d", rb.n())
 	}
