@@ -134,6 +134,17 @@ func (f *fleet) join(n *realNode, gatewayURL string) {
 	}
 	n.id = m[1]
 	n.file = filepath.Join(filepath.Dir(n.m.DataDir), "commands.log")
+	// Commands run as the command user bcd-cmd (issue 27), which may pass
+	// through the machine's folder but not write in it: the file it
+	// appends to is made for it, writable by all.
+	if fl, err := os.OpenFile(n.file, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o666); err != nil {
+		f.t.Fatal(err)
+	} else if err := fl.Close(); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := os.Chmod(n.file, 0o666); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // start runs bcd node for n, its output appended to its log file.
