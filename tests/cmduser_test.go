@@ -19,11 +19,7 @@ import (
 // bcd-cmd writes there), removed when the test ends.
 func sharedDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "bc-shared-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := openDir(t)
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}
