@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/better-compute/better-compute/controlplane/api"
@@ -18,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	"github.com/better-compute/better-compute/controlplane/wake"
@@ -49,6 +51,15 @@ type Options struct {
 // their leases and leave the workers table.
 func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) error {
 	log := opts.Log
+	if cfg.Embedded {
+		// Held until serve returns, so that store copy and restore refuse
+		// to work on a deployment that runs, naming this process.
+		lock, err := backend.LockDataDir(cfg.DataDir, false, fmt.Sprintf("better-compute serve (pid %d)", os.Getpid()))
+		if err != nil {
+			return fmt.Errorf("serve the embedded deployment: %w", err)
+		}
+		defer lock.Release()
+	}
 	sd := notifier{log: log}
 	sd.status(ctx, "Starting: checking the schema, then starting "+strings.Join(cfg.RolesList, ","))
 	if err := prepareSchema(ctx, st, opts.NoMigrate, log); err != nil {

@@ -14,7 +14,7 @@ import (
 // those that touch no deployment at all. Every other command, and every
 // one added from now on, is an API command (DESIGN.md, "Operator CLI").
 var localCommands = []string{
-	"serve", "dev", "migrate", "doctor",
+	"serve", "dev", "migrate", "doctor", "store copy",
 	"pki init", "pki issue-gateway", "pki issue-internal",
 	"version", "help", "completion bash", "completion zsh", "completion fish", "completion powershell",
 	"release keygen", "release manifest", "release sign", "release verify",

@@ -570,3 +570,26 @@ func (r rows) Next() bool             { return r.r.Next() }
 func (r rows) Scan(dest ...any) error { return scanTimes(r.r, dest) }
 func (r rows) Err() error             { return r.r.Err() }
 func (r rows) Close()                 { _ = r.r.Close() }
+
+// OpenDB opens the database file at path as a plain database/sql handle,
+// with the pragmas and functions of Open, for the operator commands that
+// read or write a whole database at once (store copy, backup, restore)
+// rather than through the store. It does not create the file: a path with
+// no database fails.
+func OpenDB(ctx context.Context, path string) (*sql.DB, error) {
+	if err := registerOnce(); err != nil {
+		return nil, fmt.Errorf("register sqlite functions: %w", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	db, err := sql.Open("sqlite", dsn(path))
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, explainDamage(path, fmt.Errorf("open sqlite %s: %w", path, err))
+	}
+	return db, nil
+}
