@@ -10,11 +10,12 @@ import (
 
 // localCommands are the commands that are not calls of the API: those
 // that open the database themselves (serve, dev, migrate; pki init and the
-// pki issue-* commands, which need the CA keys; doctor, to read), and
+// pki issue-* commands, which need the CA keys; doctor, to read; store
+// copy, backup and restore, which move a whole database), and
 // those that touch no deployment at all. Every other command, and every
 // one added from now on, is an API command (DESIGN.md, "Operator CLI").
 var localCommands = []string{
-	"serve", "dev", "migrate", "doctor", "store copy",
+	"serve", "dev", "migrate", "doctor", "store copy", "backup", "restore",
 	"pki init", "pki issue-gateway", "pki issue-internal",
 	"version", "help", "completion bash", "completion zsh", "completion fish", "completion powershell",
 	"release keygen", "release manifest", "release sign", "release verify",

@@ -6,7 +6,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,12 +237,7 @@ func gatewayCertNames(path string) string {
 // issueGatewayLine is the pki issue-gateway command for the PostgreSQL
 // deployment at target (its password, if any, left out).
 func issueGatewayLine(target string, src *embeddedSource, names string) string {
-	shown := target
-	if u, err := url.Parse(target); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			shown = u.Redacted()
-		}
-	}
+	shown := redactURL(target)
 	secret := "BETTER_COMPUTE_SECRET=..."
 	if src.secretFile != "" {
 		secret = fmt.Sprintf("BETTER_COMPUTE_SECRET=\"$(cat %s)\"", src.secretFile)
