@@ -289,6 +289,14 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("dev", exitUsage, "--sim", "-1"),
 		bc("dev", exitUsage, "extra"),
 
+		bc("store copy", exitUsage),                          // --to is required
+		bc("store copy", exitFailure, "--to", unreachableDB), // the deployment runs: refused, naming serve
+		bc("backup", exitUsage),                              // --out is required
+		bc("backup", exitOK, "--out", scratch("backup.tar")), // online, beside the running serve
+		bc("backup", exitFailure, "--out", filepath.Join(notAFile, "backup.tar")),
+		bc("restore", exitUsage, "--data-dir", scratch("restored")), // --from is required
+		bc("restore", exitFailure, "--from", notAFile, "--data-dir", scratch("restored")),
+
 		bc("pki init", exitUsage), // --trust-domain is required
 		bc("pki init", exitOK, "--data-dir", scratch("pki-init"), "--trust-domain", "exit.test"),
 		bc("pki init", exitFailure, "--trust-domain", "again.test"), // already initialised
