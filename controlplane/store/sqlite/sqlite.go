@@ -145,6 +145,7 @@ func explainDamage(path string, err error) error {
 		"  Check it: sqlite3 %s 'PRAGMA integrity_check'\n"+
 		"  Restore the latest backup to that path (with serve stopped), then start again; backups are\n"+
 		"  taken, while serve runs, with: sqlite3 %s \".backup '%s.bak'\"\n"+
+		"  (or better-compute backup --out FILE; restore one with better-compute restore --from FILE --data-dir NEW_DIR)\n"+
 		"  Nodes keep their identities: they reconnect once the control plane is back",
 		ErrDamaged, err, path, path, path, path)
 }
