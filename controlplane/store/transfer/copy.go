@@ -18,8 +18,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultBatchRows  = 5000
-	DefaultBatchBytes = 8 << 20
+	DefaultBatchRows = 50000
 )
 
 // Config is one copy.
@@ -34,12 +33,10 @@ type Config struct {
 	// Replace empties the target's tables first (in the copy's
 	// transaction) instead of refusing a target that holds rows.
 	Replace bool
-	// BatchRows is the most rows one COPY sends. Defaults to
-	// DefaultBatchRows.
+	// BatchRows is the most rows one COPY statement sends; the rows
+	// stream to it as they are read, so that memory does not grow with
+	// it. Defaults to DefaultBatchRows.
 	BatchRows int
-	// BatchBytes bounds one COPY's values (command output is up to 64 KiB
-	// a row). Defaults to DefaultBatchBytes.
-	BatchBytes int
 	// Progress, when set, is called after every batch and once when a
 	// table is done (Copied == Total).
 	Progress func(Progress)
@@ -69,8 +66,10 @@ type Result struct {
 	Tables []TableResult
 	// Rows is the sum of the tables' rows.
 	Rows int64
-	// Elapsed is the copy's wall time, checks and verification included.
-	Elapsed time.Duration
+	// Elapsed is the copy's wall time, checks and verification included;
+	// Copying and Verifying are its two long parts: the batches of COPY,
+	// and reading every table back from the target to checksum it.
+	Elapsed, Copying, Verifying time.Duration
 }
 
 // NotEmptyError is a target that holds rows, without Config.Replace.
@@ -115,7 +114,6 @@ var ErrVerify = errors.New("verify the copy")
 func Copy(ctx context.Context, cfg Config) (*Result, error) {
 	start := time.Now()
 	cfg.BatchRows = cmp.Or(cfg.BatchRows, DefaultBatchRows)
-	cfg.BatchBytes = cmp.Or(cfg.BatchBytes, DefaultBatchBytes)
 	if cfg.Source == "" || cfg.Target == "" {
 		return nil, errors.New("store copy: a source file and a target URL are required")
 	}
@@ -185,6 +183,7 @@ func Copy(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("empty the target (--replace): %w", err)
 		}
 	}
+	copying := time.Now()
 	for _, t := range plan {
 		tr, err := copyTable(ctx, cfg, src, tx, t)
 		if err != nil {
@@ -193,6 +192,8 @@ func Copy(ctx context.Context, cfg Config) (*Result, error) {
 		res.Tables = append(res.Tables, *tr)
 		res.Rows += tr.Rows
 	}
+	res.Copying = time.Since(copying)
+	verifying := time.Now()
 	for _, want := range res.Tables {
 		t := plan[slices.IndexFunc(plan, func(t *table) bool { return t.name == want.Name })]
 		got, sum, err := targetSum(ctx, tx, t)
@@ -204,6 +205,7 @@ func Copy(ctx context.Context, cfg Config) (*Result, error) {
 				ErrVerify, t.name, got, sum, want.Rows, want.Checksum)
 		}
 	}
+	res.Verifying = time.Since(verifying)
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit the copy: %w", err)
 	}
@@ -273,95 +275,35 @@ func nonEmpty(ctx context.Context, pg *pgx.Conn) ([]string, error) {
 	return full, nil
 }
 
-// copyTable copies t from the source in batches and sets its identity
-// sequences past the copied ids.
+// copyTable copies t from the source in batches, each one COPY statement
+// fed row by row as the source is read (so that reading SQLite and
+// PostgreSQL's writing overlap), and sets its identity sequences past the
+// copied ids.
 func copyTable(ctx context.Context, cfg Config, src *sql.Tx, tx pgx.Tx, t *table) (*TableResult, error) {
 	res := &TableResult{Name: t.name}
 	var total int64
 	if err := src.QueryRowContext(ctx, `SELECT count(*) FROM "`+t.name+`"`).Scan(&total); err != nil {
 		return nil, fmt.Errorf("count the source's rows: %w", err)
 	}
-	report := func() {
-		if cfg.Progress != nil {
-			cfg.Progress(Progress{Table: t.name, Copied: res.Rows, Total: total})
-		}
-	}
 	rows, err := src.QueryContext(ctx, `SELECT `+t.quoted("")+` FROM "`+t.name+`"`)
 	if err != nil {
 		return nil, fmt.Errorf("read the source: %w", err)
 	}
 	defer rows.Close()
-	names := t.columnNames()
-	maxID := make([]int64, len(t.columns))
-	var batch [][]any
-	size := 0
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		n, err := tx.CopyFrom(ctx, pgx.Identifier{t.name}, names, pgx.CopyFromRows(batch))
+	b := newBatchSource(rows, t, cfg.BatchRows, &res.Checksum)
+	for !b.done {
+		b.n = 0
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{t.name}, t.columnNames(), b)
 		if err != nil {
-			return fmt.Errorf("write a batch of %d rows: %w", len(batch), err)
+			return nil, fmt.Errorf("write a batch of rows: %w", err)
 		}
 		res.Rows += n
-		batch, size = batch[:0], 0
-		report()
-		return nil
-	}
-	raw := make([]any, len(t.columns))
-	ptrs := make([]any, len(t.columns))
-	for i := range raw {
-		ptrs[i] = &raw[i]
-	}
-	var buf []byte
-	for rows.Next() {
-		if err := rows.Scan(ptrs...); err != nil {
-			return nil, fmt.Errorf("read the source: %w", err)
+		if cfg.Progress != nil && (n > 0 || b.done) {
+			cfg.Progress(Progress{Table: t.name, Copied: res.Rows, Total: total})
 		}
-		row := make([]any, len(t.columns))
-		buf = buf[:0]
-		for i, c := range t.columns {
-			v, err := c.fromSQLite(raw[i])
-			if err != nil {
-				return nil, err
-			}
-			row[i] = v
-			if buf, err = c.canonical(buf, v); err != nil {
-				return nil, err
-			}
-			if c.identity {
-				if id, ok := v.(int64); ok {
-					maxID[i] = max(maxID[i], id)
-				}
-			}
-			switch x := v.(type) {
-			case string:
-				size += len(x)
-			case []byte:
-				size += len(x)
-			default:
-				size += 8
-			}
-		}
-		res.Checksum.add(buf)
-		batch = append(batch, row)
-		if len(batch) >= cfg.BatchRows || size >= cfg.BatchBytes {
-			if err := flush(); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the source: %w", err)
-	}
-	if err := flush(); err != nil {
-		return nil, err
 	}
 	if res.Rows != total {
 		return nil, fmt.Errorf("%w: copied %d rows of %d", ErrVerify, res.Rows, total)
-	}
-	if total == 0 {
-		report()
 	}
 	for i, c := range t.columns {
 		if !c.identity {
@@ -374,7 +316,7 @@ func copyTable(ctx context.Context, cfg Config, src *sql.Tx, tx pgx.Tx, t *table
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return nil, fmt.Errorf("read the source's sequence: %w", err)
 		}
-		next := max(maxID[i], seq.Int64)
+		next := max(b.maxID[i], seq.Int64)
 		if _, err := tx.Exec(ctx, `SELECT setval(pg_get_serial_sequence(quote_ident(current_schema()) || '.' || quote_ident($1), $2), $3, $4)`,
 			t.name, c.name, max(next, 1), next > 0); err != nil {
 			return nil, fmt.Errorf("set the sequence of %s.%s: %w", t.name, c.name, err)
@@ -382,6 +324,78 @@ func copyTable(ctx context.Context, cfg Config, src *sql.Tx, tx pgx.Tx, t *table
 	}
 	return res, nil
 }
+
+// batchSource is a pgx.CopyFromSource over the source's rows of one table:
+// it gives at most limit rows to one COPY, converting each to the target's
+// types and adding it to the table's checksum as it goes; done once the
+// rows are exhausted.
+type batchSource struct {
+	rows  *sql.Rows
+	t     *table
+	limit int
+	n     int // rows given to the current COPY
+	done  bool
+	err   error
+	sum   *Checksum
+	maxID []int64 // per column: the largest identity value seen
+	row   []any
+	raw   []any
+	ptrs  []any
+	buf   []byte
+}
+
+func newBatchSource(rows *sql.Rows, t *table, limit int, sum *Checksum) *batchSource {
+	b := &batchSource{rows: rows, t: t, limit: limit, sum: sum, maxID: make([]int64, len(t.columns)),
+		raw: make([]any, len(t.columns)), ptrs: make([]any, len(t.columns))}
+	for i := range b.raw {
+		b.ptrs[i] = &b.raw[i]
+	}
+	return b
+}
+
+// Next reads the next row; false at the batch's end, at the table's end
+// (done) or on an error (Err).
+func (b *batchSource) Next() bool {
+	if b.done || b.n >= b.limit {
+		return false
+	}
+	if !b.rows.Next() {
+		b.done = true
+		if err := b.rows.Err(); err != nil {
+			b.err = fmt.Errorf("read the source: %w", err)
+		}
+		return false
+	}
+	if err := b.rows.Scan(b.ptrs...); err != nil {
+		b.err, b.done = fmt.Errorf("read the source: %w", err), true
+		return false
+	}
+	b.row = make([]any, len(b.t.columns))
+	b.buf = b.buf[:0]
+	for i, c := range b.t.columns {
+		v, err := c.fromSQLite(b.raw[i])
+		if err == nil {
+			b.buf, err = c.canonical(b.buf, v)
+		}
+		if err != nil {
+			b.err, b.done = err, true
+			return false
+		}
+		b.row[i] = v
+		if id, ok := v.(int64); ok && c.identity {
+			b.maxID[i] = max(b.maxID[i], id)
+		}
+	}
+	b.sum.add(b.buf)
+	b.n++
+	return true
+}
+
+// Values is the row Next read, in the target's types.
+func (b *batchSource) Values() ([]any, error) { return b.row, nil }
+
+// Err is what ended the rows early, if anything.
+func (b *batchSource) Err() error { return b.err }
 
 // targetSum counts and checksums t in the target.
 func targetSum(ctx context.Context, tx pgx.Tx, t *table) (int64, Checksum, error) {
