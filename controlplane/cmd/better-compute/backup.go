@@ -105,6 +105,9 @@ func (e *env) restore(ctx context.Context, from string) error {
 	if !cfg.Embedded {
 		return usageError{fmt.Errorf("restore writes an embedded data directory: unset the database URL (%s or database.url); on PostgreSQL use pg_restore", config.EnvDatabaseURL)}
 	}
+	if _, err := os.Stat(from); err != nil {
+		return fmt.Errorf("open the backup: %w", err)
+	}
 	dir := cfg.DataDir
 	secretFile := filepath.Join(dir, config.SecretFile)
 	entries, err := os.ReadDir(dir)
