@@ -210,3 +210,51 @@ func TestCopyRefusesAnotherSchema(t *testing.T) {
 		t.Errorf("the refused copy migrated the target: %v", st.Applied)
 	}
 }
+
+// TestCopyRefusesWhatItDoesNotHandle: a table, a column or a column type
+// that only one side has, and a target a newer build migrated, are each
+// refused before a row is copied; this is the guard that a table added
+// without the copy knowing it fails here, not in an operator's move.
+func TestCopyRefusesWhatItDoesNotHandle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	src := source(t)
+	for name, ddl := range map[string]string{
+		"table in the target only":  `CREATE TABLE extra (id integer PRIMARY KEY)`,
+		"column in the target only": `ALTER TABLE events ADD COLUMN score integer`,
+		"type not handled":          `ALTER TABLE events ALTER COLUMN kind TYPE double precision USING 0`,
+		"newer build":               `INSERT INTO schema_migrations (name, applied_at) VALUES ('9999_future', 'now')`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			url := pgtest.URL(t)
+			pg, err := postgres.Open(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pg.Close()
+			if _, err := pg.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			conn, err := pgx.Connect(ctx, url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, ddl); err != nil {
+				t.Fatal(err)
+			}
+			_, err = transfer.Copy(ctx, transfer.Config{Source: src, Target: url})
+			var pe *transfer.PlanError
+			var me *store.MigrationError
+			if !errors.As(err, &pe) && !errors.As(err, &me) {
+				t.Fatalf("copy: %v, want a PlanError or a MigrationError", err)
+			}
+			t.Logf("refused: %v", err)
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM nodes`).Scan(&n); err != nil || n != 0 {
+				t.Errorf("the refused copy left %d nodes (%v)", n, err)
+			}
+		})
+	}
+}
