@@ -9,8 +9,10 @@
 //     ids, and verifies each table's row count and checksum before it
 //     commits, all in one transaction, so that an interrupted copy leaves
 //     the target as it was.
-//   - Backup and Restore write the embedded database into one file with a
-//     manifest (version, schema, time, checksums) and back.
+//   - Backup writes the embedded database, while it is in use, into one
+//     file with a manifest (version, schema, time, checksums); Unpack
+//     reads it back and checks it against the manifest (better-compute
+//     backup and restore).
 //
 // Both backends hold one schema (the migrations in store/sqlite and
 // store/postgres, numbered alike); they differ only in how values are
