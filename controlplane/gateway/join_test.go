@@ -339,21 +339,25 @@ func TestJoinRefused(t *testing.T) {
 		wrongSecret, _ := jointoken.New(e.bundle.GatewayPin(), nil)
 		forged := strings.Replace(wrongSecret.String(), wrongSecret.ID(), valid.ID(), 1)
 
+		// A refusal of a reason already audited from this address within
+		// the minute writes no row of its own: the next summary counts it
+		// (admission.RefusalSummaryEvery).
 		for _, tc := range []struct {
-			name    string
-			token   string
-			csr     []byte
-			code    codes.Code
-			message string
+			name       string
+			token      string
+			csr        []byte
+			code       codes.Code
+			message    string
+			summarised bool
 		}{
-			{"expired", expired.String(), csr, codes.Unauthenticated, "join token expired"},
-			{"exhausted", exhausted.String(), csr, codes.Unauthenticated, "join token used up"},
-			{"revoked", revoked.String(), csr, codes.Unauthenticated, "join token revoked"},
-			{"unknown", unknown.String(), csr, codes.Unauthenticated, "join token unknown"},
-			{"wrong secret", forged, csr, codes.Unauthenticated, "join token unknown"},
-			{"malformed", "bct1.not-a-token", csr, codes.Unauthenticated, "join token malformed"},
-			{"garbage CSR", valid.String(), []byte("not a certificate request"), codes.InvalidArgument, "invalid certificate signing request"},
-			{"empty CSR", valid.String(), nil, codes.InvalidArgument, "invalid certificate signing request"},
+			{"expired", expired.String(), csr, codes.Unauthenticated, "join token expired", false},
+			{"exhausted", exhausted.String(), csr, codes.Unauthenticated, "join token used up", false},
+			{"revoked", revoked.String(), csr, codes.Unauthenticated, "join token revoked", false},
+			{"unknown", unknown.String(), csr, codes.Unauthenticated, "join token unknown", false},
+			{"wrong secret", forged, csr, codes.Unauthenticated, "join token unknown", true},
+			{"malformed", "bct1.not-a-token", csr, codes.Unauthenticated, "join token malformed", false},
+			{"garbage CSR", valid.String(), []byte("not a certificate request"), codes.InvalidArgument, "invalid certificate signing request", false},
+			{"empty CSR", valid.String(), nil, codes.InvalidArgument, "invalid certificate signing request", true},
 		} {
 			before := takeSnapshot(t, e.st)
 			_, err := client.Join(ctx, &sessionv1.JoinRequest{Token: tc.token, Csr: tc.csr, Facts: &sessionv1.NodeFacts{Hostname: "refused-" + tc.name}})
@@ -362,9 +366,16 @@ func TestJoinRefused(t *testing.T) {
 				t.Errorf("%s: message %q, want it to say %q", tc.name, st.Message(), tc.message)
 			}
 			after := takeSnapshot(t, e.st)
+			rows := 1
+			if tc.summarised {
+				rows = 0
+			}
 			if after.nodes != before.nodes || after.revocations != before.revocations || after.sessions != before.sessions ||
-				!mapsEqual(after.uses, before.uses) || after.audits != before.audits+1 {
-				t.Errorf("%s: wrote more than one audit row: before %+v, after %+v", tc.name, before, after)
+				!mapsEqual(after.uses, before.uses) || after.audits != before.audits+rows {
+				t.Errorf("%s: wrote more than %d audit rows: before %+v, after %+v", tc.name, rows, before, after)
+			}
+			if tc.summarised {
+				continue
 			}
 			entries, _ := e.st.AuditList(ctx, 0, 1000)
 			last := entries[len(entries)-1]
