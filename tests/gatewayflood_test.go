@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"regexp"
 	"runtime"
 	"strings"
@@ -61,7 +62,7 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	d := newDeployment(t, backendPostgres)
+	d := newDeploymentWith(t, backendPostgres, deploymentConfig{gateway: os.Getenv("FLOOD_GATEWAY_CONFIG")})
 	tokenFile, _ := d.joinToken(daemons, time.Hour)
 	token := strings.TrimSpace(readFile(t, tokenFile))
 	start := time.Now()
@@ -70,19 +71,25 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 	// may close those it does not queue.
 	var closedByGateway atomic.Int64
 	var idle sync.WaitGroup
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+		idle.Wait()
+	})
 	for i := range idleConns {
 		c, err := dialerFrom("127.0.0.2").Dial("tcp", d.gwAddr)
 		if err != nil {
 			t.Fatalf("idle connection %d from 127.0.0.2: %v", i, err)
 		}
-		t.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
 		idle.Go(func() {
 			if _, err := io.Copy(io.Discard, c); err == nil {
 				closedByGateway.Add(1)
 			}
 		})
 	}
-	t.Cleanup(idle.Wait)
 	t.Logf("%d idle connections from 127.0.0.2 open", idleConns)
 
 	// The Join flood from 127.0.0.3, on one HTTP/2 connection, at most
@@ -105,6 +112,7 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, csr := newKeyCSR(t)
 	var sent, exhausted, refusedToken atomic.Int64
 	var flood sync.WaitGroup
 	pace := rate.NewLimiter(500, 10)
@@ -116,7 +124,7 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 				if (i+w)%2 == 0 {
 					tok = unknown.String()
 				}
-				_, err := join.Join(floodCtx, &sessionv1.JoinRequest{Token: tok, Csr: []byte("junk"),
+				_, err := join.Join(floodCtx, &sessionv1.JoinRequest{Token: tok, Csr: csr,
 					Facts: &sessionv1.NodeFacts{Hostname: "flood", Os: runtime.GOOS, Arch: runtime.GOARCH}})
 				sent.Add(1)
 				switch status.Code(err) {

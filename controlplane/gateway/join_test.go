@@ -16,12 +16,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"
 	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -526,4 +529,56 @@ func TestRenewAndSecret(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestJoinRateLimited: past its source's Join rate a Join is refused with
+// RESOURCE_EXHAUSTED, a retry-after-ms trailer and a RetryInfo detail
+// saying how long to wait; FakeDaemons (session.Join, as bcd join) joining
+// from that address at once all get in, retrying after the hint.
+func TestJoinRateLimited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, sqlitetest.Open(t))
+	g := e.start(func(c *Config) { c.JoinRate = 2; c.JoinBurst = 2 })
+	client := sessionv1.NewJoinServiceClient(e.dial(g, nil))
+	_, csr := newKey(t)
+	var err error
+	var trailer metadata.MD
+	for range 3 {
+		_, err = client.Join(ctx, &sessionv1.JoinRequest{Token: "bct1.not-a-token", Csr: csr, Facts: &sessionv1.NodeFacts{Hostname: "flood"}},
+			grpc.Trailer(&trailer))
+		if status.Code(err) == codes.ResourceExhausted {
+			break
+		}
+		wantCode(t, err, codes.Unauthenticated)
+	}
+	st := wantCode(t, err, codes.ResourceExhausted)
+	var hint time.Duration
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			hint = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	if hint <= 0 || hint > time.Second || len(trailer.Get(TrailerRetryAfter)) != 1 || !strings.Contains(st.Message(), "retry in") {
+		t.Fatalf("refusal %q, RetryInfo %s, trailer %v: want how long to wait (at most 1 s at 2 a second)", st.Message(), hint, trailer)
+	}
+
+	tok := e.token(6, time.Hour)
+	errs := make(chan error, 6)
+	for i := range 6 {
+		go func() {
+			d, err := sim.NewFakeDaemon(sim.DaemonConfig{Name: fmt.Sprintf("rate-%d", i), NoInventory: true})
+			if err == nil {
+				jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err = d.Join(jctx, g.PublicURL(), tok.String())
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	for range 6 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a FakeDaemon joining beside others from one address at 2 a second: %v", err)
+		}
+	}
 }
