@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"regexp"
 	"runtime"
 	"strings"
@@ -41,7 +40,8 @@ func dialerFrom(ip string) *net.Dialer {
 // PostgreSQL, 1,000 TCP connections from 127.0.0.2 that open and say
 // nothing, and a flood of Joins with bad tokens (malformed, and well formed
 // but unknown) from 127.0.0.3, while 50 FakeDaemons join from 127.0.0.1
-// with one token: all 50 join within 30 s, and the audit log's refused
+// with one token: all 50 join within 30 s (and then hold sessions within
+// 30 s), and the audit log's refused
 // joins come in at most one row a minute per source address and reason
 // (so do serve's "Join refused" lines). (Before, the idle connections held
 // all 64 setup slots for 10 s each and the daemons' connections waited in
@@ -62,7 +62,7 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	d := newDeploymentWith(t, backendPostgres, deploymentConfig{gateway: os.Getenv("FLOOD_GATEWAY_CONFIG")})
+	d := newDeployment(t, backendPostgres)
 	tokenFile, _ := d.joinToken(daemons, time.Hour)
 	token := strings.TrimSpace(readFile(t, tokenFile))
 	start := time.Now()
@@ -138,7 +138,9 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 	}
 	t.Cleanup(func() { stopFlood(); flood.Wait() })
 	eventually(t, 30*time.Second, func() bool { return exhausted.Load() > 0 },
-		func() string { return fmt.Sprintf("%d Joins sent from 127.0.0.3, none refused for the rate", sent.Load()) })
+		func() string {
+			return fmt.Sprintf("%d Joins sent from 127.0.0.3, none refused for the rate", sent.Load())
+		})
 
 	// 50 FakeDaemons join from 127.0.0.1 with one token, all at once.
 	fleet, err := sim.NewFleet(sim.FleetConfig{GatewayURL: d.gatewayURL, Token: token, N: daemons, JoinConcurrency: daemons,
@@ -157,6 +159,20 @@ func TestGatewayJunkStarvesNoNode(t *testing.T) {
 	}
 	t.Logf("%d FakeDaemons joined in %s; meanwhile %d Joins from 127.0.0.3 (%d refused for the rate, %d for the token), %d idle connections closed by the gateway",
 		daemons, took.Round(time.Millisecond), sent.Load(), exhausted.Load(), refusedToken.Load(), closedByGateway.Load())
+	// And they open their sessions, the flood still on.
+	runCtx, stopRun := context.WithCancel(ctx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- fleet.Run(runCtx) }()
+	t.Cleanup(func() { stopRun(); <-runDone })
+	connectStart := time.Now()
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = fleet.WaitFor(waitCtx, func(s sim.FleetStats) bool { return s.Connected >= daemons })
+	cancel()
+	if err != nil {
+		t.Fatalf("%d of %d FakeDaemons hold a session 30 s after they started (%v), beside the idle connections and the flood",
+			fleet.Stats().Connected, daemons, err)
+	}
+	t.Logf("%d sessions open in %s", daemons, time.Since(connectStart).Round(time.Millisecond))
 	stopFlood()
 	flood.Wait()
 
