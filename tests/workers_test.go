@@ -36,13 +36,16 @@ import (
 // deployment reads: every listener on a free loopback port (so two gateways
 // share the file), heartbeats every 2 s (liveness calls a node unreachable
 // after 6 s) and drains within 3 s, so that the scenario fits in about a
-// minute and a half. The gateway's tlsFiles lines follow.
+// minute and a half. Every FakeDaemon comes from 127.0.0.1, so the
+// gateway's bounds per source address are its bounds in all. The gateway's
+// tlsFiles lines follow.
 const splitConfig = `host:
   listen: 127.0.0.1:0
   gateway:
     listen: 127.0.0.1:0
     heartbeatInterval: 2s
     drainDelay: 3s
+    limits: {pendingPerSource: 256, queuedPerSource: 4096, joinsPerSecond: 1000, joinBurst: 1000}
 `
 
 // workerRoles are the roles of a worker process of the split deployment.

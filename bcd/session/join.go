@@ -12,7 +12,10 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/proto/jointoken"
@@ -112,6 +115,9 @@ type JoinResult struct {
 // gateway's certificate does not match the trust, ErrJoinRefused when the
 // gateway refuses the token or the request, and ErrProtocol when the
 // answer is unusable. Other errors are transport failures worth retrying.
+// A RESOURCE_EXHAUSTED refusal (too many Joins from this address) is
+// retried after the gateway's retry hint, with backoff, within p.Timeout;
+// past it that refusal is returned, saying how long to wait.
 func Join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 	res, err := join(ctx, p)
 	if err != nil {
@@ -183,7 +189,7 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 			return nil, fmt.Errorf("gateway %s: %w", gw.url, err)
 		}
 	}
-	resp, err := sessionv1.NewJoinServiceClient(cc).Join(ctx, req)
+	resp, err := joinRetrying(ctx, sessionv1.NewJoinServiceClient(cc), req, gw.url, log)
 	if err != nil {
 		if verr := vf.get(); verr != nil {
 			return nil, fmt.Errorf("gateway %s: %w", gw.url, verr)
@@ -208,6 +214,48 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 	}
 	res.ClockSkew = skew
 	return res, nil
+}
+
+// Join's retries of RESOURCE_EXHAUSTED (the gateway's Join rate per
+// source address, issue 28): full-jitter backoff from joinBackoffBase to
+// joinBackoffMax, never shorter than the gateway's hint.
+const (
+	joinBackoffBase = 500 * time.Millisecond
+	joinBackoffMax  = 30 * time.Second
+)
+
+// joinRetrying calls Join, and calls it again after a RESOURCE_EXHAUSTED
+// refusal (the gateway's Join rate for this address: many nodes behind one
+// NAT address joining at once) once the gateway's retry hint and a backoff
+// have passed, until ctx ends. When the wait would outlast ctx it returns
+// the refusal, which says how long to wait.
+func joinRetrying(ctx context.Context, c sessionv1.JoinServiceClient, req *sessionv1.JoinRequest, gwURL string, log *slog.Logger) (*sessionv1.JoinResponse, error) {
+	for attempt := 0; ; attempt++ {
+		var trailer metadata.MD
+		resp, err := c.Join(ctx, req, grpc.Trailer(&trailer))
+		if status.Code(err) != codes.ResourceExhausted {
+			return resp, err
+		}
+		hint := retryHint(trailer)
+		for _, d := range status.Convert(err).Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+				hint = max(hint, min(ri.GetRetryDelay().AsDuration(), MaxRetryHint))
+			}
+		}
+		wait := reconnectDelay(randomJitter, joinBackoffBase, joinBackoffMax, attempt, hint)
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return nil, err
+		}
+		log.InfoContext(ctx, "Join refused for now, retrying", attrGateway, gwURL, attrDelay, wait, attrAttempt, attempt,
+			"reason", status.Convert(err).Message())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+	}
 }
 
 // joinResult checks a JoinResponse and turns it into a JoinResult.

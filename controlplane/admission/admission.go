@@ -108,6 +108,8 @@ type Admitter struct {
 	store  Store
 	bundle *pki.Bundle
 	log    *slog.Logger
+	// refusals summarises the refusals before a token is known good.
+	refusals *refusalSummary
 }
 
 // New returns an Admitter issuing from bundle's node CA.
@@ -124,7 +126,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Admitter,
 	case st == nil || bundle == nil || log == nil:
 		return nil, errors.New("admission: store, bundle and logger are required")
 	}
-	return &Admitter{cfg: cfg, store: st, bundle: bundle, log: log}, nil
+	return &Admitter{cfg: cfg, store: st, bundle: bundle, log: log, refusals: newRefusalSummary()}, nil
 }
 
 // Facts is what a joining machine says about itself. It names and places the
@@ -211,6 +213,12 @@ type auditDetails struct {
 	PreviousSerial string `json:"previousSerial,omitempty"`
 	Via            string `json:"via,omitempty"`
 	Reason         string `json:"reason,omitempty"`
+	// Refusal, Refusals and Since summarise the refusals of one reason
+	// from one source (refusalSummary): this row stands for Refusals of
+	// them since Since, the last of which it describes.
+	Refusal  string `json:"refusal,omitempty"`
+	Refusals int    `json:"refusals,omitempty"`
+	Since    string `json:"since,omitempty"`
 }
 
 // Join admits the machine of req or refuses it; see the package
@@ -466,13 +474,6 @@ func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok
 	return err
 }
 
-// refuse writes the audit row of a refused join and returns err.
-func (a *Admitter) refuse(ctx context.Context, entry *store.AuditEntry, d *auditDetails, err error) error {
-	a.audit(ctx, entry, d, OutcomeRefused, err)
-	a.log.InfoContext(ctx, "Join refused", "source", entry.SourceIP, "token_id", d.TokenID, logkey.Err, err)
-	return err
-}
-
 // fail writes the audit row of a join that failed on the system's side and
 // returns err.
 func (a *Admitter) fail(ctx context.Context, entry *store.AuditEntry, d *auditDetails, err error) error {
@@ -483,7 +484,9 @@ func (a *Admitter) fail(ctx context.Context, entry *store.AuditEntry, d *auditDe
 
 func (a *Admitter) audit(ctx context.Context, entry *store.AuditEntry, d *auditDetails, outcome string, cause error) {
 	e := *entry
-	d.Reason = cause.Error()
+	if cause != nil {
+		d.Reason = cause.Error()
+	}
 	e.Outcome, e.Details = outcome, mustJSON(d)
 	// The audit row outlives a cancelled call: the attempt happened.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -6,8 +6,10 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -347,7 +349,7 @@ func TestRefusals(t *testing.T) {
 	for i := range admission.MaxLabels + 1 {
 		labels[strings.Repeat("k", i+1)] = "v"
 	}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		name  string
 		req   admission.Request
 		token bool
@@ -362,6 +364,9 @@ func TestRefusals(t *testing.T) {
 		{"expired", admission.Request{Token: f.token(t, -time.Second).String(), CSR: csr(t), Facts: admission.Facts{Hostname: "h"}}, true},
 		{"malformed", admission.Request{Token: "nope", CSR: csr(t), Facts: admission.Facts{Hostname: "h"}}, true},
 	} {
+		// Each from its own address: the refusals of one reason from one
+		// address are summarised (TestRefusalsSummarised).
+		tc.req.Source = "10.0.0." + strconv.Itoa(i+1)
 		_, err := f.adm.Join(ctx, &tc.req)
 		if !errors.Is(err, admission.ErrRefused) || admission.IsTokenRefusal(err) != tc.token ||
 			errors.Is(err, admission.ErrInvalidRequest) == tc.token {
@@ -374,6 +379,96 @@ func TestRefusals(t *testing.T) {
 	}
 	if tk, _ := f.st.JoinTokenGet(ctx, tok.ID()); tk.Uses != 0 {
 		t.Fatalf("refusals used the token %d times", tk.Uses)
+	}
+}
+
+// TestRefusalsSummarised: refusals anyone can cause without a good token
+// write at most one audit row a minute per source address and reason, the
+// next one counting those in between; other sources and reasons have rows
+// of their own; a rate-limited Join is one such reason.
+func TestRefusalsSummarised(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t)
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	adm, err := admission.New(admission.Config{NodeCertTTL: time.Hour, Now: func() time.Time { return now }}, f.st, f.bundle,
+		slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	malformed := func(source string) {
+		t.Helper()
+		_, err := adm.Join(ctx, &admission.Request{Token: "nope", CSR: csr(t), Facts: admission.Facts{Hostname: "h"}, Source: source})
+		if !errors.Is(err, admission.ErrTokenMalformed) {
+			t.Fatalf("malformed token: %v", err)
+		}
+	}
+	rows := func() []*store.AuditEntry {
+		t.Helper()
+		entries, err := f.st.AuditList(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return entries
+	}
+	details := func(e *store.AuditEntry) (refusal string, n int) {
+		t.Helper()
+		var d struct {
+			Refusal  string `json:"refusal"`
+			Refusals int    `json:"refusals"`
+		}
+		if err := json.Unmarshal(e.Details, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Refusal, d.Refusals
+	}
+	for range 100 {
+		malformed("10.0.0.3")
+	}
+	if err := adm.RefuseRateLimited(ctx, "10.0.0.3", "gateway:gw_1", time.Second); !errors.Is(err, admission.ErrRateLimited) || !errors.Is(err, admission.ErrRefused) {
+		t.Fatalf("RefuseRateLimited: %v", err)
+	}
+	malformed("10.0.0.4")
+	got := rows()
+	if len(got) != 3 {
+		t.Fatalf("%d audit rows for 100 malformed tokens and a rate-limited join from one address and a malformed one from another, want 3", len(got))
+	}
+	for i, want := range []struct {
+		source, refusal string
+	}{{"10.0.0.3", admission.RefusalTokenMalformed}, {"10.0.0.3", admission.RefusalRateLimited}, {"10.0.0.4", admission.RefusalTokenMalformed}} {
+		if r, n := details(got[i]); got[i].SourceIP != want.source || r != want.refusal || n != 1 || got[i].Outcome != admission.OutcomeRefused {
+			t.Fatalf("row %d: %s %s refusal %q ×%d, want %s refused %s ×1", i, got[i].SourceIP, got[i].Outcome, r, n, want.source, want.refusal)
+		}
+	}
+
+	// A minute later the next refusal writes the count since the last row.
+	now = now.Add(admission.RefusalSummaryEvery)
+	malformed("10.0.0.3")
+	got = rows()
+	if len(got) != 4 {
+		t.Fatalf("%d audit rows a minute later, want 4 (the next summary; the pairs with nothing pending write none)", len(got))
+	}
+	if r, n := details(got[3]); got[3].SourceIP != "10.0.0.3" || r != admission.RefusalTokenMalformed || n != 100 {
+		t.Fatalf("the summary a minute later: %s %q ×%d, want 10.0.0.3 token_malformed ×100", got[3].SourceIP, r, n)
+	}
+
+	// A pair that goes quiet with refusals pending is written by the
+	// sweep after the next window, and forgotten.
+	malformed("10.0.0.3")
+	now = now.Add(2 * admission.RefusalSummaryEvery)
+	malformed("10.0.0.5")
+	got = rows()
+	if len(got) != 6 {
+		t.Fatalf("%d audit rows, want 6 (10.0.0.5's first, and 10.0.0.3's pending one swept)", len(got))
+	}
+	var swept bool
+	for _, e := range got[4:] {
+		if r, n := details(e); e.SourceIP == "10.0.0.3" && r == admission.RefusalTokenMalformed && n == 1 {
+			swept = true
+		}
+	}
+	if !swept {
+		t.Fatal("the pending refusal of a quiet pair was not written by the sweep")
 	}
 }
 

@@ -26,9 +26,14 @@
 // Reattest renews an expired certificate on a proof of the node's latest key,
 // within Config.ReattestGrace of its expiry (DESIGN.md, "Identity over time").
 //
-// Every attempt, admitted or refused, leaves exactly one audit row with the
-// caller's address. A refused join leaves nothing else: the transaction of
-// step 3 rolls back and the refusal's audit row is written on its own.
+// Every attempt, admitted or refused, leaves one audit row with the caller's
+// address, except the refusals anyone can cause without a good token (a
+// malformed, unknown, expired, revoked or used-up token, an invalid request,
+// a source over the gateway's Join rate: RefuseRateLimited): those are
+// summarised in at most one row per source address and reason a minute
+// (RefusalSummaryEvery), the row counting them ("refusals", "since") and
+// describing the last. A refused join leaves nothing else: the transaction
+// of step 3 rolls back and the refusal's audit row is written on its own.
 //
 // Refusals are errors wrapping ErrRefused together with the cause: ErrUnknownNode,
 // ErrNotLatestKey, ErrNodeRevoked or ErrGracePassed for a proof or

@@ -191,6 +191,9 @@ type Gateway struct {
 	// inventory refused); the next line counts those dropped meanwhile.
 	// Defaults to 1 min.
 	NodeLogInterval Duration `yaml:"nodeLogInterval"`
+	// Limits bounds what one source address can hold of the gateway
+	// (issue 28).
+	Limits GatewayLimits `yaml:"limits"`
 	// Internal configures the internal control API (docs/tunnels.md).
 	Internal InternalAPI `yaml:"internal"`
 	// Tunnels configures shells and port forwards (docs/tunnels.md).
@@ -198,6 +201,64 @@ type Gateway struct {
 	// WS configures the WebSocket fallback (docs/websocket.md); off unless
 	// ws.publicURL is set.
 	WS WebSocketFallback `yaml:"ws"`
+}
+
+// GatewayLimits bounds the connections in setup (accepted, until the TLS
+// handshake and Hello are done) and the Join calls, per source address and
+// in all, so that junk from one address cannot starve the nodes of others.
+// Zero takes the default.
+type GatewayLimits struct {
+	// PendingPerSource caps the connections of one source address in setup
+	// at once. Defaults to 8.
+	PendingPerSource int `yaml:"pendingPerSource"`
+	// Pending caps the connections in setup at once in all. Defaults to
+	// 256.
+	Pending int `yaml:"pending"`
+	// QueuedPerSource caps the connections of one source address waiting
+	// for one of its setup slots (nodes behind one NAT address); past it a
+	// new one is closed. Defaults to 64.
+	QueuedPerSource int `yaml:"queuedPerSource"`
+	// Queued caps the connections waiting for a setup slot in all; past it
+	// the gateway stops accepting until some leave. Defaults to 4,096.
+	Queued int `yaml:"queued"`
+	// HandshakeTimeout bounds a new connection's TLS handshake, and a new
+	// session's wait for Hello. Defaults to 5 s.
+	HandshakeTimeout Duration `yaml:"handshakeTimeout"`
+	// JoinsPerSecond caps the Join calls of one source address; past it
+	// (and JoinBurst) a Join is refused with RESOURCE_EXHAUSTED and how long
+	// to wait. Defaults to 10.
+	JoinsPerSecond float64 `yaml:"joinsPerSecond"`
+	// JoinBurst is how many Joins one source address may make at once
+	// above JoinsPerSecond. Defaults to 20.
+	JoinBurst int `yaml:"joinBurst"`
+}
+
+func (l *GatewayLimits) setDefaults() {
+	l.PendingPerSource = cmp.Or(l.PendingPerSource, 8)
+	l.Pending = cmp.Or(l.Pending, 256)
+	l.QueuedPerSource = cmp.Or(l.QueuedPerSource, 64)
+	l.Queued = cmp.Or(l.Queued, 4096)
+	l.HandshakeTimeout.Duration = cmp.Or(l.HandshakeTimeout.Duration, 5*time.Second)
+	l.JoinsPerSecond = cmp.Or(l.JoinsPerSecond, 10)
+	l.JoinBurst = cmp.Or(l.JoinBurst, 20)
+}
+
+func (l *GatewayLimits) validate() error {
+	for key, n := range map[string]int{"pendingPerSource": l.PendingPerSource, "pending": l.Pending,
+		"queuedPerSource": l.QueuedPerSource, "queued": l.Queued, "joinBurst": l.JoinBurst} {
+		if n < 0 {
+			return &Error{Key: "host.gateway.limits." + key, Msg: "must be positive"}
+		}
+	}
+	switch {
+	case l.JoinsPerSecond < 0:
+		return &Error{Key: "host.gateway.limits.joinsPerSecond", Msg: "must be positive"}
+	case l.HandshakeTimeout.Duration < 0:
+		return &Error{Key: "host.gateway.limits.handshakeTimeout", Msg: "must be positive"}
+	case l.PendingPerSource > l.Pending:
+		return &Error{Key: "host.gateway.limits.pendingPerSource", Msg: fmt.Sprintf("%d is more than pending (%d)", l.PendingPerSource, l.Pending)}
+	}
+	return nil
 }
 
 // InternalAPI configures the internal control API between control-plane
@@ -496,6 +557,7 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.Internal.Listen == "" {
 		g.Internal.Listen = ":8444"
 	}
+	g.Limits.setDefaults()
 	g.WS.setDefaults()
 	if g.PublicURL == "" {
 		// Port 0 is chosen at listen time; the gateway then derives it.
@@ -611,6 +673,9 @@ func (c *Config) validate() error {
 		c.Host.Gateway.PublicURL = u
 	}
 	if err := c.validateAPITLS(); err != nil {
+		return err
+	}
+	if err := c.Host.Gateway.Limits.validate(); err != nil {
 		return err
 	}
 	if err := c.Host.Gateway.WS.validate(); err != nil {

@@ -12,11 +12,22 @@
 // whose node exists. The node id always comes from the certificate, never from
 // a message. The serving certificate is read from files and re-read every
 // CertReloadInterval; new handshakes get the new one, open connections keep
-// theirs. New connections are accepted at a bounded rate (HandshakeRate, with
+// theirs. New connections are set up at a bounded rate (HandshakeRate, with
 // HandshakeBurst) and at most MaxConnecting at a time between accept and
-// Welcome, so a reconnect storm queues in the kernel's backlog instead of
-// starving live sessions of CPU, and the gateway finishes the sessions it
-// started before the daemons' handshake deadlines pass.
+// Welcome, so a reconnect storm waits instead of starving live sessions of
+// CPU, and the gateway finishes the sessions it started before the daemons'
+// handshake deadlines pass. Of those, at most MaxConnectingPerSource come
+// from one source address, so that idle connections from one address cannot
+// starve the nodes of others; a source's further connections wait in its
+// own queue (MaxQueuedPerSource; past it they are closed), and past
+// MaxQueued waiting in all the gateway stops accepting (listen.go). The TLS
+// handshake and the Hello must each come within HelloTimeout.
+//
+// Join calls are rate-limited per source address (JoinRate, JoinBurst;
+// joinlimit.go): past it a Join is refused with RESOURCE_EXHAUSTED, a
+// "retry-after-ms" trailer and a RetryInfo detail. Refused Joins are audited
+// in summary, one row a minute per source and reason at most (package
+// admission, RefusalSummaryEvery).
 //
 // # Sessions
 //

@@ -88,6 +88,7 @@ const (
 	reasonDraining     = "draining"
 	reasonHelloTimeout = "hello_timeout"
 	reasonProtocol     = "protocol"
+	reasonJoinRate     = "join_rate"
 )
 
 // Config configures a Gateway. Zero fields take the documented defaults.
@@ -126,8 +127,8 @@ type Config struct {
 	RetryAfter time.Duration
 	// HeartbeatInterval is told to daemons in Welcome. Defaults to 10 s.
 	HeartbeatInterval time.Duration
-	// HelloTimeout is how long a new stream may take to send Hello.
-	// Defaults to 10 s.
+	// HelloTimeout is how long a new connection may take to finish its
+	// TLS handshake, and a new stream to send Hello. Defaults to 5 s.
 	HelloTimeout time.Duration
 	// DrainDelay bounds the random delay sent in Drain on shutdown.
 	// Defaults to 60 s.
@@ -151,8 +152,30 @@ type Config struct {
 	HandshakeBurst int
 	// MaxConnecting is how many accepted connections may be in setup at
 	// once: from accept until Welcome is sent or the stream refused, until
-	// the connection closes, or for HelloTimeout at most. Defaults to 64.
+	// a connection without a client certificate (a Join) has finished its
+	// handshake, until the connection closes, or for HelloTimeout at most.
+	// Defaults to 256.
 	MaxConnecting int
+	// MaxConnectingPerSource is how many of those may come from one source
+	// address, so that junk from one address cannot starve the nodes of
+	// others. Defaults to 8.
+	MaxConnectingPerSource int
+	// MaxQueuedPerSource is how many more accepted connections of one
+	// source address wait for one of its setup slots (many nodes can share
+	// an address behind NAT); past it a new connection of that address is
+	// closed at once. Defaults to 64.
+	MaxQueuedPerSource int
+	// MaxQueued is how many accepted connections may wait for a setup
+	// slot in all; past it the gateway stops accepting and the rest wait in
+	// the kernel's backlog. Defaults to 4,096.
+	MaxQueued int
+	// JoinRate is how many Join calls one source address may make per
+	// second; past it (and JoinBurst) a Join is refused with
+	// RESOURCE_EXHAUSTED and a retry hint. Defaults to 10.
+	JoinRate float64
+	// JoinBurst is how many Join calls one source address may make at once
+	// above JoinRate. Defaults to 20.
+	JoinBurst int
 	// LeaseTTL is the life of the gateway:<id> lease. Defaults to 20 s.
 	LeaseTTL time.Duration
 	// LeaseRenewInterval is how often the lease and the gateways row are
@@ -216,13 +239,18 @@ func (c *Config) defaults() {
 	c.MaxStreams = cmp.Or(c.MaxStreams, 5000)
 	c.RetryAfter = cmp.Or(c.RetryAfter, 5*time.Second)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 10*time.Second)
-	c.HelloTimeout = cmp.Or(c.HelloTimeout, 10*time.Second)
+	c.HelloTimeout = cmp.Or(c.HelloTimeout, 5*time.Second)
 	c.DrainDelay = cmp.Or(c.DrainDelay, 60*time.Second)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, 2*time.Second)
 	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, pki.DefaultNodeTTL)
 	c.HandshakeRate = cmp.Or(c.HandshakeRate, 500)
 	c.HandshakeBurst = cmp.Or(c.HandshakeBurst, 50)
-	c.MaxConnecting = cmp.Or(c.MaxConnecting, 64)
+	c.MaxConnecting = cmp.Or(c.MaxConnecting, 256)
+	c.MaxConnectingPerSource = cmp.Or(c.MaxConnectingPerSource, 8)
+	c.MaxQueuedPerSource = cmp.Or(c.MaxQueuedPerSource, 64)
+	c.MaxQueued = cmp.Or(c.MaxQueued, 4096)
+	c.JoinRate = cmp.Or(c.JoinRate, 10)
+	c.JoinBurst = cmp.Or(c.JoinBurst, 20)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, 20*time.Second)
 	c.LeaseRenewInterval = cmp.Or(c.LeaseRenewInterval, 5*time.Second)
 	c.FlushInterval = cmp.Or(c.FlushInterval, time.Second)
@@ -270,8 +298,11 @@ func (c *Config) validate() error {
 		return fmt.Errorf("max streams %d is negative", c.MaxStreams)
 	case c.HandshakeRate < 0 || c.HandshakeBurst < 0:
 		return errors.New("handshake rate and burst must be positive")
-	case c.MaxConnecting < 0:
-		return fmt.Errorf("max connecting %d is negative", c.MaxConnecting)
+	case c.MaxConnecting < 0 || c.MaxConnectingPerSource < 0 || c.MaxQueuedPerSource < 0 || c.MaxQueued < 0:
+		return fmt.Errorf("max connecting %d, per source %d, queued per source %d and queued %d must be positive",
+			c.MaxConnecting, c.MaxConnectingPerSource, c.MaxQueuedPerSource, c.MaxQueued)
+	case c.JoinRate < 0 || c.JoinBurst < 0:
+		return errors.New("join rate and burst must be positive")
 	case c.LeaseRenewInterval >= c.LeaseTTL:
 		return fmt.Errorf("lease renew interval %s must be shorter than the lease TTL %s", c.LeaseRenewInterval, c.LeaseTTL)
 	}
@@ -313,6 +344,7 @@ type Gateway struct {
 	nonces      *nonces
 	revokeNow   chan struct{} // RevokeNow asks revocationLoop for a read
 	tunnels     tunnelTable   // tunnels waiting for their node's stream (tunnel.go)
+	joins       *joinLimiter  // Join calls per source address
 }
 
 // New returns a Gateway serving with bundle's node CA; call Run to serve.
@@ -345,7 +377,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	g := &Gateway{
 		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
 		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(), nonces: nonces,
-		revokeNow: make(chan struct{}, 1),
+		revokeNow: make(chan struct{}, 1), joins: newJoinLimiter(cfg.JoinRate, cfg.JoinBurst),
 	}
 	for _, c := range cfg.Capabilities {
 		g.caps[c] = true
@@ -380,7 +412,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		grpc.MaxConcurrentStreams(16),
 		grpc.MaxRecvMsgSize(4<<20),
 		grpc.MaxHeaderListSize(16<<10),
-		grpc.ConnectionTimeout(10*time.Second),
+		grpc.ConnectionTimeout(cfg.HelloTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 3 * cfg.HeartbeatInterval, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.WaitForHandlers(true),
@@ -437,7 +469,10 @@ func (g *Gateway) Run(ctx context.Context) error {
 		raw = mergeListeners(raw, g.wsln)
 	}
 	limit := rate.Limit(g.cfg.HandshakeRate)
-	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst), g.cfg.MaxConnecting, g.cfg.HelloTimeout)
+	g.ln = newListener(raw, rate.NewLimiter(limit, g.cfg.HandshakeBurst), setupLimits{
+		total: g.cfg.MaxConnecting, perSource: g.cfg.MaxConnectingPerSource,
+		queuedPerSource: g.cfg.MaxQueuedPerSource, queued: g.cfg.MaxQueued, settleAfter: g.cfg.HelloTimeout,
+	})
 	g.publicURL = g.cfg.PublicURL
 	if g.publicURL == "" {
 		g.publicURL = "https://" + net.JoinHostPort("localhost", fmt.Sprint(raw.Addr().(*net.TCPAddr).Port))

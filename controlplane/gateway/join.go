@@ -4,11 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -33,6 +39,10 @@ type joinService struct {
 // Join admits a machine with its join token (package admission).
 func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessionv1.JoinResponse, error) {
 	g := j.g
+	source := peerIP(ctx)
+	if ok, wait := g.joins.allow(source, g.cfg.Now()); !ok {
+		return nil, g.joinRateLimited(ctx, source, wait)
+	}
 	f := req.GetFacts()
 	var proven *admission.ProvenKey
 	if p := req.GetProof(); p != nil {
@@ -48,7 +58,7 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 			Hostname: f.GetHostname(), MachineID: f.GetMachineId(), OS: f.GetOs(), Arch: f.GetArch(),
 			BCDVersion: f.GetBcdVersion(), BootID: f.GetBootId(), Labels: f.GetLabels(),
 		},
-		Source: peerIP(ctx),
+		Source: source,
 		Via:    "gateway:" + g.cfg.ID,
 		Proven: proven,
 	})
@@ -77,6 +87,24 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		Repeated:         adm.Repeated,
 		ReattestGrace:    durationpb.New(g.cfg.ReattestGrace),
 	}, nil
+}
+
+// joinRateLimited refuses a Join over its source's rate (Config.JoinRate)
+// with RESOURCE_EXHAUSTED, a "retry-after-ms" trailer and a RetryInfo
+// detail, as a full gateway refuses a Connect; the refusal is audited in
+// the summary of its source (admission.RefuseRateLimited).
+func (g *Gateway) joinRateLimited(ctx context.Context, source string, wait time.Duration) error {
+	g.cfg.Metrics.Refused(g.cfg.ID, reasonJoinRate)
+	// Spread the retries of a burst over a quarter more.
+	wait += rand.N(wait/4 + 1)
+	g.admit.RefuseRateLimited(ctx, source, "gateway:"+g.cfg.ID, wait)
+	_ = grpc.SetTrailer(ctx, metadata.Pairs(TrailerRetryAfter, strconv.FormatInt(max(wait.Milliseconds(), 1), 10)))
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("too many join attempts from %s (at most %g a second): retry in %s",
+		source, g.cfg.JoinRate, wait.Round(time.Millisecond)))
+	if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); err == nil {
+		st = withInfo
+	}
+	return st.Err()
 }
 
 // joinStatus turns an admission error into the status a daemon sees: a clear

@@ -16,12 +16,15 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"
 	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -339,21 +342,25 @@ func TestJoinRefused(t *testing.T) {
 		wrongSecret, _ := jointoken.New(e.bundle.GatewayPin(), nil)
 		forged := strings.Replace(wrongSecret.String(), wrongSecret.ID(), valid.ID(), 1)
 
+		// A refusal of a reason already audited from this address within
+		// the minute writes no row of its own: the next summary counts it
+		// (admission.RefusalSummaryEvery).
 		for _, tc := range []struct {
-			name    string
-			token   string
-			csr     []byte
-			code    codes.Code
-			message string
+			name       string
+			token      string
+			csr        []byte
+			code       codes.Code
+			message    string
+			summarised bool
 		}{
-			{"expired", expired.String(), csr, codes.Unauthenticated, "join token expired"},
-			{"exhausted", exhausted.String(), csr, codes.Unauthenticated, "join token used up"},
-			{"revoked", revoked.String(), csr, codes.Unauthenticated, "join token revoked"},
-			{"unknown", unknown.String(), csr, codes.Unauthenticated, "join token unknown"},
-			{"wrong secret", forged, csr, codes.Unauthenticated, "join token unknown"},
-			{"malformed", "bct1.not-a-token", csr, codes.Unauthenticated, "join token malformed"},
-			{"garbage CSR", valid.String(), []byte("not a certificate request"), codes.InvalidArgument, "invalid certificate signing request"},
-			{"empty CSR", valid.String(), nil, codes.InvalidArgument, "invalid certificate signing request"},
+			{"expired", expired.String(), csr, codes.Unauthenticated, "join token expired", false},
+			{"exhausted", exhausted.String(), csr, codes.Unauthenticated, "join token used up", false},
+			{"revoked", revoked.String(), csr, codes.Unauthenticated, "join token revoked", false},
+			{"unknown", unknown.String(), csr, codes.Unauthenticated, "join token unknown", false},
+			{"wrong secret", forged, csr, codes.Unauthenticated, "join token unknown", true},
+			{"malformed", "bct1.not-a-token", csr, codes.Unauthenticated, "join token malformed", false},
+			{"garbage CSR", valid.String(), []byte("not a certificate request"), codes.InvalidArgument, "invalid certificate signing request", false},
+			{"empty CSR", valid.String(), nil, codes.InvalidArgument, "invalid certificate signing request", true},
 		} {
 			before := takeSnapshot(t, e.st)
 			_, err := client.Join(ctx, &sessionv1.JoinRequest{Token: tc.token, Csr: tc.csr, Facts: &sessionv1.NodeFacts{Hostname: "refused-" + tc.name}})
@@ -362,9 +369,16 @@ func TestJoinRefused(t *testing.T) {
 				t.Errorf("%s: message %q, want it to say %q", tc.name, st.Message(), tc.message)
 			}
 			after := takeSnapshot(t, e.st)
+			rows := 1
+			if tc.summarised {
+				rows = 0
+			}
 			if after.nodes != before.nodes || after.revocations != before.revocations || after.sessions != before.sessions ||
-				!mapsEqual(after.uses, before.uses) || after.audits != before.audits+1 {
-				t.Errorf("%s: wrote more than one audit row: before %+v, after %+v", tc.name, before, after)
+				!mapsEqual(after.uses, before.uses) || after.audits != before.audits+rows {
+				t.Errorf("%s: wrote more than %d audit rows: before %+v, after %+v", tc.name, rows, before, after)
+			}
+			if tc.summarised {
+				continue
 			}
 			entries, _ := e.st.AuditList(ctx, 0, 1000)
 			last := entries[len(entries)-1]
@@ -515,4 +529,56 @@ func TestRenewAndSecret(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestJoinRateLimited: past its source's Join rate a Join is refused with
+// RESOURCE_EXHAUSTED, a retry-after-ms trailer and a RetryInfo detail
+// saying how long to wait; FakeDaemons (session.Join, as bcd join) joining
+// from that address at once all get in, retrying after the hint.
+func TestJoinRateLimited(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, sqlitetest.Open(t))
+	g := e.start(func(c *Config) { c.JoinRate = 2; c.JoinBurst = 2 })
+	client := sessionv1.NewJoinServiceClient(e.dial(g, nil))
+	_, csr := newKey(t)
+	var err error
+	var trailer metadata.MD
+	for range 3 {
+		_, err = client.Join(ctx, &sessionv1.JoinRequest{Token: "bct1.not-a-token", Csr: csr, Facts: &sessionv1.NodeFacts{Hostname: "flood"}},
+			grpc.Trailer(&trailer))
+		if status.Code(err) == codes.ResourceExhausted {
+			break
+		}
+		wantCode(t, err, codes.Unauthenticated)
+	}
+	st := wantCode(t, err, codes.ResourceExhausted)
+	var hint time.Duration
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			hint = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	if hint <= 0 || hint > time.Second || len(trailer.Get(TrailerRetryAfter)) != 1 || !strings.Contains(st.Message(), "retry in") {
+		t.Fatalf("refusal %q, RetryInfo %s, trailer %v: want how long to wait (at most 1 s at 2 a second)", st.Message(), hint, trailer)
+	}
+
+	tok := e.token(6, time.Hour)
+	errs := make(chan error, 6)
+	for i := range 6 {
+		go func() {
+			d, err := sim.NewFakeDaemon(sim.DaemonConfig{Name: fmt.Sprintf("rate-%d", i), NoInventory: true})
+			if err == nil {
+				jctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				err = d.Join(jctx, g.PublicURL(), tok.String())
+				cancel()
+			}
+			errs <- err
+		}()
+	}
+	for range 6 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a FakeDaemon joining beside others from one address at 2 a second: %v", err)
+		}
+	}
 }

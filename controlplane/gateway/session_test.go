@@ -629,7 +629,7 @@ func TestConnectingBounded(t *testing.T) {
 	joiner := e.start(nil)
 	a, b := e.join(joiner, "gpu-60", ""), e.join(joiner, "gpu-61", "")
 	g := e.start(func(c *Config) { c.MaxConnecting = 1; c.HelloTimeout = helloTimeout })
-	inSetup := func() int { return len(g.ln.setup) }
+	inSetup := func() int { return g.ln.stats().inSetup }
 
 	// A session set up gives its slot back at Welcome.
 	e.connect(g, a)

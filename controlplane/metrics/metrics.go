@@ -44,6 +44,9 @@ const (
 	// ReasonJoinToken: Join refused for its token (unknown, expired,
 	// revoked, used up, malformed).
 	ReasonJoinToken = "join_token"
+	// ReasonJoinRate: Join refused for its source address's rate
+	// (RESOURCE_EXHAUSTED).
+	ReasonJoinRate = "join_rate"
 	// ReasonUnavailable: the gateway could not reach the database.
 	ReasonUnavailable = "unavailable"
 	// ReasonOther: anything else.
@@ -52,7 +55,7 @@ const (
 
 var reasons = map[string]bool{ReasonTLS: true, ReasonNoCertificate: true, ReasonUntrusted: true, ReasonRevoked: true,
 	ReasonUnknownNode: true, ReasonFull: true, ReasonDraining: true, ReasonHelloTimeout: true, ReasonProtocol: true,
-	ReasonJoinToken: true, ReasonUnavailable: true, ReasonOther: true}
+	ReasonJoinToken: true, ReasonJoinRate: true, ReasonUnavailable: true, ReasonOther: true}
 
 // Store is what the scrape reads.
 type Store interface {

@@ -84,6 +84,15 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 	// A line per step, so that a first start (which makes the secret, the
 	// database and the PKI) shows where it is (issue 51).
 	fmt.Fprintf(e.stdout, "Starting Better Compute dev in %s\n", cfg.DataDir)
+	if n > 0 {
+		// Every simulated daemon comes from 127.0.0.1: the bounds per
+		// source address (docs/gateway.md, "Connection setup") would
+		// make them queue behind one another, so there they are the
+		// bounds in all, and joins are not rate-limited.
+		l := &cfg.Host.Gateway.Limits
+		l.PendingPerSource, l.QueuedPerSource = l.Pending, l.Queued
+		l.JoinsPerSecond, l.JoinBurst = max(l.JoinsPerSecond, 100000), max(l.JoinBurst, n)
+	}
 	st, err := openStore(ctx, cfg)
 	if err != nil {
 		return err

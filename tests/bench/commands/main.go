@@ -147,7 +147,8 @@ func run(n int, db string, samples, rounds int) error {
 	var withWake bool
 	var finished atomic.Int64
 	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, MaxStreams: n + 100,
-		HandshakeRate: 2000, HandshakeBurst: 200, Wakeups: wakeups,
+		HandshakeRate: 2000, HandshakeBurst: 200, MaxConnectingPerSource: 256, MaxQueuedPerSource: 4096,
+		JoinRate: 1e6, JoinBurst: 100000, Wakeups: wakeups,
 		OnCommandFinished: func(string) { finished.Add(1) }}, st, bundle, log)
 	if err != nil {
 		return err

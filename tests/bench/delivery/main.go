@@ -179,7 +179,8 @@ func run(n, rate, seconds int, db string, maxConns int) error {
 	defer hook.Close()
 
 	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, MaxStreams: n + 100,
-		HandshakeRate: 2000, HandshakeBurst: 200}, st, bundle, log)
+		HandshakeRate: 2000, HandshakeBurst: 200, MaxConnectingPerSource: 256, MaxQueuedPerSource: 4096,
+		JoinRate: 1e6, JoinBurst: 100000}, st, bundle, log)
 	if err != nil {
 		return err
 	}

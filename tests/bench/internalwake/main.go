@@ -179,7 +179,8 @@ func run(n int, db string, samples int) error {
 		}
 		wc := &wakeCount{}
 		g, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, MaxStreams: n + 100,
-			HandshakeRate: 2000, HandshakeBurst: 200, InternalAddress: ctrl.Address(), Metrics: wc}, st, bundle, log)
+			HandshakeRate: 2000, HandshakeBurst: 200, MaxConnectingPerSource: 256, MaxQueuedPerSource: 4096,
+			JoinRate: 1e6, JoinBurst: 100000, InternalAddress: ctrl.Address(), Metrics: wc}, st, bundle, log)
 		if err != nil {
 			return err
 		}

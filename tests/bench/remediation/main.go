@@ -141,7 +141,8 @@ func run(n int, fail float64, spread, interval, settle, timeout, reset time.Dura
 		return err
 	}
 	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
-		HeartbeatInterval: 10 * time.Second, MaxStreams: n + 10}, st, bundle, log)
+		HeartbeatInterval: 10 * time.Second, MaxStreams: n + 10,
+		MaxConnectingPerSource: 64, MaxQueuedPerSource: 4096, JoinRate: 1e6, JoinBurst: 100000}, st, bundle, log)
 	if err != nil {
 		return err
 	}

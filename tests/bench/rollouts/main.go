@@ -128,7 +128,8 @@ func run(n int, db, wave string, soak, interval time.Duration) error {
 	bus := wake.NewBus(nil)
 	wakeups, _ := bus.Subscribe()
 	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, MaxStreams: n + 100,
-		HandshakeRate: 2000, HandshakeBurst: 200, Wakeups: wakeups}, st, bundle, log)
+		HandshakeRate: 2000, HandshakeBurst: 200, MaxConnectingPerSource: 256, MaxQueuedPerSource: 4096,
+		JoinRate: 1e6, JoinBurst: 100000, Wakeups: wakeups}, st, bundle, log)
 	if err != nil {
 		return err
 	}

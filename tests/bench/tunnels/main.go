@@ -118,7 +118,8 @@ func run(keys, mib, idle int, split bool) error {
 		}
 		defer cl.Close()
 	}
-	gcfg := gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile}
+	gcfg := gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
+		MaxConnectingPerSource: 64, MaxQueuedPerSource: 4096, JoinRate: 1e6, JoinBurst: 100000}
 	if ctrl != nil {
 		gcfg.InternalAddress = ctrl.Address()
 	}
