@@ -173,7 +173,7 @@ func FromConfig(c *config.Config) Config {
 			KeyFile:   c.Host.Gateway.TLSFiles.Key,
 			PublicURL: c.Host.Gateway.PublicURL,
 			Internal: InternalConfig{CertFile: c.Host.Gateway.Internal.TLSFiles.Cert, KeyFile: c.Host.Gateway.Internal.TLSFiles.Key,
-				Address: c.Host.Gateway.Internal.Address, SplitRoles: !c.AllRoles()},
+				Address: c.Host.Gateway.Internal.Address, SplitRoles: !c.AllRoles(), Roles: c.RolesList},
 		},
 		API:               apiConfig(c),
 		BasePath:          c.BasePath,

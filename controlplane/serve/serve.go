@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	if srv != nil {
 		stages = append(stages, start(ctx, failed, srv.Run, srv.Ready(), func() {
-			if err := writeAPIURL(cfg.DataDir, srv.LocalURL()+cfg.BasePath); err != nil {
+			if err := writeAPIURL(cfg.DataDir, srv.LocalURL()+cfg.BasePath, srv.Addr().String()); err != nil {
 				log.WarnContext(ctx, "The CLI on this machine will not find the API by itself", logkey.Err, err)
 			}
 			if opts.APIReady != nil {
