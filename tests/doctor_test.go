@@ -166,3 +166,22 @@ func TestDoctorInternalByRole(t *testing.T) {
 		}
 	}
 }
+
+// TestDoctorNotifierByRole: through PgBouncer without database.notifyURL,
+// host.gateway.notifier fails for a gateway (LISTEN hears nothing there)
+// and passes for a controllers and scheduler process, which LISTENs for
+// nothing.
+func TestDoctorNotifierByRole(t *testing.T) {
+	t.Parallel()
+	_, bouncer := pgtest.Database(t)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + bouncer, "BETTER_COMPUTE_SECRET=" + testSecret, "BETTER_COMPUTE_DATA_DIR=" + t.TempDir()}
+	if code, out, errOut := testenv.Run(t, env, "", testenv.Binary(t, "better-compute"), "migrate"); code != 0 {
+		t.Fatalf("migrate through PgBouncer: exit %d\n%s%s", code, out, errOut)
+	}
+	for roles, want := range map[string]string{"controllers,scheduler": "ok", "gateway": "fail"} {
+		_, checks := doctorOn(t, env, "--roles", roles)
+		if c := checks["host.gateway.notifier"]; c.Status != want {
+			t.Errorf("doctor --roles %s through PgBouncer without notifyURL: host.gateway.notifier = %+v, want %s", roles, c, want)
+		}
+	}
+}
