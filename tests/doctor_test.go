@@ -3,10 +3,13 @@ package tests
 import (
 	"context"
 	"encoding/json"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -86,4 +89,99 @@ func TestDoctorFindsProblems(t *testing.T) {
 func stringify(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// doctorOn runs doctor -o json with env and args (flags such as --config,
+// --data-dir, --strict) and returns its exit code and checks by id.
+func doctorOn(t *testing.T, env []string, args ...string) (int, map[string]doctorResult) {
+	t.Helper()
+	code, out, errOut := testenv.Run(t, env, "", testenv.Binary(t, "better-compute"), append([]string{"doctor", "-o", "json"}, args...)...)
+	var res struct {
+		Checks []doctorResult `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Checks) == 0 {
+		t.Fatalf("doctor -o json %v: %v\n%s%s", args, err, out, errOut)
+	}
+	m := map[string]doctorResult{}
+	for _, c := range res.Checks {
+		m[c.ID] = c
+	}
+	return code, m
+}
+
+// TestDoctorStrictAfterDev: doctor --strict exits 0 right after the
+// README's dev command (api.tls warned "plain HTTP on 0.0.0.0:3000" beside
+// every dev, which listens on 127.0.0.1: issue 41). A serve of the same
+// configuration whose API listens on every address still warns.
+func TestDoctorStrictAfterDev(t *testing.T) {
+	t.Parallel()
+	bin := testenv.Binary(t, "better-compute")
+	t.Run("dev passes", func(t *testing.T) {
+		t.Parallel()
+		dataDir := t.TempDir()
+		p := testenv.Start(t, testenv.BaseEnv(), bin, "dev", "--sim", "3", "--port", "0", "--gateway-port", "0", "--data-dir", dataDir)
+		p.WaitLine(`3 simulated daemons connected`, 120*time.Second)
+		var checks map[string]doctorResult
+		eventually(t, 30*time.Second, func() bool {
+			var code int
+			code, checks = doctorOn(t, nil, "--data-dir", dataDir, "--strict")
+			return code == 0
+		}, func() string { return "doctor --strict beside dev: " + stringify(checks) })
+		if c := checks["api.tls"]; c.Status != "ok" || !strings.Contains(c.Hint, "loopback only") {
+			t.Fatalf("api.tls beside dev = %+v, want ok on loopback only", c)
+		}
+	})
+	t.Run("every address warns", func(t *testing.T) {
+		t.Parallel()
+		dataDir := t.TempDir()
+		startServeConfig(t, []string{"BETTER_COMPUTE_DATA_DIR=" + dataDir}, "host:\n  listen: 0.0.0.0:0\n  gateway:\n    listen: 127.0.0.1:0\n")
+		code, checks := doctorOn(t, nil, "--data-dir", dataDir, "--strict")
+		if c := checks["api.tls"]; code == 0 || c.Status != "warn" || !strings.Contains(c.Hint, "clear text") {
+			t.Fatalf("doctor --strict beside a plain-HTTP API on every address: exit %d, api.tls %+v; want exit 1 and a warning", code, c)
+		}
+	})
+}
+
+// TestDoctorInternalByRole: one configuration for every process names the
+// gateway's internal address; the api's internal certificate (pki
+// issue-internal with no --dns, as the command's help says an api-only
+// process needs) does not name it. host.gateway.internal passes for the
+// api (it failed before issue 41) and for a worker process, and fails for
+// a gateway that would serve with that certificate.
+func TestDoctorInternalByRole(t *testing.T) {
+	t.Parallel()
+	bin := testenv.Binary(t, "better-compute")
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + pgtest.URL(t), "BETTER_COMPUTE_SECRET=" + testSecret, "BETTER_COMPUTE_DATA_DIR=" + t.TempDir()}
+	tlsFiles := testenv.InitPostgresPKI(t, env, e2eTrustDomain)
+	dir := t.TempDir()
+	if code, out, errOut := testenv.Run(t, env, "", bin, "pki", "issue-internal", "--name", "api-1", "--out-dir", dir); code != 0 {
+		t.Fatalf("pki issue-internal: exit %d\n%s%s", code, out, errOut)
+	}
+	cfg := testenv.WriteFile(t, "better-compute.yaml", "host:\n  gateway:\n"+tlsFiles+
+		"    internal:\n      address: gw-1.internal:8444\n      tlsFiles:\n        cert: "+filepath.Join(dir, "internal.crt")+"\n        key: "+filepath.Join(dir, "internal.key")+"\n")
+	for roles, want := range map[string]string{"api": "ok", "controllers,scheduler,sinks,iam": "ok", "gateway": "fail"} {
+		_, checks := doctorOn(t, env, "--config", cfg, "--roles", roles)
+		if c := checks["host.gateway.internal"]; c.Status != want {
+			t.Errorf("doctor --roles %s: host.gateway.internal = %+v, want %s", roles, c, want)
+		}
+	}
+}
+
+// TestDoctorNotifierByRole: through PgBouncer without database.notifyURL,
+// host.gateway.notifier fails for a gateway (LISTEN hears nothing there)
+// and passes for a controllers and scheduler process, which LISTENs for
+// nothing.
+func TestDoctorNotifierByRole(t *testing.T) {
+	t.Parallel()
+	_, bouncer := pgtest.Database(t)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + bouncer, "BETTER_COMPUTE_SECRET=" + testSecret, "BETTER_COMPUTE_DATA_DIR=" + t.TempDir()}
+	if code, out, errOut := testenv.Run(t, env, "", testenv.Binary(t, "better-compute"), "migrate"); code != 0 {
+		t.Fatalf("migrate through PgBouncer: exit %d\n%s%s", code, out, errOut)
+	}
+	for roles, want := range map[string]string{"controllers,scheduler": "ok", "gateway": "fail"} {
+		_, checks := doctorOn(t, env, "--roles", roles)
+		if c := checks["host.gateway.notifier"]; c.Status != want {
+			t.Errorf("doctor --roles %s through PgBouncer without notifyURL: host.gateway.notifier = %+v, want %s", roles, c, want)
+		}
+	}
 }

@@ -312,6 +312,31 @@ func (s *Server) Ready() <-chan struct{} { return s.ready }
 // Addr is the bound address, valid after Ready.
 func (s *Server) Addr() net.Addr { return s.addr }
 
+// RunHandler runs what Handler needs besides a listener until ctx ends:
+// the event feed (when the server owns it) and the checks that end the
+// event streams and tunnels of revoked tokens and nodes. It is for a
+// caller that serves Handler on its own http.Server or mux (package
+// compute) instead of calling Run: Listen and the TLS files are not used,
+// Ready is closed at once and Addr stays nil. Event streams end when ctx
+// does.
+func (s *Server) RunHandler(ctx context.Context) error {
+	if s.ownFeed {
+		fctx, stopFeed := context.WithCancel(ctx)
+		defer stopFeed()
+		written, unsubscribe := s.store.OutboxWritten()
+		defer unsubscribe()
+		go func() { _ = s.feed.Run(fctx, written, s.cfg.EventWakeups) }()
+	}
+	lctx, stopLive := context.WithCancel(ctx)
+	defer stopLive()
+	go s.checkLiveLoop(lctx)
+	close(s.ready)
+	s.log.InfoContext(ctx, "API serving through the caller's handler", "base_path", s.cfg.BasePath)
+	<-ctx.Done()
+	s.stopOnce.Do(func() { close(s.stopping) })
+	return nil
+}
+
 // Run serves until ctx ends, then closes the listener and lets in-flight
 // requests finish within the shutdown grace.
 func (s *Server) Run(ctx context.Context) error {

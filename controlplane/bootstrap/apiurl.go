@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,4 +29,27 @@ func RecordedAPIURL(dataDir string) (url, path string) {
 		return "", ""
 	}
 	return u, path
+}
+
+// APIListenFile, in the data directory, holds the address the API of a
+// serve on this data directory is bound to (127.0.0.1:3000, [::]:3000),
+// written with APIURLFile each time the API starts listening. doctor's
+// api.tls judges plain HTTP by it, since flags (serve --host, dev's
+// loopback default) decide the address as much as host.listen does.
+const APIListenFile = "api-listen"
+
+// RecordedAPIListen is the address a serve on dataDir recorded in
+// APIListenFile, and that file's path; "" when there is none or it holds
+// no host:port.
+func RecordedAPIListen(dataDir string) (addr, path string) {
+	path = filepath.Join(dataDir, APIListenFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", ""
+	}
+	a := strings.TrimSpace(string(b))
+	if _, _, err := net.SplitHostPort(a); err != nil {
+		return "", ""
+	}
+	return a, path
 }

@@ -425,11 +425,27 @@ type Flags struct {
 	DataDir     string
 	DatabaseURL string
 	Roles       string
-	Listen      string
+	// Listen replaces host.listen whole.
+	Listen string
+	// ListenHost and ListenPort replace only the host or only the port of
+	// host.listen (serve --host, serve --port, dev --port), keeping the
+	// other part of the configured address (issue 41): --port 3001 with
+	// host.listen 127.0.0.1:3000 listens on 127.0.0.1:3001, never on every
+	// address.
+	ListenHost, ListenPort string
+	// DefaultListen replaces host.listen's default (0.0.0.0:3000) when
+	// neither the file nor Listen sets it (dev: 127.0.0.1:3000).
+	DefaultListen string
 	// PublicURL is host.gateway.publicURL (--public-url).
 	PublicURL string
 	// GatewayListen is host.gateway.listen (--gateway-listen).
 	GatewayListen string
+	// GatewayListenPort replaces only the port of host.gateway.listen (dev
+	// --gateway-port), keeping its host.
+	GatewayListenPort string
+	// DefaultGatewayListen replaces host.gateway.listen's default
+	// (0.0.0.0:8443) when nothing else sets it (dev: 127.0.0.1:8443).
+	DefaultGatewayListen string
 	// APITLS, APITLSCert and APITLSKey are host.tls (--api-tls,
 	// --api-tls-cert, --api-tls-key).
 	APITLS, APITLSCert, APITLSKey string
@@ -478,11 +494,40 @@ func Load(path string, getenv func(string) string, flags Flags) (*Config, error)
 	if flags.Roles != "" {
 		c.RolesList = splitList(flags.Roles)
 	}
+	over(&c.Host.Listen, cmp.Or(c.Host.Listen, flags.DefaultListen))
+	over(&c.Host.Gateway.Listen, cmp.Or(c.Host.Gateway.Listen, flags.DefaultGatewayListen))
+	if err := replaceHostPort(&c.Host.Listen, "host.listen", defaultListen, flags.ListenHost, flags.ListenPort); err != nil {
+		return nil, err
+	}
+	if err := replaceHostPort(&c.Host.Gateway.Listen, "host.gateway.listen", defaultGatewayListen, "", flags.GatewayListenPort); err != nil {
+		return nil, err
+	}
 	c.defaults(getenv)
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Built-in listen addresses of the api and gateway roles.
+const (
+	defaultListen        = "0.0.0.0:3000"
+	defaultGatewayListen = "0.0.0.0:8443"
+)
+
+// replaceHostPort sets the host and the port of *addr (def when empty) to
+// host and port where they are not empty, keeping the other part. key
+// names the address in the error for one that is not host:port.
+func replaceHostPort(addr *string, key, def, host, port string) error {
+	if host == "" && port == "" {
+		return nil
+	}
+	h, p, err := net.SplitHostPort(cmp.Or(*addr, def))
+	if err != nil {
+		return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address", *addr)}
+	}
+	*addr = net.JoinHostPort(cmp.Or(host, h), cmp.Or(port, p))
+	return nil
 }
 
 func splitList(s string) []string {
@@ -517,13 +562,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	if c.BasePath == "" {
 		c.BasePath = "/api"
 	}
-	if c.Host.Listen == "" {
-		c.Host.Listen = "0.0.0.0:3000"
-	}
+	c.Host.Listen = cmp.Or(c.Host.Listen, defaultListen)
 	g := &c.Host.Gateway
-	if g.Listen == "" {
-		g.Listen = "0.0.0.0:8443"
-	}
+	g.Listen = cmp.Or(g.Listen, defaultGatewayListen)
 	if g.Region == "" {
 		g.Region = "default"
 	}

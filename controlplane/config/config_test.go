@@ -250,3 +250,38 @@ func TestExpandEnvironment(t *testing.T) {
 		t.Fatalf("secret %q, bearerToken %q, maxStreams %d", c.Secret, c.Host.Metrics.BearerToken, c.Host.Gateway.MaxStreams)
 	}
 }
+
+// TestListenHostPortFlags: --host and --port replace only their part of
+// host.listen, over the file, the dev defaults or the built-in default
+// (issue 41); --gateway-port only the gateway's port.
+func TestListenHostPortFlags(t *testing.T) {
+	file := writeFile(t, "host:\n  listen: 127.0.0.1:23100\n  gateway:\n    listen: 10.0.0.5:8443\n")
+	e := env(map[string]string{"HOME": "/home/x"})
+	for _, tc := range []struct {
+		name, path             string
+		flags                  Flags
+		wantListen, wantGWList string
+	}{
+		{"port keeps the file's host", file, Flags{ListenPort: "23101"}, "127.0.0.1:23101", "10.0.0.5:8443"},
+		{"host keeps the file's port", file, Flags{ListenHost: "::1"}, "[::1]:23100", "10.0.0.5:8443"},
+		{"both", file, Flags{ListenHost: "0.0.0.0", ListenPort: "0"}, "0.0.0.0:0", "10.0.0.5:8443"},
+		{"gateway port keeps its host", file, Flags{GatewayListenPort: "9443"}, "127.0.0.1:23100", "10.0.0.5:9443"},
+		{"the file wins over dev's defaults", file, Flags{DefaultListen: "127.0.0.1:3000", DefaultGatewayListen: "127.0.0.1:8443"}, "127.0.0.1:23100", "10.0.0.5:8443"},
+		{"dev's defaults without a file", "", Flags{DefaultListen: "127.0.0.1:3000", DefaultGatewayListen: "127.0.0.1:8443", ListenPort: "0"}, "127.0.0.1:0", "127.0.0.1:8443"},
+		{"port over the built-in default", "", Flags{ListenPort: "4000"}, "0.0.0.0:4000", "0.0.0.0:8443"},
+		{"Listen whole, then the port", "", Flags{Listen: "192.0.2.1:1", ListenPort: "2"}, "192.0.2.1:2", "0.0.0.0:8443"},
+	} {
+		c, err := Load(tc.path, e, tc.flags)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if c.Host.Listen != tc.wantListen || c.Host.Gateway.Listen != tc.wantGWList {
+			t.Errorf("%s: host.listen %s, host.gateway.listen %s; want %s and %s", tc.name, c.Host.Listen, c.Host.Gateway.Listen, tc.wantListen, tc.wantGWList)
+		}
+	}
+	bad := writeFile(t, "host:\n  listen: nonsense\n")
+	var ce *Error
+	if _, err := Load(bad, e, Flags{ListenPort: "1"}); !errors.As(err, &ce) || ce.Key != "host.listen" {
+		t.Fatalf("--port over host.listen: nonsense = %v, want an error naming host.listen", err)
+	}
+}

@@ -22,8 +22,15 @@ const IDAPITLS = "api.tls"
 type APIConfig struct {
 	// Enabled reports whether the configuration runs the api role.
 	Enabled bool
-	// Listen is host.listen.
+	// Listen is the address the API listens on: the one a serve on the
+	// data directory recorded (bootstrap.APIListenFile) when there is one,
+	// else host.listen. Flags decide it as much as the file does (serve
+	// --host and --port, dev's loopback default), so a check that read
+	// host.listen alone warned about 0.0.0.0 beside every dev (issue 41).
 	Listen string
+	// ListenFrom names where Listen came from: "host.listen" or the
+	// recorded file's path.
+	ListenFrom string
 	// TLSMode is host.tls.mode: off, auto or files.
 	TLSMode string
 	// CertFile and KeyFile are the serving certificate's files: host.tls's
@@ -35,7 +42,10 @@ type APIConfig struct {
 
 // apiConfig is the APIConfig of c.
 func apiConfig(c *config.Config) APIConfig {
-	a := APIConfig{Enabled: c.Runs("api"), Listen: c.Host.Listen, TLSMode: c.Host.TLS.Mode, PublicURL: c.Host.PublicURL}
+	a := APIConfig{Enabled: c.Runs("api"), Listen: c.Host.Listen, ListenFrom: "host.listen", TLSMode: c.Host.TLS.Mode, PublicURL: c.Host.PublicURL}
+	if l, path := bootstrap.RecordedAPIListen(c.DataDir); l != "" {
+		a.Listen, a.ListenFrom = l, path
+	}
 	if u, _ := bootstrap.RecordedAPIURL(c.DataDir); a.TLSMode == config.TLSModeOff && strings.HasPrefix(u, "https://") {
 		// The serve on this data directory was told to serve TLS by a
 		// flag (--public-url, --api-tls) that no file shows: judge the
@@ -52,6 +62,14 @@ func apiConfig(c *config.Config) APIConfig {
 	return a
 }
 
+// listenDetail is the listen address and where it was read.
+func listenDetail(a APIConfig) string {
+	if a.ListenFrom == "" {
+		return a.Listen
+	}
+	return a.Listen + " (" + a.ListenFrom + ")"
+}
+
 // APITLS checks how the API serves. Plain HTTP on a listen address other
 // machines reach warns (API tokens and join tokens would cross the network
 // in clear text), unless the API's public URL is https (a proxy in front
@@ -66,13 +84,13 @@ func APITLS(a APIConfig, now time.Time) Result {
 	if a.TLSMode == config.TLSModeOff || a.TLSMode == "" {
 		host, _, err := net.SplitHostPort(a.Listen)
 		if err == nil && host != "" && config.IsLoopbackHost(host) {
-			return result(IDAPITLS, OK, "the API serves plain HTTP on loopback only", a.Listen)
+			return result(IDAPITLS, OK, "the API serves plain HTTP on loopback only", listenDetail(a))
 		}
 		if u, err := url.Parse(a.PublicURL); err == nil && u.Scheme == "https" {
-			return result(IDAPITLS, OK, "the API serves plain HTTP behind "+a.PublicURL+" (host.publicURL): the proxy in front must terminate TLS", a.Listen)
+			return result(IDAPITLS, OK, "the API serves plain HTTP behind "+a.PublicURL+" (host.publicURL): the proxy in front must terminate TLS", listenDetail(a))
 		}
 		return result(IDAPITLS, Warn, "the API serves plain HTTP on "+a.Listen+", which other machines reach: API and join tokens cross the network in clear text; serve HTTPS with --api-tls auto (host.tls.mode: auto) or files",
-			a.Listen)
+			listenDetail(a))
 	}
 	pair, err := tls.LoadX509KeyPair(a.CertFile, a.KeyFile)
 	if a.TLSMode == config.TLSModeAuto && errors.Is(err, fs.ErrNotExist) {

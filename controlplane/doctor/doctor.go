@@ -115,6 +115,11 @@ type Config struct {
 	// NotifyURL is database.notifyURL, where gateways LISTEN; empty for
 	// DatabaseURL.
 	NotifyURL string
+	// NoListen reports that the process runs none of the roles that
+	// LISTEN for wake-ups (gateway, api, sinks): host.gateway.notifier has
+	// nothing to judge there (a controllers process through PgBouncer
+	// needs no notifyURL; issue 41).
+	NoListen bool
 	// Embedded reports the embedded default (SQLite), whose serve makes the
 	// PKI bundle and the gateway certificate on first start.
 	Embedded bool
@@ -165,6 +170,7 @@ func FromConfig(c *config.Config) Config {
 		Secret:      c.Secret,
 		DatabaseURL: c.Database.URL,
 		NotifyURL:   c.Database.NotifyURL,
+		NoListen:    !c.Runs("gateway") && !c.Runs("api") && !c.Runs("sinks"),
 		Embedded:    c.Embedded,
 		DataDir:     c.DataDir,
 		Gateway: GatewayConfig{
@@ -173,7 +179,7 @@ func FromConfig(c *config.Config) Config {
 			KeyFile:   c.Host.Gateway.TLSFiles.Key,
 			PublicURL: c.Host.Gateway.PublicURL,
 			Internal: InternalConfig{CertFile: c.Host.Gateway.Internal.TLSFiles.Cert, KeyFile: c.Host.Gateway.Internal.TLSFiles.Key,
-				Address: c.Host.Gateway.Internal.Address, SplitRoles: !c.AllRoles()},
+				Address: c.Host.Gateway.Internal.Address, SplitRoles: !c.AllRoles(), Roles: c.RolesList},
 		},
 		API:               apiConfig(c),
 		BasePath:          c.BasePath,
@@ -214,7 +220,11 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	r.add(pkiRes)
 	r.add(GatewayIdentity(bundle, cfg.Gateway, cfg.Embedded, now))
 	r.add(APITLS(cfg.API, now))
-	r.add(Notifier(ctx, st.Dialect(), cfg.DatabaseURL, cfg.NotifyURL))
+	if cfg.NoListen {
+		r.add(result(IDGatewayNotifier, OK, "this process runs none of the roles that LISTEN (gateway, api, sinks): it hears no wake-ups"))
+	} else {
+		r.add(Notifier(ctx, st.Dialect(), cfg.DatabaseURL, cfg.NotifyURL))
+	}
 	r.add(Routes(cfg.BasePath, cfg.Routes))
 	queue, overdue := Queue(ctx, st, now)
 	r.add(queue)

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,6 +35,17 @@ type InternalConfig struct {
 	// SplitRoles reports whether this configuration runs a subset of the
 	// roles (api and gateway in separate processes).
 	SplitRoles bool
+	// Roles are the roles this process runs, when SplitRoles: the
+	// internal certificate must name Address only in a process that runs
+	// the gateway (which serves it); an api presents the certificate as a
+	// client and a worker process uses none (issue 41). Empty: the api and
+	// the gateway both.
+	Roles []string
+}
+
+// runs reports whether the process runs role (api or gateway).
+func (c InternalConfig) runs(role string) bool {
+	return len(c.Roles) == 0 || slices.Contains(c.Roles, "all") || slices.Contains(c.Roles, role)
 }
 
 // Internal checks the internal control API the api uses to wake the
@@ -44,9 +56,14 @@ type InternalConfig struct {
 // must hold a key pair chaining to the bundle's internal CA with an internal
 // SPIFFE ID of the trust domain (fail otherwise), valid now (fail) and for
 // 30 more days (warn), naming the host of host.gateway.internal.address
-// when it is set (fail); and every live gateway should advertise an
+// when it is set and this process runs the gateway, which serves it (fail;
+// an api-only process presents it as a client, and its configuration may
+// name the gateway's address beside it); and every live gateway should advertise an
 // internal address (warn: the api falls back to NOTIFY for its nodes).
 func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now time.Time, liveWithin time.Duration) Result {
+	if !cfg.runs("api") && !cfg.runs("gateway") {
+		return result(IDGatewayInternal, OK, "this process runs neither the api nor the gateway role: it uses no internal control API")
+	}
 	if cfg.CertFile == "" && cfg.KeyFile == "" {
 		if cfg.SplitRoles {
 			return result(IDGatewayInternal, OK, "not configured: the api wakes gateways through LISTEN/NOTIFY (host.gateway.notifier), every gateway of the deployment; "+
@@ -79,7 +96,7 @@ func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now 
 	if len(leaf.URIs) != 1 || !strings.HasPrefix(leaf.URIs[0].String(), prefix) {
 		return result(IDGatewayInternal, Fail, "the internal certificate "+cfg.CertFile+" names no internal SPIFFE ID "+prefix+"<name>; re-issue it with better-compute pki issue-internal")
 	}
-	if a := cfg.Address; a != "" {
+	if a := cfg.Address; a != "" && cfg.runs("gateway") {
 		if host, _, err := net.SplitHostPort(a); err == nil {
 			if err := leaf.VerifyHostname(host); err != nil {
 				return result(IDGatewayInternal, Fail, fmt.Sprintf("host.gateway.internal.address %s: the internal certificate does not name %s; re-issue it with pki issue-internal --dns/--ip %s", a, host, host))
@@ -110,6 +127,8 @@ func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now 
 // every tunnel is refused UNAVAILABLE (warn).
 func Tunnels(cfg InternalConfig) Result {
 	switch {
+	case !cfg.runs("api") && !cfg.runs("gateway"):
+		return result(IDGatewayTunnels, OK, "this process runs neither the api nor the gateway role: it opens no tunnels")
 	case !cfg.SplitRoles:
 		return result(IDGatewayTunnels, OK, "the api opens tunnels on the gateway of its own process (and over the internal control API when configured)")
 	case cfg.CertFile != "" && cfg.KeyFile != "":

@@ -47,6 +47,18 @@ func TestInternalAndTunnels(t *testing.T) {
 	bad.Address = "elsewhere.example:8444"
 	want(t, doctor.Internal(b, bad, live, now, time.Minute), doctor.IDGatewayInternal, doctor.Fail, "does not name elsewhere.example")
 	want(t, doctor.Internal(b, good, []*store.Gateway{{ID: "gw-2", HeartbeatAt: now}}, now, time.Minute), doctor.IDGatewayInternal, doctor.Warn, "serve no internal control API")
+	// One configuration for every process (issue 41): the api's own
+	// certificate need not name the gateway's address, the gateway's
+	// must; a worker process uses no internal control API.
+	apiOnly := bad
+	apiOnly.Roles = []string{"api"}
+	want(t, doctor.Internal(b, apiOnly, live, now, time.Minute), doctor.IDGatewayInternal, doctor.OK, "certificate verifies")
+	gwOnly := bad
+	gwOnly.Roles = []string{"gateway"}
+	want(t, doctor.Internal(b, gwOnly, live, now, time.Minute), doctor.IDGatewayInternal, doctor.Fail, "does not name elsewhere.example")
+	workers := doctor.InternalConfig{SplitRoles: true, Roles: []string{"controllers", "scheduler", "sinks", "iam"}}
+	want(t, doctor.Internal(b, workers, live, now, time.Minute), doctor.IDGatewayInternal, doctor.OK, "neither the api nor the gateway")
+	want(t, doctor.Tunnels(workers), doctor.IDGatewayTunnels, doctor.OK, "neither the api nor the gateway")
 
 	want(t, doctor.Tunnels(doctor.InternalConfig{}), doctor.IDGatewayTunnels, doctor.OK, "own process")
 	want(t, doctor.Tunnels(doctor.InternalConfig{SplitRoles: true}), doctor.IDGatewayTunnels, doctor.Warn, "are refused")

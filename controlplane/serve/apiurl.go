@@ -10,9 +10,19 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 )
 
-// writeAPIURL records url in dataDir/bootstrap.APIURLFile (0600, replaced
-// whole), for the CLI and doctor on this machine.
-func writeAPIURL(dataDir, url string) error {
+// writeAPIURL records url in dataDir/bootstrap.APIURLFile and the bound
+// address addr in bootstrap.APIListenFile (0600, each replaced whole), for
+// the CLI and doctor on this machine.
+func writeAPIURL(dataDir, url, addr string) error {
+	if err := writeRecord(dataDir, bootstrap.APIURLFile, url); err != nil {
+		return err
+	}
+	return writeRecord(dataDir, bootstrap.APIListenFile, addr)
+}
+
+// writeRecord writes line to dataDir/name (0600, replaced whole); nothing
+// when dataDir does not exist.
+func writeRecord(dataDir, name, line string) error {
 	if dataDir == "" {
 		return nil
 	}
@@ -21,13 +31,13 @@ func writeAPIURL(dataDir, url string) error {
 		// every machine: nothing to record, no CLI reads it there.
 		return nil
 	}
-	path := filepath.Join(dataDir, bootstrap.APIURLFile)
-	tmp, err := os.CreateTemp(dataDir, ".api-url-*")
+	path := filepath.Join(dataDir, name)
+	tmp, err := os.CreateTemp(dataDir, "."+name+"-*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := fmt.Fprintln(tmp, url); err != nil {
+	if _, err := fmt.Fprintln(tmp, line); err != nil {
 		tmp.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}

@@ -42,6 +42,12 @@ type Options struct {
 	// GatewayReady, when set, receives the gateway once it listens and
 	// holds its lease (Addr and PublicURL are then valid).
 	GatewayReady func(*gateway.Gateway)
+	// ExternalAPI makes the api role serve only through the API server's
+	// Handler, which the caller mounts on its own server (package
+	// compute, through APIReady): no listener opens on host.listen, host.tls
+	// is the caller's server's business, and no api-url is recorded in the
+	// data directory.
+	ExternalAPI bool
 }
 
 // Run migrates (unless NoMigrate), then runs the configured roles until ctx
@@ -118,11 +124,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			return err
 		}
 		defer closeDownloads()
-		certFile, keyFile, err := apiCertFiles(ctx, cfg, st, opts)
-		if err != nil {
-			return err
+		var certFile, keyFile string
+		if !opts.ExternalAPI {
+			if certFile, keyFile, err = apiCertFiles(ctx, cfg, st, opts); err != nil {
+				return err
+			}
+			m.WatchCertificate("api", certFile)
 		}
-		m.WatchCertificate("api", certFile)
 		// With the internal control API the api wakes only the gateway
 		// holding each node's session, and the bus (NOTIFY) only for what
 		// it cannot reach that way.
@@ -183,8 +191,18 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}, nil, nil))
 	}
 	if srv != nil {
-		stages = append(stages, start(ctx, failed, srv.Run, srv.Ready(), func() {
-			if err := writeAPIURL(cfg.DataDir, srv.LocalURL()+cfg.BasePath); err != nil {
+		run := srv.Run
+		if opts.ExternalAPI {
+			run = srv.RunHandler
+		}
+		stages = append(stages, start(ctx, failed, run, srv.Ready(), func() {
+			if opts.ExternalAPI {
+				if opts.APIReady != nil {
+					opts.APIReady(srv)
+				}
+				return
+			}
+			if err := writeAPIURL(cfg.DataDir, srv.LocalURL()+cfg.BasePath, srv.Addr().String()); err != nil {
 				log.WarnContext(ctx, "The CLI on this machine will not find the API by itself", logkey.Err, err)
 			}
 			if opts.APIReady != nil {
@@ -223,8 +241,11 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 // bound addresses.
 func readyStatus(cfg *config.Config, gw *gateway.Gateway, srv *api.Server) string {
 	s := "Serving " + strings.Join(cfg.RolesList, ",")
-	if srv != nil {
+	switch {
+	case srv != nil && srv.Addr() != nil:
 		s += "; API on " + srv.Addr().String()
+	case srv != nil:
+		s += "; API through the caller's handler"
 	}
 	if gw != nil {
 		s += "; gateway on " + gw.Addr().String() + " (" + gw.PublicURL() + ")"

@@ -47,19 +47,30 @@ func devCmd(e *env) *cobra.Command {
 				return usageError{fmt.Errorf("--sim %d: want 0 to 100000", n)}
 			}
 			// dev listens on loopback, unless a public URL off loopback
-			// asks other machines in: then on every address.
+			// asks other machines in: then on every address. That is its
+			// default; host.listen and host.gateway.listen in a
+			// configuration file win, and --port and --gateway-port
+			// replace only their ports (issue 41).
 			f := config.Flags{}
 			pub.apply(&f)
 			host := "127.0.0.1"
 			if u, err := url.Parse(pub.publicURL); err == nil && u.Hostname() != "" && !config.IsLoopbackHost(u.Hostname()) {
 				host = "0.0.0.0"
 			}
-			f.Listen = net.JoinHostPort(host, strconv.Itoa(port))
-			if f.GatewayListen == "" {
-				f.GatewayListen = net.JoinHostPort(host, strconv.Itoa(gatewayPort))
-			}
-			if f.PublicURL == "" && gatewayPort != 0 {
-				f.PublicURL = "https://localhost:" + strconv.Itoa(gatewayPort)
+			f.DefaultListen = net.JoinHostPort(host, "3000")
+			f.DefaultGatewayListen = net.JoinHostPort(host, "8443")
+			for _, p := range []struct {
+				name string
+				port int
+				dst  *string
+			}{{"port", port, &f.ListenPort}, {"gateway-port", gatewayPort, &f.GatewayListenPort}} {
+				if !cmd.Flags().Changed(p.name) {
+					continue
+				}
+				if p.port < 0 || p.port > 65535 {
+					return usageError{fmt.Errorf("--%s %d is out of range 0-65535", p.name, p.port)}
+				}
+				*p.dst = strconv.Itoa(p.port)
 			}
 			cfg, err := e.load(f)
 			if err != nil {
@@ -74,8 +85,8 @@ func devCmd(e *env) *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVar(&n, "sim", 3, "number of simulated daemons")
-	cmd.Flags().IntVar(&port, "port", 3000, "API port on 127.0.0.1 (0 picks a free one)")
-	cmd.Flags().IntVar(&gatewayPort, "gateway-port", 8443, "gateway port on 127.0.0.1 (0 picks a free one)")
+	cmd.Flags().IntVar(&port, "port", 3000, "API port; replaces only the port of host.listen (default 127.0.0.1:3000; 0 picks a free one)")
+	cmd.Flags().IntVar(&gatewayPort, "gateway-port", 8443, "gateway port; replaces only the port of host.gateway.listen (default 127.0.0.1:8443; 0 picks a free one)")
 	pub.add(cmd)
 	return cmd
 }

@@ -23,13 +23,15 @@ func (e doctorError) Error() string {
 }
 
 func doctorCmd(e *env) *cobra.Command {
-	var out string
+	var out, roles string
 	var strict bool
 	cmd := &cobra.Command{
 		Use:   "doctor",
 		Short: "Check the schema, clock, PKI, gateway identity, notifier, routes, workers and fleet",
 		Long: `Doctor runs every check of docs/doctor.md against the configured database and
-prints each one's id, status (ok, warn or fail) and a one-line hint. It
+prints each one's id, status (ok, warn or fail) and a one-line hint, for
+a process running the configuration's roles (or --roles: run it beside
+each process of a split deployment with that process's roles). It
 never writes: a data directory without a deployment (no state.db) is an
 error naming it, and no secret, database or migration is made.
 
@@ -40,7 +42,7 @@ otherwise, 2 for bad flags or configuration.`,
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			cfg, err := e.load(config.Flags{})
+			cfg, err := e.load(config.Flags{Roles: roles})
 			if err != nil {
 				return err
 			}
@@ -73,6 +75,7 @@ otherwise, 2 for bad flags or configuration.`,
 		},
 	}
 	cmd.Flags().BoolVar(&strict, "strict", false, "exit non-zero on warnings too")
+	cmd.Flags().StringVar(&roles, "roles", "", "judge the checks for a process running these roles, as serve --roles (env "+config.EnvRoles+"; default the configuration's)")
 	outputFlag(cmd, &out)
 	return cmd
 }

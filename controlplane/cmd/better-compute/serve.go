@@ -1,9 +1,7 @@
 package main
 
 import (
-	"cmp"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 
@@ -28,11 +26,15 @@ func serveCmd(e *env) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f := config.Flags{Roles: roles}
 			pub.apply(&f)
-			if cmd.Flags().Changed("port") || host != "" {
+			// --host and --port each replace only their part of
+			// host.listen (issue 41): --port alone keeps the configured
+			// host, so an API meant for one address stays on it.
+			f.ListenHost = host
+			if cmd.Flags().Changed("port") {
 				if port < 0 || port > 65535 {
 					return usageError{fmt.Errorf("--port %d is out of range 0-65535", port)}
 				}
-				f.Listen = net.JoinHostPort(cmp.Or(host, "0.0.0.0"), strconv.Itoa(port))
+				f.ListenPort = strconv.Itoa(port)
 			}
 			cfg, st, err := e.loadStore(cmd.Context(), f)
 			if err != nil {
@@ -49,8 +51,8 @@ func serveCmd(e *env) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&roles, "roles", "", "roles to run: all, or a comma list of "+strings.Join(config.Roles, ", ")+" (env "+config.EnvRoles+")")
-	fl.StringVar(&host, "host", "", "API listen host (default 0.0.0.0)")
-	fl.IntVar(&port, "port", 3000, "API listen port (0 picks a free one)")
+	fl.StringVar(&host, "host", "", "API listen host; replaces only the host of host.listen (default 0.0.0.0)")
+	fl.IntVar(&port, "port", 3000, "API listen port; replaces only the port of host.listen, keeping its host (0 picks a free one)")
 	fl.BoolVar(&noMigrate, "no-migrate", false, "do not apply migrations; refuse to start when any are pending")
 	pub.add(cmd)
 	return cmd
