@@ -81,7 +81,7 @@ func TestHostileGatewayFieldsRefused(t *testing.T) {
 		t.Errorf("bcd join with a Join answer of 3,003 gateways: exit %d, stderr %q; want a failure naming the bound", code, stderr)
 	}
 	if m.joined() {
-		t.Errorf("bcd join kept an identity from a Join answer of 3,003 gateways:\n%s", stdout)
+		t.Fatalf("bcd join kept an identity from a Join answer of 3,003 gateways (it printed %.300q)", stdout)
 	}
 	g.SetJoinGateways(g.URL)
 	m.mustJoin(g.URL, tokenFile)
