@@ -134,9 +134,12 @@ type entry struct {
 	kind      string
 	cancel    context.CancelFunc // nil once finished
 	result    *sessionv1.CommandResult
-	delivered bool     // result reached a gateway
-	handover  bool     // recovered: an earlier bcd handed it to this one (Upgrader)
-	u         *updater // numbers and sends the command's updates
+	delivered bool // result reached a gateway
+	handover  bool // recovered: an earlier bcd handed it to this one (Upgrader)
+	// unrecorded: refused because the journal could not record it, so the
+	// journal has nothing of it to change.
+	unrecorded bool
+	u          *updater // numbers and sends the command's updates
 }
 
 // errCancelled is the cause with which Cancel stops a command.
@@ -270,7 +273,7 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 		if oe.cancel != nil {
 			break // never forget a running command
 		}
-		if oe.delivered || oe.handover {
+		if (oe.delivered || oe.handover) && !oe.unrecorded {
 			forget = append(forget, oe.id) // an undelivered one waits for Delivered
 		}
 		delete(e.seen, oe.id)
@@ -282,9 +285,17 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	// knows it was accepted.
 	if j := e.cfg.Journal; j != nil {
 		if err := j.Accept(journal.Record{ID: en.id, Kind: en.kind, BootID: e.bootID, AcceptedAt: time.Now()}); err != nil {
-			e.log.Error("Refused a command that could not be recorded", logkey.CommandID, en.id, logkey.Err, err)
 			cancelCause(nil)
 			stopDeadline()
+			e.mu.Lock()
+			en.unrecorded = true
+			e.mu.Unlock()
+			if errors.Is(err, journal.ErrDiskFull) {
+				e.log.Error("Refused a command: disk full on the node's data dir", logkey.CommandID, en.id, logkey.Err, err)
+				e.finish(en, failed(errDiskFull.Error()+" ("+err.Error()+")"))
+				return
+			}
+			e.log.Error("Refused a command that could not be recorded", logkey.CommandID, en.id, logkey.Err, err)
 			e.finish(en, failed("bcd could not record the command before running it: "+err.Error()))
 			return
 		}
@@ -324,9 +335,10 @@ func (e *Executor) finish(en *entry, res *sessionv1.CommandResult) {
 	}
 	e.mu.Lock()
 	en.cancel, en.result = nil, res
+	unrecorded := en.unrecorded
 	e.notifyLocked()
 	e.mu.Unlock()
-	if j := e.cfg.Journal; j != nil {
+	if j := e.cfg.Journal; j != nil && !unrecorded {
 		if err := j.Finished(en.id, res); err != nil {
 			e.log.Warn("Could not record a command result", logkey.CommandID, en.id, logkey.Err, err)
 		}
@@ -362,8 +374,9 @@ func (e *Executor) markDelivered(en *entry) {
 	en.delivered = true
 	el, known := e.seen[en.id]
 	known = known && el.Value.(*entry) == en
+	unrecorded := en.unrecorded
 	e.mu.Unlock()
-	if j := e.cfg.Journal; j != nil {
+	if j := e.cfg.Journal; j != nil && !unrecorded {
 		err := j.Delivered(en.id)
 		if err == nil && !known {
 			err = j.Forget(en.id)
@@ -454,6 +467,11 @@ func (u *updater) drain() error {
 // errNoCommandUser is the error of an exec without as_root when the
 // Executor has no Config.Commands.
 var errNoCommandUser = errors.New("this bcd has no command user to run commands as (bcd node --command-user); it runs no command as root or as itself")
+
+// errDiskFull is the error of a command refused because the journal had no
+// room to record it (journal.ErrDiskFull): bcd runs nothing it has not
+// recorded, and keeps the room left for the results of commands it took.
+var errDiskFull = errors.New("refused: disk full on the node's data dir: bcd records every command before running it; free space there and run the command again")
 
 // errRootUnavailable is the clear error for root work without a helper.
 var errRootUnavailable = errors.New("this command must run as root, but bcd runs unprivileged and no root helper is configured (start bcd-helper.service)")

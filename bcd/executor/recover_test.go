@@ -300,3 +300,30 @@ func TestHandedOverUpgradeGoesToTheUpgrader(t *testing.T) {
 		t.Fatalf("redelivered upgrade: %v after %d calls", res, u.calls)
 	}
 }
+
+// TestDiskFullRefusesCommands: a command the journal has no room to record
+// (journal.ErrDiskFull) is not run and fails with "disk full on the node's
+// data dir" (issue 29); the journal keeps nothing of it.
+func TestDiskFullRefusesCommands(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	j, err := journal.Open(journal.Config{Path: filepath.Join(dir, journal.File), Reserve: 1 << 62, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	e := executor.New(executor.Config{Commands: asSelf{}, Journal: j, Proc: &fakeProc{}, Logger: testLogger(t)})
+	r := newRecorder()
+	marker := filepath.Join(dir, "ran")
+	e.HandleCommand(context.Background(), execCmd("cmd_full", "touch", marker), r.send)
+	res := wait(t, r)
+	if res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.GetError(), "disk full on the node's data dir") {
+		t.Errorf("result on a full disk: %v, want failed naming the disk full", res)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the command ran")
+	}
+	if rs := j.Records(); len(rs) != 0 {
+		t.Errorf("the journal holds %+v", rs)
+	}
+}

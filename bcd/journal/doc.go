@@ -34,4 +34,14 @@
 // and followed by an fsync of the directory, so a crash leaves either the old
 // journal or the new one. Forget removes a record (the caller forgets
 // delivered results it no longer needs to answer redeliveries with).
+//
+// # A full disk
+//
+// Accept refuses a new command, writing nothing, when less than
+// Config.Reserve (1 MiB) is free on the journal's filesystem, so that the
+// commands already accepted keep room to record their results; any change
+// whose write or fsync fails with ENOSPC or EDQUOT is undone (the file is
+// truncated back) and fails. Both errors wrap ErrDiskFull. Open reads a
+// journal on a full disk; a compaction that finds no room leaves the file
+// as it was.
 package journal

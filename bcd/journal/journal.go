@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -27,8 +28,17 @@ const File = "commands.journal"
 // DefaultCompactSlack is Config.CompactSlack's default.
 const DefaultCompactSlack = 1024
 
+// DefaultReserve is Config.Reserve's default: 1 MiB, room for the start,
+// result and delivery lines of thousands of commands already accepted.
+const DefaultReserve = 1 << 20
+
 // ErrClosed is returned by the methods of a closed Journal.
 var ErrClosed = errors.New("command journal closed")
+
+// ErrDiskFull marks a change the journal could not make for want of space
+// on its filesystem: a write failed with ENOSPC or EDQUOT, or, for Accept,
+// less than Config.Reserve was free. Nothing of the change was written.
+var ErrDiskFull = errors.New("disk full")
 
 // Log attribute keys of this package.
 const (
@@ -71,6 +81,11 @@ type Config struct {
 	// file may hold before it is rewritten. Defaults to
 	// DefaultCompactSlack (1,024).
 	CompactSlack int
+	// Reserve is the space Accept wants free on the journal's filesystem
+	// before it records a new command, so that the commands it accepted
+	// can still record their process group, result and delivery on a
+	// filling disk. Defaults to DefaultReserve (1 MiB); negative: none.
+	Reserve int64
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -115,6 +130,7 @@ func Open(cfg Config) (*Journal, error) {
 		return nil, errors.New("open command journal: no path")
 	}
 	cfg.CompactSlack = cmp.Or(cfg.CompactSlack, DefaultCompactSlack)
+	cfg.Reserve = cmp.Or(cfg.Reserve, DefaultReserve)
 	j := &Journal{cfg: cfg, log: cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)), recs: map[string]*Record{}}
 	f, err := os.OpenFile(cfg.Path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -141,8 +157,9 @@ func Open(cfg Config) (*Journal, error) {
 	}
 	if j.lines > len(j.recs) {
 		if err := j.compact(); err != nil {
-			f.Close()
-			return nil, err
+			// The records are read; the file is only longer than it needs
+			// to be (a full disk must not keep bcd from starting).
+			j.log.Warn("Could not compact the command journal", attrPath, cfg.Path, logkey.Err, err)
 		}
 	}
 	return j, nil
@@ -257,8 +274,18 @@ func (j *Journal) Records() []Record {
 }
 
 // Accept records a command bcd accepted, before it starts it: ID, Kind,
-// BootID and AcceptedAt of r (a record of the same id is replaced).
+// BootID and AcceptedAt of r (a record of the same id is replaced). It
+// fails with an error wrapping ErrDiskFull, writing nothing, when less than
+// Config.Reserve is free on the journal's filesystem or the write finds it
+// full.
 func (j *Journal) Accept(r Record) error {
+	if j.cfg.Reserve > 0 {
+		dir := filepath.Dir(j.cfg.Path)
+		if free, err := freeBytes(dir); err == nil && free < uint64(j.cfg.Reserve) {
+			return fmt.Errorf("record command: %w: %d bytes free on the filesystem of %s, under the %d kept to record results",
+				ErrDiskFull, free, dir, j.cfg.Reserve)
+		}
+	}
 	return j.append(&line{Op: opRecord, Record: Record{ID: r.ID, Kind: r.Kind, BootID: r.BootID, AcceptedAt: r.AcceptedAt}})
 }
 
@@ -303,11 +330,11 @@ func (j *Journal) append(l *line) error {
 	if _, err := j.f.Write(b); err != nil {
 		// Never leave a torn line under later ones.
 		_ = j.f.Truncate(j.size)
-		return fmt.Errorf("write command journal: %w", err)
+		return fmt.Errorf("write command journal: %w", diskFull(err))
 	}
 	if err := j.f.Sync(); err != nil {
 		_ = j.f.Truncate(j.size)
-		return fmt.Errorf("sync command journal: %w", err)
+		return fmt.Errorf("sync command journal: %w", diskFull(err))
 	}
 	j.size += int64(len(b))
 	j.lines++
@@ -378,4 +405,21 @@ func (j *Journal) Close() error {
 	err := j.f.Close()
 	j.f = nil
 	return err
+}
+
+// diskFull marks err with ErrDiskFull when it says the filesystem is full.
+func diskFull(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
+	return err
+}
+
+// freeBytes returns the space free to this process on dir's filesystem.
+func freeBytes(dir string) (uint64, error) {
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(dir, &fs); err != nil {
+		return 0, err
+	}
+	return fs.Bavail * uint64(fs.Bsize), nil
 }

@@ -2,6 +2,7 @@ package journal_test
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -150,5 +151,30 @@ func TestOpenNeedsAPath(t *testing.T) {
 	t.Parallel()
 	if _, err := journal.Open(journal.Config{}); err == nil {
 		t.Fatal("Open without a path succeeded")
+	}
+}
+
+// TestAcceptRefusedWithoutReserve: with less than Config.Reserve free on
+// the journal's filesystem, Accept fails with ErrDiskFull and writes
+// nothing, while the records already accepted can still change (issue 29).
+func TestAcceptRefusedWithoutReserve(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), journal.File)
+	j := open(t, path, 0)
+	must(t, j.Accept(journal.Record{ID: "cmd_1", Kind: "exec"}))
+	must(t, j.Close())
+	j, err := journal.Open(journal.Config{Path: path, Reserve: 1 << 62}) // more than any disk has free
+	must(t, err)
+	t.Cleanup(func() { j.Close() })
+	before := lines(t, path)
+	if err := j.Accept(journal.Record{ID: "cmd_2", Kind: "exec"}); !errors.Is(err, journal.ErrDiskFull) {
+		t.Fatalf("Accept without the reserve free: %v, want ErrDiskFull", err)
+	}
+	if n := lines(t, path); n != before {
+		t.Errorf("a refused Accept wrote %d lines", n-before)
+	}
+	must(t, j.Finished("cmd_1", &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}))
+	if rs := j.Records(); len(rs) != 1 || rs[0].ID != "cmd_1" || rs[0].Result == nil {
+		t.Errorf("records %+v, want cmd_1 with its result", rs)
 	}
 }

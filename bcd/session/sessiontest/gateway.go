@@ -1,6 +1,7 @@
 package sessiontest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -72,6 +73,7 @@ type Gateway struct {
 	refuse      []refusal
 	joinGWs     []string
 	welcomeGWs  []string
+	welcomeSID  string
 	groups      map[string]tls.CurveID // RPC name -> key exchange of its last call
 	open        int
 	lastSession int
@@ -153,6 +155,15 @@ func (g *Gateway) SetJoinGateways(urls ...string) {
 func (g *Gateway) SetWelcomeGateways(urls ...string) {
 	g.mu.Lock()
 	g.welcomeGWs = urls
+	g.mu.Unlock()
+}
+
+// SetWelcomeSessionID makes Welcome carry id as its session id instead of
+// the gateway's own "<ID>-s<n>" (a hostile gateway's; "" restores the
+// default).
+func (g *Gateway) SetWelcomeSessionID(id string) {
+	g.mu.Lock()
+	g.welcomeSID = id
 	g.mu.Unlock()
 }
 
@@ -448,7 +459,7 @@ func (g *Gateway) Connect(stream sessionv1.SessionService_ConnectServer) error {
 	g.mu.Lock()
 	g.open++
 	g.lastSession++
-	sid := fmt.Sprintf("%s-s%d", g.opts.ID, g.lastSession)
+	sid := cmp.Or(g.welcomeSID, fmt.Sprintf("%s-s%d", g.opts.ID, g.lastSession))
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
