@@ -3,6 +3,8 @@ package tests
 import (
 	"bufio"
 	"bytes"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,6 +78,35 @@ func TestLayering(t *testing.T) {
 				if r.bans(d) {
 					t.Errorf("%s: %s imports %s", r.what, pkg, d)
 				}
+			}
+		}
+	}
+}
+
+// TestWireNamesCLIImportsNoAPIServer: of the CLI's files only serve.go
+// and dev.go, which run the server, import controlplane/api; the rest talk
+// to it through controlplane/client and take its error codes, join-token
+// limits, name rule and serial form from proto/api/v1, the names both ends
+// share (issue 31). Test files are left out: they start a real API server
+// in the process to run the commands against.
+func TestWireNamesCLIImportsNoAPIServer(t *testing.T) {
+	dir := filepath.Join(repoRoot(), "controlplane", "cmd", "better-compute")
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no Go files in %s: %v", dir, err)
+	}
+	for _, f := range files {
+		base := filepath.Base(f)
+		if strings.HasSuffix(base, "_test.go") || base == "serve.go" || base == "dev.go" {
+			continue
+		}
+		parsed, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatalf("parse %s: %v", f, err)
+		}
+		for _, imp := range parsed.Imports {
+			if imp.Path.Value == `"`+module+`/controlplane/api"` {
+				t.Errorf("controlplane/cmd/better-compute/%s imports controlplane/api: take the shared names from proto/api/v1 and call the server through controlplane/client", base)
 			}
 		}
 	}

@@ -26,7 +26,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 // DefaultName is the command user's name unless --command-user names
@@ -200,7 +200,7 @@ func Reachable(home string, u User) error {
 // Spec returns spec made to run as u: its credentials (u's uid and group,
 // no supplementary groups), HOME and USER, and home as its working
 // directory unless it names one.
-func (u User) Spec(spec bcexec.Spec, home string) bcexec.Spec {
+func (u User) Spec(spec process.Spec, home string) process.Spec {
 	spec.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
 	spec.Home, spec.User = home, u.Name
 	if spec.Dir == "" {
@@ -218,11 +218,11 @@ type Runner struct {
 	Home string
 }
 
-// Exec runs spec as the command user (bcexec.Run); HOME is made again when
+// Exec runs spec as the command user (process.Run); HOME is made again when
 // it was removed.
-func (r *Runner) Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
+func (r *Runner) Exec(ctx context.Context, spec process.Spec, out func(stream int, data []byte)) process.Result {
 	if err := MakeHome(r.Home, r.User); err != nil {
-		return bcexec.Result{ExitCode: -1, Err: err}
+		return process.Result{ExitCode: -1, Err: err}
 	}
-	return bcexec.Run(ctx, r.User.Spec(spec, r.Home), out)
+	return process.Run(ctx, r.User.Spec(spec, r.Home), out)
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/better-compute/bcd/cmduser"
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 func TestCheckRefusesRootAndBCD(t *testing.T) {
@@ -64,7 +64,7 @@ func TestRunnerRunsAsTheUser(t *testing.T) {
 	}
 	r := &cmduser.Runner{User: u, Home: home}
 	var out bytes.Buffer
-	res := r.Exec(context.Background(), bcexec.Spec{Argv: []string{"sh", "-c", "echo $(id -u):$(id -g):$(id -G) $USER $HOME $(pwd)"}},
+	res := r.Exec(context.Background(), process.Spec{Argv: []string{"sh", "-c", "echo $(id -u):$(id -g):$(id -G) $USER $HOME $(pwd)"}},
 		func(_ int, b []byte) { out.Write(b) })
 	want := strings.Join([]string{"65534:" + itoa(u.GID) + ":" + itoa(u.GID), "nobody", home, home}, " ")
 	if res.ExitCode != 0 || strings.TrimSpace(out.String()) != want {

@@ -29,23 +29,23 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/journal"
+	"github.com/better-compute/better-compute/bcd/process"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // RootRunner runs programs as root for a command (the root helper's
 // client, which asks for a grant bound to the command id first).
 type RootRunner interface {
-	ExecRoot(ctx context.Context, commandID string, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result
+	ExecRoot(ctx context.Context, commandID string, spec process.Spec, out func(stream int, data []byte)) process.Result
 }
 
 // Runner runs programs as the command user (package bcd/cmduser): a
 // *cmduser.Runner when bcd is root, the root helper's client when it is
 // unprivileged.
 type Runner interface {
-	Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result
+	Exec(ctx context.Context, spec process.Spec, out func(stream int, data []byte)) process.Result
 }
 
 // Config configures an Executor.
@@ -94,7 +94,7 @@ type Config struct {
 	Reboot Rebooter
 	// RebootCommand is the program that reboots the machine when bcd is
 	// root and Reboot is nil, its name looked up in bcd's own PATH first
-	// (as NvidiaSMI's), else in the default PATH (bcexec.DefaultPath).
+	// (as NvidiaSMI's), else in the default PATH (process.DefaultPath).
 	// Defaults to DefaultRebootCommand.
 	RebootCommand []string
 	// Logger defaults to discarding.
@@ -517,12 +517,12 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		ctx, cancel = context.WithTimeout(ctx, t.AsDuration())
 		defer cancel()
 	}
-	s := bcexec.Spec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Dir: spec.GetCwd(), OutputLimit: int64(spec.GetOutputLimitBytes()),
+	s := process.Spec{Argv: spec.GetArgv(), Env: spec.GetEnv(), Dir: spec.GetCwd(), OutputLimit: int64(spec.GetOutputLimitBytes()),
 		Started: func(pid int) { e.started(u.id, pid) }}
 	var offsets [3]uint64
 	out := func(stream int, data []byte) {
 		st := sessionv1.OutputStream_OUTPUT_STREAM_STDOUT
-		if stream == bcexec.Stderr {
+		if stream == process.Stderr {
 			st = sessionv1.OutputStream_OUTPUT_STREAM_STDERR
 		}
 		off := offsets[stream]
@@ -530,7 +530,7 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		_ = u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Output{Output: &sessionv1.OutputChunk{Stream: st, Data: data, Offset: off}}})
 	}
 	_ = u.send(&sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{StartedAt: timestamppb.Now()}}})
-	var res bcexec.Result
+	var res process.Result
 	switch {
 	case !spec.GetAsRoot() && e.cfg.Commands == nil:
 		return failed(errNoCommandUser.Error())
@@ -540,7 +540,7 @@ func (e *Executor) exec(ctx context.Context, spec *sessionv1.ExecSpec, u *update
 		res = e.cfg.Root.ExecRoot(ctx, u.id, s, out)
 	case e.cfg.IsRoot():
 		s.Home, s.User = "/root", "root"
-		res = bcexec.Run(ctx, s, out)
+		res = process.Run(ctx, s, out)
 	default:
 		return failed(errRootUnavailable.Error())
 	}

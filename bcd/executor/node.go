@@ -12,8 +12,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/process"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -38,7 +38,7 @@ type Rebooter interface {
 // Defaults of the node kinds.
 var (
 	// DefaultNvidiaSMI is Config.NvidiaSMI's default: looked up in bcd's
-	// PATH, else in the PATH of the root side (bcexec.DefaultPath).
+	// PATH, else in the PATH of the root side (process.DefaultPath).
 	DefaultNvidiaSMI = "nvidia-smi"
 	// DefaultRebootCommand is Config.RebootCommand's default.
 	DefaultRebootCommand = []string{"systemctl", "reboot"}
@@ -65,7 +65,7 @@ func output(u *updater) func(stream int, data []byte) {
 	var offsets [3]uint64
 	return func(stream int, data []byte) {
 		st := sessionv1.OutputStream_OUTPUT_STREAM_STDOUT
-		if stream == bcexec.Stderr {
+		if stream == process.Stderr {
 			st = sessionv1.OutputStream_OUTPUT_STREAM_STDERR
 		}
 		off := offsets[stream]
@@ -76,15 +76,15 @@ func output(u *updater) func(stream int, data []byte) {
 
 // asRoot runs argv as root: through the root helper when there is one,
 // itself when bcd is root; errRootUnavailable otherwise.
-func (e *Executor) asRoot(ctx context.Context, id string, argv []string, out func(int, []byte)) bcexec.Result {
-	s := bcexec.Spec{Argv: argv, OutputLimit: 64 << 10, Home: "/root", User: "root"}
+func (e *Executor) asRoot(ctx context.Context, id string, argv []string, out func(int, []byte)) process.Result {
+	s := process.Spec{Argv: argv, OutputLimit: 64 << 10, Home: "/root", User: "root"}
 	switch {
 	case e.cfg.Root != nil:
 		return e.cfg.Root.ExecRoot(ctx, id, s, out)
 	case e.cfg.IsRoot():
-		return bcexec.Run(ctx, s, out)
+		return process.Run(ctx, s, out)
 	}
-	return bcexec.Result{ExitCode: -1, Err: errRootUnavailable}
+	return process.Result{ExitCode: -1, Err: errRootUnavailable}
 }
 
 // gpuUUID reports whether s looks like an NVML GPU UUID ("GPU-" and hex
@@ -194,7 +194,7 @@ func (e *Executor) reboot(ctx context.Context, u *updater) *sessionv1.CommandRes
 				argv[0] = p
 			}
 		}
-		if res := bcexec.Run(ctx, bcexec.Spec{Argv: argv, OutputLimit: 4 << 10}, output(u)); res.Err != nil {
+		if res := process.Run(ctx, process.Spec{Argv: argv, OutputLimit: 4 << 10}, output(u)); res.Err != nil {
 			err = res.Err
 		} else if res.ExitCode != 0 {
 			err = fmt.Errorf("%s exited with status %d", strings.Join(e.cfg.RebootCommand, " "), res.ExitCode)

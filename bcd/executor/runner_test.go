@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/executor"
+	"github.com/better-compute/better-compute/bcd/process"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -16,8 +16,8 @@ import (
 // tests and the e2e tests run them as the command user.
 type asSelf struct{}
 
-func (asSelf) Exec(ctx context.Context, spec bcexec.Spec, out func(int, []byte)) bcexec.Result {
-	return bcexec.Run(ctx, spec, out)
+func (asSelf) Exec(ctx context.Context, spec process.Spec, out func(int, []byte)) process.Result {
+	return process.Run(ctx, spec, out)
 }
 
 // rootRecorder stands in for the root helper's client: it records the
@@ -27,11 +27,11 @@ type rootRecorder struct {
 	ids []string
 }
 
-func (r *rootRecorder) ExecRoot(ctx context.Context, id string, spec bcexec.Spec, out func(int, []byte)) bcexec.Result {
+func (r *rootRecorder) ExecRoot(ctx context.Context, id string, spec process.Spec, out func(int, []byte)) process.Result {
 	r.mu.Lock()
 	r.ids = append(r.ids, id)
 	r.mu.Unlock()
-	return bcexec.Run(ctx, spec, out)
+	return process.Run(ctx, spec, out)
 }
 
 // TestExecWithoutCommandUserFails: with no command user an exec without
@@ -52,7 +52,7 @@ func TestPlainAndRootExecGoTheirWays(t *testing.T) {
 	var plain []string
 	var mu sync.Mutex
 	root := &rootRecorder{}
-	e := executor.New(executor.Config{Commands: runnerFunc(func(spec bcexec.Spec) {
+	e := executor.New(executor.Config{Commands: runnerFunc(func(spec process.Spec) {
 		mu.Lock()
 		plain = append(plain, spec.Argv[0])
 		mu.Unlock()
@@ -76,9 +76,9 @@ func TestPlainAndRootExecGoTheirWays(t *testing.T) {
 
 // runnerFunc is a Runner that records the spec and runs it as the test's
 // user.
-type runnerFunc func(bcexec.Spec)
+type runnerFunc func(process.Spec)
 
-func (f runnerFunc) Exec(ctx context.Context, spec bcexec.Spec, out func(int, []byte)) bcexec.Result {
+func (f runnerFunc) Exec(ctx context.Context, spec process.Spec, out func(int, []byte)) process.Result {
 	f(spec)
-	return bcexec.Run(ctx, spec, out)
+	return process.Run(ctx, spec, out)
 }

@@ -10,7 +10,7 @@ import (
 	"net"
 	"syscall"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 // Client talks to the helper.
@@ -96,27 +96,27 @@ func (c *Client) Grant(ctx context.Context, id string) (string, error) {
 
 // Exec runs spec through the helper as the command user (the helper's
 // --command-user); spec.Credential, Home and User are the helper's to set.
-func (c *Client) Exec(ctx context.Context, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
+func (c *Client) Exec(ctx context.Context, spec process.Spec, out func(stream int, data []byte)) process.Result {
 	return c.exec(ctx, OpExecUser, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}, out)
 }
 
 // ExecRoot runs spec as root through the helper, for command id: it asks
 // for a grant bound to id first (Grant), and the helper checks it.
-func (c *Client) ExecRoot(ctx context.Context, id string, spec bcexec.Spec, out func(stream int, data []byte)) bcexec.Result {
+func (c *Client) ExecRoot(ctx context.Context, id string, spec process.Spec, out func(stream int, data []byte)) process.Result {
 	g, err := c.Grant(ctx, id)
 	if err != nil {
-		return bcexec.Result{ExitCode: -1, Err: err}
+		return process.Result{ExitCode: -1, Err: err}
 	}
 	return c.exec(ctx, OpExec, &ExecSpec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit,
 		CommandID: id, Grant: g}, out)
 }
 
-func (c *Client) exec(ctx context.Context, op string, spec *ExecSpec, out func(stream int, data []byte)) bcexec.Result {
+func (c *Client) exec(ctx context.Context, op string, spec *ExecSpec, out func(stream int, data []byte)) process.Result {
 	f, err := c.do(ctx, Request{Op: op, Exec: spec}, func(f Frame) { out(f.Stream, f.Data) })
 	if err != nil {
-		return bcexec.Result{ExitCode: -1, Err: err}
+		return process.Result{ExitCode: -1, Err: err}
 	}
-	res := bcexec.Result{ExitCode: f.ExitCode, Truncated: f.Truncated, Cancelled: f.Cancelled}
+	res := process.Result{ExitCode: f.ExitCode, Truncated: f.Truncated, Cancelled: f.Cancelled}
 	if ctx.Err() != nil {
 		res.Cancelled, res.Err = true, ctx.Err()
 	} else if f.Error != "" {

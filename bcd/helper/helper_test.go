@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/cmduser"
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/helper"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 // startHelper starts a helper serving uid whose command user, when the test
@@ -86,14 +86,14 @@ func TestExecThroughHelper(t *testing.T) {
 	}
 	c := &helper.Client{Socket: sock}
 	var out strings.Builder
-	res := c.Exec(context.Background(), bcexec.Spec{Argv: []string{"sh", "-c", `echo "$(id -u) $USER $(pwd) $HOME"; exit 4`}, Env: map[string]string{"X": "1"}},
+	res := c.Exec(context.Background(), process.Spec{Argv: []string{"sh", "-c", `echo "$(id -u) $USER $(pwd) $HOME"; exit 4`}, Env: map[string]string{"X": "1"}},
 		func(_ int, b []byte) { out.Write(b) })
 	f := strings.Fields(out.String())
 	if res.ExitCode != 4 || len(f) != 4 || f[0] != "65534" || f[1] != "nobody" || f[2] != f[3] || !strings.HasSuffix(f[2], "/"+cmduser.HomeDir) {
 		t.Fatalf("exec as the command user: %+v output %q", res, out.String())
 	}
 	out.Reset()
-	res = c.ExecRoot(context.Background(), "cmd_root", bcexec.Spec{Argv: []string{"id", "-u"}}, func(_ int, b []byte) { out.Write(b) })
+	res = c.ExecRoot(context.Background(), "cmd_root", process.Spec{Argv: []string{"id", "-u"}}, func(_ int, b []byte) { out.Write(b) })
 	if res.ExitCode != 0 || res.Err != nil || strings.TrimSpace(out.String()) != "0" {
 		t.Fatalf("exec as root: %+v output %q", res, out.String())
 	}
@@ -163,7 +163,7 @@ func TestCancelThroughHelper(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	res := c.Exec(ctx, bcexec.Spec{Argv: []string{"sleep", "600"}}, func(int, []byte) {})
+	res := c.Exec(ctx, process.Spec{Argv: []string{"sleep", "600"}}, func(int, []byte) {})
 	if !res.Cancelled || time.Since(start) > 3*time.Second {
 		t.Fatalf("cancelled exec: %+v after %v", res, time.Since(start))
 	}
@@ -180,7 +180,7 @@ func TestOtherUIDRefused(t *testing.T) {
 			t.Fatalf("ping from another uid: %v", err)
 		}
 	}
-	res := c.Exec(context.Background(), bcexec.Spec{Argv: []string{"true"}}, func(int, []byte) {})
+	res := c.Exec(context.Background(), process.Spec{Argv: []string{"true"}}, func(int, []byte) {})
 	if res.Err == nil || res.ExitCode != -1 {
 		t.Fatalf("exec from another uid ran: %+v", res)
 	}
@@ -188,7 +188,7 @@ func TestOtherUIDRefused(t *testing.T) {
 
 func TestNoHelper(t *testing.T) {
 	c := &helper.Client{Socket: filepath.Join(t.TempDir(), "absent.sock")}
-	res := c.Exec(context.Background(), bcexec.Spec{Argv: []string{"true"}}, func(int, []byte) {})
+	res := c.Exec(context.Background(), process.Spec{Argv: []string{"true"}}, func(int, []byte) {})
 	if !errors.Is(res.Err, helper.ErrUnavailable) {
 		t.Fatalf("without a helper: %+v", res)
 	}

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/cmduser"
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 // Config configures the helper server.
@@ -203,8 +203,8 @@ func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec, ro
 		defer mu.Unlock()
 		_ = enc.Encode(Frame{Stream: stream, Data: data})
 	}
-	run := bcexec.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}
-	var res bcexec.Result
+	run := process.Spec{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, OutputLimit: spec.OutputLimit}
+	var res process.Result
 	if root {
 		if err := s.grants.use(spec.CommandID, spec.Grant); err != nil {
 			s.log.WarnContext(ctx, "Helper refused a root exec", logkey.CommandID, spec.CommandID, logkey.Err, err)
@@ -213,7 +213,7 @@ func (s *Server) exec(ctx context.Context, enc *json.Encoder, spec *ExecSpec, ro
 		}
 		s.log.InfoContext(ctx, "Running as root for the node", "program", spec.Argv[0], logkey.CommandID, spec.CommandID)
 		run.Home, run.User = "/root", "root"
-		res = bcexec.Run(ctx, run, out)
+		res = process.Run(ctx, run, out)
 	} else {
 		cu := s.cfg.CommandUser
 		if cu.Name == "" {

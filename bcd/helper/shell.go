@@ -16,8 +16,8 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/better-compute/better-compute/bcd/cmduser"
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
 // OpShell starts a login shell on a new PTY for a tunnel (docs/tunnels.md,
@@ -81,7 +81,7 @@ func (s *Server) shell(ctx context.Context, c *net.UnixConn, enc *json.Encoder, 
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: cu.UID, Gid: cu.GID, Groups: []uint32{}}}
 	}
 	cmd.Env = []string{"TERM=" + term, "HOME=" + home, "USER=" + name, "LOGNAME=" + name, "SHELL=" + sh,
-		"LANG=C.UTF-8", "PATH=" + bcexec.DefaultPath}
+		"LANG=C.UTF-8", "PATH=" + process.DefaultPath}
 	cmd.Dir = home
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = "/"

@@ -25,9 +25,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/better-compute/bcd/cmduser"
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/process"
 	"github.com/better-compute/better-compute/bcd/session"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -152,7 +152,7 @@ func (h *Handler) startLocal(open *sessionv1.TunnelOpen, size *pty.Winsize, asRo
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}}
 	}
 	cmd.Env = []string{"TERM=" + term, "HOME=" + home, "USER=" + name, "LOGNAME=" + name, "SHELL=" + h.cfg.Shell,
-		"LANG=C.UTF-8", "PATH=" + bcexec.DefaultPath}
+		"LANG=C.UTF-8", "PATH=" + process.DefaultPath}
 	cmd.Dir = home
 	if _, err := os.Stat(home); err != nil {
 		cmd.Dir = "/"

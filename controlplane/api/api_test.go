@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 type fixture struct {
@@ -97,11 +98,11 @@ func TestCSRFHeaderRequired(t *testing.T) {
 
 func TestAuthentication(t *testing.T) {
 	f := newFixture(t)
-	wantCode(t, f.call("sites.list", "", "{}", peer), 401, api.CodeUnauthenticated, "")
-	wantCode(t, f.call("sites.list", "bcat_nope", "{}", peer), 401, api.CodeUnauthenticated, "")
+	wantCode(t, f.call("sites.list", "", "{}", peer), 401, apiv1.CodeUnauthenticated, "")
+	wantCode(t, f.call("sites.list", "bcat_nope", "{}", peer), 401, apiv1.CodeUnauthenticated, "")
 	expired := f.token(store.RoleAdmin, time.Millisecond)
 	time.Sleep(5 * time.Millisecond)
-	wantCode(t, f.call("sites.list", expired, "{}", peer), 401, api.CodeUnauthenticated, "")
+	wantCode(t, f.call("sites.list", expired, "{}", peer), 401, apiv1.CodeUnauthenticated, "")
 	if r := f.call("sites.list", f.admin, "{}", peer); r.Code != 200 {
 		t.Fatalf("admin sites.list = %v", r)
 	}
@@ -118,7 +119,7 @@ func TestAuthentication(t *testing.T) {
 			}
 		}
 	}
-	wantCode(t, f.call("sites.list", victim, "{}", peer), 401, api.CodeUnauthenticated, "")
+	wantCode(t, f.call("sites.list", victim, "{}", peer), 401, apiv1.CodeUnauthenticated, "")
 }
 
 func TestAuthorisationByRole(t *testing.T) {
@@ -131,11 +132,11 @@ func TestAuthorisationByRole(t *testing.T) {
 	if r := f.call("pools.create", f.admin, `{"name":"default","site":"ams-1"}`, peer); r.Code != 200 {
 		t.Fatalf("create pool = %v", r)
 	}
-	wantCode(t, f.call("commands.create", viewer, `{"pool":"default","kind":"exec","exec":{"argv":["true"]}}`, peer), 403, api.CodePermissionDenied, "")
-	wantCode(t, f.call("sites.create", operator, `{"name":"x","region":"y"}`, peer), 403, api.CodePermissionDenied, "")
-	wantCode(t, f.call("tokens.create", operator, `{"role":"admin"}`, peer), 403, api.CodePermissionDenied, "")
+	wantCode(t, f.call("commands.create", viewer, `{"pool":"default","kind":"exec","exec":{"argv":["true"]}}`, peer), 403, apiv1.CodePermissionDenied, "")
+	wantCode(t, f.call("sites.create", operator, `{"name":"x","region":"y"}`, peer), 403, apiv1.CodePermissionDenied, "")
+	wantCode(t, f.call("tokens.create", operator, `{"role":"admin"}`, peer), 403, apiv1.CodePermissionDenied, "")
 	// The operator passes authorisation; the pool simply has no node yet.
-	wantCode(t, f.call("commands.create", operator, `{"pool":"default","kind":"exec","exec":{"argv":["true"]}}`, peer), 404, api.CodeNotFound, "pool")
+	wantCode(t, f.call("commands.create", operator, `{"pool":"default","kind":"exec","exec":{"argv":["true"]}}`, peer), 404, apiv1.CodeNotFound, "pool")
 	if r := f.call("pools.list", viewer, `{}`, peer); r.Code != 200 {
 		t.Fatalf("viewer pools.list = %v", r)
 	}
@@ -161,16 +162,16 @@ func TestBadRequests(t *testing.T) {
 		{"tokens.create", `{"role":"root"}`, "role"},
 		{"pki.revoke", `{}`, "nodeId"},
 	} {
-		wantCode(t, f.call(tc.method, f.admin, tc.body, peer), 400, api.CodeInvalidArgument, tc.field)
+		wantCode(t, f.call(tc.method, f.admin, tc.body, peer), 400, apiv1.CodeInvalidArgument, tc.field)
 	}
 	big := `{"name":"` + strings.Repeat("a", api.MaxBodyBytes) + `"}`
-	wantCode(t, f.call("sites.create", f.admin, big, peer), 400, api.CodeInvalidArgument, "")
-	wantCode(t, f.call("nope.nothing", f.admin, `{}`, peer), 404, api.CodeNotFound, "")
-	wantCode(t, f.call("nodes.get", f.admin, `{"id":"node_missing"}`, peer), 404, api.CodeNotFound, "id")
+	wantCode(t, f.call("sites.create", f.admin, big, peer), 400, apiv1.CodeInvalidArgument, "")
+	wantCode(t, f.call("nope.nothing", f.admin, `{}`, peer), 404, apiv1.CodeNotFound, "")
+	wantCode(t, f.call("nodes.get", f.admin, `{"id":"node_missing"}`, peer), 404, apiv1.CodeNotFound, "id")
 	if r := f.call("sites.create", f.admin, `{"name":"dup","region":"r"}`, peer); r.Code != 200 {
 		t.Fatal(r)
 	}
-	wantCode(t, f.call("sites.create", f.admin, `{"name":"dup","region":"r"}`, peer), 409, api.CodeConflict, "name")
+	wantCode(t, f.call("sites.create", f.admin, `{"name":"dup","region":"r"}`, peer), 409, apiv1.CodeConflict, "name")
 }
 
 // lastAuditIP returns the source address of the newest audit row.
@@ -217,7 +218,7 @@ func TestTokenAllowCIDR(t *testing.T) {
 	if r := f.call("sites.list", secret, `{}`, "192.0.2.77:1"); r.Code != 200 {
 		t.Fatalf("allowed address: %v", r)
 	}
-	wantCode(t, f.call("sites.list", secret, `{}`, "198.51.100.1:1"), 401, api.CodeUnauthenticated, "")
+	wantCode(t, f.call("sites.list", secret, `{}`, "198.51.100.1:1"), 401, apiv1.CodeUnauthenticated, "")
 }
 
 func TestMutatingCallsAudited(t *testing.T) {

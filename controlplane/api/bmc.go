@@ -118,7 +118,7 @@ func (s *Server) bmcSetCredentials(ctx context.Context, _ *iam.Principal, r *api
 		return nil, invalid(field, "%s", msg)
 	}
 	if s.cfg.Secret == "" {
-		return nil, &Error{Code: CodeUnavailable, Message: "this API process has no deployment secret to seal credentials with"}
+		return nil, &Error{Code: apiv1.CodeUnavailable, Message: "this API process has no deployment secret to seal credentials with"}
 	}
 	if _, err := s.store.NodeGet(ctx, r.GetNodeId()); err != nil {
 		return nil, fieldNotFound(err, "nodeId", "no node "+r.GetNodeId())

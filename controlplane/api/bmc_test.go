@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/bmcsecret"
 )
 
@@ -68,7 +68,7 @@ func TestBMCCommandsCreate(t *testing.T) {
 		{`{"nodeIds":["node_bmc"],"kind":"power.on","exec":{"argv":["x"]}}`, "exec"},
 		{`{"nodeIds":["node_bmc"],"kind":"power.explode"}`, "kind"},
 	} {
-		wantCode(t, f.call("commands.create", f.admin, tc.body, peer), 400, api.CodeInvalidArgument, tc.field)
+		wantCode(t, f.call("commands.create", f.admin, tc.body, peer), 400, apiv1.CodeInvalidArgument, tc.field)
 	}
 
 	// commands.get shows the spec and the node's result.
@@ -94,7 +94,7 @@ func TestBMCSetCredentials(t *testing.T) {
 
 	// Only admins.
 	operator := f.token(store.RoleOperator, 0)
-	wantCode(t, f.call("bmc.setCredentials", operator, body, peer), 403, api.CodePermissionDenied, "")
+	wantCode(t, f.call("bmc.setCredentials", operator, body, peer), 403, apiv1.CodePermissionDenied, "")
 
 	r := f.call("bmc.setCredentials", f.admin, body, peer)
 	if r.Code != 200 || r.Body["secretName"] != "bmc/"+node || r.Body["address"] != "10.1.2.3" {
@@ -156,7 +156,7 @@ func TestBMCSetCredentials(t *testing.T) {
 			t.Errorf("%s: %v", tc.body, r)
 		}
 		if tc.field == "nodeId" {
-			wantCode(t, r, 404, api.CodeNotFound, "nodeId")
+			wantCode(t, r, 404, apiv1.CodeNotFound, "nodeId")
 		}
 	}
 
@@ -166,5 +166,5 @@ func TestBMCSetCredentials(t *testing.T) {
 	if _, err := f.st.SecretGet(ctx, "bmc/"+node); err == nil {
 		t.Fatal("the secret is still there")
 	}
-	wantCode(t, f.call("bmc.deleteCredentials", f.admin, `{"nodeId":"node_bmc"}`, peer), 404, api.CodeNotFound, "nodeId")
+	wantCode(t, f.call("bmc.deleteCredentials", f.admin, `{"nodeId":"node_bmc"}`, peer), 404, apiv1.CodeNotFound, "nodeId")
 }

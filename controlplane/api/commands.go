@@ -60,7 +60,7 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		}
 		// Root is one right: the rule of a root shell (tunnelsCreate).
 		if e.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
-			return nil, &Error{Code: CodePermissionDenied, Field: "exec.asRoot",
+			return nil, &Error{Code: apiv1.CodePermissionDenied, Field: "exec.asRoot",
 				Message: "a command as root needs an admin token (role " + p.Role + "); without asRoot it runs as the node's command user"}
 		}
 		limit := e.GetOutputLimitBytes()
@@ -185,7 +185,7 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 			return nil, err
 		}
 		if len(missing) > 0 {
-			return nil, &Error{Code: CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
 		}
 		return ids, nil
 	case r.GetPool() != "":
@@ -211,7 +211,7 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 			lp.Cursor = nodes[len(nodes)-1].ID
 		}
 		if len(ids) == 0 {
-			return nil, &Error{Code: CodeNotFound, Field: "pool", Message: "no uncordoned node of pool " + r.GetPool() + " matches"}
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: "no uncordoned node of pool " + r.GetPool() + " matches"}
 		}
 		return ids, nil
 	}
@@ -375,7 +375,7 @@ func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListN
 		}
 		params.Cursor = nodes[len(nodes)-1].ID
 		if time.Now().After(deadline) {
-			return nil, &Error{Code: CodeUnavailable, Message: "GPU filter scan took too long; narrow it with pool or state"}
+			return nil, &Error{Code: apiv1.CodeUnavailable, Message: "GPU filter scan took too long; narrow it with pool or state"}
 		}
 	}
 }

@@ -60,8 +60,8 @@ func TestRolesDocumented(t *testing.T) {
 func TestErrorCodesDocumented(t *testing.T) {
 	t.Parallel()
 	sec := docsSection(t, "Errors")
-	for _, code := range []string{CodeInvalidArgument, CodeUnauthenticated, CodePermissionDenied, CodeNotFound,
-		CodeMethodNotAllowed, CodeConflict, CodeGone, CodeResourceExhausted, CodeUnavailable, CodeInternal} {
+	for _, code := range []string{apiv1.CodeInvalidArgument, apiv1.CodeUnauthenticated, apiv1.CodePermissionDenied, apiv1.CodeNotFound,
+		apiv1.CodeMethodNotAllowed, apiv1.CodeConflict, apiv1.CodeGone, apiv1.CodeResourceExhausted, apiv1.CodeUnavailable, apiv1.CodeInternal} {
 		want := fmt.Sprintf("| `%s` | %d |", code, (&Error{Code: code}).status())
 		if !strings.Contains(sec, want) {
 			t.Errorf("docs/api.md, \"Errors\": no row starting %s", want)

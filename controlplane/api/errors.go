@@ -7,24 +7,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
-)
-
-// Stable error codes (DESIGN.md, "api").
-const (
-	CodeInvalidArgument  = "INVALID_ARGUMENT"
-	CodeNotFound         = "NOT_FOUND"
-	CodeUnauthenticated  = "UNAUTHENTICATED"
-	CodePermissionDenied = "PERMISSION_DENIED"
-	CodeConflict         = "CONFLICT"
-	CodeUnavailable      = "UNAVAILABLE"
-	// CodeResourceExhausted refuses a call over one of a caller's bounds
-	// (event streams or calls in flight per token); 429 with Retry-After,
-	// the seconds to wait before trying again.
-	CodeResourceExhausted = "RESOURCE_EXHAUSTED"
-	CodeInternal          = "INTERNAL"
-	// CodeMethodNotAllowed answers an API method's path called with an
-	// HTTP method other than POST (405, with "Allow: POST").
-	CodeMethodNotAllowed = "METHOD_NOT_ALLOWED"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Error is an API error: a stable code, a message for people and the
@@ -33,7 +16,7 @@ type Error struct {
 	Code    string
 	Message string
 	Field   string
-	// RetryAfter, with CodeResourceExhausted, is how long the caller
+	// RetryAfter, with apiv1.CodeResourceExhausted, is how long the caller
 	// should wait before trying again (the Retry-After header, in whole
 	// seconds, at least 1).
 	RetryAfter time.Duration
@@ -49,34 +32,34 @@ func (e *Error) Error() string {
 // status is the HTTP status of a code.
 func (e *Error) status() int {
 	switch e.Code {
-	case CodeInvalidArgument:
+	case apiv1.CodeInvalidArgument:
 		return http.StatusBadRequest
-	case CodeNotFound:
+	case apiv1.CodeNotFound:
 		return http.StatusNotFound
-	case CodeUnauthenticated:
+	case apiv1.CodeUnauthenticated:
 		return http.StatusUnauthorized
-	case CodePermissionDenied:
+	case apiv1.CodePermissionDenied:
 		return http.StatusForbidden
-	case CodeConflict:
+	case apiv1.CodeConflict:
 		return http.StatusConflict
-	case CodeUnavailable:
+	case apiv1.CodeUnavailable:
 		return http.StatusServiceUnavailable
-	case CodeMethodNotAllowed:
+	case apiv1.CodeMethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case CodeGone:
+	case apiv1.CodeGone:
 		return http.StatusGone
-	case CodeResourceExhausted:
+	case apiv1.CodeResourceExhausted:
 		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }
 
 func invalid(field, format string, args ...any) *Error {
-	return &Error{Code: CodeInvalidArgument, Field: field, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: apiv1.CodeInvalidArgument, Field: field, Message: fmt.Sprintf(format, args...)}
 }
 
 func notFound(format string, args ...any) *Error {
-	return &Error{Code: CodeNotFound, Message: fmt.Sprintf(format, args...)}
+	return &Error{Code: apiv1.CodeNotFound, Message: fmt.Sprintf(format, args...)}
 }
 
 // toAPIError maps an error to an API error; store errors keep their
@@ -88,11 +71,11 @@ func toAPIError(err error) (*Error, bool) {
 	case errors.As(err, &e):
 		return e, true
 	case errors.Is(err, store.ErrNotFound):
-		return &Error{Code: CodeNotFound, Message: err.Error()}, true
+		return &Error{Code: apiv1.CodeNotFound, Message: err.Error()}, true
 	case errors.Is(err, store.ErrConflict):
-		return &Error{Code: CodeConflict, Message: "already exists"}, true
+		return &Error{Code: apiv1.CodeConflict, Message: "already exists"}, true
 	case errors.Is(err, store.ErrDiskFull):
-		return &Error{Code: CodeUnavailable, Message: "database disk full: nothing was written; free space where the database keeps its files"}, true
+		return &Error{Code: apiv1.CodeUnavailable, Message: "database disk full: nothing was written; free space where the database keeps its files"}, true
 	}
-	return &Error{Code: CodeInternal, Message: "internal error"}, false
+	return &Error{Code: apiv1.CodeInternal, Message: "internal error"}, false
 }

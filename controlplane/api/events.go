@@ -26,10 +26,6 @@ import (
 // Server-Sent Events; docs/api.md, "events/watch").
 const EventsWatchPath = "/events/watch"
 
-// CodeGone answers a resume id older than the outbox's retention: the
-// events after it are partly gone (410).
-const CodeGone = "GONE"
-
 // Limits of events.list and the event stream.
 const (
 	maxEventFilter    = 256 // bytes of a type prefix or subject
@@ -115,14 +111,14 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		if reason := unauthenticatedReason(err); reason != "" {
 			s.refuseUnauthenticated(r.Context(), reason, "events.watch", addr)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="better-compute"`)
-			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error()})
+			s.writeError(w, r, &Error{Code: apiv1.CodeUnauthenticated, Message: err.Error()})
 			return
 		}
 		s.writeError(w, r, err)
 		return
 	}
 	if !iam.Allows(p.Role, store.RoleViewer) {
-		s.writeError(w, r, &Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not watch events (needs viewer)", p.Role)})
+		s.writeError(w, r, &Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not watch events (needs viewer)", p.Role)})
 		return
 	}
 	prefixes, e := streamTypes(r.URL.Query().Get("types"))
@@ -168,7 +164,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		if cursor < pruned {
 			gap := &feed.GapError{After: cursor, PrunedThrough: pruned}
-			s.writeError(w, r, &Error{Code: CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
+			s.writeError(w, r, &Error{Code: apiv1.CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
 			return
 		}
 		// After a prune of every entry the newest id is the pruned mark.
@@ -185,7 +181,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 	first, err := s.nextEvents(ctx, cursor, resumed)
 	var gap *feed.GapError
 	if errors.As(err, &gap) {
-		s.writeError(w, r, &Error{Code: CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
+		s.writeError(w, r, &Error{Code: apiv1.CodeGone, Field: "Last-Event-ID", Message: gap.Error()})
 		return
 	}
 	if err != nil && ctx.Err() == nil {
@@ -217,7 +213,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		stop()
 		switch {
 		case errors.As(err, &gap):
-			b, _ := json.Marshal(map[string]any{"code": CodeGone, "message": gap.Error(), "after": gap.After,
+			b, _ := json.Marshal(map[string]any{"code": apiv1.CodeGone, "message": gap.Error(), "after": gap.After,
 				"prunedThrough": gap.PrunedThrough})
 			sw.printf("event: %s\ndata: %s\n\n", streamEventGap, b)
 			sw.flush()
@@ -236,7 +232,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 	if re := revokedCause(ctx); re != nil && sw.err == nil {
 		// One last event says why, so the client stops rather than dial
 		// again (client.Watch returns it as UNAUTHENTICATED).
-		b, _ := json.Marshal(map[string]any{"code": CodeUnauthenticated, "message": re.Reason})
+		b, _ := json.Marshal(map[string]any{"code": apiv1.CodeUnauthenticated, "message": re.Reason})
 		sw.printf("event: %s\ndata: %s\n\n", streamEventRevoked, b)
 		sw.flush()
 		s.log.InfoContext(ctx, "Event stream ended", "token", p.TokenID, "reason", re.Reason)

@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // streamFixture is an API serving real HTTP on a loopback port.
@@ -191,7 +192,7 @@ func TestEventsWatch(t *testing.T) {
 	resp, _ = f.open(ctx, viewer, "", "Last-Event-ID", strconv.FormatInt(ids[0], 10))
 	var body map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&body)
-	if msg, _ := body["message"].(string); resp.StatusCode != http.StatusGone || body["code"] != api.CodeGone ||
+	if msg, _ := body["message"].(string); resp.StatusCode != http.StatusGone || body["code"] != apiv1.CodeGone ||
 		!strings.Contains(msg, "pruned") {
 		t.Fatalf("resume before retention = %d %v", resp.StatusCode, body)
 	}
@@ -262,9 +263,9 @@ func TestEventsList(t *testing.T) {
 	if r := f.call("events.list", viewer, `{"since":"`+since+`"}`, peer); r.Code != 200 || r.Body["events"] != nil {
 		t.Fatalf("since later = %v", r)
 	}
-	wantCode(t, f.call("events.list", viewer, `{"page":{"cursor":"x"}}`, peer), 400, api.CodeInvalidArgument, "page.cursor")
-	wantCode(t, f.call("events.list", viewer, `{"subject":"`+strings.Repeat("s", 300)+`"}`, peer), 400, api.CodeInvalidArgument, "subject")
-	wantCode(t, f.call("events.list", viewer, `{"since":"2026-01-02T00:00:00Z","until":"2026-01-01T00:00:00Z"}`, peer), 400, api.CodeInvalidArgument, "until")
+	wantCode(t, f.call("events.list", viewer, `{"page":{"cursor":"x"}}`, peer), 400, apiv1.CodeInvalidArgument, "page.cursor")
+	wantCode(t, f.call("events.list", viewer, `{"subject":"`+strings.Repeat("s", 300)+`"}`, peer), 400, apiv1.CodeInvalidArgument, "subject")
+	wantCode(t, f.call("events.list", viewer, `{"since":"2026-01-02T00:00:00Z","until":"2026-01-01T00:00:00Z"}`, peer), 400, apiv1.CodeInvalidArgument, "until")
 }
 
 // TestEventsWatchEndsOnShutdown: an open stream does not hold the server's

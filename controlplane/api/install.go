@@ -24,10 +24,6 @@ import (
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
-// DefaultAddNodeTTL is the life of a nodes.add token when the request
-// gives none.
-const DefaultAddNodeTTL = time.Hour
-
 // InstallScriptPath is the install script's route under basePath: GET
 // {basePath}/install.sh.
 const InstallScriptPath = "/install.sh"
@@ -182,7 +178,7 @@ func (s *Server) gatewayURL(ctx context.Context) (string, error) {
 			return g.Address, nil
 		}
 	}
-	return "", &Error{Code: CodeUnavailable, Message: "no live gateway to join through: start the gateway role, or set host.gateway.publicURL"}
+	return "", &Error{Code: apiv1.CodeUnavailable, Message: "no live gateway to join through: start the gateway role, or set host.gateway.publicURL"}
 }
 
 // installScript generates the install script for o from the
@@ -193,7 +189,7 @@ func (s *Server) gatewayURL(ctx context.Context) (string, error) {
 // cannot be made from is UNAVAILABLE with the generator's reason.
 func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, error) {
 	if s.cfg.Releases == nil {
-		return nil, &Error{Code: CodeUnavailable, Message: "the downloads route is off, so the install script has no bcd to install: set downloads.dir (" + config.EnvDownloadsDir + ") to a folder holding bcd (docs/install.md)"}
+		return nil, &Error{Code: apiv1.CodeUnavailable, Message: "the downloads route is off, so the install script has no bcd to install: set downloads.dir (" + config.EnvDownloadsDir + ") to a folder holding bcd (docs/install.md)"}
 	}
 	version := o.version
 	versions := s.cfg.Releases.Versions("bcd")
@@ -203,7 +199,7 @@ func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, er
 	case version == "":
 		version = versions[0]
 	case !slices.Contains(versions, version):
-		return nil, &Error{Code: CodeNotFound, Field: "version", Message: fmt.Sprintf("bcd %s for Linux is not in the downloads folder (it holds %s)", version, orNone(versions))}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "version", Message: fmt.Sprintf("bcd %s for Linux is not in the downloads folder (it holds %s)", version, orNone(versions))}
 	}
 	gw, err := s.gatewayURL(ctx)
 	if err != nil {
@@ -227,7 +223,7 @@ func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, er
 	}
 	script, err := installer.Generate(opts)
 	if err != nil {
-		return nil, &Error{Code: CodeUnavailable, Message: "cannot make the install script from this configuration: " + err.Error()}
+		return nil, &Error{Code: apiv1.CodeUnavailable, Message: "cannot make the install script from this configuration: " + err.Error()}
 	}
 	return script, nil
 }
@@ -303,7 +299,7 @@ func (s *Server) nodesAdd(ctx context.Context, _ *iam.Principal, r *apiv1.AddNod
 			return nil, invalid("site", "pool %s is not in site %s", pool.Name, site.Name)
 		}
 	}
-	ttl := DefaultAddNodeTTL
+	ttl := apiv1.DefaultAddNodeTTL
 	if r.GetTtl() != nil {
 		if ttl, err = joinTokenTTL(r.GetTtl()); err != nil {
 			return nil, err
@@ -318,7 +314,7 @@ func (s *Server) nodesAdd(ctx context.Context, _ *iam.Principal, r *apiv1.AddNod
 		return nil, fmt.Errorf("the API's public URL %q: %w", base, err)
 	}
 	if u.Scheme != "https" && !config.IsLoopbackHost(u.Hostname()) {
-		return nil, &Error{Code: CodeUnavailable, Message: fmt.Sprintf("the API's public URL %s is plain HTTP on a host other machines reach: the token and the install script would cross the network in clear text; serve the API over HTTPS (serve --api-tls auto, or --api-tls files with --api-tls-cert and --api-tls-key; docs/configuration.md)", base)}
+		return nil, &Error{Code: apiv1.CodeUnavailable, Message: fmt.Sprintf("the API's public URL %s is plain HTTP on a host other machines reach: the token and the install script would cross the network in clear text; serve the API over HTTPS (serve --api-tls auto, or --api-tls files with --api-tls-cert and --api-tls-key; docs/configuration.md)", base)}
 	}
 	o := scriptOptions{unprivileged: r.GetUnprivileged(), plugins: slices.Compact(slices.Sorted(slices.Values(r.GetPlugins()))),
 		websocket: r.GetWebsocket()}

@@ -77,13 +77,13 @@ func TestNodesAddRefusals(t *testing.T) {
 		{`{"pool":"p","plugins":["bcx-nope"]}`, "plugins"},
 	} {
 		t.Run(tc.body, func(t *testing.T) {
-			wantCode(t, f.call("nodes.add", f.admin, tc.body, peer), http.StatusBadRequest, api.CodeInvalidArgument, tc.field)
+			wantCode(t, f.call("nodes.add", f.admin, tc.body, peer), http.StatusBadRequest, apiv1.CodeInvalidArgument, tc.field)
 		})
 	}
-	wantCode(t, f.call("nodes.add", f.admin, `{"pool":"nosuchpool"}`, peer), http.StatusNotFound, api.CodeNotFound, "pool")
-	wantCode(t, f.call("nodes.add", f.admin, `{"pool":"p","site":"nosuchsite"}`, peer), http.StatusNotFound, api.CodeNotFound, "site")
+	wantCode(t, f.call("nodes.add", f.admin, `{"pool":"nosuchpool"}`, peer), http.StatusNotFound, apiv1.CodeNotFound, "pool")
+	wantCode(t, f.call("nodes.add", f.admin, `{"pool":"p","site":"nosuchsite"}`, peer), http.StatusNotFound, apiv1.CodeNotFound, "site")
 	for _, role := range []string{store.RoleViewer, store.RoleOperator} {
-		wantCode(t, f.call("nodes.add", f.token(role, 0), `{"pool":"p"}`, peer), http.StatusForbidden, api.CodePermissionDenied, "")
+		wantCode(t, f.call("nodes.add", f.token(role, 0), `{"pool":"p"}`, peer), http.StatusForbidden, apiv1.CodePermissionDenied, "")
 	}
 
 	// Plain HTTP on a host other machines reach: the token would cross the
@@ -91,15 +91,15 @@ func TestNodesAddRefusals(t *testing.T) {
 	plain, _ := addFixture(t, api.Config{PublicURL: "http://compute.example.com:3000", GatewayURL: "https://compute.example.com:8443",
 		Releases: releases{"0.1.0"}})
 	r := plain.call("nodes.add", plain.admin, `{"pool":"p"}`, peer)
-	wantCode(t, r, http.StatusServiceUnavailable, api.CodeUnavailable, "")
+	wantCode(t, r, http.StatusServiceUnavailable, apiv1.CodeUnavailable, "")
 	if msg := r.Body["message"].(string); !strings.Contains(msg, "--api-tls auto") || !strings.Contains(msg, "clear text") {
 		t.Errorf("message %q does not say what to do", msg)
 	}
 	// No bcd to install: the line would fail on the new machine.
 	empty, _ := addFixture(t, api.Config{GatewayURL: "https://localhost:8443", Releases: releases{}})
-	wantCode(t, empty.call("nodes.add", empty.admin, `{"pool":"p"}`, peer), http.StatusNotFound, api.CodeNotFound, "")
+	wantCode(t, empty.call("nodes.add", empty.admin, `{"pool":"p"}`, peer), http.StatusNotFound, apiv1.CodeNotFound, "")
 	off, _ := addFixture(t, api.Config{GatewayURL: "https://localhost:8443"})
-	wantCode(t, off.call("nodes.add", off.admin, `{"pool":"p"}`, peer), http.StatusServiceUnavailable, api.CodeUnavailable, "")
+	wantCode(t, off.call("nodes.add", off.admin, `{"pool":"p"}`, peer), http.StatusServiceUnavailable, apiv1.CodeUnavailable, "")
 
 	for _, g := range []*fixture{f, plain, empty, off} {
 		if toks, err := g.st.JoinTokenList(context.Background(), &store.ListParams{}); err != nil || len(toks) != 0 {
@@ -231,5 +231,5 @@ func TestInstallScriptWebSocketTransport(t *testing.T) {
 			t.Errorf("install.sh%s: %d %s", query, w.Code, w.Body.String())
 		}
 	}
-	wantCode(t, off.call("nodes.add", off.admin, `{"pool":"p","websocket":true}`, peer), http.StatusBadRequest, api.CodeInvalidArgument, "transport")
+	wantCode(t, off.call("nodes.add", off.admin, `{"pool":"p","websocket":true}`, peer), http.StatusBadRequest, apiv1.CodeInvalidArgument, "transport")
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Bounds on what one caller can hold (issue 28; docs/configuration.md,
@@ -69,7 +71,7 @@ func (h *holdings) release(token string) {
 // exhausted is the RESOURCE_EXHAUSTED refusal of a caller over a per-token
 // bound.
 func exhausted(retryAfter time.Duration, format string, args ...any) *Error {
-	return &Error{Code: CodeResourceExhausted, Message: fmt.Sprintf(format, args...), RetryAfter: retryAfter}
+	return &Error{Code: apiv1.CodeResourceExhausted, Message: fmt.Sprintf(format, args...), RetryAfter: retryAfter}
 }
 
 // bodyDeadline bounds how long a request's body may take to arrive: a

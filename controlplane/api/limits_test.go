@@ -9,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // TestInFlightPerToken: a token with InFlightPerToken calls in flight (here
@@ -42,7 +43,7 @@ func TestInFlightPerToken(t *testing.T) {
 	rr.Header.Set("Authorization", "Bearer "+f.admin)
 	w := httptest.NewRecorder()
 	f.srv.Handler().ServeHTTP(w, rr)
-	if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), api.CodeResourceExhausted) || w.Header().Get("Retry-After") != "1" {
+	if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), apiv1.CodeResourceExhausted) || w.Header().Get("Retry-After") != "1" {
 		t.Fatalf("a second call in flight: %d %s Retry-After %q, want 429 RESOURCE_EXHAUSTED Retry-After 1", w.Code, w.Body.String(), w.Header().Get("Retry-After"))
 	}
 	if res := f.call("sites.list", other, "{}", peer); res.Code != http.StatusOK {
@@ -64,9 +65,9 @@ func TestInFlightPerToken(t *testing.T) {
 // refused INVALID_ARGUMENT naming the field; 1 KiB exactly is taken.
 func TestStringBounds(t *testing.T) {
 	f := newFixture(t)
-	wantCode(t, f.call("nodes.get", f.admin, `{"id":"`+strings.Repeat("n", api.MaxIDBytes+1)+`"}`, peer), 400, api.CodeInvalidArgument, "id")
+	wantCode(t, f.call("nodes.get", f.admin, `{"id":"`+strings.Repeat("n", api.MaxIDBytes+1)+`"}`, peer), 400, apiv1.CodeInvalidArgument, "id")
 	wantCode(t, f.call("tokens.create", f.admin, `{"role":"viewer","description":"`+strings.Repeat("d", api.MaxNoteBytes+1)+`"}`, peer),
-		400, api.CodeInvalidArgument, "description")
+		400, apiv1.CodeInvalidArgument, "description")
 	if res := f.call("tokens.create", f.admin, `{"role":"viewer","description":"`+strings.Repeat("d", api.MaxNoteBytes)+`"}`, peer); res.Code != http.StatusOK {
 		t.Fatalf("a 1 KiB description: %v", res)
 	}

@@ -29,22 +29,14 @@ const (
 // without a ttl do not expire.
 const MaxAPITokenTTL = 2 * 365 * 24 * time.Hour
 
-// Limits of joinTokens.create and nodes.reinstall.
-const (
-	DefaultJoinTokenTTL = 2 * time.Hour
-	MinJoinTokenTTL     = time.Minute
-	MaxJoinTokenTTL     = 30 * 24 * time.Hour
-	MaxJoinTokenUses    = 100000
-)
-
-// joinTokenTTL is a request's join token life: DefaultJoinTokenTTL when
-// unset, else MinJoinTokenTTL to MaxJoinTokenTTL (INVALID_ARGUMENT outside).
+// joinTokenTTL is a request's join token life: apiv1.DefaultJoinTokenTTL when
+// unset, else apiv1.MinJoinTokenTTL to apiv1.MaxJoinTokenTTL (INVALID_ARGUMENT outside).
 func joinTokenTTL(d *durationpb.Duration) (time.Duration, error) {
 	if d == nil {
-		return DefaultJoinTokenTTL, nil
+		return apiv1.DefaultJoinTokenTTL, nil
 	}
-	if err := d.CheckValid(); err != nil || d.AsDuration() < MinJoinTokenTTL || d.AsDuration() > MaxJoinTokenTTL {
-		return 0, invalid("ttl", "must be %v to %v", MinJoinTokenTTL, MaxJoinTokenTTL)
+	if err := d.CheckValid(); err != nil || d.AsDuration() < apiv1.MinJoinTokenTTL || d.AsDuration() > apiv1.MaxJoinTokenTTL {
+		return 0, invalid("ttl", "must be %v to %v", apiv1.MinJoinTokenTTL, apiv1.MaxJoinTokenTTL)
 	}
 	return d.AsDuration(), nil
 }
@@ -132,25 +124,11 @@ func next[T any](items []*T, lp store.ListParams, id func(*T) string) string {
 	return id(items[len(items)-1])
 }
 
-// name checks a resource name: 1 to 63 of a-z, 0-9, '-', '_', '.'.
+// name checks a resource name: 1 to 63 of a-z, 0-9, '-', '_', '.'
+// (apiv1.CheckName).
 func name(field, v string) error {
-	if v == "" || len(v) > 63 {
-		return invalid(field, "must be 1 to 63 characters")
-	}
-	for _, r := range v {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return invalid(field, "may hold only a-z, 0-9, '-', '_' and '.'")
-		}
-	}
-	return nil
-}
-
-// CheckName checks a site, pool or region name as sites.create and
-// pools.create do: 1 to 63 characters of a-z, 0-9, '-', '_' and '.'. The
-// error is the rule it breaks.
-func CheckName(v string) error {
-	if err := name("", v); err != nil {
-		return errors.New(err.(*Error).Message)
+	if err := apiv1.CheckName(v); err != nil {
+		return invalid(field, "%v", err)
 	}
 	return nil
 }
@@ -175,7 +153,7 @@ func (s *Server) sitesCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cre
 	}
 	site, err := s.store.SiteCreate(ctx, &store.SiteCreateParams{Name: r.GetName(), Region: r.GetRegion()})
 	if errors.Is(err, store.ErrConflict) {
-		return nil, &Error{Code: CodeConflict, Field: "name", Message: "a site named " + r.GetName() + " exists"}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "name", Message: "a site named " + r.GetName() + " exists"}
 	}
 	if err != nil {
 		return nil, err
@@ -208,14 +186,14 @@ func (s *Server) poolsCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cre
 	}
 	site, err := s.store.SiteGet(ctx, r.GetSite())
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: "site", Message: "no site " + r.GetSite()}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "site", Message: "no site " + r.GetSite()}
 	}
 	if err != nil {
 		return nil, err
 	}
 	pool, err := s.store.PoolCreate(ctx, &store.PoolCreateParams{Name: r.GetName(), SiteID: site.ID})
 	if errors.Is(err, store.ErrConflict) {
-		return nil, &Error{Code: CodeConflict, Field: "name", Message: "a pool named " + r.GetName() + " exists"}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "name", Message: "a pool named " + r.GetName() + " exists"}
 	}
 	if err != nil {
 		return nil, err
@@ -256,15 +234,15 @@ func (s *Server) poolsSetBudget(ctx context.Context, _ *iam.Principal, r *apiv1.
 		return nil, err
 	}
 	if r.GetDisruptionBudget() == "" && r.GetRemediationConcurrency() == 0 {
-		return nil, &Error{Code: CodeInvalidArgument, Field: "disruptionBudget", Message: "set disruptionBudget, remediationConcurrency or both"}
+		return nil, &Error{Code: apiv1.CodeInvalidArgument, Field: "disruptionBudget", Message: "set disruptionBudget, remediationConcurrency or both"}
 	}
 	if b := r.GetDisruptionBudget(); b != "" {
 		if _, err := store.ParseBudget(b); err != nil {
-			return nil, &Error{Code: CodeInvalidArgument, Field: "disruptionBudget", Message: err.Error()}
+			return nil, &Error{Code: apiv1.CodeInvalidArgument, Field: "disruptionBudget", Message: err.Error()}
 		}
 	}
 	if c := r.GetRemediationConcurrency(); c < 0 || c > 1000 {
-		return nil, &Error{Code: CodeInvalidArgument, Field: "remediationConcurrency", Message: "want 1 to 1000"}
+		return nil, &Error{Code: apiv1.CodeInvalidArgument, Field: "remediationConcurrency", Message: "want 1 to 1000"}
 	}
 	err = s.store.PoolSetBudget(ctx, &store.PoolSetBudgetParams{PoolID: pool.ID, Spec: r.GetDisruptionBudget(),
 		RemediationConcurrency: int(r.GetRemediationConcurrency())})
@@ -295,7 +273,7 @@ func (s *Server) pool(ctx context.Context, field, v string) (*store.Pool, error)
 	}
 	p, err := s.store.PoolGet(ctx, v)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: field, Message: "no pool " + v}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: field, Message: "no pool " + v}
 	}
 	return p, err
 }
@@ -313,8 +291,8 @@ func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv
 	if uses == 0 {
 		uses = 1
 	}
-	if uses < 1 || uses > MaxJoinTokenUses {
-		return nil, invalid("maxUses", "must be 1 to %d", MaxJoinTokenUses)
+	if uses < 1 || uses > apiv1.MaxJoinTokenUses {
+		return nil, invalid("maxUses", "must be 1 to %d", apiv1.MaxJoinTokenUses)
 	}
 	if len(r.GetDescription()) > 256 {
 		return nil, invalid("description", "at most 256 characters")
@@ -355,7 +333,7 @@ func CreateJoinToken(ctx context.Context, st interface {
 func (s *Server) gatewayPin(ctx context.Context) (pin, trustDomain string, err error) {
 	b, err := s.store.PKIBundleGet(ctx)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", "", &Error{Code: CodeUnavailable, Message: "no PKI yet: run better-compute pki init"}
+		return "", "", &Error{Code: apiv1.CodeUnavailable, Message: "no PKI yet: run better-compute pki init"}
 	}
 	if err != nil {
 		return "", "", err
@@ -405,7 +383,7 @@ func (s *Server) joinTokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv
 // fieldNotFound names field when err is a missing row.
 func fieldNotFound(err error, field, msg string) error {
 	if errors.Is(err, store.ErrNotFound) {
-		return &Error{Code: CodeNotFound, Field: field, Message: msg}
+		return &Error{Code: apiv1.CodeNotFound, Field: field, Message: msg}
 	}
 	return err
 }
@@ -480,7 +458,7 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {
 			return err
 		} else if res != nil {
-			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: drain it after "+
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: drain it after "+
 				"the reservation ends, or cancel it first (reservations cancel %s)", n.ID, res.ID, res.Owner, res.End.UTC().Format(time.RFC3339), res.ID)}
 		}
 		a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: n.ID, Reason: store.DisruptionDraining, Owner: operatorHold})
@@ -489,11 +467,11 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 		}
 		switch a.Refusal {
 		case store.RefusalBudget:
-			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("pool %s has %d of its %d nodes out of service, its disruption budget "+
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("pool %s has %d of its %d nodes out of service, its disruption budget "+
 				"(%s): drain refused; wait for one to come back, or raise it (better-compute pools set-budget, pools.setBudget)", n.PoolID, a.Budget.OutOfService,
 				a.Budget.Nodes, a.Budget.Spec)}
 		case store.RefusalHeld:
-			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is out of service already, held by %s", n.ID, a.Holder)}
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is out of service already, held by %s", n.ID, a.Holder)}
 		}
 		if err := tx.NodeSetCordoned(ctx, r.GetId(), true); err != nil {
 			return err
@@ -517,7 +495,7 @@ func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.Nod
 		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {
 			return err
 		} else if res != nil {
-			return &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: delete it after "+
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s is reserved by %s (owner %s) until %s: delete it after "+
 				"the reservation ends, or cancel it first (reservations cancel %s)", n.ID, res.ID, res.Owner, res.End.UTC().Format(time.RFC3339), res.ID)}
 		}
 		if n.CertSerial != "" {
@@ -623,7 +601,7 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 		}
 		rev.Serial, rev.NodeID = n.CertSerial, n.ID
 	} else {
-		serial, err := CanonicalSerial(r.GetSerial())
+		serial, err := apiv1.CanonicalSerial(r.GetSerial())
 		if err != nil {
 			return nil, invalid("serial", "%v", err)
 		}

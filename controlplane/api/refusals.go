@@ -9,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // RefusalCounter counts calls refused before a caller was known (package
@@ -56,7 +57,7 @@ func (u *unauthSummary) refused(reason, method, source string) *store.AuditEntry
 	})
 	u.last, u.pending = now, 0
 	return &store.AuditEntry{Actor: "anonymous", Action: ActionUnauthenticated, Resource: method,
-		Outcome: CodeUnauthenticated, SourceIP: source, Details: details}
+		Outcome: apiv1.CodeUnauthenticated, SourceIP: source, Details: details}
 }
 
 // refuseUnauthenticated counts a call refused for its token and, at most

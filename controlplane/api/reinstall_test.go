@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
@@ -101,7 +101,7 @@ func TestNodesReinstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if left := time.Until(rec2.ExpiresAt); left < api.DefaultJoinTokenTTL-time.Minute || left > api.DefaultJoinTokenTTL {
+	if left := time.Until(rec2.ExpiresAt); left < apiv1.DefaultJoinTokenTTL-time.Minute || left > apiv1.DefaultJoinTokenTTL {
 		t.Fatalf("default ttl: expires in %v", left)
 	}
 
@@ -146,14 +146,14 @@ func TestNodesReinstallRefusals(t *testing.T) {
 		{`{"node":"node_rx","ttl":"soon"}`, ""},
 	} {
 		t.Run(tc.body, func(t *testing.T) {
-			wantCode(t, f.call("nodes.reinstall", f.admin, tc.body, peer), http.StatusBadRequest, api.CodeInvalidArgument, tc.field)
+			wantCode(t, f.call("nodes.reinstall", f.admin, tc.body, peer), http.StatusBadRequest, apiv1.CodeInvalidArgument, tc.field)
 		})
 	}
-	wantCode(t, f.call("nodes.reinstall", f.admin, `{"node":"node_missing"}`, peer), http.StatusNotFound, api.CodeNotFound, "node")
+	wantCode(t, f.call("nodes.reinstall", f.admin, `{"node":"node_missing"}`, peer), http.StatusNotFound, apiv1.CodeNotFound, "node")
 
 	// Only an admin may make a token that takes over a node.
 	for _, role := range []string{store.RoleViewer, store.RoleOperator} {
-		wantCode(t, f.call("nodes.reinstall", f.token(role, 0), `{"node":"node_rx"}`, peer), http.StatusForbidden, api.CodePermissionDenied, "")
+		wantCode(t, f.call("nodes.reinstall", f.token(role, 0), `{"node":"node_rx"}`, peer), http.StatusForbidden, apiv1.CodePermissionDenied, "")
 	}
 	toks, err := f.st.JoinTokenList(context.Background(), &store.ListParams{})
 	if err != nil || len(toks) != 0 {
@@ -168,5 +168,5 @@ func TestNodesReinstallRefusals(t *testing.T) {
 	if _, err := g.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_np", PoolID: pool.ID, Hostname: "h"}); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, g.call("nodes.reinstall", g.admin, `{"node":"node_np"}`, peer), http.StatusServiceUnavailable, api.CodeUnavailable, "")
+	wantCode(t, g.call("nodes.reinstall", g.admin, `{"node":"node_np"}`, peer), http.StatusServiceUnavailable, apiv1.CodeUnavailable, "")
 }

@@ -122,7 +122,7 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 			return remediationNotFound(err, r.GetId())
 		}
 		if c.ClosedAt != nil {
-			return &Error{Code: CodeConflict, Field: "id", Message: "remediation " + c.ID + " is closed already"}
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: "remediation " + c.ID + " is closed already"}
 		}
 		if c.CommandID != "" {
 			if _, err := tx.CommandRequestCancel(ctx, c.CommandID); err != nil && !errors.Is(err, store.ErrNotFound) {

@@ -58,7 +58,7 @@ func (s *Server) resolvePool(ctx context.Context, field, v string) (*store.Pool,
 	}
 	pool, err := s.store.PoolGet(ctx, v)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: field, Message: "no pool " + v}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: field, Message: "no pool " + v}
 	}
 	return pool, err
 }
@@ -139,7 +139,7 @@ func (s *Server) reservationsGet(ctx context.Context, _ *iam.Principal, r *apiv1
 	}
 	res, err := s.store.ReservationGet(ctx, r.GetId())
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
 	}
 	if err != nil {
 		return nil, err
@@ -187,9 +187,9 @@ func (s *Server) reservationsCancel(ctx context.Context, _ *iam.Principal, r *ap
 	res, err := s.store.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.GetId(), Reason: r.GetReason()})
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return nil, &Error{Code: CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
 	case errors.Is(err, store.ErrConflict) && res != nil:
-		return nil, &Error{Code: CodeConflict, Field: "id", Message: "reservation " + res.ID + " is " + res.State + ": only a pending, placed or active one can be cancelled"}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "id", Message: "reservation " + res.ID + " is " + res.State + ": only a pending, placed or active one can be cancelled"}
 	case err != nil:
 		return nil, err
 	}
@@ -209,14 +209,14 @@ func (s *Server) reservationsExtend(ctx context.Context, _ *iam.Principal, r *ap
 	}
 	cur, err := s.store.ReservationGet(ctx, r.GetId())
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
 	}
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case !store.ReservationOpen(cur.State):
-		return nil, &Error{Code: CodeConflict, Field: "id", Message: "reservation " + cur.ID + " is " + cur.State + ": only a pending, placed or active one can be extended"}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "id", Message: "reservation " + cur.ID + " is " + cur.State + ": only a pending, placed or active one can be extended"}
 	case !end.After(cur.End):
 		return nil, invalid("end", "must be after the reservation's end, %s", cur.End.UTC().Format(time.RFC3339))
 	case end.Sub(cur.Start) > MaxReservationWindow:
@@ -224,7 +224,7 @@ func (s *Server) reservationsExtend(ctx context.Context, _ *iam.Principal, r *ap
 	}
 	res, err := s.store.ReservationExtend(ctx, &store.ReservationExtendParams{ID: cur.ID, End: end.UTC()})
 	if errors.Is(err, store.ErrConflict) {
-		return nil, &Error{Code: CodeConflict, Field: "end", Message: "cannot extend: " + strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error())}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "end", Message: "cannot extend: " + strings.TrimSuffix(err.Error(), ": "+store.ErrConflict.Error())}
 	}
 	if err != nil {
 		return nil, err

@@ -62,7 +62,7 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	}
 	pool, err := s.store.PoolGet(ctx, r.GetPool())
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
 	}
 	if err != nil {
 		return nil, err
@@ -86,7 +86,7 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		if len(open) == 1 {
 			msg = fmt.Sprintf("pool %s has rollout %s (%s, to %s): abort it first (rollouts abort %s)", pool.Name, open[0].ID, open[0].State, open[0].Version, open[0].ID)
 		}
-		return nil, &Error{Code: CodeConflict, Field: "pool", Message: msg}
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "pool", Message: msg}
 	}
 	if err != nil {
 		return nil, err
@@ -189,7 +189,7 @@ func (s *Server) rolloutsList(ctx context.Context, _ *iam.Principal, r *apiv1.Li
 	if r.GetPool() != "" {
 		pool, err := s.store.PoolGet(ctx, r.GetPool())
 		if errors.Is(err, store.ErrNotFound) {
-			return nil, &Error{Code: CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
 		}
 		if err != nil {
 			return nil, err
@@ -226,7 +226,7 @@ func (s *Server) rollout(ctx context.Context, id string) (*store.Rollout, error)
 	}
 	ro, err := s.store.RolloutGet(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: CodeNotFound, Field: "id", Message: fmt.Sprintf("no rollout %q", id)}
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: fmt.Sprintf("no rollout %q", id)}
 	}
 	return ro, err
 }
@@ -276,7 +276,7 @@ func (s *Server) rolloutsAction(verb, state string, from ...string) func(context
 			if cur != nil {
 				st = cur.State
 			}
-			return nil, &Error{Code: CodeConflict, Field: "id", Message: fmt.Sprintf("rollout %s is %s: %s needs it %s", r.GetId(), st, verb, strings.Join(from, " or "))}
+			return nil, &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("rollout %s is %s: %s needs it %s", r.GetId(), st, verb, strings.Join(from, " or "))}
 		}
 		if err != nil {
 			return nil, err

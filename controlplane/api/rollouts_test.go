@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/installer/manifest"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // signedReleases is a downloads folder of signed releases: version to
@@ -110,9 +111,9 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 		{`{"version":"0.2.0","pool":"p","baseUrl":"ftp://x/downloads"}`, "baseUrl", "http(s)://host/path"},
 	} {
 		r := f.call("rollouts.create", op, c.body, peer)
-		status, code := http.StatusBadRequest, api.CodeInvalidArgument
+		status, code := http.StatusBadRequest, apiv1.CodeInvalidArgument
 		if c.field == "pool" {
-			status, code = http.StatusNotFound, api.CodeNotFound
+			status, code = http.StatusNotFound, apiv1.CodeNotFound
 		}
 		wantCode(t, r, status, code, c.field)
 		if msg, _ := r.Body["message"].(string); !strings.Contains(msg, c.says) {
@@ -121,17 +122,17 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 	}
 	unpinned := mk(api.Config{Releases: rel})
 	r := unpinned.call("rollouts.create", unpinned.admin, `{"version":"0.2.0","pool":"p"}`, peer)
-	wantCode(t, r, http.StatusBadRequest, api.CodeInvalidArgument, "version")
+	wantCode(t, r, http.StatusBadRequest, apiv1.CodeInvalidArgument, "version")
 	noDownloads := mk(api.Config{ReleasePins: []string{pin}})
 	wantCode(t, noDownloads.call("rollouts.create", noDownloads.admin, `{"version":"0.2.0","pool":"p"}`, peer),
-		http.StatusBadRequest, api.CodeInvalidArgument, "version")
+		http.StatusBadRequest, apiv1.CodeInvalidArgument, "version")
 	// With no downloads at all the release is what is missing, not a
 	// base URL (naming baseUrl sent callers to a flag that cannot help).
 	bare := &fixture{t: t, st: st, srv: api.New(api.Config{Secret: strings.Repeat("s", 32)}, st, nil)}
 	bare.admin = bare.token(store.RoleAdmin, 0)
 	wantCode(t, bare.call("rollouts.create", bare.admin, `{"version":"0.2.0","pool":"p"}`, peer),
-		http.StatusBadRequest, api.CodeInvalidArgument, "version")
-	wantCode(t, f.call("rollouts.create", viewer, `{"version":"0.2.0","pool":"p"}`, peer), http.StatusForbidden, api.CodePermissionDenied, "")
+		http.StatusBadRequest, apiv1.CodeInvalidArgument, "version")
+	wantCode(t, f.call("rollouts.create", viewer, `{"version":"0.2.0","pool":"p"}`, peer), http.StatusForbidden, apiv1.CodePermissionDenied, "")
 
 	r = f.call("rollouts.create", op, `{"version":"0.2.0","pool":"p","canary":1,"wave":"50%","soak":"30s","drain":false}`, peer)
 	if r.Code != http.StatusOK {
@@ -144,14 +145,14 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 		t.Fatalf("created rollout = %v", r.Body)
 	}
 	r = f.call("rollouts.create", op, `{"version":"0.2.0","pool":"p"}`, peer)
-	wantCode(t, r, http.StatusConflict, api.CodeConflict, "pool")
+	wantCode(t, r, http.StatusConflict, apiv1.CodeConflict, "pool")
 	if msg, _ := r.Body["message"].(string); !strings.Contains(msg, id) {
 		t.Errorf("conflict message %q does not name %s", msg, id)
 	}
 	// pending: pause and resume refused, abort allowed.
-	wantCode(t, f.call("rollouts.pause", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, api.CodeConflict, "id")
-	wantCode(t, f.call("rollouts.resume", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, api.CodeConflict, "id")
-	wantCode(t, f.call("rollouts.get", viewer, `{"id":"roll_none"}`, peer), http.StatusNotFound, api.CodeNotFound, "id")
+	wantCode(t, f.call("rollouts.pause", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, apiv1.CodeConflict, "id")
+	wantCode(t, f.call("rollouts.resume", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, apiv1.CodeConflict, "id")
+	wantCode(t, f.call("rollouts.get", viewer, `{"id":"roll_none"}`, peer), http.StatusNotFound, apiv1.CodeNotFound, "id")
 	if r := f.call("rollouts.get", viewer, `{"id":"`+id+`"}`, peer); r.Code != http.StatusOK {
 		t.Fatalf("get: %v", r.Body)
 	}
@@ -159,7 +160,7 @@ func TestRolloutsCreateVerifiesTheRelease(t *testing.T) {
 	if r.Code != http.StatusOK || r.Body["rollout"].(map[string]any)["state"] != "aborted" || r.Body["rollout"].(map[string]any)["reason"] != "testing" {
 		t.Fatalf("abort: %v", r.Body)
 	}
-	wantCode(t, f.call("rollouts.abort", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, api.CodeConflict, "id")
+	wantCode(t, f.call("rollouts.abort", op, `{"id":"`+id+`"}`, peer), http.StatusConflict, apiv1.CodeConflict, "id")
 	if r := f.call("rollouts.list", viewer, `{"pool":"p"}`, peer); r.Code != http.StatusOK || len(r.Body["rollouts"].([]any)) != 1 {
 		t.Fatalf("list: %v", r.Body)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // TestCommandsAsRootNeedsAdmin: exec with asRoot is an admin's right, the
@@ -35,14 +36,14 @@ func TestCommandsAsRootNeedsAdmin(t *testing.T) {
 	f := &fixture{t: t, st: st, srv: srv}
 	root := `{"nodeIds":["node_r"],"kind":"exec","exec":{"argv":["id","-u"],"asRoot":true}}`
 	r := f.call("commands.create", operator, root, peer)
-	if r.Code != 403 || r.Body["code"] != api.CodePermissionDenied || r.Body["field"] != "exec.asRoot" {
+	if r.Code != 403 || r.Body["code"] != apiv1.CodePermissionDenied || r.Body["field"] != "exec.asRoot" {
 		t.Fatalf("an operator's asRoot exec = %d %v, want 403 PERMISSION_DENIED on exec.asRoot", r.Code, r.Body)
 	}
 	entries, err := st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "commands.create", Actor: "token:" + opTok.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != 1 || entries[0].Outcome != api.CodePermissionDenied {
+	if len(entries) != 1 || entries[0].Outcome != apiv1.CodePermissionDenied {
 		t.Fatalf("audit rows of the refusal = %+v, want one PERMISSION_DENIED", entries)
 	}
 	if cmds, err := st.CommandList(ctx, &store.CommandListParams{}); err != nil || len(cmds) != 0 {

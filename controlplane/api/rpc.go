@@ -24,6 +24,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // MaxBodyBytes is the largest request body accepted (1 MiB); larger bodies
@@ -106,7 +107,7 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if reason := unauthenticatedReason(err); reason != "" {
 			s.refuseUnauthenticated(r.Context(), reason, name, addr)
-			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error()})
+			s.writeError(w, r, &Error{Code: apiv1.CodeUnauthenticated, Message: err.Error()})
 			return
 		}
 		s.writeError(w, r, err)
@@ -127,11 +128,11 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.inFlight.release(p.TokenID)
 	if r.Header.Get(HeaderCSRF) != "1" {
-		refuse(&Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
 		return
 	}
 	if !iam.Allows(p.Role, m.role) {
-		refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
 		return
 	}
 	req := m.newReq()
@@ -192,7 +193,7 @@ func unauthenticatedReason(err error) string {
 // auditOutcome is the audit row's outcome for a refusal: "denied" for a
 // role or header refusal (as before), else the error's code.
 func auditOutcome(e *Error) string {
-	if e.Code == CodePermissionDenied {
+	if e.Code == apiv1.CodePermissionDenied {
 		return "denied"
 	}
 	return e.Code
@@ -256,7 +257,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		s.log.ErrorContext(r.Context(), "API call failed", "path", r.URL.Path, logkey.Err, err)
 	}
 	w.Header().Set("Content-Type", "application/json")
-	if e.Code == CodeResourceExhausted {
+	if e.Code == apiv1.CodeResourceExhausted {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(e.RetryAfter)))
 	}
 	w.WriteHeader(e.status())

@@ -270,7 +270,7 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, s.cfg.BasePath+"/")
 	if group, method, ok := strings.Cut(rest, "/"); ok && s.methods[group+"."+method] != nil {
 		w.Header().Set("Allow", http.MethodPost)
-		s.writeError(w, r, &Error{Code: CodeMethodNotAllowed,
+		s.writeError(w, r, &Error{Code: apiv1.CodeMethodNotAllowed,
 			Message: fmt.Sprintf("%s %s: API methods are called with POST", r.Method, r.URL.Path)})
 		return
 	}
@@ -281,7 +281,7 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		probe.Method = http.MethodGet
 		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != s.cfg.BasePath+"/" {
 			w.Header().Set("Allow", "GET, HEAD")
-			s.writeError(w, r, &Error{Code: CodeMethodNotAllowed, Message: fmt.Sprintf("%s %s: this path answers GET and HEAD", r.Method, r.URL.Path)})
+			s.writeError(w, r, &Error{Code: apiv1.CodeMethodNotAllowed, Message: fmt.Sprintf("%s %s: this path answers GET and HEAD", r.Method, r.URL.Path)})
 			return
 		}
 	}

@@ -79,7 +79,7 @@ func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.Rep
 		// A sink that is not configured has no dispatcher to deliver what
 		// would be marked: NOT_FOUND, not a silent success (issue 29).
 		if !slices.Contains(s.cfg.Sinks, sink) {
-			return nil, &Error{Code: CodeNotFound, Field: "sink", Message: fmt.Sprintf("no sink %q is configured (sinks.webhooks, sinks.files); nothing was replayed", sink)}
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "sink", Message: fmt.Sprintf("no sink %q is configured (sinks.webhooks, sinks.files); nothing was replayed", sink)}
 		}
 	}
 	switch {
@@ -132,7 +132,7 @@ func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.Rep
 		if sink != "" {
 			of = " of sink " + sink
 		}
-		return nil, &Error{Code: CodeNotFound, Field: "ids", Message: fmt.Sprintf("no dead letter%s with id %s; nothing was replayed",
+		return nil, &Error{Code: apiv1.CodeNotFound, Field: "ids", Message: fmt.Sprintf("no dead letter%s with id %s; nothing was replayed",
 			of, strings.Join(missing, ", "))}
 	}
 	if err != nil {

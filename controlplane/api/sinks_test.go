@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // deadLetter writes an event and moves it to sink's dead-letter table, as
@@ -69,8 +70,8 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 
 	// Admin only, both methods.
 	for _, tok := range []string{viewer, operator} {
-		wantCode(t, f.call("sinks.deadLetters", tok, `{}`, peer), 403, api.CodePermissionDenied, "")
-		wantCode(t, f.call("sinks.replay", tok, `{"sink":"alerts","all":true}`, peer), 403, api.CodePermissionDenied, "")
+		wantCode(t, f.call("sinks.deadLetters", tok, `{}`, peer), 403, apiv1.CodePermissionDenied, "")
+		wantCode(t, f.call("sinks.replay", tok, `{"sink":"alerts","all":true}`, peer), 403, apiv1.CodePermissionDenied, "")
 	}
 
 	// The list, oldest first, paged, filtered by sink, each with its
@@ -112,16 +113,16 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 		{"sinks.replay", `{"sink":"../x","ids":["1"]}`, "sink"},
 		{"sinks.replay", `{"ids":[` + strings.Repeat(`"1",`, api.MaxReplayIDs) + `"1"]}`, "ids"},
 	} {
-		wantCode(t, f.call(tc.method, f.admin, tc.body, peer), 400, api.CodeInvalidArgument, tc.field)
+		wantCode(t, f.call(tc.method, f.admin, tc.body, peer), 400, apiv1.CodeInvalidArgument, tc.field)
 	}
 	// An id that is not a dead letter (or not of the sink named) is
 	// NOT_FOUND naming it, and the others are not marked either.
 	r = f.call("sinks.replay", f.admin, fmt.Sprintf(`{"ids":["%d","%d"]}`, a1, b1+100), peer)
-	wantCode(t, r, 404, api.CodeNotFound, "ids")
+	wantCode(t, r, 404, apiv1.CodeNotFound, "ids")
 	if msg := r.Body["message"].(string); !strings.Contains(msg, str(b1+100)) || strings.Contains(msg, str(a1)+",") {
 		t.Fatalf("message %q", msg)
 	}
-	wantCode(t, f.call("sinks.replay", f.admin, fmt.Sprintf(`{"sink":"alerts","ids":["%d","%d"]}`, a1, b1), peer), 404, api.CodeNotFound, "ids")
+	wantCode(t, f.call("sinks.replay", f.admin, fmt.Sprintf(`{"sink":"alerts","ids":["%d","%d"]}`, a1, b1), peer), 404, apiv1.CodeNotFound, "ids")
 	for _, d := range f.deadLetters(t, "") {
 		if d.Replay || d.Attempts != 10 {
 			t.Fatalf("a refused replay marked %+v", d)
@@ -148,7 +149,7 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 	// A sink that is not configured: NOT_FOUND, with all or with ids
 	// (issue 29).
 	for _, body := range []string{`{"sink":"nothing-here","ids":["` + str(a1) + `"]}`, `{"sink":"nothing-here","all":true}`} {
-		wantCode(t, f.call("sinks.replay", f.admin, body, peer), 404, api.CodeNotFound, "sink")
+		wantCode(t, f.call("sinks.replay", f.admin, body, peer), 404, apiv1.CodeNotFound, "sink")
 	}
 	rows, err := f.st.AuditQuery(context.Background(), &store.AuditQueryParams{ActionPrefix: "sinks.replay", Limit: 100})
 	if err != nil {
@@ -161,7 +162,7 @@ func TestSinksDeadLettersAndReplay(t *testing.T) {
 	for _, e := range rows {
 		outcomes[e.Outcome]++
 	}
-	if outcomes["ok"] != 3 || outcomes["denied"] != 2 || outcomes[api.CodeNotFound] != 4 || outcomes[api.CodeInvalidArgument] != 7 {
+	if outcomes["ok"] != 3 || outcomes["denied"] != 2 || outcomes[apiv1.CodeNotFound] != 4 || outcomes[apiv1.CodeInvalidArgument] != 7 {
 		t.Fatalf("audit outcomes of sinks.replay: %v", outcomes)
 	}
 

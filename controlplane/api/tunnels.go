@@ -54,7 +54,7 @@ func (s *Server) tunnelsCreate(ctx context.Context, p *iam.Principal, r *apiv1.C
 		return nil, invalid("kind", "must be shell or port")
 	}
 	if r.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
-		return nil, &Error{Code: CodePermissionDenied, Message: "a root shell needs an admin token (role " + p.Role + ")"}
+		return nil, &Error{Code: apiv1.CodePermissionDenied, Message: "a root shell needs an admin token (role " + p.Role + ")"}
 	}
 	if r.GetNode() == "" {
 		return nil, invalid("node", "required")
@@ -90,7 +90,7 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		if reason := unauthenticatedReason(err); reason != "" {
 			s.refuseUnauthenticated(ctx, reason, "tunnels.open", addr)
-			s.writeError(w, r, &Error{Code: CodeUnauthenticated, Message: err.Error() + " (a ticket alone opens nothing: send the bearer token that made it)"})
+			s.writeError(w, r, &Error{Code: apiv1.CodeUnauthenticated, Message: err.Error() + " (a ticket alone opens nothing: send the bearer token that made it)"})
 			return
 		}
 		s.writeError(w, r, err)
@@ -102,11 +102,11 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, e)
 	}
 	if r.Header.Get(HeaderCSRF) != "1" {
-		refuse(&Error{Code: CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
 		return
 	}
 	if !iam.Allows(p.Role, store.RoleOperator) {
-		refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("role %s may not open tunnels (needs operator)", p.Role)})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not open tunnels (needs operator)", p.Role)})
 		return
 	}
 	t, err := s.store.TunnelGet(ctx, id)
@@ -119,11 +119,11 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if t.CreatedBy != "token:"+p.TokenID {
-		refuse(&Error{Code: CodePermissionDenied, Message: "the ticket was made by another token: open it with the token that called tunnels.create"})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "the ticket was made by another token: open it with the token that called tunnels.create"})
 		return
 	}
 	if t.AsRoot && !iam.Allows(p.Role, store.RoleAdmin) {
-		refuse(&Error{Code: CodePermissionDenied, Message: "a root shell needs an admin token"})
+		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "a root shell needs an admin token"})
 		return
 	}
 	sum := sha256.Sum256([]byte(secret))
@@ -133,9 +133,9 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, store.ErrTunnelTicketInvalid):
 			refuse(notFound("no such tunnel ticket"))
 		case errors.Is(err, store.ErrTunnelTicketUsed):
-			refuse(&Error{Code: CodePermissionDenied, Message: "the ticket was used already: tickets open one tunnel (call tunnels.create again)"})
+			refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "the ticket was used already: tickets open one tunnel (call tunnels.create again)"})
 		case errors.Is(err, store.ErrTunnelTicketExpired):
-			refuse(&Error{Code: CodePermissionDenied, Message: fmt.Sprintf("the ticket expired: tickets open a tunnel within %s of tunnels.create", TunnelTicketTTL)})
+			refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("the ticket expired: tickets open a tunnel within %s of tunnels.create", TunnelTicketTTL)})
 		default:
 			s.writeError(w, r, err)
 		}
@@ -143,7 +143,7 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.cfg.Tunnels == nil {
 		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "no tunnel relay"})
-		refuse(&Error{Code: CodeUnavailable, Message: "this api process relays no tunnels: configure the internal control API (host.gateway.internal, docs/tunnels.md)"})
+		refuse(&Error{Code: apiv1.CodeUnavailable, Message: "this api process relays no tunnels: configure the internal control API (host.gateway.internal, docs/tunnels.md)"})
 		return
 	}
 	open := &sessionv1.TunnelOpen{TunnelId: t.ID, Kind: t.Kind, Port: uint32(t.Port), AsRoot: t.AsRoot,
@@ -154,9 +154,9 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	conn, gatewayID, err := s.cfg.Tunnels.OpenTunnel(ctx, t.NodeID, open)
 	if err != nil {
 		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: err.Error()})
-		code := CodeUnavailable
+		code := apiv1.CodeUnavailable
 		if errors.Is(err, tunnel.ErrUnsupported) {
-			code = CodeInvalidArgument
+			code = apiv1.CodeInvalidArgument
 		}
 		refuse(&Error{Code: code, Message: "open tunnel on node " + t.NodeID + ": " + err.Error()})
 		return

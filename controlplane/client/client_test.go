@@ -48,7 +48,7 @@ func TestTypedMethods(t *testing.T) {
 
 	_, err = c.NodesGet(ctx, &apiv1.NodeRequest{Id: "n_missing"})
 	var apiErr *client.Error
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodeNotFound || apiErr.Status != 404 {
+	if !errors.As(err, &apiErr) || apiErr.Code != apiv1.CodeNotFound || apiErr.Status != 404 {
 		t.Fatalf("NodesGet of a missing node: %v, want NOT_FOUND 404", err)
 	}
 
@@ -57,7 +57,7 @@ func TestTypedMethods(t *testing.T) {
 		t.Fatalf("SitesList as viewer: %v", err)
 	}
 	_, err = viewer.SitesCreate(ctx, &apiv1.CreateSiteRequest{Name: "lab2", Region: "eu-1"})
-	if !errors.As(err, &apiErr) || apiErr.Code != api.CodePermissionDenied {
+	if !errors.As(err, &apiErr) || apiErr.Code != apiv1.CodePermissionDenied {
 		t.Fatalf("SitesCreate as viewer: %v, want PERMISSION_DENIED (api.proto: role admin)", err)
 	}
 }

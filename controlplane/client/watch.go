@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // WatchParams choose what Watch streams.
@@ -138,7 +140,7 @@ func (c *Client) watchOnce(ctx context.Context, hc *http.Client, after int64, re
 		switch {
 		case line == "":
 			if typ == "gap" {
-				e := &Error{Status: http.StatusGone, Code: "GONE"}
+				e := &Error{Status: http.StatusGone, Code: apiv1.CodeGone}
 				_ = json.Unmarshal(data, e)
 				return got, e
 			}

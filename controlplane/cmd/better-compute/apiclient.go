@@ -17,11 +17,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/serve"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Environment variables of API commands.
@@ -139,7 +139,7 @@ func (e *env) resolveAPI(f *apiFlags, cfg *config.Config, cfgErr error) (*apiTar
 // the token came from, so a token of the wrong deployment is seen at once.
 func (e *env) explain(err error) error {
 	var ae *client.Error
-	if e.api == nil || !errors.As(err, &ae) || ae.Code != api.CodeUnauthenticated {
+	if e.api == nil || !errors.As(err, &ae) || ae.Code != apiv1.CodeUnauthenticated {
 		return err
 	}
 	return fmt.Errorf("%w (server %s from %s; token from %s)", err, e.api.server, e.api.serverFrom, e.api.tokenFrom)

@@ -10,15 +10,21 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/serve"
 )
 
+// apiListener is what the banner needs of the API server (*api.Server,
+// which only serve.go and dev.go name: tests/deps_test.go).
+type apiListener interface {
+	Addr() net.Addr
+	PublicURL() string
+}
+
 // apiURLOf is the API's origin as dev and serve print it: the bound
 // address, or the public URL when the API listens on every address.
-func apiURLOf(cfg *config.Config, srv *api.Server) string {
+func apiURLOf(cfg *config.Config, srv apiListener) string {
 	if a, ok := srv.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
 		return srv.PublicURL()
 	}
@@ -57,7 +63,7 @@ func (b serveBanner) header() {
 	fmt.Fprintf(b.w, "Better Compute serve: %s (%s). Ctrl-C stops it.\n", roles, where)
 }
 
-func (b serveBanner) api(srv *api.Server) {
+func (b serveBanner) api(srv apiListener) {
 	// One write: the gateway's line may come at the same time.
 	fmt.Fprintf(b.w, "  API      %s%s  (%s)\n  add a machine: better-compute nodes add --pool default (README.md, docs/install.md)\n",
 		apiURLOf(b.cfg, srv), b.cfg.BasePath, adminTokenNote(b.cfg))

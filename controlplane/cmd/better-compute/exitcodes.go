@@ -7,9 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/config"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Exit statuses of better-compute (DESIGN.md, "Operator CLI"; README.md,
@@ -47,7 +47,7 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ue), errors.As(err, &ce), errors.As(err, &ee):
 		return exitUsage
-	case errors.As(err, &ae) && ae.Code == api.CodeInvalidArgument:
+	case errors.As(err, &ae) && ae.Code == apiv1.CodeInvalidArgument:
 		return exitUsage
 	}
 	return exitFailure

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
@@ -46,10 +45,10 @@ token is written to FILE (mode 0600) and left out of the answer.`,
 			switch {
 			case pool == "":
 				return usageError{errors.New("--pool is required")}
-			case ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL:
-				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
-			case maxUses < 1 || maxUses > api.MaxJoinTokenUses:
-				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, api.MaxJoinTokenUses)}
+			case ttl < apiv1.MinJoinTokenTTL || ttl > apiv1.MaxJoinTokenTTL:
+				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, apiv1.MinJoinTokenTTL, apiv1.MaxJoinTokenTTL)}
+			case maxUses < 1 || maxUses > apiv1.MaxJoinTokenUses:
+				return usageError{fmt.Errorf("--max-uses %d: want 1 to %d", maxUses, apiv1.MaxJoinTokenUses)}
 			}
 			if err := checkOutFolder(outFile); err != nil {
 				return err
@@ -83,7 +82,7 @@ token is written to FILE (mode 0600) and left out of the answer.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", "", "pool id or name (required)")
-	fl.DurationVar(&ttl, "ttl", api.DefaultJoinTokenTTL, "how long the token admits joins")
+	fl.DurationVar(&ttl, "ttl", apiv1.DefaultJoinTokenTTL, "how long the token admits joins")
 	fl.IntVar(&maxUses, "max-uses", 8, "how many joins the token admits")
 	fl.StringVar(&outFile, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	fl.StringVar(&description, "description", "", "what the token is for")

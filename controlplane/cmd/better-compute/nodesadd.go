@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -51,8 +50,8 @@ shown once; revoke it with join-tokens revoke ID.`,
 			if pool == "" {
 				return usageError{errors.New("--pool is required")}
 			}
-			if ttl < api.MinJoinTokenTTL || ttl > api.MaxJoinTokenTTL {
-				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, api.MinJoinTokenTTL, api.MaxJoinTokenTTL)}
+			if ttl < apiv1.MinJoinTokenTTL || ttl > apiv1.MaxJoinTokenTTL {
+				return usageError{fmt.Errorf("--ttl %s: want %s to %s", ttl, apiv1.MinJoinTokenTTL, apiv1.MaxJoinTokenTTL)}
 			}
 			req := &apiv1.AddNodeRequest{Pool: pool, Site: site, Ttl: durationpb.New(ttl), Unprivileged: unprivileged, Plugins: plugins,
 				Websocket: websocket}
@@ -72,7 +71,7 @@ shown once; revoke it with join-tokens revoke ID.`,
 	fl := cmd.Flags()
 	fl.StringVar(&pool, "pool", "", "pool id or name the machine joins (required)")
 	fl.StringVar(&site, "site", "", "site of the pool, checked when given")
-	fl.DurationVar(&ttl, "ttl", api.DefaultAddNodeTTL, "how long the line admits the join (1m to 720h)")
+	fl.DurationVar(&ttl, "ttl", apiv1.DefaultAddNodeTTL, "how long the line admits the join (1m to 720h)")
 	fl.BoolVar(&unprivileged, "unprivileged", false, "run bcd as the user bcd beside a root bcd helper")
 	fl.BoolVar(&websocket, "websocket", false, "join through the gateway's WebSocket fallback (host.gateway.ws.publicURL), for a site whose proxy strips client certificates")
 	fl.StringSliceVar(&plugins, "install-plugins", nil, "plugins to install beside bcd: bcx-ipmi")

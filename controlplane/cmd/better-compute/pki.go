@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/config"
@@ -252,7 +251,7 @@ gateways end every session it opened before), with --serial that serial
 				return usageError{errors.New("give exactly one of --node and --serial")}
 			}
 			if serial != "" {
-				s, err := api.CanonicalSerial(serial)
+				s, err := apiv1.CanonicalSerial(serial)
 				if err != nil {
 					return usageError{fmt.Errorf("--serial %q: %w", serial, err)}
 				}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
@@ -43,7 +42,7 @@ func poolsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 			if name == "" || site == "" {
 				return usageError{errors.New("--name and --site are required")}
 			}
-			if err := api.CheckName(name); err != nil {
+			if err := apiv1.CheckName(name); err != nil {
 				return usageError{fmt.Errorf("--name %q: %w", name, err)}
 			}
 			ctx := cmd.Context()

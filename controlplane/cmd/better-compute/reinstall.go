@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -53,8 +52,8 @@ never makes a machine an existing node.`,
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			if ttl <= 0 || ttl > api.MaxJoinTokenTTL {
-				return usageError{fmt.Errorf("--ttl %s: want more than 0 and at most %s", ttl, api.MaxJoinTokenTTL)}
+			if ttl <= 0 || ttl > apiv1.MaxJoinTokenTTL {
+				return usageError{fmt.Errorf("--ttl %s: want more than 0 and at most %s", ttl, apiv1.MaxJoinTokenTTL)}
 			}
 			if err := checkOutFolder(outFile); err != nil {
 				return err
@@ -109,7 +108,7 @@ never makes a machine an existing node.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.DurationVar(&ttl, "ttl", api.DefaultJoinTokenTTL, "how long the token admits the join")
+	fl.DurationVar(&ttl, "ttl", apiv1.DefaultJoinTokenTTL, "how long the token admits the join")
 	fl.StringVar(&outFile, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	outputFlag(cmd, &out)
 	return cmd

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/serve"
 )
@@ -44,7 +45,7 @@ func serveCmd(e *env) *cobra.Command {
 			banner := serveBanner{w: e.stdout, cfg: cfg}
 			banner.header()
 			return portInUse(serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log,
-				APIReady: banner.api, GatewayReady: banner.gateway}),
+				APIReady: func(s *api.Server) { banner.api(s) }, GatewayReady: banner.gateway}),
 				listenFlag{cfg.Host.Listen, "choose another with --port N (host.listen)"},
 				listenFlag{cfg.Host.Gateway.Listen, "choose another with --gateway-listen HOST:PORT (host.gateway.listen)"})
 		},

@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -31,7 +30,7 @@ func sitesCreateCmd(e *env, af *apiFlags) *cobra.Command {
 				return usageError{errors.New("--name and --region are required")}
 			}
 			for flag, v := range map[string]string{"--name": name, "--region": region} {
-				if err := api.CheckName(v); err != nil {
+				if err := apiv1.CheckName(v); err != nil {
 					return usageError{fmt.Errorf("%s %q: %w", flag, v, err)}
 				}
 			}

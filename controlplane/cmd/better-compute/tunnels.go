@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/sim"
@@ -284,7 +283,7 @@ func portForward(ctx context.Context, c *client.Client, node string, remote int,
 // expired, unknown): nothing more can be forwarded with it.
 func isUnauthenticated(err error) bool {
 	var ae *client.Error
-	return errors.As(err, &ae) && ae.Code == api.CodeUnauthenticated
+	return errors.As(err, &ae) && ae.Code == apiv1.CodeUnauthenticated
 }
 
 // forwardOne copies one local connection through its own tunnel.

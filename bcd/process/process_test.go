@@ -1,4 +1,4 @@
-package exec_test
+package process_test
 
 import (
 	"bytes"
@@ -10,14 +10,14 @@ import (
 	"testing"
 	"time"
 
-	bcexec "github.com/better-compute/better-compute/bcd/exec"
+	"github.com/better-compute/better-compute/bcd/process"
 )
 
-func run(t *testing.T, ctx context.Context, spec bcexec.Spec) (string, string, bcexec.Result) {
+func run(t *testing.T, ctx context.Context, spec process.Spec) (string, string, process.Result) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	res := bcexec.Run(ctx, spec, func(stream int, b []byte) {
-		if stream == bcexec.Stdout {
+	res := process.Run(ctx, spec, func(stream int, b []byte) {
+		if stream == process.Stdout {
 			out.Write(b)
 		} else {
 			errb.Write(b)
@@ -27,25 +27,25 @@ func run(t *testing.T, ctx context.Context, spec bcexec.Spec) (string, string, b
 }
 
 func TestOutputAndExitCode(t *testing.T) {
-	out, errOut, res := run(t, context.Background(), bcexec.Spec{Argv: []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"}, Env: map[string]string{"X": "1"}})
+	out, errOut, res := run(t, context.Background(), process.Spec{Argv: []string{"sh", "-c", "echo hello; echo oops >&2; exit 3"}, Env: map[string]string{"X": "1"}})
 	if out != "hello\n" || errOut != "oops\n" || res.ExitCode != 3 || res.Err != nil || res.Cancelled {
 		t.Fatalf("out %q err %q res %+v", out, errOut, res)
 	}
-	out, _, _ = run(t, context.Background(), bcexec.Spec{Argv: []string{"sh", "-c", "echo $X $HOME $PATH"}, Env: map[string]string{"X": "set"}})
-	if out != "set / "+bcexec.DefaultPath+"\n" {
+	out, _, _ = run(t, context.Background(), process.Spec{Argv: []string{"sh", "-c", "echo $X $HOME $PATH"}, Env: map[string]string{"X": "set"}})
+	if out != "set / "+process.DefaultPath+"\n" {
 		t.Fatalf("environment: %q", out)
 	}
 }
 
 func TestOutputLimit(t *testing.T) {
-	out, _, res := run(t, context.Background(), bcexec.Spec{Argv: []string{"sh", "-c", "head -c 100000 /dev/zero"}, OutputLimit: 1000})
+	out, _, res := run(t, context.Background(), process.Spec{Argv: []string{"sh", "-c", "head -c 100000 /dev/zero"}, OutputLimit: 1000})
 	if len(out) != 1000 || !res.Truncated || res.ExitCode != 0 {
 		t.Fatalf("got %d bytes, truncated %v, exit %d", len(out), res.Truncated, res.ExitCode)
 	}
 }
 
 func TestNotFound(t *testing.T) {
-	_, _, res := run(t, context.Background(), bcexec.Spec{Argv: []string{"no-such-program-xyz"}})
+	_, _, res := run(t, context.Background(), process.Spec{Argv: []string{"no-such-program-xyz"}})
 	if res.Err == nil || res.ExitCode != -1 || !strings.Contains(res.Err.Error(), "not found") {
 		t.Fatalf("res = %+v", res)
 	}
@@ -54,10 +54,10 @@ func TestNotFound(t *testing.T) {
 func TestCancelKillsProcessGroup(t *testing.T) {
 	marker := fmt.Sprintf("sleep 600.%d", os.Getpid())
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan bcexec.Result, 1)
+	done := make(chan process.Result, 1)
 	// A shell that leaves a background child behind, as real scripts do.
 	go func() {
-		_, _, res := run(t, ctx, bcexec.Spec{Argv: []string{"sh", "-c", marker + " & wait"}})
+		_, _, res := run(t, ctx, process.Spec{Argv: []string{"sh", "-c", marker + " & wait"}})
 		done <- res
 	}()
 	deadline := time.Now().Add(5 * time.Second)

@@ -1,7 +1,7 @@
-// Package exec runs one program for a command: in its own process group, with
+// Package process runs one program for a command: in its own process group, with
 // a fixed environment, an output cap and a deadline. Cancelling kills the
 // whole process group, so no child outlives its command.
-package exec
+package process
 
 import (
 	"cmp"

@@ -1,9 +1,27 @@
-package api
+package apiv1
 
 import (
 	"errors"
 	"strings"
 )
+
+// MaxNameLen is the longest site, pool or region name.
+const MaxNameLen = 63
+
+// CheckName checks a site, pool or region name as sites.create and
+// pools.create do: 1 to 63 characters of a-z, 0-9, '-', '_' and '.'. The
+// error is the rule it breaks.
+func CheckName(v string) error {
+	if v == "" || len(v) > MaxNameLen {
+		return errors.New("must be 1 to 63 characters")
+	}
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return errors.New("may hold only a-z, 0-9, '-', '_' and '.'")
+		}
+	}
+	return nil
+}
 
 // CanonicalSerial spells a certificate serial as pki.FormatSerial does, the
 // way revocations are stored: lower-case hex, without colons or a 0x
