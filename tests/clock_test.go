@@ -98,7 +98,10 @@ func TestClockNodeAheadRunsCommands(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool {
 		_, s := d.skew(id)
 		return (s - ahead).Abs() < time.Minute
-	}, func() string { n, _ := d.skew(id); return fmt.Sprintf("nodes get %s: %+v, want a skew of about %v", id, n, ahead) })
+	}, func() string {
+		n, _ := d.skew(id)
+		return fmt.Sprintf("nodes get %s: %+v, want a skew of about %v", id, n, ahead)
+	})
 
 	for _, extra := range [][]string{nil, {"--timeout", "24h"}} {
 		args := append(append([]string{"commands", "run", "--node", id}, extra...), "--", "echo", "on time")
