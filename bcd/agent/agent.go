@@ -220,7 +220,7 @@ func New(cfg Config) (*Agent, error) {
 	if a.scanner == nil {
 		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, Logger: log})
 	}
-	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Logger: log}
+	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Now: a.gatewayNow, Logger: log}
 	ecfg.Upgrader = cfg.Upgrader
 	ecfg.GPUs = a.gpu
 	switch {
@@ -423,6 +423,16 @@ func (p *gpuProbe) Collect(ctx context.Context) (gpu.Report, error) {
 		p.nvml.Store(true)
 	}
 	return rep, err
+}
+
+// gatewayNow is the gateways' time as the session client estimates it
+// (session.Client.GatewayNow), this machine's clock before the client
+// exists: commands come only through it.
+func (a *Agent) gatewayNow() time.Time {
+	if c := a.client.Load(); c != nil {
+		return c.GatewayNow()
+	}
+	return a.clock.Now()
 }
 
 // systemClock is the clock of the real world.

@@ -97,6 +97,11 @@ type Config struct {
 	// (as NvidiaSMI's), else in the default PATH (process.DefaultPath).
 	// Defaults to DefaultRebootCommand.
 	RebootCommand []string
+	// Now is the gateways' time, by which a command's deadline (set by the
+	// control plane's clock) is turned into the time the command has left:
+	// a machine whose own clock is wrong still runs it for as long as was
+	// meant (issue 36). Defaults to time.Now.
+	Now func() time.Time
 	// Logger defaults to discarding.
 	Logger *slog.Logger
 }
@@ -160,6 +165,9 @@ func New(cfg Config) *Executor {
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.NvidiaSMI = cmp.Or(cfg.NvidiaSMI, DefaultNvidiaSMI)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	if len(cfg.RebootCommand) == 0 {
 		cfg.RebootCommand = DefaultRebootCommand
 	}
@@ -175,6 +183,9 @@ func New(cfg Config) *Executor {
 	}
 	return e
 }
+
+// now is the gateways' time (Config.Now).
+func (e *Executor) now() time.Time { return e.cfg.Now() }
 
 // Wait waits for running commands to end. Cancelling the context given to
 // HandleCommand (the agent stopping) cancels them, which is how bcd shuts
@@ -262,7 +273,10 @@ func (e *Executor) HandleCommand(ctx context.Context, cmd *sessionv1.Command, se
 	cancel := func() { cancelCause(errCancelled) }
 	stopDeadline := func() {}
 	if d := cmd.GetDeadline(); d != nil {
-		cctx, stopDeadline = context.WithDeadline(cctx, d.AsTime())
+		// The time left by the gateways' clock, counted on this machine's
+		// monotonic clock: never this machine's wall clock, which may be
+		// off by days.
+		cctx, stopDeadline = context.WithTimeout(cctx, d.AsTime().Sub(e.now()))
 	}
 	en := &entry{id: cmd.GetId(), kind: cmd.GetKind(), cancel: cancel, u: &updater{id: cmd.GetId(), transmit: send}}
 	e.seen[en.id] = e.order.PushBack(en)

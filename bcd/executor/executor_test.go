@@ -153,6 +153,30 @@ func TestDeadlineExpires(t *testing.T) {
 	}
 }
 
+// TestDeadlineByGatewayTime: a deadline the gateway set is judged by the
+// gateways' time (Config.Now), not this machine's clock: on a machine 48 h
+// ahead a command with an hour left runs, and one with 200 ms left expires
+// after about 200 ms (issue 36).
+func TestDeadlineByGatewayTime(t *testing.T) {
+	gw := func() time.Time { return time.Now().Add(-48 * time.Hour) } // this machine is 48 h ahead
+	e := executor.New(executor.Config{Commands: asSelf{}, Now: gw})
+	r := newRecorder()
+	c := execCmd("cmd_ahead", "echo", "ran")
+	c.Deadline = timestamppb.New(gw().Add(time.Hour))
+	e.HandleCommand(context.Background(), c, r.send)
+	if res := wait(t, r); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED {
+		t.Fatalf("an hour left by the gateway's time on a machine 48 h ahead: %v", res)
+	}
+	r = newRecorder()
+	c = execCmd("cmd_ahead_late", "sleep", "600")
+	c.Deadline = timestamppb.New(gw().Add(200 * time.Millisecond))
+	start := time.Now()
+	e.HandleCommand(context.Background(), c, r.send)
+	if res := wait(t, r); res.State != sessionv1.CommandState_COMMAND_STATE_EXPIRED || time.Since(start) < 150*time.Millisecond {
+		t.Fatalf("200 ms left by the gateway's time: %v after %v", res, time.Since(start))
+	}
+}
+
 func TestRootWithoutHelperFailsClearly(t *testing.T) {
 	e := executor.New(executor.Config{Commands: asSelf{}, IsRoot: func() bool { return false }})
 	r := newRecorder()

@@ -103,6 +103,13 @@ func (c *Client) Certificate() (chain []*x509.Certificate, renewAfter time.Time)
 	return slices.Clone(c.chain), c.renewAfter
 }
 
+// GatewayNow is the client's estimate of the gateways' time: this
+// machine's clock corrected by the offset last measured from a gateway's
+// answer (gatewayClock). Deadlines the gateways set (a command's) are judged
+// by it, so that a machine whose clock is wrong runs its work for as long as
+// the control plane meant.
+func (c *Client) GatewayNow() time.Time { return c.gwClock.now() }
+
 // Send sends msg (an Inventory or an Event, say) on the current session,
 // setting msg.Seq. It fails with ErrNotConnected when there is no session.
 func (c *Client) Send(msg *sessionv1.NodeMessage) error {

@@ -61,7 +61,7 @@ otherwise, 2 for bad flags.`,
 				return usagef("--data-dir must not be empty")
 			}
 			rep := doctor.Run(cmd.Context(), doctor.Config{DataDir: f.dataDir, Gateways: f.gateways, TokenFile: f.tokenFile,
-				HelperSocket: f.helperSocket, PluginDir: f.pluginDir, Timeout: f.timeout})
+				HelperSocket: f.helperSocket, PluginDir: f.pluginDir, Timeout: f.timeout, Now: wallNow})
 			if err := printDoctor(e, rep, f.output); err != nil {
 				return err
 			}

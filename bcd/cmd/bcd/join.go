@@ -159,7 +159,7 @@ func join(cmd *cobra.Command, e env, f *joinFlags) error {
 	if err != nil {
 		return err
 	}
-	id := identity.FromJoin(res, key, caCerts, time.Now())
+	id := identity.FromJoin(res, key, caCerts, wallNow())
 	if err := store.Save(id); err != nil {
 		return err
 	}

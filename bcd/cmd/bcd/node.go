@@ -31,6 +31,21 @@ import (
 // production builds.
 var testGPUs func(ctx context.Context, log *slog.Logger, dataDir string) (*gpu.Collector, gpu.KernelLog, error)
 
+// testClock, set only by the clockshift test build (clockshift.go), is
+// this machine's wall clock off by the test's offset, for tests of a
+// machine whose clock is wrong (issue 36). Nil in production builds: the
+// system clock.
+var testClock session.Clock
+
+// wallNow is this machine's wall clock: the system's, or the clockshift
+// test build's.
+func wallNow() time.Time {
+	if testClock != nil {
+		return testClock.Now()
+	}
+	return time.Now()
+}
+
 type nodeFlags struct {
 	dataDir      string
 	logLevel     string
@@ -174,6 +189,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 					up.connected()
 				}
 			},
+			Clock:  testClock,
 			Logger: log,
 		},
 		Unprivileged:   f.unprivileged,

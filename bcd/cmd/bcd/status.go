@@ -35,7 +35,7 @@ gone, or nobody holds the data directory's lock) is printed as not running.
 Exit status: 0 when bcd node runs and holds a session; 1 when it is
 disconnected, not running, or has left no state; 2 for bad flags.`,
 		Args: noArgs,
-		RunE: func(*cobra.Command, []string) error { return status(e, &f, time.Now()) },
+		RunE: func(*cobra.Command, []string) error { return status(e, &f, wallNow()) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.dataDir, "data-dir", identity.DefaultDir, "directory holding the node's identity and state")
