@@ -124,7 +124,7 @@ host:
     heartbeatInterval: %s
     drainDelay: 3s
     nodeCertTTL: %s
-    limits: {pendingPerSource: 256, queuedPerSource: 4096, joinsPerSecond: 1000, joinBurst: 1000}
+    limits: {pendingPerSource: 256, queuedPerSource: 4096, joinsPerSecond: 1000, joinBurst: 1000, handshakeTimeout: 10s}
 %s`, apiPort, gwPort, heartbeatInterval, c.certTTL, c.tls)
 	p := filepath.Join(c.t.TempDir(), name+".yaml")
 	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
