@@ -26,20 +26,6 @@ import (
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
-// Capabilities the agent offers in Hello (proto/session/v1/session.proto
-// lists their meaning).
-const (
-	CapExec      = "exec"
-	CapCancel    = "cancel"
-	CapInventory = "inventory.v1"
-	CapGPU       = "gpu.nvml"
-	CapResume    = "resume"
-	// CapGPUReset runs Command kind "gpu.reset"; offered with CapGPU.
-	CapGPUReset = "gpu.reset"
-	// CapReboot runs Command kind "reboot".
-	CapReboot = "reboot"
-)
-
 // Defaults of Config.
 const (
 	// DefaultRescanInterval is how often the host is scanned again.
@@ -118,7 +104,8 @@ type Config struct {
 	// --version answers.
 	Plugins func() []*sessionv1.PluginInfo
 	// Upgrader runs "upgrade" commands (*upgrade.Upgrader); with one the
-	// agent offers CapUpgrade. Defaults to none: they fail.
+	// agent offers sessionv1.CapabilityUpgrade, and CapabilityRollback when
+	// it is an executor.Rollbacker. Defaults to none: they fail.
 	Upgrader executor.Upgrader
 	// BMC configures the BMC commands (power.*, boot.set); see BMCConfig.
 	BMC BMCConfig
@@ -336,15 +323,16 @@ func (a *Agent) Run(ctx context.Context) error {
 // the first scan reached NVML (GPUs found, or the driver answered with
 // none).
 func (a *Agent) capabilities(host *inventory.Host) []string {
-	caps := []string{CapExec, CapCancel, CapInventory, CapResume, CapPower, CapBoot, CapReboot, sessionv1.CapabilityTunnel}
+	caps := []string{sessionv1.CapabilityExec, sessionv1.CapabilityCancel, sessionv1.CapabilityInventory, sessionv1.CapabilityResume,
+		sessionv1.CapabilityPower, sessionv1.CapabilityBoot, sessionv1.CapabilityReboot, sessionv1.CapabilityTunnel}
 	if a.cfg.Upgrader != nil {
-		caps = append(caps, CapUpgrade)
+		caps = append(caps, sessionv1.CapabilityUpgrade)
 	}
 	if _, ok := a.cfg.Upgrader.(executor.Rollbacker); ok {
-		caps = append(caps, CapRollback)
+		caps = append(caps, sessionv1.CapabilityRollback)
 	}
 	if a.hasGPUs(host) {
-		caps = append(caps, CapGPU, CapGPUReset)
+		caps = append(caps, sessionv1.CapabilityGPUNVML, sessionv1.CapabilityGPUReset)
 	}
 	return caps
 }

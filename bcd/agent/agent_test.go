@@ -170,13 +170,13 @@ func TestInventoryAfterEveryWelcomeAndDigestOnHeartbeats(t *testing.T) {
 	s := r.gw.NextSession(t, wait)
 
 	caps := s.Hello.GetCapabilities()
-	for _, c := range []string{agent.CapExec, agent.CapCancel, agent.CapInventory, agent.CapResume} {
+	for _, c := range []string{sessionv1.CapabilityExec, sessionv1.CapabilityCancel, sessionv1.CapabilityInventory, sessionv1.CapabilityResume} {
 		if !slices.Contains(caps, c) {
 			t.Errorf("Hello capabilities %q lack %q", caps, c)
 		}
 	}
-	if slices.Contains(caps, agent.CapGPU) {
-		t.Errorf("Hello offers %s without NVML: %q", agent.CapGPU, caps)
+	if slices.Contains(caps, sessionv1.CapabilityGPUNVML) {
+		t.Errorf("Hello offers %s without NVML: %q", sessionv1.CapabilityGPUNVML, caps)
 	}
 	digest := s.Hello.GetInventoryDigest()
 	if len(digest) != 64 {
@@ -304,8 +304,8 @@ func TestXIDBecomesEventAndInventory(t *testing.T) {
 	registered := gputest.WireEvents(nv, set)
 	r := start(t, agent.Config{GPU: newCollector(t, nv)})
 	s := r.gw.NextSession(t, wait)
-	if caps := s.Hello.GetCapabilities(); !slices.Contains(caps, agent.CapGPU) {
-		t.Errorf("Hello capabilities %q lack %s with NVML", caps, agent.CapGPU)
+	if caps := s.Hello.GetCapabilities(); !slices.Contains(caps, sessionv1.CapabilityGPUNVML) {
+		t.Errorf("Hello capabilities %q lack %s with NVML", caps, sessionv1.CapabilityGPUNVML)
 	}
 	inv := next(t, s, "inventory", isInventory).GetInventory()
 	if n := len(inv.GetGpus()); n != 8 || inv.GetGpus()[3].GetUuid() != gputest.UUID(3) {
@@ -343,7 +343,7 @@ func TestXIDBecomesEventAndInventory(t *testing.T) {
 	if h := after.GetGpus()[3].GetHealth(); h.GetXid() != 79 || h.GetResolution() != "RESTART_BM" || h.GetXidMnemonic() != ev.GetXidMnemonic() {
 		t.Errorf("GPU 3 health %v, want XID 79, RESTART_BM", h)
 	}
-	if caps := s.Hello.GetCapabilities(); !slices.Contains(caps, agent.CapGPUReset) || !slices.Contains(caps, agent.CapReboot) {
+	if caps := s.Hello.GetCapabilities(); !slices.Contains(caps, sessionv1.CapabilityGPUReset) || !slices.Contains(caps, sessionv1.CapabilityReboot) {
 		t.Errorf("Hello capabilities %q lack gpu.reset and reboot", caps)
 	}
 }

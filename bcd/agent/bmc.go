@@ -14,12 +14,6 @@ import (
 	"github.com/better-compute/better-compute/proto/bmcsecret"
 )
 
-// Capabilities of the BMC commands (session.proto).
-const (
-	CapPower = "power"
-	CapBoot  = "boot"
-)
-
 // secretTimeout bounds fetching the node's sealed BMC credentials.
 const secretTimeout = 10 * time.Second
 

@@ -33,7 +33,7 @@ const exitGrace = 2 * time.Second
 // first.
 func (h *Host) Power(ctx context.Context, name string, req *pluginv1.PowerRequest) (*pluginv1.PowerResponse, error) {
 	var resp *pluginv1.PowerResponse
-	err := h.call(ctx, name, "power", CapabilityPower, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
+	err := h.call(ctx, name, CapabilityPower, CapabilityPower, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
 		var err error
 		resp, err = c.Power(ctx, req)
 		return err
@@ -45,7 +45,7 @@ func (h *Host) Power(ctx context.Context, name string, req *pluginv1.PowerReques
 // BMC plugin called name. Deadline and errors as for Power.
 func (h *Host) BootDevice(ctx context.Context, name string, req *pluginv1.BootDeviceRequest) (*pluginv1.BootDeviceResponse, error) {
 	var resp *pluginv1.BootDeviceResponse
-	err := h.call(ctx, name, "boot", CapabilityBoot, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
+	err := h.call(ctx, name, CapabilityBoot, CapabilityBoot, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
 		var err error
 		resp, err = c.BootDevice(ctx, req)
 		return err
@@ -57,7 +57,7 @@ func (h *Host) BootDevice(ctx context.Context, name string, req *pluginv1.BootDe
 // Deadline and errors as for Power.
 func (h *Host) BMCInfo(ctx context.Context, name string, req *pluginv1.BMCInfoRequest) (*pluginv1.BMCInfoResponse, error) {
 	var resp *pluginv1.BMCInfoResponse
-	err := h.call(ctx, name, "bmc.info", CapabilityBMCInfo, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
+	err := h.call(ctx, name, CapabilityBMCInfo, CapabilityBMCInfo, req.GetTarget(), func(ctx context.Context, c pluginv1.PluginServiceClient) error {
 		var err error
 		resp, err = c.BMCInfo(ctx, req)
 		return err

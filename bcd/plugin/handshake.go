@@ -25,14 +25,12 @@ var Handshake = goplugin.HandshakeConfig{
 // pluginSetKey names the one plugin every bcx executable serves.
 const pluginSetKey = "plugin"
 
-// Capability strings of bettercompute.plugin.v1 (plugin.proto).
+// Capability strings of bettercompute.plugin.v1, as proto/plugin/v1
+// declares them.
 const (
-	// CapabilityPower: Power with every PowerAction.
-	CapabilityPower = "power"
-	// CapabilityBoot: BootDevice.
-	CapabilityBoot = "boot"
-	// CapabilityBMCInfo: BMCInfo.
-	CapabilityBMCInfo = "bmc.info"
+	CapabilityPower   = pluginv1.CapabilityPower
+	CapabilityBoot    = pluginv1.CapabilityBoot
+	CapabilityBMCInfo = pluginv1.CapabilityBMCInfo
 )
 
 // versionedPlugins is the plugin set per protocol version, for both ends.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Remediation configures the remediation reconciler of the controllers role
@@ -57,12 +59,12 @@ type RemediationBreaker struct {
 
 // The actions a remediation rule may name.
 const (
-	ActionNone       = "none"        // the finding's event only
-	ActionCordon     = "cordon"      // quarantine and leave it to a person, without escalating
-	ActionGPUReset   = "gpu.reset"   // reset the GPU (command gpu.reset)
-	ActionReboot     = "reboot"      // reboot the node (command reboot)
-	ActionPowerCycle = "power-cycle" // power.cycle through the site's BMC agent
-	ActionEscalate   = "escalate"    // quarantine and escalate to a person
+	ActionNone       = "none"                 // the finding's event only
+	ActionCordon     = "cordon"               // quarantine and leave it to a person, without escalating
+	ActionGPUReset   = sessionv1.KindGPUReset // reset the GPU (the command of that kind)
+	ActionReboot     = sessionv1.KindReboot   // reboot the node (the command of that kind)
+	ActionPowerCycle = "power-cycle"          // power.cycle through the site's BMC agent
+	ActionEscalate   = "escalate"             // quarantine and escalate to a person
 )
 
 // RemediationActions lists the actions, in the order of their strength.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/installer/manifest"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Artifacts are the programs the route serves.
@@ -99,38 +100,38 @@ var (
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, http.StatusMethodNotAllowed, "INVALID_ARGUMENT", "downloads answer GET and HEAD only")
+		writeError(w, http.StatusMethodNotAllowed, apiv1.CodeInvalidArgument, "downloads answer GET and HEAD only")
 		return
 	}
 	raw := r.URL.EscapedPath()
 	rest, ok := strings.CutPrefix(raw, h.prefix)
 	if !ok || encodedRE.MatchString(raw) || strings.ContainsAny(rest, `\`+"\x00") {
-		writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", "invalid download path")
+		writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "invalid download path")
 		return
 	}
 	parts := strings.Split(rest, "/")
 	for _, p := range parts {
 		if p == "" || p == "." || p == ".." {
-			writeError(w, http.StatusBadRequest, "INVALID_ARGUMENT", "invalid download path")
+			writeError(w, http.StatusBadRequest, apiv1.CodeInvalidArgument, "invalid download path")
 			return
 		}
 	}
 	if len(parts) != 3 {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", "no download here: want downloads/{artifact}/{version}/{os}-{arch} or .../manifest.json")
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, "no download here: want downloads/{artifact}/{version}/{os}-{arch} or .../manifest.json")
 		return
 	}
 	artifact, version, leaf := parts[0], parts[1], parts[2]
 	if !slices.Contains(Artifacts, artifact) {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("unknown artifact %q (known: %s)", artifact, strings.Join(Artifacts, ", ")))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("unknown artifact %q (known: %s)", artifact, strings.Join(Artifacts, ", ")))
 		return
 	}
 	if !manifest.ValidVersion(version) {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("unknown version %q", version))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("unknown version %q", version))
 		return
 	}
 	dir, ok := h.releaseDir(version)
 	if !ok {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("version %s is not in the downloads folder", version))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("version %s is not in the downloads folder", version))
 		return
 	}
 	switch leaf {
@@ -140,7 +141,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	m := platformRE.FindStringSubmatch(leaf)
 	if m == nil {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("unknown download %q: want {os}-{arch} (linux-amd64), manifest.json or manifest.json.minisig", leaf))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("unknown download %q: want {os}-{arch} (linux-amd64), manifest.json or manifest.json.minisig", leaf))
 		return
 	}
 	goos, goarch := m[1], m[2]
@@ -153,7 +154,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveArchived(w, r, archive, artifact)
 		return
 	}
-	writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s %s for %s/%s", artifact, version, goos, goarch))
+	writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no %s %s for %s/%s", artifact, version, goos, goarch))
 }
 
 // releaseDir finds the folder of a version: dir/<version>, or the folder
@@ -226,14 +227,14 @@ func (h *Handler) serveFile(w http.ResponseWriter, r *http.Request, name, downlo
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s here", download))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no %s here", download))
 		return
 	}
 	key := fileKey{name: name, size: fi.Size(), modTime: fi.ModTime()}
 	sum, err := h.fileDigest(key, f)
 	if err != nil {
 		h.log.ErrorContext(r.Context(), "Download digest failed", "file", name, logkey.Err, err)
-		writeError(w, http.StatusInternalServerError, "INTERNAL", "internal error")
+		writeError(w, http.StatusInternalServerError, apiv1.CodeInternal, "internal error")
 		return
 	}
 	h.serve(w, r, download, fi.ModTime(), sum, f)
@@ -274,7 +275,7 @@ func (h *Handler) serveArchived(w http.ResponseWriter, r *http.Request, archive,
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
-		writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s here", artifact))
+		writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no %s here", artifact))
 		return
 	}
 	key := fileKey{name: archive, size: fi.Size(), modTime: fi.ModTime()}
@@ -285,7 +286,7 @@ func (h *Handler) serveArchived(w http.ResponseWriter, r *http.Request, archive,
 		blob, err = extract(f, artifact, h.cfg.MaxArchiveBinary)
 		if err != nil {
 			h.log.WarnContext(r.Context(), "Download archive unreadable", "file", archive, logkey.Err, err)
-			writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s in %s", artifact, path.Base(archive)))
+			writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no %s in %s", artifact, path.Base(archive)))
 			return
 		}
 		h.mu.Lock()
@@ -358,7 +359,7 @@ func (h *Handler) openFailed(w http.ResponseWriter, r *http.Request, name string
 	if !errors.Is(err, fs.ErrNotExist) {
 		h.log.WarnContext(r.Context(), "Download refused", "file", name, logkey.Err, err)
 	}
-	writeError(w, http.StatusNotFound, "NOT_FOUND", fmt.Sprintf("no %s here", path.Base(name)))
+	writeError(w, http.StatusNotFound, apiv1.CodeNotFound, fmt.Sprintf("no %s here", path.Base(name)))
 }
 
 // writeError writes the API's error body.

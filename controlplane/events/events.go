@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	eventsv1 "github.com/better-compute/better-compute/proto/events/v1"
 )
 
 // SpecVersion is the CloudEvents version of every envelope.
@@ -19,7 +21,7 @@ const SpecVersion = "1.0"
 const Source = "/better-compute/control-plane"
 
 // TypePrefix begins every event type: "com.better-compute.<object>.<what>".
-const TypePrefix = "com.better-compute."
+const TypePrefix = eventsv1.TypePrefix
 
 // ContentType is the datacontenttype of every event's data.
 const ContentType = "application/json"

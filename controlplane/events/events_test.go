@@ -2,8 +2,6 @@ package events_test
 
 import (
 	"encoding/json"
-	"os"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -102,44 +100,5 @@ func TestMatches(t *testing.T) {
 		if got := events.Matches(c.prefixes, c.typ); got != c.want {
 			t.Errorf("Matches(%v, %s) = %v", c.prefixes, c.typ, got)
 		}
-	}
-}
-
-// TestDocsListEveryType checks that docs/events.md names every type with
-// its data struct, and every field of every data struct under its heading.
-func TestDocsListEveryType(t *testing.T) {
-	b, err := os.ReadFile("../../docs/events.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(b)
-	seen := map[string]bool{}
-	for _, info := range events.Types {
-		dt := reflect.TypeOf(info.Data)
-		if !strings.Contains(doc, "| `"+info.Type+"` | "+dt.Name()+" |") {
-			t.Errorf("docs/events.md has no row for %s with data %s", info.Type, dt.Name())
-		}
-		if seen[dt.Name()] {
-			continue
-		}
-		seen[dt.Name()] = true
-		i := strings.Index(doc, "### "+dt.Name()+"\n")
-		if i < 0 {
-			t.Errorf("docs/events.md has no section ### %s", dt.Name())
-			continue
-		}
-		section := doc[i+4:]
-		if j := strings.Index(section, "\n### "); j >= 0 {
-			section = section[:j]
-		}
-		for f := range dt.Fields() {
-			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if !strings.Contains(section, "| `"+name+"` |") {
-				t.Errorf("docs/events.md, %s: no row for field %s", dt.Name(), name)
-			}
-		}
-	}
-	if n := strings.Count(doc, "| `com.better-compute."); n != len(events.Types) {
-		t.Errorf("docs/events.md lists %d types, events.Types %d", n, len(events.Types))
 	}
 }

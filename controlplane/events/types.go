@@ -1,93 +1,98 @@
 package events
 
-import "time"
+import (
+	"time"
 
-// Event types: TypePrefix + "<object>.<what>". Each names its data struct.
+	eventsv1 "github.com/better-compute/better-compute/proto/events/v1"
+)
+
+// Event types, as proto/events/v1 declares them (eventsv1, the registry
+// of the wire names); each names its data struct here.
 const (
-	NodeJoined       = TypePrefix + "node.joined"       // NodeData: a new node joined with a join token
-	NodeRejoined     = TypePrefix + "node.rejoined"     // NodeData: an existing node joined again (by proof or a reinstall token)
-	NodeReady        = TypePrefix + "node.ready"        // NodeData: the node heartbeats (first connect, or back from unreachable or powered-off)
-	NodeUnreachable  = TypePrefix + "node.unreachable"  // NodeData: no heartbeat for 3 intervals and no session
-	NodeUnresponsive = TypePrefix + "node.unresponsive" // NodeData: no heartbeat for 3 intervals while its session is still open
-	NodePoweredOff   = TypePrefix + "node.powered-off"  // NodeData: its BMC (a power command) says it is off
-	NodeCordoned     = TypePrefix + "node.cordoned"     // NodeData: no new commands are placed on it
-	NodeUncordoned   = TypePrefix + "node.uncordoned"   // NodeData: schedulable again
-	NodeDrained      = TypePrefix + "node.drained"      // NodeData: an operator drained it (state draining, cordoned)
-	NodeDeleted      = TypePrefix + "node.deleted"      // NodeData: removed with its session and commands
-	NodeRevoked      = TypePrefix + "node.revoked"      // NodeRevokedData: a certificate of the node was revoked
-	NodeReattested   = TypePrefix + "node.reattested"   // NodeCertificateData: a node whose certificate expired proved its key and got a new one
+	NodeJoined       = eventsv1.NodeJoined       // NodeData: a new node joined with a join token
+	NodeRejoined     = eventsv1.NodeRejoined     // NodeData: an existing node joined again (by proof or a reinstall token)
+	NodeReady        = eventsv1.NodeReady        // NodeData: the node heartbeats (first connect, or back from unreachable or powered-off)
+	NodeUnreachable  = eventsv1.NodeUnreachable  // NodeData: no heartbeat for 3 intervals and no session
+	NodeUnresponsive = eventsv1.NodeUnresponsive // NodeData: no heartbeat for 3 intervals while its session is still open
+	NodePoweredOff   = eventsv1.NodePoweredOff   // NodeData: its BMC (a power command) says it is off
+	NodeCordoned     = eventsv1.NodeCordoned     // NodeData: no new commands are placed on it
+	NodeUncordoned   = eventsv1.NodeUncordoned   // NodeData: schedulable again
+	NodeDrained      = eventsv1.NodeDrained      // NodeData: an operator drained it (state draining, cordoned)
+	NodeDeleted      = eventsv1.NodeDeleted      // NodeData: removed with its session and commands
+	NodeRevoked      = eventsv1.NodeRevoked      // NodeRevokedData: a certificate of the node was revoked
+	NodeReattested   = eventsv1.NodeReattested   // NodeCertificateData: a node whose certificate expired proved its key and got a new one
 	// NodeDisruptionChanged is DisruptionData: the node left service, came
 	// back, or changed why it is out (the disruption budget).
-	NodeDisruptionChanged = TypePrefix + "node.disruption-changed"
+	NodeDisruptionChanged = eventsv1.NodeDisruptionChanged
 
-	GPUHealthChanged = TypePrefix + "gpu.health-changed" // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
+	GPUHealthChanged = eventsv1.GPUHealthChanged // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
 
-	CommandCreated   = TypePrefix + "command.created"   // CommandData: enqueued (one event per command, batch id in the data)
-	CommandSucceeded = TypePrefix + "command.succeeded" // CommandData: exited 0 (or the kind's success)
-	CommandFailed    = TypePrefix + "command.failed"    // CommandData: exited non-zero or could not run
-	CommandCancelled = TypePrefix + "command.cancelled" // CommandData: cancelled by an operator
-	CommandExpired   = TypePrefix + "command.expired"   // CommandData: its deadline passed before it ended
-	CommandLost      = TypePrefix + "command.lost"      // CommandData: its node was without a session too long while it ran
+	CommandCreated   = eventsv1.CommandCreated   // CommandData: enqueued (one event per command, batch id in the data)
+	CommandSucceeded = eventsv1.CommandSucceeded // CommandData: exited 0 (or the kind's success)
+	CommandFailed    = eventsv1.CommandFailed    // CommandData: exited non-zero or could not run
+	CommandCancelled = eventsv1.CommandCancelled // CommandData: cancelled by an operator
+	CommandExpired   = eventsv1.CommandExpired   // CommandData: its deadline passed before it ended
+	CommandLost      = eventsv1.CommandLost      // CommandData: its node was without a session too long while it ran
 
-	GatewayUp   = TypePrefix + "gateway.up"   // GatewayData: a gateway registered
-	GatewayDown = TypePrefix + "gateway.down" // GatewayData: a gateway deregistered, or the reaper found it dead
+	GatewayUp   = eventsv1.GatewayUp   // GatewayData: a gateway registered
+	GatewayDown = eventsv1.GatewayDown // GatewayData: a gateway deregistered, or the reaper found it dead
 
-	JoinTokenCreated   = TypePrefix + "join-token.created"   // JoinTokenData
-	JoinTokenRevoked   = TypePrefix + "join-token.revoked"   // JoinTokenData
-	JoinTokenUsed      = TypePrefix + "join-token.used"      // JoinTokenData: a join consumed one use
-	JoinTokenExhausted = TypePrefix + "join-token.exhausted" // JoinTokenData: that use was its last (uses = maxUses)
-	JoinTokenExpired   = TypePrefix + "join-token.expired"   // JoinTokenData: its TTL passed unrevoked (reported within a minute by the iam role)
+	JoinTokenCreated   = eventsv1.JoinTokenCreated   // JoinTokenData
+	JoinTokenRevoked   = eventsv1.JoinTokenRevoked   // JoinTokenData
+	JoinTokenUsed      = eventsv1.JoinTokenUsed      // JoinTokenData: a join consumed one use
+	JoinTokenExhausted = eventsv1.JoinTokenExhausted // JoinTokenData: that use was its last (uses = maxUses)
+	JoinTokenExpired   = eventsv1.JoinTokenExpired   // JoinTokenData: its TTL passed unrevoked (reported within a minute by the iam role)
 
-	TokenCreated = TypePrefix + "token.created" // TokenData: an API token was created
-	TokenRevoked = TypePrefix + "token.revoked" // TokenData: an API token was revoked
+	TokenCreated = eventsv1.TokenCreated // TokenData: an API token was created
+	TokenRevoked = eventsv1.TokenRevoked // TokenData: an API token was revoked
 
-	RemediationDetected    = TypePrefix + "remediation.detected"    // RemediationData: a finding opened a case (the policy acts on it next)
-	RemediationHeld        = TypePrefix + "remediation.held"        // RemediationData: recorded but not acted on: the pool's breaker is tripped
-	RemediationQuarantined = TypePrefix + "remediation.quarantined" // RemediationData: cordoned and out of service (never blocked by the budget)
-	RemediationDraining    = TypePrefix + "remediation.draining"    // RemediationData: waiting for running commands, then for a remediation slot
-	RemediationRemediating = TypePrefix + "remediation.remediating" // RemediationData: the action's command (gpu.reset, reboot, power.cycle) was enqueued
-	RemediationVerifying   = TypePrefix + "remediation.verifying"   // RemediationData: the action ended; the node's health is read again
-	RemediationReturned    = TypePrefix + "remediation.returned"    // RemediationData: back in service (uncordoned), the case closed
-	RemediationEscalated   = TypePrefix + "remediation.escalated"   // RemediationData: left to a person; the node stays cordoned
-	RemediationPaused      = TypePrefix + "remediation.paused"      // RemediationData: an operator paused the case
-	RemediationResumed     = TypePrefix + "remediation.resumed"     // RemediationData: an operator resumed the case
+	RemediationDetected    = eventsv1.RemediationDetected    // RemediationData: a finding opened a case (the policy acts on it next)
+	RemediationHeld        = eventsv1.RemediationHeld        // RemediationData: recorded but not acted on: the pool's breaker is tripped
+	RemediationQuarantined = eventsv1.RemediationQuarantined // RemediationData: cordoned and out of service (never blocked by the budget)
+	RemediationDraining    = eventsv1.RemediationDraining    // RemediationData: waiting for running commands, then for a remediation slot
+	RemediationRemediating = eventsv1.RemediationRemediating // RemediationData: the action's command (gpu.reset, reboot, power.cycle) was enqueued
+	RemediationVerifying   = eventsv1.RemediationVerifying   // RemediationData: the action ended; the node's health is read again
+	RemediationReturned    = eventsv1.RemediationReturned    // RemediationData: back in service (uncordoned), the case closed
+	RemediationEscalated   = eventsv1.RemediationEscalated   // RemediationData: left to a person; the node stays cordoned
+	RemediationPaused      = eventsv1.RemediationPaused      // RemediationData: an operator paused the case
+	RemediationResumed     = eventsv1.RemediationResumed     // RemediationData: an operator resumed the case
 
-	RemediationBreakerTripped = TypePrefix + "remediation.breaker-tripped" // RemediationBreakerData: too many quarantines in the window; nothing new starts
-	RemediationBreakerReset   = TypePrefix + "remediation.breaker-reset"   // RemediationBreakerData: an operator reset the pool's breaker
+	RemediationBreakerTripped = eventsv1.RemediationBreakerTripped // RemediationBreakerData: too many quarantines in the window; nothing new starts
+	RemediationBreakerReset   = eventsv1.RemediationBreakerReset   // RemediationBreakerData: an operator reset the pool's breaker
 
-	RolloutCreated     = TypePrefix + "rollout.created"      // RolloutData: rollouts.create; the release verified, no node touched yet
-	RolloutStarted     = TypePrefix + "rollout.started"      // RolloutData: the reconciler took it up (before the canary wave)
-	RolloutPaused      = TypePrefix + "rollout.paused"       // RolloutData: an operator paused it; nodes already out finish
-	RolloutResumed     = TypePrefix + "rollout.resumed"      // RolloutData: an operator resumed it
-	RolloutRollingBack = TypePrefix + "rollout.rolling-back" // RolloutData: a node failed (failedNodeId, reason); the wave's upgraded nodes roll back
-	RolloutHalted      = TypePrefix + "rollout.halted"       // RolloutData: the wave is rolled back; no new wave starts
-	RolloutCompleted   = TypePrefix + "rollout.completed"    // RolloutData: every node on the version, or skipped
-	RolloutAborted     = TypePrefix + "rollout.aborted"      // RolloutData: an operator aborted it; its holds released
-	RolloutFailed      = TypePrefix + "rollout.failed"       // RolloutData: a rollback failed too; a person must look
+	RolloutCreated     = eventsv1.RolloutCreated     // RolloutData: rollouts.create; the release verified, no node touched yet
+	RolloutStarted     = eventsv1.RolloutStarted     // RolloutData: the reconciler took it up (before the canary wave)
+	RolloutPaused      = eventsv1.RolloutPaused      // RolloutData: an operator paused it; nodes already out finish
+	RolloutResumed     = eventsv1.RolloutResumed     // RolloutData: an operator resumed it
+	RolloutRollingBack = eventsv1.RolloutRollingBack // RolloutData: a node failed (failedNodeId, reason); the wave's upgraded nodes roll back
+	RolloutHalted      = eventsv1.RolloutHalted      // RolloutData: the wave is rolled back; no new wave starts
+	RolloutCompleted   = eventsv1.RolloutCompleted   // RolloutData: every node on the version, or skipped
+	RolloutAborted     = eventsv1.RolloutAborted     // RolloutData: an operator aborted it; its holds released
+	RolloutFailed      = eventsv1.RolloutFailed      // RolloutData: a rollback failed too; a person must look
 
-	RolloutWaveStarted   = TypePrefix + "rollout.wave-started"   // RolloutWaveData: a wave's nodes were chosen (wave 1 is the canary)
-	RolloutWaveCompleted = TypePrefix + "rollout.wave-completed" // RolloutWaveData: every node of the wave upgraded or skipped
+	RolloutWaveStarted   = eventsv1.RolloutWaveStarted   // RolloutWaveData: a wave's nodes were chosen (wave 1 is the canary)
+	RolloutWaveCompleted = eventsv1.RolloutWaveCompleted // RolloutWaveData: every node of the wave upgraded or skipped
 
-	RolloutNodeDraining    = TypePrefix + "rollout.node-draining"     // RolloutNodeData: admitted; waiting for its running commands
-	RolloutNodeUpgrading   = TypePrefix + "rollout.node-upgrading"    // RolloutNodeData: the upgrade command was enqueued (commandId)
-	RolloutNodeSoaking     = TypePrefix + "rollout.node-soaking"      // RolloutNodeData: back on the new version; the soak runs
-	RolloutNodeUpgraded    = TypePrefix + "rollout.node-upgraded"     // RolloutNodeData: stayed ready for the soak; back in service
-	RolloutNodeSkipped     = TypePrefix + "rollout.node-skipped"      // RolloutNodeData: offline, held by another owner, or busy past the timeout (reason)
-	RolloutNodeFailed      = TypePrefix + "rollout.node-failed"       // RolloutNodeData: failed its trial, did not come back, or turned unhealthy (reason)
-	RolloutNodeRollingBack = TypePrefix + "rollout.node-rolling-back" // RolloutNodeData: the rollback command was enqueued (commandId)
-	RolloutNodeRolledBack  = TypePrefix + "rollout.node-rolled-back"  // RolloutNodeData: back on its previous version
+	RolloutNodeDraining    = eventsv1.RolloutNodeDraining    // RolloutNodeData: admitted; waiting for its running commands
+	RolloutNodeUpgrading   = eventsv1.RolloutNodeUpgrading   // RolloutNodeData: the upgrade command was enqueued (commandId)
+	RolloutNodeSoaking     = eventsv1.RolloutNodeSoaking     // RolloutNodeData: back on the new version; the soak runs
+	RolloutNodeUpgraded    = eventsv1.RolloutNodeUpgraded    // RolloutNodeData: stayed ready for the soak; back in service
+	RolloutNodeSkipped     = eventsv1.RolloutNodeSkipped     // RolloutNodeData: offline, held by another owner, or busy past the timeout (reason)
+	RolloutNodeFailed      = eventsv1.RolloutNodeFailed      // RolloutNodeData: failed its trial, did not come back, or turned unhealthy (reason)
+	RolloutNodeRollingBack = eventsv1.RolloutNodeRollingBack // RolloutNodeData: the rollback command was enqueued (commandId)
+	RolloutNodeRolledBack  = eventsv1.RolloutNodeRolledBack  // RolloutNodeData: back on its previous version
 
-	ReservationCreated    = TypePrefix + "reservation.created"     // ReservationData: reservations.create; pending until the placer places it
-	ReservationPlaced     = TypePrefix + "reservation.placed"      // ReservationData: it holds slots (again, on other nodes, when previousNodeIds is set)
-	ReservationActive     = TypePrefix + "reservation.active"      // ReservationData: its window began; its nodes carry its labels
-	ReservationEnded      = TypePrefix + "reservation.ended"       // ReservationData: its window passed; its slots and labels are released
-	ReservationCancelled  = TypePrefix + "reservation.cancelled"   // ReservationData: an operator cancelled it
-	ReservationFailed     = TypePrefix + "reservation.failed"      // ReservationData: it could not be placed or re-placed (reason)
-	ReservationExtended   = TypePrefix + "reservation.extended"    // ReservationData: its end moved later
-	ReservationNodeFailed = TypePrefix + "reservation.node-failed" // ReservationData: a node of the active reservation failed (nodeId, reason); the owner is told, remediation goes ahead
+	ReservationCreated    = eventsv1.ReservationCreated    // ReservationData: reservations.create; pending until the placer places it
+	ReservationPlaced     = eventsv1.ReservationPlaced     // ReservationData: it holds slots (again, on other nodes, when previousNodeIds is set)
+	ReservationActive     = eventsv1.ReservationActive     // ReservationData: its window began; its nodes carry its labels
+	ReservationEnded      = eventsv1.ReservationEnded      // ReservationData: its window passed; its slots and labels are released
+	ReservationCancelled  = eventsv1.ReservationCancelled  // ReservationData: an operator cancelled it
+	ReservationFailed     = eventsv1.ReservationFailed     // ReservationData: it could not be placed or re-placed (reason)
+	ReservationExtended   = eventsv1.ReservationExtended   // ReservationData: its end moved later
+	ReservationNodeFailed = eventsv1.ReservationNodeFailed // ReservationData: a node of the active reservation failed (nodeId, reason); the owner is told, remediation goes ahead
 
-	TunnelOpened = TypePrefix + "tunnel.opened" // TunnelData: a shell or port forward to a node opened (its ticket used)
-	TunnelClosed = TypePrefix + "tunnel.closed" // TunnelData: it ended: bytes each way, exit status, reason
+	TunnelOpened = eventsv1.TunnelOpened // TunnelData: a shell or port forward to a node opened (its ticket used)
+	TunnelClosed = eventsv1.TunnelClosed // TunnelData: it ended: bytes each way, exit status, reason
 )
 
 // TunnelData is the data of tunnel.* events (docs/tunnels.md).

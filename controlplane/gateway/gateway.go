@@ -32,7 +32,7 @@ import (
 // DefaultCapabilities are the session capabilities this gateway supports
 // (session.proto lists their meaning). Welcome carries those of them a node
 // offers in Hello.
-var DefaultCapabilities = []string{"exec", "cancel", "inventory.v1", "gpu.nvml", "power", "boot", "upgrade", "reboot", "resume", sessionv1.CapabilityTunnel, "rollback", "gpu.reset"}
+var DefaultCapabilities = sessionv1.Capabilities
 
 // Store is what the gateway reads and writes outside transactions; the
 // transactions it runs (Tx, FencedTx) get the whole store.
