@@ -10,6 +10,7 @@ const (
 	NodeUnreachable  = TypePrefix + "node.unreachable"  // NodeData: no heartbeat for 3 intervals and no session
 	NodeUnresponsive = TypePrefix + "node.unresponsive" // NodeData: no heartbeat for 3 intervals while its session is still open
 	NodePoweredOff   = TypePrefix + "node.powered-off"  // NodeData: its BMC (a power command) says it is off
+	NodeClockSkewed  = TypePrefix + "node.clock-skewed" // NodeData: its clock is off the gateways' by more than host.gateway.clockSkewLimit: no new commands
 	NodeCordoned     = TypePrefix + "node.cordoned"     // NodeData: no new commands are placed on it
 	NodeUncordoned   = TypePrefix + "node.uncordoned"   // NodeData: schedulable again
 	NodeDrained      = TypePrefix + "node.drained"      // NodeData: an operator drained it (state draining, cordoned)
@@ -327,7 +328,7 @@ type TypeInfo struct {
 // order.
 var Types = []TypeInfo{
 	{NodeJoined, NodeData{}}, {NodeRejoined, NodeData{}}, {NodeReady, NodeData{}},
-	{NodeUnreachable, NodeData{}}, {NodeUnresponsive, NodeData{}}, {NodePoweredOff, NodeData{}},
+	{NodeUnreachable, NodeData{}}, {NodeUnresponsive, NodeData{}}, {NodePoweredOff, NodeData{}}, {NodeClockSkewed, NodeData{}},
 	{NodeCordoned, NodeData{}}, {NodeUncordoned, NodeData{}}, {NodeDrained, NodeData{}}, {NodeDeleted, NodeData{}},
 	{NodeRevoked, NodeRevokedData{}}, {NodeReattested, NodeCertificateData{}},
 	{NodeDisruptionChanged, DisruptionData{}},

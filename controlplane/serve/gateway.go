@@ -76,6 +76,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		DrainDelay:        gc.DrainDelay.Duration,
 		NodeCertTTL:       gc.NodeCertTTL.Duration,
 		NodeLogInterval:   gc.NodeLogInterval.Duration,
+		ClockSkewLimit:    gc.ClockSkewLimit.Duration,
 		ReattestGrace:     cfg.PKI.ReattestGrace.Duration,
 		Secret:            cfg.Secret,
 		Version:           opts.Version,
