@@ -79,8 +79,9 @@ func (d *deployment) skew(id string) (nodeSkew, time.Duration) {
 	return n, s
 }
 
-// clockSkewTolerated lets nodes with any clock skew take commands.
-var clockSkewTolerated = deploymentConfig{}
+// clockSkewTolerated lets nodes up to 1,000 h off take commands: the
+// deadline is what TestClockNodeAheadRunsCommands checks.
+var clockSkewTolerated = deploymentConfig{gateway: "    clockSkewLimit: 1000h\n"}
 
 // TestClockNodeAheadRunsCommands: a node whose clock is 48 h ahead runs
 // commands with the default timeout and with --timeout 24h (bcd judges the
@@ -112,5 +113,32 @@ func TestClockNodeAheadRunsCommands(t *testing.T) {
 	}
 	if strings.Contains(p.Output(), "deadline passed") {
 		t.Fatalf("bcd reported a passed deadline:\n%s", p.Output())
+	}
+}
+
+// TestClockNodeSkewedIsHeld: a node 10 min ahead (past the default limit of
+// 5 min) becomes clock-skewed: commands naming it are refused saying so,
+// better-compute doctor fails naming it, and the event is written.
+func TestClockNodeSkewedIsHeld(t *testing.T) {
+	t.Parallel()
+	d := newDeployment(t, backendSQLite)
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	m := newSkewedMachine(t, "ahead-10m", 10*time.Minute)
+	id := m.mustJoin(d.gatewayURL, tokenFile)
+	m.node().WaitLine(sessionEstablished.String(), 60*time.Second)
+	eventually(t, 60*time.Second, func() bool { n, _ := d.skew(id); return n.State == "clock-skewed" },
+		func() string { n, _ := d.skew(id); return fmt.Sprintf("nodes get %s: %+v, want clock-skewed", id, n) })
+
+	code, stdout, stderr := testenv.Run(t, d.env, "", d.bc, d.viaAPI("--config", d.cfgFile, "commands", "run", "--node", id, "--", "true")...)
+	if code == 0 || !strings.Contains(stdout+stderr, "clock-skewed") {
+		t.Fatalf("commands run on a clock-skewed node: exit %d, want a refusal naming clock-skewed\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = testenv.Run(t, d.env, "", d.bc, "--config", d.cfgFile, "doctor")
+	if code == 0 || !regexp.MustCompile(`(?s)fleet\.clock-skew.*`+regexp.QuoteMeta(id)).MatchString(stdout+stderr) {
+		t.Fatalf("better-compute doctor with a clock-skewed node: exit %d, want a failure of fleet.clock-skew naming %s\n%s%s", code, id, stdout, stderr)
+	}
+	out := d.cli(d.viaAPI("events", "list", "--type", "node.clock-skewed")...)
+	if !strings.Contains(out, id) {
+		t.Fatalf("events list --type node.clock-skewed: no event of %s:\n%s", id, out)
 	}
 }

@@ -187,9 +187,28 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		if len(missing) > 0 {
 			return nil, &Error{Code: apiv1.CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
 		}
+		skewed, err := s.clockSkewed(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var refused []string
+		for _, nid := range ids {
+			if skewed[nid] {
+				refused = append(refused, nid)
+			}
+		}
+		if len(refused) > 0 {
+			return nil, &Error{Code: apiv1.CodeConflict, Field: "nodeIds", Message: "node " + strings.Join(refused[:min(len(refused), 5)], ", ") +
+				" is " + store.NodeClockSkewed + ": its clock is more than host.gateway.clockSkewLimit off the gateways' and it takes no new commands " +
+				"until it is fixed (run chrony or systemd-timesyncd on it; nodes get shows the skew)"}
+		}
 		return ids, nil
 	case r.GetPool() != "":
 		pool, err := s.pool(ctx, "pool", r.GetPool())
+		if err != nil {
+			return nil, err
+		}
+		skewed, err := s.clockSkewed(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -201,7 +220,7 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 				return nil, err
 			}
 			for _, n := range nodes {
-				if !n.Cordoned && labelsMatch(n.Labels, r.GetSelector()) {
+				if !n.Cordoned && !skewed[n.ID] && labelsMatch(n.Labels, r.GetSelector()) {
 					ids = append(ids, n.ID)
 				}
 			}
@@ -211,11 +230,31 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 			lp.Cursor = nodes[len(nodes)-1].ID
 		}
 		if len(ids) == 0 {
-			return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: "no uncordoned node of pool " + r.GetPool() + " matches"}
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: "no uncordoned node of pool " + r.GetPool() + " that is not " + store.NodeClockSkewed + " matches"}
 		}
 		return ids, nil
 	}
 	return nil, invalid("nodeIds", "give nodeIds or pool")
+}
+
+// clockSkewed returns the ids of the nodes that are clock-skewed: they take
+// no new commands (issue 36). There are few, if any.
+func (s *Server) clockSkewed(ctx context.Context) (map[string]bool, error) {
+	out := map[string]bool{}
+	lp := store.NodeListParams{State: store.NodeClockSkewed, ListParams: store.ListParams{Limit: store.MaxListLimit}}
+	for {
+		nodes, err := s.store.NodeList(ctx, &lp)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range nodes {
+			out[n.ID] = true
+		}
+		if len(nodes) < lp.Limit {
+			return out, nil
+		}
+		lp.Cursor = nodes[len(nodes)-1].ID
+	}
 }
 
 // HiddenEnvValue replaces each value of an exec command's environment in
@@ -318,7 +357,7 @@ func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.
 }
 
 // nodeStates are the states nodes.list filters by (store.Node.State).
-var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining}
+var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining, store.NodeClockSkewed}
 
 func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
 	lp, err := page(r.GetPage())

@@ -186,6 +186,11 @@ type Gateway struct {
 	DrainDelay Duration `yaml:"drainDelay"`
 	// NodeCertTTL is the life of node certificates. Defaults to 24 h.
 	NodeCertTTL Duration `yaml:"nodeCertTTL"`
+	// ClockSkewLimit is the node clock skew (either way, measured from its
+	// heartbeats) past which a ready node is clock-skewed: it takes no new
+	// commands and counts against its pool's disruption budget until its
+	// clock is back within the limit (issue 36). Defaults to 5 min.
+	ClockSkewLimit Duration `yaml:"clockSkewLimit"`
 	// NodeLogInterval is the least time between two log lines of one kind
 	// about one node's session (events dropped for their rate, an
 	// inventory refused); the next line counts those dropped meanwhile.
@@ -592,6 +597,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.NodeLogInterval.Duration == 0 {
 		g.NodeLogInterval.Duration = time.Minute
 	}
+	if g.ClockSkewLimit.Duration == 0 {
+		g.ClockSkewLimit.Duration = 5 * time.Minute
+	}
 	if g.Tunnels.IdleTimeout.Duration == 0 {
 		g.Tunnels.IdleTimeout.Duration = 15 * time.Minute
 	}
@@ -692,7 +700,8 @@ func (c *Config) validate() error {
 	for key, d := range map[string]time.Duration{"host.gateway.heartbeatInterval": c.Host.Gateway.HeartbeatInterval.Duration,
 		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration,
 		"host.gateway.tunnels.idleTimeout": c.Host.Gateway.Tunnels.IdleTimeout.Duration,
-		"host.gateway.nodeLogInterval":     c.Host.Gateway.NodeLogInterval.Duration} {
+		"host.gateway.nodeLogInterval":     c.Host.Gateway.NodeLogInterval.Duration,
+		"host.gateway.clockSkewLimit":      c.Host.Gateway.ClockSkewLimit.Duration} {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}

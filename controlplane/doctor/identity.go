@@ -58,10 +58,15 @@ func DuplicateHostnames(ctx context.Context, st interface {
 // its heartbeats (store.Node.ClockSkew: the node's clock minus the
 // gateway's) and warns when any is more than ClockSkewWarn either way,
 // naming the worst few with their skew in seconds and its direction. Nodes
-// never measured are left out.
+// never measured are left out. Nodes the gateway made clock-skewed (their
+// skew past host.gateway.clockSkewLimit: they take no new commands) fail
+// the check, named.
 func ClockSkew(nodes []*store.Node) Result {
-	var measured, skewed []*store.Node
+	var measured, skewed, held []*store.Node
 	for _, n := range nodes {
+		if n.State == store.NodeClockSkewed {
+			held = append(held, n)
+		}
 		if n.ClockSkew == nil {
 			continue
 		}
@@ -69,6 +74,21 @@ func ClockSkew(nodes []*store.Node) Result {
 		if n.ClockSkew.Abs() > ClockSkewWarn {
 			skewed = append(skewed, n)
 		}
+	}
+	if len(held) > 0 {
+		rows := make([]string, 0, clockSkewListed)
+		for _, n := range held[:min(len(held), clockSkewListed)] {
+			s := "skew unknown"
+			if n.ClockSkew != nil {
+				s = skewText(*n.ClockSkew)
+			}
+			rows = append(rows, n.ID+" "+s)
+		}
+		if len(held) > clockSkewListed {
+			rows = append(rows, fmt.Sprintf("and %d more", len(held)-clockSkewListed))
+		}
+		return result(IDClockSkew, Fail, fmt.Sprintf("%d node(s) %s, taking no new commands: %s; fix their clocks (chrony or systemd-timesyncd)",
+			len(held), store.NodeClockSkewed, strings.Join(rows, ", ")), "")
 	}
 	if len(measured) == 0 {
 		return result(IDClockSkew, OK, "no node clock skew measured yet")

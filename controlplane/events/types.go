@@ -15,6 +15,7 @@ const (
 	NodeUnreachable  = eventsv1.NodeUnreachable  // NodeData: no heartbeat for 3 intervals and no session
 	NodeUnresponsive = eventsv1.NodeUnresponsive // NodeData: no heartbeat for 3 intervals while its session is still open
 	NodePoweredOff   = eventsv1.NodePoweredOff   // NodeData: its BMC (a power command) says it is off
+	NodeClockSkewed  = eventsv1.NodeClockSkewed  // NodeData: its clock is off the gateways' by more than host.gateway.clockSkewLimit: no new commands
 	NodeCordoned     = eventsv1.NodeCordoned     // NodeData: no new commands are placed on it
 	NodeUncordoned   = eventsv1.NodeUncordoned   // NodeData: schedulable again
 	NodeDrained      = eventsv1.NodeDrained      // NodeData: an operator drained it (state draining, cordoned)
@@ -332,7 +333,7 @@ type TypeInfo struct {
 // order.
 var Types = []TypeInfo{
 	{NodeJoined, NodeData{}}, {NodeRejoined, NodeData{}}, {NodeReady, NodeData{}},
-	{NodeUnreachable, NodeData{}}, {NodeUnresponsive, NodeData{}}, {NodePoweredOff, NodeData{}},
+	{NodeUnreachable, NodeData{}}, {NodeUnresponsive, NodeData{}}, {NodePoweredOff, NodeData{}}, {NodeClockSkewed, NodeData{}},
 	{NodeCordoned, NodeData{}}, {NodeUncordoned, NodeData{}}, {NodeDrained, NodeData{}}, {NodeDeleted, NodeData{}},
 	{NodeRevoked, NodeRevokedData{}}, {NodeReattested, NodeCertificateData{}},
 	{NodeDisruptionChanged, DisruptionData{}},

@@ -68,6 +68,9 @@ type Metrics interface {
 	// Wakeup counts a dispatch wake-up of gateway from source (WakeInternal,
 	// WakeBus).
 	Wakeup(gateway, source string)
+	// ClockSkewMax reports the largest node clock skew (either way) among
+	// gateway's sessions, 0 when none was measured.
+	ClockSkewMax(gateway string, d time.Duration)
 }
 
 // noMetrics reports nothing.
@@ -79,6 +82,7 @@ func (noMetrics) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (noMetrics) DispatchLatency(time.Duration)                          {}
 func (noMetrics) CommandFinished(string, string)                         {}
 func (noMetrics) Wakeup(string, string)                                  {}
+func (noMetrics) ClockSkewMax(string, time.Duration)                     {}
 
 // Refusal reasons reported to Metrics.
 const (
@@ -139,6 +143,10 @@ type Config struct {
 	// NodeCertTTL is the life of issued node certificates. Defaults to
 	// 24 h.
 	NodeCertTTL time.Duration
+	// ClockSkewLimit is the node clock skew (either way) past which a ready
+	// node is moved to clock-skewed, and back to ready once within it
+	// (storeSkews). Defaults to DefaultClockSkewLimit (5 min).
+	ClockSkewLimit time.Duration
 	// ReattestGrace is how long after expiry a node certificate may still
 	// be renewed through Reattest (admission.Config.ReattestGrace). Zero
 	// turns re-attestation off; serve passes pki.reattestGrace, 7 days
@@ -259,6 +267,7 @@ func (c *Config) defaults() {
 	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
 	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
 	c.NodeLogInterval = cmp.Or(c.NodeLogInterval, DefaultNodeLogInterval)
+	c.ClockSkewLimit = cmp.Or(c.ClockSkewLimit, DefaultClockSkewLimit)
 	if c.Metrics == nil {
 		c.Metrics = noMetrics{}
 	}
@@ -337,6 +346,7 @@ type Gateway struct {
 	// (inventoryLoop).
 	inventories inventoryBatch
 	skews       skewBatch // measured clock skews not yet stored (measureSkew)
+	skewSeen    skewSeen  // the latest skew of each session, for ClockSkewMax
 	flushMu     sync.Mutex
 	flushes     int // under flushMu
 	dispatch    *dispatcher

@@ -90,6 +90,7 @@ func (g *Gateway) flushLoop(ctx context.Context) {
 			if err := g.storeSkews(ctx); err != nil && ctx.Err() == nil {
 				g.log.WarnContext(ctx, "Clock skew write failed; retrying at the next flush", logkey.Err, err)
 			}
+			g.cfg.Metrics.ClockSkewMax(g.cfg.ID, g.skewSeen.max(&g.sessions))
 		}
 	}
 }

@@ -36,6 +36,7 @@
 //	bettercompute_gateway_handshakes_total        counter   TLS handshakes a gateway completed {gateway}
 //	bettercompute_gateway_refusals_total          counter   handshakes and sessions refused {gateway, reason}
 //	bettercompute_gateway_heartbeat_lag_seconds   histogram how late heartbeats arrive past the interval {gateway}
+//	bettercompute_gateway_node_clock_skew_max_seconds gauge the largest node clock skew of the gateway's sessions {gateway}
 //	bettercompute_commands_finished_total         counter   commands that reached a terminal state {kind, state}
 //	bettercompute_command_dispatch_latency_seconds histogram from a command's creation to its dispatch to the node
 //	bettercompute_listener_accept_errors_total    counter   failed accepts of the process's listeners {listener}

@@ -19,7 +19,7 @@ import (
 
 var (
 	descNodes = prometheus.NewDesc(Namespace+"_nodes",
-		"Nodes by state (joined, ready, unreachable, powered-off, draining).", []string{"state"}, nil)
+		"Nodes by state (joined, ready, unreachable, powered-off, draining, clock-skewed).", []string{"state"}, nil)
 	descNodesCordoned = prometheus.NewDesc(Namespace+"_nodes_cordoned",
 		"Nodes that are cordoned, whatever their state.", nil, nil)
 	descGPUs = prometheus.NewDesc(Namespace+"_gpus",
@@ -36,7 +36,7 @@ var (
 
 // nodeStates are the states bettercompute_nodes always reports, 0 when no
 // node is in them.
-var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining}
+var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining, store.NodeClockSkewed}
 
 // fleetOps name the fleet collector's queries in
 // bettercompute_store_query_duration_seconds.

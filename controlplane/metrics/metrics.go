@@ -106,6 +106,7 @@ type Metrics struct {
 	handshakes   *prometheus.CounterVec
 	refusals     *prometheus.CounterVec
 	heartbeatLag *prometheus.HistogramVec
+	clockSkew    *prometheus.GaugeVec
 	finished     *prometheus.CounterVec
 	dispatch     prometheus.Histogram
 	storeQuery   *prometheus.HistogramVec
@@ -143,6 +144,10 @@ func New(cfg Config, st Store) *Metrics {
 		Help:    "How late each heartbeat arrived: the time since the session's previous heartbeat less the heartbeat interval, 0 when on time.",
 		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60},
 	}, []string{"gateway"})
+	m.clockSkew = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "node_clock_skew_max_seconds",
+		Help: "The largest node clock skew, either way, among the gateway's sessions, measured from their heartbeats; 0 when none was measured. Past host.gateway.clockSkewLimit (5 min) a node is clock-skewed.",
+	}, []string{"gateway"})
 	m.finished = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "commands", Name: "finished_total",
 		Help: "Commands that reached a terminal state, by kind and state.",
@@ -169,7 +174,7 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "listener", Name: "accept_errors_total",
 		Help: "Failed accepts of the process's listeners (gateway, gateway_websocket, api, internal_api, metrics), each followed by a back-off of 5 ms doubling to 1 s; /readyz answers not ready while one has failed for more than 10 s in a row.",
 	}, []string{"listener"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors,
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
@@ -319,4 +324,13 @@ type errorLog struct{ log *slog.Logger }
 
 func (l errorLog) Println(v ...any) {
 	l.log.Warn("Metrics scrape incomplete", logkey.Err, v)
+}
+
+// ClockSkewMax reports the largest node clock skew, either way, among
+// gateway's sessions (0 when none was measured).
+func (m *Metrics) ClockSkewMax(gateway string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.clockSkew.WithLabelValues(gateway).Set(d.Seconds())
 }

@@ -83,6 +83,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		JoinBurst:              gc.Limits.JoinBurst,
 		MaxConnectingPerSource: gc.Limits.PendingPerSource,
 		MaxQueuedPerSource:     gc.Limits.QueuedPerSource,
+		ClockSkewLimit:         gc.ClockSkewLimit.Duration,
 		ReattestGrace:          cfg.PKI.ReattestGrace.Duration,
 		Secret:                 cfg.Secret,
 		Version:                opts.Version,

@@ -269,6 +269,10 @@ const (
 	NodeUnreachable = "unreachable" // no heartbeat for 3 intervals
 	NodePoweredOff  = "powered-off" // its BMC says it is off
 	NodeDraining    = "draining"    // drained by an operator
+	// NodeClockSkewed is a node whose clock is off the gateways' by more
+	// than host.gateway.clockSkewLimit: it takes no new commands and
+	// counts against its pool's disruption budget (issue 36).
+	NodeClockSkewed = "clock-skewed"
 )
 
 // Node is a machine running bcd.

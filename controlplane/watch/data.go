@@ -17,7 +17,7 @@ import (
 
 // nodeStates are the node states the page knows, in the order it shows
 // them; a state not among them is shown after them.
-var nodeStates = []string{store.NodeReady, store.NodeJoined, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining}
+var nodeStates = []string{store.NodeReady, store.NodeJoined, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining, store.NodeClockSkewed}
 
 // openCommandStates are the command states counted as in flight.
 var openCommandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning}

@@ -14,6 +14,7 @@ const (
 	NodeUnreachable  = TypePrefix + "node.unreachable"  // NodeData: no heartbeat for 3 intervals and no session
 	NodeUnresponsive = TypePrefix + "node.unresponsive" // NodeData: no heartbeat for 3 intervals while its session is still open
 	NodePoweredOff   = TypePrefix + "node.powered-off"  // NodeData: its BMC (a power command) says it is off
+	NodeClockSkewed  = TypePrefix + "node.clock-skewed" // NodeData: its clock is off the gateways' by more than host.gateway.clockSkewLimit: no new commands
 	NodeCordoned     = TypePrefix + "node.cordoned"     // NodeData: no new commands are placed on it
 	NodeUncordoned   = TypePrefix + "node.uncordoned"   // NodeData: schedulable again
 	NodeDrained      = TypePrefix + "node.drained"      // NodeData: an operator drained it (state draining, cordoned)
@@ -97,7 +98,7 @@ const (
 // Types lists every event type, in docs/events.md's order: the registry
 // the events package, the outbox and docs/events.md are checked against.
 var Types = []string{
-	NodeJoined, NodeRejoined, NodeReady, NodeUnreachable, NodeUnresponsive, NodePoweredOff, NodeCordoned,
+	NodeJoined, NodeRejoined, NodeReady, NodeUnreachable, NodeUnresponsive, NodePoweredOff, NodeClockSkewed, NodeCordoned,
 	NodeUncordoned, NodeDrained, NodeDeleted, NodeRevoked, NodeReattested, NodeDisruptionChanged,
 	GPUHealthChanged, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
 	CommandLost, GatewayUp, GatewayDown, JoinTokenCreated, JoinTokenRevoked, JoinTokenUsed, JoinTokenExhausted,

@@ -92,6 +92,7 @@ func (*wakeCount) Refused(string, string)                                 {}
 func (*wakeCount) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (*wakeCount) DispatchLatency(time.Duration)                          {}
 func (*wakeCount) CommandFinished(string, string)                         {}
+func (*wakeCount) ClockSkewMax(string, time.Duration)                     {}
 func (w *wakeCount) Wakeup(_, source string) {
 	if source == gateway.WakeInternal {
 		w.internal.Add(1)

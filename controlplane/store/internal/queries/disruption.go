@@ -12,7 +12,7 @@ import (
 // against its pool's disruption budget: held out of service, or out by its
 // state (DESIGN.md, "The disruption budget": whatever the reason).
 const outOfService = `(disruption <> '' OR state IN ('` + store.NodeUnreachable + `', '` +
-	store.NodePoweredOff + `', '` + store.NodeDraining + `'))`
+	store.NodePoweredOff + `', '` + store.NodeDraining + `', '` + store.NodeClockSkewed + `'))`
 
 // poolBudget reads a pool's budget and counts. Inside DisruptionAdmit it
 // runs after the pool's row is locked, so the counts cannot change under it.
@@ -112,7 +112,7 @@ func (s *Store) DisruptionAdmit(ctx context.Context, p *store.DisruptionAdmitPar
 			return refuse(store.RefusalBudget)
 		case held == "":
 			// Out by its state already counts once; otherwise it takes a slot.
-			already := state == store.NodeUnreachable || state == store.NodePoweredOff || state == store.NodeDraining
+			already := state == store.NodeUnreachable || state == store.NodePoweredOff || state == store.NodeDraining || state == store.NodeClockSkewed
 			if !already && b.OutOfService >= b.Budget {
 				return refuse(store.RefusalBudget)
 			}

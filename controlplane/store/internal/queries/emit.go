@@ -111,6 +111,7 @@ var nodeStateEvents = map[string]string{
 	store.NodeUnreachable: events.NodeUnreachable,
 	store.NodePoweredOff:  events.NodePoweredOff,
 	store.NodeDraining:    events.NodeDrained,
+	store.NodeClockSkewed: events.NodeClockSkewed,
 }
 
 // commandEvent is a command's event as it now is.

@@ -301,11 +301,12 @@ func (s *Store) NodeDelete(ctx context.Context, id string) error {
 // powered-off grace in microseconds at $grace (placeholders substituted by
 // livenessSQL).
 const (
-	// livenessStale: a ready node not heard from for StaleAfter (its join
-	// time counts when it never connected) becomes unreachable.
-	// A node a draining gateway told to reconnect later counts as heard
-	// from until it is due back (reconnect_by, SessionDrain).
-	livenessStale = `(state = 'ready' AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($now, now()) - bc_micros($stale)
+	// livenessStale: a ready (or clock-skewed) node not heard from for
+	// StaleAfter (its join time counts when it never connected) becomes
+	// unreachable. A node a draining gateway told to reconnect later
+	// counts as heard from until it is due back (reconnect_by,
+	// SessionDrain).
+	livenessStale = `(state IN ('ready', 'clock-skewed') AND coalesce(` + nodeLastSeen + `, created_at) < coalesce($now, now()) - bc_micros($stale)
 		AND (reconnect_by IS NULL OR reconnect_by < coalesce($now, now()) - bc_micros($stale)))`
 	// livenessBack: an unreachable node heard from since becomes ready, and
 	// so does a powered-off one heard from, recently, more than the grace
