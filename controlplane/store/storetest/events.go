@@ -59,6 +59,7 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	must(st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: "node_ev4", Reason: store.DisruptionQuarantined, Owner: "t"}))
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", true))
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", false))
+	check(t, st.NodeSetState(ctx, "node_ev1", store.NodeClockSkewed))
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodePoweredOff))
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodeDraining))
 	check(t, st.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{ID: "node_ev1", Serial: "0a", NotAfter: now.Add(24 * time.Hour), Reattested: true}))
@@ -175,7 +176,7 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 			t.Errorf("%d %s events, want %d", count[typ], typ, want)
 		}
 	}
-	wantSeq := []string{events.NodeJoined, events.NodeRejoined, events.NodeReady, events.NodeCordoned, events.NodeUncordoned,
+	wantSeq := []string{events.NodeJoined, events.NodeRejoined, events.NodeReady, events.NodeCordoned, events.NodeUncordoned, events.NodeClockSkewed,
 		events.NodePoweredOff, events.NodeDrained, events.NodeReattested, events.NodeRevoked}
 	if got := bySubject["node_ev1"]; !reflect.DeepEqual(got, wantSeq) {
 		t.Errorf("node_ev1's events in order:\n got %v\nwant %v", got, wantSeq)
