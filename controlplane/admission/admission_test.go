@@ -470,6 +470,47 @@ func TestRefusalsSummarised(t *testing.T) {
 	if !swept {
 		t.Fatal("the pending refusal of a quiet pair was not written by the sweep")
 	}
+	// The sweep's row starts the pair's window again: its next refusal,
+	// right after, waits for the window rather than writing a second row
+	// within a minute.
+	malformed("10.0.0.3")
+	if got = rows(); len(got) != 6 {
+		t.Fatalf("%d audit rows after a refusal right after the sweep wrote its pair's row, want 6", len(got))
+	}
+
+	// A burst with nothing after it: the timer's sweep (the gateway's
+	// flush loop) writes its count a window later.
+	for range 5 {
+		malformed("10.0.0.6")
+	}
+	adm.SweepRefusals(ctx) // not yet a window since the last sweep: nothing
+	if got = rows(); len(got) != 7 {
+		t.Fatalf("%d audit rows after a burst of 5 from a new address, want 7 (its first)", len(got))
+	}
+	now = now.Add(admission.RefusalSummaryEvery)
+	adm.SweepRefusals(ctx)
+	got = rows()
+	counts := map[string]int{}
+	for _, e := range got[7:] {
+		_, n := details(e)
+		counts[e.SourceIP] += n
+	}
+	if len(got) != 9 || counts["10.0.0.6"] != 4 || counts["10.0.0.3"] != 1 {
+		t.Fatalf("the timer's sweep a window later wrote %d rows %v, want 2: 10.0.0.6 ×4 and 10.0.0.3 ×1", len(got)-7, counts)
+	}
+
+	// A gateway that stops writes what is still counted.
+	for range 3 {
+		malformed("10.0.0.7")
+	}
+	adm.FlushRefusals(ctx)
+	got = rows()
+	if len(got) != 11 {
+		t.Fatalf("%d audit rows after 3 refusals and a flush, want 11", len(got))
+	}
+	if r, n := details(got[10]); got[10].SourceIP != "10.0.0.7" || r != admission.RefusalTokenMalformed || n != 2 {
+		t.Fatalf("the flush's row: %s %q ×%d, want 10.0.0.7 token_malformed ×2", got[10].SourceIP, r, n)
+	}
 }
 
 // TestRevokedNodeStaysRevoked: a revoked node is refused its join retried

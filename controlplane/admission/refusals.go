@@ -79,8 +79,9 @@ type refusalCount struct {
 
 // refusalSummary batches join refusals into at most one audit row per
 // (source, reason) and RefusalSummaryEvery. Its memory is bounded: a sweep
-// once a window writes the pending counts of pairs quiet for a window and
-// forgets them, and at most maxRefusalKeys pairs are kept.
+// once a window writes the pending counts of pairs with no row for a
+// window and forgets the pairs with nothing pending, and at most
+// maxRefusalKeys pairs are kept.
 type refusalSummary struct {
 	mu        sync.Mutex
 	every     time.Duration
@@ -143,8 +144,9 @@ func (c *refusalCount) row(reason string) summaryRow {
 	return r
 }
 
-// sweep, once a window, forgets the pairs with no row for a window,
-// returning the rows of those with refusals still pending.
+// sweep, once a window, writes the pending refusals of the pairs with no
+// row for a window (restarting their window, so that the next refusal of
+// the pair waits for it) and forgets the pairs with none pending.
 func (s *refusalSummary) sweep(now time.Time) []summaryRow {
 	if now.Sub(s.lastSweep) < s.every {
 		return nil
@@ -152,15 +154,58 @@ func (s *refusalSummary) sweep(now time.Time) []summaryRow {
 	s.lastSweep = now
 	var out []summaryRow
 	for k, c := range s.counts {
-		if now.Sub(c.last) < s.every {
-			continue
+		switch {
+		case now.Sub(c.last) < s.every:
+		case c.pending > 0:
+			out = append(out, c.row(k.reason))
+			c.last, c.pending = now, 0
+		default:
+			delete(s.counts, k)
 		}
+	}
+	return out
+}
+
+// flush returns the rows of every pair's pending refusals and forgets
+// them all, for a gateway that stops.
+func (s *refusalSummary) flush() []summaryRow {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []summaryRow
+	for k, c := range s.counts {
 		if c.pending > 0 {
 			out = append(out, c.row(k.reason))
 		}
-		delete(s.counts, k)
 	}
+	clear(s.counts)
 	return out
+}
+
+// SweepRefusals writes the summary rows of the join refusals that have
+// waited a window with no refusal after them to carry them; the gateway
+// calls it on a timer (its flush interval), so that a burst's count is
+// written within two windows even when nothing follows it. It does
+// nothing more often than once per RefusalSummaryEvery.
+func (a *Admitter) SweepRefusals(ctx context.Context) {
+	a.refusals.mu.Lock()
+	rows := a.refusals.sweep(a.cfg.Now())
+	a.refusals.mu.Unlock()
+	a.writeRefusals(ctx, rows)
+}
+
+// FlushRefusals writes the summary rows of every join refusal still
+// counted, whatever its window; the gateway calls it as it stops.
+func (a *Admitter) FlushRefusals(ctx context.Context) {
+	a.writeRefusals(ctx, a.refusals.flush())
+}
+
+// writeRefusals writes the audit row and log line of each summary row.
+func (a *Admitter) writeRefusals(ctx context.Context, rows []summaryRow) {
+	for _, r := range rows {
+		a.audit(ctx, &r.entry, &r.details, OutcomeRefused, nil)
+		a.log.InfoContext(ctx, "Join refused", "source", r.entry.SourceIP, "token_id", r.details.TokenID,
+			"refusal", r.details.Refusal, "refusals", r.details.Refusals, "since", r.details.Since, logkey.Err, r.details.Reason)
+	}
 }
 
 // refuse writes the audit row and log line of a refused join, summarised
@@ -174,11 +219,7 @@ func (a *Admitter) refuse(ctx context.Context, entry *store.AuditEntry, d *audit
 		return err
 	}
 	d.Reason = err.Error()
-	for _, r := range a.refusals.refused(a.cfg.Now(), reason, entry, d) {
-		a.audit(ctx, &r.entry, &r.details, OutcomeRefused, nil)
-		a.log.InfoContext(ctx, "Join refused", "source", r.entry.SourceIP, "token_id", r.details.TokenID,
-			"refusal", r.details.Refusal, "refusals", r.details.Refusals, "since", r.details.Since, logkey.Err, r.details.Reason)
-	}
+	a.writeRefusals(ctx, a.refusals.refused(a.cfg.Now(), reason, entry, d))
 	return err
 }
 

@@ -36,20 +36,9 @@ func peerAddr(ctx context.Context) net.Addr {
 	return nil
 }
 
-// peerIP returns the caller's IP address as text, for the audit log.
-func peerIP(ctx context.Context) string {
-	switch a := peerAddr(ctx).(type) {
-	case *net.TCPAddr:
-		return a.IP.String()
-	case nil:
-		return ""
-	default:
-		if host, _, err := net.SplitHostPort(a.String()); err == nil {
-			return host
-		}
-		return a.String()
-	}
-}
+// peerIP returns the caller's IP address as text (addrIP), for the
+// per-source bounds and the audit log.
+func peerIP(ctx context.Context) string { return addrIP(peerAddr(ctx)) }
 
 // authenticate checks the caller's client certificate: it chains to the node
 // CA roots (checked in the handshake and again here), names one node SPIFFE

@@ -576,13 +576,15 @@ func (g *Gateway) shutdown(ctx context.Context) {
 	}
 }
 
-// finish writes what is left, releases the lease and deletes the row.
+// finish writes what is left (sessions, the counts of Join refusals),
+// releases the lease and deletes the row.
 func (g *Gateway) finish() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := g.flush(ctx, false); err != nil {
 		g.log.ErrorContext(ctx, "Final session write failed", logkey.Err, err)
 	}
+	g.admit.FlushRefusals(ctx)
 	if err := g.store.GatewayDelete(ctx, g.cfg.ID); err != nil {
 		g.log.WarnContext(ctx, "Gateway row not deleted", logkey.Err, err)
 	}

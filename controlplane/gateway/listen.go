@@ -81,15 +81,22 @@ func newListener(ln net.Listener, limiter *rate.Limiter, limits setupLimits) *li
 		sources: map[string]*source{}, conns: map[string]*trackedConn{}}
 }
 
-// sourceOf is the source address of c: its remote IP, or the whole remote
-// address when that has none.
-func sourceOf(c net.Conn) string {
-	a := c.RemoteAddr()
-	if a == nil {
+// sourceOf is the source address of c: its remote IP (addrIP).
+func sourceOf(c net.Conn) string { return addrIP(c.RemoteAddr()) }
+
+// addrIP is the IP address of a connection's remote address a, as text:
+// a TCP address's IP, a WebSocket connection's TCP peer's IP (wsAddr), the
+// host part of anything else with a port, or "" for nil. Per-source bounds,
+// Join rates and audit rows use it, so a WebSocket client (or the proxy in
+// front of it) is one source however many connections it opens.
+func addrIP(a net.Addr) string {
+	switch a := a.(type) {
+	case nil:
 		return ""
-	}
-	if t, ok := a.(*net.TCPAddr); ok {
-		return t.IP.String()
+	case *net.TCPAddr:
+		return a.IP.String()
+	case wsAddr:
+		return a.ip()
 	}
 	if host, _, err := net.SplitHostPort(a.String()); err == nil {
 		return host

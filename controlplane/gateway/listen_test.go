@@ -294,3 +294,26 @@ func TestJoinLimiter(t *testing.T) {
 		t.Fatalf("%d sources kept, want at most 1", n)
 	}
 }
+
+// TestAddrIP: the per-source bounds, Join rate and audit rows see one
+// source per IP address, a WebSocket connection's included (its TCP peer's
+// address, "ws:"-prefixed, carries a port that differs per connection).
+func TestAddrIP(t *testing.T) {
+	for _, c := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{nil, ""},
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 40000}, "127.0.0.2"},
+		{&net.TCPAddr{IP: net.ParseIP("::1"), Port: 40000}, "::1"},
+		{wsAddr(wsAddrPrefix + "10.1.2.3:51000"), "10.1.2.3"},
+		{wsAddr(wsAddrPrefix + "10.1.2.3:51001"), "10.1.2.3"},
+		{wsAddr(wsAddrPrefix + "[2001:db8::7]:443"), "2001:db8::7"},
+		{wsAddr(wsAddrPrefix + "no-port"), "no-port"},
+		{&net.UnixAddr{Name: "@gw", Net: "unix"}, "@gw"},
+	} {
+		if got := addrIP(c.addr); got != c.want {
+			t.Errorf("addrIP(%v) = %q, want %q", c.addr, got, c.want)
+		}
+	}
+}

@@ -91,6 +91,8 @@ func (g *Gateway) flushLoop(ctx context.Context) {
 				g.log.WarnContext(ctx, "Clock skew write failed; retrying at the next flush", logkey.Err, err)
 			}
 			g.cfg.Metrics.ClockSkewMax(g.cfg.ID, g.skewSeen.max(&g.sessions))
+			// The counts of Join refusals no later refusal carries.
+			g.admit.SweepRefusals(ctx)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -137,6 +138,20 @@ type wsAddr string
 func (a wsAddr) Network() string { return "websocket" }
 func (a wsAddr) String() string  { return string(a) }
 
+// wsAddrPrefix prefixes a WebSocket connection's TCP peer address in its
+// wsAddr.
+const wsAddrPrefix = "ws:"
+
+// ip is the IP address of the TCP peer, or the peer's whole address when
+// it has no port.
+func (a wsAddr) ip() string {
+	tcp := strings.TrimPrefix(string(a), wsAddrPrefix)
+	if host, _, err := net.SplitHostPort(tcp); err == nil {
+		return host
+	}
+	return tcp
+}
+
 func (c *wsConn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *wsConn) Close() error {
@@ -167,7 +182,7 @@ func (g *Gateway) serveWebSocket(ctx context.Context, ln net.Listener, wl *wsLis
 		}
 		connCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		defer cancel()
-		wc := &wsConn{Conn: websocket.NetConn(connCtx, c, websocket.MessageBinary), remote: wsAddr("ws:" + r.RemoteAddr),
+		wc := &wsConn{Conn: websocket.NetConn(connCtx, c, websocket.MessageBinary), remote: wsAddr(wsAddrPrefix + r.RemoteAddr),
 			closed: make(chan struct{})}
 		select {
 		case wl.conns <- wc:
