@@ -117,6 +117,11 @@ func (l *listener) Accept() (net.Conn, error) {
 			l.waiting = l.waiting[1:]
 			l.inSetup++
 			tc := &trackedConn{Conn: p.c, l: l, key: p.c.RemoteAddr().String(), src: p.src}
+			// A connection that never gets as far as Welcome (a stalled
+			// client) gives its slots back at settleAfter at the latest.
+			// The timer is set before tc is published in conns, where
+			// another goroutine may settle or close it.
+			tc.timer = time.AfterFunc(l.limits.settleAfter, tc.giveBack)
 			l.conns[tc.key] = tc
 			l.mu.Unlock()
 			signal(l.room)
@@ -124,9 +129,6 @@ func (l *listener) Accept() (net.Conn, error) {
 				tc.Close()
 				return nil, err
 			}
-			// A connection that never gets as far as Welcome (a stalled
-			// client) gives its slots back at settleAfter at the latest.
-			tc.timer = time.AfterFunc(l.limits.settleAfter, tc.giveBack)
 			return tc, nil
 		}
 		l.mu.Unlock()
