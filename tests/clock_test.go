@@ -1,12 +1,15 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -141,4 +144,137 @@ func TestClockNodeSkewedIsHeld(t *testing.T) {
 	if !strings.Contains(out, id) {
 		t.Fatalf("events list --type node.clock-skewed: no event of %s:\n%s", id, out)
 	}
+}
+
+// run runs the clockshift bcd with args on m and returns its exit code,
+// stdout and stderr.
+func (m *skewedMachine) run(args ...string) (int, string, string) {
+	m.t.Helper()
+	bin, argv := m.argv(args...)
+	return testenv.Run(m.t, m.env(), "", bin, argv...)
+}
+
+// doctorCheck is one check of `bcd doctor -o json`.
+type doctorCheck struct {
+	ID     string `json:"id"`
+	Target string `json:"target"`
+	Status string `json:"status"`
+	Hint   string `json:"hint"`
+	Detail string `json:"detail"`
+}
+
+// doctor runs `bcd doctor -o json` on m and returns its checks by id (the
+// last of an id wins: one gateway here).
+func (m *skewedMachine) doctor() (map[string]doctorCheck, string) {
+	m.t.Helper()
+	_, stdout, stderr := m.run("doctor", "--data-dir", m.dataDir, "-o", "json")
+	var rep struct {
+		Checks []doctorCheck `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		m.t.Fatalf("bcd doctor -o json on %s: %v\n%s%s", m.name, err, stdout, stderr)
+	}
+	out := map[string]doctorCheck{}
+	for _, c := range rep.Checks {
+		out[c.ID] = c
+	}
+	return out, stdout + stderr
+}
+
+// expiredByOwnClock is bcd's line when it takes its certificate for expired.
+var expiredByOwnClock = regexp.MustCompile(`msg="Node certificate expired`)
+
+// TestClockDoctorMeasuresSkew: on a machine 48 h ahead of a real gateway,
+// bcd doctor's gateway.clock measures the skew (the gateway's Challenge
+// carries its time) and fails naming it; bcd node, restarted, does not
+// take its 24 h certificate for expired (no re-attestation), and bcd status
+// and bcd doctor judge that certificate by the gateway's time: valid, with
+// the skew named.
+func TestClockDoctorMeasuresSkew(t *testing.T) {
+	t.Parallel()
+	const ahead = 48 * time.Hour
+	d := newDeploymentWith(t, backendSQLite, clockSkewTolerated)
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	m := newSkewedMachine(t, "doctor-48h", ahead)
+	m.mustJoin(d.gatewayURL, tokenFile)
+
+	checks, out := m.doctor()
+	clk := checks["gateway.clock"]
+	skew := regexp.MustCompile(`skew (\S+) ± (\S+),`).FindStringSubmatch(clk.Detail)
+	if clk.Status != "fail" || !strings.Contains(clk.Hint, "48h0m0s ahead of the gateway's") || skew == nil {
+		t.Fatalf("bcd doctor on a machine %v ahead: gateway.clock %+v, want a failure naming the measured skew\n%s", ahead, clk, out)
+	}
+	measured, err := time.ParseDuration(skew[1])
+	if err != nil || (measured+ahead).Abs() > time.Minute {
+		t.Fatalf("gateway.clock measured a skew of %s (the gateway's clock minus this machine's), want about -%v: %v", skew[1], ahead, err)
+	}
+	t.Logf("bcd doctor gateway.clock: %s (skew %s ± %s)", clk.Hint, skew[1], skew[2])
+
+	// Twice: the second start is the one that used to re-attest.
+	for i := range 2 {
+		p := m.node()
+		p.WaitLine(sessionEstablished.String(), 60*time.Second)
+		if expiredByOwnClock.MatchString(p.Output()) {
+			t.Fatalf("bcd node start %d on a machine %v ahead took its certificate for expired:\n%s", i+1, ahead, p.Output())
+		}
+		if i == 0 {
+			p.Stop(syscall.SIGTERM, 30*time.Second)
+			continue
+		}
+		code, stdout, stderr := m.run("status", "--data-dir", m.dataDir)
+		if code != 0 || !regexp.MustCompile(`certificate\s+expires \S+ \(\S+ left\)`).MatchString(stdout) ||
+			!regexp.MustCompile(`clock\s+17280\d s ahead of the gateway's`).MatchString(stdout) {
+			t.Fatalf("bcd status on a machine %v ahead: exit %d, want a certificate with time left and the skew named\n%s%s", ahead, code, stdout, stderr)
+		}
+		t.Logf("bcd status:\n%s", stdout)
+		checks, out := m.doctor()
+		if c := checks["node.certificate"]; c.Status != "ok" || !strings.Contains(c.Detail, "the gateway's time") {
+			t.Fatalf("bcd doctor node.certificate on a machine %v ahead: %+v, want ok, judged by the gateway's time\n%s", ahead, c, out)
+		}
+		if c := checks["node.session"]; c.Status != "ok" || !strings.Contains(c.Detail, "ahead of the gateway's") {
+			t.Fatalf("bcd doctor node.session on a machine %v ahead: %+v, want ok naming the skew\n%s", ahead, c, out)
+		}
+	}
+}
+
+// TestClockDeadRTCReattests: a machine whose certificate expired while it
+// was off boots with its clock 30 days behind (a dead RTC, no NTP). By its
+// own clock the certificate is valid, so it presents it; the gateway
+// refuses it in the handshake; bcd asks the gateway's time without a
+// certificate (the Challenge's server_time), finds the certificate expired
+// by it, re-attests by itself and holds a session.
+func TestClockDeadRTCReattests(t *testing.T) {
+	t.Parallel()
+	const behind = -30 * 24 * time.Hour
+	cfg := shortCerts
+	cfg.gateway += clockSkewTolerated.gateway
+	d := newDeploymentWith(t, backendSQLite, cfg)
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	m := newSkewedMachine(t, "dead-rtc", 0)
+	id := m.mustJoin(d.gatewayURL, tokenFile)
+	// Off until the certificate has expired.
+	notAfter := nodeCertNotAfter(t, m.machine)
+	time.Sleep(time.Until(notAfter.Add(2 * time.Second)))
+
+	m.offset = behind
+	p := m.node()
+	p.WaitLine(`msg="Node certificate re-attested"`, 90*time.Second)
+	p.WaitLine(sessionEstablished.String(), 60*time.Second)
+	// The certificate is valid by the machine's clock: it was presented,
+	// refused, and judged by the gateway's time.
+	if !strings.Contains(p.Output(), `msg="Gateway refused the node certificate in the TLS handshake`) {
+		t.Fatalf("bcd node re-attested without its certificate refused first:\n%s", p.Output())
+	}
+	wantAudit(t, d, admission.ActionReattest, id, admission.OutcomeSuccess)
+	if na := nodeCertNotAfter(t, m.machine); !na.After(time.Now()) {
+		t.Fatalf("node.crt after the re-attestation expires at %v, in the past", na)
+	}
+	eventually(t, 30*time.Second, func() bool {
+		_, s := d.skew(id)
+		return (s - behind).Abs() < time.Minute
+	}, func() string {
+		n, _ := d.skew(id)
+		return fmt.Sprintf("nodes get %s: %+v, want a skew of about %v", id, n, behind)
+	})
+	t.Logf("a node %v behind, certificate expired at %s, re-attested; the gateway measures its skew", behind, notAfter.UTC().Format(time.RFC3339))
 }

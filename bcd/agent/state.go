@@ -80,7 +80,15 @@ func (k *stateKeeper) event(ctx context.Context, ev session.Event, c *session.Cl
 	default:
 		return
 	}
+	k.setSkew(c)
 	k.publish(ctx)
+}
+
+// setSkew records the client's measured clock skew.
+func (k *stateKeeper) setSkew(c *session.Client) {
+	if c != nil {
+		k.st.ClockSkewSeconds = int64(c.ClockSkew().Round(time.Second) / time.Second)
+	}
 }
 
 // stopped records why the session client's Run returned: err (revoked,

@@ -30,14 +30,21 @@
 // The session's Welcome carries the gateway's clock, but doctor must work
 // when no session can be had, and opening one would supersede the running
 // agent's. TLS 1.3 carries no time (the Random field has not held one since
-// TLS 1.2, and never reliably). So doctor makes one gRPC health check
-// (grpc.health.v1.Health/Check) over a verified TLS connection without a
-// client certificate, which writes nothing on the gateway, and reads the HTTP
-// Date header ("date", RFC 9110 §6.6.1, one-second resolution) of the answer:
-// skew = Date − the midpoint of the call, less the second of resolution and
-// half the round trip. Beyond 5 s it warns; beyond an hour it fails, since a
-// node that far behind finds fresh certificates (backdated an hour) not yet
-// valid until it has heard the gateway's time. A gateway that sends no Date leaves the skew unknown, which is
-// reported as ok with that said, next to the local NTP state of the clock
-// check.
+// TLS 1.2, and never reliably). So doctor asks the gateway for a
+// JoinService.Challenge over a verified TLS connection without a client
+// certificate (the nonce is stateless: nothing is written on the gateway)
+// and reads its server_time: skew = server_time − the midpoint of the call,
+// known to half the round trip. A gateway that sends no server_time is asked
+// for a gRPC health check (grpc.health.v1.Health/Check) instead, whose HTTP
+// Date header ("date", RFC 9110 §6.6.1) gives its clock to the second.
+// Beyond 5 s it warns; beyond an hour it fails, since a node that far behind
+// finds fresh certificates (backdated an hour) not yet valid until it has
+// heard the gateway's time. A gateway that sends neither leaves the skew
+// unknown, which is reported as ok with that said, next to the local NTP
+// state of the clock check.
+//
+// node.certificate and node.session judge the certificate by the gateway's
+// time as bcd node last measured it (its state file's clock_skew_seconds),
+// as the gateway judges it: a machine whose clock is ahead does not call a
+// working certificate expired.
 package doctor

@@ -13,6 +13,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/identity"
+	"github.com/better-compute/better-compute/bcd/nodestate"
 	"github.com/better-compute/better-compute/bcd/session"
 )
 
@@ -161,7 +162,11 @@ func Run(ctx context.Context, cfg Config) *Report {
 	var trust session.Trust
 	gateways := slices.Clone(cfg.Gateways)
 	if id != nil {
-		r.add(Certificate(id, now))
+		var skew time.Duration // as bcd node last measured it
+		if st, err := nodestate.Read(cfg.DataDir); err == nil {
+			skew = st.Skew()
+		}
+		r.add(Certificate(id, now, skew))
 		r.add(Session(cfg.DataDir, now))
 		trust = id.Trust()
 		for _, g := range id.Gateways {

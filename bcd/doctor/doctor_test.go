@@ -96,8 +96,12 @@ func TestRunJoinedNode(t *testing.T) {
 	if tlsRes.Target != gw.URL || !strings.Contains(tlsRes.Detail, "trusted through pin sha256/") {
 		t.Fatalf("tls = %+v", tlsRes)
 	}
-	// The test gateway, like today's gateway, sends no Date.
-	want(t, find(t, rep, doctor.IDGatewayTime), doctor.IDGatewayTime, doctor.OK, "does not report its time")
+	// The test gateway answers a Challenge with its time.
+	clk := find(t, rep, doctor.IDGatewayTime)
+	want(t, clk, doctor.IDGatewayTime, doctor.OK, "agrees with the gateway's")
+	if !strings.Contains(clk.Detail, "from the gateway's Challenge (server_time)") {
+		t.Fatalf("gateway.clock detail %q, want the Challenge's time", clk.Detail)
+	}
 	want(t, find(t, rep, doctor.IDNVML), doctor.IDNVML, doctor.OK, "NVML sees 8 GPU(s)")
 	want(t, find(t, rep, doctor.IDHelper), doctor.IDHelper, doctor.OK, "")
 	want(t, find(t, rep, doctor.IDPlugin), doctor.IDPlugin, doctor.OK, "bcx-ipmi 0.3.1")
@@ -141,22 +145,24 @@ func TestCertificate(t *testing.T) {
 	t.Parallel()
 	_, _, id := joined(t, sessiontest.GatewayOptions{CertTTL: 24 * time.Hour})
 	now := time.Now()
-	want(t, doctor.Certificate(id, now), doctor.IDCertificate, doctor.OK, "valid for")
-	want(t, doctor.Certificate(id, id.RenewAfter.Add(time.Hour)), doctor.IDCertificate, doctor.Warn, "renewal overdue by 1h0m0s")
-	want(t, doctor.Certificate(id, id.NotAfter().Add(time.Minute)), doctor.IDCertificate, doctor.Fail, "expired 1m0s ago: bcd node re-attests it")
+	want(t, doctor.Certificate(id, now, 0), doctor.IDCertificate, doctor.OK, "valid for")
+	want(t, doctor.Certificate(id, id.RenewAfter.Add(time.Hour), 0), doctor.IDCertificate, doctor.Warn, "renewal overdue by 1h0m0s")
+	want(t, doctor.Certificate(id, id.NotAfter().Add(time.Minute), 0), doctor.IDCertificate, doctor.Fail, "expired 1m0s ago: bcd node re-attests it")
 	// A short life: the seconds left, not "0s".
-	want(t, doctor.Certificate(id, id.NotAfter().Add(-23*time.Second)), doctor.IDCertificate, doctor.Warn, "23s left")
-	if r := doctor.Certificate(id, now); !strings.Contains(r.Detail, fmt.Sprintf("serial %032x", id.Chain[0].SerialNumber)) {
+	want(t, doctor.Certificate(id, id.NotAfter().Add(-23*time.Second), 0), doctor.IDCertificate, doctor.Warn, "23s left")
+	if r := doctor.Certificate(id, now, 0); !strings.Contains(r.Detail, fmt.Sprintf("serial %032x", id.Chain[0].SerialNumber)) {
 		t.Errorf("detail %q, want the serial in 32 hex digits", r.Detail)
 	}
-	want(t, doctor.Certificate(id, id.Chain[0].NotBefore.Add(-time.Hour)), doctor.IDCertificate, doctor.Fail, "clock is behind")
+	want(t, doctor.Certificate(id, id.Chain[0].NotBefore.Add(-time.Hour), 0), doctor.IDCertificate, doctor.Fail, "clock is behind")
+	// A node 48 h ahead whose bcd node measured it: judged by the gateway's time.
+	want(t, doctor.Certificate(id, now.Add(48*time.Hour), 48*time.Hour), doctor.IDCertificate, doctor.OK, "valid for")
 
 	other := *id
 	other.Key = sessiontest.NewKey(t)
-	want(t, doctor.Certificate(&other, now), doctor.IDCertificate, doctor.Fail, "not for the node key")
+	want(t, doctor.Certificate(&other, now, 0), doctor.IDCertificate, doctor.Fail, "not for the node key")
 	stranger := *id
 	stranger.NodeCARoots = []*x509.Certificate{sessiontest.NewPKI(t).NodeCA}
-	want(t, doctor.Certificate(&stranger, now), doctor.IDCertificate, doctor.Fail, "does not chain to the node CA roots")
+	want(t, doctor.Certificate(&stranger, now, 0), doctor.IDCertificate, doctor.Fail, "does not chain to the node CA roots")
 }
 
 func TestJoinToken(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/proto/jointoken"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Skew limits of gateway.clock.
@@ -190,9 +191,10 @@ func TLS(ctx context.Context, conn net.Conn, host string, trust session.Trust, t
 	return result(IDTLS, target, OK, "TLS 1.3 handshake; the gateway's certificate verifies", detail...)
 }
 
-// GatewayClock asks the gateway for its time: one gRPC health check over a
-// verified TLS connection (no client certificate, nothing written on the
-// gateway), whose answer's "date" header gives the gateway's clock to the
+// GatewayClock asks the gateway for its time over a verified TLS connection
+// without a client certificate, writing nothing on the gateway: the
+// server_time of a JoinService.Challenge (a stateless nonce), or, from a
+// gateway that sends none, the "date" header of a gRPC health check, to the
 // second. See the package documentation.
 func GatewayClock(ctx context.Context, addr, host string, trust session.Trust, target string, timeout time.Duration, now func() time.Time) Result {
 	verify, _, err := verifier(trust, host, now)
@@ -207,44 +209,63 @@ func GatewayClock(ctx context.Context, addr, host string, trust session.Trust, t
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var header, trailer metadata.MD
+
 	t0 := now()
-	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	ch, err := sessionv1.NewJoinServiceClient(cc).Challenge(ctx, &sessionv1.ChallengeRequest{})
 	t1 := now()
+	if st := ch.GetServerTime(); err == nil && st.IsValid() {
+		// The gateway read its clock between t0 and t1.
+		rtt := t1.Sub(t0)
+		return clockResult(target, st.AsTime(), t0.Add(rtt/2), rtt/2, "from the gateway's Challenge (server_time)")
+	}
+	challengeErr := err
+
+	var header, trailer metadata.MD
+	t0 = now()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Header(&header), grpc.Trailer(&trailer))
+	t1 = now()
 	answer := "health " + resp.GetStatus().String()
 	if st, ok := status.FromError(err); err != nil && ok {
 		answer = "health check answered " + st.Code().String()
 	}
+	if challengeErr != nil {
+		answer += "; challenge: " + oneLine(challengeErr)
+	}
 	dates := append(header.Get("date"), trailer.Get("date")...)
 	if len(dates) == 0 {
 		if err != nil && ctx.Err() != nil {
-			return result(IDGatewayTime, target, Warn, "the gateway did not answer a health check in time: its clock is unknown", err.Error())
+			return result(IDGatewayTime, target, Warn, "the gateway did not answer in time: its clock is unknown", err.Error())
 		}
-		return result(IDGatewayTime, target, OK, "the gateway does not report its time (it sends no Date header): see the clock check", answer)
+		return result(IDGatewayTime, target, OK, "the gateway does not report its time (no Challenge server_time, no Date header): see the clock check", answer)
 	}
 	gw, err := http.ParseTime(dates[0])
 	if err != nil {
 		return result(IDGatewayTime, target, Warn, "the gateway's Date header does not parse: its clock is unknown", dates[0])
 	}
 	rtt := t1.Sub(t0)
-	mid := t0.Add(rtt / 2)
 	// Date is truncated to the second: the gateway's clock read between
 	// gw and gw + 1 s.
-	skew := gw.Add(500 * time.Millisecond).Sub(mid)
-	known := skew.Abs() - 500*time.Millisecond - rtt/2
-	detail := fmt.Sprintf("gateway %s, local %s, skew %s ± %s", gw.UTC().Format(time.RFC3339), mid.UTC().Format(time.RFC3339Nano),
-		skew.Round(time.Millisecond), (500*time.Millisecond + rtt/2).Round(time.Millisecond))
+	return clockResult(target, gw.Add(500*time.Millisecond), t0.Add(rtt/2), 500*time.Millisecond+rtt/2, "from the Date header of a health check", answer)
+}
+
+// clockResult judges the gateway's time gw against this machine's mid,
+// both read within ± margin of each other.
+func clockResult(target string, gw, mid time.Time, margin time.Duration, source string, more ...string) Result {
+	skew := gw.Sub(mid) // the gateway's clock minus this machine's
+	known := skew.Abs() - margin
+	detail := append([]string{fmt.Sprintf("gateway %s, local %s, skew %s ± %s, %s", gw.UTC().Format(time.RFC3339Nano), mid.UTC().Format(time.RFC3339Nano),
+		skew.Round(time.Millisecond), margin.Round(time.Millisecond), source)}, more...)
 	way := "ahead of"
 	if skew > 0 {
 		way = "behind"
 	}
 	switch {
 	case known > SkewFail:
-		return result(IDGatewayTime, target, Fail, fmt.Sprintf("this machine's clock is %s %s the gateway's: certificates fail to verify; fix NTP", skew.Abs().Round(time.Second), way), detail, answer)
+		return result(IDGatewayTime, target, Fail, fmt.Sprintf("this machine's clock is %s %s the gateway's: certificates fail to verify; fix NTP", skew.Abs().Round(time.Second), way), detail...)
 	case known > SkewWarn:
-		return result(IDGatewayTime, target, Warn, fmt.Sprintf("this machine's clock is %s %s the gateway's: fix NTP", skew.Abs().Round(time.Second), way), detail, answer)
+		return result(IDGatewayTime, target, Warn, fmt.Sprintf("this machine's clock is %s %s the gateway's: fix NTP", skew.Abs().Round(time.Second), way), detail...)
 	}
-	return result(IDGatewayTime, target, OK, "this machine's clock agrees with the gateway's", detail, answer)
+	return result(IDGatewayTime, target, OK, "this machine's clock agrees with the gateway's", detail...)
 }
 
 // oneLine keeps an error message on one line.

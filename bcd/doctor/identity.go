@@ -18,8 +18,10 @@ const RenewGrace = 10 * time.Minute
 
 // Certificate checks the node certificate: it matches the node key, chains
 // to the node CA roots, is valid at now; it reports the time left and warns
-// when the renewal is overdue.
-func Certificate(id *identity.Identity, now time.Time) Result {
+// when the renewal is overdue. skew is this machine's clock minus the
+// gateway's as bcd node last measured it (0: none): the certificate is
+// judged at now − skew, as the gateway judges it.
+func Certificate(id *identity.Identity, now time.Time, skew time.Duration) Result {
 	if len(id.Chain) == 0 {
 		return result(IDCertificate, "", Fail, "no node certificate: join again with bcd join --force")
 	}
@@ -28,6 +30,11 @@ func Certificate(id *identity.Identity, now time.Time) Result {
 	// 32 hex digits, as the control plane spells serials (pki.FormatSerial).
 	detail := fmt.Sprintf("serial %032x, valid %s to %s, renew after %s", leaf.SerialNumber, leaf.NotBefore.UTC().Format(time.RFC3339),
 		leaf.NotAfter.UTC().Format(time.RFC3339), id.RenewAfter.UTC().Format(time.RFC3339))
+	if skew != 0 {
+		now = now.Add(-skew)
+		detail += fmt.Sprintf("; judged at %s, the gateway's time: this machine's clock is %d s off (bcd node's last measure, + ahead)",
+			now.UTC().Format(time.RFC3339), int64(skew/time.Second))
+	}
 	if pub, ok := id.Key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(leaf.PublicKey) {
 		return result(IDCertificate, target, Fail, "the certificate is not for the node key: join again with bcd join --force", detail)
 	}

@@ -29,13 +29,16 @@ func Session(dir string, now time.Time) Result {
 		"re-attestation " + r.ReattestSummary(),
 		"state written " + r.UpdatedAt.UTC().Format(time.RFC3339) + " by pid " + fmt.Sprint(r.PID),
 	}
+	if r.ClockSkewSeconds != 0 {
+		detail = append(detail, "this machine's clock is "+r.ClockSummary())
+	}
 	if r.LastError != "" {
 		detail = append(detail, "last error "+r.LastError)
 	}
 	switch {
 	case r.CertLeftSeconds <= 0 && r.ReattestLeftSeconds <= 0:
 		return result(IDSession, nodestate.File, Fail, fmt.Sprintf("the certificate expired %s ago, past its re-attestation grace: join again with bcd join --force",
-			nodestate.Human(now.Sub(r.CertNotAfter))), detail...)
+			nodestate.Human(r.GatewayNow.Sub(r.CertNotAfter))), detail...)
 	case !r.Running:
 		return result(IDSession, nodestate.File, Warn, "bcd node is not running ("+r.NotRunning+"); when it stopped it was "+r.Line(), detail...)
 	case r.Connected:

@@ -18,33 +18,39 @@ import (
 // json`).
 type Report struct {
 	State
-	// Now is the moment of the judgement.
+	// Now is the moment of the judgement, by this machine's clock.
 	Now time.Time `json:"now"`
+	// GatewayNow is Now by the gateway's clock: Now − ClockSkewSeconds.
+	// The certificate and re-attestation are judged by it, as the gateway
+	// judges them (DESIGN.md, "Identity over time", Clocks).
+	GatewayNow time.Time `json:"gateway_now"`
 	// Running reports whether the bcd node that wrote the state still runs.
 	Running bool `json:"running"`
 	// NotRunning says why Running is false; empty when it is true.
 	NotRunning string `json:"not_running,omitempty"`
-	// CertLeftSeconds is CertNotAfter − Now in whole seconds; negative
+	// CertLeftSeconds is CertNotAfter − GatewayNow in whole seconds; negative
 	// once the certificate has expired.
 	CertLeftSeconds int64 `json:"cert_left_seconds"`
-	// ReattestLeftSeconds is ReattestDeadline − Now in whole seconds:
+	// ReattestLeftSeconds is ReattestDeadline − GatewayNow in whole seconds:
 	// how long after an outage re-attestation can still bring the node
 	// back; negative once the deadline has passed.
 	ReattestLeftSeconds int64 `json:"reattest_left_seconds"`
 }
 
-// Inspect reads the state file in dir and judges it at now. It fails with
-// ErrNoState when there is none.
+// Inspect reads the state file in dir and judges it at now, this
+// machine's time: the certificate by the gateway's time, now less the
+// skew bcd node last measured. It fails with ErrNoState when there is
+// none.
 func Inspect(dir string, now time.Time) (*Report, error) {
 	s, err := Read(dir)
 	if err != nil {
 		return nil, err
 	}
-	r := &Report{State: *s, Now: now}
+	r := &Report{State: *s, Now: now, GatewayNow: now.Add(-s.Skew())}
 	r.NotRunning = notRunning(dir, s.PID)
 	r.Running = r.NotRunning == ""
-	r.CertLeftSeconds = int64(s.CertNotAfter.Sub(now) / time.Second)
-	r.ReattestLeftSeconds = int64(s.ReattestDeadline.Sub(now) / time.Second)
+	r.CertLeftSeconds = int64(s.CertNotAfter.Sub(r.GatewayNow) / time.Second)
+	r.ReattestLeftSeconds = int64(s.ReattestDeadline.Sub(r.GatewayNow) / time.Second)
 	return r, nil
 }
 
@@ -52,9 +58,25 @@ func Inspect(dir string, now time.Time) (*Report, error) {
 func (r *Report) Healthy() bool { return r.Running && r.Connected }
 
 // CertificateSummary says when the certificate ends and how long that is
-// from Now: "2025-06-01T10:00:00Z (23h59m left)" or "... (expired 2h ago)".
+// from GatewayNow: "2025-06-01T10:00:00Z (23h59m left)" or "... (expired
+// 2h ago)".
 func (r *Report) CertificateSummary() string {
-	return stamp(r.CertNotAfter) + " (" + left(r.CertNotAfter.Sub(r.Now), "expired") + ")"
+	return stamp(r.CertNotAfter) + " (" + left(r.CertNotAfter.Sub(r.GatewayNow), "expired") + ")"
+}
+
+// ClockSummary says how this machine's clock stands against the gateway's
+// as bcd node last measured it: "agrees with the gateway's (within 1m)",
+// or "172800 s ahead of the gateway's: certificates are judged by the
+// gateway's time; fix the clock (NTP)".
+func (r *Report) ClockSummary() string {
+	s := r.ClockSkewSeconds
+	switch {
+	case s > 0:
+		return fmt.Sprintf("%d s ahead of the gateway's: certificates are judged by the gateway's time; fix the clock (NTP)", s)
+	case s < 0:
+		return fmt.Sprintf("%d s behind the gateway's: certificates are judged by the gateway's time; fix the clock (NTP)", -s)
+	}
+	return "agrees with the gateway's (within 1m), or not measured yet"
 }
 
 // ReattestSummary says how long re-attestation can still bring the node
@@ -68,7 +90,7 @@ func (r *Report) ReattestSummary() string {
 	if r.ReattestGraceFrom != GraceFromGateway {
 		from = "the default, assumed: the gateway has not said its grace"
 	}
-	return fmt.Sprintf("%s (until %s; grace %s, %s)", left(r.ReattestDeadline.Sub(r.Now), "passed"),
+	return fmt.Sprintf("%s (until %s; grace %s, %s)", left(r.ReattestDeadline.Sub(r.GatewayNow), "passed"),
 		stamp(r.ReattestDeadline), Human(r.Grace()), from)
 }
 

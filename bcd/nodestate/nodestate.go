@@ -72,7 +72,15 @@ type State struct {
 	// ReattestDeadline is CertNotAfter + the grace: after it only a
 	// new join brings the node back.
 	ReattestDeadline time.Time `json:"reattest_deadline"`
+	// ClockSkewSeconds is this machine's clock minus the gateway's, in
+	// whole seconds, as bcd node last measured it from the gateway's
+	// answers; 0 when they agreed within a minute, or before any answer.
+	// The certificate is judged by the gateway's time (Report.GatewayNow).
+	ClockSkewSeconds int64 `json:"clock_skew_seconds,omitempty"`
 }
+
+// Skew returns ClockSkewSeconds as a duration.
+func (s *State) Skew() time.Duration { return time.Duration(s.ClockSkewSeconds) * time.Second }
 
 // Grace returns ReattestGraceSeconds as a duration.
 func (s *State) Grace() time.Duration { return time.Duration(s.ReattestGraceSeconds) * time.Second }

@@ -169,13 +169,31 @@ func TestReportFigures(t *testing.T) {
 	if got := r.ReattestSummary(); !strings.HasPrefix(got, "7d19h left (until 2025-06-09T06:00:00Z; grace 7d0h, the default, assumed") {
 		t.Errorf("ReattestSummary = %q", got)
 	}
-	r.Now = t0.Add(22 * time.Hour)
+	r.GatewayNow = t0.Add(22 * time.Hour)
 	if got := r.CertificateSummary(); got != "2025-06-02T06:00:00Z (expired 2h0m ago)" {
 		t.Errorf("expired CertificateSummary = %q", got)
 	}
 	r.ReattestGraceFrom, r.ReattestGraceSeconds = nodestate.GraceFromGateway, 0
 	if got := r.ReattestSummary(); !strings.HasPrefix(got, "off") {
 		t.Errorf("ReattestSummary without grace = %q", got)
+	}
+
+	// A machine 48 h ahead whose bcd node measured it: the certificate is
+	// judged by the gateway's time, and has 19 h left, not "expired".
+	ahead := sample()
+	ahead.ClockSkewSeconds = 48 * 3600
+	if err := nodestate.Write(dir, ahead); err != nil {
+		t.Fatal(err)
+	}
+	r, err = nodestate.Inspect(dir, t0.Add(49*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.CertificateSummary(), "2025-06-02T06:00:00Z (19h0m left)"; got != want || r.CertLeftSeconds != 19*3600 {
+		t.Errorf("48 h ahead: CertificateSummary = %q (%d s), want %q", got, r.CertLeftSeconds, want)
+	}
+	if got := r.ClockSummary(); !strings.HasPrefix(got, "172800 s ahead of the gateway's") {
+		t.Errorf("48 h ahead: ClockSummary = %q", got)
 	}
 
 	// The JSON form is one object: the state's fields and the report's.

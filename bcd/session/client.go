@@ -295,6 +295,12 @@ func (c *Client) getClientCertificate(*tls.CertificateRequestInfo) (*tls.Certifi
 	return c.cert.Load(), nil
 }
 
+// ClockSkew returns this machine's clock minus the gateways' as last
+// measured from their answers (Join, Renew, Challenge, Welcome): 0 while
+// the two agree within a minute, or before any answer. Certificates are
+// judged by the gateway's time, this machine's clock minus ClockSkew.
+func (c *Client) ClockSkew() time.Duration { return c.gwClock.skew() }
+
 // ReattestGrace returns the re-attestation grace the gateway last said
 // (zero: unknown or off).
 func (c *Client) ReattestGrace() time.Duration {

@@ -75,6 +75,14 @@ func (g *gatewayClock) now() time.Time {
 	return t
 }
 
+// skew is this machine's clock minus the gateway's as last measured: 0
+// when they agreed within maxSkew, or before any answer.
+func (g *gatewayClock) skew() time.Duration {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return -g.offset
+}
+
 // observe takes the time st that gateway gw put in an answer just received
 // (nil or invalid: the gateway sent none) and returns the time to judge the
 // answer's certificates by, and this machine's clock minus the gateway's

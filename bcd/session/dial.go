@@ -1,8 +1,11 @@
 package session
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -29,8 +32,21 @@ type transport struct {
 // a WebSocket fallback URL the connection is a WebSocket (websocket.go)
 // and cfg's TLS runs inside it, end to end.
 func dial(gw gatewayAddr, cfg *tls.Config, t transport) (*grpc.ClientConn, error) {
+	return dialSeen(gw, cfg, t, nil)
+}
+
+// dialSeen is dial that records in seen (nil: nowhere) the TLS alert the
+// gateway ends the connection with: in TLS 1.3 the gateway judges the
+// client certificate after the client's handshake has finished, so its
+// refusal arrives as an alert on the first read, which gRPC reports only
+// as text.
+func dialSeen(gw gatewayAddr, cfg *tls.Config, t transport, seen *verifyFailure) (*grpc.ClientConn, error) {
+	var creds credentials.TransportCredentials = credentials.NewTLS(cfg)
+	if seen != nil {
+		creds = alertCreds{TransportCredentials: creds, seen: seen}
+	}
 	opts := []grpc.DialOption{
-		grpc.WithTransportCredentials(credentials.NewTLS(cfg)),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithReadBufferSize(t.readBuffer),
 		grpc.WithWriteBufferSize(t.writeBuffer),
 		grpc.WithInitialWindowSize(minWindow),
@@ -57,11 +73,13 @@ func dial(gw gatewayAddr, cfg *tls.Config, t transport) (*grpc.ClientConn, error
 }
 
 // verifyFailure remembers the last TLS verification failure of one
-// connection, so that an RPC error (which carries it only as text) can be
-// reported as the typed error it was.
+// connection, and whether the gateway refused the node's certificate, so
+// that an RPC error (which carries either only as text) can be reported as
+// what it was.
 type verifyFailure struct {
-	mu  sync.Mutex
-	err error
+	mu          sync.Mutex
+	err         error
+	certRefused bool // the gateway sent certificate_expired (setAlert)
 }
 
 func (v *verifyFailure) set(err error) {
@@ -74,4 +92,73 @@ func (v *verifyFailure) get() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.err
+}
+
+// setAlert records that the gateway refused the node's certificate with a
+// certificate_expired alert (RFC 8446 §6.2). Go's TLS server sends that
+// alert for a client certificate outside its validity period either way
+// (not yet valid or expired, x509.Expired), so the alert alone does not
+// say which.
+func (v *verifyFailure) setAlert() {
+	v.mu.Lock()
+	v.certRefused = true
+	v.mu.Unlock()
+}
+
+// refusedCertificate reports whether the gateway refused the node's
+// certificate as outside its validity period.
+func (v *verifyFailure) refusedCertificate() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.certRefused
+}
+
+// alertCertificateExpired is TLS's certificate_expired alert (RFC 8446
+// §6.2), which crypto/tls sends for a certificate outside its validity.
+const alertCertificateExpired tls.AlertError = 45
+
+// isCertificateExpiredAlert reports whether err is the peer's
+// certificate_expired alert. crypto/tls reports a received alert as a
+// *net.OpError "remote error" around an unexported alert value, whose text
+// is the one tls.AlertError gives the same code.
+func isCertificateExpiredAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == alertCertificateExpired.Error()
+}
+
+// alertCreds are TLS credentials whose connections record in seen a
+// certificate_expired alert from the gateway.
+type alertCreds struct {
+	credentials.TransportCredentials
+	seen *verifyFailure
+}
+
+func (a alertCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := a.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	if err != nil {
+		if isCertificateExpiredAlert(err) {
+			a.seen.setAlert()
+		}
+		return conn, info, err
+	}
+	return alertConn{Conn: conn, seen: a.seen}, info, nil
+}
+
+func (a alertCreds) Clone() credentials.TransportCredentials {
+	return alertCreds{TransportCredentials: a.TransportCredentials.Clone(), seen: a.seen}
+}
+
+// alertConn is a TLS connection that records a certificate_expired alert
+// read from it.
+type alertConn struct {
+	net.Conn
+	seen *verifyFailure
+}
+
+func (c alertConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && isCertificateExpiredAlert(err) {
+		c.seen.setAlert()
+	}
+	return n, err
 }

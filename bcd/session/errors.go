@@ -14,6 +14,11 @@ var (
 	// longer than the certificate's life). The node must be joined again
 	// with a fresh join token.
 	ErrCertificateExpired = errors.New("node certificate expired")
+	// ErrCertificateNotYetValid reports that a gateway refused the node's
+	// certificate because, by the gateway's clock, its validity has not
+	// begun: the control plane's clock is behind the one that issued it.
+	// Not final: the node retries, and connects once the clock is right.
+	ErrCertificateNotYetValid = errors.New("node certificate not yet valid")
 	// ErrNotConnected reports a send while the Client holds no session, or
 	// through a send function of a session that has ended.
 	ErrNotConnected = errors.New("no session with a gateway")

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -26,20 +27,17 @@ func (c *Client) expired() bool {
 // reattestVia renews an expired certificate through JoinService.Reattest,
 // on a connection of its own to gw that presents no client certificate
 // (the expired one would fail the mTLS handshake): the node proves its
-// latest key over a nonce of that connection. A refusal for good wraps
-// ErrCertificateExpired and errGracePassed (the grace is over) or
-// ErrRevoked; any other failure is retried by the caller, with backoff.
+// latest key over a nonce of that connection. The certificate is judged
+// first by the time of the gateway's Challenge: one that has not expired
+// by it (this machine's clock is ahead) is kept, and nil returned. A
+// refusal for good wraps ErrCertificateExpired and errGracePassed (the
+// grace is over) or ErrRevoked; any other failure is retried by the
+// caller, with backoff.
 func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr) error {
-	leaf := c.cert.Load().Leaf
-	grace := c.ReattestGrace()
-	left := "unknown"
-	if grace > 0 {
-		left = max(leaf.NotAfter.Add(grace).Sub(c.gwClock.now()), 0).Round(time.Second).String()
-	}
-	c.log.WarnContext(ctx, "Node certificate expired: re-attesting with the node's key",
-		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, "reattest_left", left)
-	err := c.reattest(ctx, gw)
+	attested, err := c.reattest(ctx, gw)
 	switch {
+	case err == nil && !attested:
+		return nil
 	case err == nil:
 		chain, renewAfter := c.Certificate()
 		c.log.InfoContext(ctx, "Node certificate re-attested", attrGateway, gw.url, attrNotAfter, chain[0].NotAfter, attrRenew, renewAfter)
@@ -51,41 +49,113 @@ func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr) error {
 			flags = " " + c.cfg.JoinFlags
 		}
 		return fmt.Errorf("%w; to bring it back: on the control plane run `better-compute nodes reinstall %s --out token`, "+
-			"then here `bcd join --gateway %s --token-file token --force%s` and restart bcd", err, nodeIDOf(leaf.URIs), gw.url, flags)
+			"then here `bcd join --gateway %s --token-file token --force%s` and restart bcd", err, nodeIDOf(c.cert.Load().Leaf.URIs), gw.url, flags)
 	case ctx.Err() == nil:
 		c.emit(Event{Kind: EventRenewFailed, Gateway: gw.url, Err: err})
 	}
 	return err
 }
 
-// reattest makes one Reattest call and adopts its certificate.
-func (c *Client) reattest(ctx context.Context, gw gatewayAddr) error {
+// reattest makes one Reattest call and adopts its certificate; attested
+// is false when, by the time of the gateway's Challenge, the certificate
+// has not expired (nothing is asked then).
+func (c *Client) reattest(ctx context.Context, gw gatewayAddr) (attested bool, err error) {
 	c.renewMu.Lock()
 	defer c.renewMu.Unlock()
 	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer cc.Close()
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.RenewTimeout)
 	defer cancel()
 	chain, _ := c.Certificate()
-	proof, _, err := prove(rctx, cc, keyproof.PurposeReattest, c.cfg.Key, chain)
+	leaf := chain[0]
+	proof, ch, err := prove(rctx, cc, keyproof.PurposeReattest, c.cfg.Key, chain)
 	if err != nil {
-		return fmt.Errorf("re-attest certificate: %w", err)
+		// The gateway's time is not known: judged by the last estimate.
+		c.logExpired(ctx, gw, leaf, c.gwClock.now())
+		return false, fmt.Errorf("re-attest certificate: %w", err)
 	}
+	gwNow, _ := c.gwClock.observe(ctx, gw.url, ch.GetServerTime())
+	if gwNow.Before(leaf.NotAfter) {
+		return false, nil
+	}
+	c.logExpired(ctx, gw, leaf, gwNow)
 	csr, err := newCSR(c.cfg.Key)
 	if err != nil {
-		return fmt.Errorf("re-attest certificate: %w", err)
+		return false, fmt.Errorf("re-attest certificate: %w", err)
 	}
 	resp, err := sessionv1.NewJoinServiceClient(cc).Reattest(rctx, &sessionv1.ReattestRequest{Proof: proof, Csr: csr})
 	if err != nil {
-		return fmt.Errorf("re-attest certificate: %w", identityError(err))
+		return false, fmt.Errorf("re-attest certificate: %w", identityError(err))
 	}
 	if err := c.adopt(ctx, cc, resp); err != nil {
-		return fmt.Errorf("re-attest certificate: %w", err)
+		return false, fmt.Errorf("re-attest certificate: %w", err)
 	}
-	return nil
+	return true, nil
+}
+
+// logExpired says that the certificate leaf expired by gwNow and how long
+// re-attestation has left.
+func (c *Client) logExpired(ctx context.Context, gw gatewayAddr, leaf *x509.Certificate, gwNow time.Time) {
+	left := "unknown"
+	if grace := c.ReattestGrace(); grace > 0 {
+		left = max(leaf.NotAfter.Add(grace).Sub(gwNow), 0).Round(time.Second).String()
+	}
+	c.log.WarnContext(ctx, "Node certificate expired: re-attesting with the node's key",
+		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, "gateway_time", gwNow.UTC(), "reattest_left", left)
+}
+
+// refused follows a handshake in which gw refused the node's certificate
+// as outside its validity period: crypto/tls sends the same alert
+// (certificate_expired) for a certificate not yet valid, so the gateway's
+// time is asked over a connection without a client certificate (a
+// Challenge's server_time) and the certificate judged by it. Expired, it
+// is re-attested (nil once done). Not yet valid, the control plane's clock
+// is behind the one that issued it, and the error wraps
+// ErrCertificateNotYetValid and says so. Valid, the error says the gateway
+// refused it all the same.
+func (c *Client) refused(ctx context.Context, gw gatewayAddr) error {
+	gwNow, err := c.askTime(ctx, gw)
+	if err != nil {
+		return fmt.Errorf("gateway %s refused the node certificate as expired or not yet valid, and its time is unknown: %w", gw.url, err)
+	}
+	leaf := c.cert.Load().Leaf
+	const layout = time.RFC3339
+	switch {
+	case !gwNow.Before(leaf.NotAfter):
+		return c.reattestVia(ctx, gw)
+	case gwNow.Before(leaf.NotBefore):
+		return fmt.Errorf("gateway %s: %w by the gateway's clock, which reads %s, before the certificate's start %s "+
+			"(this certificate was issued an hour after its start): the control plane's clock is behind; fix its clock (NTP)",
+			gw.url, ErrCertificateNotYetValid, gwNow.UTC().Format(layout), leaf.NotBefore.UTC().Format(layout))
+	}
+	return fmt.Errorf("gateway %s refused the node certificate as expired or not yet valid, though by the gateway's time (%s) it is valid from %s to %s",
+		gw.url, gwNow.UTC().Format(layout), leaf.NotBefore.UTC().Format(layout), leaf.NotAfter.UTC().Format(layout))
+}
+
+// askTime asks gw its time over a connection without a client
+// certificate (JoinService.Challenge, whose answer carries server_time),
+// takes it as the gateway's clock (gatewayClock.observe), and returns it.
+func (c *Client) askTime(ctx context.Context, gw gatewayAddr) (time.Time, error) {
+	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer cc.Close()
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.RenewTimeout)
+	defer cancel()
+	ch, err := sessionv1.NewJoinServiceClient(cc).Challenge(rctx, &sessionv1.ChallengeRequest{})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("challenge: %w", err)
+	}
+	st := ch.GetServerTime()
+	if !st.IsValid() {
+		return time.Time{}, fmt.Errorf("challenge: gateway %s sent no time", gw.url)
+	}
+	gwNow, _ := c.gwClock.observe(ctx, gw.url, st)
+	return gwNow, nil
 }
 
 // nodeIDOf returns the node id of a node SPIFFE ID among uris, "NODE" when

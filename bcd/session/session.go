@@ -96,8 +96,28 @@ func newSession(ctx context.Context, c *Client, gw gatewayAddr, cc *grpc.ClientC
 	return s
 }
 
-// attempt dials gw, opens a session and holds it until it ends.
+// attempt dials gw, opens a session and holds it until it ends. When the
+// gateway refuses the node's certificate in the handshake as outside its
+// validity, attempt asks the gateway's time (refused): an expired
+// certificate is re-attested and the session tried once more at once; a
+// certificate not yet valid by the gateway's clock is reported as that.
 func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
+	var vf verifyFailure
+	out := c.attemptOnce(ctx, gw, &vf)
+	if out.welcomed || !vf.refusedCertificate() || ctx.Err() != nil {
+		return out
+	}
+	c.log.InfoContext(ctx, "Gateway refused the node certificate in the TLS handshake (expired or not yet valid): judging it by the gateway's time",
+		attrGateway, gw.url, logkey.Err, out.err)
+	if err := c.refused(ctx, gw); err != nil {
+		out.err = err
+		return out
+	}
+	return c.attemptOnce(ctx, gw, &verifyFailure{})
+}
+
+// attemptOnce is one attempt; vf learns what the TLS handshake met.
+func (c *Client) attemptOnce(ctx context.Context, gw gatewayAddr, vf *verifyFailure) outcome {
 	if c.expired() {
 		// The mTLS handshake would fail: re-attest first.
 		if err := c.reattestVia(ctx, gw); err != nil {
@@ -110,8 +130,7 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 			return outcome{err: err}
 		}
 	}
-	var vf verifyFailure
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, vf.set), c.transport)
+	cc, err := dialSeen(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, vf.set), c.transport, vf)
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -122,17 +141,17 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 	s.schedule(slotHandshake, c.cfg.HandshakeTimeout, func() { s.cancel(errHandshakeTimeout) })
 	stream, err := sessionv1.NewSessionServiceClient(cc).Connect(s.ctx)
 	if err != nil {
-		return s.failed(err, nil, &vf, outcome{})
+		return s.failed(err, nil, vf, outcome{})
 	}
 	s.stream = stream
 	if err := s.send(c.hello()); err != nil {
 		// The stream's status comes from Recv.
 		_, err = stream.Recv()
-		return s.failed(err, stream, &vf, outcome{})
+		return s.failed(err, stream, vf, outcome{})
 	}
 	msg, err := stream.Recv()
 	if err != nil {
-		return s.failed(err, stream, &vf, outcome{})
+		return s.failed(err, stream, vf, outcome{})
 	}
 	w := msg.GetWelcome()
 	if w == nil {
@@ -154,7 +173,7 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
-			return s.failed(err, stream, &vf, out)
+			return s.failed(err, stream, vf, out)
 		}
 		if seq := msg.GetSeq(); seq > c.resume.GetLastGatewaySeq() {
 			c.resume.LastGatewaySeq = seq

@@ -100,6 +100,7 @@ func printStatus(w io.Writer, r *nodestate.Report) error {
 		lastErr = stampAgo(r.LastErrorAt, r.Now) + ": " + lastErr
 	}
 	row("last error", lastErr)
+	row("clock", r.ClockSummary())
 	row("certificate", "expires "+r.CertificateSummary())
 	row("renew after", r.CertRenewAfter.UTC().Format(time.RFC3339))
 	row("re-attestation", r.ReattestSummary())

@@ -170,6 +170,7 @@ since           2025-06-01T09:55:00Z (1h5m ago)
 gateway         https://gw-1.example.com:8443
 session         -
 last error      2025-06-01T09:55:00Z (1h5m ago): gateway https://gw-1.example.com:8443: connection refused
+clock           agrees with the gateway's (within 1m), or not measured yet
 certificate     expires 2025-06-02T06:00:00Z (19h0m left)
 renew after     2025-06-01T22:00:00Z
 re-attestation  7d19h left (until 2025-06-09T06:00:00Z; grace 7d0h, the default, assumed: the gateway has not said its grace)
