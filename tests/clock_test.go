@@ -3,7 +3,10 @@ package tests
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -277,4 +280,94 @@ func TestClockDeadRTCReattests(t *testing.T) {
 		return fmt.Sprintf("nodes get %s: %+v, want a skew of about %v", id, n, behind)
 	})
 	t.Logf("a node %v behind, certificate expired at %s, re-attested; the gateway measures its skew", behind, notAfter.UTC().Format(time.RFC3339))
+}
+
+// TestClockControlPlaneBehindNotReady: a control plane whose clock is set
+// back 48 h (a restored VM, an RTC after a power loss) does not become
+// ready and says why, naming the clock (its log, /readyz, better-compute
+// doctor): its gateway does not listen, so no node's valid certificate is
+// refused and no join spends a token's use. Once its clock is right every
+// node reconnects as itself, without a re-join, and the token that a join
+// tried during the wrong clock still admits its one join.
+func TestClockControlPlaneBehindNotReady(t *testing.T) {
+	t.Parallel()
+	forEachBackend(t, func(t *testing.T, backend string) {
+		const behind = -48 * time.Hour
+		d := newDeployment(t, backend)
+		tokenFile, _ := d.joinToken(2, time.Hour)
+		var ids []string
+		var procs []*testenv.Proc
+		for _, name := range []string{"fleet-01", "fleet-02"} {
+			m := newMachine(t, name)
+			ids = append(ids, m.mustJoin(d.gatewayURL, tokenFile))
+			p := m.node()
+			p.WaitLine(sessionEstablished.String(), 60*time.Second)
+			procs = append(procs, p)
+		}
+		lateToken, _ := d.joinToken(1, time.Hour)
+
+		d.serve.Stop(syscall.SIGTERM, 30*time.Second)
+		shifted := testenv.Start(t, append(slices.Clone(d.env), "BETTER_COMPUTE_TEST_CLOCK_OFFSET="+behind.String()),
+			testenv.BinaryTags(t, "better-compute", "clockshift"), "serve", "--config", d.cfgFile)
+		line := shifted.WaitLine(`msg="Not ready: this process's clock is wrong.*`, 60*time.Second)[0]
+		shifted.WaitLine(`msg="API listening"`, 60*time.Second)
+		t.Logf("%s: serve set back %v logs: %s", backend, -behind, line)
+
+		code, body := httpGet(t, d.api+"/readyz")
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "clock is wrong") {
+			t.Fatalf("/readyz of a control plane %v behind: %d %q, want 503 naming the clock", -behind, code, body)
+		}
+		t.Logf("%s: /readyz: %d %s", backend, code, strings.TrimSpace(body))
+		code, stdout, stderr := testenv.Run(t, append(slices.Clone(d.env), "BETTER_COMPUTE_TEST_CLOCK_OFFSET="+behind.String()), "",
+			testenv.BinaryTags(t, "better-compute", "clockshift"), "--config", d.cfgFile, "doctor")
+		if code == 0 || !regexp.MustCompile(`(?m)^clock\s+fail\s`).MatchString(stdout) {
+			t.Fatalf("better-compute doctor on a control plane %v behind: exit %d, want the clock check failed\n%s%s", -behind, code, stdout, stderr)
+		}
+
+		// A join tried now reaches no gateway and spends nothing.
+		late := newMachine(t, "late-01")
+		if code, stdout, stderr := late.join(d.gatewayURL, lateToken); code == 0 {
+			t.Fatalf("bcd join while the control plane's clock is wrong succeeded:\n%s%s", stdout, stderr)
+		}
+		if strings.Contains(shifted.Output(), `msg="Gateway listening"`) {
+			t.Fatalf("the gateway of a control plane %v behind listened:\n%s", -behind, shifted.Output())
+		}
+
+		// The clock is right again.
+		shifted.Stop(syscall.SIGTERM, 30*time.Second)
+		before := make([]int, len(procs))
+		for i, p := range procs {
+			before[i] = countLines(p, sessionEstablished)
+		}
+		d.start()
+		for i, p := range procs {
+			eventually(t, 90*time.Second, func() bool { return countLines(p, sessionEstablished) > before[i] },
+				func() string { return fmt.Sprintf("node %s did not reconnect:\n%s", ids[i], p.Output()) })
+			if countLines(p, regexp.MustCompile(`re-attest|Joined as node`)) > 0 {
+				t.Fatalf("node %s re-attested or re-joined after the control plane's clock was fixed:\n%s", ids[i], p.Output())
+			}
+		}
+		nodes := d.nodes()
+		for _, id := range ids {
+			eventually(t, 30*time.Second, func() bool { nodes = d.nodes(); return nodes[id].State == "ready" },
+				func() string { return fmt.Sprintf("node %s after the clock was fixed: %+v, want ready", id, nodes[id]) })
+		}
+		// The token's one use is still there.
+		late.mustJoin(d.gatewayURL, lateToken)
+	})
+}
+
+// httpGet returns the status and body of a GET of url.
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
 }

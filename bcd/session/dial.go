@@ -141,21 +141,70 @@ func (a alertCreds) ClientHandshake(ctx context.Context, authority string, raw n
 		}
 		return conn, info, err
 	}
-	return alertConn{Conn: conn, seen: a.seen}, info, nil
+	c := &alertConn{Conn: conn, seen: a.seen}
+	c.peek(ctx)
+	return c, info, nil
 }
 
 func (a alertCreds) Clone() credentials.TransportCredentials {
 	return alertCreds{TransportCredentials: a.TransportCredentials.Clone(), seen: a.seen}
 }
 
+// peekWait bounds alertConn.peek: the gateway speaks first (its HTTP/2
+// SETTINGS follow the handshake at once), so this is reached only when it
+// is slow, and costs nothing but the wait.
+const peekWait = time.Second
+
 // alertConn is a TLS connection that records a certificate_expired alert
 // read from it.
 type alertConn struct {
 	net.Conn
 	seen *verifyFailure
+
+	pending []byte // read by peek, not yet returned by Read
+	err     error  // what peek's read ended with, returned once pending is
 }
 
-func (c alertConn) Read(b []byte) (int, error) {
+// peek reads the gateway's first bytes before anything is written: in TLS
+// 1.3 a gateway refuses the client certificate after the client's
+// handshake has finished, and its alert, read first, would otherwise be
+// lost to a reset when the client's first write meets the closed
+// connection. A gateway that answers nothing within peekWait is left to
+// the caller's reads.
+func (c *alertConn) peek(ctx context.Context) {
+	deadline := time.Now().Add(peekWait)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	if c.Conn.SetReadDeadline(deadline) != nil {
+		return
+	}
+	buf := make([]byte, 4096)
+	n, err := c.Conn.Read(buf)
+	_ = c.Conn.SetReadDeadline(time.Time{})
+	c.pending = buf[:n]
+	var ne net.Error
+	switch {
+	case err == nil:
+	case isCertificateExpiredAlert(err):
+		c.seen.setAlert()
+		c.err = err
+	case errors.As(err, &ne) && ne.Timeout():
+		// Slow: nothing lost, tls.Conn reads on after a timeout.
+	default:
+		c.err = err
+	}
+}
+
+func (c *alertConn) Read(b []byte) (int, error) {
+	if len(c.pending) > 0 {
+		n := copy(b, c.pending)
+		c.pending = c.pending[n:]
+		return n, nil
+	}
+	if c.err != nil {
+		return 0, c.err
+	}
 	n, err := c.Conn.Read(b)
 	if err != nil && isCertificateExpiredAlert(err) {
 		c.seen.setAlert()

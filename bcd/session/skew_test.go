@@ -2,6 +2,7 @@ package session_test
 
 import (
 	"bytes"
+	"crypto/x509"
 	"errors"
 	"log/slog"
 	"strings"
@@ -112,5 +113,65 @@ func TestClockFarBehindSaysSo(t *testing.T) {
 	}
 	if n := g.Joins(); n != 0 {
 		t.Errorf("gateway saw %d joins: the token was spent", n)
+	}
+}
+
+// TestClockRefusedHandshakeDeadRTC: a machine whose clock is 30 days behind
+// holds a certificate that expired while it was off but looks valid by its
+// own clock. It presents it, the gateway refuses it in the handshake, and
+// bcd, judging by the time of the gateway's Challenge, re-attests and
+// connects without retrying first.
+func TestClockRefusedHandshakeDeadRTC(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	key := sessiontest.NewKey(t)
+	now := time.Now()
+	expired := p.NodeCertificate(t, key, "node-1", now.Add(-30*time.Minute), now.Add(-time.Second))
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	var logs logSink
+	cfg := session.Config{Gateways: []string{g.URL}, Trust: session.Trust{Pin: p.Pin()}, Key: key,
+		Chain: []*x509.Certificate{expired}, Clock: shiftedClock{-30 * 24 * time.Hour}, Logger: logs.logger()}
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+	ev.next(t, session.EventConnected)
+	if n := g.Reattests(); n != 1 {
+		t.Fatalf("%d re-attestations, want 1", n)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "Gateway refused the node certificate in the TLS handshake") || !strings.Contains(out, "Node certificate re-attested") {
+		t.Errorf("log %q: want the refusal, then the re-attestation", out)
+	}
+	if strings.Contains(out, "Session with gateway ended") {
+		t.Errorf("log %q: the node backed off before re-attesting", out)
+	}
+}
+
+// TestClockRefusedHandshakeGatewayBehind: a gateway whose clock is 48 h
+// behind refuses a valid certificate as not yet valid, with the same TLS
+// alert as an expired one; bcd asks the gateway's time and reports the real
+// reason (ErrCertificateNotYetValid, the control plane's clock), never
+// "expired", and does not re-attest.
+func TestClockRefusedHandshakeGatewayBehind(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	key := sessiontest.NewKey(t)
+	now := time.Now()
+	cert := p.NodeCertificate(t, key, "node-1", now.Add(-time.Hour), now.Add(23*time.Hour))
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ClockOffset: -48 * time.Hour})
+	cfg := session.Config{Gateways: []string{g.URL}, Trust: session.Trust{Pin: p.Pin()}, Key: key,
+		Chain: []*x509.Certificate{cert}, BackoffBase: time.Second}
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+	var got session.Event
+	for got.Err == nil {
+		got = ev.next(t, session.EventDisconnected)
+	}
+	msg := got.Err.Error()
+	if !errors.Is(got.Err, session.ErrCertificateNotYetValid) || !strings.Contains(msg, "the control plane's clock is behind") ||
+		errors.Is(got.Err, session.ErrCertificateExpired) {
+		t.Fatalf("disconnected with %v, want ErrCertificateNotYetValid naming the control plane's clock", got.Err)
+	}
+	if n := g.Reattests(); n != 0 {
+		t.Errorf("%d re-attestations of a valid certificate", n)
 	}
 }

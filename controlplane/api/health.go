@@ -20,6 +20,13 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 // write-ahead log by a few transactions.
 const MinFreeBytes = 1 << 20
 
+// Checker is a readiness condition of the process, such as its clock
+// check (clockcheck.Gate).
+type Checker interface {
+	// Check returns why the process is not ready; nil when it is.
+	Check() error
+}
+
 // freeBytes returns the space free to this process on dir's filesystem.
 func freeBytes(dir string) (uint64, error) {
 	var fs syscall.Statfs_t
@@ -31,14 +38,21 @@ func freeBytes(dir string) (uint64, error) {
 
 // readyz answers readiness: every listener of the process accepts (none
 // has failed to accept for more than 10 s in a row), every migration is
-// applied, the store answers and the embedded database's filesystem has
-// room to write. 503 otherwise, with the reason.
+// applied, the store answers, the embedded database's filesystem has room
+// to write and the process's clock was found right (Config.Clock). 503
+// otherwise, with the reason.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	// First, and without the database: with descriptors exhausted a new
 	// database connection would fail too, and the reason would be lost.
 	if err := s.cfg.Listeners.Check(); err != nil {
 		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 		return
+	}
+	if c := s.cfg.Clock; c != nil {
+		if err := c.Check(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()

@@ -123,6 +123,9 @@ type Config struct {
 	// one has failed to accept for more than 10 s in a row
 	// (internal/accept). Defaults to a watch of the API's listener alone.
 	Listeners *accept.Watch
+	// Clock, when set, is the process's clock check (package clockcheck):
+	// /readyz answers 503 with its reason while Check returns an error.
+	Clock Checker
 	// EventPoll is how often the feed Run runs reads the outbox without a
 	// wake-up (feed.Config.Poll). Defaults to 500 ms.
 	EventPoll time.Duration

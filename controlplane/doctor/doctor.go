@@ -3,12 +3,14 @@ package doctor
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/clockcheck"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -211,6 +213,13 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	schema, migrated := Schema(ctx, st)
 	r.add(schema)
 	clock, now := Clock(ctx, st, cfg.Now)
+	if clock.Status != Fail && migrated {
+		// Behind the newest certificate issued: a gateway on this clock
+		// would refuse the fleet (package clockcheck; serve is not ready).
+		if err := clockcheck.Check(ctx, st, cfg.Now()); errors.Is(err, clockcheck.ErrClockWrong) {
+			clock = result(IDClock, Fail, err.Error(), clock.Detail)
+		}
+	}
 	r.add(clock)
 	if !migrated {
 		r.add(Routes(cfg.BasePath, cfg.Routes))

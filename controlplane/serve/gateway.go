@@ -66,6 +66,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		m.WatchCertificate("internal", cfg.Host.Gateway.Internal.TLSFiles.Cert)
 	}
 	gw, err := gateway.New(gateway.Config{
+		Now:                    opts.Now,
 		Listen:                 gc.Listen,
 		PublicURL:              gc.PublicURL,
 		Region:                 gc.Region,

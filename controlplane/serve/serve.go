@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/api"
+	"github.com/better-compute/better-compute/controlplane/clockcheck"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
@@ -48,6 +50,11 @@ type Options struct {
 	// is the caller's server's business, and no api-url is recorded in the
 	// data directory.
 	ExternalAPI bool
+	// Now is this process's wall clock: the gateway judges certificates by
+	// it, and the clock check (package clockcheck) holds the gateway and
+	// workers back while it is wrong. Defaults to time.Now; the clockshift
+	// test build of better-compute shifts it.
+	Now func() time.Time
 }
 
 // Run migrates (unless NoMigrate), then runs the configured roles until ctx
@@ -69,6 +76,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	sd := notifier{log: log}
 	sd.status(ctx, "Starting: checking the schema, then starting "+strings.Join(cfg.RolesList, ","))
 	if err := prepareSchema(ctx, st, opts.NoMigrate, log); err != nil {
+		return err
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	// The gateway and the workers start once this process's clock is
+	// found right; /readyz says why until then.
+	clock, err := clockcheck.New(clockcheck.Config{Store: st, Now: opts.Now, Logger: log})
+	if err != nil {
 		return err
 	}
 	bus, stopWake, err := wakeBus(ctx, cfg)
@@ -156,7 +172,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
 			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), EmbeddedDir: embeddedDir(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration,
-			EventWakeups: eventWakeups, Listeners: listeners, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m,
+			EventWakeups: eventWakeups, Listeners: listeners, Clock: clock, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Refusals: m,
 			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
 			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration}, cfg, dl, certFile, keyFile), st, log)
 	}
@@ -173,8 +189,20 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	if srv != nil {
 		ready = append(ready, srv.Ready())
 	}
+	// afterClock runs fn once the clock check passed.
+	afterClock := func(fn func(context.Context) error) func(context.Context) error {
+		return func(ctx context.Context) error {
+			select {
+			case <-clock.Ready():
+				return fn(ctx)
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+	stages = append(stages, start(ctx, failed, clock.Run, nil, nil))
 	if gw != nil {
-		stages = append(stages, start(ctx, failed, gw.Run, gw.Ready(), func() {
+		stages = append(stages, start(ctx, failed, afterClock(gw.Run), gw.Ready(), func() {
 			if opts.GatewayReady != nil {
 				opts.GatewayReady(gw)
 			}
@@ -210,10 +238,10 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			}
 		}))
 	}
-	stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+	stages = append(stages, start(ctx, failed, afterClock(func(ctx context.Context) error {
 		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups, Waker: bus,
 			Ready: func() { close(workersReady) }}, log)
-	}, nil, nil))
+	}), nil, nil))
 	if cfg.Host.Metrics.Listen != "" {
 		// A listener of its own (host.metrics.listen), for processes
 		// without the API's; it closes last, after the workers.

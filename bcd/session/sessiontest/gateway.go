@@ -53,6 +53,10 @@ type GatewayOptions struct {
 	MaxSessions int
 	// RetryAfter is the retry hint sent with refusals. Defaults to 100 ms.
 	RetryAfter time.Duration
+	// ClockOffset sets the gateway's clock off the system's: its TLS judges
+	// node certificates by it and Challenge's server_time carries it, as a
+	// gateway whose clock is wrong does.
+	ClockOffset time.Duration
 }
 
 // Gateway is a fake gateway serving JoinService and SessionService on
@@ -111,6 +115,7 @@ func NewGateway(t testing.TB, p *PKI, opts GatewayOptions) *Gateway {
 		Certificates: []tls.Certificate{cert},
 		ClientAuth:   tls.VerifyClientCertIfGiven,
 		ClientCAs:    p.NodeCAPool(),
+		Time:         func() time.Time { return time.Now().Add(opts.ClockOffset) },
 	})
 	g := &Gateway{
 		URL:      "https://" + lis.Addr().String(),
@@ -335,7 +340,7 @@ func (g *Gateway) Challenge(ctx context.Context, _ *sessionv1.ChallengeRequest) 
 	}
 	g.nonces[string(nonce)] = string(ekm)
 	g.mu.Unlock()
-	return &sessionv1.ChallengeResponse{Nonce: nonce, ServerTime: timestamppb.Now(), ValidFor: durationpb.New(time.Minute)}, nil
+	return &sessionv1.ChallengeResponse{Nonce: nonce, ServerTime: timestamppb.New(time.Now().Add(g.opts.ClockOffset)), ValidFor: durationpb.New(time.Minute)}, nil
 }
 
 // Reattest implements JoinService.Reattest: it checks the key proof as

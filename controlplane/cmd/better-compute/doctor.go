@@ -59,7 +59,9 @@ otherwise, 2 for bad flags or configuration.`,
 				return fmt.Errorf("open store: %w", err)
 			}
 			defer st.Close()
-			rep := doctor.Run(cmd.Context(), st, doctor.FromConfig(cfg))
+			dc := doctor.FromConfig(cfg)
+			dc.Now = testNow // nil but in the clockshift test build
+			rep := doctor.Run(cmd.Context(), st, dc)
 			if out == "json" {
 				err = printValue(e.stdout, rep)
 			} else {

@@ -44,7 +44,7 @@ func serveCmd(e *env) *cobra.Command {
 			defer st.Close()
 			banner := serveBanner{w: e.stdout, cfg: cfg}
 			banner.header()
-			return portInUse(serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log,
+			return portInUse(serve.Run(cmd.Context(), cfg, st, serve.Options{NoMigrate: noMigrate, Version: version, Commit: commit, Log: e.log, Now: testNow,
 				APIReady: func(s *api.Server) { banner.api(s) }, GatewayReady: banner.gateway}),
 				listenFlag{cfg.Host.Listen, "choose another with --port N (host.listen)"},
 				listenFlag{cfg.Host.Gateway.Listen, "choose another with --gateway-listen HOST:PORT (host.gateway.listen)"})
