@@ -30,6 +30,8 @@ const (
 	attrLocalTime = "local_time"
 	attrNotAfter  = "not_after"
 	attrRenew     = "renew_after"
+	attrGWTime    = "gateway_time"  // the gateway's time a certificate was judged by
+	attrReattest  = "reattest_left" // how long re-attestation can still bring the node back
 )
 
 // Client holds a node's session with the gateways of its region. Create

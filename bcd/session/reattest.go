@@ -104,7 +104,7 @@ func (c *Client) logExpired(ctx context.Context, gw gatewayAddr, leaf *x509.Cert
 		left = max(leaf.NotAfter.Add(grace).Sub(gwNow), 0).Round(time.Second).String()
 	}
 	c.log.WarnContext(ctx, "Node certificate expired: re-attesting with the node's key",
-		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, "gateway_time", gwNow.UTC(), "reattest_left", left)
+		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, attrGWTime, gwNow.UTC(), attrReattest, left)
 }
 
 // refused follows a handshake in which gw refused the node's certificate

@@ -54,7 +54,10 @@ func Check(ctx context.Context, st Store, now time.Time) error {
 			ErrClockWrong, now.UTC().Format(layout), d.Abs().Round(time.Second), way, db.UTC().Format(layout), MaxDifference)
 	}
 	for _, action := range issueActions {
-		rows, err := st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: action, Outcome: admission.OutcomeSuccess, Limit: 1})
+		// Only rows stamped more than MaxDifference after now: a range of
+		// the audit log's time index, empty when the clock is right.
+		rows, err := st.AuditQuery(ctx, &store.AuditQueryParams{Since: now.Add(MaxDifference), ActionPrefix: action,
+			Outcome: admission.OutcomeSuccess, Limit: 1})
 		if err != nil {
 			return fmt.Errorf("check the clock: %w", err)
 		}

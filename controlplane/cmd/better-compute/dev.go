@@ -114,7 +114,7 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 	apiReady := make(chan *api.Server, 1)
 	gwReady := make(chan *gateway.Gateway, 1)
 	g.Go(func() error {
-		return serve.Run(ctx, cfg, st, serve.Options{Version: version, Commit: commit, Log: e.log,
+		return serve.Run(ctx, cfg, st, serve.Options{Version: version, Commit: commit, Log: e.log, Now: testNow,
 			APIReady:     func(s *api.Server) { apiReady <- s },
 			GatewayReady: func(gw *gateway.Gateway) { gwReady <- gw }})
 	})
