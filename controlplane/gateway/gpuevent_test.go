@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -55,9 +58,15 @@ func TestGPUEventCarriesMnemonicAndResolution(t *testing.T) {
 		if err != nil || len(evs) != 1 {
 			t.Fatalf("events = %v, %v", evs, err)
 		}
-		var p map[string]any
-		if err := json.Unmarshal(evs[0].Payload, &p); err != nil || p["xidMnemonic"] != "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" || p["resolution"] != "RESTART_BM" {
-			t.Errorf("stored payload = %s (%v)", evs[0].Payload, err)
+		// A bcd without the typed finding: the gateway makes it of the
+		// flat fields and stores it as the typed finding's protojson.
+		f, err := gpufinding.Decode(evs[0].Kind, evs[0].Payload)
+		if err != nil || f.GetXid().GetMnemonic() != "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS" || f.GetXid().GetCode() != 79 ||
+			f.GetResolution() != "RESTART_BM" || f.GetGpuUuid() != "GPU-79" || f.GetEvidence().GetSource() != "kmsg" {
+			t.Errorf("stored payload = %s (%v, %v)", evs[0].Payload, f, err)
+		}
+		if got, err := data.GPUFinding(); err != nil || !proto.Equal(got, f) {
+			t.Errorf("gpu.health-changed finding = %v (%v), want the stored one %v", got, err, f)
 		}
 	})
 }
