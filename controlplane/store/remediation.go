@@ -30,7 +30,7 @@ var RemediationOpenStates = []string{RemediationDetected, RemediationHeld, Remed
 // RemediationFinding is a node event that carries a resolution (NVIDIA's
 // for an XID, else the node's health judgement): the remediation
 // reconciler's input. EventInsert writes one in the event's transaction
-// when the event's payload names a resolution.
+// when the event's GPUFinding names a resolution.
 type RemediationFinding struct {
 	ID          int64
 	NodeID      string
