@@ -249,6 +249,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return nil // only when ctx is done
 	}
 	a.setInventory(host)
+	a.scanFindings(ctx, host)
 	caps := a.capabilities(host)
 	a.log.InfoContext(ctx, "Inventory scanned", attrTook, a.clock.Now().Sub(start).Round(time.Millisecond),
 		attrGPUs, len(host.GPUs), attrGPUStatus, host.GPUStatus, attrDigest, a.currentDigest())

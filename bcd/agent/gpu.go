@@ -9,7 +9,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/report"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -70,15 +72,36 @@ func (a *Agent) replayResets(bootID string) {
 // gpuEvent sends ev at once (or keeps it for the next session) and starts a
 // scan, which sends the Inventory when the GPU's health changed.
 func (a *Agent) gpuEvent(ctx context.Context, ev gpu.Event) {
+	a.queueEvents(ctx, []gpu.Event{ev})
+	signal(a.gpuChanged)
+}
+
+// scanFindings sends the findings a scan's readings made anew
+// (gpu.GPU.NewFindings: row remapping, recovery action, clocks, NVLink, ECC
+// counts, ...), as gpuEvent sends an XID, without starting another scan.
+func (a *Agent) scanFindings(ctx context.Context, host *inventory.Host) {
+	var evs []gpu.Event
+	for _, g := range host.GPUs {
+		evs = append(evs, g.NewFindings...)
+	}
+	if len(evs) > 0 {
+		a.queueEvents(ctx, evs)
+	}
+}
+
+// queueEvents sends evs at once or keeps them (at most MaxPendingEvents,
+// the oldest dropped first) for the next session.
+func (a *Agent) queueEvents(ctx context.Context, evs []gpu.Event) {
 	a.evMu.Lock()
-	a.events = append(a.events, eventMessage(ev))
+	for _, ev := range evs {
+		a.events = append(a.events, eventMessage(ev))
+	}
 	if n := len(a.events) - MaxPendingEvents; n > 0 {
 		a.log.WarnContext(ctx, "Dropped GPU events kept while without a session", attrDropped, n)
 		a.events = a.events[n:]
 	}
 	a.evMu.Unlock()
 	a.flushEvents(ctx)
-	signal(a.gpuChanged)
 }
 
 // flushEvents sends the kept events in order, keeping those it could not
@@ -98,9 +121,12 @@ func (a *Agent) flushEvents(ctx context.Context) {
 	a.events = nil
 }
 
-// eventMessage converts a GPU event into the session's Event.
+// eventMessage converts a GPU event into the session's Event: its typed
+// finding (report.Finding), repeated in the flat fields for gateways that
+// predate it.
 func eventMessage(ev gpu.Event) *sessionv1.Event {
 	m := &sessionv1.Event{
+		GpuFinding:  report.Finding(ev),
 		Kind:        ev.Kind,
 		Time:        timestamppb.New(ev.Time),
 		Severity:    severity(ev.Severity),

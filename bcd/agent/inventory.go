@@ -66,6 +66,7 @@ func (a *Agent) rescan(ctx context.Context, force bool, reason string) error {
 	if err != nil {
 		return fmt.Errorf("scan inventory: %w", err)
 	}
+	a.scanFindings(ctx, host)
 	if changed := a.setInventory(host); changed || force {
 		if changed {
 			a.log.InfoContext(ctx, "Inventory changed", attrReason, reason, attrDigest, a.currentDigest(),

@@ -1,9 +1,12 @@
 package events
 
 import (
+	"encoding/json"
 	"time"
 
 	eventsv1 "github.com/better-compute/better-compute/proto/events/v1"
+	"github.com/better-compute/better-compute/proto/gpufinding"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Event types, as proto/events/v1 declares them (eventsv1, the registry
@@ -188,6 +191,24 @@ type GPUHealthData struct {
 	// "RESTART_BM", ...) or "ESCALATE" (docs/gpu-health.md); absent when
 	// the node named none.
 	Resolution string `json:"resolution,omitempty"`
+	// Finding is the node's typed finding as stored (the protojson of a
+	// session.v1 GPUFinding: GPU, signal, NVIDIA's resolutions, health,
+	// evidence, time observed; docs/gpu-findings.md). Read it with
+	// GPUFinding. The fields above repeat parts of it for readers that
+	// predate it.
+	Finding json.RawMessage `json:"finding,omitempty"`
+}
+
+// GPUFinding returns d's finding (gpufinding.Decode); a finding made of the
+// fields above when d has none (an event written before the typed
+// finding).
+func (d GPUHealthData) GPUFinding() (*sessionv1.GPUFinding, error) {
+	if len(d.Finding) == 0 {
+		l := gpufinding.Legacy{Kind: d.Kind, GPUUUID: d.GPUUUID, XID: uint32(max(d.XID, 0)), XIDMnemonic: d.XIDMnemonic,
+			Resolution: d.Resolution, Message: d.Message}
+		return l.Finding(), nil
+	}
+	return gpufinding.Decode(d.Kind, d.Finding)
 }
 
 // CommandData is the data of the command.* events; never the output.

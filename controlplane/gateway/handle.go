@@ -14,6 +14,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -137,22 +138,23 @@ var severities = map[sessionv1.Severity]string{
 	sessionv1.Severity_SEVERITY_CRITICAL: "critical",
 }
 
-// eventPayload is the JSON payload of a node event.
+// eventPayload is the JSON payload of a node event that is not about a GPU.
 type eventPayload struct {
-	GPUUUID    string            `json:"gpuUuid,omitempty"`
-	XID        uint32            `json:"xid,omitempty"`
 	Attributes map[string]string `json:"attributes,omitempty"`
 	NodeTime   *time.Time        `json:"nodeTime,omitempty"`
-	// XIDMnemonic and Resolution are NVIDIA's, as the node classified the
-	// XID with the catalogue (or the resolution its health judgement calls
-	// for): a resolution makes the event a remediation finding
-	// (store.RemediationFinding).
-	XIDMnemonic string `json:"xidMnemonic,omitempty"`
-	Resolution  string `json:"resolution,omitempty"`
+}
+
+// gpuEvent reports whether e is about a GPU: it carries a typed finding, or
+// (from a bcd that predates it) names a GPU, an XID or a resolution.
+func gpuEvent(e *sessionv1.Event) bool {
+	return e.GetGpuFinding() != nil || e.GetGpuUuid() != "" || e.GetXid() != 0 || e.GetResolution() != ""
 }
 
 // event records a node event. The event's time is the gateway's clock; the
-// node's own clock is kept in the payload.
+// node's own clock is kept in the payload. A GPU event's payload is its
+// typed finding as sent (gpufinding.FromEvent), stored unchanged once it
+// keeps gpufinding.Check's bounds: the store writes gpu.health-changed and
+// the remediation inbox from it.
 func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 	kind := e.GetKind()
 	if kind == "" || !text(kind, maxEventKindLen) {
@@ -162,16 +164,32 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		g.warnNode(ctx, s, "Event dropped: too many writes", "kind", kind)
 		return
 	}
-	p := eventPayload{XID: e.GetXid()}
-	if text(e.GetGpuUuid(), maxEventAttrLen) {
-		p.GPUUUID = e.GetGpuUuid()
+	sev, ok := severities[e.GetSeverity()]
+	if !ok {
+		sev = "info"
 	}
-	if text(e.GetXidMnemonic(), maxEventAttrLen) {
-		p.XIDMnemonic = e.GetXidMnemonic()
+	ev := &store.Event{NodeID: s.nodeID, Kind: kind, Severity: sev, Message: clean(e.GetMessage(), maxEventMessage),
+		Time: g.cfg.Now().UTC()}
+	if gpuEvent(e) {
+		f := gpufinding.FromEvent(e)
+		if err := gpufinding.Check(f); err != nil {
+			g.warnNode(ctx, s, "Event dropped", "kind", kind, logkey.Err, err)
+			return
+		}
+		ev.GPUFinding = f
+	} else if ev.Payload = g.eventPayload(e); ev.Payload == nil {
+		return
 	}
-	if text(e.GetResolution(), maxEventAttrLen) {
-		p.Resolution = e.GetResolution()
+	if _, err := g.store.EventInsert(ctx, ev); err != nil {
+		g.warnNode(ctx, s, "Event not stored", "kind", kind, logkey.Err, err)
 	}
+}
+
+// eventPayload is the payload of a node event not about a GPU: its
+// attributes and the node's time, each within its bound; nil when it
+// cannot be encoded.
+func (g *Gateway) eventPayload(e *sessionv1.Event) []byte {
+	var p eventPayload
 	for k, v := range e.GetAttributes() {
 		if len(p.Attributes) >= maxEventAttrs {
 			break
@@ -189,19 +207,9 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 	}
 	payload, err := json.Marshal(p)
 	if err != nil {
-		return
+		return nil
 	}
-	sev, ok := severities[e.GetSeverity()]
-	if !ok {
-		sev = "info"
-	}
-	_, err = g.store.EventInsert(ctx, &store.Event{
-		NodeID: s.nodeID, Kind: kind, Severity: sev, Message: clean(e.GetMessage(), maxEventMessage),
-		Time: g.cfg.Now().UTC(), Payload: payload,
-	})
-	if err != nil {
-		g.warnNode(ctx, s, "Event not stored", "kind", kind, logkey.Err, err)
-	}
+	return payload
 }
 
 // text reports whether s is at most max bytes of valid UTF-8 without

@@ -2,9 +2,10 @@ package remediation
 
 import (
 	"slices"
-	"strings"
 
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/proto/gpufinding"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Policy maps a finding and its resolution to an action: the first rule of
@@ -38,19 +39,25 @@ func (p *Policy) Action(finding, resolution string) string {
 	return config.ActionEscalate
 }
 
-// FindingOf names the finding of a node event kind: gpu.xid is an xid,
-// gpu.ecc.* an ecc-uncorrected, gpu.row-remap.failure (or any kind naming
-// row-remap) a row-remap-failure, gpu.lost a gpu-lost, and any other kind
-// that carries a resolution a health finding.
-func FindingOf(kind string) string {
-	switch {
-	case kind == "gpu.xid":
+// FindingOf names the policy's finding (config.RemediationFindings) of a
+// node's GPU finding by its signal: an XID is an xid, uncorrectable ECC
+// errors an ecc-uncorrected, a failed row remapping a row-remap-failure, a
+// lost GPU a gpu-lost, and any other signal (a corrected-ECC spike, a
+// pending remapping, a recovery action, clocks, NVLink, retired pages, one
+// this version does not know) a health finding.
+func FindingOf(f *sessionv1.GPUFinding) string {
+	switch gpufinding.SignalOf(f) {
+	case gpufinding.SignalXID:
 		return config.FindingXID
-	case strings.HasPrefix(kind, "gpu.ecc"):
-		return config.FindingECCUncorrected
-	case strings.Contains(kind, "row-remap"):
-		return config.FindingRowRemapFailure
-	case kind == "gpu.lost":
+	case gpufinding.SignalECC:
+		if f.GetEcc().GetUncorrectable() {
+			return config.FindingECCUncorrected
+		}
+	case gpufinding.SignalRowRemap:
+		if f.GetRowRemap().GetFailure() {
+			return config.FindingRowRemapFailure
+		}
+	case gpufinding.SignalGPULost:
 		return config.FindingGPULost
 	}
 	return config.FindingHealth

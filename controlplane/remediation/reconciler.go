@@ -174,8 +174,8 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 		}
 		now := r.cfg.Now()
 		for _, f := range fs {
-			finding := FindingOf(f.Kind)
-			action := r.policy.Action(finding, f.Resolution)
+			finding := FindingOf(f.GPUFinding)
+			action := r.policy.Action(finding, f.GPUFinding.GetResolution())
 			if action == config.ActionNone {
 				r.log.DebugContext(ctx, "Finding needs no action", logkey.NodeID, f.NodeID, "kind", f.Kind, "resolution", f.Resolution)
 				continue

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -156,9 +157,10 @@ func (f *fixture) connect(id string) {
 
 // xid makes node id report an XID as the gateway records it.
 func (f *fixture) xid(id string, code int, mnemonic, resolution string) {
-	payload, _ := json.Marshal(map[string]any{"gpuUuid": "GPU-" + id, "xid": code, "xidMnemonic": mnemonic, "resolution": resolution})
-	if _, err := f.st.EventInsert(f.ctx, &store.Event{NodeID: id, Kind: "gpu.xid", Severity: "critical",
-		Message: fmt.Sprintf("XID %d", code), Payload: payload}); err != nil {
+	finding := &sessionv1.GPUFinding{GpuUuid: "GPU-" + id, Resolution: resolution, ImmediateResolution: resolution,
+		Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: uint32(code), Mnemonic: mnemonic}}}
+	if _, err := f.st.EventInsert(f.ctx, &store.Event{NodeID: id, Kind: gpufinding.KindXID, Severity: "critical",
+		Message: fmt.Sprintf("XID %d", code), GPUFinding: finding}); err != nil {
 		f.t.Fatal(err)
 	}
 }

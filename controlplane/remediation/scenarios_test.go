@@ -451,7 +451,7 @@ func TestPolicyRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := p.Action(remediation.FindingOf("gpu.xid"), "WORKFLOW_XID_48"); a != config.ActionEscalate {
+	if a := p.Action(remediation.FindingOf(&sessionv1.GPUFinding{Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 48}}}), "WORKFLOW_XID_48"); a != config.ActionEscalate {
 		t.Errorf("an unmatched resolution -> %s, want escalate", a)
 	}
 }

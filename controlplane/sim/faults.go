@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/xid"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -174,10 +175,14 @@ func (d *FakeDaemon) RaiseXID(i int, code uint32) error {
 			xid: code, mnemonic: e.Mnemonic, at: now})
 	}
 	f.mu.Unlock()
-	ev := &sessionv1.Event{Kind: "gpu.xid", Time: timestamppb.New(now), Severity: xidSeverity(e.Resolution), GpuUuid: g.GetUuid(),
-		Xid: code, XidMnemonic: e.Mnemonic, Resolution: e.Resolution,
-		Message:    fmt.Sprintf("XID %d on GPU %d (%s): XID %d %s: %s", code, i, g.GetUuid(), code, e.Mnemonic, e.Resolution),
-		Attributes: map[string]string{"source": "sim"}}
+	msg := fmt.Sprintf("XID %d on GPU %d (%s): XID %d %s: %s", code, i, g.GetUuid(), code, e.Mnemonic, e.Resolution)
+	ev := &sessionv1.Event{Kind: gpufinding.KindXID, Time: timestamppb.New(now), Severity: xidSeverity(e.Resolution), GpuUuid: g.GetUuid(),
+		Xid: code, XidMnemonic: e.Mnemonic, Resolution: e.Resolution, Message: msg,
+		Attributes: map[string]string{"source": "sim"},
+		GpuFinding: simFinding(g, &sessionv1.GPUFinding{
+			Signal:              &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: code, Mnemonic: e.Mnemonic}},
+			ImmediateResolution: e.Immediate, InvestigatoryResolution: e.Investigatory, Resolution: e.Resolution,
+			Health: xidHealthState(e.Resolution), ObservedAt: timestamppb.New(now)}, msg)}
 	d.report(ev)
 	return nil
 }
@@ -196,10 +201,33 @@ func (d *FakeDaemon) RaiseECC(i int, count uint64) error {
 	f.addLocked(i, gpuCause{reason: fmt.Sprintf("uncorrectable ECC errors: %d since driver load or reset", count),
 		resolution: xid.ResetGPU, at: time.Now(), uncorrectedECC: count})
 	f.mu.Unlock()
-	d.report(&sessionv1.Event{Kind: "gpu.ecc.uncorrected", Time: timestamppb.Now(), Severity: sessionv1.Severity_SEVERITY_CRITICAL,
-		GpuUuid: g.GetUuid(), Resolution: xid.ResetGPU, Message: fmt.Sprintf("uncorrectable ECC error on GPU %d (%s)", i, g.GetUuid()),
-		Attributes: map[string]string{"source": "sim"}})
+	now := timestamppb.Now()
+	msg := fmt.Sprintf("uncorrectable ECC error on GPU %d (%s)", i, g.GetUuid())
+	d.report(&sessionv1.Event{Kind: gpufinding.KindECCUncorrected, Time: now, Severity: sessionv1.Severity_SEVERITY_CRITICAL,
+		GpuUuid: g.GetUuid(), Resolution: xid.ResetGPU, Message: msg, Attributes: map[string]string{"source": "sim"},
+		GpuFinding: simFinding(g, &sessionv1.GPUFinding{
+			Signal:              &sessionv1.GPUFinding_Ecc{Ecc: &sessionv1.ECCSignal{Uncorrectable: true, Count: count}},
+			ImmediateResolution: xid.ResetGPU, Resolution: xid.ResetGPU, Health: sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED,
+			ObservedAt: now}, msg)})
 	return nil
+}
+
+// simFinding completes f with g's identity and the simulator's evidence.
+func simFinding(g *sessionv1.GPU, f *sessionv1.GPUFinding, msg string) *sessionv1.GPUFinding {
+	f.GpuUuid, f.BoardSerial, f.PciBusId = g.GetUuid(), g.GetSerial(), g.GetPciBusId()
+	f.Evidence = &sessionv1.GPUFindingEvidence{Source: "sim", Message: msg}
+	return f
+}
+
+// xidHealthState is the health an XID of resolution r implies (xid.ImpactOf).
+func xidHealthState(r string) sessionv1.GPUHealthState {
+	switch xid.ImpactOf(r) {
+	case xid.ImpactFailed:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED
+	case xid.ImpactDegraded:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED
+	}
+	return sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK
 }
 
 // LoseGPU makes GPU i fall off the bus: NVML answers ERROR_GPU_IS_LOST

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Remediation states (DESIGN.md, "GPU health and closed-loop remediation").
@@ -28,7 +30,7 @@ var RemediationOpenStates = []string{RemediationDetected, RemediationHeld, Remed
 // RemediationFinding is a node event that carries a resolution (NVIDIA's
 // for an XID, else the node's health judgement): the remediation
 // reconciler's input. EventInsert writes one in the event's transaction
-// when the event's payload names a resolution.
+// when the event's GPUFinding names a resolution.
 type RemediationFinding struct {
 	ID          int64
 	NodeID      string
@@ -42,6 +44,11 @@ type RemediationFinding struct {
 	Message     string
 	EventID     int64
 	CreatedAt   time.Time
+	// GPUFinding is the typed finding as the node sent it, read from the
+	// event's payload (gpufinding.Decode, which also reads the payload
+	// shape gateways wrote before it); made of the fields above when the
+	// event is gone. Never nil from RemediationFindingsTake.
+	GPUFinding *sessionv1.GPUFinding
 }
 
 // Remediation is one node's case.

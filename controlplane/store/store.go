@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strings"
 	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Dialect names a backend's SQL dialect.
@@ -966,6 +968,13 @@ type Event struct {
 	Message  string
 	Time     time.Time
 	Payload  []byte // JSON
+	// GPUFinding is the typed finding of a node's GPU event (kinds
+	// "gpu.*"), as the node sent it. When set, EventInsert stores its
+	// protojson as Payload (gpufinding.Marshal; Payload is ignored), writes
+	// the gpu.health-changed event and, when it names a resolution, a
+	// RemediationFinding, all in one transaction. EventList leaves it nil:
+	// gpufinding.Decode reads it from Payload, in either stored shape.
+	GPUFinding *sessionv1.GPUFinding
 }
 
 // EventStore keeps events.

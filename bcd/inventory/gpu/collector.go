@@ -98,6 +98,7 @@ type Collector struct {
 	mu     sync.Mutex
 	states map[string]*gpuState // by GPU UUID
 	byPCI  map[string]watched   // by kmsg.NVMLBusKey of the PCI bus id, from the last Collect
+	byUUID map[string]watched   // by GPU UUID, from the last Collect
 }
 
 // New returns a Collector for cfg, with defaults filled in. It returns an
@@ -200,6 +201,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 
 	rep := Report{GPUs: make([]GPU, 0, n), NVML: true}
 	byPCI := make(map[string]watched, n)
+	byUUID := make(map[string]watched, n)
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return Report{}, fmt.Errorf("collect gpus: %w", err)
@@ -211,13 +213,19 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		if r.ok("device handle", ret) {
 			readDevice(dev, &g, &r)
 		} else if !r.lost {
-			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "NVML cannot open the GPU: " + ret.Error()})
+			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "NVML cannot open the GPU: " + ret.Error(),
+				key: EventKindGPULost, signal: &Event{Kind: EventKindGPULost, LostError: ret.Error()}})
 		}
 		if r.lost {
-			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "GPU is lost: NVML returned ERROR_GPU_IS_LOST"})
+			pre = append(pre, finding{health: HealthFailed, resolution: xid.RestartBM, reason: "GPU is lost: NVML returned ERROR_GPU_IS_LOST",
+				key: EventKindGPULost, signal: &Event{Kind: EventKindGPULost, LostError: "ERROR_GPU_IS_LOST"}})
 		}
+		id := watched{index: i, uuid: g.UUID, serial: g.Serial, pci: g.PCIBusID}
 		if key := kmsg.NVMLBusKey(g.PCIBusID); key != "" {
-			byPCI[key] = watched{index: i, uuid: g.UUID}
+			byPCI[key] = id
+		}
+		if g.UUID != "" {
+			byUUID[g.UUID] = id
 		}
 		g.Errors = r.errs
 
@@ -235,7 +243,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		rep.GPUs = append(rep.GPUs, g)
 	}
 	c.mu.Lock()
-	c.byPCI = byPCI
+	c.byPCI, c.byUUID = byPCI, byUUID
 	c.mu.Unlock()
 	return rep, nil
 }

@@ -1,6 +1,10 @@
 package gpu
 
-import "time"
+import (
+	"time"
+
+	"github.com/better-compute/better-compute/proto/gpufinding"
+)
 
 // Report is the result of one [Collector.Collect]: every GPU NVML enumerates,
 // in NVML index order.
@@ -100,6 +104,12 @@ type GPU struct {
 	// "not supported", as "query: NVML error", for example
 	// "serial: ERROR_NO_PERMISSION". The affected fields are left empty.
 	Errors []string `json:"errors,omitempty"`
+	// NewFindings are the health findings of this Collect's readings
+	// (row remapping, recovery action, clocks, NVLink, ECC counts, retired
+	// pages, a lost GPU) that the previous Collect of this GPU did not
+	// have, as Events of SourceScan, for bcd to send once. XIDs and ECC
+	// events are Watch's and never here. Empty without a UUID.
+	NewFindings []Event `json:"-"`
 }
 
 // ECC holds a GPU's ECC error counts. Volatile counts are since the last
@@ -239,14 +249,40 @@ func severityOf(h Health) Severity {
 	}
 }
 
-// Event kinds reported by [Collector.Watch].
+// Event kinds (the wire names proto/gpufinding declares) reported by
+// [Collector.Watch] and WatchKernelLog (an XID, a
+// double-bit ECC event) and by [Collector.Collect] in GPU.NewFindings (a
+// reading that became a health finding).
 const (
 	// EventKindXID is an XID error reported by the driver; Event.XID holds
 	// its number.
-	EventKindXID = "gpu.xid"
+	EventKindXID = gpufinding.KindXID
 	// EventKindECCUncorrected is a double-bit (uncorrectable) ECC error
-	// event; Event.XID is 0.
-	EventKindECCUncorrected = "gpu.ecc.uncorrected"
+	// event, or (from Collect) a non-zero volatile uncorrected count in
+	// Event.ECCCount; Event.XID is 0.
+	EventKindECCUncorrected = gpufinding.KindECCUncorrected
+	// EventKindECCCorrected is a rise of the corrected ECC count by
+	// Config.CorrectedSpike or more since the previous Collect
+	// (Event.ECCCount).
+	EventKindECCCorrected = gpufinding.KindECCCorrected
+	// EventKindRowRemap is a failed or pending row remapping
+	// (Event.RemappedRows).
+	EventKindRowRemap = gpufinding.KindRowRemap
+	// EventKindRecoveryAction is a recovery action the driver asks for
+	// (Event.RecoveryAction).
+	EventKindRecoveryAction = gpufinding.KindRecoveryAction
+	// EventKindClocks is a clock slowdown (Event.ClocksEventReasons,
+	// Event.ClockReasons).
+	EventKindClocks = gpufinding.KindClocks
+	// EventKindNVLink is a rise of the NVLink error totals past
+	// Config.NVLinkErrorThreshold within Config.NVLinkWindow
+	// (Event.NVLinkErrors, Event.NVLinkWindow).
+	EventKindNVLink = gpufinding.KindNVLink
+	// EventKindRetiredPages is pages waiting to be retired.
+	EventKindRetiredPages = gpufinding.KindRetiredPages
+	// EventKindGPULost is a GPU NVML cannot open or reports lost
+	// (Event.LostError).
+	EventKindGPULost = gpufinding.KindGPULost
 )
 
 // Event is one GPU error event seen by [Collector.Watch].
@@ -265,6 +301,37 @@ type Event struct {
 	// resolution (package xid: NVIDIA's immediate resolution, or ESCALATE),
 	// for an uncorrectable ECC event "RESET_GPU".
 	Resolution string `json:"resolution,omitempty"`
+	// Immediate and Investigatory are NVIDIA's immediate and investigatory
+	// resolutions of an XID from the catalogue, as written (package xid:
+	// Entry.Immediate, Entry.Investigatory); for another kind Immediate is
+	// the resolution the health rules name and Investigatory is empty.
+	Immediate     string `json:"immediate,omitempty"`
+	Investigatory string `json:"investigatory,omitempty"`
+	// Health is the health the event implies for its GPU while it holds.
+	Health Health `json:"health,omitempty"`
+	// Serial and PCIBusID identify the GPU beside its UUID, from the
+	// latest Collect (Serial empty where NVML gives none); for a
+	// kernel-log line of an unknown GPU PCIBusID is the line's address.
+	Serial   string `json:"serial,omitempty"`
+	PCIBusID string `json:"pci_bus_id,omitempty"`
+	// LogLine is the kernel-log line of a [SourceKernelLog] event, as
+	// logged; empty otherwise.
+	LogLine string `json:"log_line,omitempty"`
+	// ECCCount, RemappedRows, RecoveryAction, ClocksEventReasons,
+	// ClockReasons, NVLinkErrors, NVLinkWindow and LostError are the
+	// signal of a Collect finding, each for its kind above; zero
+	// otherwise.
+	ECCCount           uint64        `json:"ecc_count,omitempty"`
+	RemappedRows       *RemappedRows `json:"remapped_rows,omitempty"`
+	RecoveryAction     string        `json:"recovery_action,omitempty"`
+	ClocksEventReasons uint64        `json:"clocks_event_reasons,omitempty"`
+	ClockReasons       []string      `json:"clock_reasons,omitempty"`
+	NVLinkErrors       uint64        `json:"nvlink_errors,omitempty"`
+	NVLinkWindow       time.Duration `json:"nvlink_window,omitempty"`
+	LostError          string        `json:"lost_error,omitempty"`
+	// Counters are the readings behind a Collect finding, by name (for
+	// example "remappedRowsUncorrectable"); nil otherwise.
+	Counters map[string]uint64 `json:"counters,omitempty"`
 	// Source is where bcd saw it: [SourceNVML] or [SourceKernelLog].
 	Source string `json:"source,omitempty"`
 	// PID and Process are the process the driver blamed, from a kernel-log
@@ -288,4 +355,6 @@ const (
 	// SourceKernelLog is an NVRM Xid line of the kernel log
 	// (Collector.WatchKernelLog).
 	SourceKernelLog = "kmsg"
+	// SourceScan is a reading of the GPU's counters (Collector.Collect).
+	SourceScan = "scan"
 )

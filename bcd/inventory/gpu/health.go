@@ -73,6 +73,9 @@ type gpuState struct {
 	// nvlink holds the NVLink error totals read within the window, oldest
 	// first.
 	nvlink []nvlinkSample
+	// scanned holds the keys of the reading findings of the previous
+	// Collect (finding.key), so each is reported once while it holds.
+	scanned map[string]bool
 }
 
 func newState() *gpuState {
@@ -88,6 +91,11 @@ type finding struct {
 	xid      uint32
 	mnemonic string
 	at       time.Time
+	// signal is the Event a finding of a reading is reported as (its kind
+	// and signal fields; assess completes it), nil for XIDs and ECC events
+	// (Watch reports those). key tells it from the others of its GPU.
+	signal *Event
+	key    string
 }
 
 // assessParams carries the thresholds assess needs from the Config.
@@ -153,22 +161,31 @@ func recoveryActionName(a nvml.DeviceGpuRecoveryAction) string {
 func assess(g *GPU, pre []finding, st *gpuState, p assessParams) {
 	fs := slices.Clone(pre)
 	if g.ECC != nil && g.ECC.VolatileUncorrected != nil && *g.ECC.VolatileUncorrected > 0 {
+		n := *g.ECC.VolatileUncorrected
 		fs = append(fs, finding{health: HealthFailed, resolution: xid.ResetGPU,
-			reason: fmt.Sprintf("uncorrectable ECC errors: %d since driver load or reset", *g.ECC.VolatileUncorrected)})
+			reason: fmt.Sprintf("uncorrectable ECC errors: %d since driver load or reset", n),
+			key:    EventKindECCUncorrected, signal: &Event{Kind: EventKindECCUncorrected, ECCCount: n,
+				Counters: map[string]uint64{"eccVolatileUncorrected": n}}})
 	}
 	if rr := g.RemappedRows; rr != nil {
+		remap := func() *Event {
+			c := *rr
+			return &Event{Kind: EventKindRowRemap, RemappedRows: &c, Counters: map[string]uint64{
+				"remappedRowsCorrectable": uint64(max(rr.Corrected, 0)), "remappedRowsUncorrectable": uint64(max(rr.Uncorrected, 0))}}
+		}
 		if rr.Failure {
 			fs = append(fs, finding{health: HealthFailed, resolution: xid.ContactSupport,
-				reason: "row remapping failure: GPU out of spare rows"})
+				reason: "row remapping failure: GPU out of spare rows", key: EventKindRowRemap + "/failure", signal: remap()})
 		}
 		if rr.Pending {
 			fs = append(fs, finding{health: HealthDegraded, resolution: xid.ResetGPU,
-				reason: "row remapping pending: GPU reset required"})
+				reason: "row remapping pending: GPU reset required", key: EventKindRowRemap + "/pending", signal: remap()})
 		}
 	}
 	if rp := g.RetiredPages; rp != nil && rp.Pending != nil && *rp.Pending {
 		fs = append(fs, finding{health: HealthDegraded, resolution: xid.ResetGPU,
-			reason: "retired pages pending: GPU reset or reboot required"})
+			reason: "retired pages pending: GPU reset or reboot required",
+			key:    EventKindRetiredPages, signal: &Event{Kind: EventKindRetiredPages}})
 	}
 	if r := g.ClocksEventReasons; r != nil && *r&throttleMask != 0 {
 		var names []string
@@ -178,10 +195,14 @@ func assess(g *GPU, pre []finding, st *gpuState, p assessParams) {
 			}
 		}
 		fs = append(fs, finding{health: HealthDegraded, resolution: "CHECK_MECHANICALS",
-			reason: "clocks throttled: " + strings.Join(names, ", ")})
+			reason: "clocks throttled: " + strings.Join(names, ", "),
+			key:    fmt.Sprintf("%s/%d", EventKindClocks, *r&throttleMask),
+			signal: &Event{Kind: EventKindClocks, ClocksEventReasons: *r, ClockReasons: names,
+				Counters: map[string]uint64{"clocksEventReasons": *r}}})
 	}
 	if a := g.RecoveryAction; a != "" {
-		f := finding{health: HealthDegraded, resolution: xid.Escalate, reason: "driver recovery action: " + a}
+		f := finding{health: HealthDegraded, resolution: xid.Escalate, reason: "driver recovery action: " + a,
+			key: EventKindRecoveryAction + "/" + a, signal: &Event{Kind: EventKindRecoveryAction, RecoveryAction: a}}
 		for _, r := range recoveryActions {
 			if r.name == a {
 				f.health, f.resolution = r.health, r.resolution
@@ -194,13 +215,19 @@ func assess(g *GPU, pre []finding, st *gpuState, p assessParams) {
 			cur := *g.ECC.VolatileCorrected
 			if last := st.lastCorrected; last != nil && cur >= *last && cur-*last >= p.correctedSpike {
 				fs = append(fs, finding{health: HealthDegraded, resolution: xid.Ignore,
-					reason: fmt.Sprintf("corrected ECC errors rose by %d since the last collection", cur-*last)})
+					reason: fmt.Sprintf("corrected ECC errors rose by %d since the last collection", cur-*last),
+					key:    EventKindECCCorrected, signal: &Event{Kind: EventKindECCCorrected, ECCCount: cur - *last,
+						Counters: map[string]uint64{"eccVolatileCorrected": cur, "eccVolatileCorrectedBefore": *last}}})
 			}
 			st.lastCorrected = &cur
 		}
 		if d, ok := st.nvlinkDelta(g.NVLinkErrors, p); ok && d >= p.nvlinkThreshold {
+			n := g.NVLinkErrors
 			fs = append(fs, finding{health: HealthDegraded, resolution: xid.Escalate,
-				reason: fmt.Sprintf("NVLink errors rose by %d within %v", d, p.nvlinkWindow)})
+				reason: fmt.Sprintf("NVLink errors rose by %d within %v", d, p.nvlinkWindow),
+				key:    EventKindNVLink, signal: &Event{Kind: EventKindNVLink, NVLinkErrors: d, NVLinkWindow: p.nvlinkWindow,
+					Counters: map[string]uint64{"nvlinkCrcFlit": n.CRCFlit, "nvlinkCrcData": n.CRCData,
+						"nvlinkReplay": n.Replay, "nvlinkRecovery": n.Recovery}}})
 		}
 		if !st.uncorrectedEvent.IsZero() {
 			fs = append(fs, finding{health: HealthFailed, resolution: xid.ResetGPU, reason: "uncorrectable ECC error event",
@@ -213,6 +240,10 @@ func assess(g *GPU, pre []finding, st *gpuState, p assessParams) {
 		}
 	}
 	slices.SortStableFunc(fs, func(a, b finding) int { return cmp.Compare(b.health.rank(), a.health.rank()) })
+	g.NewFindings = nil
+	if st != nil {
+		g.NewFindings = st.newFindings(g, fs, p.now)
+	}
 
 	g.Health, g.HealthReasons, g.Resolution, g.XID, g.XIDMnemonic = HealthOK, nil, "", 0, ""
 	var latest time.Time
@@ -260,4 +291,29 @@ func (st *gpuState) nvlinkDelta(n *NVLinkErrors, p assessParams) (uint64, bool) 
 		st.nvlink = st.nvlink[1:]
 	}
 	return total - st.nvlink[0].total, true
+}
+
+// newFindings returns the reading findings of fs whose key the previous
+// Collect did not have, as Events of g observed at now, and keeps fs's keys
+// for the next Collect.
+func (st *gpuState) newFindings(g *GPU, fs []finding, now time.Time) []Event {
+	seen := make(map[string]bool, len(fs))
+	var out []Event
+	for _, f := range fs {
+		if f.signal == nil || seen[f.key] {
+			continue
+		}
+		seen[f.key] = true
+		if st.scanned[f.key] {
+			continue
+		}
+		ev := *f.signal
+		ev.GPUUUID, ev.Serial, ev.PCIBusID = g.UUID, g.Serial, g.PCIBusID
+		ev.Immediate, ev.Resolution, ev.Health, ev.Severity = f.resolution, f.resolution, f.health, severityOf(f.health)
+		ev.Source, ev.Time = SourceScan, now
+		ev.Message = fmt.Sprintf("GPU %d (%s): %s", g.Index, g.UUID, f.reason)
+		out = append(out, ev)
+	}
+	st.scanned = seen
+	return out
 }

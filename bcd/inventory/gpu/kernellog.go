@@ -70,9 +70,10 @@ func (c *Collector) WatchKernelLog(ctx context.Context, src KernelLog, fn func(E
 		if !pass {
 			return
 		}
-		ev.PID, ev.Process = x.PID, x.Name
+		ev.PID, ev.Process, ev.LogLine = x.PID, x.Name, r.Message
 		if !known {
 			ev.Message += " (PCI " + x.PCIKey() + ")"
+			ev.PCIBusID = x.PCIKey()
 		}
 		c.report(ctx, w.index, ev, fn)
 	})
@@ -89,6 +90,7 @@ func (c *Collector) WatchKernelLog(ctx context.Context, src KernelLog, fn func(E
 func (c *Collector) noteXID(uuid, label string, code uint64, at time.Time, source string) (Event, bool) {
 	e := c.catalog.Classify(uint32(code))
 	ev := Event{Kind: EventKindXID, GPUUUID: uuid, XID: code, XIDMnemonic: e.Mnemonic, Resolution: e.Resolution,
+		Immediate: e.Immediate, Investigatory: e.Investigatory, Health: xidHealth(e.Resolution),
 		Severity: xidSeverity(e.Resolution), Source: source, Time: at,
 		Message: fmt.Sprintf("XID %d on %s: %s", code, label, xidReason(e))}
 	if uuid == "" || code > 1<<32-1 {

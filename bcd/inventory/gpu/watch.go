@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,9 @@ type watched struct {
 	dev   nvml.Device
 	index int
 	uuid  string
+	// serial and pci are the GPU's board serial and PCI bus id, in the
+	// maps Collect builds; empty in Watch's registrations.
+	serial, pci string
 }
 
 // Watch registers every GPU for XID and ECC events (XID critical errors,
@@ -173,6 +177,7 @@ func (c *Collector) handleEvent(ctx context.Context, data nvml.EventData, gpus [
 			c.mu.Unlock()
 		}
 		ev = Event{Kind: EventKindECCUncorrected, GPUUUID: w.uuid, Severity: SeverityCritical, Resolution: xid.ResetGPU,
+			Immediate: xid.ResetGPU, Health: HealthFailed,
 			Source: SourceNVML, Message: "uncorrectable ECC error on " + label, Time: now}
 	default:
 		c.log.DebugContext(ctx, "GPU event", attrIndex, w.index, attrUUID, w.uuid, attrEventType, data.EventType)
@@ -181,8 +186,16 @@ func (c *Collector) handleEvent(ctx context.Context, data nvml.EventData, gpus [
 	c.report(ctx, w.index, ev, fn)
 }
 
-// report logs ev at its severity's level and passes it to fn.
+// report logs ev at its severity's level and passes it to fn, with the
+// GPU's serial and PCI bus id from the latest Collect.
 func (c *Collector) report(ctx context.Context, index int, ev Event, fn func(Event)) {
+	if ev.GPUUUID != "" {
+		c.mu.Lock()
+		if id, ok := c.byUUID[ev.GPUUUID]; ok {
+			ev.Serial, ev.PCIBusID = id.serial, cmp.Or(id.pci, ev.PCIBusID)
+		}
+		c.mu.Unlock()
+	}
 	level := slog.LevelInfo
 	switch ev.Severity {
 	case SeverityWarning:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -86,9 +87,10 @@ func TestWatchXID79FailsThatGPU(t *testing.T) {
 	events := w.stop()
 
 	want := gpu.Event{Kind: gpu.EventKindXID, GPUUUID: stableUUID(3), XID: 79, XIDMnemonic: "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
-		Resolution: "RESTART_BM", Source: gpu.SourceNVML, Severity: gpu.SeverityCritical, Time: clock.Now()}
+		Resolution: "RESTART_BM", Immediate: "RESTART_BM", Investigatory: "CONTACT_SUPPORT", Health: gpu.HealthFailed,
+		Source: gpu.SourceNVML, Severity: gpu.SeverityCritical, Time: clock.Now()}
 	ev.Message, want.Message = "", ""
-	if ev != want {
+	if !reflect.DeepEqual(ev, want) {
 		t.Errorf("event = %+v, want %+v", ev, want)
 	}
 	if len(events) != 1 || !strings.Contains(events[0].Message, "XID 79") {

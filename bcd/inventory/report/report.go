@@ -6,6 +6,7 @@ package report
 import (
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/inventory"
@@ -115,4 +116,50 @@ func derefInt(p *int) int {
 		return 0
 	}
 	return *p
+}
+
+// Finding is the typed finding (sessionv1.GPUFinding) of a GPU event: its
+// GPU, signal (by ev.Kind, one of gpu.EventKind*, with that kind's fields),
+// NVIDIA's resolutions, the health it implies, the evidence (log line or
+// counters) and when it was seen. An event of a kind it does not know has
+// no signal.
+func Finding(ev gpu.Event) *sessionv1.GPUFinding {
+	f := &sessionv1.GPUFinding{
+		GpuUuid: ev.GPUUUID, BoardSerial: ev.Serial, PciBusId: ev.PCIBusID,
+		ImmediateResolution: ev.Immediate, InvestigatoryResolution: ev.Investigatory, Resolution: ev.Resolution,
+		Health: health(ev.Health),
+		Evidence: &sessionv1.GPUFindingEvidence{Source: ev.Source, LogLine: ev.LogLine, Pid: uint32(max(ev.PID, 0)),
+			Process: ev.Process, Message: ev.Message, Counters: ev.Counters},
+	}
+	if !ev.Time.IsZero() {
+		f.ObservedAt = timestamppb.New(ev.Time)
+	}
+	switch ev.Kind {
+	case gpu.EventKindXID:
+		f.Signal = &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: uint32(ev.XID), Mnemonic: ev.XIDMnemonic}}
+	case gpu.EventKindECCUncorrected:
+		f.Signal = &sessionv1.GPUFinding_Ecc{Ecc: &sessionv1.ECCSignal{Uncorrectable: true, Count: ev.ECCCount}}
+	case gpu.EventKindECCCorrected:
+		f.Signal = &sessionv1.GPUFinding_Ecc{Ecc: &sessionv1.ECCSignal{Count: ev.ECCCount}}
+	case gpu.EventKindRowRemap:
+		rr := ev.RemappedRows
+		if rr == nil {
+			rr = &gpu.RemappedRows{}
+		}
+		f.Signal = &sessionv1.GPUFinding_RowRemap{RowRemap: &sessionv1.RowRemapSignal{Failure: rr.Failure, Pending: rr.Pending,
+			CorrectableRows: uint32(max(rr.Corrected, 0)), UncorrectableRows: uint32(max(rr.Uncorrected, 0))}}
+	case gpu.EventKindRecoveryAction:
+		f.Signal = &sessionv1.GPUFinding_RecoveryAction{RecoveryAction: &sessionv1.RecoveryActionSignal{Action: ev.RecoveryAction}}
+	case gpu.EventKindClocks:
+		f.Signal = &sessionv1.GPUFinding_Clocks{Clocks: &sessionv1.ClocksSignal{EventReasons: ev.ClocksEventReasons,
+			Reasons: ev.ClockReasons}}
+	case gpu.EventKindNVLink:
+		f.Signal = &sessionv1.GPUFinding_Nvlink{Nvlink: &sessionv1.NVLinkSignal{Errors: ev.NVLinkErrors,
+			Window: durationpb.New(ev.NVLinkWindow)}}
+	case gpu.EventKindRetiredPages:
+		f.Signal = &sessionv1.GPUFinding_RetiredPages{RetiredPages: &sessionv1.RetiredPagesSignal{Pending: true}}
+	case gpu.EventKindGPULost:
+		f.Signal = &sessionv1.GPUFinding_GpuLost{GpuLost: &sessionv1.GPULostSignal{NvmlError: ev.LostError}}
+	}
+	return f
 }

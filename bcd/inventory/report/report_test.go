@@ -35,3 +35,61 @@ func TestInventory(t *testing.T) {
 		t.Fatalf("gpu 1 = %v", g)
 	}
 }
+
+// TestFinding: each kind of GPU event becomes the typed finding of its
+// signal, with the GPU's identity, NVIDIA's resolutions, health, evidence
+// and time as the event has them.
+func TestFinding(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	base := gpu.Event{GPUUUID: "GPU-3", Serial: "1320", PCIBusID: "00000000:07:00.0", Resolution: "RESET_GPU", Immediate: "RESET_GPU",
+		Health: gpu.HealthFailed, Source: gpu.SourceScan, Message: "m", Time: at, Counters: map[string]uint64{"n": 1}}
+	for _, c := range []struct {
+		ev    gpu.Event
+		check func(*sessionv1.GPUFinding) bool
+	}{
+		{gpu.Event{Kind: gpu.EventKindXID, XID: 79, XIDMnemonic: "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", Investigatory: "CONTACT_SUPPORT",
+			Source: gpu.SourceKernelLog, LogLine: "NVRM: Xid (PCI:0000:07:00): 79, pid=7, name=python", PID: 7, Process: "python"},
+			func(f *sessionv1.GPUFinding) bool {
+				return f.GetXid().GetCode() == 79 && f.GetInvestigatoryResolution() == "CONTACT_SUPPORT" &&
+					f.GetEvidence().GetLogLine() != "" && f.GetEvidence().GetPid() == 7 && f.GetEvidence().GetProcess() == "python"
+			}},
+		{gpu.Event{Kind: gpu.EventKindECCUncorrected, ECCCount: 2},
+			func(f *sessionv1.GPUFinding) bool { return f.GetEcc().GetUncorrectable() && f.GetEcc().GetCount() == 2 }},
+		{gpu.Event{Kind: gpu.EventKindECCCorrected, ECCCount: 200},
+			func(f *sessionv1.GPUFinding) bool {
+				return !f.GetEcc().GetUncorrectable() && f.GetEcc().GetCount() == 200
+			}},
+		{gpu.Event{Kind: gpu.EventKindRowRemap, RemappedRows: &gpu.RemappedRows{Pending: true, Corrected: 2}},
+			func(f *sessionv1.GPUFinding) bool {
+				return f.GetRowRemap().GetPending() && f.GetRowRemap().GetCorrectableRows() == 2
+			}},
+		{gpu.Event{Kind: gpu.EventKindRecoveryAction, RecoveryAction: "NODE_REBOOT"},
+			func(f *sessionv1.GPUFinding) bool { return f.GetRecoveryAction().GetAction() == "NODE_REBOOT" }},
+		{gpu.Event{Kind: gpu.EventKindClocks, ClocksEventReasons: 64, ClockReasons: []string{"hardware thermal slowdown"}},
+			func(f *sessionv1.GPUFinding) bool {
+				return f.GetClocks().GetEventReasons() == 64 && len(f.GetClocks().GetReasons()) == 1
+			}},
+		{gpu.Event{Kind: gpu.EventKindNVLink, NVLinkErrors: 150, NVLinkWindow: 10 * time.Minute},
+			func(f *sessionv1.GPUFinding) bool {
+				return f.GetNvlink().GetErrors() == 150 && f.GetNvlink().GetWindow().AsDuration() == 10*time.Minute
+			}},
+		{gpu.Event{Kind: gpu.EventKindRetiredPages}, func(f *sessionv1.GPUFinding) bool { return f.GetRetiredPages().GetPending() }},
+		{gpu.Event{Kind: gpu.EventKindGPULost, LostError: "ERROR_GPU_IS_LOST"},
+			func(f *sessionv1.GPUFinding) bool { return f.GetGpuLost().GetNvmlError() == "ERROR_GPU_IS_LOST" }},
+	} {
+		ev := base
+		ev.Kind, ev.XID, ev.XIDMnemonic, ev.ECCCount, ev.RemappedRows = c.ev.Kind, c.ev.XID, c.ev.XIDMnemonic, c.ev.ECCCount, c.ev.RemappedRows
+		ev.RecoveryAction, ev.ClocksEventReasons, ev.ClockReasons = c.ev.RecoveryAction, c.ev.ClocksEventReasons, c.ev.ClockReasons
+		ev.NVLinkErrors, ev.NVLinkWindow, ev.LostError = c.ev.NVLinkErrors, c.ev.NVLinkWindow, c.ev.LostError
+		if c.ev.Source != "" {
+			ev.Source, ev.LogLine, ev.PID, ev.Process, ev.Investigatory = c.ev.Source, c.ev.LogLine, c.ev.PID, c.ev.Process, c.ev.Investigatory
+		}
+		f := report.Finding(ev)
+		if !c.check(f) || f.GetGpuUuid() != "GPU-3" || f.GetBoardSerial() != "1320" || f.GetPciBusId() != "00000000:07:00.0" ||
+			f.GetResolution() != "RESET_GPU" || f.GetImmediateResolution() != "RESET_GPU" ||
+			f.GetHealth() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED || !f.GetObservedAt().AsTime().Equal(at) ||
+			f.GetEvidence().GetSource() != ev.Source || f.GetEvidence().GetMessage() != "m" {
+			t.Errorf("%s: finding %v", ev.Kind, f)
+		}
+	}
+}

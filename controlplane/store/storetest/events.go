@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // testEvents drives every state change the store makes and checks that each
@@ -88,7 +89,7 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 
 	// A GPU event with its XID.
 	must(st.EventInsert(ctx, &store.Event{NodeID: "node_ev2", Kind: "gpu.xid", Severity: "critical", Message: "XID 79",
-		Payload: []byte(`{"gpuUuid":"GPU-ev","xid":79}`)}))
+		GPUFinding: &sessionv1.GPUFinding{GpuUuid: "GPU-ev", Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 79}}}}))
 	must(st.EventInsert(ctx, &store.Event{NodeID: "node_ev2", Kind: "node.reboot"})) // not a GPU: none
 
 	// Commands: created and every terminal state.
@@ -188,7 +189,8 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 		t.Errorf("node_ev3's events: %v (want joined, ready, unresponsive: its session is open)", got)
 	}
 	for key, want := range map[string]string{
-		events.GPUHealthChanged + " GPU-ev": `{"nodeId":"node_ev2","gpuUuid":"GPU-ev","kind":"gpu.xid","severity":"critical","message":"XID 79","xid":79}`,
+		events.GPUHealthChanged + " GPU-ev": `{"nodeId":"node_ev2","gpuUuid":"GPU-ev","kind":"gpu.xid","severity":"critical","message":"XID 79","xid":79,` +
+			`"finding":{"gpuUuid":"GPU-ev","xid":{"code":79}}}`,
 		events.CommandFailed + " " + fail.ID: `{"commandId":"` + fail.ID + `","nodeId":"node_ev2","kind":"exec","batchId":"` + fail.BatchID +
 			`","state":"failed","createdBy":"t","exitCode":1,"error":"exit status 1"}`,
 		events.CommandSucceeded + " " + ok.ID: `{"commandId":"` + ok.ID + `","nodeId":"node_ev2","kind":"exec","batchId":"` + ok.BatchID +

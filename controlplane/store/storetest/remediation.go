@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // testRemediation drives the remediation store: findings recorded in their
@@ -23,13 +27,20 @@ func testRemediation(ctx context.Context, t *testing.T, h *Harness) {
 	sh := store.ShardOf("node_rm1")
 
 	// A node event naming a resolution is a finding; one without is not.
+	xid95 := &sessionv1.GPUFinding{GpuUuid: "GPU-1", BoardSerial: "1320000000001", PciBusId: "00000000:07:00.0",
+		Signal:              &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 95, Mnemonic: "UNCONTAINED_ECC_ERROR"}},
+		ImmediateResolution: "RESET_GPU", Resolution: "RESET_GPU", Health: sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED,
+		Evidence:   &sessionv1.GPUFindingEvidence{Source: "kmsg", LogLine: "NVRM: Xid (PCI:0000:07:00): 95, pid=1, name=x"},
+		ObservedAt: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC))}
 	must(st.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Severity: "critical", Message: "XID 95",
-		Payload: []byte(`{"gpuUuid":"GPU-1","xid":95,"xidMnemonic":"UNCONTAINED_ECC_ERROR","resolution":"RESET_GPU"}`)}))
-	must(st.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Payload: []byte(`{"xid":31}`)}))
+		GPUFinding: xid95}))
+	must(st.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid",
+		GPUFinding: &sessionv1.GPUFinding{Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 31}}}}))
 	// A rolled-back event leaves no finding.
 	boom := errors.New("roll back")
 	if err := st.Tx(ctx, func(tx store.Store) error {
-		must(tx.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", Payload: []byte(`{"xid":79,"resolution":"RESTART_BM"}`)}))
+		must(tx.EventInsert(ctx, &store.Event{NodeID: "node_rm1", Kind: "gpu.xid", GPUFinding: &sessionv1.GPUFinding{
+			Resolution: "RESTART_BM", Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 79}}}}))
 		return boom
 	}); !errors.Is(err, boom) {
 		t.Fatalf("tx = %v", err)
@@ -41,6 +52,9 @@ func testRemediation(ctx context.Context, t *testing.T, h *Harness) {
 	if len(fs) != 1 || fs[0].NodeID != "node_rm1" || fs[0].Resolution != "RESET_GPU" || fs[0].XID != 95 ||
 		fs[0].XIDMnemonic != "UNCONTAINED_ECC_ERROR" || fs[0].GPUUUID != "GPU-1" || fs[0].Kind != "gpu.xid" || fs[0].EventID == 0 {
 		t.Fatalf("findings = %+v", fs)
+	}
+	if !proto.Equal(fs[0].GPUFinding, xid95) {
+		t.Fatalf("finding read back = %v, want the one written, %v", fs[0].GPUFinding, xid95)
 	}
 	if again := must(st.RemediationFindingsTake(ctx, sh, 10)); len(again) != 0 {
 		t.Fatalf("findings taken twice: %+v", again)

@@ -4820,7 +4820,13 @@ type Event struct {
 	// "RESTART_APP", "RESET_GPU", "RESTART_BM", ...), or "ESCALATE" where the
 	// catalogue leaves it blank or names a WORKFLOW_*; for other kinds the
 	// resolution the node's health judgement calls for; empty when none.
-	Resolution    string `protobuf:"bytes,9,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	Resolution string `protobuf:"bytes,9,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// The finding itself, for an event about a GPU (kinds "gpu.*"): the one
+	// typed form a gateway stores (as protojson) and the remediation
+	// reconciler acts on. gpu_uuid, xid, xid_mnemonic and resolution above
+	// repeat it for gateways that predate it; a gateway reads a "gpu.*" event
+	// without it from those fields (docs/gpu-findings.md).
+	GpuFinding    *GPUFinding `protobuf:"bytes,10,opt,name=gpu_finding,json=gpuFinding,proto3" json:"gpu_finding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4914,6 +4920,836 @@ func (x *Event) GetXidMnemonic() string {
 func (x *Event) GetResolution() string {
 	if x != nil {
 		return x.Resolution
+	}
+	return ""
+}
+
+func (x *Event) GetGpuFinding() *GPUFinding {
+	if x != nil {
+		return x.GpuFinding
+	}
+	return nil
+}
+
+// GPUFinding is one thing a node found wrong (or worth recording) with one
+// GPU: which GPU, the signal that showed it, what NVIDIA says to do about
+// it, the health it implies, the evidence and when it was observed. It is
+// carried unchanged from bcd to the remediation reconcilers: the gateway
+// stores it as protojson in the event's payload, the store reads it back
+// in one place (proto/gpufinding) and the reconciler matches on signal and
+// resolution, never on text. docs/gpu-findings.md lists the signals.
+type GPUFinding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// GPU UUID, for example "GPU-5c1f..."; empty when the driver did not say
+	// which GPU (an NVML event from an unknown handle, a kernel-log line whose
+	// PCI address matches no GPU).
+	GpuUuid string `protobuf:"bytes,1,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// Board serial number where NVML gives it; empty otherwise.
+	BoardSerial string `protobuf:"bytes,2,opt,name=board_serial,json=boardSerial,proto3" json:"board_serial,omitempty"`
+	// PCI bus id, for example "00000000:18:00.0"; empty when unknown.
+	PciBusId string `protobuf:"bytes,3,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
+	// What showed the finding; exactly one is set. A receiver that does not
+	// know a later variant sees none and treats the finding as a health
+	// judgement (its resolution still holds).
+	//
+	// Types that are valid to be assigned to Signal:
+	//
+	//	*GPUFinding_Xid
+	//	*GPUFinding_Ecc
+	//	*GPUFinding_RowRemap
+	//	*GPUFinding_RecoveryAction
+	//	*GPUFinding_Clocks
+	//	*GPUFinding_Nvlink
+	//	*GPUFinding_RetiredPages
+	//	*GPUFinding_GpuLost
+	Signal isGPUFinding_Signal `protobuf_oneof:"signal"`
+	// NVIDIA's immediate resolution as the XID catalogue writes it
+	// (xid-catalog.csv: "RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", ""
+	// ...); for a signal other than an XID the one the node's health rules
+	// name.
+	ImmediateResolution string `protobuf:"bytes,20,opt,name=immediate_resolution,json=immediateResolution,proto3" json:"immediate_resolution,omitempty"`
+	// NVIDIA's investigatory resolution from the catalogue, as written (free
+	// text in places, for example "IGNORE (sympathetic)"); empty when none.
+	InvestigatoryResolution string `protobuf:"bytes,21,opt,name=investigatory_resolution,json=investigatoryResolution,proto3" json:"investigatory_resolution,omitempty"`
+	// What the finding calls for: immediate_resolution, or "ESCALATE" where
+	// that is blank or a WORKFLOW_* (quarantine and escalate to a person).
+	// A finding with a resolution is a remediation finding.
+	Resolution string `protobuf:"bytes,22,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// The health the finding implies for its GPU while it holds.
+	Health GPUHealthState `protobuf:"varint,23,opt,name=health,proto3,enum=bettercompute.session.v1.GPUHealthState" json:"health,omitempty"`
+	// What was seen.
+	Evidence *GPUFindingEvidence `protobuf:"bytes,24,opt,name=evidence,proto3" json:"evidence,omitempty"`
+	// When the node observed it, on the node's clock (for a kernel-log line,
+	// when the kernel logged it).
+	ObservedAt    *timestamppb.Timestamp `protobuf:"bytes,25,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUFinding) Reset() {
+	*x = GPUFinding{}
+	mi := &file_session_v1_session_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUFinding) ProtoMessage() {}
+
+func (x *GPUFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUFinding.ProtoReflect.Descriptor instead.
+func (*GPUFinding) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *GPUFinding) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetBoardSerial() string {
+	if x != nil {
+		return x.BoardSerial
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetSignal() isGPUFinding_Signal {
+	if x != nil {
+		return x.Signal
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetXid() *XIDSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Xid); ok {
+			return x.Xid
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetEcc() *ECCSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Ecc); ok {
+			return x.Ecc
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetRowRemap() *RowRemapSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_RowRemap); ok {
+			return x.RowRemap
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetRecoveryAction() *RecoveryActionSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_RecoveryAction); ok {
+			return x.RecoveryAction
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetClocks() *ClocksSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Clocks); ok {
+			return x.Clocks
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetNvlink() *NVLinkSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Nvlink); ok {
+			return x.Nvlink
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetRetiredPages() *RetiredPagesSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_RetiredPages); ok {
+			return x.RetiredPages
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetGpuLost() *GPULostSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_GpuLost); ok {
+			return x.GpuLost
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetImmediateResolution() string {
+	if x != nil {
+		return x.ImmediateResolution
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetInvestigatoryResolution() string {
+	if x != nil {
+		return x.InvestigatoryResolution
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetResolution() string {
+	if x != nil {
+		return x.Resolution
+	}
+	return ""
+}
+
+func (x *GPUFinding) GetHealth() GPUHealthState {
+	if x != nil {
+		return x.Health
+	}
+	return GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED
+}
+
+func (x *GPUFinding) GetEvidence() *GPUFindingEvidence {
+	if x != nil {
+		return x.Evidence
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetObservedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ObservedAt
+	}
+	return nil
+}
+
+type isGPUFinding_Signal interface {
+	isGPUFinding_Signal()
+}
+
+type GPUFinding_Xid struct {
+	// An XID error reported by the driver.
+	Xid *XIDSignal `protobuf:"bytes,10,opt,name=xid,proto3,oneof"`
+}
+
+type GPUFinding_Ecc struct {
+	// ECC errors: an uncorrectable error event or count, or a spike of
+	// corrected errors.
+	Ecc *ECCSignal `protobuf:"bytes,11,opt,name=ecc,proto3,oneof"`
+}
+
+type GPUFinding_RowRemap struct {
+	// Row remapping failed or waits for a reset.
+	RowRemap *RowRemapSignal `protobuf:"bytes,12,opt,name=row_remap,json=rowRemap,proto3,oneof"`
+}
+
+type GPUFinding_RecoveryAction struct {
+	// The driver asks for a recovery action (NVML field
+	// FI_DEV_GET_GPU_RECOVERY_ACTION).
+	RecoveryAction *RecoveryActionSignal `protobuf:"bytes,13,opt,name=recovery_action,json=recoveryAction,proto3,oneof"`
+}
+
+type GPUFinding_Clocks struct {
+	// Clocks slowed down by heat or a power brake.
+	Clocks *ClocksSignal `protobuf:"bytes,14,opt,name=clocks,proto3,oneof"`
+}
+
+type GPUFinding_Nvlink struct {
+	// NVLink error totals rose past the node's threshold.
+	Nvlink *NVLinkSignal `protobuf:"bytes,15,opt,name=nvlink,proto3,oneof"`
+}
+
+type GPUFinding_RetiredPages struct {
+	// Memory pages wait to be retired (GPUs before row remapping).
+	RetiredPages *RetiredPagesSignal `protobuf:"bytes,16,opt,name=retired_pages,json=retiredPages,proto3,oneof"`
+}
+
+type GPUFinding_GpuLost struct {
+	// The GPU is gone from NVML or the bus.
+	GpuLost *GPULostSignal `protobuf:"bytes,17,opt,name=gpu_lost,json=gpuLost,proto3,oneof"`
+}
+
+func (*GPUFinding_Xid) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Ecc) isGPUFinding_Signal() {}
+
+func (*GPUFinding_RowRemap) isGPUFinding_Signal() {}
+
+func (*GPUFinding_RecoveryAction) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Clocks) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Nvlink) isGPUFinding_Signal() {}
+
+func (*GPUFinding_RetiredPages) isGPUFinding_Signal() {}
+
+func (*GPUFinding_GpuLost) isGPUFinding_Signal() {}
+
+// XIDSignal is an XID error.
+type XIDSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The XID number, for example 79.
+	Code uint32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// NVIDIA's mnemonic of code from the catalogue, for example
+	// "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"; empty for a code the
+	// catalogue does not list.
+	Mnemonic      string `protobuf:"bytes,2,opt,name=mnemonic,proto3" json:"mnemonic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *XIDSignal) Reset() {
+	*x = XIDSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *XIDSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*XIDSignal) ProtoMessage() {}
+
+func (x *XIDSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use XIDSignal.ProtoReflect.Descriptor instead.
+func (*XIDSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *XIDSignal) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *XIDSignal) GetMnemonic() string {
+	if x != nil {
+		return x.Mnemonic
+	}
+	return ""
+}
+
+// ECCSignal is an ECC finding.
+type ECCSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True for uncorrectable (double-bit) errors, false for a spike of
+	// corrected ones.
+	Uncorrectable bool `protobuf:"varint,1,opt,name=uncorrectable,proto3" json:"uncorrectable,omitempty"`
+	// Errors counted: the volatile uncorrected count, or the rise of the
+	// corrected count since the previous reading; 0 for an error event
+	// (NVML's double-bit ECC event carries no count).
+	Count         uint64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ECCSignal) Reset() {
+	*x = ECCSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ECCSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ECCSignal) ProtoMessage() {}
+
+func (x *ECCSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ECCSignal.ProtoReflect.Descriptor instead.
+func (*ECCSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ECCSignal) GetUncorrectable() bool {
+	if x != nil {
+		return x.Uncorrectable
+	}
+	return false
+}
+
+func (x *ECCSignal) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// RowRemapSignal is a row-remapping finding (Ampere and later).
+type RowRemapSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when a remapping failed: the GPU is out of spare rows.
+	Failure bool `protobuf:"varint,1,opt,name=failure,proto3" json:"failure,omitempty"`
+	// True when a remapping waits for a GPU reset.
+	Pending bool `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	// Rows remapped after correctable errors.
+	CorrectableRows uint32 `protobuf:"varint,3,opt,name=correctable_rows,json=correctableRows,proto3" json:"correctable_rows,omitempty"`
+	// Rows remapped after uncorrectable errors.
+	UncorrectableRows uint32 `protobuf:"varint,4,opt,name=uncorrectable_rows,json=uncorrectableRows,proto3" json:"uncorrectable_rows,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *RowRemapSignal) Reset() {
+	*x = RowRemapSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RowRemapSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RowRemapSignal) ProtoMessage() {}
+
+func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RowRemapSignal.ProtoReflect.Descriptor instead.
+func (*RowRemapSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *RowRemapSignal) GetFailure() bool {
+	if x != nil {
+		return x.Failure
+	}
+	return false
+}
+
+func (x *RowRemapSignal) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
+}
+
+func (x *RowRemapSignal) GetCorrectableRows() uint32 {
+	if x != nil {
+		return x.CorrectableRows
+	}
+	return 0
+}
+
+func (x *RowRemapSignal) GetUncorrectableRows() uint32 {
+	if x != nil {
+		return x.UncorrectableRows
+	}
+	return 0
+}
+
+// RecoveryActionSignal is the driver's requested recovery action.
+type RecoveryActionSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The action as NVML's header names it without its prefix, for example
+	// "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P".
+	Action        string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecoveryActionSignal) Reset() {
+	*x = RecoveryActionSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecoveryActionSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecoveryActionSignal) ProtoMessage() {}
+
+func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecoveryActionSignal.ProtoReflect.Descriptor instead.
+func (*RecoveryActionSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *RecoveryActionSignal) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+// ClocksSignal is a clock slowdown.
+type ClocksSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NVML's clock event reasons bit mask (nvmlClocksEventReason*).
+	EventReasons uint64 `protobuf:"varint,1,opt,name=event_reasons,json=eventReasons,proto3" json:"event_reasons,omitempty"`
+	// The slowdown reasons among them, for example "hardware thermal
+	// slowdown".
+	Reasons       []string `protobuf:"bytes,2,rep,name=reasons,proto3" json:"reasons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClocksSignal) Reset() {
+	*x = ClocksSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClocksSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClocksSignal) ProtoMessage() {}
+
+func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClocksSignal.ProtoReflect.Descriptor instead.
+func (*ClocksSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ClocksSignal) GetEventReasons() uint64 {
+	if x != nil {
+		return x.EventReasons
+	}
+	return 0
+}
+
+func (x *ClocksSignal) GetReasons() []string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
+// NVLinkSignal is a rise of NVLink errors.
+type NVLinkSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How much the error totals (CRC flit, CRC data, replay and recovery
+	// over all links) rose within window.
+	Errors uint64 `protobuf:"varint,1,opt,name=errors,proto3" json:"errors,omitempty"`
+	// The window the rise was measured over.
+	Window        *durationpb.Duration `protobuf:"bytes,2,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NVLinkSignal) Reset() {
+	*x = NVLinkSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NVLinkSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NVLinkSignal) ProtoMessage() {}
+
+func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NVLinkSignal.ProtoReflect.Descriptor instead.
+func (*NVLinkSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *NVLinkSignal) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *NVLinkSignal) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+// RetiredPagesSignal is memory pages waiting to be retired.
+type RetiredPagesSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when pages wait for a reset or reboot to be retired.
+	Pending       bool `protobuf:"varint,1,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetiredPagesSignal) Reset() {
+	*x = RetiredPagesSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetiredPagesSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetiredPagesSignal) ProtoMessage() {}
+
+func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetiredPagesSignal.ProtoReflect.Descriptor instead.
+func (*RetiredPagesSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *RetiredPagesSignal) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
+}
+
+// GPULostSignal is a GPU NVML can no longer reach.
+type GPULostSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NVML's answer, for example "ERROR_GPU_IS_LOST".
+	NvmlError     string `protobuf:"bytes,1,opt,name=nvml_error,json=nvmlError,proto3" json:"nvml_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPULostSignal) Reset() {
+	*x = GPULostSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPULostSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPULostSignal) ProtoMessage() {}
+
+func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPULostSignal.ProtoReflect.Descriptor instead.
+func (*GPULostSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *GPULostSignal) GetNvmlError() string {
+	if x != nil {
+		return x.NvmlError
+	}
+	return ""
+}
+
+// GPUFindingEvidence is what a node saw: the log line or the counter
+// values behind a finding.
+type GPUFindingEvidence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where it was seen: "nvml" (NVML's event API), "kmsg" (a kernel-log
+	// line) or "scan" (a reading of the GPU's counters).
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The kernel-log line, as logged; empty for other sources.
+	LogLine string `protobuf:"bytes,2,opt,name=log_line,json=logLine,proto3" json:"log_line,omitempty"`
+	// Counter readings by name, for example {"remappedRowsUncorrectable": 9}.
+	Counters map[string]uint64 `protobuf:"bytes,3,rep,name=counters,proto3" json:"counters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The process the driver blamed, from a kernel-log line that names one;
+	// 0 otherwise.
+	Pid uint32 `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	// That process's name; empty otherwise.
+	Process string `protobuf:"bytes,5,opt,name=process,proto3" json:"process,omitempty"`
+	// One-line description, for example "XID 79 on GPU 3 (GPU-5e0d...):
+	// GPU has fallen off the bus".
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUFindingEvidence) Reset() {
+	*x = GPUFindingEvidence{}
+	mi := &file_session_v1_session_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUFindingEvidence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUFindingEvidence) ProtoMessage() {}
+
+func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUFindingEvidence.ProtoReflect.Descriptor instead.
+func (*GPUFindingEvidence) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *GPUFindingEvidence) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *GPUFindingEvidence) GetLogLine() string {
+	if x != nil {
+		return x.LogLine
+	}
+	return ""
+}
+
+func (x *GPUFindingEvidence) GetCounters() map[string]uint64 {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *GPUFindingEvidence) GetPid() uint32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *GPUFindingEvidence) GetProcess() string {
+	if x != nil {
+		return x.Process
+	}
+	return ""
+}
+
+func (x *GPUFindingEvidence) GetMessage() string {
+	if x != nil {
+		return x.Message
 	}
 	return ""
 }
@@ -5273,7 +6109,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12\x1f\n" +
 	"\vdetail_json\x18\a \x01(\fR\n" +
-	"detailJson\"\xa5\x03\n" +
+	"detailJson\"\xec\x03\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12>\n" +
@@ -5287,10 +6123,72 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fxid_mnemonic\x18\b \x01(\tR\vxidMnemonic\x12\x1e\n" +
 	"\n" +
 	"resolution\x18\t \x01(\tR\n" +
-	"resolution\x1a=\n" +
+	"resolution\x12E\n" +
+	"\vgpu_finding\x18\n" +
+	" \x01(\v2$.bettercompute.session.v1.GPUFindingR\n" +
+	"gpuFinding\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\a\n" +
+	"\n" +
+	"GPUFinding\x12\x19\n" +
+	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12!\n" +
+	"\fboard_serial\x18\x02 \x01(\tR\vboardSerial\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\x03 \x01(\tR\bpciBusId\x127\n" +
+	"\x03xid\x18\n" +
+	" \x01(\v2#.bettercompute.session.v1.XIDSignalH\x00R\x03xid\x127\n" +
+	"\x03ecc\x18\v \x01(\v2#.bettercompute.session.v1.ECCSignalH\x00R\x03ecc\x12G\n" +
+	"\trow_remap\x18\f \x01(\v2(.bettercompute.session.v1.RowRemapSignalH\x00R\browRemap\x12Y\n" +
+	"\x0frecovery_action\x18\r \x01(\v2..bettercompute.session.v1.RecoveryActionSignalH\x00R\x0erecoveryAction\x12@\n" +
+	"\x06clocks\x18\x0e \x01(\v2&.bettercompute.session.v1.ClocksSignalH\x00R\x06clocks\x12@\n" +
+	"\x06nvlink\x18\x0f \x01(\v2&.bettercompute.session.v1.NVLinkSignalH\x00R\x06nvlink\x12S\n" +
+	"\rretired_pages\x18\x10 \x01(\v2,.bettercompute.session.v1.RetiredPagesSignalH\x00R\fretiredPages\x12D\n" +
+	"\bgpu_lost\x18\x11 \x01(\v2'.bettercompute.session.v1.GPULostSignalH\x00R\agpuLost\x121\n" +
+	"\x14immediate_resolution\x18\x14 \x01(\tR\x13immediateResolution\x129\n" +
+	"\x18investigatory_resolution\x18\x15 \x01(\tR\x17investigatoryResolution\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\x16 \x01(\tR\n" +
+	"resolution\x12@\n" +
+	"\x06health\x18\x17 \x01(\x0e2(.bettercompute.session.v1.GPUHealthStateR\x06health\x12H\n" +
+	"\bevidence\x18\x18 \x01(\v2,.bettercompute.session.v1.GPUFindingEvidenceR\bevidence\x12;\n" +
+	"\vobserved_at\x18\x19 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"observedAtB\b\n" +
+	"\x06signal\";\n" +
+	"\tXIDSignal\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x1a\n" +
+	"\bmnemonic\x18\x02 \x01(\tR\bmnemonic\"G\n" +
+	"\tECCSignal\x12$\n" +
+	"\runcorrectable\x18\x01 \x01(\bR\runcorrectable\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"\x9e\x01\n" +
+	"\x0eRowRemapSignal\x12\x18\n" +
+	"\afailure\x18\x01 \x01(\bR\afailure\x12\x18\n" +
+	"\apending\x18\x02 \x01(\bR\apending\x12)\n" +
+	"\x10correctable_rows\x18\x03 \x01(\rR\x0fcorrectableRows\x12-\n" +
+	"\x12uncorrectable_rows\x18\x04 \x01(\rR\x11uncorrectableRows\".\n" +
+	"\x14RecoveryActionSignal\x12\x16\n" +
+	"\x06action\x18\x01 \x01(\tR\x06action\"M\n" +
+	"\fClocksSignal\x12#\n" +
+	"\revent_reasons\x18\x01 \x01(\x04R\feventReasons\x12\x18\n" +
+	"\areasons\x18\x02 \x03(\tR\areasons\"Y\n" +
+	"\fNVLinkSignal\x12\x16\n" +
+	"\x06errors\x18\x01 \x01(\x04R\x06errors\x121\n" +
+	"\x06window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06window\".\n" +
+	"\x12RetiredPagesSignal\x12\x18\n" +
+	"\apending\x18\x01 \x01(\bR\apending\".\n" +
+	"\rGPULostSignal\x12\x1d\n" +
+	"\n" +
+	"nvml_error\x18\x01 \x01(\tR\tnvmlError\"\xa2\x02\n" +
+	"\x12GPUFindingEvidence\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x19\n" +
+	"\blog_line\x18\x02 \x01(\tR\alogLine\x12V\n" +
+	"\bcounters\x18\x03 \x03(\v2:.bettercompute.session.v1.GPUFindingEvidence.CountersEntryR\bcounters\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\rR\x03pid\x12\x18\n" +
+	"\aprocess\x18\x05 \x01(\tR\aprocess\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x1a;\n" +
+	"\rCountersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01*\xb5\x01\n" +
 	"\x0fIdentityRefusal\x12 \n" +
 	"\x1cIDENTITY_REFUSAL_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fCERT_EXPIRED\x10\x01\x12\v\n" +
@@ -5350,7 +6248,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -5408,26 +6306,37 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*OutputChunk)(nil),           // 53: bettercompute.session.v1.OutputChunk
 	(*CommandResult)(nil),         // 54: bettercompute.session.v1.CommandResult
 	(*Event)(nil),                 // 55: bettercompute.session.v1.Event
-	nil,                           // 56: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 57: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 58: bettercompute.session.v1.Event.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 59: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 60: google.protobuf.Duration
+	(*GPUFinding)(nil),            // 56: bettercompute.session.v1.GPUFinding
+	(*XIDSignal)(nil),             // 57: bettercompute.session.v1.XIDSignal
+	(*ECCSignal)(nil),             // 58: bettercompute.session.v1.ECCSignal
+	(*RowRemapSignal)(nil),        // 59: bettercompute.session.v1.RowRemapSignal
+	(*RecoveryActionSignal)(nil),  // 60: bettercompute.session.v1.RecoveryActionSignal
+	(*ClocksSignal)(nil),          // 61: bettercompute.session.v1.ClocksSignal
+	(*NVLinkSignal)(nil),          // 62: bettercompute.session.v1.NVLinkSignal
+	(*RetiredPagesSignal)(nil),    // 63: bettercompute.session.v1.RetiredPagesSignal
+	(*GPULostSignal)(nil),         // 64: bettercompute.session.v1.GPULostSignal
+	(*GPUFindingEvidence)(nil),    // 65: bettercompute.session.v1.GPUFindingEvidence
+	nil,                           // 66: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 67: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 68: bettercompute.session.v1.Event.AttributesEntry
+	nil,                           // 69: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 70: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 71: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	59, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	60, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	70, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	71, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	56, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	59, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	59, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	60, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	59, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	59, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	60, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	59, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	66, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	70, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	70, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	71, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	70, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	70, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	71, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	70, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
 	19, // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
 	20, // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
 	24, // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
@@ -5444,13 +6353,13 @@ var file_session_v1_session_proto_depIdxs = []int32{
 	17, // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
 	25, // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
 	54, // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	60, // 29: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	59, // 30: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	59, // 31: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	71, // 29: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	70, // 30: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	70, // 31: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	29, // 32: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
 	36, // 33: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
 	40, // 34: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	59, // 35: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	70, // 35: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
 	34, // 36: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
 	30, // 37: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
 	31, // 38: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
@@ -5463,46 +6372,60 @@ var file_session_v1_session_proto_depIdxs = []int32{
 	38, // 45: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
 	39, // 46: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
 	2,  // 47: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	59, // 48: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	70, // 48: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
 	42, // 49: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
 	43, // 50: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
 	44, // 51: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
 	45, // 52: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
 	46, // 53: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	57, // 54: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	60, // 55: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	60, // 56: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	67, // 54: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	71, // 55: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	71, // 56: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
 	51, // 57: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
 	52, // 58: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
 	53, // 59: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
 	54, // 60: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	59, // 61: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	59, // 62: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	70, // 61: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	70, // 62: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
 	3,  // 63: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
 	4,  // 64: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	59, // 65: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	59, // 66: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	70, // 65: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	70, // 66: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
 	5,  // 67: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	58, // 68: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	10, // 69: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 70: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 71: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 72: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 73: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21, // 74: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18, // 75: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12, // 76: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 77: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 78: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 79: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 80: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	22, // 81: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18, // 82: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	76, // [76:83] is the sub-list for method output_type
-	69, // [69:76] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	68, // 68: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	56, // 69: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	57, // 70: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	58, // 71: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	59, // 72: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	60, // 73: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	61, // 74: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	62, // 75: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	63, // 76: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	64, // 77: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	2,  // 78: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	65, // 79: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	70, // 80: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	71, // 81: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	69, // 82: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10, // 83: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 84: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 85: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 86: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 87: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21, // 88: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18, // 89: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12, // 90: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 91: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 92: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 93: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 94: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	22, // 95: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18, // 96: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	90, // [90:97] is the sub-list for method output_type
+	83, // [83:90] is the sub-list for method input_type
+	83, // [83:83] is the sub-list for extension type_name
+	83, // [83:83] is the sub-list for extension extendee
+	0,  // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -5547,13 +6470,23 @@ func file_session_v1_session_proto_init() {
 		(*CommandUpdate_Output)(nil),
 		(*CommandUpdate_Result)(nil),
 	}
+	file_session_v1_session_proto_msgTypes[50].OneofWrappers = []any{
+		(*GPUFinding_Xid)(nil),
+		(*GPUFinding_Ecc)(nil),
+		(*GPUFinding_RowRemap)(nil),
+		(*GPUFinding_RecoveryAction)(nil),
+		(*GPUFinding_Clocks)(nil),
+		(*GPUFinding_Nvlink)(nil),
+		(*GPUFinding_RetiredPages)(nil),
+		(*GPUFinding_GpuLost)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   53,
+			NumMessages:   64,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

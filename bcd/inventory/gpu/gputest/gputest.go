@@ -8,9 +8,11 @@
 package gputest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -131,4 +133,131 @@ func WireEvents(s *dgxa100.Server, set *EventSet) chan uint64 {
 // XID returns the event NVML delivers when device d reports XID xid.
 func XID(d nvml.Device, xid uint64) nvml.EventData {
 	return nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid}
+}
+
+// Readings are settable counter readings of one mock GPU, safe to change
+// while a Collector reads them: ECC counts, row remapping, clock event
+// reasons, the NVLink replay total and the driver's recovery action (NVML
+// field values), retired pages pending, and a lost GPU. WireReadings makes
+// a device answer from them.
+type Readings struct {
+	mu                   sync.Mutex
+	eccCorrected         uint64
+	eccUncorrected       uint64
+	remapPending         bool
+	remapFailure         bool
+	clocks               uint64
+	nvlinkReplay         uint64
+	recovery             uint64
+	retiredPagesPending  bool
+	lost                 bool
+	remapUncorrectedRows int
+}
+
+// Set changes the readings under their lock.
+func (r *Readings) Set(fn func(*ReadingValues)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := ReadingValues{ECCCorrected: r.eccCorrected, ECCUncorrected: r.eccUncorrected, RemapPending: r.remapPending,
+		RemapFailure: r.remapFailure, RemapUncorrectedRows: r.remapUncorrectedRows, ClocksEventReasons: r.clocks,
+		NVLinkReplay: r.nvlinkReplay, RecoveryAction: r.recovery, RetiredPagesPending: r.retiredPagesPending, Lost: r.lost}
+	fn(&v)
+	r.eccCorrected, r.eccUncorrected, r.remapPending, r.remapFailure = v.ECCCorrected, v.ECCUncorrected, v.RemapPending, v.RemapFailure
+	r.remapUncorrectedRows, r.clocks, r.nvlinkReplay, r.recovery = v.RemapUncorrectedRows, v.ClocksEventReasons, v.NVLinkReplay, v.RecoveryAction
+	r.retiredPagesPending, r.lost = v.RetiredPagesPending, v.Lost
+}
+
+// ReadingValues are the values Readings.Set changes.
+type ReadingValues struct {
+	ECCCorrected, ECCUncorrected uint64 // volatile counts
+	RemapPending, RemapFailure   bool
+	RemapUncorrectedRows         int
+	ClocksEventReasons           uint64 // nvmlClocksEventReason* bits
+	NVLinkReplay                 uint64 // FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL (other NVLink totals 0)
+	RecoveryAction               uint64 // nvml.DeviceGpuRecoveryAction
+	RetiredPagesPending          bool
+	Lost                         bool // the temperature query answers ERROR_GPU_IS_LOST
+}
+
+// WireReadings makes device d answer its ECC, row remapping, clock event
+// reason, field value (NVLink totals, recovery action), retired pages and
+// temperature queries from a new Readings, all zero (supported, nothing
+// wrong), and its board serial query with Serial(its UUID); it returns the
+// Readings.
+func WireReadings(d *dgxa100.Device) *Readings {
+	r := &Readings{}
+	serial := Serial(d.UUID)
+	d.GetSerialFunc = func() (string, nvml.Return) { return serial, nvml.SUCCESS }
+	d.GetTotalEccErrorsFunc = func(typ nvml.MemoryErrorType, ctr nvml.EccCounterType) (uint64, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if ctr != nvml.VOLATILE_ECC {
+			return 0, nvml.SUCCESS
+		}
+		if typ == nvml.MEMORY_ERROR_TYPE_UNCORRECTED {
+			return r.eccUncorrected, nvml.SUCCESS
+		}
+		return r.eccCorrected, nvml.SUCCESS
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return 0, r.remapUncorrectedRows, r.remapPending, r.remapFailure, nvml.SUCCESS
+	}
+	d.GetCurrentClocksEventReasonsFunc = func() (uint64, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.clocks, nvml.SUCCESS
+	}
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.retiredPagesPending {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
+	}
+	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.lost {
+			return 0, nvml.ERROR_GPU_IS_LOST
+		}
+		return 40, nvml.SUCCESS
+	}
+	d.GetFieldValuesFunc = func(vals []nvml.FieldValue) nvml.Return {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for i := range vals {
+			var v uint64
+			typ := nvml.VALUE_TYPE_UNSIGNED_LONG_LONG
+			switch vals[i].FieldId {
+			case nvml.FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL:
+				v = r.nvlinkReplay
+			case nvml.FI_DEV_GET_GPU_RECOVERY_ACTION:
+				v, typ = r.recovery, nvml.VALUE_TYPE_UNSIGNED_INT
+			case nvml.FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, nvml.FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+				nvml.FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL:
+			default:
+				vals[i].NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+				continue
+			}
+			vals[i].NvmlReturn, vals[i].ValueType = uint32(nvml.SUCCESS), uint32(typ)
+			binary.LittleEndian.PutUint64(vals[i].Value[:], v)
+		}
+		return nvml.SUCCESS
+	}
+	return r
+}
+
+// ECCEvent returns the event NVML delivers when device d reports a
+// double-bit (uncorrectable) ECC error.
+func ECCEvent(d nvml.Device) nvml.EventData {
+	return nvml.EventData{Device: d, EventType: nvml.EventTypeDoubleBitEccError}
+}
+
+// Serial is the board serial WireReadings gives the GPU of UUID uuid: "1320"
+// and the UUID's last 9 digits.
+func Serial(uuid string) string {
+	return "1320" + uuid[max(len(uuid)-9, 0):]
 }

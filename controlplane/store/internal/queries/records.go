@@ -9,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 )
 
 // OutboxInsert appends an entry to the outbox. It holds the dialect's
@@ -91,45 +92,47 @@ func (s *Store) EventInsert(ctx context.Context, e *store.Event) (int64, error) 
 	if t.IsZero() {
 		t = time.Now()
 	}
+	payload := e.Payload
+	if f := e.GPUFinding; f != nil {
+		var err error
+		if payload, err = gpufinding.Marshal(f); err != nil {
+			return 0, fmt.Errorf("insert event: %w", err)
+		}
+	}
 	var id int64
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
 		err := q.db.QueryRow(ctx, `INSERT INTO events (node_id, kind, severity, message, time, payload)
 			VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-			e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(e.Payload)).Scan(&id)
+			e.NodeID, e.Kind, e.Severity, e.Message, t.UTC(), nullJSON(payload)).Scan(&id)
 		if err != nil {
 			return q.wrap("insert event", err)
 		}
-		// A resolution in the payload is a finding for the remediation
-		// reconciler, recorded in the event's transaction.
+		if e.GPUFinding == nil {
+			return nil
+		}
+		// A finding with a resolution is the remediation reconciler's
+		// input, recorded in the event's transaction.
 		if err := q.remediationFinding(ctx, id, e, t); err != nil {
 			return err
 		}
-		if !strings.HasPrefix(e.Kind, "gpu.") {
-			return nil
-		}
-		return q.emit(ctx, &t, gpuEvent(e))
+		return q.emit(ctx, &t, gpuEvent(e, payload))
 	})
 	return id, err
 }
 
-// gpuEvent is the gpu.health-changed event of a node's GPU event (kind
-// "gpu.*"), its GPU and XID read from the payload the gateway writes
-// ({"gpuUuid": ..., "xid": ..., "xidMnemonic": ..., "resolution": ...}).
-func gpuEvent(e *store.Event) event {
-	var p struct {
-		GPUUUID     string `json:"gpuUuid"`
-		XID         int    `json:"xid"`
-		XIDMnemonic string `json:"xidMnemonic"`
-		Resolution  string `json:"resolution"`
-	}
-	_ = json.Unmarshal(e.Payload, &p) // a payload without them names neither
-	subject := p.GPUUUID
+// gpuEvent is the gpu.health-changed event of a node's GPU event: the
+// finding's GPU, XID and resolution, and the finding itself as stored
+// (finding, protojson).
+func gpuEvent(e *store.Event, finding []byte) event {
+	f := e.GPUFinding
+	subject := f.GetGpuUuid()
 	if subject == "" {
 		subject = e.NodeID
 	}
-	return event{events.GPUHealthChanged, subject, events.GPUHealthData{NodeID: e.NodeID, GPUUUID: p.GPUUUID,
-		Kind: e.Kind, Severity: e.Severity, Message: e.Message, XID: p.XID, XIDMnemonic: p.XIDMnemonic, Resolution: p.Resolution}}
+	return event{events.GPUHealthChanged, subject, events.GPUHealthData{NodeID: e.NodeID, GPUUUID: f.GetGpuUuid(),
+		Kind: e.Kind, Severity: e.Severity, Message: e.Message, XID: int(f.GetXid().GetCode()),
+		XIDMnemonic: f.GetXid().GetMnemonic(), Resolution: f.GetResolution(), Finding: finding}}
 }
 
 // EventList returns events after AfterID, oldest first.

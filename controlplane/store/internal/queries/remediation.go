@@ -9,6 +9,8 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // remediationEvents maps a case's state to the event a move into it writes.
@@ -72,23 +74,34 @@ func (s *Store) remediationAudit(ctx context.Context, action, actor string, m *s
 }
 
 // remediationFinding records the finding an event carries, in its
-// transaction: a node event whose payload names a resolution
-// ({"resolution": "RESET_GPU", "xid": 95, "xidMnemonic": ...}).
+// transaction: a node's GPU finding that names a resolution. The row's
+// columns repeat the finding's GPU, XID and resolution; the finding itself
+// stays in the event's payload, which RemediationFindingsTake reads back.
 func (s *Store) remediationFinding(ctx context.Context, eventID int64, e *store.Event, at time.Time) error {
-	var p struct {
-		GPUUUID     string `json:"gpuUuid"`
-		XID         int    `json:"xid"`
-		XIDMnemonic string `json:"xidMnemonic"`
-		Resolution  string `json:"resolution"`
-	}
-	if len(e.Payload) == 0 || json.Unmarshal(e.Payload, &p) != nil || p.Resolution == "" || e.NodeID == "" {
+	f := e.GPUFinding
+	if f.GetResolution() == "" || e.NodeID == "" {
 		return nil
 	}
 	_, err := s.db.Exec(ctx, `INSERT INTO remediation_findings (node_id, shard, kind, severity, resolution, xid,
 			xid_mnemonic, gpu_uuid, message, event_id, created_at)
 		SELECT id, shard, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM nodes WHERE id = $1`,
-		e.NodeID, e.Kind, e.Severity, p.Resolution, p.XID, p.XIDMnemonic, p.GPUUUID, e.Message, eventID, at.UTC())
+		e.NodeID, e.Kind, e.Severity, f.GetResolution(), int(f.GetXid().GetCode()), f.GetXid().GetMnemonic(),
+		f.GetGpuUuid(), e.Message, eventID, at.UTC())
 	return s.wrap("record remediation finding", err)
+}
+
+// findingOf is the typed finding of an inbox row: the event's payload
+// (gpufinding.Decode, either stored shape), or, when the event is gone
+// (pruned) or its payload unreadable, one made of the row's columns.
+func findingOf(f *store.RemediationFinding, payload []byte) *sessionv1.GPUFinding {
+	if len(payload) > 0 {
+		if g, err := gpufinding.Decode(f.Kind, payload); err == nil {
+			return g
+		}
+	}
+	l := gpufinding.Legacy{Kind: f.Kind, GPUUUID: f.GPUUUID, XID: uint32(max(f.XID, 0)), XIDMnemonic: f.XIDMnemonic,
+		Resolution: f.Resolution, Message: f.Message}
+	return l.Finding()
 }
 
 // RemediationFindingsTake returns and deletes up to limit findings of shard.
@@ -96,16 +109,23 @@ func (s *Store) RemediationFindingsTake(ctx context.Context, shard, n int) ([]*s
 	var out []*store.RemediationFinding
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		rows, err := q.db.Query(ctx, `SELECT id, node_id, shard, kind, severity, resolution, xid, xid_mnemonic, gpu_uuid,
-				message, event_id, created_at FROM remediation_findings WHERE shard = $1 ORDER BY id LIMIT $2`+q.d.ForUpdate,
+		rows, err := q.db.Query(ctx, `SELECT f.id, f.node_id, f.shard, f.kind, f.severity, f.resolution, f.xid,
+				f.xid_mnemonic, f.gpu_uuid, f.message, f.event_id, f.created_at,
+				(SELECT e.payload FROM events e WHERE e.id = f.event_id)
+			FROM remediation_findings f WHERE f.shard = $1 ORDER BY f.id LIMIT $2`+q.d.ForUpdate,
 			shard, limit(n))
 		if err != nil {
 			return q.wrap("take remediation findings", err)
 		}
 		out, err = collect(rows, func(r Row) (*store.RemediationFinding, error) {
 			f := &store.RemediationFinding{}
-			return f, r.Scan(&f.ID, &f.NodeID, &f.Shard, &f.Kind, &f.Severity, &f.Resolution, &f.XID, &f.XIDMnemonic,
-				&f.GPUUUID, &f.Message, &f.EventID, &f.CreatedAt)
+			var payload []byte
+			if err := r.Scan(&f.ID, &f.NodeID, &f.Shard, &f.Kind, &f.Severity, &f.Resolution, &f.XID, &f.XIDMnemonic,
+				&f.GPUUUID, &f.Message, &f.EventID, &f.CreatedAt, &payload); err != nil {
+				return nil, err
+			}
+			f.GPUFinding = findingOf(f, payload)
+			return f, nil
 		})
 		if err != nil || len(out) == 0 {
 			return q.wrap("take remediation findings", err)
