@@ -245,6 +245,15 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 				return err
 			}
 		}
+		if h.rollback != nil {
+			// bcd rolled itself back after a crash loop, perhaps while no
+			// control plane answered: recorded once per Welcome it gets.
+			p := *h.rollback
+			p.NodeID = s.nodeID
+			if err := tx.NodeRolledBackLocally(ctx, &p); err != nil {
+				return err
+			}
+		}
 		if h.changes(n) {
 			_, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
 				ID: n.ID, PoolID: n.PoolID, Hostname: n.Hostname, MachineID: n.MachineID, Labels: n.Labels,

@@ -38,7 +38,9 @@
 //
 // A node whose upgrade command fails (its trial failed: bcd restored the
 // previous release itself), that does not come back on the new version
-// within Timeout, or that turns unhealthy during its soak halts the
+// within Timeout, that turns unhealthy during its soak, or that runs its
+// previous release again without a rollback command (bcd rolled itself
+// back after a crash loop, issue 30: failed, nothing to send it) halts the
 // rollout (state rolling-back; the rollout names the node and why). The
 // nodes of the current wave that did upgrade, the failed one included when
 // it runs the new version, are sent "rollback" (rollout:<id>:rollback):

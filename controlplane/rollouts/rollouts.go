@@ -384,6 +384,10 @@ func (p *plan) advance(ctx context.Context) error {
 				p.release(n)
 				p.fail(n, store.RolloutNodeFailed, fmt.Sprintf("upgrade %s: %s", n.UpgradeState, cmp.Or(n.UpgradeError, "no error given")))
 				failed = true
+			case n.UpgradeState == store.CommandSucceeded && rolledBackItself(n, ro):
+				p.release(n)
+				p.fail(n, store.RolloutNodeFailed, rolledBackReason(n))
+				failed = true
 			case n.UpgradeState == store.CommandSucceeded && n.BCDVersion == ro.Version && n.Connected && n.NodeState == store.NodeReady:
 				// The command's result comes from the restarted bcd (the
 				// trial that connected before it runs no command), so the
@@ -397,6 +401,12 @@ func (p *plan) advance(ctx context.Context) error {
 				failed = true
 			}
 		case store.RolloutNodeSoaking:
+			if rolledBackItself(n, ro) {
+				p.release(n)
+				p.fail(n, store.RolloutNodeFailed, rolledBackReason(n))
+				failed = true
+				continue
+			}
 			ok, why := healthy(n, p.owner)
 			if ok && n.BCDVersion != ro.Version {
 				ok, why = false, "runs "+n.BCDVersion
@@ -474,6 +484,19 @@ func (p *plan) advance(ctx context.Context) error {
 	p.setRollout(&store.RolloutUpdateParams{Wave: &next, WaveNodes: ids})
 	p.info("Rollout wave started", "wave", next, "nodes", len(ids))
 	return nil
+}
+
+// rolledBackItself reports whether a node the rollout upgraded runs its
+// previous release again without a rollback command: bcd restored it
+// itself after a crash loop (node.rolled-back-locally; issue 30).
+func rolledBackItself(n *store.RolloutNode, ro *store.Rollout) bool {
+	return n.Connected && n.PreviousVersion != "" && n.PreviousVersion != ro.Version && n.BCDVersion == n.PreviousVersion &&
+		n.RollbackCommandID == ""
+}
+
+// rolledBackReason says why a node that rolled itself back failed.
+func rolledBackReason(n *store.RolloutNode) string {
+	return "bcd rolled itself back to " + n.PreviousVersion + " (the new release crash-looped): back on " + n.PreviousVersion
 }
 
 // failedGPU returns the UUID of a GPU the node's last inventory reports

@@ -653,3 +653,57 @@ func TestRolloutGPUFailureInSoakHalts(t *testing.T) {
 		t.Errorf("canary on %s after %d rollbacks, want %s after 1", d.Version(), d.Rollbacks(), versionA)
 	}
 }
+
+// TestRolloutCountsALocalRollbackAsFailed: the canary's bcd restores A by
+// itself during its soak (a crash loop; issue 30); the rollout counts it
+// failed, sends it no rollback command and halts after the canary.
+func TestRolloutCountsALocalRollbackAsFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	for _, d := range e.daemons {
+		d.SetRelease(versionB, sim.Release{RollBackAfter: 300 * time.Millisecond})
+	}
+	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: time.Minute})
+	w := e.worker("w1", ro, nil)
+	// Steps stop once the canary soaks, and go on when it is connected on
+	// A again (its restart is no longer in sight).
+	var canary string
+	e.until(w, ro, "soaking", func(*store.Rollout) bool {
+		for _, n := range mustV(e.st.RolloutNodes(context.Background(), ro.ID)) {
+			if n.State == store.RolloutNodeSoaking {
+				canary = n.NodeID
+			}
+		}
+		return canary != ""
+	})
+	deadline := time.Now().Add(wait)
+	for {
+		n := mustV(e.st.NodeGet(context.Background(), canary))
+		_, err := e.st.SessionGet(context.Background(), canary)
+		if n.BCDVersion == versionA && err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the canary is not connected on A again: %s", e.nodeStates(ro))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ro = e.until(w, ro, "halted", state(store.RolloutHalted))
+	t.Logf("halted: %s", ro.Reason)
+	if !strings.Contains(ro.Reason, "rolled itself back") || ro.CurrentWave != 1 {
+		t.Fatalf("halted in wave %d: %q, want the canary's local rollback", ro.CurrentWave, ro.Reason)
+	}
+	for _, n := range mustV(e.st.RolloutNodes(context.Background(), ro.ID)) {
+		switch {
+		case n.NodeID == ro.FailedNodeID:
+			if n.State != store.RolloutNodeFailed || n.RollbackCommandID != "" || n.BCDVersion != versionA {
+				t.Errorf("canary %s: %s (rollback %q, on %s), want failed without a rollback command, on A", n.NodeID, n.State, n.RollbackCommandID, n.BCDVersion)
+			}
+		case n.State != store.RolloutNodePending:
+			t.Errorf("node %s outside the canary: %s", n.NodeID, n.State)
+		}
+	}
+	if b := mustV(e.st.PoolBudget(context.Background(), e.pool.ID)); b.OutOfService != 0 {
+		t.Errorf("%d nodes left out of service", b.OutOfService)
+	}
+}
