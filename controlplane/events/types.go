@@ -316,6 +316,20 @@ type RolloutData struct {
 	FailedNodeID string `json:"failedNodeId,omitempty"`
 	// Actor is the operator of pause, resume and abort.
 	Actor string `json:"actor,omitempty"`
+	// Nodes (rollout.halted, rollout.failed) names every node the halt
+	// rolled back or failed, and why (issue 30).
+	Nodes []RolloutHaltedNodeData `json:"nodes,omitempty"`
+}
+
+// RolloutHaltedNodeData is a node a halted rollout names.
+type RolloutHaltedNodeData struct {
+	NodeID   string `json:"nodeId"`
+	Hostname string `json:"hostname"`
+	Wave     int    `json:"wave"`
+	// State is rolled-back or failed; Reason why it failed, or why it was
+	// rolled back.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // RolloutWaveData is the data of rollout.wave-started and

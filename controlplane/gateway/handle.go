@@ -50,6 +50,9 @@ type helloInfo struct {
 	// rollback is Hello's LocalRollback, checked; nil when absent or
 	// malformed.
 	rollback *store.NodeRolledBackLocallyParams
+	// fresh: Hello resumes no session, so a new bcd process sent it (a
+	// start, a restart, an upgrade's re-exec), not a reconnect.
+	fresh bool
 }
 
 // negotiate checks Hello and picks the capabilities in force. It never
@@ -72,6 +75,7 @@ func (g *Gateway) negotiate(h *sessionv1.Hello) *helloInfo {
 		info.bootID = h.GetBootId()
 	}
 	info.rollback = localRollback(h.GetLocalRollback())
+	info.fresh = h.GetResume().GetSessionId() == ""
 	return info
 }
 

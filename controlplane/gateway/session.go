@@ -226,7 +226,7 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 	var previous *store.Session
 	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
 		row, prev, err := tx.SessionOpen(ctx, &store.SessionOpenParams{
-			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID,
+			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID, Fresh: h.fresh,
 		})
 		if err != nil {
 			return err

@@ -663,7 +663,10 @@ type SessionOpenParams struct {
 	// BootID is the boot id the node reported in Hello, recorded as the
 	// node's BootID ("" when it reports none: an older bcd).
 	BootID string
-	Now    *time.Time
+	// Fresh says Hello carried no resume cursor: a new bcd process, counted
+	// in the node's bcd_starts (migration 0018_rollout_watch).
+	Fresh bool
+	Now   *time.Time
 }
 
 // Worker is a process running worker roles.
