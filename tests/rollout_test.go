@@ -41,6 +41,7 @@ const (
 type rolloutEnv struct {
 	*splitDeployment
 	dist, key, pin, pins string
+	bc                   string // the better-compute binary
 	server               string // the API origin, for the CLI
 	token                string
 }
@@ -49,26 +50,29 @@ func newRolloutEnv(t *testing.T) *rolloutEnv {
 	t.Helper()
 	bc := testenv.Binary(t, "better-compute")
 	dir := t.TempDir()
-	e := &rolloutEnv{dist: filepath.Join(dir, "dist"), key: filepath.Join(dir, "keys", "release.key")}
+	e := &rolloutEnv{dist: filepath.Join(dir, "dist"), key: filepath.Join(dir, "keys", "release.key"), bc: bc}
 	out := runOK(t, nil, bc, "release", "keygen", "--out", e.key)
 	e.pin = regexp.MustCompile(`pin:\s+(sha256/\S+)`).FindStringSubmatch(out)[1]
 	e.pins = testenv.WriteFile(t, "release-pins", e.pin+"\n")
-	release := func(version, bin string) {
-		rdir := filepath.Join(e.dist, version)
-		copyFile(t, bin, filepath.Join(rdir, buildDir("bcd"), "bcd"), 0o755)
-		runOK(t, nil, bc, "release", "manifest", "--dist", rdir, "--version", version, "--expires", "24h")
-		runOK(t, nil, bc, "release", "sign", "--key", e.key, "--in", filepath.Join(rdir, "manifest.json"))
-	}
-	release(relA, bcdAt(t, relA))
-	release(relB, bcdAt(t, relB))
-	release(relFail, exitingBinary(t))
-	release(relSick, bcdAt(t, relB))
+	e.release(t, relA, bcdAt(t, relA))
+	e.release(t, relB, bcdAt(t, relB))
+	e.release(t, relFail, exitingBinary(t))
+	e.release(t, relSick, bcdAt(t, relB))
 	e.splitDeployment = newSplitDeploymentWith(t, 1, 2, func([]string) string {
 		return fmt.Sprintf("downloads:\n  dir: %s\n  releasePins: [%s]\nrollouts:\n  interval: 200ms\n", e.dist, e.pin)
 	})
 	e.server = strings.TrimSuffix(e.api, "/api")
 	e.token = e.admin.Token
 	return e
+}
+
+// release signs bin as bcd's release version in the release folder.
+func (e *rolloutEnv) release(t *testing.T, version, bin string) {
+	t.Helper()
+	rdir := filepath.Join(e.dist, version)
+	copyFile(t, bin, filepath.Join(rdir, buildDir("bcd"), "bcd"), 0o755)
+	runOK(t, nil, e.bc, "release", "manifest", "--dist", rdir, "--version", version, "--expires", "24h")
+	runOK(t, nil, e.bc, "release", "sign", "--key", e.key, "--in", filepath.Join(rdir, "manifest.json"))
 }
 
 // runOK runs a program and fails the test when it fails.
@@ -160,9 +164,14 @@ func (e *rolloutEnv) realNode(t *testing.T, name, token string) *testenv.Proc {
 	return p
 }
 
-// rollout runs rollouts create and returns the rollout's id.
+// rollout runs rollouts create and returns the rollout's id. Without a
+// --bake in args it passes --bake 0s: the rollouts of issue 20's tests end
+// with their last wave (the default bake is 10 min).
 func (e *rolloutEnv) rollout(t *testing.T, args ...string) string {
 	t.Helper()
+	if !slices.Contains(args, "--bake") {
+		args = append(args, "--bake", "0s")
+	}
 	code, stdout, stderr := e.cli(t, append([]string{"rollouts", "create"}, args...)...)
 	if code != 0 {
 		t.Fatalf("rollouts create %v: exit %d\n%s%s", args, code, stdout, stderr)

@@ -342,5 +342,8 @@ func (c *Client) hello() *sessionv1.NodeMessage {
 	if f := c.cfg.PendingResults; f != nil {
 		h.PendingResults = f()
 	}
+	if f := c.cfg.LocalRollback; f != nil {
+		h.LocalRollback = f()
+	}
 	return &sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: h}}
 }

@@ -145,6 +145,10 @@ type Config struct {
 	// PendingResults returns results of commands that finished while there
 	// was no session, sent in Hello. Defaults to none.
 	PendingResults func() []*sessionv1.CommandResult
+	// LocalRollback returns the rollback bcd made by itself after a crash
+	// loop that no Welcome has acknowledged yet (nil when none), sent in
+	// Hello. Defaults to none.
+	LocalRollback func() *sessionv1.LocalRollback
 	// Handler runs commands. Defaults to answering each Command with a
 	// FAILED result ("commands not supported") and ignoring Cancel.
 	Handler Handler

@@ -102,6 +102,14 @@ type Config struct {
 	// HealthTimeout is how long a new binary has to reach a gateway's
 	// Welcome. Defaults to DefaultHealthTimeout (60 s).
 	HealthTimeout time.Duration
+	// CrashLoopStarts is how many starts of the release an upgrade
+	// installed may end in an exit within CrashLoopWindow of the upgrade:
+	// the start after the last of them restores the previous binary
+	// (crashloop.go). Defaults to DefaultCrashLoopStarts (3).
+	CrashLoopStarts int
+	// CrashLoopWindow is how long after an upgrade its release's exits
+	// count. Defaults to DefaultCrashLoopWindow (10 min).
+	CrashLoopWindow time.Duration
 	// Attempts is how many times each download is tried. Defaults to
 	// DefaultAttempts (4).
 	Attempts int
@@ -162,6 +170,11 @@ func New(cfg Config) (*Upgrader, error) {
 		cfg.Installer = &LocalInstaller{Target: cfg.Target, PinsFile: cfg.PinsFile}
 	}
 	cfg.HealthTimeout = cmp.Or(cfg.HealthTimeout, DefaultHealthTimeout)
+	cfg.CrashLoopStarts = cmp.Or(cfg.CrashLoopStarts, DefaultCrashLoopStarts)
+	cfg.CrashLoopWindow = cmp.Or(cfg.CrashLoopWindow, DefaultCrashLoopWindow)
+	if cfg.HealthTimeout < 0 || cfg.CrashLoopStarts < 1 || cfg.CrashLoopWindow < 0 {
+		return nil, errors.New("new upgrader: the health timeout, crash-loop starts and crash-loop window must be positive")
+	}
 	cfg.Attempts = cmp.Or(cfg.Attempts, DefaultAttempts)
 	cfg.RetryDelay = cmp.Or(cfg.RetryDelay, DefaultRetryDelay)
 	if cfg.HTTPClient == nil {
@@ -329,11 +342,13 @@ func (u *Upgrader) Handover(ctx context.Context) error {
 // (Connected) within HealthTimeout, or the node stops its agent with cause
 // ErrUnhealthy and calls RollBack. When an earlier start of the new binary
 // never got there (it crashed), Resume rolls back and restarts into the
-// previous binary itself, returning only on failure.
+// previous binary itself, returning only on failure. Without an upgrade in
+// progress it counts the start in the crash-loop watch, which may roll back
+// the same way (crashloop.go).
 func (u *Upgrader) Resume(ctx context.Context) (probation bool, err error) {
 	m, err := u.files.readMarker()
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return false, u.resumeWatch(ctx)
 	}
 	if err != nil {
 		u.log.WarnContext(ctx, "Unreadable upgrade marker removed", logkey.Err, err)
@@ -368,6 +383,7 @@ func (u *Upgrader) Resume(ctx context.Context) (probation bool, err error) {
 func (u *Upgrader) Connected() {
 	u.connected.Store(true)
 	u.once.Do(func() {
+		u.ackLocalRollback()
 		m, err := u.files.readMarker()
 		if err != nil {
 			return
@@ -390,6 +406,7 @@ func (u *Upgrader) Connected() {
 		}
 		if m.State != stateRolledBack && m.State != stateRestored {
 			u.log.Info("Upgrade complete", attrFrom, m.From, attrTo, m.To)
+			u.startWatch(m)
 			for _, name := range []string{"manifest.json", "manifest.json.minisig"} {
 				if b, err := os.ReadFile(u.files.path(name)); err == nil {
 					if err := writeFile(filepath.Join(u.cfg.DataDir, releaseDir, name), b); err != nil {

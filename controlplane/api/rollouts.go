@@ -21,8 +21,10 @@ import (
 
 // Limits of rollouts.create.
 const (
-	MaxRolloutCanary  = 100
-	MaxRolloutSoak    = 24 * time.Hour
+	MaxRolloutCanary = 100
+	MaxRolloutSoak   = 24 * time.Hour
+	// MaxRolloutBake bounds a rollout's bake (issue 30).
+	MaxRolloutBake    = 24 * time.Hour
 	MinRolloutTimeout = time.Second
 	MaxRolloutTimeout = 24 * time.Hour
 )
@@ -57,6 +59,10 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, err
 	}
+	bake, err := durationIn("bake", r.GetBake(), rollouts.DefaultBake, 0, MaxRolloutBake)
+	if err != nil {
+		return nil, err
+	}
 	if base := r.GetBaseUrl(); base != "" && !downloadsRouteURL(base) {
 		return nil, invalid("baseUrl", "want an http(s)://host/path URL of a downloads route, such as https://compute.example.com/api/downloads")
 	}
@@ -79,7 +85,7 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	}
 	ro, err := s.store.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: version, BaseURL: strings.TrimRight(base, "/"),
 		Canary: max(1, int(r.GetCanary())), Wave: wave, MaxUnavailable: maxOut, Soak: soak, Timeout: timeout,
-		Drain: r.Drain == nil || r.GetDrain(), CreatedBy: "token:" + p.TokenID})
+		Bake: bake, Drain: r.Drain == nil || r.GetDrain(), CreatedBy: "token:" + p.TokenID})
 	if errors.Is(err, store.ErrConflict) {
 		open, _ := s.store.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID, Active: true, ListParams: store.ListParams{Limit: 1}})
 		msg := fmt.Sprintf("pool %s has a rollout in progress or halted", pool.Name)
@@ -295,7 +301,8 @@ func (s *Server) rolloutResponse(ctx context.Context, ro *store.Rollout) (*apiv1
 	for _, n := range nodes {
 		out.Nodes = append(out.Nodes, &apiv1.RolloutNode{NodeId: n.NodeID, Hostname: n.Hostname, State: n.State, Wave: int32(n.Wave),
 			PreviousVersion: n.PreviousVersion, BcdVersion: n.BCDVersion, UpgradeCommandId: n.UpgradeCommandID,
-			RollbackCommandId: n.RollbackCommandID, Reason: n.Reason, StateTime: ts(n.StateSince), Connected: n.Connected})
+			RollbackCommandId: n.RollbackCommandID, Reason: n.Reason, StateTime: ts(n.StateSince), Connected: n.Connected,
+			Drops: int32(n.Drops)})
 	}
 	return out, nil
 }
@@ -319,8 +326,18 @@ func rolloutOut(ro *store.Rollout, nodes []*store.RolloutNode) *apiv1.Rollout {
 			pr.Out++
 		}
 	}
-	return &apiv1.Rollout{Id: ro.ID, PoolId: ro.PoolID, Version: ro.Version, BaseUrl: ro.BaseURL, Canary: int32(ro.Canary),
+	out := &apiv1.Rollout{Id: ro.ID, PoolId: ro.PoolID, Version: ro.Version, BaseUrl: ro.BaseURL, Canary: int32(ro.Canary),
 		Wave: ro.Wave, MaxUnavailable: ro.MaxUnavailable, Soak: durationpb.New(ro.Soak), Timeout: durationpb.New(ro.Timeout),
 		Drain: ro.Drain, State: ro.State, CurrentWave: int32(ro.CurrentWave), Reason: ro.Reason, FailedNodeId: ro.FailedNodeID,
-		CreatedBy: ro.CreatedBy, CreateTime: ts(ro.CreatedAt), UpdateTime: ts(ro.UpdatedAt), FinishTime: tsp(ro.FinishedAt), Progress: pr}
+		CreatedBy: ro.CreatedBy, CreateTime: ts(ro.CreatedAt), UpdateTime: ts(ro.UpdatedAt), FinishTime: tsp(ro.FinishedAt), Progress: pr,
+		Bake: durationpb.New(ro.Bake)}
+	switch {
+	case ro.Baking():
+		// The bake's clock as the row has it (this process's clock for a
+		// running bake: a display, not a decision).
+		out.Phase, out.BakeElapsed, out.BakeStartTime = "bake", durationpb.New(ro.BakeDone(time.Now())), tsp(ro.BakeStartedAt)
+	case store.RolloutActive(ro.State) || ro.State == store.RolloutHalted:
+		out.Phase = "waves"
+	}
+	return out
 }

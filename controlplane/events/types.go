@@ -28,6 +28,9 @@ const (
 	// NodeDisruptionChanged is DisruptionData: the node left service, came
 	// back, or changed why it is out (the disruption budget).
 	NodeDisruptionChanged = eventsv1.NodeDisruptionChanged
+	// NodeRolledBackLocally is NodeRolledBackLocallyData: bcd restored its
+	// previous release by itself after a crash loop (issue 30).
+	NodeRolledBackLocally = eventsv1.NodeRolledBackLocally
 
 	GPUHealthChanged = eventsv1.GPUHealthChanged // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
 
@@ -159,6 +162,26 @@ type NodeRevokedData struct {
 	Serial string `json:"serial"`
 	// Reason is why, such as "node deleted" or "reinstalled".
 	Reason string `json:"reason"`
+}
+
+// NodeRolledBackLocallyData is node.rolled-back-locally's data: what bcd
+// reported in Hello (sessionv1.LocalRollback) after it restored its
+// previous release on its own.
+type NodeRolledBackLocallyData struct {
+	NodeID   string `json:"nodeId"`
+	PoolID   string `json:"poolId"`
+	Hostname string `json:"hostname"`
+	// FromVersion is the release that crash-looped; ToVersion the one
+	// restored ("" when the node did not know it).
+	FromVersion string `json:"fromVersion"`
+	ToVersion   string `json:"toVersion,omitempty"`
+	// Reason is bcd's one line, such as "3 starts of 0.2.0 ended in an
+	// exit within 10m0s of the upgrade".
+	Reason string `json:"reason"`
+	// Starts is how many starts of FromVersion ended in an exit.
+	Starts int `json:"starts"`
+	// RolledBackAt is when bcd restored ToVersion, by the node's clock.
+	RolledBackAt time.Time `json:"rolledBackAt"`
 }
 
 // NodeCertificateData is node.reattested's data.
@@ -314,6 +337,20 @@ type RolloutData struct {
 	FailedNodeID string `json:"failedNodeId,omitempty"`
 	// Actor is the operator of pause, resume and abort.
 	Actor string `json:"actor,omitempty"`
+	// Nodes (rollout.halted, rollout.failed) names every node the halt
+	// rolled back or failed, and why (issue 30).
+	Nodes []RolloutHaltedNodeData `json:"nodes,omitempty"`
+}
+
+// RolloutHaltedNodeData is a node a halted rollout names.
+type RolloutHaltedNodeData struct {
+	NodeID   string `json:"nodeId"`
+	Hostname string `json:"hostname"`
+	Wave     int    `json:"wave"`
+	// State is rolled-back or failed; Reason why it failed, or why it was
+	// rolled back.
+	State  string `json:"state"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // RolloutWaveData is the data of rollout.wave-started and
@@ -358,6 +395,7 @@ var Types = []TypeInfo{
 	{NodeCordoned, NodeData{}}, {NodeUncordoned, NodeData{}}, {NodeDrained, NodeData{}}, {NodeDeleted, NodeData{}},
 	{NodeRevoked, NodeRevokedData{}}, {NodeReattested, NodeCertificateData{}},
 	{NodeDisruptionChanged, DisruptionData{}},
+	{NodeRolledBackLocally, NodeRolledBackLocallyData{}},
 	{GPUHealthChanged, GPUHealthData{}},
 	{CommandCreated, CommandData{}}, {CommandSucceeded, CommandData{}}, {CommandFailed, CommandData{}},
 	{CommandCancelled, CommandData{}}, {CommandExpired, CommandData{}}, {CommandLost, CommandData{}},

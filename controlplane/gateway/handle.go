@@ -29,6 +29,9 @@ const (
 	maxEventAttrs     = 32
 	maxEventAttrLen   = 256
 	maxInventoryBytes = 1 << 20
+	// maxRollbackReason and maxRollbackStarts bound Hello's LocalRollback.
+	maxRollbackReason = 512
+	maxRollbackStarts = 1000
 	// writeRate and writeBurst bound the inventory and event writes one
 	// session causes, so a misbehaving node cannot flood the database.
 	writeRate  = rate.Limit(1)
@@ -45,6 +48,12 @@ type helloInfo struct {
 	// bootID is Hello's boot id when well-formed, else empty (as from an
 	// older bcd, which sends none).
 	bootID string
+	// rollback is Hello's LocalRollback, checked; nil when absent or
+	// malformed.
+	rollback *store.NodeRolledBackLocallyParams
+	// fresh: Hello resumes no session, so a new bcd process sent it (a
+	// start, a restart, an upgrade's re-exec), not a reconnect.
+	fresh bool
 }
 
 // negotiate checks Hello and picks the capabilities in force. It never
@@ -66,7 +75,22 @@ func (g *Gateway) negotiate(h *sessionv1.Hello) *helloInfo {
 	if text(h.GetBootId(), maxFactLen) {
 		info.bootID = h.GetBootId()
 	}
+	info.rollback = localRollback(h.GetLocalRollback())
+	info.fresh = h.GetResume().GetSessionId() == ""
 	return info
+}
+
+// localRollback checks Hello's LocalRollback (issue 30): nil when absent
+// or malformed (a version that is not short text, a time outside the
+// protocol's range); the reason is cut and cleaned, starts capped.
+func localRollback(r *sessionv1.LocalRollback) *store.NodeRolledBackLocallyParams {
+	if r == nil || r.GetFromVersion() == "" || !text(r.GetFromVersion(), maxFactLen) || !text(r.GetToVersion(), maxFactLen) ||
+		(r.RolledBackAt != nil && r.GetRolledBackAt().CheckValid() != nil) {
+		return nil
+	}
+	return &store.NodeRolledBackLocallyParams{FromVersion: r.GetFromVersion(), ToVersion: r.GetToVersion(),
+		Reason: clean(r.GetReason(), maxRollbackReason), Starts: int(min(r.GetStarts(), maxRollbackStarts)),
+		RolledBackAt: r.GetRolledBackAt().AsTime()}
 }
 
 // changes reports whether Hello says something new about node n.

@@ -226,7 +226,7 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 	var previous *store.Session
 	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
 		row, prev, err := tx.SessionOpen(ctx, &store.SessionOpenParams{
-			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID,
+			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID, Fresh: h.fresh,
 		})
 		if err != nil {
 			return err
@@ -242,6 +242,15 @@ func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloIn
 		switch n.State {
 		case store.NodeJoined, store.NodeUnreachable, store.NodePoweredOff:
 			if err := tx.NodeSetState(ctx, s.nodeID, store.NodeReady); err != nil {
+				return err
+			}
+		}
+		if h.rollback != nil {
+			// bcd rolled itself back after a crash loop, perhaps while no
+			// control plane answered: recorded once per Welcome it gets.
+			p := *h.rollback
+			p.NodeID = s.nodeID
+			if err := tx.NodeRolledBackLocally(ctx, &p); err != nil {
 				return err
 			}
 		}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -16,8 +17,10 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -684,4 +687,49 @@ func TestConnectingBounded(t *testing.T) {
 	if took := time.Since(accepted); took < helloTimeout-time.Second || took > helloTimeout+2*time.Second {
 		t.Fatalf("connected %s after a silent connection took the only slot; want about %s", took, helloTimeout)
 	}
+}
+
+// TestLocalRollbackRecorded: a Hello carrying LocalRollback (bcd restored
+// its previous release by itself after a crash loop; issue 30) writes one
+// node.rolled-back-locally in the session's open; a malformed one writes
+// none and still opens the session.
+func TestLocalRollbackRecorded(t *testing.T) {
+	t.Parallel()
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		e := newEnv(t, b.open(t))
+		g := e.start(nil)
+		n := e.join(g, "gpu-12", "")
+		at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+		for _, r := range []*sessionv1.LocalRollback{
+			{FromVersion: "0.2.0", ToVersion: "0.1.0", Reason: "3 starts of 0.2.0 ended in an exit\nwithin 10m0s", Starts: 1 << 30,
+				RolledBackAt: timestamppb.New(at)},
+			{FromVersion: "bad\x00version", Reason: "x"},
+			{ToVersion: "0.1.0"},
+		} {
+			if _, err := e.connectWith(e.dial(g, &n.cert), &sessionv1.Hello{BcdVersion: "0.1.0", Os: "linux", Arch: "amd64", LocalRollback: r}); err != nil {
+				t.Fatalf("connect with %v: %v", r, err)
+			}
+		}
+		entries, err := e.st.OutboxQuery(ctx, &store.OutboxQueryParams{Key: n.id, TopicPrefix: events.NodeRolledBackLocally})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 {
+			t.Fatalf("%d node.rolled-back-locally events, want 1", len(entries))
+		}
+		env, err := events.Parse(entries[0].Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d events.NodeRolledBackLocallyData
+		if err := json.Unmarshal(env.Data, &d); err != nil {
+			t.Fatal(err)
+		}
+		want := events.NodeRolledBackLocallyData{NodeID: n.id, PoolID: d.PoolID, Hostname: "gpu-12", FromVersion: "0.2.0", ToVersion: "0.1.0",
+			Reason: "3 starts of 0.2.0 ended in an exit within 10m0s", Starts: maxRollbackStarts, RolledBackAt: at}
+		if d != want || d.PoolID == "" {
+			t.Fatalf("data %+v, want %+v", d, want)
+		}
+	})
 }

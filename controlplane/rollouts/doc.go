@@ -38,12 +38,29 @@
 //
 // A node whose upgrade command fails (its trial failed: bcd restored the
 // previous release itself), that does not come back on the new version
-// within Timeout, or that turns unhealthy during its soak halts the
-// rollout (state rolling-back; the rollout names the node and why). The
-// nodes of the current wave that did upgrade, the failed one included when
-// it runs the new version, are sent "rollback" (rollout:<id>:rollback):
-// bcd restores the release it kept beside the current one, no download.
-// Nodes of the wave not yet out are left alone. Once every one is back on
+// within Timeout, that turns unhealthy during its soak, or that runs its
+// previous release again without a rollback command (bcd rolled itself
+// back after a crash loop, issue 30: failed, nothing to send it) halts the
+// rollout (state rolling-back; the rollout names the node and why). Every
+// node the rollout upgraded, of every wave, the failed one included when it
+// runs the new version, is sent "rollback" (rollout:<id>:rollback): bcd
+// restores the release it kept beside the current one, no download. Nodes
+// not yet out are left alone. Once every one is back on
 // its previous version the rollout is halted (failed when a rollback
 // failed too) and never starts another wave; abort ends it.
+//
+// # Watching, and the bake (issue 30)
+//
+// Every node the rollout upgraded stays watched until the rollout ends:
+// one of any earlier wave that restarts bcd (a session opened without a
+// resume cursor since it came back on the version), leaves ready, is
+// quarantined, runs another version, or drops its session more than
+// maxDrops times (new sessions after a gateway's drain, by
+// nodes.reconnect_by, not counted) halts the rollout; the halt then rolls
+// back every node the rollout upgraded, of every wave, each taking a slot
+// of the pool's budget again when it is back in service, and the
+// rollout.halted event names each node and why. After the last wave the
+// rollout bakes for Bake (store.Rollout's bake fields: the phase and the
+// time counted survive a restart, and the clock stops while paused) before
+// it completes.
 package rollouts

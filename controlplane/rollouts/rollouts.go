@@ -29,6 +29,17 @@ const (
 	// DefaultTimeout is how long a node has to come back on the new
 	// version (and to drain): issue 20.
 	DefaultTimeout = 10 * time.Minute
+	// DefaultBake is how long the rollout keeps watching every node it
+	// upgraded after the last wave: issue 30.
+	DefaultBake = 10 * time.Minute
+	// drainSlack is how long after a gateway's drain expected a node back
+	// (nodes.reconnect_by) its new session still counts as the drain's
+	// reconnect, not as a drop.
+	drainSlack = 30 * time.Second
+	// maxDrops is how many session drops of an upgraded node (not counting
+	// reconnects after a gateway's drain) the rollout lets pass: one more
+	// halts it (issue 30).
+	maxDrops = 1
 )
 
 // attrRollout is the log attribute of a rollout's id.
@@ -305,6 +316,9 @@ func (p *plan) advance(ctx context.Context) error {
 			out++
 		}
 	}
+	if p.watch() {
+		return nil
+	}
 	failed := false
 	for _, n := range p.wave() {
 		if failed {
@@ -384,11 +398,17 @@ func (p *plan) advance(ctx context.Context) error {
 				p.release(n)
 				p.fail(n, store.RolloutNodeFailed, fmt.Sprintf("upgrade %s: %s", n.UpgradeState, cmp.Or(n.UpgradeError, "no error given")))
 				failed = true
+			case n.UpgradeState == store.CommandSucceeded && rolledBackItself(n, ro):
+				p.release(n)
+				p.fail(n, store.RolloutNodeFailed, rolledBackReason(n))
+				failed = true
 			case n.UpgradeState == store.CommandSucceeded && n.BCDVersion == ro.Version && n.Connected && n.NodeState == store.NodeReady:
 				// The command's result comes from the restarted bcd (the
 				// trial that connected before it runs no command), so the
-				// soak starts on the bcd that stays.
-				p.setNode(n, store.RolloutNodeSoaking, "", nil)
+				// soak starts on the bcd that stays; its watch starts here
+				// too (its starts and session so far).
+				w := &store.RolloutNodeWatch{Starts: n.BCDStarts, SessionSince: n.SessionSince}
+				p.setNode(n, store.RolloutNodeSoaking, "", func(u *store.RolloutNodeUpdateParams) { u.Watch = w })
 				p.info("Rollout node back on the new version; soaking", logkey.NodeID, n.NodeID, "soak", ro.Soak)
 			case p.now.Sub(n.StateSince) > ro.Timeout:
 				p.release(n)
@@ -397,9 +417,18 @@ func (p *plan) advance(ctx context.Context) error {
 				failed = true
 			}
 		case store.RolloutNodeSoaking:
+			if rolledBackItself(n, ro) {
+				p.release(n)
+				p.fail(n, store.RolloutNodeFailed, rolledBackReason(n))
+				failed = true
+				continue
+			}
 			ok, why := healthy(n, p.owner)
 			if ok && n.BCDVersion != ro.Version {
 				ok, why = false, "runs "+n.BCDVersion
+			}
+			if ok && n.BCDStarts > n.WatchStarts {
+				ok, why = false, fmt.Sprintf("bcd restarted (%d start(s) since it came back on %s)", n.BCDStarts-n.WatchStarts, ro.Version)
 			}
 			if ok {
 				// Its GPUs, as its last inventory tells them (read for the
@@ -443,6 +472,16 @@ func (p *plan) advance(ctx context.Context) error {
 		}
 	}
 	if len(pending) == 0 {
+		// The bake: every node the rollout upgraded is watched for Bake
+		// more (its clock stopped while paused) before the rollout ends.
+		switch {
+		case ro.Bake > 0 && !ro.Baking():
+			p.setRollout(&store.RolloutUpdateParams{StartBake: true})
+			p.info("Rollout baking: watching every node it upgraded", "bake", ro.Bake)
+			return nil
+		case ro.Bake > 0 && ro.BakeDone(p.now) < ro.Bake:
+			return nil
+		}
 		p.setRollout(&store.RolloutUpdateParams{State: store.RolloutCompleted})
 		p.info("Rollout completed", "version", ro.Version)
 		return nil
@@ -474,6 +513,108 @@ func (p *plan) advance(ctx context.Context) error {
 	p.setRollout(&store.RolloutUpdateParams{Wave: &next, WaveNodes: ids})
 	p.info("Rollout wave started", "wave", next, "nodes", len(ids))
 	return nil
+}
+
+// watch checks every node the rollout upgraded, of every wave, until the
+// rollout ends (issue 30; DESIGN.md, "Memory and evidence"): one that
+// restarted bcd, left ready, was quarantined, runs another version or
+// dropped its session more than maxDrops times (reconnects after a
+// gateway's drain not counted) halts the rollout, naming each such node
+// and why. It records the drops it counts, and reports whether it halted.
+func (p *plan) watch() bool {
+	ro := p.ro
+	var why []string
+	var first *store.RolloutNode
+	for _, n := range p.nodes {
+		if n.State != store.RolloutNodeUpgraded || n.UpgradeCommandID == "" {
+			continue // not upgraded, or not by the rollout ("already on")
+		}
+		reason, drops := p.watched(n)
+		if drops != n.Drops || (n.Connected && n.SessionSince != nil && !sameTime(n.SessionSince, n.SeenSessionSince)) {
+			w := &store.RolloutNodeWatch{Starts: n.WatchStarts, SessionSince: n.SessionSince, Drops: drops}
+			p.setNode(n, n.State, reason, func(u *store.RolloutNodeUpdateParams) { u.Watch = w })
+			n.Drops, n.SeenSessionSince = drops, n.SessionSince
+		} else if reason != "" {
+			p.setNode(n, n.State, reason, nil)
+		}
+		if reason == "" {
+			continue
+		}
+		if first == nil {
+			first = n
+		}
+		why = append(why, fmt.Sprintf("node %s (%s, wave %d): %s", n.NodeID, n.Hostname, n.Wave, reason))
+		p.logs = append(p.logs, func() {
+			p.r.log.Warn("Rollout watch: an upgraded node failed", attrRollout, ro.ID, logkey.NodeID, n.NodeID, "wave", n.Wave, "reason", reason)
+		})
+	}
+	if first == nil {
+		return false
+	}
+	for _, n := range p.nodes {
+		if n.State == store.RolloutNodeUpgraded && rolledBackItself(n, ro) {
+			// Back on its previous release already: nothing to send it.
+			p.setNode(n, store.RolloutNodeFailed, rolledBackReason(n), nil)
+		}
+	}
+	phase := "after its wave"
+	if ro.Baking() {
+		phase = "during the bake"
+	}
+	p.setRollout(&store.RolloutUpdateParams{State: store.RolloutRollingBack, FailedNodeID: first.NodeID,
+		Reason: fmt.Sprintf("%d upgraded node(s) failed %s: %s", len(why), phase, strings.Join(why, "; "))})
+	return true
+}
+
+// watched says why an upgraded node fails its watch ("" when it does not)
+// and counts its session drops.
+func (p *plan) watched(n *store.RolloutNode) (reason string, drops int) {
+	ro := p.ro
+	drops = n.Drops
+	if n.Connected && n.SessionSince != nil && n.SeenSessionSince != nil && !sameTime(n.SessionSince, n.SeenSessionSince) &&
+		n.BCDStarts == n.WatchStarts {
+		// A new session of the same bcd: a drop, unless it follows a
+		// gateway's drain (it came back by when the drain expected it).
+		if n.ReconnectBy == nil || n.SessionSince.After(n.ReconnectBy.Add(drainSlack)) {
+			drops++
+		}
+	}
+	switch {
+	case rolledBackItself(n, ro):
+		return rolledBackReason(n), drops
+	case n.BCDStarts > n.WatchStarts:
+		return fmt.Sprintf("bcd restarted (%d start(s) since it came back on %s)", n.BCDStarts-n.WatchStarts, ro.Version), drops
+	case n.Connected && n.BCDVersion != ro.Version:
+		return "runs " + n.BCDVersion, drops
+	case n.NodeState != store.NodeReady:
+		return "left ready (state " + n.NodeState + ")", drops
+	case n.Disruption == store.DisruptionQuarantined:
+		return "quarantined (" + n.DisruptionOwner + ")", drops
+	case drops > maxDrops:
+		return fmt.Sprintf("its session dropped %d times since its upgrade (reconnects after a gateway's drain not counted)", drops), drops
+	}
+	return "", drops
+}
+
+// sameTime reports whether two optional times are the same instant.
+func sameTime(a, b *time.Time) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(*b)
+}
+
+// rolledBackItself reports whether a node the rollout upgraded runs its
+// previous release again without a rollback command: bcd restored it
+// itself after a crash loop (node.rolled-back-locally; issue 30).
+func rolledBackItself(n *store.RolloutNode, ro *store.Rollout) bool {
+	return n.Connected && n.PreviousVersion != "" && n.PreviousVersion != ro.Version && n.BCDVersion == n.PreviousVersion &&
+		n.RollbackCommandID == ""
+}
+
+// rolledBackReason says why a node that rolled itself back failed.
+func rolledBackReason(n *store.RolloutNode) string {
+	return "bcd rolled itself back to " + n.PreviousVersion + " (the new release crash-looped): back on " + n.PreviousVersion
 }
 
 // failedGPU returns the UUID of a GPU the node's last inventory reports
@@ -636,12 +777,18 @@ func (p *plan) fail(n *store.RolloutNode, state, reason string) {
 	})
 }
 
-// rollBack drives a rolling-back rollout's wave back to the previous
-// release, and halts it (or fails it) once nothing is left in flight.
+// rollBack drives every node a rolling-back rollout upgraded, of every
+// wave, back to the previous release, within the pool's disruption budget
+// (a node back in service takes a slot again for its rollback, so they go
+// in waves the budget sizes), and halts it (or fails it) once nothing is
+// left in flight, naming each node rolled back or failed and why.
 func (p *plan) rollBack() {
 	ro := p.ro
 	busy, broken := false, false
-	for _, n := range p.wave() {
+	for _, n := range p.nodes {
+		if n.Wave == 0 {
+			continue
+		}
 		switch n.State {
 		case store.RolloutNodeDraining:
 			p.release(n)
@@ -661,8 +808,22 @@ func (p *plan) rollBack() {
 			default:
 				busy = true
 			}
-		case store.RolloutNodeSoaking, store.RolloutNodeUpgraded:
-			p.rollbackCommand(n, "rollout halted")
+		case store.RolloutNodeSoaking:
+			p.rollbackCommand(n, cmp.Or(n.Reason, "rollout halted"))
+			busy = true
+		case store.RolloutNodeUpgraded:
+			if n.UpgradeCommandID == "" {
+				continue // it was on the version before the rollout
+			}
+			if rolledBackItself(n, ro) {
+				p.setNode(n, store.RolloutNodeFailed, rolledBackReason(n), nil)
+				continue
+			}
+			why := "rollout halted"
+			if n.Reason != "" {
+				why = n.Reason + "; rollout halted"
+			}
+			p.rollbackCommand(n, why)
 			busy = true
 		case store.RolloutNodeRollingBack:
 			switch {
@@ -670,7 +831,11 @@ func (p *plan) rollBack() {
 				// Back on its release, whatever the command says (an older
 				// bcd may not know the kind it restored itself with).
 				p.release(n)
-				p.setNode(n, store.RolloutNodeRolledBack, "back on "+n.PreviousVersion, nil)
+				why := "back on " + n.PreviousVersion
+				if n.Reason != "" {
+					why = n.Reason + ": " + why // why it was rolled back, kept
+				}
+				p.setNode(n, store.RolloutNodeRolledBack, why, nil)
 				p.info("Rollout node rolled back", logkey.NodeID, n.NodeID, "version", n.PreviousVersion)
 			case commandFailed(n.RollbackState):
 				p.release(n)
@@ -692,11 +857,17 @@ func (p *plan) rollBack() {
 	if busy {
 		return
 	}
+	var named []store.RolloutHaltedNode
+	for _, n := range p.nodes {
+		if n.Wave > 0 && (n.State == store.RolloutNodeRolledBack || n.State == store.RolloutNodeFailed) {
+			named = append(named, store.RolloutHaltedNode{NodeID: n.NodeID, Hostname: n.Hostname, Wave: n.Wave, State: n.State, Reason: n.Reason})
+		}
+	}
 	if broken {
-		p.setRollout(&store.RolloutUpdateParams{State: store.RolloutFailed})
+		p.setRollout(&store.RolloutUpdateParams{State: store.RolloutFailed, Halted: named})
 		p.logs = append(p.logs, func() { p.r.log.Error("Rollout failed: a rollback did not finish", attrRollout, ro.ID) })
 		return
 	}
-	p.setRollout(&store.RolloutUpdateParams{State: store.RolloutHalted})
+	p.setRollout(&store.RolloutUpdateParams{State: store.RolloutHalted, Halted: named})
 	p.logs = append(p.logs, func() { p.r.log.Warn("Rollout halted", attrRollout, ro.ID, "reason", ro.Reason) })
 }

@@ -653,3 +653,151 @@ func TestRolloutGPUFailureInSoakHalts(t *testing.T) {
 		t.Errorf("canary on %s after %d rollbacks, want %s after 1", d.Version(), d.Rollbacks(), versionA)
 	}
 }
+
+// TestRolloutCountsALocalRollbackAsFailed: the canary's bcd restores A by
+// itself during its soak (a crash loop; issue 30); the rollout counts it
+// failed, sends it no rollback command and halts after the canary.
+func TestRolloutCountsALocalRollbackAsFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	for _, d := range e.daemons {
+		d.SetRelease(versionB, sim.Release{RollBackAfter: 300 * time.Millisecond})
+	}
+	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: time.Minute})
+	w := e.worker("w1", ro, nil)
+	// Steps stop once the canary soaks, and go on when it is connected on
+	// A again (its restart is no longer in sight).
+	var canary string
+	e.until(w, ro, "soaking", func(*store.Rollout) bool {
+		for _, n := range mustV(e.st.RolloutNodes(context.Background(), ro.ID)) {
+			if n.State == store.RolloutNodeSoaking {
+				canary = n.NodeID
+			}
+		}
+		return canary != ""
+	})
+	deadline := time.Now().Add(wait)
+	for {
+		n := mustV(e.st.NodeGet(context.Background(), canary))
+		_, err := e.st.SessionGet(context.Background(), canary)
+		if n.BCDVersion == versionA && err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the canary is not connected on A again: %s", e.nodeStates(ro))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ro = e.until(w, ro, "halted", state(store.RolloutHalted))
+	t.Logf("halted: %s", ro.Reason)
+	if !strings.Contains(ro.Reason, "rolled itself back") || ro.CurrentWave != 1 {
+		t.Fatalf("halted in wave %d: %q, want the canary's local rollback", ro.CurrentWave, ro.Reason)
+	}
+	for _, n := range mustV(e.st.RolloutNodes(context.Background(), ro.ID)) {
+		switch {
+		case n.NodeID == ro.FailedNodeID:
+			if n.State != store.RolloutNodeFailed || n.RollbackCommandID != "" || n.BCDVersion != versionA {
+				t.Errorf("canary %s: %s (rollback %q, on %s), want failed without a rollback command, on A", n.NodeID, n.State, n.RollbackCommandID, n.BCDVersion)
+			}
+		case n.State != store.RolloutNodePending:
+			t.Errorf("node %s outside the canary: %s", n.NodeID, n.State)
+		}
+	}
+	if b := mustV(e.st.PoolBudget(context.Background(), e.pool.ID)); b.OutOfService != 0 {
+		t.Errorf("%d nodes left out of service", b.OutOfService)
+	}
+}
+
+// TestRolloutLateFailureRollsBackEveryWave (issue 30): B restarts bcd 1.5 s
+// after each start, after its short soak. The rollout watches every node it
+// upgraded: the canary's restart halts it in a later wave or its bake, and
+// every node it upgraded, of every wave, is rolled back within the pool's
+// budget (one at a time here); the halt names each node and why, and
+// nothing is left out of service.
+func TestRolloutLateFailureRollsBackEveryWave(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 5)
+	for _, d := range e.daemons {
+		d.SetRelease(versionB, sim.Release{UnhealthyAfter: 1500 * time.Millisecond, DownFor: 100 * time.Millisecond})
+	}
+	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", MaxUnavailable: "1", Soak: 200 * time.Millisecond, Bake: time.Minute})
+	w := e.worker("w1", ro, nil)
+	ro = e.until(w, ro, "halted", state(store.RolloutHalted))
+	t.Logf("halted: %s", ro.Reason)
+	if !strings.Contains(ro.Reason, "bcd restarted") {
+		t.Errorf("reason %q, want a restart of bcd named", ro.Reason)
+	}
+	nodes := mustV(e.st.RolloutNodes(context.Background(), ro.ID))
+	var touched []string
+	for _, n := range nodes {
+		switch {
+		case n.Wave == 0 || n.State == store.RolloutNodePending:
+		case n.State == store.RolloutNodeRolledBack && n.BCDVersion == versionA:
+			touched = append(touched, n.NodeID)
+		default:
+			t.Errorf("node %s (wave %d): %s on %s %q, want rolled back to A", n.NodeID, n.Wave, n.State, n.BCDVersion, n.Reason)
+		}
+	}
+	waves := map[int]bool{}
+	for _, n := range nodes {
+		if slices.Contains(touched, n.NodeID) {
+			waves[n.Wave] = true
+		}
+	}
+	if len(touched) < 2 || len(waves) < 2 {
+		t.Fatalf("rolled back %v in waves %v: want nodes of more than one wave", touched, waves)
+	}
+	h := e.history(ro)
+	if h.maxOut > 1 {
+		t.Errorf("%d nodes out at once, want at most 1 (the pool's budget)", h.maxOut)
+	}
+	if b := mustV(e.st.PoolBudget(context.Background(), e.pool.ID)); b.OutOfService != 0 {
+		t.Errorf("%d nodes left out of service", b.OutOfService)
+	}
+	entries := mustV(e.st.OutboxQuery(context.Background(), &store.OutboxQueryParams{Key: ro.ID, TopicPrefix: events.RolloutHalted}))
+	if len(entries) != 1 {
+		t.Fatalf("%d rollout.halted events", len(entries))
+	}
+	var d events.RolloutData
+	_ = json.Unmarshal(mustV(events.Parse(entries[0].Payload)).Data, &d)
+	if len(d.Nodes) != len(touched) {
+		t.Errorf("rollout.halted names %+v, want the %d nodes rolled back", d.Nodes, len(touched))
+	}
+	for _, n := range d.Nodes {
+		if n.Reason == "" || n.State != store.RolloutNodeRolledBack {
+			t.Errorf("rollout.halted node %+v: want rolled-back and why", n)
+		}
+	}
+}
+
+// TestRolloutBakes: after the last wave the rollout stays running in its
+// bake, watching its nodes; a pause stops the bake's clock, and the
+// rollout completes once the bake has run.
+func TestRolloutBakes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: 100 * time.Millisecond, Bake: 2 * time.Second})
+	w := e.worker("w1", ro, nil)
+	ro = e.until(w, ro, "baking", func(r *store.Rollout) bool { return r.Baking() })
+	if ro.State != store.RolloutRunning {
+		t.Fatalf("baking rollout is %s", ro.State)
+	}
+	ro = mustV(e.st.RolloutUpdate(context.Background(), &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutRunning}, State: store.RolloutPaused}))
+	if ro.BakeResumedAt != nil {
+		t.Fatal("a paused bake's clock runs")
+	}
+	frozen := ro.BakeElapsed
+	for range 5 {
+		if err := w.step(t); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cur := mustV(e.st.RolloutGet(context.Background(), ro.ID)); cur.State != store.RolloutPaused || cur.BakeDone(time.Now().Add(time.Hour)) != frozen {
+		t.Fatalf("paused bake moved: %s, %v counted (was %v)", cur.State, cur.BakeDone(time.Now().Add(time.Hour)), frozen)
+	}
+	mustV(e.st.RolloutUpdate(context.Background(), &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}))
+	ro = e.until(w, ro, "completed", state(store.RolloutCompleted))
+	if ro.BakeElapsed < 2*time.Second || ro.BakeResumedAt != nil {
+		t.Errorf("completed after %v of bake (clock %v), want at least 2s and stopped", ro.BakeElapsed, ro.BakeResumedAt)
+	}
+}

@@ -36,6 +36,10 @@ type Release struct {
 	// DownFor is how long an unhealthy daemon stays away each time.
 	// Defaults to 1 s.
 	DownFor time.Duration
+	// RollBackAfter, when positive, makes the daemon restore the version
+	// kept beside this one by itself that long after it starts, as bcd
+	// does after a crash loop (issue 30), and restart into it.
+	RollBackAfter time.Duration
 }
 
 // DefaultRestartDelay is how long a FakeDaemon's restart takes.
@@ -189,6 +193,20 @@ func (d *FakeDaemon) watchHealth(ctx context.Context) {
 	d.rel.mu.Lock()
 	r, ok := d.rel.releases[d.rel.version]
 	d.rel.mu.Unlock()
+	if ok && r.RollBackAfter > 0 {
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(r.RollBackAfter):
+				d.rel.mu.Lock()
+				to := d.rel.previous
+				d.rel.pending, d.rel.previous = to, d.rel.version
+				d.rel.mu.Unlock()
+				d.log.Info("Simulated release crash-looped: restoring the previous version", "version", to)
+				d.restart()
+			}
+		}()
+	}
 	if !ok || r.UnhealthyAfter <= 0 {
 		return
 	}

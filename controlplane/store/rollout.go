@@ -132,7 +132,16 @@ type Rollout struct {
 	Timeout time.Duration
 	// Drain waits for the node's running commands before its upgrade.
 	Drain bool
-	State string
+	// Bake is how long the rollout keeps watching the nodes it upgraded
+	// after its last wave (issue 30; migration 0018_rollout_watch).
+	// BakeStartedAt is when that phase began (nil before it); BakeElapsed
+	// the bake time counted up to BakeResumedAt, when its clock last
+	// started (nil while paused: the clock stops).
+	Bake          time.Duration
+	BakeStartedAt *time.Time
+	BakeElapsed   time.Duration
+	BakeResumedAt *time.Time
+	State         string
 	// CurrentWave is the wave in progress: 0 before the first (the
 	// canary is wave 1).
 	CurrentWave int
@@ -144,6 +153,19 @@ type Rollout struct {
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
 	FinishedAt   *time.Time
+}
+
+// Baking reports whether the rollout is in its bake phase.
+func (ro *Rollout) Baking() bool { return ro.BakeStartedAt != nil }
+
+// BakeDone is the bake time counted at now: BakeElapsed, plus the time
+// since BakeResumedAt while the clock runs.
+func (ro *Rollout) BakeDone(now time.Time) time.Duration {
+	d := ro.BakeElapsed
+	if ro.BakeResumedAt != nil && now.After(*ro.BakeResumedAt) {
+		d += now.Sub(*ro.BakeResumedAt)
+	}
+	return d
 }
 
 // RolloutNode is one node of a rollout, with what the reconciler reads of
@@ -165,12 +187,26 @@ type RolloutNode struct {
 	Reason string
 	// StateSince is when the node entered State.
 	StateSince time.Time
+	// The watch of a node the rollout upgraded (migration
+	// 0018_rollout_watch): the node's BCDStarts when it came back on the
+	// version, the start of the last session the reconciler saw, and the
+	// session drops counted since (those after a gateway's drain not).
+	WatchStarts      int64
+	SeenSessionSince *time.Time
+	Drops            int
 
 	// Read from the node, its session and commands (not stored here):
-	Hostname        string
-	NodeState       string
-	BCDVersion      string
-	Connected       bool // the node has a session now
+	Hostname   string
+	NodeState  string
+	BCDVersion string
+	Connected  bool // the node has a session now
+	// SessionSince is when its session opened (nil without one);
+	// BCDStarts counts its sessions opened without a resume cursor (new
+	// bcd processes); ReconnectBy is when a gateway's drain expects it
+	// back (nil when never drained).
+	SessionSince    *time.Time
+	BCDStarts       int64
+	ReconnectBy     *time.Time
 	Disruption      string
 	DisruptionOwner string
 	// UpgradeState/UpgradeError and RollbackState/RollbackError are the
@@ -225,8 +261,10 @@ type RolloutCreateParams struct {
 	Soak           time.Duration
 	Timeout        time.Duration
 	Drain          bool
-	CreatedBy      string
-	Now            *time.Time
+	// Bake is how long the rollout watches its nodes after the last wave.
+	Bake      time.Duration
+	CreatedBy string
+	Now       *time.Time
 }
 
 // RolloutListParams filter and page RolloutList.
@@ -252,6 +290,13 @@ type RolloutUpdateParams struct {
 	// Reason and FailedNodeID are recorded when set.
 	Reason       string
 	FailedNodeID string
+	// StartBake begins the bake phase (its clock runs from Now). A move
+	// to paused stops a running bake's clock and a move from paused to
+	// running starts it again, whoever makes them.
+	StartBake bool
+	// Halted names the nodes a halt rolled back or failed, and why, in the
+	// rollout.halted (or rollout.failed) event.
+	Halted []RolloutHaltedNode
 	// Actor is recorded in the events (the operator, or "" for the
 	// reconciler).
 	Actor string
@@ -273,5 +318,25 @@ type RolloutNodeUpdateParams struct {
 	// recorded): a pending node's note of what it waits for ends when it
 	// moves on.
 	ClearReason bool
-	Now         *time.Time
+	// Watch, when set, records the node's watch (RolloutNode's WatchStarts,
+	// SeenSessionSince and Drops).
+	Watch *RolloutNodeWatch
+	Now   *time.Time
+}
+
+// RolloutNodeWatch is the watch of a node a rollout upgraded.
+type RolloutNodeWatch struct {
+	Starts       int64
+	SessionSince *time.Time
+	Drops        int
+}
+
+// RolloutHaltedNode is a node a halted rollout names: what became of it
+// and why.
+type RolloutHaltedNode struct {
+	NodeID   string `json:"nodeId"`
+	Hostname string `json:"hostname"`
+	Wave     int    `json:"wave"`
+	State    string `json:"state"`
+	Reason   string `json:"reason,omitempty"`
 }

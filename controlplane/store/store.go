@@ -350,6 +350,11 @@ type NodeStore interface {
 	NodeSetState(ctx context.Context, id, state string) error
 	// NodeSetCordoned marks a node (un)schedulable for new commands.
 	NodeSetCordoned(ctx context.Context, id string, cordoned bool) error
+	// NodeRolledBackLocally records that bcd restored its previous release
+	// by itself after a crash loop (issue 30): it writes the event
+	// node.rolled-back-locally and changes no row. ErrNotFound for an
+	// unknown node.
+	NodeRolledBackLocally(ctx context.Context, p *NodeRolledBackLocallyParams) error
 	// NodeSetInventory stores a node's inventory JSON and its digest.
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
 	// NodeDelete removes a node, its session and commands.
@@ -449,6 +454,23 @@ type NodeSetCertificateParams struct {
 type HostnameDuplicate struct {
 	Hostname string
 	NodeIDs  []string // oldest first
+}
+
+// NodeRolledBackLocallyParams is what bcd reported of a rollback it made
+// on its own (sessionv1.LocalRollback), checked by the gateway.
+type NodeRolledBackLocallyParams struct {
+	NodeID string
+	// FromVersion is the release that crash-looped; ToVersion the one
+	// restored ("" when unknown).
+	FromVersion, ToVersion string
+	// Reason is bcd's one line.
+	Reason string
+	// Starts is how many starts of FromVersion ended in an exit.
+	Starts int
+	// RolledBackAt is when bcd restored ToVersion, by the node's clock.
+	RolledBackAt time.Time
+	// Now is the event's time; nil means the process's clock.
+	Now *time.Time
 }
 
 // NodeListParams filter and page NodeList.
@@ -643,7 +665,10 @@ type SessionOpenParams struct {
 	// BootID is the boot id the node reported in Hello, recorded as the
 	// node's BootID ("" when it reports none: an older bcd).
 	BootID string
-	Now    *time.Time
+	// Fresh says Hello carried no resume cursor: a new bcd process, counted
+	// in the node's bcd_starts (migration 0018_rollout_watch).
+	Fresh bool
+	Now   *time.Time
 }
 
 // Worker is a process running worker roles.

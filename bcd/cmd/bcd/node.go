@@ -37,6 +37,10 @@ var testGPUs func(ctx context.Context, log *slog.Logger, dataDir string) (*gpu.C
 // system clock.
 var testClock session.Clock
 
+// testCrash, set only by the crashafter test build (crashafter.go), makes
+// bcd node exit some time after it starts.
+var testCrash func(ctx context.Context, log *slog.Logger)
+
 // wallNow is this machine's wall clock: the system's, or the clockshift
 // test build's.
 func wallNow() time.Time {
@@ -181,8 +185,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 				id.KnownGateways = known
 				return store.SaveGateways(id)
 			},
-			BCDVersion: bcdVersion(),
-			BootID:     readLine(bootIDFile),
+			BCDVersion:    bcdVersion(),
+			BootID:        readLine(bootIDFile),
+			LocalRollback: up.localRollback,
 			OnEvent: func(ev session.Event) {
 				if ev.Kind == session.EventConnected {
 					notify.Ready()
@@ -216,6 +221,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		"gateways", id.Gateways, "gateway_trust", trustedBy, "cert_not_after", id.NotAfter(),
 		"unprivileged", f.unprivileged, "uid", os.Geteuid())
 
+	if testCrash != nil {
+		testCrash(ctx, log)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	gctx, stop := context.WithCancelCause(gctx)
 	if up != nil {
@@ -235,6 +243,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		// An upgrade's restart replaces the process; finish returns only
 		// when it failed.
 		err = up.finish(ctx, context.Cause(gctx), notify)
+	}
+	if err == nil && ctx.Err() != nil {
+		up.stopped() // a signal: not an exit of a crash loop
 	}
 	notify.Stopping()
 	switch {

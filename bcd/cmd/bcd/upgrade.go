@@ -22,9 +22,11 @@ import (
 
 // upgradeFlags are bcd node's self-upgrade settings.
 type upgradeFlags struct {
-	pinsFile      string
-	downloadsURL  string
-	healthTimeout time.Duration
+	pinsFile        string
+	downloadsURL    string
+	healthTimeout   time.Duration
+	crashLoopStarts int
+	crashLoopWindow time.Duration
 }
 
 func addUpgradeFlags(cmd *cobra.Command, f *upgradeFlags) {
@@ -32,6 +34,8 @@ func addUpgradeFlags(cmd *cobra.Command, f *upgradeFlags) {
 	fl.StringVar(&f.pinsFile, "release-pins-file", upgrade.DefaultPinsFile, "pinned release keys (one sha256/... pin a line) that upgrades verify against")
 	fl.StringVar(&f.downloadsURL, "downloads-url", "", "downloads route for upgrade commands that name none, e.g. https://compute.example.com/api/downloads")
 	fl.DurationVar(&f.healthTimeout, "upgrade-health-timeout", upgrade.DefaultHealthTimeout, "how long an upgraded bcd has to reach a gateway before the previous one is restored")
+	fl.IntVar(&f.crashLoopStarts, "upgrade-crash-loop-starts", upgrade.DefaultCrashLoopStarts, "how many starts of an upgraded bcd may end in an exit within --upgrade-crash-loop-window of the upgrade before the previous one is restored")
+	fl.DurationVar(&f.crashLoopWindow, "upgrade-crash-loop-window", upgrade.DefaultCrashLoopWindow, "how long after an upgrade the new bcd's exits count towards a crash loop")
 }
 
 // nodeUpgrade is the node's Upgrader and what the node does for it: the
@@ -51,10 +55,17 @@ func startUpgrade(ctx context.Context, log *slog.Logger, f *nodeFlags) (*nodeUpg
 	if f.upgrade.healthTimeout <= 0 {
 		return nil, usagef("--upgrade-health-timeout must be positive")
 	}
+	if f.upgrade.crashLoopStarts < 1 || f.upgrade.crashLoopStarts > 100 {
+		return nil, usagef("--upgrade-crash-loop-starts must be between 1 and 100")
+	}
+	if f.upgrade.crashLoopWindow <= 0 {
+		return nil, usagef("--upgrade-crash-loop-window must be positive")
+	}
 	n := &nodeUpgrade{}
 	cfg := upgrade.Config{
 		Version: bcdVersion(), DataDir: f.dataDir, PinsFile: f.upgrade.pinsFile, BaseURL: f.upgrade.downloadsURL,
 		HealthTimeout: f.upgrade.healthTimeout, Logger: log,
+		CrashLoopStarts: f.upgrade.crashLoopStarts, CrashLoopWindow: f.upgrade.crashLoopWindow,
 		Restart: func() { n.stop(upgrade.ErrRestart) },
 	}
 	if f.unprivileged {
@@ -81,6 +92,21 @@ func (n *nodeUpgrade) upgrader() executor.Upgrader {
 		return nil
 	}
 	return n.up
+}
+
+// localRollback is the rollback after a crash loop that Hello reports.
+func (n *nodeUpgrade) localRollback() *sessionv1.LocalRollback {
+	if n == nil {
+		return nil
+	}
+	return n.up.LocalRollback()
+}
+
+// stopped tells the Upgrader that bcd stops cleanly (on a signal).
+func (n *nodeUpgrade) stopped() {
+	if n != nil {
+		n.up.Stopped()
+	}
 }
 
 // connected tells the Upgrader about a Welcome.

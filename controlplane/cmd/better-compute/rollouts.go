@@ -16,11 +16,12 @@ import (
 
 // rolloutsCmd groups the rollout commands; they call rollouts.* (docs/rollouts.md).
 func rolloutsCmd(e *env) *cobra.Command {
-	return apiGroup(e, "rollouts", "Roll bcd out to a pool in waves: canary, budget, soak, halt and roll back",
+	return apiGroup(e, "rollouts", "Roll bcd out to a pool in waves: canary, budget, soak, bake, halt and roll back",
 		rolloutsCreateCmd, rolloutsListCmd, rolloutsGetCmd,
 		rolloutsActionCmd("pause", "Start no new node or wave of a running rollout (needs an operator token)",
 			`pause calls rollouts.pause: no new node is taken out and no new wave starts;
-nodes already out finish their upgrade and soak. Audited.`),
+nodes already out finish their upgrade and soak, and a bake's clock stops (every
+upgraded node is still watched). Audited.`),
 		rolloutsActionCmd("resume", "Let a paused rollout go on (needs an operator token)",
 			`resume calls rollouts.resume: the rollout takes up where it paused. Audited.`),
 		rolloutsActionCmd("abort", "Stop a rollout for good (needs an operator token)",
@@ -33,11 +34,11 @@ func rolloutsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 	var (
 		version, pool, wave, maxOut, baseURL, out string
 		canary                                    int
-		soak, timeout                             time.Duration
+		soak, timeout, bake                       time.Duration
 		drain                                     bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create --version V --pool P [--canary N] [--wave N|N%] [--max-unavailable N|N%] [--soak D] [--timeout D] [--drain=true|false]",
+		Use:   "create --version V --pool P [--canary N] [--wave N|N%] [--max-unavailable N|N%] [--soak D] [--bake D] [--timeout D] [--drain=true|false]",
 		Short: "Roll bcd version V out to pool P in waves (needs an operator token)",
 		Long: `create calls rollouts.create. The release must be in the downloads folder with a
 signed manifest that verifies against downloads.releasePins, or nothing is
@@ -47,8 +48,14 @@ then waves of --wave nodes (default 10% of the pool), never more than
 within the pool's disruption budget. A node is done when it reconnects on V
 and stays ready for --soak (default 5m). A node that fails its trial, does not
 come back within --timeout (default 10m) or turns unhealthy in its soak halts
-the rollout and its wave's upgraded nodes are rolled back to the release they
-kept. By default each node's running commands finish first (--drain); with
+the rollout. The rollout keeps watching every node it upgraded, of every wave,
+until it ends and for --bake after the last wave (default 10m; the bake's clock
+stops while the rollout is paused): a node that restarts bcd, leaves ready, is
+quarantined, runs another version, or drops its session more than once
+(reconnects after a gateway's drain do not count) halts it too. A halt rolls
+back every node the rollout upgraded, of every wave, to the release it kept,
+within the pool's disruption budget; rollouts get and the rollout.halted event
+name each node and why. By default each node's running commands finish first (--drain); with
 --drain=false they are reported as ended by the restart. rollouts get ID
 --watch follows it. Audited.`,
 		Args: cobra.NoArgs,
@@ -67,14 +74,17 @@ kept. By default each node's running commands finish first (--drain); with
 			if cmd.Flags().Changed("timeout") {
 				req.Timeout = durationpb.New(timeout)
 			}
+			if cmd.Flags().Changed("bake") {
+				req.Bake = durationpb.New(bake)
+			}
 			return runAPI(cmd.Context(), e, af, out,
 				func(ctx context.Context, c *client.Client) (*apiv1.RolloutResponse, error) {
 					return c.RolloutsCreate(ctx, req)
 				},
 				func(_ *client.Client, r *apiv1.RolloutResponse) error {
 					ro := r.GetRollout()
-					fmt.Fprintf(e.stdout, "rollout %s: bcd %s to %d node(s) of pool %s, canary %d, waves of %s, at most %s out, soak %v\n",
-						ro.Id, ro.Version, len(r.Nodes), pool, ro.Canary, ro.Wave, ro.MaxUnavailable, ro.GetSoak().AsDuration())
+					fmt.Fprintf(e.stdout, "rollout %s: bcd %s to %d node(s) of pool %s, canary %d, waves of %s, at most %s out, soak %v, bake %v\n",
+						ro.Id, ro.Version, len(r.Nodes), pool, ro.Canary, ro.Wave, ro.MaxUnavailable, ro.GetSoak().AsDuration(), ro.GetBake().AsDuration())
 					fmt.Fprintf(e.stdout, "follow it with: better-compute rollouts get %s --watch\n", ro.Id)
 					return nil
 				})
@@ -87,6 +97,7 @@ kept. By default each node's running commands finish first (--drain); with
 	fl.StringVar(&wave, "wave", "", "nodes in each later wave: N or N% of the pool (default 10%)")
 	fl.StringVar(&maxOut, "max-unavailable", "", "most of the rollout's nodes out at once: N or N% (default the wave's size)")
 	fl.DurationVar(&soak, "soak", 0, "how long an upgraded node must stay ready (default 5m)")
+	fl.DurationVar(&bake, "bake", 0, "how long to keep watching every upgraded node after the last wave (default 10m)")
 	fl.DurationVar(&timeout, "timeout", 0, "how long a node has to come back on the new version, and to drain (default 10m)")
 	fl.BoolVar(&drain, "drain", true, "wait for each node's running commands before its upgrade")
 	fl.StringVar(&baseURL, "base-url", "", "downloads route the nodes fetch from (default this control plane's)")
@@ -204,6 +215,10 @@ the API's RolloutResponse (with --watch, the last one).`,
 				}
 				ro := r.GetRollout()
 				line := fmt.Sprintf("%s wave %d: %s", ro.State, ro.CurrentWave, progressLine(ro))
+				if ro.Phase == "bake" && (ro.State == "running" || ro.State == "paused") {
+					line = fmt.Sprintf("%s, baking (%v of %v): %s", ro.State, ro.GetBakeElapsed().AsDuration().Truncate(time.Second),
+						ro.GetBake().AsDuration(), progressLine(ro))
+				}
 				if line != last && out != "json" {
 					fmt.Fprintf(e.stdout, "%s %s\n", time.Now().UTC().Format(time.TimeOnly), line)
 					last = line
@@ -241,8 +256,15 @@ func printRollout(e *env, r *apiv1.RolloutResponse) error {
 		drain = "no drain"
 	}
 	fmt.Fprintf(e.stdout, "rollout %s: bcd %s to pool %s, %s, wave %d\n", ro.Id, ro.Version, ro.PoolId, ro.State, ro.CurrentWave)
-	fmt.Fprintf(e.stdout, "canary %d, waves of %s, at most %s out, soak %v, timeout %v, %s\n", ro.Canary, ro.Wave, ro.MaxUnavailable,
-		ro.GetSoak().AsDuration(), ro.GetTimeout().AsDuration(), drain)
+	fmt.Fprintf(e.stdout, "canary %d, waves of %s, at most %s out, soak %v, bake %v, timeout %v, %s\n", ro.Canary, ro.Wave, ro.MaxUnavailable,
+		ro.GetSoak().AsDuration(), ro.GetBake().AsDuration(), ro.GetTimeout().AsDuration(), drain)
+	switch ro.Phase {
+	case "bake":
+		fmt.Fprintf(e.stdout, "phase: bake, %v of %v (every node it upgraded is still watched)\n",
+			ro.GetBakeElapsed().AsDuration().Round(time.Second), ro.GetBake().AsDuration())
+	case "waves":
+		fmt.Fprintf(e.stdout, "phase: waves\n")
+	}
 	fmt.Fprintf(e.stdout, "progress: %s\n", progressLine(ro))
 	if ro.Reason != "" {
 		fmt.Fprintf(e.stdout, "reason: %s\n", ro.Reason)

@@ -58,6 +58,12 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodeReady)) // no change, no event
 	join("node_ev4")
 	must(st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: "node_ev4", Reason: store.DisruptionQuarantined, Owner: "t"}))
+	rolledBackAt := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	check(t, st.NodeRolledBackLocally(ctx, &store.NodeRolledBackLocallyParams{NodeID: "node_ev4", FromVersion: "0.2.0", ToVersion: "0.1.0",
+		Reason: "3 starts of 0.2.0 ended in an exit within 10m0s of the upgrade", Starts: 3, RolledBackAt: rolledBackAt}))
+	if err := st.NodeRolledBackLocally(ctx, &store.NodeRolledBackLocallyParams{NodeID: "node_nope", FromVersion: "0.2.0"}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("local rollback of an unknown node: %v, want ErrNotFound", err)
+	}
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", true))
 	check(t, st.NodeSetCordoned(ctx, "node_ev1", false))
 	check(t, st.NodeSetState(ctx, "node_ev1", store.NodeClockSkewed))
@@ -195,6 +201,8 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 			`","state":"failed","createdBy":"t","exitCode":1,"error":"exit status 1"}`,
 		events.CommandSucceeded + " " + ok.ID: `{"commandId":"` + ok.ID + `","nodeId":"node_ev2","kind":"exec","batchId":"` + ok.BatchID +
 			`","state":"succeeded","createdBy":"t","exitCode":0}`,
+		events.NodeRolledBackLocally + " node_ev4": `{"nodeId":"node_ev4","poolId":"` + pool.ID + `","hostname":"node_ev4.example","fromVersion":"0.2.0",` +
+			`"toVersion":"0.1.0","reason":"3 starts of 0.2.0 ended in an exit within 10m0s of the upgrade","starts":3,"rolledBackAt":"2026-12-01T10:00:00Z"}`,
 		events.NodeUnreachable + " node_ev2": `{"nodeId":"node_ev2","poolId":"` + pool.ID + `","hostname":"node_ev2.example","state":"unreachable","previousState":"ready","cordoned":false}`,
 		events.JoinTokenExhausted + " jt_ev1": `{"tokenId":"jt_ev1","poolId":"` + pool.ID + `","uses":1,"maxUses":1,"expiresAt":` +
 			string(must(json.Marshal(jt.ExpiresAt.UTC()))) + `}`,

@@ -83,14 +83,45 @@ func testRollouts(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("update of a node not in the rollout: %v, want ErrNotFound", err)
 	}
 
+	// The watch (issue 30): a session opened without a resume cursor
+	// counts a bcd start; the rollout node keeps what the reconciler saw.
+	starts := n0.BCDStarts
+	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for i, fresh := range []bool{true, false} {
+		if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_ro0", SessionID: fmt.Sprintf("sess_ro0%d", i), GatewayID: "gw_ro",
+			Fresh: fresh, Now: &t0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(t, st.RolloutNodeUpdate(ctx, &store.RolloutNodeUpdateParams{RolloutID: ro.ID, NodeID: "node_ro0", State: store.RolloutNodeSoaking,
+		Watch: &store.RolloutNodeWatch{Starts: 7, SessionSince: &t0, Drops: 1}}))
+	for _, n := range must(st.RolloutNodes(ctx, ro.ID)) {
+		if n.NodeID == "node_ro0" && (n.BCDStarts != starts+1 || n.WatchStarts != 7 || n.Drops != 1 || n.SeenSessionSince == nil ||
+			!n.SeenSessionSince.Equal(t0) || n.SessionSince == nil || !n.SessionSince.Equal(t0) || n.State != store.RolloutNodeSoaking) {
+			t.Fatalf("watched node = %+v (bcd starts before %d)", n, starts)
+		}
+	}
+
 	// Operator moves: pause only from running, resume only from paused.
+	// The bake's clock stops while paused.
 	if _, err := st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("resume of a running rollout: %v, want ErrConflict", err)
 	}
-	must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutRunning}, State: store.RolloutPaused, Actor: "token:t"}))
-	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}))
-	if ro.State != store.RolloutRunning {
-		t.Fatalf("resumed rollout = %s", ro.State)
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, StartBake: true, Now: &t0}))
+	if !ro.Baking() || ro.BakeDone(t0.Add(5*time.Second)) != 5*time.Second {
+		t.Fatalf("baking rollout = %+v", ro)
+	}
+	t1, t2 := t0.Add(10*time.Second), t0.Add(time.Minute)
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutRunning}, State: store.RolloutPaused, Actor: "token:t", Now: &t1}))
+	if ro.BakeResumedAt != nil || ro.BakeElapsed != 10*time.Second || ro.BakeDone(t2) != 10*time.Second {
+		t.Fatalf("paused bake = %+v", ro)
+	}
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning, Now: &t2}))
+	if ro.State != store.RolloutRunning || ro.BakeDone(t2.Add(5*time.Second)) != 15*time.Second {
+		t.Fatalf("resumed rollout = %+v", ro)
+	}
+	if got := must(st.RolloutGet(ctx, ro.ID)); got.BakeStartedAt == nil || !got.BakeStartedAt.Equal(t0) || got.BakeDone(t2.Add(5*time.Second)) != 15*time.Second {
+		t.Fatalf("bake read back = %+v", got)
 	}
 	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, State: store.RolloutAborted, Reason: "operator"}))
 	if ro.FinishedAt == nil || ro.Reason != "operator" {

@@ -60,7 +60,11 @@ type CreateRolloutRequest struct {
 	Drain *bool `protobuf:"varint,8,opt,name=drain,proto3,oneof" json:"drain,omitempty"`
 	// base_url is the downloads route the nodes fetch from; empty means this
 	// control plane's (downloads.publicURL, or the request's origin).
-	BaseUrl       string `protobuf:"bytes,9,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
+	BaseUrl string `protobuf:"bytes,9,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
+	// bake is how long the rollout keeps watching every node it upgraded
+	// after the last wave, before it completes: 0 to 24 h; unset means
+	// 10 min (issue 30).
+	Bake          *durationpb.Duration `protobuf:"bytes,10,opt,name=bake,proto3" json:"bake,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +160,13 @@ func (x *CreateRolloutRequest) GetBaseUrl() string {
 		return x.BaseUrl
 	}
 	return ""
+}
+
+func (x *CreateRolloutRequest) GetBake() *durationpb.Duration {
+	if x != nil {
+		return x.Bake
+	}
+	return nil
 }
 
 type ListRolloutsRequest struct {
@@ -454,7 +465,17 @@ type Rollout struct {
 	UpdateTime   *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	FinishTime   *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=finish_time,json=finishTime,proto3" json:"finish_time,omitempty"`
 	// progress counts the nodes by state (list and get).
-	Progress      *RolloutProgress `protobuf:"bytes,19,opt,name=progress,proto3" json:"progress,omitempty"`
+	Progress *RolloutProgress `protobuf:"bytes,19,opt,name=progress,proto3" json:"progress,omitempty"`
+	// bake is how long the rollout watches its nodes after the last wave.
+	Bake *durationpb.Duration `protobuf:"bytes,20,opt,name=bake,proto3" json:"bake,omitempty"`
+	// phase is "waves" until the last wave is done, then "bake" (the
+	// rollout still watches every node it upgraded), "" once it ended
+	// without a bake.
+	Phase string `protobuf:"bytes,21,opt,name=phase,proto3" json:"phase,omitempty"`
+	// bake_elapsed is the bake time counted so far (its clock stops while
+	// the rollout is paused); bake_start_time when the bake began.
+	BakeElapsed   *durationpb.Duration   `protobuf:"bytes,22,opt,name=bake_elapsed,json=bakeElapsed,proto3" json:"bake_elapsed,omitempty"`
+	BakeStartTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=bake_start_time,json=bakeStartTime,proto3" json:"bake_start_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -622,6 +643,34 @@ func (x *Rollout) GetProgress() *RolloutProgress {
 	return nil
 }
 
+func (x *Rollout) GetBake() *durationpb.Duration {
+	if x != nil {
+		return x.Bake
+	}
+	return nil
+}
+
+func (x *Rollout) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *Rollout) GetBakeElapsed() *durationpb.Duration {
+	if x != nil {
+		return x.BakeElapsed
+	}
+	return nil
+}
+
+func (x *Rollout) GetBakeStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BakeStartTime
+	}
+	return nil
+}
+
 type RolloutProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes int32                  `protobuf:"varint,1,opt,name=nodes,proto3" json:"nodes,omitempty"`
@@ -733,8 +782,12 @@ type RolloutNode struct {
 	Reason            string                 `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	StateTime         *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=state_time,json=stateTime,proto3" json:"state_time,omitempty"`
 	Connected         bool                   `protobuf:"varint,11,opt,name=connected,proto3" json:"connected,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// drops counts the node's session drops since it came back on the
+	// version (reconnects after a gateway's drain not counted); more than
+	// one halts the rollout.
+	Drops         int32 `protobuf:"varint,12,opt,name=drops,proto3" json:"drops,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RolloutNode) Reset() {
@@ -844,11 +897,18 @@ func (x *RolloutNode) GetConnected() bool {
 	return false
 }
 
+func (x *RolloutNode) GetDrops() int32 {
+	if x != nil {
+		return x.Drops
+	}
+	return 0
+}
+
 var File_api_v1_rollouts_proto protoreflect.FileDescriptor
 
 const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\n" +
-	"\x15api/v1/rollouts.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xbd\x02\n" +
+	"\x15api/v1/rollouts.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xec\x02\n" +
 	"\x14CreateRolloutRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x16\n" +
@@ -858,7 +918,9 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\x04soak\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x04soak\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12\x19\n" +
 	"\x05drain\x18\b \x01(\bH\x00R\x05drain\x88\x01\x01\x12\x19\n" +
-	"\bbase_url\x18\t \x01(\tR\abaseUrlB\b\n" +
+	"\bbase_url\x18\t \x01(\tR\abaseUrl\x12-\n" +
+	"\x04bake\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x04bakeB\b\n" +
 	"\x06_drain\"q\n" +
 	"\x13ListRolloutsRequest\x12.\n" +
 	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\x12\x12\n" +
@@ -875,7 +937,7 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x83\x01\n" +
 	"\x0fRolloutResponse\x127\n" +
 	"\arollout\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.RolloutR\arollout\x127\n" +
-	"\x05nodes\x18\x02 \x03(\v2!.bettercompute.api.v1.RolloutNodeR\x05nodes\"\xc6\x05\n" +
+	"\x05nodes\x18\x02 \x03(\v2!.bettercompute.api.v1.RolloutNodeR\x05nodes\"\x8d\a\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x18\n" +
@@ -900,7 +962,11 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"updateTime\x12;\n" +
 	"\vfinish_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishTime\x12A\n" +
-	"\bprogress\x18\x13 \x01(\v2%.bettercompute.api.v1.RolloutProgressR\bprogress\"\xc2\x01\n" +
+	"\bprogress\x18\x13 \x01(\v2%.bettercompute.api.v1.RolloutProgressR\bprogress\x12-\n" +
+	"\x04bake\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x04bake\x12\x14\n" +
+	"\x05phase\x18\x15 \x01(\tR\x05phase\x12<\n" +
+	"\fbake_elapsed\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\vbakeElapsed\x12B\n" +
+	"\x0fbake_start_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rbakeStartTime\"\xc2\x01\n" +
 	"\x0fRolloutProgress\x12\x14\n" +
 	"\x05nodes\x18\x01 \x01(\x05R\x05nodes\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x05R\apending\x12\x10\n" +
@@ -909,7 +975,7 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\askipped\x18\x05 \x01(\x05R\askipped\x12\x16\n" +
 	"\x06failed\x18\x06 \x01(\x05R\x06failed\x12\x1f\n" +
 	"\vrolled_back\x18\a \x01(\x05R\n" +
-	"rolledBack\"\x87\x03\n" +
+	"rolledBack\"\x9d\x03\n" +
 	"\vRolloutNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x14\n" +
@@ -924,7 +990,8 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\n" +
 	"state_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tstateTime\x12\x1c\n" +
-	"\tconnected\x18\v \x01(\bR\tconnected2\x9d\x05\n" +
+	"\tconnected\x18\v \x01(\bR\tconnected\x12\x14\n" +
+	"\x05drops\x18\f \x01(\x05R\x05drops2\x9d\x05\n" +
 	"\x0fRolloutsService\x12m\n" +
 	"\x06Create\x12*.bettercompute.api.v1.CreateRolloutRequest\x1a%.bettercompute.api.v1.RolloutResponse\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12k\n" +
@@ -969,34 +1036,38 @@ var file_api_v1_rollouts_proto_goTypes = []any{
 var file_api_v1_rollouts_proto_depIdxs = []int32{
 	9,  // 0: bettercompute.api.v1.CreateRolloutRequest.soak:type_name -> google.protobuf.Duration
 	9,  // 1: bettercompute.api.v1.CreateRolloutRequest.timeout:type_name -> google.protobuf.Duration
-	10, // 2: bettercompute.api.v1.ListRolloutsRequest.page:type_name -> bettercompute.api.v1.Page
-	6,  // 3: bettercompute.api.v1.ListRolloutsResponse.rollouts:type_name -> bettercompute.api.v1.Rollout
-	6,  // 4: bettercompute.api.v1.RolloutResponse.rollout:type_name -> bettercompute.api.v1.Rollout
-	8,  // 5: bettercompute.api.v1.RolloutResponse.nodes:type_name -> bettercompute.api.v1.RolloutNode
-	9,  // 6: bettercompute.api.v1.Rollout.soak:type_name -> google.protobuf.Duration
-	9,  // 7: bettercompute.api.v1.Rollout.timeout:type_name -> google.protobuf.Duration
-	11, // 8: bettercompute.api.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
-	11, // 9: bettercompute.api.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
-	11, // 10: bettercompute.api.v1.Rollout.finish_time:type_name -> google.protobuf.Timestamp
-	7,  // 11: bettercompute.api.v1.Rollout.progress:type_name -> bettercompute.api.v1.RolloutProgress
-	11, // 12: bettercompute.api.v1.RolloutNode.state_time:type_name -> google.protobuf.Timestamp
-	0,  // 13: bettercompute.api.v1.RolloutsService.Create:input_type -> bettercompute.api.v1.CreateRolloutRequest
-	1,  // 14: bettercompute.api.v1.RolloutsService.List:input_type -> bettercompute.api.v1.ListRolloutsRequest
-	3,  // 15: bettercompute.api.v1.RolloutsService.Get:input_type -> bettercompute.api.v1.GetRolloutRequest
-	4,  // 16: bettercompute.api.v1.RolloutsService.Pause:input_type -> bettercompute.api.v1.RolloutActionRequest
-	4,  // 17: bettercompute.api.v1.RolloutsService.Resume:input_type -> bettercompute.api.v1.RolloutActionRequest
-	4,  // 18: bettercompute.api.v1.RolloutsService.Abort:input_type -> bettercompute.api.v1.RolloutActionRequest
-	5,  // 19: bettercompute.api.v1.RolloutsService.Create:output_type -> bettercompute.api.v1.RolloutResponse
-	2,  // 20: bettercompute.api.v1.RolloutsService.List:output_type -> bettercompute.api.v1.ListRolloutsResponse
-	5,  // 21: bettercompute.api.v1.RolloutsService.Get:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 22: bettercompute.api.v1.RolloutsService.Pause:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 23: bettercompute.api.v1.RolloutsService.Resume:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 24: bettercompute.api.v1.RolloutsService.Abort:output_type -> bettercompute.api.v1.RolloutResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	9,  // 2: bettercompute.api.v1.CreateRolloutRequest.bake:type_name -> google.protobuf.Duration
+	10, // 3: bettercompute.api.v1.ListRolloutsRequest.page:type_name -> bettercompute.api.v1.Page
+	6,  // 4: bettercompute.api.v1.ListRolloutsResponse.rollouts:type_name -> bettercompute.api.v1.Rollout
+	6,  // 5: bettercompute.api.v1.RolloutResponse.rollout:type_name -> bettercompute.api.v1.Rollout
+	8,  // 6: bettercompute.api.v1.RolloutResponse.nodes:type_name -> bettercompute.api.v1.RolloutNode
+	9,  // 7: bettercompute.api.v1.Rollout.soak:type_name -> google.protobuf.Duration
+	9,  // 8: bettercompute.api.v1.Rollout.timeout:type_name -> google.protobuf.Duration
+	11, // 9: bettercompute.api.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
+	11, // 10: bettercompute.api.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
+	11, // 11: bettercompute.api.v1.Rollout.finish_time:type_name -> google.protobuf.Timestamp
+	7,  // 12: bettercompute.api.v1.Rollout.progress:type_name -> bettercompute.api.v1.RolloutProgress
+	9,  // 13: bettercompute.api.v1.Rollout.bake:type_name -> google.protobuf.Duration
+	9,  // 14: bettercompute.api.v1.Rollout.bake_elapsed:type_name -> google.protobuf.Duration
+	11, // 15: bettercompute.api.v1.Rollout.bake_start_time:type_name -> google.protobuf.Timestamp
+	11, // 16: bettercompute.api.v1.RolloutNode.state_time:type_name -> google.protobuf.Timestamp
+	0,  // 17: bettercompute.api.v1.RolloutsService.Create:input_type -> bettercompute.api.v1.CreateRolloutRequest
+	1,  // 18: bettercompute.api.v1.RolloutsService.List:input_type -> bettercompute.api.v1.ListRolloutsRequest
+	3,  // 19: bettercompute.api.v1.RolloutsService.Get:input_type -> bettercompute.api.v1.GetRolloutRequest
+	4,  // 20: bettercompute.api.v1.RolloutsService.Pause:input_type -> bettercompute.api.v1.RolloutActionRequest
+	4,  // 21: bettercompute.api.v1.RolloutsService.Resume:input_type -> bettercompute.api.v1.RolloutActionRequest
+	4,  // 22: bettercompute.api.v1.RolloutsService.Abort:input_type -> bettercompute.api.v1.RolloutActionRequest
+	5,  // 23: bettercompute.api.v1.RolloutsService.Create:output_type -> bettercompute.api.v1.RolloutResponse
+	2,  // 24: bettercompute.api.v1.RolloutsService.List:output_type -> bettercompute.api.v1.ListRolloutsResponse
+	5,  // 25: bettercompute.api.v1.RolloutsService.Get:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 26: bettercompute.api.v1.RolloutsService.Pause:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 27: bettercompute.api.v1.RolloutsService.Resume:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 28: bettercompute.api.v1.RolloutsService.Abort:output_type -> bettercompute.api.v1.RolloutResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_rollouts_proto_init() }

@@ -24,6 +24,10 @@ const (
 	// NodeDisruptionChanged is DisruptionData: the node left service, came
 	// back, or changed why it is out (the disruption budget).
 	NodeDisruptionChanged = TypePrefix + "node.disruption-changed"
+	// NodeRolledBackLocally is NodeRolledBackLocallyData: bcd restored its
+	// previous release by itself after the one an upgrade installed
+	// crash-looped (reported in the next Hello).
+	NodeRolledBackLocally = TypePrefix + "node.rolled-back-locally"
 
 	GPUHealthChanged = TypePrefix + "gpu.health-changed" // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
 
@@ -100,7 +104,7 @@ const (
 var Types = []string{
 	NodeJoined, NodeRejoined, NodeReady, NodeUnreachable, NodeUnresponsive, NodePoweredOff, NodeClockSkewed, NodeCordoned,
 	NodeUncordoned, NodeDrained, NodeDeleted, NodeRevoked, NodeReattested, NodeDisruptionChanged,
-	GPUHealthChanged, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
+	NodeRolledBackLocally, GPUHealthChanged, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
 	CommandLost, GatewayUp, GatewayDown, JoinTokenCreated, JoinTokenRevoked, JoinTokenUsed, JoinTokenExhausted,
 	JoinTokenExpired, TokenCreated, TokenRevoked, RemediationDetected, RemediationHeld, RemediationQuarantined,
 	RemediationDraining, RemediationRemediating, RemediationVerifying, RemediationReturned,

@@ -2069,8 +2069,14 @@ type Hello struct {
 	// Inventory.digest of the inventory the node would send now; the gateway
 	// asks for nothing more when it already holds that digest.
 	InventoryDigest string `protobuf:"bytes,8,opt,name=inventory_digest,json=inventoryDigest,proto3" json:"inventory_digest,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// A rollback bcd made by itself since its last session: the release an
+	// upgrade installed exited again and again, and bcd restored the one it
+	// kept beside it (docs/upgrade.md, "Crash loops"). Sent in every Hello until
+	// a Welcome answers one that carried it; unset otherwise. The gateway
+	// records it as the event node.rolled-back-locally.
+	LocalRollback *LocalRollback `protobuf:"bytes,9,opt,name=local_rollback,json=localRollback,proto3" json:"local_rollback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -2159,6 +2165,97 @@ func (x *Hello) GetInventoryDigest() string {
 	return ""
 }
 
+func (x *Hello) GetLocalRollback() *LocalRollback {
+	if x != nil {
+		return x.LocalRollback
+	}
+	return nil
+}
+
+// LocalRollback is a rollback bcd made on its own after a crash loop of the
+// release an upgrade installed, with or without a control plane.
+type LocalRollback struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The release that crash-looped, semantic version without a leading "v".
+	FromVersion string `protobuf:"bytes,1,opt,name=from_version,json=fromVersion,proto3" json:"from_version,omitempty"`
+	// The release restored (the one kept beside it), "" when unknown.
+	ToVersion string `protobuf:"bytes,2,opt,name=to_version,json=toVersion,proto3" json:"to_version,omitempty"`
+	// Why, in one line, for example "3 starts of 0.2.0 ended in an exit
+	// within 10m0s of the upgrade".
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How many starts of from_version ended in an exit.
+	Starts uint32 `protobuf:"varint,4,opt,name=starts,proto3" json:"starts,omitempty"`
+	// When bcd restored to_version, by the node's clock.
+	RolledBackAt  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=rolled_back_at,json=rolledBackAt,proto3" json:"rolled_back_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalRollback) Reset() {
+	*x = LocalRollback{}
+	mi := &file_session_v1_session_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalRollback) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalRollback) ProtoMessage() {}
+
+func (x *LocalRollback) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalRollback.ProtoReflect.Descriptor instead.
+func (*LocalRollback) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *LocalRollback) GetFromVersion() string {
+	if x != nil {
+		return x.FromVersion
+	}
+	return ""
+}
+
+func (x *LocalRollback) GetToVersion() string {
+	if x != nil {
+		return x.ToVersion
+	}
+	return ""
+}
+
+func (x *LocalRollback) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LocalRollback) GetStarts() uint32 {
+	if x != nil {
+		return x.Starts
+	}
+	return 0
+}
+
+func (x *LocalRollback) GetRolledBackAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RolledBackAt
+	}
+	return nil
+}
+
 // ResumeCursor names the point a reconnecting node reached. It is a hint: the
 // gateway may resend commands from before it, and the node deduplicates them
 // by command id.
@@ -2174,7 +2271,7 @@ type ResumeCursor struct {
 
 func (x *ResumeCursor) Reset() {
 	*x = ResumeCursor{}
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2283,7 @@ func (x *ResumeCursor) String() string {
 func (*ResumeCursor) ProtoMessage() {}
 
 func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2296,7 @@ func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCursor.ProtoReflect.Descriptor instead.
 func (*ResumeCursor) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResumeCursor) GetSessionId() string {
@@ -2242,7 +2339,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2351,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2364,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2345,7 +2442,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2454,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2467,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -2454,7 +2551,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2563,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2576,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -2553,7 +2650,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +2662,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2675,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -2670,7 +2767,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2682,7 +2779,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2695,7 +2792,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CPU) GetModel() string {
@@ -2746,7 +2843,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2758,7 +2855,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2771,7 +2868,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -2807,7 +2904,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2916,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2929,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Disk) GetName() string {
@@ -2889,7 +2986,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2901,7 +2998,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3011,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NIC) GetName() string {
@@ -2967,7 +3064,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2979,7 +3076,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2992,7 +3089,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *OS) GetName() string {
@@ -3033,7 +3130,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3045,7 +3142,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3058,7 +3155,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -3150,7 +3247,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3259,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3272,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -3381,7 +3478,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3490,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3503,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -3468,7 +3565,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3480,7 +3577,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3493,7 +3590,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -3549,7 +3646,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3561,7 +3658,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3574,7 +3671,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -3629,7 +3726,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3641,7 +3738,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3654,7 +3751,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -3720,7 +3817,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3732,7 +3829,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3745,7 +3842,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Command) GetId() string {
@@ -3896,7 +3993,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +4005,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +4018,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -3989,7 +4086,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4001,7 +4098,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4014,7 +4111,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -4053,7 +4150,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4065,7 +4162,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4078,7 +4175,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -4119,7 +4216,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4131,7 +4228,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4144,7 +4241,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -4176,7 +4273,7 @@ type GPUResetSpec struct {
 
 func (x *GPUResetSpec) Reset() {
 	*x = GPUResetSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4188,7 +4285,7 @@ func (x *GPUResetSpec) String() string {
 func (*GPUResetSpec) ProtoMessage() {}
 
 func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4201,7 +4298,7 @@ func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUResetSpec.ProtoReflect.Descriptor instead.
 func (*GPUResetSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GPUResetSpec) GetGpuUuid() string {
@@ -4231,7 +4328,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4243,7 +4340,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4256,7 +4353,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -4290,7 +4387,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4302,7 +4399,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4315,7 +4412,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -4351,7 +4448,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4363,7 +4460,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4376,7 +4473,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Revoked) GetReason() string {
@@ -4409,7 +4506,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4421,7 +4518,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4434,7 +4531,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -4537,7 +4634,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4549,7 +4646,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4562,7 +4659,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -4585,7 +4682,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4597,7 +4694,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4610,7 +4707,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -4644,7 +4741,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4656,7 +4753,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4669,7 +4766,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -4719,7 +4816,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4731,7 +4828,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4744,7 +4841,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -4833,7 +4930,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4845,7 +4942,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4858,7 +4955,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Event) GetKind() string {
@@ -4988,7 +5085,7 @@ type GPUFinding struct {
 
 func (x *GPUFinding) Reset() {
 	*x = GPUFinding{}
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5000,7 +5097,7 @@ func (x *GPUFinding) String() string {
 func (*GPUFinding) ProtoMessage() {}
 
 func (x *GPUFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5013,7 +5110,7 @@ func (x *GPUFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFinding.ProtoReflect.Descriptor instead.
 func (*GPUFinding) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GPUFinding) GetGpuUuid() string {
@@ -5235,7 +5332,7 @@ type XIDSignal struct {
 
 func (x *XIDSignal) Reset() {
 	*x = XIDSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5247,7 +5344,7 @@ func (x *XIDSignal) String() string {
 func (*XIDSignal) ProtoMessage() {}
 
 func (x *XIDSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5260,7 +5357,7 @@ func (x *XIDSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XIDSignal.ProtoReflect.Descriptor instead.
 func (*XIDSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *XIDSignal) GetCode() uint32 {
@@ -5293,7 +5390,7 @@ type ECCSignal struct {
 
 func (x *ECCSignal) Reset() {
 	*x = ECCSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5305,7 +5402,7 @@ func (x *ECCSignal) String() string {
 func (*ECCSignal) ProtoMessage() {}
 
 func (x *ECCSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5318,7 +5415,7 @@ func (x *ECCSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ECCSignal.ProtoReflect.Descriptor instead.
 func (*ECCSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ECCSignal) GetUncorrectable() bool {
@@ -5352,7 +5449,7 @@ type RowRemapSignal struct {
 
 func (x *RowRemapSignal) Reset() {
 	*x = RowRemapSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5364,7 +5461,7 @@ func (x *RowRemapSignal) String() string {
 func (*RowRemapSignal) ProtoMessage() {}
 
 func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5377,7 +5474,7 @@ func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowRemapSignal.ProtoReflect.Descriptor instead.
 func (*RowRemapSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RowRemapSignal) GetFailure() bool {
@@ -5420,7 +5517,7 @@ type RecoveryActionSignal struct {
 
 func (x *RecoveryActionSignal) Reset() {
 	*x = RecoveryActionSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5432,7 +5529,7 @@ func (x *RecoveryActionSignal) String() string {
 func (*RecoveryActionSignal) ProtoMessage() {}
 
 func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5445,7 +5542,7 @@ func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveryActionSignal.ProtoReflect.Descriptor instead.
 func (*RecoveryActionSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RecoveryActionSignal) GetAction() string {
@@ -5469,7 +5566,7 @@ type ClocksSignal struct {
 
 func (x *ClocksSignal) Reset() {
 	*x = ClocksSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5481,7 +5578,7 @@ func (x *ClocksSignal) String() string {
 func (*ClocksSignal) ProtoMessage() {}
 
 func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5494,7 +5591,7 @@ func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClocksSignal.ProtoReflect.Descriptor instead.
 func (*ClocksSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ClocksSignal) GetEventReasons() uint64 {
@@ -5525,7 +5622,7 @@ type NVLinkSignal struct {
 
 func (x *NVLinkSignal) Reset() {
 	*x = NVLinkSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5537,7 +5634,7 @@ func (x *NVLinkSignal) String() string {
 func (*NVLinkSignal) ProtoMessage() {}
 
 func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5550,7 +5647,7 @@ func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVLinkSignal.ProtoReflect.Descriptor instead.
 func (*NVLinkSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *NVLinkSignal) GetErrors() uint64 {
@@ -5578,7 +5675,7 @@ type RetiredPagesSignal struct {
 
 func (x *RetiredPagesSignal) Reset() {
 	*x = RetiredPagesSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5590,7 +5687,7 @@ func (x *RetiredPagesSignal) String() string {
 func (*RetiredPagesSignal) ProtoMessage() {}
 
 func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5603,7 +5700,7 @@ func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetiredPagesSignal.ProtoReflect.Descriptor instead.
 func (*RetiredPagesSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RetiredPagesSignal) GetPending() bool {
@@ -5624,7 +5721,7 @@ type GPULostSignal struct {
 
 func (x *GPULostSignal) Reset() {
 	*x = GPULostSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5636,7 +5733,7 @@ func (x *GPULostSignal) String() string {
 func (*GPULostSignal) ProtoMessage() {}
 
 func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5649,7 +5746,7 @@ func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPULostSignal.ProtoReflect.Descriptor instead.
 func (*GPULostSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GPULostSignal) GetNvmlError() string {
@@ -5684,7 +5781,7 @@ type GPUFindingEvidence struct {
 
 func (x *GPUFindingEvidence) Reset() {
 	*x = GPUFindingEvidence{}
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5696,7 +5793,7 @@ func (x *GPUFindingEvidence) String() string {
 func (*GPUFindingEvidence) ProtoMessage() {}
 
 func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5709,7 +5806,7 @@ func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFindingEvidence.ProtoReflect.Descriptor instead.
 func (*GPUFindingEvidence) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *GPUFindingEvidence) GetSource() string {
@@ -5880,7 +5977,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x04body\"0\n" +
 	"\n" +
 	"Superseded\x12\"\n" +
-	"\rby_session_id\x18\x01 \x01(\tR\vbySessionId\"\xc6\x02\n" +
+	"\rby_session_id\x18\x01 \x01(\tR\vbySessionId\"\x96\x03\n" +
 	"\x05Hello\x12\x1f\n" +
 	"\vbcd_version\x18\x01 \x01(\tR\n" +
 	"bcdVersion\x12\x0e\n" +
@@ -5890,7 +5987,15 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fcapabilities\x18\x05 \x03(\tR\fcapabilities\x12>\n" +
 	"\x06resume\x18\x06 \x01(\v2&.bettercompute.session.v1.ResumeCursorR\x06resume\x12P\n" +
 	"\x0fpending_results\x18\a \x03(\v2'.bettercompute.session.v1.CommandResultR\x0ependingResults\x12)\n" +
-	"\x10inventory_digest\x18\b \x01(\tR\x0finventoryDigest\"W\n" +
+	"\x10inventory_digest\x18\b \x01(\tR\x0finventoryDigest\x12N\n" +
+	"\x0elocal_rollback\x18\t \x01(\v2'.bettercompute.session.v1.LocalRollbackR\rlocalRollback\"\xc3\x01\n" +
+	"\rLocalRollback\x12!\n" +
+	"\ffrom_version\x18\x01 \x01(\tR\vfromVersion\x12\x1d\n" +
+	"\n" +
+	"to_version\x18\x02 \x01(\tR\ttoVersion\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06starts\x18\x04 \x01(\rR\x06starts\x12@\n" +
+	"\x0erolled_back_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\frolledBackAt\"W\n" +
 	"\fResumeCursor\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12(\n" +
@@ -6248,7 +6353,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 64)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -6275,157 +6380,160 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*GatewayMessage)(nil),        // 22: bettercompute.session.v1.GatewayMessage
 	(*Superseded)(nil),            // 23: bettercompute.session.v1.Superseded
 	(*Hello)(nil),                 // 24: bettercompute.session.v1.Hello
-	(*ResumeCursor)(nil),          // 25: bettercompute.session.v1.ResumeCursor
-	(*Welcome)(nil),               // 26: bettercompute.session.v1.Welcome
-	(*Heartbeat)(nil),             // 27: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 28: bettercompute.session.v1.Inventory
-	(*HostInfo)(nil),              // 29: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 30: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 31: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 32: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 33: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 34: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 35: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 36: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 37: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 38: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 39: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 40: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 41: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 42: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 43: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 44: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 45: bettercompute.session.v1.UpgradeSpec
-	(*GPUResetSpec)(nil),          // 46: bettercompute.session.v1.GPUResetSpec
-	(*Cancel)(nil),                // 47: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 48: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 49: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 50: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 51: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 52: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 53: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 54: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 55: bettercompute.session.v1.Event
-	(*GPUFinding)(nil),            // 56: bettercompute.session.v1.GPUFinding
-	(*XIDSignal)(nil),             // 57: bettercompute.session.v1.XIDSignal
-	(*ECCSignal)(nil),             // 58: bettercompute.session.v1.ECCSignal
-	(*RowRemapSignal)(nil),        // 59: bettercompute.session.v1.RowRemapSignal
-	(*RecoveryActionSignal)(nil),  // 60: bettercompute.session.v1.RecoveryActionSignal
-	(*ClocksSignal)(nil),          // 61: bettercompute.session.v1.ClocksSignal
-	(*NVLinkSignal)(nil),          // 62: bettercompute.session.v1.NVLinkSignal
-	(*RetiredPagesSignal)(nil),    // 63: bettercompute.session.v1.RetiredPagesSignal
-	(*GPULostSignal)(nil),         // 64: bettercompute.session.v1.GPULostSignal
-	(*GPUFindingEvidence)(nil),    // 65: bettercompute.session.v1.GPUFindingEvidence
-	nil,                           // 66: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 67: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 68: bettercompute.session.v1.Event.AttributesEntry
-	nil,                           // 69: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 70: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 71: google.protobuf.Duration
+	(*LocalRollback)(nil),         // 25: bettercompute.session.v1.LocalRollback
+	(*ResumeCursor)(nil),          // 26: bettercompute.session.v1.ResumeCursor
+	(*Welcome)(nil),               // 27: bettercompute.session.v1.Welcome
+	(*Heartbeat)(nil),             // 28: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 29: bettercompute.session.v1.Inventory
+	(*HostInfo)(nil),              // 30: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 31: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 32: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 33: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 34: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 35: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 36: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 37: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 38: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 39: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 40: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 41: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 42: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 43: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 44: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 45: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 46: bettercompute.session.v1.UpgradeSpec
+	(*GPUResetSpec)(nil),          // 47: bettercompute.session.v1.GPUResetSpec
+	(*Cancel)(nil),                // 48: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 49: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 50: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 51: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 52: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 53: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 54: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 55: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 56: bettercompute.session.v1.Event
+	(*GPUFinding)(nil),            // 57: bettercompute.session.v1.GPUFinding
+	(*XIDSignal)(nil),             // 58: bettercompute.session.v1.XIDSignal
+	(*ECCSignal)(nil),             // 59: bettercompute.session.v1.ECCSignal
+	(*RowRemapSignal)(nil),        // 60: bettercompute.session.v1.RowRemapSignal
+	(*RecoveryActionSignal)(nil),  // 61: bettercompute.session.v1.RecoveryActionSignal
+	(*ClocksSignal)(nil),          // 62: bettercompute.session.v1.ClocksSignal
+	(*NVLinkSignal)(nil),          // 63: bettercompute.session.v1.NVLinkSignal
+	(*RetiredPagesSignal)(nil),    // 64: bettercompute.session.v1.RetiredPagesSignal
+	(*GPULostSignal)(nil),         // 65: bettercompute.session.v1.GPULostSignal
+	(*GPUFindingEvidence)(nil),    // 66: bettercompute.session.v1.GPUFindingEvidence
+	nil,                           // 67: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 68: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 69: bettercompute.session.v1.Event.AttributesEntry
+	nil,                           // 70: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 72: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	70, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	71, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	71, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	72, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	66, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	70, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	70, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	71, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	70, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	70, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	71, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	70, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	67, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	71, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	71, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	72, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	71, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	71, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	72, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	71, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
 	19, // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
 	20, // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
 	24, // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	27, // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	28, // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	50, // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	55, // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	26, // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	41, // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	47, // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	48, // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	49, // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	28, // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	29, // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	51, // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	56, // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	27, // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	42, // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	48, // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	49, // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	50, // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
 	23, // 25: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
 	17, // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
-	25, // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	54, // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	71, // 29: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	70, // 30: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	70, // 31: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	29, // 32: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	36, // 33: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	40, // 34: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	70, // 35: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	34, // 36: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	30, // 37: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	31, // 38: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	32, // 39: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	33, // 40: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	35, // 41: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,  // 42: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,  // 43: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	37, // 44: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	38, // 45: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	39, // 46: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,  // 47: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	70, // 48: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	42, // 49: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	43, // 50: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	44, // 51: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	45, // 52: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	46, // 53: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	67, // 54: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	71, // 55: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	71, // 56: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	51, // 57: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	52, // 58: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	53, // 59: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	54, // 60: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	70, // 61: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	70, // 62: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 63: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,  // 64: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	70, // 65: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	70, // 66: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 67: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	68, // 68: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	56, // 69: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
-	57, // 70: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
-	58, // 71: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
-	59, // 72: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
-	60, // 73: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
-	61, // 74: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
-	62, // 75: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
-	63, // 76: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
-	64, // 77: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
-	2,  // 78: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
-	65, // 79: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
-	70, // 80: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
-	71, // 81: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
-	69, // 82: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	10, // 83: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 84: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 85: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 86: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 87: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21, // 88: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18, // 89: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12, // 90: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 91: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 92: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 93: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 94: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	22, // 95: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18, // 96: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	90, // [90:97] is the sub-list for method output_type
-	83, // [83:90] is the sub-list for method input_type
-	83, // [83:83] is the sub-list for extension type_name
-	83, // [83:83] is the sub-list for extension extendee
-	0,  // [0:83] is the sub-list for field type_name
+	26, // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	55, // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	25, // 29: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
+	71, // 30: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
+	72, // 31: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	71, // 32: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	71, // 33: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	30, // 34: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	37, // 35: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	41, // 36: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	71, // 37: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	35, // 38: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	31, // 39: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	32, // 40: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	33, // 41: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	34, // 42: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	36, // 43: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,  // 44: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,  // 45: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	38, // 46: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	39, // 47: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	40, // 48: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,  // 49: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	71, // 50: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	43, // 51: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	44, // 52: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	45, // 53: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	46, // 54: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	47, // 55: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	68, // 56: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	72, // 57: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	72, // 58: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	52, // 59: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	53, // 60: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	54, // 61: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	55, // 62: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	71, // 63: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	71, // 64: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 65: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,  // 66: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	71, // 67: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	71, // 68: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,  // 69: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	69, // 70: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	57, // 71: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	58, // 72: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	59, // 73: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	60, // 74: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	61, // 75: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	62, // 76: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	63, // 77: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	64, // 78: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	65, // 79: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	2,  // 80: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	66, // 81: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	71, // 82: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	72, // 83: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	70, // 84: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10, // 85: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13, // 86: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15, // 87: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,  // 88: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,  // 89: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21, // 90: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18, // 91: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12, // 92: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14, // 93: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16, // 94: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,  // 95: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14, // 96: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	22, // 97: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18, // 98: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	92, // [92:99] is the sub-list for method output_type
+	85, // [85:92] is the sub-list for method input_type
+	85, // [85:85] is the sub-list for extension type_name
+	85, // [85:85] is the sub-list for extension extendee
+	0,  // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -6457,20 +6565,20 @@ func file_session_v1_session_proto_init() {
 		(*GatewayMessage_Superseded)(nil),
 		(*GatewayMessage_TunnelOpen)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[35].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[36].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 		(*Command_GpuReset)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[44].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[45].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
 		(*CommandUpdate_Result)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[50].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[51].OneofWrappers = []any{
 		(*GPUFinding_Xid)(nil),
 		(*GPUFinding_Ecc)(nil),
 		(*GPUFinding_RowRemap)(nil),
@@ -6486,7 +6594,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   64,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

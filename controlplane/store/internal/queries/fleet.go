@@ -189,8 +189,9 @@ func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (se
 		if err != nil {
 			return q.wrap("open session for node "+p.NodeID, err)
 		}
-		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()), boot_id = $3 WHERE id = $1`,
-			p.NodeID, p.Now, p.BootID)
+		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()), boot_id = $3,
+			bcd_starts = bcd_starts + CASE WHEN $4 THEN 1 ELSE 0 END WHERE id = $1`,
+			p.NodeID, p.Now, p.BootID, p.Fresh)
 		return q.wrap("open session for node "+p.NodeID, err)
 	})
 	return session, previous, err

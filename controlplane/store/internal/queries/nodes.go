@@ -263,6 +263,21 @@ func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) e
 	})
 }
 
+// NodeRolledBackLocally writes node.rolled-back-locally for a node (read
+// under its row's lock, so the event carries its pool and hostname).
+func (s *Store) NodeRolledBackLocally(ctx context.Context, p *store.NodeRolledBackLocallyParams) error {
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.lockNode(ctx, p.NodeID)
+		if err != nil {
+			return fmt.Errorf("record the local rollback of node %s: %w", p.NodeID, err)
+		}
+		return q.emit(ctx, p.Now, event{events.NodeRolledBackLocally, n.id, events.NodeRolledBackLocallyData{
+			NodeID: n.id, PoolID: n.poolID, Hostname: n.hostname, FromVersion: p.FromVersion, ToVersion: p.ToVersion,
+			Reason: p.Reason, Starts: p.Starts, RolledBackAt: p.RolledBackAt.UTC()}})
+	})
+}
+
 // NodeSetInventory stores a node's inventory and its digest (in
 // node_inventories: no lock on the node's row). A node that does not exist
 // is store.ErrNotFound, without an SQL error, so a transaction storing

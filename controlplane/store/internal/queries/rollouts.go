@@ -11,7 +11,8 @@ import (
 )
 
 const rolloutColumns = `id, pool_id, version, base_url, canary, wave, max_unavailable, soak_us, timeout_us, drain,
-	state, current_wave, reason, failed_node_id, created_by, created_at, updated_at, finished_at`
+	state, current_wave, reason, failed_node_id, created_by, created_at, updated_at, finished_at,
+	bake_us, bake_started_at, bake_elapsed_us, bake_resumed_at`
 
 // activeRolloutStates is the SQL list of store.RolloutActive's states.
 const activeRolloutStates = `('pending', 'running', 'paused', 'rolling-back')`
@@ -22,11 +23,12 @@ const openRolloutStates = `('pending', 'running', 'paused', 'rolling-back', 'hal
 
 func scanRollout(r Row) (*store.Rollout, error) {
 	ro := &store.Rollout{}
-	var soak, timeout int64
+	var soak, timeout, bake, baked int64
 	err := r.Scan(&ro.ID, &ro.PoolID, &ro.Version, &ro.BaseURL, &ro.Canary, &ro.Wave, &ro.MaxUnavailable, &soak, &timeout,
 		&ro.Drain, &ro.State, &ro.CurrentWave, &ro.Reason, &ro.FailedNodeID, &ro.CreatedBy, &ro.CreatedAt, &ro.UpdatedAt,
-		&ro.FinishedAt)
+		&ro.FinishedAt, &bake, &ro.BakeStartedAt, &baked, &ro.BakeResumedAt)
 	ro.Soak, ro.Timeout = time.Duration(soak)*time.Microsecond, time.Duration(timeout)*time.Microsecond
+	ro.Bake, ro.BakeElapsed = time.Duration(bake)*time.Microsecond, time.Duration(baked)*time.Microsecond
 	return ro, err
 }
 
@@ -55,9 +57,13 @@ var rolloutNodeEvents = map[string]string{
 	store.RolloutNodeRolledBack:  events.RolloutNodeRolledBack,
 }
 
-func rolloutEvent(typ string, ro *store.Rollout, previous, actor string) event {
-	return event{typ, ro.ID, events.RolloutData{RolloutID: ro.ID, PoolID: ro.PoolID, Version: ro.Version, State: ro.State,
-		PreviousState: previous, Wave: ro.CurrentWave, Reason: ro.Reason, FailedNodeID: ro.FailedNodeID, Actor: actor}}
+func rolloutEvent(typ string, ro *store.Rollout, previous, actor string, halted ...store.RolloutHaltedNode) event {
+	d := events.RolloutData{RolloutID: ro.ID, PoolID: ro.PoolID, Version: ro.Version, State: ro.State,
+		PreviousState: previous, Wave: ro.CurrentWave, Reason: ro.Reason, FailedNodeID: ro.FailedNodeID, Actor: actor}
+	for _, n := range halted {
+		d.Nodes = append(d.Nodes, events.RolloutHaltedNodeData{NodeID: n.NodeID, Hostname: n.Hostname, Wave: n.Wave, State: n.State, Reason: n.Reason})
+	}
+	return event{typ, ro.ID, d}
 }
 
 func rolloutTerminal(state string) bool {
@@ -78,10 +84,10 @@ func (s *Store) RolloutCreate(ctx context.Context, p *store.RolloutCreateParams)
 			return err
 		}
 		ro, err := scanRollout(q.db.QueryRow(ctx, `INSERT INTO rollouts (id, pool_id, version, base_url, canary, wave,
-			max_unavailable, soak_us, timeout_us, drain, state, created_by, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, coalesce($12, now()), coalesce($12, now()))
+			max_unavailable, soak_us, timeout_us, drain, state, created_by, created_at, updated_at, bake_us)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, coalesce($12, now()), coalesce($12, now()), $13)
 			RETURNING `+rolloutColumns, id, p.PoolID, p.Version, p.BaseURL, p.Canary, p.Wave, p.MaxUnavailable,
-			p.Soak.Microseconds(), p.Timeout.Microseconds(), p.Drain, p.CreatedBy, now))
+			p.Soak.Microseconds(), p.Timeout.Microseconds(), p.Drain, p.CreatedBy, now, p.Bake.Microseconds()))
 		if err != nil {
 			return q.wrap("create rollout of pool "+p.PoolID, err)
 		}
@@ -130,8 +136,9 @@ func (s *Store) RolloutsActive(ctx context.Context) ([]*store.Rollout, error) {
 // read: the node, whether it has a session, and its commands' states.
 func (s *Store) RolloutNodes(ctx context.Context, rolloutID string) ([]*store.RolloutNode, error) {
 	rows, err := s.db.Query(ctx, `SELECT rn.rollout_id, rn.node_id, rn.previous_version, rn.state, rn.wave,
-		rn.upgrade_command_id, rn.rollback_command_id, rn.reason, rn.state_since,
-		n.hostname, n.state, n.bcd_version, CASE WHEN se.node_id IS NULL THEN 0 ELSE 1 END, n.disruption, n.disruption_owner,
+		rn.upgrade_command_id, rn.rollback_command_id, rn.reason, rn.state_since, rn.watch_starts, rn.session_since, rn.drops,
+		n.hostname, n.state, n.bcd_version, CASE WHEN se.node_id IS NULL THEN 0 ELSE 1 END, se.connected_at, n.bcd_starts,
+		n.reconnect_by, n.disruption, n.disruption_owner,
 		coalesce(cu.state, ''), coalesce(cu.error, ''), coalesce(cr.state, ''), coalesce(cr.error, '')
 		FROM rollout_nodes rn
 		JOIN nodes n ON n.id = rn.node_id
@@ -146,7 +153,8 @@ func (s *Store) RolloutNodes(ctx context.Context, rolloutID string) ([]*store.Ro
 		n := &store.RolloutNode{}
 		var connected int
 		err := r.Scan(&n.RolloutID, &n.NodeID, &n.PreviousVersion, &n.State, &n.Wave, &n.UpgradeCommandID,
-			&n.RollbackCommandID, &n.Reason, &n.StateSince, &n.Hostname, &n.NodeState, &n.BCDVersion, &connected,
+			&n.RollbackCommandID, &n.Reason, &n.StateSince, &n.WatchStarts, &n.SeenSessionSince, &n.Drops,
+			&n.Hostname, &n.NodeState, &n.BCDVersion, &connected, &n.SessionSince, &n.BCDStarts, &n.ReconnectBy,
 			&n.Disruption, &n.DisruptionOwner, &n.UpgradeState, &n.UpgradeError, &n.RollbackState, &n.RollbackError)
 		n.Connected = connected != 0
 		return n, err
@@ -182,10 +190,29 @@ func (s *Store) RolloutUpdate(ctx context.Context, p *store.RolloutUpdateParams)
 			ro.FailedNodeID = p.FailedNodeID
 		}
 		finished := rolloutTerminal(ro.State) && !rolloutTerminal(prev.State)
+		// The bake's clock: started by StartBake, stopped by a pause,
+		// started again by a resume.
+		at := time.Now()
+		if now != nil {
+			at = *now // the caller's clock (the reconciler's), else this process's
+		}
+		switch {
+		case p.StartBake && ro.BakeStartedAt == nil:
+			ro.BakeStartedAt, ro.BakeResumedAt, ro.BakeElapsed = &at, &at, 0
+			if ro.State == store.RolloutPaused {
+				ro.BakeResumedAt = nil
+			}
+		case ro.BakeStartedAt != nil && ro.State != store.RolloutRunning && ro.BakeResumedAt != nil:
+			ro.BakeElapsed, ro.BakeResumedAt = ro.BakeDone(at), nil
+		case ro.BakeStartedAt != nil && ro.State == store.RolloutRunning && ro.BakeResumedAt == nil:
+			ro.BakeResumedAt = &at
+		}
 		ro2, err := scanRollout(q.db.QueryRow(ctx, `UPDATE rollouts SET state = $2, current_wave = $3, reason = $4,
 			failed_node_id = $5, updated_at = coalesce($6, now()),
-			finished_at = CASE WHEN $7 THEN coalesce($6, now()) ELSE finished_at END
-			WHERE id = $1 RETURNING `+rolloutColumns, p.ID, ro.State, ro.CurrentWave, ro.Reason, ro.FailedNodeID, now, finished))
+			finished_at = CASE WHEN $7 THEN coalesce($6, now()) ELSE finished_at END,
+			bake_started_at = $8, bake_elapsed_us = $9, bake_resumed_at = $10
+			WHERE id = $1 RETURNING `+rolloutColumns, p.ID, ro.State, ro.CurrentWave, ro.Reason, ro.FailedNodeID, now, finished,
+			ro.BakeStartedAt, ro.BakeElapsed.Microseconds(), ro.BakeResumedAt))
 		if err != nil {
 			return q.wrap("update rollout "+p.ID, err)
 		}
@@ -236,7 +263,7 @@ func (s *Store) RolloutUpdate(ctx context.Context, p *store.RolloutUpdateParams)
 				}
 			}
 			if typ != "" {
-				evs = append(evs, rolloutEvent(typ, ro, prev.State, p.Actor))
+				evs = append(evs, rolloutEvent(typ, ro, prev.State, p.Actor, p.Halted...))
 			}
 		}
 		out = ro
@@ -301,6 +328,12 @@ func (s *Store) RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdat
 			WHERE rollout_id = $1 AND node_id = $2`, p.RolloutID, p.NodeID, n.State, n.Wave, n.UpgradeCommandID,
 			n.RollbackCommandID, n.Reason, changed, now); err != nil {
 			return q.wrap(fmt.Sprintf("update node %s of rollout %s", p.NodeID, p.RolloutID), err)
+		}
+		if w := p.Watch; w != nil {
+			if _, err := q.db.Exec(ctx, `UPDATE rollout_nodes SET watch_starts = $3, session_since = $4, drops = $5
+				WHERE rollout_id = $1 AND node_id = $2`, p.RolloutID, p.NodeID, w.Starts, w.SessionSince, w.Drops); err != nil {
+				return q.wrap(fmt.Sprintf("watch node %s of rollout %s", p.NodeID, p.RolloutID), err)
+			}
 		}
 		typ := rolloutNodeEvents[n.State]
 		if !changed || typ == "" {
