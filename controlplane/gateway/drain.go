@@ -39,11 +39,11 @@ func (g *Gateway) followDrainRequest(ctx context.Context, requested bool) {
 		}
 		g.recordDrain(ctx)
 		// Off the lease loop: drainAll may take up to ShutdownGrace.
-		go g.drainAll(drainReason)
+		g.drains.Go(func() { g.drainAll(drainReason) })
 	case requested:
 		if slices.ContainsFunc(g.sessions.snapshot(), func(s *session) bool { return !s.drained.Load() }) {
 			g.recordDrain(ctx)
-			go g.drainAll(drainReason)
+			g.drains.Go(func() { g.drainAll(drainReason) })
 		}
 	case g.commanded.Load():
 		g.commanded.Store(false)

@@ -345,8 +345,10 @@ type Gateway struct {
 	stopping atomic.Bool
 	// commanded is an operator's drain in force (drain.go).
 	commanded atomic.Bool
-	fence     atomic.Pointer[store.Fence]
-	pending   pending
+	// drains are the drainAll calls of drains on command, waited for by Run.
+	drains  sync.WaitGroup
+	fence   atomic.Pointer[store.Fence]
+	pending pending
 	// inventories are the reported inventories not yet stored
 	// (inventoryLoop).
 	inventories inventoryBatch
@@ -542,6 +544,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.shutdown(loopCtx)
 	stopLoops()
 	loops.Wait()
+	g.drains.Wait()
 	g.finish()
 	return runErr
 }
