@@ -340,6 +340,15 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("join-tokens revoke", exitFailure, "jt_nosuch"),
 		bc("join-tokens revoke", exitOK, f.join),
 
+		bc("gateways list", exitOK),
+		bc("gateways list", exitUsage, "-o", "yaml"),
+		bc("gateways drain", exitUsage),
+		bc("gateways drain", exitFailure, "gw_nosuch"), // NOT_FOUND; the embedded gateway is left serving the other cases
+		bc("gateways undrain", exitUsage, "a", "b"),
+		bc("gateways undrain", exitFailure, "gw_nosuch"),
+		bc("processes list", exitOK),
+		bc("processes list", exitUsage, "extra"),
+
 		bc("nodes list", exitOK),
 		bc("nodes list", exitUsage, "--state", "weird"), // refused by the API: INVALID_ARGUMENT
 		bc("nodes get", exitOK, f.node),

@@ -132,6 +132,7 @@ var wireLiteralAllowed = map[[2]string]string{
 	{"controlplane/api/methods.go", "resume"}:                                             "the rollouts.resume verb, not the capability",
 	{"controlplane/cmd/better-compute/bmc.go", "power"}:                                   "a JSON field of a BMC result",
 	{"controlplane/cmd/better-compute/nodes.go", "drain"}:                                 "a CLI subcommand name",
+	{"controlplane/cmd/better-compute/gateways.go", "drain"}:                              "a CLI subcommand name (gateways drain)",
 	{"controlplane/cmd/better-compute/rollouts.go", "drain"}:                              "a CLI flag name",
 	{"controlplane/cmd/better-compute/rollouts.go", "resume"}:                             "a CLI subcommand name",
 	{"controlplane/cmd/better-compute/reservations.go", "UNAVAILABLE"}:                    "a table column heading",

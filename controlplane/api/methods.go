@@ -67,6 +67,9 @@ func (s *Server) registerMethods() {
 	handle(s, "commands.list", s.commandsList)
 	handle(s, "commands.cancel", s.commandsCancel)
 	handle(s, "gateways.list", s.gatewaysList)
+	handle(s, "gateways.drain", s.gatewaysDrain(true))
+	handle(s, "gateways.undrain", s.gatewaysDrain(false))
+	handle(s, "processes.list", s.processesList)
 	handle(s, "pki.revoke", s.pkiRevoke)
 	handle(s, "tunnels.create", s.tunnelsCreate)
 	handle(s, "fleet.summary", s.fleetSummary)
@@ -575,9 +578,51 @@ func (s *Server) gatewaysList(ctx context.Context, _ *iam.Principal, _ *apiv1.Li
 	}
 	out := &apiv1.ListGatewaysResponse{}
 	for _, g := range gws {
-		out.Gateways = append(out.Gateways, &apiv1.Gateway{Id: g.ID, Region: g.Region, Address: g.Address, Version: g.Version,
-			Sessions: int32(g.Sessions), MaxStreams: int32(g.MaxStreams), Draining: g.Draining, HeartbeatTime: ts(g.HeartbeatAt),
-			Live: time.Since(g.HeartbeatAt) < 20*time.Second})
+		out.Gateways = append(out.Gateways, gatewayOut(g))
+	}
+	return out, nil
+}
+
+// gatewayOut is a gateway row as the API gives it, with its state (see
+// apiv1.Gateway.state).
+func gatewayOut(g *store.Gateway) *apiv1.Gateway {
+	state := "up"
+	switch {
+	case g.DrainRequested && g.Draining && g.Sessions == 0:
+		state = "drained"
+	case g.Draining || g.DrainRequested:
+		state = "draining"
+	}
+	return &apiv1.Gateway{Id: g.ID, Region: g.Region, Address: g.Address, Version: g.Version,
+		Sessions: int32(g.Sessions), MaxStreams: int32(g.MaxStreams), Draining: g.Draining, HeartbeatTime: ts(g.HeartbeatAt),
+		Live: time.Since(g.HeartbeatAt) < 20*time.Second, DrainRequested: g.DrainRequested, State: state}
+}
+
+// gatewaysDrain records an operator's drain (or undrain) in the gateway's
+// row; the gateway, perhaps another process, follows it at its next lease
+// renewal (docs/gateway.md, "Draining on command").
+func (s *Server) gatewaysDrain(drain bool) func(context.Context, *iam.Principal, *apiv1.DrainGatewayRequest) (*apiv1.DrainGatewayResponse, error) {
+	return func(ctx context.Context, _ *iam.Principal, r *apiv1.DrainGatewayRequest) (*apiv1.DrainGatewayResponse, error) {
+		if r.GetId() == "" || len(r.GetId()) > 256 {
+			return nil, invalid("id", "give a gateway id of 1 to 256 characters")
+		}
+		g, err := s.store.GatewayDrainSet(ctx, r.GetId(), drain)
+		if err != nil {
+			return nil, fieldNotFound(err, "id", "no gateway "+r.GetId())
+		}
+		return &apiv1.DrainGatewayResponse{Gateway: gatewayOut(g)}, nil
+	}
+}
+
+func (s *Server) processesList(ctx context.Context, _ *iam.Principal, _ *apiv1.ListProcessesRequest) (*apiv1.ListProcessesResponse, error) {
+	ps, err := s.store.ProcessList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &apiv1.ListProcessesResponse{}
+	for _, p := range ps {
+		out.Processes = append(out.Processes, &apiv1.Process{Id: p.ID, Roles: p.Roles, Hostname: p.Hostname, Pid: int32(p.PID),
+			Version: p.Version, Schema: p.Schema, StartTime: ts(p.StartedAt), HeartbeatTime: ts(p.HeartbeatAt)})
 	}
 	return out, nil
 }

@@ -210,6 +210,33 @@ func (c *Client) GatewaysList(ctx context.Context, req *apiv1.ListGatewaysReques
 	return resp, nil
 }
 
+// GatewaysDrain calls gateways.drain (role admin; audited).
+func (c *Client) GatewaysDrain(ctx context.Context, req *apiv1.DrainGatewayRequest) (*apiv1.DrainGatewayResponse, error) {
+	resp := new(apiv1.DrainGatewayResponse)
+	if err := c.Call(ctx, "gateways.drain", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GatewaysUndrain calls gateways.undrain (role admin; audited).
+func (c *Client) GatewaysUndrain(ctx context.Context, req *apiv1.DrainGatewayRequest) (*apiv1.DrainGatewayResponse, error) {
+	resp := new(apiv1.DrainGatewayResponse)
+	if err := c.Call(ctx, "gateways.undrain", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ProcessesList calls processes.list (role viewer).
+func (c *Client) ProcessesList(ctx context.Context, req *apiv1.ListProcessesRequest) (*apiv1.ListProcessesResponse, error) {
+	resp := new(apiv1.ListProcessesResponse)
+	if err := c.Call(ctx, "processes.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // PkiRevoke calls pki.revoke (role admin; audited).
 func (c *Client) PkiRevoke(ctx context.Context, req *apiv1.RevokeCertificateRequest) (*apiv1.RevokeCertificateResponse, error) {
 	resp := new(apiv1.RevokeCertificateResponse)

@@ -143,6 +143,21 @@ type Host struct {
 	Metrics Metrics `yaml:"metrics"`
 	// Limits bounds what one API caller holds (issue 28).
 	Limits APILimits `yaml:"limits"`
+	// Processes configures this process's row in the processes table
+	// (issue 40; docs/upgrade-control-plane.md).
+	Processes Processes `yaml:"processes"`
+}
+
+// Processes configures how a process registers in the processes table,
+// whatever its roles.
+type Processes struct {
+	// HeartbeatInterval is how often the process refreshes its row.
+	// Defaults to 5 s; 100 ms to 1 min.
+	HeartbeatInterval Duration `yaml:"heartbeatInterval"`
+	// PruneAfter is how long a row may go without a heartbeat before
+	// any live process deletes it (a process killed without warning).
+	// Defaults to 1 min; at least 3 heartbeat intervals, at most 24 h.
+	PruneAfter Duration `yaml:"pruneAfter"`
 }
 
 // APILimits bounds what one API caller holds at once; past a cap the API
@@ -568,6 +583,8 @@ func (c *Config) defaults(getenv func(string) string) {
 		c.BasePath = "/api"
 	}
 	c.Host.Listen = cmp.Or(c.Host.Listen, defaultListen)
+	c.Host.Processes.HeartbeatInterval.Duration = cmp.Or(c.Host.Processes.HeartbeatInterval.Duration, 5*time.Second)
+	c.Host.Processes.PruneAfter.Duration = cmp.Or(c.Host.Processes.PruneAfter.Duration, time.Minute)
 	g := &c.Host.Gateway
 	g.Listen = cmp.Or(g.Listen, defaultGatewayListen)
 	if g.Region == "" {
@@ -705,6 +722,11 @@ func (c *Config) validate() error {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if p := c.Host.Processes; p.HeartbeatInterval.Duration < 100*time.Millisecond || p.HeartbeatInterval.Duration > time.Minute {
+		return &Error{Key: "host.processes.heartbeatInterval", Msg: fmt.Sprintf("%v: want 100ms to 1m", p.HeartbeatInterval.Duration)}
+	} else if p.PruneAfter.Duration < 3*p.HeartbeatInterval.Duration || p.PruneAfter.Duration > 24*time.Hour {
+		return &Error{Key: "host.processes.pruneAfter", Msg: fmt.Sprintf("%v: want at least 3 heartbeat intervals (%v) and at most 24h", p.PruneAfter.Duration, 3*p.HeartbeatInterval.Duration)}
 	}
 	if m := c.Host.Gateway.MissedHeartbeats; m < 2 {
 		return &Error{Key: "host.gateway.missedHeartbeats", Msg: fmt.Sprintf("%d: want at least 2 (one late heartbeat must not make a node unreachable)", m)}

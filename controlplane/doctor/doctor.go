@@ -148,6 +148,10 @@ type Config struct {
 	// for the gateway to count as live. Defaults to 30 s (the gateway lease
 	// lives 20 s and the row is refreshed every 5 s).
 	GatewayLiveWithin time.Duration
+	// ProcessStaleAfter is how old a processes row's heartbeat may be
+	// before control-plane.processes warns: three
+	// host.processes.heartbeatInterval. Defaults to 15 s.
+	ProcessStaleAfter time.Duration
 	// Now is the local clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -187,6 +191,7 @@ func FromConfig(c *config.Config) Config {
 		BasePath:          c.BasePath,
 		HeartbeatInterval: c.Host.Gateway.HeartbeatInterval.Duration,
 		NodeCertTTL:       c.Host.Gateway.NodeCertTTL.Duration,
+		ProcessStaleAfter: 3 * c.Host.Processes.HeartbeatInterval.Duration,
 	}
 }
 
@@ -195,6 +200,7 @@ func (c *Config) defaults() {
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, defaultHeartbeat)
 	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, 24*time.Hour)
 	c.GatewayLiveWithin = cmp.Or(c.GatewayLiveWithin, defaultGatewayLive)
+	c.ProcessStaleAfter = cmp.Or(c.ProcessStaleAfter, 15*time.Second)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -241,6 +247,11 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	r.add(DeadLetters(ctx, st))
 	r.add(RemediationBreaker(ctx, st))
 	r.add(BtreeGist(ctx, st))
+	if ps, err := st.ProcessList(ctx); err != nil {
+		r.add(result(IDProcesses, Fail, "cannot list processes: "+err.Error()))
+	} else {
+		r.add(Processes(ps, now, cfg.ProcessStaleAfter))
+	}
 
 	gws, gwErr := st.GatewayList(ctx)
 	nodes, nodesErr := listNodes(ctx, st)

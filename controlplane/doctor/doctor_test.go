@@ -449,7 +449,7 @@ func TestRun(t *testing.T) {
 		for _, c := range rep.Checks {
 			statuses[c.ID] = c.Status
 		}
-		if rep.Status != doctor.OK || len(rep.Checks) != 20 || rep.Failed(true) {
+		if rep.Status != doctor.OK || len(rep.Checks) != 21 || rep.Failed(true) {
 			t.Fatalf("healthy deployment: %+v", rep)
 		}
 		// A stopped sweeper, silent nodes, a gateway at 95 of 100 streams.
@@ -477,4 +477,23 @@ func TestRun(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestProcesses: control-plane.processes warns on a row not refreshed
+// within the stale bound and on builds more than one release apart; one
+// minor version of skew, and dev builds, are fine.
+func TestProcesses(t *testing.T) {
+	now := time.Now()
+	proc := func(id, version string, silent time.Duration) *store.Process {
+		return &store.Process{ID: id, Roles: []string{"api"}, Hostname: "h", Version: version, HeartbeatAt: now.Add(-silent)}
+	}
+	want(t, doctor.Processes(nil, now, 15*time.Second), doctor.IDProcesses, doctor.OK, "no process is registered")
+	want(t, doctor.Processes([]*store.Process{proc("a", "1.4.0", time.Second), proc("b", "1.5.2", 0), proc("c", "dev", 0)}, now, 15*time.Second),
+		doctor.IDProcesses, doctor.OK, "3 process(es) registered")
+	want(t, doctor.Processes([]*store.Process{proc("a", "1.5.0", time.Minute), proc("b", "1.5.0", 0)}, now, 15*time.Second),
+		doctor.IDProcesses, doctor.Warn, "1 process row(s) not refreshed for over 15s")
+	want(t, doctor.Processes([]*store.Process{proc("a", "1.3.0", 0), proc("b", "1.5.0", 0)}, now, 15*time.Second),
+		doctor.IDProcesses, doctor.Warn, "builds 1.3.0 and 1.5.0 run together: more than one release apart")
+	want(t, doctor.Processes([]*store.Process{proc("a", "1.9.0", 0), proc("b", "2.0.0", 0)}, now, 15*time.Second),
+		doctor.IDProcesses, doctor.Warn, "more than one release apart")
 }

@@ -71,6 +71,15 @@
 // session whose certificate serial is revoked, and, for a revocation that
 // names a node, every session of that node opened before the revocation.
 //
+// # Draining on command
+//
+// An operator's gateways.drain sets the row's drain_requested; the gateway
+// reads it back with each refresh of its row (every LeaseRenewInterval) and
+// then refuses new sessions and sends each session Drain with a random delay
+// up to DrainDelay, preferring the region's other gateways, without
+// stopping. gateways.undrain clears it and the gateway takes sessions again;
+// a shutdown is never undone (drain.go).
+//
 // # Shutdown
 //
 // When Run's context ends the gateway marks itself draining, sends every

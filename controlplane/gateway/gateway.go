@@ -340,8 +340,15 @@ type Gateway struct {
 	sessions registry
 	streams  atomic.Int64 // open Connect streams, admitted against MaxStreams
 	draining atomic.Bool
-	fence    atomic.Pointer[store.Fence]
-	pending  pending
+	// stopping is set when Run's context ends (shutdown): no undrain
+	// clears draining after it.
+	stopping atomic.Bool
+	// commanded is an operator's drain in force (drain.go).
+	commanded atomic.Bool
+	// drains are the drainAll calls of drains on command, waited for by Run.
+	drains  sync.WaitGroup
+	fence   atomic.Pointer[store.Fence]
+	pending pending
 	// inventories are the reported inventories not yet stored
 	// (inventoryLoop).
 	inventories inventoryBatch
@@ -497,7 +504,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		closeListeners()
 		return err
 	}
-	if err := g.upsertRow(ctx); err != nil {
+	if _, err := g.upsertRow(ctx); err != nil {
 		closeListeners()
 		g.releaseLease()
 		return err
@@ -537,30 +544,22 @@ func (g *Gateway) Run(ctx context.Context) error {
 	g.shutdown(loopCtx)
 	stopLoops()
 	loops.Wait()
+	g.drains.Wait()
 	g.finish()
 	return runErr
 }
 
 // shutdown drains the sessions and stops the gRPC server.
 func (g *Gateway) shutdown(ctx context.Context) {
+	g.stopping.Store(true)
 	g.draining.Store(true)
 	n := g.sessions.len()
 	g.log.InfoContext(ctx, "Gateway draining", "sessions", n, "drain_delay", g.cfg.DrainDelay.String())
-	if err := g.upsertRow(ctx); err != nil {
+	if _, err := g.upsertRow(ctx); err != nil {
 		g.log.WarnContext(ctx, "Gateway row not marked draining", logkey.Err, err)
 	}
-	// Before any Drain goes out: a node waiting out its delay is not
-	// silent (liveness counts it heard from until the delay, plus one
-	// heartbeat interval for its reconnect, has passed), so no remediation
-	// case opens for it. The write has its own deadline: the shutdown goes
-	// on without it.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	if _, err := g.store.SessionDrain(wctx, &store.SessionDrainParams{GatewayID: g.cfg.ID,
-		Within: g.cfg.DrainDelay + g.cfg.HeartbeatInterval}); err != nil {
-		g.log.WarnContext(ctx, "Nodes' reconnect delay not recorded: liveness may count them silent", logkey.Err, err)
-	}
-	cancel()
-	g.drainAll()
+	g.recordDrain(ctx)
+	g.drainAll("gateway shutting down")
 	stopped := make(chan struct{})
 	go func() {
 		g.server.GracefulStop()

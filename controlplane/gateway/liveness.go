@@ -198,9 +198,14 @@ func (g *Gateway) leaseLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		g.renewLease(ctx)
-		if err := g.upsertRow(ctx); err != nil && ctx.Err() == nil {
-			g.log.WarnContext(ctx, "Gateway row not refreshed", logkey.Err, err)
+		row, err := g.upsertRow(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				g.log.WarnContext(ctx, "Gateway row not refreshed", logkey.Err, err)
+			}
+			continue
 		}
+		g.followDrainRequest(ctx, row.DrainRequested)
 	}
 }
 
@@ -233,12 +238,12 @@ func (g *Gateway) releaseLease() {
 	}
 }
 
-// upsertRow writes the gateways row.
-func (g *Gateway) upsertRow(ctx context.Context) error {
-	_, err := g.store.GatewayUpsert(ctx, &store.GatewayUpsertParams{
+// upsertRow writes the gateways row and returns it as written (with the
+// operator's drain request, which only the API writes).
+func (g *Gateway) upsertRow(ctx context.Context) (*store.Gateway, error) {
+	return g.store.GatewayUpsert(ctx, &store.GatewayUpsertParams{
 		ID: g.cfg.ID, Region: g.cfg.Region, Address: g.publicURL, Version: g.cfg.Version,
 		Sessions: g.sessions.len(), MaxStreams: g.cfg.MaxStreams, Draining: g.draining.Load(),
 		InternalAddress: g.cfg.InternalAddress,
 	})
-	return err
 }

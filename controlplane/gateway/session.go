@@ -50,9 +50,10 @@ type session struct {
 	stream      sessionv1.SessionService_ConnectServer
 	caps        []string // capabilities in force (Welcome's)
 
-	serial atomic.Pointer[string] // certificate serial the session answers to
-	closed atomic.Bool            // ended from outside
-	reason atomic.Pointer[string] // why, once closed
+	serial  atomic.Pointer[string] // certificate serial the session answers to
+	closed  atomic.Bool            // ended from outside
+	drained atomic.Bool            // sent Drain (drainAll)
+	reason  atomic.Pointer[string] // why, once closed
 
 	sendMu sync.Mutex
 	seq    uint64 // last GatewayMessage.seq sent; under sendMu
@@ -370,11 +371,15 @@ func (s *session) closeReason() string {
 	return "stream ended"
 }
 
-// drainAll sends Drain to every session, each with its own random delay up
-// to DrainDelay, giving up after ShutdownGrace (a blocked send is freed when
-// the connections close).
-func (g *Gateway) drainAll() {
-	all := g.sessions.snapshot()
+// drainAll sends Drain, giving reason, to every session not sent one yet,
+// each with its own random delay up to DrainDelay, giving up after
+// ShutdownGrace (a blocked send is freed when the connections close). It
+// returns how many sessions it drained.
+func (g *Gateway) drainAll(reason string) int {
+	all := slices.DeleteFunc(g.sessions.snapshot(), func(s *session) bool { return !s.drained.CompareAndSwap(false, true) })
+	if len(all) == 0 {
+		return 0
+	}
 	// The region's other live gateways, read afresh once for every Drain.
 	g.gateways.forget()
 	prefer := slices.DeleteFunc(g.regionGateways(context.Background(), g.cfg.Region), func(u string) bool { return u == g.publicURL })
@@ -386,7 +391,7 @@ func (g *Gateway) drainAll() {
 			for s := range work {
 				delay := time.Duration(rand.Int64N(int64(g.cfg.DrainDelay) + 1))
 				_ = s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{
-					Delay: durationpb.New(delay), Reason: "gateway shutting down", PreferGateways: prefer,
+					Delay: durationpb.New(delay), Reason: reason, PreferGateways: prefer,
 				}}})
 			}
 		})
@@ -406,4 +411,5 @@ func (g *Gateway) drainAll() {
 	case <-t.C:
 		g.log.Warn("Drain not sent to every session within the grace", "sessions", len(all))
 	}
+	return len(all)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/metrics"
+	"github.com/better-compute/better-compute/controlplane/process"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
@@ -177,7 +178,23 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration}, cfg, dl, certFile, keyFile), st, log)
 	}
 
-	failed := make(chan error, 8)
+	// Every process registers in the processes table, whatever its roles
+	// (issue 40); its row and its worker row share one id.
+	processID := workers.NewWorkerID()
+	var roles []string
+	for _, r := range config.Roles {
+		if cfg.Runs(r) {
+			roles = append(roles, r)
+		}
+	}
+	host, _ := os.Hostname()
+	reg, err := process.New(process.Config{ID: processID, Roles: roles, Hostname: host, PID: os.Getpid(), Version: opts.Version,
+		HeartbeatInterval: cfg.Host.Processes.HeartbeatInterval.Duration, PruneAfter: cfg.Host.Processes.PruneAfter.Duration}, st, log)
+	if err != nil {
+		return err
+	}
+
+	failed := make(chan error, 16)
 	var stages []*stage
 	// READY=1 waits for the listeners (gateway also holds its lease) and the
 	// workers table (the workers' Ready).
@@ -239,7 +256,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}))
 	}
 	stages = append(stages, start(ctx, failed, afterClock(func(ctx context.Context) error {
-		return workers.Run(ctx, cfg, st, workers.Options{Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups, Waker: bus,
+		return workers.Run(ctx, cfg, st, workers.Options{WorkerID: processID, Version: opts.Version, Metrics: m, OutboxWakeups: outboxWakeups, Waker: bus,
 			Ready: func() { close(workersReady) }}, log)
 	}), nil, nil))
 	if cfg.Host.Metrics.Listen != "" {
@@ -250,6 +267,8 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 				Pprof: cfg.Host.Metrics.Pprof, Listeners: listeners})
 		}, nil, nil))
 	}
+	// Every process registers, whatever its roles; its row goes last.
+	stages = append(stages, start(ctx, failed, reg.Run, nil, nil))
 	log.InfoContext(ctx, "Serving", "roles", strings.Join(cfg.RolesList, ","), "store", string(st.Dialect()), "version", opts.Version)
 
 	runErr := sd.supervise(ctx, failed, ready, func() string { return readyStatus(cfg, gw, srv) })

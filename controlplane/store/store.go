@@ -113,6 +113,7 @@ type Store interface {
 	TunnelStore
 	SessionStore
 	WorkerStore
+	ProcessStore
 	CommandStore
 	OutboxStore
 	DeadLetterStore
@@ -548,6 +549,10 @@ type Gateway struct {
 	// API (host.gateway.internal, migration 0016), empty when it serves
 	// none.
 	InternalAddress string
+	// DrainRequested is an operator's gateways.drain not yet undone by
+	// gateways.undrain (migration 0018). Only GatewayDrainSet writes it;
+	// the gateway reads it back from GatewayUpsert's row.
+	DrainRequested bool
 }
 
 // GatewayStore keeps the gateways table.
@@ -558,6 +563,10 @@ type GatewayStore interface {
 	GatewayGet(ctx context.Context, id string) (*Gateway, error)
 	GatewayList(ctx context.Context) ([]*Gateway, error)
 	GatewayDelete(ctx context.Context, id string) error
+	// GatewayDrainSet records an operator's request that gateway id drain
+	// (drain true) or take sessions again (false) and returns its row;
+	// ErrNotFound when no such gateway is registered.
+	GatewayDrainSet(ctx context.Context, id string, drain bool) (*Gateway, error)
 	// GatewayReap closes the sessions held by every gateway whose lease
 	// (LeasePrefix + id) is missing, released or expired at Now, keeping
 	// each node's last heartbeat as its LastSeenAt (as SessionClose does),
@@ -669,6 +678,46 @@ type SessionOpenParams struct {
 	// in the node's bcd_starts (migration 0018_rollout_watch).
 	Fresh bool
 	Now   *time.Time
+}
+
+// Process is one registered control-plane process, whatever its roles
+// (migration 0018): what `processes list` shows and doctor checks.
+type Process struct {
+	ID       string
+	Roles    []string
+	Hostname string
+	PID      int
+	Version  string
+	// Schema is the newest migration the process's build knows (a
+	// migration name such as 0018_processes_gateway_drain).
+	Schema      string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+}
+
+// ProcessStore keeps the processes table.
+type ProcessStore interface {
+	// ProcessHeartbeat registers a process or refreshes its row
+	// (heartbeat_at is Now, or the database clock). Schema is filled
+	// by the store with the newest migration it embeds.
+	ProcessHeartbeat(ctx context.Context, p *ProcessHeartbeatParams) (*Process, error)
+	// ProcessList returns every registered process, by id.
+	ProcessList(ctx context.Context) ([]*Process, error)
+	// ProcessDelete removes a process's row (a clean stop).
+	ProcessDelete(ctx context.Context, id string) error
+	// ProcessPrune deletes the rows not heard from for longer than
+	// olderThan at now (nil: the database clock) and returns their ids.
+	ProcessPrune(ctx context.Context, olderThan time.Duration, now *time.Time) ([]string, error)
+}
+
+// ProcessHeartbeatParams are ProcessHeartbeat's inputs.
+type ProcessHeartbeatParams struct {
+	ID       string
+	Roles    []string
+	Hostname string
+	PID      int
+	Version  string
+	Now      *time.Time
 }
 
 // Worker is a process running worker roles.

@@ -58,7 +58,7 @@ func TestDoctorEmbedded(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v in %s", err, out)
 	}
-	if rep.Status != doctor.Warn || len(rep.Checks) != 20 {
+	if rep.Status != doctor.Warn || len(rep.Checks) != 21 {
 		t.Fatalf("report = %+v", rep)
 	}
 	byID := map[string]doctor.Result{}

@@ -63,6 +63,8 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"SessionBootID", testSessionBootID},
 		{"GatewayReap", testGatewayReap},
 		{"Workers", testWorkers},
+		{"Processes", testProcesses},
+		{"GatewayDrainSet", testGatewayDrainSet},
 		{"Commands", testCommands},
 		{"CommandSpecForms", testCommandSpecForms},
 		{"CommandSweep", testCommandSweep},
@@ -675,6 +677,50 @@ func testWorkers(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, h.Store.WorkerDelete(ctx, "w1"))
 	if all := must(h.Store.WorkerList(ctx, 0, nil)); len(all) != 1 {
 		t.Fatalf("workers after delete = %d", len(all))
+	}
+}
+
+// testProcesses: every process registers (migration 0018) with its roles,
+// version and the newest migration its build knows; a refresh keeps its
+// start; rows silent past the timeout are pruned, the others kept.
+func testProcesses(ctx context.Context, t *testing.T, h *Harness) {
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	old := now.Add(-time.Minute)
+	p1 := must(h.Store.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "p1", Roles: []string{"api"}, Hostname: "h", PID: 10, Version: "1.2.0", Now: &old}))
+	p1b := must(h.Store.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "p1", Roles: []string{"api"}, Hostname: "h", PID: 10, Version: "1.2.0", Now: &now}))
+	if !p1b.StartedAt.Equal(p1.StartedAt) || !p1b.HeartbeatAt.After(p1.HeartbeatAt) || p1b.Schema == "" || p1b.PID != 10 {
+		t.Fatalf("process refresh = %+v (was %+v)", p1b, p1)
+	}
+	must(h.Store.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "p2", Roles: []string{"sinks", "iam"}, Version: "1.1.0", Now: &old}))
+	all := must(h.Store.ProcessList(ctx))
+	if len(all) != 2 || all[1].ID != "p2" || !slices.Equal(all[1].Roles, []string{"sinks", "iam"}) || all[1].Version != "1.1.0" {
+		t.Fatalf("processes = %+v", all)
+	}
+	if pruned := must(h.Store.ProcessPrune(ctx, 30*time.Second, &now)); !slices.Equal(pruned, []string{"p2"}) {
+		t.Fatalf("pruned = %v, want [p2]", pruned)
+	}
+	check(t, h.Store.ProcessDelete(ctx, "p1"))
+	if all := must(h.Store.ProcessList(ctx)); len(all) != 0 {
+		t.Fatalf("processes after delete = %+v", all)
+	}
+}
+
+// testGatewayDrainSet: an operator's drain request (migration 0018) is
+// kept across the gateway's own refreshes until undone; an unknown gateway
+// is ErrNotFound.
+func testGatewayDrainSet(ctx context.Context, t *testing.T, h *Harness) {
+	must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gwd", Region: "eu-1"}))
+	if g := must(h.Store.GatewayDrainSet(ctx, "gwd", true)); !g.DrainRequested {
+		t.Fatalf("drain set = %+v", g)
+	}
+	if g := must(h.Store.GatewayUpsert(ctx, &store.GatewayUpsertParams{ID: "gwd", Region: "eu-1", Draining: true})); !g.DrainRequested || !g.Draining {
+		t.Fatalf("refresh lost the drain request: %+v", g)
+	}
+	if g := must(h.Store.GatewayDrainSet(ctx, "gwd", false)); g.DrainRequested {
+		t.Fatalf("undrain = %+v", g)
+	}
+	if _, err := h.Store.GatewayDrainSet(ctx, "nope", true); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("drain of an unknown gateway = %v, want ErrNotFound", err)
 	}
 }
 

@@ -3076,7 +3076,14 @@ type Gateway struct {
 	Draining      bool                   `protobuf:"varint,7,opt,name=draining,proto3" json:"draining,omitempty"`
 	HeartbeatTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=heartbeat_time,json=heartbeatTime,proto3" json:"heartbeat_time,omitempty"`
 	// live is false once the heartbeat is older than the gateway lease (20 s).
-	Live          bool `protobuf:"varint,9,opt,name=live,proto3" json:"live,omitempty"`
+	Live bool `protobuf:"varint,9,opt,name=live,proto3" json:"live,omitempty"`
+	// drain_requested: an operator drained it (gateways.drain) and has not
+	// undrained it.
+	DrainRequested bool `protobuf:"varint,10,opt,name=drain_requested,json=drainRequested,proto3" json:"drain_requested,omitempty"`
+	// state is "up" (takes sessions), "draining" (refuses new sessions and
+	// moves its nodes to other gateways: on command or shutting down) or
+	// "drained" (drained on command and holding no session).
+	State         string `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3174,6 +3181,20 @@ func (x *Gateway) GetLive() bool {
 	return false
 }
 
+func (x *Gateway) GetDrainRequested() bool {
+	if x != nil {
+		return x.DrainRequested
+	}
+	return false
+}
+
+func (x *Gateway) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
 // gateways.list
 type ListGatewaysRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3255,6 +3276,281 @@ func (x *ListGatewaysResponse) GetGateways() []*Gateway {
 	return nil
 }
 
+// gateways.drain and gateways.undrain. drain: the gateway stays up, takes
+// no new sessions and sends each of its nodes Drain with a random delay up to its host.gateway.drainDelay
+// (the window), within one lease renewal (5 s) of the call; undrain: it takes
+// sessions again. NOT_FOUND for an unknown gateway.
+type DrainGatewayRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainGatewayRequest) Reset() {
+	*x = DrainGatewayRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainGatewayRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainGatewayRequest) ProtoMessage() {}
+
+func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainGatewayRequest.ProtoReflect.Descriptor instead.
+func (*DrainGatewayRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *DrainGatewayRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DrainGatewayResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Gateway       *Gateway               `protobuf:"bytes,1,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainGatewayResponse) Reset() {
+	*x = DrainGatewayResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainGatewayResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainGatewayResponse) ProtoMessage() {}
+
+func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainGatewayResponse.ProtoReflect.Descriptor instead.
+func (*DrainGatewayResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *DrainGatewayResponse) GetGateway() *Gateway {
+	if x != nil {
+		return x.Gateway
+	}
+	return nil
+}
+
+// Process is one registered control-plane process, whatever its roles.
+type Process struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Roles    []string               `protobuf:"bytes,2,rep,name=roles,proto3" json:"roles,omitempty"`
+	Hostname string                 `protobuf:"bytes,3,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	Pid      int32                  `protobuf:"varint,4,opt,name=pid,proto3" json:"pid,omitempty"`
+	Version  string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// schema is the newest migration the process's build knows.
+	Schema        string                 `protobuf:"bytes,6,opt,name=schema,proto3" json:"schema,omitempty"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	HeartbeatTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=heartbeat_time,json=heartbeatTime,proto3" json:"heartbeat_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Process) Reset() {
+	*x = Process{}
+	mi := &file_api_v1_api_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Process) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Process) ProtoMessage() {}
+
+func (x *Process) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Process.ProtoReflect.Descriptor instead.
+func (*Process) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *Process) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Process) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *Process) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *Process) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Process) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Process) GetSchema() string {
+	if x != nil {
+		return x.Schema
+	}
+	return ""
+}
+
+func (x *Process) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *Process) GetHeartbeatTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.HeartbeatTime
+	}
+	return nil
+}
+
+// processes.list
+type ListProcessesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesRequest) Reset() {
+	*x = ListProcessesRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesRequest) ProtoMessage() {}
+
+func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
+func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+}
+
+type ListProcessesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Processes     []*Process             `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesResponse) Reset() {
+	*x = ListProcessesResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesResponse) ProtoMessage() {}
+
+func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
+func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ListProcessesResponse) GetProcesses() []*Process {
+	if x != nil {
+		return x.Processes
+	}
+	return nil
+}
+
 // pki.revoke: a node's current certificate (node_id) or one serial.
 type RevokeCertificateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3267,7 +3563,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3575,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3588,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -3329,7 +3625,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3637,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3650,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -3387,7 +3683,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3695,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3708,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 type FleetSummaryResponse struct {
@@ -3428,7 +3724,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3440,7 +3736,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3453,7 +3749,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -3505,7 +3801,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3517,7 +3813,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3530,7 +3826,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -3585,7 +3881,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3597,7 +3893,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3610,7 +3906,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *APIToken) GetId() string {
@@ -3676,7 +3972,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3688,7 +3984,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3701,7 +3997,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -3743,7 +4039,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3755,7 +4051,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3768,7 +4064,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -3795,7 +4091,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +4103,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +4116,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -3840,7 +4136,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3852,7 +4148,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3865,7 +4161,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -3892,7 +4188,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3904,7 +4200,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3917,7 +4213,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -3935,7 +4231,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3947,7 +4243,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3960,7 +4256,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -3988,7 +4284,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4000,7 +4296,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4013,7 +4309,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -4091,7 +4387,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4103,7 +4399,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4116,7 +4412,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -4178,7 +4474,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4486,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4499,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -4243,7 +4539,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4551,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4564,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -4327,7 +4623,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4339,7 +4635,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4352,7 +4648,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *Event) GetId() string {
@@ -4400,7 +4696,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4412,7 +4708,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4425,7 +4721,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -4470,7 +4766,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4482,7 +4778,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4495,7 +4791,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -4561,7 +4857,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4573,7 +4869,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4586,7 +4882,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -4613,7 +4909,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4625,7 +4921,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4638,7 +4934,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -4670,7 +4966,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4682,7 +4978,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4695,7 +4991,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -4729,7 +5025,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4741,7 +5037,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4754,7 +5050,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -4792,7 +5088,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4804,7 +5100,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4817,7 +5113,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -4897,7 +5193,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4909,7 +5205,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4922,7 +5218,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -4970,7 +5266,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5278,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5291,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -5013,7 +5309,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5025,7 +5321,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5038,7 +5334,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -5058,7 +5354,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5070,7 +5366,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5083,7 +5379,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -5381,7 +5677,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x14CancelCommandRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"P\n" +
 	"\x15CancelCommandResponse\x127\n" +
-	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\x95\x02\n" +
+	"\acommand\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.CommandR\acommand\"\xd4\x02\n" +
 	"\aGateway\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06region\x18\x02 \x01(\tR\x06region\x12\x18\n" +
@@ -5392,10 +5688,30 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"maxStreams\x12\x1a\n" +
 	"\bdraining\x18\a \x01(\bR\bdraining\x12A\n" +
 	"\x0eheartbeat_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rheartbeatTime\x12\x12\n" +
-	"\x04live\x18\t \x01(\bR\x04live\"\x15\n" +
+	"\x04live\x18\t \x01(\bR\x04live\x12'\n" +
+	"\x0fdrain_requested\x18\n" +
+	" \x01(\bR\x0edrainRequested\x12\x14\n" +
+	"\x05state\x18\v \x01(\tR\x05state\"\x15\n" +
 	"\x13ListGatewaysRequest\"Q\n" +
 	"\x14ListGatewaysResponse\x129\n" +
-	"\bgateways\x18\x01 \x03(\v2\x1d.bettercompute.api.v1.GatewayR\bgateways\"c\n" +
+	"\bgateways\x18\x01 \x03(\v2\x1d.bettercompute.api.v1.GatewayR\bgateways\"%\n" +
+	"\x13DrainGatewayRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"O\n" +
+	"\x14DrainGatewayResponse\x127\n" +
+	"\agateway\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.GatewayR\agateway\"\x8d\x02\n" +
+	"\aProcess\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05roles\x18\x02 \x03(\tR\x05roles\x12\x1a\n" +
+	"\bhostname\x18\x03 \x01(\tR\bhostname\x12\x10\n" +
+	"\x03pid\x18\x04 \x01(\x05R\x03pid\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\x16\n" +
+	"\x06schema\x18\x06 \x01(\tR\x06schema\x129\n" +
+	"\n" +
+	"start_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12A\n" +
+	"\x0eheartbeat_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\rheartbeatTime\"\x16\n" +
+	"\x14ListProcessesRequest\"T\n" +
+	"\x15ListProcessesResponse\x12;\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1d.bettercompute.api.v1.ProcessR\tprocesses\"c\n" +
 	"\x18RevokeCertificateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x16\n" +
@@ -5591,9 +5907,16 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x04List\x12).bettercompute.api.v1.ListCommandsRequest\x1a*.bettercompute.api.v1.ListCommandsResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12s\n" +
 	"\x06Cancel\x12*.bettercompute.api.v1.CancelCommandRequest\x1a+.bettercompute.api.v1.CancelCommandResponse\"\x10\xa2\x9f\x19\f\n" +
-	"\boperator\x10\x012~\n" +
+	"\boperator\x10\x012\xde\x02\n" +
 	"\x0fGatewaysService\x12k\n" +
 	"\x04List\x12).bettercompute.api.v1.ListGatewaysRequest\x1a*.bettercompute.api.v1.ListGatewaysResponse\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12m\n" +
+	"\x05Drain\x12).bettercompute.api.v1.DrainGatewayRequest\x1a*.bettercompute.api.v1.DrainGatewayResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12o\n" +
+	"\aUndrain\x12).bettercompute.api.v1.DrainGatewayRequest\x1a*.bettercompute.api.v1.DrainGatewayResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x012\x81\x01\n" +
+	"\x10ProcessesService\x12m\n" +
+	"\x04List\x12*.bettercompute.api.v1.ListProcessesRequest\x1a+.bettercompute.api.v1.ListProcessesResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer2\x86\x01\n" +
 	"\n" +
 	"PkiService\x12x\n" +
@@ -5639,7 +5962,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -5687,195 +6010,210 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*Gateway)(nil),                      // 43: bettercompute.api.v1.Gateway
 	(*ListGatewaysRequest)(nil),          // 44: bettercompute.api.v1.ListGatewaysRequest
 	(*ListGatewaysResponse)(nil),         // 45: bettercompute.api.v1.ListGatewaysResponse
-	(*RevokeCertificateRequest)(nil),     // 46: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil),    // 47: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 48: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 49: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 50: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 51: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 52: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 53: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 54: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 55: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 56: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 57: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 58: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 59: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 60: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 61: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 62: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 63: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 64: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 65: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 66: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 67: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 68: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 69: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 70: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 71: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 72: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 73: bettercompute.api.v1.WellKnown
-	nil,                                  // 74: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 75: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 76: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 77: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 78: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 79: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 80: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 81: google.protobuf.Struct
+	(*DrainGatewayRequest)(nil),          // 46: bettercompute.api.v1.DrainGatewayRequest
+	(*DrainGatewayResponse)(nil),         // 47: bettercompute.api.v1.DrainGatewayResponse
+	(*Process)(nil),                      // 48: bettercompute.api.v1.Process
+	(*ListProcessesRequest)(nil),         // 49: bettercompute.api.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 50: bettercompute.api.v1.ListProcessesResponse
+	(*RevokeCertificateRequest)(nil),     // 51: bettercompute.api.v1.RevokeCertificateRequest
+	(*RevokeCertificateResponse)(nil),    // 52: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 53: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 54: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 55: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 56: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 57: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 58: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 59: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 60: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 61: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 62: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 63: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 64: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 65: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 66: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 67: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 68: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 69: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 70: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 71: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 72: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 73: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 74: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 75: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 76: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 77: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 78: bettercompute.api.v1.WellKnown
+	nil,                                  // 79: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 80: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 81: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 82: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 83: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 84: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 85: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 86: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	79,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	84,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	79,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	84,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
 	7,   // 4: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
 	1,   // 5: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
 	6,   // 6: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	79,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	79,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	79,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	80,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	84,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	84,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	84,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	85,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
 	13,  // 11: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 12: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
 	13,  // 13: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
 	13,  // 14: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	74,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	79,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	79,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	79,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	79,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	84,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	84,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	84,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
 	21,  // 19: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	81,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	80,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	79,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	86,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	85,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	84,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 23: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
 	20,  // 24: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	20,  // 25: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	80,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	85,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
 	13,  // 27: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	80,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	79,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	75,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	76,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	85,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	84,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	80,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	81,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
 	30,  // 32: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	80,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	85,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
 	32,  // 34: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
 	33,  // 35: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
 	36,  // 36: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	35,  // 37: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	30,  // 38: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	79,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	79,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	79,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	84,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	84,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	84,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
 	32,  // 42: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
 	33,  // 43: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	81,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	86,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
 	36,  // 45: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	35,  // 46: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 47: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
 	35,  // 48: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	35,  // 49: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	79,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	84,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
 	43,  // 51: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	77,  // 52: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	78,  // 53: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	50,  // 54: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	79,  // 55: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	79,  // 56: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	79,  // 57: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	80,  // 58: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	51,  // 59: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,   // 60: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	51,  // 61: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	79,  // 62: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	81,  // 63: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,   // 64: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	79,  // 65: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	79,  // 66: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	58,  // 67: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	1,   // 68: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	79,  // 69: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	79,  // 70: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	79,  // 71: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	81,  // 72: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	62,  // 73: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	62,  // 74: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	79,  // 75: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
-	1,   // 76: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	64,  // 77: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	80,  // 78: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	79,  // 79: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 80: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,   // 81: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	10,  // 82: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	11,  // 83: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	8,   // 84: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	9,   // 85: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
-	14,  // 86: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	16,  // 87: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	18,  // 88: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	22,  // 89: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	24,  // 90: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 91: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 92: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 93: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 94: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	26,  // 95: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	28,  // 96: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	31,  // 97: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	37,  // 98: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	39,  // 99: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	41,  // 100: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	44,  // 101: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	46,  // 102: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	48,  // 103: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	52,  // 104: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	54,  // 105: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	56,  // 106: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	69,  // 107: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	71,  // 108: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	59,  // 109: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	61,  // 110: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	65,  // 111: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	67,  // 112: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 113: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,   // 114: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,   // 115: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	12,  // 116: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	6,   // 117: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	6,   // 118: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	15,  // 119: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	17,  // 120: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	19,  // 121: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	23,  // 122: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	25,  // 123: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 124: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 125: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 126: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 127: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	27,  // 128: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	29,  // 129: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	34,  // 130: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	38,  // 131: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	40,  // 132: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	42,  // 133: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	45,  // 134: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	47,  // 135: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	49,  // 136: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	53,  // 137: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	55,  // 138: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	57,  // 139: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	70,  // 140: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	72,  // 141: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	60,  // 142: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	63,  // 143: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	66,  // 144: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	68,  // 145: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	113, // [113:146] is the sub-list for method output_type
-	80,  // [80:113] is the sub-list for method input_type
-	80,  // [80:80] is the sub-list for extension type_name
-	80,  // [80:80] is the sub-list for extension extendee
-	0,   // [0:80] is the sub-list for field type_name
+	43,  // 52: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
+	84,  // 53: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	84,  // 54: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	48,  // 55: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
+	82,  // 56: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	83,  // 57: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	55,  // 58: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	84,  // 59: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	84,  // 60: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	84,  // 61: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	85,  // 62: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	56,  // 63: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 64: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	56,  // 65: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	84,  // 66: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	86,  // 67: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 68: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	84,  // 69: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	84,  // 70: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	63,  // 71: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 72: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	84,  // 73: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	84,  // 74: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	84,  // 75: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	86,  // 76: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	67,  // 77: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	67,  // 78: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	84,  // 79: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 80: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	69,  // 81: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	85,  // 82: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	84,  // 83: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 84: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	4,   // 85: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	10,  // 86: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	11,  // 87: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	8,   // 88: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	9,   // 89: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	14,  // 90: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	16,  // 91: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	18,  // 92: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	22,  // 93: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	24,  // 94: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 95: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 96: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 97: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 98: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	26,  // 99: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	28,  // 100: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	31,  // 101: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	37,  // 102: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	39,  // 103: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	41,  // 104: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	44,  // 105: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	46,  // 106: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	46,  // 107: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	49,  // 108: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	51,  // 109: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	53,  // 110: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	57,  // 111: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	59,  // 112: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	61,  // 113: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	74,  // 114: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	76,  // 115: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	64,  // 116: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	66,  // 117: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	70,  // 118: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	72,  // 119: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 120: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	5,   // 121: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	6,   // 122: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	12,  // 123: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	6,   // 124: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	6,   // 125: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	15,  // 126: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	17,  // 127: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	19,  // 128: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	23,  // 129: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	25,  // 130: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 131: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 132: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 133: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 134: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	27,  // 135: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	29,  // 136: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	34,  // 137: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	38,  // 138: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	40,  // 139: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	42,  // 140: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	45,  // 141: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	47,  // 142: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	47,  // 143: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	50,  // 144: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	52,  // 145: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	54,  // 146: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	58,  // 147: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	60,  // 148: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	62,  // 149: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	75,  // 150: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	77,  // 151: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	65,  // 152: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	68,  // 153: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	71,  // 154: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	73,  // 155: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	120, // [120:156] is the sub-list for method output_type
+	84,  // [84:120] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -5891,9 +6229,9 @@ func file_api_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   79,
+			NumMessages:   84,
 			NumExtensions: 0,
-			NumServices:   13,
+			NumServices:   14,
 		},
 		GoTypes:           file_api_v1_api_proto_goTypes,
 		DependencyIndexes: file_api_v1_api_proto_depIdxs,

@@ -12,12 +12,12 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const gatewayColumns = `id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at, internal_address`
+const gatewayColumns = `id, region, address, version, sessions, max_streams, draining, started_at, heartbeat_at, internal_address, drain_requested`
 
 func scanGateway(r Row) (*store.Gateway, error) {
 	g := &store.Gateway{}
 	return g, r.Scan(&g.ID, &g.Region, &g.Address, &g.Version, &g.Sessions, &g.MaxStreams, &g.Draining,
-		&g.StartedAt, &g.HeartbeatAt, &g.InternalAddress)
+		&g.StartedAt, &g.HeartbeatAt, &g.InternalAddress, &g.DrainRequested)
 }
 
 // GatewayUpsert registers or refreshes a gateway.
@@ -78,6 +78,15 @@ func (s *Store) GatewayList(ctx context.Context) ([]*store.Gateway, error) {
 	}
 	out, err := collect(rows, scanGateway)
 	return out, s.wrap("list gateways", err)
+}
+
+// GatewayDrainSet records an operator's drain (or undrain) of a gateway.
+func (s *Store) GatewayDrainSet(ctx context.Context, id string, drain bool) (*store.Gateway, error) {
+	g, err := scanGateway(s.db.QueryRow(ctx, `UPDATE gateways SET drain_requested = $2 WHERE id = $1 RETURNING `+gatewayColumns, id, drain))
+	if err != nil {
+		return nil, s.wrap("set drain of gateway "+id, err)
+	}
+	return g, nil
 }
 
 // GatewayDelete removes a gateway row.
@@ -335,4 +344,66 @@ func (s *Store) WorkerList(ctx context.Context, liveWithin time.Duration, now *t
 func (s *Store) WorkerDelete(ctx context.Context, id string) error {
 	_, err := s.db.Exec(ctx, `DELETE FROM workers WHERE id = $1`, id)
 	return s.wrap("delete worker "+id, err)
+}
+
+const processColumns = `id, roles, hostname, pid, version, schema, started_at, heartbeat_at`
+
+func scanProcess(r Row) (*store.Process, error) {
+	p := &store.Process{}
+	var roles string
+	err := r.Scan(&p.ID, &roles, &p.Hostname, &p.PID, &p.Version, &p.Schema, &p.StartedAt, &p.HeartbeatAt)
+	if roles != "" {
+		p.Roles = strings.Split(roles, ",")
+	}
+	return p, err
+}
+
+// ProcessHeartbeat registers or refreshes a process, recording the newest
+// migration this build embeds as its schema.
+func (s *Store) ProcessHeartbeat(ctx context.Context, p *store.ProcessHeartbeatParams) (*store.Process, error) {
+	known, err := s.migrations()
+	if err != nil {
+		return nil, err
+	}
+	var schema string
+	if len(known) > 0 {
+		schema = known[len(known)-1].name
+	}
+	out, err := scanProcess(s.db.QueryRow(ctx, `INSERT INTO processes AS p (id, roles, hostname, pid, version, schema, started_at, heartbeat_at)
+		VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), coalesce($7, now()))
+		ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, version = excluded.version, schema = excluded.schema,
+			heartbeat_at = excluded.heartbeat_at
+		RETURNING `+processColumns, p.ID, strings.Join(p.Roles, ","), p.Hostname, p.PID, p.Version, schema, s.clock(p.Now)))
+	if err != nil {
+		return nil, s.wrap("heartbeat process "+p.ID, err)
+	}
+	return out, nil
+}
+
+// ProcessList returns every registered process by id.
+func (s *Store) ProcessList(ctx context.Context) ([]*store.Process, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+processColumns+` FROM processes ORDER BY id`)
+	if err != nil {
+		return nil, s.wrap("list processes", err)
+	}
+	out, err := collect(rows, scanProcess)
+	return out, s.wrap("list processes", err)
+}
+
+// ProcessDelete removes a process's row.
+func (s *Store) ProcessDelete(ctx context.Context, id string) error {
+	_, err := s.db.Exec(ctx, `DELETE FROM processes WHERE id = $1`, id)
+	return s.wrap("delete process "+id, err)
+}
+
+// ProcessPrune deletes the rows of processes silent for longer than olderThan.
+func (s *Store) ProcessPrune(ctx context.Context, olderThan time.Duration, now *time.Time) ([]string, error) {
+	rows, err := s.db.Query(ctx, `DELETE FROM processes WHERE heartbeat_at <= coalesce($1, now()) - bc_micros($2) RETURNING id`,
+		s.clock(now), olderThan.Microseconds())
+	if err != nil {
+		return nil, s.wrap("prune processes", err)
+	}
+	ids, err := texts(rows)
+	slices.Sort(ids)
+	return ids, s.wrap("prune processes", err)
 }
