@@ -550,7 +550,7 @@ type Gateway struct {
 	// none.
 	InternalAddress string
 	// DrainRequested is an operator's gateways.drain not yet undone by
-	// gateways.undrain (migration 0018). Only GatewayDrainSet writes it;
+	// gateways.undrain (migration 0019). Only GatewayDrainSet writes it;
 	// the gateway reads it back from GatewayUpsert's row.
 	DrainRequested bool
 }
@@ -681,7 +681,7 @@ type SessionOpenParams struct {
 }
 
 // Process is one registered control-plane process, whatever its roles
-// (migration 0018): what `processes list` shows and doctor checks.
+// (migration 0019): what `processes list` shows and doctor checks.
 type Process struct {
 	ID       string
 	Roles    []string
@@ -689,7 +689,7 @@ type Process struct {
 	PID      int
 	Version  string
 	// Schema is the newest migration the process's build knows (a
-	// migration name such as 0018_processes_gateway_drain).
+	// migration name such as 0019_processes_gateway_drain).
 	Schema      string
 	StartedAt   time.Time
 	HeartbeatAt time.Time

@@ -680,7 +680,7 @@ func testWorkers(ctx context.Context, t *testing.T, h *Harness) {
 	}
 }
 
-// testProcesses: every process registers (migration 0018) with its roles,
+// testProcesses: every process registers (migration 0019) with its roles,
 // version and the newest migration its build knows; a refresh keeps its
 // start; rows silent past the timeout are pruned, the others kept.
 func testProcesses(ctx context.Context, t *testing.T, h *Harness) {
@@ -705,7 +705,7 @@ func testProcesses(ctx context.Context, t *testing.T, h *Harness) {
 	}
 }
 
-// testGatewayDrainSet: an operator's drain request (migration 0018) is
+// testGatewayDrainSet: an operator's drain request (migration 0019) is
 // kept across the gateway's own refreshes until undone; an unknown gateway
 // is ErrNotFound.
 func testGatewayDrainSet(ctx context.Context, t *testing.T, h *Harness) {
