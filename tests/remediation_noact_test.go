@@ -1,0 +1,172 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+	"github.com/better-compute/better-compute/tests/testenv"
+)
+
+// TestXIDsThatDoNotAct (issue 32, item 3): with real processes — serve
+// (embedded SQLite) and a real bcd built with nvmlmock, with a stand-in
+// nvidia-smi that resets — codes that do not act never act:
+//
+//   - XID 95 (RESET_GPU) on GPU 3 is reset; while the reset is verified,
+//     XID 154 (GPU_RECOVERY_ACTION_CHANGED, "informational only") arrives on
+//     GPU 3: bcd sends it as IGNORE and re-reads the driver's recovery
+//     action (none), and the reset is verified and returned (one gpu.reset,
+//     no reboot);
+//   - then a lone XID 154 on GPU 2 (recovery action none) and XID 13
+//     (RESTART_APP) ten times on GPU 4 open no case and change no health;
+//     an XID 95 on GPU 5 afterwards (findings are taken oldest first) is
+//     the signal that they were taken: its case is the only other one.
+func TestXIDsThatDoNotAct(t *testing.T) {
+	t.Parallel()
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
+		gateway: "    heartbeatInterval: 1s\n",
+		// A settle long enough for an XID to land inside the
+		// verification (the test waits for it there).
+		top: "remediation:\n  interval: 500ms\n  verifySettle: 8s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n",
+	})
+	tokenFile, _ := d.joinToken(1, time.Hour)
+	m := newMachine(t, "gpu-noact")
+	node := m.mustJoin(d.gatewayURL, tokenFile)
+
+	dir := t.TempDir()
+	stub := filepath.Join(dir, "stub")
+	resets := filepath.Join(dir, "nvidia-smi.log")
+	writeScript(t, filepath.Join(stub, "nvidia-smi"), "#!/bin/sh\necho \"$*\" >>"+shellQuote(resets)+"\n")
+	writeScript(t, filepath.Join(stub, "systemctl"), "#!/bin/sh\necho \"$*\" >>"+shellQuote(filepath.Join(dir, "systemctl.log"))+"\n")
+	gm := m.tm()
+	gm.BCD = testenv.BinaryTags(t, "bcd", "nvmlmock")
+	bin, args := gm.Argv("node", "--data-dir", m.dataDir, "--plugin-dir", t.TempDir(),
+		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"))
+	np := testenv.Start(t, []string{"PATH=" + stub + ":" + os.Getenv("PATH")}, bin, args...)
+	np.WaitLine(`NVML is go-nvml's mock DGX A100`, 60*time.Second)
+	np.WaitLine(sessionEstablished.String(), 60*time.Second)
+	nodeOf := func() *store.Node {
+		n, err := d.st.NodeGet(t.Context(), node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, 60*time.Second, func() bool {
+		n := nodeOf()
+		return n.State == store.NodeReady && strings.Contains(string(n.Inventory), gputest.UUID(7))
+	}, func() string { return "node not ready with its inventory: " + nodeOf().State })
+	raise := func(lines, pattern string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(m.dataDir, "nvmlmock-xids"), []byte(lines), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		np.Signal(syscall.SIGUSR1)
+		np.WaitLine(pattern, 30*time.Second)
+	}
+	cases := func() []*store.Remediation {
+		list, err := d.st.RemediationList(t.Context(), &store.RemediationListParams{NodeID: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(list, func(a, b *store.Remediation) int { return a.CreatedAt.Compare(b.CreatedAt) })
+		return list
+	}
+	// xidEvents returns the node's stored XID events as "code resolution
+	// gpu-index".
+	xidEvents := func() []string {
+		es, err := d.st.EventList(t.Context(), &store.EventListParams{NodeID: node, Limit: store.MaxListLimit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range es {
+			f, err := gpufinding.Decode(e.Kind, e.Payload)
+			if err != nil || f.GetXid() == nil {
+				continue
+			}
+			idx := -1
+			for i := range 8 {
+				if gputest.UUID(i) == f.GetGpuUuid() {
+					idx = i
+				}
+			}
+			out = append(out, fmt.Sprintf("%d %s %d", f.GetXid().GetCode(), f.GetResolution(), idx))
+		}
+		return out
+	}
+
+	// XID 95 on GPU 3: reset, then XID 154 on GPU 3 while verifying.
+	raise("3 95\n", `msg="Mock XID raised" .*gpu_index=3 xid=95`)
+	eventually(t, 60*time.Second, func() bool {
+		cs := cases()
+		return len(cs) == 1 && cs[0].State == store.RemediationVerifying
+	}, func() string {
+		if cs := cases(); len(cs) > 0 {
+			return "XID 95 case " + cs[0].State + ": " + cs[0].Reason
+		}
+		return "no case for XID 95"
+	})
+	raise("3 154\n", `msg="Mock XID raised" .*gpu_index=3 xid=154`)
+	eventually(t, 30*time.Second, func() bool { return slices.Contains(xidEvents(), "154 IGNORE 3") },
+		func() string { return fmt.Sprintf("XID 154 not stored as IGNORE: %q", xidEvents()) })
+	if c := cases()[0]; c.State != store.RemediationVerifying {
+		t.Fatalf("XID 154 stored after the verification ended (%s: %s); the settle is too short for this machine", c.State, c.Reason)
+	}
+	eventually(t, 60*time.Second, func() bool {
+		c := cases()[0]
+		return c.State == store.RemediationReturned || c.State == store.RemediationEscalated
+	}, func() string { c := cases()[0]; return "XID 95 case " + c.State + " " + c.Action + ": " + c.Reason })
+	c := cases()[0]
+	if c.State != store.RemediationReturned || c.Action != "gpu.reset" || c.Attempts != 1 || c.GPUUUID != gputest.UUID(3) {
+		t.Errorf("XID 95 case with a 154 in its verification: %s, action %s, %d attempts, gpu %s (%s); want returned after one gpu.reset",
+			c.State, c.Action, c.Attempts, c.GPUUUID, c.Reason)
+	}
+	if b, _ := os.ReadFile(resets); string(b) != "-r -i "+gputest.UUID(3)+"\n" {
+		t.Errorf("nvidia-smi was asked %q, want one reset of GPU 3", b)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "systemctl.log")); err == nil {
+		t.Errorf("systemctl was asked %q, want nothing (no reboot)", b)
+	}
+
+	// A lone 154 on GPU 2 and XID 13 ten times on GPU 4, then the
+	// sentinel: XID 95 on GPU 5.
+	raise("2 154\n", `msg="Mock XID raised" .*gpu_index=2 xid=154`)
+	raise(strings.Repeat("4 13\n", 10), `msg="Mock XID raised" .*gpu_index=4 xid=13`)
+	raise("5 95\n", `msg="Mock XID raised" .*gpu_index=5 xid=95`)
+	eventually(t, 60*time.Second, func() bool {
+		return len(cases()) >= 2 && failedGPUs(nodeOf().Inventory) == gputest.UUID(5)
+	}, func() string {
+		return fmt.Sprintf("%d cases, failed GPUs %q", len(cases()), failedGPUs(nodeOf().Inventory))
+	})
+	cs := cases()
+	if len(cs) != 2 || cs[1].GPUUUID != gputest.UUID(5) || cs[1].XID != 95 {
+		for _, c := range cs {
+			t.Logf("case %s: xid %d gpu %s %s", c.ID, c.XID, c.GPUUUID, c.State)
+		}
+		t.Fatalf("%d cases, want the first XID 95's and GPU 5's only", len(cs))
+	}
+	evs := xidEvents()
+	for _, want := range []string{"154 IGNORE 2", "13 RESTART_APP 4", "95 RESET_GPU 5"} {
+		if !slices.Contains(evs, want) {
+			t.Errorf("stored XID events %q lack %q", evs, want)
+		}
+	}
+	for _, g := range inventory(nodeOf().Inventory).GetGpus() {
+		if g.GetUuid() == gputest.UUID(2) || g.GetUuid() == gputest.UUID(4) {
+			if s := g.GetHealth().GetState(); s != sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK {
+				t.Errorf("GPU %s after XIDs that do not act: %s %q", g.GetUuid(), s, g.GetHealth().GetReasons())
+			}
+		}
+	}
+	t.Logf("XID events stored: %q; cases: %d (XID 95 on GPU 3 returned after one reset with a 154 in its verification, XID 95 on GPU 5)", evs, len(cs))
+}
