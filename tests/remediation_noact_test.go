@@ -2,6 +2,8 @@ package tests
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +36,7 @@ func TestXIDsThatDoNotAct(t *testing.T) {
 	t.Parallel()
 	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
 		gateway: "    heartbeatInterval: 1s\n",
+		host:    "  metrics:\n    bearerToken: " + noActMetricsToken + "\n",
 		// A settle long enough for an XID to land inside the
 		// verification (the test waits for it there).
 		top: "remediation:\n  interval: 500ms\n  verifySettle: 8s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n",
@@ -168,5 +171,50 @@ func TestXIDsThatDoNotAct(t *testing.T) {
 			}
 		}
 	}
+	// /metrics counts them by code (bcd passes a code on one GPU once
+	// within its 30 s dedup window: the ten XID 13s are one event).
+	body := scrapeMetrics(t, d.api, noActMetricsToken)
+	for _, want := range []string{`bettercompute_gpu_xids_no_action_total{code="154"} 2`, `bettercompute_gpu_xids_no_action_total{code="13"} 1`} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(body, "xids_no_action"))
+		}
+	}
+	if strings.Contains(body, `bettercompute_gpu_xids_no_action_total{code="95"}`) {
+		t.Errorf("/metrics counts XID 95, which acts:\n%s", grepLines(body, "xids_no_action"))
+	}
+	t.Logf("/metrics: %s", grepLines(body, "xids_no_action_total{"))
 	t.Logf("XID events stored: %q; cases: %d (XID 95 on GPU 3 returned after one reset with a 154 in its verification, XID 95 on GPU 5)", evs, len(cs))
+}
+
+const noActMetricsToken = "noact-metrics-token-0123456789"
+
+// scrapeMetrics GETs api's /metrics with the bearer token.
+func scrapeMetrics(t *testing.T, api, token string) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, api+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d %v", res.StatusCode, err)
+	}
+	return string(b)
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
