@@ -23,9 +23,10 @@
 // is classified the same way ([Catalog.Classify]).
 //
 // XID 154 (GPU_RECOVERY_ACTION_CHANGED) is the other exception: the
-// catalogue leaves its immediate resolution blank and calls it
-// "Informational only regarding another Xid", so its Resolution is
-// [Ignore]: it never acts by itself. What it announces, the driver's new
+// catalogue's immediate resolution for it is "XID_154", a pointer to
+// itself rather than an action, and its investigatory column reads "N/A
+// Informational only regarding another Xid", so its Resolution is [Ignore]:
+// it never acts by itself. What it announces, the driver's new
 // recovery action, is read from NVML (FI_DEV_GET_GPU_RECOVERY_ACTION) and
 // acted on as that reading's own finding.
 package xid
