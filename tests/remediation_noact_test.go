@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpufinding"
@@ -31,7 +33,10 @@ import (
 //   - then a lone XID 154 on GPU 2 (recovery action none) and XID 13
 //     (RESTART_APP) ten times on GPU 4 open no case and change no health;
 //     an XID 95 on GPU 5 afterwards (findings are taken oldest first) is
-//     the signal that they were taken: its case is the only other one.
+//     the signal that they were taken: its case is the only other one;
+//   - an XID 154 on GPU 6 whose recovery action reads GPU_RESET: bcd re-reads
+//     the action at the scan the XID starts, and its finding (RESET_GPU)
+//     opens GPU 6's case for a gpu.reset.
 func TestXIDsThatDoNotAct(t *testing.T) {
 	t.Parallel()
 	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
@@ -183,7 +188,20 @@ func TestXIDsThatDoNotAct(t *testing.T) {
 		t.Errorf("/metrics counts XID 95, which acts:\n%s", grepLines(body, "xids_no_action"))
 	}
 	t.Logf("/metrics: %s", grepLines(body, "xids_no_action_total{"))
-	t.Logf("XID events stored: %q; cases: %d (XID 95 on GPU 3 returned after one reset with a 154 in its verification, XID 95 on GPU 5)", evs, len(cs))
+	// XID 154 whose recovery action reads GPU_RESET: the re-read action
+	// (RESET_GPU) drives a reset of that GPU, the 154 itself nothing.
+	eventually(t, 60*time.Second, func() bool { return cases()[1].State == store.RemediationReturned },
+		func() string { c := cases()[1]; return "GPU 5's case " + c.State + ": " + c.Reason })
+	raise(fmt.Sprintf("6 recovery %d\n6 154\n", nvml.GPU_RECOVERY_ACTION_GPU_RESET), `msg="Mock XID raised" .*gpu_index=6 xid=154`)
+	eventually(t, 60*time.Second, func() bool { return len(cases()) == 3 },
+		func() string { return fmt.Sprintf("%d cases, want GPU 6's", len(cases())) })
+	if c := cases()[2]; c.GPUUUID != gputest.UUID(6) || c.Resolution != "RESET_GPU" || c.XID != 0 || c.Action != "gpu.reset" {
+		t.Errorf("GPU 6's case: gpu %s resolution %s xid %d action %s kind %s, want a gpu.reset for the recovery action's RESET_GPU",
+			c.GPUUUID, c.Resolution, c.XID, c.Action, c.Kind)
+	} else {
+		t.Logf("XID 154 with recovery action GPU_RESET on GPU 6: case %s kind %s resolution %s action %s", c.ID, c.Kind, c.Resolution, c.Action)
+	}
+	t.Logf("XID events stored before GPU 6's: %q; cases: %d (XID 95 on GPU 3 returned after one reset with a 154 in its verification, XID 95 on GPU 5, GPU 6's recovery action)", evs, len(cases()))
 }
 
 const noActMetricsToken = "noact-metrics-token-0123456789"
