@@ -71,6 +71,9 @@ type Metrics interface {
 	// ClockSkewMax reports the largest node clock skew (either way) among
 	// gateway's sessions, 0 when none was measured.
 	ClockSkewMax(gateway string, d time.Duration)
+	// XIDNoAction counts an XID whose resolution acts on nothing
+	// (IGNORE, RESTART_APP), by code.
+	XIDNoAction(code uint32)
 }
 
 // noMetrics reports nothing.
@@ -83,6 +86,7 @@ func (noMetrics) DispatchLatency(time.Duration)                          {}
 func (noMetrics) CommandFinished(string, string)                         {}
 func (noMetrics) Wakeup(string, string)                                  {}
 func (noMetrics) ClockSkewMax(string, time.Duration)                     {}
+func (noMetrics) XIDNoAction(uint32)                                     {}
 
 // Refusal reasons reported to Metrics.
 const (

@@ -201,6 +201,9 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 			return
 		}
 		ev.GPUFinding = f
+		if x := f.GetXid(); x != nil && (f.GetResolution() == "IGNORE" || f.GetResolution() == "RESTART_APP") {
+			g.cfg.Metrics.XIDNoAction(x.GetCode())
+		}
 	} else if ev.Payload = g.eventPayload(e); ev.Payload == nil {
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -113,6 +114,7 @@ type Metrics struct {
 	apiUnauth    *prometheus.CounterVec
 	wakeups      *prometheus.CounterVec
 	acceptErrors *prometheus.CounterVec
+	xidsNoAct    *prometheus.CounterVec
 
 	certMu    sync.Mutex
 	certFiles map[string]string // use → PEM file, for the expiry series
@@ -174,7 +176,11 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "listener", Name: "accept_errors_total",
 		Help: "Failed accepts of the process's listeners (gateway, gateway_websocket, api, internal_api, metrics), each followed by a back-off of 5 ms doubling to 1 s; /readyz answers not ready while one has failed for more than 10 s in a row.",
 	}, []string{"listener"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors,
+	m.xidsNoAct = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "gpu", Name: "xids_no_action_total",
+		Help: "XIDs nodes reported that act on nothing (resolution IGNORE or RESTART_APP; XID 154, informational, is sent as IGNORE), by code: 0-999, else other.",
+	}, []string{"code"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors, m.xidsNoAct,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
@@ -324,6 +330,27 @@ type errorLog struct{ log *slog.Logger }
 
 func (l errorLog) Println(v ...any) {
 	l.log.Warn("Metrics scrape incomplete", logkey.Err, v)
+}
+
+// maxXIDLabel is the largest XID code that is its own label value of
+// bettercompute_gpu_xids_no_action_total; larger ones are "other", so that
+// a node cannot grow the series without bound (NVIDIA's codes are below
+// 200 today).
+const maxXIDLabel = 999
+
+// XIDNoAction counts one XID a node reported that acts on nothing (its
+// resolution IGNORE or RESTART_APP), by code (issue 32: codes that do not
+// act are counted, not acted on). The label is the code, not the GPU, to
+// keep the series bounded; the GPU is in the event.
+func (m *Metrics) XIDNoAction(code uint32) {
+	if m == nil {
+		return
+	}
+	label := "other"
+	if code <= maxXIDLabel {
+		label = strconv.FormatUint(uint64(code), 10)
+	}
+	m.xidsNoAct.WithLabelValues(label).Inc()
 }
 
 // ClockSkewMax reports the largest node clock skew, either way, among

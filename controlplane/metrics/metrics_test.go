@@ -125,6 +125,10 @@ func TestReportedSeries(t *testing.T) {
 	m.APIUnauthenticated("unknown_token")
 	m.APIUnauthenticated("no_token")
 	m.APIUnauthenticated("a reason of a later build")
+	m.XIDNoAction(13)
+	m.XIDNoAction(13)
+	m.XIDNoAction(154)
+	m.XIDNoAction(100000) // past the bound: other
 	text := scrape(t, m)
 	has(t, text,
 		`bettercompute_gateway_handshakes_total{gateway="gw-1"} 2`,
@@ -139,6 +143,9 @@ func TestReportedSeries(t *testing.T) {
 		`bettercompute_api_unauthenticated_total{reason="unknown_token"} 2`,
 		`bettercompute_api_unauthenticated_total{reason="no_token"} 1`,
 		`bettercompute_api_unauthenticated_total{reason="other"} 1`,
+		`bettercompute_gpu_xids_no_action_total{code="13"} 2`,
+		`bettercompute_gpu_xids_no_action_total{code="154"} 1`,
+		`bettercompute_gpu_xids_no_action_total{code="other"} 1`,
 	)
 	if strings.Contains(text, "bettercompute_store_up") {
 		t.Error("store series without a store")
@@ -153,6 +160,7 @@ func TestReportedSeries(t *testing.T) {
 	none.DispatchLatency(time.Second)
 	none.StoreQuery("x", time.Second)
 	none.APIUnauthenticated("no_token")
+	none.XIDNoAction(13)
 }
 
 // TestNamesFollowConventions runs Prometheus's own linter over every series
@@ -174,6 +182,7 @@ func TestNamesFollowConventions(t *testing.T) {
 	m.HeartbeatReceived("gw-1", time.Second, time.Second)
 	m.CommandFinished("exec", store.CommandSucceeded)
 	m.DispatchLatency(time.Second)
+	m.XIDNoAction(13)
 	problems, err := testutil.GatherAndLint(m.Registry())
 	if err != nil {
 		t.Fatal(err)

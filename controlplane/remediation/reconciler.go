@@ -164,8 +164,11 @@ func (r *Reconciler) ReconcileShard(ctx context.Context, n int, fence store.Fenc
 
 // takeFindings turns shard n's findings into cases, in one transaction:
 // a finding whose action is none is dropped (its event was the answer);
-// one for a node whose case is verifying fails the verification; one for a
-// node with another open case adds nothing.
+// one for a node whose case is verifying fails the verification when it is
+// on the case's GPU (or either names none); one on another GPU never fails
+// it: that GPU is read again from the inventory when the case returns and
+// opens its own case then (reread; issue 32, "a verification judges its
+// own case"); one for a node with another open case adds nothing.
 func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence) error {
 	return r.store.FencedTx(ctx, fence, func(tx store.Store) error {
 		fs, err := tx.RemediationFindingsTake(ctx, n, 500)
@@ -184,6 +187,11 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 			switch {
 			case err == nil:
 				if open.State == store.RemediationVerifying && !open.Paused {
+					if otherGPU(open, f.GPUUUID) {
+						r.log.InfoContext(ctx, "Finding on another GPU than the verifying case's: read again when the case ends",
+							logkey.NodeID, f.NodeID, "remediation", open.ID, "gpu", f.GPUUUID, "kind", f.Kind, "resolution", f.Resolution)
+						continue
+					}
 					if err := r.fail(ctx, tx, open, fmt.Sprintf("new finding while verifying: %s %s", f.Kind, f.Resolution), now); err != nil {
 						return err
 					}
@@ -492,9 +500,11 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 		if err := tx.DisruptionRelease(ctx, c.NodeID, owner(c)); err != nil {
 			return err
 		}
-		_, err := r.move(ctx, tx, c, store.RemediationReturned, now, store.RemediationMoveParams{ClearCommand: true,
-			Reason: "verified: ready with healthy GPUs after " + c.Action})
-		return err
+		if _, err := r.move(ctx, tx, c, store.RemediationReturned, now, store.RemediationMoveParams{ClearCommand: true,
+			Reason: "verified: ready with healthy GPUs after " + c.Action}); err != nil {
+			return err
+		}
+		return r.reread(ctx, tx, c, node, now)
 	}
 	if now.After(c.StateSince.Add(s.VerifyTimeout.Duration)) {
 		return r.fail(ctx, tx, c, fmt.Sprintf("not healthy %v after %s: %s", s.VerifyTimeout.Duration, c.Action, why), now)
@@ -541,8 +551,82 @@ func rebooted(before, marker string) (bool, string) {
 	return true, ""
 }
 
+// otherGPU reports whether a finding on GPU uuid is on another GPU than
+// case c's: both name one and they differ.
+func otherGPU(c *store.Remediation, uuid string) bool {
+	return c.GPUUUID != "" && uuid != "" && uuid != c.GPUUUID
+}
+
+// reread reads the other GPUs of returned case c's node again from its
+// inventory: the first that is not healthy and whose reading the policy
+// acts on opens its own case, at once (one open case per node; the next
+// one's turn comes when that one ends). A finding on another GPU while c
+// was verifying was left for this (takeFindings).
+func (r *Reconciler) reread(ctx context.Context, tx store.Store, c *store.Remediation, node *store.Node, now time.Time) error {
+	for _, g := range inventoryGPUs(node.Inventory) {
+		if g.UUID == "" || g.UUID == c.GPUUUID || g.Health.State == "" ||
+			g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK.String() {
+			continue
+		}
+		finding := config.FindingHealth
+		if g.Health.XID != 0 {
+			finding = config.FindingXID
+		}
+		action := r.policy.Action(finding, g.Health.Resolution)
+		if action == config.ActionNone {
+			continue
+		}
+		msg := fmt.Sprintf("GPU %s reads %s after case %s: %s", g.UUID, strings.ToLower(strings.TrimPrefix(g.Health.State,
+			"GPU_HEALTH_STATE_")), c.ID, strings.Join(g.Health.Reasons, "; "))
+		nc, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: c.NodeID, State: store.RemediationDetected,
+			Finding: finding, Kind: kindInventory, Resolution: g.Health.Resolution, XID: int(g.Health.XID),
+			XIDMnemonic: g.Health.XIDMnemonic, GPUUUID: g.UUID, Message: msg, Action: action, NextAt: now, CreatedAt: now}, r.actor())
+		if err != nil {
+			return fmt.Errorf("open the case of GPU %s: %w", g.UUID, err)
+		}
+		r.log.InfoContext(ctx, "Remediation opened for another GPU read again", logkey.NodeID, c.NodeID, "remediation", nc.ID,
+			"after", c.ID, "gpu", g.UUID, "resolution", g.Health.Resolution, "action", action)
+		return r.advance(ctx, tx, nc)
+	}
+	return nil
+}
+
+// kindInventory is the kind of a case opened from a GPU's health in the
+// node's inventory (reread) rather than from a node event.
+const kindInventory = "gpu.inventory"
+
+// inventoryGPU is the part of an inventory GPU (protojson of session.v1
+// GPU) that verification reads.
+type inventoryGPU struct {
+	UUID   string `json:"uuid"`
+	Health struct {
+		State       string   `json:"state"`
+		Reasons     []string `json:"reasons"`
+		XID         uint32   `json:"xid"`
+		XIDMnemonic string   `json:"xidMnemonic"`
+		Resolution  string   `json:"resolution"`
+	} `json:"health"`
+}
+
+// inventoryGPUs returns the GPUs of an inventory (protojson of session.v1
+// Inventory); none when it is empty or unreadable.
+func inventoryGPUs(inv []byte) []inventoryGPU {
+	if len(inv) == 0 {
+		return nil
+	}
+	var doc struct {
+		GPUs []inventoryGPU `json:"gpus"`
+	}
+	if json.Unmarshal(inv, &doc) != nil {
+		return nil
+	}
+	return doc.GPUs
+}
+
 // nodeHealthy reports whether node reads healthy for c's verification
-// (boot its boot marker now), and why not.
+// (boot its boot marker now), and why not. Only the case's GPU is judged
+// when it names one (every GPU when it names none): a GPU left failed by
+// another case, or failing anew, is that GPU's case (reread).
 func nodeHealthy(n *store.Node, c *store.Remediation, boot string) (bool, string) {
 	if n.State != store.NodeReady {
 		return false, "node is " + n.State
@@ -555,30 +639,20 @@ func nodeHealthy(n *store.Node, c *store.Remediation, boot string) (bool, string
 			return false, why
 		}
 	}
-	if uuid := failedGPU(n.Inventory); uuid != "" {
+	if uuid := failedGPU(n.Inventory, c.GPUUUID); uuid != "" {
 		return false, "GPU " + uuid + " reads failed"
 	}
 	return true, ""
 }
 
 // failedGPU returns the UUID of a GPU the inventory (protojson of
-// session.v1 Inventory) says failed, "" when none.
-func failedGPU(inv []byte) string {
-	if len(inv) == 0 {
-		return ""
-	}
-	var doc struct {
-		GPUs []struct {
-			UUID   string `json:"uuid"`
-			Health struct {
-				State string `json:"state"`
-			} `json:"health"`
-		} `json:"gpus"`
-	}
-	if json.Unmarshal(inv, &doc) != nil {
-		return ""
-	}
-	for _, g := range doc.GPUs {
+// session.v1 Inventory) says failed, "" when none; only GPU only when it
+// is not "".
+func failedGPU(inv []byte, only string) string {
+	for _, g := range inventoryGPUs(inv) {
+		if only != "" && g.UUID != only {
+			continue
+		}
 		if g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED.String() {
 			return g.UUID
 		}

@@ -35,7 +35,10 @@
 // https://docs.nvidia.com/deploy/xid-errors/). The resolution is NVIDIA's
 // immediate resolution, or ESCALATE where the catalogue leaves it blank or
 // names a WORKFLOW_* (the conservative default: quarantine and escalate to
-// a person). The health an XID implies follows from its resolution:
+// a person), and IGNORE for XID 154, which NVIDIA calls "Informational only
+// regarding another Xid": the driver's recovery action it announces is read
+// at the scan every XID starts and acts as its own finding. The health an
+// XID implies follows from its resolution:
 //
 //	resolution                                     health while it holds
 //	IGNORE                                         ok (event, severity info)

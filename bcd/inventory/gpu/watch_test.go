@@ -334,3 +334,36 @@ func TestWatchWithoutEventSupport(t *testing.T) {
 		t.Errorf("Watch with no GPU accepting events: %v", err)
 	}
 }
+
+// XID 154 (GPU_RECOVERY_ACTION_CHANGED, "Informational only regarding
+// another Xid") never acts by itself: its event says IGNORE and the GPU
+// stays healthy; the driver's recovery action it announces, read at the
+// next Collect, is the finding that acts (a GPU_RESET: failed, RESET_GPU),
+// and a recovery action of none leaves the GPU healthy with no finding.
+func TestWatchXID154IsInformational(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	s := newDGXA100()
+	set := newFakeEvents()
+	wireEvents(s, set)
+	f := &fields{val: map[uint32]uint64{nvml.FI_DEV_GET_GPU_RECOVERY_ACTION: uint64(nvml.GPU_RECOVERY_ACTION_NONE)}}
+	device(s, 2).GetFieldValuesFunc = f.get
+	clock := &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	c := newCollector(t, gpu.Config{NVML: s, Now: clock.Now, EventWaitTimeout: 20 * time.Millisecond})
+
+	w := startWatch(t, c)
+	set.C <- xidEvent(s.Devices[2], 154)
+	if ev := w.next(); ev.XID != 154 || ev.Resolution != "IGNORE" || ev.Health != gpu.HealthOK || ev.Severity != gpu.SeverityInfo ||
+		ev.XIDMnemonic != "GPU_RECOVERY_ACTION_CHANGED" {
+		t.Errorf("XID 154 event = %+v, want IGNORE info, health ok", ev)
+	}
+	w.stop()
+	if g := collect(t, c).GPUs[2]; g.Health != gpu.HealthOK || g.Resolution != "" || len(g.NewFindings) != 0 {
+		t.Errorf("GPU 2 after a lone 154 (recovery action none): %s %q %q findings %+v", g.Health, g.HealthReasons, g.Resolution, g.NewFindings)
+	}
+	f.set(nvml.FI_DEV_GET_GPU_RECOVERY_ACTION, uint64(nvml.GPU_RECOVERY_ACTION_GPU_RESET))
+	g := collect(t, c).GPUs[2]
+	if g.Health != gpu.HealthFailed || g.Resolution != "RESET_GPU" || len(g.NewFindings) != 1 ||
+		g.NewFindings[0].Kind != gpu.EventKindRecoveryAction || g.NewFindings[0].Resolution != "RESET_GPU" {
+		t.Errorf("GPU 2 with recovery action GPU_RESET: %s %q %q findings %+v", g.Health, g.HealthReasons, g.Resolution, g.NewFindings)
+	}
+}

@@ -93,6 +93,7 @@ func (*wakeCount) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (*wakeCount) DispatchLatency(time.Duration)                          {}
 func (*wakeCount) CommandFinished(string, string)                         {}
 func (*wakeCount) ClockSkewMax(string, time.Duration)                     {}
+func (*wakeCount) XIDNoAction(uint32)                                     {}
 func (w *wakeCount) Wakeup(_, source string) {
 	if source == gateway.WakeInternal {
 		w.internal.Add(1)

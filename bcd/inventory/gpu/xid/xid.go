@@ -21,6 +21,14 @@
 // the Resolution is [Escalate], the conservative default: quarantine the
 // node and escalate to a person. A code the catalogue does not list at all
 // is classified the same way ([Catalog.Classify]).
+//
+// XID 154 (GPU_RECOVERY_ACTION_CHANGED) is the other exception: the
+// catalogue's immediate resolution for it is "XID_154", a pointer to
+// itself rather than an action, and its investigatory column reads "N/A
+// Informational only regarding another Xid", so its Resolution is [Ignore]:
+// it never acts by itself. What it announces, the driver's new
+// recovery action, is read from NVML (FI_DEV_GET_GPU_RECOVERY_ACTION) and
+// acted on as that reading's own finding.
 package xid
 
 import (
@@ -150,7 +158,7 @@ func Parse(r io.Reader) (*Catalog, error) {
 			return nil, fmt.Errorf("%w: line %d: code %d: immediate resolution %q is not one word", ErrBadCatalog, line, code, rec[2])
 		}
 		c.byCode[uint32(code)] = Entry{Code: uint32(code), Mnemonic: rec[1], Immediate: rec[2], Investigatory: rec[3],
-			Resolution: Resolve(rec[2])}
+			Resolution: resolveCode(uint32(code), rec[2])}
 	}
 	if len(c.byCode) == 0 {
 		return nil, fmt.Errorf("%w: no codes", ErrBadCatalog)
@@ -178,6 +186,20 @@ func Resolve(immediate string) string {
 	return immediate
 }
 
+// RecoveryActionChanged is XID 154, GPU_RECOVERY_ACTION_CHANGED: NVIDIA's
+// catalogue calls it "Informational only regarding another Xid"; the
+// driver's recovery action it announces is read from NVML.
+const RecoveryActionChanged uint32 = 154
+
+// resolveCode is Resolve for code: XID 154 is informational (Ignore)
+// whatever its immediate column says (see the package documentation).
+func resolveCode(code uint32, immediate string) string {
+	if code == RecoveryActionChanged {
+		return Ignore
+	}
+	return Resolve(immediate)
+}
+
 // Lookup returns the catalogue's entry for code and whether it lists it.
 func (c *Catalog) Lookup(code uint32) (Entry, bool) {
 	e, ok := c.byCode[code]
@@ -191,7 +213,7 @@ func (c *Catalog) Classify(code uint32) Entry {
 	if e, ok := c.byCode[code]; ok {
 		return e
 	}
-	return Entry{Code: code, Resolution: Escalate}
+	return Entry{Code: code, Resolution: resolveCode(code, "")}
 }
 
 // Entries returns every entry, by code.
