@@ -45,6 +45,25 @@ type Remediation struct {
 	VerifyTimeout Duration `yaml:"verifyTimeout"`
 	// Breaker is each pool's circuit breaker.
 	Breaker RemediationBreaker `yaml:"breaker"`
+	// Repeat holds a node for a person when faults come back
+	// (docs/remediation.md, "Repeats").
+	Repeat RemediationRepeat `yaml:"repeat"`
+}
+
+// RemediationRepeat are the repeat rules, read from the node's past cases
+// in the database when a case opens: a finding the policy acts on
+// (gpu.reset, reboot, power-cycle) on a GPU that a case acted on within
+// Window holds the node for a person (after NVIDIA NVSentinel's
+// RepeatedXIDErrorOnSameGPU), and so does one on a node whose cases took
+// NodeActions automatic actions within Window (NVSentinel's
+// MultipleRemediations, Meta GCM's cap on automatic actions).
+type RemediationRepeat struct {
+	// Window is how far back the rules look. Defaults to 24 h.
+	Window Duration `yaml:"window"`
+	// NodeActions is the most automatic actions (action commands) on one
+	// node within Window; a finding that would take one more holds it.
+	// Defaults to 3.
+	NodeActions int `yaml:"nodeActions"`
 }
 
 // RemediationBreaker caps new quarantines per pool: at most Quarantines
@@ -169,6 +188,12 @@ func (r *Remediation) defaults() {
 	if r.Breaker.Window.Duration == 0 {
 		r.Breaker.Window.Duration = time.Hour
 	}
+	if r.Repeat.Window.Duration == 0 {
+		r.Repeat.Window.Duration = 24 * time.Hour
+	}
+	if r.Repeat.NodeActions == 0 {
+		r.Repeat.NodeActions = 3
+	}
 }
 
 // ValidateRemediationPolicy checks a policy: every rule names a known
@@ -220,8 +245,15 @@ func (r *Remediation) validate() error {
 	if r.Breaker.Quarantines < 1 {
 		return &Error{Key: "remediation.breaker.quarantines", Msg: fmt.Sprintf("%d: want at least 1", r.Breaker.Quarantines)}
 	}
+	if r.Repeat.NodeActions < 1 || r.Repeat.NodeActions > 100 {
+		return &Error{Key: "remediation.repeat.nodeActions", Msg: fmt.Sprintf("%d: want 1 to 100", r.Repeat.NodeActions)}
+	}
+	if r.Repeat.Window.Duration > 30*24*time.Hour {
+		return &Error{Key: "remediation.repeat.window", Msg: fmt.Sprintf("%v: want at most 720h", r.Repeat.Window.Duration)}
+	}
 	for key, d := range map[string]time.Duration{"remediation.interval": r.Interval.Duration,
-		"remediation.drainTimeout": r.DrainTimeout.Duration, "remediation.actionTimeout": r.ActionTimeout.Duration,
+		"remediation.repeat.window": r.Repeat.Window.Duration,
+		"remediation.drainTimeout":  r.DrainTimeout.Duration, "remediation.actionTimeout": r.ActionTimeout.Duration,
 		"remediation.verifySettle": r.VerifySettle.Duration, "remediation.verifyTimeout": r.VerifyTimeout.Duration,
 		"remediation.breaker.window": r.Breaker.Window.Duration} {
 		if d <= 0 {

@@ -306,6 +306,26 @@ type RemediationData struct {
 	CommandID string `json:"commandId,omitempty"`
 	Reason    string `json:"reason,omitempty"`
 	Paused    bool   `json:"paused"`
+	// History lists, newest first, the prior cases a repeat rule counted
+	// when it held the node for a person (reason "repeated: ..."); absent
+	// otherwise.
+	History []RemediationPrior `json:"history,omitempty"`
+}
+
+// RemediationPrior is one prior case in RemediationData.History.
+type RemediationPrior struct {
+	RemediationID string `json:"remediationId"`
+	State         string `json:"state"`
+	Finding       string `json:"finding"`
+	Resolution    string `json:"resolution,omitempty"`
+	XID           int    `json:"xid,omitempty"`
+	GPUUUID       string `json:"gpuUuid,omitempty"`
+	// Action is the case's last action; Actions how many action commands
+	// it enqueued.
+	Action    string     `json:"action"`
+	Actions   int        `json:"actions"`
+	CreatedAt time.Time  `json:"createdAt"`
+	ClosedAt  *time.Time `json:"closedAt,omitempty"`
 }
 
 // RemediationBreakerData is the data of remediation.breaker-tripped and

@@ -39,6 +39,21 @@ func (p *Policy) Action(finding, resolution string) string {
 	return config.ActionEscalate
 }
 
+// Named returns the action of the first rule that names resolution itself
+// (a rule without a resolution does not count), "" when none does: how the
+// catalogue's investigatory resolution is read on a repeat (repeat.go).
+func (p *Policy) Named(resolution string) string {
+	if resolution == "" {
+		return ""
+	}
+	for _, r := range p.rules {
+		if r.Resolution == resolution {
+			return r.Action
+		}
+	}
+	return ""
+}
+
 // FindingOf names the policy's finding (config.RemediationFindings) of a
 // node's GPU finding by its signal: an XID is an xid, uncorrectable ECC
 // errors an ecc-uncorrected, a failed row remapping a row-remap-failure, a

@@ -68,6 +68,8 @@ func New(cfg Config, st Store, log *slog.Logger) (*Reconciler, error) {
 	s.VerifyTimeout.Duration = cmp.Or(s.VerifyTimeout.Duration, 10*time.Minute)
 	s.Breaker.Quarantines = cmp.Or(s.Breaker.Quarantines, 5)
 	s.Breaker.Window.Duration = cmp.Or(s.Breaker.Window.Duration, time.Hour)
+	s.Repeat.Window.Duration = cmp.Or(s.Repeat.Window.Duration, 24*time.Hour)
+	s.Repeat.NodeActions = cmp.Or(s.Repeat.NodeActions, 3)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -200,6 +202,11 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 			case !errors.Is(err, store.ErrNotFound):
 				return err
 			}
+			rep, err := r.repeated(ctx, tx, f, finding, action, now)
+			if err != nil {
+				return err
+			}
+			action = rep.action
 			c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
 				Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
 				GPUUUID: f.GPUUUID, Message: f.Message, Action: action, NextAt: now, CreatedAt: now}, r.actor())
@@ -211,6 +218,12 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 			}
 			r.log.InfoContext(ctx, "Remediation opened", logkey.NodeID, c.NodeID, "remediation", c.ID, "finding", finding,
 				"resolution", f.Resolution, "xid", f.XID, "action", action)
+			if rep.hold != "" {
+				if err := r.hold(ctx, tx, c, now, rep.hold, rep.history); err != nil {
+					return err
+				}
+				continue
+			}
 			// Quarantine at once, in the same transaction: the time from
 			// the XID to quarantine is one round.
 			if err := r.advance(ctx, tx, c); err != nil {
@@ -691,12 +704,14 @@ func (r *Reconciler) fail(ctx context.Context, tx store.Store, c *store.Remediat
 
 // escalate leaves the case to a person: the node stays cordoned and
 // quarantined (its remediation slot given back).
-func (r *Reconciler) escalate(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string) error {
+// history, the prior cases of a repeat rule, goes into its event.
+func (r *Reconciler) escalate(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string,
+	history ...*store.Remediation) error {
 	if _, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
 		Owner: owner(c), Now: &now}); err != nil {
 		return err
 	}
 	_, err := r.move(ctx, tx, c, store.RemediationEscalated, now, store.RemediationMoveParams{Action: config.ActionEscalate,
-		ClearCommand: true, NextAt: never(now), Reason: reason})
+		ClearCommand: true, NextAt: never(now), Reason: reason, History: history})
 	return err
 }

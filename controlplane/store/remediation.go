@@ -119,6 +119,11 @@ type RemediationStore interface {
 	// RemediationOpenFor returns the node's open case; ErrNotFound when
 	// none.
 	RemediationOpenFor(ctx context.Context, nodeID string) (*Remediation, error)
+	// RemediationRecent returns node nodeID's cases (open and closed)
+	// created at or after since, newest first, at most limit (0: the
+	// default page): the memory the repeat rules read (remediation
+	// package), kept in the database so it survives every restart.
+	RemediationRecent(ctx context.Context, nodeID string, since time.Time, limit int) ([]*Remediation, error)
 	// RemediationOpenInShard returns the open cases of shard whose NextAt
 	// has come (paused ones too when withPaused), oldest first.
 	RemediationOpenInShard(ctx context.Context, shard int, now *time.Time, withPaused bool) ([]*Remediation, error)
@@ -207,6 +212,10 @@ type RemediationMoveParams struct {
 	NextAt *time.Time
 	// Paused, when not nil, sets the pause flag.
 	Paused *bool
+	// History, the prior cases a repeat rule counted, goes into the move's
+	// event (RemediationData.History) and audit row; it is not stored on
+	// the case.
+	History []*Remediation
 	// Actor is the audit row's actor ("remediation:<worker>" or
 	// "token:<id>").
 	Actor string

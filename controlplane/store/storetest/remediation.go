@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -208,6 +210,66 @@ func testRemediation(ctx context.Context, t *testing.T, h *Harness) {
 	must(st.RemediationBreakerReset(ctx, bp.ID, "token:op", nil))
 	if ok, _, _ := st.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: bp.ID, Limit: 3, Window: time.Hour}); !ok {
 		t.Fatal("a reset breaker refused: quarantines before the reset count")
+	}
+	testRemediationRecent(ctx, t, h, pool)
+}
+
+// testRemediationRecent: a node's cases, open and closed, created since a
+// time come back newest first (the repeat rules' memory), the history of a
+// move goes into its event, and another node's cases never do.
+func testRemediationRecent(ctx context.Context, t *testing.T, h *Harness, pool *store.Pool) {
+	st := h.Store
+	addNode(ctx, t, h, pool, "node_rm3")
+	addNode(ctx, t, h, pool, "node_rm4")
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	old := now.Add(-2 * time.Hour)
+	first := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm3", State: store.RemediationDetected,
+		Finding: "xid", XID: 79, GPUUUID: "GPU-3", Action: "reboot", CreatedAt: old}, "remediation:w1"))
+	first = must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: first.ID, To: store.RemediationReturned,
+		CommandID: "cmd_rm3", Actor: "remediation:w1", Now: &old}))
+	second := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm3", State: store.RemediationDetected,
+		Finding: "xid", XID: 79, GPUUUID: "GPU-3", Action: "escalate", CreatedAt: now}, "remediation:w1"))
+	must(st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_rm4", State: store.RemediationDetected,
+		Finding: "xid", Action: "reboot", CreatedAt: now}, "remediation:w1"))
+	ids := func(cs []*store.Remediation) []string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.ID)
+		}
+		return out
+	}
+	if got := ids(must(st.RemediationRecent(ctx, "node_rm3", now.Add(-3*time.Hour), 0))); !slices.Equal(got, []string{second.ID, first.ID}) {
+		t.Fatalf("recent over 3h = %v, want [%s %s]", got, second.ID, first.ID)
+	}
+	if got := ids(must(st.RemediationRecent(ctx, "node_rm3", now.Add(-time.Hour), 0))); !slices.Equal(got, []string{second.ID}) {
+		t.Fatalf("recent over 1h = %v, want [%s]", got, second.ID)
+	}
+	back := must(st.RemediationRecent(ctx, "node_rm3", now.Add(-3*time.Hour), 1))
+	if len(back) != 1 || back[0].ID != second.ID {
+		t.Fatalf("recent, limit 1 = %v", ids(back))
+	}
+	if got := must(st.RemediationRecent(ctx, "node_rm3", now.Add(-3*time.Hour), 0)); len(got[1].CommandIDs) != 1 || got[1].ClosedAt == nil {
+		t.Fatalf("the closed case read back %+v", got[1])
+	}
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: second.ID, To: store.RemediationEscalated,
+		Reason: "repeated: test", History: []*store.Remediation{first}, Actor: "remediation:w1", Now: &now}))
+	es := must(st.OutboxQuery(ctx, &store.OutboxQueryParams{Key: "node_rm3", TopicPrefix: events.RemediationEscalated, Limit: 10}))
+	if len(es) != 1 {
+		t.Fatalf("escalated events = %d, want 1", len(es))
+	}
+	var env struct {
+		Data events.RemediationData `json:"data"`
+	}
+	if err := json.Unmarshal(es[0].Payload, &env); err != nil {
+		t.Fatal(err)
+	}
+	if env.Data.RemediationID == "" {
+		if err := json.Unmarshal(es[0].Payload, &env.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h := env.Data.History; len(h) != 1 || h[0].RemediationID != first.ID || h[0].Actions != 1 || h[0].ClosedAt == nil {
+		t.Fatalf("escalated event's history = %+v, want case %s, 1 action, closed", h, first.ID)
 	}
 }
 

@@ -44,12 +44,19 @@ func scanRemediation(r Row) (*store.Remediation, error) {
 	return m, nil
 }
 
-// remediationEvent is the event of a move of m from previous.
-func remediationEvent(typ, previous string, m *store.Remediation) event {
-	return event{typ, m.NodeID, events.RemediationData{RemediationID: m.ID, NodeID: m.NodeID, PoolID: m.PoolID,
+// remediationEvent is the event of a move of m from previous; history, the
+// prior cases a repeat rule counted, goes into its data.
+func remediationEvent(typ, previous string, m *store.Remediation, history ...*store.Remediation) event {
+	d := events.RemediationData{RemediationID: m.ID, NodeID: m.NodeID, PoolID: m.PoolID,
 		State: m.State, PreviousState: previous, Finding: m.Finding, Resolution: m.Resolution, XID: m.XID,
 		XIDMnemonic: m.XIDMnemonic, GPUUUID: m.GPUUUID, Action: m.Action, Attempts: m.Attempts,
-		CommandID: m.CommandID, Reason: m.Reason, Paused: m.Paused}}
+		CommandID: m.CommandID, Reason: m.Reason, Paused: m.Paused}
+	for _, h := range history {
+		d.History = append(d.History, events.RemediationPrior{RemediationID: h.ID, State: h.State, Finding: h.Finding,
+			Resolution: h.Resolution, XID: h.XID, GPUUUID: h.GPUUUID, Action: h.Action, Actions: len(h.CommandIDs),
+			CreatedAt: h.CreatedAt.UTC(), ClosedAt: h.ClosedAt})
+	}
+	return event{typ, m.NodeID, d}
 }
 
 // remediationAudit writes the audit row of a change to m.
@@ -220,6 +227,19 @@ func (s *Store) RemediationOpenFor(ctx context.Context, nodeID string) (*store.R
 	return m, s.wrap("get open remediation of node "+nodeID, err)
 }
 
+// RemediationRecent returns a node's cases created at or after since,
+// newest first, at most limit.
+func (s *Store) RemediationRecent(ctx context.Context, nodeID string, since time.Time, n int) ([]*store.Remediation, error) {
+	rows, err := s.db.Query(ctx, `SELECT `+remediationColumns+` FROM remediations
+		WHERE node_id = $1 AND created_at >= $2
+		ORDER BY created_at DESC, id DESC LIMIT $3`, nodeID, since.UTC(), limit(n))
+	if err != nil {
+		return nil, s.wrap("list recent remediations of node "+nodeID, err)
+	}
+	out, err := collect(rows, scanRemediation)
+	return out, s.wrap("list recent remediations of node "+nodeID, err)
+}
+
 // RemediationOpenInShard returns the due open cases of a shard.
 func (s *Store) RemediationOpenInShard(ctx context.Context, shard int, now *time.Time, withPaused bool) ([]*store.Remediation, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+remediationColumns+` FROM remediations
@@ -320,10 +340,18 @@ func (s *Store) RemediationMove(ctx context.Context, p *store.RemediationMovePar
 		if previous == out.State {
 			return nil // a retry or new next time, not a move: no event
 		}
-		if err := q.emit(ctx, &now, remediationEvent(remediationEvents[out.State], previous, out)); err != nil {
+		if err := q.emit(ctx, &now, remediationEvent(remediationEvents[out.State], previous, out, p.History...)); err != nil {
 			return err
 		}
-		return q.remediationAudit(ctx, "remediation."+out.State, p.Actor, out, now, map[string]any{"previousState": previous})
+		extra := map[string]any{"previousState": previous}
+		if len(p.History) > 0 {
+			ids := make([]string, len(p.History))
+			for i, h := range p.History {
+				ids[i] = h.ID
+			}
+			extra["history"] = ids
+		}
+		return q.remediationAudit(ctx, "remediation."+out.State, p.Actor, out, now, extra)
 	})
 	return out, err
 }
