@@ -17,7 +17,8 @@ func TestRemediationDefaults(t *testing.T) {
 	}
 	r := c.Remediation
 	if r.Disabled || r.Interval.Duration != 2*time.Second || r.MaxAttempts != 3 || r.Breaker.Quarantines != 5 ||
-		r.Breaker.Window.Duration != time.Hour || r.VerifySettle.Duration != 30*time.Second {
+		r.Breaker.Window.Duration != time.Hour || r.VerifySettle.Duration != 30*time.Second ||
+		r.Repeat.Window.Duration != 24*time.Hour || r.Repeat.NodeActions != 3 {
 		t.Fatalf("defaults = %+v", r)
 	}
 	action := func(finding, resolution string) string {
@@ -64,6 +65,10 @@ func TestRemediationPolicyRefused(t *testing.T) {
 		{"bad window", "remediation:\n  breaker:\n    window: soon\n", "remediation.breaker.window", "line 3"},
 		{"zero attempts", "remediation:\n  maxAttempts: -1\n", "remediation.maxAttempts", ""},
 		{"settle past timeout", "remediation:\n  verifySettle: 1h\n", "remediation.verifySettle", ""},
+		{"negative node actions", "remediation:\n  repeat:\n    nodeActions: -1\n", "remediation.repeat.nodeActions", ""},
+		{"node actions past bound", "remediation:\n  repeat:\n    nodeActions: 1000\n", "remediation.repeat.nodeActions", ""},
+		{"repeat window past bound", "remediation:\n  repeat:\n    window: 8760h\n", "remediation.repeat.window", ""},
+		{"negative repeat window", "remediation:\n  repeat:\n    window: -1h\n", "remediation.repeat.window", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(writeFile(t, tc.file), env(map[string]string{"HOME": t.TempDir()}), Flags{})
