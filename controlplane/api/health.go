@@ -66,7 +66,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case err != nil:
 		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-	case len(st.Pending) > 0:
+	case len(st.PendingExpand()) > 0: // pending contract migrations wait for older builds (issue 40)
 		http.Error(w, "not ready: pending migrations", http.StatusServiceUnavailable)
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

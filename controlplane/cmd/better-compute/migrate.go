@@ -16,6 +16,12 @@ func migrateCmd(e *env) *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply pending database migrations (safe to run from many processes at once)",
+		Long: `Apply pending database migrations in order (safe to run from many processes at once).
+
+An expand migration always runs. A contract migration runs only when no live
+process runs a build that still needs the shape it drops; otherwise migrate
+applies the migrations before it, names those processes and exits non-zero
+(docs/upgrade-control-plane.md).`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, st, err := e.loadStore(cmd.Context(), config.Flags{})
@@ -25,6 +31,11 @@ func migrateCmd(e *env) *cobra.Command {
 			defer st.Close()
 			applied, err := st.Migrate(cmd.Context())
 			if err != nil {
+				// A refused contract migration (issue 40) comes after
+				// the ones applied before it.
+				if len(applied) > 0 {
+					fmt.Fprintf(e.stdout, "applied %d migration(s): %s\n", len(applied), strings.Join(applied, ", "))
+				}
 				return err
 			}
 			if len(applied) == 0 {
