@@ -22,7 +22,7 @@ An expand migration always runs. A contract migration runs only when no live
 process runs a build that still needs the shape it drops; otherwise migrate
 applies the migrations before it, names those processes and exits non-zero
 (docs/upgrade-control-plane.md).`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, st, err := e.loadStore(cmd.Context(), config.Flags{})
 			if err != nil {
