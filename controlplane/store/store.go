@@ -134,8 +134,15 @@ type Migrator interface {
 	// Migrate applies every pending migration under a lock (an advisory
 	// lock on PostgreSQL, the write lock on SQLite), so concurrent callers all
 	// succeed with one schema. It returns the names it applied, and a
-	// *MigrationError naming applied migrations this build does not know.
+	// *MigrationError naming applied migrations this build does not know,
+	// or the names applied before a refused contract migration with a
+	// *ContractRefusedError (issue 40).
 	Migrate(ctx context.Context) ([]string, error)
+	// MigrateTo is Migrate stopping after the migration named last (one
+	// this build embeds; else an error), for staged upgrades and tests.
+	// A refused contract migration is a *ContractRefusedError after the
+	// names applied before it (issue 40).
+	MigrateTo(ctx context.Context, last string) ([]string, error)
 	// MigrationStatus reports applied and pending migration names, and a
 	// *MigrationError when the database holds unknown ones.
 	MigrationStatus(ctx context.Context) (*MigrationStatus, error)

@@ -13,7 +13,8 @@ import (
 )
 
 func migrateCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var to string
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply pending database migrations (safe to run from many processes at once)",
 		Long: `Apply pending database migrations in order (safe to run from many processes at once).
@@ -29,7 +30,7 @@ applies the migrations before it, names those processes and exits non-zero
 				return err
 			}
 			defer st.Close()
-			applied, err := st.Migrate(cmd.Context())
+			applied, err := st.MigrateTo(cmd.Context(), to)
 			if err != nil {
 				// A refused contract migration (issue 40) comes after
 				// the ones applied before it.
@@ -46,6 +47,8 @@ applies the migrations before it, names those processes and exits non-zero
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&to, "to", "", "stop after this migration (e.g. 0004_commands_open_deadline); default every one")
+	return cmd
 }
 
 // loadStore loads the configuration with f over it and opens its store

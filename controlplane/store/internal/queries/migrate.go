@@ -84,9 +84,18 @@ func (s *Store) migrations() ([]migration, error) {
 // store.ContractRefusedError): otherwise Migrate commits the migrations
 // before it and returns them with a *store.ContractRefusedError.
 func (s *Store) Migrate(ctx context.Context) ([]string, error) {
+	return s.MigrateTo(ctx, "")
+}
+
+// MigrateTo is Migrate that stops after the migration named last (a name
+// this build embeds, e.g. 0004_commands_open_deadline); "" is every one.
+func (s *Store) MigrateTo(ctx context.Context, last string) ([]string, error) {
 	known, err := s.migrations()
 	if err != nil {
 		return nil, err
+	}
+	if last != "" && !slices.ContainsFunc(known, func(m migration) bool { return m.name == last }) {
+		return nil, fmt.Errorf("migrate: this build has no migration %q", last)
 	}
 	var applied []string
 	var refused *store.ContractRefusedError
@@ -105,6 +114,9 @@ func (s *Store) Migrate(ctx context.Context) ([]string, error) {
 			return err
 		}
 		for _, m := range known {
+			if last != "" && m.name > last {
+				break
+			}
 			if !slices.Contains(st.Pending, m.name) {
 				continue
 			}
