@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,4 +60,29 @@ func TestContractMigrationWaitsForOlderBuilds(t *testing.T) {
 		t.Fatalf("migrate once the older gateway is gone: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	t.Logf("after the older gateway went: %s", strings.TrimSpace(out))
+}
+
+// TestReadyOnASchemaANewerBuildMigrated (issue 40): a running process stays
+// ready when a newer build applies migrations it does not know (the expand
+// step of a rolling upgrade), where a restart of it refuses the schema
+// (TestUnknownMigrationRefused).
+func TestReadyOnASchemaANewerBuildMigrated(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	env := []string{"BETTER_COMPUTE_DATABASE_URL=" + url, "BETTER_COMPUTE_SECRET=" + testSecret}
+	tlsFiles := initPostgresPKI(t, env)
+	p, api := startServeConfig(t, env, serveConfig+tlsFiles, "--data-dir", t.TempDir())
+	p.WaitLine(`msg=Serving .*store=postgres`, 30*time.Second)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO schema_migrations (name, applied_at) VALUES ('9999_from_a_newer_build', 'x')`); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := testenv.Get(t, api+"/readyz"); code != 200 {
+		t.Fatalf("/readyz after a newer build's migration = %d %s, want 200", code, body)
+	}
 }
