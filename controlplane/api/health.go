@@ -3,10 +3,13 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"syscall"
 	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 // healthz answers liveness: the process serves HTTP.
@@ -37,9 +40,10 @@ func freeBytes(dir string) (uint64, error) {
 }
 
 // readyz answers readiness: every listener of the process accepts (none
-// has failed to accept for more than 10 s in a row), every migration is
-// applied, the store answers, the embedded database's filesystem has room
-// to write and the process's clock was found right (Config.Clock). 503
+// has failed to accept for more than 10 s in a row), every expand migration
+// of this build is applied (pending contract ones, and ones of a newer
+// build applied while this one runs, do not count: issue 40), the store
+// answers, the embedded database's filesystem has room to write and the process's clock was found right (Config.Clock). 503
 // otherwise, with the reason.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	// First, and without the database: with descriptors exhausted a new
@@ -63,10 +67,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	st, err := s.store.MigrationStatus(ctx)
+	var newer *store.MigrationError
 	switch {
+	case errors.As(err, &newer):
+		// A newer build migrated the schema while this one runs: its
+		// expand migrations only add, and a contract one waits while this
+		// process is registered (issue 40), so it keeps serving through a
+		// rolling upgrade. A restart of this build refuses the schema.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ready\n"))
 	case err != nil:
 		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-	case len(st.Pending) > 0:
+	case len(st.PendingExpand()) > 0: // pending contract migrations wait for older builds (issue 40)
 		http.Error(w, "not ready: pending migrations", http.StatusServiceUnavailable)
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

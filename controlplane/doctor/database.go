@@ -16,8 +16,9 @@ const (
 	ClockFail = 30 * time.Second
 )
 
-// Schema checks the schema against this build: pending migrations fail
-// (serve --no-migrate refuses to start), and so do applied migrations this
+// Schema checks the schema against this build: pending expand migrations
+// fail (serve --no-migrate refuses to start), pending contract ones only
+// warn (they wait for older builds to stop; issue 40), and so do applied migrations this
 // build does not know (a newer build migrated the database). migrated
 // reports whether the tables the other checks read are in place.
 func Schema(ctx context.Context, st store.Migrator) (res Result, migrated bool) {
@@ -29,9 +30,12 @@ func Schema(ctx context.Context, st store.Migrator) (res Result, migrated bool) 
 			"unknown migrations: "+strings.Join(me.Unknown, ", ")), true
 	case err != nil:
 		return result(IDSchema, Fail, "cannot read the schema: "+err.Error()), false
-	case len(status.Pending) > 0:
+	case len(status.PendingExpand()) > 0:
 		return result(IDSchema, Fail, fmt.Sprintf("%d pending migration(s): run better-compute migrate", len(status.Pending)),
 			"pending: "+strings.Join(status.Pending, ", "), "the other database checks were skipped"), false
+	case len(status.PendingContract) > 0:
+		return result(IDSchema, Warn, fmt.Sprintf("%d pending contract migration(s): run better-compute migrate once no older build runs (docs/upgrade-control-plane.md)", len(status.PendingContract)),
+			"pending: "+strings.Join(status.PendingContract, ", ")), true
 	}
 	return result(IDSchema, OK, fmt.Sprintf("schema is current (%d migrations)", len(status.Applied))), true
 }

@@ -6,7 +6,7 @@
 //
 // The checks, by id:
 //
-//	schema                  pending migrations (fail), or migrations this build does not know (fail)
+//	schema                  pending expand migrations (fail), pending contract ones (warn), or migrations this build does not know (fail)
 //	clock                   the database clock against this machine's: warn beyond 2 s, fail beyond 30 s
 //	pki                     the PKI bundle is present, opens with the deployment secret, and its CAs are not near their end
 //	host.gateway.identity   the gateway role can authenticate daemons: node CA roots and trust domain, the

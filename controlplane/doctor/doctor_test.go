@@ -497,3 +497,20 @@ func TestProcesses(t *testing.T) {
 	want(t, doctor.Processes([]*store.Process{proc("a", "1.9.0", 0), proc("b", "2.0.0", 0)}, now, 15*time.Second),
 		doctor.IDProcesses, doctor.Warn, "more than one release apart")
 }
+
+// contractPending reports one pending migration, a contract one.
+type contractPending struct{ store.Migrator }
+
+func (contractPending) MigrationStatus(context.Context) (*store.MigrationStatus, error) {
+	return &store.MigrationStatus{Applied: []string{"0001_init"}, Pending: []string{"0002_drop"}, PendingContract: []string{"0002_drop"}}, nil
+}
+
+// TestSchemaContractPending: a contract migration waiting for older builds
+// to stop (issue 40) warns; the build runs on the schema before it.
+func TestSchemaContractPending(t *testing.T) {
+	r, migrated := doctor.Schema(context.Background(), contractPending{})
+	want(t, r, doctor.IDSchema, doctor.Warn, "pending contract migration(s)")
+	if !migrated || !strings.Contains(r.Detail, "0002_drop") {
+		t.Fatalf("migrated = %v, detail %q: want migrated and the migration named", migrated, r.Detail)
+	}
+}

@@ -378,20 +378,33 @@ func wakeBus(ctx context.Context, cfg *config.Config) (*wake.Bus, func(), error)
 func prepareSchema(ctx context.Context, st store.Store, noMigrate bool, log *slog.Logger) error {
 	if !noMigrate {
 		applied, err := st.Migrate(ctx)
-		if err != nil {
-			return err
-		}
 		if len(applied) > 0 {
 			log.InfoContext(ctx, "Applied migrations", "migrations", strings.Join(applied, ","))
 		}
+		var refused *store.ContractRefusedError
+		if !errors.As(err, &refused) {
+			return err
+		}
+		// A contract migration waits for the older builds to go (issue
+		// 40): this build runs without it, unless an expand one it needs
+		// waits behind it.
+		status, serr := st.MigrationStatus(ctx)
+		if serr != nil {
+			return serr
+		}
+		if len(status.PendingExpand()) > 0 {
+			return fmt.Errorf("%w; expand migrations this build needs wait behind it: %s", err, strings.Join(status.PendingExpand(), ", "))
+		}
+		log.WarnContext(ctx, "Contract migrations wait for older builds to stop; run better-compute migrate once they have",
+			"migration", refused.Migration, "processes", strings.Join(refused.Processes, "; "))
 		return nil
 	}
 	status, err := st.MigrationStatus(ctx)
 	if err != nil {
 		return err
 	}
-	if len(status.Pending) > 0 {
-		return fmt.Errorf("schema is behind this build (pending %s): run better-compute migrate, or start without --no-migrate", strings.Join(status.Pending, ", "))
+	if pending := status.PendingExpand(); len(pending) > 0 {
+		return fmt.Errorf("schema is behind this build (pending %s): run better-compute migrate, or start without --no-migrate", strings.Join(pending, ", "))
 	}
 	return nil
 }

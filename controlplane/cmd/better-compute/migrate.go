@@ -13,18 +13,30 @@ import (
 )
 
 func migrateCmd(e *env) *cobra.Command {
-	return &cobra.Command{
+	var to string
+	cmd := &cobra.Command{
 		Use:   "migrate",
 		Short: "Apply pending database migrations (safe to run from many processes at once)",
-		Args:  cobra.NoArgs,
+		Long: `Apply pending database migrations in order (safe to run from many processes at once).
+
+An expand migration always runs. A contract migration runs only when no live
+process runs a build that still needs the shape it drops; otherwise migrate
+applies the migrations before it, names those processes and exits non-zero
+(docs/upgrade-control-plane.md).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, st, err := e.loadStore(cmd.Context(), config.Flags{})
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			applied, err := st.Migrate(cmd.Context())
+			applied, err := st.MigrateTo(cmd.Context(), to)
 			if err != nil {
+				// A refused contract migration (issue 40) comes after
+				// the ones applied before it.
+				if len(applied) > 0 {
+					fmt.Fprintf(e.stdout, "applied %d migration(s): %s\n", len(applied), strings.Join(applied, ", "))
+				}
 				return err
 			}
 			if len(applied) == 0 {
@@ -35,6 +47,8 @@ func migrateCmd(e *env) *cobra.Command {
 			return nil
 		},
 	}
+	cmd.Flags().StringVar(&to, "to", "", "stop after this migration (e.g. 0004_commands_open_deadline); default every one")
+	return cmd
 }
 
 // loadStore loads the configuration with f over it and opens its store

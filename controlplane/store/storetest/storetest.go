@@ -64,6 +64,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"GatewayReap", testGatewayReap},
 		{"Workers", testWorkers},
 		{"Processes", testProcesses},
+		{"ContractMigrations", testContractMigrations},
 		{"GatewayDrainSet", testGatewayDrainSet},
 		{"Commands", testCommands},
 		{"CommandSpecForms", testCommandSpecForms},

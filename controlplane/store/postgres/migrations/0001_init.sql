@@ -1,3 +1,4 @@
+-- expand
 -- 0001_init: the schema of DESIGN.md's data. Later migrations add columns.
 CREATE FUNCTION bc_micros(us bigint) RETURNS interval
     LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -1,3 +1,4 @@
+-- expand
 -- 0004_commands_open_deadline: the CommandSweeper looks for commands not yet
 -- terminal whose deadline passed; without this partial index it scans every
 -- retained command each second (17 ms at 100,000 rows, 467 ms at 3,000,000;

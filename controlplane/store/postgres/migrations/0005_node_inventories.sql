@@ -1,3 +1,5 @@
+-- contract
+-- (contract: drops nodes.inventory and nodes.inventory_digest.)
 -- 0005_node_inventories: a node's inventory (kilobytes of JSON) and its
 -- digest move out of its nodes row, which every heartbeat flush updates
 -- (last_seen_at): SQLite rewrites a whole row on update, and reading back

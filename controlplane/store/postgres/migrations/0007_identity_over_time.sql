@@ -1,3 +1,4 @@
+-- expand
 -- 0007_identity_over_time: what a node's identity needs to last (DESIGN.md,
 -- "Identity over time").
 --   nodes.key_sha256     hex SHA-256 of the SubjectPublicKeyInfo of the key of

@@ -1,3 +1,4 @@
+-- expand
 -- 0009_events_dead_letters (issue 18): every state change writes a
 -- CloudEvents envelope to the outbox; each sink moves an entry it keeps
 -- failing to deliver (sinks.Config.MaxAttempts) to sink_dead_letters, where

@@ -1,3 +1,4 @@
+-- expand
 -- 0012_disruption_budget: the one disruption budget of a pool (DESIGN.md,
 -- "The disruption budget"). A pool's budget is "N" nodes or "N%" of its
 -- nodes (at least one) out of service at once; remediation_concurrency caps

@@ -1,3 +1,4 @@
+-- expand
 -- 0013_remediation: closed-loop GPU remediation (issue 19, DESIGN.md "GPU
 -- health and closed-loop remediation"). remediation_findings is the inbox
 -- of node events that carry NVIDIA's resolution (or a health judgement's),

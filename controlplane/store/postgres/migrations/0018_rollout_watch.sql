@@ -1,3 +1,4 @@
+-- expand
 -- 0018_rollout_watch: a rollout watches every node it upgraded until it
 -- ends, plus a bake (issue 30; DESIGN.md, "Memory and evidence").
 --

@@ -1,3 +1,4 @@
+-- expand
 -- 0001_init: the schema of DESIGN.md's data. Later migrations add columns.
 -- Timestamps are integer microseconds since the Unix epoch, UTC; now() and
 -- bc_micros() are functions the sqlite backend registers.

@@ -1,3 +1,4 @@
+-- expand
 -- 0008_command_session_spec: the expand step of moving a command's spec to
 -- its session-protocol form (issue 17). session_spec holds the protojson of a
 -- bettercompute.session.v1.Command with only its spec set

@@ -1,3 +1,4 @@
+-- expand
 -- 0011_outbox_reading: reading the outbox as events (issue 18, events.list
 -- and GET {basePath}/events/watch). outbox_pruned records the highest id
 -- retention has deleted (OutboxPrune deletes a prefix of ids), so that a

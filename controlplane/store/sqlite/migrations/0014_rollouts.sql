@@ -1,3 +1,4 @@
+-- expand
 -- 0014_rollouts: rollouts of bcd in waves (issue 20, DESIGN.md "Rollouts of
 -- bcd"; docs/rollouts.md). A rollout moves the nodes of one pool to version;
 -- the reconciler of its shard (the shard of its id) drives it: canary wave,

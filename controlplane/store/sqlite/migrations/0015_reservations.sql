@@ -1,3 +1,4 @@
+-- expand
 -- 0015_reservations: reservations of GPU capacity and the slots they hold
 -- (DESIGN.md, "Scheduler: reservations and the capacity placer";
 -- docs/reservations.md). The same tables as PostgreSQL's 0015; SQLite has

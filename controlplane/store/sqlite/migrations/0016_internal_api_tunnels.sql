@@ -1,3 +1,4 @@
+-- expand
 -- 0016_internal_api_tunnels: the internal control API (issue 21,
 -- docs/tunnels.md). Each gateway advertises the host:port of its internal
 -- control API listener (host.gateway.internal), so the api can wake the

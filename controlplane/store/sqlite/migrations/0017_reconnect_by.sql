@@ -1,3 +1,4 @@
+-- expand
 -- 0017_reconnect_by: a node drained by a gateway that shuts down waits a
 -- random delay, up to the gateway's drainDelay, before it reconnects (issue
 -- 29). The gateway records by when each of its nodes is due back, and

@@ -1,4 +1,5 @@
--- 0018_processes_gateway_drain (expand: adds a table and a column, drops
+-- expand
+-- 0019_processes_gateway_drain (expand: adds a table and a column, drops
 -- nothing; issue 40).
 --
 -- processes: every control-plane process registers here, whatever its roles
