@@ -178,6 +178,10 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		_ = fleet.WaitFor(wctx, func(s sim.FleetStats) bool { return s.Connected >= n })
+		// The lines below invite a GPU query at once: wait (within the
+		// same minute) until the gateway has stored each daemon's
+		// inventory, which it writes in batches after the Welcome.
+		waitInventories(wctx, st, fleet.Daemons())
 		fmt.Fprintf(e.stdout, "%d simulated daemons connected (%d GPUs each). Look at the fleet:\n", fleet.Stats().Connected, 8)
 		fmt.Fprintf(e.stdout, "  better-compute nodes list --server %s --data-dir %s\n", apiURL, cfg.DataDir)
 		fmt.Fprintf(e.stdout, "  better-compute nodes list --server %s --data-dir %s --gpu-model A100 --min-gpus 8\n", apiURL, cfg.DataDir)
@@ -245,6 +249,29 @@ const devSimStateDir = "sim"
 // removeSimulatedNodes deletes the nodes that joined with a token dev made
 // for simulated daemons, but those in keep (held by this run's daemons),
 // and returns how many.
+// waitInventories waits until the node of each of daemons has an
+// inventory stored, or ctx ends; it polls every 100 ms.
+func waitInventories(ctx context.Context, st store.Store, daemons []*sim.FakeDaemon) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		stored := 0
+		for _, d := range daemons {
+			if n, err := st.NodeGet(ctx, d.NodeID()); err == nil && n.InventoryDigest != "" {
+				stored++
+			}
+		}
+		if stored == len(daemons) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func removeSimulatedNodes(ctx context.Context, st store.Store, keep map[string]bool) (int, error) {
 	sim := map[string]bool{}
 	removed := 0
