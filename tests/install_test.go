@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,14 +39,10 @@ type installEnv struct {
 	pin        string
 }
 
+// freePort is a loopback TCP port free a moment ago (testenv.FreePort).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testenv.FreePort(t)
 }
 
 func newInstallEnv(t *testing.T) *installEnv {

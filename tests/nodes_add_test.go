@@ -41,12 +41,7 @@ func publicAddr(t *testing.T) string {
 // freePortOn is a TCP port free on addr a moment ago.
 func freePortOn(t *testing.T, addr string) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return testenv.FreePortOn(t, addr)
 }
 
 // publicServe is a serve --public-url with its data and downloads folders.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -358,13 +360,49 @@ func WriteFile(t testing.TB, name, body string) string {
 	return p
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago
+// (FreePortOn 127.0.0.1).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return FreePortOn(t, "127.0.0.1")
+}
+
+// Ports handed out by FreePortOn lie below the kernel's ephemeral range
+// (ip_local_port_range, 32768 and up by default), so that neither an
+// outgoing connection of another test nor a node dialling a stopped
+// server's port (TCP's self-connect, when the source port chosen equals
+// the destination) takes a port between its test's stop and restart of a
+// server; and no port is handed out twice in one test binary.
+const (
+	testPortLow  = 20000
+	testPortHigh = 32767
+)
+
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// FreePortOn returns a TCP port free on addr a moment ago, in
+// [testPortLow, testPortHigh] and never one it returned before in this
+// process.
+func FreePortOn(t testing.TB, addr string) int {
+	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 2000 {
+		p := testPortLow + rand.IntN(testPortHigh-testPortLow+1)
+		if handedOut.ports[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		handedOut.ports[p] = true
+		return p
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free TCP port on %s in %d-%d", addr, testPortLow, testPortHigh)
+	return 0
 }
