@@ -359,6 +359,10 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("nodes uncordon", exitOK, f.node),
 		bc("nodes drain", exitUsage, "a", "b"),
 		bc("nodes delete", exitFailure, "node_nosuch"),
+		bc("nodes set-gpu-count", exitUsage, f.node),
+		bc("nodes set-gpu-count", exitUsage, f.node, "many"),
+		bc("nodes set-gpu-count", exitUsage, f.node, "65"), // refused by the API: INVALID_ARGUMENT
+		bc("nodes set-gpu-count", exitFailure, "node_nosuch", "8"),
 		bc("nodes add", exitUsage),
 		// UNAVAILABLE: this deployment serves no downloads (downloads.dir).
 		bc("nodes add", exitFailure, "--pool", "default"),
@@ -490,9 +494,30 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("remediation resume", exitUsage, "a", "b"),
 		bc("remediation return", exitFailure, "rem_nosuch", "--note", "fixed"),
 		bc("remediation return", exitUsage),
+		bc("remediation return", exitUsage, "rem_nosuch", "--reset-gpu", "--force"), // INVALID_ARGUMENT: one way at most
+		bc("remediation stats", exitOK),
+		bc("remediation stats", exitOK, "--pool", "default", "-o", "json"),
+		bc("remediation stats", exitFailure, "--pool", "no-such-pool"),
+		bc("remediation stats", exitUsage, "extra"),
+		bc("nodes gpu-reset", exitFailure, "node_nosuch", "--gpu", "0"),
+		bc("nodes gpu-reset", exitUsage),
+		bc("nodes reboot", exitFailure, "node_nosuch"),
+		bc("nodes reboot", exitUsage, "a", "b"),
 		bc("remediation reset-breaker", exitOK, "default"),
 		bc("remediation reset-breaker", exitFailure, "no-such-pool"),
 		bc("remediation reset-breaker", exitUsage),
+		bc("remediation history", exitUsage),                                   // neither a node nor --gpu
+		bc("remediation history", exitOK, "--gpu", "GPU-nosuch", "-o", "json"), // nothing kept: an empty history
+		bc("remediation history", exitUsage, "--gpu", "GPU with spaces"),       // INVALID_ARGUMENT
+		bc("remediation history", exitUsage, "a", "b"),
+		bc("gpus list", exitOK),
+		bc("gpus list", exitOK, "--unhealthy", "--pool", "default", "--model", "NVIDIA A100-SXM4-40GB", "-o", "json"),
+		bc("gpus list", exitFailure, "--pool", "no-such-pool"),
+		bc("gpus list", exitUsage, "extra"),
+		bc("gpus get", exitFailure, "GPU-nosuch"), // NOT_FOUND: no inventory listed it
+		bc("gpus get", exitUsage),
+		bc("gpus get", exitUsage, "GPU with spaces"), // INVALID_ARGUMENT
+		bc("gpus get", exitUsage, "a", "b"),
 		bc("rollouts create", exitUsage, "--pool", "default"),                       // no --version
 		bc("rollouts create", exitUsage, "--version", "0.2.0", "--pool", "default"), // INVALID_ARGUMENT: no downloads to verify it against
 		bc("rollouts create", exitUsage, "--version", "0.2.0", "--pool", "default", "--soak", "soon"),

@@ -44,7 +44,9 @@ func TestXIDsThatDoNotAct(t *testing.T) {
 		host:    "  metrics:\n    bearerToken: " + noActMetricsToken + "\n",
 		// A settle long enough for an XID to land inside the
 		// verification (the test waits for it there).
-		top: "remediation:\n  interval: 500ms\n  verifySettle: 8s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n",
+		// Three resets on one node within minutes: spaced by 1 s, not
+		// the default 10 min (remediation.repeat.spacing).
+		top: "remediation:\n  interval: 500ms\n  verifySettle: 8s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n  repeat:\n    spacing: 1s\n",
 	})
 	tokenFile, _ := d.joinToken(1, time.Hour)
 	m := newMachine(t, "gpu-noact")

@@ -30,7 +30,11 @@ func TestRepeatedXIDHoldsNodeForAPerson(t *testing.T) {
 	t.Parallel()
 	d := newDeploymentWith(t, backendSQLite, deploymentConfig{
 		gateway: "    heartbeatInterval: 1s\n",
-		top:     "remediation:\n  interval: 500ms\n  verifySettle: 2s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n",
+		// The breaker admits both nodes of this two-node pool (its default,
+		// 10 % of the GPU nodes and at least 1 in 10 min, would hold the
+		// neighbour: TestBreakerShareOfPool is about that).
+		top: "remediation:\n  interval: 500ms\n  verifySettle: 2s\n  verifyTimeout: 60s\n  actionTimeout: 60s\n" +
+			"  breaker:\n    share: 100%\n",
 	})
 	tokenFile, _ := d.joinToken(2, time.Hour)
 	mockBCD := testenv.BinaryTags(t, "bcd", "nvmlmock")

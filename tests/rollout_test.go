@@ -48,6 +48,14 @@ type rolloutEnv struct {
 
 func newRolloutEnv(t *testing.T) *rolloutEnv {
 	t.Helper()
+	return newRolloutEnvWith(t, "")
+}
+
+// newRolloutEnvWith is newRolloutEnv with extra lines under the rollouts
+// key of the configuration (two-space indented, such as
+// "  healthGate:\n    minNodeHours: 0.001\n").
+func newRolloutEnvWith(t *testing.T, rolloutsConfig string) *rolloutEnv {
+	t.Helper()
 	bc := testenv.Binary(t, "better-compute")
 	dir := t.TempDir()
 	e := &rolloutEnv{dist: filepath.Join(dir, "dist"), key: filepath.Join(dir, "keys", "release.key"), bc: bc}
@@ -59,7 +67,7 @@ func newRolloutEnv(t *testing.T) *rolloutEnv {
 	e.release(t, relFail, exitingBinary(t))
 	e.release(t, relSick, bcdAt(t, relB))
 	e.splitDeployment = newSplitDeploymentWith(t, 1, 2, func([]string) string {
-		return fmt.Sprintf("downloads:\n  dir: %s\n  releasePins: [%s]\nrollouts:\n  interval: 200ms\n", e.dist, e.pin)
+		return fmt.Sprintf("downloads:\n  dir: %s\n  releasePins: [%s]\nrollouts:\n  interval: 200ms\n%s", e.dist, e.pin, rolloutsConfig)
 	})
 	e.server = strings.TrimSuffix(e.api, "/api")
 	e.token = e.admin.Token
@@ -120,7 +128,14 @@ func (e *rolloutEnv) newPool(t *testing.T, name string, n int) (*store.Pool, str
 // fakes joins n FakeDaemons on version A with token; run starts them.
 func (e *rolloutEnv) joinFakes(t *testing.T, prefix, token string, n int) []*sim.FakeDaemon {
 	t.Helper()
-	fl, err := sim.NewFleet(sim.FleetConfig{GatewayURL: e.gateways[0].url, Token: token, N: n, NamePrefix: prefix, NoInventory: true,
+	return e.joinFakesWith(t, prefix, token, n, false)
+}
+
+// joinFakesWith is joinFakes whose daemons send their inventory (eight
+// simulated GPUs each) when withInventory is set.
+func (e *rolloutEnv) joinFakesWith(t *testing.T, prefix, token string, n int, withInventory bool) []*sim.FakeDaemon {
+	t.Helper()
+	fl, err := sim.NewFleet(sim.FleetConfig{GatewayURL: e.gateways[0].url, Token: token, N: n, NamePrefix: prefix, NoInventory: !withInventory,
 		Session: session.Config{StartJitter: -1, BackoffBase: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)

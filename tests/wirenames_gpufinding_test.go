@@ -26,21 +26,26 @@ import (
 // build) reports one finding of every kind — an XID and an uncorrectable
 // ECC event from NVML's event API, and from its scans an uncorrectable and
 // a corrected-ECC count, a failed and a pending row remapping, a recovery
-// action, throttled clocks, an NVLink error rise, pages waiting to be
-// retired and a lost GPU — and each reads back as the same typed
+// action, throttled clocks, a narrowed PCIe link, an NVLink fabric not
+// registered past its grace, an NVLink error rise, pages waiting to be
+// retired, a lost GPU, persistence mode off, the fabric manager's service
+// flapping (a node's finding, naming no GPU) and an InfiniBand port's flap
+// (ib.port, from a sysfs fixture: no GPU) — and each reads back as the same typed
 // session.v1 GPUFinding from the events table, from its gpu.health-changed
 // event and, when it names a resolution, from the remediation inbox.
 // Remediation is off, so the inbox keeps what the store wrote.
 func TestWireNamesGPUFindingEveryKind(t *testing.T) {
 	t.Parallel()
-	d := newDeploymentWith(t, backendSQLite, deploymentConfig{top: "remediation:\n  disabled: true\n"})
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{top: "remediation:\n  disabled: true\ngpuHealth:\n  fabricGrace: 1s\n"})
 	tokenFile, _ := d.joinToken(1, time.Hour)
 	m := newMachine(t, "gpu-findings")
 	node := m.mustJoin(d.gatewayURL, tokenFile)
 	tm := m.tm()
 	tm.BCD = testenv.BinaryTags(t, "bcd", "nvmlmock")
+	fx := &ibFixture{t: t, root: t.TempDir()}
+	fx.port("mlx5_0", 1, "0000:3b:00.0")
 	bin, args := tm.Argv("node", "--data-dir", m.dataDir, "--plugin-dir", t.TempDir(),
-		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"), "--inventory-interval", "300ms")
+		"--bmc-file", filepath.Join(t.TempDir(), "none.yaml"), "--inventory-interval", "300ms", "--sysfs-root", fx.root)
 	np := testenv.Start(t, nil, bin, args...)
 	np.WaitLine(`NVML is go-nvml's mock DGX A100`, 60*time.Second)
 	np.WaitLine(sessionEstablished.String(), 60*time.Second)
@@ -52,22 +57,27 @@ func TestWireNamesGPUFindingEveryKind(t *testing.T) {
 		return n
 	}
 	eventually(t, 60*time.Second, func() bool {
-		return nodeOf().State == store.NodeReady && len(inventory(nodeOf().Inventory).GetGpus()) == 8
-	}, func() string { return "node not ready with its 8 GPUs: " + nodeOf().State })
+		inv := inventory(nodeOf().Inventory)
+		return nodeOf().State == store.NodeReady && len(inv.GetGpus()) == 8 && len(inv.GetIbPorts()) == 1
+	}, func() string { return "node not ready with its 8 GPUs and 1 InfiniBand port: " + nodeOf().State })
 	gpus := inventory(nodeOf().Inventory).GetGpus()
 
 	// Every kind, each on a GPU of its own or told apart by kind and
 	// source: "<gpu index> <kind> <evidence source>".
 	lines := "0 79\n1 ecc-event\n1 lost\n2 ecc-uncorrected 3\n2 retired-pages-pending\n3 ecc-corrected 500\n" +
-		"4 row-remap-failure\n5 row-remap-pending\n5 recovery 1\n6 clocks 64\n7 nvlink 500\n"
-	want := []string{"0 gpu.xid nvml", "1 gpu.ecc.uncorrected nvml", "1 gpu.lost scan", "2 gpu.ecc.uncorrected scan",
-		"2 gpu.retired-pages scan", "3 gpu.ecc.corrected scan", "4 gpu.row-remap scan", "5 gpu.recovery-action scan",
-		"5 gpu.row-remap scan", "6 gpu.clocks scan", "7 gpu.nvlink scan"}
+		"4 row-remap-failure\n5 row-remap-pending\n5 recovery 1\n6 clocks 64\n6 pcie-width 8\n3 fabric 1\n4 persistence off\n" +
+		"fabric-manager restart 3\n7 nvlink 500\n"
+	want := []string{"-1 ib.port scan", "0 gpu.xid nvml", "1 gpu.ecc.uncorrected nvml", "1 gpu.lost scan", "2 gpu.ecc.uncorrected scan",
+		"2 gpu.retired-pages scan", "3 gpu.ecc.corrected scan", "3 gpu.fabric scan", "4 gpu.row-remap scan", "5 gpu.recovery-action scan",
+		"5 gpu.row-remap scan", "6 gpu.clocks scan", "6 gpu.pcie scan", "7 gpu.nvlink scan", "4 gpu.persistence scan"}
+	want = append(want, "-1 gpu.fabric-manager scan") // the fabric manager's service flapping: a node's finding
+	slices.Sort(want)
 	if err := os.WriteFile(filepath.Join(m.dataDir, "nvmlmock-xids"), []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	np.Signal(syscall.SIGUSR1)
 	np.WaitLine(`msg="Mock reading set" .*gpu_index=7 reading="nvlink 500"`, 30*time.Second)
+	fx.set("mlx5_0", 1, "counters/link_downed", "1")
 
 	index := map[string]int{}
 	for i, g := range gpus {
@@ -110,12 +120,23 @@ func TestWireNamesGPUFindingEveryKind(t *testing.T) {
 	// NVIDIA's resolution, the health it implies, its evidence and time.
 	signals := map[gpufinding.Signal]bool{}
 	for l, f := range stored {
-		g := gpus[index[f.GetGpuUuid()]]
 		signals[gpufinding.SignalOf(f)] = true
+		if gpufinding.SignalOf(f) == gpufinding.SignalFabricManager {
+			if f.GetGpuUuid() != "" || f.GetPciBusId() != "" || f.GetObservedAt() == nil || f.GetEvidence().GetMessage() == "" {
+				t.Errorf("%s: want a node's finding (no GPU) with its time and message: %v", l, f)
+			}
+			continue
+		}
 		if gpufinding.Kind(f) != strings.Fields(l)[1] {
 			t.Errorf("%s: stored under kind %s, its signal's is %s", l, strings.Fields(l)[1], gpufinding.Kind(f))
 		}
-		if f.GetPciBusId() != g.GetPciBusId() || f.GetPciBusId() == "" || f.GetBoardSerial() != gputest.Serial(g.GetUuid()) {
+		if gpufinding.SignalOf(f) == gpufinding.SignalInfiniBand {
+			// A port, not a GPU: its device's PCI address, no GPU or serial.
+			if f.GetPciBusId() != "0000:3b:00.0" || f.GetGpuUuid() != "" || f.GetBoardSerial() != "" {
+				t.Errorf("%s: PCI %q GPU %q serial %q, want the device's address and no GPU", l, f.GetPciBusId(), f.GetGpuUuid(),
+					f.GetBoardSerial())
+			}
+		} else if g := gpus[index[f.GetGpuUuid()]]; f.GetPciBusId() != g.GetPciBusId() || f.GetPciBusId() == "" || f.GetBoardSerial() != gputest.Serial(g.GetUuid()) {
 			t.Errorf("%s: PCI %q serial %q, want the GPU's %q %q", l, f.GetPciBusId(), f.GetBoardSerial(), g.GetPciBusId(),
 				gputest.Serial(g.GetUuid()))
 		}
@@ -151,8 +172,26 @@ func TestWireNamesGPUFindingEveryKind(t *testing.T) {
 		"6 gpu.clocks scan": func(f *sessionv1.GPUFinding) bool {
 			return f.GetClocks().GetEventReasons() == 64 && slices.Equal(f.GetClocks().GetReasons(), []string{"hardware thermal slowdown"})
 		},
+		"3 gpu.fabric scan": func(f *sessionv1.GPUFinding) bool {
+			return f.GetFabric().GetState() == "NOT_STARTED" && f.GetResolution() == "ESCALATE"
+		},
+		"6 gpu.pcie scan": func(f *sessionv1.GPUFinding) bool {
+			return f.GetPcie().GetLinkWidth() == 8 && f.GetPcie().GetMaxLinkWidth() == 16 && f.GetResolution() == "CHECK_MECHANICALS"
+		},
 		"7 gpu.nvlink scan": func(f *sessionv1.GPUFinding) bool {
 			return f.GetNvlink().GetErrors() == 500 && f.GetNvlink().GetWindow().AsDuration() > 0
+		},
+		"4 gpu.persistence scan": func(f *sessionv1.GPUFinding) bool {
+			return f.GetPersistence() != nil && f.GetResolution() == "IGNORE"
+		},
+		"-1 gpu.fabric-manager scan": func(f *sessionv1.GPUFinding) bool {
+			return f.GetFabricManager().GetRestarts() == 3 && f.GetFabricManager().GetActiveState() == "active" &&
+				f.GetResolution() == "ESCALATE"
+		},
+		"-1 ib.port scan": func(f *sessionv1.GPUFinding) bool {
+			s := f.GetInfiniband()
+			return s.GetDevice() == "mlx5_0" && s.GetPort() == 1 && s.GetCause() == "flap" && s.GetLinkDowned() == 1 &&
+				f.GetResolution() == "CHECK_MECHANICALS"
 		},
 	}
 	for l, ok := range checks {
@@ -162,7 +201,8 @@ func TestWireNamesGPUFindingEveryKind(t *testing.T) {
 	}
 	for _, s := range []gpufinding.Signal{gpufinding.SignalXID, gpufinding.SignalECC, gpufinding.SignalRowRemap,
 		gpufinding.SignalRecoveryAction, gpufinding.SignalClocks, gpufinding.SignalNVLink, gpufinding.SignalRetiredPages,
-		gpufinding.SignalGPULost} {
+		gpufinding.SignalGPULost, gpufinding.SignalPCIe, gpufinding.SignalFabric, gpufinding.SignalPersistence,
+		gpufinding.SignalFabricManager, gpufinding.SignalInfiniBand} {
 		if !signals[s] {
 			t.Errorf("no finding with signal %s", s)
 		}

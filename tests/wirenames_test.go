@@ -137,6 +137,7 @@ var wireLiteralAllowed = map[[2]string]string{
 	{"controlplane/cmd/better-compute/rollouts.go", "resume"}:                             "a CLI subcommand name",
 	{"controlplane/cmd/better-compute/reservations.go", "UNAVAILABLE"}:                    "a table column heading",
 	{"controlplane/cmd/better-compute/upgrade.go", "upgrade"}:                             "a CLI flag group name",
+	{"controlplane/cmd/better-compute/remediation.go", "reboot"}:                          "the --reboot flag of remediation return, named like the action",
 	{"controlplane/sim/faultspec.go", "reboot"}:                                           "the one function that parses the simulator's fault specification strings",
 }
 

@@ -20,6 +20,8 @@ import (
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
+	"github.com/better-compute/better-compute/bcd/inventory/seen"
 	"github.com/better-compute/better-compute/bcd/journal"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/tunnel"
@@ -91,8 +93,12 @@ type Config struct {
 	// Defaults to a gpu.Collector on the system's NVML (nvml.New()); a host
 	// without NVIDIA driver then reports no GPUs and why.
 	GPU *gpu.Collector
+	// IB reads and judges the InfiniBand/RoCE ports for the scans, and
+	// the mlx5_core lines of the kernel log. Defaults to an ib.Monitor on
+	// /sys.
+	IB *ib.Monitor
 	// Scanner reads the host. Defaults to inventory.NewScanner with GPU as
-	// its GPU collector.
+	// its GPU collector and IB as its InfiniBand collector.
 	Scanner Scanner
 	// KernelLog is where the NVRM Xid lines of the kernel log are read
 	// from, on hosts with GPUs (gpu.Collector.WatchKernelLog). Defaults to
@@ -132,8 +138,10 @@ type Agent struct {
 	clock   session.Clock
 	exec    *executor.Executor
 	journal *journal.Journal // nil without StateDir
+	seen    *seen.Record     // the GPUs seen on this machine; nil without StateDir
 	bmc     *bmcRunner
 	gpu     *gpu.Collector
+	ib      *ib.Monitor
 	probe   *gpuProbe
 	scanner Scanner
 	client  atomic.Pointer[session.Client]
@@ -195,6 +203,7 @@ func New(cfg Config) (*Agent, error) {
 		a.gpu = c
 	}
 	a.probe = &gpuProbe{c: a.gpu}
+	a.ib = cmp.Or(cfg.IB, ib.New(ib.Config{}))
 	a.kernelLog = cfg.KernelLog
 	if a.kernelLog == nil {
 		if cfg.Unprivileged {
@@ -205,7 +214,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a.scanner = cfg.Scanner
 	if a.scanner == nil {
-		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, Logger: log})
+		a.scanner = inventory.NewScanner(inventory.Config{GPU: a.probe, IB: a.ib, Logger: log})
 	}
 	ecfg := executor.Config{RefreshInventory: a.refreshInventory, Now: a.gatewayNow, Logger: log}
 	ecfg.Upgrader = cfg.Upgrader
@@ -227,6 +236,9 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("new agent: %w", err)
 		}
 		a.journal, ecfg.Journal = j, j
+		if a.seen, err = seen.Open(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("new agent: %w", err)
+		}
 	}
 	a.exec = executor.New(ecfg)
 	empty := ""
@@ -270,6 +282,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	next := scfg.OnEvent
 	scfg.OnEvent = func(ev session.Event) {
 		if ev.Kind == session.EventConnected {
+			a.setThresholds(ev.GPUHealth)
 			a.helloAccepted()
 			signal(a.connected)
 		}
@@ -303,7 +316,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.watchGPUs(gctx)
 		return nil
 	})
-	if a.hasGPUs(host) {
+	if a.hasGPUs(host) || len(host.IBPorts) > 0 {
 		a.replayResets(scfg.BootID)
 		g.Go(func() error {
 			a.watchKernelLog(gctx)
@@ -430,3 +443,30 @@ type systemClock struct{}
 func (systemClock) Now() time.Time { return time.Now() }
 
 func (systemClock) AfterFunc(d time.Duration, f func()) session.Timer { return time.AfterFunc(d, f) }
+
+// setThresholds gives the GPU collector the health thresholds a Welcome
+// carried (the control plane's gpuHealth.*); nil (an older gateway) keeps
+// what the collector has.
+func (a *Agent) setThresholds(t *sessionv1.GPUHealthThresholds) {
+	if t == nil {
+		return
+	}
+	a.gpu.SetThresholds(gpu.Thresholds{
+		PCIeReplayThreshold: t.GetPcieReplayThreshold(),
+		PCIeReplayWindow:    t.GetPcieReplayWindow().AsDuration(),
+		PCIeCheckGeneration: t.GetPcieCheckGeneration(),
+		LogFindingHold:      t.GetLogFindingHold().AsDuration(),
+		FabricGrace:         t.GetFabricGrace().AsDuration(),
+
+		IgnorePersistenceMode:     t.GetIgnorePersistenceMode(),
+		FabricManagerFlapRestarts: uint64(t.GetFabricManagerFlapRestarts()),
+		FabricManagerWindow:       t.GetFabricManagerWindow().AsDuration(),
+	})
+	a.ib.SetThresholds(ib.Thresholds{
+		ErrorThreshold: t.GetIbErrorThreshold(),
+		ErrorWindow:    t.GetIbErrorWindow().AsDuration(),
+		FlapWindow:     t.GetIbFlapWindow().AsDuration(),
+		DownGrace:      t.GetIbDownGrace().AsDuration(),
+		LogHold:        t.GetLogFindingHold().AsDuration(),
+	})
+}

@@ -46,7 +46,8 @@ func noNVML(t *testing.T) *gpu.Collector {
 
 func newCollector(t *testing.T, n nvml.Interface) *gpu.Collector {
 	t.Helper()
-	c, err := gpu.New(gpu.Config{NVML: n, Logger: testLogger(t), EventWaitTimeout: 20 * time.Millisecond})
+	c, err := gpu.New(gpu.Config{NVML: n, Logger: testLogger(t), EventWaitTimeout: 20 * time.Millisecond,
+		Runner: gputest.NewFabricManager()})
 	if err != nil {
 		t.Fatal(err)
 	}

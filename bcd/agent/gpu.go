@@ -11,7 +11,9 @@ import (
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 	"github.com/better-compute/better-compute/bcd/inventory/report"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -32,12 +34,14 @@ func (a *Agent) watchGPUs(ctx context.Context) {
 	}
 }
 
-// watchKernelLog runs the GPU collector's WatchKernelLog until ctx ends;
-// when the log cannot be read (no permission, no helper) it says so and
-// tries again after RescanInterval.
+// watchKernelLog runs the GPU collector's WatchKernelLog until ctx ends,
+// each record passed to the InfiniBand monitor too (ibLog); when the log
+// cannot be read (no permission, no helper) it says so and tries again
+// after RescanInterval.
 func (a *Agent) watchKernelLog(ctx context.Context) {
+	src := ibLog{src: a.kernelLog, ib: a.ib, found: func(f ib.Finding) { a.ibFinding(ctx, f) }}
 	for {
-		err := a.gpu.WatchKernelLog(ctx, a.kernelLog, func(ev gpu.Event) { a.gpuEvent(ctx, ev) })
+		err := a.gpu.WatchKernelLog(ctx, src, func(ev gpu.Event) { a.gpuEvent(ctx, ev) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -76,9 +80,36 @@ func (a *Agent) gpuEvent(ctx context.Context, ev gpu.Event) {
 	signal(a.gpuChanged)
 }
 
+// ibLog is a KernelLog that passes each record of src to the InfiniBand
+// monitor (its mlx5_core lines) before the GPU collector reads it.
+type ibLog struct {
+	src   gpu.KernelLog
+	ib    *ib.Monitor
+	found func(ib.Finding)
+}
+
+// FollowKernelLog implements gpu.KernelLog.
+func (l ibLog) FollowKernelLog(ctx context.Context, fn func(record string)) error {
+	return l.src.FollowKernelLog(ctx, func(record string) {
+		if f, ok := l.ib.KernelRecord(record); ok {
+			l.found(f)
+		}
+		fn(record)
+	})
+}
+
+// ibFinding sends an InfiniBand finding of the kernel log at once (or
+// keeps it for the next session) and starts a scan, which sends the
+// Inventory when a port's health changed.
+func (a *Agent) ibFinding(ctx context.Context, f ib.Finding) {
+	a.queue(ctx, []*sessionv1.Event{ibEventMessage(f)})
+	signal(a.gpuChanged)
+}
+
 // scanFindings sends the findings a scan's readings made anew
 // (gpu.GPU.NewFindings: row remapping, recovery action, clocks, NVLink, ECC
-// counts, ...), as gpuEvent sends an XID, without starting another scan.
+// counts, ...; ib.Port.NewFindings), as gpuEvent sends an XID, without
+// starting another scan.
 func (a *Agent) scanFindings(ctx context.Context, host *inventory.Host) {
 	var evs []gpu.Event
 	for _, g := range host.GPUs {
@@ -87,15 +118,32 @@ func (a *Agent) scanFindings(ctx context.Context, host *inventory.Host) {
 	if len(evs) > 0 {
 		a.queueEvents(ctx, evs)
 	}
+	var ibs []*sessionv1.Event
+	for _, p := range host.IBPorts {
+		for _, f := range p.NewFindings {
+			ibs = append(ibs, ibEventMessage(f))
+		}
+	}
+	if len(ibs) > 0 {
+		a.queue(ctx, ibs)
+	}
 }
 
 // queueEvents sends evs at once or keeps them (at most MaxPendingEvents,
 // the oldest dropped first) for the next session.
 func (a *Agent) queueEvents(ctx context.Context, evs []gpu.Event) {
-	a.evMu.Lock()
+	ms := make([]*sessionv1.Event, 0, len(evs))
 	for _, ev := range evs {
-		a.events = append(a.events, eventMessage(ev))
+		ms = append(ms, eventMessage(ev))
 	}
+	a.queue(ctx, ms)
+}
+
+// queue sends ms at once or keeps them (at most MaxPendingEvents, the
+// oldest dropped first) for the next session.
+func (a *Agent) queue(ctx context.Context, ms []*sessionv1.Event) {
+	a.evMu.Lock()
+	a.events = append(a.events, ms...)
 	if n := len(a.events) - MaxPendingEvents; n > 0 {
 		a.log.WarnContext(ctx, "Dropped GPU events kept while without a session", attrDropped, n)
 		a.events = a.events[n:]
@@ -146,6 +194,19 @@ func eventMessage(ev gpu.Event) *sessionv1.Event {
 		}
 	}
 	return m
+}
+
+// ibEventMessage converts an InfiniBand finding into the session's Event
+// (kind gpufinding.KindInfiniBand) carrying its typed finding
+// (report.InfiniBandFinding); its resolution repeated in the flat field.
+func ibEventMessage(f ib.Finding) *sessionv1.Event {
+	sev := sessionv1.Severity_SEVERITY_WARNING
+	if f.Health == ib.HealthFailed {
+		sev = sessionv1.Severity_SEVERITY_CRITICAL
+	}
+	return &sessionv1.Event{GpuFinding: report.InfiniBandFinding(f), Kind: gpufinding.KindInfiniBand,
+		Time: timestamppb.New(f.Time), Severity: sev, Message: f.Message, Resolution: f.Resolution,
+		Attributes: map[string]string{"source": f.Source}}
 }
 
 func severity(s gpu.Severity) sessionv1.Severity {

@@ -85,6 +85,7 @@ func (a *Agent) setInventory(host *inventory.Host) bool {
 		plugins = a.cfg.Plugins()
 	}
 	inv := report.Inventory(host, plugins, a.clock.Now())
+	inv.GpusSeen = a.gpusSeen(host)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	changed := a.inv != nil && a.inv.GetDigest() != inv.GetDigest()
@@ -112,4 +113,22 @@ func (a *Agent) sendInventory(ctx context.Context, reason string) {
 		return
 	}
 	a.log.DebugContext(ctx, "Sent inventory", attrReason, reason, attrDigest, inv.GetDigest())
+}
+
+// gpusSeen adds the GPUs of host to the record of the GPUs seen on this
+// machine (in the data directory; without one, only this scan's) and
+// returns the record.
+func (a *Agent) gpusSeen(host *inventory.Host) []string {
+	uuids := make([]string, 0, len(host.GPUs))
+	for _, g := range host.GPUs {
+		uuids = append(uuids, g.UUID)
+	}
+	if a.seen == nil {
+		return uuids
+	}
+	all, err := a.seen.Add(uuids)
+	if err != nil {
+		a.log.Warn("GPUs seen not recorded", logkey.Err, err)
+	}
+	return all
 }

@@ -10,13 +10,14 @@ import (
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/kmsg"
 )
 
-// kmsgXid streams the kernel log's NVRM Xid records (OpKmsgXid): every one
+// kmsgXid streams the kernel log's NVRM Xid, PCIe AER and mlx5_core error
+// records (OpKmsgXid, kmsg.IsHealthRecord): every one
 // the kernel still holds, then new ones until the client closes the
 // connection. Nothing else of the kernel log leaves the helper: bcd's unit
 // sets ProtectKernelLogs=yes, and this is the one view of the log it gets.
 func (s *Server) kmsgXid(ctx context.Context, enc *json.Encoder) {
 	err := kmsg.Follow(ctx, s.cfg.KernelLog, func(rec string) {
-		if kmsg.IsXidRecord(rec) {
+		if kmsg.IsHealthRecord(rec) {
 			_ = enc.Encode(Frame{Data: []byte(rec)})
 		}
 	})

@@ -12,8 +12,9 @@ import (
 	"github.com/better-compute/better-compute/bcd/helper"
 )
 
-// The helper streams only the kernel log's NVRM Xid records (look-back
-// first, then new ones) to its node user, until the client stops.
+// The helper streams only the kernel log's health records — NVRM Xid, PCIe
+// AER and mlx5_core error lines (kmsg.IsHealthRecord) — (look-back first,
+// then new ones) to its node user, until the client stops.
 func TestKernelLogXidThroughHelper(t *testing.T) {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "kmsg")
@@ -63,10 +64,15 @@ func TestKernelLogXidThroughHelper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, _ = f.WriteString("6,3,4,-;another secret\n" + xid13 + "\n")
+	const mlx5Fatal = "3,1414,5729011400,-;mlx5_core 0000:3b:00.0: poll_health:802:(pid 0): Fatal error 1 detected"
+	_, _ = f.WriteString("6,3,4,-;another secret\n" + xid13 + "\n" +
+		"6,5,6,-;mlx5_core 0000:3b:00.0: mlx5e_update_carrier:2345:(pid 77): Link up\n" + mlx5Fatal + "\n")
 	f.Close()
 	if r := next(); r != xid13 {
 		t.Fatalf("appended record %q, want the XID 13 line", r)
+	}
+	if r := next(); r != mlx5Fatal {
+		t.Fatalf("next record %q, want the mlx5_core fatal line (and not its link-up line)", r)
 	}
 	stop()
 	if err := <-ferr; err != nil {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 )
 
 func sampleHost() *inventory.Host {
@@ -27,6 +28,11 @@ func sampleHost() *inventory.Host {
 			{Index: 0, UUID: "GPU-a", TemperatureC: 40, PowerDrawMilliwatts: 70_000, MemoryUsedBytes: 1 << 20,
 				SMClockMHz: 1410, MemoryClockMHz: 1593, Health: gpu.HealthOK, ECC: &gpu.ECC{VolatileCorrected: &corrected}},
 			{Index: 1, UUID: "GPU-b", Health: gpu.HealthOK},
+		},
+		IBPorts: []ib.Port{
+			{Device: "mlx5_0", Port: 1, State: "ACTIVE", StateNum: 4, PhysState: "LinkUp", PhysStateNum: 5, Rate: "400 Gb/sec (4X NDR)",
+				LinkLayer: "InfiniBand", Counters: ib.Counters{SymbolError: 3}},
+			{Device: "mlx5_1", Port: 1, State: "ACTIVE", StateNum: 4, PhysState: "LinkUp", PhysStateNum: 5},
 		},
 	}
 }
@@ -51,6 +57,11 @@ func TestDigest(t *testing.T) {
 		"flag order":        func(h *inventory.Host) { slices.Reverse(h.CPU.Flags) },
 		"gpu order":         func(h *inventory.Host) { slices.Reverse(h.GPUs) },
 		"nil vs empty list": func(h *inventory.Host) { h.GPUs[1].HealthReasons = []string{} },
+		"ib counters": func(h *inventory.Host) {
+			h.IBPorts[0].Counters = ib.Counters{LinkDowned: 2, SymbolError: 900, PortRcvErrors: 7, LinkErrorRecovery: 1,
+				ExcessiveBufferOverrunErrors: 4}
+		},
+		"ib port order": func(h *inventory.Host) { slices.Reverse(h.IBPorts) },
 	}
 	for name, mutate := range same {
 		h := sampleHost()
@@ -70,6 +81,12 @@ func TestDigest(t *testing.T) {
 		},
 		"gpu ecc":  func(h *inventory.Host) { n := uint64(1); h.GPUs[0].ECC.VolatileCorrected = &n },
 		"gpu gone": func(h *inventory.Host) { h.GPUs, h.GPUStatus = nil, "NVIDIA kernel driver not loaded" },
+		"ib port down": func(h *inventory.Host) {
+			h.IBPorts[1].State, h.IBPorts[1].StateNum, h.IBPorts[1].PhysState, h.IBPorts[1].PhysStateNum = "DOWN", 1, "Polling", 2
+		},
+		"ib port health": func(h *inventory.Host) {
+			h.IBPorts[0].Health, h.IBPorts[0].HealthReasons = ib.HealthDegraded, []string{"link flapping"}
+		},
 	}
 	for name, mutate := range changed {
 		h := sampleHost()

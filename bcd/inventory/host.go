@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 )
 
 // Host is the inventory of one machine, as reported by [Scanner.Scan].
@@ -43,6 +44,11 @@ type Host struct {
 	// GPUStatus explains an empty GPUs list (see gpu.Report.Status), or
 	// says why GPU collection failed.
 	GPUStatus string `json:"gpu_status,omitempty"`
+	// IBPorts lists the InfiniBand and RoCE ports (package ib), ordered by
+	// device and port; empty when there are none or the Scanner has no IB
+	// collector. Their counters are readings (excluded from Digest); their
+	// state, rate and health are not.
+	IBPorts []ib.Port `json:"ib_ports,omitempty"`
 }
 
 // CPU summarises the processors (/proc/cpuinfo).
@@ -130,8 +136,8 @@ type DMI struct {
 
 // Digest returns a stable fingerprint of h: the lower-case hex SHA-256 of
 // its canonical JSON, leaving out the volatile fields (UptimeSeconds,
-// Memory.AvailableBytes, and each GPU's temperature, power draw, used
-// memory and clocks) and ignoring the order of lists. Two scans of an
+// Memory.AvailableBytes, each GPU's temperature, power draw, used
+// memory and clocks, and each InfiniBand port's counters) and ignoring the order of lists. Two scans of an
 // unchanged machine give the same digest, so the daemon can send the
 // inventory only when it changed. Digest does not modify h.
 func (h *Host) Digest() string {
@@ -153,6 +159,11 @@ func (h *Host) Digest() string {
 		g.SMClockMHz, g.MemoryClockMHz = 0, 0
 	}
 	slices.SortFunc(c.GPUs, func(a, b gpu.GPU) int { return a.Index - b.Index })
+	c.IBPorts = slices.Clone(c.IBPorts)
+	for i := range c.IBPorts {
+		c.IBPorts[i].Counters = ib.Counters{}
+	}
+	slices.SortFunc(c.IBPorts, func(a, b ib.Port) int { return strings.Compare(a.Key(), b.Key()) })
 
 	b, err := json.Marshal(&c)
 	if err != nil {

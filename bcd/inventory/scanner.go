@@ -11,6 +11,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 )
 
 // GPUCollector collects GPU inventory; *gpu.Collector implements it.
@@ -18,6 +19,14 @@ type GPUCollector interface {
 	// Collect returns the GPUs, or a Report.Status saying why there are
 	// none.
 	Collect(ctx context.Context) (gpu.Report, error)
+}
+
+// IBCollector reads the InfiniBand and RoCE ports; *ib.Monitor implements
+// it.
+type IBCollector interface {
+	// Collect returns the ports, judged; none on a host without RDMA
+	// devices.
+	Collect(ctx context.Context) ([]ib.Port, error)
 }
 
 // Config configures a [Scanner]. The zero value scans the running host
@@ -35,6 +44,9 @@ type Config struct {
 	// GPU collects GPUs into Host.GPUs. Defaults to none: Host.GPUs stays
 	// empty.
 	GPU GPUCollector
+	// IB reads the InfiniBand/RoCE ports into Host.IBPorts. Defaults to
+	// none: Host.IBPorts stays empty.
+	IB IBCollector
 	// Logger receives the scanner's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -45,6 +57,7 @@ type Scanner struct {
 	root  fs.FS
 	addrs func() (map[string][]string, error)
 	gpu   GPUCollector
+	ib    IBCollector
 	log   *slog.Logger
 }
 
@@ -59,7 +72,7 @@ func NewScanner(cfg Config) *Scanner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Scanner{root: cfg.Root, addrs: cfg.InterfaceAddrs, gpu: cfg.GPU, log: cfg.Logger}
+	return &Scanner{root: cfg.Root, addrs: cfg.InterfaceAddrs, gpu: cfg.GPU, ib: cfg.IB, log: cfg.Logger}
 }
 
 // Scan reads the host's inventory. Files that cannot be read leave their
@@ -101,6 +114,17 @@ func (s *Scanner) Scan(ctx context.Context) (*Host, error) {
 			h.GPUStatus = "GPU collection failed: " + err.Error()
 		default:
 			h.GPUs, h.GPUStatus = rep.GPUs, rep.Status
+		}
+	}
+	if s.ib != nil {
+		ports, err := s.ib.Collect(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("scan host: %w", ctx.Err())
+		case err != nil:
+			s.log.WarnContext(ctx, "Collect InfiniBand ports", logkey.Err, err)
+		default:
+			h.IBPorts = ports
 		}
 	}
 	return h, nil

@@ -3,6 +3,8 @@ package session
 import (
 	"fmt"
 	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // EventKind names what an Event reports.
@@ -65,6 +67,9 @@ type Event struct {
 	Delay time.Duration
 	// Err is the cause, for EventDisconnected and EventRenewFailed.
 	Err error
+	// GPUHealth are the health thresholds the Welcome carried, for
+	// EventConnected; nil when it carried none.
+	GPUHealth *sessionv1.GPUHealthThresholds
 	// Attempt counts failed attempts (sessions shorter than
 	// Config.StableAfter included) since the last session that lasted, for
 	// EventConnecting and EventBackoff; 0 for the first attempt.

@@ -166,7 +166,7 @@ func (c *Client) attemptOnce(ctx context.Context, gw gatewayAddr, vf *verifyFail
 
 	c.setCurrent(s)
 	defer c.setCurrent(nil)
-	c.emit(Event{Kind: EventConnected, Gateway: gw.url, SessionID: s.id})
+	c.emit(Event{Kind: EventConnected, Gateway: gw.url, SessionID: s.id, GPUHealth: w.GetGpuHealth()})
 	s.schedule(slotHeartbeat, s.interval, s.heartbeat)
 	s.schedule(slotRenew, c.untilRenew(), s.renew)
 

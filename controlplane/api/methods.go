@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/controlplane/gpucount"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -59,9 +61,12 @@ func (s *Server) registerMethods() {
 	handle(s, "nodes.cordon", s.nodesCordon(true))
 	handle(s, "nodes.uncordon", s.nodesCordon(false))
 	handle(s, "nodes.drain", s.nodesDrain)
+	handle(s, "nodes.gpuReset", s.nodesGPUReset)
+	handle(s, "nodes.reboot", s.nodesReboot)
 	handle(s, "nodes.delete", s.nodesDelete)
 	handle(s, "nodes.reinstall", s.nodesReinstall)
 	handle(s, "nodes.add", s.nodesAdd)
+	handle(s, "nodes.setGPUCount", s.nodesSetGPUCount)
 	handle(s, "commands.create", s.commandsCreate)
 	handle(s, "commands.get", s.commandsGet)
 	handle(s, "commands.list", s.commandsList)
@@ -102,6 +107,10 @@ func (s *Server) registerMethods() {
 	handle(s, "remediation.return", s.remediationReturn)
 	handle(s, "remediation.resetBreaker", s.remediationResetBreaker)
 	handle(s, "remediation.breakers", s.remediationBreakers)
+	handle(s, "remediation.history", s.remediationHistory)
+	handle(s, "remediation.stats", s.remediationStats)
+	handle(s, "gpus.list", s.gpusList)
+	handle(s, "gpus.get", s.gpusGet)
 }
 
 // page validates a page request.
@@ -440,6 +449,24 @@ func (s *Server) nodesCordon(cordon bool) func(context.Context, *iam.Principal, 
 		}
 		return s.nodesGet(ctx, p, r)
 	}
+}
+
+// nodesSetGPUCount sets the GPUs a node is expected to have (its label
+// gpucount.Label), for an intended change such as a board sent for
+// repair; the next inventory is judged against it (docs/gpu-health.md,
+// "GPU count"). INVALID_ARGUMENT outside 0 to gpucount.Max.
+func (s *Server) nodesSetGPUCount(ctx context.Context, p *iam.Principal, r *apiv1.SetGPUCountRequest) (*apiv1.NodeResponse, error) {
+	if c := r.GetCount(); c < 0 || c > gpucount.Max {
+		return nil, invalid("count", "%d: want 0 to %d GPUs", c, gpucount.Max)
+	}
+	n, err := s.node(ctx, r.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.NodeSetLabel(ctx, n.ID, gpucount.Label, strconv.Itoa(int(r.GetCount()))); err != nil {
+		return nil, fieldNotFound(err, "id", "no node "+n.ID)
+	}
+	return s.nodesGet(ctx, p, &apiv1.NodeRequest{Id: n.ID})
 }
 
 // operatorHold owns the disruption-budget slot of an operator's drain

@@ -1,15 +1,20 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/remediation"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -115,6 +120,15 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 	if len(r.GetNote()) > MaxRemediationNote || !utf8.ValidString(r.GetNote()) {
 		return nil, invalid("note", "must be at most %d characters of UTF-8", MaxRemediationNote)
 	}
+	ways := 0
+	for _, b := range []bool{r.GetResetGpu(), r.GetReboot(), r.GetForce()} {
+		if b {
+			ways++
+		}
+	}
+	if ways > 1 {
+		return nil, invalid("resetGpu", "give at most one of resetGpu (--reset-gpu), reboot (--reboot) and force (--force)")
+	}
 	var out *store.Remediation
 	err := s.store.Tx(ctx, func(tx store.Store) error {
 		c, err := tx.RemediationGet(ctx, r.GetId())
@@ -123,6 +137,20 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 		}
 		if c.ClosedAt != nil {
 			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: "remediation " + c.ID + " is closed already"}
+		}
+		node, err := tx.NodeGet(ctx, c.NodeID)
+		if err != nil {
+			return err
+		}
+		actor := "token:" + p.TokenID
+		bad, health := unhealthyGPU(node, c.GPUUUID)
+		if r.GetResetGpu() || r.GetReboot() {
+			return s.returnWithRepair(ctx, tx, c, r, bad, actor, &out)
+		}
+		if bad != "" && !r.GetForce() {
+			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("GPU %s of node %s still reads %s: "+
+				"return refused; repair it first with --reset-gpu (reset the GPU, verify, then return) or --reboot "+
+				"(reboot the node, verify, then return), or return it as it is with --force (recorded)", bad, c.NodeID, health)}
 		}
 		if c.CommandID != "" {
 			if _, err := tx.CommandRequestCancel(ctx, c.CommandID); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -136,17 +164,66 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 			return err
 		}
 		reason := "returned by an operator"
+		if bad != "" {
+			reason = fmt.Sprintf("returned by an operator with --force while GPU %s read %s", bad, health)
+		}
 		if r.GetNote() != "" {
 			reason += ": " + r.GetNote()
 		}
 		out, err = tx.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationReturned,
-			ClearCommand: true, Reason: reason, Actor: "token:" + p.TokenID})
+			ClearCommand: true, Reason: reason, Actor: actor})
 		return remediationNotFound(err, r.GetId())
 	})
 	if err != nil {
 		return nil, err
 	}
 	return remediationOut(out), nil
+}
+
+// returnWithRepair returns case c by way of a repair: the case goes back to
+// draining with the operator's action (gpu.reset of its GPU, or of the
+// one that reads failed or degraded, or reboot), its hold moved to
+// draining, and the reconciler carries it out, verifies it and returns the
+// node (docs/remediation.md, "A return that checks").
+func (s *Server) returnWithRepair(ctx context.Context, tx store.Store, c *store.Remediation, r *apiv1.ReturnRemediationRequest,
+	bad, actor string, out **store.Remediation) error {
+	switch c.State {
+	case store.RemediationDraining, store.RemediationRemediating, store.RemediationVerifying:
+		return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("remediation %s is %s already: wait for it, "+
+			"or pause it first (better-compute remediation pause %s)", c.ID, c.State, c.ID)}
+	}
+	action, what := config.ActionReboot, config.ActionReboot
+	if r.GetResetGpu() {
+		action = config.ActionGPUReset
+		if c.GPUUUID == "" {
+			c.GPUUUID = bad
+		}
+		if c.GPUUUID == "" {
+			return &Error{Code: apiv1.CodeConflict, Field: "resetGpu", Message: fmt.Sprintf("remediation %s names no GPU and none of "+
+				"node %s reads failed or degraded: nothing to reset (--reboot, or return it as it is)", c.ID, c.NodeID)}
+		}
+		what = "reset of GPU " + c.GPUUUID
+	}
+	a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionDraining,
+		Owner: "remediation:" + c.ID})
+	if err != nil {
+		return err
+	}
+	if !a.Admitted {
+		return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s cannot be held for the %s: %s (held by %s)",
+			c.NodeID, what, a.Refusal, a.Holder)}
+	}
+	if err := tx.NodeSetCordoned(ctx, c.NodeID, true); err != nil {
+		return err
+	}
+	reason := fmt.Sprintf("return ordered by an operator after a %s: verified, then returned", what)
+	if r.GetNote() != "" {
+		reason += ": " + r.GetNote()
+	}
+	var err2 error
+	*out, err2 = tx.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, From: []string{c.State}, To: store.RemediationDraining,
+		Action: action, GPUUUID: c.GPUUUID, Attempts: new(int), ClearCommand: true, Reason: reason, Actor: actor})
+	return remediationNotFound(err2, c.ID)
 }
 
 func (s *Server) remediationResetBreaker(ctx context.Context, p *iam.Principal, r *apiv1.ResetBreakerRequest) (*apiv1.RemediationBreaker, error) {
@@ -162,13 +239,83 @@ func (s *Server) remediationResetBreaker(ctx context.Context, p *iam.Principal, 
 }
 
 func (s *Server) remediationBreakers(ctx context.Context, _ *iam.Principal, _ *apiv1.ListBreakersRequest) (*apiv1.ListBreakersResponse, error) {
-	bs, err := s.store.RemediationBreakers(ctx)
+	bs, err := s.breakerStates(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := &apiv1.ListBreakersResponse{}
-	for _, b := range bs {
-		out.Breakers = append(out.Breakers, breakerOut(b))
+	return &apiv1.ListBreakersResponse{Breakers: bs}, nil
+}
+
+// breakerStates returns every pool's breaker as the API shows it, with
+// its limit from the configuration (remediation.breaker).
+func (s *Server) breakerStates(ctx context.Context) ([]*apiv1.RemediationBreaker, error) {
+	b := s.cfg.Remediation.Breaker
+	window := cmp.Or(b.Window.Duration, 10*time.Minute)
+	now := time.Now()
+	bs, err := s.store.RemediationBreakerStates(ctx, window, &now)
+	if err != nil {
+		return nil, err
+	}
+	var out []*apiv1.RemediationBreaker
+	for _, st := range bs {
+		o := breakerOut(&st.RemediationBreaker)
+		o.Acted, o.Limit, o.GpuNodes, o.Held = int32(st.Acted), int32(b.Limit(st.GPUNodes)), int32(st.GPUNodes), int32(st.Held)
+		o.WindowSeconds = int64(window / time.Second)
+		if st.TrippedAt != nil {
+			o.CloseTime = timestamppb.New(st.TrippedAt.Add(window))
+		}
+		out = append(out, o)
 	}
 	return out, nil
+}
+
+// remediationStats gives each pool's figures (remediation.Stats) over the
+// cases kept.
+func (s *Server) remediationStats(ctx context.Context, _ *iam.Principal, r *apiv1.RemediationStatsRequest) (*apiv1.RemediationStatsResponse, error) {
+	var pools []string
+	q := store.RemediationListParams{}
+	if r.GetPool() != "" {
+		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		if err != nil {
+			return nil, err
+		}
+		pools, q.PoolID = []string{pool.ID}, pool.ID
+	} else {
+		ps, err := s.store.PoolList(ctx, &store.ListParams{Limit: 100000})
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range ps {
+			pools = append(pools, p.ID)
+		}
+	}
+	cases, err := remediation.AllCases(ctx, s.store, q)
+	if err != nil {
+		return nil, err
+	}
+	stats := remediation.Stats(pools, cases)
+	out := &apiv1.RemediationStatsResponse{}
+	for _, id := range pools {
+		ps := stats[id]
+		out.Pools = append(out.Pools, &apiv1.PoolRemediationStats{PoolId: id, Cases: int32(ps.Cases), Open: int32(ps.Open),
+			Returned: int32(ps.Returned), Escalated: int32(ps.Escalated), TimeToQuarantine: durationStats(ps.ToQuarantine),
+			TimeToReturn: durationStats(ps.ToReturn), TimeBetweenIncidentsNode: durationStats(ps.BetweenNode),
+			TimeBetweenIncidentsGpu: durationStats(ps.BetweenGPU)})
+	}
+	return out, nil
+}
+
+func durationStats(xs []float64) *apiv1.DurationStats {
+	out := &apiv1.DurationStats{Count: int32(len(xs))}
+	if len(xs) == 0 {
+		return out
+	}
+	sum := 0.0
+	for _, x := range xs {
+		sum += x
+	}
+	out.MeanSeconds = sum / float64(len(xs))
+	out.P50Seconds, out.P90Seconds = remediation.Quantile(xs, 0.5), remediation.Quantile(xs, 0.9)
+	out.P99Seconds, out.MaxSeconds = remediation.Quantile(xs, 0.99), remediation.Quantile(xs, 1)
+	return out
 }

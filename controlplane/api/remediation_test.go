@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -52,6 +53,19 @@ func TestRemediationMethods(t *testing.T) {
 	wantCode(t, f.call("remediation.get", viewer, `{"id":"rem_none"}`, peer), 404, "NOT_FOUND", "id")
 	wantCode(t, f.call("remediation.return", operator, `{"id":"rem_none"}`, peer), 404, "NOT_FOUND", "id")
 	wantCode(t, f.call("remediation.resetBreaker", operator, `{"pool":"none"}`, peer), 404, "NOT_FOUND", "pool")
+	// remediation.history (viewer): a node's memory; neither a node nor a
+	// GPU, a GPU UUID with spaces or past its bound, a bad window or limit
+	// are 400s naming the field.
+	if r := f.call("remediation.history", viewer, `{"nodeId":"node_r"}`, peer); r.Code != 200 {
+		t.Fatalf("history: %d %v", r.Code, r.Body)
+	} else if cs, _ := r.Body["cases"].([]any); len(cs) != 1 {
+		t.Fatalf("history of node_r: %v, want its one case", r.Body)
+	}
+	wantCode(t, f.call("remediation.history", viewer, `{}`, peer), 400, "INVALID_ARGUMENT", "nodeId")
+	wantCode(t, f.call("remediation.history", viewer, `{"gpuUuid":"GPU with spaces"}`, peer), 400, "INVALID_ARGUMENT", "gpuUuid")
+	wantCode(t, f.call("remediation.history", viewer, `{"gpuUuid":"`+strings.Repeat("x", 129)+`"}`, peer), 400, "INVALID_ARGUMENT", "gpuUuid")
+	wantCode(t, f.call("remediation.history", viewer, `{"nodeId":"node_r","window":"0.5s"}`, peer), 400, "INVALID_ARGUMENT", "window")
+	wantCode(t, f.call("remediation.history", viewer, `{"nodeId":"node_r","limit":1001}`, peer), 400, "INVALID_ARGUMENT", "limit")
 
 	if r := f.call("remediation.pause", operator, `{"id":"`+c.ID+`"}`, peer); r.Code != 200 || r.Body["paused"] != true {
 		t.Fatalf("pause: %d %v", r.Code, r.Body)

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/rollouts"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -85,7 +86,7 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	}
 	ro, err := s.store.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: version, BaseURL: strings.TrimRight(base, "/"),
 		Canary: max(1, int(r.GetCanary())), Wave: wave, MaxUnavailable: maxOut, Soak: soak, Timeout: timeout,
-		Bake: bake, Drain: r.Drain == nil || r.GetDrain(), CreatedBy: "token:" + p.TokenID})
+		Bake: bake, Drain: r.Drain == nil || r.GetDrain(), RequireEvidence: r.GetRequireEvidence(), CreatedBy: "token:" + p.TokenID})
 	if errors.Is(err, store.ErrConflict) {
 		open, _ := s.store.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID, Active: true, ListParams: store.ListParams{Limit: 1}})
 		msg := fmt.Sprintf("pool %s has a rollout in progress or halted", pool.Name)
@@ -330,7 +331,10 @@ func rolloutOut(ro *store.Rollout, nodes []*store.RolloutNode) *apiv1.Rollout {
 		Wave: ro.Wave, MaxUnavailable: ro.MaxUnavailable, Soak: durationpb.New(ro.Soak), Timeout: durationpb.New(ro.Timeout),
 		Drain: ro.Drain, State: ro.State, CurrentWave: int32(ro.CurrentWave), Reason: ro.Reason, FailedNodeId: ro.FailedNodeID,
 		CreatedBy: ro.CreatedBy, CreateTime: ts(ro.CreatedAt), UpdateTime: ts(ro.UpdatedAt), FinishTime: tsp(ro.FinishedAt), Progress: pr,
-		Bake: durationpb.New(ro.Bake)}
+		Bake: durationpb.New(ro.Bake), RequireEvidence: ro.RequireEvidence}
+	for _, g := range ro.Gates {
+		out.HealthGates = append(out.HealthGates, healthGateMessage(g))
+	}
 	switch {
 	case ro.Baking():
 		// The bake's clock as the row has it (this process's clock for a
@@ -340,4 +344,18 @@ func rolloutOut(ro *store.Rollout, nodes []*store.RolloutNode) *apiv1.Rollout {
 		out.Phase = "waves"
 	}
 	return out
+}
+
+// healthGateMessage is a wave's health gate on the wire.
+func healthGateMessage(g healthgate.Report) *apiv1.RolloutHealthGate {
+	m := &apiv1.RolloutHealthGate{Wave: int32(g.Wave), Verdict: g.Verdict, Comparison: g.Comparison, StartTime: ts(g.From),
+		EndTime: ts(g.To), UpgradedNodes: int32(g.UpgradedNodes), ComparisonNodes: int32(g.ComparisonNodes),
+		UpgradedNodeHours: g.UpgradedNodeHours, ComparisonNodeHours: g.ComparisonNodeHours, ExtendedUntil: tsp(g.ExtendedUntil),
+		Reason: g.Reason, Pending: g.Pending}
+	for _, r := range g.Measures {
+		m.Measures = append(m.Measures, &apiv1.RolloutHealthMeasure{Name: r.Name, Unit: r.Unit, UpgradedCount: r.Upgraded.Count,
+			UpgradedExposure: r.Upgraded.Exposure, ComparisonCount: r.Comparison.Count, ComparisonExposure: r.Comparison.Exposure,
+			Expected: r.Expected, PValue: r.P, Worse: r.Worse, Skipped: r.Skipped})
+	}
+	return m
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/feed"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
@@ -75,6 +76,9 @@ type Config struct {
 	// requests carrying "Authorization: Bearer <MetricsToken>". Shorter
 	// than 16 characters, /metrics is not mounted.
 	MetricsToken string
+	// Remediation is the configuration's remediation key (the breakers'
+	// sizes and window for remediation.breakers).
+	Remediation config.Remediation
 	// Pprof, with MetricsToken, serves net/http/pprof's profiles under
 	// /debug/pprof/ behind the same token (host.metrics.pprof).
 	Pprof bool
@@ -315,6 +319,27 @@ func (s *Server) Ready() <-chan struct{} { return s.ready }
 // Addr is the bound address, valid after Ready.
 func (s *Server) Addr() net.Addr { return s.addr }
 
+// background starts the server's own loops (its event feed, when it owns
+// one, and the liveness check) under ctx and returns the function that
+// stops them and waits until they have returned, so that nothing of the
+// server reads the store once Run or RunHandler has returned.
+func (s *Server) background(ctx context.Context) (stop func()) {
+	bctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	unsubscribe := func() {}
+	if s.ownFeed {
+		var written <-chan struct{}
+		written, unsubscribe = s.store.OutboxWritten()
+		wg.Go(func() { _ = s.feed.Run(bctx, written, s.cfg.EventWakeups) })
+	}
+	wg.Go(func() { s.checkLiveLoop(bctx) })
+	return func() {
+		cancel()
+		wg.Wait()
+		unsubscribe()
+	}
+}
+
 // RunHandler runs what Handler needs besides a listener until ctx ends:
 // the event feed (when the server owns it) and the checks that end the
 // event streams and tunnels of revoked tokens and nodes. It is for a
@@ -323,16 +348,7 @@ func (s *Server) Addr() net.Addr { return s.addr }
 // Ready is closed at once and Addr stays nil. Event streams end when ctx
 // does.
 func (s *Server) RunHandler(ctx context.Context) error {
-	if s.ownFeed {
-		fctx, stopFeed := context.WithCancel(ctx)
-		defer stopFeed()
-		written, unsubscribe := s.store.OutboxWritten()
-		defer unsubscribe()
-		go func() { _ = s.feed.Run(fctx, written, s.cfg.EventWakeups) }()
-	}
-	lctx, stopLive := context.WithCancel(ctx)
-	defer stopLive()
-	go s.checkLiveLoop(lctx)
+	defer s.background(ctx)()
 	close(s.ready)
 	s.log.InfoContext(ctx, "API serving through the caller's handler", "base_path", s.cfg.BasePath)
 	<-ctx.Done()
@@ -361,16 +377,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	ln := s.cfg.Listeners.Wrap("api", tcp)
 	s.addr = ln.Addr()
-	if s.ownFeed {
-		fctx, stopFeed := context.WithCancel(ctx)
-		defer stopFeed()
-		written, unsubscribe := s.store.OutboxWritten()
-		defer unsubscribe()
-		go func() { _ = s.feed.Run(fctx, written, s.cfg.EventWakeups) }()
-	}
-	lctx, stopLive := context.WithCancel(ctx)
-	defer stopLive()
-	go s.checkLiveLoop(lctx)
+	defer s.background(ctx)()
 	close(s.ready)
 	srv := &http.Server{
 		Handler:           s.handler,

@@ -165,6 +165,40 @@ func (c *Client) NodesAdd(ctx context.Context, req *apiv1.AddNodeRequest) (*apiv
 	return resp, nil
 }
 
+// NodesGpuReset calls nodes.gpuReset (role operator; audited).
+// GpuReset orders a reset of one of the node's GPUs (by UUID or index):
+// the node is admitted against its pool's disruption budget (refused
+// CONFLICT when the budget is full or another owner holds it), cordoned,
+// and a remediation case with action gpu.reset is opened that the
+// remediation reconciler carries out, verifies and returns like its own
+// (docs/remediation.md, "Repairs on order").
+func (c *Client) NodesGpuReset(ctx context.Context, req *apiv1.NodeGPUResetRequest) (*apiv1.NodeRepairResponse, error) {
+	resp := new(apiv1.NodeRepairResponse)
+	if err := c.Call(ctx, "nodes.gpuReset", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// NodesReboot calls nodes.reboot (role operator; audited).
+// Reboot orders a reboot of the node, the same way as GpuReset.
+func (c *Client) NodesReboot(ctx context.Context, req *apiv1.NodeRepairRequest) (*apiv1.NodeRepairResponse, error) {
+	resp := new(apiv1.NodeRepairResponse)
+	if err := c.Call(ctx, "nodes.reboot", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// NodesSetGPUCount calls nodes.setGPUCount (role operator; audited).
+func (c *Client) NodesSetGPUCount(ctx context.Context, req *apiv1.SetGPUCountRequest) (*apiv1.NodeResponse, error) {
+	resp := new(apiv1.NodeResponse)
+	if err := c.Call(ctx, "nodes.setGPUCount", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // CommandsCreate calls commands.create (role operator; audited).
 func (c *Client) CommandsCreate(ctx context.Context, req *apiv1.CreateCommandsRequest) (*apiv1.CreateCommandsResponse, error) {
 	resp := new(apiv1.CreateCommandsResponse)
@@ -376,7 +410,10 @@ func (c *Client) RemediationResume(ctx context.Context, req *apiv1.RemediationRe
 // RemediationReturn calls remediation.return (role operator; audited).
 // Return puts the case's node back in service now (uncordoned, its
 // disruption hold released) and closes the case, whatever its state: an
-// operator's verdict, for an escalated case above all.
+// operator's verdict, for an escalated case above all. A case whose GPU
+// (every GPU when it names none) still reads failed or degraded is
+// refused CONFLICT unless reset_gpu or reboot (carried out, verified,
+// then returned) or force (recorded) is given.
 func (c *Client) RemediationReturn(ctx context.Context, req *apiv1.ReturnRemediationRequest) (*apiv1.Remediation, error) {
 	resp := new(apiv1.Remediation)
 	if err := c.Call(ctx, "remediation.return", req, resp); err != nil {
@@ -387,7 +424,8 @@ func (c *Client) RemediationReturn(ctx context.Context, req *apiv1.ReturnRemedia
 
 // RemediationResetBreaker calls remediation.resetBreaker (role operator; audited).
 // ResetBreaker resets a pool's circuit breaker: held cases are acted on
-// again, and quarantines before the reset no longer count.
+// in the order they opened, and nodes acted on before the reset no
+// longer count.
 func (c *Client) RemediationResetBreaker(ctx context.Context, req *apiv1.ResetBreakerRequest) (*apiv1.RemediationBreaker, error) {
 	resp := new(apiv1.RemediationBreaker)
 	if err := c.Call(ctx, "remediation.resetBreaker", req, resp); err != nil {
@@ -397,11 +435,61 @@ func (c *Client) RemediationResetBreaker(ctx context.Context, req *apiv1.ResetBr
 }
 
 // RemediationBreakers calls remediation.breakers (role viewer).
-// Breakers lists the pools' breakers (those tripped or reset at least
-// once).
+// Breakers lists every pool's breaker: tripped or closed, the distinct
+// nodes acted on within its window, its limit, the pool's GPU nodes and
+// the cases it holds.
 func (c *Client) RemediationBreakers(ctx context.Context, req *apiv1.ListBreakersRequest) (*apiv1.ListBreakersResponse, error) {
 	resp := new(apiv1.ListBreakersResponse)
 	if err := c.Call(ctx, "remediation.breakers", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationHistory calls remediation.history (role viewer).
+// History is a node's or a GPU's memory (docs/remediation.md, "History"):
+// the findings the reconciler took (those that do not act too), the
+// cases and their actions, each newest first, and the findings counted
+// per GPU and code.
+func (c *Client) RemediationHistory(ctx context.Context, req *apiv1.RemediationHistoryRequest) (*apiv1.RemediationHistory, error) {
+	resp := new(apiv1.RemediationHistory)
+	if err := c.Call(ctx, "remediation.history", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RemediationStats calls remediation.stats (role viewer).
+// Stats gives each pool's figures: time from detection to quarantine,
+// time to return (MTTR) and time between incidents per node and per
+// GPU, over the cases kept (retention.history).
+func (c *Client) RemediationStats(ctx context.Context, req *apiv1.RemediationStatsRequest) (*apiv1.RemediationStatsResponse, error) {
+	resp := new(apiv1.RemediationStatsResponse)
+	if err := c.Call(ctx, "remediation.stats", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GpusList calls gpus.list (role viewer).
+// List lists the GPUs that some node's latest inventory lists, by UUID
+// then node (a UUID in a conflict is listed once per node).
+func (c *Client) GpusList(ctx context.Context, req *apiv1.ListGPUsRequest) (*apiv1.ListGPUsResponse, error) {
+	resp := new(apiv1.ListGPUsResponse)
+	if err := c.Call(ctx, "gpus.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GpusGet calls gpus.get (role viewer).
+// Get gives one GPU by UUID: where it is now, its health, every node it
+// has been in (in the order its stays began) and its findings, cases and
+// actions, whichever node they were on. NOT_FOUND when no inventory ever
+// listed the UUID.
+func (c *Client) GpusGet(ctx context.Context, req *apiv1.GetGPURequest) (*apiv1.GPUDetail, error) {
+	resp := new(apiv1.GPUDetail)
+	if err := c.Call(ctx, "gpus.get", req, resp); err != nil {
 		return nil, err
 	}
 	return resp, nil

@@ -98,6 +98,9 @@ type Config struct {
 	Remediation Remediation `yaml:"remediation"`
 	// Rollouts is the rollout reconciler (docs/rollouts.md).
 	Rollouts Rollouts `yaml:"rollouts"`
+	// GPUHealth are the thresholds of bcd's GPU health readers, sent to
+	// nodes in Welcome (docs/gpu-health.md).
+	GPUHealth GPUHealth `yaml:"gpuHealth"`
 
 	// ParsedProxies is TrustedProxies parsed; filled by Load.
 	ParsedProxies []netip.Prefix `yaml:"-"`
@@ -662,6 +665,7 @@ func (c *Config) defaults(getenv func(string) string) {
 	}
 	c.Remediation.defaults()
 	c.Rollouts.defaults()
+	c.GPUHealth.defaults()
 	c.Embedded = c.Database.URL == ""
 }
 
@@ -757,6 +761,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.Rollouts.validate(); err != nil {
+		return err
+	}
+	if err := c.GPUHealth.validate(); err != nil {
 		return err
 	}
 	for i, p := range c.Downloads.ReleasePins {

@@ -43,6 +43,10 @@ func TestDefaults(t *testing.T) {
 	if c.DataDir != DefaultDataDir(env(map[string]string{"HOME": "/home/x"})) {
 		t.Fatalf("data dir = %s", c.DataDir)
 	}
+	// The waves' health gate (issue 30; docs/configuration.md's example).
+	if h := c.Rollouts.HealthGate; h.Alpha != 0.01 || h.MinExcess != 2 || h.MinNodeHours != 1 {
+		t.Fatalf("rollouts.healthGate defaults = %+v, want alpha 0.01, minExcess 2, minNodeHours 1", h)
+	}
 	if c.PKI.ReattestGrace == nil || c.PKI.ReattestGrace.Duration != 7*24*time.Hour {
 		t.Fatalf("pki.reattestGrace default = %v, want 168h", c.PKI.ReattestGrace)
 	}
@@ -127,6 +131,9 @@ func TestInvalid(t *testing.T) {
 		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
 		{"negative re-attestation grace", "pki:\n  reattestGrace: -1h\n", nil, Flags{}, "pki.reattestGrace"},
 		{"certificate life too short", "host:\n  gateway:\n    nodeCertTTL: 1s\n", nil, Flags{}, "host.gateway.nodeCertTTL"},
+		{"health gate alpha of 1", "rollouts:\n  healthGate:\n    alpha: 1\n", nil, Flags{}, "rollouts.healthGate.alpha"},
+		{"negative health gate excess", "rollouts:\n  healthGate:\n    minExcess: -2\n", nil, Flags{}, "rollouts.healthGate.minExcess"},
+		{"negative health gate node-hours", "rollouts:\n  healthGate:\n    minNodeHours: -1\n", nil, Flags{}, "rollouts.healthGate.minNodeHours"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := ""

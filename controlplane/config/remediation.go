@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,16 +65,71 @@ type RemediationRepeat struct {
 	// node within Window; a finding that would take one more holds it.
 	// Defaults to 3.
 	NodeActions int `yaml:"nodeActions"`
+	// Spacing is the least time between two automatic actions on one
+	// node, doubling after each within Window (after Meta GCM's cooldown
+	// per node): 10 min after the first, 20 after the second, ... A case
+	// whose first action would come sooner waits in draining. Defaults to
+	// 10 min.
+	Spacing Duration `yaml:"spacing"`
+	// ContactSupport is how many findings of a code that does not act
+	// (its action none: IGNORE, RESTART_APP, XID 154), whose catalogue
+	// investigatory resolution is CONTACT_SUPPORT, on one GPU within
+	// Window open a case held for a person (NVSentinel's
+	// RepeatedXIDErrorOnSameGPU figure). Defaults to 5.
+	ContactSupport int `yaml:"contactSupport"`
 }
 
-// RemediationBreaker caps new quarantines per pool: at most Quarantines
-// within Window; the next one trips it, and nothing new starts
-// automatically until an operator resets it (remediation reset-breaker).
+// RemediationBreaker is each pool's circuit breaker, sized to the pool: at
+// most max(MinNodes, Share of the pool's GPU nodes) distinct nodes acted on
+// within a sliding Window (after NVIDIA NVSentinel's breaker, a share of
+// the GPU nodes in a sliding window). The node past it trips the breaker:
+// it and every later one is quarantined (cordoned, no new work) without
+// any other action, and acted on in order when the breaker closes, by
+// itself Window after the trip or by remediation reset-breaker.
 type RemediationBreaker struct {
-	// Quarantines is the most new quarantines within Window. Defaults to 5.
+	// Share is the share of the pool's GPU nodes, in per cent (a number
+	// such as 10 or 12.5, or "10%"), above 0 and at most 100. Defaults to
+	// 10.
+	Share Percent `yaml:"share"`
+	// MinNodes is the fewest nodes the breaker admits within Window
+	// whatever the share; at least 1. Defaults to 1.
+	MinNodes int `yaml:"minNodes"`
+	// Quarantines, when above 0, is an absolute cap on the nodes acted on
+	// within Window on top of the share. Defaults to 0 (off).
 	Quarantines int `yaml:"quarantines"`
-	// Window defaults to 1 h.
+	// Window is the sliding window, and how long a tripped breaker stays
+	// tripped. Defaults to 10 min.
 	Window Duration `yaml:"window"`
+}
+
+// Limit is the most distinct nodes acted on within Window in a pool of
+// gpuNodes GPU nodes: max(MinNodes, floor(Share × gpuNodes / 100)),
+// capped by Quarantines when that is set. Zero fields take the defaults.
+func (b RemediationBreaker) Limit(gpuNodes int) int {
+	share := float64(b.Share)
+	if share == 0 {
+		share = 10
+	}
+	n := max(b.MinNodes, 1, int(share*float64(gpuNodes)/100+1e-9))
+	if b.Quarantines > 0 {
+		n = min(n, b.Quarantines)
+	}
+	return n
+}
+
+// Percent is a share in per cent, read as a number (10, 12.5) or a string
+// ending in % ("10%").
+type Percent float64
+
+// UnmarshalYAML reads 10, 12.5 or "10%".
+func (p *Percent) UnmarshalYAML(n *yaml.Node) error {
+	s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(n.Value), "%"))
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: %q is not a share in per cent, such as 10 or \"10%%\"", n.Line, n.Value)
+	}
+	*p = Percent(v)
+	return nil
 }
 
 // The actions a remediation rule may name.
@@ -97,12 +153,16 @@ const (
 	FindingGPULost         = "gpu-lost"          // a GPU is gone from the bus or NVML (gpu.lost)
 	FindingUnresponsive    = "unresponsive"      // silent past the liveness window while its BMC says on
 	FindingPoweredOff      = "powered-off"       // silent while its BMC says off
+	FindingInfiniBand      = "infiniband"        // an InfiniBand/RoCE port or RDMA device (ib.port)
+	FindingPersistenceMode = "persistence-mode"  // a GPU's persistence mode is off (gpu.persistence)
+	FindingFabricManager   = "fabric-manager"    // nvidia-fabricmanager down or flapping (gpu.fabric-manager)
+	FindingDrift           = "drift"             // the node's driver or CUDA version differs from its pool's (gpu.drift)
 	FindingHealth          = "health"            // any other node judgement carrying a resolution
 )
 
 // RemediationFindings lists the findings.
 var RemediationFindings = []string{FindingXID, FindingECCUncorrected, FindingRowRemapFailure, FindingGPULost,
-	FindingUnresponsive, FindingPoweredOff, FindingHealth}
+	FindingUnresponsive, FindingPoweredOff, FindingInfiniBand, FindingPersistenceMode, FindingFabricManager, FindingDrift, FindingHealth}
 
 // RemediationRule is one row of the policy: a finding matching every field
 // given (none: every finding) takes Action.
@@ -141,17 +201,24 @@ func (r RemediationRule) Matches(finding, resolution string) bool {
 // the GPU; RESTART_BM and RESTART_VM reboot (bare metal); a failed row
 // remap is escalated; uncorrected ECC past the node's threshold resets the
 // GPU; a lost GPU reboots; a node silent while its BMC says on is power
-// cycled, one its BMC says is off is left alone; everything else,
-// ESCALATE (NVIDIA's blank and WORKFLOW_* resolutions) and CONTACT_SUPPORT
-// included, is quarantined and escalated to a person.
+// cycled, one its BMC says is off is left alone; an InfiniBand/RoCE port or
+// RDMA device finding cordons the node (no GPU is at fault: no reset, no
+// reboot; a person replaces the cable or port); persistence mode off
+// (IGNORE) and a driver or CUDA version that drifts from the pool's
+// (UPDATE_SWFW) raise the event only; everything else, ESCALATE (NVIDIA's
+// blank and WORKFLOW_* resolutions, a fabric manager down or flapping) and
+// CONTACT_SUPPORT included, is quarantined and escalated to a person.
 var DefaultRemediationPolicy = []RemediationRule{
 	{Resolution: "IGNORE", Action: ActionNone},
 	{Resolution: "RESTART_APP", Action: ActionNone},
 	{Finding: FindingRowRemapFailure, Action: ActionEscalate},
 	{Finding: FindingUnresponsive, Action: ActionPowerCycle},
 	{Finding: FindingPoweredOff, Action: ActionNone},
+	{Finding: FindingPersistenceMode, Action: ActionNone},
+	{Finding: FindingDrift, Action: ActionNone},
 	{Finding: FindingECCUncorrected, Action: ActionGPUReset},
 	{Finding: FindingGPULost, Action: ActionReboot},
+	{Finding: FindingInfiniBand, Action: ActionCordon},
 	{Resolution: "RESET_GPU", Action: ActionGPUReset},
 	{Resolution: "RESTART_BM", Action: ActionReboot},
 	{Resolution: "RESTART_VM", Action: ActionReboot},
@@ -182,17 +249,26 @@ func (r *Remediation) defaults() {
 	if r.VerifyTimeout.Duration == 0 {
 		r.VerifyTimeout.Duration = 10 * time.Minute
 	}
-	if r.Breaker.Quarantines == 0 {
-		r.Breaker.Quarantines = 5
+	if r.Breaker.Share == 0 {
+		r.Breaker.Share = 10
+	}
+	if r.Breaker.MinNodes == 0 {
+		r.Breaker.MinNodes = 1
 	}
 	if r.Breaker.Window.Duration == 0 {
-		r.Breaker.Window.Duration = time.Hour
+		r.Breaker.Window.Duration = 10 * time.Minute
 	}
 	if r.Repeat.Window.Duration == 0 {
 		r.Repeat.Window.Duration = 24 * time.Hour
 	}
 	if r.Repeat.NodeActions == 0 {
 		r.Repeat.NodeActions = 3
+	}
+	if r.Repeat.Spacing.Duration == 0 {
+		r.Repeat.Spacing.Duration = 10 * time.Minute
+	}
+	if r.Repeat.ContactSupport == 0 {
+		r.Repeat.ContactSupport = 5
 	}
 }
 
@@ -242,23 +318,36 @@ func (r *Remediation) validate() error {
 	if r.MaxAttempts < 1 || r.MaxAttempts > 10 {
 		return &Error{Key: "remediation.maxAttempts", Msg: fmt.Sprintf("%d: want 1 to 10", r.MaxAttempts)}
 	}
-	if r.Breaker.Quarantines < 1 {
-		return &Error{Key: "remediation.breaker.quarantines", Msg: fmt.Sprintf("%d: want at least 1", r.Breaker.Quarantines)}
+	if r.Breaker.Quarantines < 0 {
+		return &Error{Key: "remediation.breaker.quarantines", Msg: fmt.Sprintf("%d: want 0 (off) or more", r.Breaker.Quarantines)}
+	}
+	if r.Breaker.Share <= 0 || r.Breaker.Share > 100 {
+		return &Error{Key: "remediation.breaker.share", Msg: fmt.Sprintf("%v%%: want above 0%% and at most 100%%", float64(r.Breaker.Share))}
+	}
+	if r.Breaker.MinNodes < 1 || r.Breaker.MinNodes > 100000 {
+		return &Error{Key: "remediation.breaker.minNodes", Msg: fmt.Sprintf("%d: want 1 to 100000", r.Breaker.MinNodes)}
 	}
 	if r.Repeat.NodeActions < 1 || r.Repeat.NodeActions > 100 {
 		return &Error{Key: "remediation.repeat.nodeActions", Msg: fmt.Sprintf("%d: want 1 to 100", r.Repeat.NodeActions)}
+	}
+	if r.Repeat.ContactSupport < 1 || r.Repeat.ContactSupport > 100 {
+		return &Error{Key: "remediation.repeat.contactSupport", Msg: fmt.Sprintf("%d: want 1 to 100", r.Repeat.ContactSupport)}
 	}
 	if r.Repeat.Window.Duration > 30*24*time.Hour {
 		return &Error{Key: "remediation.repeat.window", Msg: fmt.Sprintf("%v: want at most 720h", r.Repeat.Window.Duration)}
 	}
 	for key, d := range map[string]time.Duration{"remediation.interval": r.Interval.Duration,
-		"remediation.repeat.window": r.Repeat.Window.Duration,
-		"remediation.drainTimeout":  r.DrainTimeout.Duration, "remediation.actionTimeout": r.ActionTimeout.Duration,
+		"remediation.repeat.window": r.Repeat.Window.Duration, "remediation.repeat.spacing": r.Repeat.Spacing.Duration,
+		"remediation.drainTimeout": r.DrainTimeout.Duration, "remediation.actionTimeout": r.ActionTimeout.Duration,
 		"remediation.verifySettle": r.VerifySettle.Duration, "remediation.verifyTimeout": r.VerifyTimeout.Duration,
 		"remediation.breaker.window": r.Breaker.Window.Duration} {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if r.Repeat.Spacing.Duration > r.Repeat.Window.Duration {
+		return &Error{Key: "remediation.repeat.spacing", Msg: fmt.Sprintf("%v: want at most remediation.repeat.window (%v)",
+			r.Repeat.Spacing.Duration, r.Repeat.Window.Duration)}
 	}
 	if r.VerifySettle.Duration >= r.VerifyTimeout.Duration {
 		return &Error{Key: "remediation.verifySettle", Msg: fmt.Sprintf("%v: want less than remediation.verifyTimeout (%v)",

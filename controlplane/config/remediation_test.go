@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // TestRemediationDefaults checks the documented defaults: NVIDIA's
@@ -16,9 +18,10 @@ func TestRemediationDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := c.Remediation
-	if r.Disabled || r.Interval.Duration != 2*time.Second || r.MaxAttempts != 3 || r.Breaker.Quarantines != 5 ||
-		r.Breaker.Window.Duration != time.Hour || r.VerifySettle.Duration != 30*time.Second ||
-		r.Repeat.Window.Duration != 24*time.Hour || r.Repeat.NodeActions != 3 {
+	if r.Disabled || r.Interval.Duration != 2*time.Second || r.MaxAttempts != 3 || r.Breaker.Quarantines != 0 ||
+		r.Breaker.Share != 10 || r.Breaker.MinNodes != 1 || r.Breaker.Window.Duration != 10*time.Minute || r.VerifySettle.Duration != 30*time.Second ||
+		r.Repeat.Window.Duration != 24*time.Hour || r.Repeat.NodeActions != 3 ||
+		r.Repeat.Spacing.Duration != 10*time.Minute || r.Repeat.ContactSupport != 5 {
 		t.Fatalf("defaults = %+v", r)
 	}
 	action := func(finding, resolution string) string {
@@ -41,6 +44,8 @@ func TestRemediationDefaults(t *testing.T) {
 		{FindingPoweredOff, "", ActionNone},
 		{FindingGPULost, "RESTART_BM", ActionReboot},
 		{FindingECCUncorrected, "RESET_GPU", ActionGPUReset},
+		{FindingInfiniBand, "CHECK_MECHANICALS", ActionCordon},
+		{FindingInfiniBand, "ESCALATE", ActionCordon},
 	} {
 		if got := action(tc.finding, tc.resolution); got != tc.want {
 			t.Errorf("%s %s -> %q, want %q", tc.finding, tc.resolution, got, tc.want)
@@ -69,6 +74,9 @@ func TestRemediationPolicyRefused(t *testing.T) {
 		{"node actions past bound", "remediation:\n  repeat:\n    nodeActions: 1000\n", "remediation.repeat.nodeActions", ""},
 		{"repeat window past bound", "remediation:\n  repeat:\n    window: 8760h\n", "remediation.repeat.window", ""},
 		{"negative repeat window", "remediation:\n  repeat:\n    window: -1h\n", "remediation.repeat.window", ""},
+		{"negative spacing", "remediation:\n  repeat:\n    spacing: -1m\n", "remediation.repeat.spacing", ""},
+		{"spacing past window", "remediation:\n  repeat:\n    window: 1h\n    spacing: 2h\n", "remediation.repeat.spacing", ""},
+		{"contact support past bound", "remediation:\n  repeat:\n    contactSupport: 101\n", "remediation.repeat.contactSupport", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(writeFile(t, tc.file), env(map[string]string{"HOME": t.TempDir()}), Flags{})
@@ -86,5 +94,61 @@ func TestRemediationPolicyRefused(t *testing.T) {
 	}
 	if p := c.Remediation.Policy; len(p) != 2 || p[0].Action != ActionReboot || p[0].Line != 3 {
 		t.Fatalf("policy = %+v", p)
+	}
+}
+
+// TestRemediationBreakerShare: the breaker's keys load as a share ("10%" or
+// a number), a minimum and the old absolute cap, which still loads; bad
+// values are refused with their key; the limit is max(minNodes, share) under
+// the cap.
+func TestRemediationBreakerShare(t *testing.T) {
+	load := func(yml string) (*Remediation, error) {
+		var r Remediation
+		if err := yaml.Unmarshal([]byte(yml), &r); err != nil {
+			return nil, err
+		}
+		r.defaults()
+		return &r, r.validate()
+	}
+	r, err := load("breaker: {quarantines: 5, window: 1h}\n")
+	if err != nil || r.Breaker.Quarantines != 5 || r.Breaker.Share != 10 || r.Breaker.MinNodes != 1 {
+		t.Fatalf("an old configuration: %+v, %v", r, err)
+	}
+	if got := r.Breaker.Limit(200); got != 5 {
+		t.Errorf("limit of 200 GPU nodes under a cap of 5: %d", got)
+	}
+	r, err = load("breaker: {share: \"25%\", minNodes: 2}\n")
+	if err != nil || r.Breaker.Share != 25 || r.Breaker.Window.Duration != 10*time.Minute {
+		t.Fatalf("share 25%%: %+v, %v", r, err)
+	}
+	for gpus, want := range map[int]int{0: 2, 4: 2, 20: 5, 1000: 250} {
+		if got := r.Breaker.Limit(gpus); got != want {
+			t.Errorf("limit of %d GPU nodes at 25%%, minNodes 2: %d, want %d", gpus, got, want)
+		}
+	}
+	if got := (RemediationBreaker{}).Limit(20); got != 2 {
+		t.Errorf("default limit of a 20-node pool: %d, want 2", got)
+	}
+	for yml, key := range map[string]string{
+		"breaker: {share: 0.0001%}\n":  "",
+		"breaker: {share: 150}\n":      "remediation.breaker.share",
+		"breaker: {share: -5}\n":       "remediation.breaker.share",
+		"breaker: {minNodes: -1}\n":    "remediation.breaker.minNodes",
+		"breaker: {quarantines: -1}\n": "remediation.breaker.quarantines",
+	} {
+		_, err := load(yml)
+		if key == "" {
+			if err != nil {
+				t.Errorf("%q: %v", yml, err)
+			}
+			continue
+		}
+		var ce *Error
+		if !errors.As(err, &ce) || ce.Key != key {
+			t.Errorf("%q: %v, want an error on %s", yml, err, key)
+		}
+	}
+	if _, err := load("breaker: {share: lots}\n"); err == nil || !strings.Contains(err.Error(), "share in per cent") {
+		t.Errorf("share lots: %v", err)
 	}
 }

@@ -22,7 +22,7 @@
 //	workers.queue           commands past their deadline that the sweeper has not ended
 //	workers.sweeper         the singleton:command-sweeper lease is held and not expired
 //	sinks.dead-letter       events a sink gave up on wait in the dead-letter table (warn, counted per sink)
-//	remediation.breaker     a pool's remediation circuit breaker is tripped (fail, until reset-breaker)
+//	remediation.breaker     a pool's remediation circuit breaker is tripped (fail, until it closes after its window or reset-breaker)
 //	database.btree-gist     PostgreSQL: btree_gist and the reservations' exclusion constraint are there (fail)
 //	fleet.gateway-headroom  a live gateway's sessions against its max streams: warn at 90 %, fail at 100 %
 //	host.gateway.internal   the internal control API (host.gateway.internal.tlsFiles): certificate chains to the

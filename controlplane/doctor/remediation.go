@@ -16,8 +16,8 @@ const IDRemediationBreaker = "remediation.breaker"
 // tripped (DESIGN.md, "GPU health and closed-loop remediation";
 // docs/remediation.md, "The circuit breaker"): more nodes were found
 // failing within the window than the configured breaker admits, so
-// detection itself may have gone wrong, and nothing new starts
-// automatically until an operator looks and resets it. The detail names
+// detection itself may have gone wrong, and new cases are cordoned and held
+// until it closes after its window or an operator looks and resets it. The detail names
 // each tripped pool and when it tripped; the hint the reset command. No
 // tripped breaker is ok; breakers that cannot be read fail.
 func RemediationBreaker(ctx context.Context, st interface {
@@ -44,8 +44,9 @@ func RemediationBreaker(ctx context.Context, st interface {
 	if len(tripped) == 1 {
 		reset = "better-compute remediation reset-breaker " + first
 	}
-	return result(IDRemediationBreaker, Fail, fmt.Sprintf("the remediation breaker of %d pool(s) is tripped: too many nodes "+
-		"were quarantined within the window and nothing new starts automatically; see the held cases with "+
+	return result(IDRemediationBreaker, Fail, fmt.Sprintf("the remediation breaker of %d pool(s) is tripped: more nodes "+
+		"failed within the window than the breaker admits (remediation.breaker.share), and new cases are cordoned and held, "+
+		"not acted on, until it closes by itself after its window; see the held cases with "+
 		"better-compute remediation list --state held, check that the findings are real, then %s", len(tripped), reset),
 		strings.Join(tripped, ", "))
 }

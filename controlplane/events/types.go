@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	eventsv1 "github.com/better-compute/better-compute/proto/events/v1"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -33,6 +34,9 @@ const (
 	NodeRolledBackLocally = eventsv1.NodeRolledBackLocally
 
 	GPUHealthChanged = eventsv1.GPUHealthChanged // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
+	// GPUUUIDConflict is GPUUUIDConflictData: another live node lists the
+	// same GPU UUID (issue 44); never remediated.
+	GPUUUIDConflict = eventsv1.GPUUUIDConflict
 
 	CommandCreated   = eventsv1.CommandCreated   // CommandData: enqueued (one event per command, batch id in the data)
 	CommandSucceeded = eventsv1.CommandSucceeded // CommandData: exited 0 (or the kind's success)
@@ -54,7 +58,7 @@ const (
 	TokenRevoked = eventsv1.TokenRevoked // TokenData: an API token was revoked
 
 	RemediationDetected    = eventsv1.RemediationDetected    // RemediationData: a finding opened a case (the policy acts on it next)
-	RemediationHeld        = eventsv1.RemediationHeld        // RemediationData: recorded but not acted on: the pool's breaker is tripped
+	RemediationHeld        = eventsv1.RemediationHeld        // RemediationData: cordoned but not acted on: the pool's breaker holds it
 	RemediationQuarantined = eventsv1.RemediationQuarantined // RemediationData: cordoned and out of service (never blocked by the budget)
 	RemediationDraining    = eventsv1.RemediationDraining    // RemediationData: waiting for running commands, then for a remediation slot
 	RemediationRemediating = eventsv1.RemediationRemediating // RemediationData: the action's command (gpu.reset, reboot, power.cycle) was enqueued
@@ -64,8 +68,8 @@ const (
 	RemediationPaused      = eventsv1.RemediationPaused      // RemediationData: an operator paused the case
 	RemediationResumed     = eventsv1.RemediationResumed     // RemediationData: an operator resumed the case
 
-	RemediationBreakerTripped = eventsv1.RemediationBreakerTripped // RemediationBreakerData: too many quarantines in the window; nothing new starts
-	RemediationBreakerReset   = eventsv1.RemediationBreakerReset   // RemediationBreakerData: an operator reset the pool's breaker
+	RemediationBreakerTripped = eventsv1.RemediationBreakerTripped // RemediationBreakerData: more nodes acted on in the window than the breaker admits; new cases are held
+	RemediationBreakerReset   = eventsv1.RemediationBreakerReset   // RemediationBreakerData: the pool's breaker closed (an operator, or its window passed)
 
 	RolloutCreated     = eventsv1.RolloutCreated     // RolloutData: rollouts.create; the release verified, no node touched yet
 	RolloutStarted     = eventsv1.RolloutStarted     // RolloutData: the reconciler took it up (before the canary wave)
@@ -162,6 +166,21 @@ type NodeRevokedData struct {
 	Serial string `json:"serial"`
 	// Reason is why, such as "node deleted" or "reinstalled".
 	Reason string `json:"reason"`
+}
+
+// GPUUUIDConflictData is gpu.uuid-conflict's data: node NodeID's
+// inventory lists GPU GPUUUID while live node OtherNodeID's does too. One
+// event is written for each of the two nodes (its subject); neither stay
+// is merged into the other, and no remediation acts on it
+// (docs/remediation.md, "A history that follows the board").
+type GPUUUIDConflictData struct {
+	NodeID        string `json:"nodeId"`
+	PoolID        string `json:"poolId"`
+	Hostname      string `json:"hostname"`
+	GPUUUID       string `json:"gpuUuid"`
+	BoardSerial   string `json:"boardSerial,omitempty"`
+	OtherNodeID   string `json:"otherNodeId"`
+	OtherHostname string `json:"otherHostname"`
 }
 
 // NodeRolledBackLocallyData is node.rolled-back-locally's data: what bcd
@@ -383,6 +402,10 @@ type RolloutWaveData struct {
 	Canary    bool   `json:"canary"`
 	// NodeIDs are the wave's nodes.
 	NodeIDs []string `json:"nodeIds"`
+	// HealthGate is the wave's health gate (rollout.wave-completed of a
+	// wave that upgraded nodes): both groups' figures and the verdict
+	// (docs/rollouts.md, "Health gate").
+	HealthGate *healthgate.Report `json:"healthGate,omitempty"`
 }
 
 // RolloutNodeData is the data of the rollout.node-* events: one node's step.
@@ -417,6 +440,7 @@ var Types = []TypeInfo{
 	{NodeDisruptionChanged, DisruptionData{}},
 	{NodeRolledBackLocally, NodeRolledBackLocallyData{}},
 	{GPUHealthChanged, GPUHealthData{}},
+	{GPUUUIDConflict, GPUUUIDConflictData{}},
 	{CommandCreated, CommandData{}}, {CommandSucceeded, CommandData{}}, {CommandFailed, CommandData{}},
 	{CommandCancelled, CommandData{}}, {CommandExpired, CommandData{}}, {CommandLost, CommandData{}},
 	{GatewayUp, GatewayData{}}, {GatewayDown, GatewayData{}},

@@ -41,9 +41,11 @@
 //
 // Each session costs one goroutine, the handler's receive loop; sends are
 // serialised by a per-session mutex (Gateway.Send is the seam command dispatch
-// uses). A session is ended from outside (superseded, revoked) by closing its
-// connection, which ends the receive loop; a node keeps one session per
-// connection. The gRPC server is configured for many idle streams: no read
+// uses). Welcome is a session's first message: a dispatch round that finds the
+// session between its record and its Welcome sends it nothing (its commands
+// wait for the round after). A session is ended from outside (superseded,
+// revoked) by closing its connection, which ends the receive loop; a node
+// keeps one session per connection. The gRPC server is configured for many idle streams: no read
 // buffer of its own (TLS buffers already), a pooled 16 KiB write buffer,
 // static 64 KiB flow-control windows and few streams per connection.
 //

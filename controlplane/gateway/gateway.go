@@ -50,6 +50,7 @@ type Store interface {
 	SessionDrain(ctx context.Context, p *store.SessionDrainParams) (int, error)
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	NodeSetLabel(ctx context.Context, id, key, value string) error
 	EventInsert(ctx context.Context, e *store.Event) (int64, error)
 	RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error)
 	RevocationCheck(ctx context.Context, serial string) (bool, error)
@@ -135,6 +136,9 @@ type Config struct {
 	RetryAfter time.Duration
 	// HeartbeatInterval is told to daemons in Welcome. Defaults to 10 s.
 	HeartbeatInterval time.Duration
+	// GPUHealth are the thresholds told to daemons in Welcome (config
+	// gpuHealth.*); nil sends none, and nodes keep their defaults.
+	GPUHealth *sessionv1.GPUHealthThresholds
 	// HelloTimeout is how long a new connection may take to finish its
 	// TLS handshake, and a new stream to send Hello. Defaults to 5 s.
 	HelloTimeout time.Duration

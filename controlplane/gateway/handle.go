@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/better-compute/better-compute/controlplane/gpucount"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpufinding"
@@ -150,8 +152,52 @@ func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inve
 		g.warnNode(ctx, s, "Inventory dropped: too many writes")
 		return
 	}
-	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest})
+	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest, gpus: gpusSeen(inv), at: g.cfg.Now().UTC()})
 	s.inventoryDigest = digest
+	g.checkGPUCount(ctx, s, inv)
+}
+
+// checkGPUCount judges inv against the node's expected GPU count
+// (package gpucount): the first full inventory of a node without one sets
+// it; one listing fewer GPUs stores a gpu.missing finding for each missing
+// GPU, once per session while it stays missing, through the same path as
+// a node's own GPU findings (events, gpu.health-changed, remediation).
+func (g *Gateway) checkGPUCount(ctx context.Context, s *session, inv *sessionv1.Inventory) {
+	if !gpucount.Full(inv) {
+		return
+	}
+	node, err := g.store.NodeGet(ctx, s.nodeID)
+	if err != nil {
+		g.warnNode(ctx, s, "GPU count not checked", logkey.Err, err)
+		return
+	}
+	expected, ok := gpucount.Expected(node.Labels)
+	if !ok {
+		if err := g.store.NodeSetLabel(ctx, s.nodeID, gpucount.Label, strconv.Itoa(len(inv.GetGpus()))); err != nil {
+			g.warnNode(ctx, s, "Expected GPU count not recorded", logkey.Err, err)
+		}
+		return
+	}
+	missing := gpucount.Missing(inv, expected, g.cfg.Now().UTC())
+	if len(missing) == 0 {
+		s.missingSent = nil
+		return
+	}
+	for _, f := range missing {
+		if s.missingSent[f.GetGpuUuid()] {
+			continue
+		}
+		ev := &store.Event{NodeID: s.nodeID, Kind: gpufinding.KindGPUMissing, Severity: "critical",
+			Message: f.GetEvidence().GetMessage(), Time: g.cfg.Now().UTC(), GPUFinding: f}
+		if _, err := g.store.EventInsert(ctx, ev); err != nil {
+			g.warnNode(ctx, s, "Event not stored", "kind", ev.Kind, logkey.Err, err)
+			continue
+		}
+		if s.missingSent == nil {
+			s.missingSent = map[string]bool{}
+		}
+		s.missingSent[f.GetGpuUuid()] = true
+	}
 }
 
 // severities maps the protocol's severities to the events table's words.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // inventoryInterval is how often reported inventories are stored, all of
@@ -20,6 +21,58 @@ type inventoryWrite struct {
 	doc      []byte // protojson of the Inventory message
 	digest   string
 	attempts int // failed writes so far
+	// gpus are the inventory's GPUs, for the GPUs' placements
+	// (store.GPUStore; issue 44), at the time it came.
+	gpus []store.GPUSeen
+	at   time.Time
+}
+
+// gpusSeen returns the GPUs of inv as a placement records them, at most
+// maxPlacedGPUs.
+func gpusSeen(inv *sessionv1.Inventory) []store.GPUSeen {
+	out := make([]store.GPUSeen, 0, min(len(inv.GetGpus()), maxPlacedGPUs))
+	for _, g := range inv.GetGpus() {
+		if len(out) == maxPlacedGPUs {
+			break
+		}
+		if g.GetUuid() == "" || !text(g.GetUuid(), maxGPUUUIDLen) {
+			continue
+		}
+		out = append(out, store.GPUSeen{UUID: g.GetUuid(), Serial: textOrNone(g.GetSerial(), maxGPUUUIDLen),
+			Model: textOrNone(g.GetName(), maxGPUUUIDLen), Health: gpuHealth(g.GetHealth().GetState())})
+	}
+	return out
+}
+
+// maxPlacedGPUs bounds the GPUs of one inventory that are placed (a
+// machine has 8 or 16; bcd reports what NVML enumerates).
+const maxPlacedGPUs = 256
+
+// maxGPUUUIDLen bounds a placement's UUID, serial and model: a GPU whose
+// UUID is longer (or not text) is left out, a serial or model longer (or
+// not text) is left empty. Cutting bytes could split a UTF-8 character,
+// which PostgreSQL refuses for the whole write.
+const maxGPUUUIDLen = 128
+
+// textOrNone is v when it is text of at most n bytes (text), "" otherwise.
+func textOrNone(v string, n int) string {
+	if !text(v, n) {
+		return ""
+	}
+	return v
+}
+
+// gpuHealth names a GPU health state as a placement keeps it.
+func gpuHealth(h sessionv1.GPUHealthState) string {
+	switch h {
+	case sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK:
+		return store.GPUHealthOK
+	case sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED:
+		return store.GPUHealthDegraded
+	case sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED:
+		return store.GPUHealthFailed
+	}
+	return ""
 }
 
 // maxInventoryAttempts bounds how often one inventory is tried; one the
@@ -67,12 +120,19 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 		return nil
 	}
 	ids := slices.Sorted(maps.Keys(m))
-	type inventorySetter interface {
-		NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
-	}
-	write := func(st inventorySetter, id string) error {
+	// write stores a node's inventory and its GPUs' placements, in the
+	// caller's transaction.
+	write := func(st store.Store, id string) error {
 		w := m[id]
-		if err := st.NodeSetInventory(ctx, id, w.doc, w.digest); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := st.NodeSetInventory(ctx, id, w.doc, w.digest); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return nil
+			}
+			return err
+		}
+		at := w.at
+		err := st.GPUPlacementsSet(ctx, &store.GPUPlacementsSetParams{NodeID: id, GPUs: w.gpus, Now: &at})
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		return nil
@@ -93,7 +153,7 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 	}
 	failed := map[string]inventoryWrite{}
 	for _, id := range ids {
-		if err := write(g.store, id); err != nil {
+		if err := g.store.Tx(ctx, func(tx store.Store) error { return write(tx, id) }); err != nil {
 			w := m[id]
 			if w.attempts++; w.attempts < maxInventoryAttempts {
 				failed[id] = w

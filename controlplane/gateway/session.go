@@ -55,17 +55,19 @@ type session struct {
 	drained atomic.Bool            // sent Drain (drainAll)
 	reason  atomic.Pointer[string] // why, once closed
 
-	sendMu sync.Mutex
-	seq    uint64 // last GatewayMessage.seq sent; under sendMu
-	ended  bool   // the handler returned; under sendMu
+	sendMu   sync.Mutex
+	seq      uint64 // last GatewayMessage.seq sent; under sendMu
+	ended    bool   // the handler returned; under sendMu
+	welcomed bool   // Welcome went first (welcome); under sendMu
 
 	// handler goroutine only
 	lastBeat        time.Time
 	skew            time.Duration // the node's clock minus ours, as last queued (measureSkew)
 	skewMeasured    bool
 	inventoryDigest string
-	writes          *rate.Limiter // inventory and event writes, made on first use
-	notes           nodeNotes     // log lines about the node, limited (warnNode)
+	missingSent     map[string]bool // GPUs reported missing in this session (gpucount), until the count is back
+	writes          *rate.Limiter   // inventory and event writes, made on first use
+	notes           nodeNotes       // log lines about the node, limited (warnNode)
 }
 
 // sessionService implements SessionService.
@@ -169,7 +171,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 	}
 	held = true
 
-	err = s.send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Welcome{Welcome: &sessionv1.Welcome{
+	err = s.welcome(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Welcome{Welcome: &sessionv1.Welcome{
 		SessionId:         s.id,
 		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
 		ServerTime:        timestamppb.New(g.cfg.Now()),
@@ -177,6 +179,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 		NodeId:            s.nodeID,
 		GatewayId:         g.cfg.ID,
 		Gateways:          g.regionGateways(ctx, g.cfg.Region),
+		GpuHealth:         g.cfg.GPUHealth,
 	}}})
 	if err != nil {
 		return s, err
@@ -308,13 +311,31 @@ func (g *Gateway) Send(nodeID string, msg *sessionv1.GatewayMessage) error {
 	return s.send(msg)
 }
 
-// send numbers msg and sends it; sends are serialised.
+// send numbers msg and sends it; sends are serialised. Before Welcome it
+// fails with ErrNoSession: the session is registered (open) before accept
+// sends Welcome, and a dispatch round that finds it meanwhile must not
+// answer the node's Hello with a Command (the node ends such a session as
+// a protocol violation). The command goes back to the queue, and the
+// round sessionOpened asks for after Welcome sends it.
 func (s *session) send(msg *sessionv1.GatewayMessage) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if s.ended || !s.welcomed {
+		return ErrNoSession
+	}
+	s.seq++
+	return s.stream.Send(&sessionv1.GatewayMessage{Seq: s.seq, Body: msg.Body})
+}
+
+// welcome sends msg, the session's Welcome, first of its messages; send
+// works from then on.
+func (s *session) welcome(msg *sessionv1.GatewayMessage) error {
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
 	if s.ended {
 		return ErrNoSession
 	}
+	s.welcomed = true
 	s.seq++
 	return s.stream.Send(&sessionv1.GatewayMessage{Seq: s.seq, Body: msg.Body})
 }

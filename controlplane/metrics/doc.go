@@ -25,6 +25,15 @@
 //	bettercompute_outbox_lag_seconds            gauge     age of the oldest entry some configured sink has not taken
 //	bettercompute_sink_delivery_lag_seconds     gauge     age of the oldest entry after a sink's cursor {sink}
 //	bettercompute_singleton_held                gauge     1 when singleton:<job>'s lease is held {job}
+//	bettercompute_remediation_breaker_tripped   gauge     1 while the pool's remediation breaker is tripped {pool}
+//	bettercompute_remediation_breaker_acted_nodes, _limit_nodes, _held_cases  gauges of each pool's breaker {pool}
+//	bettercompute_remediation_time_to_quarantine_seconds, _time_to_return_seconds  histograms over the cases kept {pool}
+//	bettercompute_remediation_time_between_incidents_seconds  histogram {pool, scope: node or gpu}
+//	bettercompute_gpu_incidents                 gauge     cases kept that name a GPU, by its model {model}, counted at most every GPUCacheTTL
+//
+// The remediation histograms are computed from the cases the database
+// keeps (retention.history), reused for GPUCacheTTL: a count can fall when
+// old returned cases are pruned.
 //
 // Of the process itself: bettercompute_build_info {version, commit,
 // goversion} (always 1) and bettercompute_certificate_expiry_timestamp_seconds
@@ -40,6 +49,7 @@
 //	bettercompute_commands_finished_total         counter   commands that reached a terminal state {kind, state}
 //	bettercompute_command_dispatch_latency_seconds histogram from a command's creation to its dispatch to the node
 //	bettercompute_listener_accept_errors_total    counter   failed accepts of the process's listeners {listener}
+//	bettercompute_nodes_drifting                  gauge     nodes whose driver or CUDA version is off their pool's {pool} (the drift job)
 //
 // plus the Go runtime (go_*) and process (process_*) collectors.
 //

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -93,6 +94,9 @@ type Config struct {
 	// GPUCacheTTL is how long a count of the GPUs by health is reused:
 	// counting reads every node's inventory. Defaults to 30 s.
 	GPUCacheTTL time.Duration
+	// Breaker is remediation.breaker (its window and limit for the
+	// bettercompute_remediation_breaker_* series).
+	Breaker config.RemediationBreaker
 	// CertFiles are the serving certificates whose expiry is reported, by
 	// use ("api", "gateway"): PEM files, the leaf first. Defaults to none.
 	CertFiles map[string]string
@@ -115,6 +119,7 @@ type Metrics struct {
 	wakeups      *prometheus.CounterVec
 	acceptErrors *prometheus.CounterVec
 	xidsNoAct    *prometheus.CounterVec
+	drifting     *prometheus.GaugeVec
 
 	certMu    sync.Mutex
 	certFiles map[string]string // use → PEM file, for the expiry series
@@ -180,11 +185,21 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "gpu", Name: "xids_no_action_total",
 		Help: "XIDs nodes reported that act on nothing (resolution IGNORE or RESTART_APP; XID 154, informational, is sent as IGNORE), by code: 0-999, else other.",
 	}, []string{"code"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors, m.xidsNoAct,
+	m.drifting = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Name: "nodes_drifting",
+		Help: "Nodes whose driver or CUDA version differs from their pool's, by pool, as the drift job of this process last counted them (docs/gpu-health.md, \"Drift\").",
+	}, []string{"pool"})
+	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors, m.xidsNoAct, m.drifting,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
 		m.reg.MustRegister(&storeCollector{m: m, st: st}, &fleetCollector{m: m, st: st})
+		if rs, ok := st.(RemediationStore); ok {
+			m.reg.MustRegister(&remediationCollector{m: m, st: rs, breaker: cfg.Breaker})
+		}
+		if gs, ok := st.(GPUIncidentStore); ok {
+			m.reg.MustRegister(&gpuIncidentCollector{m: m, st: gs})
+		}
 		// The scrape observes its queries while the registry gathers, in no
 		// set order: made now, their series are there from the first scrape.
 		for _, op := range append(scrapeOps, fleetOps...) {
@@ -351,6 +366,18 @@ func (m *Metrics) XIDNoAction(code uint32) {
 		label = strconv.FormatUint(uint64(code), 10)
 	}
 	m.xidsNoAct.WithLabelValues(label).Inc()
+}
+
+// NodesDrifting reports the drift job's count of drifting nodes per pool
+// (pool id → nodes; package drift), replacing the previous round's.
+func (m *Metrics) NodesDrifting(counts map[string]int) {
+	if m == nil {
+		return
+	}
+	m.drifting.Reset()
+	for pool, n := range counts {
+		m.drifting.WithLabelValues(pool).Set(float64(n))
+	}
 }
 
 // ClockSkewMax reports the largest node clock skew, either way, among

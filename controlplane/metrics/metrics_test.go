@@ -305,3 +305,38 @@ func TestFleetSeries(t *testing.T) {
 	text = scrape(t, metrics.New(metrics.Config{}, st))
 	has(t, text, `bettercompute_singleton_held{job="command-sweeper"} 1`, `bettercompute_outbox_lag_seconds 0`)
 }
+
+// TestGPUIncidentsByModel: bettercompute_gpu_incidents counts the cases
+// that name a GPU by that GPU's model, an operator's repair left out.
+func TestGPUIncidentsByModel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_m", PoolID: pool.ID, Hostname: "m", MachineID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.GPUPlacementsSet(ctx, &store.GPUPlacementsSetParams{NodeID: "node_m", GPUs: []store.GPUSeen{
+		{UUID: "GPU-1", Model: "NVIDIA A100-SXM4-40GB"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, finding := range []string{"xid", "operator"} {
+		c, err := st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_m", State: store.RemediationDetected, Finding: finding,
+			GPUUUID: "GPU-1", Action: "escalate"}, "remediation:w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationReturned, Actor: "w"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := scrape(t, metrics.New(metrics.Config{}, st))
+	has(t, text, `bettercompute_gpu_incidents{model="NVIDIA A100-SXM4-40GB"} 1`, "# TYPE bettercompute_gpu_incidents gauge")
+}

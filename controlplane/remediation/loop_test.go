@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/controlplane/wake"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -99,6 +101,9 @@ func newLoop(t *testing.T, n int, settings config.Remediation) *loop {
 	}
 	slices.Sort(l.shards)
 	settings.Interval = config.Duration{Duration: 20 * time.Millisecond}
+	if settings.Breaker == (config.RemediationBreaker{}) {
+		settings.Breaker.MinNodes = 1000 // the breaker is not what these tests look at
+	}
 	if settings.VerifySettle.Duration == 0 {
 		settings.VerifySettle = config.Duration{Duration: 100 * time.Millisecond}
 	}
@@ -288,7 +293,7 @@ func terminalState(s string) bool {
 // is back in service.
 func TestBreakerOverRealSessions(t *testing.T) {
 	t.Parallel()
-	l := newLoop(t, 20, config.Remediation{Breaker: config.RemediationBreaker{Quarantines: 3, Window: config.Duration{Duration: time.Hour}}})
+	l := newLoop(t, 20, config.Remediation{Breaker: config.RemediationBreaker{MinNodes: 3, Window: config.Duration{Duration: time.Hour}}})
 	if err := l.st.PoolSetBudget(l.ctx, &store.PoolSetBudgetParams{PoolID: l.pool.ID, RemediationConcurrency: 2}); err != nil {
 		t.Fatal(err)
 	}
@@ -358,4 +363,62 @@ func TestBreakerOverRealSessions(t *testing.T) {
 	if err != nil || len(held) != 3 {
 		t.Errorf("%d remediation.held events, want 3 (%v)", len(held), err)
 	}
+}
+
+// TestHeldMissingGPUClearsWithoutAction: four nodes of a 20-node pool lose
+// a GPU (gpu.missing, a reboot by the default policy) while the breaker
+// admits three: the fourth case is held. Its GPU is listed again while it
+// is held: the case returns without an action ("cleared while held"), and
+// the node is back in service; the admitted ones reboot as before.
+func TestHeldMissingGPUClearsWithoutAction(t *testing.T) {
+	t.Parallel()
+	l := newLoop(t, 20, config.Remediation{Breaker: config.RemediationBreaker{MinNodes: 3, Window: config.Duration{Duration: time.Hour}}})
+	failing := l.daemons[:4]
+	for _, d := range failing {
+		d.SetRecovery(sim.Recovery{RebootDelay: 300 * time.Millisecond})
+		if err := d.RemoveGPU(2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held *sim.FakeDaemon
+	l.until("3 cases admitted and 1 held", func() bool {
+		n := 0
+		held = nil
+		for _, d := range failing {
+			if c := l.latest(d.NodeID()); c != nil && c.State == store.RemediationHeld {
+				held = d
+			} else if c != nil && c.State != store.RemediationDetected {
+				n++
+			}
+		}
+		return held != nil && n == 3
+	})
+	if c := l.latest(held.NodeID()); c.Kind != gpufinding.KindGPUMissing || c.Action != config.ActionReboot {
+		t.Fatalf("held case: kind %s action %s, want gpu.missing and reboot", c.Kind, c.Action)
+	}
+	for _, d := range failing {
+		if err := d.RestoreGPU(2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.until("the held case returned", func() bool { return l.latest(held.NodeID()).State == store.RemediationReturned })
+	c := l.latest(held.NodeID())
+	if !strings.HasPrefix(c.Reason, "cleared while held") || c.Attempts != 0 || len(mustCommands(t, l.st, held.NodeID())) != 0 {
+		t.Errorf("held case returned: %q, %d attempts, %d commands; want cleared while held, no action", c.Reason, c.Attempts,
+			len(mustCommands(t, l.st, held.NodeID())))
+	}
+	if s := held.FaultStats(); s.Reboots != 0 {
+		t.Errorf("the held node rebooted %d times, want none", s.Reboots)
+	}
+	if n, err := l.st.NodeGet(l.ctx, held.NodeID()); err != nil || n.Cordoned || n.Disruption != "" {
+		t.Errorf("the held node after its case returned: cordoned %v, disruption %q, %v", n.Cordoned, n.Disruption, err)
+	}
+	l.until("the admitted cases returned", func() bool {
+		for _, d := range failing {
+			if l.latest(d.NodeID()).State != store.RemediationReturned {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -57,7 +57,11 @@ func (p *Policy) Named(resolution string) string {
 // FindingOf names the policy's finding (config.RemediationFindings) of a
 // node's GPU finding by its signal: an XID is an xid, uncorrectable ECC
 // errors an ecc-uncorrected, a failed row remapping a row-remap-failure, a
-// lost GPU a gpu-lost, and any other signal (a corrected-ECC spike, a
+// lost GPU or one missing from the node's expected count a gpu-lost,
+// an InfiniBand/RoCE port or RDMA device an infiniband, persistence mode
+// off a persistence-mode, the fabric manager's service a fabric-manager, a
+// driver or CUDA version off the pool's a drift, and any other signal
+// (PCIe, a corrected-ECC spike, a
 // pending remapping, a recovery action, clocks, NVLink, retired pages, one
 // this version does not know) a health finding.
 func FindingOf(f *sessionv1.GPUFinding) string {
@@ -72,8 +76,16 @@ func FindingOf(f *sessionv1.GPUFinding) string {
 		if f.GetRowRemap().GetFailure() {
 			return config.FindingRowRemapFailure
 		}
-	case gpufinding.SignalGPULost:
+	case gpufinding.SignalGPULost, gpufinding.SignalGPUMissing:
 		return config.FindingGPULost
+	case gpufinding.SignalInfiniBand:
+		return config.FindingInfiniBand
+	case gpufinding.SignalPersistence:
+		return config.FindingPersistenceMode
+	case gpufinding.SignalFabricManager:
+		return config.FindingFabricManager
+	case gpufinding.SignalDrift:
+		return config.FindingDrift
 	}
 	return config.FindingHealth
 }

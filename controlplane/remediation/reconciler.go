@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -49,6 +51,41 @@ type Reconciler struct {
 
 	mu  sync.Mutex
 	due [store.Shards]bool
+	// gpuNodes caches each pool's count of GPU nodes for the breaker's
+	// limit (gpuNodesTTL): counting reads every inventory of the pool, and
+	// a pool's size changes slowly next to a burst of admissions.
+	gpuNodes map[string]gpuCount
+}
+
+// gpuCount is a pool's GPU nodes as counted at a time.
+type gpuCount struct {
+	n  int
+	at time.Time
+}
+
+// gpuNodesTTL is how long a pool's count of GPU nodes is reused.
+const gpuNodesTTL = 30 * time.Second
+
+// breakerLimit is the breaker's limit in pool: max(minNodes, share of its
+// GPU nodes), under the absolute cap when set.
+func (r *Reconciler) breakerLimit(ctx context.Context, tx store.Store, pool string, now time.Time) (int, error) {
+	r.mu.Lock()
+	c, ok := r.gpuNodes[pool]
+	r.mu.Unlock()
+	if !ok || now.Sub(c.at) >= gpuNodesTTL || now.Before(c.at) {
+		n, err := tx.PoolGPUNodes(ctx, pool)
+		if err != nil {
+			return 0, err
+		}
+		c = gpuCount{n: n, at: now}
+		r.mu.Lock()
+		if r.gpuNodes == nil {
+			r.gpuNodes = map[string]gpuCount{}
+		}
+		r.gpuNodes[pool] = c
+		r.mu.Unlock()
+	}
+	return r.cfg.Settings.Breaker.Limit(c.n), nil
 }
 
 var _ shard.Rounder = (*Reconciler)(nil)
@@ -66,10 +103,13 @@ func New(cfg Config, st Store, log *slog.Logger) (*Reconciler, error) {
 	s.ActionTimeout.Duration = cmp.Or(s.ActionTimeout.Duration, 10*time.Minute)
 	s.VerifySettle.Duration = cmp.Or(s.VerifySettle.Duration, 30*time.Second)
 	s.VerifyTimeout.Duration = cmp.Or(s.VerifyTimeout.Duration, 10*time.Minute)
-	s.Breaker.Quarantines = cmp.Or(s.Breaker.Quarantines, 5)
-	s.Breaker.Window.Duration = cmp.Or(s.Breaker.Window.Duration, time.Hour)
+	s.Breaker.Share = cmp.Or(s.Breaker.Share, 10)
+	s.Breaker.MinNodes = cmp.Or(s.Breaker.MinNodes, 1)
+	s.Breaker.Window.Duration = cmp.Or(s.Breaker.Window.Duration, 10*time.Minute)
 	s.Repeat.Window.Duration = cmp.Or(s.Repeat.Window.Duration, 24*time.Hour)
 	s.Repeat.NodeActions = cmp.Or(s.Repeat.NodeActions, 3)
+	s.Repeat.Spacing.Duration = cmp.Or(s.Repeat.Spacing.Duration, 10*time.Minute)
+	s.Repeat.ContactSupport = cmp.Or(s.Repeat.ContactSupport, 5)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -179,59 +219,107 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 		}
 		now := r.cfg.Now()
 		for _, f := range fs {
-			finding := FindingOf(f.GPUFinding)
-			action := r.policy.Action(finding, f.GPUFinding.GetResolution())
-			if action == config.ActionNone {
-				r.log.DebugContext(ctx, "Finding needs no action", logkey.NodeID, f.NodeID, "kind", f.Kind, "resolution", f.Resolution)
-				continue
-			}
-			open, err := tx.RemediationOpenFor(ctx, f.NodeID)
-			switch {
-			case err == nil:
-				if open.State == store.RemediationVerifying && !open.Paused {
-					if otherGPU(open, f.GPUUUID) {
-						r.log.InfoContext(ctx, "Finding on another GPU than the verifying case's: read again when the case ends",
-							logkey.NodeID, f.NodeID, "remediation", open.ID, "gpu", f.GPUUUID, "kind", f.Kind, "resolution", f.Resolution)
-						continue
-					}
-					if err := r.fail(ctx, tx, open, fmt.Sprintf("new finding while verifying: %s %s", f.Kind, f.Resolution), now); err != nil {
-						return err
-					}
-				}
-				continue
-			case !errors.Is(err, store.ErrNotFound):
-				return err
-			}
-			rep, err := r.repeated(ctx, tx, f, finding, action, now)
-			if err != nil {
-				return err
-			}
-			action = rep.action
-			c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
-				Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
-				GPUUUID: f.GPUUUID, Message: f.Message, Action: action, NextAt: now, CreatedAt: now}, r.actor())
-			if errors.Is(err, store.ErrNotFound) {
-				continue // the node was deleted since
-			}
-			if err != nil {
-				return err
-			}
-			r.log.InfoContext(ctx, "Remediation opened", logkey.NodeID, c.NodeID, "remediation", c.ID, "finding", finding,
-				"resolution", f.Resolution, "xid", f.XID, "action", action)
-			if rep.hold != "" {
-				if err := r.hold(ctx, tx, c, now, rep.hold, rep.history); err != nil {
-					return err
-				}
-				continue
-			}
-			// Quarantine at once, in the same transaction: the time from
-			// the XID to quarantine is one round.
-			if err := r.advance(ctx, tx, c); err != nil {
+			if err := r.takeFinding(ctx, tx, f, now); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// takeFinding acts on one finding (takeFindings) and keeps it, with what
+// was made of it, in the node's and GPU's history (store.GPUFindingRecord).
+func (r *Reconciler) takeFinding(ctx context.Context, tx store.Store, f *store.RemediationFinding, now time.Time) error {
+	kept := &store.GPUFindingRecord{NodeID: f.NodeID, GPUUUID: f.GPUUUID, BoardSerial: f.GPUFinding.GetBoardSerial(),
+		Kind: f.Kind, Severity: f.Severity, Resolution: f.Resolution,
+		Investigatory: strings.TrimSpace(f.GPUFinding.GetInvestigatoryResolution()), XID: f.XID, XIDMnemonic: f.XIDMnemonic,
+		Message: f.Message, EventID: f.EventID, CreatedAt: f.CreatedAt, TakenAt: now}
+	keep := func(outcome, caseID string) error {
+		kept.Outcome, kept.RemediationID = outcome, caseID
+		if err := tx.RemediationFindingKeep(ctx, kept); err != nil {
+			return fmt.Errorf("keep the finding: %w", err)
+		}
+		return nil
+	}
+	finding := FindingOf(f.GPUFinding)
+	action := r.policy.Action(finding, f.GPUFinding.GetResolution())
+	open, err := tx.RemediationOpenFor(ctx, f.NodeID)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if action == config.ActionNone {
+		r.log.DebugContext(ctx, "Finding needs no action", logkey.NodeID, f.NodeID, "kind", f.Kind, "resolution", f.Resolution)
+		if open != nil {
+			return keep(store.FindingOutcomeNone, "") // the node's case is under way: the count goes on
+		}
+		hold, history, err := r.repeatedNoAction(ctx, tx, f, kept.Investigatory, now)
+		if err != nil {
+			return err
+		}
+		if hold == "" {
+			return keep(store.FindingOutcomeNone, "")
+		}
+		c, err := r.open(ctx, tx, f, finding, config.ActionEscalate, now)
+		if c == nil || err != nil {
+			return err
+		}
+		if err := keep(store.FindingOutcomeHeld, c.ID); err != nil {
+			return err
+		}
+		return r.hold(ctx, tx, c, now, hold, history)
+	}
+	if open != nil {
+		if open.State == store.RemediationVerifying && !open.Paused {
+			if otherGPU(open, f.GPUUUID) {
+				r.log.InfoContext(ctx, "Finding on another GPU than the verifying case's: read again when the case ends",
+					logkey.NodeID, f.NodeID, "remediation", open.ID, "gpu", f.GPUUUID, "kind", f.Kind, "resolution", f.Resolution)
+				return keep(store.FindingOutcomeOtherGPU, open.ID)
+			}
+			if err := keep(store.FindingOutcomeFailed, open.ID); err != nil {
+				return err
+			}
+			return r.fail(ctx, tx, open, fmt.Sprintf("new finding while verifying: %s %s", f.Kind, f.Resolution), now)
+		}
+		return keep(store.FindingOutcomeJoined, open.ID)
+	}
+	rep, err := r.repeated(ctx, tx, f, finding, action, now)
+	if err != nil {
+		return err
+	}
+	c, err := r.open(ctx, tx, f, finding, rep.action, now)
+	if c == nil || err != nil {
+		return err
+	}
+	if rep.hold != "" {
+		if err := keep(store.FindingOutcomeHeld, c.ID); err != nil {
+			return err
+		}
+		return r.hold(ctx, tx, c, now, rep.hold, rep.history)
+	}
+	if err := keep(store.FindingOutcomeOpened, c.ID); err != nil {
+		return err
+	}
+	// Quarantine at once, in the same transaction: the time from the XID
+	// to quarantine is one round.
+	return r.advance(ctx, tx, c)
+}
+
+// open opens finding f's case with action; nil when its node was deleted
+// since.
+func (r *Reconciler) open(ctx context.Context, tx store.Store, f *store.RemediationFinding, finding, action string,
+	now time.Time) (*store.Remediation, error) {
+	c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
+		Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
+		GPUUUID: f.GPUUUID, Message: f.Message, Action: action, NextAt: now, CreatedAt: now}, r.actor())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.log.InfoContext(ctx, "Remediation opened", logkey.NodeID, c.NodeID, "remediation", c.ID, "finding", finding,
+		"resolution", f.Resolution, "xid", f.XID, "action", action)
+	return c, nil
 }
 
 // later is the next time a waiting case is looked at.
@@ -323,21 +411,46 @@ func describe(c *store.Remediation) string {
 }
 
 // quarantine cordons the node and takes its hold, when the pool's breaker
-// admits one more quarantine; else the case is held.
+// admits one more node acted on; else the node is still cordoned and
+// held out of service (quarantined without any other action) and the case
+// held, acted on in order when the breaker closes.
 func (r *Reconciler) quarantine(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+	if c.State == store.RemediationHeld {
+		if done, err := r.clearedWhileHeld(ctx, tx, c, now); done || err != nil {
+			return err
+		}
+	}
 	b := r.cfg.Settings.Breaker
+	limit, err := r.breakerLimit(ctx, tx, c.PoolID, now)
+	if err != nil {
+		return err
+	}
 	ok, tripped, err := tx.RemediationBreakerAdmit(ctx, &store.RemediationBreakerAdmitParams{PoolID: c.PoolID,
-		Limit: b.Quarantines, Window: b.Window.Duration, Now: &now})
+		Limit: limit, Window: b.Window.Duration, NodeID: c.NodeID, CaseID: c.ID, CreatedAt: c.CreatedAt, Now: &now})
 	if err != nil {
 		return err
 	}
 	if !ok {
 		if tripped {
-			r.log.WarnContext(ctx, "Remediation breaker tripped: nothing new starts until an operator resets it",
-				"pool_id", c.PoolID, "quarantines", b.Quarantines, "window", b.Window.Duration)
+			r.log.WarnContext(ctx, "Remediation breaker tripped: new cases are cordoned and held until it closes",
+				"pool_id", c.PoolID, "share", float64(b.Share), "min_nodes", b.MinNodes, "window", b.Window.Duration)
 		}
-		_, err := r.move(ctx, tx, c, store.RemediationHeld, now, store.RemediationMoveParams{NextAt: r.later(now),
-			Reason: "the pool's remediation breaker is tripped: better-compute remediation reset-breaker " + c.PoolID})
+		if c.State == store.RemediationHeld {
+			return r.wait(ctx, tx, c, now, c.Reason)
+		}
+		adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
+			Owner: owner(c), Now: &now})
+		if err != nil {
+			return err
+		}
+		if adm.Admitted {
+			if err := tx.NodeSetCordoned(ctx, c.NodeID, true); err != nil {
+				return err
+			}
+		}
+		_, err = r.move(ctx, tx, c, store.RemediationHeld, now, store.RemediationMoveParams{NextAt: r.later(now),
+			Reason: "cordoned, not acted on: the pool's remediation breaker holds it (it closes by itself " +
+				b.Window.Duration.String() + " after it tripped, or better-compute remediation reset-breaker " + c.PoolID + ")"})
 		return err
 	}
 	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
@@ -356,6 +469,38 @@ func (r *Reconciler) quarantine(ctx context.Context, tx store.Store, c *store.Re
 		return err
 	}
 	return r.advance(ctx, tx, m)
+}
+
+// clearedWhileHeld returns case c, held by the breaker, without an action
+// when its cause has ended meanwhile, and reports whether it did: a GPU
+// found missing (gpu.missing) that the node, ready, lists again and reads
+// ok. The node is uncordoned and its disruption released only where this
+// case holds it. Other findings are events (an XID does not end by being
+// read again) and wait for their action.
+func (r *Reconciler) clearedWhileHeld(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) (bool, error) {
+	if c.Kind != gpufinding.KindGPUMissing || c.GPUUUID == "" {
+		return false, nil
+	}
+	n, err := tx.NodeGet(ctx, c.NodeID)
+	if err != nil {
+		return false, err
+	}
+	if n.State != store.NodeReady || !slices.ContainsFunc(inventoryGPUs(n.Inventory), func(g inventoryGPU) bool {
+		return g.UUID == c.GPUUUID && g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK.String()
+	}) {
+		return false, nil
+	}
+	if n.DisruptionOwner == owner(c) {
+		if err := tx.NodeSetCordoned(ctx, c.NodeID, false); err != nil {
+			return false, err
+		}
+		if err := tx.DisruptionRelease(ctx, c.NodeID, owner(c)); err != nil {
+			return false, err
+		}
+	}
+	_, err = r.move(ctx, tx, c, store.RemediationReturned, now, store.RemediationMoveParams{ClearCommand: true,
+		Reason: "cleared while held: GPU " + c.GPUUUID + " is listed again and reads ok; no action taken"})
+	return err == nil, err
 }
 
 // drain waits for the node's running commands (at most DrainTimeout) and
@@ -379,6 +524,16 @@ func (r *Reconciler) drain(ctx context.Context, tx store.Store, c *store.Remedia
 	}
 	if target == "" {
 		return r.escalate(ctx, tx, c, now, fmt.Sprintf("%s is not possible: %s", c.Action, spec))
+	}
+	if c.Attempts == 0 {
+		at, why, err := r.spaced(ctx, tx, c, now)
+		if err != nil {
+			return err
+		}
+		if now.Before(at) {
+			_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: &at, Reason: why})
+			return err
+		}
 	}
 	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionRemediating,
 		Owner: owner(c), Now: &now})
@@ -654,6 +809,20 @@ func nodeHealthy(n *store.Node, c *store.Remediation, boot string) (bool, string
 	}
 	if uuid := failedGPU(n.Inventory, c.GPUUUID); uuid != "" {
 		return false, "GPU " + uuid + " reads failed"
+	}
+	// The case's own GPU must read ok: a repair that leaves it degraded
+	// did not clear its fault (health that clears, issue 33).
+	if c.GPUUUID != "" {
+		for _, g := range inventoryGPUs(n.Inventory) {
+			if g.UUID == c.GPUUUID && g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED.String() {
+				return false, "GPU " + g.UUID + " reads degraded: " + strings.Join(g.Health.Reasons, "; ")
+			}
+		}
+	}
+	// A GPU found missing (gpucount) is healthy only once listed again.
+	if c.Kind == gpufinding.KindGPUMissing && c.GPUUUID != "" && !slices.ContainsFunc(inventoryGPUs(n.Inventory),
+		func(g inventoryGPU) bool { return g.UUID == c.GPUUUID }) {
+		return false, "GPU " + c.GPUUUID + " is still missing"
 	}
 	return true, ""
 }

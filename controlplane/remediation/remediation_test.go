@@ -114,6 +114,14 @@ func newFixture(t *testing.T, st store.Store, n int, settings config.Remediation
 
 func (f *fixture) reconciler(settings config.Remediation) *remediation.Reconciler {
 	settings.Interval.Duration = time.Second
+	if settings.Repeat.Spacing.Duration == 0 {
+		// Most tests take several actions on one node within seconds;
+		// TestActionsSpacedOnNode sets the spacing it tests.
+		settings.Repeat.Spacing.Duration = time.Millisecond
+	}
+	if settings.Breaker == (config.RemediationBreaker{}) {
+		settings.Breaker.MinNodes = 1000 // the breaker is not what these tests look at
+	}
 	if settings.VerifySettle.Duration == 0 {
 		settings.VerifySettle.Duration = 3 * time.Second
 	}

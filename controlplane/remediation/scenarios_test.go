@@ -290,15 +290,15 @@ func TestSilentNodeBMCEvidence(t *testing.T) {
 }
 
 // TestBreakerAndConcurrency: 30% of a 20-node pool fail at once, the
-// breaker admits 3 quarantines a window and the pool 2 remediations at
-// once: 3 nodes are quarantined and the breaker trips; the other 3 are
-// recorded and evented (held) but not acted on; never more than 2
+// breaker admits 3 nodes a window (minNodes 3) and the pool 2 remediations
+// at once: 3 nodes are acted on and the breaker trips; the other 3 are
+// cordoned and held (evented) but not acted on; never more than 2
 // remediate at once; no healthy node is touched; after a reset the rest
 // are handled.
 func TestBreakerAndConcurrency(t *testing.T) {
 	t.Parallel()
 	backends(t, func(t *testing.T, st store.Store) {
-		f := newFixture(t, st, 20, config.Remediation{Breaker: config.RemediationBreaker{Quarantines: 3,
+		f := newFixture(t, st, 20, config.Remediation{Breaker: config.RemediationBreaker{MinNodes: 3,
 			Window: config.Duration{Duration: time.Hour}}})
 		if err := st.PoolSetBudget(f.ctx, &store.PoolSetBudgetParams{PoolID: f.pool.ID, RemediationConcurrency: 2}); err != nil {
 			t.Fatal(err)
@@ -341,8 +341,8 @@ func TestBreakerAndConcurrency(t *testing.T) {
 				out++
 			}
 		}
-		if held != 3 || out != 3 {
-			t.Fatalf("held %d, quarantined %d; want 3 and 3", held, out)
+		if held != 3 || out != 6 {
+			t.Fatalf("held %d, cordoned %d; want 3 held and all 6 cordoned", held, out)
 		}
 		if count(store.RemediationRemediating) != 2 {
 			t.Fatalf("%d remediating, want 2 (the pool's concurrency)", count(store.RemediationRemediating))
@@ -454,6 +454,15 @@ func TestPolicyRefused(t *testing.T) {
 	if a := p.Action(remediation.FindingOf(&sessionv1.GPUFinding{Signal: &sessionv1.GPUFinding_Xid{Xid: &sessionv1.XIDSignal{Code: 48}}}), "WORKFLOW_XID_48"); a != config.ActionEscalate {
 		t.Errorf("an unmatched resolution -> %s, want escalate", a)
 	}
+	ib := &sessionv1.GPUFinding{Signal: &sessionv1.GPUFinding_Infiniband{Infiniband: &sessionv1.InfiniBandSignal{Device: "mlx5_0", Port: 1}}}
+	if f := remediation.FindingOf(ib); f != config.FindingInfiniBand {
+		t.Errorf("FindingOf(an infiniband signal) = %s, want %s", f, config.FindingInfiniBand)
+	}
+	for _, r := range []string{"CHECK_MECHANICALS", "ESCALATE", "RESTART_BM"} {
+		if a := p.Action(remediation.FindingOf(ib), r); a != config.ActionCordon {
+			t.Errorf("an InfiniBand finding with %s -> %s, want cordon (no GPU reset, no reboot)", r, a)
+		}
+	}
 }
 
 // TestDrainWaitsForRunningCommands: a quarantined node's running commands
@@ -522,4 +531,43 @@ func TestReservedNodeIsStillRemediated(t *testing.T) {
 			t.Errorf("after remediation the reservation is %v (%v), want %s still holding the node", got, err, r.ID)
 		}
 	})
+}
+
+// TestDefaultPolicyIssue43Findings: the default policy takes no action on
+// persistence mode off (IGNORE) and on a driver that drifts from its pool's
+// (UPDATE_SWFW), and escalates the fabric manager's service down or
+// flapping (ESCALATE); each signal names its own finding (FindingOf), so
+// an operator's rule can single it out.
+func TestDefaultPolicyIssue43Findings(t *testing.T) {
+	t.Parallel()
+	p, err := remediation.NewPolicy(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		f               *sessionv1.GPUFinding
+		finding, action string
+	}{
+		{&sessionv1.GPUFinding{Resolution: "IGNORE", Signal: &sessionv1.GPUFinding_Persistence{Persistence: &sessionv1.PersistenceModeSignal{}}},
+			config.FindingPersistenceMode, config.ActionNone},
+		{&sessionv1.GPUFinding{Resolution: "UPDATE_SWFW", Signal: &sessionv1.GPUFinding_Drift{Drift: &sessionv1.DriftSignal{DriverVersion: "535"}}},
+			config.FindingDrift, config.ActionNone},
+		{&sessionv1.GPUFinding{Resolution: "ESCALATE", Signal: &sessionv1.GPUFinding_FabricManager{FabricManager: &sessionv1.FabricManagerSignal{ActiveState: "failed"}}},
+			config.FindingFabricManager, config.ActionEscalate},
+	} {
+		if got := remediation.FindingOf(c.f); got != c.finding {
+			t.Errorf("FindingOf(%v) = %s, want %s", c.f, got, c.finding)
+		}
+		if a := p.Action(c.finding, c.f.GetResolution()); a != c.action {
+			t.Errorf("%s %s -> %s, want %s", c.finding, c.f.GetResolution(), a, c.action)
+		}
+	}
+	cordon, err := remediation.NewPolicy([]config.RemediationRule{{Finding: config.FindingPersistenceMode, Action: config.ActionCordon},
+		{Action: config.ActionEscalate}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := cordon.Action(config.FindingPersistenceMode, "IGNORE"); a != config.ActionCordon {
+		t.Errorf("an operator's persistence-mode rule -> %s, want cordon", a)
+	}
 }

@@ -63,4 +63,19 @@
 // rollout bakes for Bake (store.Rollout's bake fields: the phase and the
 // time counted survive a restart, and the clock stops while paused) before
 // it completes.
+//
+// # Health gate (issue 30)
+//
+// When every node of a wave is upgraded, the wave's upgraded nodes are
+// compared with the pool's connected nodes not yet upgraded over the
+// wave's soak (when none remain, with the same nodes over an equal window
+// before their upgrade): bcd restarts and session drops per node-hour,
+// GPU findings per GPU-hour, failed commands per command, counted by
+// store.RolloutHealthCounts from the session starts, node events and
+// commands the store keeps (gate.go). Package healthgate decides: halt (the rollout rolls
+// back every node it upgraded), pass (the next wave starts), or
+// inconclusive (too few node-hours): the soak is extended once by Soak,
+// then the wave advances, or halts with RequireEvidence. Each wave's
+// report is kept in the rollout (store.Rollout.Gates) and carried by its
+// rollout.wave-completed event.
 package rollouts

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/inventory"
 	"github.com/better-compute/better-compute/controlplane/shard"
@@ -54,6 +55,8 @@ type Store interface {
 	PoolBudget(ctx context.Context, poolID string) (*store.PoolBudget, error)
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 	NodeReservedNow(ctx context.Context, nodeID string, now *time.Time) (*store.Reservation, error)
+	CommandGet(ctx context.Context, id string) (*store.Command, error)
+	RolloutHealthCounts(ctx context.Context, spans []store.HealthSpan, excludeCreatedBy string) (*store.HealthCounts, error)
 }
 
 // Waker is told of the nodes that have new commands right after they
@@ -75,6 +78,9 @@ type Config struct {
 	// OnStep, when set, is called after each step that wrote something
 	// (tests and the benchmark watch progress with it).
 	OnStep func(rolloutID string)
+	// Gate is the waves' health gate's thresholds (rollouts.healthGate;
+	// zero fields: package healthgate's defaults).
+	Gate healthgate.Params
 }
 
 // Reconciler drives rollouts (see the package documentation). It is a
@@ -205,6 +211,8 @@ type plan struct {
 	ops   []func(tx store.Store) error
 	logs  []func()
 	woken []string
+	// gpuCount caches the nodes' GPU counts the health gate read.
+	gpuCount map[string]int
 }
 
 func (p *plan) op(fn func(tx store.Store) error) { p.ops = append(p.ops, fn) }
@@ -464,6 +472,11 @@ func (p *plan) advance(ctx context.Context) error {
 	}
 	if ro.State != store.RolloutRunning {
 		return nil
+	}
+	// The wave's health gate: the wave advances once it passed, or was
+	// inconclusive after its extension.
+	if ok, err := p.gate(ctx); err != nil || !ok {
+		return err
 	}
 	var pending []*store.RolloutNode
 	for _, n := range p.nodes {

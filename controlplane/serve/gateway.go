@@ -74,6 +74,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		KeyFile:                keyFile,
 		MaxStreams:             gc.MaxStreams,
 		HeartbeatInterval:      gc.HeartbeatInterval.Duration,
+		GPUHealth:              cfg.GPUHealth.Thresholds(),
 		DrainDelay:             gc.DrainDelay.Duration,
 		NodeCertTTL:            gc.NodeCertTTL.Duration,
 		NodeLogInterval:        gc.NodeLogInterval.Duration,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -19,6 +20,19 @@ type commands struct {
 	d    *FakeDaemon
 	mu   sync.Mutex
 	done map[string]*sessionv1.CommandResult
+	// execDelay keeps each exec running this long before its output and
+	// result (SetExecDelay); 0: at once.
+	execDelay time.Duration
+}
+
+// SetExecDelay makes each exec the daemon runs from now on stay running for
+// delay before it answers (0, the default: at once), as a long job on a
+// node does: what a drain waits for.
+func (d *FakeDaemon) SetExecDelay(delay time.Duration) {
+	c := d.commands()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.execDelay = delay
 }
 
 func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send func(*sessionv1.CommandUpdate) error) {
@@ -34,6 +48,7 @@ func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send
 		res = c.run(cmd)
 		c.done[cmd.GetId()] = res
 	}
+	delay := c.execDelay
 	c.mu.Unlock()
 	if seen {
 		_ = send(&sessionv1.CommandUpdate{CommandId: cmd.GetId(), UpdateSeq: 4, Update: &sessionv1.CommandUpdate_Result{Result: res}})
@@ -70,6 +85,25 @@ func (c *commands) HandleCommand(_ context.Context, cmd *sessionv1.Command, send
 	updates = append(updates, &sessionv1.CommandUpdate{Update: &sessionv1.CommandUpdate_Result{Result: res}})
 	for i, u := range updates {
 		u.CommandId, u.UpdateSeq = cmd.GetId(), uint64(i+1)
+	}
+	if cmd.GetKind() == sessionv1.KindExec && delay > 0 {
+		// Accepted and running now, the rest after the delay.
+		for _, u := range updates[:2] {
+			if err := send(u); err != nil {
+				return
+			}
+		}
+		time.AfterFunc(delay, func() {
+			res.FinishedAt = timestamppb.Now()
+			for _, u := range updates[2:] {
+				if err := send(u); err != nil {
+					return
+				}
+			}
+		})
+		return
+	}
+	for _, u := range updates {
 		if err := send(u); err != nil {
 			return
 		}

@@ -73,12 +73,20 @@ type gpuCause struct {
 	mnemonic       string
 	at             time.Time
 	uncorrectedECC uint64
+	// key names a reading's cause (signals.go: "pcie", "fabric",
+	// "persistence", "fabric-manager"), which a later reading replaces or
+	// ends; "" for an XID or ECC error, which only a reset or reboot ends.
+	key string
+	// health, when set, is the health the cause implies; otherwise it
+	// follows the resolution (xid.ImpactOf).
+	health sessionv1.GPUHealthState
 }
 
 // faultState is a FakeDaemon's injected faults.
 type faultState struct {
 	mu      sync.Mutex
 	causes  map[int][]gpuCause // by GPU index
+	ib      map[int]string     // an InfiniBand port's fault cause, by port index (RaiseIBPortFault)
 	version int                // rises with every change of causes
 	inv     *sessionv1.Inventory
 	invVer  int
@@ -103,6 +111,16 @@ type faultState struct {
 	// downTimer brings the daemon back after a timed outage.
 	downTimer *time.Timer
 	catalog   *xid.Catalog
+
+	// removed are the GPUs (by index) that fell off the bus: the inventory
+	// does not list them (RemoveGPU).
+	removed map[int]bool
+	// boards are the GPUs (by index) whose board was swapped for another
+	// (SwapGPU): the inventory lists that board's UUID and serial there.
+	boards map[int]board
+	// driver and cuda replace every GPU's versions in the inventory when
+	// set (SetVersions).
+	driver, cuda string
 }
 
 func closedChan() chan struct{} {
@@ -147,7 +165,30 @@ func (d *FakeDaemon) gpuAt(i int) (*sessionv1.GPU, error) {
 	if i < 0 || i >= len(d.inv.GetGpus()) {
 		return nil, fmt.Errorf("fake daemon %s: GPU %d: %w (it has %d)", d.cfg.Name, i, ErrNoSuchGPU, len(d.inv.GetGpus()))
 	}
-	return d.inv.GetGpus()[i], nil
+	f := d.faults()
+	f.mu.Lock()
+	b, ok := f.boards[i]
+	f.mu.Unlock()
+	if !ok {
+		return d.inv.GetGpus()[i], nil
+	}
+	g := proto.Clone(d.inv.GetGpus()[i]).(*sessionv1.GPU)
+	g.Uuid, g.Serial = b.uuid, b.serial
+	return g, nil
+}
+
+// gpuIndexLocked is the index of the GPU with UUID uuid (a swapped board's
+// included), -1 when none. f.mu must be held.
+func (d *FakeDaemon) gpuIndexLocked(uuid string) int {
+	for i, b := range d.flt.boards {
+		if b.uuid == uuid {
+			return i
+		}
+	}
+	return slices.IndexFunc(d.inv.GetGpus(), func(g *sessionv1.GPU) bool {
+		_, swapped := d.flt.boards[int(g.GetIndex())]
+		return !swapped && g.GetUuid() == uuid
+	})
 }
 
 // RaiseXID makes GPU i (0-based) report XID code, as the driver would: the
@@ -314,8 +355,8 @@ func (f *faultState) rebootedLocked() {
 	_, _ = rand.Read(b[:])
 	f.bootID = uuid(b[:])
 	f.stats.Boots++
-	if len(f.causes) > 0 {
-		f.causes = map[int][]gpuCause{}
+	if len(f.causes) > 0 || len(f.removed) > 0 {
+		f.causes, f.removed = map[int][]gpuCause{}, nil
 		f.version++
 	}
 	if f.stats.Hung {
@@ -338,8 +379,12 @@ func (f *faultState) bringUpLocked() {
 func (d *FakeDaemon) ClearFaults() {
 	f := d.faults()
 	f.mu.Lock()
-	if len(f.causes) > 0 {
-		f.causes = map[int][]gpuCause{}
+	if len(f.causes) > 0 || len(f.removed) > 0 || f.driver != "" || f.cuda != "" {
+		f.causes, f.removed, f.driver, f.cuda = map[int][]gpuCause{}, nil, "", ""
+		f.version++
+	}
+	if len(f.ib) > 0 {
+		f.ib = nil
 		f.version++
 	}
 	if f.stats.Hung {
@@ -427,6 +472,9 @@ func (d *FakeDaemon) inventoryLocked() *sessionv1.Inventory {
 			if xid.ImpactOf(c.resolution) == xid.ImpactFailed {
 				state = sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED
 			}
+			if c.health != sessionv1.GPUHealthState_GPU_HEALTH_STATE_UNSPECIFIED {
+				state = c.health
+			}
 			h.State = max(h.State, state)
 			h.Reasons = append(h.Reasons, c.reason)
 			if xid.Rank(c.resolution) > xid.Rank(h.Resolution) {
@@ -439,6 +487,23 @@ func (d *FakeDaemon) inventoryLocked() *sessionv1.Inventory {
 			g.EccAggregateUncorrected += c.uncorrectedECC
 		}
 		g.Health = h
+	}
+	for i, b := range f.boards {
+		g := inv.GetGpus()[i]
+		g.Uuid, g.Serial = b.uuid, b.serial
+	}
+	for _, g := range inv.GetGpus() {
+		g.DriverVersion = cmp.Or(f.driver, g.GetDriverVersion())
+		g.CudaDriverVersion = cmp.Or(f.cuda, g.GetCudaDriverVersion())
+	}
+	if len(f.removed) > 0 {
+		inv.Gpus = slices.DeleteFunc(inv.Gpus, func(g *sessionv1.GPU) bool { return f.removed[int(g.GetIndex())] })
+		for i, g := range inv.Gpus {
+			g.Index = uint32(i) // NVML enumerates the others from 0
+		}
+	}
+	for i, cause := range f.ib {
+		ibPortFault(inv.GetIbPorts()[i], cause)
 	}
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(inv)
 	if err != nil {
@@ -576,7 +641,7 @@ func (d *FakeDaemon) recoveryResult(cmd *sessionv1.Command) *sessionv1.CommandRe
 	case sessionv1.KindGPUReset:
 		f.stats.Resets++
 		uuid := cmd.GetGpuReset().GetGpuUuid()
-		i := slices.IndexFunc(d.inv.GetGpus(), func(g *sessionv1.GPU) bool { return g.GetUuid() == uuid })
+		i := d.gpuIndexLocked(uuid)
 		switch {
 		case i < 0:
 			return fail(fmt.Sprintf("gpu.reset: processes of %s: no such GPU on this node", uuid))
@@ -628,7 +693,7 @@ func (d *FakeDaemon) recovers(cmd *sessionv1.Command, res *sessionv1.CommandResu
 		return true
 	}
 	uuid := cmd.GetGpuReset().GetGpuUuid()
-	i := slices.IndexFunc(d.inv.GetGpus(), func(g *sessionv1.GPU) bool { return g.GetUuid() == uuid })
+	i := d.gpuIndexLocked(uuid)
 	time.AfterFunc(f.recovery.ResetDelay, func() {
 		f.mu.Lock()
 		if len(f.causes[i]) > 0 {

@@ -292,7 +292,7 @@ func TestFaultHangAndDisconnect(t *testing.T) {
 func TestParseAndApplyFaults(t *testing.T) {
 	t.Parallel()
 	for _, bad := range []string{"", "xid", "xid 1", "xid 1 2", "xid 1 x 79", "xid 1 2 -3", "ecc 0 a", "hang 0 extra",
-		"disconnect 0 soon", "recovery 0 reset=x", "recovery 0 fast", "explode 0"} {
+		"disconnect 0 soon", "recovery 0 reset=x", "recovery 0 fast", "explode 0", "ib 0 1", "ib 0 x flap", "ib-clear 0"} {
 		if _, err := sim.ParseFault(bad); !errors.Is(err, sim.ErrBadFault) {
 			t.Errorf("ParseFault(%q) = %v, want ErrBadFault", bad, err)
 		}
@@ -330,5 +330,61 @@ func TestParseAndApplyFaults(t *testing.T) {
 	}
 	if _, err := f.Apply(sim.Fault{Op: "xid", Daemon: "0", GPU: 8, Code: 79}); !errors.Is(err, sim.ErrNoSuchGPU) {
 		t.Errorf("xid on GPU 8: %v", err)
+	}
+	if _, err := f.ApplyFaults(strings.NewReader("ib 0 3 flap\n")); err != nil {
+		t.Fatal(err)
+	}
+	if p := ds[0].CurrentInventory().GetIbPorts()[3]; p.GetHealth().GetState() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED ||
+		p.GetLinkDowned() != 1 {
+		t.Errorf("daemon 0 InfiniBand port 3 after a flap = %v", p)
+	}
+	if _, err := f.ApplyFaults(strings.NewReader("ib-clear 0 3\n")); err != nil {
+		t.Fatal(err)
+	}
+	if p := ds[0].CurrentInventory().GetIbPorts()[3]; p.GetHealth().GetState() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK {
+		t.Errorf("daemon 0 InfiniBand port 3 after ib-clear = %v", p)
+	}
+}
+
+// TestFaultInfiniBandPort: a FakeDaemon's InfiniBand port fault is an
+// ib.port event carrying its typed finding (no GPU), the port reads as the
+// fault shows in the next inventory, and it reads up and ok once cleared.
+func TestFaultInfiniBandPort(t *testing.T) {
+	t.Parallel()
+	r, s := newFaultRig(t)
+	d := r.d
+	if n := len(d.Inventory().GetIbPorts()); n != 8 {
+		t.Fatalf("simulated InfiniBand ports: %d, want 8", n)
+	}
+	if err := d.RaiseIBPortFault(2, sim.IBFaultDown); err != nil {
+		t.Fatal(err)
+	}
+	ev := r.next(s, "the ib.port event", isEvent).GetEvent()
+	f := ev.GetGpuFinding()
+	if ev.GetKind() != "ib.port" || f.GetGpuUuid() != "" || f.GetInfiniband().GetDevice() != "mlx5_2" ||
+		f.GetInfiniband().GetPort() != 1 || f.GetInfiniband().GetCause() != "down" || f.GetInfiniband().GetState() != "DOWN" ||
+		f.GetResolution() != "CHECK_MECHANICALS" || f.GetHealth() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED ||
+		f.GetPciBusId() != d.Inventory().GetIbPorts()[2].GetPciBusId() {
+		t.Fatalf("ib.port event = %v", ev)
+	}
+	inv := r.next(s, "the inventory after the fault", isInventory).GetInventory()
+	if p := inv.GetIbPorts()[2]; p.GetState() != "DOWN" || p.GetHealth().GetState() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED {
+		t.Fatalf("port 2 after the fault: %v", p)
+	}
+	if inv.GetIbPorts()[1].GetHealth().GetState() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK {
+		t.Fatalf("port 1 after port 2's fault: %v", inv.GetIbPorts()[1])
+	}
+	if err := d.ClearIBPortFault(2); err != nil {
+		t.Fatal(err)
+	}
+	inv = r.next(s, "the inventory after the clear", isInventory).GetInventory()
+	if p := inv.GetIbPorts()[2]; p.GetState() != "ACTIVE" || p.GetHealth().GetState() != sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK {
+		t.Fatalf("port 2 after the clear: %v", p)
+	}
+	if err := d.RaiseIBPortFault(8, sim.IBFaultFlap); !errors.Is(err, sim.ErrNoSuchIBPort) {
+		t.Errorf("RaiseIBPortFault on port 8 of 8 = %v, want ErrNoSuchIBPort", err)
+	}
+	if err := d.RaiseIBPortFault(0, "melted"); err == nil || !strings.Contains(err.Error(), "want down, errors, flap or mlx5") {
+		t.Errorf("RaiseIBPortFault with an unknown cause = %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,14 +17,20 @@ const FaultFile = "sim-faults"
 
 // Fault is one fault for daemons of a Fleet, as ParseFault reads it.
 type Fault struct {
-	// Op is "xid", "ecc", "lose-gpu", "hang", "disconnect", "recovery" or
-	// "clear".
+	// Op is "xid", "ecc", "lose-gpu", "pcie", "fabric", "persistence",
+	// "fabric-manager", "remove-gpu", "restore-gpu", "versions", "ib",
+	// "ib-clear", "hang",
+	// "disconnect", "recovery" or "clear".
 	Op string
 	// Daemon names the daemons: a hostname ("sim-00003"), an index into
 	// Fleet.Daemons ("3"), or "all".
 	Daemon string
-	// GPU is the GPU index (xid, ecc, lose-gpu).
+	// GPU is the GPU index (xid, ecc, lose-gpu, pcie, fabric,
+	// persistence, remove-gpu, restore-gpu), or the InfiniBand port index
+	// (ib, ib-clear).
 	GPU int
+	// Cause is the InfiniBand fault (ib): down, errors, flap or mlx5.
+	Cause string
 	// Code is the XID (xid); Count the uncorrectable ECC errors (ecc).
 	Code  uint32
 	Count uint64
@@ -31,6 +38,13 @@ type Fault struct {
 	For time.Duration
 	// Recovery is the recovery settings (recovery).
 	Recovery Recovery
+	// PCIe is the PCIe fault (pcie); the zero value ends it.
+	PCIe PCIeFault
+	// State is the fabric state (fabric), "on" or "off" (persistence), or
+	// the fabric manager unit's ActiveState (fabric-manager).
+	State string
+	// Driver and CUDA are the versions (versions; "" keeps the default).
+	Driver, CUDA string
 }
 
 // ErrBadFault is wrapped by ParseFault's errors.
@@ -41,6 +55,15 @@ var ErrBadFault = errors.New("bad fault")
 //	xid DAEMON GPU CODE          raise XID CODE on GPU (RaiseXID)
 //	ecc DAEMON GPU [COUNT]       uncorrectable ECC errors (RaiseECC; COUNT defaults to 1)
 //	lose-gpu DAEMON GPU          the GPU falls off the bus (LoseGPU)
+//	pcie DAEMON GPU replays=N|width=N|aer=SEVERITY|ok
+//	                             a PCIe fault (RaisePCIe; SEVERITY corrected, non-fatal or fatal), ok ends it (ClearPCIe)
+//	fabric DAEMON GPU STATE      the NVLink fabric state: NOT_STARTED, IN_PROGRESS or COMPLETED (SetFabricState)
+//	persistence DAEMON GPU on|off persistence mode (SetPersistenceMode)
+//	fabric-manager DAEMON STATE  nvidia-fabricmanager's ActiveState: active, failed, inactive, ... (SetFabricManager)
+//	remove-gpu DAEMON GPU        the GPU is no longer listed (RemoveGPU); restore-gpu lists it again (RestoreGPU)
+//	versions DAEMON DRIVER [CUDA] the driver and CUDA versions every GPU reports (SetVersions)
+//	ib DAEMON PORT CAUSE         InfiniBand port PORT's fault: down, errors, flap or mlx5 (RaiseIBPortFault)
+//	ib-clear DAEMON PORT         the port's fault ends (ClearIBPortFault)
 //	hang DAEMON                  stop answering, session open (Hang)
 //	disconnect DAEMON [DURATION] drop off the network for DURATION, or until clear (Disconnect)
 //	recovery DAEMON [reset=DURATION] [reboot=DURATION] [reset-fails] [reboot-hangs]
@@ -91,9 +114,49 @@ func ParseFault(line string) (Fault, error) {
 				}
 			}
 		}
-	case "lose-gpu":
+	case "lose-gpu", "remove-gpu", "restore-gpu", "ib-clear":
 		if err = need(1, 1); err == nil {
 			err = gpu()
+		}
+	case "pcie":
+		if err = need(2, 2); err == nil {
+			if err = gpu(); err == nil {
+				err = parsePCIe(args[1], &f.PCIe)
+			}
+		}
+		if err != nil && !errors.Is(err, ErrBadFault) {
+			err = fmt.Errorf("%w: %q: %v", ErrBadFault, line, err)
+		}
+	case "fabric", "persistence":
+		if err = need(2, 2); err == nil {
+			if err = gpu(); err == nil {
+				f.State = args[1]
+				if f.Op == "persistence" && f.State != "on" && f.State != "off" {
+					err = fmt.Errorf("%w: %q: want on or off", ErrBadFault, line)
+				}
+			}
+		}
+	case "fabric-manager":
+		if err = need(1, 1); err == nil {
+			f.State = args[0]
+			// systemd's ActiveState values (systemd.unit(5), org.freedesktop.systemd1).
+			if !slices.Contains([]string{"active", "reloading", "inactive", "failed", "activating", "deactivating",
+				"maintenance", "refreshing"}, f.State) {
+				err = fmt.Errorf("%w: %q: %q is no systemd ActiveState (active, failed, inactive, activating, ...)", ErrBadFault, line, f.State)
+			}
+		}
+	case "versions":
+		if err = need(1, 2); err == nil {
+			f.Driver = args[0]
+			if len(args) == 2 {
+				f.CUDA = args[1]
+			}
+		}
+	case "ib":
+		if err = need(2, 2); err == nil {
+			if err = gpu(); err == nil {
+				f.Cause = args[1]
+			}
 		}
 	case "hang", "clear":
 		err = need(0, 0)
@@ -136,6 +199,37 @@ func ParseFault(line string) (Fault, error) {
 	return f, nil
 }
 
+// parsePCIe reads a pcie fault's word: replays=N, width=N, aer=SEVERITY or
+// ok (the zero PCIeFault).
+func parsePCIe(w string, p *PCIeFault) error {
+	if w == "ok" {
+		return nil
+	}
+	k, v, _ := strings.Cut(w, "=")
+	switch k {
+	case "replays":
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil || n == 0 {
+			return fmt.Errorf("replays %q: want a count above 0", v)
+		}
+		p.Replays = n
+	case "width":
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n >= simPCIeWidth {
+			return fmt.Errorf("width %q: want 1 to %d lanes", v, simPCIeWidth-1)
+		}
+		p.Width = n
+	case "aer":
+		if _, ok := aerRules[v]; !ok {
+			return fmt.Errorf("aer %q: want corrected, non-fatal or fatal", v)
+		}
+		p.AER = v
+	default:
+		return fmt.Errorf("%q: want replays=N, width=N, aer=SEVERITY or ok", w)
+	}
+	return nil
+}
+
 // Apply applies ft to the daemons it names and returns them. Errors: no
 // daemon of that name or index (wrapping ErrBadFault), or the daemon's
 // (ErrNoSuchGPU).
@@ -165,6 +259,28 @@ func (f *Fleet) Apply(ft Fault) ([]*FakeDaemon, error) {
 			err = d.RaiseECC(ft.GPU, ft.Count)
 		case "lose-gpu":
 			err = d.LoseGPU(ft.GPU)
+		case "pcie":
+			if ft.PCIe == (PCIeFault{}) {
+				err = d.ClearPCIe(ft.GPU)
+			} else {
+				err = d.RaisePCIe(ft.GPU, ft.PCIe)
+			}
+		case "fabric":
+			err = d.SetFabricState(ft.GPU, ft.State)
+		case "persistence":
+			err = d.SetPersistenceMode(ft.GPU, ft.State == "on")
+		case "fabric-manager":
+			d.SetFabricManager(ft.State)
+		case "remove-gpu":
+			err = d.RemoveGPU(ft.GPU)
+		case "restore-gpu":
+			err = d.RestoreGPU(ft.GPU)
+		case "versions":
+			d.SetVersions(ft.Driver, ft.CUDA)
+		case "ib":
+			err = d.RaiseIBPortFault(ft.GPU, ft.Cause)
+		case "ib-clear":
+			err = d.ClearIBPortFault(ft.GPU)
 		case "hang":
 			d.Hang()
 		case "disconnect":

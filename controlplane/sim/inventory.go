@@ -62,6 +62,17 @@ func simulatedInventory(name string) *sessionv1.Inventory {
 			Health:            &sessionv1.GPUHealth{State: sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK},
 		})
 	}
+	for _, g := range inv.Gpus {
+		inv.GpusSeen = append(inv.GpusSeen, g.GetUuid()) // bcd's record of the GPUs it has seen
+	}
+	// One InfiniBand port per GPU, as on a DGX A100 (mlx5_0..mlx5_7, the
+	// compute fabric's HCAs), up.
+	for i := range simGPUs {
+		inv.IbPorts = append(inv.IbPorts, &sessionv1.InfiniBandPort{Device: fmt.Sprintf("mlx5_%d", i), Port: 1,
+			PciBusId: fmt.Sprintf("0000:%02x:00.0", 0x0c+i*0x10), State: "ACTIVE", PhysState: "LinkUp",
+			Rate: "200 Gb/sec (4X HDR)", LinkLayer: "InfiniBand",
+			Health: &sessionv1.GPUHealth{State: sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK}})
+	}
 	// The digest is over the deterministic encoding, which is stable here
 	// because nothing in the simulated inventory changes.
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(inv)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -40,6 +42,13 @@ type Release struct {
 	// kept beside this one by itself that long after it starts, as bcd
 	// does after a crash loop (issue 30), and restart into it.
 	RollBackAfter time.Duration
+	// XIDEvery, when positive, makes the version raise XID XIDCode on
+	// GPU 0 every XIDEvery while it runs (a release that raises its
+	// nodes' XID rate: issue 30's health gate); XIDCode defaults to 13, a
+	// RESTART_APP XID that leaves the GPU healthy. It needs a daemon with
+	// an inventory (FleetConfig.NoInventory unset).
+	XIDEvery time.Duration
+	XIDCode  uint32
 }
 
 // DefaultRestartDelay is how long a FakeDaemon's restart takes.
@@ -188,7 +197,7 @@ func (d *FakeDaemon) restart() {
 }
 
 // watchHealth makes a session of an unhealthy release drop after its
-// UnhealthyAfter.
+// UnhealthyAfter, and one of a release with XIDEvery raise its XIDs.
 func (d *FakeDaemon) watchHealth(ctx context.Context) {
 	d.rel.mu.Lock()
 	r, ok := d.rel.releases[d.rel.version]
@@ -204,6 +213,22 @@ func (d *FakeDaemon) watchHealth(ctx context.Context) {
 				d.rel.mu.Unlock()
 				d.log.Info("Simulated release crash-looped: restoring the previous version", "version", to)
 				d.restart()
+			}
+		}()
+	}
+	if ok && r.XIDEvery > 0 {
+		go func() {
+			tick := time.NewTicker(r.XIDEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					if err := d.RaiseXID(0, cmp.Or(r.XIDCode, 13)); err != nil {
+						d.log.Debug("Simulated release: XID not raised", logkey.Err, err)
+					}
+				}
 			}
 		}()
 	}

@@ -138,12 +138,14 @@ type RemediationStore interface {
 	// evented). ErrNotFound when no open case has id.
 	RemediationSetPaused(ctx context.Context, id string, paused bool, actor string) (*Remediation, error)
 	// RemediationBreakerAdmit decides, locking the pool's row so shards
-	// never overrun it together, whether one more quarantine may start in
-	// poolID: refused while the breaker is tripped; the quarantine that
-	// would make more than limit quarantines within window (counted since
-	// the later of now-window and the last reset) trips it (and writes
-	// remediation.breaker-tripped). An admitted quarantine is counted when
-	// the case is moved to quarantined.
+	// never overrun it together, whether one more node may be acted on in
+	// poolID: refused while the breaker is tripped (a breaker tripped
+	// Window ago or more closes first, evented remediation.breaker-reset
+	// by "window"); the node that would make more than the limit of
+	// distinct nodes acted on within window (counted since the later of
+	// now-window and the last reset) trips it (and writes
+	// remediation.breaker-tripped). An admitted node is counted when its
+	// case is moved to quarantined.
 	RemediationBreakerAdmit(ctx context.Context, p *RemediationBreakerAdmitParams) (admitted, tripped bool, err error)
 	// RemediationBreakerReset resets a pool's breaker (audited, evented
 	// remediation.breaker-reset); quarantines before it no longer count.
@@ -152,6 +154,13 @@ type RemediationStore interface {
 	// RemediationBreakers returns the breakers of pools that have one
 	// (tripped or reset at least once), by pool id.
 	RemediationBreakers(ctx context.Context) ([]*RemediationBreaker, error)
+	// PoolGPUNodes counts the pool's nodes whose inventory lists a GPU
+	// (what the breaker's share is of).
+	PoolGPUNodes(ctx context.Context, poolID string) (int, error)
+	// RemediationBreakerStates returns every pool's breaker by pool id,
+	// with the nodes acted on within window before now (nil: the
+	// process's clock), its GPU nodes and held cases.
+	RemediationBreakerStates(ctx context.Context, window time.Duration, now *time.Time) ([]*RemediationBreakerState, error)
 	// RemediationSilentDue returns those of shards (ascending) that hold a
 	// node silent past the liveness window (state unreachable) with sealed
 	// BMC credentials (secret bmc/<id>) and no open case: its BMC is to be
@@ -167,8 +176,106 @@ type RemediationStore interface {
 	// when there is none.
 	SecretGrantTake(ctx context.Context, name, nodeID string, now *time.Time) (bool, error)
 	// RemediationPrune deletes the closed (returned) cases closed before
-	// before, and returns how many: retention.history.
+	// before and the kept findings (GPUFindingRecord) taken before it, and
+	// returns how many: retention.history.
 	RemediationPrune(ctx context.Context, before time.Time) (int64, error)
+	// RemediationFindingKeep keeps a finding the reconciler took, with
+	// what it made of it (migration 0020, table gpu_findings): call it in
+	// the transaction that takes the finding. ID is set.
+	RemediationFindingKeep(ctx context.Context, r *GPUFindingRecord) error
+	// RemediationFindingCount counts the kept findings of GPU gpuUUID on
+	// node nodeID of kind kind and XID code xid (0: not an XID) taken
+	// after since (strictly): the memory of codes that do not act.
+	RemediationFindingCount(ctx context.Context, nodeID, gpuUUID, kind string, xid int, since time.Time) (int, error)
+	// RemediationHistory returns a node's or a GPU's memory: its kept
+	// findings, its cases and their actions, newest first, and its
+	// findings counted per GPU and code (issue 32; `remediation
+	// history`). An error when p names neither a node nor a GPU.
+	RemediationHistory(ctx context.Context, p *RemediationHistoryParams) (*RemediationHistory, error)
+}
+
+// Outcomes of a kept finding (GPUFindingRecord.Outcome): what the
+// remediation reconciler made of it.
+const (
+	FindingOutcomeNone     = "none"      // the policy's action is none: the event was the whole answer
+	FindingOutcomeOpened   = "opened"    // it opened case RemediationID
+	FindingOutcomeHeld     = "held"      // it opened case RemediationID held for a person (a repeat rule)
+	FindingOutcomeJoined   = "joined"    // the node's open case RemediationID was under way: it added nothing
+	FindingOutcomeFailed   = "failed"    // it failed the verification of case RemediationID (the case's GPU)
+	FindingOutcomeOtherGPU = "other-gpu" // on another GPU than verifying case RemediationID: read again when that ends
+)
+
+// GPUFindingRecord is a finding as the reconciler took it, kept per node
+// and per GPU.
+type GPUFindingRecord struct {
+	ID          int64
+	NodeID      string
+	GPUUUID     string // "" when the finding names no GPU
+	BoardSerial string // NVML's board serial, "" when it gives none
+	Kind        string // the node event's kind: "gpu.xid", ...
+	Severity    string
+	// Resolution is the one acted on; Investigatory the catalogue's
+	// investigatory resolution ("CONTACT_SUPPORT", ...; "" for none).
+	Resolution    string
+	Investigatory string
+	XID           int
+	XIDMnemonic   string
+	Message       string
+	EventID       int64
+	// Outcome is a FindingOutcome*; RemediationID the case it opened,
+	// joined or failed ("" for none).
+	Outcome       string
+	RemediationID string
+	CreatedAt     time.Time // when the node event was stored
+	TakenAt       time.Time // when the reconciler took it (its clock)
+}
+
+// RemediationHistoryParams select RemediationHistory: a node, a GPU (by
+// UUID, on whichever node it was), or both (that GPU on that node).
+type RemediationHistoryParams struct {
+	NodeID  string
+	GPUUUID string
+	// Since, when not zero, leaves out what came before it.
+	Since time.Time
+	// Limit bounds each list: 1 to MaxListLimit; 0 means 100.
+	Limit int
+}
+
+// RemediationHistory is a node's or a GPU's memory, each list newest
+// first.
+type RemediationHistory struct {
+	Findings []*GPUFindingRecord
+	// Cases are the node's cases (a GPU's: those naming it).
+	Cases []*Remediation
+	// Actions are the cases' commands (gpu.reset, reboot, power.cycle).
+	Actions []*RemediationAction
+	// Counts are the kept findings counted per GPU and code, the most
+	// first: how often a code that does not act came back.
+	Counts []*GPUFindingCount
+}
+
+// RemediationAction is one command a case enqueued.
+type RemediationAction struct {
+	RemediationID string
+	CommandID     string
+	NodeID        string
+	GPUUUID       string
+	Kind          string // "gpu.reset", "reboot", "power.cycle"; "" once the command is pruned
+	State         string // the command's state; "" once it is pruned
+	CreatedAt     time.Time
+	FinishedAt    *time.Time
+}
+
+// GPUFindingCount counts one GPU's kept findings of one code.
+type GPUFindingCount struct {
+	NodeID      string
+	GPUUUID     string
+	Kind        string
+	XID         int
+	XIDMnemonic string
+	Resolution  string
+	Count       int
+	First, Last time.Time // taken
 }
 
 // SecretGrantParams are SecretGrant's inputs.
@@ -195,9 +302,10 @@ type RemediationMoveParams struct {
 	ID   string
 	From []string // the states it may be in; none: any open state
 	To   string
-	// Action and Finding, when set, replace the case's.
+	// Action, Finding and GPUUUID, when set, replace the case's.
 	Action  string
 	Finding string
+	GPUUUID string
 	// Attempts, when not nil, replaces the count.
 	Attempts *int
 	// CommandID, when set, becomes the current command and is appended to
@@ -225,8 +333,36 @@ type RemediationMoveParams struct {
 // RemediationBreakerAdmitParams are RemediationBreakerAdmit's inputs.
 type RemediationBreakerAdmitParams struct {
 	PoolID string
-	// Limit is the most quarantines within Window (at least 1).
-	Limit  int
+	// Limit is the most distinct nodes acted on within Window (at least
+	// 1), used when LimitFor is nil.
+	Limit int
+	// LimitFor, when set, gives the limit for the pool's count of GPU
+	// nodes (nodes whose inventory lists a GPU), read under the pool's
+	// lock (config.RemediationBreaker.Limit).
+	LimitFor func(gpuNodes int) int
+	// Window is the sliding window; a tripped breaker closes by itself
+	// Window after it tripped.
 	Window time.Duration
-	Now    *time.Time
+	// NodeID, when set, is the node to act on: a node already acted on
+	// within the window counts once (it is admitted again).
+	NodeID string
+	// CaseID and CreatedAt, when set, name the case asking: the pool's
+	// older held cases go first (it is refused, without tripping, while
+	// they would fill what is left).
+	CaseID    string
+	CreatedAt time.Time
+	Now       *time.Time
+}
+
+// RemediationBreakerState is a pool's breaker as it stands: every pool has
+// one from its creation.
+type RemediationBreakerState struct {
+	RemediationBreaker
+	// Acted counts the distinct nodes acted on (moved to quarantined)
+	// within the window since the later of its start and the last reset.
+	Acted int
+	// GPUNodes counts the pool's nodes whose inventory lists a GPU.
+	GPUNodes int
+	// Held counts the pool's open cases in state held.
+	Held int
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 )
 
 // Rollout states (DESIGN.md, "Rollouts of bcd"; docs/rollouts.md). A
@@ -141,7 +143,13 @@ type Rollout struct {
 	BakeStartedAt *time.Time
 	BakeElapsed   time.Duration
 	BakeResumedAt *time.Time
-	State         string
+	// RequireEvidence halts a wave whose health gate is still
+	// inconclusive after its extension (migration
+	// 0021_rollout_health_gate); Gates are the waves' health gates, by
+	// wave (the last one may be extended: no verdict yet).
+	RequireEvidence bool
+	Gates           []healthgate.Report
+	State           string
 	// CurrentWave is the wave in progress: 0 before the first (the
 	// canary is wave 1).
 	CurrentWave int
@@ -194,6 +202,10 @@ type RolloutNode struct {
 	WatchStarts      int64
 	SeenSessionSince *time.Time
 	Drops            int
+	// SoakStartedAt is when the node last entered soaking (set by
+	// RolloutNodeUpdate): its part of the wave's health-gate window
+	// starts there (migration 0021_rollout_health_gate).
+	SoakStartedAt *time.Time
 
 	// Read from the node, its session and commands (not stored here):
 	Hostname   string
@@ -242,6 +254,14 @@ type RolloutStore interface {
 	// RolloutsActive returns the rollouts that are active (RolloutActive),
 	// by id: what the reconciler reads once a round.
 	RolloutsActive(ctx context.Context) ([]*Rollout, error)
+	// RolloutHealthCounts counts what a health gate measures over each
+	// span: bcd starts and session drops (session_starts, as SessionOpen
+	// records them), GPU findings (node events
+	// "gpu.*" above severity info), and commands finished and failed
+	// (failed, expired or lost), those created by excludeCreatedBy (the
+	// rollout's own) not counted. Spans with the same window are counted
+	// in one query.
+	RolloutHealthCounts(ctx context.Context, spans []HealthSpan, excludeCreatedBy string) (*HealthCounts, error)
 	// RolloutPrune deletes the completed, aborted and failed rollouts
 	// (with their nodes) finished before before, and returns how many:
 	// retention.history.
@@ -262,9 +282,11 @@ type RolloutCreateParams struct {
 	Timeout        time.Duration
 	Drain          bool
 	// Bake is how long the rollout watches its nodes after the last wave.
-	Bake      time.Duration
-	CreatedBy string
-	Now       *time.Time
+	Bake time.Duration
+	// RequireEvidence: an inconclusive health gate halts the wave.
+	RequireEvidence bool
+	CreatedBy       string
+	Now             *time.Time
 }
 
 // RolloutListParams filter and page RolloutList.
@@ -297,6 +319,10 @@ type RolloutUpdateParams struct {
 	// Halted names the nodes a halt rolled back or failed, and why, in the
 	// rollout.halted (or rollout.failed) event.
 	Halted []RolloutHaltedNode
+	// Gate, when set, records a wave's health gate, replacing the one of
+	// the same wave; the rollout.wave-completed event of that wave carries
+	// it.
+	Gate *healthgate.Report
 	// Actor is recorded in the events (the operator, or "" for the
 	// reconciler).
 	Actor string
@@ -322,6 +348,18 @@ type RolloutNodeUpdateParams struct {
 	// SeenSessionSince and Drops).
 	Watch *RolloutNodeWatch
 	Now   *time.Time
+}
+
+// HealthSpan is one node's window of a health gate: [From, To).
+type HealthSpan struct {
+	NodeID   string
+	From, To time.Time
+}
+
+// HealthCounts are RolloutHealthCounts' counts, summed over the spans.
+type HealthCounts struct {
+	Restarts, Drops, Findings int64
+	Commands, FailedCommands  int64
 }
 
 // RolloutNodeWatch is the watch of a node a rollout upgraded.

@@ -127,6 +127,7 @@ type Store interface {
 	ReservationStore
 	RemediationStore
 	RolloutStore
+	GPUStore
 }
 
 // Migrator applies and reports schema migrations.
@@ -397,10 +398,19 @@ type NodeStore interface {
 	// with their node ids, sorted by hostname; at most limit hostnames.
 	NodeHostnameDuplicates(ctx context.Context, limit int) ([]*HostnameDuplicate, error)
 	NodeList(ctx context.Context, p *NodeListParams) ([]*Node, error)
+	// NodeSummaries pages every node by id (p.Cursor, p.Limit) with its
+	// id, pool, hostname, state, cordon, disruption, labels, bcd version
+	// and InventoryDigest, but not its inventory: the fleet page's scan of
+	// every node, which decodes an inventory (NodeInventories) only when
+	// its digest changed.
+	NodeSummaries(ctx context.Context, p *ListParams) ([]*Node, error)
 	// NodeSetState moves a node to state; ErrNotFound for an unknown id.
 	NodeSetState(ctx context.Context, id, state string) error
 	// NodeSetCordoned marks a node (un)schedulable for new commands.
 	NodeSetCordoned(ctx context.Context, id string, cordoned bool) error
+	// NodeSetLabel sets the node's label key to value; an empty value
+	// removes it. ErrNotFound for an unknown node.
+	NodeSetLabel(ctx context.Context, id, key, value string) error
 	// NodeRolledBackLocally records that bcd restored its previous release
 	// by itself after a crash loop (issue 30): it writes the event
 	// node.rolled-back-locally and changes no row. ErrNotFound for an
@@ -679,7 +689,12 @@ type Session struct {
 type SessionStore interface {
 	// SessionOpen records a node's new session on a gateway, superseding any
 	// older one (epoch + 1), and the boot id the node reported as its
-	// BootID. It returns the new session and the one it replaced, if any.
+	// BootID. It records the start in session_starts (counted by
+	// RolloutHealthCounts): SessionStartBCD for a Fresh session (a new bcd
+	// process), SessionStartDrain for one that opens by the node's
+	// reconnect_by plus DrainReconnectSlack (a gateway's drain asked for
+	// it), SessionStartDrop otherwise. It returns the new session and the
+	// one it replaced, if any.
 	SessionOpen(ctx context.Context, p *SessionOpenParams) (session, previous *Session, err error)
 	// SessionClose removes a session if it is still the node's current one,
 	// and keeps its last heartbeat as the node's LastSeenAt.
@@ -714,6 +729,11 @@ type SessionDrainParams struct {
 	// Now is when the Drains are sent; nil: the database's clock.
 	Now *time.Time
 }
+
+// DrainReconnectSlack is how long after a gateway's drain expected a node
+// back (nodes.reconnect_by) its new session still counts as the drain's
+// reconnect, not as a drop (issue 30).
+const DrainReconnectSlack = 30 * time.Second
 
 // SessionOpenParams are SessionOpen's inputs.
 type SessionOpenParams struct {
@@ -1100,6 +1120,21 @@ type Event struct {
 	// gpufinding.Decode reads it from Payload, in either stored shape.
 	GPUFinding *sessionv1.GPUFinding
 }
+
+// Kinds of the session starts SessionOpen records (table session_starts,
+// migration 0021_rollout_health_gate): what rollouts' health gates count
+// as bcd restarts and session drops (RolloutHealthCounts; issue 30).
+const (
+	// SessionStartBCD: a session opened without a resume cursor (a new
+	// bcd process).
+	SessionStartBCD = "bcd-start"
+	// SessionStartDrop: a session of the same bcd opened again, not after
+	// a gateway's drain.
+	SessionStartDrop = "drop"
+	// SessionStartDrain: the same, by the node's reconnect_by plus
+	// DrainReconnectSlack: the reconnect a gateway's drain asked for.
+	SessionStartDrain = "drain-reconnect"
+)
 
 // EventStore keeps events.
 type EventStore interface {

@@ -5,12 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
-	"sync"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/inventory"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -29,13 +26,31 @@ type view struct {
 	States []string
 	Sites  []siteRow
 	Totals siteRow
-	// GPUs by health, GPUHealth in the order shown.
+	// GPUs by cell state (fleet.go), gpuStates in the order shown: a GPU
+	// of a silent node counts unknown, never ok.
 	GPUs      []countRow
 	GPUsTotal int
 	GPUsAt    time.Time
-	Commands  []countRow
-	InFlight  int
-	Events    []eventRow
+	// Map is the GPU map, grouped and filtered by MapQ.
+	Map *gpuMap
+	// Groups names the map's groupings, Pools and Sites its filters' choices.
+	Groups    []string
+	Pools     []poolInfo
+	SiteNames []string
+	// Queue is the open remediation cases (oldest first, at most
+	// maxQueue of OpenCases), Breakers every pool's breaker.
+	Queue     []caseRow
+	OpenCases int
+	Breakers  []breakerRow
+	// Capacity is each pool's GPUs by use; Bars the open reservations on
+	// a time line from BarsFrom to BarsTo.
+	Capacity         []capacityRow
+	Bars             []reservationBar
+	BarsFrom, BarsTo time.Time
+	BarsHeight       int
+	Commands         []countRow
+	InFlight         int
+	Events           []eventRow
 	// Rollouts are the rollouts in progress or halted (rollouts.go).
 	Rollouts []rolloutRow
 	// The node list: Filter is the state shown ("" all), Nodes one page,
@@ -72,7 +87,7 @@ type nodeRow struct {
 	ID, Hostname, State, Site, Pool, Version string
 	Cordoned                                 bool
 	GPUs                                     int
-	GPUIssues                                int // GPUs not ok
+	GPUIssues                                int // GPUs neither ok nor reserved (unknown on a silent node)
 	LastSeen                                 *time.Time
 }
 
@@ -121,7 +136,7 @@ func (p *places) site(id string) string { return cmp.Or(p.siteName[id], id, "(no
 // load reads the page's data: counts, GPU totals (cached), commands in
 // flight, the latest events and one page of nodes in state filter after
 // cursor.
-func (h *Handler) load(ctx context.Context, filter, cursor string) (*view, error) {
+func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) (*view, error) {
 	pl, err := h.places(ctx)
 	if err != nil {
 		return nil, err
@@ -163,15 +178,30 @@ func (h *Handler) load(ctx context.Context, filter, cursor string) (*view, error
 		v.Sites = append(v.Sites, *bySite[name])
 	}
 
-	gpus, err := h.gpuTotals(ctx)
+	snap, err := h.fleet(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v.GPUsAt = gpus.at
-	for _, name := range slices.Sorted(maps.Keys(gpus.byHealth)) {
-		v.GPUs = append(v.GPUs, countRow{Name: name, Count: gpus.byHealth[name]})
-		v.GPUsTotal += gpus.byHealth[name]
+	v.GPUsAt = snap.At
+	all := buildMap(snap, mapQuery{Group: "pool"}, 0, 0, func(string) string { return "" })
+	v.GPUs, v.GPUsTotal = all.Counts, all.Total
+	v.Map = buildMap(snap, mq, h.cfg.CollapseAt, h.cfg.MaxOpenNodes, func(open string) string { return mapHref(mq, filter, open) })
+	v.Groups = groupNames
+	v.Pools = snap.Pools
+	for _, p := range snap.Pools {
+		if !slices.Contains(v.SiteNames, p.Site) {
+			v.SiteNames = append(v.SiteNames, p.Site)
+		}
 	}
+	slices.Sort(v.SiteNames)
+	if v.Queue, v.Breakers, v.OpenCases, err = h.queue(ctx, snap); err != nil {
+		return nil, err
+	}
+	v.Capacity = capacity(snap)
+	if v.Bars, v.BarsFrom, v.BarsTo, err = h.reservations(ctx, snap); err != nil {
+		return nil, err
+	}
+	v.BarsHeight = len(v.Bars)*22 + 8
 	open, err := h.store.CommandCountOpen(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("count commands: %w", err)
@@ -198,11 +228,15 @@ func (h *Handler) load(ctx context.Context, filter, cursor string) (*view, error
 	for _, n := range nodes {
 		row := nodeRow{ID: n.ID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned, Version: n.BCDVersion,
 			Site: pl.site(pl.poolSite[n.PoolID]), Pool: cmp.Or(pl.poolName[n.PoolID], n.PoolID), LastSeen: n.LastSeenAt}
-		for _, g := range inventory.Decode(n.Inventory).GetGpus() {
-			row.GPUs++
-			if inventory.HealthName(g.GetHealth()) != "ok" {
-				row.GPUIssues++
+		if fn := snap.byID[n.ID]; fn != nil {
+			for _, g := range fn.GPUs {
+				row.GPUs++
+				if g.State != GPUOK && g.State != GPUReserved {
+					row.GPUIssues++
+				}
 			}
+		} else {
+			row.GPUs = len(inventory.Decode(n.Inventory).GetGpus())
 		}
 		v.Nodes = append(v.Nodes, row)
 	}
@@ -244,68 +278,4 @@ func (h *Handler) latestEvents(ctx context.Context) ([]eventRow, error) {
 		out = append(out, row)
 	}
 	return out, nil
-}
-
-// gpuCounts are the GPUs of every node's inventory by health, as of at.
-type gpuCounts struct {
-	at       time.Time
-	byHealth map[string]int
-}
-
-// gpuCache keeps the last GPU totals: a scan of every inventory costs
-// O(nodes) (about 1.5 s for 10,000 nodes here), so it is redone at most
-// once per Config.GPUCacheTTL, and then in the background: a request that
-// finds the totals stale gets them as they were (the page shows when they
-// were counted) while one recount runs.
-type gpuCache struct {
-	mu         sync.Mutex
-	last       *gpuCounts
-	refreshing bool
-}
-
-// gpuRecountTimeout bounds one background recount.
-const gpuRecountTimeout = time.Minute
-
-func (h *Handler) gpuTotals(ctx context.Context) (*gpuCounts, error) {
-	h.gpus.mu.Lock()
-	now := h.now()
-	l := h.gpus.last
-	if l != nil && now.Sub(l.at) < h.cfg.GPUCacheTTL {
-		h.gpus.mu.Unlock()
-		return l, nil
-	}
-	if l != nil {
-		if !h.gpus.refreshing {
-			h.gpus.refreshing = true
-			go h.recountGPUs(context.WithoutCancel(ctx))
-		}
-		h.gpus.mu.Unlock()
-		return l, nil
-	}
-	defer h.gpus.mu.Unlock()
-	// The first request counts them itself: there is nothing to show yet.
-	byHealth, err := inventory.CountGPUs(ctx, h.store)
-	if err != nil {
-		return nil, err
-	}
-	out := &gpuCounts{at: now.UTC(), byHealth: byHealth}
-	h.gpus.last = out
-	return out, nil
-}
-
-// recountGPUs refreshes the cached totals; a failure keeps the old ones
-// (the next stale request tries again).
-func (h *Handler) recountGPUs(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, gpuRecountTimeout)
-	defer cancel()
-	at := h.now()
-	byHealth, err := inventory.CountGPUs(ctx, h.store)
-	h.gpus.mu.Lock()
-	defer h.gpus.mu.Unlock()
-	h.gpus.refreshing = false
-	if err != nil {
-		h.log.WarnContext(ctx, "Fleet page: GPU totals not recounted", logkey.Err, err)
-		return
-	}
-	h.gpus.last = &gpuCounts{at: at.UTC(), byHealth: byHealth}
 }

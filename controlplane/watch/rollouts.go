@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -12,6 +13,20 @@ type rolloutRow struct {
 	ID, Pool, Version, State, Reason string
 	Wave                             int
 	Nodes, Upgraded, Out, Failed     int
+	// Waves are the rollout's waves in order, with their figures.
+	Waves []waveRow
+}
+
+// waveRow is one wave of a rollout: its nodes by outcome, the session
+// drops and bcd restarts its upgraded nodes showed while watched (the
+// health gate's figures, migration 0018_rollout_watch), and its verdict.
+type waveRow struct {
+	Wave                                                  int
+	Nodes, Upgraded, Out, Failed, Skipped, Drops, Pending int
+	Verdict                                               string
+	// Gate is the wave's health gate in one line (healthgate.Report's
+	// verdict and figures, issue 30), "" before it is decided.
+	Gate string
 }
 
 // maxRollouts bounds the rollouts the page lists (a pool has at most one
@@ -35,7 +50,29 @@ func (h *Handler) rollouts(ctx context.Context, pl *places) ([]rolloutRow, error
 		if row.Pool == "" {
 			row.Pool = ro.PoolID
 		}
+		waves := map[int]*waveRow{}
 		for _, n := range nodes {
+			if n.Wave > 0 {
+				w := waves[n.Wave]
+				if w == nil {
+					w = &waveRow{Wave: n.Wave}
+					waves[n.Wave] = w
+				}
+				w.Nodes++
+				w.Drops += n.Drops
+				switch n.State {
+				case store.RolloutNodeUpgraded:
+					w.Upgraded++
+				case store.RolloutNodeFailed:
+					w.Failed++
+				case store.RolloutNodeSkipped:
+					w.Skipped++
+				case store.RolloutNodePending:
+					w.Pending++
+				default:
+					w.Out++
+				}
+			}
 			switch n.State {
 			case store.RolloutNodeUpgraded:
 				row.Upgraded++
@@ -44,6 +81,32 @@ func (h *Handler) rollouts(ctx context.Context, pl *places) ([]rolloutRow, error
 			case store.RolloutNodeDraining, store.RolloutNodeUpgrading, store.RolloutNodeSoaking, store.RolloutNodeRollingBack:
 				row.Out++
 			}
+		}
+		gates := map[int]*healthgate.Report{}
+		for i := range ro.Gates {
+			gates[ro.Gates[i].Wave] = &ro.Gates[i]
+		}
+		for i := 1; i <= ro.CurrentWave || waves[i] != nil; i++ {
+			w := waves[i]
+			if w == nil {
+				continue
+			}
+			if g := gates[i]; g != nil {
+				w.Gate = "health gate " + g.Verdict
+				if g.Pending {
+					w.Gate += " (soak extended)"
+				}
+				w.Gate += " — " + g.Summary()
+			}
+			switch {
+			case w.Failed > 0:
+				w.Verdict = "failed: the rollout halts"
+			case w.Upgraded+w.Skipped == w.Nodes:
+				w.Verdict = "passed"
+			default:
+				w.Verdict = "in progress"
+			}
+			row.Waves = append(row.Waves, *w)
 		}
 		out = append(out, row)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/watch"
 )
@@ -42,6 +43,18 @@ func TestRolloutOnThePage(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("rollout section lacks %q:\n%s", want, body)
 		}
+	}
+	// The wave's health gate (issue 30) shows with its figures.
+	gate := &healthgate.Report{Wave: 1, Verdict: healthgate.Halt, Comparison: healthgate.ComparisonNotUpgraded, UpgradedNodes: 1,
+		ComparisonNodes: 4, UpgradedNodeHours: 0.5, ComparisonNodeHours: 2,
+		Measures: []healthgate.Result{{Measure: healthgate.Measure{Name: "findings", Unit: "GPU-hour",
+			Upgraded: healthgate.Group{Count: 9, Exposure: 4}, Comparison: healthgate.Group{Count: 2, Exposure: 32}},
+			Worse: true, Expected: 0.25, P: 1e-6}}}
+	if _, err := f.st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, Gate: gate}); err != nil {
+		t.Fatal(err)
+	}
+	if _, body = f.get(t, c, "/watch"); !strings.Contains(body, "health gate halt — findings: 9 in 4 GPU-hour(s), expected 0.25 from 2 in 32") {
+		t.Errorf("the wave's health gate is not shown:\n%s", body)
 	}
 	if _, err := f.st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, State: store.RolloutHalted, Reason: "node node_x: <b>bad</b>"}); err != nil {
 		t.Fatal(err)

@@ -47,6 +47,19 @@ type Store interface {
 	OutboxList(ctx context.Context, afterID int64, limit int) ([]*store.OutboxEntry, error)
 	RolloutList(ctx context.Context, p *store.RolloutListParams) ([]*store.Rollout, error)
 	RolloutNodes(ctx context.Context, rolloutID string) ([]*store.RolloutNode, error)
+	// The GPU map, the queue, capacity and the node and GPU pages.
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeSummaries(ctx context.Context, p *store.ListParams) ([]*store.Node, error)
+	NodeInventories(ctx context.Context, ids []string) (map[string][]byte, error)
+	SessionGet(ctx context.Context, nodeID string) (*store.Session, error)
+	CommandList(ctx context.Context, p *store.CommandListParams) ([]*store.Command, error)
+	OutboxQuery(ctx context.Context, p *store.OutboxQueryParams) ([]*store.OutboxEntry, error)
+	RemediationList(ctx context.Context, p *store.RemediationListParams) ([]*store.Remediation, error)
+	RemediationOpenFor(ctx context.Context, nodeID string) (*store.Remediation, error)
+	RemediationRecent(ctx context.Context, nodeID string, since time.Time, limit int) ([]*store.Remediation, error)
+	RemediationBreakers(ctx context.Context) ([]*store.RemediationBreaker, error)
+	ReservationSlots(ctx context.Context, p *store.ReservationSlotsParams) ([]*store.ReservationSlot, error)
+	ReservationsOpen(ctx context.Context, poolIDs []string) ([]*store.Reservation, error)
 }
 
 // Authenticator checks the API token a login offers (iam.Authenticator).
@@ -81,9 +94,18 @@ type Config struct {
 	PageSize int
 	// Events is the number of latest events shown. Defaults to 20.
 	Events int
-	// GPUCacheTTL is how long the GPU totals (a scan of every inventory)
-	// are reused. Defaults to 5 s.
+	// GPUCacheTTL is the longest the fleet's snapshot (a scan of every
+	// node, the GPU map's and the counts' source) is reused while neither
+	// the newest event id nor the node counts move; when either moves the
+	// next request reads it again. Defaults to 5 s.
 	GPUCacheTTL time.Duration
+	// CollapseAt is the most nodes a group of the GPU map shows cell by
+	// cell; a larger group shows its counts until it is opened. Defaults
+	// to 64.
+	CollapseAt int
+	// MaxOpenNodes bounds the nodes an opened group shows. Defaults to
+	// 1000.
+	MaxOpenNodes int
 	// Feed is the process's event feed (api.Server.Feed): the stream
 	// follows it for new events. Required.
 	Feed *feed.Feed
@@ -108,6 +130,7 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return t.UTC().Format("2006-01-02 15:04:05Z")
 	},
+	"list": func(g *gpuRow) []*gpuRow { return []*gpuRow{g} },
 	"tsp": func(t *time.Time) string {
 		if t == nil {
 			return "never"
@@ -123,7 +146,7 @@ type Handler struct {
 	log      *slog.Logger
 	now      func() time.Time
 	sessions *sessions
-	gpus     gpuCache
+	fc       fleetCache
 	hub      *hub
 	static   http.Handler
 }
@@ -140,6 +163,8 @@ func New(cfg Config, st Store, log *slog.Logger) (*Handler, error) {
 	cfg.PageSize = cmp.Or(cfg.PageSize, 100)
 	cfg.Events = cmp.Or(cfg.Events, 20)
 	cfg.GPUCacheTTL = cmp.Or(cfg.GPUCacheTTL, 5*time.Second)
+	cfg.CollapseAt = cmp.Or(cfg.CollapseAt, 64)
+	cfg.MaxOpenNodes = cmp.Or(cfg.MaxOpenNodes, 1000)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, 500*time.Millisecond)
 	cfg.KeepAlive = cmp.Or(cfg.KeepAlive, 15*time.Second)
 	if cfg.PageSize < 1 || cfg.PageSize >= store.MaxListLimit {
@@ -177,6 +202,8 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.Handle("GET "+Path+"/fragment", h.secured(h.fragment))
 	mux.Handle("GET "+Path+"/events", h.secured(h.events))
 	mux.Handle("GET "+Path+"/static/{file}", h.secured(h.serveStatic))
+	mux.Handle("GET "+Path+"/nodes/{id}", h.secured(h.nodePage))
+	mux.Handle("GET "+Path+"/gpus/{uuid}", h.secured(h.gpuPage))
 }
 
 // secured adds the page's security headers to every response.
@@ -340,6 +367,9 @@ var cursorRE = regexp.MustCompile(`^[a-z0-9_]{0,64}$`)
 // query reads the node list's filter and cursor; ok is false for values
 // the page never makes.
 func query(r *http.Request) (filter, cursor string, ok bool) {
+	if len(r.URL.RawQuery) > maxQueryBytes {
+		return "", "", false
+	}
 	filter, cursor = r.URL.Query().Get("state"), r.URL.Query().Get("after")
 	if filter != "" && !slices.Contains(nodeStates, filter) {
 		return "", "", false
@@ -374,7 +404,12 @@ func (h *Handler) serveView(w http.ResponseWriter, r *http.Request, s *session, 
 		http.Error(w, "bad state or after: state is one of "+strings.Join(nodeStates, ", ")+", after a node id", http.StatusBadRequest)
 		return
 	}
-	v, err := h.load(r.Context(), filter, cursor)
+	mq, err := parseMapQuery(r.URL.Query().Get)
+	if err != nil {
+		http.Error(w, "bad map query: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	v, err := h.load(r.Context(), filter, cursor, mq)
 	if err != nil {
 		h.log.ErrorContext(r.Context(), "Load the fleet page", logkey.Err, err)
 		http.Error(w, "the fleet could not be read now", http.StatusServiceUnavailable)
@@ -382,4 +417,78 @@ func (h *Handler) serveView(w http.ResponseWriter, r *http.Request, s *session, 
 	}
 	v.CSRF = s.csrf
 	h.render(w, r, http.StatusOK, name, v)
+}
+
+// maxQueryBytes bounds a page's whole query string.
+const maxQueryBytes = 2048
+
+// isFragment reports whether a node or GPU page was asked for its live
+// part only (the script's refresh).
+func isFragment(r *http.Request) bool { return r.URL.Query().Get("fragment") == "1" }
+
+// nodePage serves /watch/nodes/{id}: the node's inventory, session,
+// versions, BMC state, reservations, cases and timeline.
+func (h *Handler) nodePage(w http.ResponseWriter, r *http.Request) {
+	s, _ := h.current(r)
+	if s == nil {
+		h.unauthenticated(w, r)
+		return
+	}
+	id := r.PathValue("id")
+	if !nodeIDRE.MatchString(id) {
+		http.Error(w, "bad node id: a node id looks like node_...", http.StatusBadRequest)
+		return
+	}
+	v, err := h.loadNode(r.Context(), id)
+	h.serveDetail(w, r, s, "node", v, err)
+}
+
+// gpuPage serves /watch/gpus/{uuid}: one GPU across the nodes it was seen
+// in.
+func (h *Handler) gpuPage(w http.ResponseWriter, r *http.Request) {
+	s, _ := h.current(r)
+	if s == nil {
+		h.unauthenticated(w, r)
+		return
+	}
+	uuid := r.PathValue("uuid")
+	if !gpuUUIDRE.MatchString(uuid) {
+		http.Error(w, "bad GPU UUID: at most 128 letters, digits, '.', ':', '_' and '-'", http.StatusBadRequest)
+		return
+	}
+	v, err := h.loadGPU(r.Context(), uuid)
+	h.serveDetail(w, r, s, "gpu", v, err)
+}
+
+func (h *Handler) unauthenticated(w http.ResponseWriter, r *http.Request) {
+	if isFragment(r) {
+		http.Error(w, "no page session", http.StatusUnauthorized)
+		return
+	}
+	h.render(w, r, http.StatusOK, "login.html", loginView{})
+}
+
+// serveDetail renders a node or GPU page (name "node" or "gpu"), or its
+// live part with ?fragment=1.
+func (h *Handler) serveDetail(w http.ResponseWriter, r *http.Request, s *session, name string, v any, err error) {
+	switch {
+	case errors.Is(err, errNoSuch):
+		http.Error(w, "the fleet has no such "+name, http.StatusNotFound)
+		return
+	case err != nil:
+		h.log.ErrorContext(r.Context(), "Load the fleet page", "page", name, logkey.Err, err)
+		http.Error(w, "the fleet could not be read now", http.StatusServiceUnavailable)
+		return
+	}
+	switch dv := v.(type) {
+	case *nodeView:
+		dv.CSRF = s.csrf
+	case *gpuView:
+		dv.CSRF = s.csrf
+	}
+	if isFragment(r) {
+		h.render(w, r, http.StatusOK, name+"-main", v)
+		return
+	}
+	h.render(w, r, http.StatusOK, name+".html", v)
 }

@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/drift"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
@@ -137,7 +138,8 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		hb := cfg.Host.Gateway.HeartbeatInterval.Duration
 		live := liveness.New(liveness.Config{HeartbeatInterval: hb, Missed: cfg.Host.Gateway.MissedHeartbeats,
 			Interval: cmp.Or(opts.LivenessInterval, min(hb, 5*time.Second))}, st, log)
-		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: opts.RolloutNow, Waker: opts.Waker}, st, log)
+		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: opts.RolloutNow, Waker: opts.Waker,
+			Gate: cfg.Rollouts.HealthGate.Params()}, st, log)
 		recs := []shard.Reconciler{live, ro}
 		if !cfg.Remediation.Disabled {
 			rem, err := remediation.New(remediation.Config{Settings: cfg.Remediation, Holder: opts.WorkerID}, st, log)
@@ -158,6 +160,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 			return err
 		}
 		g.Go(func() error { return rp.Run(ctx) })
+		driftMetrics, _ := opts.Metrics.(drift.Metrics) // a *metrics.Metrics counts drifting nodes too
+		dj := drift.NewJob(st, driftMetrics, log.With("job", "drift"))
+		g.Go(func() error {
+			return every(ctx, drift.LeaseName, opts.WorkerID, cfg.GPUHealth.DriftInterval.Duration, st, log,
+				func(ctx context.Context, fence store.Fence) error {
+					_, err := dj.Round(ctx, fence, time.Now())
+					return err
+				})
+		})
 		g.Go(func() error {
 			return every(ctx, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
 				return retain(ctx, st, fence, cfg.Retention, log)

@@ -39,6 +39,13 @@ const (
 	KindNVLink         = "gpu.nvlink"          // NVLinkSignal
 	KindRetiredPages   = "gpu.retired-pages"   // RetiredPagesSignal
 	KindGPULost        = "gpu.lost"            // GPULostSignal
+	KindPCIe           = "gpu.pcie"            // PCIeSignal
+	KindGPUMissing     = "gpu.missing"         // GPUMissingSignal
+	KindFabric         = "gpu.fabric"          // FabricSignal
+	KindPersistence    = "gpu.persistence"     // PersistenceModeSignal
+	KindDrift          = "gpu.drift"           // DriftSignal (the control plane's, of a node)
+	KindFabricManager  = "gpu.fabric-manager"  // FabricManagerSignal
+	KindInfiniBand     = "ib.port"             // InfiniBandSignal: a port or RDMA device, not a GPU
 	// KindHealth is a finding without a signal this version knows.
 	KindHealth = "gpu.health"
 )
@@ -58,9 +65,17 @@ const (
 	SignalNVLink
 	SignalRetiredPages
 	SignalGPULost
+	SignalPCIe
+	SignalGPUMissing
+	SignalFabric
+	SignalPersistence
+	SignalDrift
+	SignalFabricManager
+	SignalInfiniBand
 )
 
-var signalNames = [...]string{"none", "xid", "ecc", "row-remap", "recovery-action", "clocks", "nvlink", "retired-pages", "gpu-lost"}
+var signalNames = [...]string{"none", "xid", "ecc", "row-remap", "recovery-action", "clocks", "nvlink", "retired-pages", "gpu-lost", "pcie", "gpu-missing", "fabric",
+	"persistence", "drift", "fabric-manager", "infiniband"}
 
 // String names s, for example "row-remap".
 func (s Signal) String() string {
@@ -89,6 +104,20 @@ func SignalOf(f *sessionv1.GPUFinding) Signal {
 		return SignalRetiredPages
 	case *sessionv1.GPUFinding_GpuLost:
 		return SignalGPULost
+	case *sessionv1.GPUFinding_Pcie:
+		return SignalPCIe
+	case *sessionv1.GPUFinding_GpuMissing:
+		return SignalGPUMissing
+	case *sessionv1.GPUFinding_Fabric:
+		return SignalFabric
+	case *sessionv1.GPUFinding_Persistence:
+		return SignalPersistence
+	case *sessionv1.GPUFinding_Drift:
+		return SignalDrift
+	case *sessionv1.GPUFinding_FabricManager:
+		return SignalFabricManager
+	case *sessionv1.GPUFinding_Infiniband:
+		return SignalInfiniBand
 	}
 	return SignalNone
 }
@@ -116,6 +145,20 @@ func Kind(f *sessionv1.GPUFinding) string {
 		return KindRetiredPages
 	case SignalGPULost:
 		return KindGPULost
+	case SignalPCIe:
+		return KindPCIe
+	case SignalGPUMissing:
+		return KindGPUMissing
+	case SignalFabric:
+		return KindFabric
+	case SignalPersistence:
+		return KindPersistence
+	case SignalDrift:
+		return KindDrift
+	case SignalFabricManager:
+		return KindFabricManager
+	case SignalInfiniBand:
+		return KindInfiniBand
 	}
 	return KindHealth
 }
@@ -152,6 +195,18 @@ func Check(f *sessionv1.GPUFinding) error {
 		{"resolution", f.GetResolution(), MaxTextLen}, {"xid.mnemonic", f.GetXid().GetMnemonic(), MaxTextLen},
 		{"recoveryAction.action", f.GetRecoveryAction().GetAction(), MaxTextLen},
 		{"gpuLost.nvmlError", f.GetGpuLost().GetNvmlError(), MaxTextLen},
+		{"pcie.aerSeverity", f.GetPcie().GetAerSeverity(), MaxTextLen},
+		{"fabric.state", f.GetFabric().GetState(), MaxTextLen}, {"fabric.status", f.GetFabric().GetStatus(), MaxTextLen},
+		{"drift.driverVersion", f.GetDrift().GetDriverVersion(), MaxTextLen},
+		{"drift.poolDriverVersion", f.GetDrift().GetPoolDriverVersion(), MaxTextLen},
+		{"drift.cudaVersion", f.GetDrift().GetCudaVersion(), MaxTextLen},
+		{"drift.poolCudaVersion", f.GetDrift().GetPoolCudaVersion(), MaxTextLen},
+		{"fabricManager.activeState", f.GetFabricManager().GetActiveState(), MaxTextLen},
+		{"fabricManager.subState", f.GetFabricManager().GetSubState(), MaxTextLen},
+		{"fabricManager.loadState", f.GetFabricManager().GetLoadState(), MaxTextLen},
+		{"infiniband.device", f.GetInfiniband().GetDevice(), MaxTextLen}, {"infiniband.cause", f.GetInfiniband().GetCause(), MaxTextLen},
+		{"infiniband.state", f.GetInfiniband().GetState(), MaxTextLen},
+		{"infiniband.physState", f.GetInfiniband().GetPhysState(), MaxTextLen},
 		{"evidence.source", ev.GetSource(), MaxTextLen}, {"evidence.process", ev.GetProcess(), MaxTextLen},
 		{"evidence.logLine", ev.GetLogLine(), MaxLineLen}, {"evidence.message", ev.GetMessage(), MaxLineLen},
 	}
@@ -182,6 +237,21 @@ func Check(f *sessionv1.GPUFinding) error {
 	}
 	if w := f.GetNvlink().GetWindow(); w != nil && w.CheckValid() != nil {
 		return fmt.Errorf("%w: nvlink.window: %v", ErrBadFinding, w.CheckValid())
+	}
+	if w := f.GetFabric().GetFor(); w != nil && w.CheckValid() != nil {
+		return fmt.Errorf("%w: fabric.for: %v", ErrBadFinding, w.CheckValid())
+	}
+	if w := f.GetPcie().GetWindow(); w != nil && w.CheckValid() != nil {
+		return fmt.Errorf("%w: pcie.window: %v", ErrBadFinding, w.CheckValid())
+	}
+	if w := f.GetFabricManager().GetWindow(); w != nil && w.CheckValid() != nil {
+		return fmt.Errorf("%w: fabricManager.window: %v", ErrBadFinding, w.CheckValid())
+	}
+	if w := f.GetFabricManager().GetDownFor(); w != nil && w.CheckValid() != nil {
+		return fmt.Errorf("%w: fabricManager.downFor: %v", ErrBadFinding, w.CheckValid())
+	}
+	if w := f.GetInfiniband().GetWindow(); w != nil && w.CheckValid() != nil {
+		return fmt.Errorf("%w: infiniband.window: %v", ErrBadFinding, w.CheckValid())
 	}
 	return nil
 }

@@ -39,6 +39,21 @@ func every() []*sessionv1.GPUFinding {
 			f.Signal = &sessionv1.GPUFinding_RetiredPages{RetiredPages: s}
 		case *sessionv1.GPULostSignal:
 			f.Signal = &sessionv1.GPUFinding_GpuLost{GpuLost: s}
+		case *sessionv1.PCIeSignal:
+			f.Signal = &sessionv1.GPUFinding_Pcie{Pcie: s}
+		case *sessionv1.GPUMissingSignal:
+			f.Signal = &sessionv1.GPUFinding_GpuMissing{GpuMissing: s}
+		case *sessionv1.FabricSignal:
+			f.Signal = &sessionv1.GPUFinding_Fabric{Fabric: s}
+		case *sessionv1.PersistenceModeSignal:
+			f.Signal = &sessionv1.GPUFinding_Persistence{Persistence: s}
+		case *sessionv1.DriftSignal:
+			f.Signal = &sessionv1.GPUFinding_Drift{Drift: s}
+		case *sessionv1.FabricManagerSignal:
+			f.Signal = &sessionv1.GPUFinding_FabricManager{FabricManager: s}
+		case *sessionv1.InfiniBandSignal:
+			f.GpuUuid, f.BoardSerial = "", ""
+			f.Signal = &sessionv1.GPUFinding_Infiniband{Infiniband: s}
 		}
 		return f
 	}
@@ -52,6 +67,19 @@ func every() []*sessionv1.GPUFinding {
 		base(&sessionv1.NVLinkSignal{Errors: 150, Window: durationpb.New(10 * time.Minute)}),
 		base(&sessionv1.RetiredPagesSignal{Pending: true}),
 		base(&sessionv1.GPULostSignal{NvmlError: "ERROR_GPU_IS_LOST"}),
+		base(&sessionv1.PCIeSignal{Replays: 60, Window: durationpb.New(10 * time.Minute), LinkGeneration: 4,
+			MaxLinkGeneration: 4, LinkWidth: 8, MaxLinkWidth: 16}),
+		base(&sessionv1.PCIeSignal{AerSeverity: "fatal"}),
+		base(&sessionv1.GPUMissingSignal{Expected: 8, Present: 7}),
+		base(&sessionv1.FabricSignal{State: "IN_PROGRESS", Status: "SUCCESS", For: durationpb.New(6 * time.Minute)}),
+		base(&sessionv1.PersistenceModeSignal{}),
+		base(&sessionv1.DriftSignal{DriverVersion: "535.104.05", PoolDriverVersion: "550.54.15", PoolNodes: 3, MatchingNodes: 2}),
+		base(&sessionv1.FabricManagerSignal{ActiveState: "failed", SubState: "failed", LoadState: "loaded",
+			DownFor: durationpb.New(6 * time.Minute)}),
+		base(&sessionv1.FabricManagerSignal{ActiveState: "active", SubState: "running", LoadState: "loaded", Restarts: 4,
+			Window: durationpb.New(10 * time.Minute)}),
+		base(&sessionv1.InfiniBandSignal{Device: "mlx5_0", Port: 1, Cause: "flap", State: "ACTIVE", PhysState: "LinkUp",
+			Window: durationpb.New(5 * time.Minute), LinkDowned: 1}),
 		base(nil),
 	}
 }
@@ -73,8 +101,8 @@ func TestRoundTripEveryKind(t *testing.T) {
 			t.Errorf("Decode(%s, %s) = %v, %v; want %v", kind, b, got, err, f)
 		}
 	}
-	if len(kinds) != 10 {
-		t.Errorf("kinds = %v, want 10 distinct", kinds)
+	if len(kinds) != 17 {
+		t.Errorf("kinds = %v, want 17 distinct", kinds)
 	}
 }
 
@@ -123,14 +151,19 @@ func TestCheckBounds(t *testing.T) {
 		counters[strings.Repeat("c", i+1)] = 1
 	}
 	for name, f := range map[string]*sessionv1.GPUFinding{
-		"nil":        nil,
-		"long uuid":  {GpuUuid: long},
-		"control":    {Resolution: "RESET\nGPU"},
-		"bad utf-8":  {BoardSerial: "\xff"},
-		"long line":  {Evidence: &sessionv1.GPUFindingEvidence{LogLine: strings.Repeat("x", gpufinding.MaxLineLen+1)}},
-		"counters":   {Evidence: &sessionv1.GPUFindingEvidence{Counters: counters}},
-		"bad time":   {ObservedAt: &timestamppb.Timestamp{Nanos: -1}},
-		"long cause": {Signal: &sessionv1.GPUFinding_Clocks{Clocks: &sessionv1.ClocksSignal{Reasons: []string{long}}}},
+		"nil":            nil,
+		"long uuid":      {GpuUuid: long},
+		"control":        {Resolution: "RESET\nGPU"},
+		"bad utf-8":      {BoardSerial: "\xff"},
+		"long line":      {Evidence: &sessionv1.GPUFindingEvidence{LogLine: strings.Repeat("x", gpufinding.MaxLineLen+1)}},
+		"counters":       {Evidence: &sessionv1.GPUFindingEvidence{Counters: counters}},
+		"bad time":       {ObservedAt: &timestamppb.Timestamp{Nanos: -1}},
+		"long cause":     {Signal: &sessionv1.GPUFinding_Clocks{Clocks: &sessionv1.ClocksSignal{Reasons: []string{long}}}},
+		"long ib device": {Signal: &sessionv1.GPUFinding_Infiniband{Infiniband: &sessionv1.InfiniBandSignal{Device: long}}},
+		"ib control": {Signal: &sessionv1.GPUFinding_Infiniband{Infiniband: &sessionv1.InfiniBandSignal{Device: "mlx5_0",
+			PhysState: "Link\x00Up"}}},
+		"ib window": {Signal: &sessionv1.GPUFinding_Infiniband{Infiniband: &sessionv1.InfiniBandSignal{
+			Window: &durationpb.Duration{Seconds: 1, Nanos: -1}}}},
 	} {
 		if err := gpufinding.Check(f); !errors.Is(err, gpufinding.ErrBadFinding) {
 			t.Errorf("%s: Check = %v, want ErrBadFinding", name, err)

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -73,9 +74,56 @@ func BinaryTags(t testing.TB, name string, tags ...string) string {
 	return p
 }
 
-// buildBinary builds binary name with tags into the build directory as
-// file.
-func buildBinary(name, file string, tags []string) (string, error) {
+// BinaryOverlay is Binary built with files laid over the tree (go build
+// -overlay; go:embed sees them too): files maps a path relative to the
+// repository root to its content, and key names this build among the
+// others of the test process, which builds it once. For example a
+// migration that stands for a release's own contract migration
+// (tests/rolling_upgrade_test.go).
+func BinaryOverlay(t testing.TB, name, key string, files map[string]string) string {
+	t.Helper()
+	key = name + "-overlay-" + key
+	builds.mu.Lock()
+	build, ok := builds.done[key]
+	if !ok {
+		build = sync.OnceValues(func() (string, error) {
+			dir, err := os.MkdirTemp("", "bc-e2e-overlay-")
+			if err != nil {
+				return "", err
+			}
+			replace := map[string]string{}
+			i := 0
+			for rel, body := range files {
+				i++
+				f := filepath.Join(dir, fmt.Sprintf("%d-%s", i, filepath.Base(rel)))
+				if err := os.WriteFile(f, []byte(body), 0o644); err != nil {
+					return "", err
+				}
+				replace[filepath.Join(moduleRoot(), rel)] = f
+			}
+			b, err := json.Marshal(map[string]any{"Replace": replace})
+			if err != nil {
+				return "", err
+			}
+			overlay := filepath.Join(dir, "overlay.json")
+			if err := os.WriteFile(overlay, b, 0o644); err != nil {
+				return "", err
+			}
+			return buildBinary(name, key, nil, "-overlay", overlay)
+		})
+		builds.done[key] = build
+	}
+	builds.mu.Unlock()
+	p, err := build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// buildBinary builds binary name with tags (and more go build flags) into
+// the build directory as file.
+func buildBinary(name, file string, tags []string, flags ...string) (string, error) {
 	pkg, ok := packages[name]
 	if !ok {
 		return "", fmt.Errorf("no package for binary %q", name)
@@ -101,6 +149,7 @@ func buildBinary(name, file string, tags []string) (string, error) {
 	if len(tags) > 0 {
 		args = append(args, "-tags", strings.Join(tags, ","))
 	}
+	args = append(args, flags...)
 	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = moduleRoot()
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -95,6 +95,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"doctor", "--data-dir", ""}, nil, "--data-dir"},
 		{[]string{"node", "--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"node", "--inventory-interval", "0s"}, nil, "--inventory-interval"},
+		{[]string{"node", "--sysfs-root", ""}, nil, "--sysfs-root"},
+		{[]string{"node", "--sysfs-root", "/nonexistent-sysfs"}, nil, "not a directory"},
 		{[]string{"helper"}, nil, "--node-user is required"},
 	} {
 		r := bcd(t.Context(), "", tc.env, tc.args...)

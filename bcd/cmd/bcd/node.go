@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/identity"
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 	"github.com/better-compute/better-compute/bcd/plugin"
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
@@ -60,6 +61,7 @@ type nodeFlags struct {
 	bmcFile      string
 	pluginDir    string
 	commandUser  string
+	sysfsRoot    string
 }
 
 func newNodeCmd(e env) *cobra.Command {
@@ -101,6 +103,7 @@ the unit sets WatchdogSec=, disconnected or not. It keeps its state in
 	addUpgradeFlags(cmd, &f.upgrade)
 	fl.StringVar(&f.bmcFile, "bmc-file", bmc.DefaultFile, "root-only file of BMC addresses and credentials (without --unprivileged; the helper has its own)")
 	fl.StringVar(&f.pluginDir, "plugin-dir", plugin.DefaultDir, "directory of bcx-<name> plugins (without --unprivileged; the helper has its own)")
+	fl.StringVar(&f.sysfsRoot, "sysfs-root", "/sys", "the sysfs root the InfiniBand/RoCE ports are read under (class/infiniband); tests point it at a fixture tree")
 	fl.StringVar(&f.commandUser, "command-user", cmduser.DefaultName, "the user commands and shells without as_root run as (created when missing; with --unprivileged the helper's --command-user counts)")
 	return cmd
 }
@@ -115,6 +118,13 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 	}
 	if f.dataDir == "" {
 		return usagef("--data-dir must not be empty")
+	}
+	if f.sysfsRoot == "" {
+		return usagef("--sysfs-root must not be empty")
+	}
+	if fi, err := os.Stat(f.sysfsRoot); err != nil || !fi.IsDir() {
+		// A typo would read as a host without InfiniBand ports.
+		return usagef("--sysfs-root %s: not a directory (want the sysfs root, /sys, or a fixture tree with class/infiniband)", f.sysfsRoot)
 	}
 	store := identity.NewStore(f.dataDir)
 	id, err := store.Load()
@@ -203,6 +213,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		CommandHome:    cmduser.Home(f.dataDir),
 		RescanInterval: f.rescan,
 		GPU:            gpus,
+		IB:             ib.New(ib.Config{SysFS: os.DirFS(f.sysfsRoot)}),
 		KernelLog:      kernelLog,
 		Upgrader:       up.upgrader(),
 		BMC:            agent.BMCConfig{NodeID: id.NodeID, File: f.bmcFile, PluginDir: f.pluginDir},

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,10 +70,17 @@ type Config struct {
 	// at which the GPU is reported degraded. Our heuristic, not an NVIDIA
 	// rule. Defaults to 100 errors.
 	NVLinkErrorThreshold uint64
+	// Thresholds are the limits the control plane may change later
+	// (SetThresholds); zero fields keep DefaultThresholds.
+	Thresholds Thresholds
 	// BootTime is when the machine booted, to date kernel-log records
 	// (stamped with the time since boot). Defaults to the clock minus
 	// CLOCK_MONOTONIC, read when WatchKernelLog starts.
 	BootTime func() time.Time
+	// Runner runs systemctl to read the nvidia-fabricmanager unit, only
+	// on a machine whose GPUs have an NVLink fabric. Defaults to os/exec
+	// with a 5 s timeout per call; tests pass recorded outputs.
+	Runner Runner
 }
 
 // Collector reads GPU inventory and health through NVML and watches for
@@ -90,15 +98,21 @@ type Collector struct {
 	nvWindow    time.Duration
 	nvThreshold uint64
 	bootTime    func() time.Time
+	runner      Runner
 
 	// unavailableLogged makes the "no NVML" info log appear once per
 	// Collector, however often Collect and Watch are called.
 	unavailableLogged atomic.Bool
+	// fmUnreadLogged makes the "fabric manager unit not read" warning
+	// appear once per Collector.
+	fmUnreadLogged atomic.Bool
 
 	mu     sync.Mutex
+	th     Thresholds           // with defaults; SetThresholds
 	states map[string]*gpuState // by GPU UUID
 	byPCI  map[string]watched   // by kmsg.NVMLBusKey of the PCI bus id, from the last Collect
 	byUUID map[string]watched   // by GPU UUID, from the last Collect
+	fm     fabricManagerState   // the nvidia-fabricmanager unit
 }
 
 // New returns a Collector for cfg, with defaults filled in. It returns an
@@ -126,9 +140,12 @@ func New(cfg Config) (*Collector, error) {
 		}
 		cfg.Catalog = c
 	}
+	if cfg.Runner == nil {
+		cfg.Runner = execRunner{timeout: 5 * time.Second}
+	}
 	if cfg.BootTime == nil {
 		now := cfg.Now
-		cfg.BootTime = func() time.Time { return bootTime(now()) }
+		cfg.BootTime = func() time.Time { return kmsg.BootTime(now()) }
 	}
 
 	if cfg.EventWaitTimeout < time.Millisecond || cfg.EventWaitTimeout/time.Millisecond > math.MaxUint32 {
@@ -153,6 +170,8 @@ func New(cfg Config) (*Collector, error) {
 		nvWindow:    cfg.NVLinkWindow,
 		nvThreshold: cfg.NVLinkErrorThreshold,
 		bootTime:    cfg.BootTime,
+		runner:      cfg.Runner,
+		th:          cfg.Thresholds.withDefaults(),
 		states:      make(map[string]*gpuState),
 		byPCI:       make(map[string]watched),
 	}, nil
@@ -202,6 +221,12 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 	rep := Report{GPUs: make([]GPU, 0, n), NVML: true}
 	byPCI := make(map[string]watched, n)
 	byUUID := make(map[string]watched, n)
+	// fm is the fabric manager's finding, judged once per Collect at the
+	// first GPU with an NVLink fabric, and a cause of each such GPU's
+	// health; it is sent once, as a node's finding naming no GPU, from the
+	// first such GPU (the others hold it without its signal).
+	var fm *finding
+	fmRead := false
 	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return Report{}, fmt.Errorf("collect gpus: %w", err)
@@ -228,15 +253,30 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 			byUUID[g.UUID] = id
 		}
 		g.Errors = r.errs
+		if g.Fabric != nil && !fmRead {
+			fmRead = true
+			rep.FabricManager, fm = c.fabricManager(ctx)
+		}
+		if g.Fabric != nil && fm != nil {
+			pre = append(pre, *fm)
+			fm.signal = nil
+		}
 
 		c.mu.Lock()
 		var st *gpuState
 		if g.UUID != "" {
 			st = c.stateLocked(g.UUID)
 		}
-		assess(&g, pre, st, assessParams{now: c.now(), correctedSpike: c.spike, nvlinkWindow: c.nvWindow, nvlinkThreshold: c.nvThreshold})
+		assess(&g, pre, st, assessParams{now: c.now(), correctedSpike: c.spike, nvlinkWindow: c.nvWindow, nvlinkThreshold: c.nvThreshold,
+			th: c.th})
 		c.mu.Unlock()
 
+		for j := range g.NewFindings {
+			if ev := &g.NewFindings[j]; ev.Kind == EventKindFabricManager {
+				ev.GPUUUID, ev.Serial, ev.PCIBusID = "", "", ""
+				ev.Message = strings.TrimPrefix(ev.Message, fmt.Sprintf("GPU %d (%s): ", g.Index, g.UUID))
+			}
+		}
 		if g.Health != HealthOK {
 			c.log.DebugContext(ctx, "GPU unhealthy", attrIndex, i, attrUUID, g.UUID, attrStatus, g.Health)
 		}
@@ -289,6 +329,12 @@ func readDevice(dev nvml.Device, g *GPU, r *reader) {
 		g.RemappedRows = &RemappedRows{Corrected: corr, Uncorrected: unc, Pending: pending, Failure: failure}
 	}
 	g.MIG = readMIG(dev, r)
+	g.PCIe = readPCIe(dev, r)
+	g.Fabric = readFabric(dev, r)
+	if v, ret := dev.GetPersistenceMode(); r.ok("persistence mode", ret) {
+		on := v == nvml.FEATURE_ENABLED
+		g.PersistenceMode = &on
+	}
 	if v, ret := dev.GetCurrentClocksEventReasons(); r.ok("clocks event reasons", ret) {
 		g.ClocksEventReasons = &v
 	}
@@ -349,6 +395,48 @@ func fieldUint(v nvml.FieldValue) uint64 {
 	default:
 		return binary.LittleEndian.Uint64(b[:])
 	}
+}
+
+// fabricStates names NVML's GPU fabric states.
+var fabricStates = map[uint8]string{nvml.GPU_FABRIC_STATE_NOT_STARTED: "NOT_STARTED",
+	nvml.GPU_FABRIC_STATE_IN_PROGRESS: "IN_PROGRESS", nvml.GPU_FABRIC_STATE_COMPLETED: "COMPLETED"}
+
+// readFabric reads the GPU's NVLink fabric registration; nil on a GPU
+// without a fabric (NVML's state NOT_SUPPORTED, or the query not
+// supported).
+func readFabric(dev nvml.Device, r *reader) *Fabric {
+	fi, ret := dev.GetGpuFabricInfo()
+	if !r.ok("gpu fabric info", ret) {
+		return nil
+	}
+	st, ok := fabricStates[fi.State]
+	if !ok {
+		return nil
+	}
+	return &Fabric{State: st, Status: nvml.Return(fi.Status).String()}
+}
+
+// readPCIe reads the PCIe replay counter and the link's generation and
+// width; nil when NVML reports none of them.
+func readPCIe(dev nvml.Device, r *reader) *PCIe {
+	var p PCIe
+	var any bool
+	read := func(query string, get func() (int, nvml.Return), to *int) {
+		if v, ret := get(); r.ok(query, ret) {
+			*to, any = max(v, 0), true
+		}
+	}
+	var replays int
+	read("pcie replay counter", dev.GetPcieReplayCounter, &replays)
+	p.Replays = uint64(replays)
+	read("pcie link generation", dev.GetCurrPcieLinkGeneration, &p.LinkGeneration)
+	read("pcie max link generation", dev.GetMaxPcieLinkGeneration, &p.MaxLinkGeneration)
+	read("pcie link width", dev.GetCurrPcieLinkWidth, &p.LinkWidth)
+	read("pcie max link width", dev.GetMaxPcieLinkWidth, &p.MaxLinkWidth)
+	if !any {
+		return nil
+	}
+	return &p
 }
 
 func readECC(dev nvml.Device, r *reader) *ECC {
@@ -477,6 +565,30 @@ func (c *Collector) shutdown(ctx context.Context) {
 	if ret := c.nvml.Shutdown(); ret != nvml.SUCCESS {
 		c.log.WarnContext(ctx, "Shut down NVML", logkey.Err, error(ret))
 	}
+}
+
+// fabricManager reads the nvidia-fabricmanager unit and judges it
+// (fabricManagerState.judge). A read that fails judges the last reading
+// again while it is younger than Thresholds.FabricManagerWindow (one
+// failed systemctl call neither ends an episode nor sends its finding
+// again); past that, or with no reading yet (no systemd, no systemctl), it
+// is warned of once and judges nothing.
+func (c *Collector) fabricManager(ctx context.Context) (*FabricManager, *finding) {
+	fm, err := c.readFabricManager(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if err != nil {
+		if c.fm.last != nil && now.Sub(c.fm.lastAt) < c.th.FabricManagerWindow {
+			return c.fm.last, c.fm.judge(c.fm.last, now, c.th)
+		}
+		if c.fmUnreadLogged.CompareAndSwap(false, true) {
+			c.log.WarnContext(ctx, "Fabric manager unit not read; its health is not judged", logkey.Err, err)
+		}
+		return nil, nil
+	}
+	c.fm.last, c.fm.lastAt = fm, now
+	return fm, c.fm.judge(fm, now, c.th)
 }
 
 // stateLocked returns the remembered state for uuid, creating it. c.mu

@@ -15,6 +15,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 )
 
 // recorder is a slog.Handler that keeps every record and also writes it to
@@ -84,6 +85,9 @@ func newCollector(t *testing.T, cfg gpu.Config) *gpu.Collector {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if cfg.Runner == nil {
+		cfg.Runner = gputest.NewFabricManager() // not the host's systemd
 	}
 	c, err := gpu.New(cfg)
 	if err != nil {

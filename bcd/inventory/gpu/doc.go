@@ -71,6 +71,11 @@
 //	within Config.NVLinkWindow                             degraded  ESCALATE
 //	volatile corrected ECC count rose by at least
 //	Config.CorrectedECCSpike since the previous Collect    degraded  IGNORE
+//	persistence mode off (unless
+//	Thresholds.IgnorePersistenceMode)                      degraded  IGNORE
+//	nvidia-fabricmanager down past Thresholds.FabricGrace
+//	or flapping (GPUs on a fabric only; held for the
+//	stabilisation window Thresholds.FabricManagerWindow)  degraded  ESCALATE
 //
 // Row remapping (Ampere and later) and page retirement (earlier GPUs) follow
 // NVIDIA's "GPU Memory Error Management" guide

@@ -19,6 +19,35 @@ type Report struct {
 	// (nvmlInit succeeded), whether or not it found GPUs; false when Status
 	// says there is no driver.
 	NVML bool `json:"nvml"`
+	// FabricManager is the nvidia-fabricmanager unit's state, read only
+	// when a GPU has an NVLink fabric (GPU.Fabric, NVSwitch systems); nil
+	// otherwise or when systemd could not be asked.
+	FabricManager *FabricManager `json:"fabric_manager,omitempty"`
+}
+
+// FabricManager is the nvidia-fabricmanager systemd unit as `systemctl
+// show` reports it (docs/gpu-health.md, "Fabric manager").
+type FabricManager struct {
+	// ActiveState is systemd's ActiveState: "active", "reloading",
+	// "inactive", "failed", "activating" or "deactivating".
+	ActiveState string `json:"active_state"`
+	// SubState is the unit type's own state, for example "running",
+	// "dead", "failed", "auto-restart".
+	SubState string `json:"sub_state,omitempty"`
+	// LoadState is "loaded", or "not-found" when the unit is not installed.
+	LoadState string `json:"load_state,omitempty"`
+	// Restarts is systemd's NRestarts: automatic restarts since the unit
+	// was last started by hand (systemd 235 and later; 0 before).
+	Restarts uint64 `json:"restarts"`
+	// ActiveEnterMonotonic is ActiveEnterTimestampMonotonic: when the unit
+	// last became active, in microseconds since boot; 0 when never.
+	ActiveEnterMonotonic uint64 `json:"active_enter_monotonic,omitempty"`
+}
+
+// Up reports whether the unit is running: ActiveState "active" or
+// "reloading".
+func (f *FabricManager) Up() bool {
+	return f.ActiveState == "active" || f.ActiveState == "reloading"
 }
 
 // GPU is the inventory and health of one physical GPU.
@@ -79,6 +108,15 @@ type GPU struct {
 	// thermal, 64 hardware thermal, 128 power brake, ...); nil when not
 	// reported.
 	ClocksEventReasons *uint64 `json:"clocks_event_reasons,omitempty"`
+	// PCIe is the GPU's PCIe link: its replay counter, generation and
+	// width; nil when NVML reports none of them.
+	PCIe *PCIe `json:"pcie,omitempty"`
+	// Fabric is the GPU's NVLink fabric registration (NVSwitch systems,
+	// nvmlDeviceGetGpuFabricInfo); nil where the GPU has no fabric.
+	Fabric *Fabric `json:"fabric,omitempty"`
+	// PersistenceMode is whether the driver's persistence mode is on
+	// (nvmlDeviceGetPersistenceMode); nil when NVML does not report it.
+	PersistenceMode *bool `json:"persistence_mode,omitempty"`
 	// RecoveryAction is the recovery the driver asks for (NVML field
 	// FI_DEV_GET_GPU_RECOVERY_ACTION, newer drivers only), named as NVML's
 	// header does without its prefix: "GPU_RESET", "NODE_REBOOT",
@@ -106,9 +144,11 @@ type GPU struct {
 	Errors []string `json:"errors,omitempty"`
 	// NewFindings are the health findings of this Collect's readings
 	// (row remapping, recovery action, clocks, NVLink, ECC counts, retired
-	// pages, a lost GPU) that the previous Collect of this GPU did not
-	// have, as Events of SourceScan, for bcd to send once. XIDs and ECC
-	// events are Watch's and never here. Empty without a UUID.
+	// pages, a lost GPU, PCIe, the fabric, persistence mode) that the
+	// previous Collect of this GPU did not have, as Events of SourceScan,
+	// for bcd to send once. The fabric manager's unit is the node's: its
+	// Event is among the first fabric GPU's, with no GPU named. XIDs and
+	// ECC events are Watch's and never here. Empty without a UUID.
 	NewFindings []Event `json:"-"`
 }
 
@@ -166,6 +206,37 @@ type NVLinkErrors struct {
 	CRCData  uint64 `json:"crc_data"`
 	Replay   uint64 `json:"replay"`
 	Recovery uint64 `json:"recovery"`
+}
+
+// PCIe is a GPU's PCIe link as NVML reads it. A field NVML does not report
+// is 0.
+type PCIe struct {
+	// Replays is NVML's PCIe replay counter (nvmlDeviceGetPcieReplayCounter):
+	// link-level retransmissions since the driver loaded. It only grows;
+	// health looks at its rise within Thresholds.PCIeReplayWindow.
+	Replays uint64 `json:"replays"`
+	// LinkGeneration and MaxLinkGeneration are the link's current PCIe
+	// generation and the highest the GPU and its slot allow
+	// (nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkGeneration).
+	LinkGeneration    int `json:"link_generation,omitempty"`
+	MaxLinkGeneration int `json:"max_link_generation,omitempty"`
+	// LinkWidth and MaxLinkWidth are the link's current and highest width
+	// in lanes (nvmlDeviceGetCurrPcieLinkWidth, nvmlDeviceGetMaxPcieLinkWidth).
+	LinkWidth    int `json:"link_width,omitempty"`
+	MaxLinkWidth int `json:"max_link_width,omitempty"`
+}
+
+// Fabric is a GPU's NVLink fabric state as NVML reports it
+// (nvmlGpuFabricInfo_t): nvidia-fabricmanager registers each GPU of an
+// NVSwitch system with the fabric; until it is done the GPU cannot talk
+// to the others over NVLink.
+type Fabric struct {
+	// State is NVML's fabric state without its prefix: "NOT_STARTED",
+	// "IN_PROGRESS" or "COMPLETED".
+	State string `json:"state"`
+	// Status is the registration's result (an NVML return name, for
+	// example "SUCCESS"); meaningful once State is "COMPLETED".
+	Status string `json:"status,omitempty"`
 }
 
 // MIG is a GPU's Multi-Instance GPU mode and the MIG devices carved from it.
@@ -283,6 +354,23 @@ const (
 	// EventKindGPULost is a GPU NVML cannot open or reports lost
 	// (Event.LostError).
 	EventKindGPULost = gpufinding.KindGPULost
+	// EventKindPCIe is a PCIe link finding: the replay counter rose past
+	// Thresholds.PCIeReplayThreshold within Thresholds.PCIeReplayWindow
+	// (Event.PCIeReplays, Event.PCIeWindow), a link below its maximum width
+	// or generation (Event.PCIeLink), or an AER error in the kernel log
+	// (Event.AERSeverity, Event.LogLine).
+	EventKindPCIe = gpufinding.KindPCIe
+	// EventKindFabric is a GPU whose NVLink fabric registration is not
+	// complete past Thresholds.FabricGrace, or completed with an error
+	// (Event.Fabric, Event.FabricFor).
+	EventKindFabric = gpufinding.KindFabric
+	// EventKindPersistence is a GPU whose persistence mode is off.
+	EventKindPersistence = gpufinding.KindPersistence
+	// EventKindFabricManager is the nvidia-fabricmanager unit down past
+	// Thresholds.FabricGrace, or restarted Thresholds.FabricManagerFlapRestarts
+	// times within Thresholds.FabricManagerWindow (Event.FabricManager,
+	// Event.FabricManagerRestarts, Event.FabricManagerDownFor).
+	EventKindFabricManager = gpufinding.KindFabricManager
 )
 
 // Event is one GPU error event seen by [Collector.Watch].
@@ -329,6 +417,22 @@ type Event struct {
 	NVLinkErrors       uint64        `json:"nvlink_errors,omitempty"`
 	NVLinkWindow       time.Duration `json:"nvlink_window,omitempty"`
 	LostError          string        `json:"lost_error,omitempty"`
+	// PCIeReplays, PCIeWindow, PCIeLink and AERSeverity are the signal of
+	// an [EventKindPCIe] finding; zero otherwise.
+	PCIeReplays uint64        `json:"pcie_replays,omitempty"`
+	PCIeWindow  time.Duration `json:"pcie_window,omitempty"`
+	PCIeLink    *PCIe         `json:"pcie_link,omitempty"`
+	AERSeverity string        `json:"aer_severity,omitempty"`
+	// Fabric and FabricFor are the signal of an [EventKindFabric] finding.
+	Fabric    *Fabric       `json:"fabric_state,omitempty"`
+	FabricFor time.Duration `json:"fabric_for,omitempty"`
+	// FabricManager, FabricManagerRestarts (within FabricManagerWindow)
+	// and FabricManagerDownFor are the signal of an
+	// [EventKindFabricManager] finding.
+	FabricManager         *FabricManager `json:"fabric_manager,omitempty"`
+	FabricManagerRestarts uint64         `json:"fabric_manager_restarts,omitempty"`
+	FabricManagerWindow   time.Duration  `json:"fabric_manager_window,omitempty"`
+	FabricManagerDownFor  time.Duration  `json:"fabric_manager_down_for,omitempty"`
 	// Counters are the readings behind a Collect finding, by name (for
 	// example "remappedRowsUncorrectable"); nil otherwise.
 	Counters map[string]uint64 `json:"counters,omitempty"`

@@ -76,6 +76,21 @@ type gpuState struct {
 	// scanned holds the keys of the reading findings of the previous
 	// Collect (finding.key), so each is reported once while it holds.
 	scanned map[string]bool
+	// pcieReplay holds the PCIe replay counter readings of the window,
+	// oldest first.
+	pcieReplay []nvlinkSample
+	// fabricSince is when the GPU's fabric state was first read short of
+	// completed, zero while it is completed (or the GPU has no fabric).
+	fabricSince time.Time
+	// aer holds the latest kernel-log AER error of each severity until
+	// Thresholds.LogFindingHold has passed since it.
+	aer map[string]heldAER
+}
+
+// heldAER is the latest AER line of one severity on a GPU.
+type heldAER struct {
+	at   time.Time
+	line string
 }
 
 func newState() *gpuState {
@@ -104,6 +119,7 @@ type assessParams struct {
 	correctedSpike  uint64
 	nvlinkWindow    time.Duration
 	nvlinkThreshold uint64
+	th              Thresholds
 }
 
 // Clock event reasons that mean the GPU is being slowed down by heat or by
@@ -210,7 +226,11 @@ func assess(g *GPU, pre []finding, st *gpuState, p assessParams) {
 		}
 		fs = append(fs, f)
 	}
+	fs = append(fs, pcieLinkFindings(g.PCIe, p.th)...)
+	fs = append(fs, persistenceFinding(g.PersistenceMode, p.th)...)
 	if st != nil {
+		fs = append(fs, st.pcieFindings(g.PCIe, p)...)
+		fs = append(fs, st.fabricFindings(g.Fabric, p)...)
 		if g.ECC != nil && g.ECC.VolatileCorrected != nil {
 			cur := *g.ECC.VolatileCorrected
 			if last := st.lastCorrected; last != nil && cur >= *last && cur-*last >= p.correctedSpike {
@@ -279,18 +299,26 @@ func (st *gpuState) nvlinkDelta(n *NVLinkErrors, p assessParams) (uint64, bool) 
 		st.nvlink = nil
 		return 0, false
 	}
-	total := n.CRCFlit + n.CRCData + n.Replay + n.Recovery
-	if k := len(st.nvlink); k > 0 && total < st.nvlink[k-1].total {
-		st.nvlink = nil
+	return windowDelta(&st.nvlink, n.CRCFlit+n.CRCData+n.Replay+n.Recovery, p.now, p.nvlinkWindow), true
+}
+
+// windowDelta adds the reading total of a counter that only grows, read at
+// now, to samples and returns how much it rose within window. A fall (the
+// driver was reloaded) starts the window again.
+func windowDelta(samples *[]nvlinkSample, total uint64, now time.Time, window time.Duration) uint64 {
+	s := *samples
+	if k := len(s); k > 0 && total < s[k-1].total {
+		s = nil
 	}
-	st.nvlink = append(st.nvlink, nvlinkSample{at: p.now, total: total})
+	s = append(s, nvlinkSample{at: now, total: total})
 	// Keep the newest sample at or before the window's start as the
 	// baseline, and everything after it.
-	start := p.now.Add(-p.nvlinkWindow)
-	for len(st.nvlink) > 1 && !st.nvlink[1].at.After(start) {
-		st.nvlink = st.nvlink[1:]
+	start := now.Add(-window)
+	for len(s) > 1 && !s[1].at.After(start) {
+		s = s[1:]
 	}
-	return total - st.nvlink[0].total, true
+	*samples = s
+	return total - s[0].total
 }
 
 // newFindings returns the reading findings of fs whose key the previous

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"golang.org/x/sys/unix"
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/kmsg"
 )
@@ -55,6 +54,7 @@ func (c *Collector) WatchKernelLog(ctx context.Context, src KernelLog, fn func(E
 		}
 		x, ok := kmsg.ParseXid(r.Message)
 		if !ok {
+			c.aerLine(ctx, r, boot, fn)
 			return
 		}
 		c.mu.Lock()
@@ -81,6 +81,26 @@ func (c *Collector) WatchKernelLog(ctx context.Context, src KernelLog, fn func(E
 		return fmt.Errorf("watch kernel log: %w", err)
 	}
 	return nil
+}
+
+// aerLine handles a kernel-log record that may be a PCIe AER error of one
+// of the GPUs of the latest Collect (an AER line of another device, such
+// as a root port or a NIC, is not the GPU reader's).
+func (c *Collector) aerLine(ctx context.Context, r kmsg.Record, boot time.Time, fn func(Event)) {
+	a, ok := kmsg.ParseAER(r.Message)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	w, known := c.byPCI[a.PCIKey()]
+	c.mu.Unlock()
+	if !known || w.uuid == "" {
+		return
+	}
+	ev, pass := c.noteAER(w.uuid, fmt.Sprintf("GPU %d (%s)", w.index, w.uuid), a, r.Message, boot.Add(r.SinceBoot))
+	if pass {
+		c.report(ctx, w.index, ev, fn)
+	}
 }
 
 // noteXID records XID code on the GPU uuid ("" when unknown), seen at at
@@ -187,14 +207,4 @@ func (c *Collector) Processes(ctx context.Context, uuid string) ([]int, error) {
 	}
 	slices.Sort(pids)
 	return slices.Compact(pids), nil
-}
-
-// bootTime is now minus the time since boot on CLOCK_MONOTONIC, the clock
-// the kernel stamps its log with; now when it cannot be read.
-func bootTime(now time.Time) time.Time {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return now
-	}
-	return now.Add(-time.Duration(ts.Nano()))
 }

@@ -4,6 +4,7 @@
 package report
 
 import (
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -45,7 +47,49 @@ func Inventory(h *inventory.Host, plugins []*sessionv1.PluginInfo, at time.Time)
 	for _, g := range h.GPUs {
 		inv.Gpus = append(inv.Gpus, GPU(&g))
 	}
+	for _, p := range h.IBPorts {
+		inv.IbPorts = append(inv.IbPorts, InfiniBandPort(&p))
+	}
 	return inv
+}
+
+// InfiniBandPort converts one InfiniBand/RoCE port.
+func InfiniBandPort(p *ib.Port) *sessionv1.InfiniBandPort {
+	c := p.Counters
+	return &sessionv1.InfiniBandPort{Device: p.Device, Port: uint32(max(p.Port, 0)), PciBusId: p.PCIBusID, State: p.State,
+		PhysState: p.PhysState, Rate: p.Rate, LinkLayer: p.LinkLayer, LinkDowned: c.LinkDowned,
+		LinkErrorRecovery: c.LinkErrorRecovery, SymbolError: c.SymbolError, PortRcvErrors: c.PortRcvErrors,
+		ExcessiveBufferOverrunErrors: c.ExcessiveBufferOverrunErrors,
+		Health:                       &sessionv1.GPUHealth{State: ibHealth(p.Health), Reasons: p.HealthReasons, Resolution: p.Resolution}}
+}
+
+func ibHealth(h ib.Health) sessionv1.GPUHealthState {
+	switch h {
+	case ib.HealthDegraded:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED
+	case ib.HealthFailed:
+		return sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED
+	}
+	return sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK
+}
+
+// InfiniBandFinding is the typed finding (sessionv1.GPUFinding, kind
+// gpufinding.KindInfiniBand) of an InfiniBand/RoCE port's finding: no GPU;
+// the device's PCI address, the InfiniBandSignal, the resolution (as the
+// immediate one too), the health, the evidence and when it was seen.
+func InfiniBandFinding(f ib.Finding) *sessionv1.GPUFinding {
+	s := &sessionv1.InfiniBandSignal{Device: f.Device, Port: uint32(max(f.Port, 0)), Cause: f.Cause, State: f.State,
+		PhysState: f.PhysState, Errors: f.Errors, LinkDowned: f.LinkDowned}
+	if f.Window > 0 {
+		s.Window = durationpb.New(f.Window)
+	}
+	out := &sessionv1.GPUFinding{PciBusId: f.PCIBusID, ImmediateResolution: f.Resolution, Resolution: f.Resolution,
+		Health: ibHealth(f.Health), Signal: &sessionv1.GPUFinding_Infiniband{Infiniband: s},
+		Evidence: &sessionv1.GPUFindingEvidence{Source: f.Source, LogLine: f.LogLine, Counters: f.Counters, Message: f.Message}}
+	if !f.Time.IsZero() {
+		out.ObservedAt = timestamppb.New(f.Time)
+	}
+	return out
 }
 
 // GPU converts one GPU.
@@ -160,6 +204,36 @@ func Finding(ev gpu.Event) *sessionv1.GPUFinding {
 		f.Signal = &sessionv1.GPUFinding_RetiredPages{RetiredPages: &sessionv1.RetiredPagesSignal{Pending: true}}
 	case gpu.EventKindGPULost:
 		f.Signal = &sessionv1.GPUFinding_GpuLost{GpuLost: &sessionv1.GPULostSignal{NvmlError: ev.LostError}}
+	case gpu.EventKindPCIe:
+		s := &sessionv1.PCIeSignal{Replays: ev.PCIeReplays, AerSeverity: ev.AERSeverity}
+		if ev.PCIeWindow > 0 {
+			s.Window = durationpb.New(ev.PCIeWindow)
+		}
+		if l := ev.PCIeLink; l != nil {
+			s.LinkGeneration, s.MaxLinkGeneration = uint32(l.LinkGeneration), uint32(l.MaxLinkGeneration)
+			s.LinkWidth, s.MaxLinkWidth = uint32(l.LinkWidth), uint32(l.MaxLinkWidth)
+		}
+		f.Signal = &sessionv1.GPUFinding_Pcie{Pcie: s}
+	case gpu.EventKindFabric:
+		s := &sessionv1.FabricSignal{For: durationpb.New(ev.FabricFor)}
+		if fb := ev.Fabric; fb != nil {
+			s.State, s.Status = fb.State, fb.Status
+		}
+		f.Signal = &sessionv1.GPUFinding_Fabric{Fabric: s}
+	case gpu.EventKindPersistence:
+		f.Signal = &sessionv1.GPUFinding_Persistence{Persistence: &sessionv1.PersistenceModeSignal{}}
+	case gpu.EventKindFabricManager:
+		s := &sessionv1.FabricManagerSignal{Restarts: uint32(min(ev.FabricManagerRestarts, math.MaxUint32))}
+		if fm := ev.FabricManager; fm != nil {
+			s.ActiveState, s.SubState, s.LoadState = fm.ActiveState, fm.SubState, fm.LoadState
+		}
+		if ev.FabricManagerWindow > 0 {
+			s.Window = durationpb.New(ev.FabricManagerWindow)
+		}
+		if ev.FabricManagerDownFor > 0 {
+			s.DownFor = durationpb.New(ev.FabricManagerDownFor)
+		}
+		f.Signal = &sessionv1.GPUFinding_FabricManager{FabricManager: s}
 	}
 	return f
 }

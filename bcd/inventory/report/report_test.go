@@ -6,6 +6,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/inventory"
 	"github.com/better-compute/better-compute/bcd/inventory/gpu"
+	"github.com/better-compute/better-compute/bcd/inventory/ib"
 	"github.com/better-compute/better-compute/bcd/inventory/report"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -91,5 +92,41 @@ func TestFinding(t *testing.T) {
 			f.GetEvidence().GetSource() != ev.Source || f.GetEvidence().GetMessage() != "m" {
 			t.Errorf("%s: finding %v", ev.Kind, f)
 		}
+	}
+}
+
+// TestInfiniBandReport: a port becomes the inventory's InfiniBandPort with
+// its counters and health, and a port's finding the typed finding of the
+// infiniband signal, naming no GPU.
+func TestInfiniBandReport(t *testing.T) {
+	h := &inventory.Host{IBPorts: []ib.Port{{Device: "mlx5_0", Port: 1, PCIBusID: "0000:3b:00.0", State: "ACTIVE", StateNum: 4,
+		PhysState: "LinkUp", PhysStateNum: 5, Rate: "400 Gb/sec (4X NDR)", LinkLayer: "InfiniBand",
+		Counters: ib.Counters{LinkDowned: 2, SymbolError: 30}, Health: ib.HealthDegraded, HealthReasons: []string{"link flapping"},
+		Resolution: "CHECK_MECHANICALS"}}}
+	inv := report.Inventory(h, nil, time.Unix(1, 0))
+	if len(inv.IbPorts) != 1 {
+		t.Fatalf("ib ports = %v", inv.IbPorts)
+	}
+	p := inv.IbPorts[0]
+	if p.Device != "mlx5_0" || p.Port != 1 || p.PciBusId != "0000:3b:00.0" || p.State != "ACTIVE" || p.PhysState != "LinkUp" ||
+		p.Rate != "400 Gb/sec (4X NDR)" || p.LinkLayer != "InfiniBand" || p.LinkDowned != 2 || p.SymbolError != 30 ||
+		p.Health.State != sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED || p.Health.Resolution != "CHECK_MECHANICALS" ||
+		p.Health.Reasons[0] != "link flapping" {
+		t.Errorf("port = %v", p)
+	}
+	at := time.Unix(1700000000, 0)
+	f := report.InfiniBandFinding(ib.Finding{Device: "mlx5_0", Port: 1, PCIBusID: "0000:3b:00.0", Cause: ib.CauseErrors,
+		State: "ACTIVE", PhysState: "LinkUp", Errors: 12, Window: 10 * time.Minute, Health: ib.HealthDegraded,
+		Resolution: "CHECK_MECHANICALS", Source: ib.SourceScan, Counters: map[string]uint64{"symbol_error": 12}, Message: "m", Time: at})
+	s := f.GetInfiniband()
+	if f.GpuUuid != "" || f.PciBusId != "0000:3b:00.0" || s.GetDevice() != "mlx5_0" || s.GetPort() != 1 || s.GetCause() != "errors" ||
+		s.GetErrors() != 12 || s.GetWindow().AsDuration() != 10*time.Minute || f.Resolution != "CHECK_MECHANICALS" ||
+		f.ImmediateResolution != "CHECK_MECHANICALS" || f.Health != sessionv1.GPUHealthState_GPU_HEALTH_STATE_DEGRADED ||
+		f.Evidence.GetSource() != "scan" || f.Evidence.GetCounters()["symbol_error"] != 12 || !f.ObservedAt.AsTime().Equal(at) {
+		t.Errorf("finding = %v", f)
+	}
+	if f := report.InfiniBandFinding(ib.Finding{Cause: ib.CauseMlx5, Health: ib.HealthFailed}); f.GetInfiniband().GetWindow() != nil ||
+		f.Health != sessionv1.GPUHealthState_GPU_HEALTH_STATE_FAILED {
+		t.Errorf("mlx5 finding = %v", f)
 	}
 }

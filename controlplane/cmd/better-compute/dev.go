@@ -39,8 +39,10 @@ func devCmd(e *env) *cobra.Command {
 			"and N FakeDaemons that join through a real join token and hold real sessions over TLS,\n" +
 			"each reporting a simulated NVIDIA DGX A100. SIGUSR1 stops one simulated daemon (its node goes\n" +
 			"unreachable). SIGUSR2 applies the faults listed in <data-dir>/" + sim.FaultFile + ", one a line\n" +
-			"(\"xid sim-00001 3 79\", \"ecc 2 0 4\", \"lose-gpu 0 5\", \"hang 1\", \"disconnect 1 30s\",\n" +
-			"\"recovery all reset=30s reboot=2m\", \"clear all\"; docs/gpu-health.md). Ctrl-C stops everything.",
+			"(\"xid sim-00001 3 79\", \"ecc 2 0 4\", \"lose-gpu 0 5\", \"pcie 0 1 width=8\", \"fabric 0 2 IN_PROGRESS\",\n" +
+			"\"persistence 0 3 off\", \"fabric-manager 0 failed\", \"remove-gpu 0 6\", \"versions 2 535.104.05\",\n" +
+			"\"hang 1\", \"disconnect 1 30s\", \"recovery all reset=30s reboot=2m\", \"clear all\"; docs/gpu-health.md).\n" +
+			"Ctrl-C stops everything.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if n < 0 || n > 100000 {

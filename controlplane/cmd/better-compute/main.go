@@ -106,6 +106,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(doctorCmd(e), bmcCmd(e), auditCmd(e), eventsCmd(e), sinksCmd(e))
 	root.AddCommand(reservationsCmd(e), capacityCmd(e))
 	root.AddCommand(remediationCmd(e))
+	root.AddCommand(gpusCmd(e))
 	root.AddCommand(rolloutsCmd(e))
 	root.AddCommand(gatewaysCmd(e), processesCmd(e))
 	root.AddCommand(storeCmd(e), backupCmd(e), restoreCmd(e))

@@ -67,6 +67,28 @@ func nodesCmd(e *env) *cobra.Command {
 	outputFlag(get, &out)
 	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af))
 	cmd.AddCommand(nodesShellCmd(e, &af), nodesPortForwardCmd(e, &af))
+	cmd.AddCommand(nodesRepairCmds(e, &af)...)
+	setCount := &cobra.Command{
+		Use:   "set-gpu-count NODE_ID COUNT",
+		Short: "Set how many GPUs a node is expected to have",
+		Long: "Sets the GPUs a node is expected to have (its label better-compute.io/gpu-count), acknowledging an\n" +
+			"intended change such as a board sent for repair. The control plane takes the count from a node's first\n" +
+			"full inventory; an inventory listing fewer GPUs is a gpu.missing finding (RESTART_BM) naming the missing\n" +
+			"GPU (docs/gpu-health.md, \"GPU count\"). COUNT is 0 to 64. Audited.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.ParseInt(args[1], 10, 32)
+			if err != nil {
+				return usageError{fmt.Errorf("set-gpu-count: COUNT %q: want a number of GPUs, 0 to 64", args[1])}
+			}
+			set := func(c *client.Client, ctx context.Context, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+				return c.NodesSetGPUCount(ctx, &apiv1.SetGPUCountRequest{Id: r.GetId(), Count: int32(n)})
+			}
+			return nodeCall(e, &af, cmd, set, false, args[0], out)
+		},
+	}
+	outputFlag(setCount, &out)
+	cmd.AddCommand(setCount)
 	for _, m := range []struct {
 		use    string
 		method nodeMethod

@@ -48,7 +48,7 @@ func inventoryRows(n *apiv1.Node) [][]string {
 		gpus = "none read: " + inv.GetGpuStatus()
 	}
 	osName := strings.TrimSpace(h.GetOs().GetName() + " " + h.GetOs().GetVersion())
-	return [][]string{
+	rows := [][]string{
 		{"cpu", cpu},
 		{"memory", mem},
 		{"gpus", gpus},
@@ -56,6 +56,23 @@ func inventoryRows(n *apiv1.Node) [][]string {
 		{"kernel", orDash(h.GetOs().GetKernel())},
 		{"inventory collected", when(inv.GetCollectedAt())},
 	}
+	for _, p := range inv.GetIbPorts() {
+		rows = append(rows, []string{fmt.Sprintf("ib %s/%d", p.GetDevice(), p.GetPort()), ibPortSummary(p)})
+	}
+	return rows
+}
+
+// ibPortSummary is one line of an InfiniBand/RoCE port: "ACTIVE/LinkUp 400
+// Gb/sec (4X NDR) InfiniBand, errors: symbol 0, rcv 0, recovery 0,
+// overrun 0, link downed 0; ok", its health's reasons after it.
+func ibPortSummary(p *sessionv1.InfiniBandPort) string {
+	health := strings.ToLower(strings.TrimPrefix(p.GetHealth().GetState().String(), "GPU_HEALTH_STATE_"))
+	if rs := p.GetHealth().GetReasons(); len(rs) > 0 {
+		health += " (" + strings.Join(rs, "; ") + ")"
+	}
+	return fmt.Sprintf("%s/%s %s %s, errors: symbol %d, rcv %d, recovery %d, overrun %d, link downed %d; %s",
+		orDash(p.GetState()), orDash(p.GetPhysState()), orDash(p.GetRate()), orDash(p.GetLinkLayer()), p.GetSymbolError(),
+		p.GetPortRcvErrors(), p.GetLinkErrorRecovery(), p.GetExcessiveBufferOverrunErrors(), p.GetLinkDowned(), health)
 }
 
 // gpusByModel counts GPUs by product name: "8x NVIDIA H100 80GB HBM3 (80

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,7 +17,8 @@ import (
 // they call the remediation.* methods.
 func remediationCmd(e *env) *cobra.Command {
 	return apiGroup(e, "remediation", "See and steer closed-loop GPU remediation", remediationListCmd, remediationGetCmd,
-		remediationPauseCmd(true), remediationPauseCmd(false), remediationReturnCmd, remediationResetBreakerCmd)
+		remediationPauseCmd(true), remediationPauseCmd(false), remediationReturnCmd, remediationResetBreakerCmd, remediationHistoryCmd,
+		remediationStatsCmd)
 }
 
 func remediationListCmd(e *env, af *apiFlags) *cobra.Command {
@@ -29,7 +31,9 @@ func remediationListCmd(e *env, af *apiFlags) *cobra.Command {
 finding (an XID with NVIDIA's resolution, a lost GPU, an unresponsive node...),
 the policy's action, the state (detected, held, quarantined, draining,
 remediating, verifying, returned, escalated), attempts and why the last move
-was made. Tripped breakers (remediation.breakers) are named after the table.
+was made. Every pool's breaker (remediation.breakers) follows the table: closed
+or tripped, the distinct nodes acted on within its window, its limit, the
+pool's GPU nodes, the cases it holds and when a tripped one closes by itself.
 -o json prints the API's ListRemediationsResponse.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -71,13 +75,18 @@ was made. Tripped breakers (remediation.breakers) are named after the table.
 						}); err != nil {
 						return err
 					}
-					for _, b := range breakers {
-						if b.Tripped {
-							fmt.Fprintf(e.stdout, "breaker of pool %s tripped %s: nothing new starts; better-compute remediation reset-breaker %s\n",
-								b.PoolId, when(b.TripTime), b.PoolId)
-						}
+					if len(breakers) > 0 && len(r.Remediations) > 0 {
+						fmt.Fprintln(e.stdout) // between the cases' table and the breakers'
 					}
-					return nil
+					return tableOf(e.stdout, []string{"POOL", "BREAKER", "ACTED", "LIMIT", "GPU NODES", "HELD", "WINDOW", "CLOSES"}, breakers,
+						func(b *apiv1.RemediationBreaker) []string {
+							state, closes := "closed", "-"
+							if b.Tripped {
+								state, closes = "tripped", when(b.CloseTime)
+							}
+							return []string{b.PoolId, state, strconv.Itoa(int(b.Acted)), strconv.Itoa(int(b.Limit)), strconv.Itoa(int(b.GpuNodes)),
+								strconv.Itoa(int(b.Held)), (time.Duration(b.WindowSeconds) * time.Second).String(), closes}
+						})
 				})
 		},
 	}
@@ -184,13 +193,17 @@ remediation resume (a command already running runs on). Audited.`
 
 func remediationReturnCmd(e *env, af *apiFlags) *cobra.Command {
 	var note, out string
+	var resetGPU, reboot, force bool
 	cmd := &cobra.Command{
-		Use:   "return ID [--note TEXT]",
+		Use:   "return ID [--reset-gpu | --reboot | --force] [--note TEXT]",
 		Short: "Put a case's node back in service now (needs an operator token)",
 		Long: `return calls remediation.return: the node is uncordoned and its disruption
 hold released, the case's running command cancelled and the case closed,
 whatever its state (an escalated case's answer once a person has fixed the
-node). Audited, with the note as the reason.`,
+node). Audited, with the note as the reason. A case whose GPU still reads
+failed or degraded is refused: --reset-gpu resets it (or --reboot reboots
+the node), verifies it and then returns the node; --force returns it as it
+is, recorded in the case's reason.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(out); err != nil {
@@ -201,15 +214,24 @@ node). Audited, with the note as the reason.`,
 			}
 			return runAPI(cmd.Context(), e, af, out,
 				func(ctx context.Context, c *client.Client) (*apiv1.Remediation, error) {
-					return c.RemediationReturn(ctx, &apiv1.ReturnRemediationRequest{Id: args[0], Note: note})
+					return c.RemediationReturn(ctx, &apiv1.ReturnRemediationRequest{Id: args[0], Note: note, ResetGpu: resetGPU,
+						Reboot: reboot, Force: force})
 				},
 				func(_ *client.Client, r *apiv1.Remediation) error {
+					if r.State != "returned" {
+						fmt.Fprintf(e.stdout, "node %s: %s of remediation %s ordered; it is returned once verified (remediation get %s)\n",
+							r.NodeId, r.Action, r.Id, r.Id)
+						return nil
+					}
 					fmt.Fprintf(e.stdout, "node %s is back in service (remediation %s returned)\n", r.NodeId, r.Id)
 					return nil
 				})
 		},
 	}
 	cmd.Flags().StringVar(&note, "note", "", "why, recorded as the case's reason")
+	cmd.Flags().BoolVar(&resetGPU, "reset-gpu", false, "reset the case's GPU, verify it, then return the node")
+	cmd.Flags().BoolVar(&reboot, "reboot", false, "reboot the node, verify it, then return it")
+	cmd.Flags().BoolVar(&force, "force", false, "return the node whatever its GPUs read (recorded)")
 	outputFlag(cmd, &out)
 	return cmd
 }
@@ -236,7 +258,7 @@ remediation.breaker check passes again. Audited.`,
 					return c.RemediationResetBreaker(ctx, &apiv1.ResetBreakerRequest{Pool: args[0]})
 				},
 				func(_ *client.Client, b *apiv1.RemediationBreaker) error {
-					fmt.Fprintf(e.stdout, "breaker of pool %s reset; held cases are acted on again\n", b.PoolId)
+					fmt.Fprintf(e.stdout, "breaker of pool %s reset; held cases are acted on in the order they opened\n", b.PoolId)
 					return nil
 				})
 		},

@@ -16,7 +16,7 @@ import (
 
 // rolloutsCmd groups the rollout commands; they call rollouts.* (docs/rollouts.md).
 func rolloutsCmd(e *env) *cobra.Command {
-	return apiGroup(e, "rollouts", "Roll bcd out to a pool in waves: canary, budget, soak, bake, halt and roll back",
+	return apiGroup(e, "rollouts", "Roll bcd out to a pool in waves: canary, budget, soak, health gate, bake, halt and roll back",
 		rolloutsCreateCmd, rolloutsListCmd, rolloutsGetCmd,
 		rolloutsActionCmd("pause", "Start no new node or wave of a running rollout (needs an operator token)",
 			`pause calls rollouts.pause: no new node is taken out and no new wave starts;
@@ -35,10 +35,10 @@ func rolloutsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 		version, pool, wave, maxOut, baseURL, out string
 		canary                                    int
 		soak, timeout, bake                       time.Duration
-		drain                                     bool
+		drain, requireEvidence                    bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create --version V --pool P [--canary N] [--wave N|N%] [--max-unavailable N|N%] [--soak D] [--bake D] [--timeout D] [--drain=true|false]",
+		Use:   "create --version V --pool P [--canary N] [--wave N|N%] [--max-unavailable N|N%] [--soak D] [--bake D] [--timeout D] [--drain=true|false] [--require-evidence]",
 		Short: "Roll bcd version V out to pool P in waves (needs an operator token)",
 		Long: `create calls rollouts.create. The release must be in the downloads folder with a
 signed manifest that verifies against downloads.releasePins, or nothing is
@@ -55,7 +55,12 @@ quarantined, runs another version, or drops its session more than once
 (reconnects after a gateway's drain do not count) halts it too. A halt rolls
 back every node the rollout upgraded, of every wave, to the release it kept,
 within the pool's disruption budget; rollouts get and the rollout.halted event
-name each node and why. By default each node's running commands finish first (--drain); with
+name each node and why. Each wave is health-gated: over its soak its upgraded
+nodes are compared with the pool's nodes not yet upgraded (bcd restarts and
+session drops per node-hour, GPU findings per GPU-hour, failed commands per
+command; a one-sided Poisson test, rollouts.healthGate), and a wave clearly
+worse halts the rollout. With too few node-hours to decide the soak is extended
+once and the wave then advances, or halts with --require-evidence. By default each node's running commands finish first (--drain); with
 --drain=false they are reported as ended by the restart. rollouts get ID
 --watch follows it. Audited.`,
 		Args: cobra.NoArgs,
@@ -67,7 +72,7 @@ name each node and why. By default each node's running commands finish first (--
 				return usageError{errors.New("give --version (the release) and --pool (whose nodes to upgrade)")}
 			}
 			req := &apiv1.CreateRolloutRequest{Version: version, Pool: pool, Canary: int32(canary), Wave: wave,
-				MaxUnavailable: maxOut, BaseUrl: baseURL, Drain: &drain}
+				MaxUnavailable: maxOut, BaseUrl: baseURL, Drain: &drain, RequireEvidence: requireEvidence}
 			if cmd.Flags().Changed("soak") {
 				req.Soak = durationpb.New(soak)
 			}
@@ -100,6 +105,7 @@ name each node and why. By default each node's running commands finish first (--
 	fl.DurationVar(&bake, "bake", 0, "how long to keep watching every upgraded node after the last wave (default 10m)")
 	fl.DurationVar(&timeout, "timeout", 0, "how long a node has to come back on the new version, and to drain (default 10m)")
 	fl.BoolVar(&drain, "drain", true, "wait for each node's running commands before its upgrade")
+	fl.BoolVar(&requireEvidence, "require-evidence", false, "halt a wave whose health gate is still inconclusive after its extended soak")
 	fl.StringVar(&baseURL, "base-url", "", "downloads route the nodes fetch from (default this control plane's)")
 	outputFlag(cmd, &out)
 	return cmd
@@ -269,12 +275,40 @@ func printRollout(e *env, r *apiv1.RolloutResponse) error {
 	if ro.Reason != "" {
 		fmt.Fprintf(e.stdout, "reason: %s\n", ro.Reason)
 	}
+	for _, g := range ro.HealthGates {
+		printHealthGate(e, g)
+	}
 	fmt.Fprintln(e.stdout)
 	return tableOf(e.stdout, []string{"NODE", "HOSTNAME", "WAVE", "STATE", "FROM", "NOW", "SINCE", "REASON"}, r.Nodes,
 		func(n *apiv1.RolloutNode) []string {
 			return []string{n.NodeId, n.Hostname, strconv.Itoa(int(n.Wave)), n.State, orDash(n.PreviousVersion), orDash(n.BcdVersion),
 				when(n.StateTime), orDash(oneLine(n.Reason))}
 		})
+}
+
+// printHealthGate draws a wave's health gate: the verdict, then a line per
+// measure with both groups' figures.
+func printHealthGate(e *env, g *apiv1.RolloutHealthGate) {
+	verdict := g.Verdict
+	switch {
+	case g.Pending:
+		verdict += " so far, soak extended to " + when(g.ExtendedUntil)
+	case g.ExtendedUntil != nil:
+		verdict += " after its extended soak"
+	}
+	fmt.Fprintf(e.stdout, "health gate, wave %d: %s; %d upgraded node(s), %.3g node-hour(s), against %d %s node(s), %.3g node-hour(s)\n",
+		g.Wave, verdict, g.UpgradedNodes, g.UpgradedNodeHours, g.ComparisonNodes, g.Comparison, g.ComparisonNodeHours)
+	for _, m := range g.Measures {
+		mark := ""
+		switch {
+		case m.Worse:
+			mark = "  WORSE"
+		case m.Skipped:
+			mark = "  (no exposure)"
+		}
+		fmt.Fprintf(e.stdout, "  %-16s upgraded %d in %.3g %s(s), comparison %d in %.3g, expected %.2f, p %.2g%s\n", m.Name,
+			m.UpgradedCount, m.UpgradedExposure, m.Unit, m.ComparisonCount, m.ComparisonExposure, m.Expected, m.PValue, mark)
+	}
 }
 
 // rolloutsActionCmd is pause, resume or abort.

@@ -89,6 +89,7 @@ func Open(ctx context.Context, url string) (*queries.Store, error) {
 		SkipLocked:    " FOR UPDATE OF c SKIP LOCKED",
 		TextSet:       "SELECT jsonb_array_elements_text(%s)",
 		IntSet:        "SELECT jsonb_array_elements_text(%s)::int",
+		HasGPUs:       "COALESCE(%s -> 'gpus', '[]'::jsonb) <> '[]'::jsonb",
 		Migrations:    sub,
 		// One lock per schema: writers share it, a reader excludes them.
 		OutboxWriteLock: `SELECT pg_advisory_xact_lock_shared(hashtext('better-compute outbox ' || current_schema()))`,

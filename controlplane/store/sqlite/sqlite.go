@@ -90,6 +90,7 @@ func Open(ctx context.Context, path string) (*queries.Store, error) {
 		Translate:  translate,
 		TextSet:    "SELECT value FROM json_each(%s)",
 		IntSet:     "SELECT value FROM json_each(%s)",
+		HasGPUs:    "COALESCE(json_array_length(%s, '$.gpus'), 0) > 0",
 		Migrations: sub,
 	}), nil
 }

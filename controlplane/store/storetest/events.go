@@ -145,6 +145,9 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	// Tunnels: opened and closed (tunnels.go).
 	produceTunnelEvents(ctx, t, h, pool)
 
+	// GPUs: a UUID two live nodes list (gpus.go).
+	produceGPUConflictEvents(ctx, t, h, pool)
+
 	entries := must(st.OutboxList(ctx, 0, store.MaxListLimit))
 	count := map[string]int{}
 	var bySubject = map[string][]string{}

@@ -212,6 +212,86 @@ func testRemediation(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatal("a reset breaker refused: quarantines before the reset count")
 	}
 	testRemediationRecent(ctx, t, h, pool)
+	testBreakerShare(ctx, t, h)
+}
+
+// testBreakerShare: the breaker counts distinct nodes (a node acted on
+// again counts once), lets the pool's older held cases go first, closes by
+// itself a window after it tripped (evented breaker-reset by window), and
+// RemediationBreakerStates shows every pool with its nodes acted on, held
+// cases and GPU nodes (issue 33).
+func testBreakerShare(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	bp := fixture(ctx, t, h)
+	var nodes []string
+	for i := range 4 {
+		id := "node_rms" + string(rune('a'+i))
+		addNode(ctx, t, h, bp, id)
+		nodes = append(nodes, id)
+	}
+	if err := st.NodeSetInventory(ctx, nodes[0], []byte(`{"gpus":[{"uuid":"GPU-1"}]}`), "d1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.NodeSetInventory(ctx, nodes[1], []byte(`{"gpus":[]}`), "d2"); err != nil {
+		t.Fatal(err)
+	}
+	if n := must(st.PoolGPUNodes(ctx, bp.ID)); n != 1 {
+		t.Fatalf("GPU nodes %d, want 1 (one inventory lists a GPU, one an empty list, two none)", n)
+	}
+	t0 := time.Now().UTC().Truncate(time.Second)
+	at := func(d time.Duration) *time.Time { x := t0.Add(d); return &x }
+	admit := func(node string, c *store.Remediation, now *time.Time) (bool, bool) {
+		p := &store.RemediationBreakerAdmitParams{PoolID: bp.ID, Limit: 1, Window: time.Hour, NodeID: node, Now: now}
+		if c != nil {
+			p.CaseID, p.CreatedAt = c.ID, c.CreatedAt
+		}
+		ok, tr, err := st.RemediationBreakerAdmit(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok, tr
+	}
+	open := func(node, state string, created *time.Time) *store.Remediation {
+		return must(st.RemediationCreate(ctx, &store.Remediation{NodeID: node, State: state, Finding: "xid", Action: "reboot",
+			CreatedAt: *created}, "w"))
+	}
+	// Node a is acted on; acted on again, it counts once.
+	if ok, _ := admit(nodes[0], nil, at(0)); !ok {
+		t.Fatal("the first node refused")
+	}
+	ca := open(nodes[0], store.RemediationDetected, at(0))
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: ca.ID, To: store.RemediationQuarantined, Actor: "w", Now: at(0)}))
+	if ok, tr := admit(nodes[0], nil, at(time.Minute)); !ok || tr {
+		t.Fatalf("node a again within the window: admitted %v, tripped %v; want admitted (it counts once)", ok, tr)
+	}
+	// Node b trips it; held cases of b and c wait.
+	hb := open(nodes[1], store.RemediationHeld, at(2*time.Minute))
+	if ok, tr := admit(nodes[1], hb, at(2*time.Minute)); ok || !tr {
+		t.Fatalf("node b past the limit: admitted %v, tripped %v; want tripped", ok, tr)
+	}
+	hc := open(nodes[2], store.RemediationHeld, at(3*time.Minute))
+	states := must(st.RemediationBreakerStates(ctx, time.Hour, at(4*time.Minute)))
+	i := slices.IndexFunc(states, func(b *store.RemediationBreakerState) bool { return b.PoolID == bp.ID })
+	if i < 0 || states[i].TrippedAt == nil || states[i].Acted != 1 || states[i].Held != 2 || states[i].GPUNodes != 1 {
+		t.Fatalf("breaker state %+v, want tripped, 1 acted on, 2 held, 1 GPU node", states[i])
+	}
+	// A window after the trip it closes by itself; node a's quarantine has
+	// left the window; the older held case (b) goes first: c waits.
+	if ok, tr := admit(nodes[2], hc, at(2*time.Minute+time.Hour)); ok || tr {
+		t.Fatalf("the newer held case after the window: admitted %v, tripped %v; want neither (b goes first)", ok, tr)
+	}
+	if ok, _ := admit(nodes[1], hb, at(2*time.Minute+time.Hour)); !ok {
+		t.Fatal("the oldest held case refused after the window")
+	}
+	bs := must(st.RemediationBreakers(ctx))
+	if i := slices.IndexFunc(bs, func(b *store.RemediationBreaker) bool { return b.PoolID == bp.ID }); i < 0 ||
+		bs[i].TrippedAt != nil || bs[i].ResetBy != "window" {
+		t.Fatalf("breaker after its window: %+v, want closed by window", bs)
+	}
+	es := must(h.Store.OutboxQuery(ctx, &store.OutboxQueryParams{Key: bp.ID, TopicPrefix: "com.better-compute.remediation.breaker-reset"}))
+	if len(es) != 1 {
+		t.Fatalf("%d breaker-reset events, want 1 (closed by its window)", len(es))
+	}
 }
 
 // testRemediationRecent: a node's cases, open and closed, created since a

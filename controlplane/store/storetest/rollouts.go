@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -102,6 +103,57 @@ func testRollouts(ctx context.Context, t *testing.T, h *Harness) {
 		}
 	}
 
+	// The health gate (issue 30, item 3): soaking records the soak's
+	// start; the session starts above are node events (a bcd start, then
+	// a drop: the node was never drained); RolloutHealthCounts counts them,
+	// GPU findings above info and commands finished in a window, the
+	// rollout's own not counted.
+	for _, n := range must(st.RolloutNodes(ctx, ro.ID)) {
+		if n.NodeID == "node_ro0" && n.SoakStartedAt == nil {
+			t.Fatalf("soaking node has no soak start: %+v", n)
+		}
+	}
+	for _, e := range []*store.Event{
+		{NodeID: "node_ro0", Kind: "gpu.xid", Severity: "warning", Message: "XID 13", Time: t0},
+		{NodeID: "node_ro0", Kind: "gpu.xid", Severity: "info", Message: "XID 63", Time: t0},
+		{NodeID: "node_ro0", Kind: "gpu.xid", Severity: "critical", Message: "XID 79", Time: t0.Add(-time.Hour)},
+		{NodeID: "node_ro1", Kind: "gpu.xid", Severity: "critical", Message: "XID 79", Time: t0},
+	} {
+		must(st.EventInsert(ctx, e))
+	}
+	for i, by := range []string{"token:t", "token:t", "rollout:" + ro.ID} {
+		c := must(st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_ro0"}, Kind: "exec", CreatedBy: by,
+			IdempotencyKey: fmt.Sprintf("gate-%d", i), Timeout: time.Minute}))[0]
+		state := store.CommandFailed
+		if i == 1 {
+			state = store.CommandSucceeded
+		}
+		must(st.CommandFinish(ctx, &store.CommandFinishParams{ID: c.ID, State: state, Now: &t0}))
+	}
+	// A reconnect a gateway's drain asked for is no drop.
+	if _, err := st.SessionDrain(ctx, &store.SessionDrainParams{GatewayID: "gw_ro", Within: time.Minute, Now: &t0}); err != nil {
+		t.Fatal(err)
+	}
+	back := t0.Add(10 * time.Second)
+	if _, _, err := st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: "node_ro0", SessionID: "sess_ro0d", GatewayID: "gw_ro", Now: &back}); err != nil {
+		t.Fatal(err)
+	}
+	window := []store.HealthSpan{{NodeID: "node_ro0", From: t0.Add(-time.Minute), To: t0.Add(time.Minute)}}
+	if c := must(st.RolloutHealthCounts(ctx, window, "rollout:"+ro.ID)); *c != (store.HealthCounts{Restarts: 1, Drops: 1, Findings: 1, Commands: 2, FailedCommands: 1}) {
+		t.Fatalf("health counts = %+v, want 1 start, 1 drop, 1 finding, 1 of 2 commands failed", *c)
+	}
+	if c := must(st.RolloutHealthCounts(ctx, []store.HealthSpan{{NodeID: "node_ro0", From: t0.Add(time.Minute), To: t0.Add(time.Hour)}}, "")); *c != (store.HealthCounts{}) {
+		t.Fatalf("health counts of a later window = %+v, want none", *c)
+	}
+	gate := &healthgate.Report{Wave: 1, Verdict: healthgate.Halt, Comparison: healthgate.ComparisonNotUpgraded, From: t0, To: t0.Add(time.Minute),
+		UpgradedNodes: 1, ComparisonNodes: 3, Measures: []healthgate.Result{{Measure: healthgate.Measure{Name: "findings", Unit: "GPU-hour",
+			Upgraded: healthgate.Group{Count: 9, Exposure: 0.1}}, Worse: true}}}
+	ro = must(st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, Gate: gate}))
+	if got := must(st.RolloutGet(ctx, ro.ID)); len(got.Gates) != 1 || got.Gates[0].Verdict != healthgate.Halt || got.Gates[0].Measures[0].Upgraded.Count != 9 ||
+		!got.Gates[0].From.Equal(t0) {
+		t.Fatalf("health gates read back = %+v", got.Gates)
+	}
+
 	// Operator moves: pause only from running, resume only from paused.
 	// The bake's clock stops while paused.
 	if _, err := st.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}); !errors.Is(err, store.ErrConflict) {
@@ -132,7 +184,10 @@ func testRollouts(ctx context.Context, t *testing.T, h *Harness) {
 	}
 	// The pool is free for another rollout; the list filters.
 	ro2 := must(st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: pool.ID, Version: "0.3.0", Canary: 2, Wave: "1",
-		MaxUnavailable: "1", Timeout: time.Minute}))
+		MaxUnavailable: "1", Timeout: time.Minute, RequireEvidence: true}))
+	if !ro2.RequireEvidence || ro2.Gates != nil && len(ro2.Gates) != 0 {
+		t.Fatalf("rollout created with --require-evidence = %+v", ro2)
+	}
 	all := must(st.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID}))
 	open := must(st.RolloutList(ctx, &store.RolloutListParams{PoolID: pool.ID, Active: true}))
 	if len(all) != 2 || len(open) != 1 || open[0].ID != ro2.ID {

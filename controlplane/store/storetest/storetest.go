@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -81,6 +82,8 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Reservations", testReservations},
 		{"ReservationConcurrentBooking", testReservationConcurrentBooking},
 		{"Remediation", testRemediation},
+		{"RemediationHistory", testRemediationHistory},
+		{"GPUPlacements", testGPUPlacements},
 		{"DisruptionBudget", testDisruptionBudget},
 		{"DisruptionConcurrentAdmissions", testDisruptionConcurrentAdmissions},
 		{"Rollouts", testRollouts},
@@ -333,6 +336,18 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	if err := h.Store.NodeSetInventory(ctx, "node_missing", inv, "sha256:abc"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("inventory of an unknown node: %v, want ErrNotFound", err)
 	}
+	// One label set and removed; the others stay.
+	check(t, h.Store.NodeSetLabel(ctx, "node_a", "better-compute.io/gpu-count", "8"))
+	if l := must(h.Store.NodeGet(ctx, "node_a")).Labels; l["rack"] != "r1" || l["better-compute.io/gpu-count"] != "8" {
+		t.Fatalf("labels after NodeSetLabel: %v", l)
+	}
+	check(t, h.Store.NodeSetLabel(ctx, "node_a", "better-compute.io/gpu-count", ""))
+	if l := must(h.Store.NodeGet(ctx, "node_a")).Labels; len(l) != 1 || l["rack"] != "r1" {
+		t.Fatalf("labels after removing one: %v", l)
+	}
+	if err := h.Store.NodeSetLabel(ctx, "node_missing", "k", "v"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("label of an unknown node: %v, want ErrNotFound", err)
+	}
 	// A re-join keeps state, labels and history, and replaces identity.
 	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "gpu-01", MachineID: "mid-1", CertSerial: "02"}))
 	got := must(h.Store.NodeGet(ctx, "node_a"))
@@ -400,6 +415,22 @@ func testNodes(ctx context.Context, t *testing.T, h *Harness) {
 	}
 	if all := must(h.Store.NodeList(ctx, &store.NodeListParams{PoolID: pool.ID})); len(all) != 2 {
 		t.Fatalf("pool nodes = %d", len(all))
+	}
+	// Summaries: every node, paged by id, with its digest but never its
+	// inventory.
+	full := must(h.Store.NodeList(ctx, &store.NodeListParams{}))
+	sums := must(h.Store.NodeSummaries(ctx, &store.ListParams{Limit: 1}))
+	sums = append(sums, must(h.Store.NodeSummaries(ctx, &store.ListParams{Cursor: sums[0].ID, Limit: 10}))...)
+	if len(sums) != len(full) {
+		t.Fatalf("summaries = %d nodes, want %d", len(sums), len(full))
+	}
+	for i, n := range sums {
+		f := full[i]
+		if n.ID != f.ID || n.PoolID != f.PoolID || n.Hostname != f.Hostname || n.State != f.State || n.Cordoned != f.Cordoned ||
+			n.Disruption != f.Disruption || n.BCDVersion != f.BCDVersion || n.InventoryDigest != f.InventoryDigest ||
+			!maps.Equal(n.Labels, f.Labels) || n.Inventory != nil {
+			t.Fatalf("summary %+v, want the node %+v without its inventory", n, f)
+		}
 	}
 	wantErr(t, h.Store.NodeSetState(ctx, "node_missing", store.NodeReady), store.ErrNotFound)
 	check(t, h.Store.NodeDelete(ctx, "node_b"))

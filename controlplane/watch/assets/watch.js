@@ -1,7 +1,8 @@
 // The fleet page's live updates: listen on /watch/events (Server-Sent
 // Events, authorised by the page cookie) and, after each change, fetch the
-// live part of the page (/watch/fragment, rendered and escaped on the
-// server) and swap it in. No innerHTML: the fragment is parsed by
+// live part of the page (/watch/fragment, or a node or GPU page's own
+// path with ?fragment=1, rendered and escaped on the server) and swap it
+// in. No innerHTML: the fragment is parsed by
 // DOMParser, whose scripts never run, and the CSP allows no inline script.
 (function () {
   "use strict";
@@ -13,10 +14,18 @@
     live.className = ok ? "live on" : "live off";
   }
 
+  // fragmentURL is the live part of this page: /watch/fragment for the
+  // fleet page, the same path with fragment=1 for a node or GPU page.
+  function fragmentURL() {
+    var path = window.location.pathname, search = window.location.search;
+    if (path === "/watch") { return "/watch/fragment" + search; }
+    return path + (search ? search + "&" : "?") + "fragment=1";
+  }
+
   function refresh() {
     if (running) { pending = true; return; }
     running = true;
-    fetch("/watch/fragment" + window.location.search, { credentials: "same-origin", cache: "no-store" })
+    fetch(fragmentURL(), { credentials: "same-origin", cache: "no-store" })
       .then(function (resp) {
         if (resp.status === 401) { window.location.assign("/watch"); return null; }
         if (!resp.ok) { throw new Error("HTTP " + resp.status); }

@@ -15,6 +15,7 @@ package apiv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -27,6 +28,537 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// RemediationHistoryRequest names a node, a GPU, or both (that GPU on that
+// node); at least one.
+type RemediationHistoryRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// gpu_uuid is a GPU's UUID as NVML gives it (GPU-...; at most 128
+	// characters).
+	GpuUuid string `protobuf:"bytes,2,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// window, when set, leaves out what came before now - window (1 s to
+	// 8760 h); unset: everything kept (retention.history).
+	Window *durationpb.Duration `protobuf:"bytes,3,opt,name=window,proto3" json:"window,omitempty"`
+	// limit bounds each list: 0 to 1000; 0 means 100.
+	Limit         int32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationHistoryRequest) Reset() {
+	*x = RemediationHistoryRequest{}
+	mi := &file_api_v1_remediation_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationHistoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationHistoryRequest) ProtoMessage() {}
+
+func (x *RemediationHistoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationHistoryRequest.ProtoReflect.Descriptor instead.
+func (*RemediationHistoryRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RemediationHistoryRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RemediationHistoryRequest) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *RemediationHistoryRequest) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *RemediationHistoryRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type RemediationHistory struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Findings []*RemediationFinding  `protobuf:"bytes,1,rep,name=findings,proto3" json:"findings,omitempty"`
+	// cases are the node's (a GPU's: those naming it), newest first.
+	Cases   []*Remediation       `protobuf:"bytes,2,rep,name=cases,proto3" json:"cases,omitempty"`
+	Actions []*RemediationAction `protobuf:"bytes,3,rep,name=actions,proto3" json:"actions,omitempty"`
+	// counts are the findings counted per GPU and code, the most first.
+	Counts        []*GPUFindingCount `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationHistory) Reset() {
+	*x = RemediationHistory{}
+	mi := &file_api_v1_remediation_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationHistory) ProtoMessage() {}
+
+func (x *RemediationHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationHistory.ProtoReflect.Descriptor instead.
+func (*RemediationHistory) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RemediationHistory) GetFindings() []*RemediationFinding {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *RemediationHistory) GetCases() []*Remediation {
+	if x != nil {
+		return x.Cases
+	}
+	return nil
+}
+
+func (x *RemediationHistory) GetActions() []*RemediationAction {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+func (x *RemediationHistory) GetCounts() []*GPUFindingCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// RemediationFinding is a finding the reconciler took, as kept.
+type RemediationFinding struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      int64                  `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	NodeId  string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	GpuUuid string                 `protobuf:"bytes,3,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// board_serial is NVML's board serial, empty when it gives none.
+	BoardSerial string `protobuf:"bytes,4,opt,name=board_serial,json=boardSerial,proto3" json:"board_serial,omitempty"`
+	// kind is the node event's kind (gpu.xid, gpu.ecc.uncorrected, ...).
+	Kind     string `protobuf:"bytes,5,opt,name=kind,proto3" json:"kind,omitempty"`
+	Severity string `protobuf:"bytes,6,opt,name=severity,proto3" json:"severity,omitempty"`
+	// resolution is the one acted on; investigatory the catalogue's
+	// investigatory resolution (CONTACT_SUPPORT, ...).
+	Resolution    string `protobuf:"bytes,7,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	Investigatory string `protobuf:"bytes,8,opt,name=investigatory,proto3" json:"investigatory,omitempty"`
+	Xid           int32  `protobuf:"varint,9,opt,name=xid,proto3" json:"xid,omitempty"`
+	XidMnemonic   string `protobuf:"bytes,10,opt,name=xid_mnemonic,json=xidMnemonic,proto3" json:"xid_mnemonic,omitempty"`
+	Message       string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
+	EventId       int64  `protobuf:"varint,12,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// outcome: none (the policy does not act on it), opened, held (a repeat
+	// rule held the node for a person), joined (the node's case was under
+	// way), failed (it failed the verification of its GPU's case),
+	// other-gpu (read again when the verifying case of another GPU ends).
+	Outcome string `protobuf:"bytes,13,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// remediation_id is the case it opened, joined or failed.
+	RemediationId string                 `protobuf:"bytes,14,opt,name=remediation_id,json=remediationId,proto3" json:"remediation_id,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	TakeTime      *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=take_time,json=takeTime,proto3" json:"take_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationFinding) Reset() {
+	*x = RemediationFinding{}
+	mi := &file_api_v1_remediation_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationFinding) ProtoMessage() {}
+
+func (x *RemediationFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationFinding.ProtoReflect.Descriptor instead.
+func (*RemediationFinding) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RemediationFinding) GetId() int64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *RemediationFinding) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetBoardSerial() string {
+	if x != nil {
+		return x.BoardSerial
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetSeverity() string {
+	if x != nil {
+		return x.Severity
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetResolution() string {
+	if x != nil {
+		return x.Resolution
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetInvestigatory() string {
+	if x != nil {
+		return x.Investigatory
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetXid() int32 {
+	if x != nil {
+		return x.Xid
+	}
+	return 0
+}
+
+func (x *RemediationFinding) GetXidMnemonic() string {
+	if x != nil {
+		return x.XidMnemonic
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetEventId() int64 {
+	if x != nil {
+		return x.EventId
+	}
+	return 0
+}
+
+func (x *RemediationFinding) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetRemediationId() string {
+	if x != nil {
+		return x.RemediationId
+	}
+	return ""
+}
+
+func (x *RemediationFinding) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *RemediationFinding) GetTakeTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TakeTime
+	}
+	return nil
+}
+
+// RemediationAction is one command a case enqueued.
+type RemediationAction struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RemediationId string                 `protobuf:"bytes,1,opt,name=remediation_id,json=remediationId,proto3" json:"remediation_id,omitempty"`
+	CommandId     string                 `protobuf:"bytes,2,opt,name=command_id,json=commandId,proto3" json:"command_id,omitempty"`
+	NodeId        string                 `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	GpuUuid       string                 `protobuf:"bytes,4,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	// kind: gpu.reset, reboot, power.cycle; empty once the command is
+	// pruned (so is state).
+	Kind          string                 `protobuf:"bytes,5,opt,name=kind,proto3" json:"kind,omitempty"`
+	State         string                 `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	FinishTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=finish_time,json=finishTime,proto3" json:"finish_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationAction) Reset() {
+	*x = RemediationAction{}
+	mi := &file_api_v1_remediation_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationAction) ProtoMessage() {}
+
+func (x *RemediationAction) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationAction.ProtoReflect.Descriptor instead.
+func (*RemediationAction) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RemediationAction) GetRemediationId() string {
+	if x != nil {
+		return x.RemediationId
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetCommandId() string {
+	if x != nil {
+		return x.CommandId
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RemediationAction) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *RemediationAction) GetFinishTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FinishTime
+	}
+	return nil
+}
+
+// GPUFindingCount counts one GPU's findings of one code.
+type GPUFindingCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	GpuUuid       string                 `protobuf:"bytes,2,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Xid           int32                  `protobuf:"varint,4,opt,name=xid,proto3" json:"xid,omitempty"`
+	XidMnemonic   string                 `protobuf:"bytes,5,opt,name=xid_mnemonic,json=xidMnemonic,proto3" json:"xid_mnemonic,omitempty"`
+	Resolution    string                 `protobuf:"bytes,6,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	Count         int32                  `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	FirstTime     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=first_time,json=firstTime,proto3" json:"first_time,omitempty"`
+	LastTime      *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_time,json=lastTime,proto3" json:"last_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUFindingCount) Reset() {
+	*x = GPUFindingCount{}
+	mi := &file_api_v1_remediation_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUFindingCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUFindingCount) ProtoMessage() {}
+
+func (x *GPUFindingCount) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUFindingCount.ProtoReflect.Descriptor instead.
+func (*GPUFindingCount) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GPUFindingCount) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *GPUFindingCount) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
+func (x *GPUFindingCount) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GPUFindingCount) GetXid() int32 {
+	if x != nil {
+		return x.Xid
+	}
+	return 0
+}
+
+func (x *GPUFindingCount) GetXidMnemonic() string {
+	if x != nil {
+		return x.XidMnemonic
+	}
+	return ""
+}
+
+func (x *GPUFindingCount) GetResolution() string {
+	if x != nil {
+		return x.Resolution
+	}
+	return ""
+}
+
+func (x *GPUFindingCount) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *GPUFindingCount) GetFirstTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstTime
+	}
+	return nil
+}
+
+func (x *GPUFindingCount) GetLastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastTime
+	}
+	return nil
+}
 
 // Remediation is one node's case.
 type Remediation struct {
@@ -69,7 +601,7 @@ type Remediation struct {
 
 func (x *Remediation) Reset() {
 	*x = Remediation{}
-	mi := &file_api_v1_remediation_proto_msgTypes[0]
+	mi := &file_api_v1_remediation_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -81,7 +613,7 @@ func (x *Remediation) String() string {
 func (*Remediation) ProtoMessage() {}
 
 func (x *Remediation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[0]
+	mi := &file_api_v1_remediation_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -94,7 +626,7 @@ func (x *Remediation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Remediation.ProtoReflect.Descriptor instead.
 func (*Remediation) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{0}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Remediation) GetId() string {
@@ -259,7 +791,7 @@ type ListRemediationsRequest struct {
 
 func (x *ListRemediationsRequest) Reset() {
 	*x = ListRemediationsRequest{}
-	mi := &file_api_v1_remediation_proto_msgTypes[1]
+	mi := &file_api_v1_remediation_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -271,7 +803,7 @@ func (x *ListRemediationsRequest) String() string {
 func (*ListRemediationsRequest) ProtoMessage() {}
 
 func (x *ListRemediationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[1]
+	mi := &file_api_v1_remediation_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -284,7 +816,7 @@ func (x *ListRemediationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRemediationsRequest.ProtoReflect.Descriptor instead.
 func (*ListRemediationsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{1}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListRemediationsRequest) GetPage() *Page {
@@ -332,7 +864,7 @@ type ListRemediationsResponse struct {
 
 func (x *ListRemediationsResponse) Reset() {
 	*x = ListRemediationsResponse{}
-	mi := &file_api_v1_remediation_proto_msgTypes[2]
+	mi := &file_api_v1_remediation_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -344,7 +876,7 @@ func (x *ListRemediationsResponse) String() string {
 func (*ListRemediationsResponse) ProtoMessage() {}
 
 func (x *ListRemediationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[2]
+	mi := &file_api_v1_remediation_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -357,7 +889,7 @@ func (x *ListRemediationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRemediationsResponse.ProtoReflect.Descriptor instead.
 func (*ListRemediationsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{2}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRemediationsResponse) GetRemediations() []*Remediation {
@@ -384,7 +916,7 @@ type RemediationRequest struct {
 
 func (x *RemediationRequest) Reset() {
 	*x = RemediationRequest{}
-	mi := &file_api_v1_remediation_proto_msgTypes[3]
+	mi := &file_api_v1_remediation_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +928,7 @@ func (x *RemediationRequest) String() string {
 func (*RemediationRequest) ProtoMessage() {}
 
 func (x *RemediationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[3]
+	mi := &file_api_v1_remediation_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +941,7 @@ func (x *RemediationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemediationRequest.ProtoReflect.Descriptor instead.
 func (*RemediationRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{3}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RemediationRequest) GetId() string {
@@ -423,14 +955,21 @@ type ReturnRemediationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// note is recorded as the reason (at most 512 characters).
-	Note          string `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	// reset_gpu resets the case's GPU (the one that reads failed or degraded
+	// when the case names none), verifies it and then returns the node.
+	ResetGpu bool `protobuf:"varint,3,opt,name=reset_gpu,json=resetGpu,proto3" json:"reset_gpu,omitempty"`
+	// reboot reboots the node, verifies it and then returns it.
+	Reboot bool `protobuf:"varint,4,opt,name=reboot,proto3" json:"reboot,omitempty"`
+	// force returns the node whatever its GPUs read; recorded in the reason.
+	Force         bool `protobuf:"varint,5,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReturnRemediationRequest) Reset() {
 	*x = ReturnRemediationRequest{}
-	mi := &file_api_v1_remediation_proto_msgTypes[4]
+	mi := &file_api_v1_remediation_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +981,7 @@ func (x *ReturnRemediationRequest) String() string {
 func (*ReturnRemediationRequest) ProtoMessage() {}
 
 func (x *ReturnRemediationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[4]
+	mi := &file_api_v1_remediation_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +994,7 @@ func (x *ReturnRemediationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnRemediationRequest.ProtoReflect.Descriptor instead.
 func (*ReturnRemediationRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{4}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReturnRemediationRequest) GetId() string {
@@ -472,6 +1011,27 @@ func (x *ReturnRemediationRequest) GetNote() string {
 	return ""
 }
 
+func (x *ReturnRemediationRequest) GetResetGpu() bool {
+	if x != nil {
+		return x.ResetGpu
+	}
+	return false
+}
+
+func (x *ReturnRemediationRequest) GetReboot() bool {
+	if x != nil {
+		return x.Reboot
+	}
+	return false
+}
+
+func (x *ReturnRemediationRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type ResetBreakerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pool is a pool's id or name.
@@ -482,7 +1042,7 @@ type ResetBreakerRequest struct {
 
 func (x *ResetBreakerRequest) Reset() {
 	*x = ResetBreakerRequest{}
-	mi := &file_api_v1_remediation_proto_msgTypes[5]
+	mi := &file_api_v1_remediation_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +1054,7 @@ func (x *ResetBreakerRequest) String() string {
 func (*ResetBreakerRequest) ProtoMessage() {}
 
 func (x *ResetBreakerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[5]
+	mi := &file_api_v1_remediation_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +1067,7 @@ func (x *ResetBreakerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetBreakerRequest.ProtoReflect.Descriptor instead.
 func (*ResetBreakerRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{5}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResetBreakerRequest) GetPool() string {
@@ -518,19 +1078,31 @@ func (x *ResetBreakerRequest) GetPool() string {
 }
 
 type RemediationBreaker struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PoolId        string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
-	Tripped       bool                   `protobuf:"varint,2,opt,name=tripped,proto3" json:"tripped,omitempty"`
-	TripTime      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=trip_time,json=tripTime,proto3" json:"trip_time,omitempty"`
-	ResetTime     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=reset_time,json=resetTime,proto3" json:"reset_time,omitempty"`
-	ResetBy       string                 `protobuf:"bytes,5,opt,name=reset_by,json=resetBy,proto3" json:"reset_by,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	PoolId    string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	Tripped   bool                   `protobuf:"varint,2,opt,name=tripped,proto3" json:"tripped,omitempty"`
+	TripTime  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=trip_time,json=tripTime,proto3" json:"trip_time,omitempty"`
+	ResetTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=reset_time,json=resetTime,proto3" json:"reset_time,omitempty"`
+	ResetBy   string                 `protobuf:"bytes,5,opt,name=reset_by,json=resetBy,proto3" json:"reset_by,omitempty"`
+	// acted is the distinct GPU nodes acted on within the window (since the
+	// last reset); limit the most it admits: max(minNodes, share of
+	// gpu_nodes), capped by remediation.breaker.quarantines when set.
+	Acted    int32 `protobuf:"varint,6,opt,name=acted,proto3" json:"acted,omitempty"`
+	Limit    int32 `protobuf:"varint,7,opt,name=limit,proto3" json:"limit,omitempty"`
+	GpuNodes int32 `protobuf:"varint,8,opt,name=gpu_nodes,json=gpuNodes,proto3" json:"gpu_nodes,omitempty"`
+	// held counts the pool's cases the breaker holds (cordoned, not acted on).
+	Held int32 `protobuf:"varint,9,opt,name=held,proto3" json:"held,omitempty"`
+	// close_time is when a tripped breaker closes by itself (its window
+	// after the trip).
+	CloseTime     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=close_time,json=closeTime,proto3" json:"close_time,omitempty"`
+	WindowSeconds int64                  `protobuf:"varint,11,opt,name=window_seconds,json=windowSeconds,proto3" json:"window_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemediationBreaker) Reset() {
 	*x = RemediationBreaker{}
-	mi := &file_api_v1_remediation_proto_msgTypes[6]
+	mi := &file_api_v1_remediation_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +1114,7 @@ func (x *RemediationBreaker) String() string {
 func (*RemediationBreaker) ProtoMessage() {}
 
 func (x *RemediationBreaker) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[6]
+	mi := &file_api_v1_remediation_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +1127,7 @@ func (x *RemediationBreaker) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemediationBreaker.ProtoReflect.Descriptor instead.
 func (*RemediationBreaker) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{6}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RemediationBreaker) GetPoolId() string {
@@ -593,6 +1165,48 @@ func (x *RemediationBreaker) GetResetBy() string {
 	return ""
 }
 
+func (x *RemediationBreaker) GetActed() int32 {
+	if x != nil {
+		return x.Acted
+	}
+	return 0
+}
+
+func (x *RemediationBreaker) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RemediationBreaker) GetGpuNodes() int32 {
+	if x != nil {
+		return x.GpuNodes
+	}
+	return 0
+}
+
+func (x *RemediationBreaker) GetHeld() int32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *RemediationBreaker) GetCloseTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CloseTime
+	}
+	return nil
+}
+
+func (x *RemediationBreaker) GetWindowSeconds() int64 {
+	if x != nil {
+		return x.WindowSeconds
+	}
+	return 0
+}
+
 type ListBreakersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -601,7 +1215,7 @@ type ListBreakersRequest struct {
 
 func (x *ListBreakersRequest) Reset() {
 	*x = ListBreakersRequest{}
-	mi := &file_api_v1_remediation_proto_msgTypes[7]
+	mi := &file_api_v1_remediation_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +1227,7 @@ func (x *ListBreakersRequest) String() string {
 func (*ListBreakersRequest) ProtoMessage() {}
 
 func (x *ListBreakersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[7]
+	mi := &file_api_v1_remediation_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +1240,7 @@ func (x *ListBreakersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBreakersRequest.ProtoReflect.Descriptor instead.
 func (*ListBreakersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{7}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{12}
 }
 
 type ListBreakersResponse struct {
@@ -638,7 +1252,7 @@ type ListBreakersResponse struct {
 
 func (x *ListBreakersResponse) Reset() {
 	*x = ListBreakersResponse{}
-	mi := &file_api_v1_remediation_proto_msgTypes[8]
+	mi := &file_api_v1_remediation_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +1264,7 @@ func (x *ListBreakersResponse) String() string {
 func (*ListBreakersResponse) ProtoMessage() {}
 
 func (x *ListBreakersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_remediation_proto_msgTypes[8]
+	mi := &file_api_v1_remediation_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +1277,7 @@ func (x *ListBreakersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBreakersResponse.ProtoReflect.Descriptor instead.
 func (*ListBreakersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_remediation_proto_rawDescGZIP(), []int{8}
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListBreakersResponse) GetBreakers() []*RemediationBreaker {
@@ -673,11 +1287,353 @@ func (x *ListBreakersResponse) GetBreakers() []*RemediationBreaker {
 	return nil
 }
 
+type RemediationStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// pool is a pool's id or name; empty: every pool.
+	Pool          string `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationStatsRequest) Reset() {
+	*x = RemediationStatsRequest{}
+	mi := &file_api_v1_remediation_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationStatsRequest) ProtoMessage() {}
+
+func (x *RemediationStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationStatsRequest.ProtoReflect.Descriptor instead.
+func (*RemediationStatsRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RemediationStatsRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+type RemediationStatsResponse struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Pools         []*PoolRemediationStats `protobuf:"bytes,1,rep,name=pools,proto3" json:"pools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemediationStatsResponse) Reset() {
+	*x = RemediationStatsResponse{}
+	mi := &file_api_v1_remediation_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemediationStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemediationStatsResponse) ProtoMessage() {}
+
+func (x *RemediationStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemediationStatsResponse.ProtoReflect.Descriptor instead.
+func (*RemediationStatsResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RemediationStatsResponse) GetPools() []*PoolRemediationStats {
+	if x != nil {
+		return x.Pools
+	}
+	return nil
+}
+
+// PoolRemediationStats are one pool's figures over the cases kept.
+type PoolRemediationStats struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	PoolId    string                 `protobuf:"bytes,1,opt,name=pool_id,json=poolId,proto3" json:"pool_id,omitempty"`
+	Cases     int32                  `protobuf:"varint,2,opt,name=cases,proto3" json:"cases,omitempty"`
+	Open      int32                  `protobuf:"varint,3,opt,name=open,proto3" json:"open,omitempty"`
+	Returned  int32                  `protobuf:"varint,4,opt,name=returned,proto3" json:"returned,omitempty"`
+	Escalated int32                  `protobuf:"varint,5,opt,name=escalated,proto3" json:"escalated,omitempty"`
+	// From the case's detection to the node's quarantine (cordon).
+	TimeToQuarantine *DurationStats `protobuf:"bytes,6,opt,name=time_to_quarantine,json=timeToQuarantine,proto3" json:"time_to_quarantine,omitempty"`
+	// From detection to return (MTTR), returned cases.
+	TimeToReturn *DurationStats `protobuf:"bytes,7,opt,name=time_to_return,json=timeToReturn,proto3" json:"time_to_return,omitempty"`
+	// Between one case and the next on the same node, and on the same GPU.
+	TimeBetweenIncidentsNode *DurationStats `protobuf:"bytes,8,opt,name=time_between_incidents_node,json=timeBetweenIncidentsNode,proto3" json:"time_between_incidents_node,omitempty"`
+	TimeBetweenIncidentsGpu  *DurationStats `protobuf:"bytes,9,opt,name=time_between_incidents_gpu,json=timeBetweenIncidentsGpu,proto3" json:"time_between_incidents_gpu,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *PoolRemediationStats) Reset() {
+	*x = PoolRemediationStats{}
+	mi := &file_api_v1_remediation_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PoolRemediationStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PoolRemediationStats) ProtoMessage() {}
+
+func (x *PoolRemediationStats) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PoolRemediationStats.ProtoReflect.Descriptor instead.
+func (*PoolRemediationStats) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PoolRemediationStats) GetPoolId() string {
+	if x != nil {
+		return x.PoolId
+	}
+	return ""
+}
+
+func (x *PoolRemediationStats) GetCases() int32 {
+	if x != nil {
+		return x.Cases
+	}
+	return 0
+}
+
+func (x *PoolRemediationStats) GetOpen() int32 {
+	if x != nil {
+		return x.Open
+	}
+	return 0
+}
+
+func (x *PoolRemediationStats) GetReturned() int32 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *PoolRemediationStats) GetEscalated() int32 {
+	if x != nil {
+		return x.Escalated
+	}
+	return 0
+}
+
+func (x *PoolRemediationStats) GetTimeToQuarantine() *DurationStats {
+	if x != nil {
+		return x.TimeToQuarantine
+	}
+	return nil
+}
+
+func (x *PoolRemediationStats) GetTimeToReturn() *DurationStats {
+	if x != nil {
+		return x.TimeToReturn
+	}
+	return nil
+}
+
+func (x *PoolRemediationStats) GetTimeBetweenIncidentsNode() *DurationStats {
+	if x != nil {
+		return x.TimeBetweenIncidentsNode
+	}
+	return nil
+}
+
+func (x *PoolRemediationStats) GetTimeBetweenIncidentsGpu() *DurationStats {
+	if x != nil {
+		return x.TimeBetweenIncidentsGpu
+	}
+	return nil
+}
+
+// DurationStats summarise durations in seconds.
+type DurationStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         int32                  `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	MeanSeconds   float64                `protobuf:"fixed64,2,opt,name=mean_seconds,json=meanSeconds,proto3" json:"mean_seconds,omitempty"`
+	P50Seconds    float64                `protobuf:"fixed64,3,opt,name=p50_seconds,json=p50Seconds,proto3" json:"p50_seconds,omitempty"`
+	P90Seconds    float64                `protobuf:"fixed64,4,opt,name=p90_seconds,json=p90Seconds,proto3" json:"p90_seconds,omitempty"`
+	P99Seconds    float64                `protobuf:"fixed64,5,opt,name=p99_seconds,json=p99Seconds,proto3" json:"p99_seconds,omitempty"`
+	MaxSeconds    float64                `protobuf:"fixed64,6,opt,name=max_seconds,json=maxSeconds,proto3" json:"max_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DurationStats) Reset() {
+	*x = DurationStats{}
+	mi := &file_api_v1_remediation_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DurationStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DurationStats) ProtoMessage() {}
+
+func (x *DurationStats) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_remediation_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DurationStats.ProtoReflect.Descriptor instead.
+func (*DurationStats) Descriptor() ([]byte, []int) {
+	return file_api_v1_remediation_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DurationStats) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *DurationStats) GetMeanSeconds() float64 {
+	if x != nil {
+		return x.MeanSeconds
+	}
+	return 0
+}
+
+func (x *DurationStats) GetP50Seconds() float64 {
+	if x != nil {
+		return x.P50Seconds
+	}
+	return 0
+}
+
+func (x *DurationStats) GetP90Seconds() float64 {
+	if x != nil {
+		return x.P90Seconds
+	}
+	return 0
+}
+
+func (x *DurationStats) GetP99Seconds() float64 {
+	if x != nil {
+		return x.P99Seconds
+	}
+	return 0
+}
+
+func (x *DurationStats) GetMaxSeconds() float64 {
+	if x != nil {
+		return x.MaxSeconds
+	}
+	return 0
+}
+
 var File_api_v1_remediation_proto protoreflect.FileDescriptor
 
 const file_api_v1_remediation_proto_rawDesc = "" +
 	"\n" +
-	"\x18api/v1/remediation.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xb1\x05\n" +
+	"\x18api/v1/remediation.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\x98\x01\n" +
+	"\x19RemediationHistoryRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bgpu_uuid\x18\x02 \x01(\tR\agpuUuid\x121\n" +
+	"\x06window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x05R\x05limit\"\x95\x02\n" +
+	"\x12RemediationHistory\x12D\n" +
+	"\bfindings\x18\x01 \x03(\v2(.bettercompute.api.v1.RemediationFindingR\bfindings\x127\n" +
+	"\x05cases\x18\x02 \x03(\v2!.bettercompute.api.v1.RemediationR\x05cases\x12A\n" +
+	"\aactions\x18\x03 \x03(\v2'.bettercompute.api.v1.RemediationActionR\aactions\x12=\n" +
+	"\x06counts\x18\x04 \x03(\v2%.bettercompute.api.v1.GPUFindingCountR\x06counts\"\x92\x04\n" +
+	"\x12RemediationFinding\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x03R\x02id\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bgpu_uuid\x18\x03 \x01(\tR\agpuUuid\x12!\n" +
+	"\fboard_serial\x18\x04 \x01(\tR\vboardSerial\x12\x12\n" +
+	"\x04kind\x18\x05 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bseverity\x18\x06 \x01(\tR\bseverity\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\a \x01(\tR\n" +
+	"resolution\x12$\n" +
+	"\rinvestigatory\x18\b \x01(\tR\rinvestigatory\x12\x10\n" +
+	"\x03xid\x18\t \x01(\x05R\x03xid\x12!\n" +
+	"\fxid_mnemonic\x18\n" +
+	" \x01(\tR\vxidMnemonic\x12\x18\n" +
+	"\amessage\x18\v \x01(\tR\amessage\x12\x19\n" +
+	"\bevent_id\x18\f \x01(\x03R\aeventId\x12\x18\n" +
+	"\aoutcome\x18\r \x01(\tR\aoutcome\x12%\n" +
+	"\x0eremediation_id\x18\x0e \x01(\tR\rremediationId\x12;\n" +
+	"\vcreate_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x127\n" +
+	"\ttake_time\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\btakeTime\"\xb1\x02\n" +
+	"\x11RemediationAction\x12%\n" +
+	"\x0eremediation_id\x18\x01 \x01(\tR\rremediationId\x12\x1d\n" +
+	"\n" +
+	"command_id\x18\x02 \x01(\tR\tcommandId\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bgpu_uuid\x18\x04 \x01(\tR\agpuUuid\x12\x12\n" +
+	"\x04kind\x18\x05 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12;\n" +
+	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vfinish_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"finishTime\"\xb8\x02\n" +
+	"\x0fGPUFindingCount\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bgpu_uuid\x18\x02 \x01(\tR\agpuUuid\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03xid\x18\x04 \x01(\x05R\x03xid\x12!\n" +
+	"\fxid_mnemonic\x18\x05 \x01(\tR\vxidMnemonic\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\x06 \x01(\tR\n" +
+	"resolution\x12\x14\n" +
+	"\x05count\x18\a \x01(\x05R\x05count\x129\n" +
+	"\n" +
+	"first_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tfirstTime\x127\n" +
+	"\tlast_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\"\xb1\x05\n" +
 	"\vRemediation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x17\n" +
@@ -720,22 +1676,58 @@ const file_api_v1_remediation_proto_rawDesc = "" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
 	"nextCursor\"$\n" +
 	"\x12RemediationRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\">\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x89\x01\n" +
 	"\x18ReturnRemediationRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04note\x18\x02 \x01(\tR\x04note\")\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\x12\x1b\n" +
+	"\treset_gpu\x18\x03 \x01(\bR\bresetGpu\x12\x16\n" +
+	"\x06reboot\x18\x04 \x01(\bR\x06reboot\x12\x14\n" +
+	"\x05force\x18\x05 \x01(\bR\x05force\")\n" +
 	"\x13ResetBreakerRequest\x12\x12\n" +
-	"\x04pool\x18\x01 \x01(\tR\x04pool\"\xd6\x01\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\"\x95\x03\n" +
 	"\x12RemediationBreaker\x12\x17\n" +
 	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x18\n" +
 	"\atripped\x18\x02 \x01(\bR\atripped\x127\n" +
 	"\ttrip_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\btripTime\x129\n" +
 	"\n" +
 	"reset_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tresetTime\x12\x19\n" +
-	"\breset_by\x18\x05 \x01(\tR\aresetBy\"\x15\n" +
+	"\breset_by\x18\x05 \x01(\tR\aresetBy\x12\x14\n" +
+	"\x05acted\x18\x06 \x01(\x05R\x05acted\x12\x14\n" +
+	"\x05limit\x18\a \x01(\x05R\x05limit\x12\x1b\n" +
+	"\tgpu_nodes\x18\b \x01(\x05R\bgpuNodes\x12\x12\n" +
+	"\x04held\x18\t \x01(\x05R\x04held\x129\n" +
+	"\n" +
+	"close_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tcloseTime\x12%\n" +
+	"\x0ewindow_seconds\x18\v \x01(\x03R\rwindowSeconds\"\x15\n" +
 	"\x13ListBreakersRequest\"\\\n" +
 	"\x14ListBreakersResponse\x12D\n" +
-	"\bbreakers\x18\x01 \x03(\v2(.bettercompute.api.v1.RemediationBreakerR\bbreakers2\x93\x06\n" +
+	"\bbreakers\x18\x01 \x03(\v2(.bettercompute.api.v1.RemediationBreakerR\bbreakers\"-\n" +
+	"\x17RemediationStatsRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\"\\\n" +
+	"\x18RemediationStatsResponse\x12@\n" +
+	"\x05pools\x18\x01 \x03(\v2*.bettercompute.api.v1.PoolRemediationStatsR\x05pools\"\xf7\x03\n" +
+	"\x14PoolRemediationStats\x12\x17\n" +
+	"\apool_id\x18\x01 \x01(\tR\x06poolId\x12\x14\n" +
+	"\x05cases\x18\x02 \x01(\x05R\x05cases\x12\x12\n" +
+	"\x04open\x18\x03 \x01(\x05R\x04open\x12\x1a\n" +
+	"\breturned\x18\x04 \x01(\x05R\breturned\x12\x1c\n" +
+	"\tescalated\x18\x05 \x01(\x05R\tescalated\x12Q\n" +
+	"\x12time_to_quarantine\x18\x06 \x01(\v2#.bettercompute.api.v1.DurationStatsR\x10timeToQuarantine\x12I\n" +
+	"\x0etime_to_return\x18\a \x01(\v2#.bettercompute.api.v1.DurationStatsR\ftimeToReturn\x12b\n" +
+	"\x1btime_between_incidents_node\x18\b \x01(\v2#.bettercompute.api.v1.DurationStatsR\x18timeBetweenIncidentsNode\x12`\n" +
+	"\x1atime_between_incidents_gpu\x18\t \x01(\v2#.bettercompute.api.v1.DurationStatsR\x17timeBetweenIncidentsGpu\"\xcc\x01\n" +
+	"\rDurationStats\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x05R\x05count\x12!\n" +
+	"\fmean_seconds\x18\x02 \x01(\x01R\vmeanSeconds\x12\x1f\n" +
+	"\vp50_seconds\x18\x03 \x01(\x01R\n" +
+	"p50Seconds\x12\x1f\n" +
+	"\vp90_seconds\x18\x04 \x01(\x01R\n" +
+	"p90Seconds\x12\x1f\n" +
+	"\vp99_seconds\x18\x05 \x01(\x01R\n" +
+	"p99Seconds\x12\x1f\n" +
+	"\vmax_seconds\x18\x06 \x01(\x01R\n" +
+	"maxSeconds2\xfd\a\n" +
 	"\x12RemediationService\x12s\n" +
 	"\x04List\x12-.bettercompute.api.v1.ListRemediationsRequest\x1a..bettercompute.api.v1.ListRemediationsResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12`\n" +
@@ -750,6 +1742,10 @@ const file_api_v1_remediation_proto_rawDesc = "" +
 	"\fResetBreaker\x12).bettercompute.api.v1.ResetBreakerRequest\x1a(.bettercompute.api.v1.RemediationBreaker\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12o\n" +
 	"\bBreakers\x12).bettercompute.api.v1.ListBreakersRequest\x1a*.bettercompute.api.v1.ListBreakersResponse\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12r\n" +
+	"\aHistory\x12/.bettercompute.api.v1.RemediationHistoryRequest\x1a(.bettercompute.api.v1.RemediationHistory\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12t\n" +
+	"\x05Stats\x12-.bettercompute.api.v1.RemediationStatsRequest\x1a..bettercompute.api.v1.RemediationStatsResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewerB=Z;github.com/better-compute/better-compute/proto/api/v1;apiv1b\x06proto3"
 
 var (
@@ -764,49 +1760,80 @@ func file_api_v1_remediation_proto_rawDescGZIP() []byte {
 	return file_api_v1_remediation_proto_rawDescData
 }
 
-var file_api_v1_remediation_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_api_v1_remediation_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_v1_remediation_proto_goTypes = []any{
-	(*Remediation)(nil),              // 0: bettercompute.api.v1.Remediation
-	(*ListRemediationsRequest)(nil),  // 1: bettercompute.api.v1.ListRemediationsRequest
-	(*ListRemediationsResponse)(nil), // 2: bettercompute.api.v1.ListRemediationsResponse
-	(*RemediationRequest)(nil),       // 3: bettercompute.api.v1.RemediationRequest
-	(*ReturnRemediationRequest)(nil), // 4: bettercompute.api.v1.ReturnRemediationRequest
-	(*ResetBreakerRequest)(nil),      // 5: bettercompute.api.v1.ResetBreakerRequest
-	(*RemediationBreaker)(nil),       // 6: bettercompute.api.v1.RemediationBreaker
-	(*ListBreakersRequest)(nil),      // 7: bettercompute.api.v1.ListBreakersRequest
-	(*ListBreakersResponse)(nil),     // 8: bettercompute.api.v1.ListBreakersResponse
-	(*timestamppb.Timestamp)(nil),    // 9: google.protobuf.Timestamp
-	(*Page)(nil),                     // 10: bettercompute.api.v1.Page
+	(*RemediationHistoryRequest)(nil), // 0: bettercompute.api.v1.RemediationHistoryRequest
+	(*RemediationHistory)(nil),        // 1: bettercompute.api.v1.RemediationHistory
+	(*RemediationFinding)(nil),        // 2: bettercompute.api.v1.RemediationFinding
+	(*RemediationAction)(nil),         // 3: bettercompute.api.v1.RemediationAction
+	(*GPUFindingCount)(nil),           // 4: bettercompute.api.v1.GPUFindingCount
+	(*Remediation)(nil),               // 5: bettercompute.api.v1.Remediation
+	(*ListRemediationsRequest)(nil),   // 6: bettercompute.api.v1.ListRemediationsRequest
+	(*ListRemediationsResponse)(nil),  // 7: bettercompute.api.v1.ListRemediationsResponse
+	(*RemediationRequest)(nil),        // 8: bettercompute.api.v1.RemediationRequest
+	(*ReturnRemediationRequest)(nil),  // 9: bettercompute.api.v1.ReturnRemediationRequest
+	(*ResetBreakerRequest)(nil),       // 10: bettercompute.api.v1.ResetBreakerRequest
+	(*RemediationBreaker)(nil),        // 11: bettercompute.api.v1.RemediationBreaker
+	(*ListBreakersRequest)(nil),       // 12: bettercompute.api.v1.ListBreakersRequest
+	(*ListBreakersResponse)(nil),      // 13: bettercompute.api.v1.ListBreakersResponse
+	(*RemediationStatsRequest)(nil),   // 14: bettercompute.api.v1.RemediationStatsRequest
+	(*RemediationStatsResponse)(nil),  // 15: bettercompute.api.v1.RemediationStatsResponse
+	(*PoolRemediationStats)(nil),      // 16: bettercompute.api.v1.PoolRemediationStats
+	(*DurationStats)(nil),             // 17: bettercompute.api.v1.DurationStats
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 19: google.protobuf.Timestamp
+	(*Page)(nil),                      // 20: bettercompute.api.v1.Page
 }
 var file_api_v1_remediation_proto_depIdxs = []int32{
-	9,  // 0: bettercompute.api.v1.Remediation.state_time:type_name -> google.protobuf.Timestamp
-	9,  // 1: bettercompute.api.v1.Remediation.create_time:type_name -> google.protobuf.Timestamp
-	9,  // 2: bettercompute.api.v1.Remediation.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 3: bettercompute.api.v1.Remediation.close_time:type_name -> google.protobuf.Timestamp
-	10, // 4: bettercompute.api.v1.ListRemediationsRequest.page:type_name -> bettercompute.api.v1.Page
-	0,  // 5: bettercompute.api.v1.ListRemediationsResponse.remediations:type_name -> bettercompute.api.v1.Remediation
-	9,  // 6: bettercompute.api.v1.RemediationBreaker.trip_time:type_name -> google.protobuf.Timestamp
-	9,  // 7: bettercompute.api.v1.RemediationBreaker.reset_time:type_name -> google.protobuf.Timestamp
-	6,  // 8: bettercompute.api.v1.ListBreakersResponse.breakers:type_name -> bettercompute.api.v1.RemediationBreaker
-	1,  // 9: bettercompute.api.v1.RemediationService.List:input_type -> bettercompute.api.v1.ListRemediationsRequest
-	3,  // 10: bettercompute.api.v1.RemediationService.Get:input_type -> bettercompute.api.v1.RemediationRequest
-	3,  // 11: bettercompute.api.v1.RemediationService.Pause:input_type -> bettercompute.api.v1.RemediationRequest
-	3,  // 12: bettercompute.api.v1.RemediationService.Resume:input_type -> bettercompute.api.v1.RemediationRequest
-	4,  // 13: bettercompute.api.v1.RemediationService.Return:input_type -> bettercompute.api.v1.ReturnRemediationRequest
-	5,  // 14: bettercompute.api.v1.RemediationService.ResetBreaker:input_type -> bettercompute.api.v1.ResetBreakerRequest
-	7,  // 15: bettercompute.api.v1.RemediationService.Breakers:input_type -> bettercompute.api.v1.ListBreakersRequest
-	2,  // 16: bettercompute.api.v1.RemediationService.List:output_type -> bettercompute.api.v1.ListRemediationsResponse
-	0,  // 17: bettercompute.api.v1.RemediationService.Get:output_type -> bettercompute.api.v1.Remediation
-	0,  // 18: bettercompute.api.v1.RemediationService.Pause:output_type -> bettercompute.api.v1.Remediation
-	0,  // 19: bettercompute.api.v1.RemediationService.Resume:output_type -> bettercompute.api.v1.Remediation
-	0,  // 20: bettercompute.api.v1.RemediationService.Return:output_type -> bettercompute.api.v1.Remediation
-	6,  // 21: bettercompute.api.v1.RemediationService.ResetBreaker:output_type -> bettercompute.api.v1.RemediationBreaker
-	8,  // 22: bettercompute.api.v1.RemediationService.Breakers:output_type -> bettercompute.api.v1.ListBreakersResponse
-	16, // [16:23] is the sub-list for method output_type
-	9,  // [9:16] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	18, // 0: bettercompute.api.v1.RemediationHistoryRequest.window:type_name -> google.protobuf.Duration
+	2,  // 1: bettercompute.api.v1.RemediationHistory.findings:type_name -> bettercompute.api.v1.RemediationFinding
+	5,  // 2: bettercompute.api.v1.RemediationHistory.cases:type_name -> bettercompute.api.v1.Remediation
+	3,  // 3: bettercompute.api.v1.RemediationHistory.actions:type_name -> bettercompute.api.v1.RemediationAction
+	4,  // 4: bettercompute.api.v1.RemediationHistory.counts:type_name -> bettercompute.api.v1.GPUFindingCount
+	19, // 5: bettercompute.api.v1.RemediationFinding.create_time:type_name -> google.protobuf.Timestamp
+	19, // 6: bettercompute.api.v1.RemediationFinding.take_time:type_name -> google.protobuf.Timestamp
+	19, // 7: bettercompute.api.v1.RemediationAction.create_time:type_name -> google.protobuf.Timestamp
+	19, // 8: bettercompute.api.v1.RemediationAction.finish_time:type_name -> google.protobuf.Timestamp
+	19, // 9: bettercompute.api.v1.GPUFindingCount.first_time:type_name -> google.protobuf.Timestamp
+	19, // 10: bettercompute.api.v1.GPUFindingCount.last_time:type_name -> google.protobuf.Timestamp
+	19, // 11: bettercompute.api.v1.Remediation.state_time:type_name -> google.protobuf.Timestamp
+	19, // 12: bettercompute.api.v1.Remediation.create_time:type_name -> google.protobuf.Timestamp
+	19, // 13: bettercompute.api.v1.Remediation.update_time:type_name -> google.protobuf.Timestamp
+	19, // 14: bettercompute.api.v1.Remediation.close_time:type_name -> google.protobuf.Timestamp
+	20, // 15: bettercompute.api.v1.ListRemediationsRequest.page:type_name -> bettercompute.api.v1.Page
+	5,  // 16: bettercompute.api.v1.ListRemediationsResponse.remediations:type_name -> bettercompute.api.v1.Remediation
+	19, // 17: bettercompute.api.v1.RemediationBreaker.trip_time:type_name -> google.protobuf.Timestamp
+	19, // 18: bettercompute.api.v1.RemediationBreaker.reset_time:type_name -> google.protobuf.Timestamp
+	19, // 19: bettercompute.api.v1.RemediationBreaker.close_time:type_name -> google.protobuf.Timestamp
+	11, // 20: bettercompute.api.v1.ListBreakersResponse.breakers:type_name -> bettercompute.api.v1.RemediationBreaker
+	16, // 21: bettercompute.api.v1.RemediationStatsResponse.pools:type_name -> bettercompute.api.v1.PoolRemediationStats
+	17, // 22: bettercompute.api.v1.PoolRemediationStats.time_to_quarantine:type_name -> bettercompute.api.v1.DurationStats
+	17, // 23: bettercompute.api.v1.PoolRemediationStats.time_to_return:type_name -> bettercompute.api.v1.DurationStats
+	17, // 24: bettercompute.api.v1.PoolRemediationStats.time_between_incidents_node:type_name -> bettercompute.api.v1.DurationStats
+	17, // 25: bettercompute.api.v1.PoolRemediationStats.time_between_incidents_gpu:type_name -> bettercompute.api.v1.DurationStats
+	6,  // 26: bettercompute.api.v1.RemediationService.List:input_type -> bettercompute.api.v1.ListRemediationsRequest
+	8,  // 27: bettercompute.api.v1.RemediationService.Get:input_type -> bettercompute.api.v1.RemediationRequest
+	8,  // 28: bettercompute.api.v1.RemediationService.Pause:input_type -> bettercompute.api.v1.RemediationRequest
+	8,  // 29: bettercompute.api.v1.RemediationService.Resume:input_type -> bettercompute.api.v1.RemediationRequest
+	9,  // 30: bettercompute.api.v1.RemediationService.Return:input_type -> bettercompute.api.v1.ReturnRemediationRequest
+	10, // 31: bettercompute.api.v1.RemediationService.ResetBreaker:input_type -> bettercompute.api.v1.ResetBreakerRequest
+	12, // 32: bettercompute.api.v1.RemediationService.Breakers:input_type -> bettercompute.api.v1.ListBreakersRequest
+	0,  // 33: bettercompute.api.v1.RemediationService.History:input_type -> bettercompute.api.v1.RemediationHistoryRequest
+	14, // 34: bettercompute.api.v1.RemediationService.Stats:input_type -> bettercompute.api.v1.RemediationStatsRequest
+	7,  // 35: bettercompute.api.v1.RemediationService.List:output_type -> bettercompute.api.v1.ListRemediationsResponse
+	5,  // 36: bettercompute.api.v1.RemediationService.Get:output_type -> bettercompute.api.v1.Remediation
+	5,  // 37: bettercompute.api.v1.RemediationService.Pause:output_type -> bettercompute.api.v1.Remediation
+	5,  // 38: bettercompute.api.v1.RemediationService.Resume:output_type -> bettercompute.api.v1.Remediation
+	5,  // 39: bettercompute.api.v1.RemediationService.Return:output_type -> bettercompute.api.v1.Remediation
+	11, // 40: bettercompute.api.v1.RemediationService.ResetBreaker:output_type -> bettercompute.api.v1.RemediationBreaker
+	13, // 41: bettercompute.api.v1.RemediationService.Breakers:output_type -> bettercompute.api.v1.ListBreakersResponse
+	1,  // 42: bettercompute.api.v1.RemediationService.History:output_type -> bettercompute.api.v1.RemediationHistory
+	15, // 43: bettercompute.api.v1.RemediationService.Stats:output_type -> bettercompute.api.v1.RemediationStatsResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_remediation_proto_init() }
@@ -822,7 +1849,7 @@ func file_api_v1_remediation_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_remediation_proto_rawDesc), len(file_api_v1_remediation_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

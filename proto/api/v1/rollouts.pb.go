@@ -64,9 +64,14 @@ type CreateRolloutRequest struct {
 	// bake is how long the rollout keeps watching every node it upgraded
 	// after the last wave, before it completes: 0 to 24 h; unset means
 	// 10 min (issue 30).
-	Bake          *durationpb.Duration `protobuf:"bytes,10,opt,name=bake,proto3" json:"bake,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bake *durationpb.Duration `protobuf:"bytes,10,opt,name=bake,proto3" json:"bake,omitempty"`
+	// require_evidence halts a wave whose health gate is still inconclusive
+	// after its soak was extended once (too few node-hours to decide);
+	// without it such a wave advances (issue 30; docs/rollouts.md, "Health
+	// gate").
+	RequireEvidence bool `protobuf:"varint,11,opt,name=require_evidence,json=requireEvidence,proto3" json:"require_evidence,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CreateRolloutRequest) Reset() {
@@ -167,6 +172,13 @@ func (x *CreateRolloutRequest) GetBake() *durationpb.Duration {
 		return x.Bake
 	}
 	return nil
+}
+
+func (x *CreateRolloutRequest) GetRequireEvidence() bool {
+	if x != nil {
+		return x.RequireEvidence
+	}
+	return false
 }
 
 type ListRolloutsRequest struct {
@@ -476,6 +488,10 @@ type Rollout struct {
 	// the rollout is paused); bake_start_time when the bake began.
 	BakeElapsed   *durationpb.Duration   `protobuf:"bytes,22,opt,name=bake_elapsed,json=bakeElapsed,proto3" json:"bake_elapsed,omitempty"`
 	BakeStartTime *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=bake_start_time,json=bakeStartTime,proto3" json:"bake_start_time,omitempty"`
+	// require_evidence: an inconclusive health gate halts the wave.
+	RequireEvidence bool `protobuf:"varint,24,opt,name=require_evidence,json=requireEvidence,proto3" json:"require_evidence,omitempty"`
+	// health_gates are the waves' health gates, by wave (issue 30).
+	HealthGates   []*RolloutHealthGate `protobuf:"bytes,25,rep,name=health_gates,json=healthGates,proto3" json:"health_gates,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -671,6 +687,296 @@ func (x *Rollout) GetBakeStartTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Rollout) GetRequireEvidence() bool {
+	if x != nil {
+		return x.RequireEvidence
+	}
+	return false
+}
+
+func (x *Rollout) GetHealthGates() []*RolloutHealthGate {
+	if x != nil {
+		return x.HealthGates
+	}
+	return nil
+}
+
+// RolloutHealthGate is a wave's health gate: its upgraded nodes against a
+// comparison group over the wave's soak, measure by measure, and the
+// verdict (docs/rollouts.md, "Health gate").
+type RolloutHealthGate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Wave  int32                  `protobuf:"varint,1,opt,name=wave,proto3" json:"wave,omitempty"`
+	// verdict: pass, halt or inconclusive ("inconclusive" with
+	// extended_until set: the soak was extended and the gate is decided
+	// again then).
+	Verdict string `protobuf:"bytes,2,opt,name=verdict,proto3" json:"verdict,omitempty"`
+	// comparison: "not-upgraded" (the pool's nodes not yet upgraded, over
+	// the same window) or "before-upgrade" (none remained: the same nodes
+	// over an equal window before their upgrade).
+	Comparison string `protobuf:"bytes,3,opt,name=comparison,proto3" json:"comparison,omitempty"`
+	// start_time and end_time bound the window: the first soak start of the
+	// wave's upgraded nodes, and when the gate was decided.
+	StartTime           *timestamppb.Timestamp  `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime             *timestamppb.Timestamp  `protobuf:"bytes,5,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	UpgradedNodes       int32                   `protobuf:"varint,6,opt,name=upgraded_nodes,json=upgradedNodes,proto3" json:"upgraded_nodes,omitempty"`
+	ComparisonNodes     int32                   `protobuf:"varint,7,opt,name=comparison_nodes,json=comparisonNodes,proto3" json:"comparison_nodes,omitempty"`
+	UpgradedNodeHours   float64                 `protobuf:"fixed64,8,opt,name=upgraded_node_hours,json=upgradedNodeHours,proto3" json:"upgraded_node_hours,omitempty"`
+	ComparisonNodeHours float64                 `protobuf:"fixed64,9,opt,name=comparison_node_hours,json=comparisonNodeHours,proto3" json:"comparison_node_hours,omitempty"`
+	Measures            []*RolloutHealthMeasure `protobuf:"bytes,10,rep,name=measures,proto3" json:"measures,omitempty"`
+	ExtendedUntil       *timestamppb.Timestamp  `protobuf:"bytes,11,opt,name=extended_until,json=extendedUntil,proto3" json:"extended_until,omitempty"`
+	// reason says the verdict in one line.
+	Reason string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
+	// pending: the soak's extension runs (verdict inconclusive so far).
+	Pending       bool `protobuf:"varint,13,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutHealthGate) Reset() {
+	*x = RolloutHealthGate{}
+	mi := &file_api_v1_rollouts_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutHealthGate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutHealthGate) ProtoMessage() {}
+
+func (x *RolloutHealthGate) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_rollouts_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutHealthGate.ProtoReflect.Descriptor instead.
+func (*RolloutHealthGate) Descriptor() ([]byte, []int) {
+	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RolloutHealthGate) GetWave() int32 {
+	if x != nil {
+		return x.Wave
+	}
+	return 0
+}
+
+func (x *RolloutHealthGate) GetVerdict() string {
+	if x != nil {
+		return x.Verdict
+	}
+	return ""
+}
+
+func (x *RolloutHealthGate) GetComparison() string {
+	if x != nil {
+		return x.Comparison
+	}
+	return ""
+}
+
+func (x *RolloutHealthGate) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *RolloutHealthGate) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *RolloutHealthGate) GetUpgradedNodes() int32 {
+	if x != nil {
+		return x.UpgradedNodes
+	}
+	return 0
+}
+
+func (x *RolloutHealthGate) GetComparisonNodes() int32 {
+	if x != nil {
+		return x.ComparisonNodes
+	}
+	return 0
+}
+
+func (x *RolloutHealthGate) GetUpgradedNodeHours() float64 {
+	if x != nil {
+		return x.UpgradedNodeHours
+	}
+	return 0
+}
+
+func (x *RolloutHealthGate) GetComparisonNodeHours() float64 {
+	if x != nil {
+		return x.ComparisonNodeHours
+	}
+	return 0
+}
+
+func (x *RolloutHealthGate) GetMeasures() []*RolloutHealthMeasure {
+	if x != nil {
+		return x.Measures
+	}
+	return nil
+}
+
+func (x *RolloutHealthGate) GetExtendedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExtendedUntil
+	}
+	return nil
+}
+
+func (x *RolloutHealthGate) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RolloutHealthGate) GetPending() bool {
+	if x != nil {
+		return x.Pending
+	}
+	return false
+}
+
+// RolloutHealthMeasure is one measure of a health gate: each group's count
+// over its exposure (unit: node-hour, GPU-hour or command), the count the
+// comparison group's rate predicts for the upgraded group (expected), the
+// one-sided Poisson p-value of the upgraded count against it, and whether
+// it halts (worse: at least rollouts.healthGate.minExcess above expected
+// and p below rollouts.healthGate.alpha). skipped: a group had no exposure.
+type RolloutHealthMeasure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name: restarts, session-drops, findings or failed-commands.
+	Name               string  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Unit               string  `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	UpgradedCount      int64   `protobuf:"varint,3,opt,name=upgraded_count,json=upgradedCount,proto3" json:"upgraded_count,omitempty"`
+	UpgradedExposure   float64 `protobuf:"fixed64,4,opt,name=upgraded_exposure,json=upgradedExposure,proto3" json:"upgraded_exposure,omitempty"`
+	ComparisonCount    int64   `protobuf:"varint,5,opt,name=comparison_count,json=comparisonCount,proto3" json:"comparison_count,omitempty"`
+	ComparisonExposure float64 `protobuf:"fixed64,6,opt,name=comparison_exposure,json=comparisonExposure,proto3" json:"comparison_exposure,omitempty"`
+	Expected           float64 `protobuf:"fixed64,7,opt,name=expected,proto3" json:"expected,omitempty"`
+	PValue             float64 `protobuf:"fixed64,8,opt,name=p_value,json=pValue,proto3" json:"p_value,omitempty"`
+	Worse              bool    `protobuf:"varint,9,opt,name=worse,proto3" json:"worse,omitempty"`
+	Skipped            bool    `protobuf:"varint,10,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *RolloutHealthMeasure) Reset() {
+	*x = RolloutHealthMeasure{}
+	mi := &file_api_v1_rollouts_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutHealthMeasure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutHealthMeasure) ProtoMessage() {}
+
+func (x *RolloutHealthMeasure) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_rollouts_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutHealthMeasure.ProtoReflect.Descriptor instead.
+func (*RolloutHealthMeasure) Descriptor() ([]byte, []int) {
+	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RolloutHealthMeasure) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RolloutHealthMeasure) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
+func (x *RolloutHealthMeasure) GetUpgradedCount() int64 {
+	if x != nil {
+		return x.UpgradedCount
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetUpgradedExposure() float64 {
+	if x != nil {
+		return x.UpgradedExposure
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetComparisonCount() int64 {
+	if x != nil {
+		return x.ComparisonCount
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetComparisonExposure() float64 {
+	if x != nil {
+		return x.ComparisonExposure
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetExpected() float64 {
+	if x != nil {
+		return x.Expected
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetPValue() float64 {
+	if x != nil {
+		return x.PValue
+	}
+	return 0
+}
+
+func (x *RolloutHealthMeasure) GetWorse() bool {
+	if x != nil {
+		return x.Worse
+	}
+	return false
+}
+
+func (x *RolloutHealthMeasure) GetSkipped() bool {
+	if x != nil {
+		return x.Skipped
+	}
+	return false
+}
+
 type RolloutProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes int32                  `protobuf:"varint,1,opt,name=nodes,proto3" json:"nodes,omitempty"`
@@ -688,7 +994,7 @@ type RolloutProgress struct {
 
 func (x *RolloutProgress) Reset() {
 	*x = RolloutProgress{}
-	mi := &file_api_v1_rollouts_proto_msgTypes[7]
+	mi := &file_api_v1_rollouts_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +1006,7 @@ func (x *RolloutProgress) String() string {
 func (*RolloutProgress) ProtoMessage() {}
 
 func (x *RolloutProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_rollouts_proto_msgTypes[7]
+	mi := &file_api_v1_rollouts_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +1019,7 @@ func (x *RolloutProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutProgress.ProtoReflect.Descriptor instead.
 func (*RolloutProgress) Descriptor() ([]byte, []int) {
-	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{7}
+	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RolloutProgress) GetNodes() int32 {
@@ -792,7 +1098,7 @@ type RolloutNode struct {
 
 func (x *RolloutNode) Reset() {
 	*x = RolloutNode{}
-	mi := &file_api_v1_rollouts_proto_msgTypes[8]
+	mi := &file_api_v1_rollouts_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +1110,7 @@ func (x *RolloutNode) String() string {
 func (*RolloutNode) ProtoMessage() {}
 
 func (x *RolloutNode) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_rollouts_proto_msgTypes[8]
+	mi := &file_api_v1_rollouts_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +1123,7 @@ func (x *RolloutNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutNode.ProtoReflect.Descriptor instead.
 func (*RolloutNode) Descriptor() ([]byte, []int) {
-	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{8}
+	return file_api_v1_rollouts_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RolloutNode) GetNodeId() string {
@@ -908,7 +1214,7 @@ var File_api_v1_rollouts_proto protoreflect.FileDescriptor
 
 const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\n" +
-	"\x15api/v1/rollouts.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xec\x02\n" +
+	"\x15api/v1/rollouts.proto\x12\x14bettercompute.api.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\x97\x03\n" +
 	"\x14CreateRolloutRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x12\n" +
 	"\x04pool\x18\x02 \x01(\tR\x04pool\x12\x16\n" +
@@ -920,7 +1226,8 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\x05drain\x18\b \x01(\bH\x00R\x05drain\x88\x01\x01\x12\x19\n" +
 	"\bbase_url\x18\t \x01(\tR\abaseUrl\x12-\n" +
 	"\x04bake\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\x04bakeB\b\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x04bake\x12)\n" +
+	"\x10require_evidence\x18\v \x01(\bR\x0frequireEvidenceB\b\n" +
 	"\x06_drain\"q\n" +
 	"\x13ListRolloutsRequest\x12.\n" +
 	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\x12\x12\n" +
@@ -937,7 +1244,7 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x83\x01\n" +
 	"\x0fRolloutResponse\x127\n" +
 	"\arollout\x18\x01 \x01(\v2\x1d.bettercompute.api.v1.RolloutR\arollout\x127\n" +
-	"\x05nodes\x18\x02 \x03(\v2!.bettercompute.api.v1.RolloutNodeR\x05nodes\"\x8d\a\n" +
+	"\x05nodes\x18\x02 \x03(\v2!.bettercompute.api.v1.RolloutNodeR\x05nodes\"\x84\b\n" +
 	"\aRollout\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x18\n" +
@@ -966,7 +1273,39 @@ const file_api_v1_rollouts_proto_rawDesc = "" +
 	"\x04bake\x18\x14 \x01(\v2\x19.google.protobuf.DurationR\x04bake\x12\x14\n" +
 	"\x05phase\x18\x15 \x01(\tR\x05phase\x12<\n" +
 	"\fbake_elapsed\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\vbakeElapsed\x12B\n" +
-	"\x0fbake_start_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rbakeStartTime\"\xc2\x01\n" +
+	"\x0fbake_start_time\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\rbakeStartTime\x12)\n" +
+	"\x10require_evidence\x18\x18 \x01(\bR\x0frequireEvidence\x12J\n" +
+	"\fhealth_gates\x18\x19 \x03(\v2'.bettercompute.api.v1.RolloutHealthGateR\vhealthGates\"\xc6\x04\n" +
+	"\x11RolloutHealthGate\x12\x12\n" +
+	"\x04wave\x18\x01 \x01(\x05R\x04wave\x12\x18\n" +
+	"\averdict\x18\x02 \x01(\tR\averdict\x12\x1e\n" +
+	"\n" +
+	"comparison\x18\x03 \x01(\tR\n" +
+	"comparison\x129\n" +
+	"\n" +
+	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
+	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12%\n" +
+	"\x0eupgraded_nodes\x18\x06 \x01(\x05R\rupgradedNodes\x12)\n" +
+	"\x10comparison_nodes\x18\a \x01(\x05R\x0fcomparisonNodes\x12.\n" +
+	"\x13upgraded_node_hours\x18\b \x01(\x01R\x11upgradedNodeHours\x122\n" +
+	"\x15comparison_node_hours\x18\t \x01(\x01R\x13comparisonNodeHours\x12F\n" +
+	"\bmeasures\x18\n" +
+	" \x03(\v2*.bettercompute.api.v1.RolloutHealthMeasureR\bmeasures\x12A\n" +
+	"\x0eextended_until\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rextendedUntil\x12\x16\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\x12\x18\n" +
+	"\apending\x18\r \x01(\bR\apending\"\xd3\x02\n" +
+	"\x14RolloutHealthMeasure\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04unit\x18\x02 \x01(\tR\x04unit\x12%\n" +
+	"\x0eupgraded_count\x18\x03 \x01(\x03R\rupgradedCount\x12+\n" +
+	"\x11upgraded_exposure\x18\x04 \x01(\x01R\x10upgradedExposure\x12)\n" +
+	"\x10comparison_count\x18\x05 \x01(\x03R\x0fcomparisonCount\x12/\n" +
+	"\x13comparison_exposure\x18\x06 \x01(\x01R\x12comparisonExposure\x12\x1a\n" +
+	"\bexpected\x18\a \x01(\x01R\bexpected\x12\x17\n" +
+	"\ap_value\x18\b \x01(\x01R\x06pValue\x12\x14\n" +
+	"\x05worse\x18\t \x01(\bR\x05worse\x12\x18\n" +
+	"\askipped\x18\n" +
+	" \x01(\bR\askipped\"\xc2\x01\n" +
 	"\x0fRolloutProgress\x12\x14\n" +
 	"\x05nodes\x18\x01 \x01(\x05R\x05nodes\x12\x18\n" +
 	"\apending\x18\x02 \x01(\x05R\apending\x12\x10\n" +
@@ -1018,7 +1357,7 @@ func file_api_v1_rollouts_proto_rawDescGZIP() []byte {
 	return file_api_v1_rollouts_proto_rawDescData
 }
 
-var file_api_v1_rollouts_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_api_v1_rollouts_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_api_v1_rollouts_proto_goTypes = []any{
 	(*CreateRolloutRequest)(nil),  // 0: bettercompute.api.v1.CreateRolloutRequest
 	(*ListRolloutsRequest)(nil),   // 1: bettercompute.api.v1.ListRolloutsRequest
@@ -1027,47 +1366,54 @@ var file_api_v1_rollouts_proto_goTypes = []any{
 	(*RolloutActionRequest)(nil),  // 4: bettercompute.api.v1.RolloutActionRequest
 	(*RolloutResponse)(nil),       // 5: bettercompute.api.v1.RolloutResponse
 	(*Rollout)(nil),               // 6: bettercompute.api.v1.Rollout
-	(*RolloutProgress)(nil),       // 7: bettercompute.api.v1.RolloutProgress
-	(*RolloutNode)(nil),           // 8: bettercompute.api.v1.RolloutNode
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*Page)(nil),                  // 10: bettercompute.api.v1.Page
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*RolloutHealthGate)(nil),     // 7: bettercompute.api.v1.RolloutHealthGate
+	(*RolloutHealthMeasure)(nil),  // 8: bettercompute.api.v1.RolloutHealthMeasure
+	(*RolloutProgress)(nil),       // 9: bettercompute.api.v1.RolloutProgress
+	(*RolloutNode)(nil),           // 10: bettercompute.api.v1.RolloutNode
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*Page)(nil),                  // 12: bettercompute.api.v1.Page
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_api_v1_rollouts_proto_depIdxs = []int32{
-	9,  // 0: bettercompute.api.v1.CreateRolloutRequest.soak:type_name -> google.protobuf.Duration
-	9,  // 1: bettercompute.api.v1.CreateRolloutRequest.timeout:type_name -> google.protobuf.Duration
-	9,  // 2: bettercompute.api.v1.CreateRolloutRequest.bake:type_name -> google.protobuf.Duration
-	10, // 3: bettercompute.api.v1.ListRolloutsRequest.page:type_name -> bettercompute.api.v1.Page
+	11, // 0: bettercompute.api.v1.CreateRolloutRequest.soak:type_name -> google.protobuf.Duration
+	11, // 1: bettercompute.api.v1.CreateRolloutRequest.timeout:type_name -> google.protobuf.Duration
+	11, // 2: bettercompute.api.v1.CreateRolloutRequest.bake:type_name -> google.protobuf.Duration
+	12, // 3: bettercompute.api.v1.ListRolloutsRequest.page:type_name -> bettercompute.api.v1.Page
 	6,  // 4: bettercompute.api.v1.ListRolloutsResponse.rollouts:type_name -> bettercompute.api.v1.Rollout
 	6,  // 5: bettercompute.api.v1.RolloutResponse.rollout:type_name -> bettercompute.api.v1.Rollout
-	8,  // 6: bettercompute.api.v1.RolloutResponse.nodes:type_name -> bettercompute.api.v1.RolloutNode
-	9,  // 7: bettercompute.api.v1.Rollout.soak:type_name -> google.protobuf.Duration
-	9,  // 8: bettercompute.api.v1.Rollout.timeout:type_name -> google.protobuf.Duration
-	11, // 9: bettercompute.api.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
-	11, // 10: bettercompute.api.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
-	11, // 11: bettercompute.api.v1.Rollout.finish_time:type_name -> google.protobuf.Timestamp
-	7,  // 12: bettercompute.api.v1.Rollout.progress:type_name -> bettercompute.api.v1.RolloutProgress
-	9,  // 13: bettercompute.api.v1.Rollout.bake:type_name -> google.protobuf.Duration
-	9,  // 14: bettercompute.api.v1.Rollout.bake_elapsed:type_name -> google.protobuf.Duration
-	11, // 15: bettercompute.api.v1.Rollout.bake_start_time:type_name -> google.protobuf.Timestamp
-	11, // 16: bettercompute.api.v1.RolloutNode.state_time:type_name -> google.protobuf.Timestamp
-	0,  // 17: bettercompute.api.v1.RolloutsService.Create:input_type -> bettercompute.api.v1.CreateRolloutRequest
-	1,  // 18: bettercompute.api.v1.RolloutsService.List:input_type -> bettercompute.api.v1.ListRolloutsRequest
-	3,  // 19: bettercompute.api.v1.RolloutsService.Get:input_type -> bettercompute.api.v1.GetRolloutRequest
-	4,  // 20: bettercompute.api.v1.RolloutsService.Pause:input_type -> bettercompute.api.v1.RolloutActionRequest
-	4,  // 21: bettercompute.api.v1.RolloutsService.Resume:input_type -> bettercompute.api.v1.RolloutActionRequest
-	4,  // 22: bettercompute.api.v1.RolloutsService.Abort:input_type -> bettercompute.api.v1.RolloutActionRequest
-	5,  // 23: bettercompute.api.v1.RolloutsService.Create:output_type -> bettercompute.api.v1.RolloutResponse
-	2,  // 24: bettercompute.api.v1.RolloutsService.List:output_type -> bettercompute.api.v1.ListRolloutsResponse
-	5,  // 25: bettercompute.api.v1.RolloutsService.Get:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 26: bettercompute.api.v1.RolloutsService.Pause:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 27: bettercompute.api.v1.RolloutsService.Resume:output_type -> bettercompute.api.v1.RolloutResponse
-	5,  // 28: bettercompute.api.v1.RolloutsService.Abort:output_type -> bettercompute.api.v1.RolloutResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	10, // 6: bettercompute.api.v1.RolloutResponse.nodes:type_name -> bettercompute.api.v1.RolloutNode
+	11, // 7: bettercompute.api.v1.Rollout.soak:type_name -> google.protobuf.Duration
+	11, // 8: bettercompute.api.v1.Rollout.timeout:type_name -> google.protobuf.Duration
+	13, // 9: bettercompute.api.v1.Rollout.create_time:type_name -> google.protobuf.Timestamp
+	13, // 10: bettercompute.api.v1.Rollout.update_time:type_name -> google.protobuf.Timestamp
+	13, // 11: bettercompute.api.v1.Rollout.finish_time:type_name -> google.protobuf.Timestamp
+	9,  // 12: bettercompute.api.v1.Rollout.progress:type_name -> bettercompute.api.v1.RolloutProgress
+	11, // 13: bettercompute.api.v1.Rollout.bake:type_name -> google.protobuf.Duration
+	11, // 14: bettercompute.api.v1.Rollout.bake_elapsed:type_name -> google.protobuf.Duration
+	13, // 15: bettercompute.api.v1.Rollout.bake_start_time:type_name -> google.protobuf.Timestamp
+	7,  // 16: bettercompute.api.v1.Rollout.health_gates:type_name -> bettercompute.api.v1.RolloutHealthGate
+	13, // 17: bettercompute.api.v1.RolloutHealthGate.start_time:type_name -> google.protobuf.Timestamp
+	13, // 18: bettercompute.api.v1.RolloutHealthGate.end_time:type_name -> google.protobuf.Timestamp
+	8,  // 19: bettercompute.api.v1.RolloutHealthGate.measures:type_name -> bettercompute.api.v1.RolloutHealthMeasure
+	13, // 20: bettercompute.api.v1.RolloutHealthGate.extended_until:type_name -> google.protobuf.Timestamp
+	13, // 21: bettercompute.api.v1.RolloutNode.state_time:type_name -> google.protobuf.Timestamp
+	0,  // 22: bettercompute.api.v1.RolloutsService.Create:input_type -> bettercompute.api.v1.CreateRolloutRequest
+	1,  // 23: bettercompute.api.v1.RolloutsService.List:input_type -> bettercompute.api.v1.ListRolloutsRequest
+	3,  // 24: bettercompute.api.v1.RolloutsService.Get:input_type -> bettercompute.api.v1.GetRolloutRequest
+	4,  // 25: bettercompute.api.v1.RolloutsService.Pause:input_type -> bettercompute.api.v1.RolloutActionRequest
+	4,  // 26: bettercompute.api.v1.RolloutsService.Resume:input_type -> bettercompute.api.v1.RolloutActionRequest
+	4,  // 27: bettercompute.api.v1.RolloutsService.Abort:input_type -> bettercompute.api.v1.RolloutActionRequest
+	5,  // 28: bettercompute.api.v1.RolloutsService.Create:output_type -> bettercompute.api.v1.RolloutResponse
+	2,  // 29: bettercompute.api.v1.RolloutsService.List:output_type -> bettercompute.api.v1.ListRolloutsResponse
+	5,  // 30: bettercompute.api.v1.RolloutsService.Get:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 31: bettercompute.api.v1.RolloutsService.Pause:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 32: bettercompute.api.v1.RolloutsService.Resume:output_type -> bettercompute.api.v1.RolloutResponse
+	5,  // 33: bettercompute.api.v1.RolloutsService.Abort:output_type -> bettercompute.api.v1.RolloutResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_rollouts_proto_init() }
@@ -1084,7 +1430,7 @@ func file_api_v1_rollouts_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_rollouts_proto_rawDesc), len(file_api_v1_rollouts_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,10 @@ const (
 	NodeRolledBackLocally = TypePrefix + "node.rolled-back-locally"
 
 	GPUHealthChanged = TypePrefix + "gpu.health-changed" // GPUHealthData: a node reported a GPU event (an XID, uncorrected ECC, a health change)
+	// GPUUUIDConflict is GPUUUIDConflictData: a GPU UUID that another live
+	// node's inventory lists too (a copied image or a simulator bug),
+	// written for each of the two nodes; never remediated.
+	GPUUUIDConflict = TypePrefix + "gpu.uuid-conflict"
 
 	CommandCreated   = TypePrefix + "command.created"   // CommandData: enqueued (one event per command, batch id in the data)
 	CommandSucceeded = TypePrefix + "command.succeeded" // CommandData: exited 0 (or the kind's success)
@@ -104,7 +108,7 @@ const (
 var Types = []string{
 	NodeJoined, NodeRejoined, NodeReady, NodeUnreachable, NodeUnresponsive, NodePoweredOff, NodeClockSkewed, NodeCordoned,
 	NodeUncordoned, NodeDrained, NodeDeleted, NodeRevoked, NodeReattested, NodeDisruptionChanged,
-	NodeRolledBackLocally, GPUHealthChanged, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
+	NodeRolledBackLocally, GPUHealthChanged, GPUUUIDConflict, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
 	CommandLost, GatewayUp, GatewayDown, JoinTokenCreated, JoinTokenRevoked, JoinTokenUsed, JoinTokenExhausted,
 	JoinTokenExpired, TokenCreated, TokenRevoked, RemediationDetected, RemediationHeld, RemediationQuarantined,
 	RemediationDraining, RemediationRemediating, RemediationVerifying, RemediationReturned,

@@ -2332,7 +2332,11 @@ type Welcome struct {
 	GatewayId string `protobuf:"bytes,6,opt,name=gateway_id,json=gatewayId,proto3" json:"gateway_id,omitempty"`
 	// Public URLs of the region's live gateways, this one first. The node
 	// keeps the latest list with its identity and fails over along it.
-	Gateways      []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	Gateways []string `protobuf:"bytes,7,rep,name=gateways,proto3" json:"gateways,omitempty"`
+	// The thresholds of the node's GPU and fabric health readers, from the
+	// control plane's configuration (gpuHealth.*, docs/configuration.md);
+	// unset from a gateway that predates them: the node keeps its defaults.
+	GpuHealth     *GPUHealthThresholds `protobuf:"bytes,8,opt,name=gpu_health,json=gpuHealth,proto3" json:"gpu_health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2416,6 +2420,172 @@ func (x *Welcome) GetGateways() []string {
 	return nil
 }
 
+func (x *Welcome) GetGpuHealth() *GPUHealthThresholds {
+	if x != nil {
+		return x.GpuHealth
+	}
+	return nil
+}
+
+// GPUHealthThresholds are the control plane's thresholds for the health
+// readers of bcd (docs/gpu-health.md). A zero field keeps bcd's default.
+type GPUHealthThresholds struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rise of a GPU's PCIe replay counter within pcie_replay_window at
+	// which the GPU is reported degraded.
+	PcieReplayThreshold uint64 `protobuf:"varint,1,opt,name=pcie_replay_threshold,json=pcieReplayThreshold,proto3" json:"pcie_replay_threshold,omitempty"`
+	// The window of pcie_replay_threshold.
+	PcieReplayWindow *durationpb.Duration `protobuf:"bytes,2,opt,name=pcie_replay_window,json=pcieReplayWindow,proto3" json:"pcie_replay_window,omitempty"`
+	// Whether a link below its maximum PCIe generation is a finding (idle
+	// GPUs lower the generation to save power; the width is always judged).
+	PcieCheckGeneration bool `protobuf:"varint,3,opt,name=pcie_check_generation,json=pcieCheckGeneration,proto3" json:"pcie_check_generation,omitempty"`
+	// How long a finding of kernel-log lines (PCIe AER) holds after the
+	// last such line: it clears when no line came for this long.
+	LogFindingHold *durationpb.Duration `protobuf:"bytes,4,opt,name=log_finding_hold,json=logFindingHold,proto3" json:"log_finding_hold,omitempty"`
+	// How long a GPU's NVLink fabric state may stay short of completed
+	// before it is a finding.
+	FabricGrace *durationpb.Duration `protobuf:"bytes,5,opt,name=fabric_grace,json=fabricGrace,proto3" json:"fabric_grace,omitempty"`
+	// The rise of an InfiniBand/RoCE port's error counters (symbol_error,
+	// link_error_recovery, port_rcv_errors and
+	// excessive_buffer_overrun_errors together) within ib_error_window at
+	// which the port is reported degraded.
+	IbErrorThreshold uint64 `protobuf:"varint,6,opt,name=ib_error_threshold,json=ibErrorThreshold,proto3" json:"ib_error_threshold,omitempty"`
+	// The window of ib_error_threshold.
+	IbErrorWindow *durationpb.Duration `protobuf:"bytes,7,opt,name=ib_error_window,json=ibErrorWindow,proto3" json:"ib_error_window,omitempty"`
+	// The stabilisation window of an InfiniBand port's flap episode: the
+	// episode ends when the port has not flapped for this long.
+	IbFlapWindow *durationpb.Duration `protobuf:"bytes,8,opt,name=ib_flap_window,json=ibFlapWindow,proto3" json:"ib_flap_window,omitempty"`
+	// How long a port that was up may stay down (state not ACTIVE or
+	// physical state not LinkUp) before it is a finding; a port back up
+	// within it has flapped.
+	IbDownGrace *durationpb.Duration `protobuf:"bytes,9,opt,name=ib_down_grace,json=ibDownGrace,proto3" json:"ib_down_grace,omitempty"`
+	// Whether persistence mode off is left without a finding (fleets that
+	// keep the driver loaded some other way); false: it is a finding.
+	IgnorePersistenceMode bool `protobuf:"varint,10,opt,name=ignore_persistence_mode,json=ignorePersistenceMode,proto3" json:"ignore_persistence_mode,omitempty"`
+	// How many restarts of nvidia-fabricmanager within
+	// fabric_manager_window make it flapping.
+	FabricManagerFlapRestarts uint32 `protobuf:"varint,11,opt,name=fabric_manager_flap_restarts,json=fabricManagerFlapRestarts,proto3" json:"fabric_manager_flap_restarts,omitempty"`
+	// The window of fabric_manager_flap_restarts, and how long the service
+	// must stay up without a restart for its finding to end.
+	FabricManagerWindow *durationpb.Duration `protobuf:"bytes,12,opt,name=fabric_manager_window,json=fabricManagerWindow,proto3" json:"fabric_manager_window,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *GPUHealthThresholds) Reset() {
+	*x = GPUHealthThresholds{}
+	mi := &file_session_v1_session_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUHealthThresholds) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUHealthThresholds) ProtoMessage() {}
+
+func (x *GPUHealthThresholds) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUHealthThresholds.ProtoReflect.Descriptor instead.
+func (*GPUHealthThresholds) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GPUHealthThresholds) GetPcieReplayThreshold() uint64 {
+	if x != nil {
+		return x.PcieReplayThreshold
+	}
+	return 0
+}
+
+func (x *GPUHealthThresholds) GetPcieReplayWindow() *durationpb.Duration {
+	if x != nil {
+		return x.PcieReplayWindow
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetPcieCheckGeneration() bool {
+	if x != nil {
+		return x.PcieCheckGeneration
+	}
+	return false
+}
+
+func (x *GPUHealthThresholds) GetLogFindingHold() *durationpb.Duration {
+	if x != nil {
+		return x.LogFindingHold
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetFabricGrace() *durationpb.Duration {
+	if x != nil {
+		return x.FabricGrace
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetIbErrorThreshold() uint64 {
+	if x != nil {
+		return x.IbErrorThreshold
+	}
+	return 0
+}
+
+func (x *GPUHealthThresholds) GetIbErrorWindow() *durationpb.Duration {
+	if x != nil {
+		return x.IbErrorWindow
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetIbFlapWindow() *durationpb.Duration {
+	if x != nil {
+		return x.IbFlapWindow
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetIbDownGrace() *durationpb.Duration {
+	if x != nil {
+		return x.IbDownGrace
+	}
+	return nil
+}
+
+func (x *GPUHealthThresholds) GetIgnorePersistenceMode() bool {
+	if x != nil {
+		return x.IgnorePersistenceMode
+	}
+	return false
+}
+
+func (x *GPUHealthThresholds) GetFabricManagerFlapRestarts() uint32 {
+	if x != nil {
+		return x.FabricManagerFlapRestarts
+	}
+	return 0
+}
+
+func (x *GPUHealthThresholds) GetFabricManagerWindow() *durationpb.Duration {
+	if x != nil {
+		return x.FabricManagerWindow
+	}
+	return nil
+}
+
 // Heartbeat tells the gateway the node is alive, with cheap live readings.
 type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2442,7 +2612,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2624,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2637,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -2544,14 +2714,22 @@ type Inventory struct {
 	// Plugins bcd runs (bcx-* executables).
 	Plugins []*PluginInfo `protobuf:"bytes,5,rep,name=plugins,proto3" json:"plugins,omitempty"`
 	// When the node collected this inventory.
-	CollectedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=collected_at,json=collectedAt,proto3" json:"collected_at,omitempty"`
+	CollectedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=collected_at,json=collectedAt,proto3" json:"collected_at,omitempty"`
+	// UUIDs of every GPU bcd has enumerated on this machine (kept in its data
+	// directory, gpus-seen.json), oldest first, at most 64: the control plane
+	// names a missing GPU from them (docs/gpu-health.md, "GPU count").
+	GpusSeen []string `protobuf:"bytes,7,rep,name=gpus_seen,json=gpusSeen,proto3" json:"gpus_seen,omitempty"`
+	// InfiniBand and RoCE ports (/sys/class/infiniband/<device>/ports/<n>/),
+	// ordered by device and port, at most 64 (docs/gpu-health.md,
+	// "InfiniBand"). Empty on a host without RDMA devices.
+	IbPorts       []*InfiniBandPort `protobuf:"bytes,8,rep,name=ib_ports,json=ibPorts,proto3" json:"ib_ports,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2741,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2754,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -2621,6 +2799,178 @@ func (x *Inventory) GetCollectedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Inventory) GetGpusSeen() []string {
+	if x != nil {
+		return x.GpusSeen
+	}
+	return nil
+}
+
+func (x *Inventory) GetIbPorts() []*InfiniBandPort {
+	if x != nil {
+		return x.IbPorts
+	}
+	return nil
+}
+
+// InfiniBandPort is one port of an RDMA device (InfiniBand or RoCE), as
+// sysfs shows it, with the health bcd judges of it. Its counters are
+// readings: they do not change Inventory.digest; its state and health do.
+type InfiniBandPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The RDMA device, for example "mlx5_0".
+	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	// The port number, from 1.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The device's PCI address, for example "0000:3b:00.0"; empty when
+	// sysfs does not say.
+	PciBusId string `protobuf:"bytes,3,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
+	// The logical state without its number, for example "ACTIVE", "DOWN",
+	// "INIT" (the `state` file, "4: ACTIVE").
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// The physical state without its number, for example "LinkUp",
+	// "Polling", "Disabled" (the `phys_state` file, "5: LinkUp").
+	PhysState string `protobuf:"bytes,5,opt,name=phys_state,json=physState,proto3" json:"phys_state,omitempty"`
+	// The link's rate as the kernel writes it, for example
+	// "400 Gb/sec (4X NDR)".
+	Rate string `protobuf:"bytes,6,opt,name=rate,proto3" json:"rate,omitempty"`
+	// "InfiniBand" or "Ethernet" (RoCE).
+	LinkLayer string `protobuf:"bytes,7,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`
+	// The port's counters (counters/<name>), as the kernel reports them;
+	// they saturate rather than wrap on older devices.
+	LinkDowned                   uint64 `protobuf:"varint,8,opt,name=link_downed,json=linkDowned,proto3" json:"link_downed,omitempty"`
+	LinkErrorRecovery            uint64 `protobuf:"varint,9,opt,name=link_error_recovery,json=linkErrorRecovery,proto3" json:"link_error_recovery,omitempty"`
+	SymbolError                  uint64 `protobuf:"varint,10,opt,name=symbol_error,json=symbolError,proto3" json:"symbol_error,omitempty"`
+	PortRcvErrors                uint64 `protobuf:"varint,11,opt,name=port_rcv_errors,json=portRcvErrors,proto3" json:"port_rcv_errors,omitempty"`
+	ExcessiveBufferOverrunErrors uint64 `protobuf:"varint,12,opt,name=excessive_buffer_overrun_errors,json=excessiveBufferOverrunErrors,proto3" json:"excessive_buffer_overrun_errors,omitempty"`
+	// The port's health: state, reasons and the resolution its findings
+	// call for, as for a GPU.
+	Health        *GPUHealth `protobuf:"bytes,13,opt,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InfiniBandPort) Reset() {
+	*x = InfiniBandPort{}
+	mi := &file_session_v1_session_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InfiniBandPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InfiniBandPort) ProtoMessage() {}
+
+func (x *InfiniBandPort) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InfiniBandPort.ProtoReflect.Descriptor instead.
+func (*InfiniBandPort) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *InfiniBandPort) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetPhysState() string {
+	if x != nil {
+		return x.PhysState
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetRate() string {
+	if x != nil {
+		return x.Rate
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetLinkLayer() string {
+	if x != nil {
+		return x.LinkLayer
+	}
+	return ""
+}
+
+func (x *InfiniBandPort) GetLinkDowned() uint64 {
+	if x != nil {
+		return x.LinkDowned
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetLinkErrorRecovery() uint64 {
+	if x != nil {
+		return x.LinkErrorRecovery
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetSymbolError() uint64 {
+	if x != nil {
+		return x.SymbolError
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetPortRcvErrors() uint64 {
+	if x != nil {
+		return x.PortRcvErrors
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetExcessiveBufferOverrunErrors() uint64 {
+	if x != nil {
+		return x.ExcessiveBufferOverrunErrors
+	}
+	return 0
+}
+
+func (x *InfiniBandPort) GetHealth() *GPUHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
 // HostInfo describes the machine apart from its GPUs.
 type HostInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2650,7 +3000,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +3012,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +3025,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -2767,7 +3117,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2779,7 +3129,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2792,7 +3142,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CPU) GetModel() string {
@@ -2843,7 +3193,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3205,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3218,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -2904,7 +3254,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3266,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3279,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Disk) GetName() string {
@@ -2986,7 +3336,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3348,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3361,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NIC) GetName() string {
@@ -3064,7 +3414,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3426,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3439,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *OS) GetName() string {
@@ -3130,7 +3480,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3492,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3505,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -3247,7 +3597,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3609,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3622,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -3478,7 +3828,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3840,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3853,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -3565,7 +3915,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3577,7 +3927,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3590,7 +3940,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -3646,7 +3996,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +4008,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +4021,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -3726,7 +4076,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +4088,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +4101,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -3817,7 +4167,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3829,7 +4179,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3842,7 +4192,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Command) GetId() string {
@@ -3993,7 +4343,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4355,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4368,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -4086,7 +4436,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4098,7 +4448,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4111,7 +4461,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -4150,7 +4500,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4162,7 +4512,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4175,7 +4525,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -4216,7 +4566,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4228,7 +4578,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4241,7 +4591,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -4273,7 +4623,7 @@ type GPUResetSpec struct {
 
 func (x *GPUResetSpec) Reset() {
 	*x = GPUResetSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4285,7 +4635,7 @@ func (x *GPUResetSpec) String() string {
 func (*GPUResetSpec) ProtoMessage() {}
 
 func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4298,7 +4648,7 @@ func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUResetSpec.ProtoReflect.Descriptor instead.
 func (*GPUResetSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GPUResetSpec) GetGpuUuid() string {
@@ -4328,7 +4678,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4340,7 +4690,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4353,7 +4703,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -4387,7 +4737,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4399,7 +4749,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4412,7 +4762,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -4448,7 +4798,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4460,7 +4810,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4473,7 +4823,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Revoked) GetReason() string {
@@ -4506,7 +4856,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4518,7 +4868,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4531,7 +4881,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -4634,7 +4984,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4646,7 +4996,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4659,7 +5009,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -4682,7 +5032,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +5044,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +5057,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -4741,7 +5091,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4753,7 +5103,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4766,7 +5116,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -4816,7 +5166,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4828,7 +5178,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4841,7 +5191,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -4930,7 +5280,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4942,7 +5292,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4955,7 +5305,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Event) GetKind() string {
@@ -5059,6 +5409,13 @@ type GPUFinding struct {
 	//	*GPUFinding_Nvlink
 	//	*GPUFinding_RetiredPages
 	//	*GPUFinding_GpuLost
+	//	*GPUFinding_Pcie
+	//	*GPUFinding_GpuMissing
+	//	*GPUFinding_Fabric
+	//	*GPUFinding_Infiniband
+	//	*GPUFinding_Persistence
+	//	*GPUFinding_Drift
+	//	*GPUFinding_FabricManager
 	Signal isGPUFinding_Signal `protobuf_oneof:"signal"`
 	// NVIDIA's immediate resolution as the XID catalogue writes it
 	// (xid-catalog.csv: "RESET_GPU", "RESTART_BM", "WORKFLOW_XID_48", ""
@@ -5085,7 +5442,7 @@ type GPUFinding struct {
 
 func (x *GPUFinding) Reset() {
 	*x = GPUFinding{}
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5097,7 +5454,7 @@ func (x *GPUFinding) String() string {
 func (*GPUFinding) ProtoMessage() {}
 
 func (x *GPUFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5110,7 +5467,7 @@ func (x *GPUFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFinding.ProtoReflect.Descriptor instead.
 func (*GPUFinding) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GPUFinding) GetGpuUuid() string {
@@ -5213,6 +5570,69 @@ func (x *GPUFinding) GetGpuLost() *GPULostSignal {
 	return nil
 }
 
+func (x *GPUFinding) GetPcie() *PCIeSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Pcie); ok {
+			return x.Pcie
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetGpuMissing() *GPUMissingSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_GpuMissing); ok {
+			return x.GpuMissing
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetFabric() *FabricSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Fabric); ok {
+			return x.Fabric
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetInfiniband() *InfiniBandSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Infiniband); ok {
+			return x.Infiniband
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetPersistence() *PersistenceModeSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Persistence); ok {
+			return x.Persistence
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetDrift() *DriftSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_Drift); ok {
+			return x.Drift
+		}
+	}
+	return nil
+}
+
+func (x *GPUFinding) GetFabricManager() *FabricManagerSignal {
+	if x != nil {
+		if x, ok := x.Signal.(*GPUFinding_FabricManager); ok {
+			return x.FabricManager
+		}
+	}
+	return nil
+}
+
 func (x *GPUFinding) GetImmediateResolution() string {
 	if x != nil {
 		return x.ImmediateResolution
@@ -5301,6 +5721,50 @@ type GPUFinding_GpuLost struct {
 	GpuLost *GPULostSignal `protobuf:"bytes,17,opt,name=gpu_lost,json=gpuLost,proto3,oneof"`
 }
 
+type GPUFinding_Pcie struct {
+	// The GPU's PCIe link: replays rising, a link below its maximum
+	// generation or width, or an AER error in the kernel log.
+	Pcie *PCIeSignal `protobuf:"bytes,18,opt,name=pcie,proto3,oneof"`
+}
+
+type GPUFinding_GpuMissing struct {
+	// Fewer GPUs than the node is expected to have; gpu_uuid names one
+	// that is missing (docs/gpu-health.md, "GPU count").
+	GpuMissing *GPUMissingSignal `protobuf:"bytes,19,opt,name=gpu_missing,json=gpuMissing,proto3,oneof"`
+}
+
+type GPUFinding_Fabric struct {
+	// The GPU's NVLink fabric (NVSwitch systems) is not ready: NVML's GPU
+	// fabric state has not reached completed, or completed with an error.
+	Fabric *FabricSignal `protobuf:"bytes,26,opt,name=fabric,proto3,oneof"`
+}
+
+type GPUFinding_Infiniband struct {
+	// An InfiniBand or RoCE port (not a GPU; gpu_uuid is empty): down after
+	// having been up, its error counters rising, a flap episode, or an
+	// mlx5_core error in the kernel log (docs/gpu-health.md,
+	// "InfiniBand").
+	Infiniband *InfiniBandSignal `protobuf:"bytes,27,opt,name=infiniband,proto3,oneof"`
+}
+
+type GPUFinding_Persistence struct {
+	// Persistence mode is off on the GPU (nvmlDeviceGetPersistenceMode).
+	Persistence *PersistenceModeSignal `protobuf:"bytes,28,opt,name=persistence,proto3,oneof"`
+}
+
+type GPUFinding_Drift struct {
+	// The node's driver or CUDA version differs from its pool's: computed
+	// by the control plane across the pool's inventories, a node finding
+	// (gpu_uuid empty; docs/gpu-health.md, "Drift").
+	Drift *DriftSignal `protobuf:"bytes,29,opt,name=drift,proto3,oneof"`
+}
+
+type GPUFinding_FabricManager struct {
+	// The nvidia-fabricmanager service (NVSwitch systems) is not running,
+	// or restarts too often (flaps).
+	FabricManager *FabricManagerSignal `protobuf:"bytes,30,opt,name=fabric_manager,json=fabricManager,proto3,oneof"`
+}
+
 func (*GPUFinding_Xid) isGPUFinding_Signal() {}
 
 func (*GPUFinding_Ecc) isGPUFinding_Signal() {}
@@ -5317,6 +5781,20 @@ func (*GPUFinding_RetiredPages) isGPUFinding_Signal() {}
 
 func (*GPUFinding_GpuLost) isGPUFinding_Signal() {}
 
+func (*GPUFinding_Pcie) isGPUFinding_Signal() {}
+
+func (*GPUFinding_GpuMissing) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Fabric) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Infiniband) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Persistence) isGPUFinding_Signal() {}
+
+func (*GPUFinding_Drift) isGPUFinding_Signal() {}
+
+func (*GPUFinding_FabricManager) isGPUFinding_Signal() {}
+
 // XIDSignal is an XID error.
 type XIDSignal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -5332,7 +5810,7 @@ type XIDSignal struct {
 
 func (x *XIDSignal) Reset() {
 	*x = XIDSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5344,7 +5822,7 @@ func (x *XIDSignal) String() string {
 func (*XIDSignal) ProtoMessage() {}
 
 func (x *XIDSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5357,7 +5835,7 @@ func (x *XIDSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XIDSignal.ProtoReflect.Descriptor instead.
 func (*XIDSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *XIDSignal) GetCode() uint32 {
@@ -5390,7 +5868,7 @@ type ECCSignal struct {
 
 func (x *ECCSignal) Reset() {
 	*x = ECCSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5402,7 +5880,7 @@ func (x *ECCSignal) String() string {
 func (*ECCSignal) ProtoMessage() {}
 
 func (x *ECCSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5415,7 +5893,7 @@ func (x *ECCSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ECCSignal.ProtoReflect.Descriptor instead.
 func (*ECCSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ECCSignal) GetUncorrectable() bool {
@@ -5449,7 +5927,7 @@ type RowRemapSignal struct {
 
 func (x *RowRemapSignal) Reset() {
 	*x = RowRemapSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5461,7 +5939,7 @@ func (x *RowRemapSignal) String() string {
 func (*RowRemapSignal) ProtoMessage() {}
 
 func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5474,7 +5952,7 @@ func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowRemapSignal.ProtoReflect.Descriptor instead.
 func (*RowRemapSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RowRemapSignal) GetFailure() bool {
@@ -5517,7 +5995,7 @@ type RecoveryActionSignal struct {
 
 func (x *RecoveryActionSignal) Reset() {
 	*x = RecoveryActionSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5529,7 +6007,7 @@ func (x *RecoveryActionSignal) String() string {
 func (*RecoveryActionSignal) ProtoMessage() {}
 
 func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5542,7 +6020,7 @@ func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveryActionSignal.ProtoReflect.Descriptor instead.
 func (*RecoveryActionSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RecoveryActionSignal) GetAction() string {
@@ -5566,7 +6044,7 @@ type ClocksSignal struct {
 
 func (x *ClocksSignal) Reset() {
 	*x = ClocksSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5578,7 +6056,7 @@ func (x *ClocksSignal) String() string {
 func (*ClocksSignal) ProtoMessage() {}
 
 func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5591,7 +6069,7 @@ func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClocksSignal.ProtoReflect.Descriptor instead.
 func (*ClocksSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ClocksSignal) GetEventReasons() uint64 {
@@ -5622,7 +6100,7 @@ type NVLinkSignal struct {
 
 func (x *NVLinkSignal) Reset() {
 	*x = NVLinkSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5634,7 +6112,7 @@ func (x *NVLinkSignal) String() string {
 func (*NVLinkSignal) ProtoMessage() {}
 
 func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5647,7 +6125,7 @@ func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVLinkSignal.ProtoReflect.Descriptor instead.
 func (*NVLinkSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NVLinkSignal) GetErrors() uint64 {
@@ -5675,7 +6153,7 @@ type RetiredPagesSignal struct {
 
 func (x *RetiredPagesSignal) Reset() {
 	*x = RetiredPagesSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5687,7 +6165,7 @@ func (x *RetiredPagesSignal) String() string {
 func (*RetiredPagesSignal) ProtoMessage() {}
 
 func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5700,7 +6178,7 @@ func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetiredPagesSignal.ProtoReflect.Descriptor instead.
 func (*RetiredPagesSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RetiredPagesSignal) GetPending() bool {
@@ -5721,7 +6199,7 @@ type GPULostSignal struct {
 
 func (x *GPULostSignal) Reset() {
 	*x = GPULostSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5733,7 +6211,7 @@ func (x *GPULostSignal) String() string {
 func (*GPULostSignal) ProtoMessage() {}
 
 func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5746,7 +6224,7 @@ func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPULostSignal.ProtoReflect.Descriptor instead.
 func (*GPULostSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GPULostSignal) GetNvmlError() string {
@@ -5754,6 +6232,583 @@ func (x *GPULostSignal) GetNvmlError() string {
 		return x.NvmlError
 	}
 	return ""
+}
+
+// PCIeSignal is a PCIe link finding of one GPU.
+type PCIeSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How much NVML's PCIe replay counter (nvmlDeviceGetPcieReplayCounter)
+	// rose within window; 0 for a finding of another cause.
+	Replays uint64 `protobuf:"varint,1,opt,name=replays,proto3" json:"replays,omitempty"`
+	// The window the rise was measured over; unset for another cause.
+	Window *durationpb.Duration `protobuf:"bytes,2,opt,name=window,proto3" json:"window,omitempty"`
+	// The link's current and maximum PCIe generation and width (lanes), as
+	// NVML reads them; 0 when not read.
+	LinkGeneration    uint32 `protobuf:"varint,3,opt,name=link_generation,json=linkGeneration,proto3" json:"link_generation,omitempty"`
+	MaxLinkGeneration uint32 `protobuf:"varint,4,opt,name=max_link_generation,json=maxLinkGeneration,proto3" json:"max_link_generation,omitempty"`
+	LinkWidth         uint32 `protobuf:"varint,5,opt,name=link_width,json=linkWidth,proto3" json:"link_width,omitempty"`
+	MaxLinkWidth      uint32 `protobuf:"varint,6,opt,name=max_link_width,json=maxLinkWidth,proto3" json:"max_link_width,omitempty"`
+	// The severity of an AER error the kernel logged for the GPU's address:
+	// "corrected", "non-fatal" or "fatal"; empty for a finding of NVML's
+	// readings.
+	AerSeverity   string `protobuf:"bytes,7,opt,name=aer_severity,json=aerSeverity,proto3" json:"aer_severity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PCIeSignal) Reset() {
+	*x = PCIeSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PCIeSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PCIeSignal) ProtoMessage() {}
+
+func (x *PCIeSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PCIeSignal.ProtoReflect.Descriptor instead.
+func (*PCIeSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *PCIeSignal) GetReplays() uint64 {
+	if x != nil {
+		return x.Replays
+	}
+	return 0
+}
+
+func (x *PCIeSignal) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *PCIeSignal) GetLinkGeneration() uint32 {
+	if x != nil {
+		return x.LinkGeneration
+	}
+	return 0
+}
+
+func (x *PCIeSignal) GetMaxLinkGeneration() uint32 {
+	if x != nil {
+		return x.MaxLinkGeneration
+	}
+	return 0
+}
+
+func (x *PCIeSignal) GetLinkWidth() uint32 {
+	if x != nil {
+		return x.LinkWidth
+	}
+	return 0
+}
+
+func (x *PCIeSignal) GetMaxLinkWidth() uint32 {
+	if x != nil {
+		return x.MaxLinkWidth
+	}
+	return 0
+}
+
+func (x *PCIeSignal) GetAerSeverity() string {
+	if x != nil {
+		return x.AerSeverity
+	}
+	return ""
+}
+
+// FabricSignal is a GPU whose NVLink fabric registration (with
+// nvidia-fabricmanager, on NVSwitch systems) is not complete.
+type FabricSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// NVML's fabric state without its prefix: "NOT_STARTED", "IN_PROGRESS",
+	// or "COMPLETED" (with a failed status).
+	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// NVML's status of the registration (an nvmlReturn_t name, for example
+	// "SUCCESS", "ERROR_NOT_READY").
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// How long the state has not been completed, as the node measured it.
+	For           *durationpb.Duration `protobuf:"bytes,3,opt,name=for,proto3" json:"for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FabricSignal) Reset() {
+	*x = FabricSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FabricSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FabricSignal) ProtoMessage() {}
+
+func (x *FabricSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FabricSignal.ProtoReflect.Descriptor instead.
+func (*FabricSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *FabricSignal) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *FabricSignal) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *FabricSignal) GetFor() *durationpb.Duration {
+	if x != nil {
+		return x.For
+	}
+	return nil
+}
+
+// PersistenceModeSignal is a GPU whose persistence mode is off: the driver
+// may unload when no client holds the GPU, losing its settings and slowing
+// the next job's start.
+type PersistenceModeSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether persistence mode is on, as NVML read it (false for a finding).
+	Enabled       bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PersistenceModeSignal) Reset() {
+	*x = PersistenceModeSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PersistenceModeSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PersistenceModeSignal) ProtoMessage() {}
+
+func (x *PersistenceModeSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PersistenceModeSignal.ProtoReflect.Descriptor instead.
+func (*PersistenceModeSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *PersistenceModeSignal) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+// DriftSignal is a node whose driver or CUDA version differs from the
+// version most of its pool's nodes report.
+type DriftSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's NVIDIA driver version, for example "550.54.15", and its
+	// pool's: the version the most nodes of the pool report; empty when the
+	// driver version does not drift.
+	DriverVersion     string `protobuf:"bytes,1,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
+	PoolDriverVersion string `protobuf:"bytes,2,opt,name=pool_driver_version,json=poolDriverVersion,proto3" json:"pool_driver_version,omitempty"`
+	// The newest CUDA version the node's driver supports ("major.minor",
+	// for example "12.4"), and its pool's; empty when it does not drift.
+	CudaVersion     string `protobuf:"bytes,3,opt,name=cuda_version,json=cudaVersion,proto3" json:"cuda_version,omitempty"`
+	PoolCudaVersion string `protobuf:"bytes,4,opt,name=pool_cuda_version,json=poolCudaVersion,proto3" json:"pool_cuda_version,omitempty"`
+	// The pool's nodes with GPUs whose versions were compared, and how many
+	// of them report the pool's versions.
+	PoolNodes     uint32 `protobuf:"varint,5,opt,name=pool_nodes,json=poolNodes,proto3" json:"pool_nodes,omitempty"`
+	MatchingNodes uint32 `protobuf:"varint,6,opt,name=matching_nodes,json=matchingNodes,proto3" json:"matching_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftSignal) Reset() {
+	*x = DriftSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftSignal) ProtoMessage() {}
+
+func (x *DriftSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftSignal.ProtoReflect.Descriptor instead.
+func (*DriftSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *DriftSignal) GetDriverVersion() string {
+	if x != nil {
+		return x.DriverVersion
+	}
+	return ""
+}
+
+func (x *DriftSignal) GetPoolDriverVersion() string {
+	if x != nil {
+		return x.PoolDriverVersion
+	}
+	return ""
+}
+
+func (x *DriftSignal) GetCudaVersion() string {
+	if x != nil {
+		return x.CudaVersion
+	}
+	return ""
+}
+
+func (x *DriftSignal) GetPoolCudaVersion() string {
+	if x != nil {
+		return x.PoolCudaVersion
+	}
+	return ""
+}
+
+func (x *DriftSignal) GetPoolNodes() uint32 {
+	if x != nil {
+		return x.PoolNodes
+	}
+	return 0
+}
+
+func (x *DriftSignal) GetMatchingNodes() uint32 {
+	if x != nil {
+		return x.MatchingNodes
+	}
+	return 0
+}
+
+// FabricManagerSignal is the nvidia-fabricmanager systemd unit not running,
+// or restarting too often, on an NVSwitch system.
+type FabricManagerSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The unit's ActiveState, SubState and LoadState as systemd reports them
+	// (for example "failed", "failed", "loaded"; LoadState "not-found" when
+	// it is not installed).
+	ActiveState string `protobuf:"bytes,1,opt,name=active_state,json=activeState,proto3" json:"active_state,omitempty"`
+	SubState    string `protobuf:"bytes,2,opt,name=sub_state,json=subState,proto3" json:"sub_state,omitempty"`
+	LoadState   string `protobuf:"bytes,3,opt,name=load_state,json=loadState,proto3" json:"load_state,omitempty"`
+	// Restarts within window (systemd's NRestarts rising, or a new
+	// ActiveEnterTimestampMonotonic); 0 for a finding of a unit that is down.
+	Restarts uint32               `protobuf:"varint,4,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	Window   *durationpb.Duration `protobuf:"bytes,5,opt,name=window,proto3" json:"window,omitempty"`
+	// How long the unit has been down, as the node measured it; unset when
+	// it is up.
+	DownFor       *durationpb.Duration `protobuf:"bytes,6,opt,name=down_for,json=downFor,proto3" json:"down_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FabricManagerSignal) Reset() {
+	*x = FabricManagerSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FabricManagerSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FabricManagerSignal) ProtoMessage() {}
+
+func (x *FabricManagerSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FabricManagerSignal.ProtoReflect.Descriptor instead.
+func (*FabricManagerSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *FabricManagerSignal) GetActiveState() string {
+	if x != nil {
+		return x.ActiveState
+	}
+	return ""
+}
+
+func (x *FabricManagerSignal) GetSubState() string {
+	if x != nil {
+		return x.SubState
+	}
+	return ""
+}
+
+func (x *FabricManagerSignal) GetLoadState() string {
+	if x != nil {
+		return x.LoadState
+	}
+	return ""
+}
+
+func (x *FabricManagerSignal) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *FabricManagerSignal) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *FabricManagerSignal) GetDownFor() *durationpb.Duration {
+	if x != nil {
+		return x.DownFor
+	}
+	return nil
+}
+
+// InfiniBandSignal is a finding of one InfiniBand or RoCE port, or of an
+// RDMA device's firmware (port 0) from the kernel log.
+type InfiniBandSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The RDMA device, for example "mlx5_0"; empty for a kernel-log line
+	// whose PCI address matches no device (the finding's pci_bus_id names
+	// it).
+	Device string `protobuf:"bytes,1,opt,name=device,proto3" json:"device,omitempty"`
+	// The port number; 0 for a finding of the whole device (a kernel-log
+	// line).
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// What showed it: "down" (the port left ACTIVE/LinkUp after having been
+	// up, for longer than the down grace), "errors" (the error counters
+	// rose past the threshold within the window), "flap" (the start of a
+	// flap episode: the link went down and came back), "mlx5" (an
+	// mlx5_core health, syndrome or fatal error line in the kernel log).
+	Cause string `protobuf:"bytes,3,opt,name=cause,proto3" json:"cause,omitempty"`
+	// The port's logical and physical state when seen, as in
+	// InfiniBandPort.
+	State     string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	PhysState string `protobuf:"bytes,5,opt,name=phys_state,json=physState,proto3" json:"phys_state,omitempty"`
+	// For "errors": how much the error counters rose within window.
+	Errors uint64 `protobuf:"varint,6,opt,name=errors,proto3" json:"errors,omitempty"`
+	// The window of errors (for "errors") or the stabilisation window of
+	// the episode (for "flap"); unset otherwise.
+	Window *durationpb.Duration `protobuf:"bytes,7,opt,name=window,proto3" json:"window,omitempty"`
+	// For "flap": how much link_downed rose at the flap that started the
+	// episode (0 when only the state showed it).
+	LinkDowned    uint64 `protobuf:"varint,8,opt,name=link_downed,json=linkDowned,proto3" json:"link_downed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InfiniBandSignal) Reset() {
+	*x = InfiniBandSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InfiniBandSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InfiniBandSignal) ProtoMessage() {}
+
+func (x *InfiniBandSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InfiniBandSignal.ProtoReflect.Descriptor instead.
+func (*InfiniBandSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *InfiniBandSignal) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *InfiniBandSignal) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *InfiniBandSignal) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *InfiniBandSignal) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *InfiniBandSignal) GetPhysState() string {
+	if x != nil {
+		return x.PhysState
+	}
+	return ""
+}
+
+func (x *InfiniBandSignal) GetErrors() uint64 {
+	if x != nil {
+		return x.Errors
+	}
+	return 0
+}
+
+func (x *InfiniBandSignal) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+func (x *InfiniBandSignal) GetLinkDowned() uint64 {
+	if x != nil {
+		return x.LinkDowned
+	}
+	return 0
+}
+
+// GPUMissingSignal is a GPU the node had and no longer enumerates.
+type GPUMissingSignal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The GPUs the node is expected to have: from its first full inventory,
+	// its gpu-count label, or nodes.setGPUCount.
+	Expected uint32 `protobuf:"varint,1,opt,name=expected,proto3" json:"expected,omitempty"`
+	// The GPUs its latest inventory lists.
+	Present       uint32 `protobuf:"varint,2,opt,name=present,proto3" json:"present,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUMissingSignal) Reset() {
+	*x = GPUMissingSignal{}
+	mi := &file_session_v1_session_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUMissingSignal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUMissingSignal) ProtoMessage() {}
+
+func (x *GPUMissingSignal) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUMissingSignal.ProtoReflect.Descriptor instead.
+func (*GPUMissingSignal) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *GPUMissingSignal) GetExpected() uint32 {
+	if x != nil {
+		return x.Expected
+	}
+	return 0
+}
+
+func (x *GPUMissingSignal) GetPresent() uint32 {
+	if x != nil {
+		return x.Present
+	}
+	return 0
 }
 
 // GPUFindingEvidence is what a node saw: the log line or the counter
@@ -5781,7 +6836,7 @@ type GPUFindingEvidence struct {
 
 func (x *GPUFindingEvidence) Reset() {
 	*x = GPUFindingEvidence{}
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5793,7 +6848,7 @@ func (x *GPUFindingEvidence) String() string {
 func (*GPUFindingEvidence) ProtoMessage() {}
 
 func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5806,7 +6861,7 @@ func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFindingEvidence.ProtoReflect.Descriptor instead.
 func (*GPUFindingEvidence) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GPUFindingEvidence) GetSource() string {
@@ -5999,7 +7054,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fResumeCursor\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12(\n" +
-	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\xa7\x02\n" +
+	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\xf5\x02\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12H\n" +
@@ -6010,7 +7065,23 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1d\n" +
 	"\n" +
 	"gateway_id\x18\x06 \x01(\tR\tgatewayId\x12\x1a\n" +
-	"\bgateways\x18\a \x03(\tR\bgateways\"\xbc\x02\n" +
+	"\bgateways\x18\a \x03(\tR\bgateways\x12L\n" +
+	"\n" +
+	"gpu_health\x18\b \x01(\v2-.bettercompute.session.v1.GPUHealthThresholdsR\tgpuHealth\"\x82\x06\n" +
+	"\x13GPUHealthThresholds\x122\n" +
+	"\x15pcie_replay_threshold\x18\x01 \x01(\x04R\x13pcieReplayThreshold\x12G\n" +
+	"\x12pcie_replay_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10pcieReplayWindow\x122\n" +
+	"\x15pcie_check_generation\x18\x03 \x01(\bR\x13pcieCheckGeneration\x12C\n" +
+	"\x10log_finding_hold\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0elogFindingHold\x12<\n" +
+	"\ffabric_grace\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vfabricGrace\x12,\n" +
+	"\x12ib_error_threshold\x18\x06 \x01(\x04R\x10ibErrorThreshold\x12A\n" +
+	"\x0fib_error_window\x18\a \x01(\v2\x19.google.protobuf.DurationR\ribErrorWindow\x12?\n" +
+	"\x0eib_flap_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\fibFlapWindow\x12=\n" +
+	"\rib_down_grace\x18\t \x01(\v2\x19.google.protobuf.DurationR\vibDownGrace\x126\n" +
+	"\x17ignore_persistence_mode\x18\n" +
+	" \x01(\bR\x15ignorePersistenceMode\x12?\n" +
+	"\x1cfabric_manager_flap_restarts\x18\v \x01(\rR\x19fabricManagerFlapRestarts\x12M\n" +
+	"\x15fabric_manager_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\x13fabricManagerWindow\"\xbc\x02\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x12)\n" +
 	"\x10inventory_digest\x18\x02 \x01(\tR\x0finventoryDigest\x12.\n" +
@@ -6019,7 +7090,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x05load5\x18\x05 \x01(\x01R\x05load5\x12\x16\n" +
 	"\x06load15\x18\x06 \x01(\x01R\x06load15\x12%\n" +
 	"\x0euptime_seconds\x18\a \x01(\x04R\ruptimeSeconds\x124\n" +
-	"\x16memory_available_bytes\x18\b \x01(\x04R\x14memoryAvailableBytes\"\xac\x02\n" +
+	"\x16memory_available_bytes\x18\b \x01(\x04R\x14memoryAvailableBytes\"\x8e\x03\n" +
 	"\tInventory\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\x126\n" +
 	"\x04host\x18\x02 \x01(\v2\".bettercompute.session.v1.HostInfoR\x04host\x121\n" +
@@ -6027,7 +7098,28 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"gpu_status\x18\x04 \x01(\tR\tgpuStatus\x12>\n" +
 	"\aplugins\x18\x05 \x03(\v2$.bettercompute.session.v1.PluginInfoR\aplugins\x12=\n" +
-	"\fcollected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcollectedAt\"\xb8\x03\n" +
+	"\fcollected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vcollectedAt\x12\x1b\n" +
+	"\tgpus_seen\x18\a \x03(\tR\bgpusSeen\x12C\n" +
+	"\bib_ports\x18\b \x03(\v2(.bettercompute.session.v1.InfiniBandPortR\aibPorts\"\xe2\x03\n" +
+	"\x0eInfiniBandPort\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\x03 \x01(\tR\bpciBusId\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"phys_state\x18\x05 \x01(\tR\tphysState\x12\x12\n" +
+	"\x04rate\x18\x06 \x01(\tR\x04rate\x12\x1d\n" +
+	"\n" +
+	"link_layer\x18\a \x01(\tR\tlinkLayer\x12\x1f\n" +
+	"\vlink_downed\x18\b \x01(\x04R\n" +
+	"linkDowned\x12.\n" +
+	"\x13link_error_recovery\x18\t \x01(\x04R\x11linkErrorRecovery\x12!\n" +
+	"\fsymbol_error\x18\n" +
+	" \x01(\x04R\vsymbolError\x12&\n" +
+	"\x0fport_rcv_errors\x18\v \x01(\x04R\rportRcvErrors\x12E\n" +
+	"\x1fexcessive_buffer_overrun_errors\x18\f \x01(\x04R\x1cexcessiveBufferOverrunErrors\x12;\n" +
+	"\x06health\x18\r \x01(\v2#.bettercompute.session.v1.GPUHealthR\x06health\"\xb8\x03\n" +
 	"\bHostInfo\x12\x1a\n" +
 	"\bhostname\x18\x01 \x01(\tR\bhostname\x12\x1d\n" +
 	"\n" +
@@ -6234,7 +7326,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"gpuFinding\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\f\n" +
 	"\n" +
 	"GPUFinding\x12\x19\n" +
 	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12!\n" +
@@ -6249,7 +7341,17 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x06clocks\x18\x0e \x01(\v2&.bettercompute.session.v1.ClocksSignalH\x00R\x06clocks\x12@\n" +
 	"\x06nvlink\x18\x0f \x01(\v2&.bettercompute.session.v1.NVLinkSignalH\x00R\x06nvlink\x12S\n" +
 	"\rretired_pages\x18\x10 \x01(\v2,.bettercompute.session.v1.RetiredPagesSignalH\x00R\fretiredPages\x12D\n" +
-	"\bgpu_lost\x18\x11 \x01(\v2'.bettercompute.session.v1.GPULostSignalH\x00R\agpuLost\x121\n" +
+	"\bgpu_lost\x18\x11 \x01(\v2'.bettercompute.session.v1.GPULostSignalH\x00R\agpuLost\x12:\n" +
+	"\x04pcie\x18\x12 \x01(\v2$.bettercompute.session.v1.PCIeSignalH\x00R\x04pcie\x12M\n" +
+	"\vgpu_missing\x18\x13 \x01(\v2*.bettercompute.session.v1.GPUMissingSignalH\x00R\n" +
+	"gpuMissing\x12@\n" +
+	"\x06fabric\x18\x1a \x01(\v2&.bettercompute.session.v1.FabricSignalH\x00R\x06fabric\x12L\n" +
+	"\n" +
+	"infiniband\x18\x1b \x01(\v2*.bettercompute.session.v1.InfiniBandSignalH\x00R\n" +
+	"infiniband\x12S\n" +
+	"\vpersistence\x18\x1c \x01(\v2/.bettercompute.session.v1.PersistenceModeSignalH\x00R\vpersistence\x12=\n" +
+	"\x05drift\x18\x1d \x01(\v2%.bettercompute.session.v1.DriftSignalH\x00R\x05drift\x12V\n" +
+	"\x0efabric_manager\x18\x1e \x01(\v2-.bettercompute.session.v1.FabricManagerSignalH\x00R\rfabricManager\x121\n" +
 	"\x14immediate_resolution\x18\x14 \x01(\tR\x13immediateResolution\x129\n" +
 	"\x18investigatory_resolution\x18\x15 \x01(\tR\x17investigatoryResolution\x12\x1e\n" +
 	"\n" +
@@ -6283,7 +7385,53 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\apending\x18\x01 \x01(\bR\apending\".\n" +
 	"\rGPULostSignal\x12\x1d\n" +
 	"\n" +
-	"nvml_error\x18\x01 \x01(\tR\tnvmlError\"\xa2\x02\n" +
+	"nvml_error\x18\x01 \x01(\tR\tnvmlError\"\x9a\x02\n" +
+	"\n" +
+	"PCIeSignal\x12\x18\n" +
+	"\areplays\x18\x01 \x01(\x04R\areplays\x121\n" +
+	"\x06window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12'\n" +
+	"\x0flink_generation\x18\x03 \x01(\rR\x0elinkGeneration\x12.\n" +
+	"\x13max_link_generation\x18\x04 \x01(\rR\x11maxLinkGeneration\x12\x1d\n" +
+	"\n" +
+	"link_width\x18\x05 \x01(\rR\tlinkWidth\x12$\n" +
+	"\x0emax_link_width\x18\x06 \x01(\rR\fmaxLinkWidth\x12!\n" +
+	"\faer_severity\x18\a \x01(\tR\vaerSeverity\"i\n" +
+	"\fFabricSignal\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12+\n" +
+	"\x03for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03for\"1\n" +
+	"\x15PersistenceModeSignal\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\"\xf9\x01\n" +
+	"\vDriftSignal\x12%\n" +
+	"\x0edriver_version\x18\x01 \x01(\tR\rdriverVersion\x12.\n" +
+	"\x13pool_driver_version\x18\x02 \x01(\tR\x11poolDriverVersion\x12!\n" +
+	"\fcuda_version\x18\x03 \x01(\tR\vcudaVersion\x12*\n" +
+	"\x11pool_cuda_version\x18\x04 \x01(\tR\x0fpoolCudaVersion\x12\x1d\n" +
+	"\n" +
+	"pool_nodes\x18\x05 \x01(\rR\tpoolNodes\x12%\n" +
+	"\x0ematching_nodes\x18\x06 \x01(\rR\rmatchingNodes\"\xf9\x01\n" +
+	"\x13FabricManagerSignal\x12!\n" +
+	"\factive_state\x18\x01 \x01(\tR\vactiveState\x12\x1b\n" +
+	"\tsub_state\x18\x02 \x01(\tR\bsubState\x12\x1d\n" +
+	"\n" +
+	"load_state\x18\x03 \x01(\tR\tloadState\x12\x1a\n" +
+	"\brestarts\x18\x04 \x01(\rR\brestarts\x121\n" +
+	"\x06window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06window\x124\n" +
+	"\bdown_for\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\adownFor\"\xf5\x01\n" +
+	"\x10InfiniBandSignal\x12\x16\n" +
+	"\x06device\x18\x01 \x01(\tR\x06device\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x14\n" +
+	"\x05cause\x18\x03 \x01(\tR\x05cause\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"phys_state\x18\x05 \x01(\tR\tphysState\x12\x16\n" +
+	"\x06errors\x18\x06 \x01(\x04R\x06errors\x121\n" +
+	"\x06window\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x1f\n" +
+	"\vlink_downed\x18\b \x01(\x04R\n" +
+	"linkDowned\"H\n" +
+	"\x10GPUMissingSignal\x12\x1a\n" +
+	"\bexpected\x18\x01 \x01(\rR\bexpected\x12\x18\n" +
+	"\apresent\x18\x02 \x01(\rR\apresent\"\xa2\x02\n" +
 	"\x12GPUFindingEvidence\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x19\n" +
 	"\blog_line\x18\x02 \x01(\tR\alogLine\x12V\n" +
@@ -6353,7 +7501,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -6383,157 +7531,188 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*LocalRollback)(nil),         // 25: bettercompute.session.v1.LocalRollback
 	(*ResumeCursor)(nil),          // 26: bettercompute.session.v1.ResumeCursor
 	(*Welcome)(nil),               // 27: bettercompute.session.v1.Welcome
-	(*Heartbeat)(nil),             // 28: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 29: bettercompute.session.v1.Inventory
-	(*HostInfo)(nil),              // 30: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 31: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 32: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 33: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 34: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 35: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 36: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 37: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 38: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 39: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 40: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 41: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 42: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 43: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 44: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 45: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 46: bettercompute.session.v1.UpgradeSpec
-	(*GPUResetSpec)(nil),          // 47: bettercompute.session.v1.GPUResetSpec
-	(*Cancel)(nil),                // 48: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 49: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 50: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 51: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 52: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 53: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 54: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 55: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 56: bettercompute.session.v1.Event
-	(*GPUFinding)(nil),            // 57: bettercompute.session.v1.GPUFinding
-	(*XIDSignal)(nil),             // 58: bettercompute.session.v1.XIDSignal
-	(*ECCSignal)(nil),             // 59: bettercompute.session.v1.ECCSignal
-	(*RowRemapSignal)(nil),        // 60: bettercompute.session.v1.RowRemapSignal
-	(*RecoveryActionSignal)(nil),  // 61: bettercompute.session.v1.RecoveryActionSignal
-	(*ClocksSignal)(nil),          // 62: bettercompute.session.v1.ClocksSignal
-	(*NVLinkSignal)(nil),          // 63: bettercompute.session.v1.NVLinkSignal
-	(*RetiredPagesSignal)(nil),    // 64: bettercompute.session.v1.RetiredPagesSignal
-	(*GPULostSignal)(nil),         // 65: bettercompute.session.v1.GPULostSignal
-	(*GPUFindingEvidence)(nil),    // 66: bettercompute.session.v1.GPUFindingEvidence
-	nil,                           // 67: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 68: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 69: bettercompute.session.v1.Event.AttributesEntry
-	nil,                           // 70: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 71: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 72: google.protobuf.Duration
+	(*GPUHealthThresholds)(nil),   // 28: bettercompute.session.v1.GPUHealthThresholds
+	(*Heartbeat)(nil),             // 29: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 30: bettercompute.session.v1.Inventory
+	(*InfiniBandPort)(nil),        // 31: bettercompute.session.v1.InfiniBandPort
+	(*HostInfo)(nil),              // 32: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 33: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 34: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 35: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 36: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 37: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 38: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 39: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 40: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 41: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 42: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 43: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 44: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 45: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 46: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 47: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 48: bettercompute.session.v1.UpgradeSpec
+	(*GPUResetSpec)(nil),          // 49: bettercompute.session.v1.GPUResetSpec
+	(*Cancel)(nil),                // 50: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 51: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 52: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 53: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 54: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 55: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 56: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 57: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 58: bettercompute.session.v1.Event
+	(*GPUFinding)(nil),            // 59: bettercompute.session.v1.GPUFinding
+	(*XIDSignal)(nil),             // 60: bettercompute.session.v1.XIDSignal
+	(*ECCSignal)(nil),             // 61: bettercompute.session.v1.ECCSignal
+	(*RowRemapSignal)(nil),        // 62: bettercompute.session.v1.RowRemapSignal
+	(*RecoveryActionSignal)(nil),  // 63: bettercompute.session.v1.RecoveryActionSignal
+	(*ClocksSignal)(nil),          // 64: bettercompute.session.v1.ClocksSignal
+	(*NVLinkSignal)(nil),          // 65: bettercompute.session.v1.NVLinkSignal
+	(*RetiredPagesSignal)(nil),    // 66: bettercompute.session.v1.RetiredPagesSignal
+	(*GPULostSignal)(nil),         // 67: bettercompute.session.v1.GPULostSignal
+	(*PCIeSignal)(nil),            // 68: bettercompute.session.v1.PCIeSignal
+	(*FabricSignal)(nil),          // 69: bettercompute.session.v1.FabricSignal
+	(*PersistenceModeSignal)(nil), // 70: bettercompute.session.v1.PersistenceModeSignal
+	(*DriftSignal)(nil),           // 71: bettercompute.session.v1.DriftSignal
+	(*FabricManagerSignal)(nil),   // 72: bettercompute.session.v1.FabricManagerSignal
+	(*InfiniBandSignal)(nil),      // 73: bettercompute.session.v1.InfiniBandSignal
+	(*GPUMissingSignal)(nil),      // 74: bettercompute.session.v1.GPUMissingSignal
+	(*GPUFindingEvidence)(nil),    // 75: bettercompute.session.v1.GPUFindingEvidence
+	nil,                           // 76: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 77: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 78: bettercompute.session.v1.Event.AttributesEntry
+	nil,                           // 79: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 80: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 81: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	71, // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	72, // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
-	8,  // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	11, // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
-	8,  // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	67, // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	71, // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	71, // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	72, // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	71, // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	71, // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	72, // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	71, // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
-	20, // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
-	24, // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	28, // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	29, // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	51, // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	56, // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	27, // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	42, // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	48, // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	49, // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	50, // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
-	23, // 25: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
-	17, // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
-	26, // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	55, // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	25, // 29: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
-	71, // 30: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
-	72, // 31: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	71, // 32: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	71, // 33: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	30, // 34: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	37, // 35: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	41, // 36: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	71, // 37: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	35, // 38: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	31, // 39: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	32, // 40: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	33, // 41: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	34, // 42: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	36, // 43: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,  // 44: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,  // 45: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	38, // 46: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	39, // 47: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	40, // 48: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,  // 49: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	71, // 50: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	43, // 51: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	44, // 52: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	45, // 53: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	46, // 54: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	47, // 55: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	68, // 56: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	72, // 57: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	72, // 58: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	52, // 59: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	53, // 60: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	54, // 61: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	55, // 62: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	71, // 63: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	71, // 64: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,  // 65: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,  // 66: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	71, // 67: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	71, // 68: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,  // 69: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	69, // 70: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	57, // 71: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
-	58, // 72: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
-	59, // 73: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
-	60, // 74: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
-	61, // 75: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
-	62, // 76: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
-	63, // 77: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
-	64, // 78: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
-	65, // 79: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
-	2,  // 80: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
-	66, // 81: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
-	71, // 82: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
-	72, // 83: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
-	70, // 84: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	10, // 85: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13, // 86: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15, // 87: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,  // 88: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,  // 89: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21, // 90: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18, // 91: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12, // 92: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14, // 93: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16, // 94: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,  // 95: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14, // 96: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	22, // 97: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18, // 98: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	92, // [92:99] is the sub-list for method output_type
-	85, // [85:92] is the sub-list for method input_type
-	85, // [85:85] is the sub-list for extension type_name
-	85, // [85:85] is the sub-list for extension extendee
-	0,  // [0:85] is the sub-list for field type_name
+	80,  // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	81,  // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	8,   // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
+	11,  // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
+	8,   // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
+	76,  // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	80,  // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	80,  // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	81,  // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	80,  // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	80,  // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	81,  // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	80,  // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	19,  // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
+	20,  // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
+	24,  // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
+	29,  // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	30,  // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	53,  // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	58,  // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	27,  // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	44,  // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	50,  // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	51,  // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	52,  // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	23,  // 25: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
+	17,  // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
+	26,  // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	57,  // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	25,  // 29: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
+	80,  // 30: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
+	81,  // 31: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	80,  // 32: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	28,  // 33: bettercompute.session.v1.Welcome.gpu_health:type_name -> bettercompute.session.v1.GPUHealthThresholds
+	81,  // 34: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
+	81,  // 35: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
+	81,  // 36: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
+	81,  // 37: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
+	81,  // 38: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
+	81,  // 39: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
+	81,  // 40: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
+	80,  // 41: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	32,  // 42: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	39,  // 43: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	43,  // 44: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	80,  // 45: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	31,  // 46: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
+	42,  // 47: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
+	37,  // 48: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	33,  // 49: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	34,  // 50: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	35,  // 51: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	36,  // 52: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	38,  // 53: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,   // 54: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,   // 55: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	40,  // 56: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	41,  // 57: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	42,  // 58: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,   // 59: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	80,  // 60: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	45,  // 61: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	46,  // 62: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	47,  // 63: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	48,  // 64: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	49,  // 65: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	77,  // 66: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	81,  // 67: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	81,  // 68: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	54,  // 69: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	55,  // 70: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	56,  // 71: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	57,  // 72: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	80,  // 73: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	80,  // 74: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,   // 75: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,   // 76: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	80,  // 77: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	80,  // 78: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,   // 79: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	78,  // 80: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	59,  // 81: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	60,  // 82: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	61,  // 83: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	62,  // 84: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	63,  // 85: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	64,  // 86: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	65,  // 87: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	66,  // 88: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	67,  // 89: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	68,  // 90: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
+	74,  // 91: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
+	69,  // 92: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
+	73,  // 93: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
+	70,  // 94: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
+	71,  // 95: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
+	72,  // 96: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
+	2,   // 97: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	75,  // 98: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	80,  // 99: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	81,  // 100: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	81,  // 101: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
+	81,  // 102: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
+	81,  // 103: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
+	81,  // 104: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
+	81,  // 105: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
+	79,  // 106: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10,  // 107: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13,  // 108: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15,  // 109: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,   // 110: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,   // 111: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21,  // 112: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18,  // 113: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12,  // 114: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14,  // 115: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16,  // 116: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,   // 117: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14,  // 118: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	22,  // 119: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18,  // 120: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	114, // [114:121] is the sub-list for method output_type
+	107, // [107:114] is the sub-list for method input_type
+	107, // [107:107] is the sub-list for extension type_name
+	107, // [107:107] is the sub-list for extension extendee
+	0,   // [0:107] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -6565,20 +7744,20 @@ func file_session_v1_session_proto_init() {
 		(*GatewayMessage_Superseded)(nil),
 		(*GatewayMessage_TunnelOpen)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[36].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[38].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 		(*Command_GpuReset)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[45].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[47].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
 		(*CommandUpdate_Result)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[51].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[53].OneofWrappers = []any{
 		(*GPUFinding_Xid)(nil),
 		(*GPUFinding_Ecc)(nil),
 		(*GPUFinding_RowRemap)(nil),
@@ -6587,6 +7766,13 @@ func file_session_v1_session_proto_init() {
 		(*GPUFinding_Nvlink)(nil),
 		(*GPUFinding_RetiredPages)(nil),
 		(*GPUFinding_GpuLost)(nil),
+		(*GPUFinding_Pcie)(nil),
+		(*GPUFinding_GpuMissing)(nil),
+		(*GPUFinding_Fabric)(nil),
+		(*GPUFinding_Infiniband)(nil),
+		(*GPUFinding_Persistence)(nil),
+		(*GPUFinding_Drift)(nil),
+		(*GPUFinding_FabricManager)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -6594,7 +7780,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   65,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

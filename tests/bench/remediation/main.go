@@ -178,7 +178,7 @@ func run(n int, fail float64, spread, interval, settle, timeout, reset time.Dura
 	}
 	cfg.Remediation.Interval.Duration = interval
 	cfg.Remediation.VerifySettle.Duration = settle
-	cfg.Remediation.Breaker.Quarantines = failing + 1
+	cfg.Remediation.Breaker.Share = 100 // the breaker admits every node: it measures the loop, not itself
 	wDone := make(chan error, 1)
 	go func() {
 		wDone <- workers.Run(ctx, cfg, st, workers.Options{WorkerID: "bench", ShardTTL: 15 * time.Second, ShardRenew: time.Second}, log)

@@ -8,8 +8,11 @@
 package gputest
 
 import (
+	"cmp"
+	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"sync"
@@ -152,6 +155,10 @@ type Readings struct {
 	retiredPagesPending  bool
 	lost                 bool
 	remapUncorrectedRows int
+	pcieReplays          uint64
+	pcieWidth            int
+	fabricState          uint8
+	persistenceOff       bool
 }
 
 // Set changes the readings under their lock.
@@ -160,8 +167,11 @@ func (r *Readings) Set(fn func(*ReadingValues)) {
 	defer r.mu.Unlock()
 	v := ReadingValues{ECCCorrected: r.eccCorrected, ECCUncorrected: r.eccUncorrected, RemapPending: r.remapPending,
 		RemapFailure: r.remapFailure, RemapUncorrectedRows: r.remapUncorrectedRows, ClocksEventReasons: r.clocks,
-		NVLinkReplay: r.nvlinkReplay, RecoveryAction: r.recovery, RetiredPagesPending: r.retiredPagesPending, Lost: r.lost}
+		NVLinkReplay: r.nvlinkReplay, RecoveryAction: r.recovery, RetiredPagesPending: r.retiredPagesPending, Lost: r.lost,
+		PCIeReplays: r.pcieReplays, PCIeWidth: r.pcieWidth, FabricState: r.fabricState, PersistenceOff: r.persistenceOff}
 	fn(&v)
+	r.persistenceOff = v.PersistenceOff
+	r.pcieReplays, r.pcieWidth, r.fabricState = v.PCIeReplays, v.PCIeWidth, v.FabricState
 	r.eccCorrected, r.eccUncorrected, r.remapPending, r.remapFailure = v.ECCCorrected, v.ECCUncorrected, v.RemapPending, v.RemapFailure
 	r.remapUncorrectedRows, r.clocks, r.nvlinkReplay, r.recovery = v.RemapUncorrectedRows, v.ClocksEventReasons, v.NVLinkReplay, v.RecoveryAction
 	r.retiredPagesPending, r.lost = v.RetiredPagesPending, v.Lost
@@ -177,10 +187,23 @@ type ReadingValues struct {
 	RecoveryAction               uint64 // nvml.DeviceGpuRecoveryAction
 	RetiredPagesPending          bool
 	Lost                         bool // the temperature query answers ERROR_GPU_IS_LOST
+	PCIeReplays                  uint64
+	PCIeWidth                    int   // the link's current width; 0 is its maximum, 16
+	FabricState                  uint8 // nvml.GPU_FABRIC_STATE_*; 0 (NOT_SUPPORTED) is COMPLETED with SUCCESS
+	PersistenceOff               bool  // persistence mode reads disabled (on by default)
 }
 
+// The PCIe link WireReadings gives every GPU at most: generation 4, 16
+// lanes (an A100 SXM4's).
+const (
+	PCIeMaxGeneration = 4
+	PCIeMaxWidth      = 16
+)
+
 // WireReadings makes device d answer its ECC, row remapping, clock event
-// reason, field value (NVLink totals, recovery action), retired pages and
+// reason, field value (NVLink totals, recovery action), retired pages,
+// PCIe (replay counter, link width; generation 4 of 4, width of 16), GPU
+// fabric (completed unless set), persistence mode (on unless set) and
 // temperature queries from a new Readings, all zero (supported, nothing
 // wrong), and its board serial query with Serial(its UUID); it returns the
 // Readings.
@@ -225,6 +248,37 @@ func WireReadings(d *dgxa100.Device) *Readings {
 		}
 		return 40, nvml.SUCCESS
 	}
+	fixed := func(v int) func() (int, nvml.Return) { return func() (int, nvml.Return) { return v, nvml.SUCCESS } }
+	d.GetCurrPcieLinkGenerationFunc = fixed(PCIeMaxGeneration)
+	d.GetMaxPcieLinkGenerationFunc = fixed(PCIeMaxGeneration)
+	d.GetMaxPcieLinkWidthFunc = fixed(PCIeMaxWidth)
+	d.GetCurrPcieLinkWidthFunc = func() (int, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return cmp.Or(r.pcieWidth, PCIeMaxWidth), nvml.SUCCESS
+	}
+	d.GetPcieReplayCounterFunc = func() (int, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return int(min(r.pcieReplays, math.MaxInt32)), nvml.SUCCESS
+	}
+	d.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		st := r.fabricState
+		if st == nvml.GPU_FABRIC_STATE_NOT_SUPPORTED {
+			st = nvml.GPU_FABRIC_STATE_COMPLETED
+		}
+		return nvml.GpuFabricInfo{State: st, Status: uint32(nvml.SUCCESS)}, nvml.SUCCESS
+	}
+	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.persistenceOff {
+			return nvml.FEATURE_DISABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_ENABLED, nvml.SUCCESS
+	}
 	d.GetFieldValuesFunc = func(vals []nvml.FieldValue) nvml.Return {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -260,4 +314,83 @@ func ECCEvent(d nvml.Device) nvml.EventData {
 // and the UUID's last 9 digits.
 func Serial(uuid string) string {
 	return "1320" + uuid[max(len(uuid)-9, 0):]
+}
+
+// Outputs of `systemctl show nvidia-fabricmanager.service
+// --property=ActiveState,SubState,LoadState,NRestarts,ActiveEnterTimestampMonotonic`
+// as systemd 252 prints them (service properties first, then the unit's),
+// for a FabricManager runner: the unit running, failed, restarting after a
+// crash, and not installed.
+const (
+	FabricManagerRunning     = "NRestarts=0\nActiveEnterTimestampMonotonic=8123456\nLoadState=loaded\nActiveState=active\nSubState=running\n"
+	FabricManagerFailed      = "NRestarts=0\nActiveEnterTimestampMonotonic=8123456\nLoadState=loaded\nActiveState=failed\nSubState=failed\n"
+	FabricManagerAutoRestart = "NRestarts=1\nActiveEnterTimestampMonotonic=8123456\nLoadState=loaded\nActiveState=activating\nSubState=auto-restart\n"
+	FabricManagerNotFound    = "NRestarts=0\nActiveEnterTimestampMonotonic=0\nLoadState=not-found\nActiveState=inactive\nSubState=dead\n"
+)
+
+// FabricManager stands in for systemctl (gpu.Config.Runner): it answers
+// `systemctl show` with the output last Set, FabricManagerRunning at
+// first, and records how often it was asked.
+type FabricManager struct {
+	mu    sync.Mutex
+	out   string
+	err   error
+	calls int
+}
+
+// NewFabricManager returns a FabricManager answering FabricManagerRunning.
+func NewFabricManager() *FabricManager { return &FabricManager{out: FabricManagerRunning} }
+
+// Set makes later calls answer out.
+func (f *FabricManager) Set(out string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.out, f.err = out, nil
+}
+
+// Restart makes later calls answer the unit running after n more automatic
+// restarts than the output last Set (its NRestarts plus n, a new
+// ActiveEnterTimestampMonotonic).
+func (f *FabricManager) Restart(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var restarts, enter uint64
+	for _, l := range strings.Split(f.out, "\n") {
+		if v, ok := strings.CutPrefix(l, "NRestarts="); ok {
+			fmt.Sscan(v, &restarts)
+		}
+		if v, ok := strings.CutPrefix(l, "ActiveEnterTimestampMonotonic="); ok {
+			fmt.Sscan(v, &enter)
+		}
+	}
+	f.out = fmt.Sprintf("NRestarts=%d\nActiveEnterTimestampMonotonic=%d\nLoadState=loaded\nActiveState=active\nSubState=running\n",
+		restarts+uint64(n), enter+uint64(n)*1_000_000)
+}
+
+// Fail makes later calls fail with err (systemctl missing, no systemd).
+func (f *FabricManager) Fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.err = err
+}
+
+// Calls is how many times systemctl was run.
+func (f *FabricManager) Calls() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// Output answers `systemctl show ...`; any other command is an error.
+func (f *FabricManager) Output(_ context.Context, name string, args ...string) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if name != "systemctl" || len(args) == 0 || args[0] != "show" {
+		return nil, fmt.Errorf("fake systemctl: unexpected command %s %v", name, args)
+	}
+	if f.err != nil {
+		return nil, f.err
+	}
+	return []byte(f.out), nil
 }

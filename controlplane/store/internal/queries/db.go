@@ -108,6 +108,9 @@ type Dialect struct {
 	TextSet string
 	// IntSet is TextSet for a JSON array of integers.
 	IntSet string
+	// HasGPUs is a condition on an inventory document column named by its
+	// one %s placeholder: true when the document lists a GPU.
+	HasGPUs string
 	// Migrations holds the numbered *.sql files, applied in name order.
 	Migrations fs.FS
 	// FenceTag, when not empty, runs in every fenced transaction right

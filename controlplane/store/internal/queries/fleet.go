@@ -198,9 +198,24 @@ func (s *Store) SessionOpen(ctx context.Context, p *store.SessionOpenParams) (se
 		if err != nil {
 			return q.wrap("open session for node "+p.NodeID, err)
 		}
-		_, err = q.db.Exec(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()), boot_id = $3,
-			bcd_starts = bcd_starts + CASE WHEN $4 THEN 1 ELSE 0 END WHERE id = $1`,
-			p.NodeID, p.Now, p.BootID, p.Fresh)
+		var reconnectBy *time.Time
+		err = q.db.QueryRow(ctx, `UPDATE nodes SET last_seen_at = coalesce($2, now()), boot_id = $3,
+			bcd_starts = bcd_starts + CASE WHEN $4 THEN 1 ELSE 0 END WHERE id = $1 RETURNING reconnect_by`,
+			p.NodeID, p.Now, p.BootID, p.Fresh).Scan(&reconnectBy)
+		if err != nil {
+			return q.wrap("open session for node "+p.NodeID, err)
+		}
+		// The session's start, which rollouts' health gates count
+		// (RolloutHealthCounts): a new bcd, a drop, or the reconnect a
+		// gateway's drain asked for.
+		kind := store.SessionStartBCD
+		if !p.Fresh {
+			kind = store.SessionStartDrop
+			if reconnectBy != nil && !session.ConnectedAt.After(reconnectBy.Add(store.DrainReconnectSlack)) {
+				kind = store.SessionStartDrain
+			}
+		}
+		_, err = q.db.Exec(ctx, `INSERT INTO session_starts (node_id, kind, at) VALUES ($1, $2, $3)`, p.NodeID, kind, session.ConnectedAt)
 		return q.wrap("open session for node "+p.NodeID, err)
 	})
 	return session, previous, err

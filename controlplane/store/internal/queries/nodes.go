@@ -203,6 +203,30 @@ func (s *Store) NodeList(ctx context.Context, p *store.NodeListParams) ([]*store
 	return out, s.wrap("list nodes", err)
 }
 
+// NodeSummaries pages nodes by id without their inventories (digest set).
+func (s *Store) NodeSummaries(ctx context.Context, p *store.ListParams) ([]*store.Node, error) {
+	rows, err := s.db.Query(ctx, `SELECT id, pool_id, hostname, state, cordoned, disruption, labels, bcd_version,
+		coalesce((SELECT i.digest FROM node_inventories i WHERE i.node_id = nodes.id), '')
+		FROM nodes WHERE id > $1 ORDER BY id LIMIT $2`, p.Cursor, limit(p.Limit))
+	if err != nil {
+		return nil, s.wrap("list node summaries", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.Node, error) {
+		n := &store.Node{}
+		var labels []byte
+		if err := r.Scan(&n.ID, &n.PoolID, &n.Hostname, &n.State, &n.Cordoned, &n.Disruption, &labels, &n.BCDVersion, &n.InventoryDigest); err != nil {
+			return nil, err
+		}
+		if len(labels) > 2 {
+			if err := json.Unmarshal(labels, &n.Labels); err != nil {
+				return nil, fmt.Errorf("decode labels of node %s: %w", n.ID, err)
+			}
+		}
+		return n, nil
+	})
+	return out, s.wrap("list node summaries", err)
+}
+
 // exec1 runs a statement that must touch exactly one row; none is
 // store.ErrNotFound.
 func (s *Store) exec1(ctx context.Context, op, sql string, args ...any) error {
@@ -260,6 +284,37 @@ func (s *Store) NodeSetCordoned(ctx context.Context, id string, cordoned bool) e
 			typ = events.NodeCordoned
 		}
 		return q.emit(ctx, nil, nodeEvent(typ, n))
+	})
+}
+
+// NodeSetLabel sets one label of a node (an empty value removes it), under
+// the node's row lock so that two writers do not lose each other's labels.
+func (s *Store) NodeSetLabel(ctx context.Context, id, key, value string) error {
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		if _, err := q.lockNode(ctx, id); err != nil {
+			return fmt.Errorf("set label of node %s: %w", id, err)
+		}
+		var raw []byte
+		if err := q.db.QueryRow(ctx, `SELECT labels FROM nodes WHERE id = $1`, id).Scan(&raw); err != nil {
+			return q.wrap("set label of node "+id, err)
+		}
+		labels := map[string]string{}
+		if len(raw) > 0 {
+			if err := json.Unmarshal(raw, &labels); err != nil {
+				return fmt.Errorf("set label of node %s: decode labels: %w", id, err)
+			}
+		}
+		if value == "" {
+			delete(labels, key)
+		} else {
+			labels[key] = value
+		}
+		doc, err := labelsJSON(labels)
+		if err != nil {
+			return fmt.Errorf("set label of node %s: %w", id, err)
+		}
+		return q.exec1(ctx, "set label of node "+id, `UPDATE nodes SET labels = $2, updated_at = now() WHERE id = $1`, id, doc)
 	})
 }
 

@@ -152,7 +152,12 @@ func (s *Store) EventList(ctx context.Context, p *store.EventListParams) ([]*sto
 // EventPrune deletes events older than before.
 func (s *Store) EventPrune(ctx context.Context, before time.Time) (int64, error) {
 	n, err := s.db.Exec(ctx, `DELETE FROM events WHERE time < $1`, before)
-	return n, s.wrap("prune events", err)
+	if err != nil {
+		return n, s.wrap("prune events", err)
+	}
+	// The session starts the rollouts' health gates count go with them.
+	_, err = s.db.Exec(ctx, `DELETE FROM session_starts WHERE at < $1`, before)
+	return n, s.wrap("prune session starts", err)
 }
 
 // AuditInsert appends to the audit log.

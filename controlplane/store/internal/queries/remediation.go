@@ -294,6 +294,9 @@ func (s *Store) RemediationMove(ctx context.Context, p *store.RemediationMovePar
 		if p.Action != "" {
 			m.Action = p.Action
 		}
+		if p.GPUUUID != "" {
+			m.GPUUUID = p.GPUUUID
+		}
 		if p.Finding != "" {
 			m.Finding = p.Finding
 		}
@@ -330,10 +333,10 @@ func (s *Store) RemediationMove(ctx context.Context, p *store.RemediationMovePar
 		ids, _ := json.Marshal(append([]string{}, m.CommandIDs...))
 		out, err = scanRemediation(q.db.QueryRow(ctx, `UPDATE remediations SET state = $2, action = $3, attempts = $4,
 				command_id = $5, command_ids = $6, reason = $7, paused = $8, next_at = $9, state_since = $10,
-				quarantined_at = $11, updated_at = $12, closed_at = $13, boot_id = $14, finding = $15
+				quarantined_at = $11, updated_at = $12, closed_at = $13, boot_id = $14, finding = $15, gpu_uuid = $16
 			WHERE id = $1 RETURNING `+remediationColumns,
 			m.ID, m.State, m.Action, m.Attempts, m.CommandID, string(ids), m.Reason, m.Paused, m.NextAt, m.StateSince,
-			m.QuarantinedAt, m.UpdatedAt, m.ClosedAt, m.BootID, m.Finding))
+			m.QuarantinedAt, m.UpdatedAt, m.ClosedAt, m.BootID, m.Finding, m.GPUUUID))
 		if err != nil {
 			return q.wrap("move remediation "+p.ID, err)
 		}
@@ -396,10 +399,10 @@ func (s *Store) lockBreaker(ctx context.Context, poolID string) (*store.Remediat
 	return b, nil
 }
 
-// RemediationBreakerAdmit admits one more quarantine in a pool, or trips
-// its breaker.
+// RemediationBreakerAdmit admits one more node acted on in a pool, or
+// trips its breaker.
 func (s *Store) RemediationBreakerAdmit(ctx context.Context, p *store.RemediationBreakerAdmitParams) (admitted, tripped bool, err error) {
-	if p.Limit < 1 {
+	if p.Limit < 1 && p.LimitFor == nil {
 		return false, false, fmt.Errorf("breaker of pool %s: limit %d is below 1", p.PoolID, p.Limit)
 	}
 	err = s.Tx(ctx, func(tx store.Store) error {
@@ -408,32 +411,69 @@ func (s *Store) RemediationBreakerAdmit(ctx context.Context, p *store.Remediatio
 		if err != nil {
 			return err
 		}
-		if b.TrippedAt != nil {
-			return nil
-		}
 		now := time.Now().UTC()
 		if p.Now != nil {
 			now = p.Now.UTC()
+		}
+		if b.TrippedAt != nil {
+			if p.Window <= 0 || now.Before(b.TrippedAt.Add(p.Window)) {
+				return nil
+			}
+			// Its window has passed since it tripped: it closes by itself.
+			if err := q.breakerClose(ctx, p.PoolID, "window", now); err != nil {
+				return err
+			}
+			b.ResetAt = &now
 		}
 		since := now.Add(-p.Window)
 		if b.ResetAt != nil && b.ResetAt.After(since) {
 			since = *b.ResetAt
 		}
+		if p.NodeID != "" {
+			var again int
+			if err := q.db.QueryRow(ctx, `SELECT count(*) FROM remediations WHERE pool_id = $1 AND node_id = $2 AND quarantined_at >= $3`,
+				p.PoolID, p.NodeID, since).Scan(&again); err != nil {
+				return q.wrap("count quarantines of node "+p.NodeID, err)
+			}
+			if again > 0 {
+				admitted = true
+				return nil
+			}
+		}
 		var n int
-		if err := q.db.QueryRow(ctx, `SELECT count(*) FROM remediations WHERE pool_id = $1 AND quarantined_at >= $2`,
+		if err := q.db.QueryRow(ctx, `SELECT count(DISTINCT node_id) FROM remediations WHERE pool_id = $1 AND quarantined_at >= $2`,
 			p.PoolID, since).Scan(&n); err != nil {
 			return q.wrap("count quarantines of pool "+p.PoolID, err)
 		}
-		if n < p.Limit {
+		limit := p.Limit
+		if p.LimitFor != nil {
+			gpus, err := q.PoolGPUNodes(ctx, p.PoolID)
+			if err != nil {
+				return err
+			}
+			limit = max(p.LimitFor(gpus), 1)
+		}
+		older := 0
+		if p.CaseID != "" {
+			if err := q.db.QueryRow(ctx, `SELECT count(*) FROM remediations WHERE pool_id = $1 AND state = 'held'
+				AND closed_at IS NULL AND (created_at < $2 OR created_at = $2 AND id < $3)`,
+				p.PoolID, p.CreatedAt.UTC(), p.CaseID).Scan(&older); err != nil {
+				return q.wrap("count held cases of pool "+p.PoolID, err)
+			}
+		}
+		if n+older < limit {
 			admitted = true
 			return nil
+		}
+		if n < limit {
+			return nil // older held cases go first
 		}
 		tripped = true
 		if _, err := q.db.Exec(ctx, `INSERT INTO remediation_breakers (pool_id, tripped_at) VALUES ($1, $2)
 			ON CONFLICT (pool_id) DO UPDATE SET tripped_at = excluded.tripped_at`, p.PoolID, now); err != nil {
 			return q.wrap("trip breaker of pool "+p.PoolID, err)
 		}
-		data := events.RemediationBreakerData{PoolID: p.PoolID, Quarantines: n, Limit: p.Limit,
+		data := events.RemediationBreakerData{PoolID: p.PoolID, Quarantines: n, Limit: limit,
 			WindowSeconds: int64(p.Window / time.Second)}
 		if err := q.emit(ctx, &now, event{events.RemediationBreakerTripped, p.PoolID, data}); err != nil {
 			return err
@@ -444,6 +484,48 @@ func (s *Store) RemediationBreakerAdmit(ctx context.Context, p *store.Remediatio
 		return err
 	})
 	return admitted, tripped, err
+}
+
+// PoolGPUNodes counts the pool's nodes whose inventory lists a GPU.
+func (s *Store) PoolGPUNodes(ctx context.Context, poolID string) (int, error) {
+	var n int
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM nodes n JOIN node_inventories i ON i.node_id = n.id
+		WHERE n.pool_id = $1 AND `+fmt.Sprintf(s.d.HasGPUs, "i.inventory"), poolID).Scan(&n)
+	return n, s.wrap("count GPU nodes of pool "+poolID, err)
+}
+
+// breakerClose closes a tripped breaker whose window has passed, evented
+// remediation.breaker-reset with ResetBy by.
+func (s *Store) breakerClose(ctx context.Context, poolID, by string, now time.Time) error {
+	if _, err := s.db.Exec(ctx, `UPDATE remediation_breakers SET tripped_at = NULL, reset_at = $2, reset_by = $3 WHERE pool_id = $1`,
+		poolID, now, by); err != nil {
+		return s.wrap("close breaker of pool "+poolID, err)
+	}
+	return s.emit(ctx, &now, event{events.RemediationBreakerReset, poolID, events.RemediationBreakerData{PoolID: poolID, ResetBy: by}})
+}
+
+// RemediationBreakerStates returns every pool's breaker as it stands.
+func (s *Store) RemediationBreakerStates(ctx context.Context, window time.Duration, now *time.Time) ([]*store.RemediationBreakerState, error) {
+	t := time.Now().UTC()
+	if now != nil {
+		t = now.UTC()
+	}
+	since := t.Add(-window)
+	rows, err := s.db.Query(ctx, `SELECT p.id, b.tripped_at, b.reset_at, COALESCE(b.reset_by, ''),
+		(SELECT count(DISTINCT r.node_id) FROM remediations r WHERE r.pool_id = p.id AND r.quarantined_at >= $1
+			AND (b.reset_at IS NULL OR r.quarantined_at >= b.reset_at)),
+		(SELECT count(*) FROM remediations r WHERE r.pool_id = p.id AND r.state = 'held' AND r.closed_at IS NULL),
+		(SELECT count(*) FROM nodes n JOIN node_inventories i ON i.node_id = n.id WHERE n.pool_id = p.id AND `+
+		fmt.Sprintf(s.d.HasGPUs, "i.inventory")+`)
+		FROM pools p LEFT JOIN remediation_breakers b ON b.pool_id = p.id ORDER BY p.id`, since)
+	if err != nil {
+		return nil, s.wrap("read breakers", err)
+	}
+	out, err := collect(rows, func(r Row) (*store.RemediationBreakerState, error) {
+		b := &store.RemediationBreakerState{}
+		return b, r.Scan(&b.PoolID, &b.TrippedAt, &b.ResetAt, &b.ResetBy, &b.Acted, &b.Held, &b.GPUNodes)
+	})
+	return out, s.wrap("read breakers", err)
 }
 
 // RemediationBreakerReset resets a pool's breaker.
@@ -559,8 +641,14 @@ func (s *Store) SecretGrantTake(ctx context.Context, name, nodeID string, now *t
 	return ok, err
 }
 
-// RemediationPrune deletes the cases closed before before.
+// RemediationPrune deletes the cases closed before before and the kept
+// findings taken before it.
 func (s *Store) RemediationPrune(ctx context.Context, before time.Time) (int64, error) {
 	n, err := s.db.Exec(ctx, `DELETE FROM remediations WHERE closed_at IS NOT NULL AND closed_at < $1`, before)
-	return n, s.wrap("prune remediation cases", err)
+	if err != nil {
+		return 0, s.wrap("prune remediation cases", err)
+	}
+	// The kept findings (migration 0020) age out with them.
+	kept, err := s.pruneFindings(ctx, before)
+	return n + kept, err
 }

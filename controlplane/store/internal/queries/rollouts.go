@@ -2,17 +2,19 @@ package queries
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 const rolloutColumns = `id, pool_id, version, base_url, canary, wave, max_unavailable, soak_us, timeout_us, drain,
 	state, current_wave, reason, failed_node_id, created_by, created_at, updated_at, finished_at,
-	bake_us, bake_started_at, bake_elapsed_us, bake_resumed_at`
+	bake_us, bake_started_at, bake_elapsed_us, bake_resumed_at, require_evidence, health_gates`
 
 // activeRolloutStates is the SQL list of store.RolloutActive's states.
 const activeRolloutStates = `('pending', 'running', 'paused', 'rolling-back')`
@@ -24,9 +26,15 @@ const openRolloutStates = `('pending', 'running', 'paused', 'rolling-back', 'hal
 func scanRollout(r Row) (*store.Rollout, error) {
 	ro := &store.Rollout{}
 	var soak, timeout, bake, baked int64
+	var gates string
 	err := r.Scan(&ro.ID, &ro.PoolID, &ro.Version, &ro.BaseURL, &ro.Canary, &ro.Wave, &ro.MaxUnavailable, &soak, &timeout,
 		&ro.Drain, &ro.State, &ro.CurrentWave, &ro.Reason, &ro.FailedNodeID, &ro.CreatedBy, &ro.CreatedAt, &ro.UpdatedAt,
-		&ro.FinishedAt, &bake, &ro.BakeStartedAt, &baked, &ro.BakeResumedAt)
+		&ro.FinishedAt, &bake, &ro.BakeStartedAt, &baked, &ro.BakeResumedAt, &ro.RequireEvidence, &gates)
+	if err == nil && gates != "" {
+		if jerr := json.Unmarshal([]byte(gates), &ro.Gates); jerr != nil {
+			err = fmt.Errorf("rollout %s: health gates: %w", ro.ID, jerr)
+		}
+	}
 	ro.Soak, ro.Timeout = time.Duration(soak)*time.Microsecond, time.Duration(timeout)*time.Microsecond
 	ro.Bake, ro.BakeElapsed = time.Duration(bake)*time.Microsecond, time.Duration(baked)*time.Microsecond
 	return ro, err
@@ -84,10 +92,10 @@ func (s *Store) RolloutCreate(ctx context.Context, p *store.RolloutCreateParams)
 			return err
 		}
 		ro, err := scanRollout(q.db.QueryRow(ctx, `INSERT INTO rollouts (id, pool_id, version, base_url, canary, wave,
-			max_unavailable, soak_us, timeout_us, drain, state, created_by, created_at, updated_at, bake_us)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, coalesce($12, now()), coalesce($12, now()), $13)
+			max_unavailable, soak_us, timeout_us, drain, state, created_by, created_at, updated_at, bake_us, require_evidence)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending', $11, coalesce($12, now()), coalesce($12, now()), $13, $14)
 			RETURNING `+rolloutColumns, id, p.PoolID, p.Version, p.BaseURL, p.Canary, p.Wave, p.MaxUnavailable,
-			p.Soak.Microseconds(), p.Timeout.Microseconds(), p.Drain, p.CreatedBy, now, p.Bake.Microseconds()))
+			p.Soak.Microseconds(), p.Timeout.Microseconds(), p.Drain, p.CreatedBy, now, p.Bake.Microseconds(), p.RequireEvidence))
 		if err != nil {
 			return q.wrap("create rollout of pool "+p.PoolID, err)
 		}
@@ -136,7 +144,7 @@ func (s *Store) RolloutsActive(ctx context.Context) ([]*store.Rollout, error) {
 // read: the node, whether it has a session, and its commands' states.
 func (s *Store) RolloutNodes(ctx context.Context, rolloutID string) ([]*store.RolloutNode, error) {
 	rows, err := s.db.Query(ctx, `SELECT rn.rollout_id, rn.node_id, rn.previous_version, rn.state, rn.wave,
-		rn.upgrade_command_id, rn.rollback_command_id, rn.reason, rn.state_since, rn.watch_starts, rn.session_since, rn.drops,
+		rn.upgrade_command_id, rn.rollback_command_id, rn.reason, rn.state_since, rn.watch_starts, rn.session_since, rn.drops, rn.soak_started_at,
 		n.hostname, n.state, n.bcd_version, CASE WHEN se.node_id IS NULL THEN 0 ELSE 1 END, se.connected_at, n.bcd_starts,
 		n.reconnect_by, n.disruption, n.disruption_owner,
 		coalesce(cu.state, ''), coalesce(cu.error, ''), coalesce(cr.state, ''), coalesce(cr.error, '')
@@ -153,7 +161,7 @@ func (s *Store) RolloutNodes(ctx context.Context, rolloutID string) ([]*store.Ro
 		n := &store.RolloutNode{}
 		var connected int
 		err := r.Scan(&n.RolloutID, &n.NodeID, &n.PreviousVersion, &n.State, &n.Wave, &n.UpgradeCommandID,
-			&n.RollbackCommandID, &n.Reason, &n.StateSince, &n.WatchStarts, &n.SeenSessionSince, &n.Drops,
+			&n.RollbackCommandID, &n.Reason, &n.StateSince, &n.WatchStarts, &n.SeenSessionSince, &n.Drops, &n.SoakStartedAt,
 			&n.Hostname, &n.NodeState, &n.BCDVersion, &connected, &n.SessionSince, &n.BCDStarts, &n.ReconnectBy,
 			&n.Disruption, &n.DisruptionOwner, &n.UpgradeState, &n.UpgradeError, &n.RollbackState, &n.RollbackError)
 		n.Connected = connected != 0
@@ -207,12 +215,27 @@ func (s *Store) RolloutUpdate(ctx context.Context, p *store.RolloutUpdateParams)
 		case ro.BakeStartedAt != nil && ro.State == store.RolloutRunning && ro.BakeResumedAt == nil:
 			ro.BakeResumedAt = &at
 		}
+		if g := p.Gate; g != nil {
+			i := slices.IndexFunc(ro.Gates, func(x healthgate.Report) bool { return x.Wave == g.Wave })
+			if i < 0 {
+				ro.Gates = append(ro.Gates, *g)
+			} else {
+				ro.Gates[i] = *g
+			}
+		}
+		if ro.Gates == nil {
+			ro.Gates = []healthgate.Report{} // "[]", not "null"
+		}
+		gates, err := json.Marshal(ro.Gates)
+		if err != nil {
+			return fmt.Errorf("update rollout %s: health gates: %w", p.ID, err)
+		}
 		ro2, err := scanRollout(q.db.QueryRow(ctx, `UPDATE rollouts SET state = $2, current_wave = $3, reason = $4,
 			failed_node_id = $5, updated_at = coalesce($6, now()),
 			finished_at = CASE WHEN $7 THEN coalesce($6, now()) ELSE finished_at END,
-			bake_started_at = $8, bake_elapsed_us = $9, bake_resumed_at = $10
+			bake_started_at = $8, bake_elapsed_us = $9, bake_resumed_at = $10, health_gates = $11
 			WHERE id = $1 RETURNING `+rolloutColumns, p.ID, ro.State, ro.CurrentWave, ro.Reason, ro.FailedNodeID, now, finished,
-			ro.BakeStartedAt, ro.BakeElapsed.Microseconds(), ro.BakeResumedAt))
+			ro.BakeStartedAt, ro.BakeElapsed.Microseconds(), ro.BakeResumedAt, string(gates)))
 		if err != nil {
 			return q.wrap("update rollout "+p.ID, err)
 		}
@@ -226,8 +249,14 @@ func (s *Store) RolloutUpdate(ctx context.Context, p *store.RolloutUpdateParams)
 			if ids == nil {
 				ids = []string{}
 			}
-			evs = append(evs, event{typ, ro.ID, events.RolloutWaveData{RolloutID: ro.ID, PoolID: ro.PoolID, Version: ro.Version,
-				Wave: wave, Canary: wave == 1, NodeIDs: ids}})
+			d := events.RolloutWaveData{RolloutID: ro.ID, PoolID: ro.PoolID, Version: ro.Version,
+				Wave: wave, Canary: wave == 1, NodeIDs: ids}
+			if typ == events.RolloutWaveCompleted {
+				if i := slices.IndexFunc(ro.Gates, func(x healthgate.Report) bool { return x.Wave == wave }); i >= 0 {
+					d.HealthGate = &ro.Gates[i]
+				}
+			}
+			evs = append(evs, event{typ, ro.ID, d})
 			return nil
 		}
 		if p.Wave != nil && *p.Wave != prevWave {
@@ -324,7 +353,8 @@ func (s *Store) RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdat
 		}
 		changed := n.State != prev
 		if _, err := q.db.Exec(ctx, `UPDATE rollout_nodes SET state = $3, wave = $4, upgrade_command_id = $5,
-			rollback_command_id = $6, reason = $7, state_since = CASE WHEN $8 THEN coalesce($9, now()) ELSE state_since END
+			rollback_command_id = $6, reason = $7, state_since = CASE WHEN $8 THEN coalesce($9, now()) ELSE state_since END,
+			soak_started_at = CASE WHEN $8 AND $3 = 'soaking' THEN coalesce($9, now()) ELSE soak_started_at END
 			WHERE rollout_id = $1 AND node_id = $2`, p.RolloutID, p.NodeID, n.State, n.Wave, n.UpgradeCommandID,
 			n.RollbackCommandID, n.Reason, changed, now); err != nil {
 			return q.wrap(fmt.Sprintf("update node %s of rollout %s", p.NodeID, p.RolloutID), err)
@@ -346,6 +376,49 @@ func (s *Store) RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdat
 		return q.emit(ctx, now, event{typ, p.RolloutID, events.RolloutNodeData{RolloutID: p.RolloutID, NodeID: p.NodeID,
 			Version: version, PreviousVersion: n.PreviousVersion, State: n.State, Wave: n.Wave, CommandID: cmd, Reason: n.Reason}})
 	})
+}
+
+// RolloutHealthCounts counts a health gate's events over spans, one
+// query per distinct window.
+func (s *Store) RolloutHealthCounts(ctx context.Context, spans []store.HealthSpan, excludeCreatedBy string) (*store.HealthCounts, error) {
+	type window struct{ from, to time.Time }
+	by := map[window][]string{}
+	var order []window
+	for _, sp := range spans {
+		w := window{sp.From.UTC(), sp.To.UTC()}
+		if !w.to.After(w.from) {
+			continue
+		}
+		if _, ok := by[w]; !ok {
+			order = append(order, w)
+		}
+		by[w] = append(by[w], sp.NodeID)
+	}
+	out := &store.HealthCounts{}
+	for _, w := range order {
+		in, set := s.textSet("$1", by[w])
+		var c store.HealthCounts
+		err := s.db.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM session_starts WHERE node_id IN (`+in+`) AND at >= $2 AND at < $3 AND kind = $4),
+			(SELECT count(*) FROM session_starts WHERE node_id IN (`+in+`) AND at >= $2 AND at < $3 AND kind = $5),
+			(SELECT count(*) FROM events WHERE node_id IN (`+in+`) AND time >= $2 AND time < $3 AND kind LIKE 'gpu.%'
+				AND severity NOT IN ('', 'info')),
+			(SELECT count(*) FROM commands WHERE node_id IN (`+in+`) AND finished_at >= $2 AND finished_at < $3
+				AND created_by <> $6 AND state <> 'cancelled'),
+			(SELECT count(*) FROM commands WHERE node_id IN (`+in+`) AND finished_at >= $2 AND finished_at < $3
+				AND created_by <> $6 AND state IN ('failed', 'expired', 'lost'))`,
+			set, w.from, w.to, store.SessionStartBCD, store.SessionStartDrop, excludeCreatedBy).
+			Scan(&c.Restarts, &c.Drops, &c.Findings, &c.Commands, &c.FailedCommands)
+		if err != nil {
+			return nil, s.wrap("count health events", err)
+		}
+		out.Restarts += c.Restarts
+		out.Drops += c.Drops
+		out.Findings += c.Findings
+		out.Commands += c.Commands
+		out.FailedCommands += c.FailedCommands
+	}
+	return out, nil
 }
 
 // RolloutPrune deletes finished rollouts that finished before before.
