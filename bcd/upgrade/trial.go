@@ -49,18 +49,21 @@ func (u *Upgrader) trial(ctx context.Context, version string) error {
 		return fmt.Errorf("start the new bcd: %w", err)
 	}
 	defer r.Close()
-	cmd := exec.Command(u.cfg.Target, u.cfg.Args[1:]...)
-	cmd.Env = append(withoutTrial(u.cfg.Env), TrialEnv+"=1")
-	cmd.Stdout, cmd.Stderr = u.cfg.Stdout, u.cfg.Stderr
-	cmd.ExtraFiles = []*os.File{w} // fd 3
-	// The trial dies with this process, so it cannot outlive a bcd killed
-	// while it waits.
+	newCmd := func() *exec.Cmd {
+		cmd := exec.Command(u.cfg.Target, u.cfg.Args[1:]...)
+		cmd.Env = append(withoutTrial(u.cfg.Env), TrialEnv+"=1")
+		cmd.Stdout, cmd.Stderr = u.cfg.Stdout, u.cfg.Stderr
+		cmd.ExtraFiles = []*os.File{w} // fd 3
+		// The trial dies with this process, so it cannot outlive a bcd
+		// killed while it waits.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		return cmd
+	}
 	// Pdeathsig follows the thread that forks, so that thread is kept until
 	// the trial is over.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	err = cmd.Start()
+	cmd, err := startRetryingBusy(ctx, newCmd)
 	w.Close()
 	if err != nil {
 		return fmt.Errorf("start the new bcd: %w", err)
@@ -107,6 +110,33 @@ func (u *Upgrader) trial(ctx context.Context, version string) error {
 		kill()
 	}
 	return nil
+}
+
+// textBusyRetry bounds how long starting a freshly written binary is
+// retried while exec fails with ETXTBSY.
+const textBusyRetry = 2 * time.Second
+
+// startRetryingBusy starts the command newCmd builds, building and starting
+// it again while exec fails with ETXTBSY, for at most textBusyRetry. A binary
+// just written is "busy" while any process forked during the write still
+// holds its descriptor between fork and exec (the close-on-exec flag acts
+// only at exec; golang.org/issue/22315): a plugin or helper started at the
+// same moment is enough. The window is that child's fork-to-exec, so a few
+// short retries end it.
+func startRetryingBusy(ctx context.Context, newCmd func() *exec.Cmd) (*exec.Cmd, error) {
+	deadline := time.Now().Add(textBusyRetry)
+	for wait := 5 * time.Millisecond; ; wait *= 2 {
+		cmd := newCmd()
+		err := cmd.Start()
+		if err == nil || !errors.Is(err, syscall.ETXTBSY) || time.Now().After(deadline) {
+			return cmd, err
+		}
+		select {
+		case <-ctx.Done():
+			return cmd, err
+		case <-time.After(min(wait, 200*time.Millisecond)):
+		}
+	}
 }
 
 // exitDescription says how a process ended.
