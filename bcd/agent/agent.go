@@ -346,7 +346,7 @@ func (a *Agent) capabilities(host *inventory.Host) []string {
 		caps = append(caps, sessionv1.CapabilityRollback)
 	}
 	if a.hasGPUs(host) {
-		caps = append(caps, sessionv1.CapabilityGPUNVML, sessionv1.CapabilityGPUReset)
+		caps = append(caps, sessionv1.CapabilityGPUNVML, sessionv1.CapabilityGPUReset, sessionv1.CapabilityGPUDiag)
 	}
 	return caps
 }

@@ -88,6 +88,10 @@ type Config struct {
 	// UUID"); a name without a slash is looked up in bcd's PATH, else in
 	// the root side's. Defaults to DefaultNvidiaSMI.
 	NvidiaSMI string
+	// DCGMI is NVIDIA DCGM's command line gpu.diag runs as root ("diag -r
+	// LEVEL -j"), looked up as NvidiaSMI is; where neither PATH has it,
+	// gpu.diag runs the built-in NVML check. Defaults to DefaultDCGMI.
+	DCGMI string
 	// Reboot reboots the machine for "reboot" commands (the root helper's
 	// client when bcd is unprivileged). Defaults to running RebootCommand
 	// when bcd is root; otherwise reboot commands fail.
@@ -165,6 +169,7 @@ func New(cfg Config) *Executor {
 		log = slog.New(slog.DiscardHandler)
 	}
 	cfg.NvidiaSMI = cmp.Or(cfg.NvidiaSMI, DefaultNvidiaSMI)
+	cfg.DCGMI = cmp.Or(cfg.DCGMI, DefaultDCGMI)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -497,6 +502,8 @@ func (e *Executor) run(ctx context.Context, cmd *sessionv1.Command, u *updater) 
 	switch cmd.GetKind() {
 	case sessionv1.KindGPUReset:
 		return e.gpuReset(ctx, cmd, u)
+	case sessionv1.KindGPUDiag:
+		return e.gpuDiag(ctx, cmd, u)
 	case sessionv1.KindReboot:
 		return e.reboot(ctx, u)
 	case sessionv1.KindDrain:

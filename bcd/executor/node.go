@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/diag"
 	"github.com/better-compute/better-compute/bcd/process"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -26,6 +29,9 @@ type GPUs interface {
 	// ResetDone tells the collector the GPU was reset, so that the XIDs
 	// and ECC events that held its health end.
 	ResetDone(uuid string)
+	// Check runs the built-in NVML check gpu.diag falls back on (see
+	// gpu.Collector.Check); an error when it could not run.
+	Check(ctx context.Context, uuid string) (diag.Result, error)
 }
 
 // Rebooter reboots the machine (*helper.Client when bcd is unprivileged).
@@ -40,6 +46,9 @@ var (
 	// DefaultNvidiaSMI is Config.NvidiaSMI's default: looked up in bcd's
 	// PATH, else in the PATH of the root side (process.DefaultPath).
 	DefaultNvidiaSMI = "nvidia-smi"
+	// DefaultDCGMI is Config.DCGMI's default: NVIDIA DCGM's command line,
+	// looked up as nvidia-smi is.
+	DefaultDCGMI = "dcgmi"
 	// DefaultRebootCommand is Config.RebootCommand's default.
 	DefaultRebootCommand = []string{"systemctl", "reboot"}
 )
@@ -77,7 +86,13 @@ func output(u *updater) func(stream int, data []byte) {
 // asRoot runs argv as root: through the root helper when there is one,
 // itself when bcd is root; errRootUnavailable otherwise.
 func (e *Executor) asRoot(ctx context.Context, id string, argv []string, out func(int, []byte)) process.Result {
-	s := process.Spec{Argv: argv, OutputLimit: 64 << 10, Home: "/root", User: "root"}
+	return e.asRootLimit(ctx, id, argv, 64<<10, out)
+}
+
+// asRootLimit is asRoot with limit bytes of output (stdout and stderr
+// together) instead of 64 KiB.
+func (e *Executor) asRootLimit(ctx context.Context, id string, argv []string, limit int64, out func(int, []byte)) process.Result {
+	s := process.Spec{Argv: argv, OutputLimit: limit, Home: "/root", User: "root"}
 	switch {
 	case e.cfg.Root != nil:
 		return e.cfg.Root.ExecRoot(ctx, id, s, out)
@@ -85,6 +100,117 @@ func (e *Executor) asRoot(ctx context.Context, id string, argv []string, out fun
 		return process.Run(ctx, s, out)
 	}
 	return process.Result{ExitCode: -1, Err: errRootUnavailable}
+}
+
+// lookRoot resolves a program name as gpu.reset's nvidia-smi is: bcd's own
+// PATH first (where an operator's program, or a test's stand-in, is), then
+// the root side's default PATH; "" when neither has it. A name with a slash
+// is taken as it is when it exists.
+func lookRoot(name string) string {
+	if strings.Contains(name, "/") {
+		if _, err := os.Stat(name); err == nil {
+			return name
+		}
+		return ""
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	for _, dir := range filepath.SplitList(process.DefaultPath) {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return filepath.Join(dir, name)
+		}
+	}
+	return ""
+}
+
+// gpuDiag checks the node's GPUs before they return to service
+// (docs/remediation.md, "Diagnostic before return"): "dcgmi diag -r LEVEL
+// -j" as root when the spec asks for a DCGM level and dcgmi is installed,
+// else the built-in NVML check (GPUs.Check). SUCCEEDED when every test
+// passed; FAILED naming the failed tests otherwise, or when the diagnostic
+// could not run. The detail holds the diag.Result either way.
+func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updater) *sessionv1.CommandResult {
+	spec := cmd.GetGpuDiag()
+	uuid, level := spec.GetGpuUuid(), int(spec.GetLevel())
+	if uuid != "" && !gpuUUID(uuid) {
+		return failed(fmt.Sprintf("gpu.diag: gpuDiag.gpuUuid %q is not a GPU UUID (GPU-...)", uuid))
+	}
+	if level > 3 {
+		return failed(fmt.Sprintf("gpu.diag: gpuDiag.level %d is not a DCGM run level (0 to 3)", level))
+	}
+	running(u)
+	var res diag.Result
+	dcgmi := ""
+	if level > 0 {
+		dcgmi = lookRoot(e.cfg.DCGMI)
+	}
+	if dcgmi != "" {
+		e.log.Info("Running DCGM's diagnostic", logkey.CommandID, u.id, "program", dcgmi, "level", level)
+		var stdout []byte
+		send := output(u)
+		out := func(stream int, data []byte) {
+			if stream == process.Stdout && len(stdout) < diag.MaxOutput {
+				stdout = append(stdout, data[:min(len(data), diag.MaxOutput-len(stdout))]...)
+			}
+			send(stream, data)
+		}
+		run := e.asRootLimit(ctx, cmd.GetId(), []string{dcgmi, "diag", "-r", strconv.Itoa(level), "-j"}, diag.MaxOutput, out)
+		switch {
+		case run.Cancelled || ctx.Err() != nil:
+			return stopped(ctx, "gpu.diag: stopped while dcgmi diag ran")
+		case run.Err != nil:
+			return failed("gpu.diag: " + run.Err.Error())
+		}
+		r, err := diag.ParseDCGM(stdout, level)
+		if err != nil {
+			return failed(fmt.Sprintf("gpu.diag: dcgmi diag -r %d exited with status %d: %v", level, run.ExitCode, err))
+		}
+		res = r
+	} else {
+		if e.cfg.GPUs == nil {
+			return failed("gpu.diag: this node reads no GPUs through NVML")
+		}
+		if level > 0 {
+			e.log.Info("No dcgmi on this node: running the built-in NVML check instead", logkey.CommandID, u.id, "level", level)
+		}
+		r, err := e.cfg.GPUs.Check(ctx, uuid)
+		if err != nil {
+			if ctx.Err() != nil {
+				return stopped(ctx, "gpu.diag: stopped while the NVML check ran")
+			}
+			return failed("gpu.diag: the NVML check could not run: " + err.Error())
+		}
+		res = r
+	}
+	detail, _ := json.Marshal(res)
+	if !res.Passed() {
+		r := failed(fmt.Sprintf("gpu.diag: %s %s", describeDiag(res), res.Summary()))
+		r.DetailJson = detail
+		return r
+	}
+	return &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: detail}
+}
+
+// describeDiag names the diagnostic that ran: "dcgmi diag -r 2" or "the
+// NVML check".
+func describeDiag(r diag.Result) string {
+	if r.Tool == diag.ToolDCGM {
+		return fmt.Sprintf("dcgmi diag -r %d", r.Level)
+	}
+	return "the NVML check"
+}
+
+// stopped is the result of a command stopped by ctx: EXPIRED at its
+// deadline, CANCELLED otherwise.
+func stopped(ctx context.Context, msg string) *sessionv1.CommandResult {
+	r := failed(msg)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		r.State = sessionv1.CommandState_COMMAND_STATE_EXPIRED
+	} else {
+		r.State = sessionv1.CommandState_COMMAND_STATE_CANCELLED
+	}
+	return r
 }
 
 // gpuUUID reports whether s looks like an NVML GPU UUID ("GPU-" and hex

@@ -2,6 +2,7 @@ package executor_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/executor"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/diag"
 	"github.com/better-compute/better-compute/bcd/journal"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -25,6 +27,16 @@ type fakeGPUs struct {
 	mu    sync.Mutex
 	procs map[string][]int
 	reset []string
+	// check is what Check answers; checks counts its calls.
+	check  diag.Result
+	checks int
+}
+
+func (g *fakeGPUs) Check(_ context.Context, uuid string) (diag.Result, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.checks++
+	return g.check, nil
 }
 
 func (g *fakeGPUs) Processes(_ context.Context, uuid string) ([]int, error) {
@@ -334,4 +346,99 @@ func TestDrain(t *testing.T) {
 	}
 	e.HandleCancel(t.Context(), &sessionv1.Cancel{CommandId: "stuck"})
 	e.Wait()
+}
+
+// standInDCGMI writes a dcgmi stand-in first on PATH that logs its arguments
+// and prints the file doc (DCGM's JSON), exiting with status.
+func standInDCGMI(t *testing.T, doc string, status int) (log string) {
+	dir := t.TempDir()
+	log = filepath.Join(dir, "args")
+	if err := os.WriteFile(filepath.Join(dir, "doc.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >> %s\ncat %s\nexit %d\n", log, filepath.Join(dir, "doc.json"), status)
+	if err := os.WriteFile(filepath.Join(dir, "dcgmi"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return log
+}
+
+func gpuDiagCmd(id string, level uint32) *sessionv1.Command {
+	return &sessionv1.Command{Id: id, Kind: sessionv1.KindGPUDiag,
+		Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{Level: level, GpuUuid: gpuA}}}
+}
+
+const dcgmFailDoc = `{"DCGM GPU Diagnostic": {"test_categories": [
+ {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}]},
+ {"category": "Hardware", "tests": [{"name": "GPU Memory", "results": [
+   {"gpu_ids": "0", "status": "Pass"},
+   {"gpu_ids": "1", "status": "Fail", "warnings": [{"warning": "Memory error found at address 0x1000", "error_id": 5}]}]}]}]}}`
+
+func TestGPUDiag(t *testing.T) {
+	gpus := &fakeGPUs{check: diag.Result{Tool: diag.ToolNVML, Tests: 24}}
+	e := executor.New(executor.Config{Commands: asSelf{}, GPUs: gpus, IsRoot: func() bool { return true }})
+	run := func(c *sessionv1.Command) *sessionv1.CommandResult {
+		t.Helper()
+		r := newRecorder()
+		e.HandleCommand(t.Context(), c, r.send)
+		return wait(t, r)
+	}
+	detail := func(res *sessionv1.CommandResult) diag.Result {
+		t.Helper()
+		var d diag.Result
+		if err := json.Unmarshal(res.DetailJson, &d); err != nil {
+			t.Fatalf("detail %q: %v", res.DetailJson, err)
+		}
+		return d
+	}
+
+	// No dcgmi anywhere: level 1 runs the built-in NVML check.
+	t.Setenv("PATH", t.TempDir())
+	res := run(gpuDiagCmd("diag_1", 1))
+	if res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || gpus.checks != 1 || detail(res).Tool != diag.ToolNVML {
+		t.Fatalf("without dcgmi: %v, checks %d", res, gpus.checks)
+	}
+	// The built-in check failing fails the command with what failed.
+	gpus.check = diag.Result{Tool: diag.ToolNVML, Tests: 24, Failures: []diag.Failure{{Test: "recovery-action", GPU: gpuA,
+		Message: "the driver asks for recovery action GPU_RESET"}}}
+	res = run(gpuDiagCmd("diag_2", 0))
+	if res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "recovery-action on GPU "+gpuA) ||
+		len(detail(res).Failures) != 1 {
+		t.Fatalf("failing NVML check: %v", res)
+	}
+
+	// dcgmi present: it runs with the level, and its failed test names the command's error.
+	args := standInDCGMI(t, dcgmFailDoc, 226)
+	res = run(gpuDiagCmd("diag_3", 2))
+	b, _ := os.ReadFile(args)
+	if string(b) != "diag -r 2 -j\n" || res.State != sessionv1.CommandState_COMMAND_STATE_FAILED ||
+		!strings.Contains(res.Error, "dcgmi diag -r 2 failed Hardware/GPU Memory on GPU 1: Memory error found at address 0x1000") ||
+		gpus.checks != 2 {
+		t.Fatalf("failing dcgmi: args %q, %v, checks %d", b, res, gpus.checks)
+	}
+	if d := detail(res); d.Tool != diag.ToolDCGM || d.Level != 2 || d.Tests != 3 || len(d.Failures) != 1 {
+		t.Fatalf("failing dcgmi's detail: %+v", d)
+	}
+	// A passing run succeeds; level 0 never runs dcgmi.
+	standInDCGMI(t, strings.ReplaceAll(dcgmFailDoc, "Fail", "Pass"), 0)
+	if res = run(gpuDiagCmd("diag_4", 1)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != diag.ToolDCGM {
+		t.Fatalf("passing dcgmi: %v", res)
+	}
+	gpus.check = diag.Result{Tool: diag.ToolNVML, Tests: 24}
+	if res = run(gpuDiagCmd("diag_5", 0)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != diag.ToolNVML {
+		t.Fatalf("level 0 with dcgmi present: %v", res)
+	}
+	// dcgmi printing no JSON fails the command, saying so.
+	standInDCGMI(t, "Error: unable to connect to host engine", 255)
+	if res = run(gpuDiagCmd("diag_6", 1)); res.State != sessionv1.CommandState_COMMAND_STATE_FAILED ||
+		!strings.Contains(res.Error, "exited with status 255") || !strings.Contains(res.Error, "no DCGM diagnostic JSON") {
+		t.Fatalf("dcgmi without JSON: %v", res)
+	}
+	// A bad spec is refused before anything runs.
+	bad := gpuDiagCmd("diag_7", 1)
+	bad.GetGpuDiag().GpuUuid = "-h"
+	if res = run(bad); res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "not a GPU UUID") {
+		t.Fatalf("bad uuid: %v", res)
+	}
 }

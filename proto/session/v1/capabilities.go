@@ -26,6 +26,9 @@ const (
 	CapabilityResume = "resume"
 	// CapabilityGPUReset runs "gpu.reset" through the root helper.
 	CapabilityGPUReset = "gpu.reset"
+	// CapabilityGPUDiag runs "gpu.diag": DCGM's diagnostic through the
+	// root helper, or the built-in NVML check.
+	CapabilityGPUDiag = "gpu.diag"
 	// CapabilityRollback runs "rollback".
 	CapabilityRollback = "rollback"
 )
@@ -35,5 +38,5 @@ const (
 // (tests/wirenames_test.go) hold the code and session.proto to.
 var Capabilities = []string{
 	CapabilityExec, CapabilityCancel, CapabilityInventory, CapabilityGPUNVML, CapabilityPower, CapabilityBoot,
-	CapabilityUpgrade, CapabilityReboot, CapabilityResume, CapabilityGPUReset, CapabilityRollback, CapabilityTunnel,
+	CapabilityUpgrade, CapabilityReboot, CapabilityResume, CapabilityGPUReset, CapabilityGPUDiag, CapabilityRollback, CapabilityTunnel,
 }

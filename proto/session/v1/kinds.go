@@ -43,6 +43,10 @@ const (
 	KindDrain = "drain"
 	// KindGPUReset resets one GPU through the root helper (GPUResetSpec).
 	KindGPUReset = "gpu.reset"
+	// KindGPUDiag checks the node's GPUs before they return to service:
+	// DCGM's diagnostic through the root helper, or the built-in NVML
+	// check (GPUDiagSpec).
+	KindGPUDiag = "gpu.diag"
 	// KindRollback restores the bcd release kept beside the current one;
 	// it takes no spec.
 	KindRollback = "rollback"
@@ -51,7 +55,7 @@ const (
 // kinds is every kind in the order session.proto lists them.
 var kinds = []string{KindExec, KindInventoryRefresh, KindPowerStatus, KindPowerOn, KindPowerOff, KindPowerSoftOff,
 	KindPowerCycle, KindPowerReset, KindBootSet, KindUpgrade, KindReboot, KindDrain,
-	KindGPUReset, KindRollback}
+	KindGPUReset, KindGPUDiag, KindRollback}
 
 // Kinds returns every command kind of the protocol, in session.proto's
 // order (a new slice each call).
@@ -89,7 +93,8 @@ var ErrSpecMismatch = errors.New("command spec does not fit its kind")
 // one it takes: an ExecSpec with a non-empty argv[0] for "exec", a
 // PowerSpec whose action is empty or the kind's suffix for "power.*", a
 // BootSpec with a device for "boot.set", an UpgradeSpec with a version for
-// "upgrade", a GPUResetSpec with a GPU UUID for "gpu.reset", and none for the other kinds. c.Kind is not read (the caller
+// "upgrade", a GPUResetSpec with a GPU UUID for "gpu.reset", a GPUDiagSpec with a level of
+// at most 3 for "gpu.diag", and none for the other kinds. c.Kind is not read (the caller
 // passes the kind it means). Errors wrap ErrUnknownKind or ErrSpecMismatch
 // and name the field ("exec.argv").
 func CheckSpec(kind string, c *Command) error {
@@ -128,6 +133,14 @@ func CheckSpec(kind string, c *Command) error {
 		if g := c.GetGpuReset(); g != nil {
 			if g.GetGpuUuid() == "" {
 				return fmt.Errorf("%w: gpuReset.gpuUuid is required for kind %s", ErrSpecMismatch, kind)
+			}
+			ok = true
+		}
+	case KindGPUDiag:
+		want = "gpuDiag"
+		if g := c.GetGpuDiag(); g != nil {
+			if g.GetLevel() > 3 {
+				return fmt.Errorf("%w: gpuDiag.level %d is not a DCGM run level: want 0 to 3", ErrSpecMismatch, g.GetLevel())
 			}
 			ok = true
 		}

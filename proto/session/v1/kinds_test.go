@@ -83,6 +83,9 @@ func TestCheckSpec(t *testing.T) {
 		{"boot.set", &sessionv1.Command{Spec: &sessionv1.Command_Boot{Boot: &sessionv1.BootSpec{}}}, sessionv1.ErrSpecMismatch, "boot.device"},
 		{"upgrade", upgrade, nil, ""},
 		{"upgrade", &sessionv1.Command{Spec: &sessionv1.Command_Upgrade{Upgrade: &sessionv1.UpgradeSpec{}}}, sessionv1.ErrSpecMismatch, "upgrade.version"},
+		{"gpu.diag", &sessionv1.Command{Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{Level: 3}}}, nil, ""},
+		{"gpu.diag", &sessionv1.Command{Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{Level: 4}}}, sessionv1.ErrSpecMismatch, "gpuDiag.level 4"},
+		{"gpu.diag", none, sessionv1.ErrSpecMismatch, "takes gpuDiag"},
 		{"power.bogus", power(""), sessionv1.ErrUnknownKind, "power.bogus"},
 		{"", none, sessionv1.ErrUnknownKind, "want one of exec, inventory.refresh"},
 	} {

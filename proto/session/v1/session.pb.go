@@ -36,6 +36,8 @@
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
 //   - "gpu.reset": runs Command kind "gpu.reset" (GPUResetSpec) through the
 //     root helper.
+//   - "gpu.diag": runs Command kind "gpu.diag" (GPUDiagSpec): DCGM's
+//     diagnostic through the root helper, or the built-in NVML check.
 //   - "rollback": runs Command kind "rollback": restores the bcd release kept
 //     beside the current one (no download).
 //   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on
@@ -4142,7 +4144,7 @@ type Command struct {
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// What to do: "exec", "inventory.refresh", "power.status", "power.on",
 	// "power.off", "power.soft-off", "power.cycle", "power.reset", "boot.set",
-	// "upgrade", "reboot", "drain", "gpu.reset", "rollback". A node answers a
+	// "upgrade", "reboot", "drain", "gpu.reset", "gpu.diag", "rollback". A node answers a
 	// kind it does not know with a FAILED result.
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	// After this time the command must not start, and one still running is
@@ -4160,6 +4162,7 @@ type Command struct {
 	//	*Command_Boot
 	//	*Command_Upgrade
 	//	*Command_GpuReset
+	//	*Command_GpuDiag
 	Spec          isCommand_Spec `protobuf_oneof:"spec"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4275,6 +4278,15 @@ func (x *Command) GetGpuReset() *GPUResetSpec {
 	return nil
 }
 
+func (x *Command) GetGpuDiag() *GPUDiagSpec {
+	if x != nil {
+		if x, ok := x.Spec.(*Command_GpuDiag); ok {
+			return x.GpuDiag
+		}
+	}
+	return nil
+}
+
 type isCommand_Spec interface {
 	isCommand_Spec()
 }
@@ -4304,6 +4316,11 @@ type Command_GpuReset struct {
 	GpuReset *GPUResetSpec `protobuf:"bytes,14,opt,name=gpu_reset,json=gpuReset,proto3,oneof"`
 }
 
+type Command_GpuDiag struct {
+	// For kind "gpu.diag".
+	GpuDiag *GPUDiagSpec `protobuf:"bytes,15,opt,name=gpu_diag,json=gpuDiag,proto3,oneof"`
+}
+
 func (*Command_Exec) isCommand_Spec() {}
 
 func (*Command_Power) isCommand_Spec() {}
@@ -4313,6 +4330,8 @@ func (*Command_Boot) isCommand_Spec() {}
 func (*Command_Upgrade) isCommand_Spec() {}
 
 func (*Command_GpuReset) isCommand_Spec() {}
+
+func (*Command_GpuDiag) isCommand_Spec() {}
 
 // ExecSpec runs a program, without a shell.
 type ExecSpec struct {
@@ -4665,6 +4684,72 @@ func (x *GPUResetSpec) GetForce() bool {
 	return false
 }
 
+// GPUDiagSpec checks a node's GPUs before they return to service
+// (docs/remediation.md, "Diagnostic before return"). With level 1 to 3 and
+// dcgmi on the node, it runs "dcgmi diag -r LEVEL -j" as root (NVIDIA DCGM's
+// run levels: 1 quick, 2 medium, 3 long) and reads its JSON; without dcgmi,
+// or with level 0, it runs the built-in NVML check: every GPU enumerates,
+// reads its recovery action as none, and has no uncorrectable ECC error in
+// its volatile count (zero since the driver loaded or the GPU was reset).
+// The result is SUCCEEDED when every test passed, FAILED naming the failed
+// tests otherwise; CommandResult.detail_json holds the tool, the level and
+// each failure ({"tool":"dcgmi","level":1,"failures":[{"test":..,"gpu":..,
+// "message":..}]}).
+type GPUDiagSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// DCGM run level: 0 (built-in NVML check only), 1, 2 or 3.
+	Level uint32 `protobuf:"varint,1,opt,name=level,proto3" json:"level,omitempty"`
+	// The GPU the check is for, when it is for one ("GPU-..."): it must be
+	// among those NVML lists. Every GPU is checked either way.
+	GpuUuid       string `protobuf:"bytes,2,opt,name=gpu_uuid,json=gpuUuid,proto3" json:"gpu_uuid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GPUDiagSpec) Reset() {
+	*x = GPUDiagSpec{}
+	mi := &file_session_v1_session_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GPUDiagSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GPUDiagSpec) ProtoMessage() {}
+
+func (x *GPUDiagSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GPUDiagSpec.ProtoReflect.Descriptor instead.
+func (*GPUDiagSpec) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GPUDiagSpec) GetLevel() uint32 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *GPUDiagSpec) GetGpuUuid() string {
+	if x != nil {
+		return x.GpuUuid
+	}
+	return ""
+}
+
 // Cancel stops a command.
 type Cancel struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -4678,7 +4763,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4690,7 +4775,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4703,7 +4788,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -4737,7 +4822,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4749,7 +4834,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4762,7 +4847,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -4798,7 +4883,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4810,7 +4895,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4823,7 +4908,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Revoked) GetReason() string {
@@ -4856,7 +4941,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4868,7 +4953,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4881,7 +4966,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -4984,7 +5069,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4996,7 +5081,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5009,7 +5094,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -5032,7 +5117,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5129,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5142,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -5091,7 +5176,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5103,7 +5188,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5116,7 +5201,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -5166,7 +5251,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5178,7 +5263,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5191,7 +5276,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -5280,7 +5365,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5292,7 +5377,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5305,7 +5390,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Event) GetKind() string {
@@ -5442,7 +5527,7 @@ type GPUFinding struct {
 
 func (x *GPUFinding) Reset() {
 	*x = GPUFinding{}
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5454,7 +5539,7 @@ func (x *GPUFinding) String() string {
 func (*GPUFinding) ProtoMessage() {}
 
 func (x *GPUFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5467,7 +5552,7 @@ func (x *GPUFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFinding.ProtoReflect.Descriptor instead.
 func (*GPUFinding) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GPUFinding) GetGpuUuid() string {
@@ -5810,7 +5895,7 @@ type XIDSignal struct {
 
 func (x *XIDSignal) Reset() {
 	*x = XIDSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5822,7 +5907,7 @@ func (x *XIDSignal) String() string {
 func (*XIDSignal) ProtoMessage() {}
 
 func (x *XIDSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5835,7 +5920,7 @@ func (x *XIDSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XIDSignal.ProtoReflect.Descriptor instead.
 func (*XIDSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *XIDSignal) GetCode() uint32 {
@@ -5868,7 +5953,7 @@ type ECCSignal struct {
 
 func (x *ECCSignal) Reset() {
 	*x = ECCSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5880,7 +5965,7 @@ func (x *ECCSignal) String() string {
 func (*ECCSignal) ProtoMessage() {}
 
 func (x *ECCSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5893,7 +5978,7 @@ func (x *ECCSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ECCSignal.ProtoReflect.Descriptor instead.
 func (*ECCSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ECCSignal) GetUncorrectable() bool {
@@ -5927,7 +6012,7 @@ type RowRemapSignal struct {
 
 func (x *RowRemapSignal) Reset() {
 	*x = RowRemapSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5939,7 +6024,7 @@ func (x *RowRemapSignal) String() string {
 func (*RowRemapSignal) ProtoMessage() {}
 
 func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5952,7 +6037,7 @@ func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowRemapSignal.ProtoReflect.Descriptor instead.
 func (*RowRemapSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RowRemapSignal) GetFailure() bool {
@@ -5995,7 +6080,7 @@ type RecoveryActionSignal struct {
 
 func (x *RecoveryActionSignal) Reset() {
 	*x = RecoveryActionSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6007,7 +6092,7 @@ func (x *RecoveryActionSignal) String() string {
 func (*RecoveryActionSignal) ProtoMessage() {}
 
 func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6020,7 +6105,7 @@ func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveryActionSignal.ProtoReflect.Descriptor instead.
 func (*RecoveryActionSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RecoveryActionSignal) GetAction() string {
@@ -6044,7 +6129,7 @@ type ClocksSignal struct {
 
 func (x *ClocksSignal) Reset() {
 	*x = ClocksSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6056,7 +6141,7 @@ func (x *ClocksSignal) String() string {
 func (*ClocksSignal) ProtoMessage() {}
 
 func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6069,7 +6154,7 @@ func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClocksSignal.ProtoReflect.Descriptor instead.
 func (*ClocksSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ClocksSignal) GetEventReasons() uint64 {
@@ -6100,7 +6185,7 @@ type NVLinkSignal struct {
 
 func (x *NVLinkSignal) Reset() {
 	*x = NVLinkSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6112,7 +6197,7 @@ func (x *NVLinkSignal) String() string {
 func (*NVLinkSignal) ProtoMessage() {}
 
 func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6125,7 +6210,7 @@ func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVLinkSignal.ProtoReflect.Descriptor instead.
 func (*NVLinkSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *NVLinkSignal) GetErrors() uint64 {
@@ -6153,7 +6238,7 @@ type RetiredPagesSignal struct {
 
 func (x *RetiredPagesSignal) Reset() {
 	*x = RetiredPagesSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6165,7 +6250,7 @@ func (x *RetiredPagesSignal) String() string {
 func (*RetiredPagesSignal) ProtoMessage() {}
 
 func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6178,7 +6263,7 @@ func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetiredPagesSignal.ProtoReflect.Descriptor instead.
 func (*RetiredPagesSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RetiredPagesSignal) GetPending() bool {
@@ -6199,7 +6284,7 @@ type GPULostSignal struct {
 
 func (x *GPULostSignal) Reset() {
 	*x = GPULostSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[61]
+	mi := &file_session_v1_session_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6211,7 +6296,7 @@ func (x *GPULostSignal) String() string {
 func (*GPULostSignal) ProtoMessage() {}
 
 func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[61]
+	mi := &file_session_v1_session_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6224,7 +6309,7 @@ func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPULostSignal.ProtoReflect.Descriptor instead.
 func (*GPULostSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{61}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GPULostSignal) GetNvmlError() string {
@@ -6258,7 +6343,7 @@ type PCIeSignal struct {
 
 func (x *PCIeSignal) Reset() {
 	*x = PCIeSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[62]
+	mi := &file_session_v1_session_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6270,7 +6355,7 @@ func (x *PCIeSignal) String() string {
 func (*PCIeSignal) ProtoMessage() {}
 
 func (x *PCIeSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[62]
+	mi := &file_session_v1_session_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6283,7 +6368,7 @@ func (x *PCIeSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PCIeSignal.ProtoReflect.Descriptor instead.
 func (*PCIeSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{62}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PCIeSignal) GetReplays() uint64 {
@@ -6353,7 +6438,7 @@ type FabricSignal struct {
 
 func (x *FabricSignal) Reset() {
 	*x = FabricSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[63]
+	mi := &file_session_v1_session_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6365,7 +6450,7 @@ func (x *FabricSignal) String() string {
 func (*FabricSignal) ProtoMessage() {}
 
 func (x *FabricSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[63]
+	mi := &file_session_v1_session_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6378,7 +6463,7 @@ func (x *FabricSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FabricSignal.ProtoReflect.Descriptor instead.
 func (*FabricSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{63}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FabricSignal) GetState() string {
@@ -6415,7 +6500,7 @@ type PersistenceModeSignal struct {
 
 func (x *PersistenceModeSignal) Reset() {
 	*x = PersistenceModeSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[64]
+	mi := &file_session_v1_session_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6427,7 +6512,7 @@ func (x *PersistenceModeSignal) String() string {
 func (*PersistenceModeSignal) ProtoMessage() {}
 
 func (x *PersistenceModeSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[64]
+	mi := &file_session_v1_session_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6440,7 +6525,7 @@ func (x *PersistenceModeSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PersistenceModeSignal.ProtoReflect.Descriptor instead.
 func (*PersistenceModeSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{64}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PersistenceModeSignal) GetEnabled() bool {
@@ -6473,7 +6558,7 @@ type DriftSignal struct {
 
 func (x *DriftSignal) Reset() {
 	*x = DriftSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[65]
+	mi := &file_session_v1_session_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6485,7 +6570,7 @@ func (x *DriftSignal) String() string {
 func (*DriftSignal) ProtoMessage() {}
 
 func (x *DriftSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[65]
+	mi := &file_session_v1_session_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6498,7 +6583,7 @@ func (x *DriftSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftSignal.ProtoReflect.Descriptor instead.
 func (*DriftSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{65}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DriftSignal) GetDriverVersion() string {
@@ -6566,7 +6651,7 @@ type FabricManagerSignal struct {
 
 func (x *FabricManagerSignal) Reset() {
 	*x = FabricManagerSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[66]
+	mi := &file_session_v1_session_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6578,7 +6663,7 @@ func (x *FabricManagerSignal) String() string {
 func (*FabricManagerSignal) ProtoMessage() {}
 
 func (x *FabricManagerSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[66]
+	mi := &file_session_v1_session_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6591,7 +6676,7 @@ func (x *FabricManagerSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FabricManagerSignal.ProtoReflect.Descriptor instead.
 func (*FabricManagerSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{66}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *FabricManagerSignal) GetActiveState() string {
@@ -6671,7 +6756,7 @@ type InfiniBandSignal struct {
 
 func (x *InfiniBandSignal) Reset() {
 	*x = InfiniBandSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[67]
+	mi := &file_session_v1_session_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6683,7 +6768,7 @@ func (x *InfiniBandSignal) String() string {
 func (*InfiniBandSignal) ProtoMessage() {}
 
 func (x *InfiniBandSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[67]
+	mi := &file_session_v1_session_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6696,7 +6781,7 @@ func (x *InfiniBandSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfiniBandSignal.ProtoReflect.Descriptor instead.
 func (*InfiniBandSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{67}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *InfiniBandSignal) GetDevice() string {
@@ -6769,7 +6854,7 @@ type GPUMissingSignal struct {
 
 func (x *GPUMissingSignal) Reset() {
 	*x = GPUMissingSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[68]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6781,7 +6866,7 @@ func (x *GPUMissingSignal) String() string {
 func (*GPUMissingSignal) ProtoMessage() {}
 
 func (x *GPUMissingSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[68]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6794,7 +6879,7 @@ func (x *GPUMissingSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUMissingSignal.ProtoReflect.Descriptor instead.
 func (*GPUMissingSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{68}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GPUMissingSignal) GetExpected() uint32 {
@@ -6836,7 +6921,7 @@ type GPUFindingEvidence struct {
 
 func (x *GPUFindingEvidence) Reset() {
 	*x = GPUFindingEvidence{}
-	mi := &file_session_v1_session_proto_msgTypes[69]
+	mi := &file_session_v1_session_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6848,7 +6933,7 @@ func (x *GPUFindingEvidence) String() string {
 func (*GPUFindingEvidence) ProtoMessage() {}
 
 func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[69]
+	mi := &file_session_v1_session_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6861,7 +6946,7 @@ func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFindingEvidence.ProtoReflect.Descriptor instead.
 func (*GPUFindingEvidence) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{69}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *GPUFindingEvidence) GetSource() string {
@@ -7225,7 +7310,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x18\n" +
 	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"\xc2\x03\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"\x86\x04\n" +
 	"\aCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x126\n" +
@@ -7236,7 +7321,8 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x05power\x18\v \x01(\v2#.bettercompute.session.v1.PowerSpecH\x00R\x05power\x128\n" +
 	"\x04boot\x18\f \x01(\v2\".bettercompute.session.v1.BootSpecH\x00R\x04boot\x12A\n" +
 	"\aupgrade\x18\r \x01(\v2%.bettercompute.session.v1.UpgradeSpecH\x00R\aupgrade\x12E\n" +
-	"\tgpu_reset\x18\x0e \x01(\v2&.bettercompute.session.v1.GPUResetSpecH\x00R\bgpuResetB\x06\n" +
+	"\tgpu_reset\x18\x0e \x01(\v2&.bettercompute.session.v1.GPUResetSpecH\x00R\bgpuReset\x12B\n" +
+	"\bgpu_diag\x18\x0f \x01(\v2%.bettercompute.session.v1.GPUDiagSpecH\x00R\agpuDiagB\x06\n" +
 	"\x04spec\"\xa3\x02\n" +
 	"\bExecSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12=\n" +
@@ -7263,7 +7349,10 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\"?\n" +
 	"\fGPUResetSpec\x12\x19\n" +
 	"\bgpu_uuid\x18\x01 \x01(\tR\agpuUuid\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"?\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\">\n" +
+	"\vGPUDiagSpec\x12\x14\n" +
+	"\x05level\x18\x01 \x01(\rR\x05level\x12\x19\n" +
+	"\bgpu_uuid\x18\x02 \x01(\tR\agpuUuid\"?\n" +
 	"\x06Cancel\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x12\x16\n" +
@@ -7501,7 +7590,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -7553,86 +7642,87 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*BootSpec)(nil),              // 47: bettercompute.session.v1.BootSpec
 	(*UpgradeSpec)(nil),           // 48: bettercompute.session.v1.UpgradeSpec
 	(*GPUResetSpec)(nil),          // 49: bettercompute.session.v1.GPUResetSpec
-	(*Cancel)(nil),                // 50: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 51: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 52: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 53: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 54: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 55: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 56: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 57: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 58: bettercompute.session.v1.Event
-	(*GPUFinding)(nil),            // 59: bettercompute.session.v1.GPUFinding
-	(*XIDSignal)(nil),             // 60: bettercompute.session.v1.XIDSignal
-	(*ECCSignal)(nil),             // 61: bettercompute.session.v1.ECCSignal
-	(*RowRemapSignal)(nil),        // 62: bettercompute.session.v1.RowRemapSignal
-	(*RecoveryActionSignal)(nil),  // 63: bettercompute.session.v1.RecoveryActionSignal
-	(*ClocksSignal)(nil),          // 64: bettercompute.session.v1.ClocksSignal
-	(*NVLinkSignal)(nil),          // 65: bettercompute.session.v1.NVLinkSignal
-	(*RetiredPagesSignal)(nil),    // 66: bettercompute.session.v1.RetiredPagesSignal
-	(*GPULostSignal)(nil),         // 67: bettercompute.session.v1.GPULostSignal
-	(*PCIeSignal)(nil),            // 68: bettercompute.session.v1.PCIeSignal
-	(*FabricSignal)(nil),          // 69: bettercompute.session.v1.FabricSignal
-	(*PersistenceModeSignal)(nil), // 70: bettercompute.session.v1.PersistenceModeSignal
-	(*DriftSignal)(nil),           // 71: bettercompute.session.v1.DriftSignal
-	(*FabricManagerSignal)(nil),   // 72: bettercompute.session.v1.FabricManagerSignal
-	(*InfiniBandSignal)(nil),      // 73: bettercompute.session.v1.InfiniBandSignal
-	(*GPUMissingSignal)(nil),      // 74: bettercompute.session.v1.GPUMissingSignal
-	(*GPUFindingEvidence)(nil),    // 75: bettercompute.session.v1.GPUFindingEvidence
-	nil,                           // 76: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 77: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 78: bettercompute.session.v1.Event.AttributesEntry
-	nil,                           // 79: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 80: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 81: google.protobuf.Duration
+	(*GPUDiagSpec)(nil),           // 50: bettercompute.session.v1.GPUDiagSpec
+	(*Cancel)(nil),                // 51: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 52: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 53: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 54: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 55: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 56: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 57: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 58: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 59: bettercompute.session.v1.Event
+	(*GPUFinding)(nil),            // 60: bettercompute.session.v1.GPUFinding
+	(*XIDSignal)(nil),             // 61: bettercompute.session.v1.XIDSignal
+	(*ECCSignal)(nil),             // 62: bettercompute.session.v1.ECCSignal
+	(*RowRemapSignal)(nil),        // 63: bettercompute.session.v1.RowRemapSignal
+	(*RecoveryActionSignal)(nil),  // 64: bettercompute.session.v1.RecoveryActionSignal
+	(*ClocksSignal)(nil),          // 65: bettercompute.session.v1.ClocksSignal
+	(*NVLinkSignal)(nil),          // 66: bettercompute.session.v1.NVLinkSignal
+	(*RetiredPagesSignal)(nil),    // 67: bettercompute.session.v1.RetiredPagesSignal
+	(*GPULostSignal)(nil),         // 68: bettercompute.session.v1.GPULostSignal
+	(*PCIeSignal)(nil),            // 69: bettercompute.session.v1.PCIeSignal
+	(*FabricSignal)(nil),          // 70: bettercompute.session.v1.FabricSignal
+	(*PersistenceModeSignal)(nil), // 71: bettercompute.session.v1.PersistenceModeSignal
+	(*DriftSignal)(nil),           // 72: bettercompute.session.v1.DriftSignal
+	(*FabricManagerSignal)(nil),   // 73: bettercompute.session.v1.FabricManagerSignal
+	(*InfiniBandSignal)(nil),      // 74: bettercompute.session.v1.InfiniBandSignal
+	(*GPUMissingSignal)(nil),      // 75: bettercompute.session.v1.GPUMissingSignal
+	(*GPUFindingEvidence)(nil),    // 76: bettercompute.session.v1.GPUFindingEvidence
+	nil,                           // 77: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 78: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 79: bettercompute.session.v1.Event.AttributesEntry
+	nil,                           // 80: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 81: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 82: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	80,  // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	81,  // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	81,  // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	82,  // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,   // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11,  // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,   // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	76,  // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	80,  // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	80,  // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	81,  // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	80,  // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	80,  // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	81,  // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	80,  // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	77,  // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	81,  // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	81,  // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	82,  // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	81,  // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	81,  // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	82,  // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	81,  // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
 	19,  // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
 	20,  // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
 	24,  // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
 	29,  // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
 	30,  // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	53,  // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	58,  // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	54,  // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	59,  // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
 	27,  // 20: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
 	44,  // 21: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	50,  // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	51,  // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	52,  // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	51,  // 22: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	52,  // 23: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	53,  // 24: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
 	23,  // 25: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
 	17,  // 26: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
 	26,  // 27: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	57,  // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	58,  // 28: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
 	25,  // 29: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
-	80,  // 30: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
-	81,  // 31: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	80,  // 32: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	81,  // 30: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
+	82,  // 31: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	81,  // 32: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
 	28,  // 33: bettercompute.session.v1.Welcome.gpu_health:type_name -> bettercompute.session.v1.GPUHealthThresholds
-	81,  // 34: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
-	81,  // 35: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
-	81,  // 36: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
-	81,  // 37: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
-	81,  // 38: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
-	81,  // 39: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
-	81,  // 40: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
-	80,  // 41: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	82,  // 34: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
+	82,  // 35: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
+	82,  // 36: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
+	82,  // 37: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
+	82,  // 38: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
+	82,  // 39: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
+	82,  // 40: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
+	81,  // 41: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	32,  // 42: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
 	39,  // 43: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
 	43,  // 44: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	80,  // 45: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	81,  // 45: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
 	31,  // 46: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
 	42,  // 47: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
 	37,  // 48: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
@@ -7647,72 +7737,73 @@ var file_session_v1_session_proto_depIdxs = []int32{
 	41,  // 57: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
 	42,  // 58: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
 	2,   // 59: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	80,  // 60: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	81,  // 60: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
 	45,  // 61: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
 	46,  // 62: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
 	47,  // 63: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
 	48,  // 64: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
 	49,  // 65: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	77,  // 66: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	81,  // 67: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	81,  // 68: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	54,  // 69: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	55,  // 70: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	56,  // 71: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	57,  // 72: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	80,  // 73: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	80,  // 74: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,   // 75: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,   // 76: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	80,  // 77: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	80,  // 78: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,   // 79: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	78,  // 80: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	59,  // 81: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
-	60,  // 82: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
-	61,  // 83: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
-	62,  // 84: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
-	63,  // 85: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
-	64,  // 86: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
-	65,  // 87: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
-	66,  // 88: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
-	67,  // 89: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
-	68,  // 90: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
-	74,  // 91: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
-	69,  // 92: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
-	73,  // 93: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
-	70,  // 94: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
-	71,  // 95: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
-	72,  // 96: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
-	2,   // 97: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
-	75,  // 98: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
-	80,  // 99: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
-	81,  // 100: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
-	81,  // 101: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
-	81,  // 102: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
-	81,  // 103: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
-	81,  // 104: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
-	81,  // 105: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
-	79,  // 106: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	10,  // 107: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13,  // 108: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15,  // 109: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,   // 110: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,   // 111: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21,  // 112: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18,  // 113: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12,  // 114: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14,  // 115: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16,  // 116: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,   // 117: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14,  // 118: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	22,  // 119: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18,  // 120: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	114, // [114:121] is the sub-list for method output_type
-	107, // [107:114] is the sub-list for method input_type
-	107, // [107:107] is the sub-list for extension type_name
-	107, // [107:107] is the sub-list for extension extendee
-	0,   // [0:107] is the sub-list for field type_name
+	50,  // 66: bettercompute.session.v1.Command.gpu_diag:type_name -> bettercompute.session.v1.GPUDiagSpec
+	78,  // 67: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	82,  // 68: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	82,  // 69: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	55,  // 70: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	56,  // 71: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	57,  // 72: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	58,  // 73: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	81,  // 74: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	81,  // 75: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,   // 76: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,   // 77: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	81,  // 78: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	81,  // 79: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,   // 80: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	79,  // 81: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	60,  // 82: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	61,  // 83: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	62,  // 84: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	63,  // 85: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	64,  // 86: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	65,  // 87: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	66,  // 88: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	67,  // 89: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	68,  // 90: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	69,  // 91: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
+	75,  // 92: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
+	70,  // 93: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
+	74,  // 94: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
+	71,  // 95: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
+	72,  // 96: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
+	73,  // 97: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
+	2,   // 98: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	76,  // 99: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	81,  // 100: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	82,  // 101: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	82,  // 102: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
+	82,  // 103: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
+	82,  // 104: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
+	82,  // 105: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
+	82,  // 106: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
+	80,  // 107: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10,  // 108: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13,  // 109: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15,  // 110: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,   // 111: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,   // 112: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21,  // 113: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18,  // 114: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12,  // 115: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14,  // 116: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16,  // 117: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,   // 118: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14,  // 119: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	22,  // 120: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18,  // 121: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	115, // [115:122] is the sub-list for method output_type
+	108, // [108:115] is the sub-list for method input_type
+	108, // [108:108] is the sub-list for extension type_name
+	108, // [108:108] is the sub-list for extension extendee
+	0,   // [0:108] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -7750,14 +7841,15 @@ func file_session_v1_session_proto_init() {
 		(*Command_Boot)(nil),
 		(*Command_Upgrade)(nil),
 		(*Command_GpuReset)(nil),
+		(*Command_GpuDiag)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[47].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[48].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
 		(*CommandUpdate_Result)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[53].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[54].OneofWrappers = []any{
 		(*GPUFinding_Xid)(nil),
 		(*GPUFinding_Ecc)(nil),
 		(*GPUFinding_RowRemap)(nil),
@@ -7780,7 +7872,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   74,
+			NumMessages:   75,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

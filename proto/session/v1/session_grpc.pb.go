@@ -36,6 +36,8 @@
 //   - "resume": sends Hello.resume and Hello.pending_results after a reconnect.
 //   - "gpu.reset": runs Command kind "gpu.reset" (GPUResetSpec) through the
 //     root helper.
+//   - "gpu.diag": runs Command kind "gpu.diag" (GPUDiagSpec): DCGM's
+//     diagnostic through the root helper, or the built-in NVML check.
 //   - "rollback": runs Command kind "rollback": restores the bcd release kept
 //     beside the current one (no download).
 //   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on

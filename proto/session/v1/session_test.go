@@ -147,6 +147,9 @@ func gatewayMessages() map[string]*sessionv1.GatewayMessage {
 		"command.gpu_reset": command(&sessionv1.Command{Kind: "gpu.reset", Spec: &sessionv1.Command_GpuReset{GpuReset: &sessionv1.GPUResetSpec{
 			GpuUuid: "GPU-5c1f0000-0000-0000-0000-000000000000", Force: true,
 		}}}),
+		"command.gpu_diag": command(&sessionv1.Command{Kind: "gpu.diag", Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{
+			Level: 2, GpuUuid: "GPU-5c1f0000-0000-0000-0000-000000000000",
+		}}}),
 		"cancel": {Seq: 3, Body: &sessionv1.GatewayMessage_Cancel{Cancel: &sessionv1.Cancel{CommandId: "cmd-1", Reason: "operator"}}},
 		"drain": {Seq: 4, Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{
 			Delay: durationpb.New(60 * time.Second), Reason: "gateway shutting down",
