@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/internal/logkey"
-	"github.com/better-compute/better-compute/bcd/inventory/gpu/diag"
 	"github.com/better-compute/better-compute/bcd/process"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -31,7 +31,7 @@ type GPUs interface {
 	ResetDone(uuid string)
 	// Check runs the built-in NVML check gpu.diag falls back on (see
 	// gpu.Collector.Check); an error when it could not run.
-	Check(ctx context.Context, uuid string) (diag.Result, error)
+	Check(ctx context.Context, uuid string) (gpudiag.Result, error)
 }
 
 // Rebooter reboots the machine (*helper.Client when bcd is unprivileged).
@@ -129,7 +129,7 @@ func lookRoot(name string) string {
 // -j" as root when the spec asks for a DCGM level and dcgmi is installed,
 // else the built-in NVML check (GPUs.Check). SUCCEEDED when every test
 // passed; FAILED naming the failed tests otherwise, or when the diagnostic
-// could not run. The detail holds the diag.Result either way.
+// could not run. The detail holds the gpudiag.Result either way.
 func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updater) *sessionv1.CommandResult {
 	spec := cmd.GetGpuDiag()
 	uuid, level := spec.GetGpuUuid(), int(spec.GetLevel())
@@ -140,7 +140,7 @@ func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updat
 		return failed(fmt.Sprintf("gpu.diag: gpuDiag.level %d is not a DCGM run level (0 to 3)", level))
 	}
 	running(u)
-	var res diag.Result
+	var res gpudiag.Result
 	dcgmi := ""
 	if level > 0 {
 		dcgmi = lookRoot(e.cfg.DCGMI)
@@ -150,19 +150,19 @@ func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updat
 		var stdout []byte
 		send := output(u)
 		out := func(stream int, data []byte) {
-			if stream == process.Stdout && len(stdout) < diag.MaxOutput {
-				stdout = append(stdout, data[:min(len(data), diag.MaxOutput-len(stdout))]...)
+			if stream == process.Stdout && len(stdout) < gpudiag.MaxOutput {
+				stdout = append(stdout, data[:min(len(data), gpudiag.MaxOutput-len(stdout))]...)
 			}
 			send(stream, data)
 		}
-		run := e.asRootLimit(ctx, cmd.GetId(), []string{dcgmi, "diag", "-r", strconv.Itoa(level), "-j"}, diag.MaxOutput, out)
+		run := e.asRootLimit(ctx, cmd.GetId(), []string{dcgmi, "diag", "-r", strconv.Itoa(level), "-j"}, gpudiag.MaxOutput, out)
 		switch {
 		case run.Cancelled || ctx.Err() != nil:
 			return stopped(ctx, "gpu.diag: stopped while dcgmi diag ran")
 		case run.Err != nil:
 			return failed("gpu.diag: " + run.Err.Error())
 		}
-		r, err := diag.ParseDCGM(stdout, level)
+		r, err := gpudiag.ParseDCGM(stdout, level)
 		if err != nil {
 			return failed(fmt.Sprintf("gpu.diag: dcgmi diag -r %d exited with status %d: %v", level, run.ExitCode, err))
 		}
@@ -194,8 +194,8 @@ func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updat
 
 // describeDiag names the diagnostic that ran: "dcgmi diag -r 2" or "the
 // NVML check".
-func describeDiag(r diag.Result) string {
-	if r.Tool == diag.ToolDCGM {
+func describeDiag(r gpudiag.Result) string {
+	if r.Tool == gpudiag.ToolDCGM {
 		return fmt.Sprintf("dcgmi diag -r %d", r.Level)
 	}
 	return "the NVML check"

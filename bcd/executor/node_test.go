@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/executor"
-	"github.com/better-compute/better-compute/bcd/inventory/gpu/diag"
 	"github.com/better-compute/better-compute/bcd/journal"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -28,11 +28,11 @@ type fakeGPUs struct {
 	procs map[string][]int
 	reset []string
 	// check is what Check answers; checks counts its calls.
-	check  diag.Result
+	check  gpudiag.Result
 	checks int
 }
 
-func (g *fakeGPUs) Check(_ context.Context, uuid string) (diag.Result, error) {
+func (g *fakeGPUs) Check(_ context.Context, uuid string) (gpudiag.Result, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.checks++
@@ -376,7 +376,7 @@ const dcgmFailDoc = `{"DCGM GPU Diagnostic": {"test_categories": [
    {"gpu_ids": "1", "status": "Fail", "warnings": [{"warning": "Memory error found at address 0x1000", "error_id": 5}]}]}]}]}}`
 
 func TestGPUDiag(t *testing.T) {
-	gpus := &fakeGPUs{check: diag.Result{Tool: diag.ToolNVML, Tests: 24}}
+	gpus := &fakeGPUs{check: gpudiag.Result{Tool: gpudiag.ToolNVML, Tests: 24}}
 	e := executor.New(executor.Config{Commands: asSelf{}, GPUs: gpus, IsRoot: func() bool { return true }})
 	run := func(c *sessionv1.Command) *sessionv1.CommandResult {
 		t.Helper()
@@ -384,9 +384,9 @@ func TestGPUDiag(t *testing.T) {
 		e.HandleCommand(t.Context(), c, r.send)
 		return wait(t, r)
 	}
-	detail := func(res *sessionv1.CommandResult) diag.Result {
+	detail := func(res *sessionv1.CommandResult) gpudiag.Result {
 		t.Helper()
-		var d diag.Result
+		var d gpudiag.Result
 		if err := json.Unmarshal(res.DetailJson, &d); err != nil {
 			t.Fatalf("detail %q: %v", res.DetailJson, err)
 		}
@@ -396,11 +396,11 @@ func TestGPUDiag(t *testing.T) {
 	// No dcgmi anywhere: level 1 runs the built-in NVML check.
 	t.Setenv("PATH", t.TempDir())
 	res := run(gpuDiagCmd("diag_1", 1))
-	if res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || gpus.checks != 1 || detail(res).Tool != diag.ToolNVML {
+	if res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || gpus.checks != 1 || detail(res).Tool != gpudiag.ToolNVML {
 		t.Fatalf("without dcgmi: %v, checks %d", res, gpus.checks)
 	}
 	// The built-in check failing fails the command with what failed.
-	gpus.check = diag.Result{Tool: diag.ToolNVML, Tests: 24, Failures: []diag.Failure{{Test: "recovery-action", GPU: gpuA,
+	gpus.check = gpudiag.Result{Tool: gpudiag.ToolNVML, Tests: 24, Failures: []gpudiag.Failure{{Test: "recovery-action", GPU: gpuA,
 		Message: "the driver asks for recovery action GPU_RESET"}}}
 	res = run(gpuDiagCmd("diag_2", 0))
 	if res.State != sessionv1.CommandState_COMMAND_STATE_FAILED || !strings.Contains(res.Error, "recovery-action on GPU "+gpuA) ||
@@ -417,16 +417,16 @@ func TestGPUDiag(t *testing.T) {
 		gpus.checks != 2 {
 		t.Fatalf("failing dcgmi: args %q, %v, checks %d", b, res, gpus.checks)
 	}
-	if d := detail(res); d.Tool != diag.ToolDCGM || d.Level != 2 || d.Tests != 3 || len(d.Failures) != 1 {
+	if d := detail(res); d.Tool != gpudiag.ToolDCGM || d.Level != 2 || d.Tests != 3 || len(d.Failures) != 1 {
 		t.Fatalf("failing dcgmi's detail: %+v", d)
 	}
 	// A passing run succeeds; level 0 never runs dcgmi.
 	standInDCGMI(t, strings.ReplaceAll(dcgmFailDoc, "Fail", "Pass"), 0)
-	if res = run(gpuDiagCmd("diag_4", 1)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != diag.ToolDCGM {
+	if res = run(gpuDiagCmd("diag_4", 1)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != gpudiag.ToolDCGM {
 		t.Fatalf("passing dcgmi: %v", res)
 	}
-	gpus.check = diag.Result{Tool: diag.ToolNVML, Tests: 24}
-	if res = run(gpuDiagCmd("diag_5", 0)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != diag.ToolNVML {
+	gpus.check = gpudiag.Result{Tool: gpudiag.ToolNVML, Tests: 24}
+	if res = run(gpuDiagCmd("diag_5", 0)); res.State != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED || detail(res).Tool != gpudiag.ToolNVML {
 		t.Fatalf("level 0 with dcgmi present: %v", res)
 	}
 	// dcgmi printing no JSON fails the command, saying so.

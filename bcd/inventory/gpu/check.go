@@ -7,10 +7,10 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/better-compute/better-compute/bcd/inventory/gpu/diag"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 )
 
-// Names of the built-in check's tests (diag.Failure.Test).
+// Names of the built-in check's tests (gpudiag.Failure.Test).
 const (
 	CheckEnumerate      = "enumerate"
 	CheckRecoveryAction = "recovery-action"
@@ -28,15 +28,15 @@ const (
 // state, so a check never takes a finding from the next scan. An error means
 // the check could not run (ctx done, NVML not initialised): a node without
 // an NVIDIA driver or without GPUs fails the check rather than erring.
-func (c *Collector) Check(ctx context.Context, uuid string) (diag.Result, error) {
-	res := diag.Result{Tool: diag.ToolNVML}
+func (c *Collector) Check(ctx context.Context, uuid string) (gpudiag.Result, error) {
+	res := gpudiag.Result{Tool: gpudiag.ToolNVML}
 	if err := ctx.Err(); err != nil {
 		return res, fmt.Errorf("gpu check: %w", err)
 	}
 	ret := c.nvml.Init()
 	if status, ok := unavailable(ret); ok {
 		res.Tests++
-		res.Add(diag.Failure{Test: CheckEnumerate, Message: status})
+		res.Add(gpudiag.Failure{Test: CheckEnumerate, Message: status})
 		return res, nil
 	}
 	if ret != nvml.SUCCESS {
@@ -49,7 +49,7 @@ func (c *Collector) Check(ctx context.Context, uuid string) (diag.Result, error)
 	}
 	if n == 0 {
 		res.Tests++
-		res.Add(diag.Failure{Test: CheckEnumerate, Message: "NVML found no NVIDIA GPUs"})
+		res.Add(gpudiag.Failure{Test: CheckEnumerate, Message: "NVML found no NVIDIA GPUs"})
 		return res, nil
 	}
 	found := uuid == ""
@@ -61,7 +61,7 @@ func (c *Collector) Check(ctx context.Context, uuid string) (diag.Result, error)
 		id := fmt.Sprint(i)
 		dev, ret := c.nvml.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			res.Add(diag.Failure{Test: CheckEnumerate, GPU: id, Message: "NVML cannot open GPU index " + id + ": " + ret.Error()})
+			res.Add(gpudiag.Failure{Test: CheckEnumerate, GPU: id, Message: "NVML cannot open GPU index " + id + ": " + ret.Error()})
 			continue
 		}
 		var g GPU
@@ -72,21 +72,21 @@ func (c *Collector) Check(ctx context.Context, uuid string) (diag.Result, error)
 			if r.lost {
 				why = "ERROR_GPU_IS_LOST"
 			}
-			res.Add(diag.Failure{Test: CheckEnumerate, GPU: id, Message: "NVML gives no UUID for GPU index " + id + ": " + why})
+			res.Add(gpudiag.Failure{Test: CheckEnumerate, GPU: id, Message: "NVML gives no UUID for GPU index " + id + ": " + why})
 			continue
 		}
 		id = g.UUID
 		found = found || g.UUID == uuid
 		if g.RecoveryAction != "" {
-			res.Add(diag.Failure{Test: CheckRecoveryAction, GPU: id, Message: "the driver asks for recovery action " + g.RecoveryAction})
+			res.Add(gpudiag.Failure{Test: CheckRecoveryAction, GPU: id, Message: "the driver asks for recovery action " + g.RecoveryAction})
 		}
 		if e := g.ECC; e != nil && e.VolatileUncorrected != nil && *e.VolatileUncorrected > 0 {
-			res.Add(diag.Failure{Test: CheckECC, GPU: id,
+			res.Add(gpudiag.Failure{Test: CheckECC, GPU: id,
 				Message: fmt.Sprintf("%d uncorrectable ECC errors since the driver loaded or the GPU was reset", *e.VolatileUncorrected)})
 		}
 	}
 	if !found {
-		res.Add(diag.Failure{Test: CheckEnumerate, GPU: uuid, Message: "NVML does not list GPU " + uuid})
+		res.Add(gpudiag.Failure{Test: CheckEnumerate, GPU: uuid, Message: "NVML does not list GPU " + uuid})
 	}
 	return res, nil
 }

@@ -1,8 +1,8 @@
-// Package diag reads the result of a GPU diagnostic run before a GPU returns
+// Package gpudiag reads the result of a GPU diagnostic run before a GPU returns
 // to service (docs/remediation.md, "Diagnostic before return"): NVIDIA DCGM's
 // `dcgmi diag -r LEVEL -j` JSON, or the built-in NVML check that stands in
 // where DCGM is not installed.
-package diag
+package gpudiag
 
 import (
 	"encoding/json"
