@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"slices"
@@ -44,11 +45,55 @@ type Remediation struct {
 	// reconnect and read healthy; past it the action failed. Defaults to
 	// 10 min.
 	VerifyTimeout Duration `yaml:"verifyTimeout"`
+	// Verify is the diagnostic a node's GPUs pass before the node returns
+	// to service (docs/remediation.md, "Diagnostic before return").
+	Verify RemediationVerify `yaml:"verify"`
 	// Breaker is each pool's circuit breaker.
 	Breaker RemediationBreaker `yaml:"breaker"`
 	// Repeat holds a node for a person when faults come back
 	// (docs/remediation.md, "Repeats").
 	Repeat RemediationRepeat `yaml:"repeat"`
+}
+
+// Values of RemediationVerify.Diag.
+const (
+	// DiagNone runs no diagnostic: a node returns on its NVML health.
+	DiagNone = "none"
+	// DiagBuiltin runs only bcd's built-in NVML check.
+	DiagBuiltin = "builtin"
+)
+
+// RemediationVerify is the diagnostic run on the node, once it reads
+// healthy after an action and before it returns to service: NVIDIA DCGM's
+// `dcgmi diag -r LEVEL` where the node has dcgmi, bcd's built-in NVML check
+// (every GPU enumerates, reads its recovery action as none, and has no
+// uncorrectable ECC error since the reset) where it has not. A diagnostic
+// that fails, or cannot run, escalates the case with the node kept out of
+// service (after NVIDIA NVSentinel's DCGM preflight).
+type RemediationVerify struct {
+	// Diag is the DCGM run level, "1" (quick), "2" (medium) or "3" (long),
+	// "builtin" for the NVML check alone, or "none". Defaults to "1".
+	Diag string `yaml:"diag"`
+	// DiagTimeout is the diagnostic command's deadline. Defaults to 10 min
+	// at levels 1 and builtin, 30 min at 2, 2 h at 3 (DCGM's level 3 runs
+	// its stress tests for tens of minutes).
+	DiagTimeout Duration `yaml:"diagTimeout"`
+}
+
+// DiagLevel returns the DCGM run level of GPUDiagSpec.level (0 for
+// builtin) and whether a diagnostic runs at all.
+func (v RemediationVerify) DiagLevel() (level uint32, run bool) {
+	switch v.Diag {
+	case DiagNone:
+		return 0, false
+	case DiagBuiltin:
+		return 0, true
+	}
+	n, err := strconv.Atoi(v.Diag)
+	if err != nil || n < 1 || n > 3 {
+		return 1, true
+	}
+	return uint32(n), true
 }
 
 // RemediationRepeat are the repeat rules, read from the node's past cases
@@ -249,6 +294,13 @@ func (r *Remediation) defaults() {
 	if r.VerifyTimeout.Duration == 0 {
 		r.VerifyTimeout.Duration = 10 * time.Minute
 	}
+	if r.Verify.Diag == "" {
+		r.Verify.Diag = "1"
+	}
+	if r.Verify.DiagTimeout.Duration == 0 {
+		r.Verify.DiagTimeout.Duration = map[string]time.Duration{"2": 30 * time.Minute, "3": 2 * time.Hour}[r.Verify.Diag]
+		r.Verify.DiagTimeout.Duration = cmp.Or(r.Verify.DiagTimeout.Duration, 10*time.Minute)
+	}
 	if r.Breaker.Share == 0 {
 		r.Breaker.Share = 10
 	}
@@ -344,6 +396,12 @@ func (r *Remediation) validate() error {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if !slices.Contains([]string{DiagNone, DiagBuiltin, "1", "2", "3"}, r.Verify.Diag) {
+		return &Error{Key: "remediation.verify.diag", Msg: fmt.Sprintf("%q: want none, builtin, 1, 2 or 3 (a dcgmi diag run level)", r.Verify.Diag)}
+	}
+	if d := r.Verify.DiagTimeout.Duration; d <= 0 || d > 24*time.Hour {
+		return &Error{Key: "remediation.verify.diagTimeout", Msg: fmt.Sprintf("%v: want a positive duration of at most 24h", d)}
 	}
 	if r.Repeat.Spacing.Duration > r.Repeat.Window.Duration {
 		return &Error{Key: "remediation.repeat.spacing", Msg: fmt.Sprintf("%v: want at most remediation.repeat.window (%v)",

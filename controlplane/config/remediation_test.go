@@ -21,7 +21,8 @@ func TestRemediationDefaults(t *testing.T) {
 	if r.Disabled || r.Interval.Duration != 2*time.Second || r.MaxAttempts != 3 || r.Breaker.Quarantines != 0 ||
 		r.Breaker.Share != 10 || r.Breaker.MinNodes != 1 || r.Breaker.Window.Duration != 10*time.Minute || r.VerifySettle.Duration != 30*time.Second ||
 		r.Repeat.Window.Duration != 24*time.Hour || r.Repeat.NodeActions != 3 ||
-		r.Repeat.Spacing.Duration != 10*time.Minute || r.Repeat.ContactSupport != 5 {
+		r.Repeat.Spacing.Duration != 10*time.Minute || r.Repeat.ContactSupport != 5 ||
+		r.Verify.Diag != "1" || r.Verify.DiagTimeout.Duration != 10*time.Minute {
 		t.Fatalf("defaults = %+v", r)
 	}
 	action := func(finding, resolution string) string {
@@ -77,6 +78,10 @@ func TestRemediationPolicyRefused(t *testing.T) {
 		{"negative spacing", "remediation:\n  repeat:\n    spacing: -1m\n", "remediation.repeat.spacing", ""},
 		{"spacing past window", "remediation:\n  repeat:\n    window: 1h\n    spacing: 2h\n", "remediation.repeat.spacing", ""},
 		{"contact support past bound", "remediation:\n  repeat:\n    contactSupport: 101\n", "remediation.repeat.contactSupport", ""},
+		{"diag level 4", "remediation:\n  verify:\n    diag: 4\n", "remediation.verify.diag", "want none, builtin, 1, 2 or 3"},
+		{"diag word", "remediation:\n  verify:\n    diag: quick\n", "remediation.verify.diag", `"quick"`},
+		{"diag timeout past bound", "remediation:\n  verify:\n    diagTimeout: 48h\n", "remediation.verify.diagTimeout", "at most 24h"},
+		{"diag timeout negative", "remediation:\n  verify:\n    diagTimeout: -1m\n", "remediation.verify.diagTimeout", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load(writeFile(t, tc.file), env(map[string]string{"HOME": t.TempDir()}), Flags{})
@@ -85,6 +90,21 @@ func TestRemediationPolicyRefused(t *testing.T) {
 				t.Fatalf("err = %v, want a config error naming %q at %q", err, tc.key, tc.line)
 			}
 		})
+	}
+	// A diag level loads as a number or a word, with its own default deadline.
+	for file, want := range map[string][2]any{
+		"remediation:\n  verify:\n    diag: 3\n":                      {"3", 2 * time.Hour},
+		"remediation:\n  verify:\n    diag: \"2\"\n":                  {"2", 30 * time.Minute},
+		"remediation:\n  verify:\n    diag: none\n":                   {"none", 10 * time.Minute},
+		"remediation:\n  verify: {diag: builtin, diagTimeout: 90s}\n": {"builtin", 90 * time.Second},
+	} {
+		c, err := Load(writeFile(t, file), env(map[string]string{"HOME": t.TempDir()}), Flags{})
+		if err != nil {
+			t.Fatalf("%q: %v", file, err)
+		}
+		if v := c.Remediation.Verify; v.Diag != want[0] || v.DiagTimeout.Duration != want[1] {
+			t.Errorf("%q: verify = %+v, want %v", file, v, want)
+		}
 	}
 	// A good policy loads with its lines kept.
 	c, err := Load(writeFile(t, "remediation:\n  policy:\n  - {resolution: RESET_GPU, action: reboot}\n  - {action: escalate}\n"),

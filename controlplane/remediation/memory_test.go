@@ -2,6 +2,7 @@ package remediation_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func TestActionsSpacedOnNode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return cmds
+			return slices.DeleteFunc(cmds, func(c *store.Command) bool { return c.Kind == sessionv1.KindGPUDiag })
 		}
 		returned := func(n int) func() bool {
 			return func() bool {

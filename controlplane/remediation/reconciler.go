@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -662,14 +663,22 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 	s := r.cfg.Settings
 	healthy, why := nodeHealthy(node, c, boot)
 	if healthy && !now.Before(c.StateSince.Add(s.VerifySettle.Duration)) {
+		passed, done, err := r.diagnose(ctx, tx, c, now)
+		if !done || err != nil {
+			return err
+		}
 		if err := tx.NodeSetCordoned(ctx, c.NodeID, false); err != nil {
 			return err
 		}
 		if err := tx.DisruptionRelease(ctx, c.NodeID, owner(c)); err != nil {
 			return err
 		}
+		reason := "verified: ready with healthy GPUs after " + c.Action
+		if passed != "" {
+			reason += "; " + passed
+		}
 		if _, err := r.move(ctx, tx, c, store.RemediationReturned, now, store.RemediationMoveParams{ClearCommand: true,
-			Reason: "verified: ready with healthy GPUs after " + c.Action}); err != nil {
+			Reason: reason}); err != nil {
 			return err
 		}
 		return r.reread(ctx, tx, c, node, now)
@@ -678,6 +687,77 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 		return r.fail(ctx, tx, c, fmt.Sprintf("not healthy %v after %s: %s", s.VerifyTimeout.Duration, c.Action, why), now)
 	}
 	return r.wait(ctx, tx, c, now, "verifying: "+why)
+}
+
+// diagnose runs the diagnostic of remediation.verify on c's node, once it
+// reads healthy and settled (docs/remediation.md, "Diagnostic before
+// return"): it enqueues a gpu.diag command (the case's current command, not
+// one of its actions) and follows it. done is true once the node may
+// return, with passed saying what passed ("" when no diagnostic is
+// configured); a diagnostic that failed, expired or could not run
+// escalates the case, which keeps the node out of service, and names the
+// failed tests in its reason.
+func (r *Reconciler) diagnose(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) (passed string, done bool, err error) {
+	v := r.cfg.Settings.Verify
+	level, run := v.DiagLevel()
+	if !run {
+		return "", true, nil
+	}
+	var cmd *store.Command
+	if c.CommandID != "" {
+		switch got, err := tx.CommandGet(ctx, c.CommandID); {
+		case err == nil:
+			cmd = got
+		case !errors.Is(err, store.ErrNotFound):
+			return "", false, err
+		}
+	}
+	if cmd == nil || cmd.Kind != sessionv1.KindGPUDiag {
+		spec, err := sessionv1.MarshalSpec(&sessionv1.Command{Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{
+			Level: level, GpuUuid: c.GPUUUID}}})
+		if err != nil {
+			return "", false, err
+		}
+		cmds, err := tx.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{c.NodeID}, Kind: sessionv1.KindGPUDiag,
+			SessionSpec: spec, IdempotencyKey: fmt.Sprintf("remediation:%s:%d:diag", c.ID, c.Attempts),
+			CreatedBy: owner(c), Timeout: cmp.Or(v.DiagTimeout.Duration, 10*time.Minute), Now: &now})
+		if err != nil {
+			return "", false, err
+		}
+		what := "the built-in NVML check"
+		if level > 0 {
+			what = fmt.Sprintf("dcgmi diag -r %d (the built-in NVML check where the node has no dcgmi)", level)
+		}
+		_, err = r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{CommandID: cmds[0].ID, Check: true,
+			NextAt: r.later(now), Reason: "diagnostic before return: " + what})
+		return "", false, err
+	}
+	switch cmd.State {
+	case store.CommandSucceeded:
+		return "diagnostic passed: " + diagSummary(cmd), true, nil
+	case store.CommandFailed, store.CommandCancelled, store.CommandExpired, store.CommandLost:
+		why := cmd.Error
+		if why == "" {
+			why = "the command ended " + cmd.State
+		}
+		return "", false, r.escalate(ctx, tx, c, now, "diagnostic failed after "+c.Action+": "+why)
+	}
+	_, err = r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: r.later(now)})
+	return "", false, err
+}
+
+// diagSummary says what a passed gpu.diag command ran ("dcgmi diag -r 1:
+// passed 12 tests"), from its result detail (gpudiag.Result).
+func diagSummary(cmd *store.Command) string {
+	var res gpudiag.Result
+	if json.Unmarshal(cmd.Result, &res) != nil || res.Tool == "" {
+		return "gpu.diag " + cmd.ID
+	}
+	what := "the NVML check"
+	if res.Tool == gpudiag.ToolDCGM {
+		what = fmt.Sprintf("dcgmi diag -r %d", res.Level)
+	}
+	return what + ": " + res.Summary()
 }
 
 // bootMarker names the node's boot and session ("<boot id>|<session

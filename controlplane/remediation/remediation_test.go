@@ -20,6 +20,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -248,21 +249,32 @@ func (f *fixture) play() {
 }
 
 func (f *fixture) answer(id string, c *store.Command, now time.Time) {
-	finish := func(state string, result []byte) {
+	finishWith := func(state, msg string, result []byte) {
 		code := 0
 		if state != store.CommandSucceeded {
 			code = 1
 		}
-		if _, err := f.st.CommandFinish(f.ctx, &store.CommandFinishParams{ID: c.ID, State: state, ExitCode: &code, Result: result, Now: &now}); err != nil {
+		if _, err := f.st.CommandFinish(f.ctx, &store.CommandFinishParams{ID: c.ID, State: state, ExitCode: &code, Error: msg,
+			Result: result, Now: &now}); err != nil {
 			f.t.Fatal(err)
 		}
 	}
+	finish := func(state string, result []byte) { finishWith(state, "", result) }
 	spec := &sessionv1.Command{}
 	if err := sessionv1.UnmarshalSpec(c.SessionSpec, spec); err != nil {
 		f.t.Fatal(err)
 	}
 	b := f.answers[id+" "+c.Kind]
 	switch {
+	case c.Kind == sessionv1.KindGPUDiag && b == fail:
+		// As bcd answers a dcgmi diag that found a fault.
+		res := gpudiag.Result{Tool: gpudiag.ToolDCGM, Level: int(spec.GetGpuDiag().GetLevel()), Tests: 12}
+		res.Add(gpudiag.Failure{Test: "Hardware/GPU Memory", GPU: "0", Message: "Memory error found at address 0x1000"})
+		detail, _ := json.Marshal(res)
+		finishWith(store.CommandFailed, "gpu.diag: dcgmi diag -r 1 "+res.Summary(), detail)
+	case c.Kind == sessionv1.KindGPUDiag && b == succeed:
+		detail, _ := json.Marshal(gpudiag.Result{Tool: gpudiag.ToolDCGM, Level: int(spec.GetGpuDiag().GetLevel()), Tests: 12})
+		finish(store.CommandSucceeded, detail)
 	case b == hold:
 	case b == fail:
 		finish(store.CommandFailed, nil)
@@ -342,8 +354,18 @@ func (f *fixture) steps(id string) []string {
 	return out
 }
 
-// commandsOf returns node id's commands by kind.
+// commandsOf returns node id's action commands by kind: every command but
+// the gpu.diag checks before return (diagsOf).
 func (f *fixture) commandsOf(id string) map[string]int {
+	out := f.allCommandsOf(id)
+	delete(out, sessionv1.KindGPUDiag)
+	return out
+}
+
+// diagsOf counts node id's gpu.diag commands.
+func (f *fixture) diagsOf(id string) int { return f.allCommandsOf(id)[sessionv1.KindGPUDiag] }
+
+func (f *fixture) allCommandsOf(id string) map[string]int {
 	cmds, err := f.st.CommandList(f.ctx, &store.CommandListParams{NodeID: id})
 	if err != nil {
 		f.t.Fatal(err)

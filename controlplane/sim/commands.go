@@ -123,7 +123,7 @@ func (c *commands) run(cmd *sessionv1.Command) *sessionv1.CommandResult {
 		_ = c.d.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Inventory{Inventory: c.d.CurrentInventory()}})
 	case sessionv1.KindUpgrade, sessionv1.KindRollback:
 		return c.d.releaseCommand(cmd)
-	case sessionv1.KindGPUReset, sessionv1.KindReboot, sessionv1.KindDrain:
+	case sessionv1.KindGPUReset, sessionv1.KindReboot, sessionv1.KindDrain, sessionv1.KindGPUDiag:
 		return c.d.recoveryResult(cmd)
 	default:
 		res.State, res.ExitCode, res.Error = sessionv1.CommandState_COMMAND_STATE_FAILED, -1, "unsupported command kind "+cmd.GetKind()

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/xid"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -51,13 +52,17 @@ type Recovery struct {
 	// way): the daemon stays away until ClearFaults, and comes back then,
 	// as after a BMC power cycle, with a new boot id.
 	RebootHangs bool
+	// DiagFails makes gpu.diag fail, as DCGM's memory test would on a GPU
+	// whose repair did not hold: the node is escalated, not returned.
+	DiagFails bool
 }
 
 // FaultStats counts what a FakeDaemon did about its faults.
 type FaultStats struct {
 	// Resets counts gpu.reset commands run (redeliveries not counted),
-	// Reboots reboot commands, Drains drain commands.
-	Resets, Reboots, Drains int
+	// Reboots reboot commands, Drains drain commands, Diags gpu.diag
+	// commands.
+	Resets, Reboots, Drains, Diags int
 	// Hung reports the daemon stops answering now; Down that it is away
 	// (disconnected or rebooting).
 	Hung, Down bool
@@ -656,6 +661,20 @@ func (d *FakeDaemon) recoveryResult(cmd *sessionv1.Command) *sessionv1.CommandRe
 	case sessionv1.KindDrain:
 		f.stats.Drains++
 		res.DetailJson = []byte(`{"waitedFor":[]}`)
+	case sessionv1.KindGPUDiag:
+		// The built-in NVML check, as bcd runs it where there is no dcgmi.
+		f.stats.Diags++
+		gpus := d.inv.GetGpus()
+		r := gpudiag.Result{Tool: gpudiag.ToolNVML, Tests: 3 * len(gpus)}
+		for i, g := range gpus {
+			if f.recovery.DiagFails || f.lostLocked(i) {
+				r.Add(gpudiag.Failure{Test: "ecc-uncorrected", GPU: g.GetUuid(), Message: "uncorrectable ECC errors since the GPU was reset"})
+			}
+		}
+		res.DetailJson, _ = json.Marshal(r)
+		if !r.Passed() {
+			return fail("gpu.diag: the NVML check " + r.Summary())
+		}
 	}
 	return res
 }

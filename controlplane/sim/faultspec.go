@@ -66,8 +66,8 @@ var ErrBadFault = errors.New("bad fault")
 //	ib-clear DAEMON PORT         the port's fault ends (ClearIBPortFault)
 //	hang DAEMON                  stop answering, session open (Hang)
 //	disconnect DAEMON [DURATION] drop off the network for DURATION, or until clear (Disconnect)
-//	recovery DAEMON [reset=DURATION] [reboot=DURATION] [reset-fails] [reboot-hangs]
-//	                             how gpu.reset and reboot recover (SetRecovery)
+//	recovery DAEMON [reset=DURATION] [reboot=DURATION] [reset-fails] [reboot-hangs] [diag-fails]
+//	                             how gpu.reset, reboot and gpu.diag recover (SetRecovery)
 //	clear DAEMON                 end every fault (ClearFaults)
 //
 // DAEMON is a hostname, an index into Fleet.Daemons, or "all"; DURATION is
@@ -185,6 +185,8 @@ func ParseFault(line string) (Fault, error) {
 				f.Recovery.ResetFails = true
 			case "reboot-hangs":
 				f.Recovery.RebootHangs = true
+			case "diag-fails":
+				f.Recovery.DiagFails = true
 			default:
 				return Fault{}, fmt.Errorf("%w: %q: unknown recovery setting %q", ErrBadFault, line, a)
 			}

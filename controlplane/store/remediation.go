@@ -309,8 +309,12 @@ type RemediationMoveParams struct {
 	// Attempts, when not nil, replaces the count.
 	Attempts *int
 	// CommandID, when set, becomes the current command and is appended to
-	// CommandIDs.
+	// CommandIDs, unless Check.
 	CommandID string
+	// Check marks CommandID as a check of the repair (a gpu.diag before
+	// return), not an action: it becomes the current command without
+	// joining CommandIDs, which hold the actions the repeat rules count.
+	Check bool
 	// BootID, when set, replaces the recorded boot id.
 	BootID string
 	// ClearCommand empties the current command (CommandIDs kept).

@@ -308,7 +308,9 @@ func (s *Store) RemediationMove(ctx context.Context, p *store.RemediationMovePar
 		}
 		if p.CommandID != "" {
 			m.CommandID = p.CommandID
-			m.CommandIDs = append(slices.Clone(m.CommandIDs), p.CommandID)
+			if !p.Check {
+				m.CommandIDs = append(slices.Clone(m.CommandIDs), p.CommandID)
+			}
 		}
 		if p.Reason != "" {
 			m.Reason = p.Reason
