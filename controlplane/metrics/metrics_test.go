@@ -323,8 +323,9 @@ func TestGPUIncidentsByModel(t *testing.T) {
 	if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_m", PoolID: pool.ID, Hostname: "m", MachineID: "m"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.GPUPlacementsSet(ctx, &store.GPUPlacementsSetParams{NodeID: "node_m", GPUs: []store.GPUSeen{
-		{UUID: "GPU-1", Model: "NVIDIA A100-SXM4-40GB"}}}); err != nil {
+	t0 := time.Now().UTC().Truncate(time.Second)
+	if err := st.GPUPlacementsSet(ctx, &store.GPUPlacementsSetParams{NodeID: "node_m", Now: &t0, GPUs: []store.GPUSeen{
+		{UUID: "GPU-1", Model: "NVIDIA A100-SXM4-40GB"}, {UUID: "GPU-2", Model: "NVIDIA A100-SXM4-40GB"}}}); err != nil {
 		t.Fatal(err)
 	}
 	for _, finding := range []string{"xid", "operator"} {
@@ -337,6 +338,10 @@ func TestGPUIncidentsByModel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	text := scrape(t, metrics.New(metrics.Config{}, st))
-	has(t, text, `bettercompute_gpu_incidents{model="NVIDIA A100-SXM4-40GB"} 1`, "# TYPE bettercompute_gpu_incidents gauge")
+	// Two GPUs seen for 3 h with one incident: 6 GPU-hours between
+	// failures.
+	text := scrape(t, metrics.New(metrics.Config{Now: func() time.Time { return t0.Add(3 * time.Hour) }}, st))
+	has(t, text, `bettercompute_gpu_incidents{model="NVIDIA A100-SXM4-40GB"} 1`, "# TYPE bettercompute_gpu_incidents gauge",
+		`bettercompute_gpu_service_seconds{model="NVIDIA A100-SXM4-40GB"} 21600`,
+		`bettercompute_gpu_mean_time_between_failures_seconds{model="NVIDIA A100-SXM4-40GB"} 21600`)
 }

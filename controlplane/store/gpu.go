@@ -40,6 +40,19 @@ type GPUStore interface {
 	// whose finding is excludeFinding left out (an operator's repairs).
 	// Cases of a GPU no stay names are not counted. Models by name.
 	GPUIncidentsByModel(ctx context.Context, excludeFinding string) ([]*GPUModelCount, error)
+	// GPUServiceByModel sums, by GPU model, the time GPUs were seen in
+	// service: each stay from its first inventory to its last, or to now
+	// while current. Models by name.
+	GPUServiceByModel(ctx context.Context, now time.Time) ([]*GPUModelService, error)
+}
+
+// GPUModelService is the time one GPU model was seen in service.
+type GPUModelService struct {
+	Model string // "" when the inventory gave none
+	// GPUs counts the distinct GPUs (UUIDs) of the model ever seen.
+	GPUs int
+	// Seconds sums the GPUs' stays, in seconds (GPU-seconds).
+	Seconds float64
 }
 
 // GPUModelCount is a count of one GPU model.

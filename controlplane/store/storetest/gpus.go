@@ -147,6 +147,19 @@ func testGPUPlacements(ctx context.Context, t *testing.T, h *Harness) {
 	if len(byModel) != 2 || byModel[a100] != 2 || byModel["NVIDIA H100 80GB HBM3"] != 1 {
 		t.Fatalf("incidents by model = %v, want 2 %s and 1 H100", byModel, a100)
 	}
+
+	// Service by model: GPU-z has one current stay on node_gp3 since
+	// 4 min, so 6 min at 10 min; the A100s (GPU-k, GPU-m) have some.
+	service := map[string]*store.GPUModelService{}
+	for _, m := range must(st.GPUServiceByModel(ctx, *at(10*time.Minute))) {
+		service[m.Model] = m
+	}
+	if h := service["NVIDIA H100 80GB HBM3"]; len(service) != 2 || h == nil || h.GPUs != 1 || h.Seconds != 360 {
+		t.Fatalf("service by model: H100 %+v of %d models, want 1 GPU for 360 s", h, len(service))
+	}
+	if a := service[a100]; a == nil || a.GPUs != 2 || a.Seconds <= 0 {
+		t.Fatalf("service by model: A100 %+v, want 2 GPUs seen for some time", a)
+	}
 }
 
 // produceGPUConflictEvents writes gpu.uuid-conflict: two nodes with a

@@ -2,6 +2,7 @@ package queries
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -239,4 +240,53 @@ func (s *Store) GPUIncidentsByModel(ctx context.Context, excludeFinding string) 
 		return c, err
 	})
 	return out, s.wrap("count incidents by GPU model", err)
+}
+
+// GPUServiceByModel sums the stays by GPU model (store.GPUStore). Each stay
+// is read and summed here, as the two backends keep times differently; the
+// caller caches the result (metrics: GPUCacheTTL).
+func (s *Store) GPUServiceByModel(ctx context.Context, now time.Time) ([]*store.GPUModelService, error) {
+	rows, err := s.db.Query(ctx, `SELECT model, gpu_uuid, current, first_seen, last_seen FROM gpu_placements`)
+	if err != nil {
+		return nil, s.wrap("sum GPU service by model", err)
+	}
+	type stay struct {
+		model, uuid string
+		current     bool
+		first, last time.Time
+	}
+	stays, err := collect(rows, func(r Row) (*stay, error) {
+		x := &stay{}
+		err := r.Scan(&x.model, &x.uuid, &x.current, &x.first, &x.last)
+		return x, err
+	})
+	if err != nil {
+		return nil, s.wrap("sum GPU service by model", err)
+	}
+	by := map[string]*store.GPUModelService{}
+	seen := map[[2]string]bool{}
+	for _, x := range stays {
+		m := by[x.model]
+		if m == nil {
+			m = &store.GPUModelService{Model: x.model}
+			by[x.model] = m
+		}
+		if k := [2]string{x.model, x.uuid}; !seen[k] {
+			seen[k] = true
+			m.GPUs++
+		}
+		end := x.last
+		if x.current {
+			end = now
+		}
+		if d := end.Sub(x.first); d > 0 {
+			m.Seconds += d.Seconds()
+		}
+	}
+	out := make([]*store.GPUModelService, 0, len(by))
+	for _, m := range by {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *store.GPUModelService) int { return strings.Compare(a.Model, b.Model) })
+	return out, nil
 }
