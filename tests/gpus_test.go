@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 	"os"
 	"slices"
 	"strings"
@@ -19,11 +20,12 @@ import (
 )
 
 // TestGPUsFollowTheBoard (issue 44, items 2 and 3): a real control plane
-// (one serve process, SQLite) and three FakeDaemons (8 GPUs each, UUIDs
-// unique per node):
+// (one serve process, SQLite), three FakeDaemons (8 GPUs each, UUIDs
+// unique per node) and one real bcd built with nvmlmock:
 //
 //   - `gpus list --unhealthy -o json` lists exactly the GPUs whose health
-//     reads degraded (persistence mode off on two GPUs of two nodes);
+//     reads degraded (persistence mode off on two GPUs of two simulated
+//     nodes and one of the real node);
 //   - a board with a history on node A (an XID) moved to node B (a spare
 //     takes its slot in A; B lists it in GPU 0's slot), with an XID on B: `gpus get UUID -o json` shows A then B, and the findings of
 //     each, with no conflict;
@@ -105,9 +107,12 @@ func TestGPUsFollowTheBoard(t *testing.T) {
 	}
 	at := func(fd *sim.FakeDaemon, i int) string { return uuid(fd, i) + "@" + fd.NodeID() }
 
+	// And one real bcd (nvmlmock: go-nvml's mock DGX A100).
+	rn := startMockGPUNode(t, d, "gpus-real")
+
 	// Every GPU of the fleet, then exactly the unhealthy ones.
-	eventually(t, 60*time.Second, func() bool { got, _ := list(); return len(got) == 24 },
-		func() string { _, out := list(); return "gpus list: not the fleet's 24 GPUs:\n" + out })
+	eventually(t, 60*time.Second, func() bool { got, _ := list(); return len(got) == 32 },
+		func() string { _, out := list(); return "gpus list: not the fleet's 32 GPUs:\n" + out })
 	if got, out := list("--model", "NVIDIA A100-SXM4-40GB", "--pool", "default"); len(got) != 24 {
 		t.Fatalf("gpus list --model --pool default: %d GPUs, want 24\n%s", len(got), out)
 	}
@@ -120,7 +125,8 @@ func TestGPUsFollowTheBoard(t *testing.T) {
 	if err := c.SetPersistenceMode(5, false); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{at(a, 1), at(c, 5)}
+	rn.set("4 persistence off", `msg="Mock reading set" .*gpu_index=4 reading="persistence off"`)
+	want := []string{at(a, 1), at(c, 5), gputest.UUID(4) + "@" + rn.id}
 	slices.Sort(want)
 	eventually(t, 60*time.Second, func() bool { got, _ := list("--unhealthy"); return slices.Equal(got, want) },
 		func() string {
