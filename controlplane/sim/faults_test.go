@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/session/sessiontest"
 	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/proto/gpudiag"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -297,8 +299,9 @@ func TestParseAndApplyFaults(t *testing.T) {
 			t.Errorf("ParseFault(%q) = %v, want ErrBadFault", bad, err)
 		}
 	}
-	ft, err := sim.ParseFault("recovery all reset=30s reboot=2m reset-fails")
-	if err != nil || ft.Recovery != (sim.Recovery{ResetDelay: 30 * time.Second, RebootDelay: 2 * time.Minute, ResetFails: true}) {
+	ft, err := sim.ParseFault("recovery all reset=30s reboot=2m reset-fails diag-fails")
+	if err != nil || ft.Recovery != (sim.Recovery{ResetDelay: 30 * time.Second, RebootDelay: 2 * time.Minute, ResetFails: true,
+		DiagFails: true}) {
 		t.Fatalf("recovery = %+v, %v", ft, err)
 	}
 	p := sessiontest.NewPKI(t)
@@ -386,5 +389,36 @@ func TestFaultInfiniBandPort(t *testing.T) {
 	}
 	if err := d.RaiseIBPortFault(0, "melted"); err == nil || !strings.Contains(err.Error(), "want down, errors, flap or mlx5") {
 		t.Errorf("RaiseIBPortFault with an unknown cause = %v", err)
+	}
+}
+
+// gpu.diag passes on a healthy daemon with the built-in check's detail, and
+// fails naming every GPU once recovery says diag-fails.
+func TestFaultDiag(t *testing.T) {
+	t.Parallel()
+	r, s := newFaultRig(t)
+	diag := func(id string) *sessionv1.CommandResult {
+		t.Helper()
+		if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Command{Command: &sessionv1.Command{Id: id,
+			Kind: sessionv1.KindGPUDiag, Spec: &sessionv1.Command_GpuDiag{GpuDiag: &sessionv1.GPUDiagSpec{Level: 1}}}}}); err != nil {
+			t.Fatal(err)
+		}
+		return r.next(s, "the diagnostic's result", resultOf(id)).GetCommandUpdate().GetResult()
+	}
+	var detail gpudiag.Result
+	res := diag("diag_1")
+	if err := json.Unmarshal(res.GetDetailJson(), &detail); err != nil || res.GetState() != sessionv1.CommandState_COMMAND_STATE_SUCCEEDED ||
+		detail.Tool != gpudiag.ToolNVML || detail.Tests != 24 || !detail.Passed() {
+		t.Fatalf("healthy diag: %v (%+v, %v)", res, detail, err)
+	}
+	r.d.SetRecovery(sim.Recovery{DiagFails: true})
+	res = diag("diag_2")
+	detail = gpudiag.Result{}
+	if err := json.Unmarshal(res.GetDetailJson(), &detail); err != nil || res.GetState() != sessionv1.CommandState_COMMAND_STATE_FAILED ||
+		len(detail.Failures) != 8 || !strings.Contains(res.GetError(), "ecc-uncorrected") {
+		t.Fatalf("diag-fails: %v (%+v, %v)", res, detail, err)
+	}
+	if st := r.d.FaultStats(); st.Diags != 2 {
+		t.Errorf("FaultStats.Diags = %d, want 2", st.Diags)
 	}
 }
