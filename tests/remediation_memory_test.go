@@ -184,6 +184,10 @@ func TestRemediationMemoryOverRealProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmds, diags := splitDiag(cmds)
+	if len(diags) != 1 {
+		t.Errorf("node B: %d diagnostics before return, want one across the worker kills", len(diags))
+	}
 	var resets []*store.Command
 	for _, cmd := range cmds {
 		if cmd.Kind != "exec" {

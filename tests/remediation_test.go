@@ -238,8 +238,12 @@ func TestRemediationSurvivesWorkerKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmds, diags := splitDiag(cmds)
 	if len(cmds) != 1 || cmds[0].Kind != "reboot" {
 		t.Errorf("node's commands: %d (want the one reboot)", len(cmds))
+	}
+	if len(diags) != 1 {
+		t.Errorf("node's diagnostics before return: %d, want one across the worker kills", len(diags))
 	}
 	if s := dm.FaultStats(); s.Reboots != 1 {
 		t.Errorf("the daemon rebooted %d times, want once", s.Reboots)
@@ -480,6 +484,10 @@ done
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmds, diags := splitDiag(cmds)
+	if len(diags) != 1 || diags[0].State != store.CommandSucceeded {
+		t.Errorf("node's diagnostics before return: %d, want one that succeeded", len(diags))
+	}
 	if len(cmds) != 1 || cmds[0].Kind != "reboot" || cmds[0].ID != c.CommandIDs[0] ||
 		(cmds[0].State != store.CommandCancelled && cmds[0].State != store.CommandLost) {
 		for _, cmd := range cmds {
@@ -620,4 +628,18 @@ func stopPidFile(t *testing.T, pidFile string) {
 			return
 		}
 	}
+}
+
+// splitDiag splits a node's commands into its actions and the gpu.diag
+// checks run before it returned (docs/remediation.md, "Diagnostic before
+// return").
+func splitDiag(cmds []*store.Command) (actions, diags []*store.Command) {
+	for _, c := range cmds {
+		if c.Kind == sessionv1.KindGPUDiag {
+			diags = append(diags, c)
+		} else {
+			actions = append(actions, c)
+		}
+	}
+	return actions, diags
 }

@@ -663,7 +663,7 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 	s := r.cfg.Settings
 	healthy, why := nodeHealthy(node, c, boot)
 	if healthy && !now.Before(c.StateSince.Add(s.VerifySettle.Duration)) {
-		passed, done, err := r.diagnose(ctx, tx, c, now)
+		passed, done, err := r.diagnose(ctx, tx, c, node, now)
 		if !done || err != nil {
 			return err
 		}
@@ -694,13 +694,16 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 // return"): it enqueues a gpu.diag command (the case's current command, not
 // one of its actions) and follows it. done is true once the node may
 // return, with passed saying what passed ("" when no diagnostic is
-// configured); a diagnostic that failed, expired or could not run
-// escalates the case, which keeps the node out of service, and names the
-// failed tests in its reason.
-func (r *Reconciler) diagnose(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) (passed string, done bool, err error) {
+// configured, or when the case names no GPU and node's inventory lists
+// none: a machine without GPUs, such as a silent node power-cycled, has
+// none to diagnose; a case of a GPU always diagnoses); a
+// diagnostic that failed, expired or could not run escalates the case,
+// which keeps the node out of service, and names the failed tests in its
+// reason.
+func (r *Reconciler) diagnose(ctx context.Context, tx store.Store, c *store.Remediation, node *store.Node, now time.Time) (passed string, done bool, err error) {
 	v := r.cfg.Settings.Verify
 	level, run := v.DiagLevel()
-	if !run {
+	if !run || c.GPUUUID == "" && len(inventoryGPUs(node.Inventory)) == 0 {
 		return "", true, nil
 	}
 	var cmd *store.Command
