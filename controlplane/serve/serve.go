@@ -220,6 +220,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 	}
 	stages = append(stages, start(ctx, failed, clock.Run, nil, nil))
+	// The serving certificates serve issues for itself are renewed while
+	// it runs; the gateway and the API re-read them every 60 s.
+	if renewer, err := servingRenewer(cfg, st, gw != nil, srv != nil && !opts.ExternalAPI, log); err != nil {
+		return err
+	} else if renewer != nil {
+		stages = append(stages, start(ctx, failed, renewer.Run, nil, nil))
+	}
 	if gw != nil {
 		stages = append(stages, start(ctx, failed, afterClock(gw.Run), gw.Ready(), func() {
 			if opts.GatewayReady != nil {
