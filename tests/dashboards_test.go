@@ -53,7 +53,8 @@ func TestAlertRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, alert := range []string{"BetterComputeNodesUnreachable", "BetterComputeGPUFailed", "BetterComputeOutboxLag",
-		"BetterComputeSweeperStalled", "BetterComputeGatewayNearMaxStreams", "BetterComputeCertificateExpiring"} {
+		"BetterComputeSweeperStalled", "BetterComputeGatewayNearMaxStreams", "BetterComputeCertificateExpiring",
+		"BetterComputeCAExpiring", "BetterComputeCAExpiringSoon", "BetterComputeNodeCertificateNotRenewed", "BetterComputeAPITokensExpiring"} {
 		if !strings.Contains(string(b), "alert: "+alert+"\n") {
 			t.Errorf("%s has no alert %s", alertsFile, alert)
 		}

@@ -131,8 +131,14 @@ func namesFor(publicHosts []string, hostname string, addrs []net.IP) Names {
 // re-issue; delete the key file to rotate it), and reports issued. The
 // files are written as WriteGatewayCert does (mode 0600, atomically).
 func EnsureServingCert(b *pki.Bundle, dir, certName, keyName string, names Names) (certFile, keyFile string, issued bool, err error) {
+	return ensureServingCertAt(b, dir, certName, keyName, names, time.Now())
+}
+
+// ensureServingCertAt is EnsureServingCert judging the certificate's end by
+// now.
+func ensureServingCertAt(b *pki.Bundle, dir, certName, keyName string, names Names, now time.Time) (certFile, keyFile string, issued bool, err error) {
 	certFile, keyFile = filepath.Join(dir, certName), filepath.Join(dir, keyName)
-	if certUsable(b, certFile, keyFile, names) {
+	if certUsable(b, certFile, keyFile, names, now) {
 		return certFile, keyFile, false, nil
 	}
 	var certPEM, keyPEM []byte
@@ -164,7 +170,7 @@ func EnsureServingCert(b *pki.Bundle, dir, certName, keyName string, names Names
 
 // certUsable reports whether the files hold a key pair issued by b's
 // gateway serving CA for exactly names that is not about to expire.
-func certUsable(b *pki.Bundle, certFile, keyFile string, names Names) bool {
+func certUsable(b *pki.Bundle, certFile, keyFile string, names Names, now time.Time) bool {
 	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil || pair.Leaf == nil {
 		return false
@@ -183,5 +189,5 @@ func certUsable(b *pki.Bundle, certFile, keyFile string, names Names) bool {
 	if !names.equal(Names{DNS: pair.Leaf.DNSNames, IPs: pair.Leaf.IPAddresses}) {
 		return false
 	}
-	return time.Until(pair.Leaf.NotAfter) > renewBefore
+	return pair.Leaf.NotAfter.Sub(now) > renewBefore
 }

@@ -74,8 +74,9 @@ func listenDetail(a APIConfig) string {
 // machines reach warns (API tokens and join tokens would cross the network
 // in clear text), unless the API's public URL is https (a proxy in front
 // terminates TLS). With TLS, a certificate that cannot be read, does not
-// match its key or has expired fails, one not valid yet fails, and one
-// within 30 days of its end warns. Mode auto before the first start (no
+// match its key or has expired fails, one not valid yet fails, one within
+// 7 days of its end (ServingCertFailWithin) fails and one within 30 days
+// warns. Mode auto before the first start (no
 // files yet) is ok: serve issues them.
 func APITLS(a APIConfig, now time.Time) Result {
 	if !a.Enabled {
@@ -111,8 +112,12 @@ func APITLS(a APIConfig, now time.Time) Result {
 		return result(IDAPITLS, Fail, "the API certificate has expired: clients refuse it; replace host.tls.cert (the API reloads it within 60 s)", detail)
 	case now.Before(leaf.NotBefore):
 		return result(IDAPITLS, Fail, "the API certificate is not valid yet: check the clock", detail)
+	case left < ServingCertFailWithin && a.TLSMode == config.TLSModeAuto:
+		return result(IDAPITLS, Fail, fmt.Sprintf("the API certificate ends in %s: serve re-issues it 30 days before its end, so it is not running or cannot write %s; restart it", days(left), a.CertFile), detail)
+	case left < ServingCertFailWithin:
+		return result(IDAPITLS, Fail, fmt.Sprintf("the API certificate ends in %s: replace host.tls.cert now (the API reloads it within 60 s)", days(left)), detail)
 	case left < GatewayCertWarnWithin && a.TLSMode == config.TLSModeAuto:
-		return result(IDAPITLS, Warn, fmt.Sprintf("the API certificate ends in %s: serve re-issues it at its next start", days(left)), detail)
+		return result(IDAPITLS, Warn, fmt.Sprintf("the API certificate ends in %s: a running serve re-issues it within the hour", days(left)), detail)
 	case left < GatewayCertWarnWithin:
 		return result(IDAPITLS, Warn, fmt.Sprintf("the API certificate ends in %s: replace host.tls.cert (the API reloads it within 60 s)", days(left)), detail)
 	}

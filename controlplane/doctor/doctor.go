@@ -12,7 +12,6 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/clockcheck"
 	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
@@ -233,6 +232,10 @@ func Run(ctx context.Context, st store.Store, cfg Config) *Report {
 	}
 	pkiRes, bundle := PKI(ctx, st, cfg.Secret, cfg.Embedded, now)
 	r.add(pkiRes)
+	for _, ca := range CAs(bundle, pkiRes, now) {
+		r.add(ca)
+	}
+	r.add(TokenExpiry(ctx, st, now))
 	r.add(GatewayIdentity(bundle, cfg.Gateway, cfg.Embedded, now))
 	r.add(APITLS(cfg.API, now))
 	if cfg.NoListen {
@@ -325,16 +328,4 @@ func days(d time.Duration) string {
 		return fmt.Sprintf("%.0f h", d.Hours())
 	}
 	return fmt.Sprintf("%.0f days", d.Hours()/24)
-}
-
-// caEnd returns the earliest end of the bundle's CAs and its name.
-func caEnd(b *pki.Bundle) (string, time.Time) {
-	name, end := "node CA", b.NodeCA.Cert.NotAfter
-	if t := b.GatewayCA.Cert.NotAfter; t.Before(end) {
-		name, end = "gateway serving CA", t
-	}
-	if t := b.InternalCA.Cert.NotAfter; t.Before(end) {
-		name, end = "internal CA", t
-	}
-	return name, end
 }

@@ -227,10 +227,34 @@ func TestPKI(t *testing.T) {
 		}
 		r, _ = doctor.PKI(ctx, st, strings.Repeat("x", 40), false, now)
 		want(t, r, doctor.IDPKI, doctor.Fail, "does not open with this deployment secret")
-		r, _ = doctor.PKI(ctx, st, secret, false, now.Add(pki.DefaultCAValidity-30*24*time.Hour))
-		want(t, r, doctor.IDPKI, doctor.Warn, "plan its rotation")
-		r, _ = doctor.PKI(ctx, st, secret, false, now.Add(pki.DefaultCAValidity+time.Hour))
-		want(t, r, doctor.IDPKI, doctor.Fail, "has expired")
+		// Each CA is its own check, naming the CA and its end date: ok,
+		// warn within 90 days, fail within 30 and once ended.
+		end := b.NodeCA.Cert.NotAfter.UTC().Format("2006-01-02")
+		for _, tc := range []struct {
+			at   time.Time
+			st   doctor.Status
+			hint string
+		}{
+			{now, doctor.OK, "ends on " + end},
+			{now.Add(pki.DefaultCAValidity - 60*24*time.Hour), doctor.Warn, "ends on " + end + ", in "},
+			{now.Add(pki.DefaultCAValidity - 20*24*time.Hour), doctor.Fail, "ends on " + end + ", in "},
+			{now.Add(pki.DefaultCAValidity + time.Hour), doctor.Fail, "ended on " + end},
+		} {
+			r, b := doctor.PKI(ctx, st, secret, false, tc.at)
+			want(t, r, doctor.IDPKI, doctor.OK, "opens")
+			cas := doctor.CAs(b, r, tc.at)
+			if len(cas) != 3 {
+				t.Fatalf("CA checks = %+v", cas)
+			}
+			for i, name := range []string{"node CA", "gateway CA", "internal CA"} {
+				want(t, cas[i], []string{doctor.IDNodeCA, doctor.IDGatewayCA, doctor.IDInternalCA}[i], tc.st, "the "+name+" "+tc.hint)
+			}
+		}
+		for _, c := range doctor.CAs(nil, doctor.Result{ID: doctor.IDPKI, Status: doctor.Warn}, now) {
+			if c.Status != doctor.Warn || !strings.Contains(c.Hint, "see the pki check") {
+				t.Errorf("CA check without a bundle = %+v", c)
+			}
+		}
 	})
 }
 
@@ -264,6 +288,9 @@ func TestGatewayIdentity(t *testing.T) {
 	wrongHost.PublicURL = "https://gateway.elsewhere.example:8443"
 	want(t, doctor.GatewayIdentity(b, wrongHost, false, now), doctor.IDGatewayIdentity, doctor.Fail, "does not name gateway.elsewhere.example")
 	want(t, doctor.GatewayIdentity(b, gw, false, now.Add(pki.DefaultServerTTL-10*24*time.Hour)), doctor.IDGatewayIdentity, doctor.Warn, "ends in 10 days")
+	want(t, doctor.GatewayIdentity(b, gw, false, now.Add(pki.DefaultServerTTL-3*24*time.Hour)), doctor.IDGatewayIdentity, doctor.Fail, "re-issue it now")
+	want(t, doctor.GatewayIdentity(b, gw, true, now.Add(pki.DefaultServerTTL-10*24*time.Hour)), doctor.IDGatewayIdentity, doctor.Warn, "re-issues it within the hour")
+	want(t, doctor.GatewayIdentity(b, gw, true, now.Add(pki.DefaultServerTTL-3*24*time.Hour)), doctor.IDGatewayIdentity, doctor.Fail, "not running")
 	want(t, doctor.GatewayIdentity(b, gw, false, now.Add(pki.DefaultServerTTL+time.Hour)), doctor.IDGatewayIdentity, doctor.Fail, "has expired")
 
 	// The leaf alone: a daemon holding only the pin finds no anchor.
@@ -449,7 +476,7 @@ func TestRun(t *testing.T) {
 		for _, c := range rep.Checks {
 			statuses[c.ID] = c.Status
 		}
-		if rep.Status != doctor.OK || len(rep.Checks) != 21 || rep.Failed(true) {
+		if rep.Status != doctor.OK || len(rep.Checks) != 25 || rep.Failed(true) {
 			t.Fatalf("healthy deployment: %+v", rep)
 		}
 		// A stopped sweeper, silent nodes, a gateway at 95 of 100 streams.

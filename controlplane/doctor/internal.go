@@ -54,8 +54,8 @@ func (c InternalConfig) runs(role string) bool {
 // (host.gateway.notifier) or their 1-second loop, and the all-in-one
 // process wakes its gateway in memory. Configured, the certificate files
 // must hold a key pair chaining to the bundle's internal CA with an internal
-// SPIFFE ID of the trust domain (fail otherwise), valid now (fail) and for
-// 30 more days (warn), naming the host of host.gateway.internal.address
+// SPIFFE ID of the trust domain (fail otherwise), valid now and for 7 more
+// days (fail) and for 30 more days (warn), naming the host of host.gateway.internal.address
 // when it is set and this process runs the gateway, which serves it (fail;
 // an api-only process presents it as a client, and its configuration may
 // name the gateway's address beside it); and every live gateway should advertise an
@@ -105,6 +105,9 @@ func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now 
 	}
 	left := leaf.NotAfter.Sub(now)
 	detail := fmt.Sprintf("%s, valid until %s", leaf.URIs[0], leaf.NotAfter.UTC().Format(time.RFC3339))
+	if left <= 0 || left < ServingCertFailWithin {
+		return result(IDGatewayInternal, Fail, fmt.Sprintf("the internal certificate ends in %s: re-issue it now with better-compute pki issue-internal (files are re-read every 60 s)", days(max(left, 0))), detail)
+	}
 	if left < internalCertWarn {
 		return result(IDGatewayInternal, Warn, fmt.Sprintf("the internal certificate ends in %s: re-issue it with better-compute pki issue-internal (files are re-read every 60 s)", days(left)), detail)
 	}

@@ -56,6 +56,10 @@ const (
 
 	TokenCreated = eventsv1.TokenCreated // TokenData: an API token was created
 	TokenRevoked = eventsv1.TokenRevoked // TokenData: an API token was revoked
+	// TokenExpiring is TokenData: a live API token expires within
+	// iam.TokenExpiryWarning (7 days; written once per token by the
+	// iam role).
+	TokenExpiring = eventsv1.TokenExpiring
 
 	RemediationDetected    = eventsv1.RemediationDetected    // RemediationData: a finding opened a case (the policy acts on it next)
 	RemediationHeld        = eventsv1.RemediationHeld        // RemediationData: cordoned but not acted on: the pool's breaker holds it
@@ -446,7 +450,7 @@ var Types = []TypeInfo{
 	{GatewayUp, GatewayData{}}, {GatewayDown, GatewayData{}},
 	{JoinTokenCreated, JoinTokenData{}}, {JoinTokenRevoked, JoinTokenData{}}, {JoinTokenUsed, JoinTokenData{}},
 	{JoinTokenExhausted, JoinTokenData{}}, {JoinTokenExpired, JoinTokenData{}},
-	{TokenCreated, TokenData{}}, {TokenRevoked, TokenData{}},
+	{TokenCreated, TokenData{}}, {TokenRevoked, TokenData{}}, {TokenExpiring, TokenData{}},
 	{RemediationDetected, RemediationData{}}, {RemediationHeld, RemediationData{}},
 	{RemediationQuarantined, RemediationData{}}, {RemediationDraining, RemediationData{}},
 	{RemediationRemediating, RemediationData{}}, {RemediationVerifying, RemediationData{}},

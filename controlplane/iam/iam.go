@@ -29,6 +29,12 @@ import (
 // TokenPrefix starts every API token.
 const TokenPrefix = "bcat_"
 
+// TokenExpiryWarning is how long before its expiry a live API token is
+// warned about: the iam role writes token.expiring once per token, doctor's
+// iam.token-expiry warns, and bettercompute_api_tokens_expiring counts it
+// (docs/metrics.md, docs/doctor.md).
+const TokenExpiryWarning = 7 * 24 * time.Hour
+
 // Errors of Authenticate.
 var (
 	ErrNoToken       = errors.New("no bearer token")

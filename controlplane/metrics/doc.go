@@ -35,9 +35,18 @@
 // keeps (retention.history), reused for GPUCacheTTL: a count can fall when
 // old returned cases are pruned.
 //
+// Lifetimes: bettercompute_certificate_expiry_timestamp_seconds {kind, use}
+// for the certificate files given to WatchCertificate (kind serving: api,
+// gateway; kind internal: server, client), read at each scrape, and, from
+// the database at most every LifetimeCacheTTL, for the CAs of the sealed
+// bundle (kind ca: node, gateway, internal) and the earliest certificate of
+// the connected nodes (kind node, use earliest);
+// bettercompute_api_tokens_expiring (live API tokens ending within
+// iam.TokenExpiryWarning) and bettercompute_api_token_expiry_timestamp_seconds
+// (the earliest end among them).
+//
 // Of the process itself: bettercompute_build_info {version, commit,
-// goversion} (always 1) and bettercompute_certificate_expiry_timestamp_seconds
-// {use} for the serving certificates given to WatchCertificate.
+// goversion} (always 1).
 //
 // Reported by the components of the process through the methods of Metrics
 // (each safe on a nil *Metrics, so a component can hold one unconditionally):

@@ -31,7 +31,8 @@ var (
 	descSingletonHeld = prometheus.NewDesc(Namespace+"_singleton_held",
 		"1 when the singleton job's lease (singleton:<job>) is held and unexpired, else 0.", []string{"job"}, nil)
 	descCertExpiry = prometheus.NewDesc(Namespace+"_certificate_expiry_timestamp_seconds",
-		"When a serving certificate this process was configured with expires (Unix time), by use (api, gateway).", []string{"use"}, nil)
+		"When a certificate ends (Unix time), by kind and use: ca (node, gateway, internal: the deployment's CAs), serving (api, gateway: this process's files), "+
+			"internal (server, client: host.gateway.internal.tlsFiles), node (earliest: the fleet's earliest among connected nodes).", []string{"kind", "use"}, nil)
 )
 
 // nodeStates are the states bettercompute_nodes always reports, 0 when no
@@ -43,7 +44,7 @@ var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachab
 var fleetOps = []string{"node_counts", "node_scan", "outbox_oldest"}
 
 // fleetCollector reports the fleet: nodes by state, GPUs by health, the
-// outbox's lag, singleton jobs and certificate expiry.
+// outbox's lag and singleton jobs.
 type fleetCollector struct {
 	m  *Metrics
 	st Store
@@ -55,7 +56,7 @@ type fleetCollector struct {
 
 // Describe sends the descriptors of every series the collector makes.
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descNodes, descNodesCordoned, descGPUs, descOutboxLag, descDeliveryLag, descCertExpiry} {
+	for _, d := range []*prometheus.Desc{descNodes, descNodesCordoned, descGPUs, descOutboxLag, descDeliveryLag} {
 		ch <- d
 	}
 }
@@ -64,7 +65,6 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.m.cfg.ScrapeTimeout)
 	defer cancel()
-	c.certificates(ch)
 	if c.st == nil {
 		return
 	}
@@ -156,20 +156,21 @@ func (c *fleetCollector) outboxLag(ctx context.Context, ch chan<- prometheus.Met
 	ch <- prometheus.MustNewConstMetric(descOutboxLag, prometheus.GaugeValue, worst.Seconds())
 }
 
-// certificates reports the expiry of the serving certificates in
-// Config.CertFiles, read at each scrape (they are re-read by their users
-// every 60 s too); one that cannot be read is an invalid metric.
-func (c *fleetCollector) certificates(ch chan<- prometheus.Metric) {
+// certificates reports the expiry of the certificate files given to
+// WatchCertificate (and Config.CertFiles), read at each scrape (they are
+// re-read by their users every 60 s too); one that cannot be read is an
+// invalid metric.
+func (c *lifetimeCollector) certificates(ch chan<- prometheus.Metric) {
 	c.m.certMu.Lock()
 	files := maps.Clone(c.m.certFiles)
 	c.m.certMu.Unlock()
-	for use, file := range files {
+	for k, file := range files {
 		notAfter, err := leafNotAfter(file)
 		if err != nil {
-			ch <- prometheus.NewInvalidMetric(descCertExpiry, fmt.Errorf("certificate of %s: %w", use, err))
+			ch <- prometheus.NewInvalidMetric(descCertExpiry, fmt.Errorf("%s certificate of %s: %w", k.kind, k.use, err))
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(notAfter.Unix()), use)
+		ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(notAfter.Unix()), k.kind, k.use)
 	}
 }
 

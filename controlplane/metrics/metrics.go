@@ -100,6 +100,13 @@ type Config struct {
 	// CertFiles are the serving certificates whose expiry is reported, by
 	// use ("api", "gateway"): PEM files, the leaf first. Defaults to none.
 	CertFiles map[string]string
+	// Secret is the deployment secret, to open the PKI bundle whose CAs'
+	// expiry is reported. Empty: the CAs' series are invalid (logged).
+	Secret string
+	// LifetimeCacheTTL is how long a read of the lifetimes (the CAs, the
+	// earliest node certificate, the API tokens' expiry) is reused.
+	// Defaults to 30 s.
+	LifetimeCacheTTL time.Duration
 }
 
 // Metrics holds the control plane's collectors on a private registry. Its
@@ -122,7 +129,7 @@ type Metrics struct {
 	drifting     *prometheus.GaugeVec
 
 	certMu    sync.Mutex
-	certFiles map[string]string // use → PEM file, for the expiry series
+	certFiles map[certKey]string // kind and use → PEM file, for the expiry series
 }
 
 // New returns Metrics reading the deployment-wide series from st at each
@@ -131,6 +138,7 @@ func New(cfg Config, st Store) *Metrics {
 	cfg.ScrapeTimeout = cmp.Or(cfg.ScrapeTimeout, 5*time.Second)
 	cfg.GatewayLiveWithin = cmp.Or(cfg.GatewayLiveWithin, 30*time.Second)
 	cfg.GPUCacheTTL = cmp.Or(cfg.GPUCacheTTL, 30*time.Second)
+	cfg.LifetimeCacheTTL = cmp.Or(cfg.LifetimeCacheTTL, 30*time.Second)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -200,31 +208,43 @@ func New(cfg Config, st Store) *Metrics {
 		if gs, ok := st.(GPUIncidentStore); ok {
 			m.reg.MustRegister(&gpuIncidentCollector{m: m, st: gs})
 		}
+		lc := &lifetimeCollector{m: m}
+		if ls, ok := st.(LifetimeStore); ok {
+			lc.st = ls
+			for _, op := range lifetimeOps {
+				m.storeQuery.WithLabelValues(op)
+			}
+		}
+		m.reg.MustRegister(lc)
 		// The scrape observes its queries while the registry gathers, in no
 		// set order: made now, their series are there from the first scrape.
 		for _, op := range append(scrapeOps, fleetOps...) {
 			m.storeQuery.WithLabelValues(op)
 		}
 	} else {
-		m.reg.MustRegister(&fleetCollector{m: m})
+		m.reg.MustRegister(&fleetCollector{m: m}, &lifetimeCollector{m: m})
 	}
-	m.certFiles = map[string]string{}
+	m.certFiles = map[certKey]string{}
 	for use, file := range cfg.CertFiles {
-		m.certFiles[use] = file
+		m.certFiles[certKey{CertKindServing, use}] = file
 	}
 	return m
 }
 
-// WatchCertificate reports the expiry of the serving certificate in the
-// PEM file (leaf first) as bettercompute_certificate_expiry_timestamp_seconds
-// with label use ("api", "gateway"), read at each scrape.
-func (m *Metrics) WatchCertificate(use, file string) {
+// certKey is the kind and use labels of a watched certificate file.
+type certKey struct{ kind, use string }
+
+// WatchCertificate reports the expiry of the certificate in the PEM file
+// (leaf first) as bettercompute_certificate_expiry_timestamp_seconds with
+// labels kind (CertKindServing, CertKindInternal) and use ("api",
+// "gateway"; "server", "client"), read at each scrape.
+func (m *Metrics) WatchCertificate(kind, use, file string) {
 	if m == nil || file == "" {
 		return
 	}
 	m.certMu.Lock()
 	defer m.certMu.Unlock()
-	m.certFiles[use] = file
+	m.certFiles[certKey{kind, use}] = file
 }
 
 // Registry returns the private registry, for more collectors or for tests.

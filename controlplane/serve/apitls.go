@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 
@@ -63,4 +64,25 @@ func withInstall(c api.Config, cfg *config.Config, dl http.Handler, certFile, ke
 	}
 	c.ReleasePins = cfg.Downloads.ReleasePins
 	return c
+}
+
+// servingRenewer keeps the serving certificates this process issues for
+// itself (the embedded default's gateway certificate, when host.gateway
+// .tlsFiles is not set; host.tls mode auto's API certificate) renewed while
+// it runs (bootstrap.Renewer); nil when it issues none.
+func servingRenewer(cfg *config.Config, st store.Store, gateway, api bool, log *slog.Logger) (*bootstrap.Renewer, error) {
+	var certs []bootstrap.ServingCert
+	gc := cfg.Host.Gateway.TLSFiles
+	if gateway && cfg.Embedded && gc.Cert == "" && gc.Key == "" {
+		certs = append(certs, bootstrap.ServingCert{Use: "gateway", CertName: bootstrap.GatewayCertFile, KeyName: bootstrap.GatewayKeyFile})
+	}
+	if api && cfg.Host.TLS.Mode == config.TLSModeAuto {
+		certs = append(certs, bootstrap.ServingCert{Use: "api", CertName: bootstrap.APICertFile, KeyName: bootstrap.APIKeyFile})
+	}
+	if len(certs) == 0 {
+		return nil, nil
+	}
+	return bootstrap.NewRenewer(bootstrap.RenewerConfig{Store: st, Secret: cfg.Secret, Dir: filepath.Join(cfg.DataDir, bootstrap.PKIDir),
+		Certs: certs, Names: func() bootstrap.Names { return bootstrap.LocalNames(cfg.PublicHosts()) },
+		Log: log})
 }

@@ -55,7 +55,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	if certFile == "" || keyFile == "" {
 		return nil, nil, &config.Error{Key: "host.gateway.tlsFiles", Msg: "cert and key are required with PostgreSQL: write them with better-compute pki issue-gateway --dns <public host> --out-dir <dir>"}
 	}
-	m.WatchCertificate("gateway", certFile)
+	m.WatchCertificate(metrics.CertKindServing, "gateway", certFile)
 	ctrl, err := internalServer(cfg, bundle, listeners, opts.Log)
 	if err != nil {
 		return nil, nil, err
@@ -63,7 +63,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	var internalAddress string
 	if ctrl != nil {
 		internalAddress = ctrl.Address()
-		m.WatchCertificate("internal", cfg.Host.Gateway.Internal.TLSFiles.Cert)
+		m.WatchCertificate(metrics.CertKindInternal, "server", cfg.Host.Gateway.Internal.TLSFiles.Cert)
 	}
 	gw, err := gateway.New(gateway.Config{
 		Now:                    opts.Now,

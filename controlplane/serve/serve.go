@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 	}
 	defer stopWake()
 	m := metrics.New(metrics.Config{Sinks: sinkNames(cfg), Log: log, Version: opts.Version, Commit: opts.Commit,
-		Breaker: cfg.Remediation.Breaker}, st)
+		Breaker: cfg.Remediation.Breaker, Secret: cfg.Secret}, st)
 	// Every listener of the process goes through one watch: accepts back
 	// off on temporary errors, and /readyz reports a listener that keeps
 	// failing (internal/accept).
@@ -147,7 +147,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			if certFile, keyFile, err = apiCertFiles(ctx, cfg, st, opts); err != nil {
 				return err
 			}
-			m.WatchCertificate("api", certFile)
+			m.WatchCertificate(metrics.CertKindServing, "api", certFile)
 		}
 		// With the internal control API the api wakes only the gateway
 		// holding each node's session, and the bus (NOTIFY) only for what
@@ -160,6 +160,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 		if internal != nil {
 			defer internal.Close()
+			m.WatchCertificate(metrics.CertKindInternal, "client", cfg.Host.Gateway.Internal.TLSFiles.Cert)
 			waker, revoker = internal, internal
 		}
 		if internal == nil && gw != nil {
@@ -219,6 +220,13 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 	}
 	stages = append(stages, start(ctx, failed, clock.Run, nil, nil))
+	// The serving certificates serve issues for itself are renewed while
+	// it runs; the gateway and the API re-read them every 60 s.
+	if renewer, err := servingRenewer(cfg, st, gw != nil, srv != nil && !opts.ExternalAPI, log); err != nil {
+		return err
+	} else if renewer != nil {
+		stages = append(stages, start(ctx, failed, renewer.Run, nil, nil))
+	}
 	if gw != nil {
 		stages = append(stages, start(ctx, failed, afterClock(gw.Run), gw.Ready(), func() {
 			if opts.GatewayReady != nil {

@@ -439,6 +439,10 @@ type NodeStore interface {
 	// however many nodes (the fleet page's state × site grouping). Rows
 	// are ordered by site id, then state.
 	NodeCounts(ctx context.Context) ([]*NodeCount, error)
+	// NodeCertEarliest returns the earliest certificate end
+	// (cert_not_after) among the nodes in one of states (every node when
+	// states is empty), in one aggregate query; nil when none has one.
+	NodeCertEarliest(ctx context.Context, states []string) (*time.Time, error)
 }
 
 // NodeCount is the number of nodes of one site in one state.
@@ -1252,6 +1256,33 @@ type APITokenStore interface {
 	// TokensPrune deletes join tokens and API tokens that expired or were
 	// revoked before before; it returns how many.
 	TokensPrune(ctx context.Context, before time.Time) (int64, error)
+	// APITokenExpiry summarises the expiry of the live API tokens (neither
+	// revoked nor expired at p.Now) that have one, in one aggregate query.
+	APITokenExpiry(ctx context.Context, p *APITokenExpiryParams) (*APITokenExpiry, error)
+	// APITokensWarnExpiring marks every live API token that expires within
+	// p.Within of p.Now and was not marked yet, writes token.expiring for
+	// each in the same transaction (so each token is warned about once),
+	// and returns their ids.
+	APITokensWarnExpiring(ctx context.Context, p *APITokenExpiryParams) ([]string, error)
+}
+
+// APITokenExpiryParams are the inputs of APITokenExpiry and
+// APITokensWarnExpiring.
+type APITokenExpiryParams struct {
+	// Within is the horizon: tokens expiring within it of Now are counted
+	// (APITokenExpiry) or warned about (APITokensWarnExpiring).
+	Within time.Duration
+	// Now defaults to the database's clock.
+	Now *time.Time
+}
+
+// APITokenExpiry is the summary APITokenExpiry returns.
+type APITokenExpiry struct {
+	// Earliest is the soonest expiry among live tokens; nil when no live
+	// token has one.
+	Earliest *time.Time
+	// Within counts the live tokens that expire within the params' Within.
+	Within int
 }
 
 // Secret is a value sealed under the deployment secret for a node or a

@@ -34,6 +34,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/drift"
+	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
@@ -201,7 +202,15 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		g.Go(func() error {
 			return every(ctx, "singleton:iam:join-token-expiry", opts.WorkerID, time.Minute, st, log, func(ctx context.Context, fence store.Fence) error {
 				return st.FencedTx(ctx, fence, func(tx store.Store) error {
-					_, err := tx.JoinTokensExpire(ctx, nil)
+					if _, err := tx.JoinTokensExpire(ctx, nil); err != nil {
+						return err
+					}
+					// API tokens within a week of their end: token.expiring,
+					// once per token.
+					ids, err := tx.APITokensWarnExpiring(ctx, &store.APITokenExpiryParams{Within: iam.TokenExpiryWarning})
+					if len(ids) > 0 {
+						log.InfoContext(ctx, "API tokens expire within a week", "tokens", strings.Join(ids, ","))
+					}
 					return err
 				})
 			})

@@ -58,7 +58,7 @@ func TestDoctorEmbedded(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v in %s", err, out)
 	}
-	if rep.Status != doctor.Warn || len(rep.Checks) != 21 {
+	if rep.Status != doctor.Warn || len(rep.Checks) != 25 {
 		t.Fatalf("report = %+v", rep)
 	}
 	byID := map[string]doctor.Result{}
@@ -67,6 +67,7 @@ func TestDoctorEmbedded(t *testing.T) {
 	}
 	for id, st := range map[string]doctor.Status{
 		doctor.IDSchema: doctor.OK, doctor.IDClock: doctor.OK, doctor.IDPKI: doctor.Warn, doctor.IDGatewayIdentity: doctor.Warn,
+		doctor.IDNodeCA: doctor.Warn, doctor.IDGatewayCA: doctor.Warn, doctor.IDInternalCA: doctor.Warn, doctor.IDTokenExpiry: doctor.OK,
 		doctor.IDGatewayNotifier: doctor.OK, doctor.IDRoutes: doctor.OK, doctor.IDSweeper: doctor.Warn, doctor.IDHeartbeats: doctor.OK,
 		// The default listens on 0.0.0.0:3000 over plain HTTP.
 		doctor.IDAPITLS: doctor.Warn,

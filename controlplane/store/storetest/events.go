@@ -132,6 +132,11 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	check(t, st.APITokenCreate(ctx, tok, []byte("tok-ev-hash")))
 	check(t, st.APITokenRevoke(ctx, tok.ID))
 	check(t, st.APITokenRevoke(ctx, tok.ID))
+	soon := now.Add(24 * time.Hour)
+	check(t, st.APITokenCreate(ctx, &store.APIToken{ID: "tok_ev2", Role: store.RoleViewer, ExpiresAt: &soon}, []byte("tok-ev2-hash")))
+	if got := must(st.APITokensWarnExpiring(ctx, &store.APITokenExpiryParams{Within: 7 * 24 * time.Hour, Now: &now})); len(got) != 1 {
+		t.Fatalf("expiring API tokens = %v, want [tok_ev2]", got)
+	}
 
 	// Remediation: every step of a case, pause, the breaker.
 	remediationEvents(ctx, t, h, pool)

@@ -79,6 +79,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
+		{"Lifetimes", testLifetimes},
 		{"Reservations", testReservations},
 		{"ReservationConcurrentBooking", testReservationConcurrentBooking},
 		{"Remediation", testRemediation},

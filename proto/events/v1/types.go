@@ -53,6 +53,9 @@ const (
 
 	TokenCreated = TypePrefix + "token.created" // TokenData: an API token was created
 	TokenRevoked = TypePrefix + "token.revoked" // TokenData: an API token was revoked
+	// TokenExpiring is TokenData: a live API token expires within 7 days
+	// (written once per token by the iam role, checked every minute).
+	TokenExpiring = TypePrefix + "token.expiring"
 
 	RemediationDetected    = TypePrefix + "remediation.detected"    // RemediationData: a finding opened a case (the policy acts on it next)
 	RemediationHeld        = TypePrefix + "remediation.held"        // RemediationData: recorded but not acted on: the pool's breaker is tripped
@@ -110,7 +113,7 @@ var Types = []string{
 	NodeUncordoned, NodeDrained, NodeDeleted, NodeRevoked, NodeReattested, NodeDisruptionChanged,
 	NodeRolledBackLocally, GPUHealthChanged, GPUUUIDConflict, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
 	CommandLost, GatewayUp, GatewayDown, JoinTokenCreated, JoinTokenRevoked, JoinTokenUsed, JoinTokenExhausted,
-	JoinTokenExpired, TokenCreated, TokenRevoked, RemediationDetected, RemediationHeld, RemediationQuarantined,
+	JoinTokenExpired, TokenCreated, TokenRevoked, TokenExpiring, RemediationDetected, RemediationHeld, RemediationQuarantined,
 	RemediationDraining, RemediationRemediating, RemediationVerifying, RemediationReturned,
 	RemediationEscalated, RemediationPaused, RemediationResumed, RemediationBreakerTripped,
 	RemediationBreakerReset, RolloutCreated, RolloutStarted, RolloutPaused, RolloutResumed, RolloutRollingBack,

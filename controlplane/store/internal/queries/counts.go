@@ -2,6 +2,9 @@ package queries
 
 import (
 	"context"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -47,4 +50,24 @@ func (s *Store) CommandCountOpen(ctx context.Context) (map[string]int, error) {
 		out[c.state] = c.n
 	}
 	return out, nil
+}
+
+// NodeCertEarliest returns the earliest cert_not_after among the nodes in
+// states (all nodes when states is empty).
+func (s *Store) NodeCertEarliest(ctx context.Context, states []string) (*time.Time, error) {
+	q := `SELECT min(cert_not_after) FROM nodes WHERE cert_not_after IS NOT NULL`
+	args := make([]any, 0, len(states))
+	if len(states) > 0 {
+		marks := make([]string, len(states))
+		for i, st := range states {
+			marks[i] = "$" + strconv.Itoa(i+1)
+			args = append(args, st)
+		}
+		q += ` AND state IN (` + strings.Join(marks, ", ") + `)`
+	}
+	var earliest *time.Time
+	if err := s.db.QueryRow(ctx, q, args...).Scan(&earliest); err != nil {
+		return nil, s.wrap("earliest node certificate", err)
+	}
+	return earliest, nil
 }

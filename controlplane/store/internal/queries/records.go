@@ -429,3 +429,45 @@ func (s *Store) TokensPrune(ctx context.Context, before time.Time) (int64, error
 	})
 	return total, err
 }
+
+// APITokenExpiry summarises the live API tokens' expiry in one query.
+func (s *Store) APITokenExpiry(ctx context.Context, p *store.APITokenExpiryParams) (*store.APITokenExpiry, error) {
+	out := &store.APITokenExpiry{}
+	err := s.db.QueryRow(ctx, `SELECT min(expires_at),
+		coalesce(sum(CASE WHEN expires_at <= coalesce($1, now()) + bc_micros($2) THEN 1 ELSE 0 END), 0)
+		FROM api_tokens WHERE revoked_at IS NULL AND expires_at IS NOT NULL AND expires_at > coalesce($1, now())`,
+		s.clock(p.Now), p.Within.Microseconds()).Scan(&out.Earliest, &out.Within)
+	if err != nil {
+		return nil, s.wrap("api token expiry", err)
+	}
+	return out, nil
+}
+
+// APITokensWarnExpiring marks and reports the live tokens that expire
+// within p.Within, once each.
+func (s *Store) APITokensWarnExpiring(ctx context.Context, p *store.APITokenExpiryParams) ([]string, error) {
+	var ids []string
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		now := q.clock(p.Now)
+		rows, err := q.db.Query(ctx, `UPDATE api_tokens SET expiry_warned = true
+			WHERE NOT expiry_warned AND revoked_at IS NULL AND expires_at IS NOT NULL
+				AND expires_at > coalesce($1, now())
+				AND expires_at <= coalesce($1, now()) + bc_micros($2)
+			RETURNING `+apiTokenColumns, now, p.Within.Microseconds())
+		if err != nil {
+			return q.wrap("warn of expiring api tokens", err)
+		}
+		toks, err := collect(rows, scanAPIToken)
+		if err != nil {
+			return q.wrap("warn of expiring api tokens", err)
+		}
+		evs := make([]event, 0, len(toks))
+		for _, t := range toks {
+			ids = append(ids, t.ID)
+			evs = append(evs, tokenEvent(events.TokenExpiring, t))
+		}
+		return q.emit(ctx, now, evs...)
+	})
+	return ids, err
+}
