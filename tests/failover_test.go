@@ -65,7 +65,9 @@ const failoverSink = "archive"
 //     holds every entry's id up to it (duplicates allowed).
 func TestPostgresFailover(t *testing.T) {
 	t.Parallel()
-	runFailover(t, false)
+	// The promotion after the leases' 15 s TTL: every lease has expired on
+	// the new primary, and each is taken at a new epoch.
+	runFailover(t, false, 17*time.Second)
 }
 
 // TestPostgresFailoverPgBouncer is TestPostgresFailover with PgBouncer in
@@ -82,7 +84,8 @@ func TestPostgresFailoverPgBouncer(t *testing.T) {
 		}
 		t.Skipf("pgbouncer is not installed: %v", err)
 	}
-	runFailover(t, true)
+	// A quick promotion: the leases outlive it and are renewed.
+	runFailover(t, true, 2*time.Second)
 }
 
 // failoverURL is the multi-host URL of db on ports.
@@ -117,7 +120,9 @@ func startPgBouncer(t *testing.T, dir string, port, serverPort int) {
 	})
 }
 
-func runFailover(t *testing.T, bouncer bool) {
+// runFailover runs the scenario, through PgBouncer when bouncer is set,
+// promoting the standby promoteAfter after the kill.
+func runFailover(t *testing.T, bouncer bool, promoteAfter time.Duration) {
 	ctx := context.Background()
 	began := time.Now()
 	pair := newPGPair(t, "bc")
@@ -214,6 +219,7 @@ func runFailover(t *testing.T, bouncer bool) {
 	pair.killPrimary()
 	eventually(t, 30*time.Second, func() bool { return watch.notReadySince(killed) },
 		func() string { return "/readyz did not answer not ready after the primary's kill -9" })
+	time.Sleep(time.Until(killed.Add(promoteAfter))) // the HA tool's detection time, or the operator's
 	pair.promote()
 	t.Logf("primary killed; standby promoted %v later", pair.promoted.Sub(killed).Round(time.Millisecond))
 	readyAt := watch.waitReady(t, pair.promoted, 120*time.Second)
