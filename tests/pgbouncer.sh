@@ -8,8 +8,10 @@
 #   export BETTER_COMPUTE_TEST_PGBOUNCER_URL=$(tests/pgbouncer.sh start)
 #
 # It listens on 127.0.0.1:${PGBOUNCER_PORT:-6432} and serves every database
-# of the server on 127.0.0.1:5432 under its own name (trust auth, user
-# postgres), with the [pgbouncer] settings docs/scaling.md gives plus the
+# of the server on 127.0.0.1:${PGBOUNCER_SERVER_PORT:-5432} under its own
+# name (trust auth, user postgres; the failover tests run one in front of
+# each server of their own pair, with PGBOUNCER_DATABASE naming the
+# database the URL it prints and its check use), with the [pgbouncer] settings docs/scaling.md gives plus the
 # test's paths and pool caps. Debian's pgbouncer refuses to run as root: it
 # runs as postgres (-u postgres) and reads its files as that user. Its
 # files, log included, are in ${PGBOUNCER_DIR:-/tmp/better-compute-pgbouncer}.
@@ -17,11 +19,13 @@ set -euo pipefail
 
 dir=${PGBOUNCER_DIR:-/tmp/better-compute-pgbouncer}
 port=${PGBOUNCER_PORT:-6432}
-url="postgres://postgres@127.0.0.1:${port}/test?sslmode=disable"
+server_port=${PGBOUNCER_SERVER_PORT:-5432}
+database=${PGBOUNCER_DATABASE:-test}
+url="postgres://postgres@127.0.0.1:${port}/${database}?sslmode=disable"
 
 # up reports whether PgBouncer answers a query on the port.
 up() {
-	psql "postgres://postgres@127.0.0.1:${port}/test?sslmode=disable&connect_timeout=2" -tAqc "SELECT 1" >/dev/null 2>&1
+	psql "postgres://postgres@127.0.0.1:${port}/${database}?sslmode=disable&connect_timeout=2" -tAqc "SELECT 1" >/dev/null 2>&1
 }
 
 case ${1:-} in
@@ -37,7 +41,7 @@ start)
 	mkdir -p "$dir"
 	cat >"$dir/pgbouncer.ini" <<EOF
 [databases]
-* = host=127.0.0.1 port=5432
+* = host=127.0.0.1 port=${server_port}
 
 [pgbouncer]
 ; As docs/scaling.md gives:

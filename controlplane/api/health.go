@@ -77,7 +77,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ready\n"))
 	case err != nil:
-		http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+		// The database unreachable or refusing writes, as during a
+		// failover: the store's pool connects again by itself (to the new
+		// primary of a multi-host URL), and readiness follows.
+		http.Error(w, "not ready: database unavailable: "+err.Error(), http.StatusServiceUnavailable)
 	case len(st.PendingExpand()) > 0: // pending contract migrations wait for older builds (issue 40)
 		http.Error(w, "not ready: pending migrations", http.StatusServiceUnavailable)
 	default:

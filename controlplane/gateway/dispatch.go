@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -247,11 +248,17 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 	var batchOutput int64 // output data the batch holds
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	flush := func(ctx context.Context) {
+	// flush writes the batch, retrying while the loop runs (not in the
+	// final flush at shutdown, which tries once).
+	flush := func(ctx context.Context, retry bool) {
 		if len(batch) == 0 {
 			return
 		}
-		if err := g.writeUpdates(ctx, batch); err != nil {
+		write := g.writeUpdates
+		if retry {
+			write = g.writeUpdatesRetrying
+		}
+		if err := write(ctx, batch); err != nil {
 			g.log.WarnContext(ctx, "Command updates not written; the node will resend results on its next session", "updates", len(batch), logkey.Err, err)
 		}
 		if batchOutput > 0 {
@@ -269,7 +276,7 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 					batch = append(batch, u)
 					batchOutput += u.held
 				default:
-					flush(context.WithoutCancel(ctx))
+					flush(context.WithoutCancel(ctx), false)
 					return
 				}
 			}
@@ -279,11 +286,43 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 			}
 			batch = append(batch, u)
 			if batchOutput += u.held; len(batch) >= maxBatch || batchOutput >= maxBatchOutput {
-				flush(ctx)
+				flush(ctx, true)
 			}
 		case <-timer.C:
-			flush(ctx)
+			flush(ctx, true)
 		}
+	}
+}
+
+// writeUpdatesRetrying writes batch (writeUpdates) and, while that fails,
+// again with jittered back-off from 100 ms doubling to 5 s for up to
+// Config.ResultRetryFor, or until ctx ends: a database failover or restart
+// loses no result of a session that stays open. Each try takes the
+// gateway's fence afresh, so a lease taken again at a new epoch meanwhile
+// (renewLease) fences the retry. The sessions' updates wait meanwhile
+// (queueUpdate blocks), which slows the nodes' streams, not the gateway.
+func (g *Gateway) writeUpdatesRetrying(ctx context.Context, batch []nodeUpdate) error {
+	deadline := g.cfg.Now().Add(g.cfg.ResultRetryFor)
+	backoff := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		err := g.writeUpdates(ctx, batch)
+		if err == nil || ctx.Err() != nil || !g.cfg.Now().Before(deadline) {
+			if err == nil && try > 1 {
+				g.log.InfoContext(ctx, "Command updates written after retries", "updates", len(batch), "tries", try)
+			}
+			return err
+		}
+		wait := backoff/2 + rand.N(backoff)
+		g.log.WarnContext(ctx, "Command updates not written; retrying", "updates", len(batch), "try", try, "retry_in", wait, logkey.Err, err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			// Shutting down: one last try, as the loop's final flush does.
+			return g.writeUpdates(context.WithoutCancel(ctx), batch)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

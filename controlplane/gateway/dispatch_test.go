@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,5 +171,68 @@ func TestOwnBMCOffMarksNodePoweredOff(t *testing.T) {
 		if got, _ := e.st.NodeGet(ctx, n.id); got.State != store.NodePoweredOff {
 			t.Fatalf("state after its own BMC's off = %s, want powered-off", got.State)
 		}
+	})
+}
+
+// outageStore fails every transaction with a connection error while down,
+// as a store does while its database fails over.
+type outageStore struct {
+	store.Store
+	down    atomic.Bool
+	refused atomic.Int64 // transactions refused while down
+}
+
+var errConnClosed = errors.New("begin: conn closed")
+
+func (o *outageStore) Tx(ctx context.Context, fn func(store.Store) error) error {
+	if o.down.Load() {
+		o.refused.Add(1)
+		return errConnClosed
+	}
+	return o.Store.Tx(ctx, fn)
+}
+
+func (o *outageStore) FencedTx(ctx context.Context, f store.Fence, fn func(store.Store) error) error {
+	if o.down.Load() {
+		o.refused.Add(1)
+		return errConnClosed
+	}
+	return o.Store.FencedTx(ctx, f, fn)
+}
+
+// TestResultsWrittenAfterStoreOutage checks that a command's result that
+// arrives while the store fails (a database failover) is written once the
+// store answers again, on the same session: the gateway retries the batch
+// rather than leaving the command to expire.
+func TestResultsWrittenAfterStoreOutage(t *testing.T) {
+	forBackends(t, func(t *testing.T, b backend) {
+		ctx := context.Background()
+		st := &outageStore{Store: b.open(t)}
+		e := newEnv(t, st)
+		wake := make(chan struct{}, 1)
+		g := e.start(func(c *Config) { c.Wakeups = wake; c.DispatchInterval = time.Hour })
+		defer g.stop(t)
+		n := e.join(g, "gpu-01", "m-1")
+		s := e.connect(g, n)
+		cmds, err := e.st.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{n.id}, Kind: "exec",
+			SessionSpec: []byte(`{"exec":{"argv":["true"]}}`), Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wake <- struct{}{}
+		id := recvBody(t, s, 5*time.Second).GetCommand().GetId()
+		if id != cmds[0].ID {
+			t.Fatalf("dispatched %q, want %q", id, cmds[0].ID)
+		}
+		st.down.Store(true)
+		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
+			Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}}})
+		eventually(t, 5*time.Second, "the result's write to be refused twice", func() bool { return st.refused.Load() >= 2 })
+		st.down.Store(false)
+		var got *store.Command
+		eventually(t, 15*time.Second, "the result to be written after the outage", func() bool {
+			got, _ = st.CommandGet(ctx, id)
+			return got != nil && got.State == store.CommandSucceeded
+		})
 	})
 }

@@ -229,6 +229,14 @@ type Config struct {
 	// ResultFlushInterval bounds how long a node's update waits to be
 	// written with others in one transaction. Defaults to 20 ms.
 	ResultFlushInterval time.Duration
+	// ResultRetryFor is how long a batch of command updates whose
+	// transaction failed (the database unreachable, as during a failover)
+	// is written again, with back-off from 100 ms doubling to 5 s, before
+	// it is dropped and the nodes' next sessions resend their results.
+	// Every update is idempotent (a command's first terminal result wins,
+	// output chunks are keyed by their sequence), so a batch whose commit
+	// was lost is safe to write twice. Defaults to 1 min.
+	ResultRetryFor time.Duration
 	// Metrics receives the gateway's counters and latencies. Defaults to
 	// none.
 	Metrics Metrics
@@ -274,6 +282,7 @@ func (c *Config) defaults() {
 	c.DispatchInterval = cmp.Or(c.DispatchInterval, time.Second)
 	c.DispatchBatch = cmp.Or(c.DispatchBatch, 1000)
 	c.ResultFlushInterval = cmp.Or(c.ResultFlushInterval, 20*time.Millisecond)
+	c.ResultRetryFor = cmp.Or(c.ResultRetryFor, time.Minute)
 	c.NodeLogInterval = cmp.Or(c.NodeLogInterval, DefaultNodeLogInterval)
 	c.ClockSkewLimit = cmp.Or(c.ClockSkewLimit, DefaultClockSkewLimit)
 	if c.Metrics == nil {
