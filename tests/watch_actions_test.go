@@ -103,8 +103,8 @@ func (p *watchPage) confirmation(button string) (before, after, why string) {
 // the page's cookie) and returns "STATUS MESSAGE".
 func (p *watchPage) fetch(what, path, headers, body string) string {
 	p.t.Helper()
-	return p.eval(what, fmt.Sprintf(`fetch(%q, {method: "POST", credentials: "same-origin", headers: %s, body: %q})
-		.then(r => r.json().then(j => r.status + " " + (j.message || "")))`, path, headers, body))
+	return browserRun(p.t, p.ctx, what, chromedp.Evaluate[string](fmt.Sprintf(`fetch(%q, {method: "POST", credentials: "same-origin", headers: %s, body: %q})
+		.then(r => r.json().then(j => r.status + " " + (j.message || "")))`, path, headers, body), chromedp.EvalAwaitPromise))
 }
 
 // csrfHeader is the header object the page's own script sends.
