@@ -3,14 +3,18 @@ package tests
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/iam"
@@ -61,7 +65,10 @@ func (p *watchPage) poll(what, expr string, timeout time.Duration) {
 	rctx, cancel := context.WithTimeout(p.ctx, timeout+10*time.Second)
 	defer cancel()
 	if _, err := chromedp.Run(rctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(timeout))); err != nil {
-		p.t.Fatalf("%s: %v", what, err)
+		sctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
+		defer cancel()
+		state, serr := chromedp.Run(sctx, chromedp.Evaluate[string](`document.location.href + " " + JSON.stringify(document.body.dataset) + "\n" + document.body.innerText.slice(0, 2000)`))
+		p.t.Fatalf("%s: %v; the page reads (%v):\n%s", what, err, serr, state)
 	}
 }
 
@@ -393,10 +400,9 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 	nodeID := m.mustJoin(d.gatewayURL, file)
 	bcd := m.node()
 	bcd.WaitLine(sessionEstablished.String(), 60*time.Second)
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The node runs in a namespace of its own: `hostname` there prints the
+	// name bcd reported, not this machine's.
+	host := mustNode(t, d.st, nodeID).Hostname
 	operator := strings.TrimSpace(d.cli(d.viaAPI("tokens", "create", "--role", "operator", "--description", "browser shell test")...))
 	ctx := t.Context()
 	p := newPage(t, ctx, d.api)
@@ -410,6 +416,21 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 	tab, closeTab := chromedp.NewContext(p.ctx)
 	defer closeTab()
 	tp := &watchPage{t: t, ctx: tab, csp: p.csp, api: d.api}
+	if err := p.csp.listen(tab); err != nil {
+		t.Fatal(err)
+	}
+	_ = chromedp.Listen(tab, func(ev any) {
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			for _, a := range e.Args {
+				t.Logf("DEBUG console %s", a.Value)
+			}
+		case *runtime.EventExceptionThrown:
+			t.Logf("DEBUG exception %s %v", e.ExceptionDetails.Text, e.ExceptionDetails.Exception)
+		case *cdplog.EventEntryAdded:
+			t.Logf("DEBUG log %s", e.Entry.Text)
+		}
+	})
 	tp.do("open the shell", 60*time.Second, chromedp.Navigate(d.api+"/watch/nodes/"+nodeID+"/shell"), chromedp.WaitVisible(chromedp.CSS("#terminal .xterm")))
 	tp.poll("the shell opens", `document.body.dataset.shell === "open"`, 30*time.Second)
 	if n := tp.eval("styles", `String(Array.from(document.querySelectorAll("style")).filter(s => s.nonce !== "").length + "/" + document.querySelectorAll("style").length)`); strings.HasPrefix(n, "0/") {
@@ -417,7 +438,16 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 	}
 	// The terminal's rows as text: what a person reads on the screen.
 	screen := `Array.from(document.querySelectorAll("#terminal .xterm-rows > div")).map(r => r.textContent).join("\n")`
-	tp.do("type hostname", 20*time.Second, chromedp.Click(chromedp.CSS("#terminal .xterm")), chromedp.SendKeys(chromedp.CSS("#terminal textarea.xterm-helper-textarea"), "echo marker-$((6*7)); hostname\n"))
+	// Typed as a keyboard would: the text inserted into the terminal's
+	// input (as typing or an input method does), then Enter. (chromedp's
+	// SendKeys sends each printable key both as a key and as its text,
+	// which xterm.js takes twice.)
+	tp.do("type hostname", 20*time.Second, chromedp.Click(chromedp.CSS("#terminal .xterm")),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := cdp.Call(ctx, tg, input.InsertText, input.InsertTextParams{Text: "echo marker-$((6*7)); hostname"})
+			return err
+		}),
+		chromedp.KeyEvent(kb.Enter))
 	tp.poll("the output", fmt.Sprintf(`(() => { const s = %s; return s.includes("marker-42") && s.split("\n").some(l => l.trim() === %q); })()`, screen, host), 30*time.Second)
 	t.Logf("the terminal shows:\n%s", strings.TrimRight(tp.eval("screen", screen), "\n "))
 
