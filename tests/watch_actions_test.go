@@ -11,8 +11,6 @@ import (
 
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/input"
-	cdplog "github.com/chromedp/cdproto/log"
-	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 
@@ -419,18 +417,6 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 	if err := p.csp.listen(tab); err != nil {
 		t.Fatal(err)
 	}
-	_ = chromedp.Listen(tab, func(ev any) {
-		switch e := ev.(type) {
-		case *runtime.EventConsoleAPICalled:
-			for _, a := range e.Args {
-				t.Logf("DEBUG console %s", a.Value)
-			}
-		case *runtime.EventExceptionThrown:
-			t.Logf("DEBUG exception %s %v", e.ExceptionDetails.Text, e.ExceptionDetails.Exception)
-		case *cdplog.EventEntryAdded:
-			t.Logf("DEBUG log %s", e.Entry.Text)
-		}
-	})
 	tp.do("open the shell", 60*time.Second, chromedp.Navigate(d.api+"/watch/nodes/"+nodeID+"/shell"), chromedp.WaitVisible(chromedp.CSS("#terminal .xterm")))
 	tp.poll("the shell opens", `document.body.dataset.shell === "open"`, 30*time.Second)
 	if n := tp.eval("styles", `String(Array.from(document.querySelectorAll("style")).filter(s => s.nonce !== "").length + "/" + document.querySelectorAll("style").length)`); strings.HasPrefix(n, "0/") {
