@@ -265,7 +265,7 @@ func mustNode(t *testing.T, st store.Store, id string) *store.Node {
 }
 
 // TestPageActionRolloutPauseStartsNoWave: a rollout of four simulated
-// daemons (canary 1, waves of 1, soak 2 s) paused from the fleet page
+// daemons (canary 1, waves of 1, soak 6 s) paused from the fleet page
 // while its canary soaks starts no next wave, well past the soak; resumed
 // from the page, its next wave starts. The confirmation names what waits.
 func TestPageActionRolloutPauseStartsNoWave(t *testing.T) {
@@ -309,19 +309,23 @@ func TestPageActionRolloutPauseStartsNoWave(t *testing.T) {
 	pool := mustNode(t, d.st, fl.Daemons()[0].NodeID()).PoolID
 	d.cli(d.viaAPI("pools", "set-budget", pool, "--budget", "2")...)
 	operator := strings.TrimSpace(d.cli(d.viaAPI("tokens", "create", "--role", "operator", "--description", "page rollout test")...))
+	p := newPage(t, ctx, d.api)
+	p.login(operator)
+	// The canary soaks 6 s, and its health gate extends that once while
+	// it has too little evidence: the next wave would start about 12 s
+	// after the canary's.
+	const soak = 6 * time.Second
 	id := regexp.MustCompile(`roll_[a-z0-9]+`).FindString(d.cli(d.viaAPI("rollouts", "create", "--version", relB, "--pool", pool, "--canary", "1",
-		"--wave", "1", "--max-unavailable", "1", "--soak", "2s", "--bake", "0s")...))
+		"--wave", "1", "--max-unavailable", "1", "--soak", soak.String(), "--bake", "0s")...))
 	if id == "" {
 		t.Fatal("rollouts create printed no rollout id")
 	}
-
-	p := newPage(t, ctx, d.api)
-	p.login(operator)
 	// Pause while the canary is in its wave.
 	eventually(t, 60*time.Second, func() bool {
 		ro, err := d.st.RolloutGet(ctx, id)
 		return err == nil && ro.CurrentWave == 1
 	}, func() string { return "the rollout did not start its canary" })
+	canaryAt := time.Now()
 	pauseBtn := fmt.Sprintf(`tr[data-rollout="%s"] button[data-action="rollout-pause"]`, id)
 	p.poll("the pause button", fmt.Sprintf(`!!document.querySelector(%q)`, pauseBtn), 30*time.Second)
 	for deadline := time.Now().Add(60 * time.Second); ; {
@@ -350,10 +354,14 @@ func TestPageActionRolloutPauseStartsNoWave(t *testing.T) {
 	if rows, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "rollouts.pause", Actor: "token:" + opID}); err != nil || len(rows) != 1 || rows[0].Outcome != "ok" {
 		t.Fatalf("audit rows of the pause: %+v %v", rows, err)
 	}
-	// Paused: well past the canary's soak (2 s) and many reconciler rounds
-	// (200 ms), no node of a later wave is sent an upgrade. The absence
-	// of a thing takes time to see; 10 s is five soaks and fifty rounds.
-	for time.Since(pausedAt) < 10*time.Second {
+	if pausedWave != 1 {
+		t.Fatalf("paused in wave %d, want the canary's (the test was too slow to pause it)", pausedWave)
+	}
+	// Paused: until well past when the next wave would have started (three
+	// soaks after the canary's, at least 5 s and 25 reconciler rounds after
+	// the pause), no node of a later wave is sent an upgrade. The absence
+	// of a thing takes time to see.
+	for time.Since(canaryAt) < 3*soak || time.Since(pausedAt) < 5*time.Second {
 		nodes, err := d.st.RolloutNodes(ctx, id)
 		if err != nil {
 			t.Fatal(err)
