@@ -31,7 +31,7 @@
     return dialog;
   }
 
-  function show(btn, p) {
+  function show(req, p) {
     var d = getDialog();
     d.replaceChildren();
     d.dataset.action = p.action;
@@ -61,7 +61,7 @@
     var ok = el("button", { type: "button", id: "confirm-ok" }, "Confirm");
     var cancel = el("button", { type: "button", id: "confirm-cancel" }, "Cancel");
     ok.disabled = !p.allowed;
-    ok.addEventListener("click", function () { run(btn, p, ok, cancel, result); });
+    ok.addEventListener("click", function () { run(req, p, ok, cancel, result); });
     cancel.addEventListener("click", function () { d.close(); });
     bar.appendChild(ok); bar.appendChild(cancel);
     d.appendChild(bar);
@@ -77,13 +77,13 @@
     return b;
   }
 
-  function run(btn, p, ok, cancel, result) {
+  function run(req, p, ok, cancel, result) {
     ok.disabled = true;
     result.textContent = "…";
     fetch("/watch/actions/" + encodeURIComponent(p.action), {
       method: "POST", credentials: "same-origin", cache: "no-store",
       headers: { "Content-Type": "application/json", "X-Watch-CSRF": csrf() },
-      body: JSON.stringify(body(btn))
+      body: JSON.stringify(req)
     }).then(function (resp) {
       return resp.json().then(function (j) { return { status: resp.status, j: j }; });
     }).then(function (r) {
@@ -108,8 +108,11 @@
     var btn = ev.target.closest ? ev.target.closest("button.act") : null;
     if (!btn) { return; }
     ev.preventDefault();
-    var q = "target=" + encodeURIComponent(btn.dataset.target);
+    // The request is fixed when the button is clicked: what is confirmed
+    // is what was previewed, even if a live update swaps the page under
+    // the dialog.
     var b = body(btn);
+    var q = "target=" + encodeURIComponent(b.target);
     if (b.gpu) { q += "&gpu=" + encodeURIComponent(b.gpu); }
     fetch("/watch/actions/" + encodeURIComponent(btn.dataset.action) + "/preview?" + q, { credentials: "same-origin", cache: "no-store" })
       .then(function (resp) {
@@ -118,9 +121,9 @@
           return j;
         });
       })
-      .then(function (p) { show(btn, p); })
+      .then(function (p) { show(b, p); })
       .catch(function (err) {
-        show(btn, { action: btn.dataset.action, title: btn.textContent, effect: "", allowed: false, why: "The preview failed: " + err.message });
+        show(b, { action: btn.dataset.action, title: btn.textContent, effect: "", allowed: false, why: "The preview failed: " + err.message });
       });
   });
 })();
