@@ -227,3 +227,11 @@ func Admission(b *PoolBudget, held, holder, state, reason, owner string) (refusa
 	}
 	return "", takesSlot
 }
+
+// OperatorOwner holds the disruption slot of an operator's drain
+// (nodes.drain); any operator's nodes.uncordon ends it.
+const OperatorOwner = "operator"
+
+// RemediationOwner is the disruption owner of remediation case id's hold:
+// "remediation:<id>".
+func RemediationOwner(id string) string { return "remediation:" + id }

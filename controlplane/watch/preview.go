@@ -105,7 +105,7 @@ func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*p
 			return nil, err
 		}
 		p.Effect = "The case closes and its node goes back in service: uncordoned, its slot of the budget free."
-		if n.DisruptionOwner == "remediation:"+c.ID {
+		if n.DisruptionOwner == store.RemediationOwner(c.ID) {
 			p.Budget.After = p.Budget.Before - 1
 		}
 		if c.ClosedAt != nil {
@@ -213,7 +213,7 @@ func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID,
 	case "uncordon":
 		p.Title = "Uncordon node " + name
 		p.Effect = "New commands reach the node again. An operator's drain ends with it, freeing its slot of the budget; holds of remediation and rollouts stay theirs."
-		if n.DisruptionOwner == "operator" {
+		if n.DisruptionOwner == store.OperatorOwner {
 			p.Budget.After = p.Budget.Before - 1
 		} else if n.Disruption == "" && n.State == store.NodeDraining {
 			p.Budget.After = p.Budget.Before - 1
@@ -228,7 +228,7 @@ func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID,
 				res.End.UTC().Format("2006-01-02 15:04:05Z")))
 			return nil
 		}
-		admit("operator")
+		admit(store.OperatorOwner)
 	case "gpu-reset", "reboot":
 		if a.Name == "reboot" {
 			p.Title = "Reboot node " + name
@@ -246,7 +246,7 @@ func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID,
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return fmt.Errorf("read open case of node %s: %w", n.ID, err)
 		}
-		admit("remediation:new")
+		admit(store.RemediationOwner("new"))
 		p.Waits = append(p.Waits, fmt.Sprintf("At most %d remediation actions run at once in the pool (%d running now); more wait.", b.RemediationConcurrency, b.Remediating))
 	case "shell":
 		p.Title = "Open a shell on node " + name
