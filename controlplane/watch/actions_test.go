@@ -201,6 +201,9 @@ func TestPreviewShowsTheBudget(t *testing.T) {
 	if _, body := f.get(t, c, "/watch/actions/drain/preview?target=node_x%3Cb%3E"); !strings.Contains(body, "INVALID_ARGUMENT") {
 		t.Errorf("a bad target: %s", body)
 	}
+	if p := preview(c, "breaker-reset", "gpu"); p["allowed"] != false || !strings.Contains(p["why"].(string), "closed") {
+		t.Errorf("the reset of a closed breaker: %v", p)
+	}
 	vc := f.client(t)
 	f.login(t, vc, f.viewer)
 	if p := preview(vc, "cordon", "node_x"); p["allowed"] != false || !strings.Contains(p["why"].(string), "viewer") {

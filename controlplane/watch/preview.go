@@ -28,6 +28,8 @@ type preview struct {
 	// why (its role, the budget, the breaker, the target's state).
 	Allowed bool   `json:"allowed"`
 	Why     string `json:"why,omitempty"`
+
+	breakerTripped bool // the pool's remediation breaker is tripped
 }
 
 // budgetPreview is a pool's disruption budget before and after an action
@@ -124,18 +126,7 @@ func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*p
 			return nil, err
 		}
 		p.Effect = "Automatic remediation in the pool starts new actions again. Quarantines are involuntary: they take no slot of the budget, the breaker caps them."
-		bs, err := h.store.RemediationBreakers(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("read breakers: %w", err)
-		}
-		tripped := false
-		for _, b := range bs {
-			if b.PoolID == pool.ID && b.TrippedAt != nil {
-				tripped = true
-				p.Waits = append(p.Waits, "Tripped since "+b.TrippedAt.UTC().Format("2006-01-02 15:04:05Z")+": automatic remediation starts nothing in the pool until it is reset.")
-			}
-		}
-		if !tripped {
+		if !p.breakerTripped {
 			p.Allowed, p.Why = false, "The breaker of pool "+pool.Name+" is closed: there is nothing to reset."
 		}
 		return p, nil
@@ -166,6 +157,17 @@ func (h *Handler) budgetOf(ctx context.Context, p *preview, poolID string) error
 	if b.OutOfService >= b.Budget {
 		p.Waits = append(p.Waits, fmt.Sprintf("The budget is full (%d of %d slots used): drains, repairs on order and rollout waves in pool %s wait for a node to come back.",
 			b.OutOfService, b.Budget, p.Pool))
+	}
+	bs, err := h.store.RemediationBreakers(ctx)
+	if err != nil {
+		return fmt.Errorf("read breakers: %w", err)
+	}
+	for _, br := range bs {
+		if br.PoolID == poolID && br.TrippedAt != nil {
+			p.breakerTripped = true
+			p.Waits = append(p.Waits, fmt.Sprintf("The remediation breaker of pool %s tripped at %s: automatic remediation starts nothing in the pool until an operator resets it (repairs on order still run).",
+				p.Pool, br.TrippedAt.UTC().Format("2006-01-02 15:04:05Z")))
+		}
 	}
 	return nil
 }
