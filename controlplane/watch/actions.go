@@ -80,6 +80,8 @@ var actions = []action{
 	{"reboot", "nodes.reboot", targetNode, "Reboot"},
 	{"shell", "tunnels.create", targetNode, "Shell"},
 	{"return", "remediation.return", targetCase, "Return to service"},
+	{"case-pause", "remediation.pause", targetCase, "Pause case"},
+	{"case-resume", "remediation.resume", targetCase, "Resume case"},
 	{"rollout-pause", "rollouts.pause", targetRollout, "Pause"},
 	{"rollout-resume", "rollouts.resume", targetRollout, "Resume"},
 	{"rollout-abort", "rollouts.abort", targetRollout, "Abort"},

@@ -240,3 +240,38 @@ func TestShellPageAndTerminalFiles(t *testing.T) {
 		t.Fatalf("tunnel: %v %v", resp, err)
 	}
 }
+
+// TestCaseActions: an open case of a node offers its return and its
+// pause; each previews the node's hold and goes to its API method.
+func TestCaseActions(t *testing.T) {
+	f, fa, c, tokID := actionFixture(t)
+	ctx := context.Background()
+	rc, err := f.st.RemediationCreate(ctx, &store.Remediation{NodeID: "node_x", State: store.RemediationQuarantined, Finding: "operator",
+		Kind: "operator.order", Action: "reboot", Reason: "test"}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := f.st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: "node_x", Reason: store.DisruptionQuarantined, Owner: store.RemediationOwner(rc.ID)}); err != nil || !a.Admitted {
+		t.Fatalf("admit: %+v %v", a, err)
+	}
+	_, page := f.get(t, c, "/watch/nodes/node_x")
+	for _, want := range []string{`data-action="return" data-target="` + rc.ID + `"`, `data-action="case-pause" data-target="` + rc.ID + `"`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the node page lacks %s", want)
+		}
+	}
+	resp, body := f.get(t, c, "/watch/actions/return/preview?target="+rc.ID)
+	var p struct {
+		Allowed bool
+		Budget  struct{ Before, After int }
+	}
+	if err := json.Unmarshal([]byte(body), &p); err != nil || resp.StatusCode != 200 || !p.Allowed || p.Budget.Before != 1 || p.Budget.After != 0 {
+		t.Fatalf("return preview: %d %s", resp.StatusCode, body)
+	}
+	if code, msg := f.act(t, c, "case-pause", `{"target":"`+rc.ID+`"}`, csrfOf(t, page), f.srv.URL); code != 200 {
+		t.Fatalf("case-pause: %d %s", code, msg)
+	}
+	if calls := fa.called(); len(calls) != 1 || calls[0] != tokID+` remediation.pause {"id":"`+rc.ID+`"}` {
+		t.Fatalf("API calls %q", calls)
+	}
+}

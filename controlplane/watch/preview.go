@@ -98,7 +98,6 @@ func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*p
 		if err != nil {
 			return nil, notFound(err)
 		}
-		p.Title = "Return node " + c.NodeID + " from remediation case " + c.ID
 		n, err := h.store.NodeGet(ctx, c.NodeID)
 		if err != nil {
 			return nil, notFound(err)
@@ -106,9 +105,25 @@ func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*p
 		if err := h.budgetOf(ctx, p, n.PoolID); err != nil {
 			return nil, err
 		}
-		p.Effect = "The case closes and its node goes back in service: uncordoned, its slot of the budget free."
-		if n.DisruptionOwner == store.RemediationOwner(c.ID) {
-			p.Budget.After = p.Budget.Before - 1
+		switch a.Name {
+		case "return":
+			p.Title = "Return node " + n.Hostname + " from remediation case " + c.ID
+			p.Effect = "The case closes and its node goes back in service: its command cancelled, uncordoned, its slot of the budget free."
+			if n.DisruptionOwner == store.RemediationOwner(c.ID) {
+				p.Budget.After = p.Budget.Before - 1
+			}
+		case "case-pause":
+			p.Title = "Pause remediation case " + c.ID + " of node " + n.Hostname
+			p.Effect = "The reconciler takes no next step of the case until it is resumed; the node stays out of service, holding its slot of the budget."
+			if c.Paused {
+				p.Allowed, p.Why = false, "The case is paused already."
+			}
+		case "case-resume":
+			p.Title = "Resume remediation case " + c.ID + " of node " + n.Hostname
+			p.Effect = "The reconciler takes the case's next step again (" + c.State + ", action " + c.Action + "). It takes no new slot: the node is out already."
+			if !c.Paused {
+				p.Allowed, p.Why = false, "The case is not paused."
+			}
 		}
 		if c.ClosedAt != nil {
 			p.Allowed, p.Why = false, "The case is closed already."
