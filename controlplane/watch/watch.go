@@ -267,7 +267,7 @@ var staticFiles = []string{"watch.js", "watch.css", "actions.js", "shell.js",
 
 func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request) {
 	switch {
-	case slices.Contains(staticFiles, strings.TrimPrefix(r.URL.Path, Path+"/static/")):
+	case slices.Contains(staticFiles, r.PathValue("file")):
 		h.static.ServeHTTP(w, r)
 	default:
 		http.NotFound(w, r)
