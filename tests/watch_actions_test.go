@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -112,6 +113,18 @@ func (p *watchPage) fetch(what, path, headers, body string) string {
 		.then(r => r.json().then(j => r.status + " " + (j.message || "")))`, path, headers, body), chromedp.EvalAwaitPromise))
 }
 
+// shot saves a screenshot of the page as dir/name when
+// WATCH_ACTIONS_SCREENSHOTS names a directory (docs/ has them from these
+// tests).
+func (p *watchPage) shot(name string) {
+	p.t.Helper()
+	if dir := os.Getenv("WATCH_ACTIONS_SCREENSHOTS"); dir != "" {
+		if err := os.WriteFile(filepath.Join(dir, name), browserRun(p.t, p.ctx, "screenshot", chromedp.CaptureScreenshot()), 0o644); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+}
+
 // csrfHeader is the header object the page's own script sends.
 const csrfHeader = `{"Content-Type": "application/json", "X-Watch-CSRF": document.querySelector('#logout input[name="csrf"]').value}`
 
@@ -204,6 +217,7 @@ func TestPageActionCordonShowsBudget(t *testing.T) {
 	if before != "0 of 1" || after != "1 of 1" || why != "" {
 		t.Fatalf("drain's confirmation shows budget %q → %q (why not: %q), want 0 of 1 → 1 of 1", before, after, why)
 	}
+	p.shot("watch-confirm.png")
 	p.do("confirm the drain", 30*time.Second, chromedp.Click(chromedp.CSS("#confirm-ok")), chromedp.WaitVisible(chromedp.CSS("#confirm-result.done")))
 	if b, err := d.st.PoolBudget(ctx, mustNode(t, d.st, nodes[0]).PoolID); err != nil || b.OutOfService != 1 {
 		t.Fatalf("pool budget after the drain: %+v %v", b, err)
@@ -444,6 +458,7 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 		chromedp.KeyEvent(kb.Enter))
 	tp.poll("the output", fmt.Sprintf(`(() => { const s = %s; return s.includes("marker-42") && s.split("\n").some(l => l.trim() === %q); })()`, screen, host), 30*time.Second)
 	t.Logf("the terminal shows:\n%s", strings.TrimRight(tp.eval("screen", screen), "\n "))
+	tp.shot("watch-shell.png")
 
 	tun, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "tunnels.open", Actor: "token:" + tokenID(t, d.st, operator), Outcome: "ok"})
 	if err != nil || len(tun) != 1 {

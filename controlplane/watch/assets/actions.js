@@ -40,7 +40,7 @@
     if (p.budget) {
       var b = p.budget;
       var t = el("table", { id: "confirm-budget" });
-      var cap = el("caption", {}, "Disruption budget of pool " + p.pool + " (" + b.spec + " of " + b.nodes + " nodes: " + b.budget + " slots)");
+      var cap = el("caption", {}, "Disruption budget of pool " + p.pool + " (" + b.spec + " of " + b.nodes + " nodes: " + b.budget + (b.budget === 1 ? " slot)" : " slots)"));
       t.appendChild(cap);
       var r1 = el("tr"); r1.appendChild(el("th", {}, "slots used now")); r1.appendChild(el("td", { id: "confirm-before" }, b.before + " of " + b.budget));
       var r2 = el("tr"); r2.appendChild(el("th", {}, "after")); r2.appendChild(el("td", { id: "confirm-after" }, b.after + " of " + b.budget));
