@@ -315,21 +315,27 @@ func newWatchBrowser(t *testing.T, ctx context.Context, chromium string) (contex
 	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(t.Logf))
 	t.Cleanup(cancelBrowser)
 	csp := &cspWatch{}
-	if err := chromedp.Listen(bctx, func(ev any) {
-		switch e := ev.(type) {
-		case *cdplog.EventEntryAdded:
-			csp.add(e.Entry.Text)
-		case cdplog.EventEntryAdded:
-			csp.add(e.Entry.Text)
-		case *runtime.EventConsoleAPICalled:
-			for _, a := range e.Args {
-				csp.add(string(a.Value))
-			}
-		case *runtime.EventExceptionThrown:
-			csp.add(e.ExceptionDetails.Text)
-		}
-	}); err != nil {
+	if err := csp.listen(bctx); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
 	return bctx, csp
+}
+
+// listen collects the console messages of the tab of ctx (a tab opened
+// with chromedp.NewContext has its own console).
+func (c *cspWatch) listen(ctx context.Context) error {
+	return chromedp.Listen(ctx, func(ev any) {
+		switch e := ev.(type) {
+		case *cdplog.EventEntryAdded:
+			c.add(e.Entry.Text)
+		case cdplog.EventEntryAdded:
+			c.add(e.Entry.Text)
+		case *runtime.EventConsoleAPICalled:
+			for _, a := range e.Args {
+				c.add(string(a.Value))
+			}
+		case *runtime.EventExceptionThrown:
+			c.add(e.ExceptionDetails.Text)
+		}
+	})
 }

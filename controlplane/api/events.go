@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -135,7 +136,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	// The stream ends when its token is revoked or expires (checkLive).
-	defer s.live.add(&liveCall{token: bearerToken(r), addr: addr, tokenID: p.TokenID, cancel: cancel})()
+	defer s.live.add(&liveCall{tokenHash: sha256.Sum256([]byte(bearerToken(r))), addr: addr, tokenID: p.TokenID, cancel: cancel})()
 	go func() {
 		select {
 		case <-s.stopping:

@@ -471,7 +471,7 @@ func (s *Server) nodesSetGPUCount(ctx context.Context, p *iam.Principal, r *apiv
 
 // operatorHold owns the disruption-budget slot of an operator's drain
 // (nodes.drain); any operator's nodes.uncordon ends it.
-const operatorHold = "operator"
+const operatorHold = store.OperatorOwner
 
 // nodesDrain cordons a node and marks it draining: no new commands reach
 // it. It takes a slot of the pool's disruption budget (DESIGN.md, "The

@@ -160,7 +160,7 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 		if err := tx.NodeSetCordoned(ctx, c.NodeID, false); err != nil {
 			return err
 		}
-		if err := tx.DisruptionRelease(ctx, c.NodeID, "remediation:"+c.ID); err != nil {
+		if err := tx.DisruptionRelease(ctx, c.NodeID, store.RemediationOwner(c.ID)); err != nil {
 			return err
 		}
 		reason := "returned by an operator"
@@ -205,7 +205,7 @@ func (s *Server) returnWithRepair(ctx context.Context, tx store.Store, c *store.
 		what = "reset of GPU " + c.GPUUUID
 	}
 	a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionDraining,
-		Owner: "remediation:" + c.ID})
+		Owner: store.RemediationOwner(c.ID)})
 	if err != nil {
 		return err
 	}

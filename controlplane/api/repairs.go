@@ -132,7 +132,7 @@ func (s *Server) order(ctx context.Context, p *iam.Principal, n *store.Node, act
 // pool's budget is full or another owner holds the node.
 func admitOrdered(ctx context.Context, tx store.Store, c *store.Remediation) error {
 	a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionDraining,
-		Owner: "remediation:" + c.ID})
+		Owner: store.RemediationOwner(c.ID)})
 	if err != nil {
 		return err
 	}

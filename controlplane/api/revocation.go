@@ -40,11 +40,13 @@ func revokedCause(ctx context.Context) *RevokedError {
 // liveCall is one call an api process holds open: the token and address
 // that authenticated it and, for a tunnel, the node it reaches.
 type liveCall struct {
-	token   string
-	addr    netip.Addr
-	tokenID string
-	nodeID  string
-	cancel  context.CancelCauseFunc
+	// tokenHash is the SHA-256 of the caller's token (iam.Hash): a bearer
+	// token's, or the one a fleet page session was opened with.
+	tokenHash [32]byte
+	addr      netip.Addr
+	tokenID   string
+	nodeID    string
+	cancel    context.CancelCauseFunc
 }
 
 // liveCalls are the calls of this process that outlive one request
@@ -118,13 +120,13 @@ func (s *Server) checkLiveLoop(ctx context.Context) {
 func (s *Server) checkLive(ctx context.Context) {
 	calls := s.live.snapshot()
 	type tokenKey struct {
-		token string
+		token [32]byte
 		addr  netip.Addr
 	}
 	tokens := map[tokenKey]string{} // "" holds
 	nodes := map[string]string{}
 	for _, c := range calls {
-		k := tokenKey{c.token, c.addr}
+		k := tokenKey{c.tokenHash, c.addr}
 		reason, seen := tokens[k]
 		if !seen {
 			reason = s.tokenEnded(ctx, c)
@@ -144,7 +146,7 @@ func (s *Server) checkLive(ctx context.Context) {
 
 // tokenEnded is why c's token no longer holds, or "".
 func (s *Server) tokenEnded(ctx context.Context, c *liveCall) string {
-	_, err := s.auth.Recheck(ctx, c.token, c.addr)
+	_, err := s.auth.RecheckHash(ctx, c.tokenHash, c.addr)
 	switch {
 	case err == nil:
 		return ""

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"regexp"
 	"slices"
@@ -131,35 +132,10 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
 		return
 	}
-	if !iam.Allows(p.Role, m.role) {
-		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
-		return
-	}
-	req := m.newReq()
-	if err := s.decode(w, r, req); err != nil {
-		e, _ := toAPIError(err)
-		refuse(e)
-		return
-	}
-	if e := checkText(req.ProtoReflect()); e != nil {
-		refuse(e)
-		return
-	}
-	resp, err := m.call(r.Context(), p, req)
-	if m.mutating {
-		outcome := "ok"
-		if err != nil {
-			e, _ := toAPIError(err)
-			outcome = e.Code
-		}
-		s.audit(r.Context(), p, name, resourceOf(req), outcome, addr, req)
-	}
+	resp, err := s.invoke(r.Context(), p, addr, name, func(req proto.Message) error { return s.decode(w, r, req) })
 	if err != nil {
 		s.writeError(w, r, err)
 		return
-	}
-	if m.mutating {
-		s.feed.Notify() // it may have written events: the stream reads now
 	}
 	b, err := marshal.Marshal(resp)
 	if err != nil {
@@ -169,6 +145,59 @@ func (s *Server) serveRPC(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(b)
 	s.log.DebugContext(r.Context(), "API call", "method", name, "token", p.TokenID, "ms", time.Since(start).Milliseconds())
+}
+
+// invoke calls API method name for the authenticated caller p from addr,
+// its request filled by decode: the method's role check, the request's
+// checks, its handler and, for a mutating method, its audit row (a refusal
+// too, with the code the caller got) and a nudge to the event feed. It is
+// the one path of every API call: serveRPC after reading the bearer token,
+// the fleet page's actions (pageActions) after reading its session.
+func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, name string, decode func(proto.Message) error) (proto.Message, error) {
+	m, ok := s.methods[name]
+	if !ok {
+		return nil, notFound("no API method %s", name)
+	}
+	refuse := func(e *Error) (proto.Message, error) {
+		if m.mutating {
+			s.audit(ctx, p, name, "", auditOutcome(e), addr, nil)
+		}
+		return nil, e
+	}
+	if !iam.Allows(p.Role, m.role) {
+		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+	}
+	req := m.newReq()
+	if err := decode(req); err != nil {
+		e, _ := toAPIError(err)
+		return refuse(e)
+	}
+	if e := checkText(req.ProtoReflect()); e != nil {
+		return refuse(e)
+	}
+	resp, err := m.call(ctx, p, req)
+	if m.mutating {
+		outcome := "ok"
+		if err != nil {
+			e, _ := toAPIError(err)
+			outcome = e.Code
+		}
+		s.audit(ctx, p, name, resourceOf(req), outcome, addr, req)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if m.mutating {
+		s.feed.Notify() // it may have written events: the stream reads now
+	}
+	return resp, nil
+}
+
+// allows reports whether role may call API method name (its least role in
+// api.proto's table).
+func (s *Server) allows(role, name string) bool {
+	m := s.methods[name]
+	return m != nil && iam.Allows(role, m.role)
 }
 
 // unauthenticatedReason names why Authenticate refused a caller, as the

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -96,14 +97,29 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id, secret, _ := strings.Cut(r.PathValue("ticket"), ".")
+	if r.Header.Get(HeaderCSRF) != "1" {
+		id, _, _ := strings.Cut(r.PathValue("ticket"), ".")
+		s.audit(ctx, p, "tunnels.open", id, "denied", addr, nil)
+		s.writeError(w, r, &Error{Code: apiv1.CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
+		return
+	}
+	s.openTunnel(w, r, p, addr, sha256.Sum256([]byte(bearerToken(r))), r.PathValue("ticket"))
+}
+
+// openTunnel uses ticket ("<id>.<secret>") for caller p from addr, whose
+// token hashes to tokenHash, opens its tunnel on the node and upgrades r to
+// the WebSocket that carries it until either side ends: the part of
+// serveTunnel after the caller is known, and of the fleet page's shell
+// (pageActions.ServeTunnel), whose caller is its session's token. Checks,
+// refusals and audit rows are serveTunnel's. The WebSocket upgrade accepts
+// a browser's request only from the host's own origin (the library's
+// default: a page of another site cannot open it with the page's cookie).
+func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Principal, addr netip.Addr, tokenHash [32]byte, ticket string) {
+	ctx := r.Context()
+	id, secret, _ := strings.Cut(ticket, ".")
 	refuse := func(e *Error) {
 		s.audit(ctx, p, "tunnels.open", id, auditOutcome(e), addr, nil)
 		s.writeError(w, r, e)
-	}
-	if r.Header.Get(HeaderCSRF) != "1" {
-		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "missing header " + HeaderCSRF + ": 1 (required on every API call)"})
-		return
 	}
 	if !iam.Allows(p.Role, store.RoleOperator) {
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not open tunnels (needs operator)", p.Role)})
@@ -183,7 +199,7 @@ func (s *Server) serveTunnel(w http.ResponseWriter, r *http.Request) {
 	// (checkLive).
 	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	defer s.live.add(&liveCall{token: bearerToken(r), addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel})()
+	defer s.live.add(&liveCall{tokenHash: tokenHash, addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel})()
 	go func() {
 		select {
 		case <-s.stopping:

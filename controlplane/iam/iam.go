@@ -147,7 +147,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 		return &p, nil
 	}
 	a.mu.Unlock()
-	p, expires, err := a.lookup(ctx, token, key, now)
+	if !strings.HasPrefix(token, TokenPrefix) {
+		return nil, ErrUnknownToken
+	}
+	p, expires, err := a.lookup(ctx, key, now)
 	if err != nil {
 		return nil, err
 	}
@@ -177,9 +180,19 @@ func (a *Authenticator) Recheck(ctx context.Context, token string, addr netip.Ad
 	if token == "" {
 		return nil, ErrNoToken
 	}
+	if !strings.HasPrefix(token, TokenPrefix) {
+		return nil, ErrUnknownToken
+	}
+	return a.RecheckHash(ctx, sha256.Sum256([]byte(token)), addr)
+}
+
+// RecheckHash is Recheck for a token known by its SHA-256 (Hash) alone: the
+// fleet page keeps a login's hash, never the token, and re-judges it from
+// the store on every action it takes as that token.
+func (a *Authenticator) RecheckHash(ctx context.Context, hash [32]byte, addr netip.Addr) (*Principal, error) {
 	addr = addr.Unmap()
-	key := cacheKey{hash: sha256.Sum256([]byte(token)), addr: addr}
-	p, _, err := a.lookup(ctx, token, key, a.now())
+	key := cacheKey{hash: hash, addr: addr}
+	p, _, err := a.lookup(ctx, key, a.now())
 	if err != nil && IsRefusal(err) {
 		a.mu.Lock()
 		for k := range a.cache {
@@ -202,11 +215,8 @@ func IsRefusal(err error) bool {
 
 // lookup reads the token from the store and judges it at now: its
 // principal and how long the decision may be cached.
-func (a *Authenticator) lookup(ctx context.Context, token string, key cacheKey, now time.Time) (*Principal, time.Time, error) {
+func (a *Authenticator) lookup(ctx context.Context, key cacheKey, now time.Time) (*Principal, time.Time, error) {
 	addr := key.addr
-	if !strings.HasPrefix(token, TokenPrefix) {
-		return nil, time.Time{}, ErrUnknownToken
-	}
 	t, err := a.store.APITokenBySecret(ctx, key.hash[:])
 	switch {
 	case errors.Is(err, store.ErrNotFound):

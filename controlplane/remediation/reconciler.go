@@ -337,7 +337,7 @@ func never(now time.Time) *time.Time {
 }
 
 // owner is the disruption hold's owner of a case.
-func owner(c *store.Remediation) string { return "remediation:" + c.ID }
+func owner(c *store.Remediation) string { return store.RemediationOwner(c.ID) }
 
 // move moves c to state with p's other fields.
 func (r *Reconciler) move(ctx context.Context, tx store.Store, c *store.Remediation, to string, now time.Time,

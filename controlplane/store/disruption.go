@@ -185,3 +185,53 @@ type PoolSetBudgetParams struct {
 	// RemediationConcurrency is at least one; 0 keeps the current one.
 	RemediationConcurrency int
 }
+
+// OutByState reports whether a node in state counts against its pool's
+// budget by its state alone, held or not: unreachable, powered-off,
+// draining or clock-skewed.
+func OutByState(state string) bool {
+	return state == NodeUnreachable || state == NodePoweredOff || state == NodeDraining || state == NodeClockSkewed
+}
+
+// Admission is DisruptionAdmit's rule for one node, apart from its
+// transaction, so that what the fleet page previews is what admission
+// decides: given the pool's budget b as it stands, the node's hold (held,
+// by holder) and its state, whether reason for owner is admitted (refusal
+// "" or a Refusal* constant) and whether that takes a new slot of the
+// budget (the node was in service).
+func Admission(b *PoolBudget, held, holder, state, reason, owner string) (refusal string, takesSlot bool) {
+	switch {
+	case held == reason && holder == owner:
+		return "", false
+	case reason == DisruptionQuarantined:
+		// Involuntary: never refused.
+		takesSlot = held == "" && !OutByState(state)
+	case held != "" && holder != owner:
+		return RefusalHeld, false
+	case held == "" && reason == DisruptionRemediating:
+		// A remediation action runs on a node already out; one in
+		// service must be quarantined (or drained) first.
+		return RefusalBudget, false
+	case held == "":
+		// Out by its state already counts once; otherwise it takes a slot.
+		if OutByState(state) {
+			break
+		}
+		if b.OutOfService >= b.Budget {
+			return RefusalBudget, false
+		}
+		takesSlot = true
+	}
+	if reason == DisruptionRemediating && held != DisruptionRemediating && b.Remediating >= b.RemediationConcurrency {
+		return RefusalConcurrency, false
+	}
+	return "", takesSlot
+}
+
+// OperatorOwner holds the disruption slot of an operator's drain
+// (nodes.drain); any operator's nodes.uncordon ends it.
+const OperatorOwner = "operator"
+
+// RemediationOwner is the disruption owner of remediation case id's hold:
+// "remediation:<id>".
+func RemediationOwner(id string) string { return "remediation:" + id }

@@ -63,6 +63,8 @@ type view struct {
 	PageSz  int
 	// CSRF is the logout form's token.
 	CSRF string
+	// Act is what the session may do on the page.
+	Act *acting
 }
 
 type siteRow struct {

@@ -89,6 +89,7 @@ type reservationRow struct {
 type nodeView struct {
 	Generated time.Time
 	CSRF      string
+	Act       *acting
 	Node      *store.Node
 	Pool      string
 	Site      string

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/subtle"
 	"embed"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -30,10 +32,16 @@ const Path = "/watch"
 // CookieName is the page session's cookie, scoped to Path.
 const CookieName = "bc_watch"
 
-// ContentSecurityPolicy is sent with every response of the page: scripts,
-// styles, images and connections from the page's own origin only, no
-// framing, no <base>, forms posting to the origin only.
-const ContentSecurityPolicy = "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+// ContentSecurityPolicy is sent with every response of the page, with a
+// nonce of its own (nonce, base64url of 128 random bits): scripts, images
+// and connections from the page's own origin only; styles from it too, or
+// a <style> element carrying the nonce (the terminal library makes its
+// own, and the shell page's script gives each the nonce); no framing, no
+// <base>, forms posting to the origin only.
+func ContentSecurityPolicy(nonce string) string {
+	return "default-src 'self'; script-src 'self'; style-src 'self' 'nonce-" + nonce +
+		"'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+}
 
 // Store is what the page reads: a viewer's reads of the storage seam.
 type Store interface {
@@ -60,6 +68,12 @@ type Store interface {
 	RemediationBreakers(ctx context.Context) ([]*store.RemediationBreaker, error)
 	ReservationSlots(ctx context.Context, p *store.ReservationSlotsParams) ([]*store.ReservationSlot, error)
 	ReservationsOpen(ctx context.Context, poolIDs []string) ([]*store.Reservation, error)
+	// The previews of actions (preview.go).
+	PoolGet(ctx context.Context, idOrName string) (*store.Pool, error)
+	PoolBudget(ctx context.Context, poolID string) (*store.PoolBudget, error)
+	RemediationGet(ctx context.Context, id string) (*store.Remediation, error)
+	RolloutGet(ctx context.Context, id string) (*store.Rollout, error)
+	NodeReservedNow(ctx context.Context, nodeID string, now *time.Time) (*store.Reservation, error)
 }
 
 // Authenticator checks the API token a login offers (iam.Authenticator).
@@ -116,6 +130,9 @@ type Config struct {
 	// KeepAlive is the interval of the stream's keep-alive comments.
 	// Defaults to 15 s.
 	KeepAlive time.Duration
+	// Actions carries out the page's actions as the session's token
+	// (api.Server gives one). Nil: the page only shows.
+	Actions Actions
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -201,29 +218,56 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.Handle("POST "+Path+"/logout", h.secured(h.logout))
 	mux.Handle("GET "+Path+"/fragment", h.secured(h.fragment))
 	mux.Handle("GET "+Path+"/events", h.secured(h.events))
-	mux.Handle("GET "+Path+"/static/{file}", h.secured(h.serveStatic))
+	mux.Handle("GET "+Path+"/static/{file...}", h.secured(h.serveStatic))
 	mux.Handle("GET "+Path+"/nodes/{id}", h.secured(h.nodePage))
 	mux.Handle("GET "+Path+"/gpus/{uuid}", h.secured(h.gpuPage))
+	mux.Handle("GET "+Path+"/nodes/{id}/shell", h.secured(h.shellPage))
+	mux.Handle("GET "+Path+"/actions/{name}/preview", h.secured(h.previewAction))
+	mux.Handle("POST "+Path+"/actions/{name}", h.secured(h.act))
+	mux.Handle("GET "+Path+"/tunnels/{ticket}", h.secured(h.tunnel))
 }
 
 // secured adds the page's security headers to every response.
 func (h *Handler) secured(fn http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hd := w.Header()
-		hd.Set("Content-Security-Policy", ContentSecurityPolicy)
+		nonce := newNonce()
+		hd.Set("Content-Security-Policy", ContentSecurityPolicy(nonce))
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("X-Frame-Options", "DENY")
 		// same-origin, not no-referrer: under no-referrer a browser sends
 		// "Origin: null" with the page's own form posts.
 		hd.Set("Referrer-Policy", "same-origin")
 		hd.Set("Cache-Control", "no-store")
-		fn(w, r)
+		fn(w, r.WithContext(context.WithValue(r.Context(), nonceKey{}, nonce)))
 	})
 }
 
+// nonceKey keys a response's CSP nonce in its request's context.
+type nonceKey struct{}
+
+// newNonce returns 128 random bits, base64url without padding.
+func newNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// nonceOf is the CSP nonce of the response to r ("" outside secured).
+func nonceOf(r *http.Request) string {
+	n, _ := r.Context().Value(nonceKey{}).(string)
+	return n
+}
+
+// staticFiles are the files under /watch/static/: the page's own script
+// and style, and the terminal library with its licence (assets/xterm,
+// @xterm/xterm as published, unchanged).
+var staticFiles = []string{"watch.js", "watch.css", "actions.js", "shell.js",
+	"xterm/xterm.js", "xterm/xterm.css", "xterm/LICENSE"}
+
 func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request) {
-	switch r.PathValue("file") {
-	case "watch.js", "watch.css":
+	switch {
+	case slices.Contains(staticFiles, r.PathValue("file")):
 		h.static.ServeHTTP(w, r)
 	default:
 		http.NotFound(w, r)
@@ -415,7 +459,7 @@ func (h *Handler) serveView(w http.ResponseWriter, r *http.Request, s *session, 
 		http.Error(w, "the fleet could not be read now", http.StatusServiceUnavailable)
 		return
 	}
-	v.CSRF = s.csrf
+	v.CSRF, v.Act = s.csrf, h.actingFor(s)
 	h.render(w, r, http.StatusOK, name, v)
 }
 
@@ -482,7 +526,7 @@ func (h *Handler) serveDetail(w http.ResponseWriter, r *http.Request, s *session
 	}
 	switch dv := v.(type) {
 	case *nodeView:
-		dv.CSRF = s.csrf
+		dv.CSRF, dv.Act = s.csrf, h.actingFor(s)
 	case *gpuView:
 		dv.CSRF = s.csrf
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -125,10 +126,18 @@ func TestLoginPageLogout(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(body, `action="/watch/login"`) || strings.Contains(body, "node_x") {
 		t.Fatalf("GET /watch without a session: %d\n%s", resp.StatusCode, body)
 	}
-	for h, want := range map[string]string{"Content-Security-Policy": watch.ContentSecurityPolicy, "X-Content-Type-Options": "nosniff"} {
-		if got := resp.Header.Get(h); got != want {
-			t.Errorf("%s = %q, want %q", h, got, want)
-		}
+	if got := resp.Header.Get("X-Content-Type-Options"); got != "nosniff" {
+		t.Errorf("X-Content-Type-Options = %q, want nosniff", got)
+	}
+	// A nonce of its own on every response, in a policy that is otherwise
+	// ContentSecurityPolicy's.
+	csp := resp.Header.Get("Content-Security-Policy")
+	m := regexp.MustCompile(`'nonce-([A-Za-z0-9_-]{22})'`).FindStringSubmatch(csp)
+	if m == nil || csp != watch.ContentSecurityPolicy(m[1]) || !strings.Contains(csp, "script-src 'self';") {
+		t.Errorf("Content-Security-Policy = %q, want ContentSecurityPolicy with a 128-bit nonce", csp)
+	}
+	if resp2, _ := f.get(t, c, "/watch"); m != nil && strings.Contains(resp2.Header.Get("Content-Security-Policy"), m[1]) {
+		t.Errorf("two responses share the nonce %s", m[1])
 	}
 
 	resp = f.login(t, c, f.viewer)

@@ -36,7 +36,16 @@
         var doc = new DOMParser().parseFromString(html, "text/html");
         var next = doc.getElementById("fleet");
         var cur = document.getElementById("fleet");
-        if (next && cur) { cur.replaceWith(document.adoptNode(next)); }
+        if (next && cur) {
+          // A choice made on the page (the GPU to reset) survives the swap.
+          var chosen = {};
+          cur.querySelectorAll("select[id]").forEach(function (sel) { chosen[sel.id] = sel.value; });
+          cur.replaceWith(document.adoptNode(next));
+          Object.keys(chosen).forEach(function (id) {
+            var sel = document.getElementById(id);
+            if (sel && Array.from(sel.options).some(function (o) { return o.value === chosen[id]; })) { sel.value = chosen[id]; }
+          });
+        }
         document.body.dataset.updated = String(Date.now());
       })
       .catch(function (err) { status("update failed: " + err.message, false); })

@@ -98,28 +98,12 @@ func (s *Store) DisruptionAdmit(ctx context.Context, p *store.DisruptionAdmitPar
 			}
 			return nil
 		}
-		switch {
-		case held == p.Reason && owner == p.Owner:
+		if held == p.Reason && owner == p.Owner {
 			out.Admitted, out.Budget = true, *b
 			return nil
-		case p.Reason == store.DisruptionQuarantined:
-			// Involuntary: never refused.
-		case held != "" && owner != p.Owner:
-			return refuse(store.RefusalHeld)
-		case held == "" && p.Reason == store.DisruptionRemediating:
-			// A remediation action runs on a node already out; one in
-			// service must be quarantined (or drained) first.
-			return refuse(store.RefusalBudget)
-		case held == "":
-			// Out by its state already counts once; otherwise it takes a slot.
-			already := state == store.NodeUnreachable || state == store.NodePoweredOff || state == store.NodeDraining || state == store.NodeClockSkewed
-			if !already && b.OutOfService >= b.Budget {
-				return refuse(store.RefusalBudget)
-			}
 		}
-		if p.Reason == store.DisruptionRemediating && held != store.DisruptionRemediating &&
-			b.Remediating >= b.RemediationConcurrency {
-			return refuse(store.RefusalConcurrency)
+		if why, _ := store.Admission(b, held, owner, state, p.Reason, p.Owner); why != "" {
+			return refuse(why)
 		}
 		if err := q.exec1(ctx, "admit disruption of node "+p.NodeID, `UPDATE nodes SET disruption = $2, disruption_owner = $3,
 			disruption_since = CASE WHEN disruption = '' THEN coalesce($4, now()) ELSE disruption_since END, updated_at = now()
