@@ -151,7 +151,7 @@ func testGPUPlacements(ctx context.Context, t *testing.T, h *Harness) {
 	// Service by model: GPU-z has one current stay on node_gp3 since
 	// 4 min, so 6 min at 10 min; the A100s (GPU-k, GPU-m) have some.
 	service := map[string]*store.GPUModelService{}
-	for _, m := range must(st.GPUServiceByModel(ctx, *at(10*time.Minute))) {
+	for _, m := range must(st.GPUServiceByModel(ctx, *at(10 * time.Minute))) {
 		service[m.Model] = m
 	}
 	if h := service["NVIDIA H100 80GB HBM3"]; len(service) != 2 || h == nil || h.GPUs != 1 || h.Seconds != 360 {
