@@ -104,6 +104,16 @@ func TestPageActionsAreAPICalls(t *testing.T) {
 		t.Fatalf("budget after the drain: %+v", b)
 	}
 
+	// BMC power from the page is commands.create of kind power.cycle for
+	// the node (as `bmc cycle --node`), audited under the token.
+	if code, body := f.pageAct(t, cookie, csrf, "power-cycle", `{"target":"node_a"}`); code != http.StatusOK {
+		t.Fatalf("the page's power cycle: %d %s", code, body)
+	}
+	cmds, err := f.st.CommandList(ctx, &store.CommandListParams{NodeID: "node_a"})
+	if err != nil || len(cmds) != 1 || cmds[0].Kind != "power.cycle" || cmds[0].CreatedBy != "token:"+opTok.ID {
+		t.Fatalf("commands after the page's power cycle: %+v %v", cmds, err)
+	}
+
 	if err := f.st.APITokenRevoke(ctx, opTok.ID); err != nil {
 		t.Fatal(err)
 	}

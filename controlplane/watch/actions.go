@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -78,6 +79,9 @@ var actions = []action{
 	{"drain", "nodes.drain", targetNode, "Drain"},
 	{"gpu-reset", "nodes.gpuReset", targetNode, "Reset GPU"},
 	{"reboot", "nodes.reboot", targetNode, "Reboot"},
+	{"power-on", "commands.create", targetNode, "Power on"},
+	{"power-off", "commands.create", targetNode, "Power off"},
+	{"power-cycle", "commands.create", targetNode, "Power cycle"},
 	{"shell", "tunnels.create", targetNode, "Shell"},
 	{"return", "remediation.return", targetCase, "Return to service"},
 	{"case-pause", "remediation.pause", targetCase, "Pause case"},
@@ -143,7 +147,7 @@ const maxActionBytes = 4 << 10
 
 // apiBody is the API request of action a for req.
 func (a action) apiBody(req *actionRequest) string {
-	m := map[string]string{}
+	m := map[string]any{}
 	switch a.Target {
 	case targetPool:
 		m["pool"] = req.Target
@@ -158,7 +162,12 @@ func (a action) apiBody(req *actionRequest) string {
 			m["reason"] = req.Reason
 		}
 	case "shell":
-		m = map[string]string{"node": req.Target, "kind": "shell"}
+		m = map[string]any{"node": req.Target, "kind": "shell"}
+	case "power-on", "power-off", "power-cycle":
+		// As `better-compute bmc on|off|cycle --node N`: the node's own
+		// BMC, through its bcd.
+		m = map[string]any{"nodeIds": []string{req.Target}, "kind": "power." + strings.TrimPrefix(a.Name, "power-"),
+			"power": map[string]string{}}
 	}
 	b, _ := json.Marshal(m)
 	return string(b)

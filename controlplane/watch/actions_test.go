@@ -275,3 +275,48 @@ func TestCaseActions(t *testing.T) {
 		t.Fatalf("API calls %q", calls)
 	}
 }
+
+// TestPowerActions: BMC power from the node page is `bmc on|off|cycle
+// --node` (commands.create, kind power.*); power off and cycle are offered
+// only for a node already out of service, since a power command is not
+// admitted through the disruption budget; power on always.
+func TestPowerActions(t *testing.T) {
+	f, fa, c, tokID := actionFixture(t)
+	ctx := context.Background()
+	preview := func(action string) (allowed bool, why string, before, after int) {
+		t.Helper()
+		resp, body := f.get(t, c, "/watch/actions/"+action+"/preview?target=node_x")
+		var p struct {
+			Allowed bool
+			Why     string
+			Budget  struct{ Before, After int }
+		}
+		if err := json.Unmarshal([]byte(body), &p); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s preview: %d %s", action, resp.StatusCode, body)
+		}
+		return p.Allowed, p.Why, p.Budget.Before, p.Budget.After
+	}
+	if ok, why, _, _ := preview("power-cycle"); ok || !strings.Contains(why, "Drain node") || !strings.Contains(why, "disruption budget") {
+		t.Errorf("power-cycle of a node in service: allowed %v (%s), want refused until drained", ok, why)
+	}
+	if ok, _, b, a := preview("power-on"); !ok || b != a {
+		t.Errorf("power-on preview: allowed %v, budget %d → %d", ok, b, a)
+	}
+	if a, err := f.st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: "node_x", Reason: store.DisruptionDraining, Owner: store.OperatorOwner}); err != nil || !a.Admitted {
+		t.Fatalf("drain node_x: %+v %v", a, err)
+	}
+	if ok, why, b, a := preview("power-off"); !ok || b != 1 || a != 1 {
+		t.Errorf("power-off of a drained node: allowed %v (%s), budget %d → %d, want allowed, 1 → 1", ok, why, b, a)
+	}
+	_, page := f.get(t, c, "/watch/nodes/node_x")
+	if !strings.Contains(page, `data-action="power-cycle" data-target="node_x"`) {
+		t.Fatal("the node page offers no power cycle to an operator")
+	}
+	if code, msg := f.act(t, c, "power-cycle", `{"target":"node_x"}`, csrfOf(t, page), f.srv.URL); code != 200 {
+		t.Fatalf("power-cycle: %d %s", code, msg)
+	}
+	want := tokID + ` commands.create {"kind":"power.cycle","nodeIds":["node_x"],"power":{}}`
+	if calls := fa.called(); len(calls) != 1 || calls[0] != want {
+		t.Fatalf("API calls %q, want %q", calls, want)
+	}
+}

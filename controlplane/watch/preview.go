@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -265,6 +266,17 @@ func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID,
 		}
 		admit(store.RemediationOwner("new"))
 		p.Waits = append(p.Waits, fmt.Sprintf("At most %d remediation actions run at once in the pool (%d running now); more wait.", b.RemediationConcurrency, b.Remediating))
+	case "power-on":
+		p.Title = "Power on node " + name
+		p.Effect = "Its BMC powers the machine on (as `bmc on --node`). It takes no slot of the budget; the node comes back into service when its bcd connects and it is uncordoned."
+	case "power-off", "power-cycle":
+		verb := map[string]string{"power-off": "off", "power-cycle": "off and on again"}[a.Name]
+		p.Title = "Power " + strings.TrimPrefix(a.Name, "power-") + " node " + name
+		p.Effect = "Its BMC powers the machine " + verb + " at once (as `bmc " + strings.TrimPrefix(a.Name, "power-") +
+			" --node`): whatever runs on it stops."
+		if n.Disruption == "" {
+			refuse(fmt.Sprintf("Drain node %s first: a BMC power command reaches the machine at once and is not admitted through the pool's disruption budget, so the page sends it only to a node already out of service (its slot taken).", name))
+		}
 	case "shell":
 		p.Title = "Open a shell on node " + name
 		p.Effect = "An interactive shell as the node user, through the node's own connection, audited (start, end, bytes, exit status). It changes nothing of the budget."
