@@ -74,6 +74,8 @@ func toAPIError(err error) (*Error, bool) {
 		return &Error{Code: apiv1.CodeNotFound, Message: err.Error()}, true
 	case errors.Is(err, store.ErrConflict):
 		return &Error{Code: apiv1.CodeConflict, Message: "already exists"}, true
+	case errors.Is(err, store.ErrUnavailable):
+		return &Error{Code: apiv1.CodeUnavailable, Message: "the database cannot be reached now (a failover or a restart): try again, with the same idempotencyKey where the method takes one"}, true
 	case errors.Is(err, store.ErrDiskFull):
 		return &Error{Code: apiv1.CodeUnavailable, Message: "database disk full: nothing was written; free space where the database keeps its files"}, true
 	}

@@ -30,6 +30,14 @@ var (
 	// want of disk space (SQLite's SQLITE_FULL, PostgreSQL's disk_full):
 	// the API answers UNAVAILABLE "database disk full" (issue 29).
 	ErrDiskFull = errors.New("database disk full")
+	// ErrUnavailable is returned (wrapped, beside the driver's error) when
+	// the database cannot be reached or will not take the statement now: a
+	// connection refused, reset or timed out, a server shutting down or
+	// starting up, or a standby that refuses writes (PostgreSQL's classes 08
+	// and 57P0x, read_only_sql_transaction) — a failover or restart under
+	// way. Nothing the caller did is wrong: the API answers UNAVAILABLE and
+	// the caller may retry (issue 39; docs/scaling.md).
+	ErrUnavailable = errors.New("database unavailable")
 	// ErrFenced is returned by a fenced write whose lease is no longer held
 	// by the writer at the writer's epoch.
 	ErrFenced = errors.New("lease lost: write fenced")

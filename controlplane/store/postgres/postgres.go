@@ -7,10 +7,13 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,7 +126,20 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", store.ErrConflict, e.Message)
 		case "53100": // disk_full
 			return fmt.Errorf("%w: %s", store.ErrDiskFull, e.Message)
+		case "57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+			"25006": // read_only_sql_transaction: a standby, not yet promoted
+			return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 		}
+		if strings.HasPrefix(e.Code, "08") { // connection_exception
+			return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+		}
+		return err
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	if errors.As(err, &ce) || errors.As(err, &ne) && !errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err) {
+		return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 	}
 	return err
 }
