@@ -18,6 +18,7 @@
 // Nothing is asserted; it is a program, not part of the test suite:
 //
 //	go run ./tests/bench/sessions -n 1000,10000
+//	go run ./tests/bench/sessions -n 1000 -outage 10s   # the gateway down 10 s: back after its return, per 100 ms
 //
 // With -renewals it measures certificate renewal instead (renewals.go).
 //
@@ -54,6 +55,7 @@ func main() {
 	idle := flag.Duration("idle", 60*time.Second, "window over which serve's CPU at idle heartbeats is measured")
 	settle := flag.Duration("settle", 20*time.Second, "wait after every session is up before measuring")
 	restart := flag.Bool("restart", true, "kill -9 and restart serve, and measure the reconnection")
+	outage := flag.Duration("outage", 0, "with -restart: how long serve stays down between the kill and the restart (the gateway's outage)")
 	work := flag.String("work", "", "working directory for binaries, data and logs (default: a new temporary one, removed unless --keep)")
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
@@ -99,7 +101,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
+	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, outage: *outage, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
 	b.build(*bcBin)
 	if *renewals {
 		runRenewals(b, ns, renew)
@@ -146,6 +148,7 @@ type bench struct {
 	bc, fleet    string // binaries
 	idle, settle time.Duration
 	restart      bool
+	outage       time.Duration // serve down between the kill and the restart
 	noInventory  bool
 	serveEnv     []string
 	fleetProfile string
@@ -178,24 +181,27 @@ func (b *bench) build(bc string) {
 
 // result is what one run measured.
 type result struct {
-	n              int
-	joinRate       float64
-	joinFailures   int
-	upAfter        time.Duration // from the fleet's start to every session up
-	held           int
-	rss0, rss1     int64 // serve's VmRSS in KiB before the fleet and with every session up
-	heap0          gcLine
-	heap1          gcLine
-	cpuShare       float64 // serve's CPU over the idle window, share of one core
-	fleetRSS       int64
-	restarted      bool
-	serveUp        time.Duration // kill to the new serve listening
-	back           time.Duration // kill to every daemon back
-	peak, mean     float64       // reconnects per second
-	perSecond      []int64       // sessions the restarted gateway opened, by second since the kill
-	fleetPerSecond []int64       // Welcomes the fleet counted, by stats line since the kill
-	rssRestart     int64
-	mem0, mem1     memStats // serve's runtime memory before the fleet and after the idle window
+	n               int
+	joinRate        float64
+	joinFailures    int
+	upAfter         time.Duration // from the fleet's start to every session up
+	held            int
+	rss0, rss1      int64 // serve's VmRSS in KiB before the fleet and with every session up
+	heap0           gcLine
+	heap1           gcLine
+	cpuShare        float64 // serve's CPU over the idle window, share of one core
+	fleetRSS        int64
+	restarted       bool
+	serveUp         time.Duration    // kill to the new serve listening
+	back            time.Duration    // kill to every daemon back
+	peak, mean      float64          // reconnects per second
+	perSecond       []int64          // sessions the restarted gateway opened, by second since the kill
+	outage          time.Duration    // serve down between the kill and the restart (-outage)
+	per100ms        []int64          // sessions the restarted gateway opened, by 100 ms since its restart
+	backAfterReturn [4]time.Duration // 50, 90, 99 % and all of them open, after the restart
+	fleetPerSecond  []int64          // Welcomes the fleet counted, by stats line since the kill
+	rssRestart      int64
+	mem0, mem1      memStats // serve's runtime memory before the fleet and after the idle window
 	// notOpened and notOpenedRestart are Connects serve could not record
 	// in time, in the first connect and after the restart.
 	notOpened, notOpenedRestart int
@@ -281,6 +287,11 @@ func (b *bench) run(n int) *result {
 		logf("n=%d: kill -9 serve and restart", n)
 		killed := time.Now()
 		serve.kill()
+		if b.outage > 0 {
+			logf("n=%d: serve down for %v", n, b.outage)
+			time.Sleep(b.outage)
+		}
+		restarted := time.Now()
 		serve = b.startServe(filepath.Join(dir, "serve-2.log"), env, cfg)
 		r.serveUp = time.Since(killed)
 		restartProfiled := b.profile(apiPort, b.restartProfile, n, 30*time.Second)
@@ -290,13 +301,50 @@ func (b *bench) run(n int) *result {
 		})
 		r.back = time.UnixMilli(end.tms).Sub(killed)
 		r.fleetPerSecond = connectsPerLine(fl.since(killed), atKill.connects)
-		r.perSecond, r.peak, r.mean = reconnectRates(serve.sessionsOpened(), killed)
+		opened := serve.sessionsOpened()
+		r.perSecond, r.peak, r.mean = reconnectRates(opened, killed)
+		r.outage, r.per100ms, r.backAfterReturn = b.outage, per100ms(opened, restarted), backAfter(opened, restarted)
 		r.notOpenedRestart = serve.countNotOpened()
 		logf("n=%d: all back %v after the kill; peak %.0f/s, mean %.0f/s", n, r.back.Round(time.Millisecond), r.peak, r.mean)
 		time.Sleep(10 * time.Second)
 		r.rssRestart = vmRSS(serve.pid())
 	}
 	return r
+}
+
+// per100ms buckets the sessions a restarted gateway opened by the 100 ms
+// since it was started again.
+func per100ms(opened []time.Time, restarted time.Time) []int64 {
+	var out []int64
+	for _, t := range opened {
+		i := int(t.Sub(restarted) / (100 * time.Millisecond))
+		if i < 0 {
+			continue
+		}
+		for len(out) <= i {
+			out = append(out, 0)
+		}
+		out[i]++
+	}
+	return out
+}
+
+// backAfter returns how long after restarted 50, 90 and 99 % and all of the
+// sessions the restarted gateway opened were open.
+func backAfter(opened []time.Time, restarted time.Time) [4]time.Duration {
+	var ds []time.Duration
+	for _, t := range opened {
+		ds = append(ds, max(0, t.Sub(restarted)))
+	}
+	slices.Sort(ds)
+	var out [4]time.Duration
+	if len(ds) == 0 {
+		return out
+	}
+	for i, q := range []float64{0.50, 0.90, 0.99, 1} {
+		out[i] = ds[min(len(ds)-1, int(q*float64(len(ds)-1)+0.5))]
+	}
+	return out
 }
 
 // reconnectRates buckets the sessions a restarted gateway opened by the
@@ -353,6 +401,10 @@ func (r *result) print(w io.Writer) {
 		fmt.Fprintf(w, "  Connects not recorded   %d after the restart\n", r.notOpenedRestart)
 		fmt.Fprintf(w, "  per second (gateway)    %v\n", r.perSecond)
 		fmt.Fprintf(w, "  per second (fleet)      %v\n", r.fleetPerSecond)
+		fmt.Fprintf(w, "  outage                  %v (serve down between the kill and the restart)\n", r.outage)
+		fmt.Fprintf(w, "  back after its return   50%% %v, 90%% %v, 99%% %v, all %v\n", r.backAfterReturn[0].Round(time.Millisecond),
+			r.backAfterReturn[1].Round(time.Millisecond), r.backAfterReturn[2].Round(time.Millisecond), r.backAfterReturn[3].Round(time.Millisecond))
+		fmt.Fprintf(w, "  per 100 ms (gateway)    %v\n", r.per100ms)
 		fmt.Fprintf(w, "  serve RSS after restart %.1f MiB\n", mib(r.rssRestart))
 	}
 }
