@@ -65,7 +65,10 @@ func scratch(t testing.TB, what, create, drop string) string {
 		t.Fatalf("create %s: %v", what, err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// DROP DATABASE takes a checkpoint and waits for the other
+		// CREATE/DROP DATABASE of parallel tests: on a busy machine it
+		// has taken over 30 s (CI, TestPostgresWakeThroughPgBouncer).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		c, err := pgx.Connect(ctx, server)
 		if err != nil {
