@@ -15,6 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // Actions carries out the page's actions through the API (api.Server
@@ -192,28 +193,28 @@ type refusal struct {
 // returns nil when any fails.
 func (h *Handler) actor(w http.ResponseWriter, r *http.Request) (*session, *iam.Principal) {
 	if h.cfg.Actions == nil {
-		writeJSON(w, http.StatusNotFound, refusal{"NOT_FOUND", "this page takes no actions"})
+		writeJSON(w, http.StatusNotFound, refusal{apiv1.CodeNotFound, "this page takes no actions"})
 		return nil, nil
 	}
 	s, id := h.current(r)
 	if s == nil {
-		writeJSON(w, http.StatusUnauthorized, refusal{"UNAUTHENTICATED", "no page session: log in on " + Path})
+		writeJSON(w, http.StatusUnauthorized, refusal{apiv1.CodeUnauthenticated, "no page session: log in on " + Path})
 		return nil, nil
 	}
 	if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.Header.Get(HeaderCSRF)), []byte(s.csrf)) != 1 {
 		h.log.WarnContext(r.Context(), "Page action refused: not from the page", "token_id", s.tokenID, "path", r.URL.Path)
-		writeJSON(w, http.StatusForbidden, refusal{"PERMISSION_DENIED", "refused: this request did not come from the page (the " + HeaderCSRF + " header with the session's form token is missing or wrong)"})
+		writeJSON(w, http.StatusForbidden, refusal{apiv1.CodePermissionDenied, "refused: this request did not come from the page (the " + HeaderCSRF + " header with the session's form token is missing or wrong)"})
 		return nil, nil
 	}
 	p, err := h.cfg.Actions.Principal(r.Context(), [32]byte(s.tokenHash), h.cfg.CallerAddr(r.Context()))
 	switch {
 	case err != nil && iam.IsRefusal(err):
 		h.sessions.end(id)
-		writeJSON(w, http.StatusUnauthorized, refusal{"UNAUTHENTICATED", "the token this page was opened with no longer holds (" + err.Error() + "): log in again"})
+		writeJSON(w, http.StatusUnauthorized, refusal{apiv1.CodeUnauthenticated, "the token this page was opened with no longer holds (" + err.Error() + "): log in again"})
 		return nil, nil
 	case err != nil:
 		h.log.WarnContext(r.Context(), "Page action: token check failed", logkey.Err, err)
-		writeJSON(w, http.StatusServiceUnavailable, refusal{"UNAVAILABLE", "the token could not be checked now; try again"})
+		writeJSON(w, http.StatusServiceUnavailable, refusal{apiv1.CodeUnavailable, "the token could not be checked now; try again"})
 		return nil, nil
 	}
 	return s, p
@@ -224,7 +225,7 @@ func (h *Handler) actor(w http.ResponseWriter, r *http.Request) (*session, *iam.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	a, ok := actionNamed(r.PathValue("name"))
 	if !ok {
-		writeJSON(w, http.StatusNotFound, refusal{"NOT_FOUND", "no page action " + r.PathValue("name")})
+		writeJSON(w, http.StatusNotFound, refusal{apiv1.CodeNotFound, "no page action " + r.PathValue("name")})
 		return
 	}
 	_, p := h.actor(w, r)
@@ -233,7 +234,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 	}
 	var req actionRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxActionBytes)).Decode(&req); err != nil || req.Target == "" {
-		writeJSON(w, http.StatusBadRequest, refusal{"INVALID_ARGUMENT", "the body must be JSON naming the target"})
+		writeJSON(w, http.StatusBadRequest, refusal{apiv1.CodeInvalidArgument, "the body must be JSON naming the target"})
 		return
 	}
 	resp, err := h.cfg.Actions.Call(r.Context(), p, h.cfg.CallerAddr(r.Context()), a.Method, a.apiBody(&req))
@@ -244,7 +245,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 		return
 	case err != nil:
 		h.log.ErrorContext(r.Context(), "Page action failed", "action", a.Name, logkey.Err, err)
-		writeJSON(w, http.StatusInternalServerError, refusal{"INTERNAL", "the action failed: see the api's log"})
+		writeJSON(w, http.StatusInternalServerError, refusal{apiv1.CodeInternal, "the action failed: see the api's log"})
 		return
 	}
 	h.log.InfoContext(r.Context(), "Page action", "action", a.Name, "method", a.Method, "target", req.Target, "token_id", p.TokenID)
@@ -254,7 +255,7 @@ func (h *Handler) act(w http.ResponseWriter, r *http.Request) {
 			Ticket string `json:"ticket"`
 		}
 		if err := json.Unmarshal(resp, &t); err != nil || t.Ticket == "" {
-			writeJSON(w, http.StatusInternalServerError, refusal{"INTERNAL", "tunnels.create returned no ticket"})
+			writeJSON(w, http.StatusInternalServerError, refusal{apiv1.CodeInternal, "tunnels.create returned no ticket"})
 			return
 		}
 		out["path"] = Path + "/tunnels/" + t.Ticket
@@ -274,16 +275,16 @@ func (h *Handler) tunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	s, _ := h.current(r)
 	if s == nil {
-		writeJSON(w, http.StatusUnauthorized, refusal{"UNAUTHENTICATED", "no page session"})
+		writeJSON(w, http.StatusUnauthorized, refusal{apiv1.CodeUnauthenticated, "no page session"})
 		return
 	}
 	if !sameOrigin(r) {
-		writeJSON(w, http.StatusForbidden, refusal{"PERMISSION_DENIED", "refused: this request did not come from the page"})
+		writeJSON(w, http.StatusForbidden, refusal{apiv1.CodePermissionDenied, "refused: this request did not come from the page"})
 		return
 	}
 	p, err := h.cfg.Actions.Principal(r.Context(), [32]byte(s.tokenHash), h.cfg.CallerAddr(r.Context()))
 	if err != nil {
-		writeJSON(w, http.StatusUnauthorized, refusal{"UNAUTHENTICATED", "the token this page was opened with no longer holds: log in again"})
+		writeJSON(w, http.StatusUnauthorized, refusal{apiv1.CodeUnauthenticated, "the token this page was opened with no longer holds: log in again"})
 		return
 	}
 	h.cfg.Actions.ServeTunnel(w, r, p, [32]byte(s.tokenHash), r.PathValue("ticket"))

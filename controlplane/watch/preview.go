@@ -10,6 +10,7 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // preview is what an action would do, shown before the page asks to
@@ -56,27 +57,27 @@ var targetRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,128}$`)
 func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 	a, ok := actionNamed(r.PathValue("name"))
 	if !ok {
-		writeJSON(w, http.StatusNotFound, refusal{"NOT_FOUND", "no page action " + r.PathValue("name")})
+		writeJSON(w, http.StatusNotFound, refusal{apiv1.CodeNotFound, "no page action " + r.PathValue("name")})
 		return
 	}
 	s, _ := h.current(r)
 	if s == nil {
-		writeJSON(w, http.StatusUnauthorized, refusal{"UNAUTHENTICATED", "no page session: log in on " + Path})
+		writeJSON(w, http.StatusUnauthorized, refusal{apiv1.CodeUnauthenticated, "no page session: log in on " + Path})
 		return
 	}
 	target, gpu := r.URL.Query().Get("target"), r.URL.Query().Get("gpu")
 	if !targetRE.MatchString(target) || (gpu != "" && !gpuUUIDRE.MatchString(gpu)) {
-		writeJSON(w, http.StatusBadRequest, refusal{"INVALID_ARGUMENT", "target is an id or a pool's name; gpu a GPU's UUID or index"})
+		writeJSON(w, http.StatusBadRequest, refusal{apiv1.CodeInvalidArgument, "target is an id or a pool's name; gpu a GPU's UUID or index"})
 		return
 	}
 	p, err := h.preview(r.Context(), a, target, gpu)
 	switch {
 	case errors.Is(err, errNoSuch):
-		writeJSON(w, http.StatusNotFound, refusal{"NOT_FOUND", "no " + a.Target + " " + target})
+		writeJSON(w, http.StatusNotFound, refusal{apiv1.CodeNotFound, "no " + a.Target + " " + target})
 		return
 	case err != nil:
 		h.log.ErrorContext(r.Context(), "Preview a page action", "action", a.Name, logkey.Err, err)
-		writeJSON(w, http.StatusServiceUnavailable, refusal{"UNAVAILABLE", "the fleet could not be read now"})
+		writeJSON(w, http.StatusServiceUnavailable, refusal{apiv1.CodeUnavailable, "the fleet could not be read now"})
 		return
 	}
 	switch {
