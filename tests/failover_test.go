@@ -487,28 +487,7 @@ func (s *retryingStream) stop() streamResult {
 func (d *splitDeployment) checkFailoverCommands(ids []string) {
 	d.t.Helper()
 	ctx := context.Background()
-	var open int
-	eventually(d.t, failoverCommandTimeout+30*time.Second, func() bool {
-		err := d.db.QueryRow(ctx, `SELECT count(*) FROM commands
-			WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'expired', 'lost')`).Scan(&open)
-		if err != nil {
-			d.t.Fatal(err)
-		}
-		return open == 0
-	}, func() string { return fmt.Sprintf("%d commands still not terminal", open) })
-	states := map[string]string{}
-	rows, err := d.db.Query(ctx, `SELECT id, state FROM commands`)
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	for rows.Next() {
-		var id, state string
-		if err := rows.Scan(&id, &state); err != nil {
-			d.t.Fatal(err)
-		}
-		states[id] = state
-	}
-	rows.Close()
+	states := d.terminalStates(failoverCommandTimeout + 30*time.Second)
 	missing := 0
 	for _, id := range ids {
 		if _, ok := states[id]; !ok {

@@ -877,15 +877,13 @@ func (d *splitDeployment) moveGateway(f *splitFleet, from, to *splitProc, runnin
 		from.name, exited.Round(time.Millisecond), len(before), to.name, time.Since(start).Round(time.Millisecond))
 }
 
-// checkCommandsTerminal waits until no command is left non-terminal (at
-// most the commands' deadline plus the sweeper's window) and checks that
-// every command in ids, and every command in the table, succeeded, with
-// exactly one transition into a terminal state and none out of one.
-func (d *splitDeployment) checkCommandsTerminal(ids []string) {
+// terminalStates waits, at most timeout, until no command is left
+// non-terminal, and returns every command's state by id.
+func (d *splitDeployment) terminalStates(timeout time.Duration) map[string]string {
 	d.t.Helper()
 	ctx := context.Background()
 	var open int
-	eventually(d.t, splitCommandTimeout+10*time.Second, func() bool {
+	eventually(d.t, timeout, func() bool {
 		err := d.db.QueryRow(ctx, `SELECT count(*) FROM commands
 			WHERE state NOT IN ('succeeded', 'failed', 'cancelled', 'expired', 'lost')`).Scan(&open)
 		if err != nil {
@@ -898,6 +896,7 @@ func (d *splitDeployment) checkCommandsTerminal(ids []string) {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var id, state string
 		if err := rows.Scan(&id, &state); err != nil {
@@ -905,7 +904,19 @@ func (d *splitDeployment) checkCommandsTerminal(ids []string) {
 		}
 		states[id] = state
 	}
-	rows.Close()
+	if err := rows.Err(); err != nil {
+		d.t.Fatal(err)
+	}
+	return states
+}
+
+// checkCommandsTerminal waits until no command is left non-terminal (at
+// most the commands' deadline plus the sweeper's window) and checks that
+// every command in ids, and every command in the table, succeeded, with
+// exactly one transition into a terminal state and none out of one.
+func (d *splitDeployment) checkCommandsTerminal(ids []string) {
+	d.t.Helper()
+	states := d.terminalStates(splitCommandTimeout + 10*time.Second)
 	tally := map[string]int{}
 	for _, s := range states {
 		tally[s]++
