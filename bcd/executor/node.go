@@ -185,20 +185,11 @@ func (e *Executor) gpuDiag(ctx context.Context, cmd *sessionv1.Command, u *updat
 	}
 	detail, _ := json.Marshal(res)
 	if !res.Passed() {
-		r := failed(fmt.Sprintf("gpu.diag: %s %s", describeDiag(res), res.Summary()))
+		r := failed(fmt.Sprintf("gpu.diag: %s %s", res.Name(), res.Summary()))
 		r.DetailJson = detail
 		return r
 	}
 	return &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: detail}
-}
-
-// describeDiag names the diagnostic that ran: "dcgmi diag -r 2" or "the
-// NVML check".
-func describeDiag(r gpudiag.Result) string {
-	if r.Tool == gpudiag.ToolDCGM {
-		return fmt.Sprintf("dcgmi diag -r %d", r.Level)
-	}
-	return "the NVML check"
 }
 
 // stopped is the result of a command stopped by ctx: EXPIRED at its

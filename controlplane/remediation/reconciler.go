@@ -756,11 +756,7 @@ func diagSummary(cmd *store.Command) string {
 	if json.Unmarshal(cmd.Result, &res) != nil || res.Tool == "" {
 		return "gpu.diag " + cmd.ID
 	}
-	what := "the NVML check"
-	if res.Tool == gpudiag.ToolDCGM {
-		what = fmt.Sprintf("dcgmi diag -r %d", res.Level)
-	}
-	return what + ": " + res.Summary()
+	return res.Name() + ": " + res.Summary()
 }
 
 // bootMarker names the node's boot and session ("<boot id>|<session

@@ -75,6 +75,15 @@ func (r *Result) Add(f Failure) {
 	r.Failures = append(r.Failures, Failure{Test: clip(f.Test), GPU: clip(f.GPU), Message: clip(f.Message)})
 }
 
+// Name names the diagnostic that ran: "dcgmi diag -r 2", or "the NVML
+// check" for the built-in one.
+func (r *Result) Name() string {
+	if r.Tool == ToolDCGM {
+		return fmt.Sprintf("dcgmi diag -r %d", r.Level)
+	}
+	return "the NVML check"
+}
+
 // Summary says in one line what failed: "Hardware/Memory on GPU 0: ...;
 // ..." (at most three failures, then how many more), or "passed N tests".
 func (r *Result) Summary() string {
