@@ -74,6 +74,17 @@ func TestRenewerRenewsWhileRunning(t *testing.T) {
 	if got, err := r.Round(ctx); err != nil || len(got) != 0 {
 		t.Fatalf("round after the renewal issued %v, %v", got, err)
 	}
+	// The renewed certificate's own last month: renewed again, same key.
+	clock = second.NotAfter.Add(-29 * 24 * time.Hour)
+	if got, err := r.Round(ctx); err != nil || len(got) != 1 {
+		t.Fatalf("second renewal issued %v, %v; want %s", got, err, certFile)
+	}
+	if third := leaf(t, certFile, keyFile); third.SerialNumber.Cmp(second.SerialNumber) == 0 {
+		t.Fatal("the second renewal left the first renewal's certificate")
+	}
+	if keyAfter, _ := os.ReadFile(keyFile); !bytes.Equal(keyBefore, keyAfter) {
+		t.Fatal("the key changed on the second renewal")
+	}
 	if _, err := bootstrap.NewRenewer(bootstrap.RenewerConfig{Dir: dir}); err == nil {
 		t.Fatal("a renewer without a store was made")
 	}
