@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -31,26 +32,6 @@ type Store interface {
 	LeaseRelease(ctx context.Context, name, holder string, epoch int64) error
 	LeaseGet(ctx context.Context, name string) (*store.Lease, error)
 }
-
-// Clock is a Holder's time source: Now for the trust window and After for
-// renewals and retries. Now's readings must carry a monotonic reading, as
-// the system clock's do. Tests pass a fake one (controlplane/internal/clocktest).
-type Clock interface {
-	// Now returns the current time.
-	Now() time.Time
-	// After returns a channel that receives once d has passed, like
-	// time.After.
-	After(d time.Duration) <-chan time.Time
-}
-
-// systemClock is the Clock of the real world.
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
-
-// SystemClock is the system clock, Config.Clock's default.
-var SystemClock Clock = systemClock{}
 
 // Config configures a Holder.
 type Config struct {
@@ -69,7 +50,7 @@ type Config struct {
 	Retry time.Duration
 	// Clock times renewals, retries and the trust window. Defaults to the
 	// system clock.
-	Clock Clock
+	Clock clock.Clock
 }
 
 // Holder runs a job while holding a lease.
@@ -89,7 +70,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Holder, error) {
 	cfg.Margin = cmp.Or(cfg.Margin, cfg.Renew/2)
 	cfg.Retry = cmp.Or(cfg.Retry, cfg.Renew)
 	if cfg.Clock == nil {
-		cfg.Clock = SystemClock
+		cfg.Clock = clock.System
 	}
 	if cfg.Renew+cfg.Margin >= cfg.TTL {
 		return nil, fmt.Errorf("lease %s: renew %v + margin %v must be below ttl %v", cfg.Name, cfg.Renew, cfg.Margin, cfg.TTL)
@@ -129,7 +110,7 @@ func (h *Holder) Run(ctx context.Context, job Job) error {
 // Every is the job of a singleton that works in passes: pass runs at once
 // and then every interval (on clock) while the lease is held. A pass's
 // error ends the job (Run logs it, releases the lease and tries again).
-func Every(interval time.Duration, clock Clock, pass Job) Job {
+func Every(interval time.Duration, clk clock.Clock, pass Job) Job {
 	return func(ctx context.Context, fence store.Fence) error {
 		for {
 			if err := pass(ctx, fence); err != nil {
@@ -138,7 +119,7 @@ func Every(interval time.Duration, clock Clock, pass Job) Job {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-clock.After(interval):
+			case <-clk.After(interval):
 			}
 		}
 	}
@@ -146,8 +127,8 @@ func Every(interval time.Duration, clock Clock, pass Job) Job {
 
 // hold runs job under l until the lease is lost, the job ends or ctx ends.
 func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
-	clock := h.cfg.Clock
-	trustUntil := clock.Now().Add(h.cfg.TTL - h.cfg.Margin) // monotonic
+	clk := h.cfg.Clock
+	trustUntil := clk.Now().Add(h.cfg.TTL - h.cfg.Margin) // monotonic
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	fence := store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
@@ -158,7 +139,7 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 	// the end of the trust window, so the job ends the moment the lease can
 	// no longer be trusted; armed again once a renewal is done, so a fake
 	// clock's pending waits are exactly what the holder waits on.
-	next := func() <-chan time.Time { return clock.After(min(h.cfg.Renew, trustUntil.Sub(clock.Now()))) }
+	next := func() <-chan time.Time { return clk.After(min(h.cfg.Renew, trustUntil.Sub(clk.Now()))) }
 	tick := next()
 	for {
 		select {
@@ -174,13 +155,13 @@ func (h *Holder) hold(ctx context.Context, l *store.Lease, job Job) {
 			h.release(ctx, l)
 			return
 		case <-tick:
-			if !clock.Now().Before(trustUntil) {
+			if !clk.Now().Before(trustUntil) {
 				cancel(errors.New("lease expired before renewal"))
 				<-done
 				h.log.WarnContext(ctx, "Lease no longer trusted", "epoch", l.Epoch)
 				return
 			}
-			start := clock.Now()
+			start := clk.Now()
 			nl, ok, err := h.store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: l.Name, Holder: l.Holder, Epoch: l.Epoch, TTL: h.cfg.TTL})
 			switch {
 			case err != nil:

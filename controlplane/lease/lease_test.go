@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -46,7 +47,7 @@ func openStore(t *testing.T) store.Store {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func newHolder(t *testing.T, st lease.Store, holder string, clock lease.Clock) *lease.Holder {
+func newHolder(t *testing.T, st lease.Store, holder string, clock clock.Clock) *lease.Holder {
 	t.Helper()
 	h, err := lease.New(lease.Config{Name: "singleton:test", Holder: holder, TTL: ttl, Renew: renew, Margin: margin, Retry: retry, Clock: clock}, st, quiet())
 	if err != nil {

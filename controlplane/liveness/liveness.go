@@ -12,7 +12,6 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -40,16 +39,13 @@ type Config struct {
 }
 
 // Reconciler moves nodes between ready and unreachable, and powered-off
-// nodes heard from again to ready. It is a
-// shard.Rounder: StartRound finds, with one read, the shards where a node is
-// due to move, and Reconcile opens a write transaction only for those.
+// nodes heard from again to ready. It is a shard.Reconciler: Due finds,
+// with one read, the shards where a node is due to move, and Reconcile
+// opens a write transaction only for those.
 type Reconciler struct {
 	cfg   Config
 	store Store
 	log   *slog.Logger
-
-	mu  sync.Mutex
-	due [store.Shards]bool // set by StartRound, cleared by Reconcile
 }
 
 // New returns a Reconciler.
@@ -66,54 +62,25 @@ func (r *Reconciler) Name() string { return "node-liveness" }
 // Interval is how often each shard is reconciled.
 func (r *Reconciler) Interval() time.Duration { return r.cfg.Interval }
 
-var _ shard.Rounder = (*Reconciler)(nil)
+var _ shard.Reconciler = (*Reconciler)(nil)
 
 // staleAfter is the heartbeat age that makes a node unreachable.
 func (r *Reconciler) staleAfter() time.Duration {
 	return time.Duration(r.cfg.Missed) * r.cfg.HeartbeatInterval
 }
 
-// StartRound reads which of shards have a node due to move. In a healthy
-// fleet none has, and the round writes nothing: one read a round, not one
-// write transaction (or one read) a shard, each a turn of SQLite's one
-// writer.
-func (r *Reconciler) StartRound(ctx context.Context, shards []int) error {
-	due, err := r.store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{
+// Due reads which of shards have a node due to move. In a healthy fleet
+// none has, and the round writes nothing: one read a round, not one write
+// transaction (or one read) a shard, each a turn of SQLite's one writer.
+// Heartbeat ages are judged on the database's clock (like the leases), not
+// at now.
+func (r *Reconciler) Due(ctx context.Context, _ time.Time, shards []int) ([]int, error) {
+	return r.store.NodeLivenessDue(ctx, &store.NodeLivenessDueParams{
 		Shards: shards, StaleAfter: r.staleAfter(), PoweredOffGrace: r.cfg.HeartbeatInterval})
-	if err != nil {
-		return err
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.due = [store.Shards]bool{}
-	for _, n := range due {
-		if n >= 0 && n < store.Shards {
-			r.due[n] = true
-		}
-	}
-	return nil
 }
 
-// takeDue reports whether the last StartRound found shard n due, and
-// clears it.
-func (r *Reconciler) takeDue(n int) bool {
-	if n < 0 || n >= store.Shards {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	due := r.due[n]
-	r.due[n] = false
-	return due
-}
-
-// Reconcile runs one fenced pass over shard n, if the round's StartRound
-// found a node of it due to move; a node that falls due meanwhile is moved
-// next round.
+// Reconcile runs one fenced pass over shard n.
 func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
-	if !r.takeDue(n) {
-		return nil
-	}
 	p := &store.NodeLivenessParams{Shard: n, StaleAfter: r.staleAfter(), PoweredOffGrace: r.cfg.HeartbeatInterval}
 	var unreachable, ready []string
 	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {

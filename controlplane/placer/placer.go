@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -47,12 +49,9 @@ type Store interface {
 	ReservationPoolsDue(ctx context.Context, poolIDs []string, now time.Time) ([]string, error)
 }
 
-// Clock is the placer's time source; reservations start and end by it.
+// Clock is the placer's time source; reservations start and end by it (a
+// clock.Clock is one).
 type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
 
 // Config configures a Placer.
 type Config struct {
@@ -67,7 +66,7 @@ type Config struct {
 	Clock Clock
 }
 
-// Placer is the capacity.placer reconciler: a shard.Rounder over the
+// Placer is the capacity.placer reconciler: a shard.Reconciler over the
 // scheduler shards.
 type Placer struct {
 	cfg   Config
@@ -76,8 +75,8 @@ type Placer struct {
 	facts *Facts
 
 	mu   sync.Mutex
-	work map[int][]string // shard -> pools with open reservations, set by StartRound
-	due  map[string]bool  // pools with a reservation due to move, set by StartRound
+	work map[int][]string // shard -> pools with open reservations, read by Due for the round
+	due  map[string]bool  // pools with a reservation due to move, read by Due for the round
 	// seen is, per pool, the fingerprint of its nodes at its last full
 	// round: a pool with nothing due is placed again only when its nodes
 	// changed (health, state, cordon, disruption, inventory, labels).
@@ -89,7 +88,7 @@ func New(cfg Config, st Store, log *slog.Logger) *Placer {
 	cfg.Interval = cmp.Or(cfg.Interval, time.Second)
 	cfg.MaxPlacements = cmp.Or(cfg.MaxPlacements, 1000)
 	if cfg.Clock == nil {
-		cfg.Clock = systemClock{}
+		cfg.Clock = clock.System
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -103,15 +102,16 @@ func (p *Placer) Name() string { return Name }
 // Interval is the round interval.
 func (p *Placer) Interval() time.Duration { return p.cfg.Interval }
 
-// StartRound finds, with one read of the pools and one grouped read of
-// the reservations, the pools of shards that have open reservations.
-func (p *Placer) StartRound(ctx context.Context, shards []int) error {
+// Due finds, with one read of the pools and one grouped read of the
+// reservations, the pools of shards that have open reservations (those
+// due to start or end at now first of all), and returns their shards.
+func (p *Placer) Due(ctx context.Context, now time.Time, shards []int) ([]int, error) {
 	var pools []string
 	lp := store.ListParams{Limit: store.MaxListLimit}
 	for {
 		page, err := p.store.PoolList(ctx, &lp)
 		if err != nil {
-			return fmt.Errorf("list pools: %w", err)
+			return nil, fmt.Errorf("list pools: %w", err)
 		}
 		for _, pl := range page {
 			if slices.Contains(shards, ShardOf(pl.ID)) {
@@ -125,11 +125,11 @@ func (p *Placer) StartRound(ctx context.Context, shards []int) error {
 	}
 	busy, err := p.store.ReservationPoolsOpen(ctx, pools)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	dueList, err := p.store.ReservationPoolsDue(ctx, busy, p.cfg.Clock.Now())
+	dueList, err := p.store.ReservationPoolsDue(ctx, busy, now)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	work := map[int][]string{}
 	for _, pool := range busy {
@@ -148,7 +148,7 @@ func (p *Placer) StartRound(ctx context.Context, shards []int) error {
 		}
 	}
 	p.mu.Unlock()
-	return nil
+	return slices.Collect(maps.Keys(work)), nil
 }
 
 // fingerprint sums up what of a pool's nodes placement reads.
@@ -163,7 +163,7 @@ func fingerprint(nodes []*Node) string {
 	return strconv.FormatUint(h.Sum64(), 16)
 }
 
-// Reconcile places the pools of shard that StartRound found with work,
+// Reconcile places the pools of shard that Due found with work,
 // each in one transaction fenced on the shard's lease.
 func (p *Placer) Reconcile(ctx context.Context, shard int, fence store.Fence) error {
 	p.mu.Lock()

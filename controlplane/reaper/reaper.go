@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -44,7 +45,7 @@ type Config struct {
 	OnReap func(*store.GatewayReapResult)
 	// Clock times the passes and the lease; leases' expiry is judged in the
 	// store, by the database's clock. Defaults to the system clock.
-	Clock lease.Clock
+	Clock clock.Clock
 }
 
 // Reaper is the dead-gateway job.
@@ -60,7 +61,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Reaper, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, 5*time.Second)
 	cfg.PruneAfter = cmp.Or(cfg.PruneAfter, 24*time.Hour)
 	if cfg.Clock == nil {
-		cfg.Clock = lease.SystemClock
+		cfg.Clock = clock.System
 	}
 	if cfg.Interval < 0 || cfg.PruneAfter < 0 {
 		return nil, fmt.Errorf("reaper: negative interval %s or retention %s", cfg.Interval, cfg.PruneAfter)

@@ -121,7 +121,7 @@ func (l *loop) step() {
 		if err != nil || !ok {
 			l.t.Fatalf("lease %d: %v %v", s, ok, err)
 		}
-		if err := l.rec.ReconcileShard(l.ctx, s, store.Fence{Lease: ls.Name, Holder: "w1", Epoch: ls.Epoch}); err != nil {
+		if err := l.rec.Reconcile(l.ctx, s, store.Fence{Lease: ls.Name, Holder: "w1", Epoch: ls.Epoch}); err != nil {
 			l.t.Fatalf("reconcile: %v", err)
 		}
 	}

@@ -42,16 +42,15 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Reconciler advances remediation cases shard by shard. It is a
-// shard.Rounder.
+// Reconciler advances remediation cases shard by shard (a
+// shard.Reconciler).
 type Reconciler struct {
 	cfg    Config
 	store  Store
 	policy *Policy
 	log    *slog.Logger
 
-	mu  sync.Mutex
-	due [store.Shards]bool
+	mu sync.Mutex // guards gpuNodes
 	// gpuNodes caches each pool's count of GPU nodes for the breaker's
 	// limit (gpuNodesTTL): counting reads every inventory of the pool, and
 	// a pool's size changes slowly next to a burst of admissions.
@@ -89,7 +88,7 @@ func (r *Reconciler) breakerLimit(ctx context.Context, tx store.Store, pool stri
 	return r.cfg.Settings.Breaker.Limit(c.n), nil
 }
 
-var _ shard.Rounder = (*Reconciler)(nil)
+var _ shard.Reconciler = (*Reconciler)(nil)
 
 // New returns a Reconciler; an error for a policy that does not validate or
 // a missing Holder.
@@ -130,52 +129,23 @@ func (r *Reconciler) Interval() time.Duration { return r.cfg.Settings.Interval.D
 // actor is the audit rows' actor.
 func (r *Reconciler) actor() string { return "remediation:" + r.cfg.Holder }
 
-// StartRound reads which of shards have work: findings waiting, cases due,
-// or a silent node with BMC credentials and no case.
-func (r *Reconciler) StartRound(ctx context.Context, shards []int) error {
-	now := r.cfg.Now()
+// Due reads which of shards have work at now: findings waiting, cases
+// due, or a silent node with BMC credentials and no case.
+func (r *Reconciler) Due(ctx context.Context, now time.Time, shards []int) ([]int, error) {
 	due, err := r.store.RemediationDue(ctx, shards, &now)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	silent, err := r.store.RemediationSilentDue(ctx, shards)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.due = [store.Shards]bool{}
-	for _, n := range append(due, silent...) {
-		if n >= 0 && n < store.Shards {
-			r.due[n] = true
-		}
-	}
-	return nil
+	return append(due, silent...), nil
 }
 
-func (r *Reconciler) takeDue(n int) bool {
-	if n < 0 || n >= store.Shards {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	d := r.due[n]
-	r.due[n] = false
-	return d
-}
-
-// Reconcile takes shard n's findings and advances its due cases, each in
-// a fenced transaction of its own, when the round found work there.
+// Reconcile does one pass over shard n: takes its findings and advances
+// its due cases, each in a fenced transaction of its own.
 func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
-	if !r.takeDue(n) {
-		return nil
-	}
-	return r.ReconcileShard(ctx, n, fence)
-}
-
-// ReconcileShard does one pass over shard n whether or not a round found
-// it due (tests drive it directly).
-func (r *Reconciler) ReconcileShard(ctx context.Context, n int, fence store.Fence) error {
 	if err := r.takeFindings(ctx, n, fence); err != nil {
 		return err
 	}

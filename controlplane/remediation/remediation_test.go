@@ -195,10 +195,14 @@ func (f *fixture) reconcile(r *remediation.Reconciler, holder string) error {
 		}
 	}
 	sort.Ints(shards)
-	if err := r.StartRound(f.ctx, shards); err != nil {
+	due, err := r.Due(f.ctx, now, shards)
+	if err != nil {
 		f.t.Fatal(err)
 	}
 	for _, n := range shards {
+		if !slices.Contains(due, n) {
+			continue
+		}
 		l, ok, err := f.st.LeaseAcquire(f.ctx, &store.LeaseAcquireParams{Name: fmt.Sprintf("shard:%d", n), Holder: holder, TTL: time.Minute, Now: &now})
 		if err != nil {
 			f.t.Fatal(err)

@@ -428,7 +428,7 @@ func TestTakeoverResumes(t *testing.T) {
 			t.Fatal(err)
 		}
 		now := f.clock.Now()
-		if err := old.ReconcileShard(f.ctx, n, store.Fence{Lease: l.Name, Holder: "w1", Epoch: l.Epoch - 1, Now: &now}); !errors.Is(err, store.ErrFenced) {
+		if err := old.Reconcile(f.ctx, n, store.Fence{Lease: l.Name, Holder: "w1", Epoch: l.Epoch - 1, Now: &now}); !errors.Is(err, store.ErrFenced) {
 			t.Fatalf("old worker's pass: %v, want ErrFenced", err)
 		}
 		if c := f.caseOf("node_00"); c.State != store.RemediationReturned {

@@ -9,7 +9,7 @@
 // store.ShardOf(rollout id) drives it, every write in a transaction fenced
 // on that lease, so a worker killed mid-wave loses nothing and the next
 // holder carries on from the rows. A round reads the active rollouts once
-// (StartRound); each is then read whole (its nodes with their live state,
+// (Due); each is then read whole (its nodes with their live state,
 // one query) and written only where something is due.
 //
 // # Waves

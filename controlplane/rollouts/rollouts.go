@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -84,14 +85,14 @@ type Config struct {
 }
 
 // Reconciler drives rollouts (see the package documentation). It is a
-// shard.Rounder.
+// shard.Reconciler.
 type Reconciler struct {
 	cfg   Config
 	store Store
 	log   *slog.Logger
 
 	mu     sync.Mutex
-	active map[int][]*store.Rollout // by shard, from StartRound
+	active map[int][]*store.Rollout // by shard, read by Due for the round
 }
 
 // New returns a Reconciler.
@@ -103,7 +104,7 @@ func New(cfg Config, st Store, log *slog.Logger) *Reconciler {
 	return &Reconciler{cfg: cfg, store: st, log: cmp.Or(log, slog.New(slog.DiscardHandler))}
 }
 
-var _ shard.Rounder = (*Reconciler)(nil)
+var _ shard.Reconciler = (*Reconciler)(nil)
 
 // Name names the reconciler.
 func (r *Reconciler) Name() string { return "rollouts" }
@@ -111,11 +112,12 @@ func (r *Reconciler) Name() string { return "rollouts" }
 // Interval is how often each held shard is reconciled.
 func (r *Reconciler) Interval() time.Duration { return r.cfg.Interval }
 
-// StartRound reads the active rollouts once for the round.
-func (r *Reconciler) StartRound(ctx context.Context, _ []int) error {
+// Due reads the active rollouts once for the round and returns the shards
+// they are in; the round's passes step them.
+func (r *Reconciler) Due(ctx context.Context, _ time.Time, _ []int) ([]int, error) {
 	ros, err := r.store.RolloutsActive(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	by := map[int][]*store.Rollout{}
 	for _, ro := range ros {
@@ -125,10 +127,11 @@ func (r *Reconciler) StartRound(ctx context.Context, _ []int) error {
 	r.mu.Lock()
 	r.active = by
 	r.mu.Unlock()
-	return nil
+	return slices.Collect(maps.Keys(by)), nil
 }
 
-// Reconcile steps the active rollouts of shard n under fence.
+// Reconcile steps the active rollouts of shard n that Due read, under
+// fence.
 func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
 	r.mu.Lock()
 	ros := r.active[n]
@@ -170,7 +173,7 @@ func (r *Reconciler) Step(ctx context.Context, ro *store.Rollout, fence store.Fe
 			return err
 		}
 		for _, op := range p.ops {
-			if err := op(tx); err != nil {
+			if err := op(ctx, tx); err != nil {
 				return err
 			}
 		}
@@ -208,14 +211,16 @@ type plan struct {
 	// free is how many more nodes the pool's budget admits now.
 	free int
 
-	ops   []func(tx store.Store) error
+	ops   []func(ctx context.Context, tx store.Store) error
 	logs  []func()
 	woken []string
 	// gpuCount caches the nodes' GPU counts the health gate read.
 	gpuCount map[string]int
 }
 
-func (p *plan) op(fn func(tx store.Store) error) { p.ops = append(p.ops, fn) }
+// op adds a write to the step's transaction; it runs with the step's
+// context.
+func (p *plan) op(fn func(ctx context.Context, tx store.Store) error) { p.ops = append(p.ops, fn) }
 
 func (p *plan) info(msg string, args ...any) {
 	args = append([]any{attrRollout, p.ro.ID}, args...)
@@ -237,13 +242,13 @@ func (p *plan) setNode(n *store.RolloutNode, state, reason string, cmd func(*sto
 		n.Reason = reason
 	}
 	n.State = state
-	p.op(func(tx store.Store) error { return tx.RolloutNodeUpdate(context.Background(), u) })
+	p.op(func(ctx context.Context, tx store.Store) error { return tx.RolloutNodeUpdate(ctx, u) })
 }
 
 // release puts a node back in service (if the rollout holds it).
 func (p *plan) release(n *store.RolloutNode) {
 	id := n.NodeID
-	p.op(func(tx store.Store) error { return tx.DisruptionRelease(context.Background(), id, p.owner) })
+	p.op(func(ctx context.Context, tx store.Store) error { return tx.DisruptionRelease(ctx, id, p.owner) })
 }
 
 // setRollout changes the rollout in the step's transaction.
@@ -252,8 +257,8 @@ func (p *plan) setRollout(u *store.RolloutUpdateParams) {
 	if u.State != "" {
 		p.ro.State = u.State
 	}
-	p.op(func(tx store.Store) error {
-		_, err := tx.RolloutUpdate(context.Background(), u)
+	p.op(func(ctx context.Context, tx store.Store) error {
+		_, err := tx.RolloutUpdate(ctx, u)
 		return err
 	})
 }
@@ -657,8 +662,8 @@ func (p *plan) admit(n *store.RolloutNode, reason string) bool {
 	}
 	p.free--
 	id := n.NodeID
-	p.op(func(tx store.Store) error {
-		res, err := tx.DisruptionAdmit(context.Background(), &store.DisruptionAdmitParams{NodeID: id, Reason: reason, Owner: p.owner, Now: &p.now})
+	p.op(func(ctx context.Context, tx store.Store) error {
+		res, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: id, Reason: reason, Owner: p.owner, Now: &p.now})
 		if err != nil {
 			return err
 		}
@@ -714,7 +719,7 @@ func (p *plan) upgrade(ctx context.Context, n *store.RolloutNode) error {
 	}
 	var cmdID string
 	from := n.State // the ops run after the plan, when n.State has moved on
-	p.op(func(tx store.Store) error {
+	p.op(func(ctx context.Context, tx store.Store) error {
 		if from == store.RolloutNodeDraining {
 			a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: id, Reason: store.DisruptionUpgrading, Owner: p.owner, Now: &p.now})
 			if err != nil {
@@ -758,8 +763,7 @@ func (p *plan) rollbackCommand(n *store.RolloutNode, reason string) bool {
 	if n.Disruption == "" && !p.admit(n, store.DisruptionUpgrading) {
 		return false // no slot now: next round
 	}
-	p.op(func(tx store.Store) error {
-		ctx := context.Background()
+	p.op(func(ctx context.Context, tx store.Store) error {
 		cmds, err := tx.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{id}, Kind: sessionv1.KindRollback,
 			IdempotencyKey: rollbackKey(ro.ID), CreatedBy: p.owner, Timeout: ro.Timeout, Now: &p.now})
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -101,6 +102,9 @@ type Config struct {
 	// Role, when set, counts only the live workers whose row names this
 	// role: a membership of one role's processes (the scheduler's).
 	Role string
+	// Clock times the rounds and the trust windows. Defaults to the system
+	// clock.
+	Clock clock.Clock
 }
 
 // Manager holds this process's share of the shards.
@@ -131,6 +135,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Manager, error) {
 	cfg.LiveWithin = cmp.Or(cfg.LiveWithin, cfg.TTL)
 	cfg.LeasePrefix = cmp.Or(cfg.LeasePrefix, "shard:")
 	cfg.Shards = cmp.Or(cfg.Shards, store.Shards)
+	cfg.Clock = clock.Or(cfg.Clock)
 	return &Manager{cfg: cfg, store: st, log: log, held: map[int]*held{}, ready: make(chan struct{})}, nil
 }
 
@@ -142,7 +147,7 @@ func (m *Manager) Ready() <-chan struct{} { return m.ready }
 func (m *Manager) Held() map[int]store.Fence {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := time.Now()
+	now := m.cfg.Clock.Now()
 	out := make(map[int]store.Fence, len(m.held))
 	for n, h := range m.held {
 		if now.Before(h.trustUntil) {
@@ -156,8 +161,6 @@ func (m *Manager) Held() map[int]store.Fence {
 // and leaves the workers table.
 func (m *Manager) Run(ctx context.Context) error {
 	host, _ := os.Hostname()
-	tick := time.NewTicker(m.cfg.Renew)
-	defer tick.Stop()
 	for {
 		if err := m.round(ctx, host); err != nil && ctx.Err() == nil {
 			m.log.WarnContext(ctx, "Shard round failed", logkey.Err, err)
@@ -168,7 +171,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			m.leave(context.WithoutCancel(ctx))
 			return nil
-		case <-tick.C:
+		case <-m.cfg.Clock.After(m.cfg.Renew):
 		}
 	}
 }
@@ -221,7 +224,7 @@ func (m *Manager) round(ctx context.Context, host string) error {
 }
 
 func (m *Manager) acquire(ctx context.Context, n int) {
-	start := time.Now()
+	start := m.cfg.Clock.Now()
 	l, ok, err := m.store.LeaseAcquire(ctx, &store.LeaseAcquireParams{Name: m.cfg.LeasePrefix + strconv.Itoa(n), Holder: m.cfg.WorkerID, TTL: m.cfg.TTL})
 	if err != nil || !ok {
 		return // held by its previous owner until released or expired
@@ -232,7 +235,7 @@ func (m *Manager) acquire(ctx context.Context, n int) {
 }
 
 func (m *Manager) renew(ctx context.Context, n int, h *held) {
-	start := time.Now()
+	start := m.cfg.Clock.Now()
 	l, ok, err := m.store.LeaseRenew(ctx, &store.LeaseRenewParams{Name: h.lease.Name, Holder: h.lease.Holder, Epoch: h.lease.Epoch, TTL: m.cfg.TTL})
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -37,7 +38,7 @@ type Config struct {
 	// Clock times the sweeps and the lease (lease.Config.Clock); commands'
 	// deadlines and sessions' ages are judged in the store, by the
 	// database's clock. Defaults to the system clock.
-	Clock lease.Clock
+	Clock clock.Clock
 }
 
 // Sweeper is the CommandSweeper.
@@ -53,7 +54,7 @@ func New(cfg Config, st Store, log *slog.Logger) (*Sweeper, error) {
 	cfg.Interval = cmp.Or(cfg.Interval, time.Second)
 	cfg.LostAfter = cmp.Or(cfg.LostAfter, 30*time.Second)
 	if cfg.Clock == nil {
-		cfg.Clock = lease.SystemClock
+		cfg.Clock = clock.System
 	}
 	h, err := lease.New(lease.Config{Name: LeaseName, Holder: cfg.Holder, Clock: cfg.Clock}, st, log)
 	if err != nil {

@@ -48,7 +48,7 @@ func TestRetainPrunesHistory(t *testing.T) {
 	var logs bytes.Buffer
 	window := config.Duration{Duration: 720 * time.Hour}
 	r := config.Retention{Commands: window, Events: window, Audit: window, History: window}
-	if err := retain(ctx, st, store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}, r, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+	if err := retain(ctx, st, store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}, time.Now(), r, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.ReservationGet(ctx, closed.ID); !errors.Is(err, store.ErrNotFound) {

@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/drift"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/liveness"
@@ -85,9 +86,11 @@ type Options struct {
 	// command (the rollouts' upgrades and rollbacks); without it they wait
 	// for the gateways' 1 s dispatch poll.
 	Waker rollouts.Waker
-	// RolloutNow is the rollout reconciler's clock (tests). Defaults to
-	// time.Now.
-	RolloutNow func() time.Time
+	// Clock is every job's clock: the leases, the shard memberships, the
+	// reconcilers' rounds and the times they act at, the sweeper and the
+	// reaper. Defaults to the system clock; tests pass a fake one
+	// (controlplane/internal/clocktest).
+	Clock clock.Clock
 	// Ready, when set, is called once, when every job has started and,
 	// with the controllers role, this process is in the workers table (the
 	// shard manager's first round succeeded); at once when no worker role
@@ -111,6 +114,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	if opts.WorkerID == "" {
 		opts.WorkerID = NewWorkerID()
 	}
+	clk := clock.Or(opts.Clock)
 	log = log.With("worker", opts.WorkerID)
 	var roles []string
 	for _, r := range Roles {
@@ -130,7 +134,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	var registered <-chan struct{} = none // the controllers role waits for the shard manager
 	if cfg.Runs("controllers") {
 		m, err := shard.New(shard.Config{WorkerID: opts.WorkerID, Roles: roles, Version: opts.Version,
-			TTL: opts.ShardTTL, Renew: opts.ShardRenew}, st, log)
+			TTL: opts.ShardTTL, Renew: opts.ShardRenew, Clock: clk}, st, log)
 		if err != nil {
 			return err
 		}
@@ -139,24 +143,24 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		hb := cfg.Host.Gateway.HeartbeatInterval.Duration
 		live := liveness.New(liveness.Config{HeartbeatInterval: hb, Missed: cfg.Host.Gateway.MissedHeartbeats,
 			Interval: cmp.Or(opts.LivenessInterval, min(hb, 5*time.Second))}, st, log)
-		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: opts.RolloutNow, Waker: opts.Waker,
+		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: clk.Now, Waker: opts.Waker,
 			Gate: cfg.Rollouts.HealthGate.Params()}, st, log)
 		recs := []shard.Reconciler{live, ro}
 		if !cfg.Remediation.Disabled {
-			rem, err := remediation.New(remediation.Config{Settings: cfg.Remediation, Holder: opts.WorkerID}, st, log)
+			rem, err := remediation.New(remediation.Config{Settings: cfg.Remediation, Holder: opts.WorkerID, Now: clk.Now}, st, log)
 			if err != nil {
 				return err
 			}
 			recs = append(recs, rem)
 		}
-		g.Go(func() error { shard.RunReconcilers(ctx, m, log, recs...); return nil })
+		g.Go(func() error { shard.RunReconcilers(ctx, m, clk, log, recs...); return nil })
 		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter,
-			OnSweep: countSwept(opts.Metrics)}, st, log)
+			OnSweep: countSwept(opts.Metrics), Clock: clk}, st, log)
 		if err != nil {
 			return err
 		}
 		g.Go(func() error { return sw.Run(ctx) })
-		rp, err := reaper.New(reaper.Config{Holder: opts.WorkerID}, st, log)
+		rp, err := reaper.New(reaper.Config{Holder: opts.WorkerID, Clock: clk}, st, log)
 		if err != nil {
 			return err
 		}
@@ -164,28 +168,28 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		driftMetrics, _ := opts.Metrics.(drift.Metrics) // a *metrics.Metrics counts drifting nodes too
 		dj := drift.NewJob(st, driftMetrics, log.With("job", "drift"))
 		g.Go(func() error {
-			return every(ctx, drift.LeaseName, opts.WorkerID, cfg.GPUHealth.DriftInterval.Duration, st, log,
+			return every(ctx, clk, drift.LeaseName, opts.WorkerID, cfg.GPUHealth.DriftInterval.Duration, st, log,
 				func(ctx context.Context, fence store.Fence) error {
-					_, err := dj.Round(ctx, fence, time.Now())
+					_, err := dj.Round(ctx, fence, clk.Now())
 					return err
 				})
 		})
 		g.Go(func() error {
-			return every(ctx, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
-				return retain(ctx, st, fence, cfg.Retention, log)
+			return every(ctx, clk, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
+				return retain(ctx, st, fence, clk.Now(), cfg.Retention, log)
 			})
 		})
 	}
 	if cfg.Runs("scheduler") {
 		m, err := shard.New(shard.Config{WorkerID: opts.WorkerID, Roles: roles, Version: opts.Version,
 			TTL: cmp.Or(opts.SchedulerTTL, 10*time.Second), Renew: cmp.Or(opts.SchedulerRenew, 3*time.Second),
-			LeasePrefix: placer.LeasePrefix, Shards: placer.Shards, Role: "scheduler"}, st, log.With("membership", "scheduler"))
+			LeasePrefix: placer.LeasePrefix, Shards: placer.Shards, Role: "scheduler", Clock: clk}, st, log.With("membership", "scheduler"))
 		if err != nil {
 			return err
 		}
 		g.Go(func() error { return m.Run(ctx) })
-		pl := placer.New(placer.Config{Interval: opts.PlacerInterval}, st, log)
-		g.Go(func() error { shard.RunReconcilers(ctx, m, log, pl); return nil })
+		pl := placer.New(placer.Config{Interval: opts.PlacerInterval, Clock: clk}, st, log)
+		g.Go(func() error { shard.RunReconcilers(ctx, m, clk, log, pl); return nil })
 	}
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {
@@ -200,7 +204,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	}
 	if cfg.Runs("iam") {
 		g.Go(func() error {
-			return every(ctx, "singleton:iam:join-token-expiry", opts.WorkerID, time.Minute, st, log, func(ctx context.Context, fence store.Fence) error {
+			return every(ctx, clk, "singleton:iam:join-token-expiry", opts.WorkerID, time.Minute, st, log, func(ctx context.Context, fence store.Fence) error {
 				return st.FencedTx(ctx, fence, func(tx store.Store) error {
 					if _, err := tx.JoinTokensExpire(ctx, nil); err != nil {
 						return err
@@ -216,9 +220,9 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 			})
 		})
 		g.Go(func() error {
-			return every(ctx, "singleton:iam:token-expiry", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
+			return every(ctx, clk, "singleton:iam:token-expiry", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
 				return st.FencedTx(ctx, fence, func(tx store.Store) error {
-					n, err := tx.TokensPrune(ctx, time.Now().Add(-TokenGrace))
+					n, err := tx.TokensPrune(ctx, clk.Now().Add(-TokenGrace))
 					if n > 0 {
 						log.InfoContext(ctx, "Pruned expired and revoked tokens", "tokens", n)
 					}
@@ -279,14 +283,15 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 	return out
 }
 
-// every runs fn every interval while holding the singleton lease name.
-func every(ctx context.Context, name, holder string, interval time.Duration, st store.Store, log *slog.Logger,
+// every runs fn every interval on clk while holding the singleton lease
+// name.
+func every(ctx context.Context, clk clock.Clock, name, holder string, interval time.Duration, st store.Store, log *slog.Logger,
 	fn func(context.Context, store.Fence) error) error {
-	h, err := lease.New(lease.Config{Name: name, Holder: holder}, st, log)
+	h, err := lease.New(lease.Config{Name: name, Holder: holder, Clock: clk}, st, log)
 	if err != nil {
 		return err
 	}
-	return h.Run(ctx, lease.Every(interval, lease.SystemClock, func(ctx context.Context, fence store.Fence) error {
+	return h.Run(ctx, lease.Every(interval, clk, func(ctx context.Context, fence store.Fence) error {
 		if err := fn(ctx, fence); err != nil && ctx.Err() == nil {
 			log.WarnContext(ctx, "Job failed", "job", name, logkey.Err, err)
 		}
@@ -294,10 +299,9 @@ func every(ctx context.Context, name, holder string, interval time.Duration, st 
 	}))
 }
 
-// retain prunes rows older than the retention windows, in one fenced
-// transaction, and logs what went.
-func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Retention, log *slog.Logger) error {
-	now := time.Now()
+// retain prunes rows older than the retention windows at now, in one
+// fenced transaction, and logs what went.
+func retain(ctx context.Context, st store.Store, fence store.Fence, now time.Time, r config.Retention, log *slog.Logger) error {
 	return st.FencedTx(ctx, fence, func(tx store.Store) error {
 		prunes := []struct {
 			what   string

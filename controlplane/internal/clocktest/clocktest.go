@@ -2,7 +2,8 @@
 // moves only when the test advances it, and a test waits for the code under
 // test to be waiting on the clock (BlockUntil) instead of sleeping
 // (STYLE.md, "Tests": a fake clock, test signals instead of sleeps). Its
-// methods match lease.Clock, which the lease holder and the sweeper take.
+// methods match clock.Clock (controlplane/internal/clock), which every loop
+// of the gateway and the workers takes.
 package clocktest
 
 import (

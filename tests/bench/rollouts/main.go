@@ -214,7 +214,7 @@ func run(n int, db, wave string, soak, interval time.Duration) error {
 		defer t.Stop()
 		for {
 			s := time.Now()
-			if err := r.StartRound(ctx, []int{n0}); err != nil {
+			if _, err := r.Due(ctx, s, []int{n0}); err != nil {
 				res.err = err
 				return
 			}

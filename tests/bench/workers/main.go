@@ -512,14 +512,16 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 		start := time.Now()
 		// A round as shard.RunReconcilers runs it: one read for every
 		// shard, then each shard's pass.
-		if err := r.StartRound(ctx, all); err != nil {
+		due, err := r.Due(ctx, start, all)
+		if err != nil {
 			return 0, 0, err
 		}
 		var wg sync.WaitGroup
 		errs := make(chan error, workers)
 		for w := range workers {
 			wg.Go(func() {
-				for s := w; s < store.Shards; s += workers {
+				for i := w; i < len(due); i += workers {
+					s := due[i]
 					if err := r.Reconcile(ctx, s, fences[s]); err != nil {
 						errs <- err
 						return
