@@ -69,10 +69,12 @@ func blockUntil(t *testing.T, clock *clocktest.Clock, n int) {
 // receive waits for a value on ch.
 func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(wait):
+	case <-ctx.Done():
 		t.Fatalf("timed out waiting for %s", what)
 		panic("unreachable")
 	}

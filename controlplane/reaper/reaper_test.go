@@ -85,23 +85,31 @@ func TestDeadGatewaysCommandsEndLost(t *testing.T) {
 			}
 		}
 	}()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	select {
 	case res := <-reaped:
 		if len(res.Dead) != 1 || res.Dead[0] != "gw-1" || res.Sessions != 1 {
 			t.Fatalf("reaped %+v, want gw-1's one session", res)
 		}
-	case <-time.After(30 * time.Second):
+	case <-wctx.Done():
 		t.Fatal("the reaper did not close the dead gateway's session")
 	}
 	// The sweeper passes once a (fake) second; the node's last heartbeat
 	// is a minute old, past LostAfter, so the first pass after the reap
 	// ends the command.
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(30 * time.Second)
+	// Each turn waits until the reaper and the sweeper (each a pass loop
+	// under a lease holder: two waits on the clock apiece) have finished
+	// their passes, reads what the sweeps reported, and moves the clock on.
 	for {
+		if err := clock.BlockUntil(wctx, 4); err != nil {
+			t.Fatalf("the command did not end lost: %v", err)
+		}
 		select {
 		case res := <-swept:
+			if len(res.Lost) == 0 {
+				continue
+			}
 			if len(res.Lost) != 1 || res.Lost[0].ID != cmds[0].ID {
 				t.Fatalf("swept %+v, want %s lost", res, cmds[0].ID)
 			}
@@ -110,10 +118,8 @@ func TestDeadGatewaysCommandsEndLost(t *testing.T) {
 				t.Fatalf("command = %+v (%v), want lost", got, err)
 			}
 			return
-		case <-tick.C:
-			clock.Advance(time.Second)
-		case <-deadline:
-			t.Fatal("the command did not end lost")
+		default:
 		}
+		clock.Advance(time.Second)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/lease"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -73,6 +74,9 @@ type Config struct {
 	// LISTEN), so an event is delivered within a read of its commit rather
 	// than up to Poll later. Poll stays the fallback.
 	Wake <-chan struct{}
+	// Clock times the polls, the backoff and the lease. Defaults to the
+	// system clock.
+	Clock clock.Clock
 }
 
 // LeaseName is a sink's dispatcher lease.
@@ -102,12 +106,13 @@ func NewDispatcher(cfg Config, sink Sink, st Store, log *slog.Logger) (*Dispatch
 	cfg.RetryBase = cmp.Or(cfg.RetryBase, time.Second)
 	cfg.RetryMax = cmp.Or(cfg.RetryMax, time.Minute)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, 10)
+	cfg.Clock = clock.Or(cfg.Clock)
 	if cfg.Batch < 0 || cfg.MaxAttempts < 0 || cfg.RetryBase < 0 || cfg.RetryMax < cfg.RetryBase {
 		return nil, fmt.Errorf("sink %s: batch %d, maxAttempts %d, retry %s to %s: want positive values, retryBase <= retryMax",
 			sink.Name(), cfg.Batch, cfg.MaxAttempts, cfg.RetryBase, cfg.RetryMax)
 	}
 	log = log.With("sink", sink.Name())
-	h, err := lease.New(lease.Config{Name: LeaseName(sink.Name()), Holder: cfg.Holder}, st, log)
+	h, err := lease.New(lease.Config{Name: LeaseName(sink.Name()), Holder: cfg.Holder, Clock: cfg.Clock}, st, log)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +151,7 @@ func (d *Dispatcher) deliverLoop(ctx context.Context, fence store.Fence) error {
 		case <-ctx.Done():
 			return nil
 		case <-wake:
-		case <-time.After(wait):
+		case <-d.cfg.Clock.After(wait):
 		}
 	}
 }

@@ -54,12 +54,14 @@ func TestSweeperExpiresOverdueCommands(t *testing.T) {
 	go func() { done <- s.Run(rctx) }()
 	expired := func(c *store.Command, what string) {
 		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
 		select {
 		case r := <-swept:
 			if len(r.Expired) != 1 || r.Expired[0].ID != c.ID {
 				t.Fatalf("%s: sweep = %+v, want %s expired", what, r, c.ID)
 			}
-		case <-time.After(30 * time.Second):
+		case <-ctx.Done():
 			t.Fatalf("%s: no sweep expired the overdue command", what)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 	"github.com/better-compute/better-compute/controlplane/workers"
@@ -66,17 +67,18 @@ func TestSweptCommandsAreCounted(t *testing.T) {
 	}
 	m := &finished{seen: map[string]int{}}
 	rctx, stop := context.WithCancel(ctx)
+	clk := clocktest.New(time.Now())
 	done := make(chan error, 1)
 	go func() {
-		done <- workers.Run(rctx, cfg, st, workers.Options{WorkerID: "w1", SweepInterval: 20 * time.Millisecond, Metrics: m},
+		done <- workers.Run(rctx, cfg, st, workers.Options{WorkerID: "w1", Metrics: m, Clock: clk},
 			slog.New(slog.DiscardHandler))
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for m.count("exec expired") != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("counted %v", m.seen)
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The sweeper's first pass, as soon as it holds its lease, ends the
+	// overdue command; then it waits on the (fake) clock.
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := clk.Until(wctx, func() bool { return m.count("exec expired") == 1 }); err != nil {
+		t.Fatalf("counted %v: %v", m.seen, err)
 	}
 	stop()
 	if err := <-done; err != nil {

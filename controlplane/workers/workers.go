@@ -194,7 +194,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {
 			wake := make(chan struct{}, 1)
-			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types, Wake: wake}, sink, st, log)
+			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types, Wake: wake, Clock: clk}, sink, st, log)
 			if err != nil {
 				return err
 			}

@@ -100,7 +100,27 @@ func (c *Clock) BlockUntil(ctx context.Context, n int) error {
 	}
 }
 
-// notify wakes BlockUntil; c.mu is held.
+// Until waits until cond holds: it checks cond at once and again each time
+// a wait on the clock begins or ends, that is whenever the code under test
+// has moved on to its next wait (a loop's pass is over). It fails when ctx
+// ends first. cond must not call the clock's Advance.
+func (c *Clock) Until(ctx context.Context, cond func() bool) error {
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		c.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("clocktest: condition not met: %w", context.Cause(ctx))
+		}
+	}
+}
+
+// notify wakes BlockUntil and Until; c.mu is held.
 func (c *Clock) notify() {
 	close(c.changed)
 	c.changed = make(chan struct{})
