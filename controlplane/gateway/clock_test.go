@@ -263,7 +263,7 @@ func TestNodeClockBehind(t *testing.T) {
 		}()
 		select {
 		case <-connected:
-		case <-time.After(20 * time.Second):
+		case <-deadline(t, 20*time.Second):
 			t.Fatalf("not connected; log:\n%s", logs.String())
 		}
 		select {
@@ -271,7 +271,7 @@ func TestNodeClockBehind(t *testing.T) {
 			if skew.Round(time.Minute) != -90*time.Minute {
 				t.Errorf("gateway wrote a skew of %s, want about -90m", skew)
 			}
-		case <-time.After(20 * time.Second):
+		case <-deadline(t, 20*time.Second):
 			t.Fatal("gateway wrote no clock skew")
 		}
 		nd, err := e.st.NodeGet(ctx, d.NodeID())

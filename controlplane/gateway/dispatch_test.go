@@ -34,7 +34,7 @@ func recvBody(t *testing.T, s *clientSession, within time.Duration) *sessionv1.G
 		return m
 	case err := <-errc:
 		t.Fatalf("stream ended: %v", err)
-	case <-time.After(within):
+	case <-deadline(t, within):
 		t.Fatalf("nothing dispatched within %v", within)
 	}
 	return nil

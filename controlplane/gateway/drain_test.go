@@ -49,7 +49,7 @@ func TestDrainOnCommand(t *testing.T) {
 			if d := m.GetDrain(); d.GetReason() != drainReason || d.GetDelay().AsDuration() > 2*time.Second {
 				t.Fatalf("Drain = %v, want reason %q and a delay within the 2 s window", d, drainReason)
 			}
-		case <-time.After(20 * time.Second):
+		case <-deadline(t, 20*time.Second):
 			t.Fatal("no Drain within 20 s of the request")
 		}
 		_, err := e.tryConnect(g, &n.cert)

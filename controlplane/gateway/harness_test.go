@@ -124,7 +124,7 @@ func (r *running) stop(t testing.TB) {
 		if r.err != nil {
 			t.Errorf("gateway Run: %v", r.err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-deadline(t, 20*time.Second):
 		t.Fatal("gateway did not stop")
 	}
 }
@@ -159,7 +159,7 @@ func (e *env) start(mod func(*Config)) *running {
 	case <-g.Ready():
 	case <-r.done:
 		e.t.Fatalf("gateway did not start: %v", r.err)
-	case <-time.After(20 * time.Second):
+	case <-deadline(e.t, 20*time.Second):
 		e.t.Fatal("gateway not ready")
 	}
 	e.t.Cleanup(func() { r.stop(e.t) })
@@ -333,7 +333,7 @@ func awaitEnd(t *testing.T, s *clientSession, within time.Duration) ([]*sessionv
 	select {
 	case r := <-done:
 		return r.msgs, r.err
-	case <-time.After(within):
+	case <-deadline(t, within):
 		s.cancel()
 		t.Fatalf("session still open after %s", within)
 		return nil, nil
@@ -418,4 +418,13 @@ func (t *countingTx) SessionHeartbeatBatch(ctx context.Context, gatewayID string
 	t.c.heartbeatWrites.Add(1)
 	t.c.heartbeatIDs.Add(int64(len(ids)))
 	return t.Store.SessionHeartbeatBatch(ctx, gatewayID, ids, now)
+}
+
+// deadline returns a channel closed once d has passed: the guard of a
+// wait, as a context deadline rather than a timer. It does not end with
+// t.Context(), so cleanups (which run after it ends) can use it too.
+func deadline(t testing.TB, d time.Duration) <-chan struct{} {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx.Done()
 }

@@ -443,7 +443,8 @@ func TestRenewAndSecret(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		ctx := context.Background()
-		e := newEnv(t, b.open(t))
+		feed := &feedReads{Store: b.open(t), reads: make(chan struct{}, 64)}
+		e := newEnv(t, feed)
 		g := e.start(nil)
 		n := e.join(g, "gpu-03", "")
 		other := e.join(g, "gpu-04", "")
@@ -473,7 +474,7 @@ func TestRenewAndSecret(t *testing.T) {
 		if err := e.st.RevocationInsert(ctx, &store.Revocation{Serial: pki.FormatSerial(oldLeaf.SerialNumber)}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(1500 * time.Millisecond)
+		feed.applied(t, g)
 		if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
 			t.Fatalf("session ended after the replaced certificate was revoked: %v", err)
 		}
@@ -579,6 +580,48 @@ func TestJoinRateLimited(t *testing.T) {
 	for range 6 {
 		if err := <-errs; err != nil {
 			t.Fatalf("a FakeDaemon joining beside others from one address at 2 a second: %v", err)
+		}
+	}
+}
+
+// feedReads is a store that signals each read of the revocation feed once
+// it has returned.
+type feedReads struct {
+	store.Store
+	reads chan struct{}
+}
+
+func (f *feedReads) RevocationList(ctx context.Context, since time.Time) ([]*store.Revocation, error) {
+	revs, err := f.Store.RevocationList(ctx, since)
+	select {
+	case f.reads <- struct{}{}:
+	default:
+	}
+	return revs, err
+}
+
+// applied returns once g has read the feed, and acted on what it read,
+// after every revocation written before the call: of three reads that
+// return after the call, the second began after the first returned (so
+// after the call) and the third after the second's revocations were
+// applied (the loop reads and applies in turn). Each read is asked for
+// at once (RevokeNow) rather than waited for.
+func (f *feedReads) applied(t *testing.T, g *running) {
+	t.Helper()
+	for {
+		select {
+		case <-f.reads:
+			continue
+		default:
+		}
+		break
+	}
+	for range 3 {
+		g.RevokeNow("")
+		select {
+		case <-f.reads:
+		case <-deadline(t, 20*time.Second):
+			t.Fatal("the gateway did not read the revocation feed")
 		}
 	}
 }

@@ -67,12 +67,12 @@ func (f *fakeListener) feed(t *testing.T, c testConn) {
 	t.Helper()
 	select {
 	case f.conns <- c.server:
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("the accept loop did not accept")
 	}
 	select {
 	case <-f.calls:
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("the accept loop did not come back")
 	}
 }
@@ -91,7 +91,7 @@ func acceptNext(t *testing.T, l *listener) *trackedConn {
 	select {
 	case c := <-got:
 		return c.(*trackedConn)
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("Accept returned nothing")
 		return nil
 	}
@@ -165,7 +165,7 @@ func TestSetupPerSource(t *testing.T) {
 	select {
 	case c := <-next:
 		wantFrom(t, c, a[2])
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("a freed slot went to no one")
 	}
 	// B's slot freed, B has no queue: A's next waits for a slot of A's.
@@ -178,7 +178,7 @@ func TestSetupPerSource(t *testing.T) {
 	select {
 	case c := <-next:
 		wantFrom(t, c, a[3])
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("A's freed slot went to no one")
 	}
 	// Everything settled: no source is kept.
@@ -230,14 +230,14 @@ func TestSetupQueuedInAll(t *testing.T) {
 	select {
 	case raw.conns <- fifth.server:
 		t.Fatal("accepted with limits.queued connections waiting")
-	case <-time.After(200 * time.Millisecond):
+	case <-deadline(t, 200*time.Millisecond):
 	}
 	// One leaves the queue (handed out after c0 settles): room for one.
 	c0.(*trackedConn).settle()
 	wantFrom(t, acceptNext(t, l), cs[1])
 	select {
 	case raw.conns <- fifth.server:
-	case <-time.After(10 * time.Second):
+	case <-deadline(t, 10*time.Second):
 		t.Fatal("not accepting with room in the queues")
 	}
 	l.Close()

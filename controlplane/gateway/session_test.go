@@ -661,7 +661,7 @@ func TestConnectingBounded(t *testing.T) {
 	select {
 	case err := <-done:
 		t.Fatalf("connected beside a connection in setup (err %v)", err)
-	case <-time.After(500 * time.Millisecond):
+	case <-deadline(t, 500*time.Millisecond):
 	}
 	closed := time.Now()
 	stalled.Close()

@@ -182,17 +182,26 @@ func TestConcurrentCreates(t *testing.T) {
 		var createErrs []error
 		var mu sync.Mutex
 		done := make(chan struct{})
+		// Each reservation created nudges the placers, and each round a
+		// placer finishes is announced on rounds: they race the creators
+		// and each other, paced by the work, not by a ticker.
+		nudge := make(chan struct{}, 1)
+		rounds := make(chan struct{}, 1)
+		poke := func(ch chan struct{}) {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
 		var placers sync.WaitGroup
 		for i := range 2 {
 			p := placer.New(placer.Config{}, st, nil)
 			placers.Go(func() {
-				tick := time.NewTicker(5 * time.Millisecond)
-				defer tick.Stop()
 				for {
 					select {
 					case <-done:
 						return
-					case <-tick.C:
+					case <-nudge:
 					}
 					if _, err := p.PlacePool(ctx, st, pool.ID); err != nil && !strings.Contains(err.Error(), "conflict") {
 						// A conflict rolls the round back (PostgreSQL's
@@ -200,6 +209,7 @@ func TestConcurrentCreates(t *testing.T) {
 						// next round tries again.
 						t.Logf("placer %d: %v", i, err)
 					}
+					poke(rounds)
 				}
 			})
 		}
@@ -230,6 +240,7 @@ func TestConcurrentCreates(t *testing.T) {
 					return
 				}
 				created.Store(r.Id, req)
+				poke(nudge)
 			})
 		}
 		wg.Wait()
@@ -237,7 +248,8 @@ func TestConcurrentCreates(t *testing.T) {
 			t.Fatalf("%d reservations.create calls failed, the first: %v", len(createErrs), createErrs[0])
 		}
 		// Until nothing is pending.
-		deadline := time.Now().Add(60 * time.Second)
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
 		for {
 			open, err := st.ReservationsOpen(ctx, []string{pool.ID})
 			if err != nil {
@@ -246,10 +258,12 @@ func TestConcurrentCreates(t *testing.T) {
 			if !slices.ContainsFunc(open, func(r *store.Reservation) bool { return r.State == store.ReservationPending }) {
 				break
 			}
-			if time.Now().After(deadline) {
+			poke(nudge)
+			select {
+			case <-rounds:
+			case <-wctx.Done():
 				t.Fatal("reservations still pending after 60 s")
 			}
-			time.Sleep(10 * time.Millisecond) // the placers' loops run without pause; this only polls their result
 		}
 		close(done)
 		placers.Wait()
