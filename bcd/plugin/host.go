@@ -68,11 +68,6 @@ type Config struct {
 	// longer counts as a failure in a row: its next restart waits
 	// MinBackoff again. Defaults to 1 min.
 	StableAfter time.Duration
-	// OnExit, when set, is called when a plugin process exits unexpectedly
-	// (crashed, killed, or stopped for not answering), with the plugin's
-	// name and what happened, so bcd can report a "plugin.crashed" event. It
-	// runs on its own goroutine.
-	OnExit func(name, reason string)
 	// Logger receives the host's records and the plugins' own log lines,
 	// secrets scrubbed. Defaults to discarding them.
 	Logger *slog.Logger

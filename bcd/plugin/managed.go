@@ -202,9 +202,6 @@ func (m *managed) exitedLocked(inst *instance) {
 	if m.h.clock.Now().Sub(inst.startedAt) >= m.h.cfg.StableAfter {
 		m.failures = 0
 	}
-	if f := m.h.cfg.OnExit; f != nil {
-		go f(m.name, why)
-	}
 	m.failedLocked(why)
 }
 

@@ -386,9 +386,6 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 			kind = "unknown" // dispatched by another gateway, or before a restart
 		}
 		g.cfg.Metrics.CommandFinished(kind, f.state)
-		if g.cfg.OnCommandFinished != nil {
-			g.cfg.OnCommandFinished(f.state)
-		}
 	}
 	return nil
 }

@@ -250,9 +250,6 @@ type Config struct {
 	// /readyz reports one that keeps failing (internal/accept). Defaults
 	// to a watch of the gateway's own, logging to its logger.
 	Listeners *accept.Watch
-	// OnCommandFinished, when set, is told the state of each terminal
-	// result written (metrics).
-	OnCommandFinished func(state string)
 }
 
 func (c *Config) defaults() {

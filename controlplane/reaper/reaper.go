@@ -41,8 +41,6 @@ type Config struct {
 	// PruneAfter is how long a dead gateway's row and lease are kept, for
 	// doctor and the fleet page to show. Defaults to 24 h.
 	PruneAfter time.Duration
-	// OnReap, when set, is called after each pass that changed something.
-	OnReap func(*store.GatewayReapResult)
 	// Clock times the passes and the lease; leases' expiry is judged in the
 	// store, by the database's clock. Defaults to the system clock.
 	Clock clock.Clock
@@ -94,9 +92,6 @@ func (r *Reaper) reap(ctx context.Context, fence store.Fence) error {
 	}
 	if res.Sessions > 0 || len(res.Pruned) > 0 {
 		r.log.InfoContext(ctx, "Reaped dead gateways", "dead", res.Dead, "sessions", res.Sessions, "pruned", res.Pruned)
-		if r.cfg.OnReap != nil {
-			r.cfg.OnReap(res)
-		}
 	}
 	return nil
 }

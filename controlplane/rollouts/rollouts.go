@@ -76,9 +76,6 @@ type Config struct {
 	Now func() time.Time
 	// Waker, when set, wakes the gateways of nodes given a command.
 	Waker Waker
-	// OnStep, when set, is called after each step that wrote something
-	// (tests and the benchmark watch progress with it).
-	OnStep func(rolloutID string)
 	// Gate is the waves' health gate's thresholds (rollouts.healthGate;
 	// zero fields: package healthgate's defaults).
 	Gate healthgate.Params
@@ -190,9 +187,6 @@ func (r *Reconciler) Step(ctx context.Context, ro *store.Rollout, fence store.Fe
 	}
 	if r.cfg.Waker != nil && len(p.woken) > 0 {
 		r.cfg.Waker.Wake(ctx, p.woken)
-	}
-	if r.cfg.OnStep != nil {
-		r.cfg.OnStep(ro.ID)
 	}
 	return nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -145,11 +146,11 @@ func run(n int, db string, samples, rounds int) error {
 	bus := wake.NewBus(nil)
 	wakeups, _ := bus.Subscribe()
 	var withWake bool
-	var finished atomic.Int64
+	m := &countFinished{Metrics: metrics.New(metrics.Config{}, st)}
+	finished := &m.finished // an *atomic.Int64
 	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, MaxStreams: n + 100,
 		HandshakeRate: 2000, HandshakeBurst: 200, MaxConnectingPerSource: 256, MaxQueuedPerSource: 4096,
-		JoinRate: 1e6, JoinBurst: 100000, Wakeups: wakeups,
-		OnCommandFinished: func(string) { finished.Add(1) }}, st, bundle, log)
+		JoinRate: 1e6, JoinBurst: 100000, Wakeups: wakeups, Metrics: m}, st, bundle, log)
 	if err != nil {
 		return err
 	}
@@ -201,7 +202,7 @@ func run(n int, db string, samples, rounds int) error {
 		fmt.Printf("dispatch latency %s: p50 %v, p99 %v (%d samples)\n", mode, pct(lat, 50), pct(lat, 99), len(lat))
 	}
 	withWake = true
-	rate, err := throughput(ctx, c, &finished, nodes, rounds)
+	rate, err := throughput(ctx, c, finished, nodes, rounds)
 	if err != nil {
 		return err
 	}
@@ -290,4 +291,15 @@ func pct(d []time.Duration, p int) time.Duration {
 		i = len(s) - 1
 	}
 	return s[i].Round(10 * time.Microsecond)
+}
+
+// countFinished is the gateway's metrics, counting the commands it saw end.
+type countFinished struct {
+	*metrics.Metrics
+	finished atomic.Int64
+}
+
+func (c *countFinished) CommandFinished(kind, state string) {
+	c.finished.Add(1)
+	c.Metrics.CommandFinished(kind, state)
 }
