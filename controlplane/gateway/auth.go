@@ -54,7 +54,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 	if !ok || len(info.State.PeerCertificates) == 0 {
 		return nil, status.Error(codes.Unauthenticated, "a node client certificate is required: join the machine first (bcd join)")
 	}
-	now := g.cfg.Now()
+	now := g.cfg.Clock.Now()
 	nodeID, serial, err := g.verifier.Verify(info.State.PeerCertificates, now)
 	switch leaf := info.State.PeerCertificates[0]; {
 	case errors.Is(err, pki.ErrExpired) && now.Before(leaf.NotBefore):

@@ -103,7 +103,7 @@ func (j *joinService) Challenge(ctx context.Context, _ *sessionv1.ChallengeReque
 	if err != nil {
 		return nil, status.Error(codes.FailedPrecondition, "challenge needs TLS 1.3 keying material on this connection")
 	}
-	now := j.g.cfg.Now()
+	now := j.g.cfg.Clock.Now()
 	return &sessionv1.ChallengeResponse{
 		Nonce:      j.g.nonces.mint(now, ekm),
 		ServerTime: timestamppb.New(now),
@@ -132,7 +132,7 @@ func (g *Gateway) verifyProof(p *sessionv1.KeyProof, purpose keyproof.Purpose, e
 	invalid := func(format string, args ...any) error {
 		return refusal(codes.Unauthenticated, sessionv1.IdentityRefusal_PROOF_INVALID, "key proof refused: "+fmt.Sprintf(format, args...))
 	}
-	if err := g.nonces.check(p.GetNonce(), g.cfg.Now(), ekm); err != nil {
+	if err := g.nonces.check(p.GetNonce(), g.cfg.Clock.Now(), ekm); err != nil {
 		return nil, invalid("%v: ask for a new challenge on this connection", err)
 	}
 	ders := p.GetCertificateChain()

@@ -92,13 +92,11 @@ func (g *Gateway) Wake() {
 
 // dispatchLoop runs dispatch rounds until ctx ends.
 func (g *Gateway) dispatchLoop(ctx context.Context) {
-	tick := time.NewTicker(g.cfg.DispatchInterval)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-g.cfg.Clock.After(g.cfg.DispatchInterval):
 		case <-g.dispatch.wake:
 		case <-g.cfg.Wakeups:
 			g.cfg.Metrics.Wakeup(g.cfg.ID, WakeBus)
@@ -174,7 +172,7 @@ func (g *Gateway) sendCommand(ctx context.Context, c *store.Command) bool {
 	if err := g.Send(c.NodeID, msg); err != nil {
 		return false
 	}
-	since := g.cfg.Now().Sub(c.CreatedAt)
+	since := g.cfg.Clock.Now().Sub(c.CreatedAt)
 	g.cfg.Metrics.DispatchLatency(since)
 	g.dispatch.mu.Lock()
 	if len(g.dispatch.kinds) < maxKinds {
@@ -302,11 +300,11 @@ func (g *Gateway) resultLoop(ctx context.Context) {
 // (renewLease) fences the retry. The sessions' updates wait meanwhile
 // (queueUpdate blocks), which slows the nodes' streams, not the gateway.
 func (g *Gateway) writeUpdatesRetrying(ctx context.Context, batch []nodeUpdate) error {
-	deadline := g.cfg.Now().Add(g.cfg.ResultRetryFor)
+	deadline := g.cfg.Clock.Now().Add(g.cfg.ResultRetryFor)
 	backoff := 100 * time.Millisecond
 	for try := 1; ; try++ {
 		err := g.writeUpdates(ctx, batch)
-		if err == nil || ctx.Err() != nil || !g.cfg.Now().Before(deadline) {
+		if err == nil || ctx.Err() != nil || !g.cfg.Clock.Now().Before(deadline) {
 			if err == nil && try > 1 {
 				g.log.InfoContext(ctx, "Command updates written after retries", "updates", len(batch), "tries", try)
 			}
@@ -314,13 +312,11 @@ func (g *Gateway) writeUpdatesRetrying(ctx context.Context, batch []nodeUpdate) 
 		}
 		wait := backoff/2 + rand.N(backoff)
 		g.log.WarnContext(ctx, "Command updates not written; retrying", "updates", len(batch), "try", try, "retry_in", wait, logkey.Err, err)
-		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			// Shutting down: one last try, as the loop's final flush does.
 			return g.writeUpdates(context.WithoutCancel(ctx), batch)
-		case <-t.C:
+		case <-g.cfg.Clock.After(wait):
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}

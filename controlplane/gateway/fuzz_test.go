@@ -162,7 +162,7 @@ func FuzzReattestRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	nonce := g.nonces.mint(g.cfg.Now(), ekm)
+	nonce := g.nonces.mint(g.cfg.Clock.Now(), ekm)
 	sig, err := keyproof.Sign(key, keyproof.PurposeReattest, nonce, ekm)
 	if err != nil {
 		f.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -215,8 +216,12 @@ type Config struct {
 	// API (control.Server.Address), written to the gateways row so the api
 	// can call this gateway. Empty: none is served.
 	InternalAddress string
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
+	// Clock is the gateway's clock: its loops (dispatch, results'
+	// retries, flush, lease, revocation feed, inventory) wait on it and
+	// everything it stamps reads it. Defaults to the system clock; tests
+	// pass a fake one (controlplane/internal/clocktest). Connection
+	// timeouts (hello, handshake, shutdown grace) stay on the real clock.
+	Clock clock.Clock
 
 	// Wakeups, when set, asks for a dispatch round on every receive (the
 	// API's wake-ups after it commits commands).
@@ -288,9 +293,7 @@ func (c *Config) defaults() {
 	if c.Capabilities == nil {
 		c.Capabilities = DefaultCapabilities
 	}
-	if c.Now == nil {
-		c.Now = time.Now
-	}
+	c.Clock = clock.Or(c.Clock)
 }
 
 func (c *Config) validate() error {
@@ -393,7 +396,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		cfg.Listeners = accept.NewWatch(accept.Config{Log: log, Metrics: m})
 	}
 	verifier := bundle.NodeVerifier()
-	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, ReattestGrace: cfg.ReattestGrace, Now: cfg.Now}, st, bundle, log)
+	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, ReattestGrace: cfg.ReattestGrace, Now: cfg.Clock.Now}, st, bundle, log)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -425,7 +428,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		GetCertificate: certs.GetCertificate,
 		ClientAuth:     tls.VerifyClientCertIfGiven,
 		ClientCAs:      roots,
-		Time:           cfg.Now,
+		Time:           cfg.Clock.Now,
 	}
 	g.server = grpc.NewServer(
 		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log, cfg.Metrics, cfg.ID)),

@@ -116,7 +116,7 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 	case *sessionv1.NodeMessage_CommandUpdate:
 		g.queueUpdate(ctx, s.nodeID, b.CommandUpdate)
 	case *sessionv1.NodeMessage_Heartbeat:
-		now := g.cfg.Now()
+		now := g.cfg.Clock.Now()
 		if !s.lastBeat.IsZero() {
 			g.cfg.Metrics.HeartbeatReceived(g.cfg.ID, now.Sub(s.lastBeat), g.cfg.HeartbeatInterval)
 		}
@@ -152,7 +152,7 @@ func (g *Gateway) inventory(ctx context.Context, s *session, inv *sessionv1.Inve
 		g.warnNode(ctx, s, "Inventory dropped: too many writes")
 		return
 	}
-	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest, gpus: gpusSeen(inv), at: g.cfg.Now().UTC()})
+	g.inventories.put(s.nodeID, inventoryWrite{doc: doc, digest: digest, gpus: gpusSeen(inv), at: g.cfg.Clock.Now().UTC()})
 	s.inventoryDigest = digest
 	g.checkGPUCount(ctx, s, inv)
 }
@@ -178,7 +178,7 @@ func (g *Gateway) checkGPUCount(ctx context.Context, s *session, inv *sessionv1.
 		}
 		return
 	}
-	missing := gpucount.Missing(inv, expected, g.cfg.Now().UTC())
+	missing := gpucount.Missing(inv, expected, g.cfg.Clock.Now().UTC())
 	if len(missing) == 0 {
 		s.missingSent = nil
 		return
@@ -188,7 +188,7 @@ func (g *Gateway) checkGPUCount(ctx context.Context, s *session, inv *sessionv1.
 			continue
 		}
 		ev := &store.Event{NodeID: s.nodeID, Kind: gpufinding.KindGPUMissing, Severity: "critical",
-			Message: f.GetEvidence().GetMessage(), Time: g.cfg.Now().UTC(), GPUFinding: f}
+			Message: f.GetEvidence().GetMessage(), Time: g.cfg.Clock.Now().UTC(), GPUFinding: f}
 		if _, err := g.store.EventInsert(ctx, ev); err != nil {
 			g.warnNode(ctx, s, "Event not stored", "kind", ev.Kind, logkey.Err, err)
 			continue
@@ -239,7 +239,7 @@ func (g *Gateway) event(ctx context.Context, s *session, e *sessionv1.Event) {
 		sev = "info"
 	}
 	ev := &store.Event{NodeID: s.nodeID, Kind: kind, Severity: sev, Message: clean(e.GetMessage(), maxEventMessage),
-		Time: g.cfg.Now().UTC()}
+		Time: g.cfg.Clock.Now().UTC()}
 	if gpuEvent(e) {
 		f := gpufinding.FromEvent(e)
 		if err := gpufinding.Check(f); err != nil {

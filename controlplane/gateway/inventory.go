@@ -90,8 +90,6 @@ type inventoryBatch = latest[inventoryWrite]
 // inventoryLoop stores the reported inventories every inventoryInterval,
 // and once more when ctx ends.
 func (g *Gateway) inventoryLoop(ctx context.Context) {
-	t := time.NewTicker(inventoryInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,7 +99,7 @@ func (g *Gateway) inventoryLoop(ctx context.Context) {
 				g.log.Warn("Inventories not stored at shutdown", logkey.Err, err)
 			}
 			return
-		case <-t.C:
+		case <-g.cfg.Clock.After(inventoryInterval):
 			if err := g.storeInventories(ctx); err != nil && ctx.Err() == nil {
 				g.log.WarnContext(ctx, "Inventories not stored; retrying", logkey.Err, err)
 			}

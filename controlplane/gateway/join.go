@@ -40,7 +40,7 @@ type joinService struct {
 func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*sessionv1.JoinResponse, error) {
 	g := j.g
 	source := peerIP(ctx)
-	if ok, wait := g.joins.allow(source, g.cfg.Now()); !ok {
+	if ok, wait := g.joins.allow(source, g.cfg.Clock.Now()); !ok {
 		return nil, g.joinRateLimited(ctx, source, wait)
 	}
 	f := req.GetFacts()
@@ -81,7 +81,7 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		SiteId:           adm.Site.ID,
 		SiteName:         adm.Site.Name,
 		Region:           adm.Site.Region,
-		ServerTime:       timestamppb.New(g.cfg.Now()),
+		ServerTime:       timestamppb.New(g.cfg.Clock.Now()),
 		Warnings:         adm.Warnings,
 		Rejoined:         adm.Rejoined,
 		Repeated:         adm.Repeated,
@@ -148,11 +148,11 @@ func (g *Gateway) regionGateways(ctx context.Context, region string) []string {
 	if region == g.cfg.Region {
 		urls = append(urls, g.publicURL)
 	}
-	gws, err := g.gateways.list(ctx, g.store, g.cfg.Now())
+	gws, err := g.gateways.list(ctx, g.store, g.cfg.Clock.Now())
 	if err != nil {
 		g.log.WarnContext(ctx, "Gateway list unavailable; answering from the last one read", logkey.Err, err, "gateways", len(gws))
 	}
-	live := g.cfg.Now().Add(-2 * g.cfg.LeaseTTL)
+	live := g.cfg.Clock.Now().Add(-2 * g.cfg.LeaseTTL)
 	for _, gw := range gws {
 		if gw.Region != region || gw.Draining || gw.HeartbeatAt.Before(live) || gw.Address == "" || slices.Contains(urls, gw.Address) {
 			continue
@@ -234,7 +234,7 @@ func (g *Gateway) renewResponse(cert *pki.Issued) *sessionv1.RenewResponse {
 		CertificateChain: [][]byte{cert.CertDER},
 		NodeCaRoots:      g.rootsDER(),
 		RenewAfter:       timestamppb.New(cert.RenewAfter),
-		ServerTime:       timestamppb.New(g.cfg.Now()),
+		ServerTime:       timestamppb.New(g.cfg.Clock.Now()),
 		ReattestGrace:    durationpb.New(g.cfg.ReattestGrace),
 	}
 }

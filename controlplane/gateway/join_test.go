@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -50,9 +51,9 @@ func TestJoinGatewayListCached(t *testing.T) {
 		st := &listCounting{Store: b.open(t)}
 		e := newEnv(t, st)
 		// g1's clock stands still until the test moves it.
-		var clock atomic.Int64
-		clock.Store(time.Now().UnixNano())
-		g1 := e.start(func(c *Config) { c.Now = func() time.Time { return time.Unix(0, clock.Load()) } })
+		var frozen atomic.Int64
+		frozen.Store(time.Now().UnixNano())
+		g1 := e.start(func(c *Config) { c.Clock = clock.Reading(func() time.Time { return time.Unix(0, frozen.Load()) }) })
 		gateways := func(hostname string) []string { return e.join(g1, hostname, "").resp.Gateways }
 		base := st.lists.Load()
 		if got := gateways("gpu-60"); !slices.Equal(got, []string{g1.PublicURL()}) {
@@ -68,7 +69,7 @@ func TestJoinGatewayListCached(t *testing.T) {
 		if reads := st.lists.Load() - base; reads != 1 {
 			t.Fatalf("6 joins within a second read the gateways table %d times, want 1", reads)
 		}
-		clock.Add(int64(gatewayListMaxAge))
+		frozen.Add(int64(gatewayListMaxAge))
 		if got := gateways("gpu-62"); !slices.Equal(got, []string{g1.PublicURL(), g2.PublicURL()}) {
 			t.Fatalf("a second on: gateways = %v, want %s then %s", got, g1.PublicURL(), g2.PublicURL())
 		}
@@ -245,13 +246,15 @@ func TestReattest(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t, b.open(t))
 		var now atomic.Pointer[time.Time]
-		clock := func() time.Time {
-			if p := now.Load(); p != nil {
-				return *p
-			}
-			return time.Now()
-		}
-		g := e.start(func(c *Config) { c.NodeCertTTL, c.ReattestGrace, c.Now = time.Hour, 6*time.Hour, clock })
+		g := e.start(func(c *Config) {
+			c.NodeCertTTL, c.ReattestGrace = time.Hour, 6*time.Hour
+			c.Clock = clock.Reading(func() time.Time {
+				if p := now.Load(); p != nil {
+					return *p
+				}
+				return time.Now()
+			})
+		})
 		n := e.join(g, "gpu-07", "")
 		leaf, _ := x509.ParseCertificate(n.resp.CertificateChain[0])
 		// Three certificate lives later.

@@ -77,13 +77,11 @@ const readbackEvery = 3
 
 // flushLoop writes heartbeats and ended sessions every FlushInterval.
 func (g *Gateway) flushLoop(ctx context.Context) {
-	t := time.NewTicker(g.cfg.FlushInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-g.cfg.Clock.After(g.cfg.FlushInterval):
 			if err := g.flush(ctx, true); err != nil && ctx.Err() == nil {
 				g.log.WarnContext(ctx, "Heartbeat write failed; retrying at the next flush", logkey.Err, err)
 			}
@@ -189,13 +187,11 @@ func (g *Gateway) acquireLease(ctx context.Context) error {
 
 // leaseLoop renews the lease and refreshes the gateways row.
 func (g *Gateway) leaseLoop(ctx context.Context) {
-	t := time.NewTicker(g.cfg.LeaseRenewInterval)
-	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-g.cfg.Clock.After(g.cfg.LeaseRenewInterval):
 		}
 		g.renewLease(ctx)
 		row, err := g.upsertRow(ctx)

@@ -32,7 +32,7 @@ type nodeNotes map[string]*note
 // about it was written less than NodeLogInterval ago; the lines dropped
 // meanwhile are counted in the next one's "dropped" attribute.
 func (g *Gateway) warnNode(ctx context.Context, s *session, msg string, args ...any) {
-	now := g.cfg.Now()
+	now := g.cfg.Clock.Now()
 	if s.notes == nil {
 		s.notes = nodeNotes{}
 	}

@@ -7,12 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 )
 
 func TestWarnNodeOncePerIntervalWithCount(t *testing.T) {
 	var buf bytes.Buffer
-	now := time.Unix(1000, 0)
-	g := &Gateway{cfg: Config{Now: func() time.Time { return now }, NodeLogInterval: time.Minute},
+	clk := clocktest.New(time.Unix(1000, 0))
+	g := &Gateway{cfg: Config{Clock: clk, NodeLogInterval: time.Minute},
 		log: slog.New(slog.NewTextHandler(&buf, nil))}
 	s := &session{nodeID: "node_a"}
 	ctx := context.Background()
@@ -20,7 +22,7 @@ func TestWarnNodeOncePerIntervalWithCount(t *testing.T) {
 		g.warnNode(ctx, s, "Event dropped: too many writes", "kind", "x")
 		g.warnNode(ctx, s, "Inventory dropped: too many writes")
 	}
-	now = now.Add(time.Minute)
+	clk.Advance(time.Minute)
 	g.warnNode(ctx, s, "Event dropped: too many writes", "kind", "x")
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 3 {

@@ -21,14 +21,12 @@ const (
 
 // revocationLoop reads the revocation feed every RevocationPollInterval.
 func (g *Gateway) revocationLoop(ctx context.Context) {
-	since := g.cfg.Now().Add(-revocationLookback)
-	t := time.NewTicker(g.cfg.RevocationPollInterval)
-	defer t.Stop()
+	since := g.cfg.Clock.Now().Add(-revocationLookback)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-g.cfg.Clock.After(g.cfg.RevocationPollInterval):
 			since = g.applyRevocations(ctx, since)
 		case <-g.revokeNow:
 			since = g.applyRevocations(ctx, since)

@@ -174,7 +174,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 	err = s.welcome(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Welcome{Welcome: &sessionv1.Welcome{
 		SessionId:         s.id,
 		HeartbeatInterval: durationpb.New(g.cfg.HeartbeatInterval),
-		ServerTime:        timestamppb.New(g.cfg.Now()),
+		ServerTime:        timestamppb.New(g.cfg.Clock.Now()),
 		Capabilities:      h.capabilities,
 		NodeId:            s.nodeID,
 		GatewayId:         g.cfg.ID,

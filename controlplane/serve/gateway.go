@@ -10,6 +10,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
+	"github.com/better-compute/better-compute/controlplane/internal/clock"
 	"github.com/better-compute/better-compute/controlplane/metrics"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -66,7 +67,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		m.WatchCertificate(metrics.CertKindInternal, "server", cfg.Host.Gateway.Internal.TLSFiles.Cert)
 	}
 	gw, err := gateway.New(gateway.Config{
-		Now:                    opts.Now,
+		Clock:                  clock.Reading(opts.Now),
 		Listen:                 gc.Listen,
 		PublicURL:              gc.PublicURL,
 		Region:                 gc.Region,

@@ -34,3 +34,18 @@ func Or(c Clock) Clock {
 	}
 	return c
 }
+
+// Reading returns a Clock whose Now is now and whose After waits on the
+// system clock: a process's wall clock read through a function (serve's
+// Options.Now, which a test build shifts), with real waits.
+func Reading(now func() time.Time) Clock {
+	if now == nil {
+		return System
+	}
+	return reading(now)
+}
+
+type reading func() time.Time
+
+func (r reading) Now() time.Time                       { return r() }
+func (reading) After(d time.Duration) <-chan time.Time { return time.After(d) }
