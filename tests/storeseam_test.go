@@ -276,8 +276,8 @@ func TestStoreSeamWholeStore(t *testing.T) {
 // callback gets the whole store).
 func TestStoreSeamNarrowTx(t *testing.T) {
 	f := seamCheckModule(t)
-	if f.instantiations < 40 {
-		t.Errorf("found %d calls of store.InTx/InFencedTx, want the production code's 40 or more: is the walk blind?", f.instantiations)
+	if f.instantiations < 30 {
+		t.Errorf("found %d calls of store.InTx/InFencedTx, want 30 or more (the production code had 40 when this check was written): is the walk blind?", f.instantiations)
 	}
 	reportSeam(t, f, "wide-tx")
 	for name := range wideTxAllowed {
