@@ -77,11 +77,48 @@ const (
 	MaxLabelValueLen = 253
 )
 
-// Store is what admission reads and writes. Tx hands the transaction the
-// whole store.
+// Store is what admission reads and writes. Its transactions receive the
+// small interface of what they touch (joinTx, renewTx).
 type Store interface {
-	Tx(ctx context.Context, fn func(store.Store) error) error
+	store.Transactor
 	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+}
+
+// joinTx is what a join's transaction touches: the join token, the pool
+// and site, the node and its certificate's revocations, and the audit row.
+type joinTx interface {
+	JoinTokenConsume(ctx context.Context, id string, secretHash []byte, now *time.Time) (*store.JoinToken, error)
+	JoinTokenCheck(ctx context.Context, id string, secretHash []byte, now *time.Time) (*store.JoinToken, error)
+	PoolGet(ctx context.Context, idOrName string) (*store.Pool, error)
+	SiteGet(ctx context.Context, idOrName string) (*store.Site, error)
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeFindByJoinKey(ctx context.Context, tokenID, keySHA256 string) (*store.Node, error)
+	NodeFindByHostname(ctx context.Context, poolID, hostname string) (*store.Node, error)
+	NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error)
+	NodeSetCertificate(ctx context.Context, p *store.NodeSetCertificateParams) error
+	RevocationInsert(ctx context.Context, r *store.Revocation) error
+	RevocationCheck(ctx context.Context, serial string) (bool, error)
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+}
+
+// renewTx is what a renewal's or a re-attestation's transaction touches:
+// the node's certificate and the audit row.
+type renewTx interface {
+	NodeSetCertificate(ctx context.Context, p *store.NodeSetCertificateParams) error
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+}
+
+// proofTx is what checking a proven key reads (provenNode).
+type proofTx interface {
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	RevocationCheck(ctx context.Context, serial string) (bool, error)
+}
+
+// reattestTx is what a re-attestation's transaction touches: the proof's
+// node and revocations, its new certificate and the audit row.
+type reattestTx interface {
+	renewTx
+	proofTx
 }
 
 // Config configures an Admitter.
@@ -253,7 +290,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 	}
 
 	adm := &Admission{}
-	err = a.store.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, a.store, func(tx joinTx) error {
 		// A repeated Join (same token, same key: a lost reply) answers
 		// with the node it made and uses nothing (DESIGN.md, "Join is
 		// idempotent per key").
@@ -358,7 +395,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 // machine was wiped: the old key is gone, so its certificate is revoked),
 // or the node whose current key the caller proved (never revoked: the
 // machine is the node). A mismatch refuses the join.
-func (a *Admitter) existing(ctx context.Context, tx store.Store, t *store.JoinToken, req *Request) (prev *store.Node, revoke bool, err error) {
+func (a *Admitter) existing(ctx context.Context, tx joinTx, t *store.JoinToken, req *Request) (prev *store.Node, revoke bool, err error) {
 	switch {
 	case t.NodeID != "":
 		prev, err = tx.NodeGet(ctx, t.NodeID)
@@ -376,7 +413,7 @@ func (a *Admitter) existing(ctx context.Context, tx store.Store, t *store.JoinTo
 // provenNode returns the node whose key p proves: it must exist, p's key
 // must be the key of its latest certificate, and neither that certificate
 // nor the proof's is revoked.
-func (a *Admitter) provenNode(ctx context.Context, tx store.Store, p *ProvenKey) (*store.Node, error) {
+func (a *Admitter) provenNode(ctx context.Context, tx proofTx, p *ProvenKey) (*store.Node, error) {
 	n, err := tx.NodeGet(ctx, p.NodeID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
@@ -407,7 +444,7 @@ func (a *Admitter) provenNode(ctx context.Context, tx store.Store, p *ProvenKey)
 // nodeRevoked reports whether n is revoked: its current certificate's
 // serial is (pki.revoke of the node or the serial; a node deleted is gone
 // altogether). A node a reinstall re-joined has a new, unrevoked serial.
-func nodeRevoked(ctx context.Context, tx store.Store, n *store.Node) (bool, error) {
+func nodeRevoked(ctx context.Context, tx joinTx, n *store.Node) (bool, error) {
 	if n.CertSerial == "" {
 		return false, nil
 	}
@@ -431,7 +468,7 @@ func revokedRefusal(nodeID, serial string) error {
 // node, a fresh certificate, no token use. The token must still be valid
 // (known secret, not revoked, within its TTL), and the node not revoked: a
 // revoked node never walks back in with its old token (ErrNodeRevoked).
-func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok jointoken.Token, n *store.Node,
+func (a *Admitter) repeat(ctx context.Context, tx joinTx, req *Request, tok jointoken.Token, n *store.Node,
 	opts pki.IssueOptions, adm *Admission, entry *store.AuditEntry, details *auditDetails) error {
 	if _, err := tx.JoinTokenCheck(ctx, tok.ID(), tok.SecretHash(), nil); err != nil {
 		if isTokenRefusal(err) {

@@ -51,7 +51,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 		return nil, err
 	}
 	details.Serial = cert.Serial
-	err = a.store.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, a.store, func(tx renewTx) error {
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
 			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
 		})
@@ -119,7 +119,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 		return nil, err
 	}
 	details.Serial = cert.Serial
-	err = a.store.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, a.store, func(tx reattestTx) error {
 		if _, err := a.provenNode(ctx, tx, &p); err != nil {
 			return err
 		}

@@ -429,7 +429,7 @@ func (s *Server) nodesCordon(cordon bool) func(context.Context, *iam.Principal, 
 		if err != nil {
 			return nil, err
 		}
-		err = s.store.Tx(ctx, func(tx store.Store) error {
+		err = store.InTx(ctx, s.store, func(tx cordonTx) error {
 			if err := tx.NodeSetCordoned(ctx, n.ID, cordon); err != nil || cordon {
 				return err
 			}
@@ -482,7 +482,7 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, s.store, func(tx drainTx) error {
 		// A reserved node is drained after its reservation, not during it
 		// (docs/reservations.md, "Disruptions").
 		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {
@@ -519,7 +519,7 @@ func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.Nod
 	if err != nil {
 		return nil, err
 	}
-	err = s.store.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, s.store, func(tx deleteTx) error {
 		// A node holding capacity for someone is not deleted under them:
 		// the reservation would stay active holding nothing.
 		if res, err := tx.NodeReservedNow(ctx, n.ID, nil); err != nil {

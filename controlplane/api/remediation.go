@@ -130,7 +130,7 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 		return nil, invalid("resetGpu", "give at most one of resetGpu (--reset-gpu), reboot (--reboot) and force (--force)")
 	}
 	var out *store.Remediation
-	err := s.store.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, s.store, func(tx returnTx) error {
 		c, err := tx.RemediationGet(ctx, r.GetId())
 		if err != nil {
 			return remediationNotFound(err, r.GetId())
@@ -185,7 +185,7 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 // one that reads failed or degraded, or reboot), its hold moved to
 // draining, and the reconciler carries it out, verifies it and returns the
 // node (docs/remediation.md, "A return that checks").
-func (s *Server) returnWithRepair(ctx context.Context, tx store.Store, c *store.Remediation, r *apiv1.ReturnRemediationRequest,
+func (s *Server) returnWithRepair(ctx context.Context, tx returnTx, c *store.Remediation, r *apiv1.ReturnRemediationRequest,
 	bad, actor string, out **store.Remediation) error {
 	switch c.State {
 	case store.RemediationDraining, store.RemediationRemediating, store.RemediationVerifying:

@@ -94,7 +94,7 @@ func gpuOf(n *store.Node, gpu string) (string, error) {
 func (s *Server) order(ctx context.Context, p *iam.Principal, n *store.Node, action, uuid, note string) (*apiv1.NodeRepairResponse, error) {
 	actor := "token:" + p.TokenID
 	var out *store.Remediation
-	err := s.store.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, s.store, func(tx orderTx) error {
 		switch open, err := tx.RemediationOpenFor(ctx, n.ID); {
 		case err == nil:
 			return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s has open remediation %s (%s): "+
@@ -130,7 +130,7 @@ func (s *Server) order(ctx context.Context, p *iam.Principal, n *store.Node, act
 // admitOrdered takes the disruption hold of ordered case c (reason
 // draining, owner remediation:<case>): CONFLICT, naming the count, when the
 // pool's budget is full or another owner holds the node.
-func admitOrdered(ctx context.Context, tx store.Store, c *store.Remediation) error {
+func admitOrdered(ctx context.Context, tx admitTx, c *store.Remediation) error {
 	a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionDraining,
 		Owner: store.RemediationOwner(c.ID)})
 	if err != nil {

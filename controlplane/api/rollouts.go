@@ -254,7 +254,7 @@ func (s *Server) rolloutsAction(verb, state string, from ...string) func(context
 		if state == store.RolloutAborted {
 			u.Reason = cmpOr(r.GetReason(), "aborted by "+actor)
 		}
-		err = s.store.Tx(ctx, func(tx store.Store) error {
+		err = store.InTx(ctx, s.store, func(tx rolloutStopTx) error {
 			var err error
 			if ro, err = tx.RolloutUpdate(ctx, u); err != nil {
 				return err

@@ -154,10 +154,40 @@ type Config struct {
 	BodyReadTimeout time.Duration
 }
 
+// Store is what the API reads and writes: most of the storage seam,
+// composed of its domain interfaces. Its transactions (store.InTx) receive
+// the small interfaces of tx.go, never the whole store.
+type Store interface {
+	store.Transactor
+	Ping(ctx context.Context) error
+	store.Migrator
+	store.SiteStore
+	store.PoolStore
+	store.NodeStore
+	store.JoinTokenStore
+	store.GatewayStore
+	store.TunnelStore
+	store.SessionStore
+	store.ProcessStore
+	store.CommandStore
+	store.OutboxStore
+	store.DeadLetterStore
+	store.EventStore
+	store.AuditStore
+	store.PKIStore
+	store.APITokenStore
+	store.SecretStore
+	store.DisruptionStore
+	store.ReservationStore
+	store.RemediationStore
+	store.RolloutStore
+	store.GPUStore
+}
+
 // Server serves the HTTP API.
 type Server struct {
 	cfg     Config
-	store   store.Store
+	store   Store
 	auth    *iam.Authenticator
 	waker   Waker
 	log     *slog.Logger
@@ -201,7 +231,7 @@ type Server struct {
 
 // New returns a Server on st (the API uses most of the storage seam); call
 // Run to serve.
-func New(cfg Config, st store.Store, log *slog.Logger) *Server {
+func New(cfg Config, st Store, log *slog.Logger) *Server {
 	cfg.Listen = cmp.Or(cfg.Listen, "0.0.0.0:3000")
 	cfg.BasePath = cmp.Or(cfg.BasePath, "/api")
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, 5*time.Second)

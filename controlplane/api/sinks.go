@@ -110,7 +110,7 @@ func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.Rep
 	ids = slices.Compact(ids)
 	var n int64
 	var missing []string
-	err := s.store.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, s.store, func(tx replayTx) error {
 		var err error
 		if n, err = tx.DeadLetterReplay(ctx, sink, ids); err != nil || n == int64(len(ids)) {
 			return err

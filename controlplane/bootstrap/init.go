@@ -11,9 +11,16 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-// Transactor runs fn in one store transaction (store.Store's Tx).
-type Transactor interface {
-	Tx(ctx context.Context, fn func(store.Store) error) error
+// Transactor runs fn in one store transaction (store.Transactor).
+type Transactor = store.Transactor
+
+// InitTx is what pki init's transaction touches: the bundle, the first
+// admin token and the audit row that record writes.
+type InitTx interface {
+	Store
+	iam.TokenCreator
+	APITokenList(ctx context.Context, p *store.ListParams) ([]*store.APIToken, error)
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
 }
 
 // Initialised is what InitDeployment made.
@@ -39,9 +46,9 @@ type Initialised struct {
 // database holds no API token: an earlier pki init stopped between the two
 // (builds before this transaction wrote them apart), and this run
 // completes it, making the admin token only (Completed).
-func InitDeployment(ctx context.Context, st Transactor, secret, trustDomain string, record func(ctx context.Context, tx store.Store) error) (*Initialised, error) {
+func InitDeployment(ctx context.Context, st Transactor, secret, trustDomain string, record func(ctx context.Context, tx InitTx) error) (*Initialised, error) {
 	var out *Initialised
-	err := st.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, st, func(tx InitTx) error {
 		out = &Initialised{}
 		existing, err := tx.PKIBundleGet(ctx)
 		switch {

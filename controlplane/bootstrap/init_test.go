@@ -49,8 +49,8 @@ func initStores(t *testing.T) map[string]func(t *testing.T) store.Store {
 	}
 }
 
-func audited(calls *int) func(ctx context.Context, tx store.Store) error {
-	return func(ctx context.Context, tx store.Store) error {
+func audited(calls *int) func(ctx context.Context, tx bootstrap.InitTx) error {
+	return func(ctx context.Context, tx bootstrap.InitTx) error {
 		*calls++
 		_, err := tx.AuditInsert(ctx, &store.AuditEntry{Actor: "test", Action: "pki.init", Resource: "pki", Outcome: "success", Details: []byte(`{"trustDomain":"compute.example.com"}`)})
 		return err

@@ -171,7 +171,14 @@ func Summary(s *sessionv1.DriftSignal) string {
 type Store interface {
 	NodeSummaries(ctx context.Context, p *store.ListParams) ([]*store.Node, error)
 	NodeInventories(ctx context.Context, ids []string) (map[string][]byte, error)
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
+}
+
+// driftTx is what a round's transaction touches: the drift label and its
+// events.
+type driftTx interface {
+	NodeSetLabel(ctx context.Context, id, key, value string) error
+	EventInsert(ctx context.Context, e *store.Event) (int64, error)
 }
 
 // Metrics receives each round's count of drifting nodes per pool (every
@@ -292,7 +299,7 @@ func (j *Job) Round(ctx context.Context, fence store.Fence, now time.Time) (map[
 	if len(changes) == 0 {
 		return drifting, nil
 	}
-	err = st.FencedTx(ctx, fence, func(tx store.Store) error {
+	err = store.InFencedTx(ctx, st, fence, func(tx driftTx) error {
 		for _, c := range changes {
 			if c.finding == nil {
 				if err := tx.NodeSetLabel(ctx, c.node.ID, Label, ""); err != nil {

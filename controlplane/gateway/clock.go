@@ -97,6 +97,13 @@ func (k *skewSeen) max(sessions *registry) time.Duration {
 	return worst
 }
 
+// skewTx is what storing clock skews touches.
+type skewTx interface {
+	NodeSetClockSkew(ctx context.Context, id string, skew time.Duration, now *time.Time) error
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeSetState(ctx context.Context, id, state string) error
+}
+
 // storeSkews writes the pending clock skews in one transaction, in node id
 // order; a node deleted meanwhile is skipped. A ready node whose skew is
 // past ClockSkewLimit either way becomes clock-skewed (an event says so),
@@ -107,7 +114,7 @@ func (g *Gateway) storeSkews(ctx context.Context) error {
 	if len(m) == 0 {
 		return nil
 	}
-	err := g.store.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, g.store, func(tx skewTx) error {
 		for _, id := range slices.Sorted(maps.Keys(m)) {
 			w := m[id]
 			err := tx.NodeSetClockSkew(ctx, id, w.skew, &w.at)
@@ -130,7 +137,7 @@ func (g *Gateway) storeSkews(ctx context.Context) error {
 }
 
 // judgeSkew moves node id between ready and clock-skewed by its skew.
-func (g *Gateway) judgeSkew(ctx context.Context, tx store.Store, id string, skew time.Duration) error {
+func (g *Gateway) judgeSkew(ctx context.Context, tx skewTx, id string, skew time.Duration) error {
 	n, err := tx.NodeGet(ctx, id)
 	if err != nil {
 		return err

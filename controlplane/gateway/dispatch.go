@@ -41,6 +41,20 @@ type dispatchStore interface {
 	CommandSetState(ctx context.Context, p *store.CommandSetStateParams) (bool, error)
 }
 
+// claimTx is what a dispatch round's claim touches.
+type claimTx interface {
+	CommandClaim(ctx context.Context, p *store.CommandClaimParams) ([]*store.Command, error)
+	CommandSetState(ctx context.Context, p *store.CommandSetStateParams) (ok bool, err error)
+}
+
+// updateTx is what writing a batch of nodes' command updates touches.
+type updateTx interface {
+	CommandSetState(ctx context.Context, p *store.CommandSetStateParams) (ok bool, err error)
+	CommandAppendOutput(ctx context.Context, p *store.CommandOutputChunk) (kept int, err error)
+	CommandFinish(ctx context.Context, p *store.CommandFinishParams) (ok bool, err error)
+	NodeSetState(ctx context.Context, id, state string) error
+}
+
 // nodeUpdate is a command update with the node that sent it.
 type nodeUpdate struct {
 	nodeID string
@@ -118,7 +132,7 @@ func (g *Gateway) dispatchRound(ctx context.Context) error {
 	}
 	for {
 		claimed := 0
-		err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+		err := store.InFencedTx(ctx, g.store, *g.fence.Load(), func(tx claimTx) error {
 			cmds, err := tx.CommandClaim(ctx, &store.CommandClaimParams{GatewayID: g.cfg.ID, Limit: g.cfg.DispatchBatch})
 			if err != nil {
 				return err
@@ -349,7 +363,7 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 	}
 	type done struct{ id, state string }
 	var finished []done
-	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+	err := store.InFencedTx(ctx, g.store, *g.fence.Load(), func(tx updateTx) error {
 		finished = finished[:0]
 		for _, nu := range batch {
 			u := nu.update
@@ -388,7 +402,7 @@ func (g *Gateway) writeUpdates(ctx context.Context, batch []nodeUpdate) error {
 
 // applyUpdate writes one update of nodeID; it returns the terminal state
 // when the update finished the command.
-func applyUpdate(ctx context.Context, tx store.Store, nodeID string, u *sessionv1.CommandUpdate) (string, error) {
+func applyUpdate(ctx context.Context, tx updateTx, nodeID string, u *sessionv1.CommandUpdate) (string, error) {
 	id := u.GetCommandId()
 	switch b := u.GetUpdate().(type) {
 	case *sessionv1.CommandUpdate_Accepted:

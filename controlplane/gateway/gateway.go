@@ -35,11 +35,13 @@ import (
 // offers in Hello.
 var DefaultCapabilities = sessionv1.Capabilities
 
-// Store is what the gateway reads and writes outside transactions; the
-// transactions it runs (Tx, FencedTx) get the whole store.
+// Store is what the gateway reads and writes outside transactions; each
+// transaction it runs (store.InTx, store.InFencedTx) receives the small
+// interface of what it touches (skewTx, claimTx, updateTx, inventoryTx,
+// livenessTx, openTx).
 type Store interface {
-	Tx(ctx context.Context, fn func(store.Store) error) error
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.Transactor
+	store.FencedTransactor
 	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
 	LeaseAcquire(ctx context.Context, p *store.LeaseAcquireParams) (*store.Lease, bool, error)
 	LeaseRenew(ctx context.Context, p *store.LeaseRenewParams) (*store.Lease, bool, error)

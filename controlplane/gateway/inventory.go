@@ -107,6 +107,13 @@ func (g *Gateway) inventoryLoop(ctx context.Context) {
 	}
 }
 
+// inventoryTx is what storing a node's inventory touches: its row and its
+// GPUs' placements.
+type inventoryTx interface {
+	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	GPUPlacementsSet(ctx context.Context, p *store.GPUPlacementsSetParams) error
+}
+
 // storeInventories writes the pending inventories in one transaction, in
 // node id order; a node deleted meanwhile is skipped. When the transaction
 // fails, each is tried in one of its own, so that one the database refuses
@@ -120,7 +127,7 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 	ids := slices.Sorted(maps.Keys(m))
 	// write stores a node's inventory and its GPUs' placements, in the
 	// caller's transaction.
-	write := func(st store.Store, id string) error {
+	write := func(st inventoryTx, id string) error {
 		w := m[id]
 		if err := st.NodeSetInventory(ctx, id, w.doc, w.digest); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
@@ -135,7 +142,7 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 		}
 		return nil
 	}
-	err := g.store.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, g.store, func(tx inventoryTx) error {
 		for _, id := range ids {
 			if err := write(tx, id); err != nil {
 				return err
@@ -151,7 +158,7 @@ func (g *Gateway) storeInventories(ctx context.Context) error {
 	}
 	failed := map[string]inventoryWrite{}
 	for _, id := range ids {
-		if err := g.store.Tx(ctx, func(tx store.Store) error { return write(tx, id) }); err != nil {
+		if err := store.InTx(ctx, g.store, func(tx inventoryTx) error { return write(tx, id) }); err != nil {
 			w := m[id]
 			if w.attempts++; w.attempts < maxInventoryAttempts {
 				failed[id] = w

@@ -24,6 +24,13 @@ var supersededMessage = &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessag
 // carries, under the backends' limits on statement parameters.
 const heartbeatChunk = 5000
 
+// livenessTx is what a flush of heartbeats and ended sessions touches.
+type livenessTx interface {
+	SessionClose(ctx context.Context, nodeID, sessionID string) error
+	SessionHeartbeatBatch(ctx context.Context, gatewayID string, sessionIDs []string, now *time.Time) (int, error)
+	SessionIDs(ctx context.Context, gatewayID string) ([]string, error)
+}
+
 // pending is what waits for the next flush: sessions heard from, and
 // sessions ended whose rows are still to be removed.
 type pending struct {
@@ -129,7 +136,7 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 		slices.SortFunc(closes, func(a, b endedSession) int {
 			return cmp.Or(cmp.Compare(a.nodeID, b.nodeID), cmp.Compare(a.sessionID, b.sessionID))
 		})
-		write := func(tx store.Store) error {
+		write := func(tx livenessTx) error {
 			for _, c := range closes {
 				if err := tx.SessionClose(ctx, c.nodeID, c.sessionID); err != nil {
 					return err
@@ -148,9 +155,9 @@ func (g *Gateway) flush(ctx context.Context, fenced bool) error {
 			return nil
 		}
 		if fenced {
-			err = g.store.FencedTx(ctx, *g.fence.Load(), write)
+			err = store.InFencedTx(ctx, g.store, *g.fence.Load(), write)
 		} else {
-			err = g.store.Tx(ctx, write)
+			err = store.InTx(ctx, g.store, write)
 		}
 		if err != nil {
 			g.pending.putBack(beats, closes)

@@ -224,11 +224,20 @@ func (g *Gateway) awaitHello(stream sessionv1.SessionService_ConnectServer, conn
 	return hello, nil
 }
 
+// openTx is what opening a session touches: the session and its node.
+type openTx interface {
+	SessionOpen(ctx context.Context, p *store.SessionOpenParams) (session, previous *store.Session, err error)
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeSetState(ctx context.Context, id, state string) error
+	NodeRolledBackLocally(ctx context.Context, p *store.NodeRolledBackLocallyParams) error
+	NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error)
+}
+
 // open records the session and the node's boot id, supersedes older ones
 // and marks the node ready.
 func (g *Gateway) open(ctx context.Context, s *session, id *identity, h *helloInfo) error {
 	var previous *store.Session
-	err := g.store.FencedTx(ctx, *g.fence.Load(), func(tx store.Store) error {
+	err := store.InFencedTx(ctx, g.store, *g.fence.Load(), func(tx openTx) error {
 		row, prev, err := tx.SessionOpen(ctx, &store.SessionOpenParams{
 			NodeID: s.nodeID, SessionID: s.id, GatewayID: g.cfg.ID, RemoteAddr: id.addr.String(), BootID: h.bootID, Fresh: h.fresh,
 		})

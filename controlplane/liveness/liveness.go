@@ -21,8 +21,13 @@ import (
 
 // Store is what the reconciler needs.
 type Store interface {
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
 	NodeLivenessDue(ctx context.Context, p *store.NodeLivenessDueParams) ([]int, error)
+}
+
+// livenessTx is what a shard's liveness transaction touches.
+type livenessTx interface {
+	NodeLivenessReconcile(ctx context.Context, p *store.NodeLivenessParams) (unreachable, ready []string, err error)
 }
 
 // Config configures the reconciler.
@@ -83,7 +88,7 @@ func (r *Reconciler) Due(ctx context.Context, _ time.Time, shards []int) ([]int,
 func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) error {
 	p := &store.NodeLivenessParams{Shard: n, StaleAfter: r.staleAfter(), PoweredOffGrace: r.cfg.HeartbeatInterval}
 	var unreachable, ready []string
-	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := store.InFencedTx(ctx, r.store, fence, func(tx livenessTx) error {
 		var err error
 		unreachable, ready, err = tx.NodeLivenessReconcile(ctx, p)
 		return err

@@ -42,11 +42,21 @@ func LeaseName(n int) string { return LeasePrefix + strconv.Itoa(n) }
 // Store is what the placer reads and writes.
 type Store interface {
 	FactsStore
-	Tx(ctx context.Context, fn func(store.Store) error) error
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
 	PoolList(ctx context.Context, p *store.ListParams) ([]*store.Pool, error)
 	ReservationPoolsOpen(ctx context.Context, poolIDs []string) ([]string, error)
 	ReservationPoolsDue(ctx context.Context, poolIDs []string, now time.Time) ([]string, error)
+}
+
+// PoolTx is what one pool's round (PlacePool) reads and writes in its
+// transaction: the pool's nodes and its reservations.
+type PoolTx interface {
+	FactsStore
+	ReservationsOpen(ctx context.Context, poolIDs []string) ([]*store.Reservation, error)
+	ReservationSlots(ctx context.Context, p *store.ReservationSlotsParams) ([]*store.ReservationSlot, error)
+	ReservationTransition(ctx context.Context, p *store.ReservationTransitionParams) (*store.Reservation, error)
+	ReservationNodeFailed(ctx context.Context, p *store.ReservationNodeFailedParams) (reported bool, err error)
+	ReservationPlace(ctx context.Context, p *store.ReservationPlaceParams) (*store.Reservation, error)
 }
 
 // Clock is the placer's time source; reservations start and end by it (a
@@ -186,7 +196,7 @@ func (p *Placer) Reconcile(ctx context.Context, shard int, fence store.Fence) er
 		if skip {
 			continue
 		}
-		err = p.store.FencedTx(ctx, fence, func(tx store.Store) error {
+		err = store.InFencedTx(ctx, p.store, fence, func(tx store.Transactor) error {
 			_, err := p.PlacePool(ctx, tx, pool)
 			return err
 		})
@@ -213,16 +223,16 @@ type Result struct {
 // st is not in one; the reconciler passes its fenced one): it ends,
 // activates, swaps or fails placed and active reservations that are due,
 // then places pending ones, oldest first, up to MaxPlacements.
-func (p *Placer) PlacePool(ctx context.Context, st store.Store, poolID string) (*Result, error) {
+func (p *Placer) PlacePool(ctx context.Context, st store.Transactor, poolID string) (*Result, error) {
 	res := &Result{}
-	err := st.Tx(ctx, func(tx store.Store) error {
+	err := store.InTx(ctx, st, func(tx PoolTx) error {
 		*res = Result{}
 		return p.placePool(ctx, tx, poolID, res)
 	})
 	return res, err
 }
 
-func (p *Placer) placePool(ctx context.Context, tx store.Store, poolID string, res *Result) error {
+func (p *Placer) placePool(ctx context.Context, tx PoolTx, poolID string, res *Result) error {
 	now := p.cfg.Clock.Now()
 	open, err := tx.ReservationsOpen(ctx, []string{poolID})
 	if err != nil || len(open) == 0 {
@@ -287,7 +297,7 @@ func rank(state string) int {
 	return 2
 }
 
-func (p *Placer) active(ctx context.Context, tx store.Store, r *store.Reservation, byID map[string]*Node, now time.Time, res *Result) error {
+func (p *Placer) active(ctx context.Context, tx PoolTx, r *store.Reservation, byID map[string]*Node, now time.Time, res *Result) error {
 	if !now.Before(r.End) {
 		_, err := tx.ReservationTransition(ctx, &store.ReservationTransitionParams{ID: r.ID, From: store.ReservationActive,
 			To: store.ReservationEnded, Now: &now})
@@ -313,7 +323,7 @@ func (p *Placer) active(ctx context.Context, tx store.Store, r *store.Reservatio
 	return nil
 }
 
-func (p *Placer) placed(ctx context.Context, tx store.Store, r *store.Reservation, nodes []*Node, byID map[string]*Node,
+func (p *Placer) placed(ctx context.Context, tx PoolTx, r *store.Reservation, nodes []*Node, byID map[string]*Node,
 	book *Bookings, now time.Time, res *Result) error {
 	if !now.Before(r.Start) {
 		if _, err := tx.ReservationTransition(ctx, &store.ReservationTransitionParams{ID: r.ID, From: store.ReservationPlaced,
@@ -365,7 +375,7 @@ func (p *Placer) placed(ctx context.Context, tx store.Store, r *store.Reservatio
 	return nil
 }
 
-func (p *Placer) pending(ctx context.Context, tx store.Store, r *store.Reservation, nodes []*Node, book *Bookings, now time.Time, res *Result) error {
+func (p *Placer) pending(ctx context.Context, tx PoolTx, r *store.Reservation, nodes []*Node, book *Bookings, now time.Time, res *Result) error {
 	reason := ""
 	var slots []*store.ReservationSlot
 	if !now.Before(r.End) {

@@ -29,7 +29,12 @@ const LeaseName = "singleton:gateway-reaper"
 // Store is what the reaper needs.
 type Store interface {
 	lease.Store
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
+}
+
+// reapTx is what a reaping pass's transaction touches.
+type reapTx interface {
+	GatewayReap(ctx context.Context, p *store.GatewayReapParams) (*store.GatewayReapResult, error)
 }
 
 // Config configures the reaper.
@@ -79,7 +84,7 @@ func (r *Reaper) Run(ctx context.Context) error {
 // reap runs one fenced pass; a lost fence ends the job.
 func (r *Reaper) reap(ctx context.Context, fence store.Fence) error {
 	var res *store.GatewayReapResult
-	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := store.InFencedTx(ctx, r.store, fence, func(tx reapTx) error {
 		var err error
 		res, err = tx.GatewayReap(ctx, &store.GatewayReapParams{LeasePrefix: store.GatewayLeasePrefix, PruneAfter: r.cfg.PruneAfter})
 		return err

@@ -33,7 +33,7 @@ func powerCommand(target, action string) *sessionv1.Command {
 // same site, ready, whose inventory lists the ipmi plugin healthy (the
 // first by id); "" with the reason when nodeID has no sealed BMC
 // credentials or its site no agent.
-func bmcAgent(ctx context.Context, tx store.Store, nodeID string) (agent, why string, err error) {
+func bmcAgent(ctx context.Context, tx caseTx, nodeID string) (agent, why string, err error) {
 	if _, err := tx.SecretGet(ctx, bmcsecret.Name(nodeID)); errors.Is(err, store.ErrNotFound) {
 		return "", "the node has no BMC credentials (bmc set-credentials)", nil
 	} else if err != nil {
@@ -114,7 +114,7 @@ func runsPlugin(inv []byte, name string) bool {
 
 // grant lets agent open nodeID's BMC secret for command cmdID, until the
 // command's deadline.
-func (r *Reconciler) grant(ctx context.Context, tx store.Store, nodeID, agent, cmdID string, now time.Time) error {
+func (r *Reconciler) grant(ctx context.Context, tx caseTx, nodeID, agent, cmdID string, now time.Time) error {
 	return tx.SecretGrant(ctx, &store.SecretGrantParams{Name: bmcsecret.Name(nodeID), NodeID: agent, CommandID: cmdID,
 		ExpiresAt: now.Add(r.cfg.Settings.ActionTimeout.Duration)})
 }
@@ -122,7 +122,7 @@ func (r *Reconciler) grant(ctx context.Context, tx store.Store, nodeID, agent, c
 // openSilent opens a probe case for each silent node of shard n that has
 // BMC credentials and no case.
 func (r *Reconciler) openSilent(ctx context.Context, n int, fence store.Fence) error {
-	return r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	return store.InFencedTx(ctx, r.store, fence, func(tx silentTx) error {
 		ids, err := tx.RemediationSilentNodes(ctx, n)
 		if err != nil {
 			return err
@@ -147,7 +147,7 @@ func (r *Reconciler) openSilent(ctx context.Context, n int, fence store.Fence) e
 // probe asks a silent node's BMC whether it is on, through its site's
 // agent, and turns the answer into the case's finding: on is
 // unresponsive, off powered-off (the node's state too).
-func (r *Reconciler) probe(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+func (r *Reconciler) probe(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) error {
 	node, err := tx.NodeGet(ctx, c.NodeID)
 	if err != nil {
 		return err
@@ -233,7 +233,7 @@ func (r *Reconciler) probe(ctx context.Context, tx store.Store, c *store.Remedia
 
 // escalateProbe gives a probe up to a person: the node is quarantined (it
 // is out anyway) and escalated.
-func (r *Reconciler) escalateProbe(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string) error {
+func (r *Reconciler) escalateProbe(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string) error {
 	zero := 0
 	m, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{Finding: config.FindingUnresponsive,
 		Action: config.ActionEscalate, Attempts: &zero, ClearCommand: true, Reason: reason})
@@ -261,7 +261,7 @@ func terminal(state string) bool {
 
 // bmcAgentFor reports whether nodeID's BMC can be driven now (a power
 // cycle may follow).
-func bmcAgentFor(ctx context.Context, tx store.Store, nodeID string) (string, bool, error) {
+func bmcAgentFor(ctx context.Context, tx caseTx, nodeID string) (string, bool, error) {
 	agent, _, err := bmcAgent(ctx, tx, nodeID)
 	return agent, agent != "", err
 }

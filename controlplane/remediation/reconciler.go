@@ -22,11 +22,60 @@ import (
 )
 
 // Store is what the reconciler needs outside its transactions; inside them
-// it uses the whole store.Store its FencedTx hands it.
+// each callback receives the small interface of what it touches (caseTx,
+// findingTx, silentTx, openCasesTx).
 type Store interface {
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
 	RemediationDue(ctx context.Context, shards []int, now *time.Time) ([]int, error)
 	RemediationSilentDue(ctx context.Context, shards []int) ([]int, error)
+}
+
+// caseTx is what advancing one case touches in its fenced transaction:
+// the case, its node's commands, cordon and disruption, the pool's
+// breaker, and the site's BMC agent (bmcAgent) with the grant of the
+// node's BMC secret.
+type caseTx interface {
+	CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParams) ([]*store.Command, error)
+	CommandGet(ctx context.Context, id string) (*store.Command, error)
+	CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error)
+	CommandRequestCancel(ctx context.Context, id string) (*store.Command, error)
+	DisruptionAdmit(ctx context.Context, p *store.DisruptionAdmitParams) (*store.DisruptionAdmission, error)
+	DisruptionRelease(ctx context.Context, nodeID, owner string) error
+	NodeGet(ctx context.Context, id string) (*store.Node, error)
+	NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error)
+	NodeSetCordoned(ctx context.Context, id string, cordoned bool) error
+	NodeSetState(ctx context.Context, id, state string) error
+	PoolGPUNodes(ctx context.Context, poolID string) (int, error)
+	PoolGet(ctx context.Context, idOrName string) (*store.Pool, error)
+	PoolList(ctx context.Context, p *store.ListParams) ([]*store.Pool, error)
+	RemediationBreakerAdmit(ctx context.Context, p *store.RemediationBreakerAdmitParams) (admitted, tripped bool, err error)
+	RemediationCreate(ctx context.Context, r *store.Remediation, actor string) (*store.Remediation, error)
+	RemediationMove(ctx context.Context, p *store.RemediationMoveParams) (*store.Remediation, error)
+	RemediationRecent(ctx context.Context, nodeID string, since time.Time, limit int) ([]*store.Remediation, error)
+	SecretGet(ctx context.Context, name string) (*store.Secret, error)
+	SecretGrant(ctx context.Context, p *store.SecretGrantParams) error
+	SessionGet(ctx context.Context, nodeID string) (*store.Session, error)
+}
+
+// findingTx is what taking a shard's findings touches in one fenced
+// transaction: the findings, and each new case advanced at once (caseTx).
+type findingTx interface {
+	caseTx
+	RemediationFindingsTake(ctx context.Context, shard, limit int) ([]*store.RemediationFinding, error)
+	RemediationFindingKeep(ctx context.Context, r *store.GPUFindingRecord) error
+	RemediationOpenFor(ctx context.Context, nodeID string) (*store.Remediation, error)
+	RemediationFindingCount(ctx context.Context, nodeID, gpuUUID, kind string, xid int, since time.Time) (int, error)
+}
+
+// silentTx is what opening probe cases for silent nodes touches.
+type silentTx interface {
+	RemediationSilentNodes(ctx context.Context, shard int) ([]string, error)
+	RemediationCreate(ctx context.Context, r *store.Remediation, actor string) (*store.Remediation, error)
+}
+
+// openCasesTx is what reading a shard's open cases touches.
+type openCasesTx interface {
+	RemediationOpenInShard(ctx context.Context, shard int, now *time.Time, withPaused bool) ([]*store.Remediation, error)
 }
 
 // Config configures the reconciler.
@@ -68,7 +117,7 @@ const gpuNodesTTL = 30 * time.Second
 
 // breakerLimit is the breaker's limit in pool: max(minNodes, share of its
 // GPU nodes), under the absolute cap when set.
-func (r *Reconciler) breakerLimit(ctx context.Context, tx store.Store, pool string, now time.Time) (int, error) {
+func (r *Reconciler) breakerLimit(ctx context.Context, tx caseTx, pool string, now time.Time) (int, error) {
 	r.mu.Lock()
 	c, ok := r.gpuNodes[pool]
 	r.mu.Unlock()
@@ -154,7 +203,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 	}
 	now := r.cfg.Now()
 	var cases []*store.Remediation
-	err := r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := store.InFencedTx(ctx, r.store, fence, func(tx openCasesTx) error {
 		var err error
 		cases, err = tx.RemediationOpenInShard(ctx, n, &now, false)
 		return err
@@ -164,7 +213,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 	}
 	var errs []error
 	for _, c := range cases {
-		err := r.store.FencedTx(ctx, fence, func(tx store.Store) error { return r.advance(ctx, tx, c) })
+		err := store.InFencedTx(ctx, r.store, fence, func(tx caseTx) error { return r.advance(ctx, tx, c) })
 		if errors.Is(err, store.ErrFenced) {
 			return err
 		}
@@ -183,7 +232,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 // opens its own case then (reread; issue 32, "a verification judges its
 // own case"); one for a node with another open case adds nothing.
 func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence) error {
-	return r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	return store.InFencedTx(ctx, r.store, fence, func(tx findingTx) error {
 		fs, err := tx.RemediationFindingsTake(ctx, n, 500)
 		if err != nil {
 			return err
@@ -200,7 +249,7 @@ func (r *Reconciler) takeFindings(ctx context.Context, n int, fence store.Fence)
 
 // takeFinding acts on one finding (takeFindings) and keeps it, with what
 // was made of it, in the node's and GPU's history (store.GPUFindingRecord).
-func (r *Reconciler) takeFinding(ctx context.Context, tx store.Store, f *store.RemediationFinding, now time.Time) error {
+func (r *Reconciler) takeFinding(ctx context.Context, tx findingTx, f *store.RemediationFinding, now time.Time) error {
 	kept := &store.GPUFindingRecord{NodeID: f.NodeID, GPUUUID: f.GPUUUID, BoardSerial: f.GPUFinding.GetBoardSerial(),
 		Kind: f.Kind, Severity: f.Severity, Resolution: f.Resolution,
 		Investigatory: strings.TrimSpace(f.GPUFinding.GetInvestigatoryResolution()), XID: f.XID, XIDMnemonic: f.XIDMnemonic,
@@ -277,7 +326,7 @@ func (r *Reconciler) takeFinding(ctx context.Context, tx store.Store, f *store.R
 
 // open opens finding f's case with action; nil when its node was deleted
 // since.
-func (r *Reconciler) open(ctx context.Context, tx store.Store, f *store.RemediationFinding, finding, action string,
+func (r *Reconciler) open(ctx context.Context, tx caseTx, f *store.RemediationFinding, finding, action string,
 	now time.Time) (*store.Remediation, error) {
 	c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
 		Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
@@ -310,7 +359,7 @@ func never(now time.Time) *time.Time {
 func owner(c *store.Remediation) string { return store.RemediationOwner(c.ID) }
 
 // move moves c to state with p's other fields.
-func (r *Reconciler) move(ctx context.Context, tx store.Store, c *store.Remediation, to string, now time.Time,
+func (r *Reconciler) move(ctx context.Context, tx caseTx, c *store.Remediation, to string, now time.Time,
 	p store.RemediationMoveParams) (*store.Remediation, error) {
 	p.ID, p.From, p.To, p.Actor, p.Now = c.ID, []string{c.State}, to, r.actor(), &now
 	m, err := tx.RemediationMove(ctx, &p)
@@ -325,13 +374,13 @@ func (r *Reconciler) move(ctx context.Context, tx store.Store, c *store.Remediat
 }
 
 // wait leaves c in its state, to be looked at again later.
-func (r *Reconciler) wait(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string) error {
+func (r *Reconciler) wait(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string) error {
 	_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: r.later(now), Reason: reason})
 	return err
 }
 
 // advance takes c one or more steps along its way, in tx.
-func (r *Reconciler) advance(ctx context.Context, tx store.Store, c *store.Remediation) error {
+func (r *Reconciler) advance(ctx context.Context, tx caseTx, c *store.Remediation) error {
 	now := r.cfg.Now()
 	switch c.State {
 	case store.RemediationDetected, store.RemediationHeld:
@@ -385,7 +434,7 @@ func describe(c *store.Remediation) string {
 // admits one more node acted on; else the node is still cordoned and
 // held out of service (quarantined without any other action) and the case
 // held, acted on in order when the breaker closes.
-func (r *Reconciler) quarantine(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+func (r *Reconciler) quarantine(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) error {
 	if c.State == store.RemediationHeld {
 		if done, err := r.clearedWhileHeld(ctx, tx, c, now); done || err != nil {
 			return err
@@ -448,7 +497,7 @@ func (r *Reconciler) quarantine(ctx context.Context, tx store.Store, c *store.Re
 // ok. The node is uncordoned and its disruption released only where this
 // case holds it. Other findings are events (an XID does not end by being
 // read again) and wait for their action.
-func (r *Reconciler) clearedWhileHeld(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) (bool, error) {
+func (r *Reconciler) clearedWhileHeld(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) (bool, error) {
 	if c.Kind != gpufinding.KindGPUMissing || c.GPUUUID == "" {
 		return false, nil
 	}
@@ -476,7 +525,7 @@ func (r *Reconciler) clearedWhileHeld(ctx context.Context, tx store.Store, c *st
 
 // drain waits for the node's running commands (at most DrainTimeout) and
 // for a remediation slot, then starts the action.
-func (r *Reconciler) drain(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+func (r *Reconciler) drain(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) error {
 	running, err := tx.CommandInFlight(ctx, c.NodeID)
 	if err != nil {
 		return err
@@ -540,7 +589,7 @@ func (r *Reconciler) drain(ctx context.Context, tx store.Store, c *store.Remedia
 // command returns the node the action's command goes to, its spec
 // (sessionv1.MarshalSpec) and kind; an empty target with the reason in
 // spec when the action cannot be taken.
-func (r *Reconciler) command(ctx context.Context, tx store.Store, c *store.Remediation) (target, spec, kind string, err error) {
+func (r *Reconciler) command(ctx context.Context, tx caseTx, c *store.Remediation) (target, spec, kind string, err error) {
 	var cmd *sessionv1.Command
 	switch c.Action {
 	case config.ActionGPUReset:
@@ -571,7 +620,7 @@ func (r *Reconciler) command(ctx context.Context, tx store.Store, c *store.Remed
 
 // watch follows the action's command: done, the node is verified; failed,
 // the next action is tried.
-func (r *Reconciler) watch(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+func (r *Reconciler) watch(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) error {
 	cmd, err := tx.CommandGet(ctx, c.CommandID)
 	if errors.Is(err, store.ErrNotFound) {
 		return r.fail(ctx, tx, c, "the action's command "+c.CommandID+" is gone", now)
@@ -621,7 +670,7 @@ func (r *Reconciler) watch(ctx context.Context, tx store.Store, c *store.Remedia
 
 // verify returns the node to service once it has been ready, with a new
 // boot after a reboot or power cycle and no failed GPU, for VerifySettle.
-func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) error {
+func (r *Reconciler) verify(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) error {
 	node, err := tx.NodeGet(ctx, c.NodeID)
 	if err != nil {
 		return err
@@ -670,7 +719,7 @@ func (r *Reconciler) verify(ctx context.Context, tx store.Store, c *store.Remedi
 // diagnostic that failed, expired or could not run escalates the case,
 // which keeps the node out of service, and names the failed tests in its
 // reason.
-func (r *Reconciler) diagnose(ctx context.Context, tx store.Store, c *store.Remediation, node *store.Node, now time.Time) (passed string, done bool, err error) {
+func (r *Reconciler) diagnose(ctx context.Context, tx caseTx, c *store.Remediation, node *store.Node, now time.Time) (passed string, done bool, err error) {
 	v := r.cfg.Settings.Verify
 	level, run := v.DiagLevel()
 	if !run || c.GPUUUID == "" && len(inventoryGPUs(node.Inventory)) == 0 {
@@ -733,7 +782,7 @@ func diagSummary(cmd *store.Command) string {
 // id>"): the boot id the node reported when its current (or, without one,
 // its last) session opened, empty when it reported none, and its current
 // session, empty when it has none.
-func bootMarker(ctx context.Context, tx store.Store, nodeID string) (string, error) {
+func bootMarker(ctx context.Context, tx caseTx, nodeID string) (string, error) {
 	node, err := tx.NodeGet(ctx, nodeID)
 	if err != nil {
 		return "", err
@@ -779,7 +828,7 @@ func otherGPU(c *store.Remediation, uuid string) bool {
 // acts on opens its own case, at once (one open case per node; the next
 // one's turn comes when that one ends). A finding on another GPU while c
 // was verifying was left for this (takeFindings).
-func (r *Reconciler) reread(ctx context.Context, tx store.Store, c *store.Remediation, node *store.Node, now time.Time) error {
+func (r *Reconciler) reread(ctx context.Context, tx caseTx, c *store.Remediation, node *store.Node, now time.Time) error {
 	for _, g := range inventoryGPUs(node.Inventory) {
 		if g.UUID == "" || g.UUID == c.GPUUUID || g.Health.State == "" ||
 			g.Health.State == sessionv1.GPUHealthState_GPU_HEALTH_STATE_OK.String() {
@@ -893,7 +942,7 @@ func failedGPU(inv []byte, only string) string {
 
 // fail records a failed action: the next action of the ladder when
 // attempts remain, else escalation.
-func (r *Reconciler) fail(ctx context.Context, tx store.Store, c *store.Remediation, reason string, now time.Time) error {
+func (r *Reconciler) fail(ctx context.Context, tx caseTx, c *store.Remediation, reason string, now time.Time) error {
 	if c.Attempts >= r.cfg.Settings.MaxAttempts {
 		return r.escalate(ctx, tx, c, now, fmt.Sprintf("%s; %d attempts spent", reason, c.Attempts))
 	}
@@ -923,7 +972,7 @@ func (r *Reconciler) fail(ctx context.Context, tx store.Store, c *store.Remediat
 // escalate leaves the case to a person: the node stays cordoned and
 // quarantined (its remediation slot given back).
 // history, the prior cases of a repeat rule, goes into its event.
-func (r *Reconciler) escalate(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string,
+func (r *Reconciler) escalate(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string,
 	history ...*store.Remediation) error {
 	if _, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
 		Owner: owner(c), Now: &now}); err != nil {

@@ -47,7 +47,7 @@ type repeat struct {
 //     MultipleRemediations; Meta GCM's cap): holds the node.
 //
 // A finding whose action does not act (cordon, escalate) is left as it is.
-func (r *Reconciler) repeated(ctx context.Context, tx store.Store, f *store.RemediationFinding, finding, action string,
+func (r *Reconciler) repeated(ctx context.Context, tx caseTx, f *store.RemediationFinding, finding, action string,
 	now time.Time) (repeat, error) {
 	out := repeat{action: action}
 	if !acts(action) {
@@ -102,7 +102,7 @@ func (r *Reconciler) repeated(ctx context.Context, tx store.Store, f *store.Reme
 // action. Should the quarantine be refused (another owner holds the node),
 // the case waits and escalates through the policy's path (its action is
 // escalate).
-func (r *Reconciler) hold(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time, reason string,
+func (r *Reconciler) hold(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string,
 	history []*store.Remediation) error {
 	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
 		Owner: owner(c), Now: &now})
@@ -140,7 +140,7 @@ const contactSupport = "CONTACT_SUPPORT"
 // code within the window, newest first. The count is read from the kept
 // findings (store.GPUFindingRecord), so it survives every restart; f
 // itself is not kept yet and counts as one.
-func (r *Reconciler) repeatedNoAction(ctx context.Context, tx store.Store, f *store.RemediationFinding, investigatory string,
+func (r *Reconciler) repeatedNoAction(ctx context.Context, tx findingTx, f *store.RemediationFinding, investigatory string,
 	now time.Time) (hold string, history []*store.Remediation, err error) {
 	rp := r.cfg.Settings.Repeat
 	if investigatory != contactSupport || f.GPUUUID == "" {
@@ -192,7 +192,7 @@ const maxSpacingDoublings = 20
 // and why the reason the case waits with. A case's own ladder (a failed
 // reset, then a reboot) is one remediation and does not wait; an
 // operator's order (FindingOrdered) neither waits nor counts.
-func (r *Reconciler) spaced(ctx context.Context, tx store.Store, c *store.Remediation, now time.Time) (at time.Time, why string, err error) {
+func (r *Reconciler) spaced(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) (at time.Time, why string, err error) {
 	if c.Finding == FindingOrdered {
 		return time.Time{}, "", nil // an operator's order waits for no automatic spacing
 	}

@@ -47,9 +47,20 @@ const (
 // attrRollout is the log attribute of a rollout's id.
 const attrRollout = "rollout_id"
 
+// stepTx is what a step's fenced transaction touches: the rollout and its
+// nodes, their disruption and their upgrade and rollback commands.
+type stepTx interface {
+	RolloutUpdate(ctx context.Context, p *store.RolloutUpdateParams) (*store.Rollout, error)
+	RolloutNodeUpdate(ctx context.Context, p *store.RolloutNodeUpdateParams) error
+	DisruptionAdmit(ctx context.Context, p *store.DisruptionAdmitParams) (*store.DisruptionAdmission, error)
+	DisruptionRelease(ctx context.Context, nodeID, owner string) error
+	CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParams) ([]*store.Command, error)
+	CommandFinish(ctx context.Context, p *store.CommandFinishParams) (ok bool, err error)
+}
+
 // Store is what the reconciler needs.
 type Store interface {
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
 	RolloutsActive(ctx context.Context) ([]*store.Rollout, error)
 	RolloutNodes(ctx context.Context, rolloutID string) ([]*store.RolloutNode, error)
 	CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error)
@@ -164,7 +175,7 @@ func (r *Reconciler) Step(ctx context.Context, ro *store.Rollout, fence store.Fe
 	if len(p.ops) == 0 {
 		return nil
 	}
-	err = r.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err = store.InFencedTx(ctx, r.store, fence, func(tx stepTx) error {
 		// Lock the rollout's row and check it is still as read.
 		if _, err := tx.RolloutUpdate(ctx, &store.RolloutUpdateParams{ID: ro.ID, From: []string{read}, Now: &p.now}); err != nil {
 			return err
@@ -205,7 +216,7 @@ type plan struct {
 	// free is how many more nodes the pool's budget admits now.
 	free int
 
-	ops   []func(ctx context.Context, tx store.Store) error
+	ops   []func(ctx context.Context, tx stepTx) error
 	logs  []func()
 	woken []string
 	// gpuCount caches the nodes' GPU counts the health gate read.
@@ -214,7 +225,7 @@ type plan struct {
 
 // op adds a write to the step's transaction; it runs with the step's
 // context.
-func (p *plan) op(fn func(ctx context.Context, tx store.Store) error) { p.ops = append(p.ops, fn) }
+func (p *plan) op(fn func(ctx context.Context, tx stepTx) error) { p.ops = append(p.ops, fn) }
 
 func (p *plan) info(msg string, args ...any) {
 	args = append([]any{attrRollout, p.ro.ID}, args...)
@@ -236,13 +247,13 @@ func (p *plan) setNode(n *store.RolloutNode, state, reason string, cmd func(*sto
 		n.Reason = reason
 	}
 	n.State = state
-	p.op(func(ctx context.Context, tx store.Store) error { return tx.RolloutNodeUpdate(ctx, u) })
+	p.op(func(ctx context.Context, tx stepTx) error { return tx.RolloutNodeUpdate(ctx, u) })
 }
 
 // release puts a node back in service (if the rollout holds it).
 func (p *plan) release(n *store.RolloutNode) {
 	id := n.NodeID
-	p.op(func(ctx context.Context, tx store.Store) error { return tx.DisruptionRelease(ctx, id, p.owner) })
+	p.op(func(ctx context.Context, tx stepTx) error { return tx.DisruptionRelease(ctx, id, p.owner) })
 }
 
 // setRollout changes the rollout in the step's transaction.
@@ -251,7 +262,7 @@ func (p *plan) setRollout(u *store.RolloutUpdateParams) {
 	if u.State != "" {
 		p.ro.State = u.State
 	}
-	p.op(func(ctx context.Context, tx store.Store) error {
+	p.op(func(ctx context.Context, tx stepTx) error {
 		_, err := tx.RolloutUpdate(ctx, u)
 		return err
 	})
@@ -656,7 +667,7 @@ func (p *plan) admit(n *store.RolloutNode, reason string) bool {
 	}
 	p.free--
 	id := n.NodeID
-	p.op(func(ctx context.Context, tx store.Store) error {
+	p.op(func(ctx context.Context, tx stepTx) error {
 		res, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: id, Reason: reason, Owner: p.owner, Now: &p.now})
 		if err != nil {
 			return err
@@ -713,7 +724,7 @@ func (p *plan) upgrade(ctx context.Context, n *store.RolloutNode) error {
 	}
 	var cmdID string
 	from := n.State // the ops run after the plan, when n.State has moved on
-	p.op(func(ctx context.Context, tx store.Store) error {
+	p.op(func(ctx context.Context, tx stepTx) error {
 		if from == store.RolloutNodeDraining {
 			a, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: id, Reason: store.DisruptionUpgrading, Owner: p.owner, Now: &p.now})
 			if err != nil {
@@ -757,7 +768,7 @@ func (p *plan) rollbackCommand(n *store.RolloutNode, reason string) bool {
 	if n.Disruption == "" && !p.admit(n, store.DisruptionUpgrading) {
 		return false // no slot now: next round
 	}
-	p.op(func(ctx context.Context, tx store.Store) error {
+	p.op(func(ctx context.Context, tx stepTx) error {
 		cmds, err := tx.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{id}, Kind: sessionv1.KindRollback,
 			IdempotencyKey: rollbackKey(ro.ID), CreatedBy: p.owner, Timeout: ro.Timeout, Now: &p.now})
 		if err != nil {

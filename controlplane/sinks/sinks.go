@@ -47,7 +47,16 @@ type Store interface {
 	OutboxList(ctx context.Context, afterID int64, limit int) ([]*store.OutboxEntry, error)
 	OutboxCursor(ctx context.Context, sink string) (int64, error)
 	DeadLetterList(ctx context.Context, p *store.DeadLetterListParams) ([]*store.DeadLetter, error)
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
+}
+
+// deliveryTx is what a dispatcher's transactions touch: the sink's cursor
+// and its dead letters.
+type deliveryTx interface {
+	OutboxCursorSet(ctx context.Context, sink string, lastID int64) error
+	DeadLetterInsert(ctx context.Context, d *store.DeadLetter) error
+	DeadLetterDelete(ctx context.Context, ids []int64) error
+	DeadLetterFailed(ctx context.Context, id int64, lastError string, maxAttempts int) error
 }
 
 // Config configures a dispatcher.
@@ -188,7 +197,7 @@ func (d *Dispatcher) once(ctx context.Context, fence store.Fence) (int, error) {
 		}
 	}
 	d.attempts = 0
-	err = d.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err = store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {
 		return tx.OutboxCursorSet(ctx, d.sink.Name(), last)
 	})
 	return len(entries), err
@@ -206,7 +215,7 @@ func (d *Dispatcher) failed(ctx context.Context, fence store.Fence, head *store.
 	if !single || d.attempts < d.cfg.MaxAttempts {
 		return 0, cause
 	}
-	err := d.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {
 		if err := tx.DeadLetterInsert(ctx, &store.DeadLetter{Sink: d.sink.Name(), Entry: *head, Attempts: d.attempts,
 			LastError: cause.Error()}); err != nil {
 			return err
@@ -235,7 +244,7 @@ func (d *Dispatcher) replay(ctx context.Context, fence store.Fence) (int, error)
 		entries[i], ids[i] = &dl.Entry, dl.ID
 	}
 	cause := d.sink.Deliver(ctx, entries)
-	err = d.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err = store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {
 		if cause == nil {
 			return tx.DeadLetterDelete(ctx, ids)
 		}

@@ -20,7 +20,12 @@ const LeaseName = "singleton:command-sweeper"
 // Store is what the sweeper needs.
 type Store interface {
 	lease.Store
-	FencedTx(ctx context.Context, fence store.Fence, fn func(store.Store) error) error
+	store.FencedTransactor
+}
+
+// sweepTx is what a sweep's transaction touches.
+type sweepTx interface {
+	CommandSweep(ctx context.Context, p *store.CommandSweepParams) (*store.CommandSweepResult, error)
 }
 
 // Config configures the sweeper.
@@ -71,7 +76,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 // sweep runs one fenced sweep; a lost fence ends the job.
 func (s *Sweeper) sweep(ctx context.Context, fence store.Fence) error {
 	var res *store.CommandSweepResult
-	err := s.store.FencedTx(ctx, fence, func(tx store.Store) error {
+	err := store.InFencedTx(ctx, s.store, fence, func(tx sweepTx) error {
 		var err error
 		res, err = tx.CommandSweep(ctx, &store.CommandSweepParams{LostAfter: s.cfg.LostAfter})
 		return err

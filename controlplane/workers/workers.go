@@ -109,8 +109,47 @@ func NewWorkerID() string {
 	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), strings.ToLower(rand.Text()[:6]))
 }
 
+// Store is what the worker roles need: the stores of the components they
+// run, and what the retention and token jobs write.
+type Store interface {
+	shard.Store
+	lease.Store
+	liveness.Store
+	rollouts.Store
+	remediation.Store
+	sweeper.Store
+	reaper.Store
+	drift.Store
+	placer.Store
+	sinks.Store
+	store.FencedTransactor
+	OutboxWritten() (<-chan struct{}, func())
+}
+
+// joinTokenExpiryTx is what the iam role's minutely token job writes.
+type joinTokenExpiryTx interface {
+	JoinTokensExpire(ctx context.Context, now *time.Time) ([]string, error)
+	APITokensWarnExpiring(ctx context.Context, p *store.APITokenExpiryParams) ([]string, error)
+}
+
+// tokenPruneTx is what the iam role's hourly token job writes.
+type tokenPruneTx interface {
+	TokensPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
+// retentionTx is what retention prunes, in one transaction.
+type retentionTx interface {
+	CommandPrune(ctx context.Context, before time.Time) (int64, error)
+	EventPrune(ctx context.Context, before time.Time) (int64, error)
+	AuditPrune(ctx context.Context, before time.Time) (int64, error)
+	OutboxPrune(ctx context.Context, before time.Time) (int64, error)
+	ReservationPrune(ctx context.Context, before time.Time) (int64, error)
+	RolloutPrune(ctx context.Context, before time.Time) (int64, error)
+	RemediationPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
 // Run runs the worker roles cfg names until ctx ends.
-func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, log *slog.Logger) error {
+func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *slog.Logger) error {
 	if opts.WorkerID == "" {
 		opts.WorkerID = NewWorkerID()
 	}
@@ -205,7 +244,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 	if cfg.Runs("iam") {
 		g.Go(func() error {
 			return every(ctx, clk, "singleton:iam:join-token-expiry", opts.WorkerID, time.Minute, st, log, func(ctx context.Context, fence store.Fence) error {
-				return st.FencedTx(ctx, fence, func(tx store.Store) error {
+				return store.InFencedTx(ctx, st, fence, func(tx joinTokenExpiryTx) error {
 					if _, err := tx.JoinTokensExpire(ctx, nil); err != nil {
 						return err
 					}
@@ -221,7 +260,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options, 
 		})
 		g.Go(func() error {
 			return every(ctx, clk, "singleton:iam:token-expiry", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
-				return st.FencedTx(ctx, fence, func(tx store.Store) error {
+				return store.InFencedTx(ctx, st, fence, func(tx tokenPruneTx) error {
 					n, err := tx.TokensPrune(ctx, clk.Now().Add(-TokenGrace))
 					if n > 0 {
 						log.InfoContext(ctx, "Pruned expired and revoked tokens", "tokens", n)
@@ -285,7 +324,7 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 
 // every runs fn every interval on clk while holding the singleton lease
 // name.
-func every(ctx context.Context, clk clock.Clock, name, holder string, interval time.Duration, st store.Store, log *slog.Logger,
+func every(ctx context.Context, clk clock.Clock, name, holder string, interval time.Duration, st lease.Store, log *slog.Logger,
 	fn func(context.Context, store.Fence) error) error {
 	h, err := lease.New(lease.Config{Name: name, Holder: holder, Clock: clk}, st, log)
 	if err != nil {
@@ -301,8 +340,8 @@ func every(ctx context.Context, clk clock.Clock, name, holder string, interval t
 
 // retain prunes rows older than the retention windows at now, in one
 // fenced transaction, and logs what went.
-func retain(ctx context.Context, st store.Store, fence store.Fence, now time.Time, r config.Retention, log *slog.Logger) error {
-	return st.FencedTx(ctx, fence, func(tx store.Store) error {
+func retain(ctx context.Context, st store.FencedTransactor, fence store.Fence, now time.Time, r config.Retention, log *slog.Logger) error {
+	return store.InFencedTx(ctx, st, fence, func(tx retentionTx) error {
 		prunes := []struct {
 			what   string
 			window time.Duration

@@ -109,9 +109,14 @@ func bundle(ctx context.Context, cfg *config.Config, st store.Store) (*pki.Bundl
 	return b, err
 }
 
+// auditor is what audit writes.
+type auditor interface {
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+}
+
 // audit records an operator command in the audit log; the actor is the
 // operating-system user running the CLI.
-func audit(ctx context.Context, st store.Store, action, resource string, details []byte) error {
+func audit(ctx context.Context, st auditor, action, resource string, details []byte) error {
 	actor := "cli"
 	if u, err := user.Current(); err == nil {
 		actor = "cli:" + u.Username

@@ -39,6 +39,15 @@ import (
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
+// fleetTx is what making the bench's site, pools and nodes writes.
+type fleetTx interface {
+	SiteCreate(ctx context.Context, p *store.SiteCreateParams) (*store.Site, error)
+	PoolCreate(ctx context.Context, p *store.PoolCreateParams) (*store.Pool, error)
+	NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error)
+	NodeSetState(ctx context.Context, id, state string) error
+	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+}
+
 func main() {
 	db := flag.String("db", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL server URL (a fresh schema is made and dropped), or \"sqlite\"")
 	nodes := flag.Int("nodes", 10000, "nodes (8 GPUs each)")
@@ -62,7 +71,7 @@ func run(db string, nNodes, nPools, nRes, batch int) error {
 	t0 := time.Now()
 	var poolIDs []string
 	inv := inventory()
-	err = st.Tx(ctx, func(tx store.Store) error {
+	err = store.InTx(ctx, st, func(tx fleetTx) error {
 		site, err := tx.SiteCreate(ctx, &store.SiteCreateParams{Name: "bench", Region: "r"})
 		if err != nil {
 			return err
@@ -94,7 +103,7 @@ func run(db string, nNodes, nPools, nRes, batch int) error {
 	base := time.Now().Add(time.Hour).Truncate(time.Hour)
 	rng := mrand.New(mrand.NewPCG(1, 2))
 	for start := 0; start < nRes; start += 5000 {
-		err := st.Tx(ctx, func(tx store.Store) error {
+		err := store.InTx(ctx, st, func(tx store.ReservationStore) error {
 			for range min(5000, nRes-start) {
 				p := store.ReservationCreateParams{PoolID: poolIDs[rng.IntN(nPools)], Owner: fmt.Sprintf("team-%d", rng.IntN(20))}
 				if rng.IntN(10) == 0 {

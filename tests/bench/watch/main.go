@@ -44,6 +44,13 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 )
 
+// nodesTx is what making the bench's nodes writes.
+type nodesTx interface {
+	NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error)
+	NodeSetInventory(ctx context.Context, id string, inventory []byte, digest string) error
+	NodeSetState(ctx context.Context, id, state string) error
+}
+
 func main() {
 	n := flag.Int("n", 10000, "simulated nodes")
 	updates := flag.Int("updates", 5, "changes to time on the page")
@@ -115,7 +122,7 @@ func run(n, updates int, chromium, bin, shot string) error {
 	ids := make([]string, 0, n)
 	gpus := 0
 	for i := 0; i < n; i += 500 {
-		err := st.Tx(ctx, func(tx store.Store) error {
+		err := store.InTx(ctx, st, func(tx nodesTx) error {
 			for j := i; j < min(i+500, n); j++ {
 				name := fmt.Sprintf("bench-%05d", j)
 				fd, err := sim.NewFakeDaemon(sim.DaemonConfig{Name: name, Session: session.Config{StartJitter: -1}})

@@ -61,6 +61,13 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 )
 
+// nodeSessionTx is what making a bench node with its session writes.
+type nodeSessionTx interface {
+	NodeUpsert(ctx context.Context, p *store.NodeUpsertParams) (*store.Node, error)
+	SessionOpen(ctx context.Context, p *store.SessionOpenParams) (session, previous *store.Session, err error)
+	NodeSetState(ctx context.Context, id, state string) error
+}
+
 func main() {
 	db := flag.String("db", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL server URL (a fresh schema is made and dropped); \"sqlite\" for the embedded store (liveness only)")
 	shards := flag.Bool("shards", true, "measure shard settling (PostgreSQL only)")
@@ -448,7 +455,7 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 		wg.Go(func() {
 			for i := g; i < n; i += 4 {
 				id := fmt.Sprintf("node_bench%06d", i)
-				err := st.Tx(ctx, func(tx store.Store) error {
+				err := store.InTx(ctx, st, func(tx nodeSessionTx) error {
 					if _, err := tx.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID,
 						Hostname: fmt.Sprintf("n%06d", i), MachineID: id}); err != nil {
 						return err

@@ -1,0 +1,39 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// PKIBundle is the sealed PKI bundle (DESIGN.md, "PKI").
+type PKIBundle struct {
+	TrustDomain string
+	Sealed      []byte
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Revocation revokes one certificate serial, optionally naming its node.
+type Revocation struct {
+	Serial    string
+	NodeID    string
+	Reason    string
+	RevokedAt time.Time
+}
+
+// PKIStore keeps the sealed bundle and revocations.
+type PKIStore interface {
+	// PKIBundleGet returns the bundle; ErrNotFound before pki init.
+	PKIBundleGet(ctx context.Context) (*PKIBundle, error)
+	// PKIBundleCreate stores the first bundle; ErrConflict if one exists.
+	PKIBundleCreate(ctx context.Context, b *PKIBundle) error
+	// PKIBundleUpdate replaces the bundle (CA rotation).
+	PKIBundleUpdate(ctx context.Context, b *PKIBundle) error
+	// RevocationInsert revokes a serial; revoking twice is not an error.
+	RevocationInsert(ctx context.Context, r *Revocation) error
+	// RevocationList returns revocations made at or after since, oldest
+	// first: the revocation feed.
+	RevocationList(ctx context.Context, since time.Time) ([]*Revocation, error)
+	// RevocationCheck reports whether serial is revoked.
+	RevocationCheck(ctx context.Context, serial string) (bool, error)
+}

@@ -1,0 +1,59 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Site is a physical location in a region.
+type Site struct {
+	ID        string
+	Name      string
+	Region    string
+	CreatedAt time.Time
+}
+
+// SiteStore keeps sites.
+type SiteStore interface {
+	// SiteCreate inserts a site; ErrConflict when the name is taken.
+	SiteCreate(ctx context.Context, p *SiteCreateParams) (*Site, error)
+	SiteGet(ctx context.Context, idOrName string) (*Site, error)
+	SiteList(ctx context.Context, p *ListParams) ([]*Site, error)
+}
+
+// SiteCreateParams are SiteCreate's inputs. ID defaults to a new site_ id.
+type SiteCreateParams struct {
+	ID     string
+	Name   string
+	Region string
+}
+
+// Pool is a group of nodes at one site; join tokens are bound to a pool.
+type Pool struct {
+	ID     string
+	Name   string
+	SiteID string
+	// DisruptionBudget is "N" or "N%" (DisruptionStore); default
+	// DefaultDisruptionBudget.
+	DisruptionBudget string
+	// RemediationConcurrency is how many remediation actions may run at
+	// once on the pool's quarantined nodes.
+	RemediationConcurrency int
+	CreatedAt              time.Time
+}
+
+// PoolStore keeps pools.
+type PoolStore interface {
+	// PoolCreate inserts a pool; ErrConflict when the name is taken,
+	// ErrNotFound when the site does not exist.
+	PoolCreate(ctx context.Context, p *PoolCreateParams) (*Pool, error)
+	PoolGet(ctx context.Context, idOrName string) (*Pool, error)
+	PoolList(ctx context.Context, p *ListParams) ([]*Pool, error)
+}
+
+// PoolCreateParams are PoolCreate's inputs. ID defaults to a new pool_ id.
+type PoolCreateParams struct {
+	ID     string
+	Name   string
+	SiteID string
+}
