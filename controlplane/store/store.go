@@ -114,6 +114,7 @@ type Store interface {
 
 	Migrator
 	LeaseStore
+	TenantStore
 	SiteStore
 	PoolStore
 	NodeStore
@@ -266,6 +267,10 @@ type LeaseRenewParams struct {
 type ListParams struct {
 	Cursor string
 	Limit  int
+	// Within, when set, is a tenant's Path: lists of tenant-owned rows
+	// return only those of that tenant and the tenants below it
+	// (docs/tenants.md). "" lists every tenant's.
+	Within string
 }
 
 // MaxListLimit is the most rows one list call returns.
@@ -273,9 +278,11 @@ const MaxListLimit = 1000
 
 // Site is a physical location in a region.
 type Site struct {
-	ID        string
-	Name      string
-	Region    string
+	ID     string
+	Name   string
+	Region string
+	// TenantID owns the site (RootTenant for sites made before tenants).
+	TenantID  string
 	CreatedAt time.Time
 }
 
@@ -292,6 +299,8 @@ type SiteCreateParams struct {
 	ID     string
 	Name   string
 	Region string
+	// TenantID owns the site; defaults to RootTenant.
+	TenantID string
 }
 
 // Pool is a group of nodes at one site; join tokens are bound to a pool.
@@ -305,7 +314,10 @@ type Pool struct {
 	// RemediationConcurrency is how many remediation actions may run at
 	// once on the pool's quarantined nodes.
 	RemediationConcurrency int
-	CreatedAt              time.Time
+	// TenantID owns the pool and so its nodes, join tokens, reservations,
+	// rollouts and commands (docs/tenants.md).
+	TenantID  string
+	CreatedAt time.Time
 }
 
 // PoolStore keeps pools.
@@ -322,6 +334,8 @@ type PoolCreateParams struct {
 	ID     string
 	Name   string
 	SiteID string
+	// TenantID owns the pool; defaults to RootTenant.
+	TenantID string
 }
 
 // Node states.
@@ -1173,6 +1187,9 @@ type AuditEntry struct {
 	Outcome  string
 	SourceIP string
 	Details  []byte // JSON
+	// TenantID is the tenant of the caller the row records (RootTenant
+	// for rows written before tenants, and for callers without a token).
+	TenantID string
 }
 
 // AuditQueryParams filter AuditQuery. Every filter is optional (zero
@@ -1187,6 +1204,9 @@ type AuditQueryParams struct {
 	// ActionPrefix matches actions that start with it, byte for byte
 	// ("joinTokens." matches joinTokens.create; no wildcards).
 	ActionPrefix string
+	// Within, when set, is a tenant's Path: only rows whose TenantID lies
+	// within that tenant (docs/tenants.md).
+	Within string
 	// Limit is 1 to MaxListLimit; 0 means 100.
 	Limit int
 }
@@ -1244,8 +1264,11 @@ const (
 // APIToken is a bearer credential for the API. Only the secret's hash is
 // stored.
 type APIToken struct {
-	ID          string
-	Role        string
+	ID   string
+	Role string
+	// TenantID is the tenant whose subtree the role holds in
+	// (docs/tenants.md); RootTenant for tokens made before tenants.
+	TenantID    string
 	Description string
 	AllowCIDRs  []string
 	ExpiresAt   *time.Time
