@@ -120,7 +120,7 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if len(r.GetIdempotencyKey()) > 128 {
 		return nil, invalid("idempotencyKey", "at most 128 characters")
 	}
-	nodes, err := s.targets(ctx, r)
+	nodes, err := s.targets(ctx, p, r)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,8 @@ func specOut(out *apiv1.Command, c *store.Command) {
 }
 
 // targets resolves node ids or a pool and selector to node ids.
-func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([]string, error) {
+// Every target must lie within p's subtree (docs/tenants.md).
+func (s *Server) targets(ctx context.Context, p *iam.Principal, r *apiv1.CreateCommandsRequest) ([]string, error) {
 	switch {
 	case len(r.GetNodeIds()) > 0 && r.GetPool() != "":
 		return nil, invalid("nodeIds", "give nodeIds or pool, not both")
@@ -184,6 +185,15 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		if err != nil {
 			return nil, err
 		}
+		if within(p) != "" && len(missing) == 0 {
+			for _, nid := range ids {
+				if _, err := s.node(ctx, p, nid); errors.Is(err, store.ErrNotFound) || isNotFound(err) {
+					missing = append(missing, nid)
+				} else if err != nil {
+					return nil, err
+				}
+			}
+		}
 		if len(missing) > 0 {
 			return nil, &Error{Code: apiv1.CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
 		}
@@ -204,7 +214,7 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		}
 		return ids, nil
 	case r.GetPool() != "":
-		pool, err := s.pool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -359,7 +369,7 @@ func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.
 // nodeStates are the states nodes.list filters by (store.Node.State).
 var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining, store.NodeClockSkewed}
 
-func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
+func (s *Server) nodesList(ctx context.Context, p *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -375,7 +385,7 @@ func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListN
 	}
 	params := store.NodeListParams{ListParams: lp, State: r.GetState()}
 	if r.GetPool() != "" {
-		pool, err := s.pool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}

@@ -1283,6 +1283,9 @@ type APITokenStore interface {
 	// expired ones included (the caller decides).
 	APITokenBySecret(ctx context.Context, secretHash []byte) (*APIToken, error)
 	APITokenList(ctx context.Context, p *ListParams) ([]*APIToken, error)
+	// APITokenGet returns a token by id, revoked or expired ones included;
+	// ErrNotFound when there is none.
+	APITokenGet(ctx context.Context, id string) (*APIToken, error)
 	APITokenRevoke(ctx context.Context, id string) error
 	// TokensPrune deletes join tokens and API tokens that expired or were
 	// revoked before before; it returns how many.

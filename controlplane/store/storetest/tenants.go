@@ -71,6 +71,11 @@ func testTenants(ctx context.Context, t *testing.T, h *Harness) {
 	if got := must(h.Store.APITokenBySecret(ctx, []byte("tenant-token-hash-0123456789abcd"))); got.TenantID != a1.ID {
 		t.Fatalf("token tenant = %q", got.TenantID)
 	}
+	if got := must(h.Store.APITokenGet(ctx, tok.ID)); got.TenantID != a1.ID || got.Role != store.RoleViewer {
+		t.Fatalf("token by id = %+v", got)
+	}
+	_, err = h.Store.APITokenGet(ctx, "tok_missing")
+	wantErr(t, err, store.ErrNotFound)
 	if got := must(h.Store.APITokenList(ctx, &store.ListParams{Within: b.Path})); len(got) != 0 {
 		t.Fatalf("tokens within b = %+v", got)
 	}

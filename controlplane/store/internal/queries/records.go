@@ -367,6 +367,15 @@ func (s *Store) APITokenBySecret(ctx context.Context, secretHash []byte) (*store
 	return t, nil
 }
 
+// APITokenGet returns a token by id.
+func (s *Store) APITokenGet(ctx context.Context, id string) (*store.APIToken, error) {
+	t, err := scanAPIToken(s.db.QueryRow(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id = $1`, id))
+	if err != nil {
+		return nil, s.wrap("get api token "+id, err)
+	}
+	return t, nil
+}
+
 // APITokenList pages tokens by id.
 func (s *Store) APITokenList(ctx context.Context, p *store.ListParams) ([]*store.APIToken, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id > $1 AND `+withinTenant("tenant_id", 3)+` ORDER BY id LIMIT $2`,
