@@ -189,4 +189,3 @@ func wantEndedWithin(t *testing.T, what string, p *testenv.Proc, start time.Time
 		t.Fatalf("%s: exit %d after %v, %d lines holding %q; want exit 1 within %v, one such line:\n%s", what, code, took, n, want, limit, p.Output())
 	}
 }
-
