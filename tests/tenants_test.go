@@ -98,6 +98,46 @@ func TestTenantSuspensionEndsChildCalls(t *testing.T) {
 	if err != nil || len(pools.Pools) != 0 {
 		t.Fatalf("another tenant's pools.list = %+v, %v; want none", pools, err)
 	}
+	// A command of the child's operator: the other tenant neither lists,
+	// reads nor cancels it, nor runs one on the child's node.
+	cmds, err := childAPI.CommandsCreate(ctx, &apiv1.CreateCommandsRequest{NodeIds: []string{nodeID}, Kind: "exec", Exec: &apiv1.ExecSpec{Argv: []string{"true"}}})
+	if err != nil || len(cmds.Commands) != 1 {
+		t.Fatalf("the child's commands.create = %+v, %v", cmds, err)
+	}
+	if list, err := childAPI.CommandsList(ctx, &apiv1.ListCommandsRequest{}); err != nil || len(list.Commands) != 1 {
+		t.Fatalf("the child's commands.list = %+v, %v; want its one command", list, err)
+	}
+	if list, err := otherAPI.CommandsList(ctx, &apiv1.ListCommandsRequest{}); err != nil || len(list.Commands) != 0 {
+		t.Fatalf("another tenant's commands.list = %+v, %v; want none", list, err)
+	}
+	if list, err := otherAPI.NodesList(ctx, &apiv1.ListNodesRequest{}); err != nil || len(list.Nodes) != 0 {
+		t.Fatalf("another tenant's nodes.list = %+v, %v; want none", list, err)
+	}
+	for what, call := range map[string]func() error{
+		"commands.get": func() error {
+			_, err := otherAPI.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: cmds.Commands[0].Id})
+			return err
+		},
+		"commands.cancel": func() error {
+			_, err := otherAPI.CommandsCancel(ctx, &apiv1.CancelCommandRequest{Id: cmds.Commands[0].Id})
+			return err
+		},
+		"commands.create": func() error {
+			_, err := otherAPI.CommandsCreate(ctx, &apiv1.CreateCommandsRequest{NodeIds: []string{nodeID}, Kind: "exec", Exec: &apiv1.ExecSpec{Argv: []string{"true"}}})
+			return err
+		},
+		"nodes.cordon": func() error { _, err := otherAPI.NodesCordon(ctx, &apiv1.NodeRequest{Id: nodeID}); return err },
+		"tunnels.create": func() error {
+			_, err := otherAPI.TunnelsCreate(ctx, &apiv1.CreateTunnelRequest{Node: nodeID, Kind: "shell"})
+			return err
+		},
+		"pools.get": func() error { _, err := otherAPI.PoolsGet(ctx, &apiv1.PoolRequest{Pool: n.PoolID}); return err },
+	} {
+		err := call()
+		if ae := (*client.Error)(nil); !errors.As(err, &ae) || ae.Code != apiv1.CodeNotFound {
+			t.Errorf("another tenant's %s of the child's resource: %v, want NOT_FOUND", what, err)
+		}
+	}
 
 	env := []string{"BETTER_COMPUTE_URL=" + api2, "BETTER_COMPUTE_TOKEN=" + childAPI.Token}
 	watch := testenv.Start(t, env, d.bin, "events", "watch")

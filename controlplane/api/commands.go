@@ -293,9 +293,9 @@ func (s *Server) commandsGet(ctx context.Context, p *iam.Principal, r *apiv1.Get
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
-	c, err := s.store.CommandGet(ctx, r.GetId())
+	c, err := s.command(ctx, p, r.GetId())
 	if err != nil {
-		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
+		return nil, err
 	}
 	out := forRole(commandOut(c), p)
 	resp := &apiv1.GetCommandResponse{Command: out}
@@ -330,6 +330,23 @@ func (s *Server) commandsGet(ctx context.Context, p *iam.Principal, r *apiv1.Get
 	return resp, nil
 }
 
+// command resolves a command id within the caller's subtree: a command of
+// a node of another tenant's pool is NOT_FOUND (docs/tenants.md).
+func (s *Server) command(ctx context.Context, p *iam.Principal, cmdID string) (*store.Command, error) {
+	if err := id("id", cmdID); err != nil {
+		return nil, err
+	}
+	c, err := s.store.CommandGet(ctx, cmdID)
+	if err == nil && within(p) != "" {
+		if _, nerr := s.node(ctx, p, c.NodeID); isNotFound(nerr) {
+			err = store.ErrNotFound
+		} else if nerr != nil {
+			return nil, nerr
+		}
+	}
+	return c, fieldNotFound(err, "id", "no command "+cmdID)
+}
+
 var commandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning,
 	store.CommandSucceeded, store.CommandFailed, store.CommandCancelled, store.CommandExpired, store.CommandLost}
 
@@ -341,6 +358,7 @@ func (s *Server) commandsList(ctx context.Context, p *iam.Principal, r *apiv1.Li
 	if r.GetState() != "" && !slices.Contains(commandStates, r.GetState()) {
 		return nil, invalid("state", "unknown state %q", r.GetState())
 	}
+	lp.Within = within(p)
 	cmds, err := s.store.CommandList(ctx, &store.CommandListParams{ListParams: lp, NodeID: r.GetNodeId(), BatchID: r.GetBatchId(), State: r.GetState()})
 	if err != nil {
 		return nil, err
@@ -352,8 +370,8 @@ func (s *Server) commandsList(ctx context.Context, p *iam.Principal, r *apiv1.Li
 	return out, nil
 }
 
-func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.CancelCommandRequest) (*apiv1.CancelCommandResponse, error) {
-	if err := id("id", r.GetId()); err != nil {
+func (s *Server) commandsCancel(ctx context.Context, p *iam.Principal, r *apiv1.CancelCommandRequest) (*apiv1.CancelCommandResponse, error) {
+	if _, err := s.command(ctx, p, r.GetId()); err != nil {
 		return nil, err
 	}
 	c, err := s.store.CommandRequestCancel(ctx, r.GetId())
@@ -383,6 +401,7 @@ func (s *Server) nodesList(ctx context.Context, p *iam.Principal, r *apiv1.ListN
 	if st := r.GetState(); st != "" && !slices.Contains(nodeStates, st) {
 		return nil, invalid("state", "unknown state %q: want %s", st, strings.Join(nodeStates, ", "))
 	}
+	lp.Within = within(p)
 	params := store.NodeListParams{ListParams: lp, State: r.GetState()}
 	if r.GetPool() != "" {
 		pool, err := s.pool(ctx, p, "pool", r.GetPool())

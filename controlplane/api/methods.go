@@ -396,11 +396,12 @@ func (s *Server) gatewayPin(ctx context.Context) (pin, trustDomain string, err e
 	return s.pin, b.TrustDomain, nil
 }
 
-func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {
+func (s *Server) joinTokensList(ctx context.Context, p *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
+	lp.Within = within(p)
 	toks, err := s.store.JoinTokenList(ctx, &lp)
 	if err != nil {
 		return nil, err
@@ -412,9 +413,21 @@ func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.
 	return out, nil
 }
 
-func (s *Server) joinTokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeJoinTokenRequest) (*apiv1.RevokeJoinTokenResponse, error) {
+func (s *Server) joinTokensRevoke(ctx context.Context, p *iam.Principal, r *apiv1.RevokeJoinTokenRequest) (*apiv1.RevokeJoinTokenResponse, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
+	}
+	if within(p) != "" {
+		jt, err := s.store.JoinTokenGet(ctx, r.GetId())
+		if err == nil {
+			_, err = s.pool(ctx, p, "id", jt.PoolID)
+		}
+		if err != nil && (isNotFound(err) || errors.Is(err, store.ErrNotFound)) {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no join token " + r.GetId()}
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if err := s.store.JoinTokenRevoke(ctx, r.GetId()); err != nil {
 		return nil, fieldNotFound(err, "id", "no join token "+r.GetId())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/store"
 )
@@ -104,6 +105,25 @@ func testTenants(ctx context.Context, t *testing.T, h *Harness) {
 	// Deletion: refused while the subtree's pools hold nodes, unless
 	// they move; the moved pool keeps its nodes.
 	addNode(ctx, t, h, pa, "node-tenant-a")
+	addNode(ctx, t, h, old, "node-root")
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: store.NewID("jt"), SecretHash: []byte("jt-a"), PoolID: pa.ID, MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour)}))
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: store.NewID("jt"), SecretHash: []byte("jt-root"), PoolID: old.ID, MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour)}))
+	must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node-tenant-a", "node-root"}, Kind: "reboot", Timeout: time.Minute}))
+	if got := must(h.Store.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Within: a.Path}})); len(got) != 1 || got[0].ID != "node-tenant-a" {
+		t.Fatalf("nodes within a = %+v", got)
+	}
+	if got := must(h.Store.NodeList(ctx, &store.NodeListParams{})); len(got) != 2 {
+		t.Fatalf("every node = %d, want 2", len(got))
+	}
+	if got := must(h.Store.CommandList(ctx, &store.CommandListParams{ListParams: store.ListParams{Within: a.Path}})); len(got) != 1 || got[0].NodeID != "node-tenant-a" {
+		t.Fatalf("commands within a = %+v", got)
+	}
+	if got := must(h.Store.JoinTokenList(ctx, &store.ListParams{Within: a.Path})); len(got) != 1 || got[0].PoolID != pa.ID {
+		t.Fatalf("join tokens within a = %+v", got)
+	}
+	if got := must(h.Store.JoinTokenList(ctx, &store.ListParams{Within: b.Path})); len(got) != 0 {
+		t.Fatalf("join tokens within b = %+v", got)
+	}
 	_, err = h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID})
 	wantErr(t, err, store.ErrTenantHasNodes)
 	_, err = h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID, MoveNodesTo: a1.ID})
