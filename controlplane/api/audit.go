@@ -20,13 +20,13 @@ const maxAuditFilter = 256
 // page, and the next page holds the older entries. since and until bound
 // the time (since inclusive, until exclusive); actor, resource and outcome
 // match exactly; actionPrefix matches the start of the action.
-func (s *Server) auditList(ctx context.Context, _ *iam.Principal, r *apiv1.ListAuditRequest) (*apiv1.ListAuditResponse, error) {
+func (s *Server) auditList(ctx context.Context, p *iam.Principal, r *apiv1.ListAuditRequest) (*apiv1.ListAuditResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
 	q := store.AuditQueryParams{Limit: lp.Limit, Actor: r.GetActor(), ActionPrefix: r.GetActionPrefix(),
-		Resource: r.GetResource(), Outcome: r.GetOutcome()}
+		Resource: r.GetResource(), Outcome: r.GetOutcome(), Within: within(p)}
 	if q.BeforeID, err = idCursor(lp.Cursor); err != nil {
 		return nil, err
 	}

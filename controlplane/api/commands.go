@@ -120,7 +120,7 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if len(r.GetIdempotencyKey()) > 128 {
 		return nil, invalid("idempotencyKey", "at most 128 characters")
 	}
-	nodes, err := s.targets(ctx, r)
+	nodes, err := s.targets(ctx, p, r)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +162,8 @@ func specOut(out *apiv1.Command, c *store.Command) {
 }
 
 // targets resolves node ids or a pool and selector to node ids.
-func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([]string, error) {
+// Every target must lie within p's subtree (docs/tenants.md).
+func (s *Server) targets(ctx context.Context, p *iam.Principal, r *apiv1.CreateCommandsRequest) ([]string, error) {
 	switch {
 	case len(r.GetNodeIds()) > 0 && r.GetPool() != "":
 		return nil, invalid("nodeIds", "give nodeIds or pool, not both")
@@ -184,6 +185,15 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		if err != nil {
 			return nil, err
 		}
+		if within(p) != "" && len(missing) == 0 {
+			for _, nid := range ids {
+				if _, err := s.node(ctx, p, nid); errors.Is(err, store.ErrNotFound) || isNotFound(err) {
+					missing = append(missing, nid)
+				} else if err != nil {
+					return nil, err
+				}
+			}
+		}
 		if len(missing) > 0 {
 			return nil, &Error{Code: apiv1.CodeNotFound, Field: "nodeIds", Message: "no node " + strings.Join(missing[:min(len(missing), 5)], ", ")}
 		}
@@ -204,7 +214,7 @@ func (s *Server) targets(ctx context.Context, r *apiv1.CreateCommandsRequest) ([
 		}
 		return ids, nil
 	case r.GetPool() != "":
-		pool, err := s.pool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -283,9 +293,9 @@ func (s *Server) commandsGet(ctx context.Context, p *iam.Principal, r *apiv1.Get
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
-	c, err := s.store.CommandGet(ctx, r.GetId())
+	c, err := s.command(ctx, p, r.GetId())
 	if err != nil {
-		return nil, fieldNotFound(err, "id", "no command "+r.GetId())
+		return nil, err
 	}
 	out := forRole(commandOut(c), p)
 	resp := &apiv1.GetCommandResponse{Command: out}
@@ -320,6 +330,23 @@ func (s *Server) commandsGet(ctx context.Context, p *iam.Principal, r *apiv1.Get
 	return resp, nil
 }
 
+// command resolves a command id within the caller's subtree: a command of
+// a node of another tenant's pool is NOT_FOUND (docs/tenants.md).
+func (s *Server) command(ctx context.Context, p *iam.Principal, cmdID string) (*store.Command, error) {
+	if err := id("id", cmdID); err != nil {
+		return nil, err
+	}
+	c, err := s.store.CommandGet(ctx, cmdID)
+	if err == nil && within(p) != "" {
+		if _, nerr := s.node(ctx, p, c.NodeID); isNotFound(nerr) {
+			err = store.ErrNotFound
+		} else if nerr != nil {
+			return nil, nerr
+		}
+	}
+	return c, fieldNotFound(err, "id", "no command "+cmdID)
+}
+
 var commandStates = []string{store.CommandQueued, store.CommandDispatched, store.CommandAccepted, store.CommandRunning,
 	store.CommandSucceeded, store.CommandFailed, store.CommandCancelled, store.CommandExpired, store.CommandLost}
 
@@ -331,6 +358,7 @@ func (s *Server) commandsList(ctx context.Context, p *iam.Principal, r *apiv1.Li
 	if r.GetState() != "" && !slices.Contains(commandStates, r.GetState()) {
 		return nil, invalid("state", "unknown state %q", r.GetState())
 	}
+	lp.Within = within(p)
 	cmds, err := s.store.CommandList(ctx, &store.CommandListParams{ListParams: lp, NodeID: r.GetNodeId(), BatchID: r.GetBatchId(), State: r.GetState()})
 	if err != nil {
 		return nil, err
@@ -342,8 +370,8 @@ func (s *Server) commandsList(ctx context.Context, p *iam.Principal, r *apiv1.Li
 	return out, nil
 }
 
-func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.CancelCommandRequest) (*apiv1.CancelCommandResponse, error) {
-	if err := id("id", r.GetId()); err != nil {
+func (s *Server) commandsCancel(ctx context.Context, p *iam.Principal, r *apiv1.CancelCommandRequest) (*apiv1.CancelCommandResponse, error) {
+	if _, err := s.command(ctx, p, r.GetId()); err != nil {
 		return nil, err
 	}
 	c, err := s.store.CommandRequestCancel(ctx, r.GetId())
@@ -359,7 +387,7 @@ func (s *Server) commandsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.
 // nodeStates are the states nodes.list filters by (store.Node.State).
 var nodeStates = []string{store.NodeJoined, store.NodeReady, store.NodeUnreachable, store.NodePoweredOff, store.NodeDraining, store.NodeClockSkewed}
 
-func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
+func (s *Server) nodesList(ctx context.Context, p *iam.Principal, r *apiv1.ListNodesRequest) (*apiv1.ListNodesResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -373,9 +401,10 @@ func (s *Server) nodesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListN
 	if st := r.GetState(); st != "" && !slices.Contains(nodeStates, st) {
 		return nil, invalid("state", "unknown state %q: want %s", st, strings.Join(nodeStates, ", "))
 	}
+	lp.Within = within(p)
 	params := store.NodeListParams{ListParams: lp, State: r.GetState()}
 	if r.GetPool() != "" {
-		pool, err := s.pool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}

@@ -30,12 +30,12 @@ func tsp(t *time.Time) *timestamppb.Timestamp {
 }
 
 func siteOut(s *store.Site) *apiv1.Site {
-	return &apiv1.Site{Id: s.ID, Name: s.Name, Region: s.Region, CreateTime: ts(s.CreatedAt)}
+	return &apiv1.Site{Id: s.ID, Name: s.Name, Region: s.Region, CreateTime: ts(s.CreatedAt), TenantId: s.TenantID}
 }
 
 func poolOut(p *store.Pool) *apiv1.Pool {
 	return &apiv1.Pool{Id: p.ID, Name: p.Name, SiteId: p.SiteID, CreateTime: ts(p.CreatedAt),
-		DisruptionBudget: p.DisruptionBudget, RemediationConcurrency: int32(p.RemediationConcurrency)}
+		DisruptionBudget: p.DisruptionBudget, RemediationConcurrency: int32(p.RemediationConcurrency), TenantId: p.TenantID}
 }
 
 func joinTokenOut(t *store.JoinToken) *apiv1.JoinToken {
@@ -60,7 +60,7 @@ func joinTokenState(t *store.JoinToken, now time.Time) string {
 
 func apiTokenOut(t *store.APIToken) *apiv1.APIToken {
 	return &apiv1.APIToken{Id: t.ID, Role: t.Role, Description: t.Description, AllowCidrs: t.AllowCIDRs,
-		ExpireTime: tsp(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt)}
+		ExpireTime: tsp(t.ExpiresAt), RevokeTime: tsp(t.RevokedAt), CreateTime: ts(t.CreatedAt), TenantId: t.TenantID}
 }
 
 // inventoryOf decodes a node's stored inventory (inventory.Decode).

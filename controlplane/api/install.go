@@ -282,8 +282,8 @@ func (s *Server) serveInstallScript(w http.ResponseWriter, r *http.Request) {
 
 // nodesAdd makes a one-use join token for a pool and the line that
 // installs and joins a new machine with it (DESIGN.md, "Installer").
-func (s *Server) nodesAdd(ctx context.Context, _ *iam.Principal, r *apiv1.AddNodeRequest) (*apiv1.AddNodeResponse, error) {
-	pool, err := s.pool(ctx, "pool", r.GetPool())
+func (s *Server) nodesAdd(ctx context.Context, p *iam.Principal, r *apiv1.AddNodeRequest) (*apiv1.AddNodeResponse, error) {
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}

@@ -47,12 +47,19 @@ func joinTokenTTL(d *durationpb.Duration) (time.Duration, error) {
 // methods exist, their roles and which are audited is api.proto's (service
 // rpcs with the access option), read here through apiv1.Methods.
 func (s *Server) registerMethods() {
+	handle(s, "tenants.create", s.tenantsCreate)
+	handle(s, "tenants.list", s.tenantsList)
+	handle(s, "tenants.get", s.tenantsGet)
+	handle(s, "tenants.suspend", s.tenantsSuspend(true))
+	handle(s, "tenants.resume", s.tenantsSuspend(false))
+	handle(s, "tenants.delete", s.tenantsDelete)
 	handle(s, "sites.create", s.sitesCreate)
 	handle(s, "sites.list", s.sitesList)
 	handle(s, "pools.create", s.poolsCreate)
 	handle(s, "pools.list", s.poolsList)
 	handle(s, "pools.get", s.poolsGet)
 	handle(s, "pools.setBudget", s.poolsSetBudget)
+	handle(s, "pools.move", s.poolsMove)
 	handle(s, "joinTokens.create", s.joinTokensCreate)
 	handle(s, "joinTokens.list", s.joinTokensList)
 	handle(s, "joinTokens.revoke", s.joinTokensRevoke)
@@ -156,14 +163,18 @@ func id(field, v string) error {
 	return nil
 }
 
-func (s *Server) sitesCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateSiteRequest) (*apiv1.Site, error) {
+func (s *Server) sitesCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateSiteRequest) (*apiv1.Site, error) {
 	if err := name("name", r.GetName()); err != nil {
 		return nil, err
 	}
 	if err := name("region", r.GetRegion()); err != nil {
 		return nil, err
 	}
-	site, err := s.store.SiteCreate(ctx, &store.SiteCreateParams{Name: r.GetName(), Region: r.GetRegion()})
+	tenant, err := s.tenant(ctx, p, "tenant", r.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	site, err := s.store.SiteCreate(ctx, &store.SiteCreateParams{Name: r.GetName(), Region: r.GetRegion(), TenantID: tenant.ID})
 	if errors.Is(err, store.ErrConflict) {
 		return nil, &Error{Code: apiv1.CodeConflict, Field: "name", Message: "a site named " + r.GetName() + " exists"}
 	}
@@ -173,11 +184,12 @@ func (s *Server) sitesCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cre
 	return siteOut(site), nil
 }
 
-func (s *Server) sitesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListSitesRequest) (*apiv1.ListSitesResponse, error) {
+func (s *Server) sitesList(ctx context.Context, p *iam.Principal, r *apiv1.ListSitesRequest) (*apiv1.ListSitesResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
+	lp.Within = within(p)
 	sites, err := s.store.SiteList(ctx, &lp)
 	if err != nil {
 		return nil, err
@@ -189,7 +201,7 @@ func (s *Server) sitesList(ctx context.Context, _ *iam.Principal, r *apiv1.ListS
 	return out, nil
 }
 
-func (s *Server) poolsCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreatePoolRequest) (*apiv1.Pool, error) {
+func (s *Server) poolsCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreatePoolRequest) (*apiv1.Pool, error) {
 	if err := name("name", r.GetName()); err != nil {
 		return nil, err
 	}
@@ -197,13 +209,27 @@ func (s *Server) poolsCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cre
 		return nil, err
 	}
 	site, err := s.store.SiteGet(ctx, r.GetSite())
+	if err == nil {
+		var ok bool
+		if ok, err = s.sees(ctx, p, site.TenantID); err == nil && !ok {
+			err = store.ErrNotFound
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: "site", Message: "no site " + r.GetSite()}
 	}
 	if err != nil {
 		return nil, err
 	}
-	pool, err := s.store.PoolCreate(ctx, &store.PoolCreateParams{Name: r.GetName(), SiteID: site.ID})
+	tenantID := site.TenantID
+	if r.GetTenant() != "" {
+		t, err := s.tenant(ctx, p, "tenant", r.GetTenant())
+		if err != nil {
+			return nil, err
+		}
+		tenantID = t.ID
+	}
+	pool, err := s.store.PoolCreate(ctx, &store.PoolCreateParams{Name: r.GetName(), SiteID: site.ID, TenantID: tenantID})
 	if errors.Is(err, store.ErrConflict) {
 		return nil, &Error{Code: apiv1.CodeConflict, Field: "name", Message: "a pool named " + r.GetName() + " exists"}
 	}
@@ -213,11 +239,12 @@ func (s *Server) poolsCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cre
 	return poolOut(pool), nil
 }
 
-func (s *Server) poolsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListPoolsRequest) (*apiv1.ListPoolsResponse, error) {
+func (s *Server) poolsList(ctx context.Context, p *iam.Principal, r *apiv1.ListPoolsRequest) (*apiv1.ListPoolsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
+	lp.Within = within(p)
 	pools, err := s.store.PoolList(ctx, &lp)
 	if err != nil {
 		return nil, err
@@ -230,8 +257,8 @@ func (s *Server) poolsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListP
 }
 
 // poolsGet is the pool with its disruption budget's counts.
-func (s *Server) poolsGet(ctx context.Context, _ *iam.Principal, r *apiv1.PoolRequest) (*apiv1.Pool, error) {
-	pool, err := s.pool(ctx, "pool", r.GetPool())
+func (s *Server) poolsGet(ctx context.Context, p *iam.Principal, r *apiv1.PoolRequest) (*apiv1.Pool, error) {
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
@@ -240,8 +267,8 @@ func (s *Server) poolsGet(ctx context.Context, _ *iam.Principal, r *apiv1.PoolRe
 
 // poolsSetBudget sets a pool's disruption budget and remediation
 // concurrency (docs/disruption-budget.md).
-func (s *Server) poolsSetBudget(ctx context.Context, _ *iam.Principal, r *apiv1.SetPoolBudgetRequest) (*apiv1.Pool, error) {
-	pool, err := s.pool(ctx, "pool", r.GetPool())
+func (s *Server) poolsSetBudget(ctx context.Context, p *iam.Principal, r *apiv1.SetPoolBudgetRequest) (*apiv1.Pool, error) {
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
@@ -278,20 +305,27 @@ func (s *Server) poolWithBudget(ctx context.Context, pool *store.Pool) (*apiv1.P
 	return out, nil
 }
 
-// pool resolves a pool id or name for field.
-func (s *Server) pool(ctx context.Context, field, v string) (*store.Pool, error) {
+// pool resolves a pool id or name for field within the caller's subtree
+// (a pool of another tenant is NOT_FOUND, docs/tenants.md).
+func (s *Server) pool(ctx context.Context, caller *iam.Principal, field, v string) (*store.Pool, error) {
 	if err := id(field, v); err != nil {
 		return nil, err
 	}
 	p, err := s.store.PoolGet(ctx, v)
+	if err == nil {
+		var ok bool
+		if ok, err = s.sees(ctx, caller, p.TenantID); err == nil && !ok {
+			err = store.ErrNotFound
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: field, Message: "no pool " + v}
 	}
 	return p, err
 }
 
-func (s *Server) joinTokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateJoinTokenRequest) (*apiv1.CreateJoinTokenResponse, error) {
-	pool, err := s.pool(ctx, "pool", r.GetPool())
+func (s *Server) joinTokensCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateJoinTokenRequest) (*apiv1.CreateJoinTokenResponse, error) {
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
@@ -362,11 +396,12 @@ func (s *Server) gatewayPin(ctx context.Context) (pin, trustDomain string, err e
 	return s.pin, b.TrustDomain, nil
 }
 
-func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {
+func (s *Server) joinTokensList(ctx context.Context, p *iam.Principal, r *apiv1.ListJoinTokensRequest) (*apiv1.ListJoinTokensResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
+	lp.Within = within(p)
 	toks, err := s.store.JoinTokenList(ctx, &lp)
 	if err != nil {
 		return nil, err
@@ -378,9 +413,21 @@ func (s *Server) joinTokensList(ctx context.Context, _ *iam.Principal, r *apiv1.
 	return out, nil
 }
 
-func (s *Server) joinTokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeJoinTokenRequest) (*apiv1.RevokeJoinTokenResponse, error) {
+func (s *Server) joinTokensRevoke(ctx context.Context, p *iam.Principal, r *apiv1.RevokeJoinTokenRequest) (*apiv1.RevokeJoinTokenResponse, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
+	}
+	if within(p) != "" {
+		jt, err := s.store.JoinTokenGet(ctx, r.GetId())
+		if err == nil {
+			_, err = s.pool(ctx, p, "id", jt.PoolID)
+		}
+		if err != nil && (isNotFound(err) || errors.Is(err, store.ErrNotFound)) {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no join token " + r.GetId()}
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	if err := s.store.JoinTokenRevoke(ctx, r.GetId()); err != nil {
 		return nil, fieldNotFound(err, "id", "no join token "+r.GetId())
@@ -400,11 +447,22 @@ func fieldNotFound(err error, field, msg string) error {
 	return err
 }
 
-func (s *Server) node(ctx context.Context, nodeID string) (*store.Node, error) {
+// node resolves a node id within the caller's subtree: a node of a pool
+// of another tenant is NOT_FOUND (docs/tenants.md).
+func (s *Server) node(ctx context.Context, caller *iam.Principal, nodeID string) (*store.Node, error) {
 	if err := id("id", nodeID); err != nil {
 		return nil, err
 	}
 	n, err := s.store.NodeGet(ctx, nodeID)
+	if err == nil && within(caller) != "" {
+		var pool *store.Pool
+		if pool, err = s.store.PoolGet(ctx, n.PoolID); err == nil {
+			var ok bool
+			if ok, err = s.sees(ctx, caller, pool.TenantID); err == nil && !ok {
+				err = store.ErrNotFound
+			}
+		}
+	}
 	return n, fieldNotFound(err, "id", "no node "+nodeID)
 }
 
@@ -415,8 +473,8 @@ func (s *Server) gatewayOf(ctx context.Context, nodeID string) string {
 	return ""
 }
 
-func (s *Server) nodesGet(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-	n, err := s.node(ctx, r.GetId())
+func (s *Server) nodesGet(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -425,7 +483,7 @@ func (s *Server) nodesGet(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRe
 
 func (s *Server) nodesCordon(cordon bool) func(context.Context, *iam.Principal, *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
 	return func(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-		n, err := s.node(ctx, r.GetId())
+		n, err := s.node(ctx, p, r.GetId())
 		if err != nil {
 			return nil, err
 		}
@@ -459,7 +517,7 @@ func (s *Server) nodesSetGPUCount(ctx context.Context, p *iam.Principal, r *apiv
 	if c := r.GetCount(); c < 0 || c > gpucount.Max {
 		return nil, invalid("count", "%d: want 0 to %d GPUs", c, gpucount.Max)
 	}
-	n, err := s.node(ctx, r.GetId())
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -478,7 +536,7 @@ const operatorHold = store.OperatorOwner
 // disruption budget"): refused with CONFLICT, naming the count, while the
 // pool has as many nodes out of service as its budget allows.
 func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-	n, err := s.node(ctx, r.GetId())
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -514,8 +572,8 @@ func (s *Server) nodesDrain(ctx context.Context, p *iam.Principal, r *apiv1.Node
 	return s.nodesGet(ctx, p, r)
 }
 
-func (s *Server) nodesDelete(ctx context.Context, _ *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-	n, err := s.node(ctx, r.GetId())
+func (s *Server) nodesDelete(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -693,7 +751,7 @@ func (s *Server) pkiRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.Revok
 	return &apiv1.RevokeCertificateResponse{Serials: []string{rev.Serial}, NodeId: rev.NodeID, AlreadyRevoked: already}, nil
 }
 
-func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.CreateAPITokenRequest) (*apiv1.CreateAPITokenResponse, error) {
+func (s *Server) tokensCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateAPITokenRequest) (*apiv1.CreateAPITokenResponse, error) {
 	if !iam.ValidRole(r.GetRole()) {
 		return nil, invalid("role", "must be admin, operator or viewer")
 	}
@@ -704,7 +762,12 @@ func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cr
 		}
 		ttl = r.GetTtl().AsDuration()
 	}
-	secret, t, err := iam.Create(ctx, s.store, iam.CreateParams{Role: r.GetRole(), Description: r.GetDescription(), TTL: ttl, AllowCIDRs: r.GetAllowCidrs()})
+	tenant, err := s.tenant(ctx, p, "tenant", r.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	secret, t, err := iam.Create(ctx, s.store, iam.CreateParams{Role: r.GetRole(), Description: r.GetDescription(), TTL: ttl,
+		AllowCIDRs: r.GetAllowCidrs(), TenantID: tenant.ID})
 	if err != nil {
 		if !errors.Is(err, store.ErrConflict) && strings.Contains(err.Error(), "allowed CIDR") {
 			return nil, invalid("allowCidrs", "%v", err)
@@ -714,11 +777,12 @@ func (s *Server) tokensCreate(ctx context.Context, _ *iam.Principal, r *apiv1.Cr
 	return &apiv1.CreateAPITokenResponse{ApiToken: apiTokenOut(t), Token: secret}, nil
 }
 
-func (s *Server) tokensList(ctx context.Context, _ *iam.Principal, r *apiv1.ListAPITokensRequest) (*apiv1.ListAPITokensResponse, error) {
+func (s *Server) tokensList(ctx context.Context, p *iam.Principal, r *apiv1.ListAPITokensRequest) (*apiv1.ListAPITokensResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
+	lp.Within = within(p)
 	toks, err := s.store.APITokenList(ctx, &lp)
 	if err != nil {
 		return nil, err
@@ -730,9 +794,18 @@ func (s *Server) tokensList(ctx context.Context, _ *iam.Principal, r *apiv1.List
 	return out, nil
 }
 
-func (s *Server) tokensRevoke(ctx context.Context, _ *iam.Principal, r *apiv1.RevokeAPITokenRequest) (*apiv1.RevokeAPITokenResponse, error) {
+func (s *Server) tokensRevoke(ctx context.Context, p *iam.Principal, r *apiv1.RevokeAPITokenRequest) (*apiv1.RevokeAPITokenResponse, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
+	}
+	if within(p) != "" {
+		ok, err := s.tokenSeen(ctx, p, r.GetId())
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no token " + r.GetId()}
+		}
 	}
 	if err := s.store.APITokenRevoke(ctx, r.GetId()); err != nil {
 		return nil, fieldNotFound(err, "id", "no token "+r.GetId())

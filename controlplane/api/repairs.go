@@ -32,7 +32,7 @@ const (
 
 // nodesGPUReset orders a reset of one of a node's GPUs.
 func (s *Server) nodesGPUReset(ctx context.Context, p *iam.Principal, r *apiv1.NodeGPUResetRequest) (*apiv1.NodeRepairResponse, error) {
-	n, err := s.node(ctx, r.GetId())
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
@@ -48,7 +48,7 @@ func (s *Server) nodesGPUReset(ctx context.Context, p *iam.Principal, r *apiv1.N
 
 // nodesReboot orders a reboot of a node.
 func (s *Server) nodesReboot(ctx context.Context, p *iam.Principal, r *apiv1.NodeRepairRequest) (*apiv1.NodeRepairResponse, error) {
-	n, err := s.node(ctx, r.GetId())
+	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}

@@ -152,6 +152,8 @@ func (s *Server) tokenEnded(ctx context.Context, c *liveCall) string {
 		return ""
 	case errors.Is(err, iam.ErrTokenExpired):
 		return fmt.Sprintf("credential expired: API token %s expired", c.tokenID)
+	case errors.Is(err, iam.ErrTenantStopped):
+		return fmt.Sprintf("credential revoked: the tenant of API token %s is suspended or deleted", c.tokenID)
 	case errors.Is(err, iam.ErrAddressDenied):
 		return fmt.Sprintf("credential revoked: API token %s is not allowed from %s", c.tokenID, c.addr)
 	case iam.IsRefusal(err): // revoked, or deleted

@@ -215,6 +215,8 @@ func unauthenticatedReason(err error) string {
 		return "revoked"
 	case errors.Is(err, iam.ErrAddressDenied):
 		return "address_denied"
+	case errors.Is(err, iam.ErrTenantStopped):
+		return "tenant_stopped"
 	}
 	return ""
 }

@@ -161,6 +161,7 @@ type Store interface {
 	store.Transactor
 	Ping(ctx context.Context) error
 	store.Migrator
+	store.TenantStore
 	store.SiteStore
 	store.PoolStore
 	store.NodeStore

@@ -60,8 +60,11 @@ func (s *Server) tunnelsCreate(ctx context.Context, p *iam.Principal, r *apiv1.C
 	if r.GetNode() == "" {
 		return nil, invalid("node", "required")
 	}
-	if _, err := s.store.NodeGet(ctx, r.GetNode()); err != nil {
-		return nil, fieldNotFound(err, "node", "no node "+r.GetNode())
+	if _, err := s.node(ctx, p, r.GetNode()); err != nil {
+		if isNotFound(err) {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "node", Message: "no node " + r.GetNode()}
+		}
+		return nil, err
 	}
 	secret := rand.Text()
 	sum := sha256.Sum256([]byte(secret))

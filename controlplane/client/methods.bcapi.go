@@ -9,6 +9,66 @@ import (
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
+// TenantsCreate calls tenants.create (role admin; audited).
+func (c *Client) TenantsCreate(ctx context.Context, req *apiv1.CreateTenantRequest) (*apiv1.Tenant, error) {
+	resp := new(apiv1.Tenant)
+	if err := c.Call(ctx, "tenants.create", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TenantsList calls tenants.list (role viewer).
+func (c *Client) TenantsList(ctx context.Context, req *apiv1.ListTenantsRequest) (*apiv1.ListTenantsResponse, error) {
+	resp := new(apiv1.ListTenantsResponse)
+	if err := c.Call(ctx, "tenants.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TenantsGet calls tenants.get (role viewer).
+func (c *Client) TenantsGet(ctx context.Context, req *apiv1.TenantRequest) (*apiv1.Tenant, error) {
+	resp := new(apiv1.Tenant)
+	if err := c.Call(ctx, "tenants.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TenantsSuspend calls tenants.suspend (role admin; audited).
+// Suspend stops every API token, event stream and tunnel of the tenant's
+// subtree on every api process within 10 s; its nodes keep reporting but
+// take no new command. The root tenant cannot be suspended.
+func (c *Client) TenantsSuspend(ctx context.Context, req *apiv1.TenantRequest) (*apiv1.Tenant, error) {
+	resp := new(apiv1.Tenant)
+	if err := c.Call(ctx, "tenants.suspend", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TenantsResume calls tenants.resume (role admin; audited).
+func (c *Client) TenantsResume(ctx context.Context, req *apiv1.TenantRequest) (*apiv1.Tenant, error) {
+	resp := new(apiv1.Tenant)
+	if err := c.Call(ctx, "tenants.resume", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// TenantsDelete calls tenants.delete (role admin; audited).
+// Delete deletes the tenant and its subtree; refused (CONFLICT) while
+// their pools hold nodes, unless move_nodes_to names a tenant to move
+// those pools to. The root tenant cannot be deleted.
+func (c *Client) TenantsDelete(ctx context.Context, req *apiv1.DeleteTenantRequest) (*apiv1.Tenant, error) {
+	resp := new(apiv1.Tenant)
+	if err := c.Call(ctx, "tenants.delete", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // SitesCreate calls sites.create (role admin; audited).
 func (c *Client) SitesCreate(ctx context.Context, req *apiv1.CreateSiteRequest) (*apiv1.Site, error) {
 	resp := new(apiv1.Site)
@@ -61,6 +121,17 @@ func (c *Client) PoolsGet(ctx context.Context, req *apiv1.PoolRequest) (*apiv1.P
 func (c *Client) PoolsSetBudget(ctx context.Context, req *apiv1.SetPoolBudgetRequest) (*apiv1.Pool, error) {
 	resp := new(apiv1.Pool)
 	if err := c.Call(ctx, "pools.setBudget", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PoolsMove calls pools.move (role admin; audited).
+// Move moves the pool, with its nodes, join tokens, reservations,
+// rollouts and commands, to another tenant within the caller's subtree.
+func (c *Client) PoolsMove(ctx context.Context, req *apiv1.MovePoolRequest) (*apiv1.Pool, error) {
+	resp := new(apiv1.Pool)
+	if err := c.Call(ctx, "pools.move", req, resp); err != nil {
 		return nil, err
 	}
 	return resp, nil

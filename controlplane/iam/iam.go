@@ -8,6 +8,13 @@
 // Successful authentications are cached for up to 30 s, keyed by the token's
 // hash and the caller's address, so a token used from one address is never
 // served from the cache for another.
+//
+// Every token belongs to a tenant and holds its role within that tenant's
+// subtree (docs/tenants.md). A token of a tenant that is suspended or
+// deleted, or lies below one that is, is refused (ErrTenantStopped): the
+// set of stopped tenants is re-read from the store at least every
+// StoppedRefresh (5 s) and checked on every call, cached or not, so a
+// suspension made by any process holds on every process within 10 s.
 package iam
 
 import (
@@ -42,7 +49,14 @@ var (
 	ErrTokenRevoked  = errors.New("token revoked")
 	ErrTokenExpired  = errors.New("token expired")
 	ErrAddressDenied = errors.New("token not allowed from this address")
+	// ErrTenantStopped: the token's tenant, or one above it, is suspended
+	// or deleted.
+	ErrTenantStopped = errors.New("token's tenant is suspended or deleted")
 )
+
+// DefaultStoppedRefresh is how often an Authenticator re-reads the set of
+// stopped tenants (Config.StoppedRefresh).
+const DefaultStoppedRefresh = 5 * time.Second
 
 // rank orders roles; unknown roles rank 0 and are allowed nothing.
 func rank(role string) int {
@@ -70,6 +84,18 @@ func Allows(role, required string) bool {
 type Principal struct {
 	TokenID string
 	Role    string
+	// TenantID is the token's tenant; its role holds within the subtree
+	// whose root it is.
+	TenantID string
+	// TenantPath is the tenant's store.Tenant.Path: a resource is the
+	// caller's when its tenant's path starts with it.
+	TenantPath string
+}
+
+// Sees reports whether the resource of a tenant with path lies within the
+// caller's subtree.
+func (p *Principal) Sees(path string) bool {
+	return path != "" && strings.HasPrefix(path, p.TenantPath)
 }
 
 // Hash is the stored form of a token.
@@ -86,6 +112,8 @@ func NewToken() string {
 // TokenStore is what the authenticator reads.
 type TokenStore interface {
 	APITokenBySecret(ctx context.Context, secretHash []byte) (*store.APIToken, error)
+	TenantGet(ctx context.Context, idOrName string) (*store.Tenant, error)
+	TenantsStopped(ctx context.Context) ([]string, error)
 }
 
 // Config configures an Authenticator.
@@ -93,6 +121,9 @@ type Config struct {
 	// CacheTTL bounds how long a decision is reused. Defaults to 30 s; at
 	// most 30 s.
 	CacheTTL time.Duration
+	// StoppedRefresh is how often the set of suspended or deleted tenants
+	// is re-read. Defaults to DefaultStoppedRefresh (5 s); at most 5 s.
+	StoppedRefresh time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -105,6 +136,13 @@ type Authenticator struct {
 
 	mu    sync.Mutex
 	cache map[cacheKey]cached
+
+	refresh time.Duration
+	// stoppedMu guards stopped, read at stoppedAt; held while reading it
+	// again, so one caller reads and the others wait for its answer.
+	stoppedMu sync.Mutex
+	stopped   map[string]bool
+	stoppedAt time.Time
 }
 
 type cacheKey struct {
@@ -128,7 +166,41 @@ func NewAuthenticator(cfg Config, st TokenStore) *Authenticator {
 	if now == nil {
 		now = time.Now
 	}
-	return &Authenticator{store: st, ttl: ttl, now: now, cache: map[cacheKey]cached{}}
+	refresh := min(cmp.Or(cfg.StoppedRefresh, DefaultStoppedRefresh), DefaultStoppedRefresh)
+	return &Authenticator{store: st, ttl: ttl, now: now, cache: map[cacheKey]cached{}, refresh: refresh}
+}
+
+// tenantStopped reports whether tenant is suspended or deleted (or below
+// one that is), from a set read at most Config.StoppedRefresh ago; fresh
+// reads it from the store now.
+func (a *Authenticator) tenantStopped(ctx context.Context, tenant string, fresh bool) (bool, error) {
+	a.stoppedMu.Lock()
+	defer a.stoppedMu.Unlock()
+	now := a.now()
+	if fresh || a.stopped == nil || now.Sub(a.stoppedAt) >= a.refresh || now.Before(a.stoppedAt) {
+		ids, err := a.store.TenantsStopped(ctx)
+		if err != nil {
+			return false, fmt.Errorf("authenticate: read stopped tenants: %w", err)
+		}
+		a.stopped = make(map[string]bool, len(ids))
+		for _, id := range ids {
+			a.stopped[id] = true
+		}
+		a.stoppedAt = now
+	}
+	return a.stopped[tenant], nil
+}
+
+// checkTenant refuses p when its tenant is stopped.
+func (a *Authenticator) checkTenant(ctx context.Context, p *Principal, fresh bool) error {
+	stopped, err := a.tenantStopped(ctx, p.TenantID, fresh)
+	if err != nil {
+		return err
+	}
+	if stopped {
+		return ErrTenantStopped
+	}
+	return nil
 }
 
 // Authenticate returns the principal of token called from addr; an
@@ -144,6 +216,9 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 	if c, ok := a.cache[key]; ok && now.Before(c.expires) {
 		a.mu.Unlock()
 		p := c.p
+		if err := a.checkTenant(ctx, &p, false); err != nil {
+			return nil, err
+		}
 		return &p, nil
 	}
 	a.mu.Unlock()
@@ -152,6 +227,9 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 	}
 	p, expires, err := a.lookup(ctx, key, now)
 	if err != nil {
+		return nil, err
+	}
+	if err := a.checkTenant(ctx, p, false); err != nil {
 		return nil, err
 	}
 	a.mu.Lock()
@@ -173,7 +251,8 @@ func (a *Authenticator) Authenticate(ctx context.Context, token string, addr net
 // Recheck authenticates token from addr again from the store, never from
 // the cache, for calls that outlive one request (event streams, tunnels):
 // they end when it fails with ErrTokenRevoked, ErrTokenExpired,
-// ErrUnknownToken (deleted) or ErrAddressDenied. Such a refusal also drops
+// ErrUnknownToken (deleted), ErrAddressDenied or ErrTenantStopped (read
+// afresh, not from the stopped set of Authenticate). Such a refusal also drops
 // every cached decision for the token in this process, so its next call is
 // refused here at once. Other errors are the store's: the caller retries.
 func (a *Authenticator) Recheck(ctx context.Context, token string, addr netip.Addr) (*Principal, error) {
@@ -193,6 +272,11 @@ func (a *Authenticator) RecheckHash(ctx context.Context, hash [32]byte, addr net
 	addr = addr.Unmap()
 	key := cacheKey{hash: hash, addr: addr}
 	p, _, err := a.lookup(ctx, key, a.now())
+	if err == nil {
+		if err = a.checkTenant(ctx, p, true); err != nil {
+			p = nil
+		}
+	}
 	if err != nil && IsRefusal(err) {
 		a.mu.Lock()
 		for k := range a.cache {
@@ -210,7 +294,7 @@ func (a *Authenticator) RecheckHash(ctx context.Context, hash [32]byte, addr net
 // than reports a store failure.
 func IsRefusal(err error) bool {
 	return errors.Is(err, ErrNoToken) || errors.Is(err, ErrUnknownToken) || errors.Is(err, ErrTokenRevoked) ||
-		errors.Is(err, ErrTokenExpired) || errors.Is(err, ErrAddressDenied)
+		errors.Is(err, ErrTokenExpired) || errors.Is(err, ErrAddressDenied) || errors.Is(err, ErrTenantStopped)
 }
 
 // lookup reads the token from the store and judges it at now: its
@@ -238,7 +322,14 @@ func (a *Authenticator) lookup(ctx context.Context, key cacheKey, now time.Time)
 	if t.ExpiresAt != nil && t.ExpiresAt.Before(expires) {
 		expires = *t.ExpiresAt
 	}
-	return &Principal{TokenID: t.ID, Role: t.Role}, expires, nil
+	tenant, err := a.store.TenantGet(ctx, cmp.Or(t.TenantID, store.RootTenant))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, time.Time{}, ErrTenantStopped
+	case err != nil:
+		return nil, time.Time{}, fmt.Errorf("authenticate: %w", err)
+	}
+	return &Principal{TokenID: t.ID, Role: t.Role, TenantID: tenant.ID, TenantPath: tenant.Path}, expires, nil
 }
 
 // Forget drops cached decisions (after a revocation in this process).
@@ -255,6 +346,9 @@ type CreateParams struct {
 	// TTL is the token's life; 0 means no expiry.
 	TTL        time.Duration
 	AllowCIDRs []string
+	// TenantID is the token's tenant; defaults to store.RootTenant. The
+	// caller checks that it may make tokens there.
+	TenantID string
 }
 
 // TokenCreator is what Create writes to.
@@ -283,7 +377,7 @@ func Create(ctx context.Context, st TokenCreator, p CreateParams) (string, *stor
 		cidrs = append(cidrs, pfx.Masked().String())
 	}
 	secret := NewToken()
-	t := &store.APIToken{ID: store.NewID("tok"), Role: p.Role, Description: p.Description, AllowCIDRs: cidrs, CreatedAt: time.Now().UTC()}
+	t := &store.APIToken{ID: store.NewID("tok"), Role: p.Role, TenantID: cmp.Or(p.TenantID, store.RootTenant), Description: p.Description, AllowCIDRs: cidrs, CreatedAt: time.Now().UTC()}
 	if p.TTL > 0 {
 		exp := time.Now().Add(p.TTL).UTC()
 		t.ExpiresAt = &exp

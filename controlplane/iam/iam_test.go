@@ -42,6 +42,17 @@ func (s *tokens) APITokenBySecret(_ context.Context, hash []byte) (*store.APITok
 	return &c, nil
 }
 
+// TenantGet knows the root tenant only: these tests' tokens are the root's
+// (TestTenantStopped runs on the real store).
+func (s *tokens) TenantGet(_ context.Context, id string) (*store.Tenant, error) {
+	if id != store.RootTenant {
+		return nil, store.ErrNotFound
+	}
+	return &store.Tenant{ID: store.RootTenant, Name: store.RootTenant, Path: store.RootTenant + "/"}, nil
+}
+
+func (s *tokens) TenantsStopped(context.Context) ([]string, error) { return nil, nil }
+
 func (s *tokens) revoke(id string, at time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

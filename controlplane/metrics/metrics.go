@@ -283,14 +283,15 @@ func (m *Metrics) Refused(gateway, reason string) {
 }
 
 // APIUnauthenticated counts an API call refused for its token; reason is
-// one of no_token, unknown_token, expired, revoked, address_denied (others
+// one of no_token, unknown_token, expired, revoked, address_denied,
+// tenant_stopped (others
 // count as "other", so the label stays bounded).
 func (m *Metrics) APIUnauthenticated(reason string) {
 	if m == nil {
 		return
 	}
 	switch reason {
-	case "no_token", "unknown_token", "expired", "revoked", "address_denied":
+	case "no_token", "unknown_token", "expired", "revoked", "address_denied", "tenant_stopped":
 	default:
 		reason = ReasonOther
 	}

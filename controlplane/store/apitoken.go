@@ -15,8 +15,11 @@ const (
 // APIToken is a bearer credential for the API. Only the secret's hash is
 // stored.
 type APIToken struct {
-	ID          string
-	Role        string
+	ID   string
+	Role string
+	// TenantID is the tenant whose subtree the role holds in
+	// (docs/tenants.md); RootTenant for tokens made before tenants.
+	TenantID    string
 	Description string
 	AllowCIDRs  []string
 	ExpiresAt   *time.Time
@@ -31,6 +34,9 @@ type APITokenStore interface {
 	// expired ones included (the caller decides).
 	APITokenBySecret(ctx context.Context, secretHash []byte) (*APIToken, error)
 	APITokenList(ctx context.Context, p *ListParams) ([]*APIToken, error)
+	// APITokenGet returns a token by id, revoked or expired ones included;
+	// ErrNotFound when there is none.
+	APITokenGet(ctx context.Context, id string) (*APIToken, error)
 	APITokenRevoke(ctx context.Context, id string) error
 	// TokensPrune deletes join tokens and API tokens that expired or were
 	// revoked before before; it returns how many.

@@ -16,6 +16,9 @@ type AuditEntry struct {
 	Outcome  string
 	SourceIP string
 	Details  []byte // JSON
+	// TenantID is the tenant of the caller the row records (RootTenant
+	// for rows written before tenants, and for callers without a token).
+	TenantID string
 }
 
 // AuditQueryParams filter AuditQuery. Every filter is optional (zero
@@ -30,6 +33,9 @@ type AuditQueryParams struct {
 	// ActionPrefix matches actions that start with it, byte for byte
 	// ("joinTokens." matches joinTokens.create; no wildcards).
 	ActionPrefix string
+	// Within, when set, is a tenant's Path: only rows whose TenantID lies
+	// within that tenant (docs/tenants.md).
+	Within string
 	// Limit is 1 to MaxListLimit; 0 means 100.
 	Limit int
 }

@@ -7,9 +7,11 @@ import (
 
 // Site is a physical location in a region.
 type Site struct {
-	ID        string
-	Name      string
-	Region    string
+	ID     string
+	Name   string
+	Region string
+	// TenantID owns the site (RootTenant for sites made before tenants).
+	TenantID  string
 	CreatedAt time.Time
 }
 
@@ -26,6 +28,8 @@ type SiteCreateParams struct {
 	ID     string
 	Name   string
 	Region string
+	// TenantID owns the site; defaults to RootTenant.
+	TenantID string
 }
 
 // Pool is a group of nodes at one site; join tokens are bound to a pool.
@@ -39,7 +43,10 @@ type Pool struct {
 	// RemediationConcurrency is how many remediation actions may run at
 	// once on the pool's quarantined nodes.
 	RemediationConcurrency int
-	CreatedAt              time.Time
+	// TenantID owns the pool and so its nodes, join tokens, reservations,
+	// rollouts and commands (docs/tenants.md).
+	TenantID  string
+	CreatedAt time.Time
 }
 
 // PoolStore keeps pools.
@@ -56,4 +63,6 @@ type PoolCreateParams struct {
 	ID     string
 	Name   string
 	SiteID string
+	// TenantID owns the pool; defaults to RootTenant.
+	TenantID string
 }

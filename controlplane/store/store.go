@@ -104,6 +104,7 @@ type Store interface {
 
 	Migrator
 	LeaseStore
+	TenantStore
 	SiteStore
 	PoolStore
 	NodeStore
@@ -133,6 +134,10 @@ type Store interface {
 type ListParams struct {
 	Cursor string
 	Limit  int
+	// Within, when set, is a tenant's Path: lists of tenant-owned rows
+	// return only those of that tenant and the tenants below it
+	// (docs/tenants.md). "" lists every tenant's.
+	Within string
 }
 
 // MaxListLimit is the most rows one list call returns.

@@ -13,10 +13,10 @@ import (
 )
 
 // poolsCmd groups the pool commands; they call pools.create, pools.list,
-// pools.get and pools.setBudget.
+// pools.get, pools.setBudget and pools.move.
 func poolsCmd(e *env) *cobra.Command {
 	return apiGroup(e, "pools", "Create, list and show pools (groups of nodes at a site; join tokens bind to one) and set their disruption budget",
-		poolsCreateCmd, poolsListCmd, poolsGetCmd, poolsSetBudgetCmd)
+		poolsCreateCmd, poolsListCmd, poolsGetCmd, poolsSetBudgetCmd, poolsMoveCmd)
 }
 
 // siteNames maps site ids to names, for tables; empty when sites.list fails.

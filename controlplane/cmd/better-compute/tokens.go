@@ -17,7 +17,7 @@ func tokensCmd(e *env) *cobra.Command {
 	var af apiFlags
 	cmd := &cobra.Command{Use: "tokens", Short: "Create, list and revoke API tokens"}
 	af.add(cmd)
-	var out, role, desc string
+	var out, role, desc, tenant string
 	var ttl time.Duration
 	var cidrs []string
 	create := &cobra.Command{
@@ -28,7 +28,7 @@ func tokensCmd(e *env) *cobra.Command {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
-			req := &apiv1.CreateAPITokenRequest{Role: role, Description: desc, AllowCidrs: cidrs}
+			req := &apiv1.CreateAPITokenRequest{Role: role, Description: desc, AllowCidrs: cidrs, Tenant: tenant}
 			if ttl < 0 {
 				return usageError{fmt.Errorf("--ttl %s: must not be negative", ttl)}
 			}
@@ -49,6 +49,7 @@ func tokensCmd(e *env) *cobra.Command {
 	create.Flags().StringVar(&role, "role", "", "admin, operator or viewer")
 	create.Flags().StringVar(&desc, "description", "", "what the token is for")
 	create.Flags().DurationVar(&ttl, "ttl", 0, "expire after this long (default never)")
+	create.Flags().StringVar(&tenant, "tenant", "", "tenant id or name whose subtree the role holds in (default the calling token's own)")
 	create.Flags().StringArrayVar(&cidrs, "allow-cidr", nil, "only accept calls from this address or CIDR (repeatable)")
 	outputFlag(create, &out)
 
@@ -62,9 +63,9 @@ func tokensCmd(e *env) *cobra.Command {
 					return c.TokensList(ctx, &apiv1.ListAPITokensRequest{Page: &apiv1.Page{Limit: 1000}})
 				},
 				func(_ *client.Client, resp *apiv1.ListAPITokensResponse) error {
-					return tableOf(e.stdout, []string{"ID", "ROLE", "ALLOW", "EXPIRES", "REVOKED", "DESCRIPTION"}, resp.ApiTokens,
+					return tableOf(e.stdout, []string{"ID", "ROLE", "TENANT", "ALLOW", "EXPIRES", "REVOKED", "DESCRIPTION"}, resp.ApiTokens,
 						func(t *apiv1.APIToken) []string {
-							return []string{t.Id, t.Role, orDash(strings.Join(t.AllowCidrs, ",")), when(t.ExpireTime), when(t.RevokeTime), t.Description}
+							return []string{t.Id, t.Role, orDash(t.TenantId), orDash(strings.Join(t.AllowCidrs, ",")), when(t.ExpireTime), when(t.RevokeTime), t.Description}
 						})
 				})
 		},

@@ -52,6 +52,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"LeaseExpiryAndFencing", testLeaseExpiryAndFencing},
 		{"LeaseRelease", testLeaseRelease},
 		{"SitesAndPools", testSitesAndPools},
+		{"Tenants", testTenants},
 		{"Nodes", testNodes},
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},

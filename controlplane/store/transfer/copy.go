@@ -185,6 +185,11 @@ func Copy(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	copying := time.Now()
 	for _, t := range plan {
+		if cond, ok := seededRows[t.name]; ok && !cfg.Replace {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+pgx.Identifier{t.name}.Sanitize()+` WHERE `+cond); err != nil {
+				return nil, fmt.Errorf("copy %s: remove the rows the target's migrations wrote: %w", t.name, err)
+			}
+		}
 		tr, err := copyTable(ctx, cfg, src, tx, t)
 		if err != nil {
 			return nil, fmt.Errorf("copy %s: %w", t.name, err)
@@ -265,7 +270,11 @@ func nonEmpty(ctx context.Context, pg *pgx.Conn) ([]string, error) {
 	slices.Sort(names)
 	for _, n := range names {
 		var any bool
-		if err := pg.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{n}.Sanitize()+`)`).Scan(&any); err != nil {
+		where := ""
+		if cond, ok := seededRows[n]; ok {
+			where = " WHERE NOT (" + cond + ")"
+		}
+		if err := pg.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{n}.Sanitize()+where+`)`).Scan(&any); err != nil {
 			return nil, fmt.Errorf("look into the target's %s: %w", n, err)
 		}
 		if any {

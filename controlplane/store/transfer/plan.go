@@ -14,6 +14,14 @@ import (
 // the target's own migrations write.
 var skipTables = []string{"schema_migrations"}
 
+// seededRows are the rows a table's migrations write into every new
+// database (a condition selecting them per table): a target that holds
+// only these is empty, and the copy removes them before it writes the
+// source's own (which holds them too, migrated by the same set).
+var seededRows = map[string]string{
+	"tenants": "id = 'root'", // migration 0024_tenants
+}
+
 // kind is how a column's values are typed on each backend.
 type kind int
 

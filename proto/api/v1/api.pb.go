@@ -162,20 +162,422 @@ func (x *Page) GetLimit() int32 {
 	return 0
 }
 
+// Tenant is one node of the tenant tree (docs/tenants.md).
+type Tenant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// parent_id is the parent tenant's id; empty for the root tenant.
+	ParentId   string                 `protobuf:"bytes,3,opt,name=parent_id,json=parentId,proto3" json:"parent_id,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// suspend_time is set while the tenant is suspended.
+	SuspendTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=suspend_time,json=suspendTime,proto3" json:"suspend_time,omitempty"`
+	// delete_time is set once the tenant is deleted.
+	DeleteTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=delete_time,json=deleteTime,proto3" json:"delete_time,omitempty"`
+	// suspended is true when this tenant or one above it is suspended or
+	// deleted: its tokens may do nothing.
+	Suspended     bool `protobuf:"varint,7,opt,name=suspended,proto3" json:"suspended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenant) Reset() {
+	*x = Tenant{}
+	mi := &file_api_v1_api_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenant) ProtoMessage() {}
+
+func (x *Tenant) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
+func (*Tenant) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Tenant) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Tenant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tenant) GetParentId() string {
+	if x != nil {
+		return x.ParentId
+	}
+	return ""
+}
+
+func (x *Tenant) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Tenant) GetSuspendTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SuspendTime
+	}
+	return nil
+}
+
+func (x *Tenant) GetDeleteTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeleteTime
+	}
+	return nil
+}
+
+func (x *Tenant) GetSuspended() bool {
+	if x != nil {
+		return x.Suspended
+	}
+	return false
+}
+
+// tenants.create; parent is an id or a name, the caller's own tenant when
+// empty.
+type CreateTenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Parent        string                 `protobuf:"bytes,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTenantRequest) Reset() {
+	*x = CreateTenantRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTenantRequest) ProtoMessage() {}
+
+func (x *CreateTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTenantRequest.ProtoReflect.Descriptor instead.
+func (*CreateTenantRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CreateTenantRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateTenantRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+// tenants.list: the live tenants of the caller's subtree, its own included.
+type ListTenantsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Page          *Page                  `protobuf:"bytes,1,opt,name=page,proto3" json:"page,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTenantsRequest) Reset() {
+	*x = ListTenantsRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTenantsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTenantsRequest) ProtoMessage() {}
+
+func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
+func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListTenantsRequest) GetPage() *Page {
+	if x != nil {
+		return x.Page
+	}
+	return nil
+}
+
+type ListTenantsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenants       []*Tenant              `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	NextCursor    string                 `protobuf:"bytes,2,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTenantsResponse) Reset() {
+	*x = ListTenantsResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTenantsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTenantsResponse) ProtoMessage() {}
+
+func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
+func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListTenantsResponse) GetTenants() []*Tenant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *ListTenantsResponse) GetNextCursor() string {
+	if x != nil {
+		return x.NextCursor
+	}
+	return ""
+}
+
+// tenants.get, tenants.suspend, tenants.resume; tenant is an id or a name.
+type TenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantRequest) Reset() {
+	*x = TenantRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantRequest) ProtoMessage() {}
+
+func (x *TenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantRequest.ProtoReflect.Descriptor instead.
+func (*TenantRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// tenants.delete; tenant and move_nodes_to are ids or names.
+type DeleteTenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	MoveNodesTo   string                 `protobuf:"bytes,2,opt,name=move_nodes_to,json=moveNodesTo,proto3" json:"move_nodes_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantRequest) Reset() {
+	*x = DeleteTenantRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantRequest) ProtoMessage() {}
+
+func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTenantRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *DeleteTenantRequest) GetMoveNodesTo() string {
+	if x != nil {
+		return x.MoveNodesTo
+	}
+	return ""
+}
+
+// pools.move; pool and tenant are ids or names.
+type MovePoolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pool          string                 `protobuf:"bytes,1,opt,name=pool,proto3" json:"pool,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MovePoolRequest) Reset() {
+	*x = MovePoolRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MovePoolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MovePoolRequest) ProtoMessage() {}
+
+func (x *MovePoolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MovePoolRequest.ProtoReflect.Descriptor instead.
+func (*MovePoolRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *MovePoolRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *MovePoolRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // Site is a physical location in a region.
 type Site struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Region        string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Region     string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// tenant_id is the tenant that owns the site.
+	TenantId      string `protobuf:"bytes,5,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_api_v1_api_proto_msgTypes[2]
+	mi := &file_api_v1_api_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -187,7 +589,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[2]
+	mi := &file_api_v1_api_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -200,7 +602,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{2}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Site) GetId() string {
@@ -231,18 +633,27 @@ func (x *Site) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// sites.create
+func (x *Site) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+// sites.create; tenant is an id or a name within the caller's subtree, the
+// caller's own tenant when empty.
 type CreateSiteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Region        string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
+	Tenant        string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSiteRequest) Reset() {
 	*x = CreateSiteRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[3]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +665,7 @@ func (x *CreateSiteRequest) String() string {
 func (*CreateSiteRequest) ProtoMessage() {}
 
 func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[3]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +678,7 @@ func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteRequest.ProtoReflect.Descriptor instead.
 func (*CreateSiteRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{3}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateSiteRequest) GetName() string {
@@ -284,6 +695,13 @@ func (x *CreateSiteRequest) GetRegion() string {
 	return ""
 }
 
+func (x *CreateSiteRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // sites.list
 type ListSitesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -294,7 +712,7 @@ type ListSitesRequest struct {
 
 func (x *ListSitesRequest) Reset() {
 	*x = ListSitesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[4]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +724,7 @@ func (x *ListSitesRequest) String() string {
 func (*ListSitesRequest) ProtoMessage() {}
 
 func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[4]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +737,7 @@ func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesRequest.ProtoReflect.Descriptor instead.
 func (*ListSitesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{4}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListSitesRequest) GetPage() *Page {
@@ -339,7 +757,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[5]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +769,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[5]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +782,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{5}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
@@ -396,14 +814,16 @@ type Pool struct {
 	RemediationConcurrency int32 `protobuf:"varint,6,opt,name=remediation_concurrency,json=remediationConcurrency,proto3" json:"remediation_concurrency,omitempty"`
 	// What counts against the budget now; set by pools.get and
 	// pools.setBudget only.
-	Budget        *PoolBudget `protobuf:"bytes,7,opt,name=budget,proto3" json:"budget,omitempty"`
+	Budget *PoolBudget `protobuf:"bytes,7,opt,name=budget,proto3" json:"budget,omitempty"`
+	// tenant_id is the tenant that owns the pool and its nodes.
+	TenantId      string `protobuf:"bytes,8,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_api_v1_api_proto_msgTypes[6]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -415,7 +835,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[6]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -428,7 +848,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{6}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Pool) GetId() string {
@@ -480,6 +900,13 @@ func (x *Pool) GetBudget() *PoolBudget {
 	return nil
 }
 
+func (x *Pool) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
 // PoolBudget is a pool's disruption budget resolved against its nodes.
 type PoolBudget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -498,7 +925,7 @@ type PoolBudget struct {
 
 func (x *PoolBudget) Reset() {
 	*x = PoolBudget{}
-	mi := &file_api_v1_api_proto_msgTypes[7]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +937,7 @@ func (x *PoolBudget) String() string {
 func (*PoolBudget) ProtoMessage() {}
 
 func (x *PoolBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[7]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +950,7 @@ func (x *PoolBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolBudget.ProtoReflect.Descriptor instead.
 func (*PoolBudget) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{7}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PoolBudget) GetNodes() int32 {
@@ -564,7 +991,7 @@ type PoolRequest struct {
 
 func (x *PoolRequest) Reset() {
 	*x = PoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[8]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +1003,7 @@ func (x *PoolRequest) String() string {
 func (*PoolRequest) ProtoMessage() {}
 
 func (x *PoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[8]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +1016,7 @@ func (x *PoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolRequest.ProtoReflect.Descriptor instead.
 func (*PoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{8}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolRequest) GetPool() string {
@@ -614,7 +1041,7 @@ type SetPoolBudgetRequest struct {
 
 func (x *SetPoolBudgetRequest) Reset() {
 	*x = SetPoolBudgetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +1053,7 @@ func (x *SetPoolBudgetRequest) String() string {
 func (*SetPoolBudgetRequest) ProtoMessage() {}
 
 func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +1066,7 @@ func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolBudgetRequest.ProtoReflect.Descriptor instead.
 func (*SetPoolBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetPoolBudgetRequest) GetPool() string {
@@ -663,18 +1090,20 @@ func (x *SetPoolBudgetRequest) GetRemediationConcurrency() int32 {
 	return 0
 }
 
-// pools.create; site is an id or a name.
+// pools.create; site is an id or a name; tenant is an id or a name within
+// the caller's subtree, the site's tenant when empty.
 type CreatePoolRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Site          string                 `protobuf:"bytes,2,opt,name=site,proto3" json:"site,omitempty"`
+	Tenant        string                 `protobuf:"bytes,3,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +1115,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +1128,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -716,6 +1145,13 @@ func (x *CreatePoolRequest) GetSite() string {
 	return ""
 }
 
+func (x *CreatePoolRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // pools.list
 type ListPoolsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -726,7 +1162,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -738,7 +1174,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -751,7 +1187,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListPoolsRequest) GetPage() *Page {
@@ -771,7 +1207,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +1219,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +1232,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -836,7 +1272,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1284,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1297,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *JoinToken) GetId() string {
@@ -948,7 +1384,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1396,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1409,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateJoinTokenRequest) GetPool() string {
@@ -1015,7 +1451,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1463,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1476,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1067,7 +1503,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1079,7 +1515,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1092,7 +1528,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListJoinTokensRequest) GetPage() *Page {
@@ -1112,7 +1548,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1560,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1573,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListJoinTokensResponse) GetJoinTokens() []*JoinToken {
@@ -1164,7 +1600,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1612,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1625,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RevokeJoinTokenRequest) GetId() string {
@@ -1209,7 +1645,7 @@ type RevokeJoinTokenResponse struct {
 
 func (x *RevokeJoinTokenResponse) Reset() {
 	*x = RevokeJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1657,7 @@ func (x *RevokeJoinTokenResponse) String() string {
 func (*RevokeJoinTokenResponse) ProtoMessage() {}
 
 func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1670,7 @@ func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1287,7 +1723,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1735,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1748,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Node) GetId() string {
@@ -1456,7 +1892,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1904,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1917,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GPU) GetUuid() string {
@@ -1538,7 +1974,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1986,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1999,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListNodesRequest) GetPage() *Page {
@@ -1618,7 +2054,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +2066,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +2079,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1670,7 +2106,7 @@ type NodeRequest struct {
 
 func (x *NodeRequest) Reset() {
 	*x = NodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +2118,7 @@ func (x *NodeRequest) String() string {
 func (*NodeRequest) ProtoMessage() {}
 
 func (x *NodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +2131,7 @@ func (x *NodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRequest.ProtoReflect.Descriptor instead.
 func (*NodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeRequest) GetId() string {
@@ -1714,7 +2150,7 @@ type NodeResponse struct {
 
 func (x *NodeResponse) Reset() {
 	*x = NodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +2162,7 @@ func (x *NodeResponse) String() string {
 func (*NodeResponse) ProtoMessage() {}
 
 func (x *NodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +2175,7 @@ func (x *NodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResponse.ProtoReflect.Descriptor instead.
 func (*NodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeResponse) GetNode() *Node {
@@ -1763,7 +2199,7 @@ type NodeGPUResetRequest struct {
 
 func (x *NodeGPUResetRequest) Reset() {
 	*x = NodeGPUResetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +2211,7 @@ func (x *NodeGPUResetRequest) String() string {
 func (*NodeGPUResetRequest) ProtoMessage() {}
 
 func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +2224,7 @@ func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGPUResetRequest.ProtoReflect.Descriptor instead.
 func (*NodeGPUResetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeGPUResetRequest) GetId() string {
@@ -1824,7 +2260,7 @@ type NodeRepairRequest struct {
 
 func (x *NodeRepairRequest) Reset() {
 	*x = NodeRepairRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2272,7 @@ func (x *NodeRepairRequest) String() string {
 func (*NodeRepairRequest) ProtoMessage() {}
 
 func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2285,7 @@ func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairRequest.ProtoReflect.Descriptor instead.
 func (*NodeRepairRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeRepairRequest) GetId() string {
@@ -1883,7 +2319,7 @@ type NodeRepairResponse struct {
 
 func (x *NodeRepairResponse) Reset() {
 	*x = NodeRepairResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2331,7 @@ func (x *NodeRepairResponse) String() string {
 func (*NodeRepairResponse) ProtoMessage() {}
 
 func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2344,7 @@ func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairResponse.ProtoReflect.Descriptor instead.
 func (*NodeRepairResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodeRepairResponse) GetRemediationId() string {
@@ -1963,7 +2399,7 @@ type SetGPUCountRequest struct {
 
 func (x *SetGPUCountRequest) Reset() {
 	*x = SetGPUCountRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2411,7 @@ func (x *SetGPUCountRequest) String() string {
 func (*SetGPUCountRequest) ProtoMessage() {}
 
 func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2424,7 @@ func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGPUCountRequest.ProtoReflect.Descriptor instead.
 func (*SetGPUCountRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetGPUCountRequest) GetId() string {
@@ -2020,7 +2456,7 @@ type ReinstallNodeRequest struct {
 
 func (x *ReinstallNodeRequest) Reset() {
 	*x = ReinstallNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2468,7 @@ func (x *ReinstallNodeRequest) String() string {
 func (*ReinstallNodeRequest) ProtoMessage() {}
 
 func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2481,7 @@ func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReinstallNodeRequest) GetNode() string {
@@ -2077,7 +2513,7 @@ type ReinstallNodeResponse struct {
 
 func (x *ReinstallNodeResponse) Reset() {
 	*x = ReinstallNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2525,7 @@ func (x *ReinstallNodeResponse) String() string {
 func (*ReinstallNodeResponse) ProtoMessage() {}
 
 func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2538,7 @@ func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReinstallNodeResponse) GetJoinToken() *JoinToken {
@@ -2150,7 +2586,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2598,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2611,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AddNodeRequest) GetPool() string {
@@ -2245,7 +2681,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2693,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2706,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AddNodeResponse) GetJoinTokenId() string {
@@ -2339,7 +2775,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +2787,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +2800,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -2433,7 +2869,7 @@ type CreateCommandsRequest struct {
 
 func (x *CreateCommandsRequest) Reset() {
 	*x = CreateCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2881,7 @@ func (x *CreateCommandsRequest) String() string {
 func (*CreateCommandsRequest) ProtoMessage() {}
 
 func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2894,7 @@ func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsRequest.ProtoReflect.Descriptor instead.
 func (*CreateCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateCommandsRequest) GetNodeIds() []string {
@@ -2546,7 +2982,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2994,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +3007,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -2597,7 +3033,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +3045,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +3058,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -2656,7 +3092,7 @@ type CreateCommandsResponse struct {
 
 func (x *CreateCommandsResponse) Reset() {
 	*x = CreateCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3104,7 @@ func (x *CreateCommandsResponse) String() string {
 func (*CreateCommandsResponse) ProtoMessage() {}
 
 func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3117,7 @@ func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsResponse.ProtoReflect.Descriptor instead.
 func (*CreateCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateCommandsResponse) GetBatchId() string {
@@ -2743,7 +3179,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2755,7 +3191,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2768,7 +3204,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Command) GetId() string {
@@ -2948,7 +3384,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3396,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3409,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3007,7 +3443,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3019,7 +3455,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3032,7 +3468,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetCommandRequest) GetId() string {
@@ -3068,7 +3504,7 @@ type GetCommandResponse struct {
 
 func (x *GetCommandResponse) Reset() {
 	*x = GetCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3080,7 +3516,7 @@ func (x *GetCommandResponse) String() string {
 func (*GetCommandResponse) ProtoMessage() {}
 
 func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3093,7 +3529,7 @@ func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandResponse.ProtoReflect.Descriptor instead.
 func (*GetCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetCommandResponse) GetCommand() *Command {
@@ -3123,7 +3559,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3571,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3584,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListCommandsRequest) GetPage() *Page {
@@ -3189,7 +3625,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3637,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3650,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListCommandsResponse) GetCommands() []*Command {
@@ -3241,7 +3677,7 @@ type CancelCommandRequest struct {
 
 func (x *CancelCommandRequest) Reset() {
 	*x = CancelCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3253,7 +3689,7 @@ func (x *CancelCommandRequest) String() string {
 func (*CancelCommandRequest) ProtoMessage() {}
 
 func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3266,7 +3702,7 @@ func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandRequest.ProtoReflect.Descriptor instead.
 func (*CancelCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CancelCommandRequest) GetId() string {
@@ -3285,7 +3721,7 @@ type CancelCommandResponse struct {
 
 func (x *CancelCommandResponse) Reset() {
 	*x = CancelCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3297,7 +3733,7 @@ func (x *CancelCommandResponse) String() string {
 func (*CancelCommandResponse) ProtoMessage() {}
 
 func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3310,7 +3746,7 @@ func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandResponse.ProtoReflect.Descriptor instead.
 func (*CancelCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelCommandResponse) GetCommand() *Command {
@@ -3346,7 +3782,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3358,7 +3794,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3371,7 +3807,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Gateway) GetId() string {
@@ -3460,7 +3896,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3908,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3921,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 type ListGatewaysResponse struct {
@@ -3497,7 +3933,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3509,7 +3945,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3522,7 +3958,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3545,7 +3981,7 @@ type DrainGatewayRequest struct {
 
 func (x *DrainGatewayRequest) Reset() {
 	*x = DrainGatewayRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3557,7 +3993,7 @@ func (x *DrainGatewayRequest) String() string {
 func (*DrainGatewayRequest) ProtoMessage() {}
 
 func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3570,7 +4006,7 @@ func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayRequest.ProtoReflect.Descriptor instead.
 func (*DrainGatewayRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DrainGatewayRequest) GetId() string {
@@ -3589,7 +4025,7 @@ type DrainGatewayResponse struct {
 
 func (x *DrainGatewayResponse) Reset() {
 	*x = DrainGatewayResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3601,7 +4037,7 @@ func (x *DrainGatewayResponse) String() string {
 func (*DrainGatewayResponse) ProtoMessage() {}
 
 func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3614,7 +4050,7 @@ func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayResponse.ProtoReflect.Descriptor instead.
 func (*DrainGatewayResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DrainGatewayResponse) GetGateway() *Gateway {
@@ -3642,7 +4078,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3654,7 +4090,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3667,7 +4103,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Process) GetId() string {
@@ -3735,7 +4171,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3747,7 +4183,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3760,7 +4196,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 type ListProcessesResponse struct {
@@ -3772,7 +4208,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +4220,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +4233,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*Process {
@@ -3819,7 +4255,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +4267,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +4280,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -3881,7 +4317,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3893,7 +4329,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3906,7 +4342,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -3939,7 +4375,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3951,7 +4387,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3964,7 +4400,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 type FleetSummaryResponse struct {
@@ -3980,7 +4416,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3992,7 +4428,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4005,7 +4441,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -4057,7 +4493,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4505,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4518,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -4125,19 +4561,21 @@ type APIToken struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// role: admin, operator or viewer.
-	Role          string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
-	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
-	AllowCidrs    []string               `protobuf:"bytes,4,rep,name=allow_cidrs,json=allowCidrs,proto3" json:"allow_cidrs,omitempty"`
-	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
-	RevokeTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	Role        string                 `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Description string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	AllowCidrs  []string               `protobuf:"bytes,4,rep,name=allow_cidrs,json=allowCidrs,proto3" json:"allow_cidrs,omitempty"`
+	ExpireTime  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	RevokeTime  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// tenant_id is the tenant in whose subtree the role holds.
+	TenantId      string `protobuf:"bytes,8,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +4587,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4600,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *APIToken) GetId() string {
@@ -4214,7 +4652,15 @@ func (x *APIToken) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// tokens.create
+func (x *APIToken) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+// tokens.create; tenant is an id or a name within the caller's subtree, the
+// caller's own tenant when empty.
 type CreateAPITokenRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Role        string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
@@ -4222,13 +4668,14 @@ type CreateAPITokenRequest struct {
 	// ttl: no expiry when unset.
 	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	AllowCidrs    []string             `protobuf:"bytes,4,rep,name=allow_cidrs,json=allowCidrs,proto3" json:"allow_cidrs,omitempty"`
+	Tenant        string               `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4687,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4700,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -4284,6 +4731,13 @@ func (x *CreateAPITokenRequest) GetAllowCidrs() []string {
 	return nil
 }
 
+func (x *CreateAPITokenRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 type CreateAPITokenResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ApiToken *APIToken              `protobuf:"bytes,1,opt,name=api_token,json=apiToken,proto3" json:"api_token,omitempty"`
@@ -4295,7 +4749,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4307,7 +4761,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4320,7 +4774,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -4347,7 +4801,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4813,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4826,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -4392,7 +4846,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4404,7 +4858,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4417,7 +4871,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -4444,7 +4898,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4910,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4923,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -4487,7 +4941,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4499,7 +4953,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4512,7 +4966,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -4540,7 +4994,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +5006,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +5019,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -4643,7 +5097,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +5109,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +5122,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -4730,7 +5184,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4742,7 +5196,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4755,7 +5209,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -4795,7 +5249,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +5261,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +5274,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -4879,7 +5333,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4891,7 +5345,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4904,7 +5358,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *Event) GetId() string {
@@ -4952,7 +5406,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4964,7 +5418,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4977,7 +5431,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -5022,7 +5476,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5488,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5501,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -5113,7 +5567,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5579,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5592,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -5165,7 +5619,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5177,7 +5631,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5190,7 +5644,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -5222,7 +5676,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5234,7 +5688,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5247,7 +5701,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -5281,7 +5735,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5293,7 +5747,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5306,7 +5760,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -5344,7 +5798,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5356,7 +5810,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5369,7 +5823,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -5449,7 +5903,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5461,7 +5915,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5474,7 +5928,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -5522,7 +5976,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5534,7 +5988,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5547,7 +6001,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -5565,7 +6019,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5577,7 +6031,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5590,7 +6044,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -5610,7 +6064,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +6076,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +6089,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -5691,22 +6145,51 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x05field\x18\x03 \x01(\tR\x05field\"4\n" +
 	"\x04Page\x12\x16\n" +
 	"\x06cursor\x18\x01 \x01(\tR\x06cursor\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\x7f\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\"\xa0\x02\n" +
+	"\x06Tenant\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1b\n" +
+	"\tparent_id\x18\x03 \x01(\tR\bparentId\x12;\n" +
+	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12=\n" +
+	"\fsuspend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vsuspendTime\x12;\n" +
+	"\vdelete_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"deleteTime\x12\x1c\n" +
+	"\tsuspended\x18\a \x01(\bR\tsuspended\"A\n" +
+	"\x13CreateTenantRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\tR\x06parent\"D\n" +
+	"\x12ListTenantsRequest\x12.\n" +
+	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\"n\n" +
+	"\x13ListTenantsResponse\x126\n" +
+	"\atenants\x18\x01 \x03(\v2\x1c.bettercompute.api.v1.TenantR\atenants\x12\x1f\n" +
+	"\vnext_cursor\x18\x02 \x01(\tR\n" +
+	"nextCursor\"'\n" +
+	"\rTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"Q\n" +
+	"\x13DeleteTenantRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\"\n" +
+	"\rmove_nodes_to\x18\x02 \x01(\tR\vmoveNodesTo\"=\n" +
+	"\x0fMovePoolRequest\x12\x12\n" +
+	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x9c\x01\n" +
 	"\x04Site\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x12;\n" +
 	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"?\n" +
+	"createTime\x12\x1b\n" +
+	"\ttenant_id\x18\x05 \x01(\tR\btenantId\"W\n" +
 	"\x11CreateSiteRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06region\x18\x02 \x01(\tR\x06region\"B\n" +
+	"\x06region\x18\x02 \x01(\tR\x06region\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"B\n" +
 	"\x10ListSitesRequest\x12.\n" +
 	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\"f\n" +
 	"\x11ListSitesResponse\x120\n" +
 	"\x05sites\x18\x01 \x03(\v2\x1a.bettercompute.api.v1.SiteR\x05sites\x12\x1f\n" +
 	"\vnext_cursor\x18\x02 \x01(\tR\n" +
-	"nextCursor\"\xa0\x02\n" +
+	"nextCursor\"\xbd\x02\n" +
 	"\x04Pool\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x17\n" +
@@ -5715,7 +6198,8 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"createTime\x12+\n" +
 	"\x11disruption_budget\x18\x05 \x01(\tR\x10disruptionBudget\x127\n" +
 	"\x17remediation_concurrency\x18\x06 \x01(\x05R\x16remediationConcurrency\x128\n" +
-	"\x06budget\x18\a \x01(\v2 .bettercompute.api.v1.PoolBudgetR\x06budget\"\x82\x01\n" +
+	"\x06budget\x18\a \x01(\v2 .bettercompute.api.v1.PoolBudgetR\x06budget\x12\x1b\n" +
+	"\ttenant_id\x18\b \x01(\tR\btenantId\"\x82\x01\n" +
 	"\n" +
 	"PoolBudget\x12\x14\n" +
 	"\x05nodes\x18\x01 \x01(\x05R\x05nodes\x12\x16\n" +
@@ -5727,10 +6211,11 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x14SetPoolBudgetRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12+\n" +
 	"\x11disruption_budget\x18\x02 \x01(\tR\x10disruptionBudget\x127\n" +
-	"\x17remediation_concurrency\x18\x03 \x01(\x05R\x16remediationConcurrency\";\n" +
+	"\x17remediation_concurrency\x18\x03 \x01(\x05R\x16remediationConcurrency\"S\n" +
 	"\x11CreatePoolRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04site\x18\x02 \x01(\tR\x04site\"B\n" +
+	"\x04site\x18\x02 \x01(\tR\x04site\x12\x16\n" +
+	"\x06tenant\x18\x03 \x01(\tR\x06tenant\"B\n" +
 	"\x10ListPoolsRequest\x12.\n" +
 	"\x04page\x18\x01 \x01(\v2\x1a.bettercompute.api.v1.PageR\x04page\"f\n" +
 	"\x11ListPoolsResponse\x120\n" +
@@ -6010,7 +6495,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
 	"\x06health\x18\x04 \x01(\tR\x06health\x12\x18\n" +
-	"\areasons\x18\x05 \x03(\tR\areasons\"\xa8\x02\n" +
+	"\areasons\x18\x05 \x03(\tR\areasons\"\xc5\x02\n" +
 	"\bAPIToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +
@@ -6022,13 +6507,15 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\vrevoke_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"revokeTime\x12;\n" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\x9b\x01\n" +
+	"createTime\x12\x1b\n" +
+	"\ttenant_id\x18\b \x01(\tR\btenantId\"\xb3\x01\n" +
 	"\x15CreateAPITokenRequest\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12+\n" +
 	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x1f\n" +
 	"\vallow_cidrs\x18\x04 \x03(\tR\n" +
-	"allowCidrs\"k\n" +
+	"allowCidrs\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\"k\n" +
 	"\x16CreateAPITokenResponse\x12;\n" +
 	"\tapi_token\x18\x01 \x01(\v2\x1e.bettercompute.api.v1.APITokenR\bapiToken\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\"F\n" +
@@ -6132,12 +6619,25 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\bgateways\x18\x03 \x03(\tR\bgateways\x12!\n" +
 	"\ftrust_domain\x18\x04 \x01(\tR\vtrustDomain\x12$\n" +
 	"\x0egateway_ca_pin\x18\x05 \x01(\tR\fgatewayCaPin\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion2\xd3\x01\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion2\xd0\x04\n" +
+	"\x0eTenantsService\x12`\n" +
+	"\x06Create\x12).bettercompute.api.v1.CreateTenantRequest\x1a\x1c.bettercompute.api.v1.Tenant\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12i\n" +
+	"\x04List\x12(.bettercompute.api.v1.ListTenantsRequest\x1a).bettercompute.api.v1.ListTenantsResponse\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12V\n" +
+	"\x03Get\x12#.bettercompute.api.v1.TenantRequest\x1a\x1c.bettercompute.api.v1.Tenant\"\f\xa2\x9f\x19\b\n" +
+	"\x06viewer\x12[\n" +
+	"\aSuspend\x12#.bettercompute.api.v1.TenantRequest\x1a\x1c.bettercompute.api.v1.Tenant\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12Z\n" +
+	"\x06Resume\x12#.bettercompute.api.v1.TenantRequest\x1a\x1c.bettercompute.api.v1.Tenant\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12`\n" +
+	"\x06Delete\x12).bettercompute.api.v1.DeleteTenantRequest\x1a\x1c.bettercompute.api.v1.Tenant\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x012\xd3\x01\n" +
 	"\fSitesService\x12\\\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreateSiteRequest\x1a\x1a.bettercompute.api.v1.Site\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x01\x12e\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListSitesRequest\x1a'.bettercompute.api.v1.ListSitesResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewer2\x8b\x03\n" +
+	"\x06viewer2\xe5\x03\n" +
 	"\fPoolsService\x12\\\n" +
 	"\x06Create\x12'.bettercompute.api.v1.CreatePoolRequest\x1a\x1a.bettercompute.api.v1.Pool\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x01\x12e\n" +
@@ -6146,6 +6646,8 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x03Get\x12!.bettercompute.api.v1.PoolRequest\x1a\x1a.bettercompute.api.v1.Pool\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12b\n" +
 	"\tSetBudget\x12*.bettercompute.api.v1.SetPoolBudgetRequest\x1a\x1a.bettercompute.api.v1.Pool\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12X\n" +
+	"\x04Move\x12%.bettercompute.api.v1.MovePoolRequest\x1a\x1a.bettercompute.api.v1.Pool\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x012\xf0\x02\n" +
 	"\x11JoinTokensService\x12t\n" +
 	"\x06Create\x12,.bettercompute.api.v1.CreateJoinTokenRequest\x1a-.bettercompute.api.v1.CreateJoinTokenResponse\"\r\xa2\x9f\x19\t\n" +
@@ -6240,268 +6742,294 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
-	(*Site)(nil),                         // 2: bettercompute.api.v1.Site
-	(*CreateSiteRequest)(nil),            // 3: bettercompute.api.v1.CreateSiteRequest
-	(*ListSitesRequest)(nil),             // 4: bettercompute.api.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),            // 5: bettercompute.api.v1.ListSitesResponse
-	(*Pool)(nil),                         // 6: bettercompute.api.v1.Pool
-	(*PoolBudget)(nil),                   // 7: bettercompute.api.v1.PoolBudget
-	(*PoolRequest)(nil),                  // 8: bettercompute.api.v1.PoolRequest
-	(*SetPoolBudgetRequest)(nil),         // 9: bettercompute.api.v1.SetPoolBudgetRequest
-	(*CreatePoolRequest)(nil),            // 10: bettercompute.api.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),             // 11: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 12: bettercompute.api.v1.ListPoolsResponse
-	(*JoinToken)(nil),                    // 13: bettercompute.api.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),       // 14: bettercompute.api.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),      // 15: bettercompute.api.v1.CreateJoinTokenResponse
-	(*ListJoinTokensRequest)(nil),        // 16: bettercompute.api.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),       // 17: bettercompute.api.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),       // 18: bettercompute.api.v1.RevokeJoinTokenRequest
-	(*RevokeJoinTokenResponse)(nil),      // 19: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*Node)(nil),                         // 20: bettercompute.api.v1.Node
-	(*GPU)(nil),                          // 21: bettercompute.api.v1.GPU
-	(*ListNodesRequest)(nil),             // 22: bettercompute.api.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),            // 23: bettercompute.api.v1.ListNodesResponse
-	(*NodeRequest)(nil),                  // 24: bettercompute.api.v1.NodeRequest
-	(*NodeResponse)(nil),                 // 25: bettercompute.api.v1.NodeResponse
-	(*NodeGPUResetRequest)(nil),          // 26: bettercompute.api.v1.NodeGPUResetRequest
-	(*NodeRepairRequest)(nil),            // 27: bettercompute.api.v1.NodeRepairRequest
-	(*NodeRepairResponse)(nil),           // 28: bettercompute.api.v1.NodeRepairResponse
-	(*SetGPUCountRequest)(nil),           // 29: bettercompute.api.v1.SetGPUCountRequest
-	(*ReinstallNodeRequest)(nil),         // 30: bettercompute.api.v1.ReinstallNodeRequest
-	(*ReinstallNodeResponse)(nil),        // 31: bettercompute.api.v1.ReinstallNodeResponse
-	(*AddNodeRequest)(nil),               // 32: bettercompute.api.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),              // 33: bettercompute.api.v1.AddNodeResponse
-	(*ExecSpec)(nil),                     // 34: bettercompute.api.v1.ExecSpec
-	(*CreateCommandsRequest)(nil),        // 35: bettercompute.api.v1.CreateCommandsRequest
-	(*PowerSpec)(nil),                    // 36: bettercompute.api.v1.PowerSpec
-	(*BootSpec)(nil),                     // 37: bettercompute.api.v1.BootSpec
-	(*CreateCommandsResponse)(nil),       // 38: bettercompute.api.v1.CreateCommandsResponse
-	(*Command)(nil),                      // 39: bettercompute.api.v1.Command
-	(*UpgradeSpec)(nil),                  // 40: bettercompute.api.v1.UpgradeSpec
-	(*GetCommandRequest)(nil),            // 41: bettercompute.api.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),           // 42: bettercompute.api.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),          // 43: bettercompute.api.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),         // 44: bettercompute.api.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),         // 45: bettercompute.api.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),        // 46: bettercompute.api.v1.CancelCommandResponse
-	(*Gateway)(nil),                      // 47: bettercompute.api.v1.Gateway
-	(*ListGatewaysRequest)(nil),          // 48: bettercompute.api.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),         // 49: bettercompute.api.v1.ListGatewaysResponse
-	(*DrainGatewayRequest)(nil),          // 50: bettercompute.api.v1.DrainGatewayRequest
-	(*DrainGatewayResponse)(nil),         // 51: bettercompute.api.v1.DrainGatewayResponse
-	(*Process)(nil),                      // 52: bettercompute.api.v1.Process
-	(*ListProcessesRequest)(nil),         // 53: bettercompute.api.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 54: bettercompute.api.v1.ListProcessesResponse
-	(*RevokeCertificateRequest)(nil),     // 55: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil),    // 56: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 57: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 58: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 59: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 60: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 61: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 62: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 63: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 64: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 65: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 66: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 67: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 68: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 69: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 70: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 71: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 72: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 73: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 74: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 75: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 76: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 77: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 78: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 79: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 80: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 81: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 82: bettercompute.api.v1.WellKnown
-	nil,                                  // 83: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 84: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 85: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 86: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 87: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 88: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 89: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 90: google.protobuf.Struct
+	(*Tenant)(nil),                       // 2: bettercompute.api.v1.Tenant
+	(*CreateTenantRequest)(nil),          // 3: bettercompute.api.v1.CreateTenantRequest
+	(*ListTenantsRequest)(nil),           // 4: bettercompute.api.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),          // 5: bettercompute.api.v1.ListTenantsResponse
+	(*TenantRequest)(nil),                // 6: bettercompute.api.v1.TenantRequest
+	(*DeleteTenantRequest)(nil),          // 7: bettercompute.api.v1.DeleteTenantRequest
+	(*MovePoolRequest)(nil),              // 8: bettercompute.api.v1.MovePoolRequest
+	(*Site)(nil),                         // 9: bettercompute.api.v1.Site
+	(*CreateSiteRequest)(nil),            // 10: bettercompute.api.v1.CreateSiteRequest
+	(*ListSitesRequest)(nil),             // 11: bettercompute.api.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),            // 12: bettercompute.api.v1.ListSitesResponse
+	(*Pool)(nil),                         // 13: bettercompute.api.v1.Pool
+	(*PoolBudget)(nil),                   // 14: bettercompute.api.v1.PoolBudget
+	(*PoolRequest)(nil),                  // 15: bettercompute.api.v1.PoolRequest
+	(*SetPoolBudgetRequest)(nil),         // 16: bettercompute.api.v1.SetPoolBudgetRequest
+	(*CreatePoolRequest)(nil),            // 17: bettercompute.api.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),             // 18: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 19: bettercompute.api.v1.ListPoolsResponse
+	(*JoinToken)(nil),                    // 20: bettercompute.api.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),       // 21: bettercompute.api.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),      // 22: bettercompute.api.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),        // 23: bettercompute.api.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),       // 24: bettercompute.api.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),       // 25: bettercompute.api.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),      // 26: bettercompute.api.v1.RevokeJoinTokenResponse
+	(*Node)(nil),                         // 27: bettercompute.api.v1.Node
+	(*GPU)(nil),                          // 28: bettercompute.api.v1.GPU
+	(*ListNodesRequest)(nil),             // 29: bettercompute.api.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 30: bettercompute.api.v1.ListNodesResponse
+	(*NodeRequest)(nil),                  // 31: bettercompute.api.v1.NodeRequest
+	(*NodeResponse)(nil),                 // 32: bettercompute.api.v1.NodeResponse
+	(*NodeGPUResetRequest)(nil),          // 33: bettercompute.api.v1.NodeGPUResetRequest
+	(*NodeRepairRequest)(nil),            // 34: bettercompute.api.v1.NodeRepairRequest
+	(*NodeRepairResponse)(nil),           // 35: bettercompute.api.v1.NodeRepairResponse
+	(*SetGPUCountRequest)(nil),           // 36: bettercompute.api.v1.SetGPUCountRequest
+	(*ReinstallNodeRequest)(nil),         // 37: bettercompute.api.v1.ReinstallNodeRequest
+	(*ReinstallNodeResponse)(nil),        // 38: bettercompute.api.v1.ReinstallNodeResponse
+	(*AddNodeRequest)(nil),               // 39: bettercompute.api.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),              // 40: bettercompute.api.v1.AddNodeResponse
+	(*ExecSpec)(nil),                     // 41: bettercompute.api.v1.ExecSpec
+	(*CreateCommandsRequest)(nil),        // 42: bettercompute.api.v1.CreateCommandsRequest
+	(*PowerSpec)(nil),                    // 43: bettercompute.api.v1.PowerSpec
+	(*BootSpec)(nil),                     // 44: bettercompute.api.v1.BootSpec
+	(*CreateCommandsResponse)(nil),       // 45: bettercompute.api.v1.CreateCommandsResponse
+	(*Command)(nil),                      // 46: bettercompute.api.v1.Command
+	(*UpgradeSpec)(nil),                  // 47: bettercompute.api.v1.UpgradeSpec
+	(*GetCommandRequest)(nil),            // 48: bettercompute.api.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),           // 49: bettercompute.api.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),          // 50: bettercompute.api.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),         // 51: bettercompute.api.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),         // 52: bettercompute.api.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),        // 53: bettercompute.api.v1.CancelCommandResponse
+	(*Gateway)(nil),                      // 54: bettercompute.api.v1.Gateway
+	(*ListGatewaysRequest)(nil),          // 55: bettercompute.api.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),         // 56: bettercompute.api.v1.ListGatewaysResponse
+	(*DrainGatewayRequest)(nil),          // 57: bettercompute.api.v1.DrainGatewayRequest
+	(*DrainGatewayResponse)(nil),         // 58: bettercompute.api.v1.DrainGatewayResponse
+	(*Process)(nil),                      // 59: bettercompute.api.v1.Process
+	(*ListProcessesRequest)(nil),         // 60: bettercompute.api.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 61: bettercompute.api.v1.ListProcessesResponse
+	(*RevokeCertificateRequest)(nil),     // 62: bettercompute.api.v1.RevokeCertificateRequest
+	(*RevokeCertificateResponse)(nil),    // 63: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 64: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 65: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 66: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 67: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 68: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 69: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 70: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 71: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 72: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 73: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 74: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 75: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 76: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 77: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 78: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 79: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 80: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 81: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 82: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 83: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 84: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 85: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 86: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 87: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 88: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 89: bettercompute.api.v1.WellKnown
+	nil,                                  // 90: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 91: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 92: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 93: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 94: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 96: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 97: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	88,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
-	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
-	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	88,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	7,   // 4: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
-	1,   // 5: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
-	6,   // 6: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	88,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	88,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	89,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	13,  // 11: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	1,   // 12: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
-	13,  // 13: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	13,  // 14: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	83,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	88,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	88,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	21,  // 19: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	90,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	89,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	88,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
-	1,   // 23: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
-	20,  // 24: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	20,  // 25: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	89,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
-	13,  // 27: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	89,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	88,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	84,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	85,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	34,  // 32: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	89,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	36,  // 34: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
-	37,  // 35: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
-	40,  // 36: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	39,  // 37: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	34,  // 38: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	88,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	88,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	88,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	36,  // 42: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
-	37,  // 43: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	90,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	40,  // 45: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	39,  // 46: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	1,   // 47: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	39,  // 48: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	39,  // 49: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	88,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	47,  // 51: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	47,  // 52: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
-	88,  // 53: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	88,  // 54: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
-	52,  // 55: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
-	86,  // 56: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	87,  // 57: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	59,  // 58: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	88,  // 59: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 60: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	88,  // 61: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	89,  // 62: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	60,  // 63: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,   // 64: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	60,  // 65: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	88,  // 66: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	90,  // 67: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,   // 68: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	88,  // 69: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	88,  // 70: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	67,  // 71: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	1,   // 72: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	88,  // 73: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	88,  // 74: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	88,  // 75: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	90,  // 76: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	71,  // 77: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	71,  // 78: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	88,  // 79: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
-	1,   // 80: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	73,  // 81: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	89,  // 82: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	88,  // 83: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 84: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,   // 85: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	10,  // 86: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	11,  // 87: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	8,   // 88: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	9,   // 89: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
-	14,  // 90: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	16,  // 91: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	18,  // 92: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	22,  // 93: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	24,  // 94: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 95: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 96: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 97: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 98: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	30,  // 99: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	32,  // 100: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	26,  // 101: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
-	27,  // 102: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
-	29,  // 103: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
-	35,  // 104: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	41,  // 105: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	43,  // 106: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	45,  // 107: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	48,  // 108: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	50,  // 109: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	50,  // 110: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	53,  // 111: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
-	55,  // 112: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	57,  // 113: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	61,  // 114: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	63,  // 115: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	65,  // 116: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	78,  // 117: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	80,  // 118: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	68,  // 119: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	70,  // 120: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	74,  // 121: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	76,  // 122: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 123: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,   // 124: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,   // 125: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	12,  // 126: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	6,   // 127: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	6,   // 128: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	15,  // 129: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	17,  // 130: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	19,  // 131: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	23,  // 132: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	25,  // 133: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 134: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 135: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 136: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 137: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	31,  // 138: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	33,  // 139: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	28,  // 140: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
-	28,  // 141: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
-	25,  // 142: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
-	38,  // 143: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	42,  // 144: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	44,  // 145: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	46,  // 146: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	49,  // 147: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	51,  // 148: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	51,  // 149: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	54,  // 150: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
-	56,  // 151: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	58,  // 152: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	62,  // 153: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	64,  // 154: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	66,  // 155: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	79,  // 156: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	81,  // 157: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	69,  // 158: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	72,  // 159: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	75,  // 160: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	77,  // 161: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	123, // [123:162] is the sub-list for method output_type
-	84,  // [84:123] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	95,  // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
+	95,  // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
+	95,  // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
+	1,   // 3: bettercompute.api.v1.ListTenantsRequest.page:type_name -> bettercompute.api.v1.Page
+	2,   // 4: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
+	95,  // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	1,   // 6: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
+	9,   // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
+	95,  // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	14,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
+	1,   // 10: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
+	13,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	95,  // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	95,  // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	95,  // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	96,  // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	20,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	1,   // 17: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
+	20,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	20,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	90,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	95,  // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	95,  // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	95,  // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	28,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
+	97,  // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	96,  // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	95,  // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	1,   // 28: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
+	27,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	27,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
+	96,  // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	20,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	96,  // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	95,  // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	91,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	92,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	41,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
+	96,  // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	43,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	44,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	47,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	46,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	41,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	95,  // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	95,  // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	95,  // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	43,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	44,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	97,  // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	47,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	46,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	1,   // 52: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
+	46,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	46,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	95,  // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	54,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	54,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
+	95,  // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	95,  // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	59,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
+	93,  // 61: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	94,  // 62: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	66,  // 63: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	95,  // 64: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	95,  // 65: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	95,  // 66: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	96,  // 67: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	67,  // 68: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 69: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	67,  // 70: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	95,  // 71: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	97,  // 72: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 73: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	95,  // 74: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	95,  // 75: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	74,  // 76: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 77: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	95,  // 78: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	95,  // 79: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	95,  // 80: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	97,  // 81: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	78,  // 82: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	78,  // 83: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	95,  // 84: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 85: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	80,  // 86: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	96,  // 87: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	95,  // 88: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 89: bettercompute.api.v1.TenantsService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
+	4,   // 90: bettercompute.api.v1.TenantsService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
+	6,   // 91: bettercompute.api.v1.TenantsService.Get:input_type -> bettercompute.api.v1.TenantRequest
+	6,   // 92: bettercompute.api.v1.TenantsService.Suspend:input_type -> bettercompute.api.v1.TenantRequest
+	6,   // 93: bettercompute.api.v1.TenantsService.Resume:input_type -> bettercompute.api.v1.TenantRequest
+	7,   // 94: bettercompute.api.v1.TenantsService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
+	10,  // 95: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	11,  // 96: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	17,  // 97: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	18,  // 98: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	15,  // 99: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	16,  // 100: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	8,   // 101: bettercompute.api.v1.PoolsService.Move:input_type -> bettercompute.api.v1.MovePoolRequest
+	21,  // 102: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	23,  // 103: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	25,  // 104: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	29,  // 105: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	31,  // 106: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 107: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 108: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 109: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 110: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	37,  // 111: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	39,  // 112: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	33,  // 113: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
+	34,  // 114: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
+	36,  // 115: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
+	42,  // 116: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	48,  // 117: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	50,  // 118: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	52,  // 119: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	55,  // 120: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	57,  // 121: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	57,  // 122: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	60,  // 123: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	62,  // 124: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	64,  // 125: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	68,  // 126: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	70,  // 127: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	72,  // 128: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	85,  // 129: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	87,  // 130: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	75,  // 131: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	77,  // 132: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	81,  // 133: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	83,  // 134: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 135: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
+	5,   // 136: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
+	2,   // 137: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
+	2,   // 138: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
+	2,   // 139: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
+	2,   // 140: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
+	9,   // 141: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	12,  // 142: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	13,  // 143: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	19,  // 144: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	13,  // 145: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	13,  // 146: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	13,  // 147: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
+	22,  // 148: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	24,  // 149: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	26,  // 150: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	30,  // 151: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	32,  // 152: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 153: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 154: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 155: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 156: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	38,  // 157: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	40,  // 158: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	35,  // 159: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
+	35,  // 160: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
+	32,  // 161: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
+	45,  // 162: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	49,  // 163: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	51,  // 164: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	53,  // 165: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	56,  // 166: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	58,  // 167: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	58,  // 168: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	61,  // 169: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	63,  // 170: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	65,  // 171: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	69,  // 172: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	71,  // 173: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	73,  // 174: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	86,  // 175: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	88,  // 176: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	76,  // 177: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	79,  // 178: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	82,  // 179: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	84,  // 180: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	135, // [135:181] is the sub-list for method output_type
+	89,  // [89:135] is the sub-list for method input_type
+	89,  // [89:89] is the sub-list for extension type_name
+	89,  // [89:89] is the sub-list for extension extendee
+	0,   // [0:89] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -6510,16 +7038,16 @@ func file_api_v1_api_proto_init() {
 		return
 	}
 	file_api_v1_options_proto_init()
-	file_api_v1_api_proto_msgTypes[39].OneofWrappers = []any{}
+	file_api_v1_api_proto_msgTypes[46].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   88,
+			NumMessages:   95,
 			NumExtensions: 0,
-			NumServices:   14,
+			NumServices:   15,
 		},
 		GoTypes:           file_api_v1_api_proto_goTypes,
 		DependencyIndexes: file_api_v1_api_proto_depIdxs,

@@ -22,12 +22,19 @@ type Method struct {
 
 // Methods lists every method of the API's services, in api.proto's order.
 var Methods = []Method{
+	{Name: "tenants.create", Role: "admin", Mutating: true, Request: (*CreateTenantRequest)(nil), Response: (*Tenant)(nil)},
+	{Name: "tenants.list", Role: "viewer", Mutating: false, Request: (*ListTenantsRequest)(nil), Response: (*ListTenantsResponse)(nil)},
+	{Name: "tenants.get", Role: "viewer", Mutating: false, Request: (*TenantRequest)(nil), Response: (*Tenant)(nil)},
+	{Name: "tenants.suspend", Role: "admin", Mutating: true, Request: (*TenantRequest)(nil), Response: (*Tenant)(nil)},
+	{Name: "tenants.resume", Role: "admin", Mutating: true, Request: (*TenantRequest)(nil), Response: (*Tenant)(nil)},
+	{Name: "tenants.delete", Role: "admin", Mutating: true, Request: (*DeleteTenantRequest)(nil), Response: (*Tenant)(nil)},
 	{Name: "sites.create", Role: "admin", Mutating: true, Request: (*CreateSiteRequest)(nil), Response: (*Site)(nil)},
 	{Name: "sites.list", Role: "viewer", Mutating: false, Request: (*ListSitesRequest)(nil), Response: (*ListSitesResponse)(nil)},
 	{Name: "pools.create", Role: "admin", Mutating: true, Request: (*CreatePoolRequest)(nil), Response: (*Pool)(nil)},
 	{Name: "pools.list", Role: "viewer", Mutating: false, Request: (*ListPoolsRequest)(nil), Response: (*ListPoolsResponse)(nil)},
 	{Name: "pools.get", Role: "viewer", Mutating: false, Request: (*PoolRequest)(nil), Response: (*Pool)(nil)},
 	{Name: "pools.setBudget", Role: "admin", Mutating: true, Request: (*SetPoolBudgetRequest)(nil), Response: (*Pool)(nil)},
+	{Name: "pools.move", Role: "admin", Mutating: true, Request: (*MovePoolRequest)(nil), Response: (*Pool)(nil)},
 	{Name: "joinTokens.create", Role: "admin", Mutating: true, Request: (*CreateJoinTokenRequest)(nil), Response: (*CreateJoinTokenResponse)(nil)},
 	{Name: "joinTokens.list", Role: "viewer", Mutating: false, Request: (*ListJoinTokensRequest)(nil), Response: (*ListJoinTokensResponse)(nil)},
 	{Name: "joinTokens.revoke", Role: "admin", Mutating: true, Request: (*RevokeJoinTokenRequest)(nil), Response: (*RevokeJoinTokenResponse)(nil)},

@@ -208,7 +208,8 @@ func (s *Store) CommandGet(ctx context.Context, id string) (*store.Command, erro
 func (s *Store) CommandList(ctx context.Context, p *store.CommandListParams) ([]*store.Command, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+commandColumns+` FROM commands
 		WHERE id > $1 AND ($2 = '' OR node_id = $2) AND ($3 = '' OR batch_id = $3) AND ($4 = '' OR state = $4)
-		ORDER BY id LIMIT $5`, p.Cursor, p.NodeID, p.BatchID, p.State, limit(p.Limit))
+			AND ($6 = '' OR node_id IN (SELECT n.id FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE `+withinTenant("p.tenant_id", 6)+`))
+		ORDER BY id LIMIT $5`, p.Cursor, p.NodeID, p.BatchID, p.State, limit(p.Limit), p.Within)
 	if err != nil {
 		return nil, s.wrap("list commands", err)
 	}

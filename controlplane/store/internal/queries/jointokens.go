@@ -51,8 +51,9 @@ func (s *Store) JoinTokenGet(ctx context.Context, id string) (*store.JoinToken, 
 
 // JoinTokenList pages tokens by id.
 func (s *Store) JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error) {
-	rows, err := s.db.Query(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens WHERE id > $1 ORDER BY id LIMIT $2`,
-		p.Cursor, limit(p.Limit))
+	rows, err := s.db.Query(ctx, `SELECT `+joinTokenColumns+` FROM join_tokens WHERE id > $1
+			AND (CAST($3 AS text) = '' OR pool_id IN (SELECT id FROM pools WHERE `+withinTenant("tenant_id", 3)+`))
+		ORDER BY id LIMIT $2`, p.Cursor, limit(p.Limit), p.Within)
 	if err != nil {
 		return nil, s.wrap("list join tokens", err)
 	}

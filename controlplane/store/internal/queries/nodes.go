@@ -195,7 +195,8 @@ func (s *Store) NodeHostnameDuplicates(ctx context.Context, limit int) ([]*store
 func (s *Store) NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+nodeColumns+` FROM nodes
 		WHERE id > $1 AND ($2 = '' OR pool_id = $2) AND ($3 = '' OR state = $3)
-		ORDER BY id LIMIT $4`, p.Cursor, p.PoolID, p.State, limit(p.Limit))
+			AND ($5 = '' OR pool_id IN (SELECT id FROM pools WHERE `+withinTenant("tenant_id", 5)+`))
+		ORDER BY id LIMIT $4`, p.Cursor, p.PoolID, p.State, limit(p.Limit), p.Within)
 	if err != nil {
 		return nil, s.wrap("list nodes", err)
 	}

@@ -1,6 +1,7 @@
 package queries
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -160,6 +161,9 @@ func (s *Store) EventPrune(ctx context.Context, before time.Time) (int64, error)
 	return n, s.wrap("prune session starts", err)
 }
 
+// auditColumns are an audit row's columns, in the order AuditList scans.
+const auditColumns = `id, time, actor, action, resource, outcome, source_ip, details, tenant_id`
+
 // AuditInsert appends to the audit log.
 func (s *Store) AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error) {
 	t := e.Time
@@ -167,22 +171,22 @@ func (s *Store) AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, er
 		t = time.Now()
 	}
 	var id int64
-	err := s.db.QueryRow(ctx, `INSERT INTO audit_log (time, actor, action, resource, outcome, source_ip, details)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		t.UTC(), e.Actor, e.Action, e.Resource, e.Outcome, e.SourceIP, nullJSON(e.Details)).Scan(&id)
+	err := s.db.QueryRow(ctx, `INSERT INTO audit_log (time, actor, action, resource, outcome, source_ip, details, tenant_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
+		t.UTC(), e.Actor, e.Action, e.Resource, e.Outcome, e.SourceIP, nullJSON(e.Details), cmp.Or(e.TenantID, store.RootTenant)).Scan(&id)
 	return id, s.wrap("insert audit entry", err)
 }
 
 // AuditList returns audit entries after afterID, oldest first.
 func (s *Store) AuditList(ctx context.Context, afterID int64, n int) ([]*store.AuditEntry, error) {
-	rows, err := s.db.Query(ctx, `SELECT id, time, actor, action, resource, outcome, source_ip, details FROM audit_log
+	rows, err := s.db.Query(ctx, `SELECT `+auditColumns+` FROM audit_log
 		WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit(n))
 	if err != nil {
 		return nil, s.wrap("list audit log", err)
 	}
 	out, err := collect(rows, func(r Row) (*store.AuditEntry, error) {
 		e := &store.AuditEntry{}
-		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details)
+		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details, &e.TenantID)
 	})
 	return out, s.wrap("list audit log", err)
 }
@@ -221,7 +225,11 @@ func (s *Store) AuditQuery(ctx context.Context, p *store.AuditQueryParams) ([]*s
 		n := len(args)
 		where = append(where, fmt.Sprintf("substr(action, 1, length(CAST($%d AS TEXT))) = CAST($%d AS TEXT)", n, n))
 	}
-	q := `SELECT id, time, actor, action, resource, outcome, source_ip, details FROM audit_log`
+	if p.Within != "" {
+		args = append(args, p.Within)
+		where = append(where, withinTenant("tenant_id", len(args)))
+	}
+	q := `SELECT ` + auditColumns + ` FROM audit_log`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -233,7 +241,7 @@ func (s *Store) AuditQuery(ctx context.Context, p *store.AuditQueryParams) ([]*s
 	}
 	out, err := collect(rows, func(r Row) (*store.AuditEntry, error) {
 		e := &store.AuditEntry{}
-		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details)
+		return e, r.Scan(&e.ID, &e.Time, &e.Actor, &e.Action, &e.Resource, &e.Outcome, &e.SourceIP, &e.Details, &e.TenantID)
 	})
 	return out, s.wrap("query audit log", err)
 }
@@ -305,12 +313,12 @@ func (s *Store) RevocationCheck(ctx context.Context, serial string) (bool, error
 	return revoked, s.wrap("check revocation of "+serial, err)
 }
 
-const apiTokenColumns = `id, role, description, allow_cidrs, expires_at, revoked_at, created_at`
+const apiTokenColumns = `id, role, tenant_id, description, allow_cidrs, expires_at, revoked_at, created_at`
 
 func scanAPIToken(r Row) (*store.APIToken, error) {
 	t := &store.APIToken{}
 	var cidrs []byte
-	if err := r.Scan(&t.ID, &t.Role, &t.Description, &cidrs, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt); err != nil {
+	if err := r.Scan(&t.ID, &t.Role, &t.TenantID, &t.Description, &cidrs, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(cidrs, &t.AllowCIDRs); err != nil {
@@ -331,8 +339,8 @@ func (s *Store) APITokenCreate(ctx context.Context, t *store.APIToken, secretHas
 	}
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		_, err := q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, description, allow_cidrs, expires_at, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, now())`, t.ID, secretHash, t.Role, t.Description, JSON(b), t.ExpiresAt)
+		_, err := q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, tenant_id, description, allow_cidrs, expires_at, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, now())`, t.ID, secretHash, t.Role, cmp.Or(t.TenantID, store.RootTenant), t.Description, JSON(b), t.ExpiresAt)
 		if err != nil {
 			return q.wrap("create api token", err)
 		}
@@ -359,10 +367,19 @@ func (s *Store) APITokenBySecret(ctx context.Context, secretHash []byte) (*store
 	return t, nil
 }
 
+// APITokenGet returns a token by id.
+func (s *Store) APITokenGet(ctx context.Context, id string) (*store.APIToken, error) {
+	t, err := scanAPIToken(s.db.QueryRow(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id = $1`, id))
+	if err != nil {
+		return nil, s.wrap("get api token "+id, err)
+	}
+	return t, nil
+}
+
 // APITokenList pages tokens by id.
 func (s *Store) APITokenList(ctx context.Context, p *store.ListParams) ([]*store.APIToken, error) {
-	rows, err := s.db.Query(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id > $1 ORDER BY id LIMIT $2`,
-		p.Cursor, limit(p.Limit))
+	rows, err := s.db.Query(ctx, `SELECT `+apiTokenColumns+` FROM api_tokens WHERE id > $1 AND `+withinTenant("tenant_id", 3)+` ORDER BY id LIMIT $2`,
+		p.Cursor, limit(p.Limit), p.Within)
 	if err != nil {
 		return nil, s.wrap("list api tokens", err)
 	}

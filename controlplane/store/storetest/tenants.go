@@ -1,0 +1,161 @@
+package storetest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// testTenants: the tree (migration 0024, docs/tenants.md): the root exists
+// after migration and owns what is made without a tenant; a subtree's
+// lists see only its rows; suspension and deletion stop the whole subtree;
+// deletion is refused while nodes stay unless they move; the root can be
+// neither suspended nor deleted.
+func testTenants(ctx context.Context, t *testing.T, h *Harness) {
+	root := must(h.Store.TenantGet(ctx, store.RootTenant))
+	if root.Path != "root/" || root.ParentID != "" || root.Depth() != 0 {
+		t.Fatalf("root = %+v", root)
+	}
+	a := must(h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant}))
+	a1 := must(h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a-ml", ParentID: a.ID}))
+	b := must(h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-b", ParentID: store.RootTenant}))
+	if a1.Path != "root/"+a.ID+"/"+a1.ID+"/" || a1.ParentID != a.ID || a1.Depth() != 2 || !a1.Within(a.Path) || b.Within(a.Path) {
+		t.Fatalf("child = %+v", a1)
+	}
+	_, err := h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: b.ID})
+	wantErr(t, err, store.ErrConflict)
+	_, err = h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "x", ParentID: "ten_missing"})
+	wantErr(t, err, store.ErrNotFound)
+	if got := must(h.Store.TenantGet(ctx, "team-a-ml")); got.ID != a1.ID {
+		t.Fatalf("get by name = %+v", got)
+	}
+	ids := func(ts []*store.Tenant) []string {
+		var out []string
+		for _, x := range ts {
+			out = append(out, x.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	if got, want := ids(must(h.Store.TenantList(ctx, &store.ListParams{Within: a.Path}))), ids([]*store.Tenant{a, a1}); !slices.Equal(got, want) {
+		t.Fatalf("tenants within a = %v, want %v", got, want)
+	}
+	if got := must(h.Store.TenantList(ctx, &store.ListParams{})); len(got) != 4 {
+		t.Fatalf("every tenant = %d, want 4", len(got))
+	}
+
+	// Rows made without a tenant are the root's; lists within a subtree
+	// see that subtree's rows only.
+	old := fixture(ctx, t, h)
+	if old.TenantID != store.RootTenant {
+		t.Fatalf("pool without a tenant = %+v", old)
+	}
+	sa := must(h.Store.SiteCreate(ctx, &store.SiteCreateParams{Name: "site-a", Region: "eu-1", TenantID: a1.ID}))
+	pa := must(h.Store.PoolCreate(ctx, &store.PoolCreateParams{Name: "pool-a", SiteID: sa.ID, TenantID: a1.ID}))
+	if sa.TenantID != a1.ID || pa.TenantID != a1.ID || must(h.Store.SiteGet(ctx, sa.ID)).TenantID != a1.ID {
+		t.Fatalf("site %+v, pool %+v", sa, pa)
+	}
+	if got := must(h.Store.PoolList(ctx, &store.ListParams{Within: a.Path})); len(got) != 1 || got[0].ID != pa.ID {
+		t.Fatalf("pools within a = %+v", got)
+	}
+	if got := must(h.Store.SiteList(ctx, &store.ListParams{Within: b.Path})); len(got) != 0 {
+		t.Fatalf("sites within b = %+v", got)
+	}
+	if got := must(h.Store.PoolList(ctx, &store.ListParams{Within: root.Path})); len(got) != 2 {
+		t.Fatalf("pools within root = %d, want 2", len(got))
+	}
+	tok := &store.APIToken{ID: store.NewID("tok"), Role: store.RoleViewer, TenantID: a1.ID}
+	check(t, h.Store.APITokenCreate(ctx, tok, []byte("tenant-token-hash-0123456789abcd")))
+	if got := must(h.Store.APITokenBySecret(ctx, []byte("tenant-token-hash-0123456789abcd"))); got.TenantID != a1.ID {
+		t.Fatalf("token tenant = %q", got.TenantID)
+	}
+	if got := must(h.Store.APITokenGet(ctx, tok.ID)); got.TenantID != a1.ID || got.Role != store.RoleViewer {
+		t.Fatalf("token by id = %+v", got)
+	}
+	_, err = h.Store.APITokenGet(ctx, "tok_missing")
+	wantErr(t, err, store.ErrNotFound)
+	if got := must(h.Store.APITokenList(ctx, &store.ListParams{Within: b.Path})); len(got) != 0 {
+		t.Fatalf("tokens within b = %+v", got)
+	}
+	must(h.Store.AuditInsert(ctx, &store.AuditEntry{Actor: "token:" + tok.ID, Action: "pools.get", Outcome: "ok", TenantID: a1.ID}))
+	must(h.Store.AuditInsert(ctx, &store.AuditEntry{Actor: "token:x", Action: "pools.get", Outcome: "ok"}))
+	if got := must(h.Store.AuditQuery(ctx, &store.AuditQueryParams{Within: a.Path})); len(got) != 1 || got[0].TenantID != a1.ID {
+		t.Fatalf("audit within a = %+v", got)
+	}
+
+	// Suspension stops the subtree, resume restores it; the root refuses.
+	_, err = h.Store.TenantSetSuspended(ctx, store.RootTenant, true)
+	wantErr(t, err, store.ErrTenantRoot)
+	_, err = h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: store.RootTenant})
+	wantErr(t, err, store.ErrTenantRoot)
+	if got := must(h.Store.TenantSetSuspended(ctx, a.ID, true)); got.SuspendedAt == nil {
+		t.Fatalf("suspended = %+v", got)
+	}
+	if got, want := must(h.Store.TenantsStopped(ctx)), ids([]*store.Tenant{a, a1}); !slices.Equal(got, want) {
+		t.Fatalf("stopped = %v, want %v", got, want)
+	}
+	must(h.Store.TenantSetSuspended(ctx, a.ID, false))
+	if got := must(h.Store.TenantsStopped(ctx)); len(got) != 0 {
+		t.Fatalf("stopped after resume = %v", got)
+	}
+
+	// Deletion: refused while the subtree's pools hold nodes, unless
+	// they move; the moved pool keeps its nodes.
+	addNode(ctx, t, h, pa, "node-tenant-a")
+	addNode(ctx, t, h, old, "node-root")
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: store.NewID("jt"), SecretHash: []byte("jt-a"), PoolID: pa.ID, MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour)}))
+	must(h.Store.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: store.NewID("jt"), SecretHash: []byte("jt-root"), PoolID: old.ID, MaxUses: 1, ExpiresAt: time.Now().Add(time.Hour)}))
+	must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node-tenant-a", "node-root"}, Kind: "reboot", Timeout: time.Minute}))
+	if got := must(h.Store.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Within: a.Path}})); len(got) != 1 || got[0].ID != "node-tenant-a" {
+		t.Fatalf("nodes within a = %+v", got)
+	}
+	if got := must(h.Store.NodeList(ctx, &store.NodeListParams{})); len(got) != 2 {
+		t.Fatalf("every node = %d, want 2", len(got))
+	}
+	if got := must(h.Store.CommandList(ctx, &store.CommandListParams{ListParams: store.ListParams{Within: a.Path}})); len(got) != 1 || got[0].NodeID != "node-tenant-a" {
+		t.Fatalf("commands within a = %+v", got)
+	}
+	if got := must(h.Store.JoinTokenList(ctx, &store.ListParams{Within: a.Path})); len(got) != 1 || got[0].PoolID != pa.ID {
+		t.Fatalf("join tokens within a = %+v", got)
+	}
+	if got := must(h.Store.JoinTokenList(ctx, &store.ListParams{Within: b.Path})); len(got) != 0 {
+		t.Fatalf("join tokens within b = %+v", got)
+	}
+	_, err = h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID})
+	wantErr(t, err, store.ErrTenantHasNodes)
+	_, err = h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID, MoveNodesTo: a1.ID})
+	wantErr(t, err, store.ErrConflict)
+	del := must(h.Store.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID, MoveNodesTo: b.ID}))
+	if del.DeletedAt == nil {
+		t.Fatalf("deleted = %+v", del)
+	}
+	if got := must(h.Store.PoolGet(ctx, pa.ID)); got.TenantID != b.ID {
+		t.Fatalf("moved pool = %+v", got)
+	}
+	if got, want := must(h.Store.TenantsStopped(ctx)), ids([]*store.Tenant{a, a1}); !slices.Equal(got, want) {
+		t.Fatalf("stopped after delete = %v, want %v", got, want)
+	}
+	_, err = h.Store.TenantGet(ctx, "team-a")
+	wantErr(t, err, store.ErrNotFound)
+	if got := must(h.Store.TenantGet(ctx, a.ID)); got.DeletedAt == nil {
+		t.Fatalf("deleted by id = %+v", got)
+	}
+	_, err = h.Store.TenantSetSuspended(ctx, a1.ID, true)
+	wantErr(t, err, store.ErrNotFound)
+	_, err = h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "under-deleted", ParentID: a1.ID})
+	wantErr(t, err, store.ErrNotFound)
+	// A deleted tenant's name is free again.
+	must(h.Store.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant}))
+
+	// PoolMove moves a pool to a live tenant only.
+	if got := must(h.Store.PoolMove(ctx, pa.ID, store.RootTenant)); got.TenantID != store.RootTenant {
+		t.Fatalf("moved = %+v", got)
+	}
+	_, err = h.Store.PoolMove(ctx, pa.ID, a.ID)
+	wantErr(t, err, store.ErrNotFound)
+	_, err = h.Store.PoolMove(ctx, "pool_missing", b.ID)
+	wantErr(t, err, store.ErrNotFound)
+}
