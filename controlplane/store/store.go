@@ -136,6 +136,7 @@ type Store interface {
 	RemediationStore
 	RolloutStore
 	GPUStore
+	RecordingStore
 }
 
 // Migrator applies and reports schema migrations.
