@@ -314,6 +314,7 @@ func retain(ctx context.Context, st store.Store, fence store.Fence, r config.Ret
 			{"reservations", r.History.Duration, tx.ReservationPrune},
 			{"rollouts", r.History.Duration, tx.RolloutPrune},
 			{"remediations", r.History.Duration, tx.RemediationPrune},
+			{"recordings", r.Recordings.Duration, tx.RecordingPrune},
 		}
 		var total int64
 		attrs := make([]any, 0, 2*len(prunes))
