@@ -123,8 +123,14 @@ func Start(ctx context.Context, cfg Config, st Store, p Params) (*Recorder, erro
 	return r, nil
 }
 
-// ID returns the recording's id.
-func (r *Recorder) ID() string { return r.id }
+// ID returns the recording's id; "" for a nil Recorder (a shell not
+// recorded).
+func (r *Recorder) ID() string {
+	if r == nil {
+		return ""
+	}
+	return r.id
+}
 
 // Failed is closed when recording fails; Err says why.
 func (r *Recorder) Failed() <-chan struct{} { return r.failed }
