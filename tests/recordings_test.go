@@ -171,6 +171,7 @@ func TestRecordingShell(t *testing.T) {
 	if evs[0].code != "r" || evs[0].data != "100x30" {
 		t.Fatalf("first event %+v, want the window 100x30", evs[0])
 	}
+	typedCommand := regexp.MustCompile(`echo rec-\$\(\(6\*7\)\)[\r\n]`)
 	var typed, printed strings.Builder
 	typedAt, printedAt := -1, -1
 	last := 0.0
@@ -182,7 +183,9 @@ func TestRecordingShell(t *testing.T) {
 		switch ev.code {
 		case "i":
 			typed.WriteString(ev.data)
-			if typedAt < 0 && strings.Contains(typed.String(), "echo rec-$((6*7))\r") {
+			// The enter key is \r, or \n when typed before the CLI made
+			// its terminal raw.
+			if typedAt < 0 && typedCommand.MatchString(typed.String()) {
 				typedAt = i
 			}
 		case "o":
@@ -195,7 +198,7 @@ func TestRecordingShell(t *testing.T) {
 	if typedAt < 0 || printedAt < 0 || typedAt > printedAt {
 		t.Fatalf("typed the command at event %d, printed rec-42 at event %d; want both, typed first:\n%+v", typedAt, printedAt, evs)
 	}
-	if !strings.Contains(typed.String(), "exit 5\r") {
+	if !regexp.MustCompile(`exit 5[\r\n]`).MatchString(typed.String()) {
 		t.Fatalf("the typed input %q lacks exit 5", typed.String())
 	}
 
