@@ -489,7 +489,9 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool {
 		rec, err := d.st.RecordingGet(ctx, recID)
 		return err == nil && rec.State == store.RecordingComplete
-	}, func() string { return "the page's shell has no complete recording (tunnels.open details " + string(tun[0].Details) + ")" })
+	}, func() string {
+		return "the page's shell has no complete recording (tunnels.open details " + string(tun[0].Details) + ")"
+	})
 	played := d.cli(d.viaAPI("recordings", "play", recID, "--speed", "0")...)
 	if i, j := strings.Index(played, "echo marker-$((6*7)); hostname"), strings.Index(played, "marker-42"); i < 0 || j < i {
 		t.Fatalf("recordings play %s of the page's shell, want the command and then marker-42:\n%q", recID, played)
