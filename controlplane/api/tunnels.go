@@ -196,7 +196,7 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 			return
 		case err != nil:
 			s.log.ErrorContext(ctx, "Shell not recorded (host.gateway.tunnels.recording.onFailure: continue)", "tunnel_id", t.ID, logkey.Err, err)
-		case open.Rows > 0 && open.Cols > 0:
+		case open.Rows > 0 && open.Cols > 0 && open.Rows <= tunnel.MaxWindow && open.Cols <= tunnel.MaxWindow:
 			_ = rec.Resize(open.Rows, open.Cols)
 		}
 	}
