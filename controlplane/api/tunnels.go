@@ -257,16 +257,11 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	}
 	res := tunnel.Pipe(pctx, clientHop, nodeHop, idle)
 	conn.Close()
-	if rec != nil {
-		if err := rec.Close(res.Reason); err != nil {
-			s.log.ErrorContext(ctx, "Shell recording failed", "tunnel_id", t.ID, "recording_id", rec.ID(), logkey.Err, err)
-			if strict && rec.Err() != nil {
-				// The shell ends with its recording: say why, in one line.
-				res.Reason = "recording failed: " + rec.Err().Error()
-				_ = client.Send(tunnel.Error("the shell was closed: its recording failed (" + rec.Err().Error() +
-					"); every shell is recorded (host.gateway.tunnels.recording.onFailure: close)"))
-			}
-		}
+	if err := rec.Err(); err != nil && strict {
+		// The shell ended with its recording: say why, in one line.
+		res.Reason = "recording failed: " + err.Error()
+		_ = client.Send(tunnel.Error("the shell was closed: its recording failed (" + err.Error() +
+			"); every shell is recorded (host.gateway.tunnels.recording.onFailure: close)"))
 	}
 	status := websocket.StatusNormalClosure
 	if res.Reason != "exit" && res.Reason != "client closed" {
@@ -287,6 +282,13 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	}
 	_ = ws.Close(status, truncate(res.Reason, 120))
 	s.closeTunnel(ctx, p, t, addr, res, rec.ID())
+	// The shell is over: store the rest of its recording and its end
+	// after the tunnel's own end, which the client waits on.
+	if rec != nil {
+		if err := rec.Close(res.Reason); err != nil {
+			s.log.ErrorContext(ctx, "Shell recording failed", "tunnel_id", t.ID, "recording_id", rec.ID(), logkey.Err, err)
+		}
+	}
 }
 
 // errRecordingFailed ends a shell whose recording failed, when

@@ -135,8 +135,12 @@ func (r *Recorder) ID() string {
 // Failed is closed when recording fails; Err says why.
 func (r *Recorder) Failed() <-chan struct{} { return r.failed }
 
-// Err returns why recording failed, nil while it has not.
+// Err returns why recording failed, nil while it has not (and for a nil
+// Recorder).
 func (r *Recorder) Err() error {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
