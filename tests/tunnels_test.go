@@ -123,8 +123,8 @@ func TestTunnelRootShellThroughHelper(t *testing.T) {
 // tunnelScenario: a shell on a PTY (tty, stty size after a resize, exit 3
 // as the CLI's exit status), a port forward to a TCP echo server on the
 // node, refused tickets (used twice, another token, a viewer), the audit
-// and events of a tunnel, and last a revoked node's open shell closing
-// within 5 s.
+// and events of a tunnel, the shell's recording, and last a revoked node's
+// open shell closing within 5 s.
 func tunnelScenario(t *testing.T, tt *tunnelTarget) {
 	ctx := context.Background()
 	t.Cleanup(func() {
@@ -169,6 +169,11 @@ func tunnelScenario(t *testing.T, tt *tunnelTarget) {
 	}, func() string { return "no tunnels.close audit row with exit code 3" })
 	if closed["nodeId"] != tt.nodeID || closed["kind"] != "shell" || closed["bytesIn"].(float64) <= 0 || closed["bytesOut"].(float64) <= 0 {
 		t.Fatalf("tunnels.close audit details = %v", closed)
+	}
+	// The shell was recorded at the api process that relayed it.
+	recID, _ := closed["recordingId"].(string)
+	if rec, err := tt.st.RecordingGet(ctx, recID); err != nil || rec.State != store.RecordingComplete || rec.Bytes <= 0 || rec.NodeID != tt.nodeID {
+		t.Fatalf("the shell's recording %q: %+v, %v; want it complete, with bytes", recID, rec, err)
 	}
 	if n := countEvents(t, tt.st, "com.better-compute.tunnel.closed"); n < 1 {
 		t.Fatal("no tunnel.closed event")

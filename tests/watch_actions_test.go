@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -477,6 +478,24 @@ func TestBrowserShellRunsHostname(t *testing.T) {
 		t.Fatalf("tunnel %s after the tab closed: %+v %v", tunnelID, tr, err)
 	}
 	t.Logf("tunnel %s closed: %q", tunnelID, tr.Reason)
+
+	// The page's shell is recorded as nodes shell's is: its audit row
+	// names the recording, which plays back what was typed and printed.
+	var opened map[string]any
+	if err := json.Unmarshal(tun[0].Details, &opened); err != nil {
+		t.Fatalf("tunnels.open details %s: %v", tun[0].Details, err)
+	}
+	recID, _ := opened["recordingId"].(string)
+	eventually(t, 30*time.Second, func() bool {
+		rec, err := d.st.RecordingGet(ctx, recID)
+		return err == nil && rec.State == store.RecordingComplete
+	}, func() string {
+		return "the page's shell has no complete recording (tunnels.open details " + string(tun[0].Details) + ")"
+	})
+	played := d.cli(d.viaAPI("recordings", "play", recID, "--speed", "0")...)
+	if i, j := strings.Index(played, "echo marker-$((6*7)); hostname"), strings.Index(played, "marker-42"); i < 0 || j < i {
+		t.Fatalf("recordings play %s of the page's shell, want the command and then marker-42:\n%q", recID, played)
+	}
 
 	// A viewer: no shell.
 	viewer := strings.TrimSpace(d.cli(d.viaAPI("tokens", "create", "--role", "viewer", "--description", "browser shell test")...))

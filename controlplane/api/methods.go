@@ -84,6 +84,8 @@ func (s *Server) registerMethods() {
 	handle(s, "processes.list", s.processesList)
 	handle(s, "pki.revoke", s.pkiRevoke)
 	handle(s, "tunnels.create", s.tunnelsCreate)
+	handle(s, "recordings.list", s.recordingsList)
+	handle(s, "recordings.get", s.recordingsGet)
 	handle(s, "fleet.summary", s.fleetSummary)
 	handle(s, "tokens.create", s.tokensCreate)
 	handle(s, "tokens.list", s.tokensList)

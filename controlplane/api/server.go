@@ -55,6 +55,12 @@ type Config struct {
 	// TunnelIdleTimeout closes a tunnel through which no frame passed for
 	// that long. Defaults to DefaultTunnelIdleTimeout (15 min).
 	TunnelIdleTimeout time.Duration
+	// Recording configures the recording of every shell this process
+	// relays (host.gateway.tunnels.recording; docs/tunnels.md, "Recorded
+	// shells"); chunks are sealed under Secret. Its zero value is the
+	// default: recordings of at most 64 MiB, a shell closed when its
+	// recording fails.
+	Recording config.TunnelRecording
 	// Downloads, when set, serves {basePath}/downloads/.
 	Downloads http.Handler
 	// EmbeddedDir is the directory of the embedded database ("" on
@@ -162,6 +168,7 @@ type Store interface {
 	Ping(ctx context.Context) error
 	store.Migrator
 	store.TenantStore
+	store.RecordingStore
 	store.SiteStore
 	store.PoolStore
 	store.NodeStore

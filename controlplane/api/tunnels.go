@@ -17,8 +17,10 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/recording"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
@@ -161,7 +163,7 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		return
 	}
 	if s.cfg.Tunnels == nil {
-		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "no tunnel relay"})
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "no tunnel relay"}, "")
 		refuse(&Error{Code: apiv1.CodeUnavailable, Message: "this api process relays no tunnels: configure the internal control API (host.gateway.internal, docs/tunnels.md)"})
 		return
 	}
@@ -172,7 +174,7 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	}
 	conn, gatewayID, err := s.cfg.Tunnels.OpenTunnel(ctx, t.NodeID, open)
 	if err != nil {
-		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: err.Error()})
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: err.Error()}, "")
 		code := apiv1.CodeUnavailable
 		if errors.Is(err, tunnel.ErrUnsupported) {
 			code = apiv1.CodeInvalidArgument
@@ -181,14 +183,41 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		return
 	}
 	defer conn.Close()
+	// Every shell is recorded here, as it passes (docs/tunnels.md,
+	// "Recorded shells").
+	strict := s.cfg.Recording.OnFailure != config.RecordingOnFailureContinue
+	var rec *recording.Recorder
+	if t.Kind == tunnel.KindShell {
+		rec, err = recording.Start(ctx, recording.Config{Secret: s.cfg.Secret, MaxBytes: s.cfg.Recording.MaxBytes}, s.store,
+			recording.Params{TunnelID: t.ID, NodeID: t.NodeID, CreatedBy: t.CreatedBy, AsRoot: t.AsRoot})
+		switch {
+		case err != nil && strict:
+			conn.Close()
+			s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: err.Error()}, "")
+			refuse(&Error{Code: apiv1.CodeUnavailable, Message: "the shell is not opened: " + err.Error() +
+				" (every shell is recorded; host.gateway.tunnels.recording.onFailure: close)"})
+			return
+		case err != nil:
+			s.log.ErrorContext(ctx, "Shell not recorded (host.gateway.tunnels.recording.onFailure: continue)", "tunnel_id", t.ID, logkey.Err, err)
+		case open.Rows > 0 && open.Cols > 0 && open.Rows <= tunnel.MaxWindow && open.Cols <= tunnel.MaxWindow:
+			_ = rec.Resize(open.Rows, open.Cols)
+		}
+	}
 	if err := s.store.TunnelOpened(ctx, t.ID, gatewayID, nil); err != nil {
 		s.log.ErrorContext(ctx, "Tunnel opening not recorded", "tunnel_id", t.ID, logkey.Err, err)
 	}
-	s.audit(ctx, p, "tunnels.open", t.ID, "ok", addr, nil)
+	var details map[string]any
+	if rec != nil {
+		details = map[string]any{"recordingId": rec.ID()}
+	}
+	s.auditTunnel(ctx, p, "tunnels.open", t, addr, details)
 	s.feed.Notify()
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{CompressionMode: websocket.CompressionDisabled})
 	if err != nil {
-		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "websocket: " + err.Error()})
+		if rec != nil {
+			_ = rec.Close("websocket: " + err.Error())
+		}
+		s.closeTunnel(ctx, p, t, addr, tunnel.Result{Reason: "websocket: " + err.Error()}, rec.ID())
 		return
 	}
 	ws.SetReadLimit(tunnel.MaxFrame)
@@ -215,8 +244,28 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	// a close frame, and the client would never learn why.
 	wctx, stopWS := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWS()
-	res := tunnel.Pipe(pctx, &wsHop{ctx: wctx, c: ws}, conn, idle)
+	client := &wsHop{ctx: wctx, c: ws}
+	var clientHop, nodeHop tunnel.Hop = client, conn
+	if rec != nil {
+		clientHop, nodeHop = recording.Hops(rec, client, conn, strict)
+		if strict {
+			go func() {
+				select {
+				case <-rec.Failed():
+					cancel(errRecordingFailed)
+				case <-pctx.Done():
+				}
+			}()
+		}
+	}
+	res := tunnel.Pipe(pctx, clientHop, nodeHop, idle)
 	conn.Close()
+	if err := rec.Err(); err != nil && strict {
+		// The shell ended with its recording: say why, in one line.
+		res.Reason = "recording failed: " + err.Error()
+		_ = client.Send(tunnel.Error("the shell was closed: its recording failed (" + err.Error() +
+			"); every shell is recorded (host.gateway.tunnels.recording.onFailure: close)"))
+	}
 	status := websocket.StatusNormalClosure
 	if res.Reason != "exit" && res.Reason != "client closed" {
 		status = websocket.StatusGoingAway
@@ -235,12 +284,36 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		status, res.Reason = websocket.StatusCode(tunnel.CloseRevoked), re.Reason
 	}
 	_ = ws.Close(status, truncate(res.Reason, 120))
-	s.closeTunnel(ctx, p, t, addr, res)
+	s.closeTunnel(ctx, p, t, addr, res, rec.ID())
+	// The shell is over: store the rest of its recording and its end
+	// after the tunnel's own end, which the client waits on.
+	if rec != nil {
+		if err := rec.Close(res.Reason); err != nil {
+			s.log.ErrorContext(ctx, "Shell recording failed", "tunnel_id", t.ID, "recording_id", rec.ID(), logkey.Err, err)
+		}
+	}
+}
+
+// errRecordingFailed ends a shell whose recording failed, when
+// host.gateway.tunnels.recording.onFailure is close.
+var errRecordingFailed = errors.New("recording failed")
+
+// auditTunnel writes an audit row of tunnel t with details.
+func (s *Server) auditTunnel(ctx context.Context, p *iam.Principal, action string, t *store.Tunnel, addr any, details map[string]any) {
+	var b []byte
+	if details != nil {
+		b, _ = json.Marshal(details)
+	}
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: t.ID, Outcome: "ok", SourceIP: fmt.Sprint(addr), Details: b}
+	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
+		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
+	}
 }
 
 // closeTunnel records the end of tunnel t: the row, tunnel.closed and an
-// audit row tunnels.close with the bytes each way and the exit status.
-func (s *Server) closeTunnel(ctx context.Context, p *iam.Principal, t *store.Tunnel, addr any, res tunnel.Result) {
+// audit row tunnels.close with the bytes each way, the exit status and
+// the shell's recording (recordingID, "" for none).
+func (s *Server) closeTunnel(ctx context.Context, p *iam.Principal, t *store.Tunnel, addr any, res tunnel.Result, recordingID string) {
 	ctx = context.WithoutCancel(ctx)
 	var code *int32
 	var signal string
@@ -252,12 +325,12 @@ func (s *Server) closeTunnel(ctx context.Context, p *iam.Principal, t *store.Tun
 		Signal: signal, Reason: truncate(res.Reason, 500)}); err != nil {
 		s.log.ErrorContext(ctx, "Tunnel end not recorded", "tunnel_id", t.ID, logkey.Err, err)
 	}
-	details, _ := json.Marshal(map[string]any{"nodeId": t.NodeID, "kind": t.Kind, "port": t.Port, "asRoot": t.AsRoot,
-		"bytesIn": res.BytesIn, "bytesOut": res.BytesOut, "exitCode": code, "signal": signal, "reason": truncate(res.Reason, 500)})
-	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: "tunnels.close", Resource: t.ID, Outcome: "ok", SourceIP: fmt.Sprint(addr), Details: details}
-	if _, err := s.store.AuditInsert(ctx, e); err != nil {
-		s.log.ErrorContext(ctx, "Audit write failed", "action", "tunnels.close", logkey.Err, err)
+	details := map[string]any{"nodeId": t.NodeID, "kind": t.Kind, "port": t.Port, "asRoot": t.AsRoot,
+		"bytesIn": res.BytesIn, "bytesOut": res.BytesOut, "exitCode": code, "signal": signal, "reason": truncate(res.Reason, 500)}
+	if recordingID != "" {
+		details["recordingId"] = recordingID
 	}
+	s.auditTunnel(ctx, p, "tunnels.close", t, addr, details)
 	s.feed.Notify()
 	s.log.InfoContext(ctx, "Tunnel closed", "tunnel_id", t.ID, logkey.NodeID, t.NodeID, "kind", t.Kind, "bytes_in", res.BytesIn,
 		"bytes_out", res.BytesOut, "reason", res.Reason)

@@ -566,6 +566,24 @@ func (c *Client) GpusGet(ctx context.Context, req *apiv1.GetGPURequest) (*apiv1.
 	return resp, nil
 }
 
+// RecordingsList calls recordings.list (role viewer).
+func (c *Client) RecordingsList(ctx context.Context, req *apiv1.ListRecordingsRequest) (*apiv1.ListRecordingsResponse, error) {
+	resp := new(apiv1.ListRecordingsResponse)
+	if err := c.Call(ctx, "recordings.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// RecordingsGet calls recordings.get (role viewer).
+func (c *Client) RecordingsGet(ctx context.Context, req *apiv1.GetRecordingRequest) (*apiv1.GetRecordingResponse, error) {
+	resp := new(apiv1.GetRecordingResponse)
+	if err := c.Call(ctx, "recordings.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // ReservationsCreate calls reservations.create (role operator; audited).
 func (c *Client) ReservationsCreate(ctx context.Context, req *apiv1.CreateReservationRequest) (*apiv1.Reservation, error) {
 	resp := new(apiv1.Reservation)

@@ -310,6 +310,33 @@ type Tunnels struct {
 	// IdleTimeout closes a tunnel through which nothing passed for that
 	// long. Defaults to 15 min.
 	IdleTimeout Duration `yaml:"idleTimeout"`
+	// Recording configures the recording of every shell (docs/tunnels.md,
+	// "Recorded shells").
+	Recording TunnelRecording `yaml:"recording"`
+}
+
+// Values of TunnelRecording.OnFailure.
+const (
+	// RecordingOnFailureClose closes a shell whose recording fails.
+	RecordingOnFailureClose = "close"
+	// RecordingOnFailureContinue lets the shell go on unrecorded, its
+	// recording marked failed.
+	RecordingOnFailureContinue = "continue"
+)
+
+// TunnelRecording configures the recording of shells at the process that
+// relays them.
+type TunnelRecording struct {
+	// OnFailure is what happens to a shell whose recording fails (the
+	// database refuses a chunk, or the recording reaches MaxBytes): close
+	// (the shell ends with a one-line reason, and a shell whose recording
+	// cannot start is refused) or continue (it goes on unrecorded).
+	// Defaults to close.
+	OnFailure string `yaml:"onFailure"`
+	// MaxBytes bounds one recording's data bytes, typed and printed
+	// together; past it the recording fails (see OnFailure). 65536 to
+	// 1073741824. Defaults to 67108864 (64 MiB).
+	MaxBytes int64 `yaml:"maxBytes"`
 }
 
 // Enabled reports whether the internal control API is configured.
@@ -393,6 +420,9 @@ type Retention struct {
 	Events Duration `yaml:"events"`
 	// Audit: audit rows. Defaults to 365 days (8760h).
 	Audit Duration `yaml:"audit"`
+	// Recordings: shell recordings, counted from the shell's start.
+	// Defaults to 365 days (8760h).
+	Recordings Duration `yaml:"recordings"`
 	// History: closed reservations (ended, cancelled, failed), finished
 	// rollouts (completed, aborted, failed) and closed remediation cases
 	// (returned), counted from when they closed. Defaults to 90 days
@@ -623,6 +653,8 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.Tunnels.IdleTimeout.Duration == 0 {
 		g.Tunnels.IdleTimeout.Duration = 15 * time.Minute
 	}
+	g.Tunnels.Recording.OnFailure = cmp.Or(g.Tunnels.Recording.OnFailure, RecordingOnFailureClose)
+	g.Tunnels.Recording.MaxBytes = cmp.Or(g.Tunnels.Recording.MaxBytes, 64<<20)
 	if g.Internal.Listen == "" {
 		g.Internal.Listen = ":8444"
 	}
@@ -659,6 +691,9 @@ func (c *Config) defaults(getenv func(string) string) {
 	}
 	if r.Audit.Duration == 0 {
 		r.Audit.Duration = 365 * 24 * time.Hour
+	}
+	if r.Recordings.Duration == 0 {
+		r.Recordings.Duration = 365 * 24 * time.Hour
 	}
 	if r.History.Duration == 0 {
 		r.History.Duration = 90 * 24 * time.Hour
@@ -726,6 +761,11 @@ func (c *Config) validate() error {
 		if d <= 0 {
 			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
 		}
+	}
+	if r := c.Host.Gateway.Tunnels.Recording; r.OnFailure != RecordingOnFailureClose && r.OnFailure != RecordingOnFailureContinue {
+		return &Error{Key: "host.gateway.tunnels.recording.onFailure", Msg: fmt.Sprintf("%q: want close or continue", r.OnFailure)}
+	} else if r.MaxBytes < 64<<10 || r.MaxBytes > 1<<30 {
+		return &Error{Key: "host.gateway.tunnels.recording.maxBytes", Msg: fmt.Sprintf("%d: want 65536 (64 KiB) to 1073741824 (1 GiB)", r.MaxBytes)}
 	}
 	if p := c.Host.Processes; p.HeartbeatInterval.Duration < 100*time.Millisecond || p.HeartbeatInterval.Duration > time.Minute {
 		return &Error{Key: "host.processes.heartbeatInterval", Msg: fmt.Sprintf("%v: want 100ms to 1m", p.HeartbeatInterval.Duration)}
@@ -831,7 +871,7 @@ func (c *Config) validate() error {
 	}
 	for key, d := range map[string]time.Duration{"retention.commands": c.Retention.Commands.Duration,
 		"retention.events": c.Retention.Events.Duration, "retention.audit": c.Retention.Audit.Duration,
-		"retention.history": c.Retention.History.Duration} {
+		"retention.history": c.Retention.History.Duration, "retention.recordings": c.Retention.Recordings.Duration} {
 		if d < time.Hour {
 			return &Error{Key: key, Msg: "want at least 1h"}
 		}

@@ -127,6 +127,7 @@ type Store interface {
 	RemediationStore
 	RolloutStore
 	GPUStore
+	RecordingStore
 }
 
 // ListParams pages a list: rows after Cursor (an id), at most Limit

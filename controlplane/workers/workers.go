@@ -146,6 +146,7 @@ type retentionTx interface {
 	ReservationPrune(ctx context.Context, before time.Time) (int64, error)
 	RolloutPrune(ctx context.Context, before time.Time) (int64, error)
 	RemediationPrune(ctx context.Context, before time.Time) (int64, error)
+	RecordingPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
 // Run runs the worker roles cfg names until ctx ends.
@@ -357,6 +358,7 @@ func retain(ctx context.Context, st store.FencedTransactor, fence store.Fence, n
 			{"reservations", r.History.Duration, tx.ReservationPrune},
 			{"rollouts", r.History.Duration, tx.RolloutPrune},
 			{"remediations", r.History.Duration, tx.RemediationPrune},
+			{"recordings", r.Recordings.Duration, tx.RecordingPrune},
 		}
 		var total int64
 		attrs := make([]any, 0, 2*len(prunes))

@@ -109,6 +109,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(gpusCmd(e))
 	root.AddCommand(tenantsCmd(e))
 	root.AddCommand(rolloutsCmd(e))
+	root.AddCommand(recordingsCmd(e))
 	root.AddCommand(gatewaysCmd(e), processesCmd(e))
 	root.AddCommand(storeCmd(e), backupCmd(e), restoreCmd(e))
 	enforceUsage(root)

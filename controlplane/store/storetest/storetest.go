@@ -91,6 +91,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Rollouts", testRollouts},
 		{"HistoryPrune", testHistoryPrune},
 		{"Tunnels", testTunnels},
+		{"Recordings", testRecordings},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

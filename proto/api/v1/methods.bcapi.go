@@ -79,6 +79,8 @@ var Methods = []Method{
 	{Name: "remediation.stats", Role: "viewer", Mutating: false, Request: (*RemediationStatsRequest)(nil), Response: (*RemediationStatsResponse)(nil)},
 	{Name: "gpus.list", Role: "viewer", Mutating: false, Request: (*ListGPUsRequest)(nil), Response: (*ListGPUsResponse)(nil)},
 	{Name: "gpus.get", Role: "viewer", Mutating: false, Request: (*GetGPURequest)(nil), Response: (*GPUDetail)(nil)},
+	{Name: "recordings.list", Role: "viewer", Mutating: false, Request: (*ListRecordingsRequest)(nil), Response: (*ListRecordingsResponse)(nil)},
+	{Name: "recordings.get", Role: "viewer", Mutating: false, Request: (*GetRecordingRequest)(nil), Response: (*GetRecordingResponse)(nil)},
 	{Name: "reservations.create", Role: "operator", Mutating: true, Request: (*CreateReservationRequest)(nil), Response: (*Reservation)(nil)},
 	{Name: "reservations.list", Role: "viewer", Mutating: false, Request: (*ListReservationsRequest)(nil), Response: (*ListReservationsResponse)(nil)},
 	{Name: "reservations.get", Role: "viewer", Mutating: false, Request: (*GetReservationRequest)(nil), Response: (*Reservation)(nil)},

@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
@@ -136,7 +137,9 @@ func run(keys, mib, idle int, split bool) error {
 		opener, mode = cl, "through the internal control API relay (split roles)"
 	}
 	fmt.Printf("tunnels %s\n", mode)
-	srv := api.New(api.Config{Listen: "127.0.0.1:0", Tunnels: opener}, st, log)
+	// Shells are recorded, sealed under the deployment secret, as in a
+	// deployment (docs/tunnels.md, "Recorded shells").
+	srv := api.New(api.Config{Listen: "127.0.0.1:0", Tunnels: opener, Secret: strings.Repeat("b", 32)}, st, log)
 	go srv.Run(ctx)
 	<-srv.Ready()
 	c := &client.Client{BaseURL: "http://" + srv.Addr().String() + "/api", Token: admin}
