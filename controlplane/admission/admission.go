@@ -320,7 +320,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		adm.Node, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
 			ID: nodeID, PoolID: adm.Pool.ID, Hostname: req.Facts.Hostname, MachineID: req.Facts.MachineID,
 			Labels: req.Facts.Labels, BCDVersion: req.Facts.BCDVersion, OS: req.Facts.OS, Arch: req.Facts.Arch,
-			CertSerial: cert.Serial, CertNotAfter: &notAfter, KeySHA256: cert.KeySHA256, JoinTokenID: t.ID,
+			CertSerial: cert.Serial, CertNotAfter: &notAfter, KeySHA256: cert.KeySHA256, JoinTokenID: t.ID, CertCAID: cert.CAID,
 		})
 		if err != nil {
 			return err
@@ -458,7 +458,7 @@ func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok
 		return fmt.Errorf("issue certificate for node %s: %w", n.ID, err)
 	}
 	err = tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-		ID: n.ID, Serial: adm.Cert.Serial, NotAfter: adm.Cert.NotAfter, KeySHA256: adm.Cert.KeySHA256,
+		ID: n.ID, Serial: adm.Cert.Serial, NotAfter: adm.Cert.NotAfter, KeySHA256: adm.Cert.KeySHA256, CAID: adm.Cert.CAID,
 	})
 	if err != nil {
 		return err

@@ -53,7 +53,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 	details.Serial = cert.Serial
 	err = a.store.Tx(ctx, func(tx store.Store) error {
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
+			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, CAID: cert.CAID,
 		})
 		if err != nil {
 			return err
@@ -124,7 +124,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 			return err
 		}
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, Reattested: true,
+			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, CAID: cert.CAID, Reattested: true,
 		})
 		if err != nil {
 			return err

@@ -502,6 +502,9 @@ type NodeUpsertParams struct {
 	Arch         string
 	CertSerial   string
 	CertNotAfter *time.Time
+	// CertCAID is the issuing node CA's id (pki.NodeCAID); it replaces the
+	// node's when not empty.
+	CertCAID string
 	// KeySHA256 and JoinTokenID replace the node's when not empty. A
 	// JoinTokenID marks a join: the upsert writes node.joined (a new id)
 	// or node.rejoined (an existing one) in its transaction; without it
@@ -517,6 +520,9 @@ type NodeSetCertificateParams struct {
 	Serial    string
 	NotAfter  time.Time
 	KeySHA256 string
+	// CAID is the issuing node CA's id (pki.NodeCAID); it replaces the
+	// node's when not empty.
+	CAID string
 	// Reattested marks a re-attestation (admission.Reattest): the change
 	// writes a node.reattested event. A renewal or a repeated join writes
 	// none.
@@ -1325,6 +1331,11 @@ type PKIRotationStore interface {
 	// PKIRotationAckCounts counts the live nodes and those of them that
 	// acked, listing at most missingLimit that did not.
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*PKIRotationAckCounts, error)
+	// NodeCertsOffCA counts the nodes whose certificate is valid at now
+	// (zero: the database's clock) and was not issued by the node CA caID
+	// (NodeUpsertParams.CertCAID, NodeSetCertificateParams.CAID), listing
+	// at most limit of them by id.
+	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
 }
 
 // API token roles.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -69,6 +70,23 @@ func testPKIRotations(ctx context.Context, t *testing.T, h *Harness) {
 	next := must(h.Store.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: "new", NewCAID: "n3", Threshold: 1}))
 	must(h.Store.PKIRotationSetPhase(ctx, &store.PKIRotationSetPhaseParams{ID: next.ID, From: store.RotationPropagating, To: store.RotationRolledBack}))
 
+	// Which valid certificates are off the new CA.
+	future := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	past := time.Now().Add(-time.Hour).UTC().Truncate(time.Microsecond)
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_ca1", PoolID: pool.ID, Hostname: "ca1", CertSerial: "c1",
+		CertNotAfter: &future, CertCAID: "old"}))
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_ca2", PoolID: pool.ID, Hostname: "ca2", CertSerial: "c2",
+		CertNotAfter: &past, CertCAID: "old"}))
+	if n, ids := mustCount(h.Store.NodeCertsOffCA(ctx, "new", nil, 10)); n != 1 || !slices.Equal(ids, []string{"node_ca1"}) {
+		t.Fatalf("off the new CA: %d %q, want node_ca1 (node_ca2's certificate expired)", n, ids)
+	}
+	check(t, h.Store.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{ID: "node_ca1", Serial: "c3", NotAfter: future, CAID: "new"}))
+	// A refresh without a CA id keeps the node's.
+	must(h.Store.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_ca1", PoolID: pool.ID, Hostname: "ca1", CertSerial: "c3", CertNotAfter: &future}))
+	if n, _ := mustCount(h.Store.NodeCertsOffCA(ctx, "new", nil, 10)); n != 0 {
+		t.Fatalf("off the new CA after renewal: %d, want 0", n)
+	}
+
 	var got []string
 	for _, e := range must(h.Store.OutboxList(ctx, 0, store.MaxListLimit)) {
 		if e.Key == ro.ID || e.Key == next.ID {
@@ -80,4 +98,10 @@ func testPKIRotations(ctx context.Context, t *testing.T, h *Harness) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("events %q, want %q", got, want)
 	}
+}
+
+// mustCount returns NodeCertsOffCA's count and ids, or fails the test.
+func mustCount(n int, ids []string, err error) (int, []string) {
+	must(0, err)
+	return n, ids
 }

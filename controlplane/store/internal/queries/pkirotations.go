@@ -140,3 +140,32 @@ func (s *Store) PKIRotationAckCounts(ctx context.Context, rotationID string, mis
 	}
 	return out, s.wrap(op, rows.Err())
 }
+
+// NodeCertsOffCA counts nodes with a valid certificate from another CA.
+func (s *Store) NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error) {
+	op := "count node certificates off CA " + caID
+	now = s.clock(now)
+	var n int
+	if err := s.db.QueryRow(ctx, `SELECT count(*) FROM nodes WHERE cert_ca_id <> $1 AND cert_not_after > coalesce($2, now())`,
+		caID, now).Scan(&n); err != nil {
+		return 0, nil, s.wrap(op, err)
+	}
+	if n == 0 || limit <= 0 {
+		return n, nil, nil
+	}
+	rows, err := s.db.Query(ctx, `SELECT id FROM nodes WHERE cert_ca_id <> $1 AND cert_not_after > coalesce($2, now())
+		ORDER BY id LIMIT $3`, caID, now, limit)
+	if err != nil {
+		return 0, nil, s.wrap(op, err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return 0, nil, s.wrap(op, err)
+		}
+		ids = append(ids, id)
+	}
+	return n, ids, s.wrap(op, rows.Err())
+}

@@ -30,3 +30,9 @@ CREATE TABLE pki_rotation_acks (
     acked_at    timestamptz NOT NULL,
     PRIMARY KEY (rotation_id, node_id)
 );
+
+-- cert_ca_id is the id of the node CA that issued the node's latest
+-- certificate (pki.NodeCAID), '' when written by a build before this one: a
+-- rotation retires its old CA once no node's live certificate is from
+-- another CA than the new one.
+ALTER TABLE nodes ADD COLUMN cert_ca_id text NOT NULL DEFAULT '';
