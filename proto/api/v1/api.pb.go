@@ -3868,6 +3868,483 @@ func (x *RevokeCertificateRequest) GetReason() string {
 	return ""
 }
 
+// pki.rotationStart: make the next node CA and start a rotation,
+// propagating (docs/pki.md, "Rotating the node CA"). CONFLICT while a
+// rotation is open.
+type RotationStartRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ca is the CA to rotate: "node" (empty means node); others are
+	// INVALID_ARGUMENT.
+	Ca string `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	// threshold is the share of live nodes, above 0 and at most 1, whose
+	// acknowledgement activates the rotation; 0 means the server's default
+	// (0.99).
+	Threshold float64 `protobuf:"fixed64,2,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// reason goes into the event and audit row; at most 200 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationStartRequest) Reset() {
+	*x = RotationStartRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationStartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationStartRequest) ProtoMessage() {}
+
+func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationStartRequest.ProtoReflect.Descriptor instead.
+func (*RotationStartRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *RotationStartRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationStartRequest) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *RotationStartRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// pki.rotationStatus: the CA's latest rotation and the counts behind its
+// phase. NOT_FOUND when it was never rotated.
+type RotationStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ca            string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationStatusRequest) Reset() {
+	*x = RotationStatusRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationStatusRequest) ProtoMessage() {}
+
+func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationStatusRequest.ProtoReflect.Descriptor instead.
+func (*RotationStatusRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *RotationStatusRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+// pki.rotationAdvance: move the open rotation on (propagating to
+// activated, activated to retired) when the phase's condition holds;
+// otherwise CONFLICT saying what is missing, unless force.
+// NOT_FOUND when no rotation is open.
+type RotationAdvanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ca    string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	// force moves on although the condition does not hold (audited).
+	Force         bool   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationAdvanceRequest) Reset() {
+	*x = RotationAdvanceRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationAdvanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationAdvanceRequest) ProtoMessage() {}
+
+func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationAdvanceRequest.ProtoReflect.Descriptor instead.
+func (*RotationAdvanceRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *RotationAdvanceRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationAdvanceRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *RotationAdvanceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// pki.rotationRollback: return the open rotation (propagating or
+// activated) to the old CA as the issuer. NOT_FOUND when none is open.
+type RotationRollbackRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ca            string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationRollbackRequest) Reset() {
+	*x = RotationRollbackRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationRollbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationRollbackRequest) ProtoMessage() {}
+
+func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationRollbackRequest.ProtoReflect.Descriptor instead.
+func (*RotationRollbackRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *RotationRollbackRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationRollbackRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RotationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rotation      *CARotation            `protobuf:"bytes,1,opt,name=rotation,proto3" json:"rotation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationResponse) Reset() {
+	*x = RotationResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationResponse) ProtoMessage() {}
+
+func (x *RotationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationResponse.ProtoReflect.Descriptor instead.
+func (*RotationResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *RotationResponse) GetRotation() *CARotation {
+	if x != nil {
+		return x.Rotation
+	}
+	return nil
+}
+
+// CARotation is one rotation of a CA and the counts behind its phase.
+type CARotation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Ca    string                 `protobuf:"bytes,2,opt,name=ca,proto3" json:"ca,omitempty"`
+	// phase: propagating, activated, retired or rolled-back.
+	Phase string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	// old_ca_id and new_ca_id: the serials of the old and new CA
+	// certificates (32 hex digits).
+	OldCaId      string                 `protobuf:"bytes,4,opt,name=old_ca_id,json=oldCaId,proto3" json:"old_ca_id,omitempty"`
+	NewCaId      string                 `protobuf:"bytes,5,opt,name=new_ca_id,json=newCaId,proto3" json:"new_ca_id,omitempty"`
+	Threshold    float64                `protobuf:"fixed64,6,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	StartedBy    string                 `protobuf:"bytes,7,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	StartedAt    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	ActivatedAt  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=activated_at,json=activatedAt,proto3" json:"activated_at,omitempty"`
+	RetiredAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retired_at,json=retiredAt,proto3" json:"retired_at,omitempty"`
+	RolledBackAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=rolled_back_at,json=rolledBackAt,proto3" json:"rolled_back_at,omitempty"`
+	// live_nodes: nodes with a session; acked_nodes: those of them that
+	// acknowledged the new bundle; missing_node_ids: up to 20 that did not.
+	LiveNodes      int32    `protobuf:"varint,12,opt,name=live_nodes,json=liveNodes,proto3" json:"live_nodes,omitempty"`
+	AckedNodes     int32    `protobuf:"varint,13,opt,name=acked_nodes,json=ackedNodes,proto3" json:"acked_nodes,omitempty"`
+	MissingNodeIds []string `protobuf:"bytes,14,rep,name=missing_node_ids,json=missingNodeIds,proto3" json:"missing_node_ids,omitempty"`
+	// nodes_off_new_ca: nodes with a valid certificate from another CA than
+	// the new one (activated and after); off_new_ca_node_ids: up to 20.
+	NodesOffNewCa   int32    `protobuf:"varint,15,opt,name=nodes_off_new_ca,json=nodesOffNewCa,proto3" json:"nodes_off_new_ca,omitempty"`
+	OffNewCaNodeIds []string `protobuf:"bytes,16,rep,name=off_new_ca_node_ids,json=offNewCaNodeIds,proto3" json:"off_new_ca_node_ids,omitempty"`
+	// ready: the phase's condition holds; waiting says what is missing.
+	Ready   bool   `protobuf:"varint,17,opt,name=ready,proto3" json:"ready,omitempty"`
+	Waiting string `protobuf:"bytes,18,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// retire_at: when an activated rotation retires even with nodes off the
+	// new CA.
+	RetireAt      *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=retire_at,json=retireAt,proto3" json:"retire_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CARotation) Reset() {
+	*x = CARotation{}
+	mi := &file_api_v1_api_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CARotation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CARotation) ProtoMessage() {}
+
+func (x *CARotation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CARotation.ProtoReflect.Descriptor instead.
+func (*CARotation) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *CARotation) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CARotation) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *CARotation) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *CARotation) GetOldCaId() string {
+	if x != nil {
+		return x.OldCaId
+	}
+	return ""
+}
+
+func (x *CARotation) GetNewCaId() string {
+	if x != nil {
+		return x.NewCaId
+	}
+	return ""
+}
+
+func (x *CARotation) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *CARotation) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
+func (x *CARotation) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetActivatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActivatedAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetRetiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetiredAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetRolledBackAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RolledBackAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetLiveNodes() int32 {
+	if x != nil {
+		return x.LiveNodes
+	}
+	return 0
+}
+
+func (x *CARotation) GetAckedNodes() int32 {
+	if x != nil {
+		return x.AckedNodes
+	}
+	return 0
+}
+
+func (x *CARotation) GetMissingNodeIds() []string {
+	if x != nil {
+		return x.MissingNodeIds
+	}
+	return nil
+}
+
+func (x *CARotation) GetNodesOffNewCa() int32 {
+	if x != nil {
+		return x.NodesOffNewCa
+	}
+	return 0
+}
+
+func (x *CARotation) GetOffNewCaNodeIds() []string {
+	if x != nil {
+		return x.OffNewCaNodeIds
+	}
+	return nil
+}
+
+func (x *CARotation) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *CARotation) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *CARotation) GetRetireAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetireAt
+	}
+	return nil
+}
+
 type RevokeCertificateResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Serials []string               `protobuf:"bytes,1,rep,name=serials,proto3" json:"serials,omitempty"`
@@ -3881,7 +4358,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3893,7 +4370,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3906,7 +4383,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -3939,7 +4416,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3951,7 +4428,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3964,7 +4441,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 type FleetSummaryResponse struct {
@@ -3980,7 +4457,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3992,7 +4469,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4005,7 +4482,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -4057,7 +4534,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4546,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4559,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -4137,7 +4614,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +4626,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4639,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *APIToken) GetId() string {
@@ -4228,7 +4705,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4240,7 +4717,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4253,7 +4730,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -4295,7 +4772,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4307,7 +4784,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4320,7 +4797,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -4347,7 +4824,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4359,7 +4836,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4372,7 +4849,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -4392,7 +4869,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4404,7 +4881,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4417,7 +4894,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -4444,7 +4921,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4933,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4946,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -4487,7 +4964,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4499,7 +4976,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4512,7 +4989,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -4540,7 +5017,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4552,7 +5029,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4565,7 +5042,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -4643,7 +5120,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +5132,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +5145,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -4730,7 +5207,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4742,7 +5219,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4755,7 +5232,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -4795,7 +5272,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +5284,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +5297,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -4879,7 +5356,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4891,7 +5368,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4904,7 +5381,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Event) GetId() string {
@@ -4952,7 +5429,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4964,7 +5441,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4977,7 +5454,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -5022,7 +5499,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5511,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5524,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -5113,7 +5590,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5125,7 +5602,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5138,7 +5615,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -5165,7 +5642,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5177,7 +5654,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5190,7 +5667,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -5222,7 +5699,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5234,7 +5711,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5247,7 +5724,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -5281,7 +5758,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5293,7 +5770,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5306,7 +5783,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -5344,7 +5821,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5356,7 +5833,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5369,7 +5846,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -5449,7 +5926,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5461,7 +5938,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5474,7 +5951,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -5522,7 +5999,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5534,7 +6011,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5547,7 +6024,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -5565,7 +6042,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5577,7 +6054,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5590,7 +6067,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -5610,7 +6087,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5622,7 +6099,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5635,7 +6112,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -5987,7 +6464,49 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x18RevokeCertificateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"w\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\\\n" +
+	"\x14RotationStartRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x1c\n" +
+	"\tthreshold\x18\x02 \x01(\x01R\tthreshold\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"'\n" +
+	"\x15RotationStatusRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\"V\n" +
+	"\x16RotationAdvanceRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"A\n" +
+	"\x17RotationRollbackRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"P\n" +
+	"\x10RotationResponse\x12<\n" +
+	"\brotation\x18\x01 \x01(\v2 .bettercompute.api.v1.CARotationR\brotation\"\xd8\x05\n" +
+	"\n" +
+	"CARotation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
+	"\x02ca\x18\x02 \x01(\tR\x02ca\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12\x1a\n" +
+	"\told_ca_id\x18\x04 \x01(\tR\aoldCaId\x12\x1a\n" +
+	"\tnew_ca_id\x18\x05 \x01(\tR\anewCaId\x12\x1c\n" +
+	"\tthreshold\x18\x06 \x01(\x01R\tthreshold\x12\x1d\n" +
+	"\n" +
+	"started_by\x18\a \x01(\tR\tstartedBy\x129\n" +
+	"\n" +
+	"started_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12=\n" +
+	"\factivated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\x129\n" +
+	"\n" +
+	"retired_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tretiredAt\x12@\n" +
+	"\x0erolled_back_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\frolledBackAt\x12\x1d\n" +
+	"\n" +
+	"live_nodes\x18\f \x01(\x05R\tliveNodes\x12\x1f\n" +
+	"\vacked_nodes\x18\r \x01(\x05R\n" +
+	"ackedNodes\x12(\n" +
+	"\x10missing_node_ids\x18\x0e \x03(\tR\x0emissingNodeIds\x12'\n" +
+	"\x10nodes_off_new_ca\x18\x0f \x01(\x05R\rnodesOffNewCa\x12,\n" +
+	"\x13off_new_ca_node_ids\x18\x10 \x03(\tR\x0foffNewCaNodeIds\x12\x14\n" +
+	"\x05ready\x18\x11 \x01(\bR\x05ready\x12\x18\n" +
+	"\awaiting\x18\x12 \x01(\tR\awaiting\x127\n" +
+	"\tretire_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bretireAt\"w\n" +
 	"\x19RevokeCertificateResponse\x12\x18\n" +
 	"\aserials\x18\x01 \x03(\tR\aserials\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12'\n" +
@@ -6195,10 +6714,18 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x05admin\x10\x012\x81\x01\n" +
 	"\x10ProcessesService\x12m\n" +
 	"\x04List\x12*.bettercompute.api.v1.ListProcessesRequest\x1a+.bettercompute.api.v1.ListProcessesResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewer2\x86\x01\n" +
+	"\x06viewer2\xe0\x04\n" +
 	"\n" +
 	"PkiService\x12x\n" +
 	"\x06Revoke\x12..bettercompute.api.v1.RevokeCertificateRequest\x1a/.bettercompute.api.v1.RevokeCertificateResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12r\n" +
+	"\rRotationStart\x12*.bettercompute.api.v1.RotationStartRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12r\n" +
+	"\x0eRotationStatus\x12+.bettercompute.api.v1.RotationStatusRequest\x1a&.bettercompute.api.v1.RotationResponse\"\v\xa2\x9f\x19\a\n" +
+	"\x05admin\x12v\n" +
+	"\x0fRotationAdvance\x12,.bettercompute.api.v1.RotationAdvanceRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12x\n" +
+	"\x10RotationRollback\x12-.bettercompute.api.v1.RotationRollbackRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x012~\n" +
 	"\fFleetService\x12n\n" +
 	"\aSummary\x12).bettercompute.api.v1.FleetSummaryRequest\x1a*.bettercompute.api.v1.FleetSummaryResponse\"\f\xa2\x9f\x19\b\n" +
@@ -6240,7 +6767,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -6298,210 +6825,230 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*ListProcessesRequest)(nil),         // 53: bettercompute.api.v1.ListProcessesRequest
 	(*ListProcessesResponse)(nil),        // 54: bettercompute.api.v1.ListProcessesResponse
 	(*RevokeCertificateRequest)(nil),     // 55: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil),    // 56: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 57: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 58: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 59: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 60: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 61: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 62: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 63: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 64: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 65: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 66: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 67: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 68: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 69: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 70: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 71: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 72: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 73: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 74: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 75: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 76: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 77: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 78: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 79: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 80: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 81: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 82: bettercompute.api.v1.WellKnown
-	nil,                                  // 83: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 84: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 85: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 86: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 87: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 88: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 89: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 90: google.protobuf.Struct
+	(*RotationStartRequest)(nil),         // 56: bettercompute.api.v1.RotationStartRequest
+	(*RotationStatusRequest)(nil),        // 57: bettercompute.api.v1.RotationStatusRequest
+	(*RotationAdvanceRequest)(nil),       // 58: bettercompute.api.v1.RotationAdvanceRequest
+	(*RotationRollbackRequest)(nil),      // 59: bettercompute.api.v1.RotationRollbackRequest
+	(*RotationResponse)(nil),             // 60: bettercompute.api.v1.RotationResponse
+	(*CARotation)(nil),                   // 61: bettercompute.api.v1.CARotation
+	(*RevokeCertificateResponse)(nil),    // 62: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 63: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 64: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 65: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 66: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 67: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 68: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 69: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 70: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 71: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 72: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 73: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 74: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 75: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 76: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 77: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 78: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 79: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 80: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 81: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 82: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 83: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 84: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 85: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 86: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 87: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 88: bettercompute.api.v1.WellKnown
+	nil,                                  // 89: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 90: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 91: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 92: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 93: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 94: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 95: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 96: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	88,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	94,  // 0: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 1: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 2: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	88,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	94,  // 3: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
 	7,   // 4: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
 	1,   // 5: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
 	6,   // 6: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	88,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	88,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	89,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	94,  // 7: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	94,  // 8: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	94,  // 9: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	95,  // 10: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
 	13,  // 11: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 12: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
 	13,  // 13: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
 	13,  // 14: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	83,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	88,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	88,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	89,  // 15: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	94,  // 16: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	94,  // 17: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	94,  // 18: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
 	21,  // 19: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	90,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	89,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	88,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	96,  // 20: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	95,  // 21: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	94,  // 22: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 23: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
 	20,  // 24: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	20,  // 25: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	89,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	95,  // 26: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
 	13,  // 27: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	89,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	88,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	84,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	85,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	95,  // 28: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	94,  // 29: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	90,  // 30: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	91,  // 31: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
 	34,  // 32: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	89,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	95,  // 33: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
 	36,  // 34: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
 	37,  // 35: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
 	40,  // 36: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	39,  // 37: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	34,  // 38: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	88,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	88,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	88,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	94,  // 39: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	94,  // 40: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	94,  // 41: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
 	36,  // 42: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
 	37,  // 43: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	90,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	96,  // 44: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
 	40,  // 45: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	39,  // 46: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 47: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
 	39,  // 48: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	39,  // 49: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	88,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	94,  // 50: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
 	47,  // 51: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
 	47,  // 52: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
-	88,  // 53: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	88,  // 54: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	94,  // 53: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	94,  // 54: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
 	52,  // 55: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
-	86,  // 56: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	87,  // 57: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	59,  // 58: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	88,  // 59: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	88,  // 60: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	88,  // 61: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	89,  // 62: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	60,  // 63: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,   // 64: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	60,  // 65: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	88,  // 66: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	90,  // 67: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,   // 68: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	88,  // 69: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	88,  // 70: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	67,  // 71: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	1,   // 72: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	88,  // 73: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	88,  // 74: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	88,  // 75: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	90,  // 76: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	71,  // 77: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	71,  // 78: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	88,  // 79: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
-	1,   // 80: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	73,  // 81: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	89,  // 82: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	88,  // 83: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 84: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	4,   // 85: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	10,  // 86: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	11,  // 87: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	8,   // 88: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	9,   // 89: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
-	14,  // 90: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	16,  // 91: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	18,  // 92: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	22,  // 93: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	24,  // 94: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 95: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 96: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 97: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	24,  // 98: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	30,  // 99: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	32,  // 100: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	26,  // 101: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
-	27,  // 102: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
-	29,  // 103: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
-	35,  // 104: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	41,  // 105: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	43,  // 106: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	45,  // 107: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	48,  // 108: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	50,  // 109: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	50,  // 110: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	53,  // 111: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
-	55,  // 112: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	57,  // 113: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	61,  // 114: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	63,  // 115: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	65,  // 116: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	78,  // 117: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	80,  // 118: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	68,  // 119: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	70,  // 120: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	74,  // 121: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	76,  // 122: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 123: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	5,   // 124: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	6,   // 125: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	12,  // 126: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	6,   // 127: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	6,   // 128: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	15,  // 129: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	17,  // 130: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	19,  // 131: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	23,  // 132: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	25,  // 133: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 134: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 135: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 136: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	25,  // 137: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	31,  // 138: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	33,  // 139: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	28,  // 140: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
-	28,  // 141: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
-	25,  // 142: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
-	38,  // 143: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	42,  // 144: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	44,  // 145: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	46,  // 146: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	49,  // 147: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	51,  // 148: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	51,  // 149: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	54,  // 150: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
-	56,  // 151: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	58,  // 152: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	62,  // 153: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	64,  // 154: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	66,  // 155: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	79,  // 156: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	81,  // 157: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	69,  // 158: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	72,  // 159: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	75,  // 160: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	77,  // 161: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	123, // [123:162] is the sub-list for method output_type
-	84,  // [84:123] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	61,  // 56: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
+	94,  // 57: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
+	94,  // 58: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
+	94,  // 59: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
+	94,  // 60: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
+	94,  // 61: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
+	92,  // 62: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	93,  // 63: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	65,  // 64: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	94,  // 65: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	94,  // 66: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	94,  // 67: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	95,  // 68: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	66,  // 69: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 70: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	66,  // 71: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	94,  // 72: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	96,  // 73: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 74: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	94,  // 75: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	94,  // 76: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	73,  // 77: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 78: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	94,  // 79: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	94,  // 80: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	94,  // 81: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	96,  // 82: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	77,  // 83: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	77,  // 84: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	94,  // 85: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 86: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	79,  // 87: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	95,  // 88: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	94,  // 89: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 90: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	4,   // 91: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	10,  // 92: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	11,  // 93: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	8,   // 94: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	9,   // 95: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	14,  // 96: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	16,  // 97: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	18,  // 98: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	22,  // 99: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	24,  // 100: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 101: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 102: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 103: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	24,  // 104: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	30,  // 105: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	32,  // 106: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	26,  // 107: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
+	27,  // 108: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
+	29,  // 109: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
+	35,  // 110: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	41,  // 111: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	43,  // 112: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	45,  // 113: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	48,  // 114: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	50,  // 115: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	50,  // 116: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	53,  // 117: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	55,  // 118: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	56,  // 119: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
+	57,  // 120: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
+	58,  // 121: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
+	59,  // 122: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
+	63,  // 123: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	67,  // 124: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	69,  // 125: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	71,  // 126: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	84,  // 127: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	86,  // 128: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	74,  // 129: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	76,  // 130: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	80,  // 131: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	82,  // 132: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 133: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	5,   // 134: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	6,   // 135: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	12,  // 136: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	6,   // 137: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	6,   // 138: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	15,  // 139: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	17,  // 140: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	19,  // 141: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	23,  // 142: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	25,  // 143: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 144: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 145: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 146: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	25,  // 147: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	31,  // 148: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	33,  // 149: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	28,  // 150: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
+	28,  // 151: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
+	25,  // 152: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
+	38,  // 153: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	42,  // 154: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	44,  // 155: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	46,  // 156: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	49,  // 157: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	51,  // 158: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	51,  // 159: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	54,  // 160: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	62,  // 161: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	60,  // 162: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
+	60,  // 163: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
+	60,  // 164: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
+	60,  // 165: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
+	64,  // 166: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	68,  // 167: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	70,  // 168: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	72,  // 169: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	85,  // 170: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	87,  // 171: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	75,  // 172: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	78,  // 173: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	81,  // 174: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	83,  // 175: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	133, // [133:176] is the sub-list for method output_type
+	90,  // [90:133] is the sub-list for method input_type
+	90,  // [90:90] is the sub-list for extension type_name
+	90,  // [90:90] is the sub-list for extension extendee
+	0,   // [0:90] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -6517,7 +7064,7 @@ func file_api_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   88,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   14,
 		},
