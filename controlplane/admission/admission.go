@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -104,9 +105,11 @@ const DefaultReattestGrace = 7 * 24 * time.Hour
 // Admitter admits joining machines and renews node certificates. It is safe
 // for concurrent use.
 type Admitter struct {
-	cfg    Config
-	store  Store
-	bundle *pki.Bundle
+	cfg   Config
+	store Store
+	// bundle is the bundle it issues from; SetBundle replaces it when a
+	// node-CA rotation changes the issuer.
+	bundle atomic.Pointer[pki.Bundle]
 	log    *slog.Logger
 	// refusals summarises the refusals before a token is known good.
 	refusals *refusalSummary
@@ -126,7 +129,18 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Admitter,
 	case st == nil || bundle == nil || log == nil:
 		return nil, errors.New("admission: store, bundle and logger are required")
 	}
-	return &Admitter{cfg: cfg, store: st, bundle: bundle, log: log, refusals: newRefusalSummary()}, nil
+	a := &Admitter{cfg: cfg, store: st, log: log, refusals: newRefusalSummary()}
+	a.bundle.Store(bundle)
+	return a, nil
+}
+
+// SetBundle makes the Admitter issue from b from now on: the gateway calls
+// it when it reads a changed bundle from the database (a node-CA rotation).
+// A nil b is ignored.
+func (a *Admitter) SetBundle(b *pki.Bundle) {
+	if b != nil {
+		a.bundle.Store(b)
+	}
 }
 
 // Facts is what a joining machine says about itself. It names and places the
@@ -244,7 +258,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 	// re-join issues again below for the node's own id.
 	opts := pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL}
 	candidate := store.NewID("node")
-	cert, err := a.bundle.IssueNode(req.CSR, candidate, opts)
+	cert, err := a.bundle.Load().IssueNode(req.CSR, candidate, opts)
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return nil, a.refuse(ctx, entry, &details, fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
@@ -302,7 +316,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		if prev != nil {
 			adm.Rejoined, nodeID = true, prev.ID
-			if cert, err = a.bundle.IssueNode(req.CSR, prev.ID, opts); err != nil {
+			if cert, err = a.bundle.Load().IssueNode(req.CSR, prev.ID, opts); err != nil {
 				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
 			}
 		} else if details.RevokedNode != "" {
@@ -454,7 +468,7 @@ func (a *Admitter) repeat(ctx context.Context, tx store.Store, req *Request, tok
 	if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
 		return err
 	}
-	if adm.Cert, err = a.bundle.IssueNode(req.CSR, n.ID, opts); err != nil {
+	if adm.Cert, err = a.bundle.Load().IssueNode(req.CSR, n.ID, opts); err != nil {
 		return fmt.Errorf("issue certificate for node %s: %w", n.ID, err)
 	}
 	err = tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{

@@ -39,7 +39,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 		a.audit(ctx, entry, &details, OutcomeRefused, err)
 		return nil, err
 	}
-	cert, err := a.bundle.IssueNode(req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
+	cert, err := a.bundle.Load().IssueNode(req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		err = fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err)
@@ -109,7 +109,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 	case len(req.CSR) > MaxCSRSize:
 		return refuse(fmt.Errorf("%w: %w: CSR is %d bytes, at most %d", ErrRefused, ErrInvalidRequest, len(req.CSR), MaxCSRSize))
 	}
-	cert, err := a.bundle.IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
+	cert, err := a.bundle.Load().IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return refuse(fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
