@@ -349,6 +349,7 @@ type Gateway struct {
 	// replaced by bundleLoop when the database's changes.
 	trust   atomic.Pointer[trust]
 	tlsBase *tls.Config
+	acks    ackBatch // bundle acknowledgements not yet written (trust.go)
 	admit   *admission.Admitter
 	log     *slog.Logger
 	certs   *certreload.Reloader
@@ -542,7 +543,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	for _, loop := range []func(context.Context){func(ctx context.Context) { g.certs.Run(ctx, g.cfg.CertReloadInterval) }, g.leaseLoop, g.flushLoop, g.revocationLoop,
-		g.bundleLoop, g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
+		g.bundleLoop, g.ackLoop, g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}
 	if wsRaw != nil {

@@ -5,11 +5,16 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // DefaultBundleReload is how often a gateway reads the PKI bundle from the
@@ -33,6 +38,10 @@ type trust struct {
 	// retired roots (pki.Bundle.ReattestRoots).
 	reattest *pki.NodeVerifier
 	rootsDER [][]byte
+	// rotationID is the node-CA rotation open (propagating or activated)
+	// when the bundle was read, "" when none: sessions are sent a Bundle
+	// with it and their acks recorded against it.
+	rotationID string
 	// tls is the configuration of each handshake (GetConfigForClient):
 	// the base configuration with the serving roots as ClientCAs.
 	tls *tls.Config
@@ -105,13 +114,122 @@ func (g *Gateway) reloadBundle(ctx context.Context) error {
 		return errTrustDomainChanged{was: cur.bundle.TrustDomain, now: b.TrustDomain}
 	}
 	next := newTrust(b, sealed.Sealed, g.tlsBase)
+	ro, err := g.store.PKIRotationLatest(ctx, store.RotationCANode)
+	switch {
+	case err == nil && (ro.Phase == store.RotationPropagating || ro.Phase == store.RotationActivated):
+		next.rotationID = ro.ID
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return err
+	}
 	changed := !sameRoots(cur.rootsDER, next.rootsDER) || !cur.bundle.NodeCA.Cert.Equal(b.NodeCA.Cert)
 	g.trust.Store(next)
 	g.admit.SetBundle(b)
 	if changed {
-		g.log.InfoContext(ctx, "Node CA roots reloaded", "roots", len(next.rootsDER), "issuer", pki.NodeCAID(b.NodeCA.Cert))
+		g.log.InfoContext(ctx, "Node CA roots reloaded", "roots", len(next.rootsDER), "issuer", pki.NodeCAID(b.NodeCA.Cert),
+			"rotation_id", next.rotationID)
+	}
+	if next.rotationID != "" && (changed || next.rotationID != cur.rotationID) {
+		g.broadcastBundle(ctx, next)
 	}
 	return nil
+}
+
+// bundleMessage is the Bundle message of t, nil without an open rotation.
+func (t *trust) bundleMessage() *sessionv1.GatewayMessage {
+	if t.rotationID == "" {
+		return nil
+	}
+	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Bundle{Bundle: &sessionv1.Bundle{
+		NodeCaRoots: t.rootsDER, RotationId: t.rotationID}}}
+}
+
+// broadcastBundle sends t's Bundle to every open session. A session that
+// cannot take it now (not yet welcomed: it is sent after Welcome) is
+// skipped.
+func (g *Gateway) broadcastBundle(ctx context.Context, t *trust) {
+	msg := t.bundleMessage()
+	sent := 0
+	for _, s := range g.sessions.snapshot() {
+		if s.send(msg) == nil {
+			sent++
+		}
+	}
+	g.log.InfoContext(ctx, "Node CA bundle sent to sessions", "rotation_id", t.rotationID, "sessions", sent)
+}
+
+// sendBundle sends the bundle in force to s after its Welcome, while a
+// rotation is open.
+func (g *Gateway) sendBundle(s *session) {
+	if msg := g.current().bundleMessage(); msg != nil {
+		_ = s.send(msg) // a session that ended has nothing to ack
+	}
+}
+
+// maxRotationIDLen bounds BundleAck.rotation_id.
+const maxRotationIDLen = 64
+
+// bundleAck records a node's acknowledgement of the rotation in force; an
+// ack of another rotation (one that ended meanwhile) is dropped.
+func (g *Gateway) bundleAck(s *session, ack *sessionv1.BundleAck) {
+	id := ack.GetRotationId()
+	if id == "" || len(id) > maxRotationIDLen || id != g.current().rotationID {
+		return
+	}
+	g.acks.add(id, s.nodeID)
+}
+
+// ackBatch holds acknowledgements not yet written, by rotation.
+type ackBatch struct {
+	mu    sync.Mutex
+	nodes map[string]map[string]struct{}
+}
+
+func (a *ackBatch) add(rotationID, nodeID string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.nodes == nil {
+		a.nodes = map[string]map[string]struct{}{}
+	}
+	if a.nodes[rotationID] == nil {
+		a.nodes[rotationID] = map[string]struct{}{}
+	}
+	a.nodes[rotationID][nodeID] = struct{}{}
+}
+
+func (a *ackBatch) take() map[string]map[string]struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := a.nodes
+	a.nodes = nil
+	return out
+}
+
+// ackLoop writes the acknowledgements received every Config.BundleReload,
+// one statement per rotation; a failed write puts them back.
+func (g *Gateway) ackLoop(ctx context.Context) {
+	t := time.NewTicker(g.cfg.BundleReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			g.flushAcks(context.WithoutCancel(ctx))
+			return
+		case <-t.C:
+			g.flushAcks(ctx)
+		}
+	}
+}
+
+func (g *Gateway) flushAcks(ctx context.Context) {
+	for rotationID, set := range g.acks.take() {
+		ids := slices.Sorted(maps.Keys(set))
+		if err := g.store.PKIRotationAck(ctx, rotationID, ids, nil); err != nil {
+			g.log.WarnContext(ctx, "Node CA bundle acks not written; retrying", "rotation_id", rotationID, "nodes", len(ids), logkey.Err, err)
+			for _, id := range ids {
+				g.acks.add(rotationID, id)
+			}
+		}
+	}
 }
 
 func sameRoots(a, b [][]byte) bool {
@@ -134,7 +252,9 @@ func (e errTrustDomainChanged) Error() string {
 	return "the bundle in the database is for trust domain " + e.now + ", this gateway serves " + e.was + ": restart it"
 }
 
-// bundleStore is what bundleLoop reads.
+// bundleStore is what bundleLoop and ackLoop read and write.
 type bundleStore interface {
 	PKIBundleGet(ctx context.Context) (*store.PKIBundle, error)
+	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
+	PKIRotationAck(ctx context.Context, rotationID string, nodeIDs []string, now *time.Time) error
 }

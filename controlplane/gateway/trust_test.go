@@ -105,3 +105,72 @@ func loadTestBundle(t *testing.T, st store.Store) *pki.Bundle {
 	}
 	return b
 }
+
+// TestGatewaySendsBundleAndRecordsAcks: while a rotation is open, open
+// sessions get a Bundle with the rotation's roots and new sessions get it
+// after Welcome; a BundleAck is recorded for its node, and an ack naming
+// another rotation is not.
+func TestGatewaySendsBundleAndRecordsAcks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	e := newEnv(t, st)
+	sealed, err := e.bundle.SealBundle(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PKIBundleCreate(ctx, &store.PKIBundle{TrustDomain: e.bundle.TrustDomain, Sealed: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	g := e.start(func(c *Config) { c.BundleReload = 50 * time.Millisecond })
+	early, late := e.join(g, "gpu-early", "m-early"), e.join(g, "gpu-late", "m-late")
+	earlySession := e.connect(g, early)
+
+	rot, err := rotation.New(rotation.Config{Secret: testSecret}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := rot.Start(ctx, rotation.StartParams{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvBundle := func(s *clientSession) *sessionv1.Bundle {
+		t.Helper()
+		for {
+			m, err := s.stream.Recv()
+			if err != nil {
+				t.Fatalf("session ended before a Bundle: %v", err)
+			}
+			if b := m.GetBundle(); b != nil {
+				return b
+			}
+		}
+	}
+	b := recvBundle(earlySession)
+	if b.GetRotationId() != ro.ID || len(b.GetNodeCaRoots()) != 2 {
+		t.Fatalf("bundle = rotation %q with %d roots, want %s with old + new", b.GetRotationId(), len(b.GetNodeCaRoots()), ro.ID)
+	}
+	lateSession := e.connect(g, late)
+	if b := recvBundle(lateSession); b.GetRotationId() != ro.ID {
+		t.Fatalf("a session opened during the rotation got bundle %q", b.GetRotationId())
+	}
+	ack := func(s *clientSession, seq uint64, id string) {
+		t.Helper()
+		if err := s.stream.Send(&sessionv1.NodeMessage{Seq: seq, Body: &sessionv1.NodeMessage_BundleAck{BundleAck: &sessionv1.BundleAck{RotationId: id}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack(earlySession, 2, ro.ID)
+	ack(lateSession, 2, "rot_other")
+	eventually(t, 20*time.Second, "the ack is recorded", func() bool {
+		c, err := st.PKIRotationAckCounts(ctx, ro.ID, 10)
+		return err == nil && c.Acked == 1
+	})
+	c, err := st.PKIRotationAckCounts(ctx, ro.ID, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Live != 2 || len(c.Missing) != 1 || c.Missing[0] != late.id {
+		t.Fatalf("counts = %+v, want 2 live, %s missing (its ack named another rotation)", c, late.id)
+	}
+}
