@@ -434,3 +434,43 @@ func audit(ctx context.Context, tx store.Store, ro *store.PKIRotation, actor, re
 		Resource: "rotation/" + ro.ID, Outcome: "success", Details: details})
 	return err
 }
+
+// LeaseName is the rotation reconciler's singleton lease.
+const LeaseName = "singleton:pki-rotation"
+
+// DefaultInterval is how often the reconciler looks at the open rotation.
+const DefaultInterval = 5 * time.Second
+
+// Reconcile is one pass of the rotation reconciler (run under LeaseName):
+// it advances the open rotation when its phase's condition holds, activated
+// at the threshold of acks and retired once no node is off the new CA or
+// the retire grace passed, as ActorReconciler. It reports the phase moved
+// to, "" when nothing moved; no open rotation is not an error.
+func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
+	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+	}
+	if ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated {
+		return "", nil
+	}
+	st, err := r.status(ctx, r.store, ro)
+	if err != nil {
+		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+	}
+	if !st.Ready {
+		return "", nil
+	}
+	moved, err := r.Advance(ctx, AdvanceParams{Actor: ActorReconciler})
+	var nr *NotReadyError
+	if errors.As(err, &nr) || errors.Is(err, store.ErrConflict) {
+		return "", nil // changed meanwhile: the next pass looks again
+	}
+	if err != nil {
+		return "", err
+	}
+	return moved.Rotation.Phase, nil
+}

@@ -208,3 +208,52 @@ func TestRotationForceAndRollback(t *testing.T) {
 		t.Fatal("the forced activation's event does not say forced")
 	}
 }
+
+// TestRotationReconcile: the reconciler activates at the threshold, not
+// before, and retires once every node is on the new CA, with no operator.
+func TestRotationReconcile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _, ids := fleet(t, 4)
+	r, err := rotation.New(rotation.Config{Secret: secret, Threshold: 0.75}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+		t.Fatalf("Reconcile with no rotation: %q, %v", moved, err)
+	}
+	ro, err := r.Start(ctx, rotation.StartParams{Actor: "token:t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PKIRotationAck(ctx, ro.ID, ids[:2], nil); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+		t.Fatalf("Reconcile at 2 of 4 acks (threshold 75 %%): %q, %v", moved, err)
+	}
+	if err := st.PKIRotationAck(ctx, ro.ID, ids[2:3], nil); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != store.RotationActivated {
+		t.Fatalf("Reconcile at 3 of 4 acks: %q, %v, want activated", moved, err)
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+		t.Fatalf("Reconcile with every node on the old CA: %q, %v", moved, err)
+	}
+	for _, id := range ids {
+		if err := st.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{ID: id, Serial: "n" + id, NotAfter: time.Now().Add(time.Hour), CAID: ro.NewCAID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != store.RotationRetired {
+		t.Fatalf("Reconcile with every node on the new CA: %q, %v, want retired", moved, err)
+	}
+	audits, err := st.AuditQuery(ctx, &store.AuditQueryParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if audits[0].Action != rotation.AuditRetired || audits[0].Actor != rotation.ActorReconciler {
+		t.Fatalf("newest audit row %s by %s, want %s by the reconciler", audits[0].Action, audits[0].Actor, rotation.AuditRetired)
+	}
+}
