@@ -105,3 +105,14 @@ func mustCount(n int, ids []string, err error) (int, []string) {
 	must(0, err)
 	return n, ids
 }
+
+// producePKIRotationEvents writes every pki.rotation-* event: one rotation
+// started, activated and retired, another started and rolled back.
+func producePKIRotationEvents(ctx context.Context, t *testing.T, h *Harness) {
+	t.Helper()
+	ro := must(h.Store.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: "ev-old", NewCAID: "ev-new", Threshold: 1}))
+	must(h.Store.PKIRotationSetPhase(ctx, &store.PKIRotationSetPhaseParams{ID: ro.ID, From: store.RotationPropagating, To: store.RotationActivated}))
+	must(h.Store.PKIRotationSetPhase(ctx, &store.PKIRotationSetPhaseParams{ID: ro.ID, From: store.RotationActivated, To: store.RotationRetired}))
+	next := must(h.Store.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: "ev-new", NewCAID: "ev-3", Threshold: 1}))
+	must(h.Store.PKIRotationSetPhase(ctx, &store.PKIRotationSetPhaseParams{ID: next.ID, From: store.RotationPropagating, To: store.RotationRolledBack}))
+}
