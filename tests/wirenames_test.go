@@ -116,6 +116,7 @@ var wireLiteralAllowed = map[[2]string]string{
 	{"bcd/helper/upgrade.go", "rollback"}:                                                 "the root helper's upgrade step name",
 	{"bcd/upgrade/state.go", "upgrade"}:                                                   "a directory name under bcd's state directory",
 	{"controlplane/admission/admission.go", "node.reattested"}:                            "an audit action, named like the event's topic",
+	{"controlplane/cmd/better-compute/pkirotate.go", "rollback"}:                          "the CLI subcommand pki rotate node-ca rollback, not the command kind",
 	{"controlplane/store/internal/queries/remediation.go", "remediation.breaker-tripped"}: "an audit action, named like the event's topic",
 	{"controlplane/api/bmc.go", "boot"}:                                                   "a request field name (protojson)",
 	{"controlplane/api/bmc.go", "exec"}:                                                   "a request field name (protojson)",

@@ -361,6 +361,15 @@ func (s *Store) SaveRenewal(id *Identity) error {
 	return nil
 }
 
+// SaveNodeCARoots writes the node CA roots (node-ca.crt), as a node-CA
+// rotation's Bundle message carries them.
+func (s *Store) SaveNodeCARoots(id *Identity) error {
+	if err := writeFile(s.path(NodeCAFile), encodeCerts(id.NodeCARoots), 0o644); err != nil {
+		return fmt.Errorf("save node CA roots to %s: %w", s.dir, err)
+	}
+	return nil
+}
+
 // SaveGateways writes the node's gateway list (identity.json).
 func (s *Store) SaveGateways(id *Identity) error {
 	if err := s.writeInfo(id); err != nil {

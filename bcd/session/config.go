@@ -118,6 +118,10 @@ type Config struct {
 	// certificate is used; an error fails the renewal, which is retried
 	// after RenewRetry. Defaults to keeping it in memory only.
 	OnRenew func(ctx context.Context, r *Renewal) error
+	// OnBundle persists the node CA roots a Bundle message carried during
+	// a node-CA rotation; the session acknowledges the bundle (BundleAck)
+	// only after it returned nil. Defaults to keeping them in memory only.
+	OnBundle func(ctx context.Context, roots []*x509.Certificate) error
 
 	// BCDVersion is sent in Hello, semantic version without a leading "v".
 	// Defaults to "0.0.0-dev".

@@ -302,6 +302,8 @@ func (s *session) handle(msg *sessionv1.GatewayMessage) error {
 	case *sessionv1.GatewayMessage_Superseded:
 		return fmt.Errorf("gateway %s: %w (%s): is another bcd running with this node's identity?",
 			s.gw.url, errSuperseded, b.Superseded.GetBySessionId())
+	case *sessionv1.GatewayMessage_Bundle:
+		s.bundle(b.Bundle)
 	case *sessionv1.GatewayMessage_Welcome:
 		c.log.DebugContext(s.ctx, "Ignoring a second Welcome", attrGateway, s.gw.url, attrSessionID, s.id)
 	default:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -141,9 +142,11 @@ const DefaultReattestGrace = 7 * 24 * time.Hour
 // Admitter admits joining machines and renews node certificates. It is safe
 // for concurrent use.
 type Admitter struct {
-	cfg    Config
-	store  Store
-	bundle *pki.Bundle
+	cfg   Config
+	store Store
+	// bundle is the bundle it issues from; SetBundle replaces it when a
+	// node-CA rotation changes the issuer.
+	bundle atomic.Pointer[pki.Bundle]
 	log    *slog.Logger
 	// refusals summarises the refusals before a token is known good.
 	refusals *refusalSummary
@@ -163,7 +166,18 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Admitter,
 	case st == nil || bundle == nil || log == nil:
 		return nil, errors.New("admission: store, bundle and logger are required")
 	}
-	return &Admitter{cfg: cfg, store: st, bundle: bundle, log: log, refusals: newRefusalSummary()}, nil
+	a := &Admitter{cfg: cfg, store: st, log: log, refusals: newRefusalSummary()}
+	a.bundle.Store(bundle)
+	return a, nil
+}
+
+// SetBundle makes the Admitter issue from b from now on: the gateway calls
+// it when it reads a changed bundle from the database (a node-CA rotation).
+// A nil b is ignored.
+func (a *Admitter) SetBundle(b *pki.Bundle) {
+	if b != nil {
+		a.bundle.Store(b)
+	}
 }
 
 // Facts is what a joining machine says about itself. It names and places the
@@ -281,7 +295,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 	// re-join issues again below for the node's own id.
 	opts := pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL}
 	candidate := store.NewID("node")
-	cert, err := a.bundle.IssueNode(req.CSR, candidate, opts)
+	cert, err := a.bundle.Load().IssueNode(req.CSR, candidate, opts)
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return nil, a.refuse(ctx, entry, &details, fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
@@ -339,7 +353,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		if prev != nil {
 			adm.Rejoined, nodeID = true, prev.ID
-			if cert, err = a.bundle.IssueNode(req.CSR, prev.ID, opts); err != nil {
+			if cert, err = a.bundle.Load().IssueNode(req.CSR, prev.ID, opts); err != nil {
 				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
 			}
 		} else if details.RevokedNode != "" {
@@ -357,7 +371,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		adm.Node, err = tx.NodeUpsert(ctx, &store.NodeUpsertParams{
 			ID: nodeID, PoolID: adm.Pool.ID, Hostname: req.Facts.Hostname, MachineID: req.Facts.MachineID,
 			Labels: req.Facts.Labels, BCDVersion: req.Facts.BCDVersion, OS: req.Facts.OS, Arch: req.Facts.Arch,
-			CertSerial: cert.Serial, CertNotAfter: &notAfter, KeySHA256: cert.KeySHA256, JoinTokenID: t.ID,
+			CertSerial: cert.Serial, CertNotAfter: &notAfter, KeySHA256: cert.KeySHA256, JoinTokenID: t.ID, CertCAID: cert.CAID,
 		})
 		if err != nil {
 			return err
@@ -491,11 +505,11 @@ func (a *Admitter) repeat(ctx context.Context, tx joinTx, req *Request, tok join
 	if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
 		return err
 	}
-	if adm.Cert, err = a.bundle.IssueNode(req.CSR, n.ID, opts); err != nil {
+	if adm.Cert, err = a.bundle.Load().IssueNode(req.CSR, n.ID, opts); err != nil {
 		return fmt.Errorf("issue certificate for node %s: %w", n.ID, err)
 	}
 	err = tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-		ID: n.ID, Serial: adm.Cert.Serial, NotAfter: adm.Cert.NotAfter, KeySHA256: adm.Cert.KeySHA256,
+		ID: n.ID, Serial: adm.Cert.Serial, NotAfter: adm.Cert.NotAfter, KeySHA256: adm.Cert.KeySHA256, CAID: adm.Cert.CAID,
 	})
 	if err != nil {
 		return err

@@ -39,7 +39,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 		a.audit(ctx, entry, &details, OutcomeRefused, err)
 		return nil, err
 	}
-	cert, err := a.bundle.IssueNode(req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
+	cert, err := a.bundle.Load().IssueNode(req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		err = fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err)
@@ -53,7 +53,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 	details.Serial = cert.Serial
 	err = store.InTx(ctx, a.store, func(tx renewTx) error {
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256,
+			ID: req.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, CAID: cert.CAID,
 		})
 		if err != nil {
 			return err
@@ -109,7 +109,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 	case len(req.CSR) > MaxCSRSize:
 		return refuse(fmt.Errorf("%w: %w: CSR is %d bytes, at most %d", ErrRefused, ErrInvalidRequest, len(req.CSR), MaxCSRSize))
 	}
-	cert, err := a.bundle.IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
+	cert, err := a.bundle.Load().IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return refuse(fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
@@ -124,7 +124,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 			return err
 		}
 		err := tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{
-			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, Reattested: true,
+			ID: p.NodeID, Serial: cert.Serial, NotAfter: cert.NotAfter, KeySHA256: cert.KeySHA256, CAID: cert.CAID, Reattested: true,
 		})
 		if err != nil {
 			return err

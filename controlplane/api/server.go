@@ -41,6 +41,14 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 	// Secret is the deployment secret, to open the PKI bundle.
 	Secret string
+	// RotationThreshold is the share of live nodes whose acknowledgement
+	// activates a node-CA rotation started without one. Defaults to
+	// rotation.DefaultThreshold (0.99).
+	RotationThreshold float64
+	// RotationRetireGrace is how long after activation a node-CA rotation
+	// retires even with nodes on the old CA (pki.reattestGrace). Defaults
+	// to rotation.DefaultRetireGrace (7 days).
+	RotationRetireGrace time.Duration
 	// Version is reported by the well-known document.
 	Version string
 	// Waker, when set, is told of new commands right after they commit.
@@ -168,6 +176,7 @@ type Store interface {
 	Ping(ctx context.Context) error
 	store.Migrator
 	store.TenantStore
+	store.PKIRotationStore
 	store.RecordingStore
 	store.SiteStore
 	store.PoolStore

@@ -351,6 +351,42 @@ func (c *Client) PkiRevoke(ctx context.Context, req *apiv1.RevokeCertificateRequ
 	return resp, nil
 }
 
+// PkiRotationStart calls pki.rotationStart (role admin; audited).
+func (c *Client) PkiRotationStart(ctx context.Context, req *apiv1.RotationStartRequest) (*apiv1.RotationResponse, error) {
+	resp := new(apiv1.RotationResponse)
+	if err := c.Call(ctx, "pki.rotationStart", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PkiRotationStatus calls pki.rotationStatus (role admin).
+func (c *Client) PkiRotationStatus(ctx context.Context, req *apiv1.RotationStatusRequest) (*apiv1.RotationResponse, error) {
+	resp := new(apiv1.RotationResponse)
+	if err := c.Call(ctx, "pki.rotationStatus", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PkiRotationAdvance calls pki.rotationAdvance (role admin; audited).
+func (c *Client) PkiRotationAdvance(ctx context.Context, req *apiv1.RotationAdvanceRequest) (*apiv1.RotationResponse, error) {
+	resp := new(apiv1.RotationResponse)
+	if err := c.Call(ctx, "pki.rotationAdvance", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PkiRotationRollback calls pki.rotationRollback (role admin; audited).
+func (c *Client) PkiRotationRollback(ctx context.Context, req *apiv1.RotationRollbackRequest) (*apiv1.RotationResponse, error) {
+	resp := new(apiv1.RotationResponse)
+	if err := c.Call(ctx, "pki.rotationRollback", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // FleetSummary calls fleet.summary (role viewer).
 func (c *Client) FleetSummary(ctx context.Context, req *apiv1.FleetSummaryRequest) (*apiv1.FleetSummaryResponse, error) {
 	resp := new(apiv1.FleetSummaryResponse)

@@ -61,6 +61,11 @@ const (
 	// iam role).
 	TokenExpiring = eventsv1.TokenExpiring
 
+	PKIRotationStarted    = eventsv1.PKIRotationStarted    // PKIRotationData: a CA rotation began: the new CA is trusted, nodes are sent its bundle
+	PKIRotationActivated  = eventsv1.PKIRotationActivated  // PKIRotationData: the new CA issues at each node's next renewal (threshold reached, or forced)
+	PKIRotationRetired    = eventsv1.PKIRotationRetired    // PKIRotationData: the old CA left the serving bundle
+	PKIRotationRolledBack = eventsv1.PKIRotationRolledBack // PKIRotationData: the old CA issues again
+
 	RemediationDetected    = eventsv1.RemediationDetected    // RemediationData: a finding opened a case (the policy acts on it next)
 	RemediationHeld        = eventsv1.RemediationHeld        // RemediationData: cordoned but not acted on: the pool's breaker holds it
 	RemediationQuarantined = eventsv1.RemediationQuarantined // RemediationData: cordoned and out of service (never blocked by the budget)
@@ -283,6 +288,27 @@ type GatewayData struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// PKIRotationData is the data of the pki.rotation-* events; the subject
+// is the rotation's id, so its phases are delivered in order.
+type PKIRotationData struct {
+	RotationID string `json:"rotationId"`
+	// CA is the CA rotated: "node".
+	CA            string `json:"ca"`
+	Phase         string `json:"phase"`
+	PreviousPhase string `json:"previousPhase,omitempty"`
+	// OldCAID and NewCAID are the serials of the old and the new CA
+	// certificate.
+	OldCAID string `json:"oldCaId"`
+	NewCAID string `json:"newCaId"`
+	// Actor is "token:<id>" for an operator's command, "reconciler" for
+	// the rotation reconciler.
+	Actor string `json:"actor,omitempty"`
+	// Forced is set when advance --force moved on before the phase's
+	// condition held.
+	Forced bool   `json:"forced,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
 // JoinTokenData is the data of the join-token.* events; never the secret.
 type JoinTokenData struct {
 	TokenID   string    `json:"tokenId"`
@@ -451,6 +477,8 @@ var Types = []TypeInfo{
 	{JoinTokenCreated, JoinTokenData{}}, {JoinTokenRevoked, JoinTokenData{}}, {JoinTokenUsed, JoinTokenData{}},
 	{JoinTokenExhausted, JoinTokenData{}}, {JoinTokenExpired, JoinTokenData{}},
 	{TokenCreated, TokenData{}}, {TokenRevoked, TokenData{}}, {TokenExpiring, TokenData{}},
+	{PKIRotationStarted, PKIRotationData{}}, {PKIRotationActivated, PKIRotationData{}},
+	{PKIRotationRetired, PKIRotationData{}}, {PKIRotationRolledBack, PKIRotationData{}},
 	{RemediationDetected, RemediationData{}}, {RemediationHeld, RemediationData{}},
 	{RemediationQuarantined, RemediationData{}}, {RemediationDraining, RemediationData{}},
 	{RemediationRemediating, RemediationData{}}, {RemediationVerifying, RemediationData{}},

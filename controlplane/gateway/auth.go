@@ -55,7 +55,7 @@ func (g *Gateway) authenticate(ctx context.Context, revokedCode codes.Code) (*id
 		return nil, status.Error(codes.Unauthenticated, "a node client certificate is required: join the machine first (bcd join)")
 	}
 	now := g.cfg.Clock.Now()
-	nodeID, serial, err := g.verifier.Verify(info.State.PeerCertificates, now)
+	nodeID, serial, err := g.current().verifier.Verify(info.State.PeerCertificates, now)
 	switch leaf := info.State.PeerCertificates[0]; {
 	case errors.Is(err, pki.ErrExpired) && now.Before(leaf.NotBefore):
 		return nil, refusal(codes.Unauthenticated, sessionv1.IdentityRefusal_CERT_NOT_YET_VALID,

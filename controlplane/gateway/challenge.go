@@ -148,7 +148,7 @@ func (g *Gateway) verifyProof(p *sessionv1.KeyProof, purpose keyproof.Purpose, e
 	}
 	leaf := chain[0]
 	// Judge the chain as of just before the leaf expired.
-	nodeID, serial, err := g.verifier.Verify(chain, leaf.NotAfter.Add(-time.Second))
+	nodeID, serial, err := g.current().reattest.Verify(chain, leaf.NotAfter.Add(-time.Second))
 	if err != nil {
 		return nil, invalid("%v", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -59,6 +58,7 @@ type Store interface {
 	RevocationCheck(ctx context.Context, serial string) (bool, error)
 	SecretGet(ctx context.Context, name string) (*store.Secret, error)
 	SecretGrantTake(ctx context.Context, name, nodeID string, now *time.Time) (bool, error)
+	bundleStore
 	dispatchStore
 }
 
@@ -131,6 +131,11 @@ type Config struct {
 	// CertReloadInterval is how often the certificate files are re-read.
 	// Defaults to 60 s.
 	CertReloadInterval time.Duration
+	// BundleReload is how often the PKI bundle is read from the database,
+	// so that a node-CA rotation's roots and issuer are used without a
+	// restart (needs Secret to open it). Defaults to DefaultBundleReload
+	// (1 s).
+	BundleReload time.Duration
 	// MaxStreams caps open Connect streams. Defaults to 5,000.
 	MaxStreams int
 	// RetryAfter is the base of the retry hint given when full; the hint is
@@ -264,6 +269,7 @@ func (c *Config) defaults() {
 	c.Listen = cmp.Or(c.Listen, "0.0.0.0:8443")
 	c.Region = cmp.Or(c.Region, "default")
 	c.CertReloadInterval = cmp.Or(c.CertReloadInterval, 60*time.Second)
+	c.BundleReload = cmp.Or(c.BundleReload, DefaultBundleReload)
 	c.MaxStreams = cmp.Or(c.MaxStreams, 5000)
 	c.RetryAfter = cmp.Or(c.RetryAfter, 5*time.Second)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 10*time.Second)
@@ -339,15 +345,18 @@ func (c *Config) validate() error {
 
 // Gateway is the gateway role of one process.
 type Gateway struct {
-	cfg      Config
-	store    Store
-	bundle   *pki.Bundle
-	verifier *pki.NodeVerifier
-	admit    *admission.Admitter
-	log      *slog.Logger
-	certs    *certreload.Reloader
-	server   *grpc.Server
-	caps     map[string]bool
+	cfg   Config
+	store Store
+	// trust is the bundle in force and what derives from it (trust.go),
+	// replaced by bundleLoop when the database's changes.
+	trust   atomic.Pointer[trust]
+	tlsBase *tls.Config
+	acks    ackBatch // bundle acknowledgements not yet written (trust.go)
+	admit   *admission.Admitter
+	log     *slog.Logger
+	certs   *certreload.Reloader
+	server  *grpc.Server
+	caps    map[string]bool
 
 	ready     chan struct{}
 	addr      net.Addr
@@ -397,7 +406,6 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		m, _ := cfg.Metrics.(accept.Metrics)
 		cfg.Listeners = accept.NewWatch(accept.Config{Log: log, Metrics: m})
 	}
-	verifier := bundle.NodeVerifier()
 	admit, err := admission.New(admission.Config{NodeCertTTL: cfg.NodeCertTTL, ReattestGrace: cfg.ReattestGrace, Now: cfg.Clock.Now}, st, bundle, log)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -411,7 +419,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	g := &Gateway{
-		cfg: cfg, store: st, bundle: bundle, verifier: verifier, admit: admit, log: log.With("gateway_id", cfg.ID),
+		cfg: cfg, store: st, admit: admit, log: log.With("gateway_id", cfg.ID),
 		certs: certs, ready: make(chan struct{}), caps: map[string]bool{}, dispatch: newDispatcher(), nonces: nonces,
 		revokeNow: make(chan struct{}, 1), joins: newJoinLimiter(cfg.JoinRate, cfg.JoinBurst),
 	}
@@ -421,17 +429,17 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	g.sessions.byNode = map[string]*session{}
 	g.pending.beats = map[string]struct{}{}
 
-	roots := x509.NewCertPool()
-	for _, c := range bundle.NodeCARoots() {
-		roots.AddCert(c)
-	}
-	tlsCfg := &tls.Config{
+	// Each handshake takes the roots in force (GetConfigForClient), so a
+	// node-CA rotation needs no restart.
+	g.tlsBase = &tls.Config{
 		MinVersion:     tls.VersionTLS13,
 		GetCertificate: certs.GetCertificate,
 		ClientAuth:     tls.VerifyClientCertIfGiven,
-		ClientCAs:      roots,
 		Time:           cfg.Clock.Now,
 	}
+	g.trust.Store(newTrust(bundle, nil, g.tlsBase))
+	tlsCfg := g.tlsBase.Clone()
+	tlsCfg.GetConfigForClient = g.configForClient
 	g.server = grpc.NewServer(
 		grpc.Creds(newLoggedCreds(credentials.NewTLS(tlsCfg), g.log, cfg.Metrics, cfg.ID)),
 		// Memory per idle session: tls.Conn buffers reads already, so the
@@ -537,7 +545,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	for _, loop := range []func(context.Context){func(ctx context.Context) { g.certs.Run(ctx, g.cfg.CertReloadInterval) }, g.leaseLoop, g.flushLoop, g.revocationLoop,
-		g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
+		g.bundleLoop, g.ackLoop, g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}
 	if wsRaw != nil {

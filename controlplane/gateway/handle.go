@@ -122,6 +122,8 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 		}
 		s.lastBeat = now
 		g.measureSkew(s, b.Heartbeat, now)
+	case *sessionv1.NodeMessage_BundleAck:
+		g.bundleAck(s, b.BundleAck)
 	case *sessionv1.NodeMessage_Hello:
 		// A second Hello changes nothing.
 	default:

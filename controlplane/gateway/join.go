@@ -72,7 +72,7 @@ func (j *joinService) Join(ctx context.Context, req *sessionv1.JoinRequest) (*se
 		NodeId:           adm.Node.ID,
 		CertificateChain: [][]byte{adm.Cert.CertDER},
 		NodeCaRoots:      g.rootsDER(),
-		TrustDomain:      g.bundle.TrustDomain,
+		TrustDomain:      g.current().bundle.TrustDomain,
 		SpiffeId:         adm.Cert.SPIFFEID,
 		Gateways:         g.regionGateways(ctx, adm.Site.Region),
 		RenewAfter:       timestamppb.New(adm.Cert.RenewAfter),
@@ -130,14 +130,9 @@ func joinStatus(err error) error {
 	return status.Error(codes.Unauthenticated, msg)
 }
 
-// rootsDER returns the node CA roots, DER-encoded.
+// rootsDER returns the node CA roots in force, DER-encoded.
 func (g *Gateway) rootsDER() [][]byte {
-	roots := g.bundle.NodeCARoots()
-	out := make([][]byte, len(roots))
-	for i, c := range roots {
-		out[i] = c.Raw
-	}
-	return out
+	return g.current().rootsDER
 }
 
 // regionGateways lists the public URLs of the live gateways of region, this

@@ -187,6 +187,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 	g.log.InfoContext(ctx, "Session opened", logkey.NodeID, s.nodeID, "session_id", s.id, "epoch", s.epoch,
 		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
 	go g.sessionOpened(ctx, s, hello)
+	g.sendBundle(s)
 	return s, nil
 }
 

@@ -28,6 +28,17 @@ type Bundle struct {
 	// still trusted so that the certificates they issued keep verifying
 	// until they expire. Oldest first; their keys are not kept.
 	PreviousNodeRoots []*x509.Certificate
+	// NextNodeCA is the node CA a rotation prepared (PrepareNodeCA):
+	// trusted, not yet issuing. Nil outside the propagating phase.
+	NextNodeCA *CA
+	// PreviousNodeCA is the node CA an activated rotation replaced
+	// (ActivateNodeCA): trusted, and kept with its key so that a rollback
+	// can make it the issuer again. Nil outside the activated phase.
+	PreviousNodeCA *CA
+	// RetiredNodeRoots are node CA certificates a rotation retired
+	// (RetireNodeCA): no longer trusted for sessions, still trusted to
+	// verify a re-attestation proof (ReattestRoots). Oldest first.
+	RetiredNodeRoots []*x509.Certificate
 }
 
 // InitOptions configures Init.
@@ -107,16 +118,40 @@ func (b *Bundle) Validate() error {
 			return fmt.Errorf("%w: previous node root %d is not a CA certificate", ErrBundleInvalid, i)
 		}
 	}
+	for i, root := range b.RetiredNodeRoots {
+		if root == nil || !root.IsCA {
+			return fmt.Errorf("%w: retired node root %d is not a CA certificate", ErrBundleInvalid, i)
+		}
+	}
+	if b.NextNodeCA != nil && b.PreviousNodeCA != nil {
+		return fmt.Errorf("%w: both a next and a previous node CA", ErrBundleInvalid)
+	}
+	if b.NextNodeCA != nil {
+		if err := b.NextNodeCA.validate(kindNode); err != nil {
+			return fmt.Errorf("next: %w", err)
+		}
+	}
+	if b.PreviousNodeCA != nil {
+		if err := b.PreviousNodeCA.validate(kindNode); err != nil {
+			return fmt.Errorf("previous: %w", err)
+		}
+	}
 	return nil
 }
 
 // NodeCARoots returns the certificates that node certificates may chain
-// to: the current node CA first, then the retained previous roots. This is
-// the list a JoinResponse carries and a NodeVerifier trusts. The slice is
-// new; the certificates are shared.
+// to: the current node CA first, then a rotation's next or previous node CA
+// (NextNodeCA, PreviousNodeCA), then the retained previous roots. This is
+// the list a JoinResponse and a session's bundle carry and a NodeVerifier
+// trusts. The slice is new; the certificates are shared.
 func (b *Bundle) NodeCARoots() []*x509.Certificate {
-	roots := make([]*x509.Certificate, 0, 1+len(b.PreviousNodeRoots))
+	roots := make([]*x509.Certificate, 0, 2+len(b.PreviousNodeRoots))
 	roots = append(roots, b.NodeCA.Cert)
+	for _, ca := range []*CA{b.NextNodeCA, b.PreviousNodeCA} {
+		if ca != nil {
+			roots = append(roots, ca.Cert)
+		}
+	}
 	return append(roots, b.PreviousNodeRoots...)
 }
 

@@ -23,6 +23,9 @@ type bundleJSON struct {
 	GatewayCA         caJSON   `json:"gatewayCA"`
 	InternalCA        caJSON   `json:"internalCA"`
 	PreviousNodeRoots []string `json:"previousNodeRoots,omitempty"`
+	NextNodeCA        *caJSON  `json:"nextNodeCA,omitempty"`
+	PreviousNodeCA    *caJSON  `json:"previousNodeCA,omitempty"`
+	RetiredNodeRoots  []string `json:"retiredNodeRoots,omitempty"`
 }
 
 // caJSON is the encoded form of a CA: PEM certificate and PKCS #8 PEM key.
@@ -56,6 +59,22 @@ func (b *Bundle) Marshal() ([]byte, error) {
 	}
 	for _, root := range b.PreviousNodeRoots {
 		out.PreviousNodeRoots = append(out.PreviousNodeRoots, string(EncodeCertificatesPEM(root)))
+	}
+	for _, root := range b.RetiredNodeRoots {
+		out.RetiredNodeRoots = append(out.RetiredNodeRoots, string(EncodeCertificatesPEM(root)))
+	}
+	for _, ca := range []struct {
+		src *CA
+		dst **caJSON
+	}{{b.NextNodeCA, &out.NextNodeCA}, {b.PreviousNodeCA, &out.PreviousNodeCA}} {
+		if ca.src == nil {
+			continue
+		}
+		key, err := encodeKeyPEM(ca.src.Key)
+		if err != nil {
+			return nil, fmt.Errorf("marshal pki bundle: %w", err)
+		}
+		*ca.dst = &caJSON{Cert: string(EncodeCertificatesPEM(ca.src.Cert)), Key: string(key)}
 	}
 	data, err := json.Marshal(out)
 	if err != nil {
@@ -102,6 +121,27 @@ func UnmarshalBundle(data []byte) (*Bundle, error) {
 			return nil, fmt.Errorf("unmarshal pki bundle: %w: previous node root %d: %w", ErrBundleInvalid, i, err)
 		}
 		b.PreviousNodeRoots = append(b.PreviousNodeRoots, cert)
+	}
+	for i, root := range in.RetiredNodeRoots {
+		cert, err := parseOneCertificatePEM(root)
+		if err != nil {
+			return nil, fmt.Errorf("unmarshal pki bundle: %w: retired node root %d: %w", ErrBundleInvalid, i, err)
+		}
+		b.RetiredNodeRoots = append(b.RetiredNodeRoots, cert)
+	}
+	for _, ca := range []struct {
+		name string
+		src  *caJSON
+		dst  **CA
+	}{{"next node", in.NextNodeCA, &b.NextNodeCA}, {"previous node", in.PreviousNodeCA, &b.PreviousNodeCA}} {
+		if ca.src == nil {
+			continue
+		}
+		decoded, err := decodeCA(*ca.src)
+		if err != nil {
+			return nil, fmt.Errorf("unmarshal pki bundle: %w: %s CA: %w", ErrBundleInvalid, ca.name, err)
+		}
+		*ca.dst = decoded
 	}
 	if err := b.Validate(); err != nil {
 		return nil, fmt.Errorf("unmarshal pki bundle: %w", err)

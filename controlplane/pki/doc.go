@@ -22,6 +22,10 @@
 // RotateNodeCA replaces the node CA and keeps the old certificate (never its
 // key) among the node CA roots, so certificates it issued keep verifying for
 // an overlap window; PruneNodeRoots drops retained roots once they expire.
+// A rotation in phases (DESIGN.md, "CA rotation") uses PrepareNodeCA (the
+// next CA trusted, not issuing), ActivateNodeCA (it issues; the old one is
+// kept, key included, for a rollback), RetireNodeCA (the old root verifies
+// re-attestation only, ReattestRoots) and RollbackNodeCA.
 //
 // Marshal and UnmarshalBundle encode a bundle as JSON holding PEM blocks,
 // private keys included. SealBundle and OpenBundle wrap that in Seal and

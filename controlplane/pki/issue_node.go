@@ -59,6 +59,9 @@ type Issued struct {
 	RenewAfter time.Time
 	// KeySHA256 is KeySHA256 of the certified public key.
 	KeySHA256 string
+	// CAID is the issuing node CA's id (NodeCAID), which a rotation
+	// compares to tell which nodes are on which CA.
+	CAID string
 }
 
 // RenewAfterAt is when a certificate issued at issuedAt and valid until
@@ -150,6 +153,7 @@ func (b *Bundle) IssueNode(csrDER []byte, nodeID string, opts IssueOptions) (*Is
 		CertDER:    der,
 		Serial:     FormatSerial(serial),
 		SPIFFEID:   id,
+		CAID:       NodeCAID(b.NodeCA.Cert),
 		NotBefore:  notBefore,
 		NotAfter:   notAfter,
 		RenewAfter: RenewAfterAt(now.UTC().Truncate(time.Second), notAfter, mathrand.Float64()),

@@ -182,6 +182,9 @@ type NodeUpsertParams struct {
 	Arch         string
 	CertSerial   string
 	CertNotAfter *time.Time
+	// CertCAID is the issuing node CA's id (pki.NodeCAID); it replaces the
+	// node's when not empty.
+	CertCAID string
 	// KeySHA256 and JoinTokenID replace the node's when not empty. A
 	// JoinTokenID marks a join: the upsert writes node.joined (a new id)
 	// or node.rejoined (an existing one) in its transaction; without it
@@ -197,6 +200,9 @@ type NodeSetCertificateParams struct {
 	Serial    string
 	NotAfter  time.Time
 	KeySHA256 string
+	// CAID is the issuing node CA's id (pki.NodeCAID); it replaces the
+	// node's when not empty.
+	CAID string
 	// Reattested marks a re-attestation (admission.Reattest): the change
 	// writes a node.reattested event. A renewal or a repeated join writes
 	// none.

@@ -120,6 +120,7 @@ type Store interface {
 	EventStore
 	AuditStore
 	PKIStore
+	PKIRotationStore
 	APITokenStore
 	SecretStore
 	DisruptionStore

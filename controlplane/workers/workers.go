@@ -43,6 +43,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/reaper"
 	"github.com/better-compute/better-compute/controlplane/remediation"
 	"github.com/better-compute/better-compute/controlplane/rollouts"
+	"github.com/better-compute/better-compute/controlplane/rotation"
 	"github.com/better-compute/better-compute/controlplane/shard"
 	"github.com/better-compute/better-compute/controlplane/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -122,6 +123,7 @@ type Store interface {
 	drift.Store
 	placer.Store
 	sinks.Store
+	rotation.Store
 	store.FencedTransactor
 	OutboxWritten() (<-chan struct{}, func())
 }
@@ -214,6 +216,14 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 					return err
 				})
 		})
+		// The node-CA rotation reconciler advances an open rotation on
+		// proof (docs/pki.md, "Rotating the node CA"); it needs the secret
+		// the bundle is sealed under.
+		if cfg.Secret != "" {
+			if err := runRotation(ctx, g, clk, cfg, st, opts.WorkerID, log); err != nil {
+				return err
+			}
+		}
 		g.Go(func() error {
 			return every(ctx, clk, "singleton:retention", opts.WorkerID, time.Hour, st, log, func(ctx context.Context, fence store.Fence) error {
 				return retain(ctx, st, fence, clk.Now(), cfg.Retention, log)
@@ -321,6 +331,26 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 		out = append(out, configuredSink{&sinks.File{SinkName: f.Name, Path: f.Path}, f.Types})
 	}
 	return out
+}
+
+// runRotation starts the node-CA rotation reconciler in g: every
+// rotation.DefaultInterval, under rotation.LeaseName, it advances an open
+// rotation whose phase's condition holds.
+func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *config.Config, st Store, holder string, log *slog.Logger) error {
+	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration}, st)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error {
+		return every(ctx, clk, rotation.LeaseName, holder, rotation.DefaultInterval, st, log, func(ctx context.Context, _ store.Fence) error {
+			moved, err := rot.Reconcile(ctx)
+			if moved != "" {
+				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
+			}
+			return err
+		})
+	})
+	return nil
 }
 
 // every runs fn every interval on clk while holding the singleton lease

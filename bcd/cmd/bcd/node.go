@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -194,6 +195,12 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 				defer idMu.Unlock()
 				id.KnownGateways = known
 				return store.SaveGateways(id)
+			},
+			OnBundle: func(_ context.Context, roots []*x509.Certificate) error {
+				idMu.Lock()
+				defer idMu.Unlock()
+				id.NodeCARoots = roots
+				return store.SaveNodeCARoots(id)
 			},
 			BCDVersion:    bcdVersion(),
 			BootID:        readLine(bootIDFile),

@@ -25,7 +25,7 @@ import (
 // pkiCmd groups the PKI commands (docs/pki.md).
 func pkiCmd(e *env) *cobra.Command {
 	c := &cobra.Command{Use: "pki", Short: "Initialise the machine PKI, issue gateway certificates, revoke node certificates"}
-	c.AddCommand(pkiInitCmd(e), pkiIssueGatewayCmd(e), pkiIssueInternalCmd(e), pkiRevokeCmd(e))
+	c.AddCommand(pkiInitCmd(e), pkiIssueGatewayCmd(e), pkiIssueInternalCmd(e), pkiRevokeCmd(e), pkiRotateCmd(e))
 	return c
 }
 

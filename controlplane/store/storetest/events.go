@@ -153,6 +153,9 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	// GPUs: a UUID two live nodes list (gpus.go).
 	produceGPUConflictEvents(ctx, t, h, pool)
 
+	// CA rotations: every pki.rotation-* type (pkirotations.go).
+	producePKIRotationEvents(ctx, t, h)
+
 	entries := must(st.OutboxList(ctx, 0, store.MaxListLimit))
 	count := map[string]int{}
 	var bySubject = map[string][]string{}

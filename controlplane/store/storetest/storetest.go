@@ -79,6 +79,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"AuditQuery", testAuditQuery},
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
+		{"PKIRotations", testPKIRotations},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
 		{"Lifetimes", testLifetimes},
 		{"Reservations", testReservations},

@@ -4304,6 +4304,483 @@ func (x *RevokeCertificateRequest) GetReason() string {
 	return ""
 }
 
+// pki.rotationStart: make the next node CA and start a rotation,
+// propagating (docs/pki.md, "Rotating the node CA"). CONFLICT while a
+// rotation is open.
+type RotationStartRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ca is the CA to rotate: "node" (empty means node); others are
+	// INVALID_ARGUMENT.
+	Ca string `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	// threshold is the share of live nodes, above 0 and at most 1, whose
+	// acknowledgement activates the rotation; 0 means the server's default
+	// (0.99).
+	Threshold float64 `protobuf:"fixed64,2,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// reason goes into the event and audit row; at most 200 characters.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationStartRequest) Reset() {
+	*x = RotationStartRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationStartRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationStartRequest) ProtoMessage() {}
+
+func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationStartRequest.ProtoReflect.Descriptor instead.
+func (*RotationStartRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *RotationStartRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationStartRequest) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *RotationStartRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// pki.rotationStatus: the CA's latest rotation and the counts behind its
+// phase. NOT_FOUND when it was never rotated.
+type RotationStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ca            string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationStatusRequest) Reset() {
+	*x = RotationStatusRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationStatusRequest) ProtoMessage() {}
+
+func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationStatusRequest.ProtoReflect.Descriptor instead.
+func (*RotationStatusRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *RotationStatusRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+// pki.rotationAdvance: move the open rotation on (propagating to
+// activated, activated to retired) when the phase's condition holds;
+// otherwise CONFLICT saying what is missing, unless force.
+// NOT_FOUND when no rotation is open.
+type RotationAdvanceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ca    string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	// force moves on although the condition does not hold (audited).
+	Force         bool   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationAdvanceRequest) Reset() {
+	*x = RotationAdvanceRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationAdvanceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationAdvanceRequest) ProtoMessage() {}
+
+func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationAdvanceRequest.ProtoReflect.Descriptor instead.
+func (*RotationAdvanceRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *RotationAdvanceRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationAdvanceRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *RotationAdvanceRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// pki.rotationRollback: return the open rotation (propagating or
+// activated) to the old CA as the issuer. NOT_FOUND when none is open.
+type RotationRollbackRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ca            string                 `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationRollbackRequest) Reset() {
+	*x = RotationRollbackRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationRollbackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationRollbackRequest) ProtoMessage() {}
+
+func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationRollbackRequest.ProtoReflect.Descriptor instead.
+func (*RotationRollbackRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *RotationRollbackRequest) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *RotationRollbackRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type RotationResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rotation      *CARotation            `protobuf:"bytes,1,opt,name=rotation,proto3" json:"rotation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotationResponse) Reset() {
+	*x = RotationResponse{}
+	mi := &file_api_v1_api_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotationResponse) ProtoMessage() {}
+
+func (x *RotationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotationResponse.ProtoReflect.Descriptor instead.
+func (*RotationResponse) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *RotationResponse) GetRotation() *CARotation {
+	if x != nil {
+		return x.Rotation
+	}
+	return nil
+}
+
+// CARotation is one rotation of a CA and the counts behind its phase.
+type CARotation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Ca    string                 `protobuf:"bytes,2,opt,name=ca,proto3" json:"ca,omitempty"`
+	// phase: propagating, activated, retired or rolled-back.
+	Phase string `protobuf:"bytes,3,opt,name=phase,proto3" json:"phase,omitempty"`
+	// old_ca_id and new_ca_id: the serials of the old and new CA
+	// certificates (32 hex digits).
+	OldCaId      string                 `protobuf:"bytes,4,opt,name=old_ca_id,json=oldCaId,proto3" json:"old_ca_id,omitempty"`
+	NewCaId      string                 `protobuf:"bytes,5,opt,name=new_ca_id,json=newCaId,proto3" json:"new_ca_id,omitempty"`
+	Threshold    float64                `protobuf:"fixed64,6,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	StartedBy    string                 `protobuf:"bytes,7,opt,name=started_by,json=startedBy,proto3" json:"started_by,omitempty"`
+	StartedAt    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	ActivatedAt  *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=activated_at,json=activatedAt,proto3" json:"activated_at,omitempty"`
+	RetiredAt    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retired_at,json=retiredAt,proto3" json:"retired_at,omitempty"`
+	RolledBackAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=rolled_back_at,json=rolledBackAt,proto3" json:"rolled_back_at,omitempty"`
+	// live_nodes: nodes with a session; acked_nodes: those of them that
+	// acknowledged the new bundle; missing_node_ids: up to 20 that did not.
+	LiveNodes      int32    `protobuf:"varint,12,opt,name=live_nodes,json=liveNodes,proto3" json:"live_nodes,omitempty"`
+	AckedNodes     int32    `protobuf:"varint,13,opt,name=acked_nodes,json=ackedNodes,proto3" json:"acked_nodes,omitempty"`
+	MissingNodeIds []string `protobuf:"bytes,14,rep,name=missing_node_ids,json=missingNodeIds,proto3" json:"missing_node_ids,omitempty"`
+	// nodes_off_new_ca: nodes with a valid certificate from another CA than
+	// the new one (activated and after); off_new_ca_node_ids: up to 20.
+	NodesOffNewCa   int32    `protobuf:"varint,15,opt,name=nodes_off_new_ca,json=nodesOffNewCa,proto3" json:"nodes_off_new_ca,omitempty"`
+	OffNewCaNodeIds []string `protobuf:"bytes,16,rep,name=off_new_ca_node_ids,json=offNewCaNodeIds,proto3" json:"off_new_ca_node_ids,omitempty"`
+	// ready: the phase's condition holds; waiting says what is missing.
+	Ready   bool   `protobuf:"varint,17,opt,name=ready,proto3" json:"ready,omitempty"`
+	Waiting string `protobuf:"bytes,18,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// retire_at: when an activated rotation retires even with nodes off the
+	// new CA.
+	RetireAt      *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=retire_at,json=retireAt,proto3" json:"retire_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CARotation) Reset() {
+	*x = CARotation{}
+	mi := &file_api_v1_api_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CARotation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CARotation) ProtoMessage() {}
+
+func (x *CARotation) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CARotation.ProtoReflect.Descriptor instead.
+func (*CARotation) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *CARotation) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CARotation) GetCa() string {
+	if x != nil {
+		return x.Ca
+	}
+	return ""
+}
+
+func (x *CARotation) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *CARotation) GetOldCaId() string {
+	if x != nil {
+		return x.OldCaId
+	}
+	return ""
+}
+
+func (x *CARotation) GetNewCaId() string {
+	if x != nil {
+		return x.NewCaId
+	}
+	return ""
+}
+
+func (x *CARotation) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *CARotation) GetStartedBy() string {
+	if x != nil {
+		return x.StartedBy
+	}
+	return ""
+}
+
+func (x *CARotation) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetActivatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActivatedAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetRetiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetiredAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetRolledBackAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RolledBackAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetLiveNodes() int32 {
+	if x != nil {
+		return x.LiveNodes
+	}
+	return 0
+}
+
+func (x *CARotation) GetAckedNodes() int32 {
+	if x != nil {
+		return x.AckedNodes
+	}
+	return 0
+}
+
+func (x *CARotation) GetMissingNodeIds() []string {
+	if x != nil {
+		return x.MissingNodeIds
+	}
+	return nil
+}
+
+func (x *CARotation) GetNodesOffNewCa() int32 {
+	if x != nil {
+		return x.NodesOffNewCa
+	}
+	return 0
+}
+
+func (x *CARotation) GetOffNewCaNodeIds() []string {
+	if x != nil {
+		return x.OffNewCaNodeIds
+	}
+	return nil
+}
+
+func (x *CARotation) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *CARotation) GetWaiting() string {
+	if x != nil {
+		return x.Waiting
+	}
+	return ""
+}
+
+func (x *CARotation) GetRetireAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetireAt
+	}
+	return nil
+}
+
 type RevokeCertificateResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Serials []string               `protobuf:"bytes,1,rep,name=serials,proto3" json:"serials,omitempty"`
@@ -4317,7 +4794,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4329,7 +4806,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4342,7 +4819,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -4375,7 +4852,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4387,7 +4864,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4400,7 +4877,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 type FleetSummaryResponse struct {
@@ -4416,7 +4893,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4428,7 +4905,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4441,7 +4918,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -4493,7 +4970,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4982,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4995,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -4575,7 +5052,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4587,7 +5064,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4600,7 +5077,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *APIToken) GetId() string {
@@ -4675,7 +5152,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4687,7 +5164,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4700,7 +5177,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -4749,7 +5226,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4761,7 +5238,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4774,7 +5251,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -4801,7 +5278,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4813,7 +5290,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4826,7 +5303,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -4846,7 +5323,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4858,7 +5335,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4871,7 +5348,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -4898,7 +5375,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5387,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5400,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -4941,7 +5418,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4953,7 +5430,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4966,7 +5443,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -4994,7 +5471,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5006,7 +5483,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5019,7 +5496,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -5097,7 +5574,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5109,7 +5586,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5122,7 +5599,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -5184,7 +5661,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5196,7 +5673,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5209,7 +5686,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -5249,7 +5726,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5261,7 +5738,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5274,7 +5751,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -5333,7 +5810,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5345,7 +5822,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5358,7 +5835,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *Event) GetId() string {
@@ -5406,7 +5883,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5418,7 +5895,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5431,7 +5908,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -5476,7 +5953,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5488,7 +5965,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5501,7 +5978,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -5567,7 +6044,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5579,7 +6056,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5592,7 +6069,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -5619,7 +6096,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5631,7 +6108,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5644,7 +6121,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -5676,7 +6153,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5688,7 +6165,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5701,7 +6178,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -5735,7 +6212,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5747,7 +6224,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5760,7 +6237,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -5798,7 +6275,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5810,7 +6287,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5823,7 +6300,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -5903,7 +6380,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5915,7 +6392,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5928,7 +6405,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -5976,7 +6453,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5988,7 +6465,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6001,7 +6478,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -6019,7 +6496,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6031,7 +6508,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6044,7 +6521,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{94}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -6064,7 +6541,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6076,7 +6553,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6089,7 +6566,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -6472,7 +6949,49 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x18RevokeCertificateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"w\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\\\n" +
+	"\x14RotationStartRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x1c\n" +
+	"\tthreshold\x18\x02 \x01(\x01R\tthreshold\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"'\n" +
+	"\x15RotationStatusRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\"V\n" +
+	"\x16RotationAdvanceRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"A\n" +
+	"\x17RotationRollbackRequest\x12\x0e\n" +
+	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"P\n" +
+	"\x10RotationResponse\x12<\n" +
+	"\brotation\x18\x01 \x01(\v2 .bettercompute.api.v1.CARotationR\brotation\"\xd8\x05\n" +
+	"\n" +
+	"CARotation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
+	"\x02ca\x18\x02 \x01(\tR\x02ca\x12\x14\n" +
+	"\x05phase\x18\x03 \x01(\tR\x05phase\x12\x1a\n" +
+	"\told_ca_id\x18\x04 \x01(\tR\aoldCaId\x12\x1a\n" +
+	"\tnew_ca_id\x18\x05 \x01(\tR\anewCaId\x12\x1c\n" +
+	"\tthreshold\x18\x06 \x01(\x01R\tthreshold\x12\x1d\n" +
+	"\n" +
+	"started_by\x18\a \x01(\tR\tstartedBy\x129\n" +
+	"\n" +
+	"started_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12=\n" +
+	"\factivated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\x129\n" +
+	"\n" +
+	"retired_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tretiredAt\x12@\n" +
+	"\x0erolled_back_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\frolledBackAt\x12\x1d\n" +
+	"\n" +
+	"live_nodes\x18\f \x01(\x05R\tliveNodes\x12\x1f\n" +
+	"\vacked_nodes\x18\r \x01(\x05R\n" +
+	"ackedNodes\x12(\n" +
+	"\x10missing_node_ids\x18\x0e \x03(\tR\x0emissingNodeIds\x12'\n" +
+	"\x10nodes_off_new_ca\x18\x0f \x01(\x05R\rnodesOffNewCa\x12,\n" +
+	"\x13off_new_ca_node_ids\x18\x10 \x03(\tR\x0foffNewCaNodeIds\x12\x14\n" +
+	"\x05ready\x18\x11 \x01(\bR\x05ready\x12\x18\n" +
+	"\awaiting\x18\x12 \x01(\tR\awaiting\x127\n" +
+	"\tretire_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bretireAt\"w\n" +
 	"\x19RevokeCertificateResponse\x12\x18\n" +
 	"\aserials\x18\x01 \x03(\tR\aserials\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12'\n" +
@@ -6697,10 +7216,18 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x05admin\x10\x012\x81\x01\n" +
 	"\x10ProcessesService\x12m\n" +
 	"\x04List\x12*.bettercompute.api.v1.ListProcessesRequest\x1a+.bettercompute.api.v1.ListProcessesResponse\"\f\xa2\x9f\x19\b\n" +
-	"\x06viewer2\x86\x01\n" +
+	"\x06viewer2\xe0\x04\n" +
 	"\n" +
 	"PkiService\x12x\n" +
 	"\x06Revoke\x12..bettercompute.api.v1.RevokeCertificateRequest\x1a/.bettercompute.api.v1.RevokeCertificateResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12r\n" +
+	"\rRotationStart\x12*.bettercompute.api.v1.RotationStartRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12r\n" +
+	"\x0eRotationStatus\x12+.bettercompute.api.v1.RotationStatusRequest\x1a&.bettercompute.api.v1.RotationResponse\"\v\xa2\x9f\x19\a\n" +
+	"\x05admin\x12v\n" +
+	"\x0fRotationAdvance\x12,.bettercompute.api.v1.RotationAdvanceRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x01\x12x\n" +
+	"\x10RotationRollback\x12-.bettercompute.api.v1.RotationRollbackRequest\x1a&.bettercompute.api.v1.RotationResponse\"\r\xa2\x9f\x19\t\n" +
 	"\x05admin\x10\x012~\n" +
 	"\fFleetService\x12n\n" +
 	"\aSummary\x12).bettercompute.api.v1.FleetSummaryRequest\x1a*.bettercompute.api.v1.FleetSummaryResponse\"\f\xa2\x9f\x19\b\n" +
@@ -6742,7 +7269,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -6807,229 +7334,249 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*ListProcessesRequest)(nil),         // 60: bettercompute.api.v1.ListProcessesRequest
 	(*ListProcessesResponse)(nil),        // 61: bettercompute.api.v1.ListProcessesResponse
 	(*RevokeCertificateRequest)(nil),     // 62: bettercompute.api.v1.RevokeCertificateRequest
-	(*RevokeCertificateResponse)(nil),    // 63: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 64: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 65: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 66: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 67: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 68: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 69: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 70: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 71: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 72: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 73: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 74: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 75: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 76: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 77: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 78: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 79: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 80: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 81: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 82: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 83: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 84: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 85: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 86: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 87: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 88: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 89: bettercompute.api.v1.WellKnown
-	nil,                                  // 90: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 91: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 92: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 93: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 94: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 95: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 96: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 97: google.protobuf.Struct
+	(*RotationStartRequest)(nil),         // 63: bettercompute.api.v1.RotationStartRequest
+	(*RotationStatusRequest)(nil),        // 64: bettercompute.api.v1.RotationStatusRequest
+	(*RotationAdvanceRequest)(nil),       // 65: bettercompute.api.v1.RotationAdvanceRequest
+	(*RotationRollbackRequest)(nil),      // 66: bettercompute.api.v1.RotationRollbackRequest
+	(*RotationResponse)(nil),             // 67: bettercompute.api.v1.RotationResponse
+	(*CARotation)(nil),                   // 68: bettercompute.api.v1.CARotation
+	(*RevokeCertificateResponse)(nil),    // 69: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 70: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 71: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 72: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 73: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 74: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 75: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 76: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 77: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 78: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 79: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 80: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 81: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 82: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 83: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 84: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 85: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 86: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 87: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 88: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 89: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 90: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 91: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 92: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 93: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 94: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 95: bettercompute.api.v1.WellKnown
+	nil,                                  // 96: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 97: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 98: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 99: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 100: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 101: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 102: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 103: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	95,  // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
-	95,  // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
-	95,  // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
+	101, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
+	101, // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
+	101, // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
 	1,   // 3: bettercompute.api.v1.ListTenantsRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 4: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
-	95,  // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	101, // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 6: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
 	9,   // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	95,  // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	101, // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
 	14,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
 	1,   // 10: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
 	13,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	95,  // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	95,  // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	95,  // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	96,  // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	101, // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	101, // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	101, // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	102, // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
 	20,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 17: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
 	20,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
 	20,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	90,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	95,  // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	95,  // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	95,  // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	96,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	101, // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	101, // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	101, // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
 	28,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	97,  // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	96,  // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	95,  // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	103, // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	102, // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	101, // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 28: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
 	27,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
 	27,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	96,  // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	102, // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
 	20,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	96,  // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	95,  // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	91,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	92,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	102, // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	101, // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	97,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	98,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
 	41,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	96,  // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	102, // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
 	43,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
 	44,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
 	47,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	46,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	41,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	95,  // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	95,  // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	95,  // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	101, // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	101, // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	101, // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
 	43,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
 	44,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	97,  // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	103, // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
 	47,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
 	46,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 52: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
 	46,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
 	46,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	95,  // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	101, // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
 	54,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
 	54,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
-	95,  // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	95,  // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	101, // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	101, // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
 	59,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
-	93,  // 61: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	94,  // 62: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	66,  // 63: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	95,  // 64: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	95,  // 65: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	95,  // 66: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	96,  // 67: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	67,  // 68: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
-	1,   // 69: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	67,  // 70: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	95,  // 71: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	97,  // 72: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
-	1,   // 73: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	95,  // 74: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	95,  // 75: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	74,  // 76: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
-	1,   // 77: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	95,  // 78: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	95,  // 79: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	95,  // 80: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	97,  // 81: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	78,  // 82: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	78,  // 83: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	95,  // 84: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
-	1,   // 85: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	80,  // 86: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	96,  // 87: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	95,  // 88: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
-	3,   // 89: bettercompute.api.v1.TenantsService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
-	4,   // 90: bettercompute.api.v1.TenantsService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
-	6,   // 91: bettercompute.api.v1.TenantsService.Get:input_type -> bettercompute.api.v1.TenantRequest
-	6,   // 92: bettercompute.api.v1.TenantsService.Suspend:input_type -> bettercompute.api.v1.TenantRequest
-	6,   // 93: bettercompute.api.v1.TenantsService.Resume:input_type -> bettercompute.api.v1.TenantRequest
-	7,   // 94: bettercompute.api.v1.TenantsService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
-	10,  // 95: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	11,  // 96: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	17,  // 97: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	18,  // 98: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	15,  // 99: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	16,  // 100: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
-	8,   // 101: bettercompute.api.v1.PoolsService.Move:input_type -> bettercompute.api.v1.MovePoolRequest
-	21,  // 102: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	23,  // 103: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	25,  // 104: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	29,  // 105: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	31,  // 106: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 107: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 108: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 109: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 110: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	37,  // 111: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	39,  // 112: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	33,  // 113: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
-	34,  // 114: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
-	36,  // 115: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
-	42,  // 116: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	48,  // 117: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	50,  // 118: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	52,  // 119: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	55,  // 120: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	57,  // 121: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	57,  // 122: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	60,  // 123: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
-	62,  // 124: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	64,  // 125: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	68,  // 126: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	70,  // 127: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	72,  // 128: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	85,  // 129: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	87,  // 130: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	75,  // 131: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	77,  // 132: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	81,  // 133: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	83,  // 134: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 135: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
-	5,   // 136: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
-	2,   // 137: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
-	2,   // 138: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
-	2,   // 139: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
-	2,   // 140: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
-	9,   // 141: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	12,  // 142: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	13,  // 143: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	19,  // 144: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	13,  // 145: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	13,  // 146: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	13,  // 147: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
-	22,  // 148: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	24,  // 149: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	26,  // 150: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	30,  // 151: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	32,  // 152: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 153: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 154: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 155: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 156: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	38,  // 157: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	40,  // 158: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	35,  // 159: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
-	35,  // 160: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
-	32,  // 161: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
-	45,  // 162: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	49,  // 163: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	51,  // 164: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	53,  // 165: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	56,  // 166: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	58,  // 167: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	58,  // 168: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	61,  // 169: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
-	63,  // 170: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	65,  // 171: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	69,  // 172: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	71,  // 173: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	73,  // 174: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	86,  // 175: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	88,  // 176: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	76,  // 177: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	79,  // 178: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	82,  // 179: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	84,  // 180: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	135, // [135:181] is the sub-list for method output_type
-	89,  // [89:135] is the sub-list for method input_type
-	89,  // [89:89] is the sub-list for extension type_name
-	89,  // [89:89] is the sub-list for extension extendee
-	0,   // [0:89] is the sub-list for field type_name
+	68,  // 61: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
+	101, // 62: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
+	101, // 63: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
+	101, // 64: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
+	101, // 65: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
+	101, // 66: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
+	99,  // 67: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	100, // 68: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	72,  // 69: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	101, // 70: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	101, // 71: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	101, // 72: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	102, // 73: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	73,  // 74: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	1,   // 75: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
+	73,  // 76: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	101, // 77: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	103, // 78: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	1,   // 79: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
+	101, // 80: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	101, // 81: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	80,  // 82: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	1,   // 83: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
+	101, // 84: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	101, // 85: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	101, // 86: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	103, // 87: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	84,  // 88: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	84,  // 89: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	101, // 90: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	1,   // 91: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
+	86,  // 92: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	102, // 93: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	101, // 94: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	3,   // 95: bettercompute.api.v1.TenantsService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
+	4,   // 96: bettercompute.api.v1.TenantsService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
+	6,   // 97: bettercompute.api.v1.TenantsService.Get:input_type -> bettercompute.api.v1.TenantRequest
+	6,   // 98: bettercompute.api.v1.TenantsService.Suspend:input_type -> bettercompute.api.v1.TenantRequest
+	6,   // 99: bettercompute.api.v1.TenantsService.Resume:input_type -> bettercompute.api.v1.TenantRequest
+	7,   // 100: bettercompute.api.v1.TenantsService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
+	10,  // 101: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	11,  // 102: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	17,  // 103: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	18,  // 104: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	15,  // 105: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	16,  // 106: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	8,   // 107: bettercompute.api.v1.PoolsService.Move:input_type -> bettercompute.api.v1.MovePoolRequest
+	21,  // 108: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	23,  // 109: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	25,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	29,  // 111: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	31,  // 112: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 113: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 114: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 115: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	31,  // 116: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	37,  // 117: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	39,  // 118: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	33,  // 119: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
+	34,  // 120: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
+	36,  // 121: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
+	42,  // 122: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	48,  // 123: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	50,  // 124: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	52,  // 125: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	55,  // 126: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	57,  // 127: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	57,  // 128: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	60,  // 129: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	62,  // 130: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	63,  // 131: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
+	64,  // 132: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
+	65,  // 133: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
+	66,  // 134: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
+	70,  // 135: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	74,  // 136: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	76,  // 137: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	78,  // 138: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	91,  // 139: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	93,  // 140: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	81,  // 141: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	83,  // 142: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	87,  // 143: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	89,  // 144: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 145: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
+	5,   // 146: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
+	2,   // 147: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
+	2,   // 148: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
+	2,   // 149: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
+	2,   // 150: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
+	9,   // 151: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	12,  // 152: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	13,  // 153: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	19,  // 154: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	13,  // 155: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	13,  // 156: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	13,  // 157: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
+	22,  // 158: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	24,  // 159: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	26,  // 160: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	30,  // 161: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	32,  // 162: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 163: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 164: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 165: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	32,  // 166: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	38,  // 167: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	40,  // 168: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	35,  // 169: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
+	35,  // 170: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
+	32,  // 171: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
+	45,  // 172: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	49,  // 173: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	51,  // 174: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	53,  // 175: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	56,  // 176: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	58,  // 177: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	58,  // 178: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	61,  // 179: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	69,  // 180: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	67,  // 181: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
+	67,  // 182: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
+	67,  // 183: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
+	67,  // 184: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
+	71,  // 185: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	75,  // 186: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	77,  // 187: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	79,  // 188: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	92,  // 189: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	94,  // 190: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	82,  // 191: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	85,  // 192: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	88,  // 193: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	90,  // 194: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	145, // [145:195] is the sub-list for method output_type
+	95,  // [95:145] is the sub-list for method input_type
+	95,  // [95:95] is the sub-list for extension type_name
+	95,  // [95:95] is the sub-list for extension extendee
+	0,   // [0:95] is the sub-list for field type_name
 }
 
 func init() { file_api_v1_api_proto_init() }
@@ -7045,7 +7592,7 @@ func file_api_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   95,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   15,
 		},

@@ -57,6 +57,11 @@ const (
 	// (written once per token by the iam role, checked every minute).
 	TokenExpiring = TypePrefix + "token.expiring"
 
+	PKIRotationStarted    = TypePrefix + "pki.rotation-started"     // PKIRotationData: a CA rotation began: the new CA is trusted, nodes are sent its bundle
+	PKIRotationActivated  = TypePrefix + "pki.rotation-activated"   // PKIRotationData: the new CA issues at each node's next renewal (threshold reached, or forced)
+	PKIRotationRetired    = TypePrefix + "pki.rotation-retired"     // PKIRotationData: the old CA left the serving bundle
+	PKIRotationRolledBack = TypePrefix + "pki.rotation-rolled-back" // PKIRotationData: the old CA issues again
+
 	RemediationDetected    = TypePrefix + "remediation.detected"    // RemediationData: a finding opened a case (the policy acts on it next)
 	RemediationHeld        = TypePrefix + "remediation.held"        // RemediationData: recorded but not acted on: the pool's breaker is tripped
 	RemediationQuarantined = TypePrefix + "remediation.quarantined" // RemediationData: cordoned and out of service (never blocked by the budget)
@@ -113,7 +118,8 @@ var Types = []string{
 	NodeUncordoned, NodeDrained, NodeDeleted, NodeRevoked, NodeReattested, NodeDisruptionChanged,
 	NodeRolledBackLocally, GPUHealthChanged, GPUUUIDConflict, CommandCreated, CommandSucceeded, CommandFailed, CommandCancelled, CommandExpired,
 	CommandLost, GatewayUp, GatewayDown, JoinTokenCreated, JoinTokenRevoked, JoinTokenUsed, JoinTokenExhausted,
-	JoinTokenExpired, TokenCreated, TokenRevoked, TokenExpiring, RemediationDetected, RemediationHeld, RemediationQuarantined,
+	JoinTokenExpired, TokenCreated, TokenRevoked, TokenExpiring, PKIRotationStarted, PKIRotationActivated,
+	PKIRotationRetired, PKIRotationRolledBack, RemediationDetected, RemediationHeld, RemediationQuarantined,
 	RemediationDraining, RemediationRemediating, RemediationVerifying, RemediationReturned,
 	RemediationEscalated, RemediationPaused, RemediationResumed, RemediationBreakerTripped,
 	RemediationBreakerReset, RolloutCreated, RolloutStarted, RolloutPaused, RolloutResumed, RolloutRollingBack,

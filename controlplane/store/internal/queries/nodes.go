@@ -93,18 +93,19 @@ func (s *Store) nodeUpsert(ctx context.Context, p *store.NodeUpsertParams, label
 	var id string
 	err := s.db.QueryRow(ctx, `
 		INSERT INTO nodes AS n (id, pool_id, hostname, machine_id, state, labels, bcd_version, os, arch,
-			cert_serial, cert_not_after, created_at, updated_at, shard, key_sha256, join_token_id)
-		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12, $13, $14)
+			cert_serial, cert_not_after, created_at, updated_at, shard, key_sha256, join_token_id, cert_ca_id)
+		VALUES ($1, $2, $3, $4, 'joined', $5, $6, $7, $8, $9, $10, coalesce($11, now()), coalesce($11, now()), $12, $13, $14, $15)
 		ON CONFLICT (id) DO UPDATE SET
 			pool_id = excluded.pool_id, hostname = excluded.hostname, machine_id = excluded.machine_id,
 			bcd_version = excluded.bcd_version, os = excluded.os, arch = excluded.arch,
 			cert_serial = excluded.cert_serial, cert_not_after = excluded.cert_not_after,
 			key_sha256 = CASE WHEN excluded.key_sha256 = '' THEN n.key_sha256 ELSE excluded.key_sha256 END,
 			join_token_id = CASE WHEN excluded.join_token_id = '' THEN n.join_token_id ELSE excluded.join_token_id END,
+			cert_ca_id = CASE WHEN excluded.cert_ca_id = '' THEN n.cert_ca_id ELSE excluded.cert_ca_id END,
 			updated_at = excluded.updated_at
 		RETURNING id`,
 		p.ID, p.PoolID, p.Hostname, p.MachineID, labels, p.BCDVersion, p.OS, p.Arch, p.CertSerial, p.CertNotAfter, s.clock(p.Now), store.ShardOf(p.ID),
-		p.KeySHA256, p.JoinTokenID).Scan(&id)
+		p.KeySHA256, p.JoinTokenID, p.CertCAID).Scan(&id)
 	if err != nil {
 		return nil, s.wrap("upsert node "+p.ID, err)
 	}
@@ -151,8 +152,9 @@ func (s *Store) NodeSetCertificate(ctx context.Context, p *store.NodeSetCertific
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
 		err := q.exec1(ctx, "set certificate of node "+p.ID, `UPDATE nodes SET cert_serial = $2, cert_not_after = $3,
-			key_sha256 = CASE WHEN $4 = '' THEN key_sha256 ELSE $4 END, updated_at = coalesce($5, now()) WHERE id = $1`,
-			p.ID, p.Serial, p.NotAfter, p.KeySHA256, q.clock(p.Now))
+			key_sha256 = CASE WHEN $4 = '' THEN key_sha256 ELSE $4 END, updated_at = coalesce($5, now()),
+			cert_ca_id = CASE WHEN $6 = '' THEN cert_ca_id ELSE $6 END WHERE id = $1`,
+			p.ID, p.Serial, p.NotAfter, p.KeySHA256, q.clock(p.Now), p.CAID)
 		if err != nil || !p.Reattested {
 			return err
 		}

@@ -1,0 +1,70 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// TestPKIRotationMethods: start, status with counts, an advance refused
+// with what is missing, a forced one, rollback, and the caller's mistakes
+// refused with their field.
+func TestPKIRotationMethods(t *testing.T) {
+	f := newFixture(t)
+	wantCode(t, f.call("pki.rotationStatus", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	if _, err := bootstrap.InitBundle(context.Background(), f.st, strings.Repeat("s", 32), "td.example"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"gateway"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "ca")
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"threshold":1.5}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "threshold")
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"reason":"`+strings.Repeat("x", 201)+`"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "reason")
+	wantCode(t, f.call("pki.rotationAdvance", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	if r := f.call("pki.rotationStart", f.token(store.RoleOperator, 0), `{}`, peer); r.Code != http.StatusForbidden {
+		t.Fatalf("pki.rotationStart as operator = %d %v", r.Code, r.Body)
+	}
+
+	r := f.call("pki.rotationStart", f.admin, `{"threshold":1}`, peer)
+	ro, _ := r.Body["rotation"].(map[string]any)
+	if r.Code != http.StatusOK || ro["phase"] != store.RotationPropagating || ro["newCaId"] == ro["oldCaId"] {
+		t.Fatalf("pki.rotationStart = %d %v", r.Code, r.Body)
+	}
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{}`, peer), http.StatusConflict, "CONFLICT", "")
+	// No live node: the threshold of nothing holds; an activated rotation
+	// with no node certificate left on the old CA retires at once.
+	for _, want := range []string{store.RotationActivated, store.RotationRetired} {
+		r = f.call("pki.rotationAdvance", f.admin, `{}`, peer)
+		if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != want {
+			t.Fatalf("pki.rotationAdvance = %d %v, want %s", r.Code, r.Body, want)
+		}
+	}
+	wantCode(t, f.call("pki.rotationRollback", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+
+	// A node on the old CA holds the next retire back until forced.
+	site, _ := f.st.SiteCreate(context.Background(), &store.SiteCreateParams{Name: "s", Region: "r"})
+	pool, _ := f.st.PoolCreate(context.Background(), &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	future := time.Now().Add(24 * time.Hour)
+	if _, err := f.st.NodeUpsert(context.Background(), &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "a",
+		CertSerial: "01", CertNotAfter: &future, CertCAID: "someca"}); err != nil {
+		t.Fatal(err)
+	}
+	f.call("pki.rotationStart", f.admin, `{}`, peer)
+	f.call("pki.rotationAdvance", f.admin, `{}`, peer)
+	r = f.call("pki.rotationAdvance", f.admin, `{}`, peer)
+	wantCode(t, r, http.StatusConflict, "CONFLICT", "")
+	if msg, _ := r.Body["message"].(string); !strings.Contains(msg, "1 nodes hold a valid certificate from another CA") {
+		t.Fatalf("refused advance says %q, want what is missing", msg)
+	}
+	r = f.call("pki.rotationStatus", f.admin, `{}`, peer)
+	if ro, _ := r.Body["rotation"].(map[string]any); ro["nodesOffNewCa"] != 1.0 || ro["ready"] == true {
+		t.Fatalf("status = %v", r.Body)
+	}
+	r = f.call("pki.rotationRollback", f.admin, `{"reason":"test"}`, peer)
+	if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != store.RotationRolledBack {
+		t.Fatalf("pki.rotationRollback = %d %v", r.Code, r.Body)
+	}
+}

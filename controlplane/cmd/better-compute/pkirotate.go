@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/better-compute/better-compute/controlplane/client"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+)
+
+// pkiRotateCmd is `pki rotate node-ca start|status|advance|rollback`
+// (docs/pki.md, "Rotating the node CA").
+func pkiRotateCmd(e *env) *cobra.Command {
+	c := &cobra.Command{Use: "rotate", Short: "Rotate a CA in phases that advance on proof"}
+	nodeCA := &cobra.Command{
+		Use:   "node-ca",
+		Short: "Rotate the node CA: start, status, advance [--force], rollback",
+		Long: `node-ca rotates the node CA in phases (docs/pki.md, "Rotating the node CA"):
+start makes the next CA, which every gateway trusts at once beside the old
+one, and sends it to every node in its session (propagating); the rotation
+activates when the acknowledged share of live nodes reaches the threshold
+(the new CA issues at each node's next renewal), and retires when no node
+holds a valid certificate from another CA (or after pki.reattestGrace).
+status prints the phase as one word, then the counts behind it.`,
+	}
+	nodeCA.AddCommand(
+		rotateCmd(e, "start", "Make the next node CA and start a rotation (propagating)",
+			func(cmd *cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
+				threshold, _ := cmd.Flags().GetFloat64("threshold")
+				reason, _ := cmd.Flags().GetString("reason")
+				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
+					return c.PkiRotationStart(ctx, &apiv1.RotationStartRequest{Threshold: threshold, Reason: reason})
+				}
+			}, func(cmd *cobra.Command) {
+				cmd.Flags().Float64("threshold", 0, "share of live nodes (0 to 1) whose acknowledgement activates the rotation; 0: the default, 0.99")
+				cmd.Flags().String("reason", "", "why, for the record")
+			}),
+		rotateCmd(e, "status", "Print the rotation's phase (one word), then the counts behind it",
+			func(*cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
+				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
+					return c.PkiRotationStatus(ctx, &apiv1.RotationStatusRequest{})
+				}
+			}, nil),
+		rotateCmd(e, "advance", "Move the rotation on when its phase's condition holds (--force: anyway, audited)",
+			func(cmd *cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
+				force, _ := cmd.Flags().GetBool("force")
+				reason, _ := cmd.Flags().GetString("reason")
+				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
+					return c.PkiRotationAdvance(ctx, &apiv1.RotationAdvanceRequest{Force: force, Reason: reason})
+				}
+			}, func(cmd *cobra.Command) {
+				cmd.Flags().Bool("force", false, "move on although the phase's condition does not hold (audited)")
+				cmd.Flags().String("reason", "", "why, for the record")
+			}),
+		rotateCmd(e, "rollback", "Return to the old CA as the issuer (from propagating or activated)",
+			func(cmd *cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
+				reason, _ := cmd.Flags().GetString("reason")
+				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
+					return c.PkiRotationRollback(ctx, &apiv1.RotationRollbackRequest{Reason: reason})
+				}
+			}, func(cmd *cobra.Command) {
+				cmd.Flags().String("reason", "", "why, for the record")
+			}),
+	)
+	c.AddCommand(nodeCA)
+	return c
+}
+
+// rotateCmd is one `pki rotate node-ca` subcommand: call builds its API
+// call from the parsed flags, flags adds them.
+func rotateCmd(e *env, use, short string, call func(*cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error),
+	flags func(*cobra.Command)) *cobra.Command {
+	var af apiFlags
+	var out string
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(out); err != nil {
+				return err
+			}
+			return runAPI(cmd.Context(), e, &af, out, call(cmd), func(_ *client.Client, res *apiv1.RotationResponse) error {
+				printRotation(e, res.GetRotation())
+				return nil
+			})
+		},
+	}
+	af.add(cmd)
+	if flags != nil {
+		flags(cmd)
+	}
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+// printRotation writes the phase as one word on the first line, then the
+// counts behind it.
+func printRotation(e *env, r *apiv1.CARotation) {
+	fmt.Fprintln(e.stdout, r.GetPhase())
+	fmt.Fprintf(e.stdout, "rotation   %s (%s CA %s -> %s)\n", r.GetId(), r.GetCa(), r.GetOldCaId(), r.GetNewCaId())
+	fmt.Fprintf(e.stdout, "acked      %d of %d live nodes (threshold %g %%)\n", r.GetAckedNodes(), r.GetLiveNodes(), r.GetThreshold()*100)
+	if ids := r.GetMissingNodeIds(); len(ids) > 0 && r.GetPhase() == "propagating" {
+		fmt.Fprintf(e.stdout, "not acked  %s\n", listed(ids, int(r.GetLiveNodes()-r.GetAckedNodes())))
+	}
+	if r.GetPhase() == "activated" || r.GetPhase() == "retired" {
+		fmt.Fprintf(e.stdout, "on old CA  %d nodes with a valid certificate from another CA\n", r.GetNodesOffNewCa())
+		if ids := r.GetOffNewCaNodeIds(); len(ids) > 0 {
+			fmt.Fprintf(e.stdout, "           %s\n", listed(ids, int(r.GetNodesOffNewCa())))
+		}
+	}
+	for _, t := range []struct {
+		name string
+		at   interface{ AsTime() time.Time }
+		set  bool
+	}{
+		{"started", r.GetStartedAt(), r.GetStartedAt() != nil},
+		{"activated", r.GetActivatedAt(), r.GetActivatedAt() != nil},
+		{"retired", r.GetRetiredAt(), r.GetRetiredAt() != nil},
+		{"rolled back", r.GetRolledBackAt(), r.GetRolledBackAt() != nil},
+	} {
+		if t.set {
+			fmt.Fprintf(e.stdout, "%-10s %s\n", t.name, t.at.AsTime().UTC().Format(time.RFC3339))
+		}
+	}
+	if w := r.GetWaiting(); w != "" {
+		fmt.Fprintf(e.stdout, "waiting    %s\n", w)
+	}
+}
+
+// listed joins ids, saying how many more there are than listed.
+func listed(ids []string, total int) string {
+	s := strings.Join(ids, ", ")
+	if more := total - len(ids); more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
+}
