@@ -1,0 +1,39 @@
+package api
+
+import (
+	"strings"
+
+	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// tenantScoped are the API methods that act only within the caller's
+// subtree (docs/tenants.md, "Scoped so far"). A token of a tenant other
+// than the root calls these, and the other methods' reads; every other
+// change is deployment-wide (pki.*, gateways.*, bmc.*, sinks.*, rollouts,
+// remediation, reservations, …) and refused to it, as are recordings,
+// which hold what was typed in any tenant's shells (tenantDenied).
+var tenantScoped = map[string]bool{
+	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
+	"tenants.resume": true, "tenants.delete": true,
+	"sites.create": true, "sites.list": true,
+	"pools.create": true, "pools.list": true, "pools.get": true, "pools.setBudget": true, "pools.move": true,
+	"joinTokens.create": true, "joinTokens.list": true, "joinTokens.revoke": true,
+	"nodes.list": true, "nodes.get": true, "nodes.cordon": true, "nodes.uncordon": true, "nodes.drain": true,
+	"nodes.delete": true, "nodes.gpuReset": true, "nodes.reboot": true, "nodes.add": true,
+	"commands.create": true, "commands.get": true, "commands.list": true, "commands.cancel": true,
+	"tunnels.create": true,
+	"tokens.create": true, "tokens.list": true, "tokens.revoke": true,
+	"audit.list": true,
+}
+
+// tenantDenied reports whether p, a token of a tenant other than the root,
+// may not call method name: a change not yet scoped to its subtree
+// (mutating), or any recordings method. A root tenant's token is never
+// denied here.
+func tenantDenied(p *iam.Principal, name string, mutating bool) bool {
+	if p.TenantID == "" || p.TenantID == store.RootTenant || tenantScoped[name] {
+		return false
+	}
+	return mutating || strings.HasPrefix(name, "recordings.")
+}
