@@ -23,7 +23,7 @@ var tenantScoped = map[string]bool{
 	"nodes.delete": true, "nodes.gpuReset": true, "nodes.reboot": true, "nodes.add": true,
 	"commands.create": true, "commands.get": true, "commands.list": true, "commands.cancel": true,
 	"tunnels.create": true,
-	"tokens.create": true, "tokens.list": true, "tokens.revoke": true,
+	"tokens.create":  true, "tokens.list": true, "tokens.revoke": true,
 	"audit.list": true,
 }
 
