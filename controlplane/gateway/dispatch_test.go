@@ -84,7 +84,7 @@ func TestDispatchAndResults(t *testing.T) {
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: c.GetId(), UpdateSeq: 4, Update: &sessionv1.CommandUpdate_Result{
 			Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_FAILED, ExitCode: 9}}})
 		var got *store.Command
-		eventually(t, 5*time.Second, "the result to be written", func() bool {
+		e.eventually(t, 5*time.Second, "the result to be written", func() bool {
 			got, _ = e.st.CommandGet(ctx, c.GetId())
 			return got != nil && store.IsTerminal(got.State)
 		})
@@ -117,7 +117,7 @@ func TestRedeliveryAndCancel(t *testing.T) {
 		}
 		first := recvBody(t, s, 5*time.Second).GetCommand()
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: first.GetId(), UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{}}})
-		eventually(t, 5*time.Second, "running", func() bool {
+		e.eventually(t, 5*time.Second, "running", func() bool {
 			c, _ := e.st.CommandGet(ctx, first.GetId())
 			return c.State == store.CommandRunning
 		})
@@ -156,7 +156,7 @@ func TestOwnBMCOffMarksNodePoweredOff(t *testing.T) {
 			id := recvBody(t, s, 5*time.Second).GetCommand().GetId()
 			sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
 				Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: []byte(detail)}}})
-			eventually(t, 5*time.Second, "the result", func() bool {
+			e.eventually(t, 5*time.Second, "the result", func() bool {
 				c, _ := e.st.CommandGet(ctx, cmds[0].ID)
 				return c.State == store.CommandSucceeded
 			})
@@ -227,10 +227,10 @@ func TestResultsWrittenAfterStoreOutage(t *testing.T) {
 		st.down.Store(true)
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
 			Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}}})
-		eventually(t, 5*time.Second, "the result's write to be refused twice", func() bool { return st.refused.Load() >= 2 })
+		e.eventually(t, 5*time.Second, "the result's write to be refused twice", func() bool { return st.refused.Load() >= 2 })
 		st.down.Store(false)
 		var got *store.Command
-		eventually(t, 15*time.Second, "the result to be written after the outage", func() bool {
+		e.eventually(t, 15*time.Second, "the result to be written after the outage", func() bool {
 			got, _ = st.CommandGet(ctx, id)
 			return got != nil && got.State == store.CommandSucceeded
 		})

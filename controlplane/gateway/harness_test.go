@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
@@ -83,6 +84,9 @@ type env struct {
 	site   *store.Site
 	pool   *store.Pool
 	dir    string
+	// clock is the gateways' clock: the system clock, watched, so that
+	// eventually wakes each time one of their loops finished a pass.
+	clock *clocktest.Real
 }
 
 func newEnv(t testing.TB, st store.Store) *env {
@@ -104,7 +108,7 @@ func newEnv(t testing.TB, st store.Store) *env {
 	if _, _, err := bootstrap.WriteGatewayCert(b, dir, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, st: st, bundle: b, site: site, pool: pool, dir: dir}
+	return &env{t: t, st: st, bundle: b, site: site, pool: pool, dir: dir, clock: clocktest.NewReal()}
 }
 
 // running is a gateway running in the test.
@@ -141,6 +145,7 @@ func (e *env) start(mod func(*Config)) *running {
 		ShutdownGrace: 300 * time.Millisecond,
 		DrainDelay:    time.Second,
 		Secret:        testSecret,
+		Clock:         e.clock,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -350,15 +355,16 @@ func wantCode(t *testing.T, err error, c codes.Code) *status.Status {
 	return st
 }
 
-// eventually polls cond until it holds or within passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+// eventually waits until cond holds, checking it each time one of the
+// env's gateways finished a pass of a loop (its flush, dispatch, lease or
+// revocation loop begins its next wait), and fails the test once within
+// has passed.
+func (e *env) eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if err := e.clock.Until(ctx, cond); err != nil {
+		t.Fatalf("%s: not within %s", what, within)
 	}
 }
 

@@ -67,7 +67,7 @@ func TestConnect(t *testing.T) {
 		send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
 			Kind: "gpu.xid", Xid: 79, Severity: sessionv1.Severity_SEVERITY_CRITICAL, Message: "fallen off the bus",
 		}}})
-		eventually(t, 5*time.Second, "inventory and event stored", func() bool {
+		e.eventually(t, 5*time.Second, "inventory and event stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, n.id)
 			evs, _ := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
 			return nd.InventoryDigest == "d1" && strings.Contains(string(nd.Inventory), "A100") &&
@@ -241,7 +241,7 @@ func TestRevokedSessionClosed(t *testing.T) {
 		if err := sb.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "revoked session row removed", func() bool {
+		e.eventually(t, 5*time.Second, "revoked session row removed", func() bool {
 			_, err := e.st.SessionGet(ctx, n.id)
 			return errors.Is(err, store.ErrNotFound)
 		})
@@ -279,7 +279,7 @@ func TestSupersede(t *testing.T) {
 		}
 		// The old session's delayed row removal, once a flush has committed
 		// it, leaves the newer row.
-		eventually(t, 30*time.Second, "the old session's close flushed", func() bool { return cs.sessionCloses.Load() >= 1 })
+		e.eventually(t, 30*time.Second, "the old session's close flushed", func() bool { return cs.sessionCloses.Load() >= 1 })
 		if row, err := e.st.SessionGet(ctx, n.id); err != nil || row.SessionID != newer.welcome.SessionId {
 			t.Fatalf("after flush: session row = %+v, %v", row, err)
 		}
@@ -310,7 +310,7 @@ func TestSupersededOnAnotherGateway(t *testing.T) {
 			t.Fatalf("superseded stream got %v before it ended, want Superseded", msgs)
 		}
 		t.Logf("session superseded on the other gateway closed after %s", time.Since(start))
-		eventually(t, 15*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
+		e.eventually(t, 15*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
 	})
 }
 
@@ -379,7 +379,11 @@ func TestHeartbeatsBatched(t *testing.T) {
 				}
 				beats++
 			}
-			time.Sleep(50 * time.Millisecond) // the senders' pace, not a wait
+			// The senders' pace: a round each time one of the
+			// gateway's loops finished a pass (several a second).
+			if err := e.clock.Next(t.Context()); err != nil {
+				t.Fatal(err)
+			}
 		}
 		// One more round after the count is read: the flush that writes it
 		// commits after the read, whenever the earlier ones did.
@@ -390,7 +394,7 @@ func TestHeartbeatsBatched(t *testing.T) {
 			}
 			beats++
 		}
-		eventually(t, 30*time.Second, "a flush after the last heartbeats", func() bool { return cs.heartbeatWrites.Load() > sent })
+		e.eventually(t, 30*time.Second, "a flush after the last heartbeats", func() bool { return cs.heartbeatWrites.Load() > sent })
 		elapsed := time.Since(start)
 		writes, ids := cs.heartbeatWrites.Load()-writes0, cs.heartbeatIDs.Load()-ids0
 		t.Logf("%d heartbeats in %s: %d writes carrying %d session ids", beats, elapsed, writes, ids)
@@ -513,7 +517,7 @@ func TestTLS(t *testing.T) {
 	if _, err := os.Stat(certPath); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "new certificate served", func() bool {
+	e.eventually(t, 5*time.Second, "new certificate served", func() bool {
 		st, err := handshake(e.clientTLS(nil))
 		return err == nil && st.PeerCertificates[0].SerialNumber.Cmp(first.PeerCertificates[0].SerialNumber) != 0
 	})
@@ -555,7 +559,7 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 		inventory(e.connect(g, n), "d1", "A100")
 		// Counted once its transaction has committed, just after it shows.
 		writes := func(n int64) bool { return cs.inventoryWrites.Load() >= n }
-		eventually(t, 30*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") && writes(1) })
+		e.eventually(t, 30*time.Second, "the first inventory stored", func() bool { return stored("d1", "A100") && writes(1) })
 		if w := cs.inventoryWrites.Load(); w != 1 {
 			t.Fatalf("%d inventory writes for the first inventory, want 1", w)
 		}
@@ -572,13 +576,13 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 		}}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, "the event after the inventory stored", func() bool {
+		e.eventually(t, 30*time.Second, "the event after the inventory stored", func() bool {
 			evs, _ := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
 			return len(evs) == 1
 		})
 		other := e.join(g, "gpu-14", "")
 		inventory(e.connect(g, other), "d9", "L40S")
-		eventually(t, 30*time.Second, "the other node's inventory stored", func() bool {
+		e.eventually(t, 30*time.Second, "the other node's inventory stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, other.id)
 			return nd.InventoryDigest == "d9" && writes(2)
 		})
@@ -586,7 +590,7 @@ func TestInventoryStoredOnlyWhenChanged(t *testing.T) {
 			t.Fatalf("%d inventory writes, want 2 (the first, the other node's): an inventory with the stored digest was written again", w)
 		}
 		inventory(s, "d2", "B200")
-		eventually(t, 30*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") && writes(3) })
+		e.eventually(t, 30*time.Second, "the changed inventory stored", func() bool { return stored("d2", "B200") && writes(3) })
 		if w := cs.inventoryWrites.Load(); w != 3 {
 			t.Fatalf("%d inventory writes, want 3", w)
 		}
@@ -614,7 +618,7 @@ func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, 5*time.Second, "the other node's inventory stored", func() bool {
+		e.eventually(t, 5*time.Second, "the other node's inventory stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, good.id)
 			return nd.InventoryDigest == "d-H100" && strings.Contains(string(nd.Inventory), "H100")
 		})
@@ -636,7 +640,7 @@ func TestConnectingBounded(t *testing.T) {
 
 	// A session set up gives its slot back at Welcome.
 	e.connect(g, a)
-	eventually(t, time.Second, "no connection in setup after Welcome", func() bool { return inSetup() == 0 })
+	e.eventually(t, time.Second, "no connection in setup after Welcome", func() bool { return inSetup() == 0 })
 
 	// A join's connection, still open, gives it back at its handshake.
 	start := time.Now()
@@ -652,7 +656,7 @@ func TestConnectingBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "the stalled connection accepted", func() bool { return inSetup() == 1 })
+	e.eventually(t, 2*time.Second, "the stalled connection accepted", func() bool { return inSetup() == 1 })
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.tryConnect(g, &b.cert)
@@ -678,7 +682,7 @@ func TestConnectingBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	eventually(t, 2*time.Second, "the silent connection accepted", func() bool { return inSetup() == 1 })
+	e.eventually(t, 2*time.Second, "the silent connection accepted", func() bool { return inSetup() == 1 })
 	accepted := time.Now()
 	d := e.join(joiner, "gpu-63", "")
 	if _, err := e.tryConnect(g, &d.cert); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/remediation"
 	"github.com/better-compute/better-compute/controlplane/shard"
@@ -37,6 +38,10 @@ type loop struct {
 	ids     []string
 	rec     *remediation.Reconciler
 	shards  []int
+	// clock is the gateway's: the system clock, watched, so that until
+	// steps again each time one of its loops (dispatch, flush: 50 ms)
+	// finished a pass.
+	clock *clocktest.Real
 }
 
 func newLoop(t *testing.T, n int, settings config.Remediation) *loop {
@@ -63,7 +68,8 @@ func newLoop(t *testing.T, n int, settings config.Remediation) *loop {
 	bus := wake.NewBus(nil)
 	wakeups, _ := bus.Subscribe()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Wakeups: wakeups,
+	clk := clocktest.NewReal()
+	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Wakeups: wakeups, Clock: clk,
 		DispatchInterval: 50 * time.Millisecond, HeartbeatInterval: time.Second, FlushInterval: 50 * time.Millisecond}, st, bundle, log)
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +97,7 @@ func newLoop(t *testing.T, n int, settings config.Remediation) *loop {
 	if err := fleet.WaitFor(wctx, func(s sim.FleetStats) bool { return s.Connected == n }); err != nil {
 		t.Fatal(err)
 	}
-	l := &loop{t: t, ctx: ctx, st: st, pool: pool, daemons: fleet.Daemons()}
+	l := &loop{t: t, ctx: ctx, st: st, pool: pool, daemons: fleet.Daemons(), clock: clk}
 	slices.SortFunc(l.daemons, func(a, b *sim.FakeDaemon) int { return compare(a.NodeID(), b.NodeID()) })
 	for _, d := range l.daemons {
 		l.ids = append(l.ids, d.NodeID())
@@ -142,13 +148,15 @@ func (l *loop) latest(id string) *store.Remediation {
 // until steps the reconciler until cond holds, or fails the test.
 func (l *loop) until(what string, cond func() bool) {
 	l.t.Helper()
-	deadline := time.Now().Add(wait)
+	ctx, cancel := context.WithTimeout(l.ctx, wait)
+	defer cancel()
 	for !cond() {
-		if time.Now().After(deadline) {
+		l.step()
+		// The next step once the gateway has moved on (a dispatch or a
+		// flush: what the daemons did reaches the store through them).
+		if err := l.clock.Next(ctx); err != nil {
 			l.t.Fatalf("not %s after %v", what, wait)
 		}
-		l.step()
-		time.Sleep(20 * time.Millisecond) // the reconciler's interval, compressed
 	}
 }
 

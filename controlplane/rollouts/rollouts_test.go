@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
 	"github.com/better-compute/better-compute/controlplane/pki"
 	"github.com/better-compute/better-compute/controlplane/rollouts"
 	"github.com/better-compute/better-compute/controlplane/shard"
@@ -43,6 +44,10 @@ type env struct {
 	fleet   *sim.Fleet
 	daemons map[string]*sim.FakeDaemon // by node id
 	ids     []string
+	// clock is the gateway's: the system clock, watched, so that a wait
+	// wakes each time one of its loops (dispatch, flush: 50 ms) finished a
+	// pass.
+	clock *clocktest.Real
 }
 
 func newEnv(t *testing.T, n int) *env {
@@ -76,7 +81,8 @@ func newEnvWith(t *testing.T, n int, withInventory bool) *env {
 	bus := wake.NewBus(nil)
 	wakeups, _ := bus.Subscribe()
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Wakeups: wakeups,
+	clk := clocktest.NewReal()
+	gw, err := gateway.New(gateway.Config{Listen: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile, Wakeups: wakeups, Clock: clk,
 		DispatchInterval: 50 * time.Millisecond, HeartbeatInterval: time.Second, FlushInterval: 50 * time.Millisecond}, st, bundle, log)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +102,7 @@ func newEnvWith(t *testing.T, n int, withInventory bool) *env {
 	if err := fleet.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, st: st, pool: pool, fleet: fleet, daemons: map[string]*sim.FakeDaemon{}}
+	e := &env{t: t, st: st, pool: pool, fleet: fleet, daemons: map[string]*sim.FakeDaemon{}, clock: clk}
 	for _, d := range fleet.Daemons() {
 		d.SetRestartDelay(20 * time.Millisecond)
 		e.daemons[d.NodeID()] = d
@@ -179,7 +185,8 @@ func (w *worker) step(t *testing.T) error {
 // until steps w until cond holds on the rollout, or fails the test.
 func (e *env) until(w *worker, ro *store.Rollout, what string, cond func(*store.Rollout) bool) *store.Rollout {
 	e.t.Helper()
-	deadline := time.Now().Add(wait)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
 	for {
 		if err := w.step(e.t); err != nil {
 			e.t.Fatalf("step: %v", err)
@@ -188,10 +195,11 @@ func (e *env) until(w *worker, ro *store.Rollout, what string, cond func(*store.
 		if cond(cur) {
 			return cur
 		}
-		if time.Now().After(deadline) {
+		// The next step once the gateway has moved on (a dispatch or a
+		// flush: what the daemons did reaches the store through them).
+		if err := e.clock.Next(ctx); err != nil {
 			e.t.Fatalf("rollout %s not %s after %v: state %s wave %d reason %q; nodes %s", ro.ID, what, wait, cur.State, cur.CurrentWave, cur.Reason, e.nodeStates(ro))
 		}
-		time.Sleep(20 * time.Millisecond) // the reconciler's interval, compressed
 	}
 }
 
@@ -677,17 +685,14 @@ func TestRolloutCountsALocalRollbackAsFailed(t *testing.T) {
 		}
 		return canary != ""
 	})
-	deadline := time.Now().Add(wait)
-	for {
+	wctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := e.clock.Until(wctx, func() bool {
 		n := mustV(e.st.NodeGet(context.Background(), canary))
 		_, err := e.st.SessionGet(context.Background(), canary)
-		if n.BCDVersion == versionA && err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the canary is not connected on A again: %s", e.nodeStates(ro))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return n.BCDVersion == versionA && err == nil
+	}); err != nil {
+		t.Fatalf("the canary is not connected on A again: %s", e.nodeStates(ro))
 	}
 	ro = e.until(w, ro, "halted", state(store.RolloutHalted))
 	t.Logf("halted: %s", ro.Reason)

@@ -125,3 +125,59 @@ func (c *Clock) notify() {
 	close(c.changed)
 	c.changed = make(chan struct{})
 }
+
+// Real is the system clock, watched: Now and After are the real clock's,
+// and Until wakes each time the code under test begins a wait on it (a
+// loop finished its pass). Tests of code that must run on real time (a
+// gateway serving real sessions) wait on it instead of polling.
+type Real struct {
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+// NewReal returns a watched system clock.
+func NewReal() *Real { return &Real{changed: make(chan struct{})} }
+
+// Now returns the system clock's time.
+func (r *Real) Now() time.Time { return time.Now() }
+
+// After is time.After, and wakes Until.
+func (r *Real) After(d time.Duration) <-chan time.Time {
+	r.mu.Lock()
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+	return time.After(d)
+}
+
+// Until waits until cond holds: it checks cond at once and again each time
+// a wait on the clock begins. It fails when ctx ends first.
+func (r *Real) Until(ctx context.Context, cond func() bool) error {
+	for {
+		r.mu.Lock()
+		changed := r.changed
+		r.mu.Unlock()
+		if cond() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("clocktest: condition not met: %w", context.Cause(ctx))
+		}
+	}
+}
+
+// Next returns once the next wait on the clock begins (some loop finished
+// a pass), or when ctx ends.
+func (r *Real) Next(ctx context.Context) error {
+	r.mu.Lock()
+	changed := r.changed
+	r.mu.Unlock()
+	select {
+	case <-changed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("clocktest: no wait began: %w", context.Cause(ctx))
+	}
+}
