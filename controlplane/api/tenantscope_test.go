@@ -38,6 +38,8 @@ func TestTenantDenied(t *testing.T) {
 		{child, "sinks.replay", true, true},
 		{child, "recordings.list", false, true},
 		{child, "recordings.get", false, true},
+		{child, "pki.rotationStatus", false, true},
+		{child, "sinks.deadLetters", false, true},
 		{root, "pki.revoke", true, false},
 		{root, "recordings.get", false, false},
 	} {

@@ -144,18 +144,18 @@ func (t *trust) bundleMessage() *sessionv1.GatewayMessage {
 		NodeCaRoots: t.rootsDER, RotationId: t.rotationID}}}
 }
 
-// broadcastBundle sends t's Bundle to every open session. A session that
-// cannot take it now (not yet welcomed: it is sent after Welcome) is
-// skipped.
+// broadcastBundle sends t's Bundle to every open session, each on its own
+// goroutine: a node that stops reading blocks only its own stream (until
+// the session ends), never the reload loop or the other sessions. A
+// session that cannot take it now (not yet welcomed: it is sent after
+// Welcome) is skipped.
 func (g *Gateway) broadcastBundle(ctx context.Context, t *trust) {
 	msg := t.bundleMessage()
-	sent := 0
-	for _, s := range g.sessions.snapshot() {
-		if s.send(msg) == nil {
-			sent++
-		}
+	sessions := g.sessions.snapshot()
+	for _, s := range sessions {
+		go func() { _ = s.send(msg) }() // a session that ended has nothing to ack
 	}
-	g.log.InfoContext(ctx, "Node CA bundle sent to sessions", "rotation_id", t.rotationID, "sessions", sent)
+	g.log.InfoContext(ctx, "Node CA bundle sending to sessions", "rotation_id", t.rotationID, "sessions", len(sessions))
 }
 
 // sendBundle sends the bundle in force to s after its Welcome, while a
@@ -211,7 +211,9 @@ func (g *Gateway) ackLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			g.flushAcks(context.WithoutCancel(ctx))
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			g.flushAcks(final)
+			cancel()
 			return
 		case <-g.cfg.Clock.After(g.cfg.BundleReload):
 			g.flushAcks(ctx)

@@ -30,6 +30,11 @@ const (
 	writeTimeout = 15 * time.Second
 )
 
+// EventOverhead is what each event costs beyond its data bytes, against
+// Config.MaxBytes and the flush threshold: about its stored time and
+// framing.
+const EventOverhead = 16
+
 // ErrLimit reports a recording that reached Config.MaxBytes.
 var ErrLimit = errors.New("the recording reached its size limit")
 
@@ -45,8 +50,10 @@ type Config struct {
 	// Secret is the deployment secret the chunks are sealed under
 	// (at least pki.MinSecretLen characters). Required.
 	Secret string
-	// MaxBytes bounds the data bytes of one recording, both ways
-	// together: past it the recording fails with ErrLimit. At least
+	// MaxBytes bounds one recording, both ways together: each event
+	// counts its data bytes plus EventOverhead (its time and framing), so
+	// a flood of one-byte frames or window sizes is bounded too; past it
+	// the recording fails with ErrLimit. At least
 	// MinMaxBytes. Defaults to DefaultMaxBytes (64 MiB);
 	// host.gateway.tunnels.recording.maxBytes.
 	MaxBytes int64
@@ -176,18 +183,20 @@ func (r *Recorder) add(ev *apiv1.RecordingEvent, n int) error {
 		r.mu.Unlock()
 		return errors.New("recording closed")
 	}
-	if r.total+int64(n) > r.cfg.MaxBytes {
+	// Each event costs its data and its framing, so that a stream of
+	// tiny frames or resizes is bounded as tightly as its bytes.
+	if cost := int64(n + EventOverhead); r.total+cost > r.cfg.MaxBytes {
 		r.mu.Unlock()
 		return r.fail(fmt.Errorf("%w of %d bytes", ErrLimit, r.cfg.MaxBytes))
 	}
-	r.total += int64(n)
+	r.total += int64(n + EventOverhead)
 	// Times never go back, even on a clock stepped backwards.
 	ev.Time = durationpb.New(max(r.cfg.Now().Sub(r.start), 0))
 	if k := len(r.buf); k > 0 && ev.Time.AsDuration() < r.buf[k-1].Time.AsDuration() {
 		ev.Time = r.buf[k-1].Time
 	}
 	r.buf = append(r.buf, ev)
-	r.bufBytes += n + 16
+	r.bufBytes += n + EventOverhead
 	full := r.bufBytes >= r.cfg.FlushBytes
 	r.mu.Unlock()
 	if full {
@@ -263,10 +272,12 @@ func (r *Recorder) flusher(ctx context.Context) {
 func (r *Recorder) Close(reason string) error {
 	r.stop()
 	<-r.done
-	ferr := r.flush()
+	// Closed before the last flush: an event a hop still sends now is
+	// refused, not lost after the flush or written after the end.
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
+	ferr := r.flush()
 	end := &store.RecordingEndParams{ID: r.id, State: store.RecordingComplete, Reason: reason}
 	if ferr != nil {
 		end.State, end.Reason = store.RecordingFailed, ferr.Error()

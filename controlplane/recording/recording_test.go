@@ -159,7 +159,8 @@ func TestRecorderLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	big := bytes.Repeat([]byte("x"), recording.MinMaxBytes/2)
+	// Two frames that fill the limit exactly, their framing counted.
+	big := bytes.Repeat([]byte("x"), recording.MinMaxBytes/2-recording.EventOverhead)
 	sink := &sinkHop{}
 	strictClient, _ := recording.Hops(r, sink, sink, true)
 	if err := strictClient.Send(tunnel.Data(big)); err != nil {
@@ -192,6 +193,27 @@ func TestRecorderLimit(t *testing.T) {
 	if rec.State != store.RecordingFailed || !strings.Contains(rec.Reason, "size limit") {
 		t.Fatalf("recording = %+v, want failed at its size limit", rec)
 	}
+}
+
+// TestRecorderLimitCountsResizes: window sizes carry no data, but each
+// costs its framing, so a client sending them in a loop reaches the limit.
+func TestRecorderLimitCountsResizes(t *testing.T) {
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	r, err := recording.Start(ctx, recording.Config{Secret: secret, MaxBytes: recording.MinMaxBytes}, st, recording.Params{NodeID: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close("exit")
+	for i := range recording.MinMaxBytes/recording.EventOverhead + 1 {
+		if err := r.Resize(24, uint32(80+i%2)); err != nil {
+			if !errors.Is(err, recording.ErrLimit) {
+				t.Fatalf("resize %d: %v, want ErrLimit", i, err)
+			}
+			return
+		}
+	}
+	t.Fatal("resizes past MaxBytes were all recorded")
 }
 
 // failingStore is the real SQLite store whose chunk writes fail once

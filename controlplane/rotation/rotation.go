@@ -257,7 +257,9 @@ func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation)
 	switch ro.Phase {
 	case store.RotationPropagating:
 		need := Needed(out.Live, ro.Threshold)
-		out.Ready = out.Acked >= need
+		// No live node is no proof: a fleet whose gateways are all down
+		// acknowledges nothing (advance --force moves on anyway).
+		out.Ready = out.Live > 0 && out.Acked >= need
 		if !out.Ready {
 			out.Waiting = fmt.Sprintf("%d of %d live nodes acknowledged the new bundle, %d needed (threshold %s)",
 				out.Acked, out.Live, need, formatShare(ro.Threshold))

@@ -257,3 +257,29 @@ func TestRotationReconcile(t *testing.T) {
 		t.Fatalf("newest audit row %s by %s, want %s by the reconciler", audits[0].Action, audits[0].Actor, rotation.AuditRetired)
 	}
 }
+
+// TestRotationNoLiveNodeIsNoProof: with no live session (every gateway
+// down, or no node yet) the reconciler does not activate a rotation, and
+// advance refuses saying what is missing; --force still moves it on.
+func TestRotationNoLiveNodeIsNoProof(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, _, _ := fleet(t, 0)
+	r, err := rotation.New(rotation.Config{Secret: secret}, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Start(ctx, rotation.StartParams{Actor: "token:t"}); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+		t.Fatalf("Reconcile with no live node: %q, %v, want no move", moved, err)
+	}
+	var nr *rotation.NotReadyError
+	if _, err := r.Advance(ctx, rotation.AdvanceParams{Actor: "token:t"}); !errors.As(err, &nr) {
+		t.Fatalf("Advance with no live node: %v, want NotReadyError", err)
+	}
+	if st, err := r.Advance(ctx, rotation.AdvanceParams{Actor: "token:t", Force: true}); err != nil || st.Rotation.Phase != store.RotationActivated {
+		t.Fatalf("Advance --force: %v, %v, want activated", st, err)
+	}
+}

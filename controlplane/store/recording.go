@@ -68,8 +68,10 @@ type RecordingStore interface {
 	// in order, at most Limit and, past the first, at most MaxBytes of
 	// sealed data together.
 	RecordingChunks(ctx context.Context, p *RecordingChunksParams) ([]*RecordingChunk, error)
-	// RecordingPrune deletes the recordings started before before, with
-	// their chunks, and returns how many: retention.recordings.
+	// RecordingPrune deletes the recordings started before before that
+	// have ended, and those never ended started RecordingUnendedGrace
+	// before that, with their chunks, and returns how many:
+	// retention.recordings. A shell still open keeps its recording.
 	RecordingPrune(ctx context.Context, before time.Time) (int64, error)
 }
 
@@ -114,3 +116,8 @@ type RecordingChunksParams struct {
 	Limit    int
 	MaxBytes int
 }
+
+// RecordingUnendedGrace is how much longer than retention.recordings a
+// recording that never ended is kept: its shell may still be open (a
+// recording ends with its shell), or its process was killed mid-shell.
+const RecordingUnendedGrace = 24 * time.Hour

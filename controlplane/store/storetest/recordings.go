@@ -93,4 +93,13 @@ func testRecordings(ctx context.Context, t *testing.T, h *Harness) {
 	if got := must(st.RecordingChunks(ctx, &store.RecordingChunksParams{RecordingID: "rec_1", After: -1})); len(got) != 0 {
 		t.Fatalf("chunks of a pruned recording = %d, want none", len(got))
 	}
+	// rec_3 never ended (its shell is open): retention keeps it while the
+	// ended rec_2 goes, and takes it RecordingUnendedGrace later.
+	if n := must(st.RecordingPrune(ctx, now)); n != 1 {
+		t.Fatalf("pruned %d at now, want 1 (rec_2, ended; not rec_3, still recording)", n)
+	}
+	must(st.RecordingGet(ctx, "rec_3"))
+	if n := must(st.RecordingPrune(ctx, now.Add(store.RecordingUnendedGrace))); n != 1 {
+		t.Fatalf("pruned %d a grace later, want 1 (rec_3)", n)
+	}
 }

@@ -102,18 +102,20 @@ func (s *Store) RecordingChunks(ctx context.Context, p *store.RecordingChunksPar
 	return chunks, nil
 }
 
-// RecordingPrune deletes recordings started before before, and their
-// chunks.
+// RecordingPrune deletes recordings started before before that have ended,
+// and their chunks. One never ended (its shell is still open, or its
+// process was killed mid-shell) goes a day later than that
+// (store.RecordingUnendedGrace), so a live shell keeps its recording.
 func (s *Store) RecordingPrune(ctx context.Context, before time.Time) (int64, error) {
 	var n int64
 	err := s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
 		if _, err := q.db.Exec(ctx, `DELETE FROM recording_chunks WHERE recording_id IN
-			(SELECT id FROM recordings WHERE started_at < $1)`, before); err != nil {
+			(SELECT id FROM recordings WHERE started_at < $1 AND (ended_at IS NOT NULL OR started_at < $2))`, before, before.Add(-store.RecordingUnendedGrace)); err != nil {
 			return q.wrap("prune recording chunks", err)
 		}
 		var err error
-		n, err = q.db.Exec(ctx, `DELETE FROM recordings WHERE started_at < $1`, before)
+		n, err = q.db.Exec(ctx, `DELETE FROM recordings WHERE started_at < $1 AND (ended_at IS NOT NULL OR started_at < $2)`, before, before.Add(-store.RecordingUnendedGrace))
 		return q.wrap("prune recordings", err)
 	})
 	return n, err
