@@ -32,6 +32,7 @@ const (
 	kindTime              // integer microseconds since the epoch / timestamptz
 	kindJSON              // text / jsonb
 	kindBytes             // blob / bytea
+	kindFloat             // real / double precision, real
 )
 
 // pgKinds maps PostgreSQL's information_schema data_type to a kind.
@@ -46,6 +47,8 @@ var pgKinds = map[string]kind{
 	"jsonb":                    kindJSON,
 	"json":                     kindJSON,
 	"bytea":                    kindBytes,
+	"double precision":         kindFloat,
+	"real":                     kindFloat,
 }
 
 // column is one column of a table.

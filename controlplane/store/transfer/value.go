@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/big"
 	"slices"
 	"time"
@@ -45,12 +46,19 @@ func (c column) fromSQLite(v any) (any, error) {
 		case string:
 			return []byte(x), nil
 		}
+	case kindFloat:
+		switch x := v.(type) {
+		case float64:
+			return x, nil
+		case int64: // SQLite keeps a whole REAL as an integer
+			return float64(x), nil
+		}
 	}
 	return nil, fmt.Errorf("column %s: a %T value where the schema wants %s", c.name, v, c.kind)
 }
 
 func (k kind) String() string {
-	return [...]string{"text", "an integer", "a boolean", "a timestamp", "JSON", "bytes"}[k]
+	return [...]string{"text", "an integer", "a boolean", "a timestamp", "JSON", "bytes", "a number"}[k]
 }
 
 // canonical appends the canonical form of v, a value of column c as the
@@ -83,6 +91,17 @@ func (c column) canonical(buf []byte, v any) ([]byte, error) {
 			return bad()
 		}
 		return binary.BigEndian.AppendUint64(append(buf, 'I'), uint64(n)), nil
+	case kindFloat:
+		var f float64
+		switch x := v.(type) {
+		case float64:
+			f = x
+		case float32:
+			f = float64(x)
+		default:
+			return bad()
+		}
+		return binary.BigEndian.AppendUint64(append(buf, 'F'), math.Float64bits(f)), nil
 	case kindBool:
 		b, ok := v.(bool)
 		if !ok {

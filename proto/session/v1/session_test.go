@@ -108,6 +108,7 @@ func nodeMessages() map[string]*sessionv1.NodeMessage {
 		"command_update.result": update(&sessionv1.CommandUpdate{
 			Update: &sessionv1.CommandUpdate_Result{Result: testResult()},
 		}),
+		"bundle_ack": {Seq: 6, Body: &sessionv1.NodeMessage_BundleAck{BundleAck: &sessionv1.BundleAck{RotationId: "rot_1"}}},
 		"event": {Seq: 5, Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
 			Kind: "gpu.xid", Time: testTime, Severity: sessionv1.Severity_SEVERITY_CRITICAL,
 			GpuUuid: testGPUUUID, Xid: 79, Message: "GPU has fallen off the bus",
@@ -151,6 +152,9 @@ func gatewayMessages() map[string]*sessionv1.GatewayMessage {
 			Level: 2, GpuUuid: "GPU-5c1f0000-0000-0000-0000-000000000000",
 		}}}),
 		"cancel": {Seq: 3, Body: &sessionv1.GatewayMessage_Cancel{Cancel: &sessionv1.Cancel{CommandId: "cmd-1", Reason: "operator"}}},
+		"bundle": {Seq: 5, Body: &sessionv1.GatewayMessage_Bundle{Bundle: &sessionv1.Bundle{
+			NodeCaRoots: [][]byte{{0x30, 0x82, 0x01, 0x0a}, {0x30, 0x82, 0x01, 0x0b}}, RotationId: "rot_1",
+		}}},
 		"drain": {Seq: 4, Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{
 			Delay: durationpb.New(60 * time.Second), Reason: "gateway shutting down",
 			PreferGateways: []string{"https://gw-b.example.com:8443"},
@@ -314,11 +318,12 @@ func TestUnknownFields(t *testing.T) {
 
 	t.Run("oneof variant", func(t *testing.T) {
 		t.Parallel()
-		// A NodeMessage whose body is a variant added later (field 15).
+		// A NodeMessage whose body is a variant added later (field 63,
+		// beyond every variant of today's oneof).
 		var b []byte
 		b = protowire.AppendTag(b, 1, protowire.VarintType)
 		b = protowire.AppendVarint(b, 12)
-		b = protowire.AppendTag(b, 15, protowire.BytesType)
+		b = protowire.AppendTag(b, 63, protowire.BytesType)
 		b = protowire.AppendBytes(b, protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1))
 		var got sessionv1.NodeMessage
 		if err := proto.Unmarshal(b, &got); err != nil {
