@@ -54,7 +54,7 @@ func TestWakeNodes(t *testing.T) {
 	if held := g.WakeNodes([]string{n.id, "node-elsewhere"}); held != 1 {
 		t.Fatalf("WakeNodes = %d, want 1", held)
 	}
-	if m := recvBody(t, s, 5*time.Second); m.GetCommand().GetId() != cmds[0].ID {
+	if m := recvBody(t, s, 20*time.Second); m.GetCommand().GetId() != cmds[0].ID {
 		t.Fatalf("dispatched %v, want %s", m, cmds[0].ID)
 	}
 	if got := wc.get(WakeInternal); got != 1 {

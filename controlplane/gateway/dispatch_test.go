@@ -64,7 +64,7 @@ func TestDispatchAndResults(t *testing.T) {
 		}
 		start := time.Now()
 		wake <- struct{}{} // as the API does right after commit; the loop alone waits an hour here
-		m := recvBody(t, s, 5*time.Second)
+		m := recvBody(t, s, 20*time.Second)
 		t.Logf("commit to node: %v with the wake-up", time.Since(start))
 		c := m.GetCommand()
 		if c.GetId() != cmds[0].ID || c.GetKind() != "exec" || c.GetExec().GetArgv()[1] != "-a" || !c.GetExec().GetAsRoot() || c.GetDeadline() == nil {
@@ -84,7 +84,7 @@ func TestDispatchAndResults(t *testing.T) {
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: c.GetId(), UpdateSeq: 4, Update: &sessionv1.CommandUpdate_Result{
 			Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_FAILED, ExitCode: 9}}})
 		var got *store.Command
-		e.eventually(t, 5*time.Second, "the result to be written", func() bool {
+		e.eventually(t, 30*time.Second, "the result to be written", func() bool {
 			got, _ = e.st.CommandGet(ctx, c.GetId())
 			return got != nil && store.IsTerminal(got.State)
 		})
@@ -115,9 +115,9 @@ func TestRedeliveryAndCancel(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := recvBody(t, s, 5*time.Second).GetCommand()
+		first := recvBody(t, s, 20*time.Second).GetCommand()
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: first.GetId(), UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Running{Running: &sessionv1.Running{}}})
-		e.eventually(t, 5*time.Second, "running", func() bool {
+		e.eventually(t, 30*time.Second, "running", func() bool {
 			c, _ := e.st.CommandGet(ctx, first.GetId())
 			return c.State == store.CommandRunning
 		})
@@ -153,10 +153,10 @@ func TestOwnBMCOffMarksNodePoweredOff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			id := recvBody(t, s, 5*time.Second).GetCommand().GetId()
+			id := recvBody(t, s, 20*time.Second).GetCommand().GetId()
 			sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
 				Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED, DetailJson: []byte(detail)}}})
-			e.eventually(t, 5*time.Second, "the result", func() bool {
+			e.eventually(t, 30*time.Second, "the result", func() bool {
 				c, _ := e.st.CommandGet(ctx, cmds[0].ID)
 				return c.State == store.CommandSucceeded
 			})
@@ -220,17 +220,17 @@ func TestResultsWrittenAfterStoreOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		wake <- struct{}{}
-		id := recvBody(t, s, 5*time.Second).GetCommand().GetId()
+		id := recvBody(t, s, 20*time.Second).GetCommand().GetId()
 		if id != cmds[0].ID {
 			t.Fatalf("dispatched %q, want %q", id, cmds[0].ID)
 		}
 		st.down.Store(true)
 		sendUpdate(t, s, &sessionv1.CommandUpdate{CommandId: id, UpdateSeq: 1, Update: &sessionv1.CommandUpdate_Result{
 			Result: &sessionv1.CommandResult{State: sessionv1.CommandState_COMMAND_STATE_SUCCEEDED}}})
-		e.eventually(t, 5*time.Second, "the result's write to be refused twice", func() bool { return st.refused.Load() >= 2 })
+		e.eventually(t, 30*time.Second, "the result's write to be refused twice", func() bool { return st.refused.Load() >= 2 })
 		st.down.Store(false)
 		var got *store.Command
-		e.eventually(t, 15*time.Second, "the result to be written after the outage", func() bool {
+		e.eventually(t, 30*time.Second, "the result to be written after the outage", func() bool {
 			got, _ = st.CommandGet(ctx, id)
 			return got != nil && got.State == store.CommandSucceeded
 		})

@@ -54,7 +54,7 @@ func TestDrainOnCommand(t *testing.T) {
 		}
 		_, err := e.tryConnect(g, &n.cert)
 		wantCode(t, err, codes.Unavailable)
-		e.eventually(t, 10*time.Second, "row marked draining", func() bool {
+		e.eventually(t, 30*time.Second, "row marked draining", func() bool {
 			row, err := e.st.GatewayGet(ctx, g.ID())
 			return err == nil && row.Draining && row.DrainRequested
 		})
@@ -67,14 +67,14 @@ func TestDrainOnCommand(t *testing.T) {
 		if _, err := e.st.GatewayDrainSet(ctx, g.ID(), false); err != nil {
 			t.Fatal(err)
 		}
-		e.eventually(t, 10*time.Second, "sessions taken again", func() bool {
+		e.eventually(t, 30*time.Second, "sessions taken again", func() bool {
 			s, err := e.tryConnect(g, &n.cert)
 			if err == nil {
 				s.cancel()
 			}
 			return err == nil
 		})
-		e.eventually(t, 10*time.Second, "row no longer draining", func() bool {
+		e.eventually(t, 30*time.Second, "row no longer draining", func() bool {
 			row, err := e.st.GatewayGet(ctx, g.ID())
 			return err == nil && !row.Draining && !row.DrainRequested
 		})

@@ -37,7 +37,7 @@ func TestGPUEventCarriesMnemonicAndResolution(t *testing.T) {
 			t.Fatal(err)
 		}
 		var data events.GPUHealthData
-		e.eventually(t, 5*time.Second, "the gpu.health-changed event", func() bool {
+		e.eventually(t, 30*time.Second, "the gpu.health-changed event", func() bool {
 			entries, _ := e.st.OutboxList(ctx, before, store.MaxListLimit)
 			for _, en := range entries {
 				var env struct {
@@ -95,7 +95,7 @@ func TestGPUEventStoresTypedFindingUnchanged(t *testing.T) {
 			}
 		}
 		var evs []*store.Event
-		e.eventually(t, 5*time.Second, "the typed finding's event", func() bool {
+		e.eventually(t, 30*time.Second, "the typed finding's event", func() bool {
 			evs, _ = e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
 			return len(evs) > 0
 		})

@@ -67,7 +67,7 @@ func TestConnect(t *testing.T) {
 		send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
 			Kind: "gpu.xid", Xid: 79, Severity: sessionv1.Severity_SEVERITY_CRITICAL, Message: "fallen off the bus",
 		}}})
-		e.eventually(t, 5*time.Second, "inventory and event stored", func() bool {
+		e.eventually(t, 30*time.Second, "inventory and event stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, n.id)
 			evs, _ := e.st.EventList(ctx, &store.EventListParams{NodeID: n.id})
 			return nd.InventoryDigest == "d1" && strings.Contains(string(nd.Inventory), "A100") &&
@@ -241,7 +241,7 @@ func TestRevokedSessionClosed(t *testing.T) {
 		if err := sb.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
 			t.Fatal(err)
 		}
-		e.eventually(t, 5*time.Second, "revoked session row removed", func() bool {
+		e.eventually(t, 30*time.Second, "revoked session row removed", func() bool {
 			_, err := e.st.SessionGet(ctx, n.id)
 			return errors.Is(err, store.ErrNotFound)
 		})
@@ -310,7 +310,7 @@ func TestSupersededOnAnotherGateway(t *testing.T) {
 			t.Fatalf("superseded stream got %v before it ended, want Superseded", msgs)
 		}
 		t.Logf("session superseded on the other gateway closed after %s", time.Since(start))
-		e.eventually(t, 15*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
+		e.eventually(t, 30*time.Second, "sessions counted", func() bool { return g1.Sessions() == 0 && g2.Sessions() == 1 })
 	})
 }
 
@@ -517,7 +517,7 @@ func TestTLS(t *testing.T) {
 	if _, err := os.Stat(certPath); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, 5*time.Second, "new certificate served", func() bool {
+	e.eventually(t, 30*time.Second, "new certificate served", func() bool {
 		st, err := handshake(e.clientTLS(nil))
 		return err == nil && st.PeerCertificates[0].SerialNumber.Cmp(first.PeerCertificates[0].SerialNumber) != 0
 	})
@@ -618,7 +618,7 @@ func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		e.eventually(t, 5*time.Second, "the other node's inventory stored", func() bool {
+		e.eventually(t, 30*time.Second, "the other node's inventory stored", func() bool {
 			nd, _ := e.st.NodeGet(ctx, good.id)
 			return nd.InventoryDigest == "d-H100" && strings.Contains(string(nd.Inventory), "H100")
 		})
@@ -640,7 +640,7 @@ func TestConnectingBounded(t *testing.T) {
 
 	// A session set up gives its slot back at Welcome.
 	e.connect(g, a)
-	e.eventually(t, time.Second, "no connection in setup after Welcome", func() bool { return inSetup() == 0 })
+	e.eventually(t, 30*time.Second, "no connection in setup after Welcome", func() bool { return inSetup() == 0 })
 
 	// A join's connection, still open, gives it back at its handshake.
 	start := time.Now()
@@ -656,7 +656,7 @@ func TestConnectingBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, 2*time.Second, "the stalled connection accepted", func() bool { return inSetup() == 1 })
+	e.eventually(t, 30*time.Second, "the stalled connection accepted", func() bool { return inSetup() == 1 })
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.tryConnect(g, &b.cert)
@@ -682,7 +682,7 @@ func TestConnectingBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
-	e.eventually(t, 2*time.Second, "the silent connection accepted", func() bool { return inSetup() == 1 })
+	e.eventually(t, 30*time.Second, "the silent connection accepted", func() bool { return inSetup() == 1 })
 	accepted := time.Now()
 	d := e.join(joiner, "gpu-63", "")
 	if _, err := e.tryConnect(g, &d.cert); err != nil {

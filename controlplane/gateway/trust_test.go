@@ -44,7 +44,7 @@ func TestGatewayReloadsNodeCARoots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, 20*time.Second, "gateway trusts the next node CA", func() bool { return len(g.current().rootsDER) == 2 })
+	e.eventually(t, 30*time.Second, "gateway trusts the next node CA", func() bool { return len(g.current().rootsDER) == 2 })
 	// A certificate from the next CA (issued by hand: no gateway issues
 	// from it yet) opens a session.
 	next := loadTestBundle(t, st)
@@ -59,7 +59,7 @@ func TestGatewayReloadsNodeCARoots(t *testing.T) {
 	if _, err := rot.Advance(ctx, rotation.AdvanceParams{Actor: "test", Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, 20*time.Second, "gateway issues from the new CA", func() bool {
+	e.eventually(t, 30*time.Second, "gateway issues from the new CA", func() bool {
 		return pki.NodeCAID(g.current().bundle.NodeCA.Cert) == ro.NewCAID
 	})
 	joined := e.join(g, "gpu-new", "m-new")
@@ -78,7 +78,7 @@ func TestGatewayReloadsNodeCARoots(t *testing.T) {
 	if _, err := rot.Advance(ctx, rotation.AdvanceParams{Actor: "test", Force: true}); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, 20*time.Second, "gateway drops the retired root", func() bool { return len(g.current().rootsDER) == 1 })
+	e.eventually(t, 30*time.Second, "gateway drops the retired root", func() bool { return len(g.current().rootsDER) == 1 })
 	if s, err := e.tryConnect(g, &old.cert); err == nil {
 		s.cancel()
 		t.Fatal("a certificate of the retired CA still opens a session")
@@ -162,7 +162,7 @@ func TestGatewaySendsBundleAndRecordsAcks(t *testing.T) {
 	}
 	ack(earlySession, 2, ro.ID)
 	ack(lateSession, 2, "rot_other")
-	e.eventually(t, 20*time.Second, "the ack is recorded", func() bool {
+	e.eventually(t, 30*time.Second, "the ack is recorded", func() bool {
 		c, err := st.PKIRotationAckCounts(ctx, ro.ID, 10)
 		return err == nil && c.Acked == 1
 	})
