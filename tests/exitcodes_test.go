@@ -323,6 +323,32 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("pools list", exitUsage, "extra"),
 		// The cases run concurrently: the pool the fixture made, not one
 		// another case creates.
+		bc("pools move", exitUsage, "default"),
+		bc("pools move", exitFailure, "no-such-pool", "root"),
+		// Tenants and recordings: usage and failure only (the cases run
+		// concurrently; none changes what another reads).
+		bc("tenants create", exitUsage),
+		bc("tenants list", exitOK),
+		bc("tenants list", exitUsage, "extra"),
+		bc("tenants get", exitOK, "root"),
+		bc("tenants get", exitUsage),
+		bc("tenants get", exitFailure, "no-such-tenant"),
+		bc("tenants suspend", exitUsage),
+		bc("tenants suspend", exitUsage, "root"), // INVALID_ARGUMENT: the root is neither suspended nor deleted
+		bc("tenants resume", exitUsage),
+		bc("tenants delete", exitUsage),
+		bc("tenants delete", exitUsage, "root"),
+		bc("recordings list", exitOK),
+		bc("recordings list", exitUsage, "extra"),
+		bc("recordings play", exitUsage),
+		bc("recordings play", exitFailure, "rec_nosuch"),
+		// A node-CA rotation: never started here (it would reach every
+		// other case's node), so start, advance and rollback are usage
+		// cases, and status and advance answer that none is open.
+		bc("pki rotate node-ca start", exitUsage, "extra"),
+		bc("pki rotate node-ca status", exitUsage, "extra"),
+		bc("pki rotate node-ca advance", exitUsage, "extra"),
+		bc("pki rotate node-ca rollback", exitUsage, "extra"),
 		bc("pools get", exitOK, "default"),
 		bc("pools get", exitUsage),
 		bc("pools get", exitFailure, "no-such-pool"),

@@ -28,7 +28,6 @@ import (
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/client"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
@@ -115,14 +114,24 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 		env: []string{"BETTER_COMPUTE_SECRET=" + testSecret}}
 	cli := append(slices.Clone(d.env), "BETTER_COMPUTE_DATABASE_URL="+d.url)
 	tlsDir := t.TempDir()
+	// Everything on the N-1 schema is made by N-1 (its CLI, then its API):
+	// this build's store writes columns N-1's schema has not got yet.
+	var adminSecret string
 	for _, args := range [][]string{
 		{"migrate"},
 		{"pki", "init", "--trust-domain", e2eTrustDomain},
 		{"pki", "issue-gateway", "--dns", "localhost", "--ip", "127.0.0.1", "--out-dir", tlsDir},
 	} {
-		if code, stdout, stderr := testenv.Run(t, cli, "", prev.BetterCompute, args...); code != 0 {
+		code, stdout, stderr := testenv.Run(t, cli, "", prev.BetterCompute, args...)
+		if code != 0 {
 			t.Fatalf("release N-1 better-compute %s: exit %d\n%s%s", strings.Join(args, " "), code, stdout, stderr)
 		}
+		if m := regexp.MustCompile(`first admin API token \(shown once, keep it safe\): (\S+)`).FindStringSubmatch(stdout); m != nil {
+			adminSecret = m[1]
+		}
+	}
+	if adminSecret == "" {
+		t.Fatal("release N-1's pki init printed no admin token")
 	}
 	tlsFiles := fmt.Sprintf("    tlsFiles:\n      cert: %s\n      key: %s\n",
 		filepath.Join(tlsDir, "gateway.crt"), filepath.Join(tlsDir, "gateway.key"))
@@ -169,11 +178,7 @@ func TestRollingUpgradeUnderLoad(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	d.st = st
-	secret, _, err := iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin, Description: "e2e rolling upgrade"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.admin = &client.Client{BaseURL: d.api, Token: secret}
+	d.admin = &client.Client{BaseURL: d.api, Token: adminSecret}
 
 	// The nodes, on N-1: 100 FakeDaemons joined through each gateway and a
 	// real bcd of N-1 through the first.
@@ -439,11 +444,11 @@ func (r *rolling) joinFleet(logs *nodeWarnings) []string {
 	d := r.d
 	d.t.Helper()
 	ctx := context.Background()
-	site, err := d.st.SiteCreate(ctx, &store.SiteCreateParams{Name: "rolling", Region: "default"})
+	site, err := d.admin.SitesCreate(ctx, &apiv1.CreateSiteRequest{Name: "rolling", Region: "default"})
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	pool, err := d.st.PoolCreate(ctx, &store.PoolCreateParams{Name: "rolling", SiteID: site.ID})
+	pool, err := d.admin.PoolsCreate(ctx, &apiv1.CreatePoolRequest{Name: "rolling", Site: site.GetId()})
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -451,7 +456,7 @@ func (r *rolling) joinFleet(logs *nodeWarnings) []string {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, rollingDaemons, "e2e rolling", "")
+	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.GetId(), time.Hour, rollingDaemons, "e2e rolling", "")
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -486,11 +491,11 @@ func (r *rolling) joinBCD(m *testenv.Machine, g *splitProc) string {
 	d := r.d
 	d.t.Helper()
 	ctx := context.Background()
-	site, err := d.st.SiteCreate(ctx, &store.SiteCreateParams{Name: m.Name, Region: "default"})
+	site, err := d.admin.SitesCreate(ctx, &apiv1.CreateSiteRequest{Name: m.Name, Region: "default"})
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	pool, err := d.st.PoolCreate(ctx, &store.PoolCreateParams{Name: m.Name, SiteID: site.ID})
+	pool, err := d.admin.PoolsCreate(ctx, &apiv1.CreatePoolRequest{Name: m.Name, Site: site.GetId()})
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -498,7 +503,7 @@ func (r *rolling) joinBCD(m *testenv.Machine, g *splitProc) string {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.ID, time.Hour, 1, "e2e "+m.Name, "")
+	token, _, err := api.CreateJoinToken(ctx, d.st, bundle.GatewayPin(), pool.GetId(), time.Hour, 1, "e2e "+m.Name, "")
 	if err != nil {
 		d.t.Fatal(err)
 	}

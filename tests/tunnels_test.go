@@ -171,9 +171,16 @@ func tunnelScenario(t *testing.T, tt *tunnelTarget) {
 		t.Fatalf("tunnels.close audit details = %v", closed)
 	}
 	// The shell was recorded at the api process that relayed it.
+	// Its end is written just after the tunnel's (tunnels.close first).
 	recID, _ := closed["recordingId"].(string)
-	if rec, err := tt.st.RecordingGet(ctx, recID); err != nil || rec.State != store.RecordingComplete || rec.Bytes <= 0 || rec.NodeID != tt.nodeID {
-		t.Fatalf("the shell's recording %q: %+v, %v; want it complete, with bytes", recID, rec, err)
+	var rec *store.Recording
+	eventually(t, 30*time.Second, func() bool {
+		r, err := tt.st.RecordingGet(ctx, recID)
+		rec = r
+		return err == nil && r.State != store.RecordingRecording
+	}, func() string { return fmt.Sprintf("the shell's recording %q is still recording: %+v", recID, rec) })
+	if rec.State != store.RecordingComplete || rec.Bytes <= 0 || rec.NodeID != tt.nodeID {
+		t.Fatalf("the shell's recording %q: %+v; want it complete, with bytes", recID, rec)
 	}
 	if n := countEvents(t, tt.st, "com.better-compute.tunnel.closed"); n < 1 {
 		t.Fatal("no tunnel.closed event")

@@ -339,8 +339,17 @@ func (s *Store) APITokenCreate(ctx context.Context, t *store.APIToken, secretHas
 	}
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		_, err := q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, tenant_id, description, allow_cidrs, expires_at, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, now())`, t.ID, secretHash, t.Role, cmp.Or(t.TenantID, store.RootTenant), t.Description, JSON(b), t.ExpiresAt)
+		// A root token leaves tenant_id to its default ('root'), so this
+		// build can still make one on a schema before tenants (a rolling
+		// upgrade: migration 0024 not yet applied).
+		var err error
+		if tenant := cmp.Or(t.TenantID, store.RootTenant); tenant == store.RootTenant {
+			_, err = q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, description, allow_cidrs, expires_at, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, now())`, t.ID, secretHash, t.Role, t.Description, JSON(b), t.ExpiresAt)
+		} else {
+			_, err = q.db.Exec(ctx, `INSERT INTO api_tokens (id, secret_hash, role, tenant_id, description, allow_cidrs, expires_at, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, now())`, t.ID, secretHash, t.Role, tenant, t.Description, JSON(b), t.ExpiresAt)
+		}
 		if err != nil {
 			return q.wrap("create api token", err)
 		}
