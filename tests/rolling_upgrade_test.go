@@ -29,7 +29,6 @@ import (
 	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/sim"
-	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
