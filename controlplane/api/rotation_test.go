@@ -34,12 +34,18 @@ func TestPKIRotationMethods(t *testing.T) {
 		t.Fatalf("pki.rotationStart = %d %v", r.Code, r.Body)
 	}
 	wantCode(t, f.call("pki.rotationStart", f.admin, `{}`, peer), http.StatusConflict, "CONFLICT", "")
-	// No live node: the threshold of nothing holds; an activated rotation
-	// with no node certificate left on the old CA retires at once.
-	for _, want := range []string{store.RotationActivated, store.RotationRetired} {
-		r = f.call("pki.rotationAdvance", f.admin, `{}`, peer)
-		if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != want {
-			t.Fatalf("pki.rotationAdvance = %d %v, want %s", r.Code, r.Body, want)
+	// No live node is no proof: advance refuses, saying so, and --force
+	// moves on; an activated rotation with no node certificate left on the
+	// old CA retires at once.
+	r = f.call("pki.rotationAdvance", f.admin, `{}`, peer)
+	wantCode(t, r, http.StatusConflict, "CONFLICT", "")
+	if msg, _ := r.Body["message"].(string); !strings.Contains(msg, "0 of 0 live nodes acknowledged") {
+		t.Fatalf("refused advance with no live node says %q", msg)
+	}
+	for _, step := range []struct{ body, want string }{{`{"force":true}`, store.RotationActivated}, {`{}`, store.RotationRetired}} {
+		r = f.call("pki.rotationAdvance", f.admin, step.body, peer)
+		if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != step.want {
+			t.Fatalf("pki.rotationAdvance %s = %d %v, want %s", step.body, r.Code, r.Body, step.want)
 		}
 	}
 	wantCode(t, f.call("pki.rotationRollback", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
@@ -53,7 +59,7 @@ func TestPKIRotationMethods(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.call("pki.rotationStart", f.admin, `{}`, peer)
-	f.call("pki.rotationAdvance", f.admin, `{}`, peer)
+	f.call("pki.rotationAdvance", f.admin, `{"force":true}`, peer) // no live node: forced
 	r = f.call("pki.rotationAdvance", f.admin, `{}`, peer)
 	wantCode(t, r, http.StatusConflict, "CONFLICT", "")
 	if msg, _ := r.Body["message"].(string); !strings.Contains(msg, "1 nodes hold a valid certificate from another CA") {
