@@ -83,19 +83,33 @@ func (s *Server) below(ctx context.Context, p *iam.Principal, field, v string) (
 	return t, nil
 }
 
+// tenantOut is t as the API answers it; suspended is whether t or a
+// tenant above it is stopped.
 func (s *Server) tenantOut(ctx context.Context, t *store.Tenant) (*apiv1.Tenant, error) {
-	out := &apiv1.Tenant{Id: t.ID, Name: t.Name, ParentId: t.ParentID, CreateTime: ts(t.CreatedAt),
-		SuspendTime: tsp(t.SuspendedAt), DeleteTime: tsp(t.DeletedAt)}
-	stopped, err := s.store.TenantsStopped(ctx)
+	stopped, err := s.stoppedTenants(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range stopped {
-		if id == t.ID {
-			out.Suspended = true
-		}
+	return tenantMessage(t, stopped), nil
+}
+
+// stoppedTenants reads the ids of the stopped tenants (and those below
+// them) once, for a call that answers one tenant or a page of them.
+func (s *Server) stoppedTenants(ctx context.Context) (map[string]bool, error) {
+	ids, err := s.store.TenantsStopped(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	stopped := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		stopped[id] = true
+	}
+	return stopped, nil
+}
+
+func tenantMessage(t *store.Tenant, stopped map[string]bool) *apiv1.Tenant {
+	return &apiv1.Tenant{Id: t.ID, Name: t.Name, ParentId: t.ParentID, CreateTime: ts(t.CreatedAt),
+		SuspendTime: tsp(t.SuspendedAt), DeleteTime: tsp(t.DeletedAt), Suspended: stopped[t.ID]}
 }
 
 func (s *Server) tenantsCreate(ctx context.Context, p *iam.Principal, r *apiv1.CreateTenantRequest) (*apiv1.Tenant, error) {
@@ -131,13 +145,13 @@ func (s *Server) tenantsList(ctx context.Context, p *iam.Principal, r *apiv1.Lis
 	if err != nil {
 		return nil, err
 	}
+	stopped, err := s.stoppedTenants(ctx) // once for the page, not once a tenant
+	if err != nil {
+		return nil, err
+	}
 	out := &apiv1.ListTenantsResponse{NextCursor: next(ts, lp, func(x *store.Tenant) string { return x.ID })}
 	for _, x := range ts {
-		t, err := s.tenantOut(ctx, x)
-		if err != nil {
-			return nil, err
-		}
-		out.Tenants = append(out.Tenants, t)
+		out.Tenants = append(out.Tenants, tenantMessage(x, stopped))
 	}
 	return out, nil
 }
