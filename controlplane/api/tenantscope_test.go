@@ -12,9 +12,9 @@ import (
 // the unscoped reads, and is refused every unscoped change and the
 // recordings; a root token is refused nothing.
 func TestTenantDenied(t *testing.T) {
-	known := map[string]bool{}
+	known, mutating := map[string]bool{}, map[string]bool{}
 	for _, m := range apiv1.Methods {
-		known[m.Name] = true
+		known[m.Name], mutating[m.Name] = true, m.Mutating
 	}
 	for name := range tenantScoped {
 		if !known[name] {
@@ -23,27 +23,31 @@ func TestTenantDenied(t *testing.T) {
 	}
 	root := &iam.Principal{TenantID: store.RootTenant}
 	child := &iam.Principal{TenantID: "ten_child"}
+	// Each method's mutating flag is api.proto's, as invoke passes it.
 	for _, c := range []struct {
-		p        *iam.Principal
-		name     string
-		mutating bool
-		denied   bool
+		p      *iam.Principal
+		name   string
+		denied bool
 	}{
-		{child, "nodes.drain", true, false},
-		{child, "commands.create", true, false},
-		{child, "gateways.list", false, false},
-		{child, "pki.revoke", true, true},
-		{child, "pki.rotationStart", true, true},
-		{child, "gateways.drain", true, true},
-		{child, "sinks.replay", true, true},
-		{child, "recordings.list", false, true},
-		{child, "recordings.get", false, true},
-		{child, "pki.rotationStatus", false, true},
-		{child, "sinks.deadLetters", false, true},
-		{root, "pki.revoke", true, false},
-		{root, "recordings.get", false, false},
+		{child, "nodes.drain", false},
+		{child, "commands.create", false},
+		{child, "gateways.list", false},
+		{child, "pki.revoke", true},
+		{child, "pki.rotationStart", true},
+		{child, "gateways.drain", true},
+		{child, "sinks.replay", true},
+		{child, "reservations.create", true},
+		{child, "recordings.list", true},
+		{child, "recordings.get", true},
+		{child, "pki.rotationStatus", true},
+		{child, "sinks.deadLetters", true},
+		{root, "pki.revoke", false},
+		{root, "recordings.get", false},
 	} {
-		if got := tenantDenied(c.p, c.name, c.mutating); got != c.denied {
+		if !known[c.name] {
+			t.Fatalf("case %s: api.proto has no such method", c.name)
+		}
+		if got := tenantDenied(c.p, c.name, mutating[c.name]); got != c.denied {
 			t.Errorf("tenant %s calling %s: denied %v, want %v", c.p.TenantID, c.name, got, c.denied)
 		}
 	}
