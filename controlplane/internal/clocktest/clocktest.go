@@ -105,15 +105,24 @@ func (c *Clock) BlockUntil(ctx context.Context, n int) error {
 // has moved on to its next wait (a loop's pass is over). It fails when ctx
 // ends first. cond must not call the clock's Advance.
 func (c *Clock) Until(ctx context.Context, cond func() bool) error {
-	for {
+	return until(ctx, func() <-chan struct{} {
 		c.mu.Lock()
-		changed := c.changed
-		c.mu.Unlock()
+		defer c.mu.Unlock()
+		return c.changed
+	}, cond)
+}
+
+// until checks cond, then again each time the channel changed returns (read
+// before each check, so no change is missed) is closed, until it holds or
+// ctx ends.
+func until(ctx context.Context, changed func() <-chan struct{}, cond func() bool) error {
+	for {
+		ch := changed()
 		if cond() {
 			return nil
 		}
 		select {
-		case <-changed:
+		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("clocktest: condition not met: %w", context.Cause(ctx))
 		}
@@ -153,29 +162,21 @@ func (r *Real) After(d time.Duration) <-chan time.Time {
 // Until waits until cond holds: it checks cond at once and again each time
 // a wait on the clock begins. It fails when ctx ends first.
 func (r *Real) Until(ctx context.Context, cond func() bool) error {
-	for {
-		r.mu.Lock()
-		changed := r.changed
-		r.mu.Unlock()
-		if cond() {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return fmt.Errorf("clocktest: condition not met: %w", context.Cause(ctx))
-		}
-	}
+	return until(ctx, r.waits, cond)
+}
+
+// waits returns the channel closed when the next wait begins.
+func (r *Real) waits() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
 }
 
 // Next returns once the next wait on the clock begins (some loop finished
 // a pass), or when ctx ends.
 func (r *Real) Next(ctx context.Context) error {
-	r.mu.Lock()
-	changed := r.changed
-	r.mu.Unlock()
 	select {
-	case <-changed:
+	case <-r.waits():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("clocktest: no wait began: %w", context.Cause(ctx))
