@@ -32,19 +32,6 @@ const storePkg = module + "/controlplane/store"
 // transaction that needs more touches too much at once).
 const maxTxMethods = 20
 
-// wideTxAllowed are the transaction interfaces allowed past maxTxMethods,
-// each with the most methods it may have. Each is a debt, not a pattern:
-//
-//   - remediation's findingTx (24): taking a shard's findings opens each
-//     new case and advances it in the same fenced transaction (caseTx, 20
-//     methods, and 4 of the findings). Bringing it to 20 needs a change of
-//     behaviour (advancing new cases in their own transactions) or a
-//     store query that finds a site's BMC agent in one read instead of
-//     four (bmcAgent); left for a change that may alter behaviour.
-var wideTxAllowed = map[string]int{
-	module + "/controlplane/remediation.findingTx": 24,
-}
-
 // compositionRoots are the packages that may hold the whole store: they
 // open it, or wire every component to it. Everything under
 // controlplane/store and tests/bench is a root too (storeSeamRoot).
@@ -101,9 +88,6 @@ type seamViolation struct {
 type seamFindings struct {
 	violations     []seamViolation
 	instantiations int
-	// wideAllowed names the wideTxAllowed interfaces seen past
-	// maxTxMethods.
-	wideAllowed map[string]bool
 }
 
 // checkSeam walks one package's files. whole is store.Store's type name;
@@ -175,14 +159,7 @@ func checkTxCall(info *gotypes.Info, call *ast.CallExpr, whole *gotypes.TypeName
 				"declare the interface the transaction touches", obj.Name(), t)
 			return
 		}
-		n, allowed := iface.NumMethods(), wideTxAllowed[t.String()]
-		if n > maxTxMethods && allowed > 0 {
-			if out.wideAllowed == nil {
-				out.wideAllowed = map[string]bool{}
-			}
-			out.wideAllowed[t.String()] = true
-		}
-		if n > maxTxMethods && n > allowed {
+		if n := iface.NumMethods(); n > maxTxMethods {
 			report("wide-tx", call.Pos(), "store.%s hands its callback %s, an interface of %d methods (at most %d): "+
 				"split the transaction, or have its helpers take smaller interfaces of what each touches",
 				obj.Name(), t, n, maxTxMethods)
@@ -239,12 +216,6 @@ func seamCheckModule(t *testing.T) seamFindings {
 		f := checkSeam(p.Fset, p.Syntax, p.TypesInfo, whole, storeSeamRoot(rel))
 		all.violations = append(all.violations, f.violations...)
 		all.instantiations += f.instantiations
-		for k := range f.wideAllowed {
-			if all.wideAllowed == nil {
-				all.wideAllowed = map[string]bool{}
-			}
-			all.wideAllowed[k] = true
-		}
 	}
 	for i := range all.violations {
 		if r, err := filepath.Rel(repoRoot(), all.violations[i].pos.Filename); err == nil {
@@ -280,12 +251,6 @@ func TestStoreSeamNarrowTx(t *testing.T) {
 		t.Errorf("found %d calls of store.InTx/InFencedTx, want 30 or more (the production code had 40 when this check was written): is the walk blind?", f.instantiations)
 	}
 	reportSeam(t, f, "wide-tx")
-	for name := range wideTxAllowed {
-		if !f.wideAllowed[name] {
-			t.Errorf("wideTxAllowed names %s, which no transaction hands its callback with more than %d methods now: remove it",
-				name, maxTxMethods)
-		}
-	}
 }
 
 // TestStoreSeamTxImplemented fails where store.InTx/InFencedTx hands its

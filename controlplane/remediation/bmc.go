@@ -33,7 +33,7 @@ func powerCommand(target, action string) *sessionv1.Command {
 // same site, ready, whose inventory lists the ipmi plugin healthy (the
 // first by id); "" with the reason when nodeID has no sealed BMC
 // credentials or its site no agent.
-func bmcAgent(ctx context.Context, tx caseTx, nodeID string) (agent, why string, err error) {
+func bmcAgent(ctx context.Context, tx decideTx, nodeID string) (agent, why string, err error) {
 	if _, err := tx.SecretGet(ctx, bmcsecret.Name(nodeID)); errors.Is(err, store.ErrNotFound) {
 		return "", "the node has no BMC credentials (bmc set-credentials)", nil
 	} else if err != nil {
@@ -261,7 +261,7 @@ func terminal(state string) bool {
 
 // bmcAgentFor reports whether nodeID's BMC can be driven now (a power
 // cycle may follow).
-func bmcAgentFor(ctx context.Context, tx caseTx, nodeID string) (string, bool, error) {
+func bmcAgentFor(ctx context.Context, tx decideTx, nodeID string) (string, bool, error) {
 	agent, _, err := bmcAgent(ctx, tx, nodeID)
 	return agent, agent != "", err
 }

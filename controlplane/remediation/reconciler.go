@@ -30,37 +30,48 @@ type Store interface {
 	RemediationSilentDue(ctx context.Context, shards []int) ([]int, error)
 }
 
-// caseTx is what advancing one case touches in its fenced transaction:
-// the case, its node's commands, cordon and disruption, the pool's
-// breaker, and the site's BMC agent (bmcAgent) with the grant of the
-// node's BMC secret.
-type caseTx interface {
-	CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParams) ([]*store.Command, error)
-	CommandGet(ctx context.Context, id string) (*store.Command, error)
-	CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error)
-	CommandRequestCancel(ctx context.Context, id string) (*store.Command, error)
+// decideTx is what deciding a case touches without acting on its node:
+// opening it, holding, failing or escalating it (each a disruption hold
+// and a move), the node's past cases, and the site's BMC agent that the
+// ladder's next rung needs (bmcAgent). Taking findings needs no more
+// (findingTx); acting on a node does (caseTx).
+type decideTx interface {
 	DisruptionAdmit(ctx context.Context, p *store.DisruptionAdmitParams) (*store.DisruptionAdmission, error)
-	DisruptionRelease(ctx context.Context, nodeID, owner string) error
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 	NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error)
 	NodeSetCordoned(ctx context.Context, id string, cordoned bool) error
-	NodeSetState(ctx context.Context, id, state string) error
-	PoolGPUNodes(ctx context.Context, poolID string) (int, error)
 	PoolGet(ctx context.Context, idOrName string) (*store.Pool, error)
 	PoolList(ctx context.Context, p *store.ListParams) ([]*store.Pool, error)
-	RemediationBreakerAdmit(ctx context.Context, p *store.RemediationBreakerAdmitParams) (admitted, tripped bool, err error)
 	RemediationCreate(ctx context.Context, r *store.Remediation, actor string) (*store.Remediation, error)
 	RemediationMove(ctx context.Context, p *store.RemediationMoveParams) (*store.Remediation, error)
 	RemediationRecent(ctx context.Context, nodeID string, since time.Time, limit int) ([]*store.Remediation, error)
 	SecretGet(ctx context.Context, name string) (*store.Secret, error)
+}
+
+// caseTx is what advancing one case touches in its fenced transaction:
+// what deciding it touches (decideTx), and its node's commands, state and
+// disruption, the pool's breaker, the grant of the node's BMC secret and
+// its session.
+type caseTx interface {
+	decideTx
+	CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParams) ([]*store.Command, error)
+	CommandGet(ctx context.Context, id string) (*store.Command, error)
+	CommandInFlight(ctx context.Context, nodeID string) ([]*store.Command, error)
+	CommandRequestCancel(ctx context.Context, id string) (*store.Command, error)
+	DisruptionRelease(ctx context.Context, nodeID, owner string) error
+	NodeSetState(ctx context.Context, id, state string) error
+	PoolGPUNodes(ctx context.Context, poolID string) (int, error)
+	RemediationBreakerAdmit(ctx context.Context, p *store.RemediationBreakerAdmitParams) (admitted, tripped bool, err error)
 	SecretGrant(ctx context.Context, p *store.SecretGrantParams) error
 	SessionGet(ctx context.Context, nodeID string) (*store.Session, error)
 }
 
 // findingTx is what taking a shard's findings touches in one fenced
-// transaction: the findings, and each new case advanced at once (caseTx).
+// transaction: the findings, kept in the node's and GPU's history, and
+// the cases they open, hold or fail (decideTx). A new case is advanced
+// afterwards in its own transaction, in the same round (Reconcile).
 type findingTx interface {
-	caseTx
+	decideTx
 	RemediationFindingsTake(ctx context.Context, shard, limit int) ([]*store.RemediationFinding, error)
 	RemediationFindingKeep(ctx context.Context, r *store.GPUFindingRecord) error
 	RemediationOpenFor(ctx context.Context, nodeID string) (*store.Remediation, error)
@@ -316,17 +327,14 @@ func (r *Reconciler) takeFinding(ctx context.Context, tx findingTx, f *store.Rem
 		}
 		return r.hold(ctx, tx, c, now, rep.hold, rep.history)
 	}
-	if err := keep(store.FindingOutcomeOpened, c.ID); err != nil {
-		return err
-	}
-	// Quarantine at once, in the same transaction: the time from the XID
-	// to quarantine is one round.
-	return r.advance(ctx, tx, c)
+	// Quarantined in the same round: Reconcile advances the cases due now,
+	// this one among them, each in its own transaction, right after.
+	return keep(store.FindingOutcomeOpened, c.ID)
 }
 
 // open opens finding f's case with action; nil when its node was deleted
 // since.
-func (r *Reconciler) open(ctx context.Context, tx caseTx, f *store.RemediationFinding, finding, action string,
+func (r *Reconciler) open(ctx context.Context, tx decideTx, f *store.RemediationFinding, finding, action string,
 	now time.Time) (*store.Remediation, error) {
 	c, err := tx.RemediationCreate(ctx, &store.Remediation{NodeID: f.NodeID, State: store.RemediationDetected,
 		Finding: finding, Kind: f.Kind, Resolution: f.Resolution, XID: f.XID, XIDMnemonic: f.XIDMnemonic,
@@ -359,7 +367,7 @@ func never(now time.Time) *time.Time {
 func owner(c *store.Remediation) string { return store.RemediationOwner(c.ID) }
 
 // move moves c to state with p's other fields.
-func (r *Reconciler) move(ctx context.Context, tx caseTx, c *store.Remediation, to string, now time.Time,
+func (r *Reconciler) move(ctx context.Context, tx decideTx, c *store.Remediation, to string, now time.Time,
 	p store.RemediationMoveParams) (*store.Remediation, error) {
 	p.ID, p.From, p.To, p.Actor, p.Now = c.ID, []string{c.State}, to, r.actor(), &now
 	m, err := tx.RemediationMove(ctx, &p)
@@ -374,7 +382,7 @@ func (r *Reconciler) move(ctx context.Context, tx caseTx, c *store.Remediation, 
 }
 
 // wait leaves c in its state, to be looked at again later.
-func (r *Reconciler) wait(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string) error {
+func (r *Reconciler) wait(ctx context.Context, tx decideTx, c *store.Remediation, now time.Time, reason string) error {
 	_, err := r.move(ctx, tx, c, c.State, now, store.RemediationMoveParams{NextAt: r.later(now), Reason: reason})
 	return err
 }
@@ -942,7 +950,7 @@ func failedGPU(inv []byte, only string) string {
 
 // fail records a failed action: the next action of the ladder when
 // attempts remain, else escalation.
-func (r *Reconciler) fail(ctx context.Context, tx caseTx, c *store.Remediation, reason string, now time.Time) error {
+func (r *Reconciler) fail(ctx context.Context, tx decideTx, c *store.Remediation, reason string, now time.Time) error {
 	if c.Attempts >= r.cfg.Settings.MaxAttempts {
 		return r.escalate(ctx, tx, c, now, fmt.Sprintf("%s; %d attempts spent", reason, c.Attempts))
 	}
@@ -972,7 +980,7 @@ func (r *Reconciler) fail(ctx context.Context, tx caseTx, c *store.Remediation, 
 // escalate leaves the case to a person: the node stays cordoned and
 // quarantined (its remediation slot given back).
 // history, the prior cases of a repeat rule, goes into its event.
-func (r *Reconciler) escalate(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string,
+func (r *Reconciler) escalate(ctx context.Context, tx decideTx, c *store.Remediation, now time.Time, reason string,
 	history ...*store.Remediation) error {
 	if _, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
 		Owner: owner(c), Now: &now}); err != nil {

@@ -47,7 +47,7 @@ type repeat struct {
 //     MultipleRemediations; Meta GCM's cap): holds the node.
 //
 // A finding whose action does not act (cordon, escalate) is left as it is.
-func (r *Reconciler) repeated(ctx context.Context, tx caseTx, f *store.RemediationFinding, finding, action string,
+func (r *Reconciler) repeated(ctx context.Context, tx decideTx, f *store.RemediationFinding, finding, action string,
 	now time.Time) (repeat, error) {
 	out := repeat{action: action}
 	if !acts(action) {
@@ -102,7 +102,7 @@ func (r *Reconciler) repeated(ctx context.Context, tx caseTx, f *store.Remediati
 // action. Should the quarantine be refused (another owner holds the node),
 // the case waits and escalates through the policy's path (its action is
 // escalate).
-func (r *Reconciler) hold(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time, reason string,
+func (r *Reconciler) hold(ctx context.Context, tx decideTx, c *store.Remediation, now time.Time, reason string,
 	history []*store.Remediation) error {
 	adm, err := tx.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: c.NodeID, Reason: store.DisruptionQuarantined,
 		Owner: owner(c), Now: &now})
