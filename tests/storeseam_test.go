@@ -40,7 +40,7 @@ const maxTxMethods = 20
 var compositionRoots = []string{
 	"controlplane/serve",
 	"controlplane/cmd/better-compute",
-	"controlplane/bootstrap",
+	"controlplane/pkg/bootstrap",
 	"controlplane/doctor",
 	"controlplane/compute",
 }

@@ -12,9 +12,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/iam"
-	"github.com/better-compute/better-compute/controlplane/remediation"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/remediationstats"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -269,7 +269,7 @@ func (s *Server) breakerStates(ctx context.Context) ([]*apiv1.RemediationBreaker
 	return out, nil
 }
 
-// remediationStats gives each pool's figures (remediation.Stats) over the
+// remediationStats gives each pool's figures (remediationstats.Stats) over the
 // cases kept.
 func (s *Server) remediationStats(ctx context.Context, _ *iam.Principal, r *apiv1.RemediationStatsRequest) (*apiv1.RemediationStatsResponse, error) {
 	var pools []string
@@ -289,11 +289,11 @@ func (s *Server) remediationStats(ctx context.Context, _ *iam.Principal, r *apiv
 			pools = append(pools, p.ID)
 		}
 	}
-	cases, err := remediation.AllCases(ctx, s.store, q)
+	cases, err := remediationstats.AllCases(ctx, s.store, q)
 	if err != nil {
 		return nil, err
 	}
-	stats := remediation.Stats(pools, cases)
+	stats := remediationstats.Stats(pools, cases)
 	out := &apiv1.RemediationStatsResponse{}
 	for _, id := range pools {
 		ps := stats[id]
@@ -315,7 +315,7 @@ func durationStats(xs []float64) *apiv1.DurationStats {
 		sum += x
 	}
 	out.MeanSeconds = sum / float64(len(xs))
-	out.P50Seconds, out.P90Seconds = remediation.Quantile(xs, 0.5), remediation.Quantile(xs, 0.9)
-	out.P99Seconds, out.MaxSeconds = remediation.Quantile(xs, 0.99), remediation.Quantile(xs, 1)
+	out.P50Seconds, out.P90Seconds = remediationstats.Quantile(xs, 0.5), remediationstats.Quantile(xs, 0.9)
+	out.P99Seconds, out.MaxSeconds = remediationstats.Quantile(xs, 0.99), remediationstats.Quantile(xs, 1)
 	return out
 }

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -61,7 +61,7 @@ func (r *Reconciler) repeated(ctx context.Context, tx decideTx, f *store.Remedia
 	var sameGPU, acted []*store.Remediation
 	actions := 0
 	for _, c := range past {
-		if len(c.CommandIDs) == 0 || c.Finding == FindingOrdered {
+		if len(c.CommandIDs) == 0 || c.Finding == store.FindingOrdered {
 			continue // it took no action, or no automatic one (an operator's order)
 		}
 		acted = append(acted, c)
@@ -191,9 +191,9 @@ const maxSpacingDoublings = 20
 // the second, and so on. at is that time (zero when nothing came before)
 // and why the reason the case waits with. A case's own ladder (a failed
 // reset, then a reboot) is one remediation and does not wait; an
-// operator's order (FindingOrdered) neither waits nor counts.
+// operator's order (store.FindingOrdered) neither waits nor counts.
 func (r *Reconciler) spaced(ctx context.Context, tx caseTx, c *store.Remediation, now time.Time) (at time.Time, why string, err error) {
-	if c.Finding == FindingOrdered {
+	if c.Finding == store.FindingOrdered {
 		return time.Time{}, "", nil // an operator's order waits for no automatic spacing
 	}
 	rp := r.cfg.Settings.Repeat
@@ -204,7 +204,7 @@ func (r *Reconciler) spaced(ctx context.Context, tx caseTx, c *store.Remediation
 	n := 0
 	var last time.Time
 	for _, p := range past {
-		if p.ID == c.ID || p.Finding == FindingOrdered {
+		if p.ID == c.ID || p.Finding == store.FindingOrdered {
 			continue // itself, or an operator's order (not automatic)
 		}
 		for _, id := range p.CommandIDs {

@@ -23,6 +23,11 @@ const (
 	RemediationEscalated   = "escalated"   // left to a person, still cordoned (open until returned)
 )
 
+// FindingOrdered is the finding of a case an operator ordered
+// (nodes.gpuReset, nodes.reboot): a repair, not an incident, so the
+// remediation figures and the GPU incident counts leave it out.
+const FindingOrdered = "operator"
+
 // RemediationOpenStates are the states of an open case.
 var RemediationOpenStates = []string{RemediationDetected, RemediationHeld, RemediationQuarantined,
 	RemediationDraining, RemediationRemediating, RemediationVerifying, RemediationEscalated}
