@@ -63,10 +63,11 @@ type Scanner interface {
 // Config configures an Agent. Zero values take the documented defaults.
 type Config struct {
 	// Session holds the session settings: the node's identity (Gateways,
-	// Trust, Key, Chain, RenewAfter, OnRenew), BCDVersion, timeouts and
-	// backoff, OnEvent, Logger and Clock. The agent sets Handler,
-	// Capabilities, InventoryDigest, Heartbeat and PendingResults itself,
-	// and BootID when it is empty (from the scan). Required: see
+	// Trust, Key, Chain, RenewAfter, and Identity that keeps what changes),
+	// BCDVersion, timeouts and backoff, OnEvent, Logger and Clock. The
+	// agent sets Handler, Tunnels, Capabilities and Reporter (the agent's
+	// readings, and the Upgrader's local rollback when it reports one)
+	// itself, and BootID when it is empty (from the scan). Required: see
 	// session.Config.
 	Session session.Config
 	// Unprivileged sends commands that ask for root to the root helper at
@@ -111,7 +112,9 @@ type Config struct {
 	Plugins func() []*sessionv1.PluginInfo
 	// Upgrader runs "upgrade" commands (*upgrade.Upgrader); with one the
 	// agent offers sessionv1.CapabilityUpgrade, and CapabilityRollback when
-	// it is an executor.Rollbacker. Defaults to none: they fail.
+	// it is an executor.Rollbacker. When it has a LocalRollback method
+	// (*upgrade.Upgrader does), Hello reports the rollback it made by
+	// itself after a crash loop. Defaults to none: they fail.
 	Upgrader executor.Upgrader
 	// BMC configures the BMC commands (power.*, boot.set); see BMCConfig.
 	BMC BMCConfig
@@ -274,9 +277,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	scfg.Tunnels = tunnel.New(tcfg)
 	scfg.Capabilities = caps
-	scfg.InventoryDigest = a.currentDigest
-	scfg.Heartbeat = a.heartbeat
-	scfg.PendingResults = a.pendingResults
+	scfg.Reporter = reporter{a}
 	scfg.BootID = cmp.Or(scfg.BootID, host.BootID)
 	scfg.Logger = cmp.Or(scfg.Logger, a.log)
 	next := scfg.OnEvent

@@ -32,12 +32,12 @@ func TestGatewayFieldsOutOfRangeRefused(t *testing.T) {
 	cfg.BackoffBase, cfg.BackoffMax = 20*time.Millisecond, 100*time.Millisecond
 	var mu sync.Mutex
 	var saved []int
-	cfg.OnGateways = func(_ context.Context, k []session.KnownGateway) error {
+	cfg.Identity = keeper{gateways: func(_ context.Context, k []session.KnownGateway) error {
 		mu.Lock()
 		saved = append(saved, len(k))
 		mu.Unlock()
 		return nil
-	}
+	}}
 	h := &commandsSeen{}
 	cfg.Handler = h
 	ev := newEvents(&cfg)

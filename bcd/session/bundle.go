@@ -31,7 +31,7 @@ func checkBundle(b *sessionv1.Bundle) error {
 	return checkID("bundle rotation id", b.GetRotationId())
 }
 
-// bundle stores a Bundle's node CA roots through Config.OnBundle and
+// bundle stores a Bundle's node CA roots through Config.Identity (KeepBundle) and
 // acknowledges it. A bundle that fails its checks or cannot be stored is
 // logged and not acknowledged: the gateway sends it again on the next
 // session, and the rotation's status lists the node as not acked.
@@ -52,11 +52,9 @@ func (s *session) bundle(b *sessionv1.Bundle) {
 			return
 		}
 	}
-	if f := c.cfg.OnBundle; f != nil {
-		if err := f(s.ctx, roots); err != nil {
-			c.log.ErrorContext(s.ctx, "Node CA bundle not stored", attrGateway, s.gw.url, logkey.Err, err.Error())
-			return
-		}
+	if err := c.cfg.Identity.KeepBundle(s.ctx, roots); err != nil {
+		c.log.ErrorContext(s.ctx, "Node CA bundle not stored", attrGateway, s.gw.url, logkey.Err, err.Error())
+		return
 	}
 	c.log.InfoContext(s.ctx, "Node CA bundle stored", attrGateway, s.gw.url, "rotation_id", b.GetRotationId(), "roots", len(roots))
 	if err := s.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_BundleAck{BundleAck: &sessionv1.BundleAck{

@@ -336,14 +336,7 @@ func (c *Client) hello() *sessionv1.NodeMessage {
 		Capabilities: c.cfg.Capabilities,
 		Resume:       c.resume,
 	}
-	if f := c.cfg.InventoryDigest; f != nil {
-		h.InventoryDigest = f()
-	}
-	if f := c.cfg.PendingResults; f != nil {
-		h.PendingResults = f()
-	}
-	if f := c.cfg.LocalRollback; f != nil {
-		h.LocalRollback = f()
-	}
+	r := c.cfg.Reporter
+	h.InventoryDigest, h.PendingResults, h.LocalRollback = r.InventoryDigest(), r.PendingResults(), r.LocalRollback()
 	return &sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: h}}
 }

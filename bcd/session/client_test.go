@@ -260,8 +260,7 @@ func TestHelloWelcomeHeartbeats(t *testing.T) {
 	cfg.BCDVersion = "1.2.3"
 	cfg.BootID = "boot-1"
 	cfg.Capabilities = []string{"exec", "resume"}
-	cfg.InventoryDigest = func() string { return "digest-1" }
-	cfg.Heartbeat = func(hb *sessionv1.Heartbeat) { hb.Load1 = 0.5 }
+	cfg.Reporter = readings{digest: "digest-1", fill: func(hb *sessionv1.Heartbeat) { hb.Load1 = 0.5 }}
 	ev := newEvents(&cfg)
 	run(t, newClient(t, cfg))
 
@@ -663,12 +662,12 @@ func TestRenewInSessionPersistsAndIsUsed(t *testing.T) {
 	cfg := n.config()
 	var mu sync.Mutex
 	var persisted []*session.Renewal
-	cfg.OnRenew = func(_ context.Context, r *session.Renewal) error {
+	cfg.Identity = keeper{renew: func(_ context.Context, r *session.Renewal) error {
 		mu.Lock()
 		defer mu.Unlock()
 		persisted = append(persisted, r)
 		return nil
-	}
+	}}
 	ev := newEvents(&cfg)
 	c := newClient(t, cfg)
 	run(t, c)
@@ -771,12 +770,12 @@ func TestExpiredCertificateReattests(t *testing.T) {
 		Trust:    session.Trust{Pin: p.Pin()},
 		Key:      key,
 		Chain:    []*x509.Certificate{expired},
-		OnRenew: func(_ context.Context, r *session.Renewal) error {
+		Identity: keeper{renew: func(_ context.Context, r *session.Renewal) error {
 			mu.Lock()
 			renewed = append(renewed, r)
 			mu.Unlock()
 			return nil
-		},
+		}},
 	})
 	run(t, c)
 	g.NextSession(t, wait)
@@ -972,3 +971,49 @@ func TestRunLeaksNoGoroutines(t *testing.T) {
 	g.Close()
 	goleak.VerifyNone(t, ignore)
 }
+
+// keeper is a session.IdentityKeeper of the functions a test sets; an
+// unset one keeps nothing and succeeds.
+type keeper struct {
+	renew    func(context.Context, *session.Renewal) error
+	gateways func(context.Context, []session.KnownGateway) error
+	bundle   func(context.Context, []*x509.Certificate) error
+}
+
+func (k keeper) KeepRenewal(ctx context.Context, r *session.Renewal) error {
+	if k.renew == nil {
+		return nil
+	}
+	return k.renew(ctx, r)
+}
+
+func (k keeper) KeepGateways(ctx context.Context, known []session.KnownGateway) error {
+	if k.gateways == nil {
+		return nil
+	}
+	return k.gateways(ctx, known)
+}
+
+func (k keeper) KeepBundle(ctx context.Context, roots []*x509.Certificate) error {
+	if k.bundle == nil {
+		return nil
+	}
+	return k.bundle(ctx, roots)
+}
+
+// readings is a session.Reporter of a fixed digest and a test's fill.
+type readings struct {
+	digest string
+	fill   func(*sessionv1.Heartbeat)
+}
+
+func (r readings) InventoryDigest() string { return r.digest }
+
+func (r readings) FillHeartbeat(hb *sessionv1.Heartbeat) {
+	if r.fill != nil {
+		r.fill(hb)
+	}
+}
+
+func (readings) PendingResults() []*sessionv1.CommandResult { return nil }
+func (readings) LocalRollback() *sessionv1.LocalRollback    { return nil }

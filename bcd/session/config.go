@@ -68,6 +68,62 @@ type Handler interface {
 	HandleCancel(ctx context.Context, c *sessionv1.Cancel)
 }
 
+// IdentityKeeper keeps what a Client learns about its node's identity, so
+// that the next start begins from it (bcd's identity.Keeper writes it to
+// the data directory). Its methods are called on the Client's goroutines;
+// an error leaves the change unused.
+type IdentityKeeper interface {
+	// KeepRenewal persists a renewed certificate. It is called before the
+	// new certificate is used; an error fails the renewal, which is retried
+	// after Config.RenewRetry.
+	KeepRenewal(ctx context.Context, r *Renewal) error
+	// KeepGateways persists the node's gateway list when a Welcome changed
+	// it (MergeGateways); an error is logged and the list used in memory.
+	KeepGateways(ctx context.Context, known []KnownGateway) error
+	// KeepBundle persists the node CA roots a Bundle message carried
+	// during a node-CA rotation; the session acknowledges the bundle
+	// (BundleAck) only after it returned nil.
+	KeepBundle(ctx context.Context, roots []*x509.Certificate) error
+}
+
+// Reporter gives the readings a Client sends about its node, in Hello and
+// in every Heartbeat. Its methods are called on the Client's goroutines
+// just before the message is sent, and must return quickly. bcd's agent
+// implements it.
+type Reporter interface {
+	// InventoryDigest returns the digest of the node's current inventory,
+	// sent in Hello and in every Heartbeat.
+	InventoryDigest() string
+	// FillHeartbeat fills the readings of a Heartbeat (load, uptime,
+	// memory, running commands); sent_at and inventory_digest are already
+	// set.
+	FillHeartbeat(hb *sessionv1.Heartbeat)
+	// PendingResults returns the results of commands that finished while
+	// there was no session, sent in Hello.
+	PendingResults() []*sessionv1.CommandResult
+	// LocalRollback returns the rollback bcd made by itself after a crash
+	// loop that no Welcome has acknowledged yet, sent in Hello; nil when
+	// none.
+	LocalRollback() *sessionv1.LocalRollback
+}
+
+// memoryIdentity is the IdentityKeeper of a Config without one: the
+// Client keeps what it learns in memory only.
+type memoryIdentity struct{}
+
+func (memoryIdentity) KeepRenewal(context.Context, *Renewal) error           { return nil }
+func (memoryIdentity) KeepGateways(context.Context, []KnownGateway) error    { return nil }
+func (memoryIdentity) KeepBundle(context.Context, []*x509.Certificate) error { return nil }
+
+// noReadings is the Reporter of a Config without one: an empty digest, no
+// readings, nothing pending.
+type noReadings struct{}
+
+func (noReadings) InventoryDigest() string                    { return "" }
+func (noReadings) FillHeartbeat(*sessionv1.Heartbeat)         {}
+func (noReadings) PendingResults() []*sessionv1.CommandResult { return nil }
+func (noReadings) LocalRollback() *sessionv1.LocalRollback    { return nil }
+
 // Renewal is a certificate Renew returned.
 type Renewal struct {
 	// Chain is the new certificate chain, leaf first, without the root.
@@ -90,11 +146,12 @@ type Config struct {
 	// last resort after KnownGateways. Required.
 	Gateways []string
 	// KnownGateways are the gateways Welcomes listed, as last persisted
-	// through OnGateways; tried first, in order. Defaults to none.
+	// through Identity.KeepGateways; tried first, in order. Defaults to
+	// none.
 	KnownGateways []KnownGateway
-	// OnGateways persists the node's gateway list when a Welcome changed
-	// it (MergeGateways). Defaults to keeping it in memory only.
-	OnGateways func(ctx context.Context, known []KnownGateway) error
+	// Identity keeps the renewed certificates, gateway lists and node CA
+	// bundles the Client learns. Defaults to keeping them in memory only.
+	Identity IdentityKeeper
 	// Trust says how gateways are authenticated. Required.
 	Trust Trust
 	// Key is the node's private key, the one its certificate certifies.
@@ -114,14 +171,6 @@ type Config struct {
 	// node must be joined again (re-attestation grace passed), such as
 	// "--data-dir /srv/bcd". Defaults to none.
 	JoinFlags string
-	// OnRenew persists a renewed certificate. It is called before the new
-	// certificate is used; an error fails the renewal, which is retried
-	// after RenewRetry. Defaults to keeping it in memory only.
-	OnRenew func(ctx context.Context, r *Renewal) error
-	// OnBundle persists the node CA roots a Bundle message carried during
-	// a node-CA rotation; the session acknowledges the bundle (BundleAck)
-	// only after it returned nil. Defaults to keeping them in memory only.
-	OnBundle func(ctx context.Context, roots []*x509.Certificate) error
 
 	// BCDVersion is sent in Hello, semantic version without a leading "v".
 	// Defaults to "0.0.0-dev".
@@ -139,20 +188,9 @@ type Config struct {
 	// "tunnel" with it). Without it a TunnelOpen is answered with an error
 	// frame.
 	Tunnels TunnelHandler
-	// InventoryDigest returns the digest of the node's current inventory,
-	// sent in Hello and in every Heartbeat. Defaults to empty.
-	InventoryDigest func() string
-	// Heartbeat fills the readings of a Heartbeat (load, uptime, memory,
-	// running commands) just before it is sent; sent_at and
-	// inventory_digest are already set. Defaults to sending none.
-	Heartbeat func(hb *sessionv1.Heartbeat)
-	// PendingResults returns results of commands that finished while there
-	// was no session, sent in Hello. Defaults to none.
-	PendingResults func() []*sessionv1.CommandResult
-	// LocalRollback returns the rollback bcd made by itself after a crash
-	// loop that no Welcome has acknowledged yet (nil when none), sent in
-	// Hello. Defaults to none.
-	LocalRollback func() *sessionv1.LocalRollback
+	// Reporter gives the node's readings for Hello and every Heartbeat.
+	// Defaults to an empty digest and no readings.
+	Reporter Reporter
 	// Handler runs commands. Defaults to answering each Command with a
 	// FAILED result ("commands not supported") and ignoring Cancel.
 	Handler Handler
@@ -236,6 +274,12 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.Handler == nil {
 		cfg.Handler = refuseCommands{}
+	}
+	if cfg.Identity == nil {
+		cfg.Identity = memoryIdentity{}
+	}
+	if cfg.Reporter == nil {
+		cfg.Reporter = noReadings{}
 	}
 	if cfg.RenewAfter.IsZero() && len(cfg.Chain) > 0 && cfg.Chain[0] != nil {
 		cfg.RenewAfter = defaultRenewAfter(cfg.Chain[0])

@@ -28,7 +28,7 @@
 //  3. It sends a Heartbeat every Welcome.heartbeat_interval, delivers
 //     Command and Cancel to the [Handler], and renews the certificate
 //     through JoinService.Renew at its renew-after time (about two thirds of
-//     its life), handing the new certificate to [Config].OnRenew to be
+//     its life), handing the new certificate to [Config].Identity to be
 //     persisted.
 //  4. When the session ends it waits a full-jitter exponential backoff
 //     (uniform in [0, min(BackoffMax, BackoffBase·2^n)]), at least the

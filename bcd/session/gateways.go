@@ -60,7 +60,7 @@ func gatewayOrder(known []KnownGateway, joined []string) []string {
 }
 
 // listed takes the gateway list of a Welcome from gw: it merges it into the
-// known list, persists that through Config.OnGateways when it changed (or
+// known list, persists that through Config.Identity (KeepGateways) when it changed (or
 // its newest entry is an hour old), and makes it the order of the next
 // attempts, starting over from gw. It runs on Run's goroutine, which alone
 // reads the list.
@@ -88,10 +88,8 @@ func (c *Client) listed(ctx context.Context, gw gatewayAddr, urls []string) {
 	}
 	c.known, c.gws = merged, gws
 	c.next = max(slices.IndexFunc(gws, func(g gatewayAddr) bool { return g.addr == gw.addr }), 0)
-	if f := c.cfg.OnGateways; f != nil {
-		if err := f(ctx, slices.Clone(merged)); err != nil {
-			c.log.WarnContext(ctx, "Gateway list not saved; keeping it in memory", logkey.Err, err)
-		}
+	if err := c.cfg.Identity.KeepGateways(ctx, slices.Clone(merged)); err != nil {
+		c.log.WarnContext(ctx, "Gateway list not saved; keeping it in memory", logkey.Err, err)
 	}
 	c.log.DebugContext(ctx, "Gateway list updated", attrGateway, gw.url, "gateways", order)
 }

@@ -60,12 +60,12 @@ func TestWelcomeListReachesANewGateway(t *testing.T) {
 	cfg := n.config()
 	var mu sync.Mutex
 	var saved [][]session.KnownGateway
-	cfg.OnGateways = func(_ context.Context, k []session.KnownGateway) error {
+	cfg.Identity = keeper{gateways: func(_ context.Context, k []session.KnownGateway) error {
 		mu.Lock()
 		saved = append(saved, k)
 		mu.Unlock()
 		return nil
-	}
+	}}
 	ev := newEvents(&cfg)
 	c := newClient(t, cfg)
 	run(t, c)

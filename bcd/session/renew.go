@@ -86,7 +86,7 @@ func identityError(err error) error {
 }
 
 // adopt checks a renewed or re-attested certificate, persists it through
-// Config.OnRenew and then uses it for every new connection.
+// Config.Identity (KeepRenewal) and then uses it for every new connection.
 func (c *Client) adopt(ctx context.Context, cc *grpc.ClientConn, resp *sessionv1.RenewResponse) error {
 	chain, err := parseDERs("certificate", resp.GetCertificateChain())
 	if err != nil {
@@ -108,10 +108,8 @@ func (c *Client) adopt(ctx context.Context, cc *grpc.ClientConn, resp *sessionv1
 	if g := resp.GetReattestGrace(); g != nil && g.IsValid() {
 		r.ReattestGrace = g.AsDuration()
 	}
-	if f := c.cfg.OnRenew; f != nil {
-		if err := f(ctx, r); err != nil {
-			return fmt.Errorf("persist: %w", err)
-		}
+	if err := c.cfg.Identity.KeepRenewal(ctx, r); err != nil {
+		return fmt.Errorf("persist: %w", err)
 	}
 	c.mu.Lock()
 	c.chain = chain

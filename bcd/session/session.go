@@ -342,12 +342,8 @@ func (s *session) drain(d *sessionv1.Drain) {
 func (s *session) heartbeat() {
 	c := s.c
 	hb := &sessionv1.Heartbeat{SentAt: timestamppb.New(c.clock.Now())}
-	if f := c.cfg.InventoryDigest; f != nil {
-		hb.InventoryDigest = f()
-	}
-	if f := c.cfg.Heartbeat; f != nil {
-		f(hb)
-	}
+	hb.InventoryDigest = c.cfg.Reporter.InventoryDigest()
+	c.cfg.Reporter.FillHeartbeat(hb)
 	if err := s.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: hb}}); err != nil {
 		// io.EOF: the stream has ended and Recv reports why.
 		if s.ctx.Err() == nil && !errors.Is(err, io.EOF) {

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -171,7 +169,6 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 		}
 	}
 
-	var idMu sync.Mutex
 	a, err := agent.New(agent.Config{
 		Session: session.Config{
 			Gateways:      id.Gateways,
@@ -182,29 +179,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 			ReattestGrace: id.ReattestGrace,
 			KnownGateways: id.KnownGateways,
 			JoinFlags:     rejoinFlags(store.Dir()),
-			// A renewal and a Welcome's gateway list may be saved at once:
-			// idMu orders their changes to id and identity.json.
-			OnRenew: func(_ context.Context, r *session.Renewal) error {
-				idMu.Lock()
-				defer idMu.Unlock()
-				id.Renewed(r)
-				return store.SaveRenewal(id)
-			},
-			OnGateways: func(_ context.Context, known []session.KnownGateway) error {
-				idMu.Lock()
-				defer idMu.Unlock()
-				id.KnownGateways = known
-				return store.SaveGateways(id)
-			},
-			OnBundle: func(_ context.Context, roots []*x509.Certificate) error {
-				idMu.Lock()
-				defer idMu.Unlock()
-				id.NodeCARoots = roots
-				return store.SaveNodeCARoots(id)
-			},
+			Identity:      identity.NewKeeper(store, id),
 			BCDVersion:    bcdVersion(),
 			BootID:        readLine(bootIDFile),
-			LocalRollback: up.localRollback,
 			OnEvent: func(ev session.Event) {
 				if ev.Kind == session.EventConnected {
 					notify.Ready()

@@ -94,14 +94,6 @@ func (n *nodeUpgrade) upgrader() executor.Upgrader {
 	return n.up
 }
 
-// localRollback is the rollback after a crash loop that Hello reports.
-func (n *nodeUpgrade) localRollback() *sessionv1.LocalRollback {
-	if n == nil {
-		return nil
-	}
-	return n.up.LocalRollback()
-}
-
 // stopped tells the Upgrader that bcd stops cleanly (on a signal).
 func (n *nodeUpgrade) stopped() {
 	if n != nil {
@@ -168,15 +160,12 @@ func runTrial(ctx context.Context, log *slog.Logger, store *identity.Store, id *
 	var reported atomic.Bool
 	errc := make(chan error, 1)
 	client, err := session.New(session.Config{
-		Gateways:   id.Gateways,
-		Trust:      id.Trust(),
-		Key:        id.Key,
-		Chain:      id.Chain,
-		RenewAfter: id.RenewAfter,
-		OnRenew: func(_ context.Context, r *session.Renewal) error {
-			id.Renewed(r)
-			return store.SaveRenewal(id)
-		},
+		Gateways:    id.Gateways,
+		Trust:       id.Trust(),
+		Key:         id.Key,
+		Chain:       id.Chain,
+		RenewAfter:  id.RenewAfter,
+		Identity:    identity.NewKeeper(store, id),
 		BCDVersion:  bcdVersion(),
 		BootID:      readLine(bootIDFile),
 		Handler:     ignoreCommands{},

@@ -7,6 +7,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,8 +41,8 @@ type DaemonConfig struct {
 	// sizes, OnEvent, Logger, Clock; Keepalive defaults to off here, as
 	// heartbeats keep the connection busy); the fields that come from the
 	// daemon's identity and simulated host (Gateways, Trust, Key, Chain,
-	// RenewAfter, OnRenew, BCDVersion, OS, Arch, BootID, InventoryDigest,
-	// Heartbeat) are set by the FakeDaemon.
+	// RenewAfter, Identity, BCDVersion, OS, Arch, BootID, Reporter) are set
+	// by the FakeDaemon.
 	Session session.Config
 	// NoInventory skips sending the simulated Inventory after the first
 	// Welcome (its digest is still reported).
@@ -237,23 +238,7 @@ func (d *FakeDaemon) runSession(ctx context.Context) error {
 	cfg.RenewAfter = id.RenewAfter
 	cfg.ReattestGrace = id.ReattestGrace
 	cfg.KnownGateways = d.knownGateways()
-	cfg.OnGateways = func(_ context.Context, k []session.KnownGateway) error {
-		d.mu.Lock()
-		d.known = k
-		d.mu.Unlock()
-		return nil
-	}
-	cfg.OnRenew = func(_ context.Context, r *session.Renewal) error {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		c := *d.id
-		c.Chain, c.RenewAfter, c.ReattestGrace = r.Chain, r.RenewAfter, r.ReattestGrace
-		if len(r.NodeCARoots) > 0 {
-			c.NodeCARoots = r.NodeCARoots
-		}
-		d.id = &c
-		return nil
-	}
+	cfg.Identity = daemonIdentity{d}
 	if cfg.Keepalive == 0 {
 		// Heartbeats keep the connection busy; gRPC's keepalive would add
 		// a goroutine per daemon and only matters for real networks.
@@ -262,8 +247,7 @@ func (d *FakeDaemon) runSession(ctx context.Context) error {
 	cfg.BCDVersion = d.Version()
 	cfg.OS, cfg.Arch = "linux", "amd64"
 	cfg.BootID = d.currentBootID()
-	cfg.InventoryDigest = d.inventoryDigest
-	cfg.Heartbeat = d.heartbeatIn(ctx)
+	cfg.Reporter = daemonReporter{d: d, ctx: ctx}
 	if cfg.Handler == nil {
 		cfg.Handler = d.commands()
 	}
@@ -285,6 +269,48 @@ func (d *FakeDaemon) runSession(ctx context.Context) error {
 	// One session, or more after simulated outages (faults.go).
 	return d.runClients(ctx, cfg)
 }
+
+// daemonIdentity is a FakeDaemon's session.IdentityKeeper: it keeps the
+// renewed certificate and the gateway list in memory, for the daemon's
+// next session.
+type daemonIdentity struct{ d *FakeDaemon }
+
+func (k daemonIdentity) KeepRenewal(_ context.Context, r *session.Renewal) error {
+	d := k.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := *d.id
+	c.Chain, c.RenewAfter, c.ReattestGrace = r.Chain, r.RenewAfter, r.ReattestGrace
+	if len(r.NodeCARoots) > 0 {
+		c.NodeCARoots = r.NodeCARoots
+	}
+	d.id = &c
+	return nil
+}
+
+func (k daemonIdentity) KeepGateways(_ context.Context, known []session.KnownGateway) error {
+	k.d.mu.Lock()
+	k.d.known = known
+	k.d.mu.Unlock()
+	return nil
+}
+
+// KeepBundle keeps nothing: a FakeDaemon's next session trusts gateways by
+// the join token's pin, not by the node CA roots.
+func (daemonIdentity) KeepBundle(context.Context, []*x509.Certificate) error { return nil }
+
+// daemonReporter is a FakeDaemon's session.Reporter: its simulated
+// inventory's digest and readings; while the daemon hangs, FillHeartbeat
+// blocks (heartbeatIn) until the hang or ctx (the session's) ends.
+type daemonReporter struct {
+	d   *FakeDaemon
+	ctx context.Context
+}
+
+func (r daemonReporter) InventoryDigest() string                  { return r.d.inventoryDigest() }
+func (r daemonReporter) FillHeartbeat(hb *sessionv1.Heartbeat)    { r.d.heartbeatIn(r.ctx, hb) }
+func (daemonReporter) PendingResults() []*sessionv1.CommandResult { return nil }
+func (daemonReporter) LocalRollback() *sessionv1.LocalRollback    { return nil }
 
 // heartbeat fills simulated readings: a steady light load.
 func (d *FakeDaemon) heartbeat(hb *sessionv1.Heartbeat) {

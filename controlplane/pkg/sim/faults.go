@@ -560,22 +560,20 @@ func (d *FakeDaemon) currentBootID() string {
 	return d.bootID
 }
 
-// heartbeatIn is the session's Heartbeat hook: while the daemon hangs it
-// blocks, so that no heartbeat goes out, until the hang ends or ctx (the
+// heartbeatIn fills a Heartbeat (daemonReporter): while the daemon hangs
+// it blocks, so that no heartbeat goes out, until the hang ends or ctx (the
 // session's) does.
-func (d *FakeDaemon) heartbeatIn(ctx context.Context) func(*sessionv1.Heartbeat) {
-	return func(hb *sessionv1.Heartbeat) {
-		f := d.faults()
-		f.mu.Lock()
-		hung := f.hung
-		f.mu.Unlock()
-		select {
-		case <-hung:
-		case <-ctx.Done():
-		}
-		d.heartbeat(hb)
-		hb.InventoryDigest = d.inventoryDigest()
+func (d *FakeDaemon) heartbeatIn(ctx context.Context, hb *sessionv1.Heartbeat) {
+	f := d.faults()
+	f.mu.Lock()
+	hung := f.hung
+	f.mu.Unlock()
+	select {
+	case <-hung:
+	case <-ctx.Done():
 	}
+	d.heartbeat(hb)
+	hb.InventoryDigest = d.inventoryDigest()
 }
 
 // hung reports whether the daemon hangs now (its commands go unanswered).
