@@ -197,7 +197,7 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 		}
 		g.Go(func() error { shard.RunReconcilers(ctx, m, clk, log, recs...); return nil })
 		sw, err := sweeper.New(sweeper.Config{Holder: opts.WorkerID, Interval: opts.SweepInterval, LostAfter: opts.LostAfter,
-			OnSweep: countSwept(opts.Metrics), Clock: clk}, st, log)
+			Metrics: opts.Metrics, Clock: clk}, st, log)
 		if err != nil {
 			return err
 		}
@@ -298,22 +298,6 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 // TokenGrace is how long expired or revoked tokens are kept (so an operator
 // can still see why a join was refused) before token expiry deletes them.
 const TokenGrace = 7 * 24 * time.Hour
-
-// countSwept returns the sweeper's OnSweep that counts the commands a sweep
-// ended; nil without metrics.
-func countSwept(m CommandMetrics) func(*store.CommandSweepResult) {
-	if m == nil {
-		return nil
-	}
-	return func(r *store.CommandSweepResult) {
-		for _, c := range r.Expired {
-			m.CommandFinished(c.Kind, store.CommandExpired)
-		}
-		for _, c := range r.Lost {
-			m.CommandFinished(c.Kind, store.CommandLost)
-		}
-	}
-}
 
 // configuredSink is a configured sink and the type prefixes it takes.
 type configuredSink struct {

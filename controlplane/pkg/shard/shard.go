@@ -89,9 +89,6 @@ type Config struct {
 	// LiveWithin is how fresh a worker's heartbeat must be to count.
 	// Defaults to TTL.
 	LiveWithin time.Duration
-	// OnChange, when set, is called after a round that changed the held
-	// shards, with their count.
-	OnChange func(held int)
 	// LeasePrefix names the membership's leases, LeasePrefix + n.
 	// Defaults to "shard:" (the controllers role's 256 shards); the
 	// scheduler role's membership uses its own (placer.LeasePrefix).
@@ -216,9 +213,6 @@ func (m *Manager) round(ctx context.Context, host string) error {
 	}
 	if after := len(m.Held()); after != before {
 		m.log.InfoContext(ctx, "Shards moved", "held", after, "workers", len(ids))
-		if m.cfg.OnChange != nil {
-			m.cfg.OnChange(after)
-		}
 	}
 	return nil
 }

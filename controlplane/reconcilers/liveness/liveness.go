@@ -39,8 +39,6 @@ type Config struct {
 	Missed int
 	// Interval is how often each shard is reconciled. Defaults to 5 s.
 	Interval time.Duration
-	// OnChange, when set, sees every transition.
-	OnChange func(nodeID, state string)
 }
 
 // Reconciler moves nodes between ready and unreachable, and powered-off
@@ -98,15 +96,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, n int, fence store.Fence) er
 	}
 	for _, id := range unreachable {
 		r.log.InfoContext(ctx, "Node unreachable", logkey.NodeID, id, "missed_heartbeats", r.cfg.Missed)
-		if r.cfg.OnChange != nil {
-			r.cfg.OnChange(id, store.NodeUnreachable)
-		}
 	}
 	for _, id := range ready {
 		r.log.InfoContext(ctx, "Node ready again", logkey.NodeID, id)
-		if r.cfg.OnChange != nil {
-			r.cfg.OnChange(id, store.NodeReady)
-		}
 	}
 	return nil
 }

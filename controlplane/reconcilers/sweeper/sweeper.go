@@ -38,12 +38,19 @@ type Config struct {
 	// in-flight commands end lost (or are re-queued when idempotent).
 	// Defaults to 30 s, three default heartbeat intervals.
 	LostAfter time.Duration
-	// OnSweep, when set, is called after each sweep that changed something.
-	OnSweep func(*store.CommandSweepResult)
 	// Clock times the sweeps and the lease (lease.Config.Clock); commands'
 	// deadlines and sessions' ages are judged in the store, by the
 	// database's clock. Defaults to the system clock.
 	Clock clock.Clock
+	// Metrics counts the commands a sweep ended (expired, lost). Defaults
+	// to counting none.
+	Metrics Metrics
+}
+
+// Metrics counts commands that reached a terminal state (*metrics.Metrics
+// does).
+type Metrics interface {
+	CommandFinished(kind, state string)
 }
 
 // Sweeper is the CommandSweeper.
@@ -89,8 +96,13 @@ func (s *Sweeper) sweep(ctx context.Context, fence store.Fence) error {
 	}
 	if n := len(res.Expired) + len(res.Lost) + len(res.Requeued); n > 0 {
 		s.log.InfoContext(ctx, "Swept commands", "expired", len(res.Expired), "lost", len(res.Lost), "requeued", len(res.Requeued))
-		if s.cfg.OnSweep != nil {
-			s.cfg.OnSweep(res)
+	}
+	if m := s.cfg.Metrics; m != nil {
+		for _, c := range res.Expired {
+			m.CommandFinished(c.Kind, store.CommandExpired)
+		}
+		for _, c := range res.Lost {
+			m.CommandFinished(c.Kind, store.CommandLost)
 		}
 	}
 	return nil

@@ -512,10 +512,29 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 		}
 		fences[s] = store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}
 	}
-	changes := atomic.Int64{}
-	r := liveness.New(liveness.Config{OnChange: func(string, string) { changes.Add(1) }}, st, quiet)
+	r := liveness.New(liveness.Config{}, st, quiet)
+	// states reads every node's state, for the transitions of a pass.
+	states := func() (map[string]string, error) {
+		out := map[string]string{}
+		for cursor := ""; ; {
+			ns, err := st.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Cursor: cursor, Limit: store.MaxListLimit}})
+			if err != nil {
+				return nil, err
+			}
+			for _, n := range ns {
+				out[n.ID] = n.State
+			}
+			if len(ns) < store.MaxListLimit {
+				return out, nil
+			}
+			cursor = ns[len(ns)-1].ID
+		}
+	}
 	pass := func(workers int) (time.Duration, int64, error) {
-		changes.Store(0)
+		before, err := states()
+		if err != nil {
+			return 0, 0, err
+		}
 		start := time.Now()
 		// A round as shard.RunReconcilers runs it: one read for every
 		// shard, then each shard's pass.
@@ -537,8 +556,22 @@ func benchLiveness(ctx context.Context, st store.Store, n int) error {
 			})
 		}
 		wg.Wait()
+		took := time.Since(start)
 		close(errs)
-		return time.Since(start), changes.Load(), <-errs
+		if err := <-errs; err != nil {
+			return 0, 0, err
+		}
+		after, err := states()
+		if err != nil {
+			return 0, 0, err
+		}
+		var changed int64
+		for id, s := range after {
+			if before[id] != s {
+				changed++
+			}
+		}
+		return took, changed, nil
 	}
 	past := time.Now().Add(-time.Hour)
 	for _, workers := range []int{1, 3} {
