@@ -29,7 +29,7 @@ const (
 	DefaultHandshakeTimeout = 15 * time.Second
 	// DefaultHeartbeatInterval is used when Welcome carries no usable
 	// interval.
-	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultHeartbeatInterval = sessionv1.DefaultHeartbeatInterval
 	// MinHeartbeatInterval is the shortest heartbeat interval honoured; a
 	// shorter one from a gateway is raised to it.
 	MinHeartbeatInterval = 10 * time.Millisecond

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -249,8 +248,8 @@ func (s *Server) remediationBreakers(ctx context.Context, _ *iam.Principal, _ *a
 // breakerStates returns every pool's breaker as the API shows it, with
 // its limit from the configuration (remediation.breaker).
 func (s *Server) breakerStates(ctx context.Context) ([]*apiv1.RemediationBreaker, error) {
-	b := s.cfg.Remediation.Breaker
-	window := cmp.Or(b.Window.Duration, 10*time.Minute)
+	b := s.cfg.Remediation.Breaker.WithDefaults()
+	window := b.Window.Duration
 	now := time.Now()
 	bs, err := s.store.RemediationBreakerStates(ctx, window, &now)
 	if err != nil {

@@ -12,7 +12,9 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/pkg/clockcheck"
 	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Status is a check's outcome.
@@ -53,7 +55,6 @@ const (
 	IDClockSkew          = "fleet.clock-skew"
 	IDDuplicateHostnames = "fleet.duplicate-hostnames"
 	defaultGatewayLive   = 30 * time.Second
-	defaultHeartbeat     = 10 * time.Second
 	defaultCheckTimeout  = 10 * time.Second
 )
 
@@ -196,8 +197,8 @@ func FromConfig(c *config.Config) Config {
 
 func (c *Config) defaults() {
 	c.BasePath = cmp.Or(c.BasePath, "/api")
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, defaultHeartbeat)
-	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, 24*time.Hour)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, sessionv1.DefaultHeartbeatInterval)
+	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, pki.DefaultNodeTTL)
 	c.GatewayLiveWithin = cmp.Or(c.GatewayLiveWithin, defaultGatewayLive)
 	c.ProcessStaleAfter = cmp.Or(c.ProcessStaleAfter, 15*time.Second)
 	if c.Now == nil {

@@ -264,25 +264,34 @@ type Config struct {
 	Listeners *accept.Watch
 }
 
+// Defaults of Config's bounds on connection setup (docs/gateway.md,
+// "Connection setup"; host.gateway.limits.pending and .queued).
+const (
+	// DefaultMaxConnecting is MaxConnecting's default.
+	DefaultMaxConnecting = 256
+	// DefaultMaxQueued is MaxQueued's default.
+	DefaultMaxQueued = 4096
+)
+
 func (c *Config) defaults() {
 	c.ID = cmp.Or(c.ID, store.NewID("gw"))
 	c.Listen = cmp.Or(c.Listen, "0.0.0.0:8443")
-	c.Region = cmp.Or(c.Region, "default")
+	c.Region = cmp.Or(c.Region, store.DefaultRegion)
 	c.CertReloadInterval = cmp.Or(c.CertReloadInterval, 60*time.Second)
 	c.BundleReload = cmp.Or(c.BundleReload, DefaultBundleReload)
 	c.MaxStreams = cmp.Or(c.MaxStreams, 5000)
 	c.RetryAfter = cmp.Or(c.RetryAfter, 5*time.Second)
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 10*time.Second)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, sessionv1.DefaultHeartbeatInterval)
 	c.HelloTimeout = cmp.Or(c.HelloTimeout, 5*time.Second)
 	c.DrainDelay = cmp.Or(c.DrainDelay, 60*time.Second)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, 2*time.Second)
 	c.NodeCertTTL = cmp.Or(c.NodeCertTTL, pki.DefaultNodeTTL)
 	c.HandshakeRate = cmp.Or(c.HandshakeRate, 500)
 	c.HandshakeBurst = cmp.Or(c.HandshakeBurst, 50)
-	c.MaxConnecting = cmp.Or(c.MaxConnecting, 256)
+	c.MaxConnecting = cmp.Or(c.MaxConnecting, DefaultMaxConnecting)
 	c.MaxConnectingPerSource = cmp.Or(c.MaxConnectingPerSource, 8)
 	c.MaxQueuedPerSource = cmp.Or(c.MaxQueuedPerSource, 64)
-	c.MaxQueued = cmp.Or(c.MaxQueued, 4096)
+	c.MaxQueued = cmp.Or(c.MaxQueued, DefaultMaxQueued)
 	c.JoinRate = cmp.Or(c.JoinRate, 10)
 	c.JoinBurst = cmp.Or(c.JoinBurst, 20)
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, 20*time.Second)

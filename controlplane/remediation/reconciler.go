@@ -91,8 +91,8 @@ type openCasesTx interface {
 
 // Config configures the reconciler.
 type Config struct {
-	// Settings are the configuration's remediation key, defaults filled
-	// (config.Load fills them; zero fields here take the same defaults).
+	// Settings are the configuration's remediation key as set; New fills
+	// the keys left unset (config.Remediation.WithDefaults).
 	Settings config.Remediation
 	// Holder names this worker in audit rows ("remediation:<holder>").
 	// Required.
@@ -156,20 +156,8 @@ func New(cfg Config, st Store, log *slog.Logger) (*Reconciler, error) {
 	if cfg.Holder == "" {
 		return nil, errors.New("remediation: Config.Holder is required")
 	}
+	cfg.Settings = cfg.Settings.WithDefaults()
 	s := &cfg.Settings
-	s.Interval.Duration = cmp.Or(s.Interval.Duration, 2*time.Second)
-	s.MaxAttempts = cmp.Or(s.MaxAttempts, 3)
-	s.DrainTimeout.Duration = cmp.Or(s.DrainTimeout.Duration, 10*time.Minute)
-	s.ActionTimeout.Duration = cmp.Or(s.ActionTimeout.Duration, 10*time.Minute)
-	s.VerifySettle.Duration = cmp.Or(s.VerifySettle.Duration, 30*time.Second)
-	s.VerifyTimeout.Duration = cmp.Or(s.VerifyTimeout.Duration, 10*time.Minute)
-	s.Breaker.Share = cmp.Or(s.Breaker.Share, 10)
-	s.Breaker.MinNodes = cmp.Or(s.Breaker.MinNodes, 1)
-	s.Breaker.Window.Duration = cmp.Or(s.Breaker.Window.Duration, 10*time.Minute)
-	s.Repeat.Window.Duration = cmp.Or(s.Repeat.Window.Duration, 24*time.Hour)
-	s.Repeat.NodeActions = cmp.Or(s.Repeat.NodeActions, 3)
-	s.Repeat.Spacing.Duration = cmp.Or(s.Repeat.Spacing.Duration, 10*time.Minute)
-	s.Repeat.ContactSupport = cmp.Or(s.Repeat.ContactSupport, 5)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

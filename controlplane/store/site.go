@@ -5,6 +5,10 @@ import (
 	"time"
 )
 
+// DefaultRegion is the region of a gateway configured with none
+// (host.gateway.region unset), and so of the embedded default's site.
+const DefaultRegion = "default"
+
 // Site is a physical location in a region.
 type Site struct {
 	ID     string

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,7 +104,8 @@ func runDev(ctx context.Context, e *env, cfg *config.Config, n int) error {
 		// make them queue behind one another, so there they are the
 		// bounds in all, and joins are not rate-limited.
 		l := &cfg.Host.Gateway.Limits
-		l.PendingPerSource, l.QueuedPerSource = l.Pending, l.Queued
+		l.PendingPerSource = cmp.Or(l.Pending, gateway.DefaultMaxConnecting)
+		l.QueuedPerSource = cmp.Or(l.Queued, gateway.DefaultMaxQueued)
 		l.JoinsPerSecond, l.JoinBurst = max(l.JoinsPerSecond, 100000), max(l.JoinBurst, n)
 	}
 	st, err := openStore(ctx, cfg)

@@ -6,6 +6,7 @@
 package bootstrap
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -206,11 +207,12 @@ func Embedded(ctx context.Context, st Store, secret, dataDir, region string, pub
 	return setup, nil
 }
 
-// ensureDefaults makes the site and pool "default" when missing.
+// ensureDefaults makes the site and pool "default" when missing, the site
+// in region (store.DefaultRegion when empty: the gateway's own default).
 func ensureDefaults(ctx context.Context, st Store, region string) error {
 	site, err := st.SiteGet(ctx, DefaultSite)
 	if errors.Is(err, store.ErrNotFound) {
-		site, err = st.SiteCreate(ctx, &store.SiteCreateParams{Name: DefaultSite, Region: region})
+		site, err = st.SiteCreate(ctx, &store.SiteCreateParams{Name: DefaultSite, Region: cmp.Or(region, store.DefaultRegion)})
 		if errors.Is(err, store.ErrConflict) {
 			site, err = st.SiteGet(ctx, DefaultSite)
 		}

@@ -256,16 +256,6 @@ type GatewayLimits struct {
 	JoinBurst int `yaml:"joinBurst"`
 }
 
-func (l *GatewayLimits) setDefaults() {
-	l.PendingPerSource = cmp.Or(l.PendingPerSource, 8)
-	l.Pending = cmp.Or(l.Pending, 256)
-	l.QueuedPerSource = cmp.Or(l.QueuedPerSource, 64)
-	l.Queued = cmp.Or(l.Queued, 4096)
-	l.HandshakeTimeout.Duration = cmp.Or(l.HandshakeTimeout.Duration, 5*time.Second)
-	l.JoinsPerSecond = cmp.Or(l.JoinsPerSecond, 10)
-	l.JoinBurst = cmp.Or(l.JoinBurst, 20)
-}
-
 func (l *GatewayLimits) validate() error {
 	for key, n := range map[string]int{"pendingPerSource": l.PendingPerSource, "pending": l.Pending,
 		"queuedPerSource": l.QueuedPerSource, "queued": l.Queued, "joinBurst": l.JoinBurst} {
@@ -278,7 +268,7 @@ func (l *GatewayLimits) validate() error {
 		return &Error{Key: "host.gateway.limits.joinsPerSecond", Msg: "must be positive"}
 	case l.HandshakeTimeout.Duration < 0:
 		return &Error{Key: "host.gateway.limits.handshakeTimeout", Msg: "must be positive"}
-	case l.PendingPerSource > l.Pending:
+	case l.Pending > 0 && l.PendingPerSource > l.Pending:
 		return &Error{Key: "host.gateway.limits.pendingPerSource", Msg: fmt.Sprintf("%d is more than pending (%d)", l.PendingPerSource, l.Pending)}
 	}
 	return nil
@@ -620,36 +610,6 @@ func (c *Config) defaults(getenv func(string) string) {
 	c.Host.Processes.PruneAfter.Duration = cmp.Or(c.Host.Processes.PruneAfter.Duration, time.Minute)
 	g := &c.Host.Gateway
 	g.Listen = cmp.Or(g.Listen, defaultGatewayListen)
-	if g.Region == "" {
-		g.Region = "default"
-	}
-	if g.MaxStreams == 0 {
-		g.MaxStreams = 5000
-	}
-	{
-		l := &c.Host.Limits
-		l.EventStreamsPerToken = cmp.Or(l.EventStreamsPerToken, 16)
-		l.InFlightPerToken = cmp.Or(l.InFlightPerToken, 64)
-		l.BodyReadTimeout.Duration = cmp.Or(l.BodyReadTimeout.Duration, 30*time.Second)
-	}
-	if g.HeartbeatInterval.Duration == 0 {
-		g.HeartbeatInterval.Duration = 10 * time.Second
-	}
-	if g.MissedHeartbeats == 0 {
-		g.MissedHeartbeats = 3
-	}
-	if g.DrainDelay.Duration == 0 {
-		g.DrainDelay.Duration = 60 * time.Second
-	}
-	if g.NodeCertTTL.Duration == 0 {
-		g.NodeCertTTL.Duration = 24 * time.Hour
-	}
-	if g.NodeLogInterval.Duration == 0 {
-		g.NodeLogInterval.Duration = time.Minute
-	}
-	if g.ClockSkewLimit.Duration == 0 {
-		g.ClockSkewLimit.Duration = 5 * time.Minute
-	}
 	if g.Tunnels.IdleTimeout.Duration == 0 {
 		g.Tunnels.IdleTimeout.Duration = 15 * time.Minute
 	}
@@ -658,7 +618,6 @@ func (c *Config) defaults(getenv func(string) string) {
 	if g.Internal.Listen == "" {
 		g.Internal.Listen = ":8444"
 	}
-	g.Limits.setDefaults()
 	g.WS.setDefaults()
 	if g.PublicURL == "" {
 		// Port 0 is chosen at listen time; the gateway then derives it.
@@ -698,8 +657,6 @@ func (c *Config) defaults(getenv func(string) string) {
 	if r.History.Duration == 0 {
 		r.History.Duration = 90 * 24 * time.Hour
 	}
-	c.Remediation.defaults()
-	c.Rollouts.defaults()
 	c.GPUHealth.defaults()
 	c.Embedded = c.Database.URL == ""
 }
@@ -753,13 +710,17 @@ func (c *Config) validate() error {
 			return &Error{Key: key, Msg: fmt.Sprintf("%q is not a host:port address with a port of 0 to 65535", addr)}
 		}
 	}
+	if d := c.Host.Gateway.Tunnels.IdleTimeout.Duration; d <= 0 {
+		return &Error{Key: "host.gateway.tunnels.idleTimeout", Msg: fmt.Sprintf("%v: want a positive duration", d)}
+	}
+	// The gateway's own keys: zero (unset) takes the gateway's default
+	// (gateway.Config), anything else must be positive.
 	for key, d := range map[string]time.Duration{"host.gateway.heartbeatInterval": c.Host.Gateway.HeartbeatInterval.Duration,
 		"host.gateway.drainDelay": c.Host.Gateway.DrainDelay.Duration, "host.gateway.nodeCertTTL": c.Host.Gateway.NodeCertTTL.Duration,
-		"host.gateway.tunnels.idleTimeout": c.Host.Gateway.Tunnels.IdleTimeout.Duration,
-		"host.gateway.nodeLogInterval":     c.Host.Gateway.NodeLogInterval.Duration,
-		"host.gateway.clockSkewLimit":      c.Host.Gateway.ClockSkewLimit.Duration} {
-		if d <= 0 {
-			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration", d)}
+		"host.gateway.nodeLogInterval": c.Host.Gateway.NodeLogInterval.Duration,
+		"host.gateway.clockSkewLimit":  c.Host.Gateway.ClockSkewLimit.Duration} {
+		if d < 0 {
+			return &Error{Key: key, Msg: fmt.Sprintf("%v: want a positive duration (or none, for the default)", d)}
 		}
 	}
 	if r := c.Host.Gateway.Tunnels.Recording; r.OnFailure != RecordingOnFailureClose && r.OnFailure != RecordingOnFailureContinue {
@@ -772,7 +733,7 @@ func (c *Config) validate() error {
 	} else if p.PruneAfter.Duration < 3*p.HeartbeatInterval.Duration || p.PruneAfter.Duration > 24*time.Hour {
 		return &Error{Key: "host.processes.pruneAfter", Msg: fmt.Sprintf("%v: want at least 3 heartbeat intervals (%v) and at most 24h", p.PruneAfter.Duration, 3*p.HeartbeatInterval.Duration)}
 	}
-	if m := c.Host.Gateway.MissedHeartbeats; m < 2 {
+	if m := c.Host.Gateway.MissedHeartbeats; m != 0 && m < 2 {
 		return &Error{Key: "host.gateway.missedHeartbeats", Msg: fmt.Sprintf("%d: want at least 2 (one late heartbeat must not make a node unreachable)", m)}
 	}
 	if ttl := c.Host.Gateway.NodeCertTTL.Duration; ttl > 0 && ttl < MinNodeCertTTL {

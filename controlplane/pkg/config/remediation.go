@@ -147,15 +147,22 @@ type RemediationBreaker struct {
 	Window Duration `yaml:"window"`
 }
 
+// WithDefaults returns b with every key left unset at its default: a
+// share of 10 %, at least one node, a 10-minute window
+// (remediation.breaker; the one place these are written).
+func (b RemediationBreaker) WithDefaults() RemediationBreaker {
+	b.Share = cmp.Or(b.Share, 10)
+	b.MinNodes = cmp.Or(b.MinNodes, 1)
+	b.Window.Duration = cmp.Or(b.Window.Duration, 10*time.Minute)
+	return b
+}
+
 // Limit is the most distinct nodes acted on within Window in a pool of
 // gpuNodes GPU nodes: max(MinNodes, floor(Share × gpuNodes / 100)),
 // capped by Quarantines when that is set. Zero fields take the defaults.
 func (b RemediationBreaker) Limit(gpuNodes int) int {
-	share := float64(b.Share)
-	if share == 0 {
-		share = 10
-	}
-	n := max(b.MinNodes, 1, int(share*float64(gpuNodes)/100+1e-9))
+	b = b.WithDefaults()
+	n := max(b.MinNodes, 1, int(float64(b.Share)*float64(gpuNodes)/100+1e-9))
 	if b.Quarantines > 0 {
 		n = min(n, b.Quarantines)
 	}
@@ -272,7 +279,12 @@ var DefaultRemediationPolicy = []RemediationRule{
 
 var resolutionRE = regexp.MustCompile(`^[A-Z][A-Z0-9_]{0,63}$`)
 
-func (r *Remediation) defaults() {
+// WithDefaults returns r with every key left unset at its default
+// (docs/configuration.md, "remediation"): the one place these defaults are
+// written. config.Load passes only what was set; the remediation
+// reconciler applies them in its constructor, and the readers of the
+// breaker (the API, /metrics) through it.
+func (r Remediation) WithDefaults() Remediation {
 	if r.Interval.Duration == 0 {
 		r.Interval.Duration = 2 * time.Second
 	}
@@ -301,15 +313,7 @@ func (r *Remediation) defaults() {
 		r.Verify.DiagTimeout.Duration = map[string]time.Duration{"2": 30 * time.Minute, "3": 2 * time.Hour}[r.Verify.Diag]
 		r.Verify.DiagTimeout.Duration = cmp.Or(r.Verify.DiagTimeout.Duration, 10*time.Minute)
 	}
-	if r.Breaker.Share == 0 {
-		r.Breaker.Share = 10
-	}
-	if r.Breaker.MinNodes == 0 {
-		r.Breaker.MinNodes = 1
-	}
-	if r.Breaker.Window.Duration == 0 {
-		r.Breaker.Window.Duration = 10 * time.Minute
-	}
+	r.Breaker = r.Breaker.WithDefaults()
 	if r.Repeat.Window.Duration == 0 {
 		r.Repeat.Window.Duration = 24 * time.Hour
 	}
@@ -322,6 +326,7 @@ func (r *Remediation) defaults() {
 	if r.Repeat.ContactSupport == 0 {
 		r.Repeat.ContactSupport = 5
 	}
+	return r
 }
 
 // ValidateRemediationPolicy checks a policy: every rule names a known
@@ -363,7 +368,11 @@ func ValidateRemediationPolicy(policy []RemediationRule) error {
 	return nil
 }
 
+// validate checks r with its defaults (WithDefaults), so that a key set
+// alone is judged against the others' defaults.
 func (r *Remediation) validate() error {
+	d := r.WithDefaults()
+	r = &d
 	if err := ValidateRemediationPolicy(r.Policy); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,12 @@ func TestRemediationDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := c.Remediation
+	// Load passes only what was set; the defaults are WithDefaults', which
+	// the reconciler applies.
+	if !reflect.DeepEqual(c.Remediation, Remediation{}) {
+		t.Fatalf("an empty file's remediation = %+v, want it unset", c.Remediation)
+	}
+	r := c.Remediation.WithDefaults()
 	if r.Disabled || r.Interval.Duration != 2*time.Second || r.MaxAttempts != 3 || r.Breaker.Quarantines != 0 ||
 		r.Breaker.Share != 10 || r.Breaker.MinNodes != 1 || r.Breaker.Window.Duration != 10*time.Minute || r.VerifySettle.Duration != 30*time.Second ||
 		r.Repeat.Window.Duration != 24*time.Hour || r.Repeat.NodeActions != 3 ||
@@ -102,7 +108,7 @@ func TestRemediationPolicyRefused(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", file, err)
 		}
-		if v := c.Remediation.Verify; v.Diag != want[0] || v.DiagTimeout.Duration != want[1] {
+		if v := c.Remediation.WithDefaults().Verify; v.Diag != want[0] || v.DiagTimeout.Duration != want[1] {
 			t.Errorf("%q: verify = %+v, want %v", file, v, want)
 		}
 	}
@@ -127,8 +133,11 @@ func TestRemediationBreakerShare(t *testing.T) {
 		if err := yaml.Unmarshal([]byte(yml), &r); err != nil {
 			return nil, err
 		}
-		r.defaults()
-		return &r, r.validate()
+		if err := r.validate(); err != nil {
+			return nil, err
+		}
+		d := r.WithDefaults()
+		return &d, nil
 	}
 	r, err := load("breaker: {quarantines: 5, window: 1h}\n")
 	if err != nil || r.Breaker.Quarantines != 5 || r.Breaker.Share != 10 || r.Breaker.MinNodes != 1 {

@@ -35,33 +35,20 @@ func (h HealthGate) Params() healthgate.Params {
 	return healthgate.Params{Alpha: h.Alpha, MinExcess: h.MinExcess, MinNodeHours: h.MinNodeHours}
 }
 
-func (r *Rollouts) defaults() {
-	if r.Interval.Duration == 0 {
-		r.Interval.Duration = time.Second
-	}
-	h := &r.HealthGate
-	if h.Alpha == 0 {
-		h.Alpha = healthgate.DefaultAlpha
-	}
-	if h.MinExcess == 0 {
-		h.MinExcess = healthgate.DefaultMinExcess
-	}
-	if h.MinNodeHours == 0 {
-		h.MinNodeHours = healthgate.DefaultMinNodeHours
-	}
-}
-
+// validate checks the keys that were set; an unset one (zero) takes the
+// rollouts reconciler's default (rollouts.Config) or the health gate's
+// (healthgate.Params), where those defaults are written.
 func (r *Rollouts) validate() error {
-	if d := r.Interval.Duration; d < 10*time.Millisecond || d > time.Minute {
+	if d := r.Interval.Duration; d != 0 && (d < 10*time.Millisecond || d > time.Minute) {
 		return &Error{Key: "rollouts.interval", Msg: "want 10ms to 1m"}
 	}
 	h := r.HealthGate
 	switch {
-	case !(h.Alpha > 0 && h.Alpha < 1):
+	case h.Alpha != 0 && !(h.Alpha > 0 && h.Alpha < 1):
 		return &Error{Key: "rollouts.healthGate.alpha", Msg: "want a significance level between 0 and 1 (0.01)"}
-	case !(h.MinExcess > 0 && h.MinExcess <= 1e6):
+	case h.MinExcess != 0 && !(h.MinExcess > 0 && h.MinExcess <= 1e6):
 		return &Error{Key: "rollouts.healthGate.minExcess", Msg: "want a number of events above 0, at most 1000000 (2)"}
-	case !(h.MinNodeHours > 0 && h.MinNodeHours <= 1e6):
+	case h.MinNodeHours != 0 && !(h.MinNodeHours > 0 && h.MinNodeHours <= 1e6):
 		return &Error{Key: "rollouts.healthGate.minNodeHours", Msg: "want node-hours above 0, at most 1000000 (1)"}
 	}
 	return nil

@@ -203,7 +203,7 @@ func New(cfg Config, st Store) *Metrics {
 	if st != nil {
 		m.reg.MustRegister(&storeCollector{m: m, st: st}, &fleetCollector{m: m, st: st})
 		if rs, ok := st.(RemediationStore); ok {
-			m.reg.MustRegister(&remediationCollector{m: m, st: rs, breaker: cfg.Breaker})
+			m.reg.MustRegister(&remediationCollector{m: m, st: rs, breaker: cfg.Breaker.WithDefaults()})
 		}
 		if gs, ok := st.(GPUIncidentStore); ok {
 			m.reg.MustRegister(&gpuIncidentCollector{m: m, st: gs})

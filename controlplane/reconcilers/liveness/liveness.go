@@ -17,6 +17,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pkg/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Store is what the reconciler needs.
@@ -53,7 +54,7 @@ type Reconciler struct {
 
 // New returns a Reconciler.
 func New(cfg Config, st Store, log *slog.Logger) *Reconciler {
-	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, 10*time.Second)
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, sessionv1.DefaultHeartbeatInterval)
 	cfg.Missed = cmp.Or(cfg.Missed, 3)
 	cfg.Interval = cmp.Or(cfg.Interval, 5*time.Second)
 	return &Reconciler{cfg: cfg, store: st, log: log}
