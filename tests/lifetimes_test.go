@@ -3,8 +3,6 @@ package tests
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -27,30 +25,9 @@ func TestLifetimesWatched(t *testing.T) {
 	t.Parallel()
 	const bearer = "metrics-token-0123456789"
 	d := newDeploymentWith(t, backendSQLite, deploymentConfig{host: "  metrics:\n    bearerToken: " + bearer + "\n"})
-	scrape := func() string {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodGet, d.api+"/metrics", nil)
-		req.Header.Set("Authorization", "Bearer "+bearer)
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("/metrics: %d %s", res.StatusCode, b)
-		}
-		return string(b)
-	}
+	scrape := func() string { t.Helper(); return scrapeMetrics(t, d.api, bearer) }
 	text := scrape()
-	expiry := func(kind, use string) (time.Time, bool) {
-		m := regexp.MustCompile(`(?m)^bettercompute_certificate_expiry_timestamp_seconds\{kind="` + kind + `",use="` + use + `"\} (\S+)$`).FindStringSubmatch(text)
-		if m == nil {
-			return time.Time{}, false
-		}
-		v, err := strconv.ParseFloat(m[1], 64)
-		return time.Unix(int64(v), 0).UTC(), err == nil
-	}
+	expiry := func(kind, use string) (time.Time, bool) { return expirySeries(text, kind, use) }
 	for _, s := range [][2]string{{"ca", "node"}, {"ca", "gateway"}, {"ca", "internal"}, {"serving", "gateway"}} {
 		if end, ok := expiry(s[0], s[1]); !ok || !end.After(time.Now()) {
 			t.Errorf("/metrics: no future expiry for kind=%q use=%q (%v)", s[0], s[1], end)
@@ -63,7 +40,8 @@ func TestLifetimesWatched(t *testing.T) {
 
 	// Doctor names each CA with its end date (the warn and fail windows
 	// are judged by the database's clock, which no test build moves:
-	// controlplane/doctor's lifetimes_test sees them with an injected one).
+	// controlplane/doctor sees them with an injected one, TestLifetimeWindows
+	// with short lifetimes).
 	_, checks := doctorRun(t, d)
 	for id, name := range map[string]string{"pki.node-ca": "node CA", "pki.gateway-ca": "gateway CA", "pki.internal-ca": "internal CA"} {
 		c, ok := checks[id]
