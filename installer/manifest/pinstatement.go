@@ -127,3 +127,13 @@ func VerifyPinStatement(statement, sig []byte, pins []string) (*PinStatement, er
 	}
 	return ParsePinStatement(statement)
 }
+
+// PublicKeyOf returns the public key of a release private key; an error
+// when it has none.
+func PublicKeyOf(sk minisign.PrivateKey) (minisign.PublicKey, error) {
+	pk, ok := sk.Public().(minisign.PublicKey)
+	if !ok {
+		return minisign.PublicKey{}, errors.New("release key has no minisign public key")
+	}
+	return pk, nil
+}
