@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/tests/testenv"
