@@ -75,6 +75,11 @@ type deploymentConfig struct {
 	gateway string // under host.gateway, indented four spaces: "    nodeCertTTL: 10s\n"
 	host    string // under host, indented two spaces: "  metrics:\n    bearerToken: x\n"
 	top     string // at the top level: "pki:\n  reattestGrace: 5s\n"
+	// pki, on PostgreSQL, makes the PKI in place of pki init and
+	// issue-gateway (d.dbURL and d.env are set, the schema is not
+	// migrated) and returns host.gateway's tlsFiles lines, as
+	// initPostgresPKI does.
+	pki func(d *deployment) string
 }
 
 // newDeploymentWith is newDeployment with extra configuration.
@@ -93,7 +98,11 @@ func newDeploymentWith(t *testing.T, backendName string, extra deploymentConfig)
 	if backendName == backendPostgres {
 		d.dbURL = pgtest.URL(t)
 		d.env = append(d.env, "BETTER_COMPUTE_DATABASE_URL="+d.dbURL, "BETTER_COMPUTE_SECRET="+testSecret)
-		cfg += initPostgresPKI(t, d.env)
+		if extra.pki != nil {
+			cfg += extra.pki(d)
+		} else {
+			cfg += initPostgresPKI(t, d.env)
+		}
 	}
 	d.cfgFile = testenv.WriteFile(t, "better-compute.yaml", cfg)
 	d.start()

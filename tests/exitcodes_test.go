@@ -457,6 +457,9 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("release sign", exitFailure, "--key", scratch("no-key"), "--in", notAFile),
 		bc("release verify", exitUsage),
 		bc("release verify", exitFailure, "--pins", "sha256/"+strings.Repeat("A", 43)+"=", "--in", notAFile),
+		bc("release pins sign", exitUsage, "--key", scratch("no-key"), "--out", scratch("pin-statement")),                          // neither --add nor --remove
+		bc("release pins sign", exitUsage, "--key", scratch("no-key"), "--add", "sha256/short", "--out", scratch("pin-statement")), // malformed pin
+		bc("release pins sign", exitFailure, "--key", scratch("no-key"), "--add", "sha256/"+strings.Repeat("A", 43)+"=", "--out", scratch("pin-statement")),
 
 		bc("audit list", exitOK),
 		bc("audit list", exitOK, "--method", "tokens.", "-o", "json"),

@@ -28,6 +28,8 @@ func FuzzRequest(f *testing.F) {
 		`{"op":"exec","exec":{"argv":["x"],"output_limit":-1}}`,
 		`{"op":"ping"} {"op":"exec"}`,
 		`{"op":"kmsg.xid"}`,
+		`{"op":"pins.apply","pins":{"statement":"e30=","signature":"e30="}}`,
+		`{"op":"pins.apply","pins":{}}`,
 		"not json",
 		"",
 	} {

@@ -54,6 +54,8 @@ type Request struct {
 	Shell *ShellSpec `json:"shell,omitempty"`
 	// Grant is the call of OpGrant.
 	Grant *GrantRequest `json:"grant,omitempty"`
+	// Pins is the call of OpPinsApply.
+	Pins *PinsRequest `json:"pins,omitempty"`
 }
 
 // ExecSpec is a program to run: as root (OpExec, where Grant must be a

@@ -49,6 +49,11 @@ func decodeRequest(line []byte) (Request, error) {
 			return req, errors.New("grant needs an id")
 		}
 		return req, checkID(req.Grant.ID)
+	case OpPinsApply:
+		if req.Pins == nil || len(req.Pins.Statement) == 0 || len(req.Pins.Signature) == 0 {
+			return req, errors.New("pins.apply needs a statement and its signature")
+		}
+		return req, nil
 	case OpShell:
 		if req.Shell == nil {
 			return req, errors.New("shell needs the tunnel's id")

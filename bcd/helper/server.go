@@ -173,6 +173,8 @@ func (s *Server) serve(ctx context.Context, c *net.UnixConn) {
 		s.exec(octx, enc, req.Exec, false)
 	case OpUpgrade:
 		s.upgrade(octx, enc, req.Upgrade)
+	case OpPinsApply:
+		s.pinsApply(octx, enc, req.Pins)
 	case OpBMC:
 		s.bmc(octx, enc, req.BMC)
 	case OpKmsgXid:

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"aead.dev/minisign"
+
 	"github.com/better-compute/better-compute/bcd/helper"
 	"github.com/better-compute/better-compute/bcd/upgrade"
 	"github.com/better-compute/better-compute/installer/manifest"
@@ -122,5 +124,69 @@ func TestUpgradeThroughHelper(t *testing.T) {
 	}
 	if err := c.Rollback(ctx); err == nil || errors.Is(err, helper.ErrUnavailable) {
 		t.Fatalf("rollback without a previous binary: %v", err)
+	}
+}
+
+// TestPinsThroughHelper: the helper applies a pin statement signed by a key
+// its own pin file names, and refuses one signed by another key, leaving
+// the file as it was.
+func TestPinsThroughHelper(t *testing.T) {
+	dir := t.TempDir()
+	key := func() (minisign.PrivateKey, string) {
+		_, priv, pin, err := manifest.GenerateKey("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk, err := manifest.ParsePrivateKey(priv, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sk, pin
+	}
+	oldKey, oldPin := key()
+	strangerKey, newPin := key()
+	pins := filepath.Join(dir, "release-pins")
+	if err := os.WriteFile(pins, []byte(oldPin+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "helper.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	s := helper.NewServer(helper.Config{Socket: sock, NodeUID: uint32(os.Getuid()), NodeGID: uint32(os.Getgid()), PinsFile: pins},
+		slog.New(slog.DiscardHandler))
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	c := &helper.Client{Socket: sock}
+	for deadline := time.Now().Add(5 * time.Second); c.Ping(ctx) != nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("helper never answered")
+		}
+	}
+
+	doc, sig, err := manifest.SignPinStatement(manifest.PinAdd, newPin, strangerKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ApplyPinStatement(ctx, doc, sig); err == nil || !strings.Contains(err.Error(), "not pinned") {
+		t.Fatalf("statement by an unpinned key: %v", err)
+	}
+	if got, _ := upgrade.ReadPins(pins); len(got) != 1 || got[0] != oldPin {
+		t.Fatalf("a refused statement changed the pins: %v", got)
+	}
+	doc, sig, err = manifest.SignPinStatement(manifest.PinAdd, newPin, oldKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := c.ApplyPinStatement(ctx, doc, sig)
+	if err != nil || !pc.Changed || pc.Statement.Pin != newPin {
+		t.Fatalf("statement by the pinned key: %+v, %v", pc, err)
+	}
+	if got, _ := upgrade.ReadPins(pins); len(got) != 2 || got[1] != newPin {
+		t.Fatalf("pins after the statement: %v", got)
 	}
 }

@@ -250,6 +250,15 @@ func TestPKI(t *testing.T) {
 				want(t, cas[i], []string{doctor.IDNodeCA, doctor.IDGatewayCA, doctor.IDInternalCA}[i], tc.st, "the "+name+" "+tc.hint)
 			}
 		}
+		// A rotation's prepared node CA is named beside the issuer, which
+		// the check still judges.
+		if err := b.PrepareNodeCA(now, 400*24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		next := b.NextNodeCA.Cert.NotAfter.UTC().Format(time.RFC3339)
+		if c := doctor.CAs(b, r, now)[0]; c.Status != doctor.OK || !strings.Contains(c.Hint, "ends on "+end) || !strings.Contains(c.Detail, "next node CA (trusted, not yet issuing) valid until "+next) {
+			t.Errorf("node CA check during a rotation = %+v, want ok naming the issuer's end and the next CA's %s", c, next)
+		}
 		for _, c := range doctor.CAs(nil, doctor.Result{ID: doctor.IDPKI, Status: doctor.Warn}, now) {
 			if c.Status != doctor.Warn || !strings.Contains(c.Hint, "see the pki check") {
 				t.Errorf("CA check without a bundle = %+v", c)

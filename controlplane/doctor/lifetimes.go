@@ -56,6 +56,12 @@ func CAs(b *pki.Bundle, pkiRes Result, now time.Time) []Result {
 		end := c.ca(b).Cert.NotAfter
 		date := end.UTC().Format(dateOnly)
 		detail := fmt.Sprintf("%s of %s valid until %s", c.name, b.TrustDomain, end.UTC().Format(time.RFC3339))
+		if c.id == IDNodeCA && b.NextNodeCA != nil {
+			// A rotation's new root, trusted and not yet issuing: the
+			// check judges the issuer; the new root is named here.
+			detail += fmt.Sprintf("; the rotation's next node CA (trusted, not yet issuing) valid until %s",
+				b.NextNodeCA.Cert.NotAfter.UTC().Format(time.RFC3339))
+		}
 		switch left := end.Sub(now); {
 		case left <= 0:
 			out = append(out, result(c.id, Fail, fmt.Sprintf("the %s ended on %s: nothing it signed verifies; rotate it", c.name, date), detail))

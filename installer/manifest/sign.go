@@ -142,36 +142,8 @@ func Sign(manifest []byte, sk minisign.PrivateKey, now time.Time) ([]byte, error
 // expired. Errors wrap ErrNoPins, ErrUnpinnedKey, ErrBadSignature or
 // ErrExpired, or describe an invalid manifest or pin.
 func Verify(manifest, sig []byte, pins []string, now time.Time) (*Manifest, error) {
-	if len(pins) == 0 {
-		return nil, ErrNoPins
-	}
-	digests := make([][]byte, 0, len(pins))
-	for _, p := range pins {
-		d, err := ParsePin(p)
-		if err != nil {
-			return nil, err
-		}
-		digests = append(digests, d)
-	}
-	var s minisign.Signature
-	if err := s.UnmarshalText(bytes.TrimRight(sig, "\r\n")); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadSignature, err)
-	}
-	pk, err := signatureKey(s)
-	if err != nil {
+	if err := verifyPinned(manifest, sig, pins); err != nil {
 		return nil, err
-	}
-	pin := Pin(pk)
-	want, _ := ParsePin(pin)
-	pinned := false
-	for _, d := range digests {
-		pinned = pinned || subtle.ConstantTimeCompare(d, want) == 1
-	}
-	if !pinned {
-		return nil, fmt.Errorf("%w (its pin is %s)", ErrUnpinnedKey, pin)
-	}
-	if !minisign.Verify(pk, manifest, sig) {
-		return nil, ErrBadSignature
 	}
 	m, err := Parse(manifest)
 	if err != nil {
@@ -181,6 +153,44 @@ func Verify(manifest, sig []byte, pins []string, now time.Time) (*Manifest, erro
 		return m, fmt.Errorf("%w (expires_at %s)", ErrExpired, m.ExpiresAt.Format(time.RFC3339))
 	}
 	return m, nil
+}
+
+// verifyPinned checks that sig is a minisign signature of doc by a key one
+// of pins names. Errors wrap ErrNoPins, ErrUnpinnedKey or ErrBadSignature,
+// or describe an invalid pin.
+func verifyPinned(doc, sig []byte, pins []string) error {
+	if len(pins) == 0 {
+		return ErrNoPins
+	}
+	digests := make([][]byte, 0, len(pins))
+	for _, p := range pins {
+		d, err := ParsePin(p)
+		if err != nil {
+			return err
+		}
+		digests = append(digests, d)
+	}
+	var s minisign.Signature
+	if err := s.UnmarshalText(bytes.TrimRight(sig, "\r\n")); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSignature, err)
+	}
+	pk, err := signatureKey(s)
+	if err != nil {
+		return err
+	}
+	pin := Pin(pk)
+	want, _ := ParsePin(pin)
+	pinned := false
+	for _, d := range digests {
+		pinned = pinned || subtle.ConstantTimeCompare(d, want) == 1
+	}
+	if !pinned {
+		return fmt.Errorf("%w (its pin is %s)", ErrUnpinnedKey, pin)
+	}
+	if !minisign.Verify(pk, doc, sig) {
+		return ErrBadSignature
+	}
+	return nil
 }
 
 // signatureKey returns the public key the signature's untrusted comment

@@ -23,7 +23,79 @@ func releaseCmd(e *env) *cobra.Command {
 		Use:   "release",
 		Short: "Make, sign and verify release manifests",
 	}
-	c.AddCommand(releaseKeygenCmd(e), releaseManifestCmd(e), releaseSignCmd(e), releaseVerifyCmd(e))
+	c.AddCommand(releaseKeygenCmd(e), releaseManifestCmd(e), releaseSignCmd(e), releaseVerifyCmd(e), releasePinsCmd(e))
+	return c
+}
+
+// releasePinsCmd groups the release pin statement commands
+// (docs/releases.md, "Pin statements").
+func releasePinsCmd(e *env) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "pins",
+		Short: "Sign release pin statements, which add or remove a pin on machines that pin the signing key",
+	}
+	c.AddCommand(releasePinsSignCmd(e))
+	return c
+}
+
+func releasePinsSignCmd(e *env) *cobra.Command {
+	var keyPath, add, remove, out string
+	c := &cobra.Command{
+		Use:   "sign --key F (--add PIN | --remove PIN) --out FILE",
+		Short: "Sign a statement that adds or removes a release pin: FILE and FILE.minisig",
+		Long: `sign writes a pin statement (FILE) and its minisign signature
+(FILE.minisig) with --key, a release key the machines already pin: bcd
+applies a statement only when its own pin file names the signing key, so a
+new key is vouched for by an old one, never by itself. Keep the key off the
+machines that serve releases; sign where it is kept.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			action, pin := manifest.PinAdd, add
+			switch {
+			case keyPath == "" || out == "":
+				return usageError{errors.New("--key and --out are required")}
+			case (add == "") == (remove == ""):
+				return usageError{errors.New("give one of --add PIN or --remove PIN")}
+			case remove != "":
+				action, pin = manifest.PinRemove, remove
+			}
+			if _, err := manifest.ParsePin(pin); err != nil {
+				return usageError{err}
+			}
+			kb, err := os.ReadFile(keyPath)
+			if err != nil {
+				return err
+			}
+			sk, err := manifest.ParsePrivateKey(kb, e.getenv(envReleaseKeyPassword))
+			if err != nil {
+				return err
+			}
+			pk, err := manifest.PublicKeyOf(sk)
+			if err != nil {
+				return err
+			}
+			if signer := manifest.Pin(pk); action == manifest.PinAdd && signer == pin {
+				return usageError{fmt.Errorf("--key is the key %s adds: a key cannot vouch for itself; sign with a key the machines already pin", pin)}
+			}
+			doc, sig, err := manifest.SignPinStatement(action, pin, sk, time.Now())
+			if err != nil {
+				return usageError{err}
+			}
+			if err := replaceFile(out, doc, 0o644); err != nil {
+				return err
+			}
+			if err := replaceFile(out+".minisig", sig, 0o644); err != nil {
+				return err
+			}
+			fmt.Fprintf(e.stdout, "wrote %s and %s: %s %s, signed by %s\n", out, out+".minisig", action, pin, manifest.Pin(pk))
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&keyPath, "key", "", "minisign private key the machines already pin (env "+envReleaseKeyPassword+" decrypts an encrypted one)")
+	f.StringVar(&add, "add", "", "pin to add, sha256/...")
+	f.StringVar(&remove, "remove", "", "pin to remove, sha256/...")
+	f.StringVar(&out, "out", "", "statement file to write (and OUT.minisig)")
 	return c
 }
 

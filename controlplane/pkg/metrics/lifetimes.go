@@ -18,7 +18,8 @@ import (
 // Kinds of bettercompute_certificate_expiry_timestamp_seconds (label kind).
 const (
 	// CertKindCA is a CA of the deployment's bundle; use node, gateway or
-	// internal.
+	// internal (the issuing CAs), and node-next while a node-CA rotation
+	// has prepared its new CA and not yet activated it (CAUseNodeNext).
 	CertKindCA = "ca"
 	// CertKindServing is a serving certificate of this process; use api or
 	// gateway.
@@ -31,6 +32,11 @@ const (
 	// a session (ready, draining, clock-skewed); use earliest.
 	CertKindNode = "node"
 )
+
+// CAUseNodeNext is the use of the node CA a rotation prepared
+// (pki.Bundle.NextNodeCA): trusted by the nodes, not issuing yet. Once the
+// rotation activates it, it is use node.
+const CAUseNodeNext = "node-next"
 
 // NodeCertStates are the node states whose certificates the node series
 // watches: a node in them is connected and renews by itself, so an end
@@ -145,6 +151,9 @@ func (c *lifetimeCollector) read(ctx context.Context, now time.Time) *lifetimes 
 		}
 		l.cas = map[string]time.Time{"node": b.NodeCA.Cert.NotAfter, "gateway": b.GatewayCA.Cert.NotAfter,
 			"internal": b.InternalCA.Cert.NotAfter}
+		if b.NextNodeCA != nil {
+			l.cas[CAUseNodeNext] = b.NextNodeCA.Cert.NotAfter
+		}
 		return nil
 	})
 	l.nodeErr = timed("node_cert_earliest", func() (err error) {

@@ -98,6 +98,28 @@ func TestLifetimeSeries(t *testing.T) {
 		t.Errorf("the lifetime queries are not timed:\n%s", text)
 	}
 
+	// A node-CA rotation prepares its new CA: the new root has a series of
+	// its own (node-next) beside the issuing node CA's.
+	if err := b.PrepareNodeCA(now, 400*24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if sealed, err = b.SealBundle(secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed}); err != nil {
+		t.Fatal(err)
+	}
+	clock = now.Add(2 * time.Minute)
+	text = scrape(t, m)
+	for series, want := range map[string]time.Time{
+		`bettercompute_certificate_expiry_timestamp_seconds{kind="ca",use="node"}`:      b.NodeCA.Cert.NotAfter,
+		`bettercompute_certificate_expiry_timestamp_seconds{kind="ca",use="node-next"}`: now.Add(400 * 24 * time.Hour),
+	} {
+		if got, ok := value(text, series); !ok || int64(got) != want.Unix() {
+			t.Errorf("%s = %v (found %v), want %d", series, got, ok, want.Unix())
+		}
+	}
+
 	// Opened with another secret, the CA series is left out (and logged);
 	// the rest is served.
 	other := metrics.New(metrics.Config{Secret: "another-secret-0123456789abcdefghijkl"}, st)
