@@ -679,7 +679,7 @@ func (s *Store) refreshReservationLabels(ctx context.Context, nodeIDs []string) 
 func reservationEvent(typ string, r *store.Reservation, previous string, previousNodes []string) event {
 	return event{typ, r.ID, events.ReservationData{ReservationID: r.ID, PoolID: r.PoolID, Owner: r.Owner, State: r.State,
 		PreviousState: previous, GPUs: r.GPUs, Nodes: r.Nodes, Start: r.Start.UTC(), End: r.End.UTC(),
-		NodeIDs: r.NodeIDs(), PreviousNodeIDs: previousNodes, Reason: r.Reason}}
+		NodeIDs: r.NodeIDs(), PreviousNodeIDs: previousNodes, Reason: r.Reason, TenantID: r.TenantID, Grants: r.Grants}}
 }
 
 // withNodes sets the nodes of a reservation event's data.
