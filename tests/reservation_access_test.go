@@ -1,0 +1,199 @@
+package tests
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+	"github.com/better-compute/better-compute/tests/testenv"
+)
+
+// grantCloseWithin is how soon after a reservation's end the shells its
+// grant allowed must be closed (issue 48).
+const grantCloseWithin = 5 * time.Second
+
+// TestReservationAccessShell: a reservation of a real bcd node in the
+// root tenant's pool, made with --grant shell for tenant team-a (CLI
+// reservations create --grant shell --tenant team-a), gives team-a's
+// operator a shell there for exactly its window: refused before the
+// start; during it nodes shell opens on the reserved node (with the
+// one-line notice that the window ends within a minute) and is refused
+// on an unreserved node of the same pool, and a port forward (not
+// granted) is refused; a viewer of team-a gets nothing; at the end the
+// open shell is closed within 5 s with one line saying why, and a new
+// one is refused.
+func TestReservationAccessShell(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, tt := recordingTarget(t, "res-access", deploymentConfig{})
+	admin := tt.admin
+
+	// The real node gets eight GPUs in the store (this machine has none;
+	// bcd reports its inventory again only every 5 minutes), so that the
+	// placer can reserve it. A second node of the pool stays unreserved.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		inv, err := d.st.NodeInventories(ctx, []string{tt.nodeID})
+		return err == nil && len(inv[tt.nodeID]) > 0
+	}, func() string { return "bcd's inventory was never stored" })
+	inv := &sessionv1.Inventory{}
+	for g := range 8 {
+		inv.Gpus = append(inv.Gpus, &sessionv1.GPU{Index: uint32(g), Name: "NVIDIA H100 80GB HBM3",
+			Uuid: fmt.Sprintf("GPU-acc-%d", g), MemoryTotalBytes: 81559 << 20})
+	}
+	b, err := protojson.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.st.NodeSetInventory(ctx, tt.nodeID, b, "test-gpus"); err != nil {
+		t.Fatal(err)
+	}
+	node, err := d.st.NodeGet(ctx, tt.nodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const unreserved = "node_unreserved"
+	if _, err := d.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: unreserved, PoolID: node.PoolID, Hostname: unreserved, MachineID: "m-unreserved"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// team-a's operator and viewer, and another tenant's operator.
+	team, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: "team-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: "team-b"}); err != nil {
+		t.Fatal(err)
+	}
+	tokenOf := func(tenant, role string) (*client.Client, string) {
+		resp, err := admin.TokensCreate(ctx, &apiv1.CreateAPITokenRequest{Role: role, Tenant: tenant, Description: role + " of " + tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &client.Client{BaseURL: d.api + "/api", Token: resp.Token}, resp.Token
+	}
+	opA, opAToken := tokenOf(team.Id, store.RoleOperator)
+	viewerA, _ := tokenOf(team.Id, store.RoleViewer)
+	opB, _ := tokenOf("team-b", store.RoleOperator)
+	shellTarget := *tt
+	shellTarget.env = []string{"BETTER_COMPUTE_URL=" + d.api, "BETTER_COMPUTE_TOKEN=" + opAToken}
+	// refusedShell is nil when tunnels.create of kind on nodeID is refused
+	// to c: NOT_FOUND as for any node outside its subtree, or, for a
+	// viewer, PERMISSION_DENIED (tunnels need an operator).
+	refusedShell := func(c *client.Client, nodeID, kind string) error {
+		req := &apiv1.CreateTunnelRequest{Node: nodeID, Kind: kind}
+		if kind == "port" {
+			req.Port = 22
+		}
+		_, err := c.TunnelsCreate(ctx, req)
+		if ae := (*client.Error)(nil); !errors.As(err, &ae) || (ae.Code != apiv1.CodeNotFound && ae.Code != apiv1.CodePermissionDenied) {
+			return fmt.Errorf("tunnels.create %s on %s: %v, want NOT_FOUND (or PERMISSION_DENIED for a viewer)", kind, nodeID, err)
+		}
+		return nil
+	}
+
+	// The window starts 10 s ahead (room for the checks before it on a
+	// busy machine) and lasts 20 s: within the notice's minute.
+	start := time.Now().Add(10 * time.Second).UTC().Truncate(time.Second)
+	end := start.Add(20 * time.Second)
+	out := d.cli("reservations", "create", "--pool", node.PoolID, "--gpus", "1", "--owner", "team-a",
+		"--start", start.Format(time.RFC3339), "--end", end.Format(time.RFC3339), "--grant", "shell", "--tenant", "team-a")
+	m := regexp.MustCompile(`reservation (res_\S+) is`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("reservations create printed %q", out)
+	}
+	resID := m[1]
+	res, err := admin.ReservationsGet(ctx, &apiv1.GetReservationRequest{Id: resID})
+	if err != nil || res.TenantId != team.Id || strings.Join(res.Grants, ",") != "shell" {
+		t.Fatalf("reservations get = %+v, %v; want tenant %s, grants shell", res, err, team.Id)
+	}
+	// A right not in the set is refused, with the field named.
+	_, err = admin.ReservationsCreate(ctx, &apiv1.CreateReservationRequest{Pool: node.PoolID, Gpus: 1, Owner: "x",
+		End: timestamppb.New(time.Now().Add(time.Hour)), Grants: []string{"root"}})
+	if ae := (*client.Error)(nil); !errors.As(err, &ae) || ae.Code != apiv1.CodeInvalidArgument || ae.Field != "grants" {
+		t.Fatalf("reservations.create with grant root: %v, want INVALID_ARGUMENT on grants", err)
+	}
+
+	// Before the start: refused (placed or not, the window has not come).
+	if err := refusedShell(opA, tt.nodeID, "shell"); err != nil {
+		t.Fatalf("before the start: %v", err)
+	}
+	if now := time.Now(); !now.Before(start) {
+		t.Fatalf("the check before the start ran at %v, after the start %v: the machine is too slow for this window", now, start)
+	}
+
+	// During it: the shell opens on the reserved node.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		_, err := opA.TunnelsCreate(ctx, &apiv1.CreateTunnelRequest{Node: tt.nodeID, Kind: "shell"})
+		return err == nil
+	}, func() string {
+		r, _ := admin.ReservationsGet(ctx, &apiv1.GetReservationRequest{Id: resID})
+		return fmt.Sprintf("team-a's operator never got a shell ticket on the reserved node (reservation %+v)", r)
+	})
+	if now := time.Now(); now.Before(start) {
+		t.Fatalf("a shell ticket at %v, before the start %v", now, start)
+	}
+	sh := startShell(t, &shellTarget, 24, 80)
+	sh.send(t, "echo granted-$((6*7))\r")
+	sh.expect(t, regexp.MustCompile(`granted-42\r`))
+	// The window ends within a minute: the terminal was told, in one line.
+	sh.expect(t, regexp.MustCompile(`reservation `+resID+` ends at `+regexp.QuoteMeta(end.Format(time.RFC3339))+`; this shell closes then`))
+
+	// nodes.get shows the reserved node to the holder's operator now.
+	if _, err := opA.NodesGet(ctx, &apiv1.NodeRequest{Id: tt.nodeID}); err != nil {
+		t.Errorf("nodes.get of the reserved node by team-a's operator during the window: %v", err)
+	}
+	// The same token: refused on an unreserved node of the same pool, and
+	// for a port forward (not granted); a viewer of team-a and another
+	// tenant's operator get nothing on the reserved node.
+	for what, err := range map[string]error{
+		"the unreserved node":                   refusedShell(opA, unreserved, "shell"),
+		"a port forward":                        refusedShell(opA, tt.nodeID, "port"),
+		"a viewer of team-a":                    refusedShell(viewerA, tt.nodeID, "shell"),
+		"another tenant's operator":             refusedShell(opB, tt.nodeID, "shell"),
+		"nodes.get of the unreserved node (NF)": func() error { _, err := opA.NodesGet(ctx, &apiv1.NodeRequest{Id: unreserved}); return notFound(err) }(),
+	} {
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	code, stdout, stderr := testenv.Run(t, shellTarget.env, "", tt.bc, "nodes", "shell", unreserved)
+	if code == 0 || !strings.Contains(stdout+stderr, "no node "+unreserved) {
+		t.Errorf("nodes shell %s as team-a's operator: exit %d\n%s%s\nwant a refusal naming the node", unreserved, code, stdout, stderr)
+	}
+
+	// At the end: the open shell closes within 5 s, with one line.
+	code = sh.exit(t, time.Until(end)+30*time.Second)
+	closed := time.Now()
+	if late := closed.Sub(end); late > grantCloseWithin {
+		t.Fatalf("the shell closed %v after the reservation's end, want within %v\n%s", late, grantCloseWithin, sh.output())
+	}
+	if closed.Before(end) {
+		t.Fatalf("the shell closed at %v, before the reservation's end %v:\n%s", closed, end, sh.output())
+	}
+	if code == 0 || !strings.Contains(sh.output(), "access ended: no reservation grants shell on node "+tt.nodeID) {
+		t.Fatalf("nodes shell exited %d at the end; want non-zero with the access-ended line:\n%s", code, sh.output())
+	}
+	t.Logf("the shell closed %v after the reservation's end", closed.Sub(end).Round(time.Millisecond))
+	if err := refusedShell(opA, tt.nodeID, "shell"); err != nil {
+		t.Fatalf("after the end: %v", err)
+	}
+}
+
+// notFound is nil when err is the API's NOT_FOUND.
+func notFound(err error) error {
+	if ae := (*client.Error)(nil); errors.As(err, &ae) && ae.Code == apiv1.CodeNotFound {
+		return nil
+	}
+	return fmt.Errorf("%v, want NOT_FOUND", err)
+}
