@@ -26,7 +26,8 @@ const grantCloseWithin = 5 * time.Second
 // TestReservationAccessShell: a reservation of a real bcd node in the
 // root tenant's pool, made with --grant shell for tenant team-a (CLI
 // reservations create --grant shell --tenant team-a), gives team-a's
-// operator a shell there for exactly its window: refused before the
+// operator a shell there for exactly its window (and exec: --grant
+// shell,exec): refused before the
 // start; during it nodes shell opens on the reserved node (with the
 // one-line notice that the window ends within a minute) and is refused
 // on an unreserved node of the same pool, and a port forward (not
@@ -107,15 +108,15 @@ func TestReservationAccessShell(t *testing.T) {
 	start := time.Now().Add(10 * time.Second).UTC().Truncate(time.Second)
 	end := start.Add(20 * time.Second)
 	out := d.cli("reservations", "create", "--pool", node.PoolID, "--gpus", "1", "--owner", "team-a",
-		"--start", start.Format(time.RFC3339), "--end", end.Format(time.RFC3339), "--grant", "shell", "--tenant", "team-a")
+		"--start", start.Format(time.RFC3339), "--end", end.Format(time.RFC3339), "--grant", "shell,exec", "--tenant", "team-a")
 	m := regexp.MustCompile(`reservation (res_\S+) is`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("reservations create printed %q", out)
 	}
 	resID := m[1]
 	res, err := admin.ReservationsGet(ctx, &apiv1.GetReservationRequest{Id: resID})
-	if err != nil || res.TenantId != team.Id || strings.Join(res.Grants, ",") != "shell" {
-		t.Fatalf("reservations get = %+v, %v; want tenant %s, grants shell", res, err, team.Id)
+	if err != nil || res.TenantId != team.Id || strings.Join(res.Grants, ",") != "exec,shell" {
+		t.Fatalf("reservations get = %+v, %v; want tenant %s, grants exec,shell", res, err, team.Id)
 	}
 	// A right not in the set is refused, with the field named.
 	_, err = admin.ReservationsCreate(ctx, &apiv1.CreateReservationRequest{Pool: node.PoolID, Gpus: 1, Owner: "x",
@@ -153,6 +154,26 @@ func TestReservationAccessShell(t *testing.T) {
 	if _, err := opA.NodesGet(ctx, &apiv1.NodeRequest{Id: tt.nodeID}); err != nil {
 		t.Errorf("nodes.get of the reserved node by team-a's operator during the window: %v", err)
 	}
+	// exec (granted): a command on the reserved node, which its maker
+	// reads; none on the unreserved node.
+	exec := func(nodeID string) (*apiv1.CreateCommandsResponse, error) {
+		return opA.CommandsCreate(ctx, &apiv1.CreateCommandsRequest{NodeIds: []string{nodeID}, Kind: "exec",
+			Exec: &apiv1.ExecSpec{Argv: []string{"echo", "exec-granted"}}})
+	}
+	cmds, err := exec(tt.nodeID)
+	if err != nil || len(cmds.Commands) != 1 {
+		t.Fatalf("commands.create exec on the reserved node by team-a's operator: %+v, %v", cmds, err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		got, err := opA.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: cmds.Commands[0].Id, IncludeOutput: true})
+		return err == nil && got.Command.State == store.CommandSucceeded && strings.Contains(got.Command.Stdout, "exec-granted")
+	}, func() string {
+		got, err := opA.CommandsGet(ctx, &apiv1.GetCommandRequest{Id: cmds.Commands[0].Id, IncludeOutput: true})
+		return fmt.Sprintf("team-a's exec never succeeded with its output: %+v, %v", got, err)
+	})
+	if _, err := exec(unreserved); notFound(err) != nil {
+		t.Errorf("commands.create exec on the unreserved node: %v", notFound(err))
+	}
 	// The same token: refused on an unreserved node of the same pool, and
 	// for a port forward (not granted); a viewer of team-a and another
 	// tenant's operator get nothing on the reserved node.
@@ -181,7 +202,9 @@ func TestReservationAccessShell(t *testing.T) {
 	if closed.Before(end) {
 		t.Fatalf("the shell closed at %v, before the reservation's end %v:\n%s", closed, end, sh.output())
 	}
-	if code == 0 || !strings.Contains(sh.output(), "access ended: no reservation grants shell on node "+tt.nodeID) {
+	// The terminal's last bytes may still be on their way from the pty.
+	ended := sh.wait(regexp.MustCompile(regexp.QuoteMeta("access ended: no reservation grants shell on node "+tt.nodeID)), 10*time.Second)
+	if code == 0 || !ended {
 		t.Fatalf("nodes shell exited %d at the end; want non-zero with the access-ended line:\n%s", code, sh.output())
 	}
 	t.Logf("the shell closed %v after the reservation's end", closed.Sub(end).Round(time.Millisecond))
