@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Reservation states (docs/reservations.md). A reservation moves pending →
@@ -190,9 +192,9 @@ type ReservationStore interface {
 // Rights a reservation may grant its holder on its nodes
 // (docs/reservations.md, "Access from reservations").
 const (
-	GrantShell       = "shell"        // nodes shell, tunnels of kind shell, the page's shell
-	GrantPortForward = "port-forward" // tunnels of kind port
-	GrantExec        = "exec"         // commands of kind exec
+	GrantShell       = "shell"            // nodes shell, tunnels of kind shell, the page's shell
+	GrantPortForward = "port-forward"     // tunnels of kind port
+	GrantExec        = sessionv1.KindExec // commands of kind exec (the right is named as the kind)
 )
 
 // Grants are the rights a reservation may grant, sorted.
