@@ -150,6 +150,22 @@ func TestReservationAccessShell(t *testing.T) {
 	// The window ends within a minute: the terminal was told, in one line.
 	sh.expect(t, regexp.MustCompile(`reservation `+resID+` ends at `+regexp.QuoteMeta(end.Format(time.RFC3339))+`; this shell closes then`))
 
+	// The shell's audit row names the reservation that granted it.
+	var opened map[string]any
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		rows, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "tunnels.open", Limit: 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Outcome == "ok" && strings.Contains(string(r.Details), resID) {
+				opened = map[string]any{"details": string(r.Details)}
+				return true
+			}
+		}
+		return false
+	}, func() string { return "no tunnels.open audit row names reservation " + resID })
+	t.Logf("tunnels.open audit: %v", opened)
 	// nodes.get shows the reserved node to the holder's operator now.
 	if _, err := opA.NodesGet(ctx, &apiv1.NodeRequest{Id: tt.nodeID}); err != nil {
 		t.Errorf("nodes.get of the reserved node by team-a's operator during the window: %v", err)

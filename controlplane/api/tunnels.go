@@ -227,9 +227,16 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	if err := s.store.TunnelOpened(ctx, t.ID, gatewayID, nil); err != nil {
 		s.log.ErrorContext(ctx, "Tunnel opening not recorded", "tunnel_id", t.ID, logkey.Err, err)
 	}
-	var details map[string]any
+	details := map[string]any{}
 	if rec != nil {
-		details = map[string]any{"recordingId": rec.ID()}
+		details["recordingId"] = rec.ID()
+	}
+	if grant != nil {
+		// The access rests on a reservation's grant: which one.
+		details["reservationId"] = grant.ReservationID
+	}
+	if len(details) == 0 {
+		details = nil
 	}
 	s.auditTunnel(ctx, p, "tunnels.open", t, addr, details)
 	s.feed.Notify()
