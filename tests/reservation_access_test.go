@@ -40,29 +40,7 @@ func TestReservationAccessShell(t *testing.T) {
 	d, tt := recordingTarget(t, "res-access", deploymentConfig{})
 	admin := tt.admin
 
-	// The real node gets eight GPUs in the store (this machine has none;
-	// bcd reports its inventory again only every 5 minutes), so that the
-	// placer can reserve it. A second node of the pool stays unreserved.
-	testenv.Eventually(t, 30*time.Second, func() bool {
-		inv, err := d.st.NodeInventories(ctx, []string{tt.nodeID})
-		return err == nil && len(inv[tt.nodeID]) > 0
-	}, func() string { return "bcd's inventory was never stored" })
-	inv := &sessionv1.Inventory{}
-	for g := range 8 {
-		inv.Gpus = append(inv.Gpus, &sessionv1.GPU{Index: uint32(g), Name: "NVIDIA H100 80GB HBM3",
-			Uuid: fmt.Sprintf("GPU-acc-%d", g), MemoryTotalBytes: 81559 << 20})
-	}
-	b, err := protojson.Marshal(inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.st.NodeSetInventory(ctx, tt.nodeID, b, "test-gpus"); err != nil {
-		t.Fatal(err)
-	}
-	node, err := d.st.NodeGet(ctx, tt.nodeID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := reservableNode(t, d.st, tt.nodeID)
 	const unreserved = "node_unreserved"
 	if _, err := d.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: unreserved, PoolID: node.PoolID, Hostname: unreserved, MachineID: "m-unreserved"}); err != nil {
 		t.Fatal(err)
@@ -226,6 +204,91 @@ func TestReservationAccessShell(t *testing.T) {
 	t.Logf("the shell closed %v after the reservation's end", closed.Sub(end).Round(time.Millisecond))
 	if err := refusedShell(opA, tt.nodeID, "shell"); err != nil {
 		t.Fatalf("after the end: %v", err)
+	}
+}
+
+// reservableNode gives the real node nodeID eight GPUs in the store
+// (this machine has none; bcd reports its inventory again only every 5
+// minutes), so that the placer can reserve it, and returns it.
+func reservableNode(t *testing.T, st store.Store, nodeID string) *store.Node {
+	t.Helper()
+	ctx := context.Background()
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		inv, err := st.NodeInventories(ctx, []string{nodeID})
+		return err == nil && len(inv[nodeID]) > 0
+	}, func() string { return "bcd's inventory was never stored" })
+	inv := &sessionv1.Inventory{}
+	for g := range 8 {
+		inv.Gpus = append(inv.Gpus, &sessionv1.GPU{Index: uint32(g), Name: "NVIDIA H100 80GB HBM3",
+			Uuid: fmt.Sprintf("GPU-acc-%d", g), MemoryTotalBytes: 81559 << 20})
+	}
+	b, err := protojson.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.NodeSetInventory(ctx, nodeID, b, "test-gpus"); err != nil {
+		t.Fatal(err)
+	}
+	node, err := st.NodeGet(ctx, nodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+// TestReservationAccessCancel: a granted shell on a reservation that
+// began already stays open across reservations extend (the rights move
+// with the end; no notice, the end is far) and closes within 5 s of
+// reservations cancel, with its one line; a new one is refused.
+func TestReservationAccessCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, tt := recordingTarget(t, "res-cancel", deploymentConfig{})
+	node := reservableNode(t, d.st, tt.nodeID)
+	team, err := tt.admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: "team-c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := tt.admin.TokensCreate(ctx, &apiv1.CreateAPITokenRequest{Role: store.RoleOperator, Tenant: team.Id, Description: "team-c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := &client.Client{BaseURL: d.api + "/api", Token: resp.Token}
+	res, err := tt.admin.ReservationsCreate(ctx, &apiv1.CreateReservationRequest{Pool: node.PoolID, Gpus: 1, Owner: "team-c",
+		End: timestamppb.New(time.Now().Add(10 * time.Minute)), Grants: []string{"shell"}, Tenant: "team-c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		_, err := op.TunnelsCreate(ctx, &apiv1.CreateTunnelRequest{Node: tt.nodeID, Kind: "shell"})
+		return err == nil
+	}, func() string { return "team-c's operator never got a shell ticket on the reserved node" })
+	target := *tt
+	target.env = []string{"BETTER_COMPUTE_URL=" + d.api, "BETTER_COMPUTE_TOKEN=" + resp.Token}
+	sh := startShell(t, &target, 24, 80)
+	sh.send(t, "echo before-$((1+1))\r")
+	sh.expect(t, regexp.MustCompile(`before-2\r`))
+	d.cli("reservations", "extend", res.Id, "--end", time.Now().Add(20*time.Minute).UTC().Format(time.RFC3339))
+	sh.send(t, "echo extended-$((2+2))\r")
+	sh.expect(t, regexp.MustCompile(`extended-4\r`))
+	if strings.Contains(sh.output(), "this shell closes then") {
+		t.Fatalf("a notice with the end 10 minutes away:\n%s", sh.output())
+	}
+
+	// Timed from before the CLI starts: an upper bound of the close's lag.
+	cancelled := time.Now()
+	d.cli("reservations", "cancel", res.Id, "--reason", "done early")
+	code := sh.exit(t, 30*time.Second)
+	if took := time.Since(cancelled); took > grantCloseWithin {
+		t.Fatalf("the shell closed %v after reservations cancel, want within %v\n%s", took, grantCloseWithin, sh.output())
+	}
+	ended := sh.wait(regexp.MustCompile(regexp.QuoteMeta("access ended: no reservation grants shell on node "+tt.nodeID)), 10*time.Second)
+	if code == 0 || !ended {
+		t.Fatalf("nodes shell exited %d at the cancel; want non-zero with the access-ended line:\n%s", code, sh.output())
+	}
+	t.Logf("the shell closed %v after reservations cancel began", time.Since(cancelled).Round(time.Millisecond))
+	if _, err := op.TunnelsCreate(ctx, &apiv1.CreateTunnelRequest{Node: tt.nodeID, Kind: "shell"}); notFound(err) != nil {
+		t.Fatalf("after the cancel: %v", notFound(err))
 	}
 }
 
