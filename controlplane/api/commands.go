@@ -187,10 +187,24 @@ func (s *Server) targets(ctx context.Context, p *iam.Principal, r *apiv1.CreateC
 		}
 		if within(p) != "" && len(missing) == 0 {
 			for _, nid := range ids {
-				if _, err := s.node(ctx, p, nid); errors.Is(err, store.ErrNotFound) || isNotFound(err) {
+				// An exec may go to a node outside the caller's subtree
+				// that a reservation grants it exec on now (as the node's
+				// command user: docs/reservations.md).
+				var grant *store.ReservationGrant
+				var err error
+				if r.GetKind() == sessionv1.KindExec {
+					_, grant, err = s.nodeFor(ctx, p, nid, store.GrantExec)
+				} else {
+					_, err = s.node(ctx, p, nid)
+				}
+				switch {
+				case errors.Is(err, store.ErrNotFound) || isNotFound(err):
 					missing = append(missing, nid)
-				} else if err != nil {
+				case err != nil:
 					return nil, err
+				case grant != nil && r.GetExec().GetAsRoot():
+					return nil, &Error{Code: apiv1.CodePermissionDenied, Field: "exec.asRoot", Message: "reservation " + grant.ReservationID +
+						" grants exec on node " + nid + " as the node's command user, not as root"}
 				}
 			}
 		}
@@ -337,7 +351,9 @@ func (s *Server) command(ctx context.Context, p *iam.Principal, cmdID string) (*
 		return nil, err
 	}
 	c, err := s.store.CommandGet(ctx, cmdID)
-	if err == nil && within(p) != "" {
+	// A token reads and cancels the commands it made (such as an exec a
+	// reservation's grant allowed on a node outside its subtree).
+	if err == nil && within(p) != "" && c.CreatedBy != "token:"+p.TokenID {
 		if _, nerr := s.node(ctx, p, c.NodeID); isNotFound(nerr) {
 			err = store.ErrNotFound
 		} else if nerr != nil {

@@ -480,7 +480,7 @@ func (s *Server) gatewayOf(ctx context.Context, nodeID string) string {
 }
 
 func (s *Server) nodesGet(ctx context.Context, p *iam.Principal, r *apiv1.NodeRequest) (*apiv1.NodeResponse, error) {
-	n, err := s.node(ctx, p, r.GetId())
+	n, err := s.nodeForAnyGrant(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}

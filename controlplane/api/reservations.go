@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -120,13 +121,24 @@ func (s *Server) reservationsCreate(ctx context.Context, p *iam.Principal, r *ap
 	case start.Sub(now) > MaxReservationLead:
 		return nil, invalid("start", "is more than %v ahead", MaxReservationLead)
 	}
+	grants, err := checkGrants(r.GetGrants())
+	if err != nil {
+		return nil, err
+	}
+	// The holder: the tenant the grants are for (docs/reservations.md,
+	// "Access from reservations"), in the caller's subtree.
+	holder, err := s.tenant(ctx, p, "tenant", cmp.Or(r.GetTenant(), p.TenantID, store.RootTenant))
+	if err != nil {
+		return nil, err
+	}
 	pool, err := s.resolvePool(ctx, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
 	res, err := s.store.ReservationCreate(ctx, &store.ReservationCreateParams{PoolID: pool.ID, GPUs: int(r.GetGpus()),
 		Nodes: int(r.GetNodes()), GPUModel: r.GetGpuModel(), MinGPUMemoryMiB: r.GetMinGpuMemoryMib(), Selector: r.GetLabels(),
-		Start: start.UTC(), End: end.UTC(), Owner: r.GetOwner(), Note: r.GetNote(), CreatedBy: "token:" + p.TokenID})
+		Start: start.UTC(), End: end.UTC(), Owner: r.GetOwner(), Note: r.GetNote(), TenantID: holder.ID, Grants: grants,
+		CreatedBy: "token:" + p.TokenID})
 	if err != nil {
 		return nil, err
 	}
@@ -291,7 +303,7 @@ func reservationOut(r *store.Reservation) *apiv1.Reservation {
 	out := &apiv1.Reservation{Id: r.ID, PoolId: r.PoolID, Gpus: int32(r.GPUs), Nodes: int32(r.Nodes), GpuModel: r.GPUModel,
 		MinGpuMemoryMib: r.MinGPUMemoryMiB, Labels: r.Selector, Start: ts(r.Start), End: ts(r.End), Owner: r.Owner, Note: r.Note,
 		State: r.State, Reason: r.Reason, CreatedBy: r.CreatedBy, NodeIds: r.NodeIDs(), FailedNodeIds: r.FailedNodes,
-		CreateTime: ts(r.CreatedAt), UpdateTime: ts(r.UpdatedAt)}
+		CreateTime: ts(r.CreatedAt), UpdateTime: ts(r.UpdatedAt), TenantId: r.TenantID, Grants: r.Grants}
 	for _, sl := range r.Slots {
 		out.Slots = append(out.Slots, &apiv1.ReservationSlot{NodeId: sl.NodeID, Gpu: int32(sl.GPU), GpuUuid: sl.GPUUUID,
 			Start: ts(sl.Start), End: ts(sl.End)})

@@ -46,7 +46,11 @@ type liveCall struct {
 	addr      netip.Addr
 	tokenID   string
 	nodeID    string
-	cancel    context.CancelCauseFunc
+	// grant is set when the call is a tunnel to a node outside the
+	// caller's subtree that a reservation's grant opened: it ends when no
+	// grant gives it any more.
+	grant  *liveGrant
+	cancel context.CancelCauseFunc
 }
 
 // liveCalls are the calls of this process that outlive one request
@@ -114,9 +118,11 @@ func (s *Server) checkLiveLoop(ctx context.Context) {
 	}
 }
 
-// checkLive ends each live call whose token or node no longer holds. Each
-// token and node is read once a round, and only while a call holds it; a
-// store that fails leaves the calls open until the next round.
+// checkLive ends each live call whose token or node no longer holds, or
+// whose reservation grant ended (and tells a granted shell a minute
+// before its end). Each token, node and node's grants are read once a
+// round, and only while a call holds them; a store that fails leaves the
+// calls open until the next round.
 func (s *Server) checkLive(ctx context.Context) {
 	calls := s.live.snapshot()
 	type tokenKey struct {
@@ -125,6 +131,8 @@ func (s *Server) checkLive(ctx context.Context) {
 	}
 	tokens := map[tokenKey]string{} // "" holds
 	nodes := map[string]string{}
+	grants := map[string][]*store.ReservationGrant{}
+	now := s.now()
 	for _, c := range calls {
 		k := tokenKey{c.tokenHash, c.addr}
 		reason, seen := tokens[k]
@@ -137,6 +145,20 @@ func (s *Server) checkLive(ctx context.Context) {
 				reason = s.nodeEnded(ctx, c.nodeID)
 				nodes[c.nodeID] = reason
 			}
+		}
+		if reason == "" && c.grant != nil {
+			gs, seen := grants[c.nodeID]
+			if !seen {
+				var err error
+				if gs, err = s.store.ReservationGrantsOn(ctx, c.nodeID, &now); err != nil {
+					if ctx.Err() == nil {
+						s.log.WarnContext(ctx, "Cannot check the grants of open tunnels now", logkey.NodeID, c.nodeID, logkey.Err, err)
+					}
+					continue
+				}
+				grants[c.nodeID] = gs
+			}
+			reason = s.grantEnded(ctx, c, gs, now)
 		}
 		if reason != "" {
 			c.cancel(&RevokedError{Reason: reason})

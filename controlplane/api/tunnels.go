@@ -62,11 +62,16 @@ func (s *Server) tunnelsCreate(ctx context.Context, p *iam.Principal, r *apiv1.C
 	if r.GetNode() == "" {
 		return nil, invalid("node", "required")
 	}
-	if _, err := s.node(ctx, p, r.GetNode()); err != nil {
+	_, grant, err := s.nodeFor(ctx, p, r.GetNode(), tunnelRight(r.GetKind()))
+	if err != nil {
 		if isNotFound(err) {
 			return nil, &Error{Code: apiv1.CodeNotFound, Field: "node", Message: "no node " + r.GetNode()}
 		}
 		return nil, err
+	}
+	if grant != nil && r.GetAsRoot() {
+		return nil, &Error{Code: apiv1.CodePermissionDenied, Field: "asRoot", Message: "reservation " + grant.ReservationID +
+			" grants a shell as the node's command user, not a root shell"}
 	}
 	secret := rand.Text()
 	sum := sha256.Sum256([]byte(secret))
@@ -147,6 +152,22 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "a root shell needs an admin token"})
 		return
 	}
+	// A node outside the caller's subtree is open to it only while a
+	// reservation grants it the right: checked again here (the ticket may
+	// outlive the grant), and every round of checkLive while it is open.
+	var grant *store.ReservationGrant
+	if within(p) != "" {
+		_, g, err := s.nodeFor(ctx, p, t.NodeID, tunnelRight(t.Kind))
+		switch {
+		case isNotFound(err) || (g != nil && t.AsRoot):
+			refuse(grantRefusal(tunnelRight(t.Kind), t.NodeID))
+			return
+		case err != nil:
+			s.writeError(w, r, err)
+			return
+		}
+		grant = g
+	}
 	sum := sha256.Sum256([]byte(secret))
 	now := s.unauth.now()
 	if _, err := s.store.TunnelUse(ctx, &store.TunnelUseParams{ID: id, SecretHash: sum[:], Now: &now}); err != nil {
@@ -206,9 +227,16 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	if err := s.store.TunnelOpened(ctx, t.ID, gatewayID, nil); err != nil {
 		s.log.ErrorContext(ctx, "Tunnel opening not recorded", "tunnel_id", t.ID, logkey.Err, err)
 	}
-	var details map[string]any
+	details := map[string]any{}
 	if rec != nil {
-		details = map[string]any{"recordingId": rec.ID()}
+		details["recordingId"] = rec.ID()
+	}
+	if grant != nil {
+		// The access rests on a reservation's grant: which one.
+		details["reservationId"] = grant.ReservationID
+	}
+	if len(details) == 0 {
+		details = nil
 	}
 	s.auditTunnel(ctx, p, "tunnels.open", t, addr, details)
 	s.feed.Notify()
@@ -231,7 +259,6 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	// (checkLive).
 	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
-	defer s.live.add(&liveCall{tokenHash: tokenHash, addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel})()
 	go func() {
 		select {
 		case <-s.stopping:
@@ -245,6 +272,19 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	wctx, stopWS := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWS()
 	client := &wsHop{ctx: wctx, c: ws}
+	live := &liveCall{tokenHash: tokenHash, addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel}
+	if grant != nil {
+		live.grant = &liveGrant{p: p, right: tunnelRight(t.Kind)}
+		if t.Kind == tunnel.KindShell {
+			// The notice goes to the terminal alone, as one line; a port
+			// forward's bytes are the forwarded stream's, so it gets none.
+			live.grant.notify = func(line string) { _ = client.Send(tunnel.Data([]byte("\r\n" + line + "\r\n"))) }
+		}
+	}
+	defer s.live.add(live)()
+	if grant != nil {
+		s.live.checkNow() // a grant ending within a minute is told at once
+	}
 	var clientHop, nodeHop tunnel.Hop = client, conn
 	if rec != nil {
 		clientHop, nodeHop = recording.Hops(rec, client, conn, strict)

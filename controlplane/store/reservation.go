@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"time"
+
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Reservation states (docs/reservations.md). A reservation moves pending →
@@ -50,7 +52,15 @@ type Reservation struct {
 	Start, End      time.Time
 	Owner           string
 	Note            string
-	State           string
+	// TenantID is the reservation's holder: the tenant whose operators
+	// Grants give rights on its nodes during its window (migration
+	// 0027_reservation_grants; "root" for reservations made before).
+	TenantID string
+	// Grants are the rights the reservation gives its holder's operators
+	// on exactly its nodes while it holds them (GrantShell,
+	// GrantPortForward, GrantExec), sorted; empty for none.
+	Grants []string
+	State  string
 	// Reason says why a reservation failed or was cancelled, or what the
 	// placer last found (a node swapped, a node that failed while active).
 	Reason    string
@@ -165,10 +175,40 @@ type ReservationStore interface {
 	// error when none does. Rollouts and operator drains wait while it
 	// returns one (docs/reservations.md, "Disruptions").
 	NodeReservedNow(ctx context.Context, nodeID string, now *time.Time) (*Reservation, error)
+	// ReservationGrantsOn returns the rights that reservations with
+	// grants give on nodeID at now (nil: the database's clock): one per
+	// placed or active reservation with grants holding a slot of the node
+	// whose range covers now, by reservation id. A cancelled reservation's
+	// slots end at its cancel, an extended one's move with it, so this is
+	// the database's answer alone (docs/reservations.md, "Access from
+	// reservations").
+	ReservationGrantsOn(ctx context.Context, nodeID string, now *time.Time) ([]*ReservationGrant, error)
 	// ReservationPrune deletes the ended, cancelled and failed
 	// reservations (with their slots) last changed before before, and
 	// returns how many: retention.history.
 	ReservationPrune(ctx context.Context, before time.Time) (int64, error)
+}
+
+// Rights a reservation may grant its holder on its nodes
+// (docs/reservations.md, "Access from reservations").
+const (
+	GrantShell       = "shell"            // nodes shell, tunnels of kind shell, the page's shell
+	GrantPortForward = "port-forward"     // tunnels of kind port
+	GrantExec        = sessionv1.KindExec // commands of kind exec (the right is named as the kind)
+)
+
+// Grants are the rights a reservation may grant, sorted.
+var Grants = []string{GrantExec, GrantPortForward, GrantShell}
+
+// ReservationGrant is what one reservation grants on one node now: its
+// holder TenantID, the Grants, and End, when the node's slots of it end
+// (the rights end then).
+type ReservationGrant struct {
+	ReservationID string
+	TenantID      string
+	Owner         string
+	Grants        []string
+	End           time.Time
 }
 
 // ReservationCreateParams are ReservationCreate's inputs. ID defaults to
@@ -184,8 +224,12 @@ type ReservationCreateParams struct {
 	Start, End      time.Time
 	Owner           string
 	Note            string
-	CreatedBy       string
-	Now             *time.Time
+	// TenantID is the holder (required); Grants its rights, sorted and
+	// distinct (the API checks them).
+	TenantID  string
+	Grants    []string
+	CreatedBy string
+	Now       *time.Time
 }
 
 // ReservationListParams filter and page ReservationList; every filter is

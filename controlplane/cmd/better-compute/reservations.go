@@ -162,6 +162,9 @@ func printReservation(e *env, r *apiv1.Reservation) error {
 	if err := table(e.stdout, reservationHeader, [][]string{reservationRow(r)}); err != nil {
 		return err
 	}
+	if len(r.Grants) > 0 {
+		fmt.Fprintf(e.stdout, "  grants %s to tenant %s on its nodes during its window\n", strings.Join(r.Grants, ","), r.TenantId)
+	}
 	for _, s := range r.Slots {
 		fmt.Fprintf(e.stdout, "  %s GPU %d %s [%s, %s)\n", s.NodeId, s.Gpu, orDash(s.GpuUuid), when(s.Start), when(s.End))
 	}
@@ -171,8 +174,9 @@ func printReservation(e *env, r *apiv1.Reservation) error {
 func reservationsCreateCmd(e *env, af *apiFlags) *cobra.Command {
 	var (
 		pool, model, mem, start, end, duration, owner, note, out string
+		tenant                                                   string
 		gpus, nodes                                              int32
-		labels                                                   []string
+		labels, grants                                           []string
 	)
 	cmd := &cobra.Command{
 		Use:   "create --pool P (--gpus N | --nodes K) (--end T | --duration D) --owner O [flags]",
@@ -184,14 +188,21 @@ node (the one with the fewest free GPUs that still fits), or as whole nodes
 when no node has N free and N is a multiple of a node's GPU count; --nodes K
 takes K whole nodes. While active, its nodes carry the labels
 bc.reservation/id and bc.reservation/owner (docs/reservations.md). Times are
-RFC 3339 or a duration from now (2h, +30m); --start defaults to now.`,
+RFC 3339 or a duration from now (2h, +30m); --start defaults to now.
+
+--grant shell,port-forward,exec gives the holder (--tenant, default the
+caller's tenant) rights on exactly the reserved nodes for exactly the window:
+its operators open shells and port forwards there and run exec commands,
+until the reservation ends, is cancelled, or is extended
+(docs/reservations.md, "Access from reservations").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(out); err != nil {
 				return err
 			}
 			now := time.Now()
-			req := &apiv1.CreateReservationRequest{Pool: pool, Gpus: gpus, Nodes: nodes, GpuModel: model, Owner: owner, Note: note}
+			req := &apiv1.CreateReservationRequest{Pool: pool, Gpus: gpus, Nodes: nodes, GpuModel: model, Owner: owner, Note: note,
+				Grants: grants, Tenant: tenant}
 			var err error
 			switch {
 			case pool == "":
@@ -249,6 +260,8 @@ RFC 3339 or a duration from now (2h, +30m); --start defaults to now.`,
 	f.StringVar(&duration, "duration", "", "the window's length, from --start")
 	f.StringVar(&owner, "owner", "", "who the capacity is for (a team, a person, a job)")
 	f.StringVar(&note, "note", "", "free text")
+	f.StringSliceVar(&grants, "grant", nil, "rights the holder gets on the reserved nodes during the window: shell, port-forward, exec (comma-separated or repeated)")
+	f.StringVar(&tenant, "tenant", "", "the holder tenant (id or name) the grants are for; default the caller's")
 	outputFlag(cmd, &out)
 	return cmd
 }

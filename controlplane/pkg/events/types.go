@@ -542,4 +542,10 @@ type ReservationData struct {
 	// Reason says why it failed, was cancelled, moved, or why a node
 	// failed.
 	Reason string `json:"reason,omitempty"`
+	// TenantID is the holder and Grants the rights it gives the holder
+	// on NodeIDs (docs/reservations.md, "Access from reservations"):
+	// they begin with reservation.activated and end with
+	// reservation.ended or reservation.cancelled.
+	TenantID string   `json:"tenantId,omitempty"`
+	Grants   []string `json:"grants,omitempty"`
 }

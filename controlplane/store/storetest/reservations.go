@@ -158,6 +158,53 @@ func testReservations(ctx context.Context, t *testing.T, h *Harness) {
 	}
 }
 
+// testReservationGrants: a reservation's holder and grants are stored;
+// ReservationGrantsOn answers them on its node only inside its window
+// (not before, not at its end), with the slots' end, follows an extend,
+// ends at a cancel, and ignores reservations without grants.
+func testReservationGrants(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	pool := fixture(ctx, t, h)
+	nodes := reservationNodes(ctx, t, h, pool, "rg", 2)
+	t0 := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	r := must(st.ReservationCreate(ctx, &store.ReservationCreateParams{PoolID: pool.ID, GPUs: 1, Start: t0, End: t0.Add(time.Hour),
+		Owner: "team-g", TenantID: store.RootTenant, Grants: []string{store.GrantExec, store.GrantShell}}))
+	if r.TenantID != store.RootTenant || len(r.Grants) != 2 || r.Grants[0] != store.GrantExec {
+		t.Fatalf("created %+v: want tenant root, grants exec,shell", r)
+	}
+	plain := must(st.ReservationCreate(ctx, &store.ReservationCreateParams{PoolID: pool.ID, GPUs: 1, Start: t0, End: t0.Add(time.Hour), Owner: "x"}))
+	if plain.TenantID != store.RootTenant || len(plain.Grants) != 0 {
+		t.Fatalf("created without grants %+v", plain)
+	}
+	must(st.ReservationPlace(ctx, &store.ReservationPlaceParams{ID: r.ID, Slots: gpuSlots(nodes[0], 0)}))
+	must(st.ReservationPlace(ctx, &store.ReservationPlaceParams{ID: plain.ID, Slots: gpuSlots(nodes[0], 1)}))
+	at := func(node string, when time.Time) []*store.ReservationGrant {
+		return must(st.ReservationGrantsOn(ctx, node, &when))
+	}
+	if g := at(nodes[0], t0.Add(-time.Second)); len(g) != 0 {
+		t.Fatalf("before the start: %+v", g)
+	}
+	g := at(nodes[0], t0)
+	if len(g) != 1 || g[0].ReservationID != r.ID || g[0].TenantID != store.RootTenant || len(g[0].Grants) != 2 || !g[0].End.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("at the start: %+v", g)
+	}
+	if g := at(nodes[1], t0.Add(time.Minute)); len(g) != 0 {
+		t.Fatalf("on another node: %+v", g)
+	}
+	if g := at(nodes[0], t0.Add(time.Hour)); len(g) != 0 {
+		t.Fatalf("at the end: %+v", g)
+	}
+	must(st.ReservationExtend(ctx, &store.ReservationExtendParams{ID: r.ID, End: t0.Add(2 * time.Hour)}))
+	if g := at(nodes[0], t0.Add(90*time.Minute)); len(g) != 1 || !g[0].End.Equal(t0.Add(2*time.Hour)) {
+		t.Fatalf("after extend: %+v", g)
+	}
+	cut := t0.Add(10 * time.Minute)
+	must(st.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.ID, Now: &cut}))
+	if g := at(nodes[0], t0.Add(11*time.Minute)); len(g) != 0 {
+		t.Fatalf("after cancel: %+v", g)
+	}
+}
+
 // testReservationConcurrentBooking: writers racing for the same GPUs of
 // one node in overlapping windows; the store admits exactly the ones that
 // do not overlap, refusing the others with ErrConflict.

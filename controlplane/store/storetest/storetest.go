@@ -84,6 +84,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Lifetimes", testLifetimes},
 		{"Reservations", testReservations},
 		{"ReservationConcurrentBooking", testReservationConcurrentBooking},
+		{"ReservationGrants", testReservationGrants},
 		{"Remediation", testRemediation},
 		{"RemediationHistory", testRemediationHistory},
 		{"GPUPlacements", testGPUPlacements},

@@ -56,7 +56,14 @@ type CreateReservationRequest struct {
 	// events. 1 to 128 characters.
 	Owner string `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
 	// note is free text, at most 1,024 characters.
-	Note          string `protobuf:"bytes,10,opt,name=note,proto3" json:"note,omitempty"`
+	Note string `protobuf:"bytes,10,opt,name=note,proto3" json:"note,omitempty"`
+	// grants are the rights the reservation gives its holder's operators
+	// (and admins) on exactly its nodes for exactly its window: some of
+	// "shell", "port-forward", "exec", each at most once; empty for none.
+	Grants []string `protobuf:"bytes,11,rep,name=grants,proto3" json:"grants,omitempty"`
+	// tenant is the holder, by id or name: a tenant in the caller's
+	// subtree; empty: the caller's own.
+	Tenant        string `protobuf:"bytes,12,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,6 +168,20 @@ func (x *CreateReservationRequest) GetNote() string {
 	return ""
 }
 
+func (x *CreateReservationRequest) GetGrants() []string {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *CreateReservationRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
 // Reservation is capacity held for a window.
 type Reservation struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -188,6 +209,11 @@ type Reservation struct {
 	FailedNodeIds []string               `protobuf:"bytes,17,rep,name=failed_node_ids,json=failedNodeIds,proto3" json:"failed_node_ids,omitempty"`
 	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// tenant_id is the holder, whose operators the grants are for.
+	TenantId string `protobuf:"bytes,20,opt,name=tenant_id,json=tenantId,proto3" json:"tenant_id,omitempty"`
+	// grants are the rights it gives the holder on its nodes while it holds
+	// them (shell, port-forward, exec), sorted.
+	Grants        []string `protobuf:"bytes,21,rep,name=grants,proto3" json:"grants,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -351,6 +377,20 @@ func (x *Reservation) GetCreateTime() *timestamppb.Timestamp {
 func (x *Reservation) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *Reservation) GetTenantId() string {
+	if x != nil {
+		return x.TenantId
+	}
+	return ""
+}
+
+func (x *Reservation) GetGrants() []string {
+	if x != nil {
+		return x.Grants
 	}
 	return nil
 }
@@ -941,7 +981,7 @@ var File_api_v1_reservations_proto protoreflect.FileDescriptor
 
 const file_api_v1_reservations_proto_rawDesc = "" +
 	"\n" +
-	"\x19api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xbb\x03\n" +
+	"\x19api/v1/reservations.proto\x12\x14bettercompute.api.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x10api/v1/api.proto\x1a\x14api/v1/options.proto\"\xeb\x03\n" +
 	"\x18CreateReservationRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x12\n" +
 	"\x04gpus\x18\x02 \x01(\x05R\x04gpus\x12\x14\n" +
@@ -953,10 +993,12 @@ const file_api_v1_reservations_proto_rawDesc = "" +
 	"\x03end\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x14\n" +
 	"\x05owner\x18\t \x01(\tR\x05owner\x12\x12\n" +
 	"\x04note\x18\n" +
-	" \x01(\tR\x04note\x1a9\n" +
+	" \x01(\tR\x04note\x12\x16\n" +
+	"\x06grants\x18\v \x03(\tR\x06grants\x12\x16\n" +
+	"\x06tenant\x18\f \x01(\tR\x06tenant\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x06\n" +
 	"\vReservation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x17\n" +
 	"\apool_id\x18\x02 \x01(\tR\x06poolId\x12\x12\n" +
@@ -980,7 +1022,9 @@ const file_api_v1_reservations_proto_rawDesc = "" +
 	"\vcreate_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a9\n" +
+	"updateTime\x12\x1b\n" +
+	"\ttenant_id\x18\x14 \x01(\tR\btenantId\x12\x16\n" +
+	"\x06grants\x18\x15 \x03(\tR\x06grants\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x01\n" +

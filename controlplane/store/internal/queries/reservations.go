@@ -17,7 +17,7 @@ import (
 // reservationColumns are a reservation's columns (migration
 // 0015_reservations), for SELECT ... FROM reservations.
 const reservationColumns = `id, pool_id, gpus, nodes, gpu_model, min_gpu_memory_mib, selector, starts_at, ends_at,
-	owner, note, state, reason, created_by, failed_nodes, created_at, updated_at`
+	owner, note, state, reason, created_by, failed_nodes, created_at, updated_at, tenant_id, grants`
 
 // slotColumns are a slot's columns.
 const slotColumns = `reservation_id, node_id, gpu, gpu_uuid, starts_at, ends_at`
@@ -29,11 +29,13 @@ const slotChunk = 500
 func scanReservation(r Row) (*store.Reservation, error) {
 	x := &store.Reservation{}
 	var sel, failed []byte
+	var grants string
 	err := r.Scan(&x.ID, &x.PoolID, &x.GPUs, &x.Nodes, &x.GPUModel, &x.MinGPUMemoryMiB, &sel, &x.Start, &x.End,
-		&x.Owner, &x.Note, &x.State, &x.Reason, &x.CreatedBy, &failed, &x.CreatedAt, &x.UpdatedAt)
+		&x.Owner, &x.Note, &x.State, &x.Reason, &x.CreatedBy, &failed, &x.CreatedAt, &x.UpdatedAt, &x.TenantID, &grants)
 	if err != nil {
 		return nil, err
 	}
+	x.Grants = splitGrants(grants)
 	if len(sel) > 0 {
 		if err := json.Unmarshal(sel, &x.Selector); err != nil {
 			return nil, fmt.Errorf("decode selector of reservation %s: %w", x.ID, err)
@@ -117,10 +119,10 @@ func (s *Store) ReservationCreate(ctx context.Context, p *store.ReservationCreat
 		q := tx.(*Store)
 		now := q.clock(p.Now)
 		if _, err := q.db.Exec(ctx, `INSERT INTO reservations (id, pool_id, gpus, nodes, gpu_model, min_gpu_memory_mib,
-				selector, starts_at, ends_at, owner, note, state, created_by, created_at, updated_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'pending', $12, coalesce($13, now()), coalesce($13, now()))`,
+				selector, starts_at, ends_at, owner, note, state, created_by, created_at, updated_at, tenant_id, grants)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'pending', $12, coalesce($13, now()), coalesce($13, now()), $14, $15)`,
 			id, p.PoolID, p.GPUs, p.Nodes, p.GPUModel, p.MinGPUMemoryMiB, sel, p.Start, p.End, p.Owner, p.Note,
-			p.CreatedBy, now); err != nil {
+			p.CreatedBy, now, cmp.Or(p.TenantID, store.RootTenant), strings.Join(p.Grants, ",")); err != nil {
 			return q.wrap("create reservation", err)
 		}
 		var err error
@@ -580,6 +582,38 @@ func (s *Store) NodeReservedNow(ctx context.Context, nodeID string, now *time.Ti
 	return rs[0], nil
 }
 
+// splitGrants reads the grants column (” is none).
+func splitGrants(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+// ReservationGrantsOn returns what the reservations with grants holding
+// a slot of a node at now give there.
+func (s *Store) ReservationGrantsOn(ctx context.Context, nodeID string, now *time.Time) ([]*store.ReservationGrant, error) {
+	rows, err := s.db.Query(ctx, `SELECT r.id, r.tenant_id, r.owner, r.grants, max(x.ends_at) FROM reservations r
+		JOIN reservation_slots x ON x.reservation_id = r.id
+		WHERE x.node_id = $1 AND r.grants <> '' AND r.state IN ('placed', 'active')
+			AND x.starts_at <= coalesce($2, now()) AND x.ends_at > coalesce($2, now())
+		GROUP BY r.id, r.tenant_id, r.owner, r.grants ORDER BY r.id`, nodeID, s.clock(now))
+	if err != nil {
+		return nil, s.wrap("read grants on node "+nodeID, err)
+	}
+	out, err := collect(rows, func(r Row) (*store.ReservationGrant, error) {
+		g := &store.ReservationGrant{}
+		var grants string
+		err := r.Scan(&g.ReservationID, &g.TenantID, &g.Owner, &grants, &g.End)
+		g.Grants = splitGrants(grants)
+		return g, err
+	})
+	if err != nil {
+		return nil, s.wrap("read grants on node "+nodeID, err)
+	}
+	return out, nil
+}
+
 // refreshReservationLabels sets each node's bc.reservation/ labels from
 // the active reservations holding it (none: the labels are removed).
 func (s *Store) refreshReservationLabels(ctx context.Context, nodeIDs []string) error {
@@ -645,7 +679,7 @@ func (s *Store) refreshReservationLabels(ctx context.Context, nodeIDs []string) 
 func reservationEvent(typ string, r *store.Reservation, previous string, previousNodes []string) event {
 	return event{typ, r.ID, events.ReservationData{ReservationID: r.ID, PoolID: r.PoolID, Owner: r.Owner, State: r.State,
 		PreviousState: previous, GPUs: r.GPUs, Nodes: r.Nodes, Start: r.Start.UTC(), End: r.End.UTC(),
-		NodeIDs: r.NodeIDs(), PreviousNodeIDs: previousNodes, Reason: r.Reason}}
+		NodeIDs: r.NodeIDs(), PreviousNodeIDs: previousNodes, Reason: r.Reason, TenantID: r.TenantID, Grants: r.Grants}}
 }
 
 // withNodes sets the nodes of a reservation event's data.
