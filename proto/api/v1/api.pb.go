@@ -562,6 +562,69 @@ func (x *MovePoolRequest) GetTenant() string {
 	return ""
 }
 
+// nodes.move; tenant is an id or name (required); pool, an id or name of
+// one of the tenant's pools at the node's site, may be left out when the
+// tenant has exactly one there.
+type MoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Pool          string                 `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveNodeRequest) Reset() {
+	*x = MoveNodeRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveNodeRequest) ProtoMessage() {}
+
+func (x *MoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*MoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MoveNodeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MoveNodeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *MoveNodeRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
 // Site is a physical location in a region.
 type Site struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -577,7 +640,7 @@ type Site struct {
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +652,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +665,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Site) GetId() string {
@@ -653,7 +716,7 @@ type CreateSiteRequest struct {
 
 func (x *CreateSiteRequest) Reset() {
 	*x = CreateSiteRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -665,7 +728,7 @@ func (x *CreateSiteRequest) String() string {
 func (*CreateSiteRequest) ProtoMessage() {}
 
 func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -678,7 +741,7 @@ func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteRequest.ProtoReflect.Descriptor instead.
 func (*CreateSiteRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateSiteRequest) GetName() string {
@@ -712,7 +775,7 @@ type ListSitesRequest struct {
 
 func (x *ListSitesRequest) Reset() {
 	*x = ListSitesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +787,7 @@ func (x *ListSitesRequest) String() string {
 func (*ListSitesRequest) ProtoMessage() {}
 
 func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +800,7 @@ func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesRequest.ProtoReflect.Descriptor instead.
 func (*ListSitesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSitesRequest) GetPage() *Page {
@@ -757,7 +820,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +832,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +845,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
@@ -823,7 +886,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +898,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +911,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pool) GetId() string {
@@ -925,7 +988,7 @@ type PoolBudget struct {
 
 func (x *PoolBudget) Reset() {
 	*x = PoolBudget{}
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1000,7 @@ func (x *PoolBudget) String() string {
 func (*PoolBudget) ProtoMessage() {}
 
 func (x *PoolBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1013,7 @@ func (x *PoolBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolBudget.ProtoReflect.Descriptor instead.
 func (*PoolBudget) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolBudget) GetNodes() int32 {
@@ -991,7 +1054,7 @@ type PoolRequest struct {
 
 func (x *PoolRequest) Reset() {
 	*x = PoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1066,7 @@ func (x *PoolRequest) String() string {
 func (*PoolRequest) ProtoMessage() {}
 
 func (x *PoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1079,7 @@ func (x *PoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolRequest.ProtoReflect.Descriptor instead.
 func (*PoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PoolRequest) GetPool() string {
@@ -1041,7 +1104,7 @@ type SetPoolBudgetRequest struct {
 
 func (x *SetPoolBudgetRequest) Reset() {
 	*x = SetPoolBudgetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1116,7 @@ func (x *SetPoolBudgetRequest) String() string {
 func (*SetPoolBudgetRequest) ProtoMessage() {}
 
 func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1129,7 @@ func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolBudgetRequest.ProtoReflect.Descriptor instead.
 func (*SetPoolBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetPoolBudgetRequest) GetPool() string {
@@ -1103,7 +1166,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1178,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1191,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -1162,7 +1225,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1237,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1250,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoolsRequest) GetPage() *Page {
@@ -1207,7 +1270,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1282,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1295,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1272,7 +1335,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1284,7 +1347,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1297,7 +1360,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinToken) GetId() string {
@@ -1384,7 +1447,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1459,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1472,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateJoinTokenRequest) GetPool() string {
@@ -1451,7 +1514,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1526,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1539,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1503,7 +1566,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1578,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1591,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListJoinTokensRequest) GetPage() *Page {
@@ -1548,7 +1611,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1623,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1636,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListJoinTokensResponse) GetJoinTokens() []*JoinToken {
@@ -1600,7 +1663,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1675,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1688,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RevokeJoinTokenRequest) GetId() string {
@@ -1645,7 +1708,7 @@ type RevokeJoinTokenResponse struct {
 
 func (x *RevokeJoinTokenResponse) Reset() {
 	*x = RevokeJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1720,7 @@ func (x *RevokeJoinTokenResponse) String() string {
 func (*RevokeJoinTokenResponse) ProtoMessage() {}
 
 func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1733,7 @@ func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1723,7 +1786,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1735,7 +1798,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1748,7 +1811,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Node) GetId() string {
@@ -1892,7 +1955,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +1967,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +1980,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GPU) GetUuid() string {
@@ -1974,7 +2037,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2049,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2062,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListNodesRequest) GetPage() *Page {
@@ -2054,7 +2117,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2129,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2142,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -2106,7 +2169,7 @@ type NodeRequest struct {
 
 func (x *NodeRequest) Reset() {
 	*x = NodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2181,7 @@ func (x *NodeRequest) String() string {
 func (*NodeRequest) ProtoMessage() {}
 
 func (x *NodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2194,7 @@ func (x *NodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRequest.ProtoReflect.Descriptor instead.
 func (*NodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeRequest) GetId() string {
@@ -2150,7 +2213,7 @@ type NodeResponse struct {
 
 func (x *NodeResponse) Reset() {
 	*x = NodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2162,7 +2225,7 @@ func (x *NodeResponse) String() string {
 func (*NodeResponse) ProtoMessage() {}
 
 func (x *NodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2175,7 +2238,7 @@ func (x *NodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResponse.ProtoReflect.Descriptor instead.
 func (*NodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeResponse) GetNode() *Node {
@@ -2199,7 +2262,7 @@ type NodeGPUResetRequest struct {
 
 func (x *NodeGPUResetRequest) Reset() {
 	*x = NodeGPUResetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2274,7 @@ func (x *NodeGPUResetRequest) String() string {
 func (*NodeGPUResetRequest) ProtoMessage() {}
 
 func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2287,7 @@ func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGPUResetRequest.ProtoReflect.Descriptor instead.
 func (*NodeGPUResetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeGPUResetRequest) GetId() string {
@@ -2260,7 +2323,7 @@ type NodeRepairRequest struct {
 
 func (x *NodeRepairRequest) Reset() {
 	*x = NodeRepairRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2272,7 +2335,7 @@ func (x *NodeRepairRequest) String() string {
 func (*NodeRepairRequest) ProtoMessage() {}
 
 func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2285,7 +2348,7 @@ func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairRequest.ProtoReflect.Descriptor instead.
 func (*NodeRepairRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodeRepairRequest) GetId() string {
@@ -2319,7 +2382,7 @@ type NodeRepairResponse struct {
 
 func (x *NodeRepairResponse) Reset() {
 	*x = NodeRepairResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2331,7 +2394,7 @@ func (x *NodeRepairResponse) String() string {
 func (*NodeRepairResponse) ProtoMessage() {}
 
 func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2344,7 +2407,7 @@ func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairResponse.ProtoReflect.Descriptor instead.
 func (*NodeRepairResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeRepairResponse) GetRemediationId() string {
@@ -2399,7 +2462,7 @@ type SetGPUCountRequest struct {
 
 func (x *SetGPUCountRequest) Reset() {
 	*x = SetGPUCountRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2474,7 @@ func (x *SetGPUCountRequest) String() string {
 func (*SetGPUCountRequest) ProtoMessage() {}
 
 func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2487,7 @@ func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGPUCountRequest.ProtoReflect.Descriptor instead.
 func (*SetGPUCountRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetGPUCountRequest) GetId() string {
@@ -2456,7 +2519,7 @@ type ReinstallNodeRequest struct {
 
 func (x *ReinstallNodeRequest) Reset() {
 	*x = ReinstallNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2468,7 +2531,7 @@ func (x *ReinstallNodeRequest) String() string {
 func (*ReinstallNodeRequest) ProtoMessage() {}
 
 func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2481,7 +2544,7 @@ func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReinstallNodeRequest) GetNode() string {
@@ -2513,7 +2576,7 @@ type ReinstallNodeResponse struct {
 
 func (x *ReinstallNodeResponse) Reset() {
 	*x = ReinstallNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2588,7 @@ func (x *ReinstallNodeResponse) String() string {
 func (*ReinstallNodeResponse) ProtoMessage() {}
 
 func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2601,7 @@ func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReinstallNodeResponse) GetJoinToken() *JoinToken {
@@ -2586,7 +2649,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2598,7 +2661,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2611,7 +2674,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AddNodeRequest) GetPool() string {
@@ -2681,7 +2744,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2693,7 +2756,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2706,7 +2769,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AddNodeResponse) GetJoinTokenId() string {
@@ -2775,7 +2838,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2787,7 +2850,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2800,7 +2863,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -2869,7 +2932,7 @@ type CreateCommandsRequest struct {
 
 func (x *CreateCommandsRequest) Reset() {
 	*x = CreateCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2881,7 +2944,7 @@ func (x *CreateCommandsRequest) String() string {
 func (*CreateCommandsRequest) ProtoMessage() {}
 
 func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2894,7 +2957,7 @@ func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsRequest.ProtoReflect.Descriptor instead.
 func (*CreateCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateCommandsRequest) GetNodeIds() []string {
@@ -2982,7 +3045,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3057,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3070,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -3033,7 +3096,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3045,7 +3108,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3058,7 +3121,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -3092,7 +3155,7 @@ type CreateCommandsResponse struct {
 
 func (x *CreateCommandsResponse) Reset() {
 	*x = CreateCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3167,7 @@ func (x *CreateCommandsResponse) String() string {
 func (*CreateCommandsResponse) ProtoMessage() {}
 
 func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3180,7 @@ func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsResponse.ProtoReflect.Descriptor instead.
 func (*CreateCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateCommandsResponse) GetBatchId() string {
@@ -3179,7 +3242,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3191,7 +3254,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3204,7 +3267,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Command) GetId() string {
@@ -3384,7 +3447,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3459,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3472,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3443,7 +3506,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3518,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3531,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetCommandRequest) GetId() string {
@@ -3504,7 +3567,7 @@ type GetCommandResponse struct {
 
 func (x *GetCommandResponse) Reset() {
 	*x = GetCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3516,7 +3579,7 @@ func (x *GetCommandResponse) String() string {
 func (*GetCommandResponse) ProtoMessage() {}
 
 func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3529,7 +3592,7 @@ func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandResponse.ProtoReflect.Descriptor instead.
 func (*GetCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetCommandResponse) GetCommand() *Command {
@@ -3559,7 +3622,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3634,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3647,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListCommandsRequest) GetPage() *Page {
@@ -3625,7 +3688,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3637,7 +3700,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3650,7 +3713,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListCommandsResponse) GetCommands() []*Command {
@@ -3677,7 +3740,7 @@ type CancelCommandRequest struct {
 
 func (x *CancelCommandRequest) Reset() {
 	*x = CancelCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3689,7 +3752,7 @@ func (x *CancelCommandRequest) String() string {
 func (*CancelCommandRequest) ProtoMessage() {}
 
 func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3702,7 +3765,7 @@ func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandRequest.ProtoReflect.Descriptor instead.
 func (*CancelCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelCommandRequest) GetId() string {
@@ -3721,7 +3784,7 @@ type CancelCommandResponse struct {
 
 func (x *CancelCommandResponse) Reset() {
 	*x = CancelCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3796,7 @@ func (x *CancelCommandResponse) String() string {
 func (*CancelCommandResponse) ProtoMessage() {}
 
 func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3809,7 @@ func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandResponse.ProtoReflect.Descriptor instead.
 func (*CancelCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CancelCommandResponse) GetCommand() *Command {
@@ -3782,7 +3845,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3794,7 +3857,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3807,7 +3870,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Gateway) GetId() string {
@@ -3896,7 +3959,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +3971,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +3984,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 type ListGatewaysResponse struct {
@@ -3933,7 +3996,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4008,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4021,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3981,7 +4044,7 @@ type DrainGatewayRequest struct {
 
 func (x *DrainGatewayRequest) Reset() {
 	*x = DrainGatewayRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3993,7 +4056,7 @@ func (x *DrainGatewayRequest) String() string {
 func (*DrainGatewayRequest) ProtoMessage() {}
 
 func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4006,7 +4069,7 @@ func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayRequest.ProtoReflect.Descriptor instead.
 func (*DrainGatewayRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DrainGatewayRequest) GetId() string {
@@ -4025,7 +4088,7 @@ type DrainGatewayResponse struct {
 
 func (x *DrainGatewayResponse) Reset() {
 	*x = DrainGatewayResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4037,7 +4100,7 @@ func (x *DrainGatewayResponse) String() string {
 func (*DrainGatewayResponse) ProtoMessage() {}
 
 func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4050,7 +4113,7 @@ func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayResponse.ProtoReflect.Descriptor instead.
 func (*DrainGatewayResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainGatewayResponse) GetGateway() *Gateway {
@@ -4078,7 +4141,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4090,7 +4153,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4103,7 +4166,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Process) GetId() string {
@@ -4171,7 +4234,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4183,7 +4246,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4196,7 +4259,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 type ListProcessesResponse struct {
@@ -4208,7 +4271,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4283,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4296,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*Process {
@@ -4255,7 +4318,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4267,7 +4330,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4280,7 +4343,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -4324,7 +4387,7 @@ type RotationStartRequest struct {
 
 func (x *RotationStartRequest) Reset() {
 	*x = RotationStartRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4336,7 +4399,7 @@ func (x *RotationStartRequest) String() string {
 func (*RotationStartRequest) ProtoMessage() {}
 
 func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4349,7 +4412,7 @@ func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationStartRequest.ProtoReflect.Descriptor instead.
 func (*RotationStartRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RotationStartRequest) GetCa() string {
@@ -4384,7 +4447,7 @@ type RotationStatusRequest struct {
 
 func (x *RotationStatusRequest) Reset() {
 	*x = RotationStatusRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4396,7 +4459,7 @@ func (x *RotationStatusRequest) String() string {
 func (*RotationStatusRequest) ProtoMessage() {}
 
 func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4409,7 +4472,7 @@ func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationStatusRequest.ProtoReflect.Descriptor instead.
 func (*RotationStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RotationStatusRequest) GetCa() string {
@@ -4435,7 +4498,7 @@ type RotationAdvanceRequest struct {
 
 func (x *RotationAdvanceRequest) Reset() {
 	*x = RotationAdvanceRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4447,7 +4510,7 @@ func (x *RotationAdvanceRequest) String() string {
 func (*RotationAdvanceRequest) ProtoMessage() {}
 
 func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4460,7 +4523,7 @@ func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationAdvanceRequest.ProtoReflect.Descriptor instead.
 func (*RotationAdvanceRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RotationAdvanceRequest) GetCa() string {
@@ -4496,7 +4559,7 @@ type RotationRollbackRequest struct {
 
 func (x *RotationRollbackRequest) Reset() {
 	*x = RotationRollbackRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4508,7 +4571,7 @@ func (x *RotationRollbackRequest) String() string {
 func (*RotationRollbackRequest) ProtoMessage() {}
 
 func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4521,7 +4584,7 @@ func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationRollbackRequest.ProtoReflect.Descriptor instead.
 func (*RotationRollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RotationRollbackRequest) GetCa() string {
@@ -4547,7 +4610,7 @@ type RotationResponse struct {
 
 func (x *RotationResponse) Reset() {
 	*x = RotationResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4559,7 +4622,7 @@ func (x *RotationResponse) String() string {
 func (*RotationResponse) ProtoMessage() {}
 
 func (x *RotationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4572,7 +4635,7 @@ func (x *RotationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationResponse.ProtoReflect.Descriptor instead.
 func (*RotationResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RotationResponse) GetRotation() *CARotation {
@@ -4620,7 +4683,7 @@ type CARotation struct {
 
 func (x *CARotation) Reset() {
 	*x = CARotation{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4632,7 +4695,7 @@ func (x *CARotation) String() string {
 func (*CARotation) ProtoMessage() {}
 
 func (x *CARotation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4645,7 +4708,7 @@ func (x *CARotation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CARotation.ProtoReflect.Descriptor instead.
 func (*CARotation) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CARotation) GetId() string {
@@ -4794,7 +4857,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4806,7 +4869,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4819,7 +4882,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -4852,7 +4915,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4864,7 +4927,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4877,7 +4940,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 type FleetSummaryResponse struct {
@@ -4893,7 +4956,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4905,7 +4968,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4918,7 +4981,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -4970,7 +5033,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4982,7 +5045,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4995,7 +5058,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -5052,7 +5115,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5064,7 +5127,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5077,7 +5140,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *APIToken) GetId() string {
@@ -5152,7 +5215,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5164,7 +5227,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5177,7 +5240,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -5226,7 +5289,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5238,7 +5301,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5251,7 +5314,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -5278,7 +5341,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5290,7 +5353,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5303,7 +5366,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -5323,7 +5386,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5335,7 +5398,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5348,7 +5411,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -5375,7 +5438,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5387,7 +5450,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5400,7 +5463,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -5418,7 +5481,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5430,7 +5493,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5443,7 +5506,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -5471,7 +5534,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5483,7 +5546,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5496,7 +5559,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -5574,7 +5637,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5586,7 +5649,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5599,7 +5662,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -5661,7 +5724,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5673,7 +5736,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5686,7 +5749,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -5726,7 +5789,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +5801,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +5814,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -5810,7 +5873,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5822,7 +5885,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5835,7 +5898,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Event) GetId() string {
@@ -5883,7 +5946,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5895,7 +5958,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5908,7 +5971,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -5953,7 +6016,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5965,7 +6028,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5978,7 +6041,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -6044,7 +6107,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6056,7 +6119,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6069,7 +6132,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -6096,7 +6159,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6108,7 +6171,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6121,7 +6184,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -6153,7 +6216,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6165,7 +6228,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6178,7 +6241,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -6212,7 +6275,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[90]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6224,7 +6287,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[90]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6237,7 +6300,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{90}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -6275,7 +6338,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[91]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6287,7 +6350,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[91]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6300,7 +6363,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{91}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -6380,7 +6443,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[92]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6392,7 +6455,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[92]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6405,7 +6468,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{92}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -6453,7 +6516,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[93]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6465,7 +6528,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[93]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6478,7 +6541,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{93}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -6496,7 +6559,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[94]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6508,7 +6571,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[94]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6521,7 +6584,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{94}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{95}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -6541,7 +6604,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[95]
+	mi := &file_api_v1_api_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6553,7 +6616,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[95]
+	mi := &file_api_v1_api_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6566,7 +6629,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{95}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -6649,7 +6712,11 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\rmove_nodes_to\x18\x02 \x01(\tR\vmoveNodesTo\"=\n" +
 	"\x0fMovePoolRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x16\n" +
-	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x9c\x01\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"M\n" +
+	"\x0fMoveNodeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04pool\x18\x03 \x01(\tR\x04pool\"\x9c\x01\n" +
 	"\x04Site\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -7174,7 +7241,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x04List\x12+.bettercompute.api.v1.ListJoinTokensRequest\x1a,.bettercompute.api.v1.ListJoinTokensResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12t\n" +
 	"\x06Revoke\x12,.bettercompute.api.v1.RevokeJoinTokenRequest\x1a-.bettercompute.api.v1.RevokeJoinTokenResponse\"\r\xa2\x9f\x19\t\n" +
-	"\x05admin\x10\x012\x84\t\n" +
+	"\x05admin\x10\x012\xe6\t\n" +
 	"\fNodesService\x12e\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListNodesRequest\x1a'.bettercompute.api.v1.ListNodesResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12Z\n" +
@@ -7197,7 +7264,9 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x06Reboot\x12'.bettercompute.api.v1.NodeRepairRequest\x1a(.bettercompute.api.v1.NodeRepairResponse\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12m\n" +
 	"\vSetGPUCount\x12(.bettercompute.api.v1.SetGPUCountRequest\x1a\".bettercompute.api.v1.NodeResponse\"\x10\xa2\x9f\x19\f\n" +
-	"\boperator\x10\x012\xd2\x03\n" +
+	"\boperator\x10\x01\x12`\n" +
+	"\x04Move\x12%.bettercompute.api.v1.MoveNodeRequest\x1a\".bettercompute.api.v1.NodeResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x012\xd2\x03\n" +
 	"\x0fCommandsService\x12u\n" +
 	"\x06Create\x12+.bettercompute.api.v1.CreateCommandsRequest\x1a,.bettercompute.api.v1.CreateCommandsResponse\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12f\n" +
@@ -7269,7 +7338,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -7280,300 +7349,303 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*TenantRequest)(nil),                // 6: bettercompute.api.v1.TenantRequest
 	(*DeleteTenantRequest)(nil),          // 7: bettercompute.api.v1.DeleteTenantRequest
 	(*MovePoolRequest)(nil),              // 8: bettercompute.api.v1.MovePoolRequest
-	(*Site)(nil),                         // 9: bettercompute.api.v1.Site
-	(*CreateSiteRequest)(nil),            // 10: bettercompute.api.v1.CreateSiteRequest
-	(*ListSitesRequest)(nil),             // 11: bettercompute.api.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),            // 12: bettercompute.api.v1.ListSitesResponse
-	(*Pool)(nil),                         // 13: bettercompute.api.v1.Pool
-	(*PoolBudget)(nil),                   // 14: bettercompute.api.v1.PoolBudget
-	(*PoolRequest)(nil),                  // 15: bettercompute.api.v1.PoolRequest
-	(*SetPoolBudgetRequest)(nil),         // 16: bettercompute.api.v1.SetPoolBudgetRequest
-	(*CreatePoolRequest)(nil),            // 17: bettercompute.api.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),             // 18: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 19: bettercompute.api.v1.ListPoolsResponse
-	(*JoinToken)(nil),                    // 20: bettercompute.api.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),       // 21: bettercompute.api.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),      // 22: bettercompute.api.v1.CreateJoinTokenResponse
-	(*ListJoinTokensRequest)(nil),        // 23: bettercompute.api.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),       // 24: bettercompute.api.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),       // 25: bettercompute.api.v1.RevokeJoinTokenRequest
-	(*RevokeJoinTokenResponse)(nil),      // 26: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*Node)(nil),                         // 27: bettercompute.api.v1.Node
-	(*GPU)(nil),                          // 28: bettercompute.api.v1.GPU
-	(*ListNodesRequest)(nil),             // 29: bettercompute.api.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),            // 30: bettercompute.api.v1.ListNodesResponse
-	(*NodeRequest)(nil),                  // 31: bettercompute.api.v1.NodeRequest
-	(*NodeResponse)(nil),                 // 32: bettercompute.api.v1.NodeResponse
-	(*NodeGPUResetRequest)(nil),          // 33: bettercompute.api.v1.NodeGPUResetRequest
-	(*NodeRepairRequest)(nil),            // 34: bettercompute.api.v1.NodeRepairRequest
-	(*NodeRepairResponse)(nil),           // 35: bettercompute.api.v1.NodeRepairResponse
-	(*SetGPUCountRequest)(nil),           // 36: bettercompute.api.v1.SetGPUCountRequest
-	(*ReinstallNodeRequest)(nil),         // 37: bettercompute.api.v1.ReinstallNodeRequest
-	(*ReinstallNodeResponse)(nil),        // 38: bettercompute.api.v1.ReinstallNodeResponse
-	(*AddNodeRequest)(nil),               // 39: bettercompute.api.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),              // 40: bettercompute.api.v1.AddNodeResponse
-	(*ExecSpec)(nil),                     // 41: bettercompute.api.v1.ExecSpec
-	(*CreateCommandsRequest)(nil),        // 42: bettercompute.api.v1.CreateCommandsRequest
-	(*PowerSpec)(nil),                    // 43: bettercompute.api.v1.PowerSpec
-	(*BootSpec)(nil),                     // 44: bettercompute.api.v1.BootSpec
-	(*CreateCommandsResponse)(nil),       // 45: bettercompute.api.v1.CreateCommandsResponse
-	(*Command)(nil),                      // 46: bettercompute.api.v1.Command
-	(*UpgradeSpec)(nil),                  // 47: bettercompute.api.v1.UpgradeSpec
-	(*GetCommandRequest)(nil),            // 48: bettercompute.api.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),           // 49: bettercompute.api.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),          // 50: bettercompute.api.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),         // 51: bettercompute.api.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),         // 52: bettercompute.api.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),        // 53: bettercompute.api.v1.CancelCommandResponse
-	(*Gateway)(nil),                      // 54: bettercompute.api.v1.Gateway
-	(*ListGatewaysRequest)(nil),          // 55: bettercompute.api.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),         // 56: bettercompute.api.v1.ListGatewaysResponse
-	(*DrainGatewayRequest)(nil),          // 57: bettercompute.api.v1.DrainGatewayRequest
-	(*DrainGatewayResponse)(nil),         // 58: bettercompute.api.v1.DrainGatewayResponse
-	(*Process)(nil),                      // 59: bettercompute.api.v1.Process
-	(*ListProcessesRequest)(nil),         // 60: bettercompute.api.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 61: bettercompute.api.v1.ListProcessesResponse
-	(*RevokeCertificateRequest)(nil),     // 62: bettercompute.api.v1.RevokeCertificateRequest
-	(*RotationStartRequest)(nil),         // 63: bettercompute.api.v1.RotationStartRequest
-	(*RotationStatusRequest)(nil),        // 64: bettercompute.api.v1.RotationStatusRequest
-	(*RotationAdvanceRequest)(nil),       // 65: bettercompute.api.v1.RotationAdvanceRequest
-	(*RotationRollbackRequest)(nil),      // 66: bettercompute.api.v1.RotationRollbackRequest
-	(*RotationResponse)(nil),             // 67: bettercompute.api.v1.RotationResponse
-	(*CARotation)(nil),                   // 68: bettercompute.api.v1.CARotation
-	(*RevokeCertificateResponse)(nil),    // 69: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 70: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 71: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 72: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 73: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 74: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 75: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 76: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 77: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 78: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 79: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 80: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 81: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 82: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 83: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 84: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 85: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 86: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 87: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 88: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 89: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 90: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 91: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 92: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 93: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 94: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 95: bettercompute.api.v1.WellKnown
-	nil,                                  // 96: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 97: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 98: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 99: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 100: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 101: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 102: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 103: google.protobuf.Struct
+	(*MoveNodeRequest)(nil),              // 9: bettercompute.api.v1.MoveNodeRequest
+	(*Site)(nil),                         // 10: bettercompute.api.v1.Site
+	(*CreateSiteRequest)(nil),            // 11: bettercompute.api.v1.CreateSiteRequest
+	(*ListSitesRequest)(nil),             // 12: bettercompute.api.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),            // 13: bettercompute.api.v1.ListSitesResponse
+	(*Pool)(nil),                         // 14: bettercompute.api.v1.Pool
+	(*PoolBudget)(nil),                   // 15: bettercompute.api.v1.PoolBudget
+	(*PoolRequest)(nil),                  // 16: bettercompute.api.v1.PoolRequest
+	(*SetPoolBudgetRequest)(nil),         // 17: bettercompute.api.v1.SetPoolBudgetRequest
+	(*CreatePoolRequest)(nil),            // 18: bettercompute.api.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),             // 19: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 20: bettercompute.api.v1.ListPoolsResponse
+	(*JoinToken)(nil),                    // 21: bettercompute.api.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),       // 22: bettercompute.api.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),      // 23: bettercompute.api.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),        // 24: bettercompute.api.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),       // 25: bettercompute.api.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),       // 26: bettercompute.api.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),      // 27: bettercompute.api.v1.RevokeJoinTokenResponse
+	(*Node)(nil),                         // 28: bettercompute.api.v1.Node
+	(*GPU)(nil),                          // 29: bettercompute.api.v1.GPU
+	(*ListNodesRequest)(nil),             // 30: bettercompute.api.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 31: bettercompute.api.v1.ListNodesResponse
+	(*NodeRequest)(nil),                  // 32: bettercompute.api.v1.NodeRequest
+	(*NodeResponse)(nil),                 // 33: bettercompute.api.v1.NodeResponse
+	(*NodeGPUResetRequest)(nil),          // 34: bettercompute.api.v1.NodeGPUResetRequest
+	(*NodeRepairRequest)(nil),            // 35: bettercompute.api.v1.NodeRepairRequest
+	(*NodeRepairResponse)(nil),           // 36: bettercompute.api.v1.NodeRepairResponse
+	(*SetGPUCountRequest)(nil),           // 37: bettercompute.api.v1.SetGPUCountRequest
+	(*ReinstallNodeRequest)(nil),         // 38: bettercompute.api.v1.ReinstallNodeRequest
+	(*ReinstallNodeResponse)(nil),        // 39: bettercompute.api.v1.ReinstallNodeResponse
+	(*AddNodeRequest)(nil),               // 40: bettercompute.api.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),              // 41: bettercompute.api.v1.AddNodeResponse
+	(*ExecSpec)(nil),                     // 42: bettercompute.api.v1.ExecSpec
+	(*CreateCommandsRequest)(nil),        // 43: bettercompute.api.v1.CreateCommandsRequest
+	(*PowerSpec)(nil),                    // 44: bettercompute.api.v1.PowerSpec
+	(*BootSpec)(nil),                     // 45: bettercompute.api.v1.BootSpec
+	(*CreateCommandsResponse)(nil),       // 46: bettercompute.api.v1.CreateCommandsResponse
+	(*Command)(nil),                      // 47: bettercompute.api.v1.Command
+	(*UpgradeSpec)(nil),                  // 48: bettercompute.api.v1.UpgradeSpec
+	(*GetCommandRequest)(nil),            // 49: bettercompute.api.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),           // 50: bettercompute.api.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),          // 51: bettercompute.api.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),         // 52: bettercompute.api.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),         // 53: bettercompute.api.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),        // 54: bettercompute.api.v1.CancelCommandResponse
+	(*Gateway)(nil),                      // 55: bettercompute.api.v1.Gateway
+	(*ListGatewaysRequest)(nil),          // 56: bettercompute.api.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),         // 57: bettercompute.api.v1.ListGatewaysResponse
+	(*DrainGatewayRequest)(nil),          // 58: bettercompute.api.v1.DrainGatewayRequest
+	(*DrainGatewayResponse)(nil),         // 59: bettercompute.api.v1.DrainGatewayResponse
+	(*Process)(nil),                      // 60: bettercompute.api.v1.Process
+	(*ListProcessesRequest)(nil),         // 61: bettercompute.api.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 62: bettercompute.api.v1.ListProcessesResponse
+	(*RevokeCertificateRequest)(nil),     // 63: bettercompute.api.v1.RevokeCertificateRequest
+	(*RotationStartRequest)(nil),         // 64: bettercompute.api.v1.RotationStartRequest
+	(*RotationStatusRequest)(nil),        // 65: bettercompute.api.v1.RotationStatusRequest
+	(*RotationAdvanceRequest)(nil),       // 66: bettercompute.api.v1.RotationAdvanceRequest
+	(*RotationRollbackRequest)(nil),      // 67: bettercompute.api.v1.RotationRollbackRequest
+	(*RotationResponse)(nil),             // 68: bettercompute.api.v1.RotationResponse
+	(*CARotation)(nil),                   // 69: bettercompute.api.v1.CARotation
+	(*RevokeCertificateResponse)(nil),    // 70: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 71: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 72: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 73: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 74: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 75: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 76: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 77: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 78: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 79: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 80: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 81: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 82: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 83: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 84: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 85: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 86: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 87: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 88: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 89: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 90: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 91: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 92: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 93: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 94: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 95: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 96: bettercompute.api.v1.WellKnown
+	nil,                                  // 97: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 98: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 99: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 100: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 101: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 103: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 104: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	101, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
-	101, // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
-	101, // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
+	102, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
+	102, // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
+	102, // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
 	1,   // 3: bettercompute.api.v1.ListTenantsRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 4: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
-	101, // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	102, // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 6: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
-	9,   // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	101, // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	14,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
+	10,  // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
+	102, // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	15,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
 	1,   // 10: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
-	13,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	101, // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	101, // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	101, // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	102, // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	20,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	14,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	102, // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	102, // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	102, // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	103, // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	21,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 17: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
-	20,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	20,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	96,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	101, // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	101, // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	101, // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	28,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	103, // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	102, // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	101, // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	21,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	21,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	97,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	102, // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	102, // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	102, // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	29,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
+	104, // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	103, // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	102, // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 28: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
-	27,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	27,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	102, // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
-	20,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	102, // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	101, // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	97,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	98,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	41,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	102, // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	43,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
-	44,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
-	47,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	46,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	41,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	101, // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	101, // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	101, // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	43,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
-	44,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	103, // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	47,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	46,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	28,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	28,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
+	103, // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	21,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	103, // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	102, // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	98,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	99,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	42,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
+	103, // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	44,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	45,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	48,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	47,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	42,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	102, // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	102, // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	102, // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	44,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	45,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	104, // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	48,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	47,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 52: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	46,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	46,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	101, // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	54,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	54,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
-	101, // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	101, // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
-	59,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
-	68,  // 61: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
-	101, // 62: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
-	101, // 63: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
-	101, // 64: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
-	101, // 65: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
-	101, // 66: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
-	99,  // 67: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	100, // 68: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	72,  // 69: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	101, // 70: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	101, // 71: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	101, // 72: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	102, // 73: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	73,  // 74: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	47,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	47,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	102, // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	55,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	55,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
+	102, // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	102, // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	60,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
+	69,  // 61: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
+	102, // 62: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
+	102, // 63: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
+	102, // 64: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
+	102, // 65: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
+	102, // 66: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
+	100, // 67: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	101, // 68: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	73,  // 69: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	102, // 70: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	102, // 71: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	102, // 72: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	103, // 73: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	74,  // 74: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
 	1,   // 75: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	73,  // 76: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	101, // 77: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	103, // 78: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	74,  // 76: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	102, // 77: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	104, // 78: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
 	1,   // 79: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	101, // 80: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	101, // 81: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	80,  // 82: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	102, // 80: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	102, // 81: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	81,  // 82: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
 	1,   // 83: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	101, // 84: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	101, // 85: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	101, // 86: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	103, // 87: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	84,  // 88: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	84,  // 89: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	101, // 90: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	102, // 84: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	102, // 85: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	102, // 86: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	104, // 87: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	85,  // 88: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	85,  // 89: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	102, // 90: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
 	1,   // 91: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	86,  // 92: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	102, // 93: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	101, // 94: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	87,  // 92: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	103, // 93: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	102, // 94: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
 	3,   // 95: bettercompute.api.v1.TenantsService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
 	4,   // 96: bettercompute.api.v1.TenantsService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
 	6,   // 97: bettercompute.api.v1.TenantsService.Get:input_type -> bettercompute.api.v1.TenantRequest
 	6,   // 98: bettercompute.api.v1.TenantsService.Suspend:input_type -> bettercompute.api.v1.TenantRequest
 	6,   // 99: bettercompute.api.v1.TenantsService.Resume:input_type -> bettercompute.api.v1.TenantRequest
 	7,   // 100: bettercompute.api.v1.TenantsService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
-	10,  // 101: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	11,  // 102: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	17,  // 103: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	18,  // 104: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	15,  // 105: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	16,  // 106: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	11,  // 101: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	12,  // 102: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	18,  // 103: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	19,  // 104: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	16,  // 105: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	17,  // 106: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
 	8,   // 107: bettercompute.api.v1.PoolsService.Move:input_type -> bettercompute.api.v1.MovePoolRequest
-	21,  // 108: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	23,  // 109: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	25,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	29,  // 111: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	31,  // 112: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 113: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 114: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 115: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 116: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	37,  // 117: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	39,  // 118: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	33,  // 119: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
-	34,  // 120: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
-	36,  // 121: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
-	42,  // 122: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	48,  // 123: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	50,  // 124: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	52,  // 125: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	55,  // 126: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	57,  // 127: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	57,  // 128: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	60,  // 129: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
-	62,  // 130: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	63,  // 131: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
-	64,  // 132: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
-	65,  // 133: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
-	66,  // 134: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
-	70,  // 135: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	74,  // 136: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	76,  // 137: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	78,  // 138: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	91,  // 139: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	93,  // 140: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	81,  // 141: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	83,  // 142: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	87,  // 143: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	89,  // 144: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 145: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
-	5,   // 146: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
-	2,   // 147: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
-	2,   // 148: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
-	2,   // 149: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
-	2,   // 150: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
-	9,   // 151: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	12,  // 152: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	13,  // 153: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	19,  // 154: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	13,  // 155: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	13,  // 156: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	13,  // 157: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
-	22,  // 158: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	24,  // 159: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	26,  // 160: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	30,  // 161: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	32,  // 162: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 163: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 164: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 165: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 166: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	38,  // 167: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	40,  // 168: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	35,  // 169: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
-	35,  // 170: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
-	32,  // 171: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
-	45,  // 172: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	49,  // 173: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	51,  // 174: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	53,  // 175: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	56,  // 176: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	58,  // 177: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	58,  // 178: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	61,  // 179: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
-	69,  // 180: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	67,  // 181: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 182: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 183: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 184: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
-	71,  // 185: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	75,  // 186: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	77,  // 187: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	79,  // 188: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	92,  // 189: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	94,  // 190: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	82,  // 191: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	85,  // 192: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	88,  // 193: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	90,  // 194: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	145, // [145:195] is the sub-list for method output_type
-	95,  // [95:145] is the sub-list for method input_type
+	22,  // 108: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	24,  // 109: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	26,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	30,  // 111: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	32,  // 112: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 113: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 114: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 115: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 116: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	38,  // 117: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	40,  // 118: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	34,  // 119: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
+	35,  // 120: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
+	37,  // 121: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
+	9,   // 122: bettercompute.api.v1.NodesService.Move:input_type -> bettercompute.api.v1.MoveNodeRequest
+	43,  // 123: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	49,  // 124: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	51,  // 125: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	53,  // 126: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	56,  // 127: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	58,  // 128: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	58,  // 129: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	61,  // 130: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	63,  // 131: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	64,  // 132: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
+	65,  // 133: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
+	66,  // 134: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
+	67,  // 135: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
+	71,  // 136: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	75,  // 137: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	77,  // 138: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	79,  // 139: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	92,  // 140: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	94,  // 141: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	82,  // 142: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	84,  // 143: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	88,  // 144: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	90,  // 145: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 146: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
+	5,   // 147: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
+	2,   // 148: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
+	2,   // 149: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
+	2,   // 150: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
+	2,   // 151: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
+	10,  // 152: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	13,  // 153: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	14,  // 154: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	20,  // 155: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	14,  // 156: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	14,  // 157: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	14,  // 158: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
+	23,  // 159: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	25,  // 160: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	27,  // 161: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	31,  // 162: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	33,  // 163: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 164: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 165: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 166: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 167: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	39,  // 168: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	41,  // 169: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	36,  // 170: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
+	36,  // 171: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
+	33,  // 172: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 173: bettercompute.api.v1.NodesService.Move:output_type -> bettercompute.api.v1.NodeResponse
+	46,  // 174: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	50,  // 175: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	52,  // 176: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	54,  // 177: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	57,  // 178: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	59,  // 179: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	59,  // 180: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	62,  // 181: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	70,  // 182: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	68,  // 183: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 184: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 185: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 186: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
+	72,  // 187: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	76,  // 188: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	78,  // 189: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	80,  // 190: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	93,  // 191: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	95,  // 192: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	83,  // 193: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	86,  // 194: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	89,  // 195: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	91,  // 196: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	146, // [146:197] is the sub-list for method output_type
+	95,  // [95:146] is the sub-list for method input_type
 	95,  // [95:95] is the sub-list for extension type_name
 	95,  // [95:95] is the sub-list for extension extendee
 	0,   // [0:95] is the sub-list for field type_name
@@ -7585,14 +7657,14 @@ func file_api_v1_api_proto_init() {
 		return
 	}
 	file_api_v1_options_proto_init()
-	file_api_v1_api_proto_msgTypes[46].OneofWrappers = []any{}
+	file_api_v1_api_proto_msgTypes[47].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   101,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   15,
 		},
