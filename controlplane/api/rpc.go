@@ -167,7 +167,7 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	if !iam.Allows(p.Role, m.role) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
 	}
-	if tenantDenied(p, name, m.mutating) {
+	if tenantDenied(p, name) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf(
 			"%s is not scoped to tenants yet: only a token of the root tenant may call it (docs/tenants.md)", name)})
 	}
