@@ -334,7 +334,7 @@ func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, 
 		sum := sha256.Sum256(b)
 		details, _ = json.Marshal(map[string]string{"request_sha256": fmt.Sprintf("%x", sum)})
 	}
-	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome,
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome, TenantID: p.TenantID,
 		SourceIP: fmt.Sprint(addr), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
 		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
