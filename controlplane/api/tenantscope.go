@@ -23,7 +23,7 @@ var tenantScoped = map[string]bool{
 	"joinTokens.create": true, "joinTokens.list": true, "joinTokens.revoke": true,
 	"nodes.list": true, "nodes.get": true, "nodes.cordon": true, "nodes.uncordon": true, "nodes.drain": true,
 	"nodes.delete": true, "nodes.gpuReset": true, "nodes.reboot": true, "nodes.add": true,
-	"nodes.move": true,
+	"nodes.move":      true,
 	"commands.create": true, "commands.get": true, "commands.list": true, "commands.cancel": true,
 	"tunnels.create": true,
 	"tokens.create":  true, "tokens.list": true, "tokens.revoke": true,
