@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/client"
@@ -33,6 +34,7 @@ type tenantFixture struct {
 	pool3         string // an empty pool, moved to child
 	n1, n2, n3    string // n1: cordon, drain, commands, tunnels; n2: repairs; n3: moved, then deleted
 	joinToken     string
+	reservation   string // pending: its labels match no node, so it holds none
 	spareToken    string // an API token to revoke
 	command       string
 	tokens        map[string]*client.Client // by role
@@ -175,6 +177,10 @@ func TestTenantMatrix(t *testing.T) {
 			}
 			f.ids = append(f.ids, resp.ApiToken.Id)
 		}
+		res, err := admin.ReservationsCreate(ctx, reservationRequest(f.pool))
+		must("reservations.create", err)
+		f.reservation = res.Id
+		f.ids = append(f.ids, res.Id)
 		cmd, err := admin.CommandsCreate(ctx, &apiv1.CreateCommandsRequest{NodeIds: []string{f.n1}, Kind: "exec", Exec: &apiv1.ExecSpec{Argv: []string{"true"}}})
 		must("commands.create", err)
 		f.command = cmd.Commands[0].Id
@@ -289,7 +295,23 @@ func TestTenantMatrix(t *testing.T) {
 			return fmt.Sprintf(`{"node": %q, "kind": "shell"}`, target.n1)
 		}),
 	}
-	for _, prefix := range []string{"remediation.", "gpus.", "recordings.", "reservations.", "capacity.", "rollouts."} {
+	// Reservations of a tenant's pools are its own; the placer may fail
+	// one that no node matches, so cancelling or extending it is CONFLICT
+	// past the tenant and role checks.
+	cases["reservations.create"] = scoped(0, func(_, target *tenantFixture) string {
+		b, err := protojson.Marshal(reservationRequest(target.pool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	})
+	cases["reservations.list"] = list(`{}`, func(f *tenantFixture) string { return f.reservation })
+	cases["reservations.get"] = byID(0, "id", func(f *tenantFixture) string { return f.reservation })
+	cases["reservations.extend"] = scoped(0, func(_, target *tenantFixture) string {
+		return fmt.Sprintf(`{"id": %q, "end": %q}`, target.reservation, time.Now().Add(3*time.Hour).UTC().Format(time.RFC3339Nano))
+	}, apiv1.CodeConflict)
+	cases["reservations.cancel"] = byID(3, "id", func(f *tenantFixture) string { return f.reservation }, apiv1.CodeConflict)
+	for _, prefix := range []string{"remediation.", "gpus.", "recordings.", "capacity.", "rollouts."} {
 		for _, m := range apiv1.Methods {
 			if strings.HasPrefix(m.Name, prefix) {
 				cases[m.Name] = root
@@ -545,4 +567,12 @@ func testTenantStreams(ctx context.Context, t *testing.T, d *deployment, admin *
 	if code, body := login(d.adminToken); code != http.StatusSeeOther {
 		t.Errorf("fleet page login of the root admin: %d\n%s", code, body)
 	}
+}
+
+// reservationRequest is a reservation of one GPU of pool for an hour from
+// an hour ahead whose labels match no node: it never holds one.
+func reservationRequest(pool string) *apiv1.CreateReservationRequest {
+	now := time.Now()
+	return &apiv1.CreateReservationRequest{Pool: pool, Gpus: 1, Labels: map[string]string{"matrix": "no-such-node"},
+		Start: timestamppb.New(now.Add(time.Hour)), End: timestamppb.New(now.Add(2 * time.Hour)), Owner: "matrix"}
 }

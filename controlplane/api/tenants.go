@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -294,6 +295,25 @@ func (s *Server) nodesMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveN
 		return nil, fieldNotFound(err, "id", "no node "+r.GetId())
 	}
 	return &apiv1.NodeResponse{Node: nodeOut(n, s.gatewayOf(ctx, n.ID), true)}, nil
+}
+
+// poolSeen returns nil when pool poolID lies within p's subtree, an error
+// wrapping store.ErrNotFound when it does not (or no longer exists), so
+// that a row of another tenant's pool is answered as one that does not
+// exist.
+func (s *Server) poolSeen(ctx context.Context, p *iam.Principal, poolID string) error {
+	if within(p) == "" {
+		return nil
+	}
+	pool, err := s.store.PoolGet(ctx, poolID)
+	if err != nil {
+		return err
+	}
+	ok, err := s.sees(ctx, p, pool.TenantID)
+	if err == nil && !ok {
+		err = fmt.Errorf("pool %s: %w", poolID, store.ErrNotFound)
+	}
+	return err
 }
 
 // isNotFound reports whether err is an API NOT_FOUND.

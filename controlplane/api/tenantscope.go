@@ -8,11 +8,10 @@ import (
 // tenantScoped are the API methods that act only within the caller's
 // subtree (docs/tenants.md, "Scoped"). A token of a tenant other than the
 // root calls these and no other: every other change is deployment-wide
-// (pki.*, gateways.*, bmc.*, sinks.*, rollouts, remediation, reservations,
-// …) and refused to it, and so is every other read: their answers name
+// (pki.*, gateways.*, bmc.*, sinks.*, rollouts, remediation, …) and refused to it, and so is every other read: their answers name
 // other tenants' nodes or carry their data (recordings: what was typed in
-// any tenant's shells; reservations, rollouts, remediation, gpus,
-// capacity, fleet: every pool's nodes; pki: a rotation's missing nodes;
+// any tenant's shells; rollouts, remediation, gpus, capacity, fleet:
+// every pool's nodes; pki: a rotation's missing nodes;
 // sinks: dead-lettered events; gateways, processes: the deployment's
 // own) (tenantDenied).
 var tenantScoped = map[string]bool{
@@ -28,6 +27,9 @@ var tenantScoped = map[string]bool{
 	"tunnels.create": true,
 	"tokens.create":  true, "tokens.list": true, "tokens.revoke": true,
 	"audit.list": true, "events.list": true,
+	// Reservations of the subtree's pools (their nodes are the pool's).
+	"reservations.create": true, "reservations.list": true, "reservations.get": true, "reservations.cancel": true,
+	"reservations.extend": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,
