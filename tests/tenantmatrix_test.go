@@ -35,6 +35,7 @@ type tenantFixture struct {
 	n1, n2, n3    string // n1: cordon, drain, commands, tunnels; n2: repairs; n3: moved, then deleted
 	joinToken     string
 	reservation   string // pending: its labels match no node, so it holds none
+	remediation   string // the case its admin's nodes.gpuReset of n2 opened (phase 2)
 	spareToken    string // an API token to revoke
 	command       string
 	tokens        map[string]*client.Client // by role
@@ -188,6 +189,10 @@ func TestTenantMatrix(t *testing.T) {
 		return f
 	}
 	a, b := fix("matrix-a", nodes[:3]), fix("matrix-b", nodes[3:])
+	eventually(t, 60*time.Second, func() bool {
+		l, err := admin.GpusList(ctx, &apiv1.ListGPUsRequest{Page: &apiv1.Page{Limit: 1000}})
+		return err == nil && len(l.Gpus) == 6*8
+	}, func() string { return "gpus.list does not show the six FakeDaemons' 48 GPUs" })
 	// nodes move is one audited call.
 	if rows, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "nodes.move"}); err != nil || len(rows) != 6 {
 		t.Fatalf("nodes.move audit rows = %d, %v; want 6", len(rows), err)
@@ -311,9 +316,15 @@ func TestTenantMatrix(t *testing.T) {
 		return fmt.Sprintf(`{"id": %q, "end": %q}`, target.reservation, time.Now().Add(3*time.Hour).UTC().Format(time.RFC3339Nano))
 	}, apiv1.CodeConflict)
 	cases["reservations.cancel"] = byID(3, "id", func(f *tenantFixture) string { return f.reservation }, apiv1.CodeConflict)
+	// GPUs and remediation cases of a tenant's pools are its own.
+	cases["gpus.list"] = list(`{"page": {"limit": 1000}}`, func(f *tenantFixture) string { return f.n1 })
+	rem := list(`{}`, func(f *tenantFixture) string { return f.remediation })
+	rem.phase = 3
+	cases["remediation.list"] = rem
+	cases["remediation.get"] = byID(3, "id", func(f *tenantFixture) string { return f.remediation })
 	for _, prefix := range []string{"remediation.", "gpus.", "recordings.", "capacity.", "rollouts."} {
 		for _, m := range apiv1.Methods {
-			if strings.HasPrefix(m.Name, prefix) {
+			if _, done := cases[m.Name]; !done && strings.HasPrefix(m.Name, prefix) {
 				cases[m.Name] = root
 			}
 		}
@@ -421,6 +432,16 @@ func TestTenantMatrix(t *testing.T) {
 	}
 	roles := []string{store.RoleAdmin, store.RoleOperator, store.RoleViewer}
 	for phase := 0; phase <= 4; phase++ {
+		if phase == 3 {
+			for _, f := range []*tenantFixture{a, b} {
+				l, err := admin.RemediationList(ctx, &apiv1.ListRemediationsRequest{NodeId: f.n2})
+				if err != nil || len(l.Remediations) == 0 {
+					t.Fatalf("%s's n2 has no remediation case after nodes.gpuReset: %+v, %v", f.name, l, err)
+				}
+				f.remediation = l.Remediations[0].Id
+				f.ids = append(f.ids, f.remediation)
+			}
+		}
 		var wg sync.WaitGroup
 		for _, m := range apiv1.Methods {
 			c := cases[m.Name]

@@ -316,6 +316,26 @@ func (s *Server) poolSeen(ctx context.Context, p *iam.Principal, poolID string) 
 	return err
 }
 
+// poolsSeen returns a filter of rows by their pool for p's lists: true
+// for a pool within p's subtree, each pool read once a call.
+func (s *Server) poolsSeen(p *iam.Principal) func(ctx context.Context, poolID string) (bool, error) {
+	seen := map[string]bool{}
+	return func(ctx context.Context, poolID string) (bool, error) {
+		if within(p) == "" {
+			return true, nil
+		}
+		if ok, cached := seen[poolID]; cached {
+			return ok, nil
+		}
+		err := s.poolSeen(ctx, p, poolID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return false, err
+		}
+		seen[poolID] = err == nil
+		return err == nil, nil
+	}
+}
+
 // isNotFound reports whether err is an API NOT_FOUND.
 func isNotFound(err error) bool {
 	var e *Error

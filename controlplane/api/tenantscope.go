@@ -10,7 +10,8 @@ import (
 // root calls these and no other: every other change is deployment-wide
 // (pki.*, gateways.*, bmc.*, sinks.*, rollouts, remediation, …) and refused to it, and so is every other read: their answers name
 // other tenants' nodes or carry their data (recordings: what was typed in
-// any tenant's shells; rollouts, remediation, gpus, capacity, fleet:
+// any tenant's shells; rollouts, remediation's breakers, history and
+// stats, gpus.get (a board's history across nodes), capacity, fleet:
 // every pool's nodes; pki: a rotation's missing nodes;
 // sinks: dead-lettered events; gateways, processes: the deployment's
 // own) (tenantDenied).
@@ -30,6 +31,8 @@ var tenantScoped = map[string]bool{
 	// Reservations of the subtree's pools (their nodes are the pool's).
 	"reservations.create": true, "reservations.list": true, "reservations.get": true, "reservations.cancel": true,
 	"reservations.extend": true,
+	// Reads of the subtree's pools' GPUs and remediation cases.
+	"gpus.list": true, "remediation.list": true, "remediation.get": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,
