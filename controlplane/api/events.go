@@ -209,6 +209,7 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 	s.log.DebugContext(ctx, "Event stream opened", "token", p.TokenID, "after", cursor, "types", strings.Join(prefixes, ","))
 	scope := s.eventScope(p) // a tenant's caller sees its subtree's events only
 	for evs := first; sw.err == nil && ctx.Err() == nil; {
+		var scopeErr error
 		for _, ev := range evs {
 			if !events.Matches(prefixes, ev.Type) {
 				cursor = ev.ID
@@ -216,7 +217,8 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 			}
 			ok, err := scope.sees(ctx, ev.JSON)
 			if err != nil {
-				break // read again from cursor after the wait below
+				scopeErr = err // this event and those after it are read again below
+				break
 			}
 			cursor = ev.ID
 			if ok {
@@ -225,6 +227,13 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		if sw.flush(); sw.err != nil {
 			break
+		}
+		if scopeErr != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "Event stream cannot read an event's tenant", logkey.Err, scopeErr)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 		wait, stop := context.WithTimeout(ctx, heartbeat)
 		evs, err = s.feed.Next(wait, cursor, streamBatch)
