@@ -1,7 +1,7 @@
 #!/bin/sh
 # generate.sh regenerates the Go code for every .proto file under proto/ with
 # pinned generator versions, and the operator API's method table, Go client
-# (controlplane/client/methods.bcapi.go) and OpenAPI document
+# (controlplane/pkg/client/methods.bcapi.go) and OpenAPI document
 # (proto/api/v1/openapi.json) from its services with protoc-gen-bcapi
 # (proto/internal/protoc-gen-bcapi).
 #

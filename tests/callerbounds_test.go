@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/pkg/admission"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 

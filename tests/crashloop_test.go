@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -47,8 +47,8 @@ func under(pkg, dir string) bool { return pkg == dir || strings.HasPrefix(pkg, d
 // "Repository layout"; issue 17): each rule names who may not import what.
 func TestLayering(t *testing.T) {
 	imports := moduleImports(t)
-	roles := []string{"controlplane/api", "controlplane/gateway", "controlplane/workers", "controlplane/liveness",
-		"controlplane/sweeper", "controlplane/sinks", "controlplane/reaper", "controlplane/serve", "controlplane/admission"}
+	roles := []string{"controlplane/api", "controlplane/gateway", "controlplane/workers", "controlplane/reconcilers/liveness",
+		"controlplane/reconcilers/sweeper", "controlplane/reconcilers/sinks", "controlplane/reconcilers/reaper", "controlplane/serve", "controlplane/pkg/admission"}
 	rules := []struct {
 		what string
 		from func(string) bool
@@ -56,7 +56,7 @@ func TestLayering(t *testing.T) {
 	}{
 		{"bcd never imports the control plane", func(p string) bool { return under(p, "bcd") || under(p, "plugins") },
 			func(p string) bool { return under(p, "controlplane") }},
-		{"only controlplane/sim imports bcd", func(p string) bool { return under(p, "controlplane") && p != "controlplane/sim" },
+		{"only controlplane/pkg/sim imports bcd", func(p string) bool { return under(p, "controlplane") && p != "controlplane/pkg/sim" },
 			func(p string) bool { return under(p, "bcd") }},
 		{"the store imports no role", func(p string) bool { return under(p, "controlplane/store") },
 			func(p string) bool { return slices.ContainsFunc(roles, func(r string) bool { return under(p, r) }) }},
@@ -85,7 +85,7 @@ func TestLayering(t *testing.T) {
 
 // TestWireNamesCLIImportsNoAPIServer: of the CLI's files only serve.go
 // and dev.go, which run the server, import controlplane/api; the rest talk
-// to it through controlplane/client and take its error codes, join-token
+// to it through controlplane/pkg/client and take its error codes, join-token
 // limits, name rule and serial form from proto/api/v1, the names both ends
 // share (issue 31). Test files are left out: they start a real API server
 // in the process to run the commands against.
@@ -106,7 +106,7 @@ func TestWireNamesCLIImportsNoAPIServer(t *testing.T) {
 		}
 		for _, imp := range parsed.Imports {
 			if imp.Path.Value == `"`+module+`/controlplane/api"` {
-				t.Errorf("controlplane/cmd/better-compute/%s imports controlplane/api: take the shared names from proto/api/v1 and call the server through controlplane/client", base)
+				t.Errorf("controlplane/cmd/better-compute/%s imports controlplane/api: take the shared names from proto/api/v1 and call the server through controlplane/pkg/client", base)
 			}
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/drift"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/drift"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 )

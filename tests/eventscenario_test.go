@@ -18,10 +18,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/client"
-	"github.com/better-compute/better-compute/controlplane/events"
-	"github.com/better-compute/better-compute/controlplane/sim"
-	"github.com/better-compute/better-compute/controlplane/sinks"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/sinks"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )

@@ -18,7 +18,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/identity"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/tests/testenv"

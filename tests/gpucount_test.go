@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
-	"github.com/better-compute/better-compute/controlplane/gpucount"
+	"github.com/better-compute/better-compute/controlplane/pkg/gpucount"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"

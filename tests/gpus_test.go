@@ -3,18 +3,19 @@ package tests
 import (
 	"context"
 	"fmt"
-	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
+
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/admission"
+	"github.com/better-compute/better-compute/controlplane/pkg/admission"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -18,16 +18,16 @@ import (
 // drive time with controlplane/internal/clocktest and wait on signals.
 var loopPackages = []string{
 	"controlplane/gateway",
-	"controlplane/lease",
-	"controlplane/shard",
+	"controlplane/pkg/lease",
+	"controlplane/pkg/shard",
 	"controlplane/workers",
-	"controlplane/liveness",
+	"controlplane/reconcilers/liveness",
 	"controlplane/remediation",
-	"controlplane/rollouts",
-	"controlplane/placer",
-	"controlplane/reaper",
-	"controlplane/sweeper",
-	"controlplane/drift",
+	"controlplane/reconcilers/rollouts",
+	"controlplane/reconcilers/placer",
+	"controlplane/reconcilers/reaper",
+	"controlplane/reconcilers/sweeper",
+	"controlplane/reconcilers/drift",
 }
 
 // sleepers are the time functions a test of a loop package must not call:

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/client"
-	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/placer"
-	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/pkg/shard"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/placer"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"

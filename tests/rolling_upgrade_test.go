@@ -26,9 +26,9 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/client"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/controlplane/store/backend"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"

@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/better-compute/better-compute/controlplane/events"
-	"github.com/better-compute/better-compute/controlplane/shard"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/shard"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 )
 
 // rotationView is `pki rotate node-ca status -o json`'s rotation.

@@ -53,7 +53,7 @@ var wideTxAllowed = map[string]int{
 var compositionRoots = []string{
 	"controlplane/serve",
 	"controlplane/cmd/better-compute",
-	"controlplane/bootstrap",
+	"controlplane/pkg/bootstrap",
 	"controlplane/doctor",
 	"controlplane/compute",
 }

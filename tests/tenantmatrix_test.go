@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/client"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/tests/testenv"

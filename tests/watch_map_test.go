@@ -18,8 +18,8 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/inventory/gpu/gputest"
 	"github.com/better-compute/better-compute/bcd/session"
-	cpinventory "github.com/better-compute/better-compute/controlplane/inventory"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	cpinventory "github.com/better-compute/better-compute/controlplane/pkg/inventory"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/tests/testenv"
 )

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	eventsv1 "github.com/better-compute/better-compute/proto/events/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -28,7 +28,7 @@ import (
 
 // TestWireNamesEventsDoc checks docs/events.md's type table against the
 // registry in proto/events/v1: one row per type, in its order, each with
-// the data struct controlplane/events names for it, and every field of
+// the data struct controlplane/pkg/events names for it, and every field of
 // every data struct under its heading.
 func TestWireNamesEventsDoc(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "events.md"))
@@ -48,7 +48,7 @@ func TestWireNamesEventsDoc(t *testing.T) {
 		named = append(named, info.Type)
 	}
 	if !slices.Equal(named, eventsv1.Types) {
-		t.Errorf("controlplane/events.Types names\n  %q\nproto/events/v1 registers\n  %q", named, eventsv1.Types)
+		t.Errorf("controlplane/pkg/events.Types names\n  %q\nproto/events/v1 registers\n  %q", named, eventsv1.Types)
 	}
 	seen := map[string]bool{}
 	for _, info := range events.Types {
@@ -115,7 +115,7 @@ var wireLiteralAllowed = map[[2]string]string{
 	{"bcd/helper/upgrade.go", "upgrade"}:                                                  "the root helper's own operation name (bcd to bcd-helper socket)",
 	{"bcd/helper/upgrade.go", "rollback"}:                                                 "the root helper's upgrade step name",
 	{"bcd/upgrade/state.go", "upgrade"}:                                                   "a directory name under bcd's state directory",
-	{"controlplane/admission/admission.go", "node.reattested"}:                            "an audit action, named like the event's topic",
+	{"controlplane/pkg/admission/admission.go", "node.reattested"}:                        "an audit action, named like the event's topic",
 	{"controlplane/cmd/better-compute/pkirotate.go", "rollback"}:                          "the CLI subcommand pki rotate node-ca rollback, not the command kind",
 	{"controlplane/store/internal/queries/remediation.go", "remediation.breaker-tripped"}: "an audit action, named like the event's topic",
 	{"controlplane/api/bmc.go", "boot"}:                                                   "a request field name (protojson)",
@@ -133,18 +133,18 @@ var wireLiteralAllowed = map[[2]string]string{
 	{"controlplane/api/methods.go", "resume"}:                                             "the rollouts.resume verb, not the capability",
 	{"controlplane/cmd/better-compute/bmc.go", "power"}:                                   "a JSON field of a BMC result",
 	{"controlplane/cmd/better-compute/nodes.go", "drain"}:                                 "a CLI subcommand name",
-	{"controlplane/watch/actions.go", "drain"}:                                            "a fleet page action's name (POST /watch/actions/drain)",
-	{"controlplane/watch/actions.go", "reboot"}:                                           "a fleet page action's name (POST /watch/actions/reboot)",
-	{"controlplane/watch/actions.go", "power"}:                                            "a request field name (protojson) of commands.create",
-	{"controlplane/watch/preview.go", "drain"}:                                            "a fleet page action's name",
-	{"controlplane/watch/preview.go", "reboot"}:                                           "a fleet page action's name",
+	{"controlplane/pkg/watch/actions.go", "drain"}:                                        "a fleet page action's name (POST /watch/actions/drain)",
+	{"controlplane/pkg/watch/actions.go", "reboot"}:                                       "a fleet page action's name (POST /watch/actions/reboot)",
+	{"controlplane/pkg/watch/actions.go", "power"}:                                        "a request field name (protojson) of commands.create",
+	{"controlplane/pkg/watch/preview.go", "drain"}:                                        "a fleet page action's name",
+	{"controlplane/pkg/watch/preview.go", "reboot"}:                                       "a fleet page action's name",
 	{"controlplane/cmd/better-compute/gateways.go", "drain"}:                              "a CLI subcommand name (gateways drain)",
 	{"controlplane/cmd/better-compute/rollouts.go", "drain"}:                              "a CLI flag name",
 	{"controlplane/cmd/better-compute/rollouts.go", "resume"}:                             "a CLI subcommand name",
 	{"controlplane/cmd/better-compute/reservations.go", "UNAVAILABLE"}:                    "a table column heading",
 	{"controlplane/cmd/better-compute/upgrade.go", "upgrade"}:                             "a CLI flag group name",
 	{"controlplane/cmd/better-compute/remediation.go", "reboot"}:                          "the --reboot flag of remediation return, named like the action",
-	{"controlplane/sim/faultspec.go", "reboot"}:                                           "the one function that parses the simulator's fault specification strings",
+	{"controlplane/pkg/sim/faultspec.go", "reboot"}:                                       "the one function that parses the simulator's fault specification strings",
 }
 
 // TestWireNamesNoLiterals fails when a Go file outside proto/ (test files

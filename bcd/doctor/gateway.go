@@ -28,7 +28,7 @@ import (
 const (
 	SkewWarn = 5 * time.Second
 	// SkewFail is the control plane's backdate of certificates
-	// (controlplane/pki NodeBackdate): within it every certificate verifies
+	// (controlplane/pkg/pki NodeBackdate): within it every certificate verifies
 	// by either clock; beyond it bcd relies on judging by the gateway's time,
 	// which a first join cannot do yet.
 	SkewFail = time.Hour

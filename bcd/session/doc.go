@@ -3,7 +3,7 @@
 // Connect stream to a gateway of the node's region, heartbeats, command
 // delivery and in-session certificate renewal. It is written once and used
 // by both bcd (bcd/cmd/bcd) and the simulator's FakeDaemon
-// (controlplane/sim).
+// (controlplane/pkg/sim).
 //
 // # Joining
 //

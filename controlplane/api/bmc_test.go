@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/bmcsecret"

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/wake"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
-	"github.com/better-compute/better-compute/controlplane/wake"
 )
 
 // TestEventsWatchWokenByAnotherProcess: on PostgreSQL an event that

@@ -1,7 +1,7 @@
 package api
 
 import (
-	"github.com/better-compute/better-compute/controlplane/metrics"
+	"github.com/better-compute/better-compute/controlplane/pkg/metrics"
 )
 
 // MinMetricsTokenLen is the shortest bearer token that enables /metrics

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/metrics"
+	"github.com/better-compute/better-compute/controlplane/pkg/metrics"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 )
 

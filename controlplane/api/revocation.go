@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/healthgate"
-	"github.com/better-compute/better-compute/controlplane/iam"
-	"github.com/better-compute/better-compute/controlplane/rollouts"
+	"github.com/better-compute/better-compute/controlplane/pkg/healthgate"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/rollouts"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/installer/manifest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"

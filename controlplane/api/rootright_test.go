@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"math"
 
-	"github.com/better-compute/better-compute/controlplane/iam"
-	"github.com/better-compute/better-compute/controlplane/rotation"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/rotation"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )

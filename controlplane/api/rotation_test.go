@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

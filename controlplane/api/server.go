@@ -17,14 +17,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/feed"
-	"github.com/better-compute/better-compute/controlplane/iam"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/certreload"
-	"github.com/better-compute/better-compute/controlplane/placer"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/feed"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/placer"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 

@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/better-compute/better-compute/controlplane/events"
-	"github.com/better-compute/better-compute/controlplane/feed"
-	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/feed"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )

@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/better-compute/better-compute/controlplane/iam"
-	"github.com/better-compute/better-compute/controlplane/watch"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/watch"
 )
 
 // mountWatch serves the fleet page, GET /watch and the routes under it

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/watch"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/watch"
 )
 
 // pageSession logs the fleet page in with token and returns its cookie and

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/compute"
-	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 )
 
 // A serve started with --public-url serves HTTPS although no file says so:

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 )
 
 // IDAPITLS is the id of the API's TLS check.

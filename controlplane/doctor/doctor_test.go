@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/doctor"
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/sweeper"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/postgres/pgtest"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
-	"github.com/better-compute/better-compute/controlplane/sweeper"
 )
 
 const secret = "doctor-test-secret-0123456789abcdef"

@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/doctor"
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/reconcilers/sweeper"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/sweeper"
 )
 
 // Overdue work: the sweeper runs every second, so a command a little past

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/admission"
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/admission"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/jointoken"
 	"github.com/better-compute/better-compute/proto/keyproof"

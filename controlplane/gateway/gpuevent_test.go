@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpufinding"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"

@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/better-compute/better-compute/controlplane/admission"
 	"github.com/better-compute/better-compute/controlplane/internal/clock"
-	"github.com/better-compute/better-compute/controlplane/pki"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/admission"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"

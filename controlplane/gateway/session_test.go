@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/events"
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
-	"github.com/better-compute/better-compute/controlplane/rotation"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/rotation"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"

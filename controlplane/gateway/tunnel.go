@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
-	"github.com/better-compute/better-compute/controlplane/tunnel"
+	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 

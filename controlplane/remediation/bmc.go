@@ -8,8 +8,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/bmcsecret"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"

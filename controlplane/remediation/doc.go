@@ -1,7 +1,7 @@
 // Package remediation is the closed-loop remediation reconciler (DESIGN.md,
 // "GPU health and closed-loop remediation"; docs/remediation.md). It runs
 // in the controllers role shard by shard under the shard leases, like
-// controlplane/liveness: a round reads once which held shards have work
+// controlplane/reconcilers/liveness: a round reads once which held shards have work
 // (a finding waiting in the store's inbox, or an open case whose time has
 // come) and opens fenced write transactions only for those.
 //

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
-	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/shard"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/proto/gpudiag"
 	"github.com/better-compute/better-compute/proto/gpufinding"

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 )
 
 // writeAPIURL records url in dataDir/bootstrap.APIURLFile and the bound

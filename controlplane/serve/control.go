@@ -6,15 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/control"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
+	"github.com/better-compute/better-compute/controlplane/pkg/wake"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/tunnel"
-	"github.com/better-compute/better-compute/controlplane/wake"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 

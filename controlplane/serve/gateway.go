@@ -5,14 +5,14 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/config"
-	"github.com/better-compute/better-compute/controlplane/control"
 	"github.com/better-compute/better-compute/controlplane/gateway"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
 	"github.com/better-compute/better-compute/controlplane/internal/clock"
-	"github.com/better-compute/better-compute/controlplane/metrics"
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/control"
+	"github.com/better-compute/better-compute/controlplane/pkg/metrics"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/gateway"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/serve"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/backend"

@@ -23,7 +23,7 @@
 // # Who holds what
 //
 // Only composition roots hold a whole [Store]: controlplane/serve, the CLI's
-// store commands (controlplane/cmd/better-compute), controlplane/bootstrap,
+// store commands (controlplane/cmd/better-compute), controlplane/pkg/bootstrap,
 // controlplane/doctor, controlplane/compute (the embedded control plane, which
 // runs serve on it), this package with its subpackages, and the programs
 // under tests/bench. Every other package declares, where it consumes it, the

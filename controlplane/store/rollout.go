@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/healthgate"
+	"github.com/better-compute/better-compute/controlplane/pkg/healthgate"
 )
 
 // Rollout states (DESIGN.md, "Rollouts of bcd"; docs/rollouts.md). A
@@ -227,7 +227,7 @@ type RolloutNode struct {
 	RollbackState, RollbackError string
 }
 
-// RolloutStore keeps rollouts (package controlplane/rollouts drives them).
+// RolloutStore keeps rollouts (package controlplane/reconcilers/rollouts drives them).
 type RolloutStore interface {
 	// RolloutCreate inserts a rollout of every node of p.PoolID (pending),
 	// writing rollout.created. ErrNotFound for an unknown pool;

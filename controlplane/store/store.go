@@ -78,7 +78,7 @@ func NewID(prefix string) string {
 // riverdriver.Executor).
 //
 // Only composition roots hold a Store: controlplane/serve, the CLI's store
-// commands (controlplane/cmd/better-compute), controlplane/bootstrap,
+// commands (controlplane/cmd/better-compute), controlplane/pkg/bootstrap,
 // controlplane/doctor, this package and its subpackages, and the programs
 // under tests/bench. Every other consumer declares the small interface it
 // needs, composed of these domain interfaces or of single methods, and runs

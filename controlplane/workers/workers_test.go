@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/internal/clocktest"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
 	"github.com/better-compute/better-compute/controlplane/workers"

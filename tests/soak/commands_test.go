@@ -12,7 +12,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 

@@ -9,7 +9,7 @@
 // configuration file of its own that fixes its ports, so that a restart
 // listens where daemons dial. The fleet is 20 real bcd node processes, each
 // under unshare(1) with a hostname and /etc/machine-id of its own
-// (testenv.Machine), and 200 FakeDaemons (controlplane/sim) in the test
+// (testenv.Machine), and 200 FakeDaemons (controlplane/pkg/sim) in the test
 // process, all speaking the real protocol over TLS to the real gateways.
 // Node certificates live 60 s, so they are renewed many times and expire
 // during the control-plane outage.

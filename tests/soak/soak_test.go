@@ -16,8 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/reconcilers/sweeper"
 	"github.com/better-compute/better-compute/controlplane/store"
-	"github.com/better-compute/better-compute/controlplane/sweeper"
 )
 
 // The fleet's size.

@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/better-compute/better-compute/proto/keyproof"
 	"net"
 	"strconv"
 	"strings"
@@ -15,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/better-compute/better-compute/proto/keyproof"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -306,7 +307,7 @@ func (g *Gateway) Renew(ctx context.Context, req *sessionv1.RenewRequest) (*sess
 
 func (g *Gateway) issue(csr []byte, id string) (*sessionv1.RenewResponse, error) {
 	// Backdated an hour and renewed at two thirds of the time from issue,
-	// as the control plane does (controlplane/pki).
+	// as the control plane does (controlplane/pkg/pki).
 	now := time.Now()
 	nb, na := now.Add(-time.Hour), now.Add(g.opts.CertTTL)
 	cert, err := g.PKI.IssueNode(csr, id, nb, na)

@@ -6,12 +6,12 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // The shape every API command shares: -o checked, the client made, one
-// call through the generated client (controlplane/client/methods.bcapi.go),
+// call through the generated client (controlplane/pkg/client/methods.bcapi.go),
 // and the answer printed as the API's own message (-o json) or drawn for
 // people. Each command keeps only its request, its table and its flags.
 

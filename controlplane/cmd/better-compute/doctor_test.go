@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/config"
 	"github.com/better-compute/better-compute/controlplane/doctor"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 )
 
 func TestDoctorEmbedded(t *testing.T) {

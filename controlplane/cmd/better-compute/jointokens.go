@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	"github.com/better-compute/better-compute/proto/jointoken"
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 )
 
 // Set at build time with -ldflags "-X main.version=... -X main.commit=...".

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/better-compute/better-compute/controlplane/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	"github.com/better-compute/better-compute/proto/jointoken"

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/better-compute/better-compute/controlplane/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 

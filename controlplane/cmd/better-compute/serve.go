@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/config"
+	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/serve"
 )
 

@@ -18,10 +18,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/better-compute/better-compute/controlplane/client"
 	"github.com/better-compute/better-compute/controlplane/internal/accept"
-	"github.com/better-compute/better-compute/controlplane/sim"
-	"github.com/better-compute/better-compute/controlplane/tunnel"
+	"github.com/better-compute/better-compute/controlplane/pkg/client"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )

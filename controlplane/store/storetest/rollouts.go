@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/events"
-	"github.com/better-compute/better-compute/controlplane/healthgate"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

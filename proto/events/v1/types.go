@@ -5,7 +5,7 @@ const TypePrefix = "com.better-compute."
 
 // Event types: TypePrefix + "<object>.<what>", the "type" of the control
 // plane's CloudEvents (docs/events.md). These constants are the one
-// definition of the wire names; package controlplane/events writes them
+// definition of the wire names; package controlplane/pkg/events writes them
 // and names each one's data struct.
 const (
 	NodeJoined       = TypePrefix + "node.joined"       // NodeData: a new node joined with a join token

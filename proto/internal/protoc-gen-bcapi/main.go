@@ -5,7 +5,7 @@
 //   - proto/api/v1/methods.bcapi.go: apiv1.Methods, the method table the
 //     API server registers its handlers by (name "group.method", role,
 //     mutating, request and response types);
-//   - controlplane/client/methods.bcapi.go: one typed function per method
+//   - controlplane/pkg/client/methods.bcapi.go: one typed function per method
 //     on client.Client (SitesCreate, NodesGet, ...);
 //   - proto/api/v1/openapi.json: an OpenAPI 3.0 document of every method at
 //     POST {basePath}/{group}/{method}, served at {basePath}/openapi.json.
@@ -47,7 +47,7 @@ const accessOption = apiPackage + ".access"
 // Output files, relative to the repository root.
 const (
 	methodsFile = "proto/api/v1/methods.bcapi.go"
-	clientFile  = "controlplane/client/methods.bcapi.go"
+	clientFile  = "controlplane/pkg/client/methods.bcapi.go"
 	openAPIFile = "proto/api/v1/openapi.json"
 )
 

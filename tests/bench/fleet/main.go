@@ -1,4 +1,4 @@
-// Command fleet runs N simulated daemons (controlplane/sim FakeDaemons,
+// Command fleet runs N simulated daemons (controlplane/pkg/sim FakeDaemons,
 // bcd's own protocol client over real TLS) against a real gateway, in a
 // process of their own, for the session benchmarks (tests/bench/sessions):
 //
@@ -33,7 +33,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 )
 
 // maxJoinRetries bounds how often Fleet.Join is called again after a

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/better-compute/better-compute/bcd/session"
-	"github.com/better-compute/better-compute/controlplane/pki"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
 	"github.com/better-compute/better-compute/proto/jointoken"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )

@@ -33,17 +33,17 @@ import (
 
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/controlplane/api"
-	"github.com/better-compute/better-compute/controlplane/bootstrap"
-	"github.com/better-compute/better-compute/controlplane/events"
 	"github.com/better-compute/better-compute/controlplane/gateway"
-	"github.com/better-compute/better-compute/controlplane/pki"
-	"github.com/better-compute/better-compute/controlplane/rollouts"
-	"github.com/better-compute/better-compute/controlplane/shard"
-	"github.com/better-compute/better-compute/controlplane/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/shard"
+	"github.com/better-compute/better-compute/controlplane/pkg/sim"
+	"github.com/better-compute/better-compute/controlplane/pkg/wake"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/rollouts"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"
-	"github.com/better-compute/better-compute/controlplane/wake"
 )
 
 func main() {

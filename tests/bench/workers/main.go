@@ -54,8 +54,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/better-compute/better-compute/controlplane/liveness"
-	"github.com/better-compute/better-compute/controlplane/shard"
+	"github.com/better-compute/better-compute/controlplane/pkg/shard"
+	"github.com/better-compute/better-compute/controlplane/reconcilers/liveness"
 	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/store/postgres"
 	"github.com/better-compute/better-compute/controlplane/store/sqlite"

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 

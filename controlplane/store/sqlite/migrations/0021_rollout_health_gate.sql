@@ -2,7 +2,7 @@
 -- 0020_rollout_health_gate: health-gated waves (issue 30, item 3;
 -- docs/rollouts.md, "Health gate"). Over each wave's soak the reconciler
 -- compares the wave's upgraded nodes with the pool's nodes not yet
--- upgraded (package controlplane/healthgate).
+-- upgraded (package controlplane/pkg/healthgate).
 --
 -- rollouts.require_evidence halts a wave whose gate is still inconclusive
 -- after its one extension (rollouts create --require-evidence);

@@ -1,0 +1,304 @@
+package control
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
+	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
+)
+
+// recorder is the gateway side: it records the wake-ups and revocation
+// reads asked of it, and holds sessions of the nodes in held.
+type recorder struct {
+	held    map[string]bool
+	mu      sync.Mutex
+	woken   [][]string
+	revokes []string
+	got     chan struct{}
+}
+
+func newRecorder(held ...string) *recorder {
+	r := &recorder{held: map[string]bool{}, got: make(chan struct{}, 16)}
+	for _, n := range held {
+		r.held[n] = true
+	}
+	return r
+}
+
+func (r *recorder) WakeNodes(ids []string) int {
+	r.mu.Lock()
+	r.woken = append(r.woken, slices.Clone(ids))
+	r.mu.Unlock()
+	r.got <- struct{}{}
+	n := 0
+	for _, id := range ids {
+		if r.held[id] {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *recorder) RevokeNow(nodeID string) bool {
+	r.mu.Lock()
+	r.revokes = append(r.revokes, nodeID)
+	r.mu.Unlock()
+	r.got <- struct{}{}
+	return r.held[nodeID]
+}
+
+func (r *recorder) OpenTunnel(context.Context, string, *sessionv1.TunnelOpen) (tunnel.Conn, string, error) {
+	return nil, "", tunnel.ErrNoSession
+}
+
+func (r *recorder) wakes() [][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.woken)
+}
+
+// fallback records the nodes the client handed to the bus.
+type fallback struct {
+	mu    sync.Mutex
+	nodes []string
+}
+
+func (f *fallback) Wake(_ context.Context, ids []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes = append(f.nodes, ids...)
+}
+
+func (f *fallback) got() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.nodes)
+}
+
+type fixture struct {
+	st     store.Store
+	bundle *pki.Bundle
+	dir    string
+	log    *slog.Logger
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := sqlite.Open(ctx, filepath.Join(dir, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := pki.Init(pki.InitOptions{TrustDomain: "control.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{st: st, bundle: b, dir: dir, log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+}
+
+// identity issues an internal certificate for name into its own directory.
+func (f *fixture) identity(t *testing.T, name string) *Identity {
+	t.Helper()
+	cert, key, err := bootstrap.WriteInternalCert(f.bundle, filepath.Join(f.dir, name), name, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := NewIdentity(f.bundle, cert, key, f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// gateway starts a control server for rec and registers gateway gwID with
+// its address.
+func (f *fixture) gateway(t *testing.T, gwID string, rec Gateway) *Server {
+	t.Helper()
+	srv, err := Listen(ServerConfig{Listen: "127.0.0.1:0"}, f.identity(t, gwID), f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { srv.Run(ctx, rec); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if _, err := f.st.GatewayUpsert(context.Background(), &store.GatewayUpsertParams{ID: gwID, Region: "default", InternalAddress: srv.Address()}); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// node makes node id with a session on gwID ("" for none).
+func (f *fixture) node(t *testing.T, pool *store.Pool, id, gwID string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: id, MachineID: "m-" + id}); err != nil {
+		t.Fatal(err)
+	}
+	if gwID == "" {
+		return
+	}
+	if _, _, err := f.st.SessionOpen(ctx, &store.SessionOpenParams{NodeID: id, SessionID: "sess-" + id, GatewayID: gwID, RemoteAddr: "127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) pool(t *testing.T) *store.Pool {
+	t.Helper()
+	ctx := context.Background()
+	site, err := f.st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestWakeReachesOnlyTheOwningGateway: a Wake of a node with a session on
+// gateway A calls A alone; a node without a session and one on a gateway
+// without an internal address go to the fallback bus.
+func TestWakeReachesOnlyTheOwningGateway(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool(t)
+	a, b := newRecorder("node-a"), newRecorder("node-b")
+	f.gateway(t, "gw-a", a)
+	f.gateway(t, "gw-b", b)
+	if _, err := f.st.GatewayUpsert(context.Background(), &store.GatewayUpsertParams{ID: "gw-old", Region: "default"}); err != nil {
+		t.Fatal(err)
+	}
+	f.node(t, pool, "node-a", "gw-a")
+	f.node(t, pool, "node-b", "gw-b")
+	f.node(t, pool, "node-idle", "")
+	f.node(t, pool, "node-old", "gw-old")
+
+	fb := &fallback{}
+	c, err := NewClient(ClientConfig{Fallback: fb}, f.identity(t, "api-1"), f.st, f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	c.Wake(context.Background(), []string{"node-a"})
+	if got := a.wakes(); len(got) != 1 || !slices.Equal(got[0], []string{"node-a"}) {
+		t.Fatalf("gateway A woken with %v, want once with [node-a]", got)
+	}
+	if got := b.wakes(); len(got) != 0 {
+		t.Fatalf("gateway B woken with %v, want never", got)
+	}
+	if got := fb.got(); len(got) != 0 {
+		t.Fatalf("fallback woken for %v, want none", got)
+	}
+
+	c.Wake(context.Background(), []string{"node-b", "node-idle", "node-old"})
+	if got := b.wakes(); len(got) != 1 || !slices.Equal(got[0], []string{"node-b"}) {
+		t.Fatalf("gateway B woken with %v, want once with [node-b]", got)
+	}
+	if got := a.wakes(); len(got) != 1 {
+		t.Fatalf("gateway A woken %d times, want still once", len(got))
+	}
+	got := fb.got()
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"node-idle", "node-old"}) {
+		t.Fatalf("fallback woken for %v, want [node-idle node-old]", got)
+	}
+
+	c.Revoked(context.Background(), "node-a", "0a")
+	a.mu.Lock()
+	revokes := slices.Clone(a.revokes)
+	a.mu.Unlock()
+	if !slices.Equal(revokes, []string{"node-a"}) {
+		t.Fatalf("gateway A revocation reads %v, want [node-a]", revokes)
+	}
+}
+
+// TestWakeFallsBackWhenTheGatewayIsGone: a gateway row whose internal
+// address answers nothing: the client gives up within its timeout and
+// wakes the fallback.
+func TestWakeFallsBackWhenTheGatewayIsGone(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool(t)
+	srv, err := Listen(ServerConfig{Listen: "127.0.0.1:0"}, f.identity(t, "gw-gone"), f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := srv.Address()
+	srv.Close()
+	if _, err := f.st.GatewayUpsert(context.Background(), &store.GatewayUpsertParams{ID: "gw-gone", InternalAddress: addr}); err != nil {
+		t.Fatal(err)
+	}
+	f.node(t, pool, "node-x", "gw-gone")
+	fb := &fallback{}
+	c, err := NewClient(ClientConfig{Fallback: fb, Timeout: 300 * time.Millisecond}, f.identity(t, "api-1"), f.st, f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Wake(context.Background(), []string{"node-x"})
+	if got := fb.got(); !slices.Equal(got, []string{"node-x"}) {
+		t.Fatalf("fallback woken for %v, want [node-x]", got)
+	}
+}
+
+// TestServerRefusesOtherCertificates: a client presenting the gateway's
+// serving certificate (gateway serving CA, not the internal CA) and one
+// from another deployment's internal CA are refused; neither reaches the
+// gateway.
+func TestServerRefusesOtherCertificates(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool(t)
+	rec := newRecorder("node-a")
+	f.gateway(t, "gw-a", rec)
+	f.node(t, pool, "node-a", "gw-a")
+
+	gwCert, gwKey, err := bootstrap.WriteGatewayCert(f.bundle, filepath.Join(f.dir, "serving"), []string{"localhost"}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.Init(pki.InitOptions{TrustDomain: "control.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCert, otherKey, err := bootstrap.WriteInternalCert(other, filepath.Join(f.dir, "other"), "api-1", nil, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, files := range map[string][2]string{"gateway serving certificate": {gwCert, gwKey}, "another deployment's internal CA": {otherCert, otherKey}} {
+		id, err := NewIdentity(f.bundle, files[0], files[1], f.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb := &fallback{}
+		c, err := NewClient(ClientConfig{Fallback: fb, Timeout: 2 * time.Second}, id, f.st, f.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Wake(context.Background(), []string{"node-a"})
+		c.Close()
+		if got := rec.wakes(); len(got) != 0 {
+			t.Fatalf("%s: gateway woken with %v, want refused", name, got)
+		}
+		if got := fb.got(); !slices.Equal(got, []string{"node-a"}) {
+			t.Fatalf("%s: fallback woken for %v, want [node-a] after the refusal", name, got)
+		}
+	}
+}

@@ -1,0 +1,491 @@
+package rotation
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
+)
+
+// Defaults of Config.
+const (
+	// DefaultThreshold is the share of live nodes whose acknowledgement
+	// activates a rotation.
+	DefaultThreshold = 0.99
+	// DefaultRetireGrace is Config.RetireGrace's default and its least
+	// value: the re-attestation grace's default (7 days).
+	DefaultRetireGrace = 7 * 24 * time.Hour
+	// MissingListed is how many unacknowledged nodes, or nodes still on
+	// another CA, a Status lists.
+	MissingListed = 20
+)
+
+// Actors of phase changes the Rotator makes on its own.
+const (
+	// ActorReconciler is the actor of a phase change the reconciler made.
+	ActorReconciler = "reconciler"
+)
+
+// Audit actions of the phase changes, one per phase.
+const (
+	AuditStarted    = "pki.rotation.started"
+	AuditActivated  = "pki.rotation.activated"
+	AuditRetired    = "pki.rotation.retired"
+	AuditRolledBack = "pki.rotation.rolled-back"
+)
+
+var phaseAudit = map[string]string{
+	store.RotationPropagating: AuditStarted,
+	store.RotationActivated:   AuditActivated,
+	store.RotationRetired:     AuditRetired,
+	store.RotationRolledBack:  AuditRolledBack,
+}
+
+// Errors of the Rotator; match them with errors.Is.
+var (
+	// ErrNoRotation reports a node CA that has no rotation, or none open
+	// when one must be.
+	ErrNoRotation = errors.New("no node CA rotation in progress")
+	// ErrInProgress reports a start while a rotation is open.
+	ErrInProgress = errors.New("a node CA rotation is in progress")
+	// ErrThreshold reports a threshold outside (0, 1].
+	ErrThreshold = errors.New("threshold must be above 0 and at most 1")
+)
+
+// NotReadyError is Advance's refusal when the phase's condition does not
+// hold; Missing says what is missing, for an operator.
+type NotReadyError struct {
+	Phase   string
+	Missing string
+}
+
+func (e *NotReadyError) Error() string {
+	return fmt.Sprintf("rotation is %s and cannot advance yet: %s (advance --force moves on anyway)", e.Phase, e.Missing)
+}
+
+// Store is what the Rotator reads and writes; Tx's callback gets the whole
+// store of the transaction.
+type Store interface {
+	store.Transactor
+	PKIBundleGet(ctx context.Context) (*store.PKIBundle, error)
+	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
+	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
+	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+}
+
+// rotationTx is what a phase change reads and writes in its transaction:
+// the bundle, the rotation's row, the counts behind its condition, and the
+// audit row.
+type rotationTx interface {
+	counter
+	PKIBundleGet(ctx context.Context) (*store.PKIBundle, error)
+	PKIBundleUpdate(ctx context.Context, b *store.PKIBundle) error
+	PKIRotationCreate(ctx context.Context, p *store.PKIRotationCreateParams) (*store.PKIRotation, error)
+	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
+	PKIRotationSetPhase(ctx context.Context, p *store.PKIRotationSetPhaseParams) (*store.PKIRotation, error)
+	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+}
+
+// Config configures a Rotator.
+type Config struct {
+	// Secret is the deployment secret the bundle is sealed under;
+	// required.
+	Secret string
+	// Threshold is the share of live nodes, above 0 and at most 1, whose
+	// acknowledgement activates a rotation started without one. Defaults
+	// to DefaultThreshold.
+	Threshold float64
+	// CAValidity is the new node CA's life. Defaults to
+	// pki.DefaultCAValidity (ten years).
+	CAValidity time.Duration
+	// RetireGrace is how long after activation a rotation retires even
+	// while nodes are still on the old CA; at least the re-attestation
+	// grace (pki.reattestGrace), so a node that slept through can come
+	// back. Defaults to DefaultRetireGrace.
+	RetireGrace time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Rotator drives node-CA rotations. It is safe for concurrent use.
+type Rotator struct {
+	cfg   Config
+	store Store
+}
+
+// New returns a Rotator over st. It fails for a missing secret, a
+// threshold outside (0, 1] or a negative validity or grace.
+func New(cfg Config, st Store) (*Rotator, error) {
+	cfg.Threshold = cmp.Or(cfg.Threshold, DefaultThreshold)
+	cfg.CAValidity = cmp.Or(cfg.CAValidity, pki.DefaultCAValidity)
+	cfg.RetireGrace = cmp.Or(cfg.RetireGrace, DefaultRetireGrace)
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	switch {
+	case st == nil:
+		return nil, errors.New("rotation: store is required")
+	case cfg.Secret == "":
+		return nil, errors.New("rotation: the deployment secret is required")
+	case !validThreshold(cfg.Threshold):
+		return nil, fmt.Errorf("rotation: %w: %v", ErrThreshold, cfg.Threshold)
+	case cfg.CAValidity < 0 || cfg.RetireGrace < 0:
+		return nil, errors.New("rotation: CA validity and retire grace must not be negative")
+	}
+	return &Rotator{cfg: cfg, store: st}, nil
+}
+
+func validThreshold(t float64) bool { return t > 0 && t <= 1 && !math.IsNaN(t) }
+
+// StartParams are Start's inputs.
+type StartParams struct {
+	// Actor is "token:<id>" or ActorReconciler.
+	Actor string
+	// Threshold overrides Config.Threshold when not zero; above 0 and at
+	// most 1.
+	Threshold float64
+	// Reason goes into the event and audit row.
+	Reason string
+}
+
+// Start makes the next node CA and starts a rotation, propagating. It
+// fails with ErrInProgress while a rotation is open and ErrThreshold for a
+// threshold outside (0, 1].
+func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation, error) {
+	threshold := cmp.Or(p.Threshold, r.cfg.Threshold)
+	if !validThreshold(threshold) {
+		return nil, fmt.Errorf("start node CA rotation: %w: %v", ErrThreshold, threshold)
+	}
+	now := r.cfg.Now()
+	var out *store.PKIRotation
+	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
+		b, err := r.loadBundle(ctx, tx)
+		if err != nil {
+			return err
+		}
+		oldID := pki.NodeCAID(b.NodeCA.Cert)
+		if err := b.PrepareNodeCA(now, r.cfg.CAValidity); err != nil {
+			if errors.Is(err, pki.ErrRotation) {
+				return ErrInProgress
+			}
+			return err
+		}
+		if err := r.saveBundle(ctx, tx, b); err != nil {
+			return err
+		}
+		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: oldID,
+			NewCAID: pki.NodeCAID(b.NextNodeCA.Cert), Threshold: threshold, StartedBy: cmp.Or(p.Actor, ActorReconciler), Now: &now})
+		if errors.Is(err, store.ErrConflict) {
+			return ErrInProgress
+		}
+		if err != nil {
+			return err
+		}
+		out = ro
+		return audit(ctx, tx, ro, p.Actor, p.Reason, false)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start node CA rotation: %w", err)
+	}
+	return out, nil
+}
+
+// Status is a rotation and the counts behind its phase.
+type Status struct {
+	Rotation *store.PKIRotation
+	// Live is how many nodes have a session; Acked how many of them
+	// acknowledged the rotation's bundle; Missing lists up to
+	// MissingListed of those that did not, by id.
+	Live, Acked int
+	Missing     []string
+	// OffNewCA is how many nodes hold a valid certificate from another CA
+	// than the new one; OffNewCAIDs lists up to MissingListed of them.
+	OffNewCA    int
+	OffNewCAIDs []string
+	// Ready reports whether the phase's condition holds (propagating:
+	// enough acks; activated: no node off the new CA, or the retire grace
+	// passed); Waiting says what is missing when it does not.
+	Ready   bool
+	Waiting string
+	// RetireAt is when an activated rotation retires even with nodes off
+	// the new CA.
+	RetireAt *time.Time
+}
+
+// Status returns the latest node-CA rotation with its counts; ErrNoRotation
+// when the node CA was never rotated.
+func (r *Rotator) Status(ctx context.Context) (*Status, error) {
+	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrNoRotation
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node CA rotation status: %w", err)
+	}
+	st, err := r.status(ctx, r.store, ro)
+	if err != nil {
+		return nil, fmt.Errorf("node CA rotation status: %w", err)
+	}
+	return st, nil
+}
+
+// counter is what status reads.
+type counter interface {
+	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
+	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+}
+
+func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation) (*Status, error) {
+	out := &Status{Rotation: ro}
+	counts, err := st.PKIRotationAckCounts(ctx, ro.ID, MissingListed)
+	if err != nil {
+		return nil, err
+	}
+	out.Live, out.Acked, out.Missing = counts.Live, counts.Acked, counts.Missing
+	now := r.cfg.Now()
+	if ro.Phase == store.RotationActivated || ro.Phase == store.RotationRetired {
+		if out.OffNewCA, out.OffNewCAIDs, err = st.NodeCertsOffCA(ctx, ro.NewCAID, &now, MissingListed); err != nil {
+			return nil, err
+		}
+	}
+	switch ro.Phase {
+	case store.RotationPropagating:
+		need := Needed(out.Live, ro.Threshold)
+		// No live node is no proof: a fleet whose gateways are all down
+		// acknowledges nothing (advance --force moves on anyway).
+		out.Ready = out.Live > 0 && out.Acked >= need
+		if !out.Ready {
+			out.Waiting = fmt.Sprintf("%d of %d live nodes acknowledged the new bundle, %d needed (threshold %s)",
+				out.Acked, out.Live, need, formatShare(ro.Threshold))
+		}
+	case store.RotationActivated:
+		at := ro.ActivatedAt.Add(r.cfg.RetireGrace)
+		out.RetireAt = &at
+		out.Ready = out.OffNewCA == 0 || !now.Before(at)
+		if !out.Ready {
+			out.Waiting = fmt.Sprintf("%d nodes hold a valid certificate from another CA than the new one (they move at their next renewal); the old CA retires anyway at %s",
+				out.OffNewCA, at.UTC().Format(time.RFC3339))
+		}
+	}
+	return out, nil
+}
+
+// Needed is how many of live nodes must acknowledge for a threshold: the
+// ceiling of live × threshold (0 with no live node).
+func Needed(live int, threshold float64) int {
+	return int(math.Ceil(float64(live)*threshold - 1e-9))
+}
+
+func formatShare(t float64) string {
+	return fmt.Sprintf("%g %%", math.Round(t*10000)/100)
+}
+
+// AdvanceParams are Advance's inputs.
+type AdvanceParams struct {
+	Actor string
+	// Force moves on although the phase's condition does not hold.
+	Force  bool
+	Reason string
+}
+
+// Advance moves the open rotation on: propagating to activated, activated
+// to retired. It fails with ErrNoRotation when none is open, and with a
+// *NotReadyError when the phase's condition does not hold and p.Force is
+// not set.
+func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error) {
+	var out *Status
+	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
+		ro, err := openRotation(ctx, tx)
+		if err != nil {
+			return err
+		}
+		st, err := r.status(ctx, tx, ro)
+		if err != nil {
+			return err
+		}
+		forced := false
+		if !st.Ready {
+			if !p.Force {
+				return &NotReadyError{Phase: ro.Phase, Missing: st.Waiting}
+			}
+			forced = true
+		}
+		to := store.RotationActivated
+		if ro.Phase == store.RotationActivated {
+			to = store.RotationRetired
+		}
+		moved, err := r.move(ctx, tx, ro, to, p.Actor, cmp.Or(p.Reason, st.reason(to)), forced)
+		if err != nil {
+			return err
+		}
+		st.Rotation = moved
+		out = st
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("advance node CA rotation: %w", err)
+	}
+	return out, nil
+}
+
+// reason is why a phase change whose condition holds happens.
+func (s *Status) reason(to string) string {
+	switch {
+	case to == store.RotationActivated:
+		return fmt.Sprintf("%d of %d live nodes acknowledged the new bundle", s.Acked, s.Live)
+	case s.OffNewCA == 0:
+		return "no valid node certificate from another CA than the new one"
+	default:
+		return "the retire grace passed"
+	}
+}
+
+// Rollback returns the open rotation to the old CA as the issuer. It fails
+// with ErrNoRotation when none is open (after retired, going back is a new
+// rotation).
+func (r *Rotator) Rollback(ctx context.Context, actor, reason string) (*store.PKIRotation, error) {
+	var out *store.PKIRotation
+	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
+		ro, err := openRotation(ctx, tx)
+		if err != nil {
+			return err
+		}
+		out, err = r.move(ctx, tx, ro, store.RotationRolledBack, actor, reason, false)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("roll back node CA rotation: %w", err)
+	}
+	return out, nil
+}
+
+// move changes ro's phase, then the bundle, then writes the audit row, in
+// tx: the row's conditional update serialises concurrent moves.
+func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation, to, actor, reason string, forced bool) (*store.PKIRotation, error) {
+	now := r.cfg.Now()
+	actor = cmp.Or(actor, ActorReconciler)
+	moved, err := tx.PKIRotationSetPhase(ctx, &store.PKIRotationSetPhaseParams{ID: ro.ID, From: ro.Phase, To: to, Actor: actor,
+		Forced: forced, Reason: reason, Now: &now})
+	if err != nil {
+		return nil, err
+	}
+	b, err := r.loadBundle(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	switch to {
+	case store.RotationActivated:
+		err = b.ActivateNodeCA()
+	case store.RotationRetired:
+		err = b.RetireNodeCA()
+	case store.RotationRolledBack:
+		err = b.RollbackNodeCA()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bundle does not match rotation %s (%s): %w", ro.ID, ro.Phase, err)
+	}
+	if err := r.saveBundle(ctx, tx, b); err != nil {
+		return nil, err
+	}
+	return moved, audit(ctx, tx, moved, actor, reason, forced)
+}
+
+// openRotation returns the node CA's open rotation, or ErrNoRotation.
+func openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
+	ro, err := tx.PKIRotationLatest(ctx, store.RotationCANode)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, ErrNoRotation
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated {
+		return nil, fmt.Errorf("%w: the latest (%s) is %s", ErrNoRotation, ro.ID, ro.Phase)
+	}
+	return ro, nil
+}
+
+func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, error) {
+	sealed, err := tx.PKIBundleGet(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load pki bundle: %w", err)
+	}
+	b, err := pki.OpenBundle(r.cfg.Secret, sealed.Sealed)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func (r *Rotator) saveBundle(ctx context.Context, tx rotationTx, b *pki.Bundle) error {
+	sealed, err := b.SealBundle(r.cfg.Secret)
+	if err != nil {
+		return err
+	}
+	return tx.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed})
+}
+
+// auditDetails are a phase change's audit details.
+type auditDetails struct {
+	Phase   string `json:"phase"`
+	OldCAID string `json:"oldCaId"`
+	NewCAID string `json:"newCaId"`
+	Forced  bool   `json:"forced,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+func audit(ctx context.Context, tx rotationTx, ro *store.PKIRotation, actor, reason string, forced bool) error {
+	details, err := json.Marshal(auditDetails{Phase: ro.Phase, OldCAID: ro.OldCAID, NewCAID: ro.NewCAID, Forced: forced, Reason: reason})
+	if err != nil {
+		return err
+	}
+	_, err = tx.AuditInsert(ctx, &store.AuditEntry{Actor: cmp.Or(actor, ActorReconciler), Action: phaseAudit[ro.Phase],
+		Resource: "rotation/" + ro.ID, Outcome: "success", Details: details})
+	return err
+}
+
+// LeaseName is the rotation reconciler's singleton lease.
+const LeaseName = "singleton:pki-rotation"
+
+// DefaultInterval is how often the reconciler looks at the open rotation.
+const DefaultInterval = 5 * time.Second
+
+// Reconcile is one pass of the rotation reconciler (run under LeaseName):
+// it advances the open rotation when its phase's condition holds, activated
+// at the threshold of acks and retired once no node is off the new CA or
+// the retire grace passed, as ActorReconciler. It reports the phase moved
+// to, "" when nothing moved; no open rotation is not an error.
+func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
+	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+	}
+	if ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated {
+		return "", nil
+	}
+	st, err := r.status(ctx, r.store, ro)
+	if err != nil {
+		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+	}
+	if !st.Ready {
+		return "", nil
+	}
+	moved, err := r.Advance(ctx, AdvanceParams{Actor: ActorReconciler})
+	var nr *NotReadyError
+	if errors.As(err, &nr) || errors.Is(err, store.ErrConflict) {
+		return "", nil // changed meanwhile: the next pass looks again
+	}
+	if err != nil {
+		return "", err
+	}
+	return moved.Rotation.Phase, nil
+}
