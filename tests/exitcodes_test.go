@@ -325,6 +325,8 @@ func exitCases(f *exitFixture) []exitCase {
 		// another case creates.
 		bc("pools move", exitUsage, "default"),
 		bc("pools move", exitFailure, "no-such-pool", "root"),
+		bc("nodes move", exitUsage, "node_x"),
+		bc("nodes move", exitFailure, "node_missing", "--tenant", "root"),
 		// Tenants and recordings: usage and failure only (the cases run
 		// concurrently; none changes what another reads).
 		bc("tenants create", exitUsage),

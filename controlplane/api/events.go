@@ -59,7 +59,7 @@ func typePrefix(p string) string {
 
 // eventsList pages through the outbox's events, newest first (docs/api.md,
 // "events.list").
-func (s *Server) eventsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListEventsRequest) (*apiv1.ListEventsResponse, error) {
+func (s *Server) eventsList(ctx context.Context, p *iam.Principal, r *apiv1.ListEventsRequest) (*apiv1.ListEventsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -78,10 +78,18 @@ func (s *Server) eventsList(ctx context.Context, _ *iam.Principal, r *apiv1.List
 	if err != nil {
 		return nil, err
 	}
+	// The cursor follows the page read, so a page a tenant's caller sees
+	// may hold fewer events than the limit, and the next one still follows.
 	out := &apiv1.ListEventsResponse{NextCursor: next(entries, lp, func(e *store.OutboxEntry) string { return idString(e.ID) })}
+	scope := s.eventScope(p)
 	for _, e := range entries {
-		out.Events = append(out.Events, eventOut(&feed.Event{ID: e.ID, Type: e.Topic, Subject: e.Key, Time: e.CreatedAt,
-			JSON: events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)}))
+		ev := &feed.Event{ID: e.ID, Type: e.Topic, Subject: e.Key, Time: e.CreatedAt,
+			JSON: events.FromOutbox(e.ID, e.Topic, e.Key, e.Payload, e.CreatedAt)}
+		if ok, err := scope.sees(ctx, ev.JSON); err != nil {
+			return nil, err
+		} else if ok {
+			out.Events = append(out.Events, eventOut(ev))
+		}
 	}
 	return out, nil
 }
@@ -199,15 +207,33 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 	sw.printf("retry: %d\n: better-compute event stream after %d\n\n", streamRetryMillis, cursor)
 	heartbeat := cmpDuration(s.cfg.EventHeartbeat, defaultHeartbeat)
 	s.log.DebugContext(ctx, "Event stream opened", "token", p.TokenID, "after", cursor, "types", strings.Join(prefixes, ","))
+	scope := s.eventScope(p) // a tenant's caller sees its subtree's events only
 	for evs := first; sw.err == nil && ctx.Err() == nil; {
+		var scopeErr error
 		for _, ev := range evs {
+			if !events.Matches(prefixes, ev.Type) {
+				cursor = ev.ID
+				continue
+			}
+			ok, err := scope.sees(ctx, ev.JSON)
+			if err != nil {
+				scopeErr = err // this event and those after it are read again below
+				break
+			}
 			cursor = ev.ID
-			if events.Matches(prefixes, ev.Type) {
+			if ok {
 				sw.event(ev)
 			}
 		}
 		if sw.flush(); sw.err != nil {
 			break
+		}
+		if scopeErr != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "Event stream cannot read an event's tenant", logkey.Err, scopeErr)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 		wait, stop := context.WithTimeout(ctx, heartbeat)
 		evs, err = s.feed.Next(wait, cursor, streamBatch)

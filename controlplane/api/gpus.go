@@ -16,7 +16,7 @@ const maxGPUModel = 128
 
 // gpusList lists the GPUs current in some node (store.GPUList), paged by
 // a cursor "UUID/node".
-func (s *Server) gpusList(ctx context.Context, _ *iam.Principal, r *apiv1.ListGPUsRequest) (*apiv1.ListGPUsResponse, error) {
+func (s *Server) gpusList(ctx context.Context, p *iam.Principal, r *apiv1.ListGPUsRequest) (*apiv1.ListGPUsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -33,7 +33,7 @@ func (s *Server) gpusList(ctx context.Context, _ *iam.Principal, r *apiv1.ListGP
 		q.After, q.AfterNode = lp.Cursor[:i], lp.Cursor[i+1:]
 	}
 	if r.GetPool() != "" {
-		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -43,9 +43,16 @@ func (s *Server) gpusList(ctx context.Context, _ *iam.Principal, r *apiv1.ListGP
 	if err != nil {
 		return nil, err
 	}
+	// A tenant's caller sees its subtree's pools' GPUs: a page may hold
+	// fewer than the limit; the cursor follows the page read.
 	out := &apiv1.ListGPUsResponse{NextCursor: next(gs, lp, func(g *store.GPUPlacement) string { return g.GPUUUID + "/" + g.NodeID })}
+	seen := s.poolsSeen(p)
 	for _, g := range gs {
-		out.Gpus = append(out.Gpus, placementOut(g))
+		if ok, err := seen(ctx, g.PoolID); err != nil {
+			return nil, err
+		} else if ok {
+			out.Gpus = append(out.Gpus, placementOut(g))
+		}
 	}
 	return out, nil
 }

@@ -74,6 +74,7 @@ func (s *Server) registerMethods() {
 	handle(s, "nodes.reinstall", s.nodesReinstall)
 	handle(s, "nodes.add", s.nodesAdd)
 	handle(s, "nodes.setGPUCount", s.nodesSetGPUCount)
+	handle(s, "nodes.move", s.nodesMove)
 	handle(s, "commands.create", s.commandsCreate)
 	handle(s, "commands.get", s.commandsGet)
 	handle(s, "commands.list", s.commandsList)

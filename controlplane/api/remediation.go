@@ -52,7 +52,7 @@ func remediationNotFound(err error, caseID string) error {
 	return fieldNotFound(err, "id", "no open remediation "+caseID)
 }
 
-func (s *Server) remediationList(ctx context.Context, _ *iam.Principal, r *apiv1.ListRemediationsRequest) (*apiv1.ListRemediationsResponse, error) {
+func (s *Server) remediationList(ctx context.Context, p *iam.Principal, r *apiv1.ListRemediationsRequest) (*apiv1.ListRemediationsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -67,7 +67,7 @@ func (s *Server) remediationList(ctx context.Context, _ *iam.Principal, r *apiv1
 		}
 	}
 	if r.GetPool() != "" {
-		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -77,18 +77,28 @@ func (s *Server) remediationList(ctx context.Context, _ *iam.Principal, r *apiv1
 	if err != nil {
 		return nil, err
 	}
+	// A tenant's caller sees its subtree's pools' cases: a page may hold
+	// fewer than the limit; the cursor follows the page read.
 	out := &apiv1.ListRemediationsResponse{NextCursor: next(cs, lp, func(c *store.Remediation) string { return c.ID })}
+	seen := s.poolsSeen(p)
 	for _, c := range cs {
-		out.Remediations = append(out.Remediations, remediationOut(c))
+		if ok, err := seen(ctx, c.PoolID); err != nil {
+			return nil, err
+		} else if ok {
+			out.Remediations = append(out.Remediations, remediationOut(c))
+		}
 	}
 	return out, nil
 }
 
-func (s *Server) remediationGet(ctx context.Context, _ *iam.Principal, r *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
+func (s *Server) remediationGet(ctx context.Context, p *iam.Principal, r *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
 	c, err := s.store.RemediationGet(ctx, r.GetId())
+	if err == nil {
+		err = s.poolSeen(ctx, p, c.PoolID) // another tenant's: as one that does not exist
+	}
 	if err != nil {
 		return nil, fieldNotFound(err, "id", "no remediation "+r.GetId())
 	}

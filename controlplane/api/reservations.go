@@ -131,7 +131,7 @@ func (s *Server) reservationsCreate(ctx context.Context, p *iam.Principal, r *ap
 	if err != nil {
 		return nil, err
 	}
-	pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+	pool, err := s.pool(ctx, p, "pool", r.GetPool()) // within the caller's subtree (docs/tenants.md)
 	if err != nil {
 		return nil, err
 	}
@@ -145,11 +145,14 @@ func (s *Server) reservationsCreate(ctx context.Context, p *iam.Principal, r *ap
 	return reservationOut(res), nil
 }
 
-func (s *Server) reservationsGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetReservationRequest) (*apiv1.Reservation, error) {
+func (s *Server) reservationsGet(ctx context.Context, p *iam.Principal, r *apiv1.GetReservationRequest) (*apiv1.Reservation, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
 	res, err := s.store.ReservationGet(ctx, r.GetId())
+	if err == nil {
+		err = s.poolSeen(ctx, p, res.PoolID) // another tenant's: as one that does not exist
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
 	}
@@ -159,7 +162,7 @@ func (s *Server) reservationsGet(ctx context.Context, _ *iam.Principal, r *apiv1
 	return reservationOut(res), nil
 }
 
-func (s *Server) reservationsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListReservationsRequest) (*apiv1.ListReservationsResponse, error) {
+func (s *Server) reservationsList(ctx context.Context, p *iam.Principal, r *apiv1.ListReservationsRequest) (*apiv1.ListReservationsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -172,7 +175,7 @@ func (s *Server) reservationsList(ctx context.Context, _ *iam.Principal, r *apiv
 		return nil, invalid("owner", "must be at most %d characters", MaxOwnerLen)
 	}
 	if r.GetPool() != "" {
-		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -182,19 +185,35 @@ func (s *Server) reservationsList(ctx context.Context, _ *iam.Principal, r *apiv
 	if err != nil {
 		return nil, err
 	}
+	// A tenant's caller sees its subtree's pools' reservations: a page may
+	// hold fewer than the limit; the cursor follows the page read.
 	out := &apiv1.ListReservationsResponse{NextCursor: next(rs, lp, func(x *store.Reservation) string { return x.ID })}
+	seen := map[string]error{}
 	for _, x := range rs {
-		out.Reservations = append(out.Reservations, reservationOut(x))
+		err, ok := seen[x.PoolID]
+		if !ok {
+			err = s.poolSeen(ctx, p, x.PoolID)
+			seen[x.PoolID] = err
+		}
+		switch {
+		case err == nil:
+			out.Reservations = append(out.Reservations, reservationOut(x))
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
 	}
 	return out, nil
 }
 
-func (s *Server) reservationsCancel(ctx context.Context, _ *iam.Principal, r *apiv1.CancelReservationRequest) (*apiv1.Reservation, error) {
+func (s *Server) reservationsCancel(ctx context.Context, p *iam.Principal, r *apiv1.CancelReservationRequest) (*apiv1.Reservation, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
 	if len(r.GetReason()) > MaxReservationNote {
 		return nil, invalid("reason", "must be at most %d characters", MaxReservationNote)
+	}
+	if _, err := s.reservationsGet(ctx, p, &apiv1.GetReservationRequest{Id: r.GetId()}); err != nil {
+		return nil, err // another tenant's is NOT_FOUND
 	}
 	res, err := s.store.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.GetId(), Reason: r.GetReason()})
 	switch {
@@ -208,7 +227,7 @@ func (s *Server) reservationsCancel(ctx context.Context, _ *iam.Principal, r *ap
 	return reservationOut(res), nil
 }
 
-func (s *Server) reservationsExtend(ctx context.Context, _ *iam.Principal, r *apiv1.ExtendReservationRequest) (*apiv1.Reservation, error) {
+func (s *Server) reservationsExtend(ctx context.Context, p *iam.Principal, r *apiv1.ExtendReservationRequest) (*apiv1.Reservation, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
@@ -220,6 +239,9 @@ func (s *Server) reservationsExtend(ctx context.Context, _ *iam.Principal, r *ap
 		return nil, invalid("end", "is required")
 	}
 	cur, err := s.store.ReservationGet(ctx, r.GetId())
+	if err == nil {
+		err = s.poolSeen(ctx, p, cur.PoolID) // another tenant's: as one that does not exist
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no reservation " + r.GetId()}
 	}

@@ -167,7 +167,7 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	if !iam.Allows(p.Role, m.role) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
 	}
-	if tenantDenied(p, name, m.mutating) {
+	if tenantDenied(p, name) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf(
 			"%s is not scoped to tenants yet: only a token of the root tenant may call it (docs/tenants.md)", name)})
 	}
@@ -334,7 +334,7 @@ func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, 
 		sum := sha256.Sum256(b)
 		details, _ = json.Marshal(map[string]string{"request_sha256": fmt.Sprintf("%x", sum)})
 	}
-	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome,
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome, TenantID: p.TenantID,
 		SourceIP: fmt.Sprint(addr), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
 		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)

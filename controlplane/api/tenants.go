@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -230,6 +231,109 @@ func (s *Server) poolsMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveP
 		return nil, fieldNotFound(err, "pool", "no pool "+r.GetPool())
 	}
 	return poolOut(pool), nil
+}
+
+// nodesMove moves a node into a pool of another tenant (nodes.move): the
+// node, the tenant and the pool must lie within the caller's subtree
+// (else NOT_FOUND), the pool must belong to the tenant and sit at the
+// node's site (INVALID_ARGUMENT); without a pool the tenant must have
+// exactly one there. A held node is CONFLICT (store.ErrNodeHeld).
+func (s *Server) nodesMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveNodeRequest) (*apiv1.NodeResponse, error) {
+	n, err := s.node(ctx, p, r.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if r.GetTenant() == "" {
+		return nil, invalid("tenant", "is required")
+	}
+	t, err := s.tenant(ctx, p, "tenant", r.GetTenant())
+	if err != nil {
+		return nil, err
+	}
+	from, err := s.store.PoolGet(ctx, n.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	var to *store.Pool
+	if r.GetPool() != "" {
+		if to, err = s.pool(ctx, p, "pool", r.GetPool()); err != nil {
+			return nil, err
+		}
+		if to.TenantID != t.ID {
+			return nil, invalid("pool", "pool %s is not tenant %s's", r.GetPool(), r.GetTenant())
+		}
+		if to.SiteID != from.SiteID {
+			return nil, invalid("pool", "pool %s is at another site than node %s", r.GetPool(), n.ID)
+		}
+	} else {
+		// The tenant's own pools at the node's site: one page bounds the read.
+		pools, err := s.store.PoolList(ctx, &store.ListParams{Limit: store.MaxListLimit, Within: t.Path})
+		if err != nil {
+			return nil, err
+		}
+		var names []string
+		for _, x := range pools {
+			if x.TenantID == t.ID && x.SiteID == from.SiteID {
+				to = x
+				names = append(names, x.Name)
+			}
+		}
+		if len(names) != 1 {
+			return nil, invalid("pool", "tenant %s has %d pools at node %s's site (%v): name one with pool (--pool)",
+				r.GetTenant(), len(names), n.ID, names)
+		}
+	}
+	if to.ID == n.PoolID {
+		return &apiv1.NodeResponse{Node: nodeOut(n, s.gatewayOf(ctx, n.ID), true)}, nil
+	}
+	n, err = s.store.NodeMove(ctx, n.ID, to.ID)
+	switch {
+	case errors.Is(err, store.ErrNodeHeld):
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "id",
+			Message: "node " + r.GetId() + " is held by a reservation, a rollout, a repair or a drain: move it once that ends"}
+	case err != nil:
+		return nil, fieldNotFound(err, "id", "no node "+r.GetId())
+	}
+	return &apiv1.NodeResponse{Node: nodeOut(n, s.gatewayOf(ctx, n.ID), true)}, nil
+}
+
+// poolSeen returns nil when pool poolID lies within p's subtree, an error
+// wrapping store.ErrNotFound when it does not (or no longer exists), so
+// that a row of another tenant's pool is answered as one that does not
+// exist.
+func (s *Server) poolSeen(ctx context.Context, p *iam.Principal, poolID string) error {
+	if within(p) == "" {
+		return nil
+	}
+	pool, err := s.store.PoolGet(ctx, poolID)
+	if err != nil {
+		return err
+	}
+	ok, err := s.sees(ctx, p, pool.TenantID)
+	if err == nil && !ok {
+		err = fmt.Errorf("pool %s: %w", poolID, store.ErrNotFound)
+	}
+	return err
+}
+
+// poolsSeen returns a filter of rows by their pool for p's lists: true
+// for a pool within p's subtree, each pool read once a call.
+func (s *Server) poolsSeen(p *iam.Principal) func(ctx context.Context, poolID string) (bool, error) {
+	seen := map[string]bool{}
+	return func(ctx context.Context, poolID string) (bool, error) {
+		if within(p) == "" {
+			return true, nil
+		}
+		if ok, cached := seen[poolID]; cached {
+			return ok, nil
+		}
+		err := s.poolSeen(ctx, p, poolID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return false, err
+		}
+		seen[poolID] = err == nil
+		return err == nil, nil
+	}
 }
 
 // isNotFound reports whether err is an API NOT_FOUND.

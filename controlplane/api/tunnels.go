@@ -344,7 +344,7 @@ func (s *Server) auditTunnel(ctx context.Context, p *iam.Principal, action strin
 	if details != nil {
 		b, _ = json.Marshal(details)
 	}
-	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: t.ID, Outcome: "ok", SourceIP: fmt.Sprint(addr), Details: b}
+	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: t.ID, Outcome: "ok", TenantID: p.TenantID, SourceIP: fmt.Sprint(addr), Details: b}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
 		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
 	}

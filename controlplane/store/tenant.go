@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -73,7 +74,18 @@ type TenantStore interface {
 	// PoolMove moves a pool, and so its nodes and everything bound to it,
 	// to a live tenant: ErrNotFound when either is missing.
 	PoolMove(ctx context.Context, poolID, tenantID string) (*Pool, error)
+	// NodeMove moves a node, and so its commands and events, into another
+	// pool (of any tenant) in one transaction and returns it: ErrNotFound
+	// when the node, the pool or the pool's live tenant is missing,
+	// ErrNodeHeld (an ErrConflict) while the node is out of service for an
+	// owner (a repair, a drain, a rollout), in an open rollout, or holds a
+	// reservation slot that has not ended.
+	NodeMove(ctx context.Context, nodeID, poolID string) (*Node, error)
 }
+
+// ErrNodeHeld is NodeMove's error for a node that a reservation, rollout
+// or disruption owner holds; errors.Is(err, ErrConflict) holds too.
+var ErrNodeHeld = fmt.Errorf("node is held by a reservation, a rollout or a disruption owner: %w", ErrConflict)
 
 // TenantCreateParams are TenantCreate's inputs. ID defaults to a new ten_ id.
 type TenantCreateParams struct {

@@ -65,7 +65,7 @@ func nodesCmd(e *env) *cobra.Command {
 		},
 	}
 	outputFlag(get, &out)
-	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af))
+	cmd.AddCommand(list, get, nodesUpgradeCmd(e, &af), nodesReinstallCmd(e, &af), nodesAddCmd(e, &af), nodesMoveCmd(e, &af))
 	cmd.AddCommand(nodesShellCmd(e, &af), nodesPortForwardCmd(e, &af))
 	cmd.AddCommand(nodesRepairCmds(e, &af)...)
 	setCount := &cobra.Command{

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -170,6 +171,31 @@ func poolsMoveCmd(e *env, af *apiFlags) *cobra.Command {
 				})
 		},
 	}
+	outputFlag(cmd, &out)
+	return cmd
+}
+
+func nodesMoveCmd(e *env, af *apiFlags) *cobra.Command {
+	var out, tenant, pool string
+	cmd := &cobra.Command{
+		Use:   "move NODE --tenant T [--pool P]",
+		Short: "Move a node, with its commands and events, into a pool of another tenant (needs an admin token)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tenant == "" {
+				return usageError{errors.New("--tenant is required")}
+			}
+			return runAPI(cmd.Context(), e, af, out,
+				func(ctx context.Context, c *client.Client) (*apiv1.NodeResponse, error) {
+					return c.NodesMove(ctx, &apiv1.MoveNodeRequest{Id: args[0], Tenant: tenant, Pool: pool})
+				},
+				func(_ *client.Client, r *apiv1.NodeResponse) error {
+					return table(e.stdout, []string{"ID", "HOSTNAME", "POOL"}, [][]string{{r.Node.GetId(), r.Node.GetHostname(), r.Node.GetPoolId()}})
+				})
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant (id or name) that receives the node")
+	cmd.Flags().StringVar(&pool, "pool", "", "pool (id or name) of that tenant at the node's site; needed when it has several there")
 	outputFlag(cmd, &out)
 	return cmd
 }

@@ -270,6 +270,19 @@ func (c *Client) NodesSetGPUCount(ctx context.Context, req *apiv1.SetGPUCountReq
 	return resp, nil
 }
 
+// NodesMove calls nodes.move (role admin; audited).
+// Move moves the node, with its commands and events, into a pool of
+// another tenant within the caller's subtree (docs/tenants.md): the
+// named pool, or the tenant's one pool at the node's site. Refused
+// CONFLICT while a reservation, rollout or repair holds the node.
+func (c *Client) NodesMove(ctx context.Context, req *apiv1.MoveNodeRequest) (*apiv1.NodeResponse, error) {
+	resp := new(apiv1.NodeResponse)
+	if err := c.Call(ctx, "nodes.move", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // CommandsCreate calls commands.create (role operator; audited).
 func (c *Client) CommandsCreate(ctx context.Context, req *apiv1.CreateCommandsRequest) (*apiv1.CreateCommandsResponse, error) {
 	resp := new(apiv1.CreateCommandsResponse)

@@ -371,6 +371,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, code, "login.html", loginView{Error: msg})
 		return
 	}
+	if p.TenantID != "" && p.TenantID != store.RootTenant {
+		// The page shows the whole fleet (one snapshot for every session):
+		// it is not scoped to tenants yet (docs/tenants.md).
+		h.render(w, r, http.StatusForbidden, "login.html", loginView{Error: "The fleet page is not scoped to tenants yet: " +
+			"log in with a token of the root tenant, or use the CLI and the API, which show your tenant's part of the fleet."})
+		return
+	}
 	id, err := h.sessions.create(&session{tokenID: p.TokenID, tokenHash: iam.Hash(token), role: p.Role})
 	if err != nil {
 		h.render(w, r, http.StatusServiceUnavailable, "login.html", loginView{Error: err.Error()})

@@ -53,6 +53,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"LeaseRelease", testLeaseRelease},
 		{"SitesAndPools", testSitesAndPools},
 		{"Tenants", testTenants},
+		{"NodeMove", testNodeMove},
 		{"Nodes", testNodes},
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},

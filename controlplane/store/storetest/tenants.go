@@ -159,3 +159,51 @@ func testTenants(ctx context.Context, t *testing.T, h *Harness) {
 	_, err = h.Store.PoolMove(ctx, "pool_missing", b.ID)
 	wantErr(t, err, store.ErrNotFound)
 }
+
+// testNodeMove: NodeMove puts a node into another tenant's pool, and so
+// under that tenant's lists; a missing node or pool is ErrNotFound; a node
+// out of service for an owner or holding a reservation slot that has not
+// ended is ErrNodeHeld (an ErrConflict) and stays where it was.
+func testNodeMove(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	a := must(st.TenantCreate(ctx, &store.TenantCreateParams{Name: "move-a", ParentID: store.RootTenant}))
+	from := fixture(ctx, t, h)
+	to := must(st.PoolCreate(ctx, &store.PoolCreateParams{Name: "pool-" + store.NewID("x"), SiteID: from.SiteID, TenantID: a.ID}))
+	n := addNode(ctx, t, h, from, "node_move1")
+	held := addNode(ctx, t, h, from, "node_move2")
+	reserved := addNode(ctx, t, h, from, "node_move3")
+
+	if got := must(st.NodeMove(ctx, n.ID, to.ID)); got.PoolID != to.ID {
+		t.Fatalf("moved node = %+v", got)
+	}
+	if got := must(st.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Within: a.Path}})); len(got) != 1 || got[0].ID != n.ID {
+		t.Fatalf("nodes within the new tenant = %+v", got)
+	}
+	_, err := st.NodeMove(ctx, "node_missing", to.ID)
+	wantErr(t, err, store.ErrNotFound)
+	_, err = st.NodeMove(ctx, n.ID, "pool_missing")
+	wantErr(t, err, store.ErrNotFound)
+
+	must(st.DisruptionAdmit(ctx, &store.DisruptionAdmitParams{NodeID: held.ID, Reason: store.DisruptionDraining, Owner: "operator:test"}))
+	_, err = st.NodeMove(ctx, held.ID, to.ID)
+	wantErr(t, err, store.ErrNodeHeld)
+	wantErr(t, err, store.ErrConflict)
+	check(t, st.DisruptionRelease(ctx, held.ID, "operator:test"))
+	if got := must(st.NodeMove(ctx, held.ID, to.ID)); got.PoolID != to.ID {
+		t.Fatalf("released node moved = %+v", got)
+	}
+
+	// A slot in the future holds the node too; a cancelled one does not.
+	start := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	r := must(st.ReservationCreate(ctx, &store.ReservationCreateParams{PoolID: from.ID, GPUs: 1, Start: start, End: start.Add(time.Hour), Owner: "x"}))
+	must(st.ReservationPlace(ctx, &store.ReservationPlaceParams{ID: r.ID, Slots: gpuSlots(reserved.ID, 0)}))
+	_, err = st.NodeMove(ctx, reserved.ID, to.ID)
+	wantErr(t, err, store.ErrNodeHeld)
+	if got := must(st.NodeGet(ctx, reserved.ID)); got.PoolID != from.ID {
+		t.Fatalf("held node moved anyway: %+v", got)
+	}
+	must(st.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.ID, Reason: "test"}))
+	if got := must(st.NodeMove(ctx, reserved.ID, to.ID)); got.PoolID != to.ID {
+		t.Fatalf("node of a cancelled reservation moved = %+v", got)
+	}
+}

@@ -563,6 +563,69 @@ func (x *MovePoolRequest) GetTenant() string {
 	return ""
 }
 
+// nodes.move; tenant is an id or name (required); pool, an id or name of
+// one of the tenant's pools at the node's site, may be left out when the
+// tenant has exactly one there.
+type MoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Pool          string                 `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveNodeRequest) Reset() {
+	*x = MoveNodeRequest{}
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveNodeRequest) ProtoMessage() {}
+
+func (x *MoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_v1_api_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*MoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MoveNodeRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *MoveNodeRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *MoveNodeRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
 // Site is a physical location in a region.
 type Site struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -578,7 +641,7 @@ type Site struct {
 
 func (x *Site) Reset() {
 	*x = Site{}
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +653,7 @@ func (x *Site) String() string {
 func (*Site) ProtoMessage() {}
 
 func (x *Site) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[9]
+	mi := &file_api_v1_api_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +666,7 @@ func (x *Site) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Site.ProtoReflect.Descriptor instead.
 func (*Site) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{9}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Site) GetId() string {
@@ -654,7 +717,7 @@ type CreateSiteRequest struct {
 
 func (x *CreateSiteRequest) Reset() {
 	*x = CreateSiteRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +729,7 @@ func (x *CreateSiteRequest) String() string {
 func (*CreateSiteRequest) ProtoMessage() {}
 
 func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[10]
+	mi := &file_api_v1_api_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +742,7 @@ func (x *CreateSiteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSiteRequest.ProtoReflect.Descriptor instead.
 func (*CreateSiteRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{10}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CreateSiteRequest) GetName() string {
@@ -713,7 +776,7 @@ type ListSitesRequest struct {
 
 func (x *ListSitesRequest) Reset() {
 	*x = ListSitesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +788,7 @@ func (x *ListSitesRequest) String() string {
 func (*ListSitesRequest) ProtoMessage() {}
 
 func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[11]
+	mi := &file_api_v1_api_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +801,7 @@ func (x *ListSitesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesRequest.ProtoReflect.Descriptor instead.
 func (*ListSitesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{11}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListSitesRequest) GetPage() *Page {
@@ -758,7 +821,7 @@ type ListSitesResponse struct {
 
 func (x *ListSitesResponse) Reset() {
 	*x = ListSitesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +833,7 @@ func (x *ListSitesResponse) String() string {
 func (*ListSitesResponse) ProtoMessage() {}
 
 func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[12]
+	mi := &file_api_v1_api_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +846,7 @@ func (x *ListSitesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSitesResponse.ProtoReflect.Descriptor instead.
 func (*ListSitesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{12}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListSitesResponse) GetSites() []*Site {
@@ -824,7 +887,7 @@ type Pool struct {
 
 func (x *Pool) Reset() {
 	*x = Pool{}
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +899,7 @@ func (x *Pool) String() string {
 func (*Pool) ProtoMessage() {}
 
 func (x *Pool) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[13]
+	mi := &file_api_v1_api_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +912,7 @@ func (x *Pool) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pool.ProtoReflect.Descriptor instead.
 func (*Pool) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{13}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Pool) GetId() string {
@@ -926,7 +989,7 @@ type PoolBudget struct {
 
 func (x *PoolBudget) Reset() {
 	*x = PoolBudget{}
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1001,7 @@ func (x *PoolBudget) String() string {
 func (*PoolBudget) ProtoMessage() {}
 
 func (x *PoolBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[14]
+	mi := &file_api_v1_api_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1014,7 @@ func (x *PoolBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolBudget.ProtoReflect.Descriptor instead.
 func (*PoolBudget) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{14}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PoolBudget) GetNodes() int32 {
@@ -992,7 +1055,7 @@ type PoolRequest struct {
 
 func (x *PoolRequest) Reset() {
 	*x = PoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1067,7 @@ func (x *PoolRequest) String() string {
 func (*PoolRequest) ProtoMessage() {}
 
 func (x *PoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[15]
+	mi := &file_api_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1080,7 @@ func (x *PoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PoolRequest.ProtoReflect.Descriptor instead.
 func (*PoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PoolRequest) GetPool() string {
@@ -1042,7 +1105,7 @@ type SetPoolBudgetRequest struct {
 
 func (x *SetPoolBudgetRequest) Reset() {
 	*x = SetPoolBudgetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1117,7 @@ func (x *SetPoolBudgetRequest) String() string {
 func (*SetPoolBudgetRequest) ProtoMessage() {}
 
 func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[16]
+	mi := &file_api_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1130,7 @@ func (x *SetPoolBudgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPoolBudgetRequest.ProtoReflect.Descriptor instead.
 func (*SetPoolBudgetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetPoolBudgetRequest) GetPool() string {
@@ -1104,7 +1167,7 @@ type CreatePoolRequest struct {
 
 func (x *CreatePoolRequest) Reset() {
 	*x = CreatePoolRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1116,7 +1179,7 @@ func (x *CreatePoolRequest) String() string {
 func (*CreatePoolRequest) ProtoMessage() {}
 
 func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[17]
+	mi := &file_api_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1129,7 +1192,7 @@ func (x *CreatePoolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePoolRequest.ProtoReflect.Descriptor instead.
 func (*CreatePoolRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreatePoolRequest) GetName() string {
@@ -1163,7 +1226,7 @@ type ListPoolsRequest struct {
 
 func (x *ListPoolsRequest) Reset() {
 	*x = ListPoolsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1175,7 +1238,7 @@ func (x *ListPoolsRequest) String() string {
 func (*ListPoolsRequest) ProtoMessage() {}
 
 func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[18]
+	mi := &file_api_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1188,7 +1251,7 @@ func (x *ListPoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsRequest.ProtoReflect.Descriptor instead.
 func (*ListPoolsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPoolsRequest) GetPage() *Page {
@@ -1208,7 +1271,7 @@ type ListPoolsResponse struct {
 
 func (x *ListPoolsResponse) Reset() {
 	*x = ListPoolsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1283,7 @@ func (x *ListPoolsResponse) String() string {
 func (*ListPoolsResponse) ProtoMessage() {}
 
 func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[19]
+	mi := &file_api_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1296,7 @@ func (x *ListPoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPoolsResponse.ProtoReflect.Descriptor instead.
 func (*ListPoolsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListPoolsResponse) GetPools() []*Pool {
@@ -1273,7 +1336,7 @@ type JoinToken struct {
 
 func (x *JoinToken) Reset() {
 	*x = JoinToken{}
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1348,7 @@ func (x *JoinToken) String() string {
 func (*JoinToken) ProtoMessage() {}
 
 func (x *JoinToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[20]
+	mi := &file_api_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1361,7 @@ func (x *JoinToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinToken.ProtoReflect.Descriptor instead.
 func (*JoinToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JoinToken) GetId() string {
@@ -1385,7 +1448,7 @@ type CreateJoinTokenRequest struct {
 
 func (x *CreateJoinTokenRequest) Reset() {
 	*x = CreateJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1460,7 @@ func (x *CreateJoinTokenRequest) String() string {
 func (*CreateJoinTokenRequest) ProtoMessage() {}
 
 func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[21]
+	mi := &file_api_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1473,7 @@ func (x *CreateJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CreateJoinTokenRequest) GetPool() string {
@@ -1452,7 +1515,7 @@ type CreateJoinTokenResponse struct {
 
 func (x *CreateJoinTokenResponse) Reset() {
 	*x = CreateJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1464,7 +1527,7 @@ func (x *CreateJoinTokenResponse) String() string {
 func (*CreateJoinTokenResponse) ProtoMessage() {}
 
 func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[22]
+	mi := &file_api_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1477,7 +1540,7 @@ func (x *CreateJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1504,7 +1567,7 @@ type ListJoinTokensRequest struct {
 
 func (x *ListJoinTokensRequest) Reset() {
 	*x = ListJoinTokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1516,7 +1579,7 @@ func (x *ListJoinTokensRequest) String() string {
 func (*ListJoinTokensRequest) ProtoMessage() {}
 
 func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[23]
+	mi := &file_api_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1529,7 +1592,7 @@ func (x *ListJoinTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListJoinTokensRequest) GetPage() *Page {
@@ -1549,7 +1612,7 @@ type ListJoinTokensResponse struct {
 
 func (x *ListJoinTokensResponse) Reset() {
 	*x = ListJoinTokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1624,7 @@ func (x *ListJoinTokensResponse) String() string {
 func (*ListJoinTokensResponse) ProtoMessage() {}
 
 func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[24]
+	mi := &file_api_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1637,7 @@ func (x *ListJoinTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJoinTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListJoinTokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListJoinTokensResponse) GetJoinTokens() []*JoinToken {
@@ -1601,7 +1664,7 @@ type RevokeJoinTokenRequest struct {
 
 func (x *RevokeJoinTokenRequest) Reset() {
 	*x = RevokeJoinTokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1613,7 +1676,7 @@ func (x *RevokeJoinTokenRequest) String() string {
 func (*RevokeJoinTokenRequest) ProtoMessage() {}
 
 func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[25]
+	mi := &file_api_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1626,7 +1689,7 @@ func (x *RevokeJoinTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RevokeJoinTokenRequest) GetId() string {
@@ -1646,7 +1709,7 @@ type RevokeJoinTokenResponse struct {
 
 func (x *RevokeJoinTokenResponse) Reset() {
 	*x = RevokeJoinTokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1721,7 @@ func (x *RevokeJoinTokenResponse) String() string {
 func (*RevokeJoinTokenResponse) ProtoMessage() {}
 
 func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[26]
+	mi := &file_api_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1734,7 @@ func (x *RevokeJoinTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeJoinTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeJoinTokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RevokeJoinTokenResponse) GetJoinToken() *JoinToken {
@@ -1724,7 +1787,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1799,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[27]
+	mi := &file_api_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1812,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Node) GetId() string {
@@ -1893,7 +1956,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +1968,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[28]
+	mi := &file_api_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +1981,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GPU) GetUuid() string {
@@ -1975,7 +2038,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2050,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[29]
+	mi := &file_api_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2063,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListNodesRequest) GetPage() *Page {
@@ -2055,7 +2118,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2130,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[30]
+	mi := &file_api_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2143,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -2107,7 +2170,7 @@ type NodeRequest struct {
 
 func (x *NodeRequest) Reset() {
 	*x = NodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2182,7 @@ func (x *NodeRequest) String() string {
 func (*NodeRequest) ProtoMessage() {}
 
 func (x *NodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[31]
+	mi := &file_api_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2195,7 @@ func (x *NodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRequest.ProtoReflect.Descriptor instead.
 func (*NodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeRequest) GetId() string {
@@ -2151,7 +2214,7 @@ type NodeResponse struct {
 
 func (x *NodeResponse) Reset() {
 	*x = NodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2226,7 @@ func (x *NodeResponse) String() string {
 func (*NodeResponse) ProtoMessage() {}
 
 func (x *NodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[32]
+	mi := &file_api_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2239,7 @@ func (x *NodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResponse.ProtoReflect.Descriptor instead.
 func (*NodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeResponse) GetNode() *Node {
@@ -2200,7 +2263,7 @@ type NodeGPUResetRequest struct {
 
 func (x *NodeGPUResetRequest) Reset() {
 	*x = NodeGPUResetRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2275,7 @@ func (x *NodeGPUResetRequest) String() string {
 func (*NodeGPUResetRequest) ProtoMessage() {}
 
 func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[33]
+	mi := &file_api_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2288,7 @@ func (x *NodeGPUResetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeGPUResetRequest.ProtoReflect.Descriptor instead.
 func (*NodeGPUResetRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeGPUResetRequest) GetId() string {
@@ -2261,7 +2324,7 @@ type NodeRepairRequest struct {
 
 func (x *NodeRepairRequest) Reset() {
 	*x = NodeRepairRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2336,7 @@ func (x *NodeRepairRequest) String() string {
 func (*NodeRepairRequest) ProtoMessage() {}
 
 func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[34]
+	mi := &file_api_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2349,7 @@ func (x *NodeRepairRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairRequest.ProtoReflect.Descriptor instead.
 func (*NodeRepairRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodeRepairRequest) GetId() string {
@@ -2320,7 +2383,7 @@ type NodeRepairResponse struct {
 
 func (x *NodeRepairResponse) Reset() {
 	*x = NodeRepairResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2395,7 @@ func (x *NodeRepairResponse) String() string {
 func (*NodeRepairResponse) ProtoMessage() {}
 
 func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[35]
+	mi := &file_api_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2408,7 @@ func (x *NodeRepairResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRepairResponse.ProtoReflect.Descriptor instead.
 func (*NodeRepairResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeRepairResponse) GetRemediationId() string {
@@ -2400,7 +2463,7 @@ type SetGPUCountRequest struct {
 
 func (x *SetGPUCountRequest) Reset() {
 	*x = SetGPUCountRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2475,7 @@ func (x *SetGPUCountRequest) String() string {
 func (*SetGPUCountRequest) ProtoMessage() {}
 
 func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[36]
+	mi := &file_api_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2488,7 @@ func (x *SetGPUCountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetGPUCountRequest.ProtoReflect.Descriptor instead.
 func (*SetGPUCountRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetGPUCountRequest) GetId() string {
@@ -2457,7 +2520,7 @@ type ReinstallNodeRequest struct {
 
 func (x *ReinstallNodeRequest) Reset() {
 	*x = ReinstallNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2469,7 +2532,7 @@ func (x *ReinstallNodeRequest) String() string {
 func (*ReinstallNodeRequest) ProtoMessage() {}
 
 func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[37]
+	mi := &file_api_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2482,7 +2545,7 @@ func (x *ReinstallNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeRequest.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReinstallNodeRequest) GetNode() string {
@@ -2514,7 +2577,7 @@ type ReinstallNodeResponse struct {
 
 func (x *ReinstallNodeResponse) Reset() {
 	*x = ReinstallNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2589,7 @@ func (x *ReinstallNodeResponse) String() string {
 func (*ReinstallNodeResponse) ProtoMessage() {}
 
 func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[38]
+	mi := &file_api_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2602,7 @@ func (x *ReinstallNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReinstallNodeResponse.ProtoReflect.Descriptor instead.
 func (*ReinstallNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReinstallNodeResponse) GetJoinToken() *JoinToken {
@@ -2587,7 +2650,7 @@ type AddNodeRequest struct {
 
 func (x *AddNodeRequest) Reset() {
 	*x = AddNodeRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +2662,7 @@ func (x *AddNodeRequest) String() string {
 func (*AddNodeRequest) ProtoMessage() {}
 
 func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[39]
+	mi := &file_api_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +2675,7 @@ func (x *AddNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeRequest.ProtoReflect.Descriptor instead.
 func (*AddNodeRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AddNodeRequest) GetPool() string {
@@ -2682,7 +2745,7 @@ type AddNodeResponse struct {
 
 func (x *AddNodeResponse) Reset() {
 	*x = AddNodeResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +2757,7 @@ func (x *AddNodeResponse) String() string {
 func (*AddNodeResponse) ProtoMessage() {}
 
 func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[40]
+	mi := &file_api_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +2770,7 @@ func (x *AddNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddNodeResponse.ProtoReflect.Descriptor instead.
 func (*AddNodeResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AddNodeResponse) GetJoinTokenId() string {
@@ -2776,7 +2839,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +2851,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[41]
+	mi := &file_api_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +2864,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -2870,7 +2933,7 @@ type CreateCommandsRequest struct {
 
 func (x *CreateCommandsRequest) Reset() {
 	*x = CreateCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +2945,7 @@ func (x *CreateCommandsRequest) String() string {
 func (*CreateCommandsRequest) ProtoMessage() {}
 
 func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[42]
+	mi := &file_api_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2895,7 +2958,7 @@ func (x *CreateCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsRequest.ProtoReflect.Descriptor instead.
 func (*CreateCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreateCommandsRequest) GetNodeIds() []string {
@@ -2983,7 +3046,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3058,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[43]
+	mi := &file_api_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3071,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -3034,7 +3097,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +3109,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[44]
+	mi := &file_api_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +3122,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -3093,7 +3156,7 @@ type CreateCommandsResponse struct {
 
 func (x *CreateCommandsResponse) Reset() {
 	*x = CreateCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3168,7 @@ func (x *CreateCommandsResponse) String() string {
 func (*CreateCommandsResponse) ProtoMessage() {}
 
 func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[45]
+	mi := &file_api_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3181,7 @@ func (x *CreateCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCommandsResponse.ProtoReflect.Descriptor instead.
 func (*CreateCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateCommandsResponse) GetBatchId() string {
@@ -3180,7 +3243,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3255,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[46]
+	mi := &file_api_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3268,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Command) GetId() string {
@@ -3385,7 +3448,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3397,7 +3460,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[47]
+	mi := &file_api_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3410,7 +3473,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -3444,7 +3507,7 @@ type GetCommandRequest struct {
 
 func (x *GetCommandRequest) Reset() {
 	*x = GetCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3456,7 +3519,7 @@ func (x *GetCommandRequest) String() string {
 func (*GetCommandRequest) ProtoMessage() {}
 
 func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[48]
+	mi := &file_api_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3469,7 +3532,7 @@ func (x *GetCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandRequest.ProtoReflect.Descriptor instead.
 func (*GetCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetCommandRequest) GetId() string {
@@ -3505,7 +3568,7 @@ type GetCommandResponse struct {
 
 func (x *GetCommandResponse) Reset() {
 	*x = GetCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3517,7 +3580,7 @@ func (x *GetCommandResponse) String() string {
 func (*GetCommandResponse) ProtoMessage() {}
 
 func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[49]
+	mi := &file_api_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3530,7 +3593,7 @@ func (x *GetCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCommandResponse.ProtoReflect.Descriptor instead.
 func (*GetCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetCommandResponse) GetCommand() *Command {
@@ -3560,7 +3623,7 @@ type ListCommandsRequest struct {
 
 func (x *ListCommandsRequest) Reset() {
 	*x = ListCommandsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3572,7 +3635,7 @@ func (x *ListCommandsRequest) String() string {
 func (*ListCommandsRequest) ProtoMessage() {}
 
 func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[50]
+	mi := &file_api_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3585,7 +3648,7 @@ func (x *ListCommandsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsRequest.ProtoReflect.Descriptor instead.
 func (*ListCommandsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListCommandsRequest) GetPage() *Page {
@@ -3626,7 +3689,7 @@ type ListCommandsResponse struct {
 
 func (x *ListCommandsResponse) Reset() {
 	*x = ListCommandsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3701,7 @@ func (x *ListCommandsResponse) String() string {
 func (*ListCommandsResponse) ProtoMessage() {}
 
 func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[51]
+	mi := &file_api_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3714,7 @@ func (x *ListCommandsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCommandsResponse.ProtoReflect.Descriptor instead.
 func (*ListCommandsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{51}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListCommandsResponse) GetCommands() []*Command {
@@ -3678,7 +3741,7 @@ type CancelCommandRequest struct {
 
 func (x *CancelCommandRequest) Reset() {
 	*x = CancelCommandRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3690,7 +3753,7 @@ func (x *CancelCommandRequest) String() string {
 func (*CancelCommandRequest) ProtoMessage() {}
 
 func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[52]
+	mi := &file_api_v1_api_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3703,7 +3766,7 @@ func (x *CancelCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandRequest.ProtoReflect.Descriptor instead.
 func (*CancelCommandRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{52}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CancelCommandRequest) GetId() string {
@@ -3722,7 +3785,7 @@ type CancelCommandResponse struct {
 
 func (x *CancelCommandResponse) Reset() {
 	*x = CancelCommandResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +3797,7 @@ func (x *CancelCommandResponse) String() string {
 func (*CancelCommandResponse) ProtoMessage() {}
 
 func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[53]
+	mi := &file_api_v1_api_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +3810,7 @@ func (x *CancelCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCommandResponse.ProtoReflect.Descriptor instead.
 func (*CancelCommandResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{53}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CancelCommandResponse) GetCommand() *Command {
@@ -3783,7 +3846,7 @@ type Gateway struct {
 
 func (x *Gateway) Reset() {
 	*x = Gateway{}
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +3858,7 @@ func (x *Gateway) String() string {
 func (*Gateway) ProtoMessage() {}
 
 func (x *Gateway) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[54]
+	mi := &file_api_v1_api_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +3871,7 @@ func (x *Gateway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gateway.ProtoReflect.Descriptor instead.
 func (*Gateway) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{54}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Gateway) GetId() string {
@@ -3897,7 +3960,7 @@ type ListGatewaysRequest struct {
 
 func (x *ListGatewaysRequest) Reset() {
 	*x = ListGatewaysRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3909,7 +3972,7 @@ func (x *ListGatewaysRequest) String() string {
 func (*ListGatewaysRequest) ProtoMessage() {}
 
 func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[55]
+	mi := &file_api_v1_api_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3922,7 +3985,7 @@ func (x *ListGatewaysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysRequest.ProtoReflect.Descriptor instead.
 func (*ListGatewaysRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{55}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
 }
 
 type ListGatewaysResponse struct {
@@ -3934,7 +3997,7 @@ type ListGatewaysResponse struct {
 
 func (x *ListGatewaysResponse) Reset() {
 	*x = ListGatewaysResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3946,7 +4009,7 @@ func (x *ListGatewaysResponse) String() string {
 func (*ListGatewaysResponse) ProtoMessage() {}
 
 func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[56]
+	mi := &file_api_v1_api_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3959,7 +4022,7 @@ func (x *ListGatewaysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGatewaysResponse.ProtoReflect.Descriptor instead.
 func (*ListGatewaysResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{56}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListGatewaysResponse) GetGateways() []*Gateway {
@@ -3982,7 +4045,7 @@ type DrainGatewayRequest struct {
 
 func (x *DrainGatewayRequest) Reset() {
 	*x = DrainGatewayRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3994,7 +4057,7 @@ func (x *DrainGatewayRequest) String() string {
 func (*DrainGatewayRequest) ProtoMessage() {}
 
 func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[57]
+	mi := &file_api_v1_api_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4007,7 +4070,7 @@ func (x *DrainGatewayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayRequest.ProtoReflect.Descriptor instead.
 func (*DrainGatewayRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{57}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DrainGatewayRequest) GetId() string {
@@ -4026,7 +4089,7 @@ type DrainGatewayResponse struct {
 
 func (x *DrainGatewayResponse) Reset() {
 	*x = DrainGatewayResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4038,7 +4101,7 @@ func (x *DrainGatewayResponse) String() string {
 func (*DrainGatewayResponse) ProtoMessage() {}
 
 func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[58]
+	mi := &file_api_v1_api_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4051,7 +4114,7 @@ func (x *DrainGatewayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainGatewayResponse.ProtoReflect.Descriptor instead.
 func (*DrainGatewayResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{58}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainGatewayResponse) GetGateway() *Gateway {
@@ -4079,7 +4142,7 @@ type Process struct {
 
 func (x *Process) Reset() {
 	*x = Process{}
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4091,7 +4154,7 @@ func (x *Process) String() string {
 func (*Process) ProtoMessage() {}
 
 func (x *Process) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[59]
+	mi := &file_api_v1_api_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4104,7 +4167,7 @@ func (x *Process) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Process.ProtoReflect.Descriptor instead.
 func (*Process) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{59}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Process) GetId() string {
@@ -4172,7 +4235,7 @@ type ListProcessesRequest struct {
 
 func (x *ListProcessesRequest) Reset() {
 	*x = ListProcessesRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4247,7 @@ func (x *ListProcessesRequest) String() string {
 func (*ListProcessesRequest) ProtoMessage() {}
 
 func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[60]
+	mi := &file_api_v1_api_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4260,7 @@ func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
 func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{60}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
 }
 
 type ListProcessesResponse struct {
@@ -4209,7 +4272,7 @@ type ListProcessesResponse struct {
 
 func (x *ListProcessesResponse) Reset() {
 	*x = ListProcessesResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4221,7 +4284,7 @@ func (x *ListProcessesResponse) String() string {
 func (*ListProcessesResponse) ProtoMessage() {}
 
 func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[61]
+	mi := &file_api_v1_api_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4234,7 +4297,7 @@ func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
 func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{61}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListProcessesResponse) GetProcesses() []*Process {
@@ -4256,7 +4319,7 @@ type RevokeCertificateRequest struct {
 
 func (x *RevokeCertificateRequest) Reset() {
 	*x = RevokeCertificateRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4268,7 +4331,7 @@ func (x *RevokeCertificateRequest) String() string {
 func (*RevokeCertificateRequest) ProtoMessage() {}
 
 func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[62]
+	mi := &file_api_v1_api_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4281,7 +4344,7 @@ func (x *RevokeCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{62}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RevokeCertificateRequest) GetNodeId() string {
@@ -4325,7 +4388,7 @@ type RotationStartRequest struct {
 
 func (x *RotationStartRequest) Reset() {
 	*x = RotationStartRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4337,7 +4400,7 @@ func (x *RotationStartRequest) String() string {
 func (*RotationStartRequest) ProtoMessage() {}
 
 func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[63]
+	mi := &file_api_v1_api_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4350,7 +4413,7 @@ func (x *RotationStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationStartRequest.ProtoReflect.Descriptor instead.
 func (*RotationStartRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{63}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RotationStartRequest) GetCa() string {
@@ -4385,7 +4448,7 @@ type RotationStatusRequest struct {
 
 func (x *RotationStatusRequest) Reset() {
 	*x = RotationStatusRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4397,7 +4460,7 @@ func (x *RotationStatusRequest) String() string {
 func (*RotationStatusRequest) ProtoMessage() {}
 
 func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[64]
+	mi := &file_api_v1_api_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4410,7 +4473,7 @@ func (x *RotationStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationStatusRequest.ProtoReflect.Descriptor instead.
 func (*RotationStatusRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{64}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RotationStatusRequest) GetCa() string {
@@ -4436,7 +4499,7 @@ type RotationAdvanceRequest struct {
 
 func (x *RotationAdvanceRequest) Reset() {
 	*x = RotationAdvanceRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4448,7 +4511,7 @@ func (x *RotationAdvanceRequest) String() string {
 func (*RotationAdvanceRequest) ProtoMessage() {}
 
 func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[65]
+	mi := &file_api_v1_api_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4461,7 +4524,7 @@ func (x *RotationAdvanceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationAdvanceRequest.ProtoReflect.Descriptor instead.
 func (*RotationAdvanceRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{65}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RotationAdvanceRequest) GetCa() string {
@@ -4497,7 +4560,7 @@ type RotationRollbackRequest struct {
 
 func (x *RotationRollbackRequest) Reset() {
 	*x = RotationRollbackRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4509,7 +4572,7 @@ func (x *RotationRollbackRequest) String() string {
 func (*RotationRollbackRequest) ProtoMessage() {}
 
 func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[66]
+	mi := &file_api_v1_api_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4522,7 +4585,7 @@ func (x *RotationRollbackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationRollbackRequest.ProtoReflect.Descriptor instead.
 func (*RotationRollbackRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{66}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RotationRollbackRequest) GetCa() string {
@@ -4548,7 +4611,7 @@ type RotationResponse struct {
 
 func (x *RotationResponse) Reset() {
 	*x = RotationResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4560,7 +4623,7 @@ func (x *RotationResponse) String() string {
 func (*RotationResponse) ProtoMessage() {}
 
 func (x *RotationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[67]
+	mi := &file_api_v1_api_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4573,7 +4636,7 @@ func (x *RotationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotationResponse.ProtoReflect.Descriptor instead.
 func (*RotationResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{67}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RotationResponse) GetRotation() *CARotation {
@@ -4621,7 +4684,7 @@ type CARotation struct {
 
 func (x *CARotation) Reset() {
 	*x = CARotation{}
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4633,7 +4696,7 @@ func (x *CARotation) String() string {
 func (*CARotation) ProtoMessage() {}
 
 func (x *CARotation) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[68]
+	mi := &file_api_v1_api_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4646,7 +4709,7 @@ func (x *CARotation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CARotation.ProtoReflect.Descriptor instead.
 func (*CARotation) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{68}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *CARotation) GetId() string {
@@ -4795,7 +4858,7 @@ type RevokeCertificateResponse struct {
 
 func (x *RevokeCertificateResponse) Reset() {
 	*x = RevokeCertificateResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +4870,7 @@ func (x *RevokeCertificateResponse) String() string {
 func (*RevokeCertificateResponse) ProtoMessage() {}
 
 func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[69]
+	mi := &file_api_v1_api_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +4883,7 @@ func (x *RevokeCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RevokeCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{69}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RevokeCertificateResponse) GetSerials() []string {
@@ -4853,7 +4916,7 @@ type FleetSummaryRequest struct {
 
 func (x *FleetSummaryRequest) Reset() {
 	*x = FleetSummaryRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4865,7 +4928,7 @@ func (x *FleetSummaryRequest) String() string {
 func (*FleetSummaryRequest) ProtoMessage() {}
 
 func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[70]
+	mi := &file_api_v1_api_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4878,7 +4941,7 @@ func (x *FleetSummaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryRequest.ProtoReflect.Descriptor instead.
 func (*FleetSummaryRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{70}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
 }
 
 type FleetSummaryResponse struct {
@@ -4894,7 +4957,7 @@ type FleetSummaryResponse struct {
 
 func (x *FleetSummaryResponse) Reset() {
 	*x = FleetSummaryResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4906,7 +4969,7 @@ func (x *FleetSummaryResponse) String() string {
 func (*FleetSummaryResponse) ProtoMessage() {}
 
 func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[71]
+	mi := &file_api_v1_api_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4919,7 +4982,7 @@ func (x *FleetSummaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FleetSummaryResponse.ProtoReflect.Descriptor instead.
 func (*FleetSummaryResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{71}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FleetSummaryResponse) GetNodesByState() map[string]int32 {
@@ -4971,7 +5034,7 @@ type UnhealthyGPU struct {
 
 func (x *UnhealthyGPU) Reset() {
 	*x = UnhealthyGPU{}
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4983,7 +5046,7 @@ func (x *UnhealthyGPU) String() string {
 func (*UnhealthyGPU) ProtoMessage() {}
 
 func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[72]
+	mi := &file_api_v1_api_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4996,7 +5059,7 @@ func (x *UnhealthyGPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyGPU.ProtoReflect.Descriptor instead.
 func (*UnhealthyGPU) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{72}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *UnhealthyGPU) GetNodeId() string {
@@ -5053,7 +5116,7 @@ type APIToken struct {
 
 func (x *APIToken) Reset() {
 	*x = APIToken{}
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5065,7 +5128,7 @@ func (x *APIToken) String() string {
 func (*APIToken) ProtoMessage() {}
 
 func (x *APIToken) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[73]
+	mi := &file_api_v1_api_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5078,7 +5141,7 @@ func (x *APIToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use APIToken.ProtoReflect.Descriptor instead.
 func (*APIToken) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{73}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *APIToken) GetId() string {
@@ -5153,7 +5216,7 @@ type CreateAPITokenRequest struct {
 
 func (x *CreateAPITokenRequest) Reset() {
 	*x = CreateAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5165,7 +5228,7 @@ func (x *CreateAPITokenRequest) String() string {
 func (*CreateAPITokenRequest) ProtoMessage() {}
 
 func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[74]
+	mi := &file_api_v1_api_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5178,7 +5241,7 @@ func (x *CreateAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{74}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CreateAPITokenRequest) GetRole() string {
@@ -5227,7 +5290,7 @@ type CreateAPITokenResponse struct {
 
 func (x *CreateAPITokenResponse) Reset() {
 	*x = CreateAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5239,7 +5302,7 @@ func (x *CreateAPITokenResponse) String() string {
 func (*CreateAPITokenResponse) ProtoMessage() {}
 
 func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[75]
+	mi := &file_api_v1_api_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5252,7 +5315,7 @@ func (x *CreateAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{75}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CreateAPITokenResponse) GetApiToken() *APIToken {
@@ -5279,7 +5342,7 @@ type ListAPITokensRequest struct {
 
 func (x *ListAPITokensRequest) Reset() {
 	*x = ListAPITokensRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5291,7 +5354,7 @@ func (x *ListAPITokensRequest) String() string {
 func (*ListAPITokensRequest) ProtoMessage() {}
 
 func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[76]
+	mi := &file_api_v1_api_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5304,7 +5367,7 @@ func (x *ListAPITokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensRequest.ProtoReflect.Descriptor instead.
 func (*ListAPITokensRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{76}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListAPITokensRequest) GetPage() *Page {
@@ -5324,7 +5387,7 @@ type ListAPITokensResponse struct {
 
 func (x *ListAPITokensResponse) Reset() {
 	*x = ListAPITokensResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5336,7 +5399,7 @@ func (x *ListAPITokensResponse) String() string {
 func (*ListAPITokensResponse) ProtoMessage() {}
 
 func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[77]
+	mi := &file_api_v1_api_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5349,7 +5412,7 @@ func (x *ListAPITokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAPITokensResponse.ProtoReflect.Descriptor instead.
 func (*ListAPITokensResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{77}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListAPITokensResponse) GetApiTokens() []*APIToken {
@@ -5376,7 +5439,7 @@ type RevokeAPITokenRequest struct {
 
 func (x *RevokeAPITokenRequest) Reset() {
 	*x = RevokeAPITokenRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5388,7 +5451,7 @@ func (x *RevokeAPITokenRequest) String() string {
 func (*RevokeAPITokenRequest) ProtoMessage() {}
 
 func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[78]
+	mi := &file_api_v1_api_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5401,7 +5464,7 @@ func (x *RevokeAPITokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{78}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RevokeAPITokenRequest) GetId() string {
@@ -5419,7 +5482,7 @@ type RevokeAPITokenResponse struct {
 
 func (x *RevokeAPITokenResponse) Reset() {
 	*x = RevokeAPITokenResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5431,7 +5494,7 @@ func (x *RevokeAPITokenResponse) String() string {
 func (*RevokeAPITokenResponse) ProtoMessage() {}
 
 func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[79]
+	mi := &file_api_v1_api_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5444,7 +5507,7 @@ func (x *RevokeAPITokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeAPITokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeAPITokenResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{79}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
 }
 
 // AuditEntry is one row of the audit log: who did what to which object,
@@ -5472,7 +5535,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5484,7 +5547,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[80]
+	mi := &file_api_v1_api_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5497,7 +5560,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{80}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *AuditEntry) GetId() string {
@@ -5575,7 +5638,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5587,7 +5650,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[81]
+	mi := &file_api_v1_api_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5600,7 +5663,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{81}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListAuditRequest) GetPage() *Page {
@@ -5662,7 +5725,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5674,7 +5737,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[82]
+	mi := &file_api_v1_api_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5687,7 +5750,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{82}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -5727,7 +5790,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5739,7 +5802,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[83]
+	mi := &file_api_v1_api_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5752,7 +5815,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{83}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListEventsRequest) GetPage() *Page {
@@ -5811,7 +5874,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5823,7 +5886,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[84]
+	mi := &file_api_v1_api_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5836,7 +5899,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{84}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *Event) GetId() string {
@@ -5884,7 +5947,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5896,7 +5959,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[85]
+	mi := &file_api_v1_api_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5909,7 +5972,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{85}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListEventsResponse) GetEvents() []*Event {
@@ -5954,7 +6017,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5966,7 +6029,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[86]
+	mi := &file_api_v1_api_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5979,7 +6042,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{86}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DeadLetter) GetId() string {
@@ -6045,7 +6108,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6057,7 +6120,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[87]
+	mi := &file_api_v1_api_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6070,7 +6133,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{87}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ListDeadLettersRequest) GetPage() *Page {
@@ -6097,7 +6160,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6109,7 +6172,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[88]
+	mi := &file_api_v1_api_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6122,7 +6185,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{88}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -6154,7 +6217,7 @@ type ReplayDeadLettersRequest struct {
 
 func (x *ReplayDeadLettersRequest) Reset() {
 	*x = ReplayDeadLettersRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6166,7 +6229,7 @@ func (x *ReplayDeadLettersRequest) String() string {
 func (*ReplayDeadLettersRequest) ProtoMessage() {}
 
 func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[89]
+	mi := &file_api_v1_api_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6179,7 +6242,7 @@ func (x *ReplayDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{89}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReplayDeadLettersRequest) GetSink() string {
@@ -6213,7 +6276,7 @@ type ReplayDeadLettersResponse struct {
 
 func (x *ReplayDeadLettersResponse) Reset() {
 	*x = ReplayDeadLettersResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[90]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6225,7 +6288,7 @@ func (x *ReplayDeadLettersResponse) String() string {
 func (*ReplayDeadLettersResponse) ProtoMessage() {}
 
 func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[90]
+	mi := &file_api_v1_api_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6238,7 +6301,7 @@ func (x *ReplayDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ReplayDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{90}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ReplayDeadLettersResponse) GetReplayed() int64 {
@@ -6276,7 +6339,7 @@ type SetBMCCredentialsRequest struct {
 
 func (x *SetBMCCredentialsRequest) Reset() {
 	*x = SetBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[91]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6288,7 +6351,7 @@ func (x *SetBMCCredentialsRequest) String() string {
 func (*SetBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[91]
+	mi := &file_api_v1_api_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6301,7 +6364,7 @@ func (x *SetBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{91}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *SetBMCCredentialsRequest) GetNodeId() string {
@@ -6381,7 +6444,7 @@ type SetBMCCredentialsResponse struct {
 
 func (x *SetBMCCredentialsResponse) Reset() {
 	*x = SetBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[92]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6393,7 +6456,7 @@ func (x *SetBMCCredentialsResponse) String() string {
 func (*SetBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[92]
+	mi := &file_api_v1_api_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6406,7 +6469,7 @@ func (x *SetBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*SetBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{92}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *SetBMCCredentialsResponse) GetNodeId() string {
@@ -6454,7 +6517,7 @@ type DeleteBMCCredentialsRequest struct {
 
 func (x *DeleteBMCCredentialsRequest) Reset() {
 	*x = DeleteBMCCredentialsRequest{}
-	mi := &file_api_v1_api_proto_msgTypes[93]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6466,7 +6529,7 @@ func (x *DeleteBMCCredentialsRequest) String() string {
 func (*DeleteBMCCredentialsRequest) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[93]
+	mi := &file_api_v1_api_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6479,7 +6542,7 @@ func (x *DeleteBMCCredentialsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsRequest) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{93}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *DeleteBMCCredentialsRequest) GetNodeId() string {
@@ -6497,7 +6560,7 @@ type DeleteBMCCredentialsResponse struct {
 
 func (x *DeleteBMCCredentialsResponse) Reset() {
 	*x = DeleteBMCCredentialsResponse{}
-	mi := &file_api_v1_api_proto_msgTypes[94]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6509,7 +6572,7 @@ func (x *DeleteBMCCredentialsResponse) String() string {
 func (*DeleteBMCCredentialsResponse) ProtoMessage() {}
 
 func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[94]
+	mi := &file_api_v1_api_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6522,7 +6585,7 @@ func (x *DeleteBMCCredentialsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBMCCredentialsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBMCCredentialsResponse) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{94}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{95}
 }
 
 // WellKnown is GET /.well-known/better-compute: where a daemon or CLI finds
@@ -6542,7 +6605,7 @@ type WellKnown struct {
 
 func (x *WellKnown) Reset() {
 	*x = WellKnown{}
-	mi := &file_api_v1_api_proto_msgTypes[95]
+	mi := &file_api_v1_api_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6554,7 +6617,7 @@ func (x *WellKnown) String() string {
 func (*WellKnown) ProtoMessage() {}
 
 func (x *WellKnown) ProtoReflect() protoreflect.Message {
-	mi := &file_api_v1_api_proto_msgTypes[95]
+	mi := &file_api_v1_api_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6567,7 +6630,7 @@ func (x *WellKnown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WellKnown.ProtoReflect.Descriptor instead.
 func (*WellKnown) Descriptor() ([]byte, []int) {
-	return file_api_v1_api_proto_rawDescGZIP(), []int{95}
+	return file_api_v1_api_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *WellKnown) GetApiUrl() string {
@@ -6650,7 +6713,11 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\rmove_nodes_to\x18\x02 \x01(\tR\vmoveNodesTo\"=\n" +
 	"\x0fMovePoolRequest\x12\x12\n" +
 	"\x04pool\x18\x01 \x01(\tR\x04pool\x12\x16\n" +
-	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x9c\x01\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"M\n" +
+	"\x0fMoveNodeRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04pool\x18\x03 \x01(\tR\x04pool\"\x9c\x01\n" +
 	"\x04Site\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -7175,7 +7242,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x04List\x12+.bettercompute.api.v1.ListJoinTokensRequest\x1a,.bettercompute.api.v1.ListJoinTokensResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12t\n" +
 	"\x06Revoke\x12,.bettercompute.api.v1.RevokeJoinTokenRequest\x1a-.bettercompute.api.v1.RevokeJoinTokenResponse\"\r\xa2\x9f\x19\t\n" +
-	"\x05admin\x10\x012\x84\t\n" +
+	"\x05admin\x10\x012\xe6\t\n" +
 	"\fNodesService\x12e\n" +
 	"\x04List\x12&.bettercompute.api.v1.ListNodesRequest\x1a'.bettercompute.api.v1.ListNodesResponse\"\f\xa2\x9f\x19\b\n" +
 	"\x06viewer\x12Z\n" +
@@ -7198,7 +7265,9 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x06Reboot\x12'.bettercompute.api.v1.NodeRepairRequest\x1a(.bettercompute.api.v1.NodeRepairResponse\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12m\n" +
 	"\vSetGPUCount\x12(.bettercompute.api.v1.SetGPUCountRequest\x1a\".bettercompute.api.v1.NodeResponse\"\x10\xa2\x9f\x19\f\n" +
-	"\boperator\x10\x012\xd2\x03\n" +
+	"\boperator\x10\x01\x12`\n" +
+	"\x04Move\x12%.bettercompute.api.v1.MoveNodeRequest\x1a\".bettercompute.api.v1.NodeResponse\"\r\xa2\x9f\x19\t\n" +
+	"\x05admin\x10\x012\xd2\x03\n" +
 	"\x0fCommandsService\x12u\n" +
 	"\x06Create\x12+.bettercompute.api.v1.CreateCommandsRequest\x1a,.bettercompute.api.v1.CreateCommandsResponse\"\x10\xa2\x9f\x19\f\n" +
 	"\boperator\x10\x01\x12f\n" +
@@ -7270,7 +7339,7 @@ func file_api_v1_api_proto_rawDescGZIP() []byte {
 	return file_api_v1_api_proto_rawDescData
 }
 
-var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_api_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_api_v1_api_proto_goTypes = []any{
 	(*Error)(nil),                        // 0: bettercompute.api.v1.Error
 	(*Page)(nil),                         // 1: bettercompute.api.v1.Page
@@ -7281,300 +7350,303 @@ var file_api_v1_api_proto_goTypes = []any{
 	(*TenantRequest)(nil),                // 6: bettercompute.api.v1.TenantRequest
 	(*DeleteTenantRequest)(nil),          // 7: bettercompute.api.v1.DeleteTenantRequest
 	(*MovePoolRequest)(nil),              // 8: bettercompute.api.v1.MovePoolRequest
-	(*Site)(nil),                         // 9: bettercompute.api.v1.Site
-	(*CreateSiteRequest)(nil),            // 10: bettercompute.api.v1.CreateSiteRequest
-	(*ListSitesRequest)(nil),             // 11: bettercompute.api.v1.ListSitesRequest
-	(*ListSitesResponse)(nil),            // 12: bettercompute.api.v1.ListSitesResponse
-	(*Pool)(nil),                         // 13: bettercompute.api.v1.Pool
-	(*PoolBudget)(nil),                   // 14: bettercompute.api.v1.PoolBudget
-	(*PoolRequest)(nil),                  // 15: bettercompute.api.v1.PoolRequest
-	(*SetPoolBudgetRequest)(nil),         // 16: bettercompute.api.v1.SetPoolBudgetRequest
-	(*CreatePoolRequest)(nil),            // 17: bettercompute.api.v1.CreatePoolRequest
-	(*ListPoolsRequest)(nil),             // 18: bettercompute.api.v1.ListPoolsRequest
-	(*ListPoolsResponse)(nil),            // 19: bettercompute.api.v1.ListPoolsResponse
-	(*JoinToken)(nil),                    // 20: bettercompute.api.v1.JoinToken
-	(*CreateJoinTokenRequest)(nil),       // 21: bettercompute.api.v1.CreateJoinTokenRequest
-	(*CreateJoinTokenResponse)(nil),      // 22: bettercompute.api.v1.CreateJoinTokenResponse
-	(*ListJoinTokensRequest)(nil),        // 23: bettercompute.api.v1.ListJoinTokensRequest
-	(*ListJoinTokensResponse)(nil),       // 24: bettercompute.api.v1.ListJoinTokensResponse
-	(*RevokeJoinTokenRequest)(nil),       // 25: bettercompute.api.v1.RevokeJoinTokenRequest
-	(*RevokeJoinTokenResponse)(nil),      // 26: bettercompute.api.v1.RevokeJoinTokenResponse
-	(*Node)(nil),                         // 27: bettercompute.api.v1.Node
-	(*GPU)(nil),                          // 28: bettercompute.api.v1.GPU
-	(*ListNodesRequest)(nil),             // 29: bettercompute.api.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),            // 30: bettercompute.api.v1.ListNodesResponse
-	(*NodeRequest)(nil),                  // 31: bettercompute.api.v1.NodeRequest
-	(*NodeResponse)(nil),                 // 32: bettercompute.api.v1.NodeResponse
-	(*NodeGPUResetRequest)(nil),          // 33: bettercompute.api.v1.NodeGPUResetRequest
-	(*NodeRepairRequest)(nil),            // 34: bettercompute.api.v1.NodeRepairRequest
-	(*NodeRepairResponse)(nil),           // 35: bettercompute.api.v1.NodeRepairResponse
-	(*SetGPUCountRequest)(nil),           // 36: bettercompute.api.v1.SetGPUCountRequest
-	(*ReinstallNodeRequest)(nil),         // 37: bettercompute.api.v1.ReinstallNodeRequest
-	(*ReinstallNodeResponse)(nil),        // 38: bettercompute.api.v1.ReinstallNodeResponse
-	(*AddNodeRequest)(nil),               // 39: bettercompute.api.v1.AddNodeRequest
-	(*AddNodeResponse)(nil),              // 40: bettercompute.api.v1.AddNodeResponse
-	(*ExecSpec)(nil),                     // 41: bettercompute.api.v1.ExecSpec
-	(*CreateCommandsRequest)(nil),        // 42: bettercompute.api.v1.CreateCommandsRequest
-	(*PowerSpec)(nil),                    // 43: bettercompute.api.v1.PowerSpec
-	(*BootSpec)(nil),                     // 44: bettercompute.api.v1.BootSpec
-	(*CreateCommandsResponse)(nil),       // 45: bettercompute.api.v1.CreateCommandsResponse
-	(*Command)(nil),                      // 46: bettercompute.api.v1.Command
-	(*UpgradeSpec)(nil),                  // 47: bettercompute.api.v1.UpgradeSpec
-	(*GetCommandRequest)(nil),            // 48: bettercompute.api.v1.GetCommandRequest
-	(*GetCommandResponse)(nil),           // 49: bettercompute.api.v1.GetCommandResponse
-	(*ListCommandsRequest)(nil),          // 50: bettercompute.api.v1.ListCommandsRequest
-	(*ListCommandsResponse)(nil),         // 51: bettercompute.api.v1.ListCommandsResponse
-	(*CancelCommandRequest)(nil),         // 52: bettercompute.api.v1.CancelCommandRequest
-	(*CancelCommandResponse)(nil),        // 53: bettercompute.api.v1.CancelCommandResponse
-	(*Gateway)(nil),                      // 54: bettercompute.api.v1.Gateway
-	(*ListGatewaysRequest)(nil),          // 55: bettercompute.api.v1.ListGatewaysRequest
-	(*ListGatewaysResponse)(nil),         // 56: bettercompute.api.v1.ListGatewaysResponse
-	(*DrainGatewayRequest)(nil),          // 57: bettercompute.api.v1.DrainGatewayRequest
-	(*DrainGatewayResponse)(nil),         // 58: bettercompute.api.v1.DrainGatewayResponse
-	(*Process)(nil),                      // 59: bettercompute.api.v1.Process
-	(*ListProcessesRequest)(nil),         // 60: bettercompute.api.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),        // 61: bettercompute.api.v1.ListProcessesResponse
-	(*RevokeCertificateRequest)(nil),     // 62: bettercompute.api.v1.RevokeCertificateRequest
-	(*RotationStartRequest)(nil),         // 63: bettercompute.api.v1.RotationStartRequest
-	(*RotationStatusRequest)(nil),        // 64: bettercompute.api.v1.RotationStatusRequest
-	(*RotationAdvanceRequest)(nil),       // 65: bettercompute.api.v1.RotationAdvanceRequest
-	(*RotationRollbackRequest)(nil),      // 66: bettercompute.api.v1.RotationRollbackRequest
-	(*RotationResponse)(nil),             // 67: bettercompute.api.v1.RotationResponse
-	(*CARotation)(nil),                   // 68: bettercompute.api.v1.CARotation
-	(*RevokeCertificateResponse)(nil),    // 69: bettercompute.api.v1.RevokeCertificateResponse
-	(*FleetSummaryRequest)(nil),          // 70: bettercompute.api.v1.FleetSummaryRequest
-	(*FleetSummaryResponse)(nil),         // 71: bettercompute.api.v1.FleetSummaryResponse
-	(*UnhealthyGPU)(nil),                 // 72: bettercompute.api.v1.UnhealthyGPU
-	(*APIToken)(nil),                     // 73: bettercompute.api.v1.APIToken
-	(*CreateAPITokenRequest)(nil),        // 74: bettercompute.api.v1.CreateAPITokenRequest
-	(*CreateAPITokenResponse)(nil),       // 75: bettercompute.api.v1.CreateAPITokenResponse
-	(*ListAPITokensRequest)(nil),         // 76: bettercompute.api.v1.ListAPITokensRequest
-	(*ListAPITokensResponse)(nil),        // 77: bettercompute.api.v1.ListAPITokensResponse
-	(*RevokeAPITokenRequest)(nil),        // 78: bettercompute.api.v1.RevokeAPITokenRequest
-	(*RevokeAPITokenResponse)(nil),       // 79: bettercompute.api.v1.RevokeAPITokenResponse
-	(*AuditEntry)(nil),                   // 80: bettercompute.api.v1.AuditEntry
-	(*ListAuditRequest)(nil),             // 81: bettercompute.api.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),            // 82: bettercompute.api.v1.ListAuditResponse
-	(*ListEventsRequest)(nil),            // 83: bettercompute.api.v1.ListEventsRequest
-	(*Event)(nil),                        // 84: bettercompute.api.v1.Event
-	(*ListEventsResponse)(nil),           // 85: bettercompute.api.v1.ListEventsResponse
-	(*DeadLetter)(nil),                   // 86: bettercompute.api.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),       // 87: bettercompute.api.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),      // 88: bettercompute.api.v1.ListDeadLettersResponse
-	(*ReplayDeadLettersRequest)(nil),     // 89: bettercompute.api.v1.ReplayDeadLettersRequest
-	(*ReplayDeadLettersResponse)(nil),    // 90: bettercompute.api.v1.ReplayDeadLettersResponse
-	(*SetBMCCredentialsRequest)(nil),     // 91: bettercompute.api.v1.SetBMCCredentialsRequest
-	(*SetBMCCredentialsResponse)(nil),    // 92: bettercompute.api.v1.SetBMCCredentialsResponse
-	(*DeleteBMCCredentialsRequest)(nil),  // 93: bettercompute.api.v1.DeleteBMCCredentialsRequest
-	(*DeleteBMCCredentialsResponse)(nil), // 94: bettercompute.api.v1.DeleteBMCCredentialsResponse
-	(*WellKnown)(nil),                    // 95: bettercompute.api.v1.WellKnown
-	nil,                                  // 96: bettercompute.api.v1.Node.LabelsEntry
-	nil,                                  // 97: bettercompute.api.v1.ExecSpec.EnvEntry
-	nil,                                  // 98: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	nil,                                  // 99: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	nil,                                  // 100: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	(*timestamppb.Timestamp)(nil),        // 101: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),          // 102: google.protobuf.Duration
-	(*structpb.Struct)(nil),              // 103: google.protobuf.Struct
+	(*MoveNodeRequest)(nil),              // 9: bettercompute.api.v1.MoveNodeRequest
+	(*Site)(nil),                         // 10: bettercompute.api.v1.Site
+	(*CreateSiteRequest)(nil),            // 11: bettercompute.api.v1.CreateSiteRequest
+	(*ListSitesRequest)(nil),             // 12: bettercompute.api.v1.ListSitesRequest
+	(*ListSitesResponse)(nil),            // 13: bettercompute.api.v1.ListSitesResponse
+	(*Pool)(nil),                         // 14: bettercompute.api.v1.Pool
+	(*PoolBudget)(nil),                   // 15: bettercompute.api.v1.PoolBudget
+	(*PoolRequest)(nil),                  // 16: bettercompute.api.v1.PoolRequest
+	(*SetPoolBudgetRequest)(nil),         // 17: bettercompute.api.v1.SetPoolBudgetRequest
+	(*CreatePoolRequest)(nil),            // 18: bettercompute.api.v1.CreatePoolRequest
+	(*ListPoolsRequest)(nil),             // 19: bettercompute.api.v1.ListPoolsRequest
+	(*ListPoolsResponse)(nil),            // 20: bettercompute.api.v1.ListPoolsResponse
+	(*JoinToken)(nil),                    // 21: bettercompute.api.v1.JoinToken
+	(*CreateJoinTokenRequest)(nil),       // 22: bettercompute.api.v1.CreateJoinTokenRequest
+	(*CreateJoinTokenResponse)(nil),      // 23: bettercompute.api.v1.CreateJoinTokenResponse
+	(*ListJoinTokensRequest)(nil),        // 24: bettercompute.api.v1.ListJoinTokensRequest
+	(*ListJoinTokensResponse)(nil),       // 25: bettercompute.api.v1.ListJoinTokensResponse
+	(*RevokeJoinTokenRequest)(nil),       // 26: bettercompute.api.v1.RevokeJoinTokenRequest
+	(*RevokeJoinTokenResponse)(nil),      // 27: bettercompute.api.v1.RevokeJoinTokenResponse
+	(*Node)(nil),                         // 28: bettercompute.api.v1.Node
+	(*GPU)(nil),                          // 29: bettercompute.api.v1.GPU
+	(*ListNodesRequest)(nil),             // 30: bettercompute.api.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),            // 31: bettercompute.api.v1.ListNodesResponse
+	(*NodeRequest)(nil),                  // 32: bettercompute.api.v1.NodeRequest
+	(*NodeResponse)(nil),                 // 33: bettercompute.api.v1.NodeResponse
+	(*NodeGPUResetRequest)(nil),          // 34: bettercompute.api.v1.NodeGPUResetRequest
+	(*NodeRepairRequest)(nil),            // 35: bettercompute.api.v1.NodeRepairRequest
+	(*NodeRepairResponse)(nil),           // 36: bettercompute.api.v1.NodeRepairResponse
+	(*SetGPUCountRequest)(nil),           // 37: bettercompute.api.v1.SetGPUCountRequest
+	(*ReinstallNodeRequest)(nil),         // 38: bettercompute.api.v1.ReinstallNodeRequest
+	(*ReinstallNodeResponse)(nil),        // 39: bettercompute.api.v1.ReinstallNodeResponse
+	(*AddNodeRequest)(nil),               // 40: bettercompute.api.v1.AddNodeRequest
+	(*AddNodeResponse)(nil),              // 41: bettercompute.api.v1.AddNodeResponse
+	(*ExecSpec)(nil),                     // 42: bettercompute.api.v1.ExecSpec
+	(*CreateCommandsRequest)(nil),        // 43: bettercompute.api.v1.CreateCommandsRequest
+	(*PowerSpec)(nil),                    // 44: bettercompute.api.v1.PowerSpec
+	(*BootSpec)(nil),                     // 45: bettercompute.api.v1.BootSpec
+	(*CreateCommandsResponse)(nil),       // 46: bettercompute.api.v1.CreateCommandsResponse
+	(*Command)(nil),                      // 47: bettercompute.api.v1.Command
+	(*UpgradeSpec)(nil),                  // 48: bettercompute.api.v1.UpgradeSpec
+	(*GetCommandRequest)(nil),            // 49: bettercompute.api.v1.GetCommandRequest
+	(*GetCommandResponse)(nil),           // 50: bettercompute.api.v1.GetCommandResponse
+	(*ListCommandsRequest)(nil),          // 51: bettercompute.api.v1.ListCommandsRequest
+	(*ListCommandsResponse)(nil),         // 52: bettercompute.api.v1.ListCommandsResponse
+	(*CancelCommandRequest)(nil),         // 53: bettercompute.api.v1.CancelCommandRequest
+	(*CancelCommandResponse)(nil),        // 54: bettercompute.api.v1.CancelCommandResponse
+	(*Gateway)(nil),                      // 55: bettercompute.api.v1.Gateway
+	(*ListGatewaysRequest)(nil),          // 56: bettercompute.api.v1.ListGatewaysRequest
+	(*ListGatewaysResponse)(nil),         // 57: bettercompute.api.v1.ListGatewaysResponse
+	(*DrainGatewayRequest)(nil),          // 58: bettercompute.api.v1.DrainGatewayRequest
+	(*DrainGatewayResponse)(nil),         // 59: bettercompute.api.v1.DrainGatewayResponse
+	(*Process)(nil),                      // 60: bettercompute.api.v1.Process
+	(*ListProcessesRequest)(nil),         // 61: bettercompute.api.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),        // 62: bettercompute.api.v1.ListProcessesResponse
+	(*RevokeCertificateRequest)(nil),     // 63: bettercompute.api.v1.RevokeCertificateRequest
+	(*RotationStartRequest)(nil),         // 64: bettercompute.api.v1.RotationStartRequest
+	(*RotationStatusRequest)(nil),        // 65: bettercompute.api.v1.RotationStatusRequest
+	(*RotationAdvanceRequest)(nil),       // 66: bettercompute.api.v1.RotationAdvanceRequest
+	(*RotationRollbackRequest)(nil),      // 67: bettercompute.api.v1.RotationRollbackRequest
+	(*RotationResponse)(nil),             // 68: bettercompute.api.v1.RotationResponse
+	(*CARotation)(nil),                   // 69: bettercompute.api.v1.CARotation
+	(*RevokeCertificateResponse)(nil),    // 70: bettercompute.api.v1.RevokeCertificateResponse
+	(*FleetSummaryRequest)(nil),          // 71: bettercompute.api.v1.FleetSummaryRequest
+	(*FleetSummaryResponse)(nil),         // 72: bettercompute.api.v1.FleetSummaryResponse
+	(*UnhealthyGPU)(nil),                 // 73: bettercompute.api.v1.UnhealthyGPU
+	(*APIToken)(nil),                     // 74: bettercompute.api.v1.APIToken
+	(*CreateAPITokenRequest)(nil),        // 75: bettercompute.api.v1.CreateAPITokenRequest
+	(*CreateAPITokenResponse)(nil),       // 76: bettercompute.api.v1.CreateAPITokenResponse
+	(*ListAPITokensRequest)(nil),         // 77: bettercompute.api.v1.ListAPITokensRequest
+	(*ListAPITokensResponse)(nil),        // 78: bettercompute.api.v1.ListAPITokensResponse
+	(*RevokeAPITokenRequest)(nil),        // 79: bettercompute.api.v1.RevokeAPITokenRequest
+	(*RevokeAPITokenResponse)(nil),       // 80: bettercompute.api.v1.RevokeAPITokenResponse
+	(*AuditEntry)(nil),                   // 81: bettercompute.api.v1.AuditEntry
+	(*ListAuditRequest)(nil),             // 82: bettercompute.api.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),            // 83: bettercompute.api.v1.ListAuditResponse
+	(*ListEventsRequest)(nil),            // 84: bettercompute.api.v1.ListEventsRequest
+	(*Event)(nil),                        // 85: bettercompute.api.v1.Event
+	(*ListEventsResponse)(nil),           // 86: bettercompute.api.v1.ListEventsResponse
+	(*DeadLetter)(nil),                   // 87: bettercompute.api.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),       // 88: bettercompute.api.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),      // 89: bettercompute.api.v1.ListDeadLettersResponse
+	(*ReplayDeadLettersRequest)(nil),     // 90: bettercompute.api.v1.ReplayDeadLettersRequest
+	(*ReplayDeadLettersResponse)(nil),    // 91: bettercompute.api.v1.ReplayDeadLettersResponse
+	(*SetBMCCredentialsRequest)(nil),     // 92: bettercompute.api.v1.SetBMCCredentialsRequest
+	(*SetBMCCredentialsResponse)(nil),    // 93: bettercompute.api.v1.SetBMCCredentialsResponse
+	(*DeleteBMCCredentialsRequest)(nil),  // 94: bettercompute.api.v1.DeleteBMCCredentialsRequest
+	(*DeleteBMCCredentialsResponse)(nil), // 95: bettercompute.api.v1.DeleteBMCCredentialsResponse
+	(*WellKnown)(nil),                    // 96: bettercompute.api.v1.WellKnown
+	nil,                                  // 97: bettercompute.api.v1.Node.LabelsEntry
+	nil,                                  // 98: bettercompute.api.v1.ExecSpec.EnvEntry
+	nil,                                  // 99: bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	nil,                                  // 100: bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	nil,                                  // 101: bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	(*timestamppb.Timestamp)(nil),        // 102: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 103: google.protobuf.Duration
+	(*structpb.Struct)(nil),              // 104: google.protobuf.Struct
 }
 var file_api_v1_api_proto_depIdxs = []int32{
-	101, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
-	101, // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
-	101, // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
+	102, // 0: bettercompute.api.v1.Tenant.create_time:type_name -> google.protobuf.Timestamp
+	102, // 1: bettercompute.api.v1.Tenant.suspend_time:type_name -> google.protobuf.Timestamp
+	102, // 2: bettercompute.api.v1.Tenant.delete_time:type_name -> google.protobuf.Timestamp
 	1,   // 3: bettercompute.api.v1.ListTenantsRequest.page:type_name -> bettercompute.api.v1.Page
 	2,   // 4: bettercompute.api.v1.ListTenantsResponse.tenants:type_name -> bettercompute.api.v1.Tenant
-	101, // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
+	102, // 5: bettercompute.api.v1.Site.create_time:type_name -> google.protobuf.Timestamp
 	1,   // 6: bettercompute.api.v1.ListSitesRequest.page:type_name -> bettercompute.api.v1.Page
-	9,   // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
-	101, // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
-	14,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
+	10,  // 7: bettercompute.api.v1.ListSitesResponse.sites:type_name -> bettercompute.api.v1.Site
+	102, // 8: bettercompute.api.v1.Pool.create_time:type_name -> google.protobuf.Timestamp
+	15,  // 9: bettercompute.api.v1.Pool.budget:type_name -> bettercompute.api.v1.PoolBudget
 	1,   // 10: bettercompute.api.v1.ListPoolsRequest.page:type_name -> bettercompute.api.v1.Page
-	13,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
-	101, // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
-	101, // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
-	101, // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
-	102, // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
-	20,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	14,  // 11: bettercompute.api.v1.ListPoolsResponse.pools:type_name -> bettercompute.api.v1.Pool
+	102, // 12: bettercompute.api.v1.JoinToken.expire_time:type_name -> google.protobuf.Timestamp
+	102, // 13: bettercompute.api.v1.JoinToken.revoke_time:type_name -> google.protobuf.Timestamp
+	102, // 14: bettercompute.api.v1.JoinToken.create_time:type_name -> google.protobuf.Timestamp
+	103, // 15: bettercompute.api.v1.CreateJoinTokenRequest.ttl:type_name -> google.protobuf.Duration
+	21,  // 16: bettercompute.api.v1.CreateJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
 	1,   // 17: bettercompute.api.v1.ListJoinTokensRequest.page:type_name -> bettercompute.api.v1.Page
-	20,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
-	20,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	96,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
-	101, // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
-	101, // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
-	101, // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
-	28,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
-	103, // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
-	102, // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
-	101, // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
+	21,  // 18: bettercompute.api.v1.ListJoinTokensResponse.join_tokens:type_name -> bettercompute.api.v1.JoinToken
+	21,  // 19: bettercompute.api.v1.RevokeJoinTokenResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	97,  // 20: bettercompute.api.v1.Node.labels:type_name -> bettercompute.api.v1.Node.LabelsEntry
+	102, // 21: bettercompute.api.v1.Node.last_seen_time:type_name -> google.protobuf.Timestamp
+	102, // 22: bettercompute.api.v1.Node.cert_expire_time:type_name -> google.protobuf.Timestamp
+	102, // 23: bettercompute.api.v1.Node.create_time:type_name -> google.protobuf.Timestamp
+	29,  // 24: bettercompute.api.v1.Node.gpus:type_name -> bettercompute.api.v1.GPU
+	104, // 25: bettercompute.api.v1.Node.inventory:type_name -> google.protobuf.Struct
+	103, // 26: bettercompute.api.v1.Node.clock_skew:type_name -> google.protobuf.Duration
+	102, // 27: bettercompute.api.v1.Node.clock_skew_time:type_name -> google.protobuf.Timestamp
 	1,   // 28: bettercompute.api.v1.ListNodesRequest.page:type_name -> bettercompute.api.v1.Page
-	27,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
-	27,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
-	102, // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
-	20,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
-	102, // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
-	101, // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	97,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
-	98,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
-	41,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
-	102, // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
-	43,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
-	44,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
-	47,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	46,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	41,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
-	101, // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
-	101, // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
-	101, // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
-	43,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
-	44,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
-	103, // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
-	47,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
-	46,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	28,  // 29: bettercompute.api.v1.ListNodesResponse.nodes:type_name -> bettercompute.api.v1.Node
+	28,  // 30: bettercompute.api.v1.NodeResponse.node:type_name -> bettercompute.api.v1.Node
+	103, // 31: bettercompute.api.v1.ReinstallNodeRequest.ttl:type_name -> google.protobuf.Duration
+	21,  // 32: bettercompute.api.v1.ReinstallNodeResponse.join_token:type_name -> bettercompute.api.v1.JoinToken
+	103, // 33: bettercompute.api.v1.AddNodeRequest.ttl:type_name -> google.protobuf.Duration
+	102, // 34: bettercompute.api.v1.AddNodeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	98,  // 35: bettercompute.api.v1.ExecSpec.env:type_name -> bettercompute.api.v1.ExecSpec.EnvEntry
+	99,  // 36: bettercompute.api.v1.CreateCommandsRequest.selector:type_name -> bettercompute.api.v1.CreateCommandsRequest.SelectorEntry
+	42,  // 37: bettercompute.api.v1.CreateCommandsRequest.exec:type_name -> bettercompute.api.v1.ExecSpec
+	103, // 38: bettercompute.api.v1.CreateCommandsRequest.timeout:type_name -> google.protobuf.Duration
+	44,  // 39: bettercompute.api.v1.CreateCommandsRequest.power:type_name -> bettercompute.api.v1.PowerSpec
+	45,  // 40: bettercompute.api.v1.CreateCommandsRequest.boot:type_name -> bettercompute.api.v1.BootSpec
+	48,  // 41: bettercompute.api.v1.CreateCommandsRequest.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	47,  // 42: bettercompute.api.v1.CreateCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	42,  // 43: bettercompute.api.v1.Command.exec:type_name -> bettercompute.api.v1.ExecSpec
+	102, // 44: bettercompute.api.v1.Command.create_time:type_name -> google.protobuf.Timestamp
+	102, // 45: bettercompute.api.v1.Command.deadline_time:type_name -> google.protobuf.Timestamp
+	102, // 46: bettercompute.api.v1.Command.finish_time:type_name -> google.protobuf.Timestamp
+	44,  // 47: bettercompute.api.v1.Command.power:type_name -> bettercompute.api.v1.PowerSpec
+	45,  // 48: bettercompute.api.v1.Command.boot:type_name -> bettercompute.api.v1.BootSpec
+	104, // 49: bettercompute.api.v1.Command.result:type_name -> google.protobuf.Struct
+	48,  // 50: bettercompute.api.v1.Command.upgrade:type_name -> bettercompute.api.v1.UpgradeSpec
+	47,  // 51: bettercompute.api.v1.GetCommandResponse.command:type_name -> bettercompute.api.v1.Command
 	1,   // 52: bettercompute.api.v1.ListCommandsRequest.page:type_name -> bettercompute.api.v1.Page
-	46,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
-	46,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
-	101, // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
-	54,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
-	54,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
-	101, // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	101, // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
-	59,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
-	68,  // 61: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
-	101, // 62: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
-	101, // 63: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
-	101, // 64: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
-	101, // 65: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
-	101, // 66: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
-	99,  // 67: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
-	100, // 68: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
-	72,  // 69: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
-	101, // 70: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
-	101, // 71: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
-	101, // 72: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
-	102, // 73: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
-	73,  // 74: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
+	47,  // 53: bettercompute.api.v1.ListCommandsResponse.commands:type_name -> bettercompute.api.v1.Command
+	47,  // 54: bettercompute.api.v1.CancelCommandResponse.command:type_name -> bettercompute.api.v1.Command
+	102, // 55: bettercompute.api.v1.Gateway.heartbeat_time:type_name -> google.protobuf.Timestamp
+	55,  // 56: bettercompute.api.v1.ListGatewaysResponse.gateways:type_name -> bettercompute.api.v1.Gateway
+	55,  // 57: bettercompute.api.v1.DrainGatewayResponse.gateway:type_name -> bettercompute.api.v1.Gateway
+	102, // 58: bettercompute.api.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	102, // 59: bettercompute.api.v1.Process.heartbeat_time:type_name -> google.protobuf.Timestamp
+	60,  // 60: bettercompute.api.v1.ListProcessesResponse.processes:type_name -> bettercompute.api.v1.Process
+	69,  // 61: bettercompute.api.v1.RotationResponse.rotation:type_name -> bettercompute.api.v1.CARotation
+	102, // 62: bettercompute.api.v1.CARotation.started_at:type_name -> google.protobuf.Timestamp
+	102, // 63: bettercompute.api.v1.CARotation.activated_at:type_name -> google.protobuf.Timestamp
+	102, // 64: bettercompute.api.v1.CARotation.retired_at:type_name -> google.protobuf.Timestamp
+	102, // 65: bettercompute.api.v1.CARotation.rolled_back_at:type_name -> google.protobuf.Timestamp
+	102, // 66: bettercompute.api.v1.CARotation.retire_at:type_name -> google.protobuf.Timestamp
+	100, // 67: bettercompute.api.v1.FleetSummaryResponse.nodes_by_state:type_name -> bettercompute.api.v1.FleetSummaryResponse.NodesByStateEntry
+	101, // 68: bettercompute.api.v1.FleetSummaryResponse.gpus_by_model:type_name -> bettercompute.api.v1.FleetSummaryResponse.GpusByModelEntry
+	73,  // 69: bettercompute.api.v1.FleetSummaryResponse.unhealthy_gpus:type_name -> bettercompute.api.v1.UnhealthyGPU
+	102, // 70: bettercompute.api.v1.APIToken.expire_time:type_name -> google.protobuf.Timestamp
+	102, // 71: bettercompute.api.v1.APIToken.revoke_time:type_name -> google.protobuf.Timestamp
+	102, // 72: bettercompute.api.v1.APIToken.create_time:type_name -> google.protobuf.Timestamp
+	103, // 73: bettercompute.api.v1.CreateAPITokenRequest.ttl:type_name -> google.protobuf.Duration
+	74,  // 74: bettercompute.api.v1.CreateAPITokenResponse.api_token:type_name -> bettercompute.api.v1.APIToken
 	1,   // 75: bettercompute.api.v1.ListAPITokensRequest.page:type_name -> bettercompute.api.v1.Page
-	73,  // 76: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
-	101, // 77: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	103, // 78: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
+	74,  // 76: bettercompute.api.v1.ListAPITokensResponse.api_tokens:type_name -> bettercompute.api.v1.APIToken
+	102, // 77: bettercompute.api.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	104, // 78: bettercompute.api.v1.AuditEntry.details:type_name -> google.protobuf.Struct
 	1,   // 79: bettercompute.api.v1.ListAuditRequest.page:type_name -> bettercompute.api.v1.Page
-	101, // 80: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	101, // 81: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
-	80,  // 82: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
+	102, // 80: bettercompute.api.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	102, // 81: bettercompute.api.v1.ListAuditRequest.until:type_name -> google.protobuf.Timestamp
+	81,  // 82: bettercompute.api.v1.ListAuditResponse.entries:type_name -> bettercompute.api.v1.AuditEntry
 	1,   // 83: bettercompute.api.v1.ListEventsRequest.page:type_name -> bettercompute.api.v1.Page
-	101, // 84: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
-	101, // 85: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
-	101, // 86: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
-	103, // 87: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
-	84,  // 88: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
-	84,  // 89: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
-	101, // 90: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
+	102, // 84: bettercompute.api.v1.ListEventsRequest.since:type_name -> google.protobuf.Timestamp
+	102, // 85: bettercompute.api.v1.ListEventsRequest.until:type_name -> google.protobuf.Timestamp
+	102, // 86: bettercompute.api.v1.Event.time:type_name -> google.protobuf.Timestamp
+	104, // 87: bettercompute.api.v1.Event.cloud_event:type_name -> google.protobuf.Struct
+	85,  // 88: bettercompute.api.v1.ListEventsResponse.events:type_name -> bettercompute.api.v1.Event
+	85,  // 89: bettercompute.api.v1.DeadLetter.event:type_name -> bettercompute.api.v1.Event
+	102, // 90: bettercompute.api.v1.DeadLetter.fail_time:type_name -> google.protobuf.Timestamp
 	1,   // 91: bettercompute.api.v1.ListDeadLettersRequest.page:type_name -> bettercompute.api.v1.Page
-	86,  // 92: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
-	102, // 93: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
-	101, // 94: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
+	87,  // 92: bettercompute.api.v1.ListDeadLettersResponse.dead_letters:type_name -> bettercompute.api.v1.DeadLetter
+	103, // 93: bettercompute.api.v1.SetBMCCredentialsRequest.timeout:type_name -> google.protobuf.Duration
+	102, // 94: bettercompute.api.v1.SetBMCCredentialsResponse.update_time:type_name -> google.protobuf.Timestamp
 	3,   // 95: bettercompute.api.v1.TenantsService.Create:input_type -> bettercompute.api.v1.CreateTenantRequest
 	4,   // 96: bettercompute.api.v1.TenantsService.List:input_type -> bettercompute.api.v1.ListTenantsRequest
 	6,   // 97: bettercompute.api.v1.TenantsService.Get:input_type -> bettercompute.api.v1.TenantRequest
 	6,   // 98: bettercompute.api.v1.TenantsService.Suspend:input_type -> bettercompute.api.v1.TenantRequest
 	6,   // 99: bettercompute.api.v1.TenantsService.Resume:input_type -> bettercompute.api.v1.TenantRequest
 	7,   // 100: bettercompute.api.v1.TenantsService.Delete:input_type -> bettercompute.api.v1.DeleteTenantRequest
-	10,  // 101: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
-	11,  // 102: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
-	17,  // 103: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
-	18,  // 104: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
-	15,  // 105: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
-	16,  // 106: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
+	11,  // 101: bettercompute.api.v1.SitesService.Create:input_type -> bettercompute.api.v1.CreateSiteRequest
+	12,  // 102: bettercompute.api.v1.SitesService.List:input_type -> bettercompute.api.v1.ListSitesRequest
+	18,  // 103: bettercompute.api.v1.PoolsService.Create:input_type -> bettercompute.api.v1.CreatePoolRequest
+	19,  // 104: bettercompute.api.v1.PoolsService.List:input_type -> bettercompute.api.v1.ListPoolsRequest
+	16,  // 105: bettercompute.api.v1.PoolsService.Get:input_type -> bettercompute.api.v1.PoolRequest
+	17,  // 106: bettercompute.api.v1.PoolsService.SetBudget:input_type -> bettercompute.api.v1.SetPoolBudgetRequest
 	8,   // 107: bettercompute.api.v1.PoolsService.Move:input_type -> bettercompute.api.v1.MovePoolRequest
-	21,  // 108: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
-	23,  // 109: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
-	25,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
-	29,  // 111: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
-	31,  // 112: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 113: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 114: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 115: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
-	31,  // 116: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
-	37,  // 117: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
-	39,  // 118: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
-	33,  // 119: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
-	34,  // 120: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
-	36,  // 121: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
-	42,  // 122: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
-	48,  // 123: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
-	50,  // 124: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
-	52,  // 125: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
-	55,  // 126: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
-	57,  // 127: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	57,  // 128: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
-	60,  // 129: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
-	62,  // 130: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
-	63,  // 131: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
-	64,  // 132: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
-	65,  // 133: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
-	66,  // 134: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
-	70,  // 135: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
-	74,  // 136: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
-	76,  // 137: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
-	78,  // 138: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
-	91,  // 139: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
-	93,  // 140: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
-	81,  // 141: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
-	83,  // 142: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
-	87,  // 143: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
-	89,  // 144: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
-	2,   // 145: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
-	5,   // 146: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
-	2,   // 147: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
-	2,   // 148: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
-	2,   // 149: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
-	2,   // 150: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
-	9,   // 151: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
-	12,  // 152: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
-	13,  // 153: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
-	19,  // 154: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
-	13,  // 155: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
-	13,  // 156: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
-	13,  // 157: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
-	22,  // 158: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
-	24,  // 159: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
-	26,  // 160: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
-	30,  // 161: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
-	32,  // 162: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 163: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 164: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 165: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
-	32,  // 166: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
-	38,  // 167: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
-	40,  // 168: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
-	35,  // 169: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
-	35,  // 170: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
-	32,  // 171: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
-	45,  // 172: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
-	49,  // 173: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
-	51,  // 174: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
-	53,  // 175: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
-	56,  // 176: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
-	58,  // 177: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	58,  // 178: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
-	61,  // 179: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
-	69,  // 180: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
-	67,  // 181: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 182: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 183: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
-	67,  // 184: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
-	71,  // 185: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
-	75,  // 186: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
-	77,  // 187: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
-	79,  // 188: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
-	92,  // 189: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
-	94,  // 190: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
-	82,  // 191: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
-	85,  // 192: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
-	88,  // 193: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
-	90,  // 194: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
-	145, // [145:195] is the sub-list for method output_type
-	95,  // [95:145] is the sub-list for method input_type
+	22,  // 108: bettercompute.api.v1.JoinTokensService.Create:input_type -> bettercompute.api.v1.CreateJoinTokenRequest
+	24,  // 109: bettercompute.api.v1.JoinTokensService.List:input_type -> bettercompute.api.v1.ListJoinTokensRequest
+	26,  // 110: bettercompute.api.v1.JoinTokensService.Revoke:input_type -> bettercompute.api.v1.RevokeJoinTokenRequest
+	30,  // 111: bettercompute.api.v1.NodesService.List:input_type -> bettercompute.api.v1.ListNodesRequest
+	32,  // 112: bettercompute.api.v1.NodesService.Get:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 113: bettercompute.api.v1.NodesService.Cordon:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 114: bettercompute.api.v1.NodesService.Uncordon:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 115: bettercompute.api.v1.NodesService.Drain:input_type -> bettercompute.api.v1.NodeRequest
+	32,  // 116: bettercompute.api.v1.NodesService.Delete:input_type -> bettercompute.api.v1.NodeRequest
+	38,  // 117: bettercompute.api.v1.NodesService.Reinstall:input_type -> bettercompute.api.v1.ReinstallNodeRequest
+	40,  // 118: bettercompute.api.v1.NodesService.Add:input_type -> bettercompute.api.v1.AddNodeRequest
+	34,  // 119: bettercompute.api.v1.NodesService.GpuReset:input_type -> bettercompute.api.v1.NodeGPUResetRequest
+	35,  // 120: bettercompute.api.v1.NodesService.Reboot:input_type -> bettercompute.api.v1.NodeRepairRequest
+	37,  // 121: bettercompute.api.v1.NodesService.SetGPUCount:input_type -> bettercompute.api.v1.SetGPUCountRequest
+	9,   // 122: bettercompute.api.v1.NodesService.Move:input_type -> bettercompute.api.v1.MoveNodeRequest
+	43,  // 123: bettercompute.api.v1.CommandsService.Create:input_type -> bettercompute.api.v1.CreateCommandsRequest
+	49,  // 124: bettercompute.api.v1.CommandsService.Get:input_type -> bettercompute.api.v1.GetCommandRequest
+	51,  // 125: bettercompute.api.v1.CommandsService.List:input_type -> bettercompute.api.v1.ListCommandsRequest
+	53,  // 126: bettercompute.api.v1.CommandsService.Cancel:input_type -> bettercompute.api.v1.CancelCommandRequest
+	56,  // 127: bettercompute.api.v1.GatewaysService.List:input_type -> bettercompute.api.v1.ListGatewaysRequest
+	58,  // 128: bettercompute.api.v1.GatewaysService.Drain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	58,  // 129: bettercompute.api.v1.GatewaysService.Undrain:input_type -> bettercompute.api.v1.DrainGatewayRequest
+	61,  // 130: bettercompute.api.v1.ProcessesService.List:input_type -> bettercompute.api.v1.ListProcessesRequest
+	63,  // 131: bettercompute.api.v1.PkiService.Revoke:input_type -> bettercompute.api.v1.RevokeCertificateRequest
+	64,  // 132: bettercompute.api.v1.PkiService.RotationStart:input_type -> bettercompute.api.v1.RotationStartRequest
+	65,  // 133: bettercompute.api.v1.PkiService.RotationStatus:input_type -> bettercompute.api.v1.RotationStatusRequest
+	66,  // 134: bettercompute.api.v1.PkiService.RotationAdvance:input_type -> bettercompute.api.v1.RotationAdvanceRequest
+	67,  // 135: bettercompute.api.v1.PkiService.RotationRollback:input_type -> bettercompute.api.v1.RotationRollbackRequest
+	71,  // 136: bettercompute.api.v1.FleetService.Summary:input_type -> bettercompute.api.v1.FleetSummaryRequest
+	75,  // 137: bettercompute.api.v1.TokensService.Create:input_type -> bettercompute.api.v1.CreateAPITokenRequest
+	77,  // 138: bettercompute.api.v1.TokensService.List:input_type -> bettercompute.api.v1.ListAPITokensRequest
+	79,  // 139: bettercompute.api.v1.TokensService.Revoke:input_type -> bettercompute.api.v1.RevokeAPITokenRequest
+	92,  // 140: bettercompute.api.v1.BmcService.SetCredentials:input_type -> bettercompute.api.v1.SetBMCCredentialsRequest
+	94,  // 141: bettercompute.api.v1.BmcService.DeleteCredentials:input_type -> bettercompute.api.v1.DeleteBMCCredentialsRequest
+	82,  // 142: bettercompute.api.v1.AuditService.List:input_type -> bettercompute.api.v1.ListAuditRequest
+	84,  // 143: bettercompute.api.v1.EventsService.List:input_type -> bettercompute.api.v1.ListEventsRequest
+	88,  // 144: bettercompute.api.v1.SinksService.DeadLetters:input_type -> bettercompute.api.v1.ListDeadLettersRequest
+	90,  // 145: bettercompute.api.v1.SinksService.Replay:input_type -> bettercompute.api.v1.ReplayDeadLettersRequest
+	2,   // 146: bettercompute.api.v1.TenantsService.Create:output_type -> bettercompute.api.v1.Tenant
+	5,   // 147: bettercompute.api.v1.TenantsService.List:output_type -> bettercompute.api.v1.ListTenantsResponse
+	2,   // 148: bettercompute.api.v1.TenantsService.Get:output_type -> bettercompute.api.v1.Tenant
+	2,   // 149: bettercompute.api.v1.TenantsService.Suspend:output_type -> bettercompute.api.v1.Tenant
+	2,   // 150: bettercompute.api.v1.TenantsService.Resume:output_type -> bettercompute.api.v1.Tenant
+	2,   // 151: bettercompute.api.v1.TenantsService.Delete:output_type -> bettercompute.api.v1.Tenant
+	10,  // 152: bettercompute.api.v1.SitesService.Create:output_type -> bettercompute.api.v1.Site
+	13,  // 153: bettercompute.api.v1.SitesService.List:output_type -> bettercompute.api.v1.ListSitesResponse
+	14,  // 154: bettercompute.api.v1.PoolsService.Create:output_type -> bettercompute.api.v1.Pool
+	20,  // 155: bettercompute.api.v1.PoolsService.List:output_type -> bettercompute.api.v1.ListPoolsResponse
+	14,  // 156: bettercompute.api.v1.PoolsService.Get:output_type -> bettercompute.api.v1.Pool
+	14,  // 157: bettercompute.api.v1.PoolsService.SetBudget:output_type -> bettercompute.api.v1.Pool
+	14,  // 158: bettercompute.api.v1.PoolsService.Move:output_type -> bettercompute.api.v1.Pool
+	23,  // 159: bettercompute.api.v1.JoinTokensService.Create:output_type -> bettercompute.api.v1.CreateJoinTokenResponse
+	25,  // 160: bettercompute.api.v1.JoinTokensService.List:output_type -> bettercompute.api.v1.ListJoinTokensResponse
+	27,  // 161: bettercompute.api.v1.JoinTokensService.Revoke:output_type -> bettercompute.api.v1.RevokeJoinTokenResponse
+	31,  // 162: bettercompute.api.v1.NodesService.List:output_type -> bettercompute.api.v1.ListNodesResponse
+	33,  // 163: bettercompute.api.v1.NodesService.Get:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 164: bettercompute.api.v1.NodesService.Cordon:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 165: bettercompute.api.v1.NodesService.Uncordon:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 166: bettercompute.api.v1.NodesService.Drain:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 167: bettercompute.api.v1.NodesService.Delete:output_type -> bettercompute.api.v1.NodeResponse
+	39,  // 168: bettercompute.api.v1.NodesService.Reinstall:output_type -> bettercompute.api.v1.ReinstallNodeResponse
+	41,  // 169: bettercompute.api.v1.NodesService.Add:output_type -> bettercompute.api.v1.AddNodeResponse
+	36,  // 170: bettercompute.api.v1.NodesService.GpuReset:output_type -> bettercompute.api.v1.NodeRepairResponse
+	36,  // 171: bettercompute.api.v1.NodesService.Reboot:output_type -> bettercompute.api.v1.NodeRepairResponse
+	33,  // 172: bettercompute.api.v1.NodesService.SetGPUCount:output_type -> bettercompute.api.v1.NodeResponse
+	33,  // 173: bettercompute.api.v1.NodesService.Move:output_type -> bettercompute.api.v1.NodeResponse
+	46,  // 174: bettercompute.api.v1.CommandsService.Create:output_type -> bettercompute.api.v1.CreateCommandsResponse
+	50,  // 175: bettercompute.api.v1.CommandsService.Get:output_type -> bettercompute.api.v1.GetCommandResponse
+	52,  // 176: bettercompute.api.v1.CommandsService.List:output_type -> bettercompute.api.v1.ListCommandsResponse
+	54,  // 177: bettercompute.api.v1.CommandsService.Cancel:output_type -> bettercompute.api.v1.CancelCommandResponse
+	57,  // 178: bettercompute.api.v1.GatewaysService.List:output_type -> bettercompute.api.v1.ListGatewaysResponse
+	59,  // 179: bettercompute.api.v1.GatewaysService.Drain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	59,  // 180: bettercompute.api.v1.GatewaysService.Undrain:output_type -> bettercompute.api.v1.DrainGatewayResponse
+	62,  // 181: bettercompute.api.v1.ProcessesService.List:output_type -> bettercompute.api.v1.ListProcessesResponse
+	70,  // 182: bettercompute.api.v1.PkiService.Revoke:output_type -> bettercompute.api.v1.RevokeCertificateResponse
+	68,  // 183: bettercompute.api.v1.PkiService.RotationStart:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 184: bettercompute.api.v1.PkiService.RotationStatus:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 185: bettercompute.api.v1.PkiService.RotationAdvance:output_type -> bettercompute.api.v1.RotationResponse
+	68,  // 186: bettercompute.api.v1.PkiService.RotationRollback:output_type -> bettercompute.api.v1.RotationResponse
+	72,  // 187: bettercompute.api.v1.FleetService.Summary:output_type -> bettercompute.api.v1.FleetSummaryResponse
+	76,  // 188: bettercompute.api.v1.TokensService.Create:output_type -> bettercompute.api.v1.CreateAPITokenResponse
+	78,  // 189: bettercompute.api.v1.TokensService.List:output_type -> bettercompute.api.v1.ListAPITokensResponse
+	80,  // 190: bettercompute.api.v1.TokensService.Revoke:output_type -> bettercompute.api.v1.RevokeAPITokenResponse
+	93,  // 191: bettercompute.api.v1.BmcService.SetCredentials:output_type -> bettercompute.api.v1.SetBMCCredentialsResponse
+	95,  // 192: bettercompute.api.v1.BmcService.DeleteCredentials:output_type -> bettercompute.api.v1.DeleteBMCCredentialsResponse
+	83,  // 193: bettercompute.api.v1.AuditService.List:output_type -> bettercompute.api.v1.ListAuditResponse
+	86,  // 194: bettercompute.api.v1.EventsService.List:output_type -> bettercompute.api.v1.ListEventsResponse
+	89,  // 195: bettercompute.api.v1.SinksService.DeadLetters:output_type -> bettercompute.api.v1.ListDeadLettersResponse
+	91,  // 196: bettercompute.api.v1.SinksService.Replay:output_type -> bettercompute.api.v1.ReplayDeadLettersResponse
+	146, // [146:197] is the sub-list for method output_type
+	95,  // [95:146] is the sub-list for method input_type
 	95,  // [95:95] is the sub-list for extension type_name
 	95,  // [95:95] is the sub-list for extension extendee
 	0,   // [0:95] is the sub-list for field type_name
@@ -7586,14 +7658,14 @@ func file_api_v1_api_proto_init() {
 		return
 	}
 	file_api_v1_options_proto_init()
-	file_api_v1_api_proto_msgTypes[46].OneofWrappers = []any{}
+	file_api_v1_api_proto_msgTypes[47].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_v1_api_proto_rawDesc), len(file_api_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   101,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   15,
 		},

@@ -49,6 +49,7 @@ var Methods = []Method{
 	{Name: "nodes.gpuReset", Role: "operator", Mutating: true, Request: (*NodeGPUResetRequest)(nil), Response: (*NodeRepairResponse)(nil)},
 	{Name: "nodes.reboot", Role: "operator", Mutating: true, Request: (*NodeRepairRequest)(nil), Response: (*NodeRepairResponse)(nil)},
 	{Name: "nodes.setGPUCount", Role: "operator", Mutating: true, Request: (*SetGPUCountRequest)(nil), Response: (*NodeResponse)(nil)},
+	{Name: "nodes.move", Role: "admin", Mutating: true, Request: (*MoveNodeRequest)(nil), Response: (*NodeResponse)(nil)},
 	{Name: "commands.create", Role: "operator", Mutating: true, Request: (*CreateCommandsRequest)(nil), Response: (*CreateCommandsResponse)(nil)},
 	{Name: "commands.get", Role: "viewer", Mutating: false, Request: (*GetCommandRequest)(nil), Response: (*GetCommandResponse)(nil)},
 	{Name: "commands.list", Role: "viewer", Mutating: false, Request: (*ListCommandsRequest)(nil), Response: (*ListCommandsResponse)(nil)},

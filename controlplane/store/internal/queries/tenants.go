@@ -160,3 +160,40 @@ func (s *Store) PoolMove(ctx context.Context, poolID, tenantID string) (*store.P
 	})
 	return out, err
 }
+
+// NodeMove moves a node into another pool of a live tenant, unless
+// something holds it (store.ErrNodeHeld).
+func (s *Store) NodeMove(ctx context.Context, nodeID, poolID string) (*store.Node, error) {
+	op := "move node " + nodeID + " to pool " + poolID
+	var out *store.Node
+	err := s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		var n int
+		if err := q.db.QueryRow(ctx, `SELECT count(*) FROM pools p JOIN tenants t ON t.id = p.tenant_id
+			WHERE p.id = $1 AND t.deleted_at IS NULL`, poolID).Scan(&n); err != nil {
+			return q.wrap(op, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%s: pool: %w", op, store.ErrNotFound)
+		}
+		var held int
+		err := q.db.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM nodes WHERE id = $1 AND disruption <> '')
+			+ (SELECT count(*) FROM reservation_slots WHERE node_id = $1 AND starts_at < ends_at AND ends_at > coalesce($2, now()))
+			+ (SELECT count(*) FROM rollout_nodes rn JOIN rollouts r ON r.id = rn.rollout_id
+				WHERE rn.node_id = $1 AND r.state IN ('pending', 'running', 'paused', 'rolling-back', 'halted'))`,
+			nodeID, q.clock(nil)).Scan(&held)
+		if err != nil {
+			return q.wrap(op, err)
+		}
+		if held > 0 {
+			return fmt.Errorf("%s: %w", op, store.ErrNodeHeld)
+		}
+		if err := q.exec1(ctx, op, `UPDATE nodes SET pool_id = $2, updated_at = now() WHERE id = $1`, nodeID, poolID); err != nil {
+			return err
+		}
+		out, err = q.NodeGet(ctx, nodeID)
+		return err
+	})
+	return out, err
+}
