@@ -125,7 +125,7 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		return nil, err
 	}
 	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), SessionSpec: stored,
-		IdempotencyKey: r.GetIdempotencyKey(), CreatedBy: "token:" + p.TokenID, Timeout: timeout})
+		IdempotencyKey: r.GetIdempotencyKey(), KeyOfCreator: true, CreatedBy: "token:" + p.TokenID, Timeout: timeout})
 	if err != nil {
 		return nil, err
 	}

@@ -182,7 +182,8 @@ type Config struct {
 	MaxConnecting int
 	// MaxConnectingPerSource is how many of those may come from one source
 	// address, so that junk from one address cannot starve the nodes of
-	// others. Defaults to 8.
+	// others. Defaults to 8, or MaxConnecting when that is less; more than
+	// MaxConnecting is refused.
 	MaxConnectingPerSource int
 	// MaxQueuedPerSource is how many more accepted connections of one
 	// source address wait for one of its setup slots (many nodes can share
@@ -289,7 +290,9 @@ func (c *Config) defaults() {
 	c.HandshakeRate = cmp.Or(c.HandshakeRate, 500)
 	c.HandshakeBurst = cmp.Or(c.HandshakeBurst, 50)
 	c.MaxConnecting = cmp.Or(c.MaxConnecting, DefaultMaxConnecting)
-	c.MaxConnectingPerSource = cmp.Or(c.MaxConnectingPerSource, 8)
+	// At most the bound in all: a deployment that sets only that gets no
+	// per-source bound above it.
+	c.MaxConnectingPerSource = cmp.Or(c.MaxConnectingPerSource, min(8, c.MaxConnecting))
 	c.MaxQueuedPerSource = cmp.Or(c.MaxQueuedPerSource, 64)
 	c.MaxQueued = cmp.Or(c.MaxQueued, DefaultMaxQueued)
 	c.JoinRate = cmp.Or(c.JoinRate, 10)
@@ -344,6 +347,11 @@ func (c *Config) validate() error {
 	case c.MaxConnecting < 0 || c.MaxConnectingPerSource < 0 || c.MaxQueuedPerSource < 0 || c.MaxQueued < 0:
 		return fmt.Errorf("max connecting %d, per source %d, queued per source %d and queued %d must be positive",
 			c.MaxConnecting, c.MaxConnectingPerSource, c.MaxQueuedPerSource, c.MaxQueued)
+	case c.MaxConnectingPerSource > c.MaxConnecting:
+		// Judged here, with the defaults filled: the configuration passes
+		// only the keys that were set (host.gateway.limits).
+		return fmt.Errorf("connections in setup per source %d (host.gateway.limits.pendingPerSource) is more than in all %d (host.gateway.limits.pending)",
+			c.MaxConnectingPerSource, c.MaxConnecting)
 	case c.JoinRate < 0 || c.JoinBurst < 0:
 		return errors.New("join rate and burst must be positive")
 	case c.LeaseRenewInterval >= c.LeaseTTL:

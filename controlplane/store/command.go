@@ -141,10 +141,16 @@ type CommandEnqueueParams struct {
 	Kind           string
 	SessionSpec    []byte // as Command.SessionSpec; nil stores {}
 	IdempotencyKey string
-	BatchID        string
-	CreatedBy      string
-	Timeout        time.Duration
-	Now            *time.Time
+	// KeyOfCreator makes IdempotencyKey the creator's own retry handle:
+	// a command under the same key on one of the nodes made by another
+	// CreatedBy refuses the whole enqueue with ErrConflict, so that a key
+	// never hands one caller another's command (the API sets it; the
+	// reconcilers' keys are theirs alone and keep the plain lookup).
+	KeyOfCreator bool
+	BatchID      string
+	CreatedBy    string
+	Timeout      time.Duration
+	Now          *time.Time
 }
 
 // CommandListParams filter and page CommandList.

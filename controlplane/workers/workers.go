@@ -48,6 +48,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/reconcilers/sweeper"
 	"github.com/better-compute/better-compute/controlplane/remediation"
 	"github.com/better-compute/better-compute/controlplane/store"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
 // Roles are the worker roles.
@@ -182,7 +183,7 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 		}
 		g.Go(func() error { return m.Run(ctx) })
 		registered = m.Ready()
-		hb := cfg.Host.Gateway.HeartbeatInterval.Duration
+		hb := cmp.Or(cfg.Host.Gateway.HeartbeatInterval.Duration, sessionv1.DefaultHeartbeatInterval)
 		live := liveness.New(liveness.Config{HeartbeatInterval: hb, Missed: cfg.Host.Gateway.MissedHeartbeats,
 			Interval: cmp.Or(opts.LivenessInterval, min(hb, 5*time.Second))}, st, log)
 		ro := rollouts.New(rollouts.Config{Interval: cfg.Rollouts.Interval.Duration, Now: clk.Now, Waker: opts.Waker,

@@ -160,16 +160,19 @@ func runTrial(ctx context.Context, log *slog.Logger, store *identity.Store, id *
 	var reported atomic.Bool
 	errc := make(chan error, 1)
 	client, err := session.New(session.Config{
-		Gateways:    id.Gateways,
-		Trust:       id.Trust(),
-		Key:         id.Key,
-		Chain:       id.Chain,
-		RenewAfter:  id.RenewAfter,
-		Identity:    identity.NewKeeper(store, id),
-		BCDVersion:  bcdVersion(),
-		BootID:      readLine(bootIDFile),
-		Handler:     ignoreCommands{},
-		StartJitter: -1,
+		Gateways: id.Gateways,
+		// The gateways known so far, so that the Welcome's list merges
+		// into them instead of replacing them in identity.json.
+		KnownGateways: id.KnownGateways,
+		Trust:         id.Trust(),
+		Key:           id.Key,
+		Chain:         id.Chain,
+		RenewAfter:    id.RenewAfter,
+		Identity:      identity.NewKeeper(store, id),
+		BCDVersion:    bcdVersion(),
+		BootID:        readLine(bootIDFile),
+		Handler:       ignoreCommands{},
+		StartJitter:   -1,
 		OnEvent: func(ev session.Event) {
 			if ev.Kind == session.EventConnected && reported.CompareAndSwap(false, true) {
 				errc <- upgrade.ReportTrial(bcdVersion())

@@ -203,6 +203,26 @@ func testReservationGrants(ctx context.Context, t *testing.T, h *Harness) {
 	if g := at(nodes[0], t0.Add(11*time.Minute)); len(g) != 0 {
 		t.Fatalf("after cancel: %+v", g)
 	}
+	// A grant flows only from the pool's current owner: a tenant's grant on
+	// its own pool gives nothing once the pool is another tenant's.
+	holder := must(st.TenantCreate(ctx, &store.TenantCreateParams{Name: "rg-holder-" + store.NewID("x"), ParentID: store.RootTenant}))
+	other := must(st.TenantCreate(ctx, &store.TenantCreateParams{Name: "rg-other-" + store.NewID("x"), ParentID: store.RootTenant}))
+	own := must(st.PoolCreate(ctx, &store.PoolCreateParams{Name: "rg-own-" + store.NewID("x"), SiteID: pool.SiteID, TenantID: holder.ID}))
+	node := reservationNodes(ctx, t, h, own, "rgo", 1)[0]
+	mine := must(st.ReservationCreate(ctx, &store.ReservationCreateParams{PoolID: own.ID, GPUs: 1, Start: t0, End: t0.Add(time.Hour),
+		Owner: "team-h", TenantID: holder.ID, Grants: []string{store.GrantShell}}))
+	must(st.ReservationPlace(ctx, &store.ReservationPlaceParams{ID: mine.ID, Slots: gpuSlots(node, 0)}))
+	if g := at(node, t0); len(g) != 1 || g[0].TenantID != holder.ID {
+		t.Fatalf("the holder's grant on its own pool: %+v", g)
+	}
+	must(st.PoolMove(ctx, own.ID, other.ID))
+	if g := at(node, t0); len(g) != 0 {
+		t.Fatalf("after the pool moved to another tenant, its old owner's grant still gives %+v", g)
+	}
+	must(st.PoolMove(ctx, own.ID, store.RootTenant))
+	if g := at(node, t0); len(g) != 1 {
+		t.Fatalf("the pool back with the root, above the holder: %+v, want the grant again", g)
+	}
 }
 
 // testReservationConcurrentBooking: writers racing for the same GPUs of

@@ -861,6 +861,18 @@ func testCommands(ctx context.Context, t *testing.T, h *Harness) {
 	if ids(again) == nil || !slices.Equal(ids(again), ids(cmds)) {
 		t.Fatalf("idempotent retry returned %v, want %v", ids(again), ids(cmds))
 	}
+	// With KeyOfCreator the key is its creator's: the same creator's retry
+	// gets its commands back; another creator's is refused, with nothing
+	// of the first's, and enqueues nothing.
+	own := must(h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1"}, Kind: "exec", SessionSpec: spec,
+		IdempotencyKey: "req-1", KeyOfCreator: true, CreatedBy: "token_admin", Timeout: time.Minute}))
+	if len(own) != 1 || own[0].ID != cmds[0].ID {
+		t.Fatalf("the creator's retry with KeyOfCreator returned %v, want %s", ids(own), cmds[0].ID)
+	}
+	if got, err := h.Store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: []string{"node_1", "node_2"}, Kind: "exec",
+		SessionSpec: spec, IdempotencyKey: "req-1", KeyOfCreator: true, CreatedBy: "token_other", Timeout: time.Minute}); !errors.Is(err, store.ErrConflict) || got != nil {
+		t.Fatalf("another creator's key: %v, %v; want ErrConflict and no command", ids(got), err)
+	}
 	if outbox := must(h.Store.OutboxList(ctx, 0, 10)); len(outbox) != 3 || outbox[0].Topic != events.CommandCreated || outbox[0].Key != cmds[0].ID {
 		t.Fatalf("outbox after enqueue+retry = %+v (want one command.created per command, none for the retry)", outbox)
 	}

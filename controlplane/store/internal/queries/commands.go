@@ -134,6 +134,13 @@ func (s *Store) CommandEnqueue(ctx context.Context, p *store.CommandEnqueueParam
 			if err != nil {
 				return err
 			}
+			if p.KeyOfCreator {
+				for _, c := range existing {
+					if c.CreatedBy != p.CreatedBy {
+						return fmt.Errorf("%w: idempotency key %q is already used on node %s by another caller", store.ErrConflict, p.IdempotencyKey, c.NodeID)
+					}
+				}
+			}
 			if len(existing) > 0 {
 				seen := map[string]bool{}
 				for _, c := range existing {

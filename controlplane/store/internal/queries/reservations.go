@@ -591,12 +591,21 @@ func splitGrants(s string) []string {
 }
 
 // ReservationGrantsOn returns what the reservations with grants holding
-// a slot of a node at now give there.
+// a slot of a node at now give there. A grant flows only down from the
+// pool's current owner: it counts while the node is still in the
+// reservation's pool and the pool's tenant is the holder or above it, so
+// a pool or node moved to another tenant carries no grant of the old
+// owner's with it.
 func (s *Store) ReservationGrantsOn(ctx context.Context, nodeID string, now *time.Time) ([]*store.ReservationGrant, error) {
 	rows, err := s.db.Query(ctx, `SELECT r.id, r.tenant_id, r.owner, r.grants, max(x.ends_at) FROM reservations r
 		JOIN reservation_slots x ON x.reservation_id = r.id
+		JOIN nodes n ON n.id = x.node_id AND n.pool_id = r.pool_id
+		JOIN pools p ON p.id = r.pool_id
+		JOIN tenants pt ON pt.id = p.tenant_id
+		JOIN tenants ht ON ht.id = r.tenant_id
 		WHERE x.node_id = $1 AND r.grants <> '' AND r.state IN ('placed', 'active')
 			AND x.starts_at <= coalesce($2, now()) AND x.ends_at > coalesce($2, now())
+			AND substr(ht.path, 1, length(pt.path)) = pt.path
 		GROUP BY r.id, r.tenant_id, r.owner, r.grants ORDER BY r.id`, nodeID, s.clock(now))
 	if err != nil {
 		return nil, s.wrap("read grants on node "+nodeID, err)
