@@ -138,7 +138,7 @@ func (s *Server) grantEnded(ctx context.Context, c *liveCall, gs []*store.Reserv
 	}
 	if c.grant.notify != nil && g.End.Sub(now) <= GrantNoticeBefore && !g.End.Equal(c.grant.noticed) {
 		c.grant.noticed = g.End
-		c.grant.notify(fmt.Sprintf("better-compute: reservation %s ends at %s; this %s closes then (reservations extend %s --end … keeps it)",
+		c.grant.notify(fmt.Sprintf("better-compute: reservation %s ends at %s; this %s closes then (unless the reservation is extended: reservations extend %s, by its pool's owner)",
 			g.ReservationID, g.End.UTC().Format(time.RFC3339), c.grant.right, g.ReservationID))
 	}
 	return ""
@@ -148,7 +148,7 @@ func (s *Server) grantEnded(ctx context.Context, c *liveCall, gs []*store.Reserv
 // that no longer holds when the ticket is used.
 func grantRefusal(right, nodeID string) *Error {
 	return &Error{Code: apiv1.CodePermissionDenied, Field: "node", Message: "no reservation grants " + right + " on node " + nodeID +
-		" now: the access it gave ended (reservations get shows its window)"}
+		" now: the access it gave ended (its window is over, it was cancelled, or the pool changed hands)"}
 }
 
 // nodeForAnyGrant is nodeFor for reading the node (nodes.get): a node of
