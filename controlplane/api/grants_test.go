@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,5 +124,41 @@ func TestCheckGrants(t *testing.T) {
 		if e, ok := err.(*Error); !ok || e.Field != "grants" {
 			t.Errorf("checkGrants(%q) = %v, want INVALID_ARGUMENT on grants", bad, err)
 		}
+	}
+}
+
+// TestSubtreeLeftEndsTunnel: a tunnel a tenant's operator opened on a node
+// of its own pool holds while the pool is the tenant's, and ends (with the
+// reason checkLive closes it with) once the pool is moved to another
+// tenant.
+func TestSubtreeLeftEndsTunnel(t *testing.T) {
+	ctx := context.Background()
+	st := sqlitetest.Open(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant})
+	must(err)
+	b, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-b", ParentID: store.RootTenant})
+	must(err)
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s1", Region: "eu-1"})
+	must(err)
+	pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "gpu-a", SiteID: site.ID, TenantID: a.ID})
+	must(err)
+	_, err = st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_a", PoolID: pool.ID, Hostname: "a", MachineID: "m-a"})
+	must(err)
+	s := &Server{store: st}
+	opA := &iam.Principal{TokenID: "tok_a", Role: store.RoleOperator, TenantID: a.ID, TenantPath: a.Path}
+	c := &liveCall{caller: opA, nodeID: "node_a"}
+	if why := s.subtreeLeft(ctx, c); why != "" {
+		t.Fatalf("the tenant's own node: %q, want it to hold", why)
+	}
+	_, err = st.PoolMove(ctx, pool.ID, b.ID)
+	must(err)
+	if why := s.subtreeLeft(ctx, c); !strings.Contains(why, "no longer in tenant "+a.ID) {
+		t.Fatalf("after the pool moved to another tenant: %q, want the access ended", why)
 	}
 }

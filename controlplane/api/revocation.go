@@ -49,7 +49,11 @@ type liveCall struct {
 	// grant is set when the call is a tunnel to a node outside the
 	// caller's subtree that a reservation's grant opened: it ends when no
 	// grant gives it any more.
-	grant  *liveGrant
+	grant *liveGrant
+	// caller is set for a tunnel a token of a tenant other than the root
+	// opened on a node of its subtree: it ends when the node (or its pool)
+	// moves out of that subtree (subtreeLeft).
+	caller *iam.Principal
 	cancel context.CancelCauseFunc
 }
 
@@ -132,6 +136,7 @@ func (s *Server) checkLive(ctx context.Context) {
 	tokens := map[tokenKey]string{} // "" holds
 	nodes := map[string]string{}
 	grants := map[string][]*store.ReservationGrant{}
+	left := map[string]string{} // by caller's subtree and node
 	now := s.now()
 	for _, c := range calls {
 		k := tokenKey{c.tokenHash, c.addr}
@@ -144,6 +149,13 @@ func (s *Server) checkLive(ctx context.Context) {
 			if reason, seen = nodes[c.nodeID]; !seen {
 				reason = s.nodeEnded(ctx, c.nodeID)
 				nodes[c.nodeID] = reason
+			}
+		}
+		if reason == "" && c.grant == nil && c.caller != nil && within(c.caller) != "" && c.nodeID != "" {
+			k := within(c.caller) + " " + c.nodeID
+			if reason, seen = left[k]; !seen {
+				reason = s.subtreeLeft(ctx, c)
+				left[k] = reason
 			}
 		}
 		if reason == "" && c.grant != nil {
@@ -164,6 +176,19 @@ func (s *Server) checkLive(ctx context.Context) {
 			c.cancel(&RevokedError{Reason: reason})
 		}
 	}
+}
+
+// subtreeLeft is why c, a tunnel of a tenant's token (not the root's) on a
+// node of its subtree, no longer holds: the node or its pool was moved to
+// a tenant outside that subtree (nodes move, pools move; docs/tenants.md).
+// "" while it holds, and when the node cannot be read now (the next round
+// tries again).
+func (s *Server) subtreeLeft(ctx context.Context, c *liveCall) string {
+	_, err := s.node(ctx, c.caller, c.nodeID)
+	if err != nil && isNotFound(err) {
+		return fmt.Sprintf("access ended: node %s is no longer in tenant %s's subtree (it was moved)", c.nodeID, c.caller.TenantID)
+	}
+	return ""
 }
 
 // tokenEnded is why c's token no longer holds, or "".

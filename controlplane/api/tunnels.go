@@ -273,6 +273,9 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 	defer stopWS()
 	client := &wsHop{ctx: wctx, c: ws}
 	live := &liveCall{tokenHash: tokenHash, addr: addr, tokenID: p.TokenID, nodeID: t.NodeID, cancel: cancel}
+	if grant == nil {
+		live.caller = p
+	}
 	if grant != nil {
 		live.grant = &liveGrant{p: p, right: tunnelRight(t.Kind)}
 		if t.Kind == tunnel.KindShell {
