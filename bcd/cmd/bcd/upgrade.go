@@ -203,3 +203,38 @@ func (ignoreCommands) HandleCommand(context.Context, *sessionv1.Command, func(*s
 }
 
 func (ignoreCommands) HandleCancel(context.Context, *sessionv1.Cancel) {}
+
+// pinKeeper applies the release pin statements the session receives to
+// the pin file (session.ReleasePinKeeper): itself when bcd runs as root,
+// through the root helper's pins.apply when unprivileged.
+type pinKeeper struct {
+	file   string
+	helper *helper.Client
+}
+
+// ApplyPinStatement verifies and applies one statement; a replayed one is
+// not an error.
+func (k *pinKeeper) ApplyPinStatement(ctx context.Context, statement, sig []byte) error {
+	if k.helper != nil {
+		_, err := k.helper.ApplyPinStatement(ctx, statement, sig)
+		return err
+	}
+	_, err := upgrade.ApplyPinStatement(k.file, statement, sig)
+	return err
+}
+
+// HeldPins reads the pins of the file.
+func (k *pinKeeper) HeldPins(context.Context) ([]string, error) { return upgrade.ReadPins(k.file) }
+
+// pinKeeper is the node's keeper of release pins, nil (no release.pins
+// capability) when bcd cannot upgrade itself here.
+func (n *nodeUpgrade) pinKeeper(f *nodeFlags) session.ReleasePinKeeper {
+	if n == nil {
+		return nil
+	}
+	k := &pinKeeper{file: f.upgrade.pinsFile}
+	if f.unprivileged {
+		k.helper = &helper.Client{Socket: f.helperSocket}
+	}
+	return k
+}
