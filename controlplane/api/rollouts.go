@@ -132,7 +132,7 @@ func (s *Server) verifyRelease(ctx context.Context, poolID, version string) erro
 	}
 	m, err := manifest.Verify(mf, sig, pins, s.now())
 	if err != nil {
-		return invalid("version", "release %s does not verify against the release pins in force (downloads.releasePins and release pins add): %v", version, err)
+		return invalid("version", "release %s does not verify against downloads.releasePins nor the pins release pins add accepted: %v", version, err)
 	}
 	if m.Version != version {
 		return invalid("version", "release %s: its signed manifest is for version %s", version, m.Version)
