@@ -365,11 +365,11 @@ type Gateway struct {
 	// releasePins is the ReleasePins message in force (releasepins.go),
 	// nil until releasePinLoop first read it.
 	releasePins atomic.Pointer[releasePins]
-	admit   *admission.Admitter
-	log     *slog.Logger
-	certs   *certreload.Reloader
-	server  *grpc.Server
-	caps    map[string]bool
+	admit       *admission.Admitter
+	log         *slog.Logger
+	certs       *certreload.Reloader
+	server      *grpc.Server
+	caps        map[string]bool
 
 	ready     chan struct{}
 	addr      net.Addr
