@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/upgrade"
+	"github.com/better-compute/better-compute/installer/manifest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -213,8 +215,16 @@ type pinKeeper struct {
 }
 
 // ApplyPinStatement verifies and applies one statement; a replayed one is
-// not an error.
+// not an error. One already in effect (an add of a pin the file holds, a
+// remove of one it lacks) is skipped unverified: it would change nothing,
+// and its signer may be a key removed since (the gateway resends every
+// statement on every session).
 func (k *pinKeeper) ApplyPinStatement(ctx context.Context, statement, sig []byte) error {
+	if st, err := manifest.ParsePinStatement(statement); err == nil {
+		if pins, err := upgrade.ReadPins(k.file); err == nil && slices.Contains(pins, st.Pin) == (st.Action == manifest.PinAdd) {
+			return nil
+		}
+	}
 	if k.helper != nil {
 		_, err := k.helper.ApplyPinStatement(ctx, statement, sig)
 		return err
