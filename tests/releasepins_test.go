@@ -13,8 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"aead.dev/minisign"
+
+	"github.com/better-compute/better-compute/bcd/session/sessiontest"
 	"github.com/better-compute/better-compute/bcd/upgrade"
 	"github.com/better-compute/better-compute/installer/manifest"
+	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -254,5 +258,90 @@ func TestReleasePins(t *testing.T) {
 		if strings.Contains(m.p.Output(), "Release pin statement not applied") {
 			t.Errorf("machine %d warned about a statement:\n%s", i, m.p.Output())
 		}
+	}
+}
+
+// TestReleasePinsUnprivileged: an unprivileged bcd (run as a fresh system
+// user beside a real root `bcd helper`) offers release.pins, applies the
+// statements its gateway sends through the helper to a root-owned pin file
+// it cannot write, skips one signed by a key the file does not pin, and
+// reports the pins it holds.
+func TestReleasePinsUnprivileged(t *testing.T) {
+	t.Parallel()
+	u := newNodeUser(t)
+	bcd := testenv.Binary(t, "bcd")
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{HeartbeatInterval: time.Second})
+	tok := p.NewToken(t)
+	g.AddToken(tok)
+	base := openDir(t)
+	data := filepath.Join(base, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(data, int(u.uid), int(u.gid)); err != nil {
+		t.Fatal(err)
+	}
+	key := func() (minisign.PrivateKey, string) {
+		_, priv, pin, err := manifest.GenerateKey("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk, err := manifest.ParsePrivateKey(priv, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sk, pin
+	}
+	oldKey, oldPin := key()
+	_, newPin := key()
+	otherKey, _ := key()
+	_, thirdPin := key()
+	pins := filepath.Join(base, "release-pins") // root's, 0644: the node user reads it, cannot write it
+	if err := os.WriteFile(pins, []byte(oldPin+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(base, "run", "helper.sock")
+	if code, out, errOut := testenv.RunAs(t, u.cred(), []string{"BCD_JOIN_TOKEN=" + tok}, "", bcd,
+		"join", "--gateway", g.URL, "--data-dir", data); code != 0 {
+		t.Fatalf("bcd join as %s: exit %d: %s %s", u.name, code, out, errOut)
+	}
+	cu := newNodeUser(t)
+	hp := testenv.Start(t, nil, bcd, "helper", "--node-user", u.name, "--command-user", cu.name, "--data-dir", data, "--socket", sock,
+		"--release-pins-file", pins)
+	hp.WaitLine(`Root helper listening`, 30*time.Second)
+	node := testenv.StartAs(t, u.cred(), nil, bcd, "node", "--unprivileged", "--helper-socket", sock, "--data-dir", data,
+		"--release-pins-file", pins)
+	s := g.NextSession(t, 30*time.Second)
+	if !slices.Contains(s.Hello.GetCapabilities(), sessionv1.CapabilityReleasePins) {
+		t.Fatalf("Hello capabilities %v lack release.pins\n%s", s.Hello.GetCapabilities(), node.Output())
+	}
+	sign := func(sk minisign.PrivateKey, pin string) *sessionv1.ReleasePinStatement {
+		doc, sig, err := manifest.SignPinStatement(manifest.PinAdd, pin, sk, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &sessionv1.ReleasePinStatement{Statement: doc, Signature: sig}
+	}
+	if err := s.Send(&sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_ReleasePins{ReleasePins: &sessionv1.ReleasePins{
+		Statements: []*sessionv1.ReleasePinStatement{sign(otherKey, thirdPin), sign(oldKey, newPin)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	m := awaitMessage(t, s, "ReleasePinsHeld", func(m *sessionv1.NodeMessage) bool { return m.GetReleasePinsHeld() != nil })
+	if got := m.GetReleasePinsHeld().GetPins(); !slices.Equal(got, []string{oldPin, newPin}) {
+		t.Fatalf("ReleasePinsHeld = %v, want %s and %s\n%s\n%s", got, oldPin, newPin, node.Output(), hp.Output())
+	}
+	if held, err := upgrade.ReadPins(pins); err != nil || !slices.Equal(held, []string{oldPin, newPin}) {
+		t.Errorf("pin file = %v, %v", held, err)
+	}
+	fi, err := os.Stat(pins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != 0 || fi.Mode().Perm() != 0o644 {
+		t.Errorf("pin file after the statement: mode %v, uid %d; want 0644, root's", fi.Mode().Perm(), st.Uid)
+	}
+	if !strings.Contains(node.Output(), "Release pin statement not applied") {
+		t.Errorf("the statement by an unpinned key was not refused:\n%s", node.Output())
 	}
 }

@@ -188,7 +188,7 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 					up.connected()
 				}
 			},
-			ReleasePins: up.pinKeeper(f),
+			ReleasePins: up.pinKeeper(ctx, log, f),
 			Clock:       testClock,
 			Logger:      log,
 		},

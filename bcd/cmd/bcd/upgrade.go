@@ -237,9 +237,14 @@ func (k *pinKeeper) ApplyPinStatement(ctx context.Context, statement, sig []byte
 func (k *pinKeeper) HeldPins(context.Context) ([]string, error) { return upgrade.ReadPins(k.file) }
 
 // pinKeeper is the node's keeper of release pins, nil (no release.pins
-// capability) when bcd cannot upgrade itself here.
-func (n *nodeUpgrade) pinKeeper(f *nodeFlags) session.ReleasePinKeeper {
+// capability) when bcd cannot upgrade itself here or its pin file cannot
+// be read: with no pin, no statement could verify.
+func (n *nodeUpgrade) pinKeeper(ctx context.Context, log *slog.Logger, f *nodeFlags) session.ReleasePinKeeper {
 	if n == nil {
+		return nil
+	}
+	if _, err := upgrade.ReadPins(f.upgrade.pinsFile); err != nil {
+		log.InfoContext(ctx, "Release pin statements are not applied here", logkey.Err, err)
 		return nil
 	}
 	k := &pinKeeper{file: f.upgrade.pinsFile}
