@@ -18,7 +18,7 @@ var localCommands = []string{
 	"serve", "dev", "migrate", "doctor", "store copy", "backup", "restore",
 	"pki init", "pki issue-gateway", "pki issue-internal",
 	"version", "help", "completion bash", "completion zsh", "completion fish", "completion powershell",
-	"release keygen", "release manifest", "release sign", "release verify",
+	"release keygen", "release manifest", "release sign", "release verify", "release pins sign",
 }
 
 // TestOperatorCommandsUseTheAPI walks the command tree: every command but
