@@ -266,6 +266,7 @@ func exitCases(f *exitFixture) []exitCase {
 	pwNotUTF8 := f.file("bmc-password-not-utf8", "se\xffcret\n")
 	notAFile := f.file("plain-file", "x")
 	unreachableDB := "postgres://postgres@127.0.0.1:1/nothing?connect_timeout=2"
+	f.file("bad-statement.minisig", "untrusted comment: not a signature\nx\n")
 	return []exitCase{
 		bc("version", exitOK),
 		bc("version", exitUsage, "extra"),
@@ -462,6 +463,16 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("release pins sign", exitUsage, "--key", scratch("no-key"), "--out", scratch("pin-statement")),                          // neither --add nor --remove
 		bc("release pins sign", exitUsage, "--key", scratch("no-key"), "--add", "sha256/short", "--out", scratch("pin-statement")), // malformed pin
 		bc("release pins sign", exitFailure, "--key", scratch("no-key"), "--add", "sha256/"+strings.Repeat("A", 43)+"=", "--out", scratch("pin-statement")),
+		// release pins add|remove FILE: FILE and FILE.minisig; a statement
+		// that does not verify is INVALID_ARGUMENT (a usage error).
+		bc("release pins add", exitUsage),
+		bc("release pins add", exitUsage, scratch("no-statement")),
+		bc("release pins add", exitUsage, f.file("bad-statement", "{}")),
+		bc("release pins remove", exitUsage),
+		bc("release pins remove", exitUsage, scratch("no-statement")),
+		bc("release pins status", exitOK, "sha256/"+strings.Repeat("A", 43)+"="),
+		bc("release pins status", exitUsage),
+		bc("release pins status", exitUsage, "sha256/short"),
 
 		bc("audit list", exitOK),
 		bc("audit list", exitOK, "--method", "tokens.", "-o", "json"),

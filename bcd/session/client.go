@@ -336,6 +336,9 @@ func (c *Client) hello() *sessionv1.NodeMessage {
 		Capabilities: c.cfg.Capabilities,
 		Resume:       c.resume,
 	}
+	if c.cfg.ReleasePins != nil && !slices.Contains(h.Capabilities, sessionv1.CapabilityReleasePins) {
+		h.Capabilities = append(slices.Clip(h.Capabilities), sessionv1.CapabilityReleasePins)
+	}
 	r := c.cfg.Reporter
 	h.InventoryDigest, h.PendingResults, h.LocalRollback = r.InventoryDigest(), r.PendingResults(), r.LocalRollback()
 	return &sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Hello{Hello: h}}

@@ -184,6 +184,10 @@ type Config struct {
 	// Capabilities are offered in Hello (see session.proto). Defaults to
 	// none.
 	Capabilities []string
+	// ReleasePins applies the release pin statements gateways send; with
+	// one, Hello offers sessionv1.CapabilityReleasePins too. Defaults to
+	// none: ReleasePins messages are ignored.
+	ReleasePins ReleasePinKeeper
 	// Tunnels opens the tunnels the gateway asks for (offer capability
 	// "tunnel" with it). Without it a TunnelOpen is answered with an error
 	// frame.

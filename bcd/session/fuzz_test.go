@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"testing"
 	"time"
 
@@ -27,6 +28,14 @@ func (sendingHandler) HandleCommand(_ context.Context, cmd *sessionv1.Command, s
 
 func (sendingHandler) HandleCancel(context.Context, *sessionv1.Cancel) {}
 
+// refusingPins refuses every statement and holds one pin.
+type refusingPins struct{}
+
+func (refusingPins) ApplyPinStatement(context.Context, []byte, []byte) error {
+	return errors.New("unpinned")
+}
+func (refusingPins) HeldPins(context.Context) ([]string, error) { return []string{"sha256/a"}, nil }
+
 // FuzzGatewayMessage feeds arbitrary bytes, decoded as a GatewayMessage,
 // to a session's message handling: nothing may panic, whatever a gateway
 // (or anyone in its place) sends.
@@ -39,6 +48,8 @@ func FuzzGatewayMessage(f *testing.F) {
 		{Seq: 5, Body: &sessionv1.GatewayMessage_Drain{Drain: &sessionv1.Drain{Delay: &durationpb.Duration{Seconds: -1, Nanos: 5}}}},
 		{Seq: 6, Body: &sessionv1.GatewayMessage_Revoked{Revoked: &sessionv1.Revoked{Reason: "r"}}},
 		{Seq: 7},
+		{Seq: 8, Body: &sessionv1.GatewayMessage_ReleasePins{ReleasePins: &sessionv1.ReleasePins{Statements: []*sessionv1.ReleasePinStatement{
+			{Statement: []byte(`{"type":"better-compute.release-pin/v1"}`), Signature: []byte("sig")}, {}}}}},
 	}
 	for _, m := range seeds {
 		b, err := proto.Marshal(m)
@@ -53,12 +64,13 @@ func FuzzGatewayMessage(f *testing.F) {
 	key := sessiontest.NewKey(f)
 	cert := p.NodeCertificate(f, key, "node-1", time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
 	c, err := New(Config{
-		Gateways: []string{"https://127.0.0.1:1"},
-		Trust:    Trust{Pin: p.Pin()},
-		Key:      key,
-		Chain:    []*x509.Certificate{cert},
-		Handler:  sendingHandler{},
-		OnEvent:  func(Event) {},
+		Gateways:    []string{"https://127.0.0.1:1"},
+		Trust:       Trust{Pin: p.Pin()},
+		Key:         key,
+		Chain:       []*x509.Certificate{cert},
+		Handler:     sendingHandler{},
+		OnEvent:     func(Event) {},
+		ReleasePins: refusingPins{},
 	})
 	if err != nil {
 		f.Fatal(err)

@@ -304,6 +304,8 @@ func (s *session) handle(msg *sessionv1.GatewayMessage) error {
 			s.gw.url, errSuperseded, b.Superseded.GetBySessionId())
 	case *sessionv1.GatewayMessage_Bundle:
 		s.bundle(b.Bundle)
+	case *sessionv1.GatewayMessage_ReleasePins:
+		s.releasePins(b.ReleasePins)
 	case *sessionv1.GatewayMessage_Welcome:
 		c.log.DebugContext(s.ctx, "Ignoring a second Welcome", attrGateway, s.gw.url, attrSessionID, s.id)
 	default:

@@ -214,9 +214,15 @@ func (s *Server) installScript(ctx context.Context, o scriptOptions) ([]byte, er
 	opts := installer.Options{GatewayURL: gw, BaseURL: s.PublicURL(), BasePath: s.cfg.BasePath, Version: version,
 		PinnedPubKey: s.Pin(), Unprivileged: o.unprivileged, Plugins: o.plugins}
 	if len(s.cfg.ReleasePins) > 0 {
+		// The pins in force: a machine installed after release pins add
+		// pins the new key from the start.
+		pins, _, err := s.pinsInForce(ctx)
+		if err != nil {
+			return nil, err
+		}
 		m, sig, err := s.cfg.Releases.Manifest(version)
 		if err == nil {
-			opts.Manifest, opts.Signature, opts.Pins = m, sig, s.cfg.ReleasePins
+			opts.Manifest, opts.Signature, opts.Pins = m, sig, pins
 		} else {
 			s.log.WarnContext(ctx, "Install script without a pinned release manifest", "version", version, logkey.Err, err)
 		}

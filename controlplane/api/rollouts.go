@@ -126,9 +126,13 @@ func (s *Server) verifyRelease(ctx context.Context, poolID, version string) erro
 	if err != nil {
 		return invalid("version", "release %s: %v", version, err)
 	}
-	m, err := manifest.Verify(mf, sig, s.cfg.ReleasePins, s.now())
+	pins, _, err := s.pinsInForce(ctx)
 	if err != nil {
-		return invalid("version", "release %s does not verify against downloads.releasePins: %v", version, err)
+		return err
+	}
+	m, err := manifest.Verify(mf, sig, pins, s.now())
+	if err != nil {
+		return invalid("version", "release %s does not verify against downloads.releasePins nor the pins release pins add accepted: %v", version, err)
 	}
 	if m.Version != version {
 		return invalid("version", "release %s: its signed manifest is for version %s", version, m.Version)

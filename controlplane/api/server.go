@@ -178,6 +178,7 @@ type Store interface {
 	store.TenantStore
 	store.PKIRotationStore
 	store.RecordingStore
+	store.ReleasePinStore
 	store.SiteStore
 	store.PoolStore
 	store.NodeStore

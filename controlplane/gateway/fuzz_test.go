@@ -139,6 +139,11 @@ func FuzzConnectCommandUpdate(f *testing.F) {
 	}}})
 }
 
+func FuzzConnectReleasePinsHeld(f *testing.F) {
+	fuzzMessages(f, &sessionv1.NodeMessage{Seq: 6, Body: &sessionv1.NodeMessage_ReleasePinsHeld{ReleasePinsHeld: &sessionv1.ReleasePinsHeld{
+		Pins: []string{"sha256/" + strings.Repeat("A", 43) + "=", "", "sha256/\x00"}}}})
+}
+
 func FuzzConnectEvent(f *testing.F) {
 	fuzzMessages(f, &sessionv1.NodeMessage{Seq: 5, Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
 		Kind: "gpu.xid", Time: timestamppb.Now(), Severity: sessionv1.Severity_SEVERITY_CRITICAL, GpuUuid: "GPU-1", Xid: 79,

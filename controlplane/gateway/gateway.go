@@ -59,6 +59,7 @@ type Store interface {
 	SecretGet(ctx context.Context, name string) (*store.Secret, error)
 	SecretGrantTake(ctx context.Context, name, nodeID string, now *time.Time) (bool, error)
 	bundleStore
+	releasePinStore
 	dispatchStore
 }
 
@@ -369,11 +370,14 @@ type Gateway struct {
 	trust   atomic.Pointer[trust]
 	tlsBase *tls.Config
 	acks    ackBatch // bundle acknowledgements not yet written (trust.go)
-	admit   *admission.Admitter
-	log     *slog.Logger
-	certs   *certreload.Reloader
-	server  *grpc.Server
-	caps    map[string]bool
+	// releasePins is the ReleasePins message in force (releasepins.go),
+	// nil until releasePinLoop first read it.
+	releasePins atomic.Pointer[releasePins]
+	admit       *admission.Admitter
+	log         *slog.Logger
+	certs       *certreload.Reloader
+	server      *grpc.Server
+	caps        map[string]bool
 
 	ready     chan struct{}
 	addr      net.Addr
@@ -562,7 +566,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	loopCtx, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	for _, loop := range []func(context.Context){func(ctx context.Context) { g.certs.Run(ctx, g.cfg.CertReloadInterval) }, g.leaseLoop, g.flushLoop, g.revocationLoop,
-		g.bundleLoop, g.ackLoop, g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
+		g.bundleLoop, g.ackLoop, g.releasePinLoop, g.dispatchLoop, g.resultLoop, g.inventoryLoop} {
 		loops.Go(func() { loop(loopCtx) })
 	}
 	if wsRaw != nil {

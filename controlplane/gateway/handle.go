@@ -124,6 +124,8 @@ func (g *Gateway) handle(ctx context.Context, s *session, m *sessionv1.NodeMessa
 		g.measureSkew(s, b.Heartbeat, now)
 	case *sessionv1.NodeMessage_BundleAck:
 		g.bundleAck(s, b.BundleAck)
+	case *sessionv1.NodeMessage_ReleasePinsHeld:
+		g.releasePinsHeld(ctx, s, b.ReleasePinsHeld)
 	case *sessionv1.NodeMessage_Hello:
 		// A second Hello changes nothing.
 	default:

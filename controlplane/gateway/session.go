@@ -188,6 +188,7 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
 	go g.sessionOpened(ctx, s, hello)
 	g.sendBundle(s)
+	g.sendReleasePins(s)
 	return s, nil
 }
 

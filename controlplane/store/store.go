@@ -129,6 +129,7 @@ type Store interface {
 	RolloutStore
 	GPUStore
 	RecordingStore
+	ReleasePinStore
 }
 
 // ListParams pages a list: rows after Cursor (an id), at most Limit

@@ -188,8 +188,9 @@ func node(ctx context.Context, e env, f *nodeFlags) error {
 					up.connected()
 				}
 			},
-			Clock:  testClock,
-			Logger: log,
+			ReleasePins: up.pinKeeper(ctx, log, f),
+			Clock:       testClock,
+			Logger:      log,
 		},
 		Unprivileged:   f.unprivileged,
 		HelperSocket:   f.helperSocket,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/better-compute/better-compute/bcd/sdnotify"
 	"github.com/better-compute/better-compute/bcd/session"
 	"github.com/better-compute/better-compute/bcd/upgrade"
+	"github.com/better-compute/better-compute/installer/manifest"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -206,3 +208,51 @@ func (ignoreCommands) HandleCommand(context.Context, *sessionv1.Command, func(*s
 }
 
 func (ignoreCommands) HandleCancel(context.Context, *sessionv1.Cancel) {}
+
+// pinKeeper applies the release pin statements the session receives to
+// the pin file (session.ReleasePinKeeper): itself when bcd runs as root,
+// through the root helper's pins.apply when unprivileged.
+type pinKeeper struct {
+	file   string
+	helper *helper.Client
+}
+
+// ApplyPinStatement verifies and applies one statement; a replayed one is
+// not an error. One already in effect (an add of a pin the file holds, a
+// remove of one it lacks) is skipped unverified: it would change nothing,
+// and its signer may be a key removed since (the gateway resends every
+// statement on every session).
+func (k *pinKeeper) ApplyPinStatement(ctx context.Context, statement, sig []byte) error {
+	if st, err := manifest.ParsePinStatement(statement); err == nil {
+		if pins, err := upgrade.ReadPins(k.file); err == nil && slices.Contains(pins, st.Pin) == (st.Action == manifest.PinAdd) {
+			return nil
+		}
+	}
+	if k.helper != nil {
+		_, err := k.helper.ApplyPinStatement(ctx, statement, sig)
+		return err
+	}
+	_, err := upgrade.ApplyPinStatement(k.file, statement, sig)
+	return err
+}
+
+// HeldPins reads the pins of the file.
+func (k *pinKeeper) HeldPins(context.Context) ([]string, error) { return upgrade.ReadPins(k.file) }
+
+// pinKeeper is the node's keeper of release pins, nil (no release.pins
+// capability) when bcd cannot upgrade itself here or its pin file cannot
+// be read: with no pin, no statement could verify.
+func (n *nodeUpgrade) pinKeeper(ctx context.Context, log *slog.Logger, f *nodeFlags) session.ReleasePinKeeper {
+	if n == nil {
+		return nil
+	}
+	if _, err := upgrade.ReadPins(f.upgrade.pinsFile); err != nil {
+		log.InfoContext(ctx, "Release pin statements are not applied here", logkey.Err, err)
+		return nil
+	}
+	k := &pinKeeper{file: f.upgrade.pinsFile}
+	if f.unprivileged {
+		k.helper = &helper.Client{Socket: f.helperSocket}
+	}
+	return k
+}

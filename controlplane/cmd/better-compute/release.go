@@ -32,9 +32,9 @@ func releaseCmd(e *env) *cobra.Command {
 func releasePinsCmd(e *env) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "pins",
-		Short: "Sign release pin statements, which add or remove a pin on machines that pin the signing key",
+		Short: "Sign release pin statements and send them to every node (add, remove), and see which nodes hold a pin",
 	}
-	c.AddCommand(releasePinsSignCmd(e))
+	c.AddCommand(releasePinsSignCmd(e), releasePinsAddCmd(e), releasePinsStatusCmd(e), releasePinsRemoveCmd(e))
 	return c
 }
 

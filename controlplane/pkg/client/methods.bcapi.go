@@ -633,6 +633,33 @@ func (c *Client) RecordingsGet(ctx context.Context, req *apiv1.GetRecordingReque
 	return resp, nil
 }
 
+// ReleasePinsAdd calls release.pinsAdd (role admin; audited).
+func (c *Client) ReleasePinsAdd(ctx context.Context, req *apiv1.ReleasePinStatementRequest) (*apiv1.ReleasePinResponse, error) {
+	resp := new(apiv1.ReleasePinResponse)
+	if err := c.Call(ctx, "release.pinsAdd", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReleasePinsStatus calls release.pinsStatus (role admin).
+func (c *Client) ReleasePinsStatus(ctx context.Context, req *apiv1.ReleasePinStatusRequest) (*apiv1.ReleasePinResponse, error) {
+	resp := new(apiv1.ReleasePinResponse)
+	if err := c.Call(ctx, "release.pinsStatus", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// ReleasePinsRemove calls release.pinsRemove (role admin; audited).
+func (c *Client) ReleasePinsRemove(ctx context.Context, req *apiv1.ReleasePinStatementRequest) (*apiv1.ReleasePinResponse, error) {
+	resp := new(apiv1.ReleasePinResponse)
+	if err := c.Call(ctx, "release.pinsRemove", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // ReservationsCreate calls reservations.create (role operator; audited).
 func (c *Client) ReservationsCreate(ctx context.Context, req *apiv1.CreateReservationRequest) (*apiv1.Reservation, error) {
 	resp := new(apiv1.Reservation)

@@ -81,6 +81,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"Clock", testClock},
 		{"PKIAndRevocations", testPKI},
 		{"PKIRotations", testPKIRotations},
+		{"ReleasePins", testReleasePins},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
 		{"Lifetimes", testLifetimes},
 		{"Reservations", testReservations},

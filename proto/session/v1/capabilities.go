@@ -31,6 +31,9 @@ const (
 	CapabilityGPUDiag = "gpu.diag"
 	// CapabilityRollback runs "rollback".
 	CapabilityRollback = "rollback"
+	// CapabilityReleasePins applies ReleasePins and answers
+	// ReleasePinsHeld.
+	CapabilityReleasePins = "release.pins"
 )
 
 // Capabilities lists every capability of this protocol version in
@@ -39,4 +42,5 @@ const (
 var Capabilities = []string{
 	CapabilityExec, CapabilityCancel, CapabilityInventory, CapabilityGPUNVML, CapabilityPower, CapabilityBoot,
 	CapabilityUpgrade, CapabilityReboot, CapabilityResume, CapabilityGPUReset, CapabilityGPUDiag, CapabilityRollback, CapabilityTunnel,
+	CapabilityReleasePins,
 }

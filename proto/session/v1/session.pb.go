@@ -43,6 +43,8 @@
 //   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on
 //     the node's loopback) as a SessionService.Tunnel stream over the session's
 //     own connection.
+//   - "release.pins": applies the pin statements of ReleasePins to its release
+//     pin file and answers ReleasePinsHeld (docs/releases.md, "Pin statements").
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
@@ -1681,6 +1683,7 @@ type NodeMessage struct {
 	//	*NodeMessage_CommandUpdate
 	//	*NodeMessage_Event
 	//	*NodeMessage_BundleAck
+	//	*NodeMessage_ReleasePinsHeld
 	Body          isNodeMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1784,6 +1787,15 @@ func (x *NodeMessage) GetBundleAck() *BundleAck {
 	return nil
 }
 
+func (x *NodeMessage) GetReleasePinsHeld() *ReleasePinsHeld {
+	if x != nil {
+		if x, ok := x.Body.(*NodeMessage_ReleasePinsHeld); ok {
+			return x.ReleasePinsHeld
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Body interface {
 	isNodeMessage_Body()
 }
@@ -1820,6 +1832,12 @@ type NodeMessage_BundleAck struct {
 	BundleAck *BundleAck `protobuf:"bytes,15,opt,name=bundle_ack,json=bundleAck,proto3,oneof"`
 }
 
+type NodeMessage_ReleasePinsHeld struct {
+	// The release pins the node holds after applying a ReleasePins
+	// (capability "release.pins").
+	ReleasePinsHeld *ReleasePinsHeld `protobuf:"bytes,16,opt,name=release_pins_held,json=releasePinsHeld,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Body() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Body() {}
@@ -1831,6 +1849,158 @@ func (*NodeMessage_CommandUpdate) isNodeMessage_Body() {}
 func (*NodeMessage_Event) isNodeMessage_Body() {}
 
 func (*NodeMessage_BundleAck) isNodeMessage_Body() {}
+
+func (*NodeMessage_ReleasePinsHeld) isNodeMessage_Body() {}
+
+// ReleasePins carries every pin statement the control plane accepted
+// (docs/releases.md, "Pin statements"), oldest first: sent after Welcome
+// and again whenever one is added (capability "release.pins"). The node
+// verifies each against its own pin file, applies it (a replayed one
+// changes nothing) and answers ReleasePinsHeld.
+type ReleasePins struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most 64 statements.
+	Statements    []*ReleasePinStatement `protobuf:"bytes,1,rep,name=statements,proto3" json:"statements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePins) Reset() {
+	*x = ReleasePins{}
+	mi := &file_session_v1_session_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePins) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePins) ProtoMessage() {}
+
+func (x *ReleasePins) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePins.ProtoReflect.Descriptor instead.
+func (*ReleasePins) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReleasePins) GetStatements() []*ReleasePinStatement {
+	if x != nil {
+		return x.Statements
+	}
+	return nil
+}
+
+// ReleasePinStatement is one signed pin statement: the document (at most
+// 4 KiB) and its minisign signature, as `release pins sign` wrote them.
+type ReleasePinStatement struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Statement     []byte                 `protobuf:"bytes,1,opt,name=statement,proto3" json:"statement,omitempty"`
+	Signature     []byte                 `protobuf:"bytes,2,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePinStatement) Reset() {
+	*x = ReleasePinStatement{}
+	mi := &file_session_v1_session_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePinStatement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePinStatement) ProtoMessage() {}
+
+func (x *ReleasePinStatement) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePinStatement.ProtoReflect.Descriptor instead.
+func (*ReleasePinStatement) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReleasePinStatement) GetStatement() []byte {
+	if x != nil {
+		return x.Statement
+	}
+	return nil
+}
+
+func (x *ReleasePinStatement) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// ReleasePinsHeld lists the pins (sha256/...) in the node's release pin
+// file after it applied a ReleasePins (at most 64).
+type ReleasePinsHeld struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pins          []string               `protobuf:"bytes,1,rep,name=pins,proto3" json:"pins,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePinsHeld) Reset() {
+	*x = ReleasePinsHeld{}
+	mi := &file_session_v1_session_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePinsHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePinsHeld) ProtoMessage() {}
+
+func (x *ReleasePinsHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_session_v1_session_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePinsHeld.ProtoReflect.Descriptor instead.
+func (*ReleasePinsHeld) Descriptor() ([]byte, []int) {
+	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReleasePinsHeld) GetPins() []string {
+	if x != nil {
+		return x.Pins
+	}
+	return nil
+}
 
 // Bundle carries the deployment's current node CA roots to a node while a
 // node-CA rotation is open (docs/pki.md, "Rotating the node CA"): sent after
@@ -1849,7 +2019,7 @@ type Bundle struct {
 
 func (x *Bundle) Reset() {
 	*x = Bundle{}
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +2031,7 @@ func (x *Bundle) String() string {
 func (*Bundle) ProtoMessage() {}
 
 func (x *Bundle) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[16]
+	mi := &file_session_v1_session_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2044,7 @@ func (x *Bundle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bundle.ProtoReflect.Descriptor instead.
 func (*Bundle) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{16}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Bundle) GetNodeCaRoots() [][]byte {
@@ -1902,7 +2072,7 @@ type BundleAck struct {
 
 func (x *BundleAck) Reset() {
 	*x = BundleAck{}
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2084,7 @@ func (x *BundleAck) String() string {
 func (*BundleAck) ProtoMessage() {}
 
 func (x *BundleAck) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[17]
+	mi := &file_session_v1_session_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2097,7 @@ func (x *BundleAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BundleAck.ProtoReflect.Descriptor instead.
 func (*BundleAck) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{17}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BundleAck) GetRotationId() string {
@@ -1957,6 +2127,7 @@ type GatewayMessage struct {
 	//	*GatewayMessage_Superseded
 	//	*GatewayMessage_TunnelOpen
 	//	*GatewayMessage_Bundle
+	//	*GatewayMessage_ReleasePins
 	Body          isGatewayMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1964,7 +2135,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2147,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[18]
+	mi := &file_session_v1_session_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2160,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{18}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GatewayMessage) GetSeq() uint64 {
@@ -2078,6 +2249,15 @@ func (x *GatewayMessage) GetBundle() *Bundle {
 	return nil
 }
 
+func (x *GatewayMessage) GetReleasePins() *ReleasePins {
+	if x != nil {
+		if x, ok := x.Body.(*GatewayMessage_ReleasePins); ok {
+			return x.ReleasePins
+		}
+	}
+	return nil
+}
+
 type isGatewayMessage_Body interface {
 	isGatewayMessage_Body()
 }
@@ -2125,6 +2305,12 @@ type GatewayMessage_Bundle struct {
 	Bundle *Bundle `protobuf:"bytes,17,opt,name=bundle,proto3,oneof"`
 }
 
+type GatewayMessage_ReleasePins struct {
+	// Every accepted release pin statement (capability "release.pins");
+	// the node applies them and answers ReleasePinsHeld.
+	ReleasePins *ReleasePins `protobuf:"bytes,18,opt,name=release_pins,json=releasePins,proto3,oneof"`
+}
+
 func (*GatewayMessage_Welcome) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Command) isGatewayMessage_Body() {}
@@ -2141,6 +2327,8 @@ func (*GatewayMessage_TunnelOpen) isGatewayMessage_Body() {}
 
 func (*GatewayMessage_Bundle) isGatewayMessage_Body() {}
 
+func (*GatewayMessage_ReleasePins) isGatewayMessage_Body() {}
+
 // Superseded ends a session that a newer session of the same node replaced.
 type Superseded struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2152,7 +2340,7 @@ type Superseded struct {
 
 func (x *Superseded) Reset() {
 	*x = Superseded{}
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2352,7 @@ func (x *Superseded) String() string {
 func (*Superseded) ProtoMessage() {}
 
 func (x *Superseded) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[19]
+	mi := &file_session_v1_session_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2365,7 @@ func (x *Superseded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Superseded.ProtoReflect.Descriptor instead.
 func (*Superseded) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{19}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Superseded) GetBySessionId() string {
@@ -2223,7 +2411,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2423,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[20]
+	mi := &file_session_v1_session_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2436,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{20}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Hello) GetBcdVersion() string {
@@ -2335,7 +2523,7 @@ type LocalRollback struct {
 
 func (x *LocalRollback) Reset() {
 	*x = LocalRollback{}
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2535,7 @@ func (x *LocalRollback) String() string {
 func (*LocalRollback) ProtoMessage() {}
 
 func (x *LocalRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[21]
+	mi := &file_session_v1_session_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2548,7 @@ func (x *LocalRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalRollback.ProtoReflect.Descriptor instead.
 func (*LocalRollback) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{21}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LocalRollback) GetFromVersion() string {
@@ -2413,7 +2601,7 @@ type ResumeCursor struct {
 
 func (x *ResumeCursor) Reset() {
 	*x = ResumeCursor{}
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2613,7 @@ func (x *ResumeCursor) String() string {
 func (*ResumeCursor) ProtoMessage() {}
 
 func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[22]
+	mi := &file_session_v1_session_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2626,7 @@ func (x *ResumeCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeCursor.ProtoReflect.Descriptor instead.
 func (*ResumeCursor) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{22}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResumeCursor) GetSessionId() string {
@@ -2485,7 +2673,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2497,7 +2685,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[23]
+	mi := &file_session_v1_session_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2510,7 +2698,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{23}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2616,7 +2804,7 @@ type GPUHealthThresholds struct {
 
 func (x *GPUHealthThresholds) Reset() {
 	*x = GPUHealthThresholds{}
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +2816,7 @@ func (x *GPUHealthThresholds) String() string {
 func (*GPUHealthThresholds) ProtoMessage() {}
 
 func (x *GPUHealthThresholds) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[24]
+	mi := &file_session_v1_session_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +2829,7 @@ func (x *GPUHealthThresholds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealthThresholds.ProtoReflect.Descriptor instead.
 func (*GPUHealthThresholds) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{24}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GPUHealthThresholds) GetPcieReplayThreshold() uint64 {
@@ -2754,7 +2942,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2766,7 +2954,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[25]
+	mi := &file_session_v1_session_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2779,7 +2967,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{25}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -2871,7 +3059,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2883,7 +3071,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[26]
+	mi := &file_session_v1_session_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2896,7 +3084,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{26}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Inventory) GetDigest() string {
@@ -2994,7 +3182,7 @@ type InfiniBandPort struct {
 
 func (x *InfiniBandPort) Reset() {
 	*x = InfiniBandPort{}
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3194,7 @@ func (x *InfiniBandPort) String() string {
 func (*InfiniBandPort) ProtoMessage() {}
 
 func (x *InfiniBandPort) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[27]
+	mi := &file_session_v1_session_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3207,7 @@ func (x *InfiniBandPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfiniBandPort.ProtoReflect.Descriptor instead.
 func (*InfiniBandPort) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{27}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InfiniBandPort) GetDevice() string {
@@ -3142,7 +3330,7 @@ type HostInfo struct {
 
 func (x *HostInfo) Reset() {
 	*x = HostInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3342,7 @@ func (x *HostInfo) String() string {
 func (*HostInfo) ProtoMessage() {}
 
 func (x *HostInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[28]
+	mi := &file_session_v1_session_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3355,7 @@ func (x *HostInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostInfo.ProtoReflect.Descriptor instead.
 func (*HostInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{28}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HostInfo) GetHostname() string {
@@ -3259,7 +3447,7 @@ type CPU struct {
 
 func (x *CPU) Reset() {
 	*x = CPU{}
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3271,7 +3459,7 @@ func (x *CPU) String() string {
 func (*CPU) ProtoMessage() {}
 
 func (x *CPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[29]
+	mi := &file_session_v1_session_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3284,7 +3472,7 @@ func (x *CPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CPU.ProtoReflect.Descriptor instead.
 func (*CPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{29}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CPU) GetModel() string {
@@ -3335,7 +3523,7 @@ type Memory struct {
 
 func (x *Memory) Reset() {
 	*x = Memory{}
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +3535,7 @@ func (x *Memory) String() string {
 func (*Memory) ProtoMessage() {}
 
 func (x *Memory) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[30]
+	mi := &file_session_v1_session_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +3548,7 @@ func (x *Memory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Memory.ProtoReflect.Descriptor instead.
 func (*Memory) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{30}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Memory) GetTotalBytes() uint64 {
@@ -3396,7 +3584,7 @@ type Disk struct {
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3596,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[31]
+	mi := &file_session_v1_session_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3609,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{31}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Disk) GetName() string {
@@ -3478,7 +3666,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3678,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[32]
+	mi := &file_session_v1_session_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3691,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{32}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NIC) GetName() string {
@@ -3556,7 +3744,7 @@ type OS struct {
 
 func (x *OS) Reset() {
 	*x = OS{}
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3756,7 @@ func (x *OS) String() string {
 func (*OS) ProtoMessage() {}
 
 func (x *OS) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[33]
+	mi := &file_session_v1_session_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3769,7 @@ func (x *OS) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OS.ProtoReflect.Descriptor instead.
 func (*OS) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{33}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *OS) GetName() string {
@@ -3622,7 +3810,7 @@ type DMI struct {
 
 func (x *DMI) Reset() {
 	*x = DMI{}
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3822,7 @@ func (x *DMI) String() string {
 func (*DMI) ProtoMessage() {}
 
 func (x *DMI) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[34]
+	mi := &file_session_v1_session_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3835,7 @@ func (x *DMI) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DMI.ProtoReflect.Descriptor instead.
 func (*DMI) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{34}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DMI) GetSystemVendor() string {
@@ -3739,7 +3927,7 @@ type GPU struct {
 
 func (x *GPU) Reset() {
 	*x = GPU{}
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3751,7 +3939,7 @@ func (x *GPU) String() string {
 func (*GPU) ProtoMessage() {}
 
 func (x *GPU) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[35]
+	mi := &file_session_v1_session_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3764,7 +3952,7 @@ func (x *GPU) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPU.ProtoReflect.Descriptor instead.
 func (*GPU) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{35}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GPU) GetIndex() uint32 {
@@ -3970,7 +4158,7 @@ type MIGDevice struct {
 
 func (x *MIGDevice) Reset() {
 	*x = MIGDevice{}
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4170,7 @@ func (x *MIGDevice) String() string {
 func (*MIGDevice) ProtoMessage() {}
 
 func (x *MIGDevice) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[36]
+	mi := &file_session_v1_session_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4183,7 @@ func (x *MIGDevice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MIGDevice.ProtoReflect.Descriptor instead.
 func (*MIGDevice) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{36}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *MIGDevice) GetIndex() uint32 {
@@ -4057,7 +4245,7 @@ type Clocks struct {
 
 func (x *Clocks) Reset() {
 	*x = Clocks{}
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4257,7 @@ func (x *Clocks) String() string {
 func (*Clocks) ProtoMessage() {}
 
 func (x *Clocks) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[37]
+	mi := &file_session_v1_session_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4270,7 @@ func (x *Clocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Clocks.ProtoReflect.Descriptor instead.
 func (*Clocks) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{37}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Clocks) GetSmMhz() uint32 {
@@ -4138,7 +4326,7 @@ type GPUHealth struct {
 
 func (x *GPUHealth) Reset() {
 	*x = GPUHealth{}
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4150,7 +4338,7 @@ func (x *GPUHealth) String() string {
 func (*GPUHealth) ProtoMessage() {}
 
 func (x *GPUHealth) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[38]
+	mi := &file_session_v1_session_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4163,7 +4351,7 @@ func (x *GPUHealth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUHealth.ProtoReflect.Descriptor instead.
 func (*GPUHealth) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{38}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GPUHealth) GetState() GPUHealthState {
@@ -4218,7 +4406,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4230,7 +4418,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[39]
+	mi := &file_session_v1_session_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4243,7 +4431,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{39}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -4310,7 +4498,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4322,7 +4510,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[40]
+	mi := &file_session_v1_session_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4335,7 +4523,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{40}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Command) GetId() string {
@@ -4502,7 +4690,7 @@ type ExecSpec struct {
 
 func (x *ExecSpec) Reset() {
 	*x = ExecSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4514,7 +4702,7 @@ func (x *ExecSpec) String() string {
 func (*ExecSpec) ProtoMessage() {}
 
 func (x *ExecSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[41]
+	mi := &file_session_v1_session_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4527,7 +4715,7 @@ func (x *ExecSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSpec.ProtoReflect.Descriptor instead.
 func (*ExecSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{41}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ExecSpec) GetArgv() []string {
@@ -4595,7 +4783,7 @@ type PowerSpec struct {
 
 func (x *PowerSpec) Reset() {
 	*x = PowerSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4607,7 +4795,7 @@ func (x *PowerSpec) String() string {
 func (*PowerSpec) ProtoMessage() {}
 
 func (x *PowerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[42]
+	mi := &file_session_v1_session_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4620,7 +4808,7 @@ func (x *PowerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PowerSpec.ProtoReflect.Descriptor instead.
 func (*PowerSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{42}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PowerSpec) GetBmc() string {
@@ -4659,7 +4847,7 @@ type BootSpec struct {
 
 func (x *BootSpec) Reset() {
 	*x = BootSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4671,7 +4859,7 @@ func (x *BootSpec) String() string {
 func (*BootSpec) ProtoMessage() {}
 
 func (x *BootSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[43]
+	mi := &file_session_v1_session_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4684,7 +4872,7 @@ func (x *BootSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootSpec.ProtoReflect.Descriptor instead.
 func (*BootSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{43}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BootSpec) GetBmc() string {
@@ -4725,7 +4913,7 @@ type UpgradeSpec struct {
 
 func (x *UpgradeSpec) Reset() {
 	*x = UpgradeSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4737,7 +4925,7 @@ func (x *UpgradeSpec) String() string {
 func (*UpgradeSpec) ProtoMessage() {}
 
 func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[44]
+	mi := &file_session_v1_session_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4750,7 +4938,7 @@ func (x *UpgradeSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpgradeSpec.ProtoReflect.Descriptor instead.
 func (*UpgradeSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{44}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *UpgradeSpec) GetVersion() string {
@@ -4782,7 +4970,7 @@ type GPUResetSpec struct {
 
 func (x *GPUResetSpec) Reset() {
 	*x = GPUResetSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4794,7 +4982,7 @@ func (x *GPUResetSpec) String() string {
 func (*GPUResetSpec) ProtoMessage() {}
 
 func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[45]
+	mi := &file_session_v1_session_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4807,7 +4995,7 @@ func (x *GPUResetSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUResetSpec.ProtoReflect.Descriptor instead.
 func (*GPUResetSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{45}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GPUResetSpec) GetGpuUuid() string {
@@ -4848,7 +5036,7 @@ type GPUDiagSpec struct {
 
 func (x *GPUDiagSpec) Reset() {
 	*x = GPUDiagSpec{}
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4860,7 +5048,7 @@ func (x *GPUDiagSpec) String() string {
 func (*GPUDiagSpec) ProtoMessage() {}
 
 func (x *GPUDiagSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[46]
+	mi := &file_session_v1_session_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4873,7 +5061,7 @@ func (x *GPUDiagSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUDiagSpec.ProtoReflect.Descriptor instead.
 func (*GPUDiagSpec) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{46}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GPUDiagSpec) GetLevel() uint32 {
@@ -4903,7 +5091,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4915,7 +5103,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[47]
+	mi := &file_session_v1_session_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4928,7 +5116,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{47}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Cancel) GetCommandId() string {
@@ -4962,7 +5150,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4974,7 +5162,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[48]
+	mi := &file_session_v1_session_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4987,7 +5175,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{48}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Drain) GetDelay() *durationpb.Duration {
@@ -5023,7 +5211,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5035,7 +5223,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[49]
+	mi := &file_session_v1_session_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5048,7 +5236,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{49}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Revoked) GetReason() string {
@@ -5081,7 +5269,7 @@ type CommandUpdate struct {
 
 func (x *CommandUpdate) Reset() {
 	*x = CommandUpdate{}
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5093,7 +5281,7 @@ func (x *CommandUpdate) String() string {
 func (*CommandUpdate) ProtoMessage() {}
 
 func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[50]
+	mi := &file_session_v1_session_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5106,7 +5294,7 @@ func (x *CommandUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandUpdate.ProtoReflect.Descriptor instead.
 func (*CommandUpdate) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{50}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CommandUpdate) GetCommandId() string {
@@ -5209,7 +5397,7 @@ type Accepted struct {
 
 func (x *Accepted) Reset() {
 	*x = Accepted{}
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5221,7 +5409,7 @@ func (x *Accepted) String() string {
 func (*Accepted) ProtoMessage() {}
 
 func (x *Accepted) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[51]
+	mi := &file_session_v1_session_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5234,7 +5422,7 @@ func (x *Accepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Accepted.ProtoReflect.Descriptor instead.
 func (*Accepted) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{51}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Accepted) GetAcceptedAt() *timestamppb.Timestamp {
@@ -5257,7 +5445,7 @@ type Running struct {
 
 func (x *Running) Reset() {
 	*x = Running{}
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5269,7 +5457,7 @@ func (x *Running) String() string {
 func (*Running) ProtoMessage() {}
 
 func (x *Running) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[52]
+	mi := &file_session_v1_session_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5282,7 +5470,7 @@ func (x *Running) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Running.ProtoReflect.Descriptor instead.
 func (*Running) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{52}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Running) GetStartedAt() *timestamppb.Timestamp {
@@ -5316,7 +5504,7 @@ type OutputChunk struct {
 
 func (x *OutputChunk) Reset() {
 	*x = OutputChunk{}
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5328,7 +5516,7 @@ func (x *OutputChunk) String() string {
 func (*OutputChunk) ProtoMessage() {}
 
 func (x *OutputChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[53]
+	mi := &file_session_v1_session_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5341,7 +5529,7 @@ func (x *OutputChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutputChunk.ProtoReflect.Descriptor instead.
 func (*OutputChunk) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{53}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *OutputChunk) GetStream() OutputStream {
@@ -5391,7 +5579,7 @@ type CommandResult struct {
 
 func (x *CommandResult) Reset() {
 	*x = CommandResult{}
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5403,7 +5591,7 @@ func (x *CommandResult) String() string {
 func (*CommandResult) ProtoMessage() {}
 
 func (x *CommandResult) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[54]
+	mi := &file_session_v1_session_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5416,7 +5604,7 @@ func (x *CommandResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommandResult.ProtoReflect.Descriptor instead.
 func (*CommandResult) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{54}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CommandResult) GetCommandId() string {
@@ -5505,7 +5693,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5517,7 +5705,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[55]
+	mi := &file_session_v1_session_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5530,7 +5718,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{55}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *Event) GetKind() string {
@@ -5667,7 +5855,7 @@ type GPUFinding struct {
 
 func (x *GPUFinding) Reset() {
 	*x = GPUFinding{}
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5679,7 +5867,7 @@ func (x *GPUFinding) String() string {
 func (*GPUFinding) ProtoMessage() {}
 
 func (x *GPUFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[56]
+	mi := &file_session_v1_session_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5692,7 +5880,7 @@ func (x *GPUFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFinding.ProtoReflect.Descriptor instead.
 func (*GPUFinding) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{56}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GPUFinding) GetGpuUuid() string {
@@ -6035,7 +6223,7 @@ type XIDSignal struct {
 
 func (x *XIDSignal) Reset() {
 	*x = XIDSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6047,7 +6235,7 @@ func (x *XIDSignal) String() string {
 func (*XIDSignal) ProtoMessage() {}
 
 func (x *XIDSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[57]
+	mi := &file_session_v1_session_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6060,7 +6248,7 @@ func (x *XIDSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use XIDSignal.ProtoReflect.Descriptor instead.
 func (*XIDSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{57}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *XIDSignal) GetCode() uint32 {
@@ -6093,7 +6281,7 @@ type ECCSignal struct {
 
 func (x *ECCSignal) Reset() {
 	*x = ECCSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6105,7 +6293,7 @@ func (x *ECCSignal) String() string {
 func (*ECCSignal) ProtoMessage() {}
 
 func (x *ECCSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[58]
+	mi := &file_session_v1_session_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6118,7 +6306,7 @@ func (x *ECCSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ECCSignal.ProtoReflect.Descriptor instead.
 func (*ECCSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{58}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ECCSignal) GetUncorrectable() bool {
@@ -6152,7 +6340,7 @@ type RowRemapSignal struct {
 
 func (x *RowRemapSignal) Reset() {
 	*x = RowRemapSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6164,7 +6352,7 @@ func (x *RowRemapSignal) String() string {
 func (*RowRemapSignal) ProtoMessage() {}
 
 func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[59]
+	mi := &file_session_v1_session_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6177,7 +6365,7 @@ func (x *RowRemapSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowRemapSignal.ProtoReflect.Descriptor instead.
 func (*RowRemapSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{59}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RowRemapSignal) GetFailure() bool {
@@ -6220,7 +6408,7 @@ type RecoveryActionSignal struct {
 
 func (x *RecoveryActionSignal) Reset() {
 	*x = RecoveryActionSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6232,7 +6420,7 @@ func (x *RecoveryActionSignal) String() string {
 func (*RecoveryActionSignal) ProtoMessage() {}
 
 func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[60]
+	mi := &file_session_v1_session_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6245,7 +6433,7 @@ func (x *RecoveryActionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoveryActionSignal.ProtoReflect.Descriptor instead.
 func (*RecoveryActionSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{60}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RecoveryActionSignal) GetAction() string {
@@ -6269,7 +6457,7 @@ type ClocksSignal struct {
 
 func (x *ClocksSignal) Reset() {
 	*x = ClocksSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[61]
+	mi := &file_session_v1_session_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6281,7 +6469,7 @@ func (x *ClocksSignal) String() string {
 func (*ClocksSignal) ProtoMessage() {}
 
 func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[61]
+	mi := &file_session_v1_session_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6294,7 +6482,7 @@ func (x *ClocksSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClocksSignal.ProtoReflect.Descriptor instead.
 func (*ClocksSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{61}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ClocksSignal) GetEventReasons() uint64 {
@@ -6325,7 +6513,7 @@ type NVLinkSignal struct {
 
 func (x *NVLinkSignal) Reset() {
 	*x = NVLinkSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[62]
+	mi := &file_session_v1_session_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6337,7 +6525,7 @@ func (x *NVLinkSignal) String() string {
 func (*NVLinkSignal) ProtoMessage() {}
 
 func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[62]
+	mi := &file_session_v1_session_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6350,7 +6538,7 @@ func (x *NVLinkSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NVLinkSignal.ProtoReflect.Descriptor instead.
 func (*NVLinkSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{62}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *NVLinkSignal) GetErrors() uint64 {
@@ -6378,7 +6566,7 @@ type RetiredPagesSignal struct {
 
 func (x *RetiredPagesSignal) Reset() {
 	*x = RetiredPagesSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[63]
+	mi := &file_session_v1_session_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6390,7 +6578,7 @@ func (x *RetiredPagesSignal) String() string {
 func (*RetiredPagesSignal) ProtoMessage() {}
 
 func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[63]
+	mi := &file_session_v1_session_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6403,7 +6591,7 @@ func (x *RetiredPagesSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetiredPagesSignal.ProtoReflect.Descriptor instead.
 func (*RetiredPagesSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{63}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RetiredPagesSignal) GetPending() bool {
@@ -6424,7 +6612,7 @@ type GPULostSignal struct {
 
 func (x *GPULostSignal) Reset() {
 	*x = GPULostSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[64]
+	mi := &file_session_v1_session_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6436,7 +6624,7 @@ func (x *GPULostSignal) String() string {
 func (*GPULostSignal) ProtoMessage() {}
 
 func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[64]
+	mi := &file_session_v1_session_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6449,7 +6637,7 @@ func (x *GPULostSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPULostSignal.ProtoReflect.Descriptor instead.
 func (*GPULostSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{64}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GPULostSignal) GetNvmlError() string {
@@ -6483,7 +6671,7 @@ type PCIeSignal struct {
 
 func (x *PCIeSignal) Reset() {
 	*x = PCIeSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[65]
+	mi := &file_session_v1_session_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6495,7 +6683,7 @@ func (x *PCIeSignal) String() string {
 func (*PCIeSignal) ProtoMessage() {}
 
 func (x *PCIeSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[65]
+	mi := &file_session_v1_session_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6508,7 +6696,7 @@ func (x *PCIeSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PCIeSignal.ProtoReflect.Descriptor instead.
 func (*PCIeSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{65}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *PCIeSignal) GetReplays() uint64 {
@@ -6578,7 +6766,7 @@ type FabricSignal struct {
 
 func (x *FabricSignal) Reset() {
 	*x = FabricSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[66]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6590,7 +6778,7 @@ func (x *FabricSignal) String() string {
 func (*FabricSignal) ProtoMessage() {}
 
 func (x *FabricSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[66]
+	mi := &file_session_v1_session_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6603,7 +6791,7 @@ func (x *FabricSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FabricSignal.ProtoReflect.Descriptor instead.
 func (*FabricSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{66}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *FabricSignal) GetState() string {
@@ -6640,7 +6828,7 @@ type PersistenceModeSignal struct {
 
 func (x *PersistenceModeSignal) Reset() {
 	*x = PersistenceModeSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[67]
+	mi := &file_session_v1_session_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6652,7 +6840,7 @@ func (x *PersistenceModeSignal) String() string {
 func (*PersistenceModeSignal) ProtoMessage() {}
 
 func (x *PersistenceModeSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[67]
+	mi := &file_session_v1_session_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6665,7 +6853,7 @@ func (x *PersistenceModeSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PersistenceModeSignal.ProtoReflect.Descriptor instead.
 func (*PersistenceModeSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{67}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *PersistenceModeSignal) GetEnabled() bool {
@@ -6698,7 +6886,7 @@ type DriftSignal struct {
 
 func (x *DriftSignal) Reset() {
 	*x = DriftSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[68]
+	mi := &file_session_v1_session_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6710,7 +6898,7 @@ func (x *DriftSignal) String() string {
 func (*DriftSignal) ProtoMessage() {}
 
 func (x *DriftSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[68]
+	mi := &file_session_v1_session_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6723,7 +6911,7 @@ func (x *DriftSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftSignal.ProtoReflect.Descriptor instead.
 func (*DriftSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{68}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DriftSignal) GetDriverVersion() string {
@@ -6791,7 +6979,7 @@ type FabricManagerSignal struct {
 
 func (x *FabricManagerSignal) Reset() {
 	*x = FabricManagerSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[69]
+	mi := &file_session_v1_session_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6803,7 +6991,7 @@ func (x *FabricManagerSignal) String() string {
 func (*FabricManagerSignal) ProtoMessage() {}
 
 func (x *FabricManagerSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[69]
+	mi := &file_session_v1_session_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6816,7 +7004,7 @@ func (x *FabricManagerSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FabricManagerSignal.ProtoReflect.Descriptor instead.
 func (*FabricManagerSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{69}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FabricManagerSignal) GetActiveState() string {
@@ -6896,7 +7084,7 @@ type InfiniBandSignal struct {
 
 func (x *InfiniBandSignal) Reset() {
 	*x = InfiniBandSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[70]
+	mi := &file_session_v1_session_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6908,7 +7096,7 @@ func (x *InfiniBandSignal) String() string {
 func (*InfiniBandSignal) ProtoMessage() {}
 
 func (x *InfiniBandSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[70]
+	mi := &file_session_v1_session_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6921,7 +7109,7 @@ func (x *InfiniBandSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfiniBandSignal.ProtoReflect.Descriptor instead.
 func (*InfiniBandSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{70}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *InfiniBandSignal) GetDevice() string {
@@ -6994,7 +7182,7 @@ type GPUMissingSignal struct {
 
 func (x *GPUMissingSignal) Reset() {
 	*x = GPUMissingSignal{}
-	mi := &file_session_v1_session_proto_msgTypes[71]
+	mi := &file_session_v1_session_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7006,7 +7194,7 @@ func (x *GPUMissingSignal) String() string {
 func (*GPUMissingSignal) ProtoMessage() {}
 
 func (x *GPUMissingSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[71]
+	mi := &file_session_v1_session_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7019,7 +7207,7 @@ func (x *GPUMissingSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUMissingSignal.ProtoReflect.Descriptor instead.
 func (*GPUMissingSignal) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{71}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *GPUMissingSignal) GetExpected() uint32 {
@@ -7061,7 +7249,7 @@ type GPUFindingEvidence struct {
 
 func (x *GPUFindingEvidence) Reset() {
 	*x = GPUFindingEvidence{}
-	mi := &file_session_v1_session_proto_msgTypes[72]
+	mi := &file_session_v1_session_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7073,7 +7261,7 @@ func (x *GPUFindingEvidence) String() string {
 func (*GPUFindingEvidence) ProtoMessage() {}
 
 func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
-	mi := &file_session_v1_session_proto_msgTypes[72]
+	mi := &file_session_v1_session_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7086,7 +7274,7 @@ func (x *GPUFindingEvidence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GPUFindingEvidence.ProtoReflect.Descriptor instead.
 func (*GPUFindingEvidence) Descriptor() ([]byte, []int) {
-	return file_session_v1_session_proto_rawDescGZIP(), []int{72}
+	return file_session_v1_session_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *GPUFindingEvidence) GetSource() string {
@@ -7231,7 +7419,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\n" +
 	"TunnelExit\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
-	"\x06signal\x18\x02 \x01(\tR\x06signal\"\xbb\x03\n" +
+	"\x06signal\x18\x02 \x01(\tR\x06signal\"\x94\x04\n" +
 	"\vNodeMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
 	"\x05hello\x18\n" +
@@ -7241,15 +7429,25 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\x0ecommand_update\x18\r \x01(\v2'.bettercompute.session.v1.CommandUpdateH\x00R\rcommandUpdate\x127\n" +
 	"\x05event\x18\x0e \x01(\v2\x1f.bettercompute.session.v1.EventH\x00R\x05event\x12D\n" +
 	"\n" +
-	"bundle_ack\x18\x0f \x01(\v2#.bettercompute.session.v1.BundleAckH\x00R\tbundleAckB\x06\n" +
-	"\x04body\"M\n" +
+	"bundle_ack\x18\x0f \x01(\v2#.bettercompute.session.v1.BundleAckH\x00R\tbundleAck\x12W\n" +
+	"\x11release_pins_held\x18\x10 \x01(\v2).bettercompute.session.v1.ReleasePinsHeldH\x00R\x0freleasePinsHeldB\x06\n" +
+	"\x04body\"\\\n" +
+	"\vReleasePins\x12M\n" +
+	"\n" +
+	"statements\x18\x01 \x03(\v2-.bettercompute.session.v1.ReleasePinStatementR\n" +
+	"statements\"Q\n" +
+	"\x13ReleasePinStatement\x12\x1c\n" +
+	"\tstatement\x18\x01 \x01(\fR\tstatement\x12\x1c\n" +
+	"\tsignature\x18\x02 \x01(\fR\tsignature\"%\n" +
+	"\x0fReleasePinsHeld\x12\x12\n" +
+	"\x04pins\x18\x01 \x03(\tR\x04pins\"M\n" +
 	"\x06Bundle\x12\"\n" +
 	"\rnode_ca_roots\x18\x01 \x03(\fR\vnodeCaRoots\x12\x1f\n" +
 	"\vrotation_id\x18\x02 \x01(\tR\n" +
 	"rotationId\",\n" +
 	"\tBundleAck\x12\x1f\n" +
 	"\vrotation_id\x18\x01 \x01(\tR\n" +
-	"rotationId\"\xa9\x04\n" +
+	"rotationId\"\xf5\x04\n" +
 	"\x0eGatewayMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12=\n" +
 	"\awelcome\x18\n" +
@@ -7263,7 +7461,8 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"superseded\x12G\n" +
 	"\vtunnel_open\x18\x10 \x01(\v2$.bettercompute.session.v1.TunnelOpenH\x00R\n" +
 	"tunnelOpen\x12:\n" +
-	"\x06bundle\x18\x11 \x01(\v2 .bettercompute.session.v1.BundleH\x00R\x06bundleB\x06\n" +
+	"\x06bundle\x18\x11 \x01(\v2 .bettercompute.session.v1.BundleH\x00R\x06bundle\x12J\n" +
+	"\frelease_pins\x18\x12 \x01(\v2%.bettercompute.session.v1.ReleasePinsH\x00R\vreleasePinsB\x06\n" +
 	"\x04body\"0\n" +
 	"\n" +
 	"Superseded\x12\"\n" +
@@ -7740,7 +7939,7 @@ func file_session_v1_session_proto_rawDescGZIP() []byte {
 }
 
 var file_session_v1_session_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_session_v1_session_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_session_v1_session_proto_goTypes = []any{
 	(IdentityRefusal)(0),          // 0: bettercompute.session.v1.IdentityRefusal
 	(MIGMode)(0),                  // 1: bettercompute.session.v1.MIGMode
@@ -7764,200 +7963,206 @@ var file_session_v1_session_proto_goTypes = []any{
 	(*WindowSize)(nil),            // 19: bettercompute.session.v1.WindowSize
 	(*TunnelExit)(nil),            // 20: bettercompute.session.v1.TunnelExit
 	(*NodeMessage)(nil),           // 21: bettercompute.session.v1.NodeMessage
-	(*Bundle)(nil),                // 22: bettercompute.session.v1.Bundle
-	(*BundleAck)(nil),             // 23: bettercompute.session.v1.BundleAck
-	(*GatewayMessage)(nil),        // 24: bettercompute.session.v1.GatewayMessage
-	(*Superseded)(nil),            // 25: bettercompute.session.v1.Superseded
-	(*Hello)(nil),                 // 26: bettercompute.session.v1.Hello
-	(*LocalRollback)(nil),         // 27: bettercompute.session.v1.LocalRollback
-	(*ResumeCursor)(nil),          // 28: bettercompute.session.v1.ResumeCursor
-	(*Welcome)(nil),               // 29: bettercompute.session.v1.Welcome
-	(*GPUHealthThresholds)(nil),   // 30: bettercompute.session.v1.GPUHealthThresholds
-	(*Heartbeat)(nil),             // 31: bettercompute.session.v1.Heartbeat
-	(*Inventory)(nil),             // 32: bettercompute.session.v1.Inventory
-	(*InfiniBandPort)(nil),        // 33: bettercompute.session.v1.InfiniBandPort
-	(*HostInfo)(nil),              // 34: bettercompute.session.v1.HostInfo
-	(*CPU)(nil),                   // 35: bettercompute.session.v1.CPU
-	(*Memory)(nil),                // 36: bettercompute.session.v1.Memory
-	(*Disk)(nil),                  // 37: bettercompute.session.v1.Disk
-	(*NIC)(nil),                   // 38: bettercompute.session.v1.NIC
-	(*OS)(nil),                    // 39: bettercompute.session.v1.OS
-	(*DMI)(nil),                   // 40: bettercompute.session.v1.DMI
-	(*GPU)(nil),                   // 41: bettercompute.session.v1.GPU
-	(*MIGDevice)(nil),             // 42: bettercompute.session.v1.MIGDevice
-	(*Clocks)(nil),                // 43: bettercompute.session.v1.Clocks
-	(*GPUHealth)(nil),             // 44: bettercompute.session.v1.GPUHealth
-	(*PluginInfo)(nil),            // 45: bettercompute.session.v1.PluginInfo
-	(*Command)(nil),               // 46: bettercompute.session.v1.Command
-	(*ExecSpec)(nil),              // 47: bettercompute.session.v1.ExecSpec
-	(*PowerSpec)(nil),             // 48: bettercompute.session.v1.PowerSpec
-	(*BootSpec)(nil),              // 49: bettercompute.session.v1.BootSpec
-	(*UpgradeSpec)(nil),           // 50: bettercompute.session.v1.UpgradeSpec
-	(*GPUResetSpec)(nil),          // 51: bettercompute.session.v1.GPUResetSpec
-	(*GPUDiagSpec)(nil),           // 52: bettercompute.session.v1.GPUDiagSpec
-	(*Cancel)(nil),                // 53: bettercompute.session.v1.Cancel
-	(*Drain)(nil),                 // 54: bettercompute.session.v1.Drain
-	(*Revoked)(nil),               // 55: bettercompute.session.v1.Revoked
-	(*CommandUpdate)(nil),         // 56: bettercompute.session.v1.CommandUpdate
-	(*Accepted)(nil),              // 57: bettercompute.session.v1.Accepted
-	(*Running)(nil),               // 58: bettercompute.session.v1.Running
-	(*OutputChunk)(nil),           // 59: bettercompute.session.v1.OutputChunk
-	(*CommandResult)(nil),         // 60: bettercompute.session.v1.CommandResult
-	(*Event)(nil),                 // 61: bettercompute.session.v1.Event
-	(*GPUFinding)(nil),            // 62: bettercompute.session.v1.GPUFinding
-	(*XIDSignal)(nil),             // 63: bettercompute.session.v1.XIDSignal
-	(*ECCSignal)(nil),             // 64: bettercompute.session.v1.ECCSignal
-	(*RowRemapSignal)(nil),        // 65: bettercompute.session.v1.RowRemapSignal
-	(*RecoveryActionSignal)(nil),  // 66: bettercompute.session.v1.RecoveryActionSignal
-	(*ClocksSignal)(nil),          // 67: bettercompute.session.v1.ClocksSignal
-	(*NVLinkSignal)(nil),          // 68: bettercompute.session.v1.NVLinkSignal
-	(*RetiredPagesSignal)(nil),    // 69: bettercompute.session.v1.RetiredPagesSignal
-	(*GPULostSignal)(nil),         // 70: bettercompute.session.v1.GPULostSignal
-	(*PCIeSignal)(nil),            // 71: bettercompute.session.v1.PCIeSignal
-	(*FabricSignal)(nil),          // 72: bettercompute.session.v1.FabricSignal
-	(*PersistenceModeSignal)(nil), // 73: bettercompute.session.v1.PersistenceModeSignal
-	(*DriftSignal)(nil),           // 74: bettercompute.session.v1.DriftSignal
-	(*FabricManagerSignal)(nil),   // 75: bettercompute.session.v1.FabricManagerSignal
-	(*InfiniBandSignal)(nil),      // 76: bettercompute.session.v1.InfiniBandSignal
-	(*GPUMissingSignal)(nil),      // 77: bettercompute.session.v1.GPUMissingSignal
-	(*GPUFindingEvidence)(nil),    // 78: bettercompute.session.v1.GPUFindingEvidence
-	nil,                           // 79: bettercompute.session.v1.NodeFacts.LabelsEntry
-	nil,                           // 80: bettercompute.session.v1.ExecSpec.EnvEntry
-	nil,                           // 81: bettercompute.session.v1.Event.AttributesEntry
-	nil,                           // 82: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 83: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 84: google.protobuf.Duration
+	(*ReleasePins)(nil),           // 22: bettercompute.session.v1.ReleasePins
+	(*ReleasePinStatement)(nil),   // 23: bettercompute.session.v1.ReleasePinStatement
+	(*ReleasePinsHeld)(nil),       // 24: bettercompute.session.v1.ReleasePinsHeld
+	(*Bundle)(nil),                // 25: bettercompute.session.v1.Bundle
+	(*BundleAck)(nil),             // 26: bettercompute.session.v1.BundleAck
+	(*GatewayMessage)(nil),        // 27: bettercompute.session.v1.GatewayMessage
+	(*Superseded)(nil),            // 28: bettercompute.session.v1.Superseded
+	(*Hello)(nil),                 // 29: bettercompute.session.v1.Hello
+	(*LocalRollback)(nil),         // 30: bettercompute.session.v1.LocalRollback
+	(*ResumeCursor)(nil),          // 31: bettercompute.session.v1.ResumeCursor
+	(*Welcome)(nil),               // 32: bettercompute.session.v1.Welcome
+	(*GPUHealthThresholds)(nil),   // 33: bettercompute.session.v1.GPUHealthThresholds
+	(*Heartbeat)(nil),             // 34: bettercompute.session.v1.Heartbeat
+	(*Inventory)(nil),             // 35: bettercompute.session.v1.Inventory
+	(*InfiniBandPort)(nil),        // 36: bettercompute.session.v1.InfiniBandPort
+	(*HostInfo)(nil),              // 37: bettercompute.session.v1.HostInfo
+	(*CPU)(nil),                   // 38: bettercompute.session.v1.CPU
+	(*Memory)(nil),                // 39: bettercompute.session.v1.Memory
+	(*Disk)(nil),                  // 40: bettercompute.session.v1.Disk
+	(*NIC)(nil),                   // 41: bettercompute.session.v1.NIC
+	(*OS)(nil),                    // 42: bettercompute.session.v1.OS
+	(*DMI)(nil),                   // 43: bettercompute.session.v1.DMI
+	(*GPU)(nil),                   // 44: bettercompute.session.v1.GPU
+	(*MIGDevice)(nil),             // 45: bettercompute.session.v1.MIGDevice
+	(*Clocks)(nil),                // 46: bettercompute.session.v1.Clocks
+	(*GPUHealth)(nil),             // 47: bettercompute.session.v1.GPUHealth
+	(*PluginInfo)(nil),            // 48: bettercompute.session.v1.PluginInfo
+	(*Command)(nil),               // 49: bettercompute.session.v1.Command
+	(*ExecSpec)(nil),              // 50: bettercompute.session.v1.ExecSpec
+	(*PowerSpec)(nil),             // 51: bettercompute.session.v1.PowerSpec
+	(*BootSpec)(nil),              // 52: bettercompute.session.v1.BootSpec
+	(*UpgradeSpec)(nil),           // 53: bettercompute.session.v1.UpgradeSpec
+	(*GPUResetSpec)(nil),          // 54: bettercompute.session.v1.GPUResetSpec
+	(*GPUDiagSpec)(nil),           // 55: bettercompute.session.v1.GPUDiagSpec
+	(*Cancel)(nil),                // 56: bettercompute.session.v1.Cancel
+	(*Drain)(nil),                 // 57: bettercompute.session.v1.Drain
+	(*Revoked)(nil),               // 58: bettercompute.session.v1.Revoked
+	(*CommandUpdate)(nil),         // 59: bettercompute.session.v1.CommandUpdate
+	(*Accepted)(nil),              // 60: bettercompute.session.v1.Accepted
+	(*Running)(nil),               // 61: bettercompute.session.v1.Running
+	(*OutputChunk)(nil),           // 62: bettercompute.session.v1.OutputChunk
+	(*CommandResult)(nil),         // 63: bettercompute.session.v1.CommandResult
+	(*Event)(nil),                 // 64: bettercompute.session.v1.Event
+	(*GPUFinding)(nil),            // 65: bettercompute.session.v1.GPUFinding
+	(*XIDSignal)(nil),             // 66: bettercompute.session.v1.XIDSignal
+	(*ECCSignal)(nil),             // 67: bettercompute.session.v1.ECCSignal
+	(*RowRemapSignal)(nil),        // 68: bettercompute.session.v1.RowRemapSignal
+	(*RecoveryActionSignal)(nil),  // 69: bettercompute.session.v1.RecoveryActionSignal
+	(*ClocksSignal)(nil),          // 70: bettercompute.session.v1.ClocksSignal
+	(*NVLinkSignal)(nil),          // 71: bettercompute.session.v1.NVLinkSignal
+	(*RetiredPagesSignal)(nil),    // 72: bettercompute.session.v1.RetiredPagesSignal
+	(*GPULostSignal)(nil),         // 73: bettercompute.session.v1.GPULostSignal
+	(*PCIeSignal)(nil),            // 74: bettercompute.session.v1.PCIeSignal
+	(*FabricSignal)(nil),          // 75: bettercompute.session.v1.FabricSignal
+	(*PersistenceModeSignal)(nil), // 76: bettercompute.session.v1.PersistenceModeSignal
+	(*DriftSignal)(nil),           // 77: bettercompute.session.v1.DriftSignal
+	(*FabricManagerSignal)(nil),   // 78: bettercompute.session.v1.FabricManagerSignal
+	(*InfiniBandSignal)(nil),      // 79: bettercompute.session.v1.InfiniBandSignal
+	(*GPUMissingSignal)(nil),      // 80: bettercompute.session.v1.GPUMissingSignal
+	(*GPUFindingEvidence)(nil),    // 81: bettercompute.session.v1.GPUFindingEvidence
+	nil,                           // 82: bettercompute.session.v1.NodeFacts.LabelsEntry
+	nil,                           // 83: bettercompute.session.v1.ExecSpec.EnvEntry
+	nil,                           // 84: bettercompute.session.v1.Event.AttributesEntry
+	nil,                           // 85: bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 86: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 87: google.protobuf.Duration
 }
 var file_session_v1_session_proto_depIdxs = []int32{
-	83,  // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
-	84,  // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
+	86,  // 0: bettercompute.session.v1.ChallengeResponse.server_time:type_name -> google.protobuf.Timestamp
+	87,  // 1: bettercompute.session.v1.ChallengeResponse.valid_for:type_name -> google.protobuf.Duration
 	8,   // 2: bettercompute.session.v1.ReattestRequest.proof:type_name -> bettercompute.session.v1.KeyProof
 	11,  // 3: bettercompute.session.v1.JoinRequest.facts:type_name -> bettercompute.session.v1.NodeFacts
 	8,   // 4: bettercompute.session.v1.JoinRequest.proof:type_name -> bettercompute.session.v1.KeyProof
-	79,  // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
-	83,  // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
-	83,  // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
-	84,  // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
-	83,  // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
-	83,  // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
-	84,  // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
-	83,  // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
+	82,  // 5: bettercompute.session.v1.NodeFacts.labels:type_name -> bettercompute.session.v1.NodeFacts.LabelsEntry
+	86,  // 6: bettercompute.session.v1.JoinResponse.renew_after:type_name -> google.protobuf.Timestamp
+	86,  // 7: bettercompute.session.v1.JoinResponse.server_time:type_name -> google.protobuf.Timestamp
+	87,  // 8: bettercompute.session.v1.JoinResponse.reattest_grace:type_name -> google.protobuf.Duration
+	86,  // 9: bettercompute.session.v1.RenewResponse.renew_after:type_name -> google.protobuf.Timestamp
+	86,  // 10: bettercompute.session.v1.RenewResponse.server_time:type_name -> google.protobuf.Timestamp
+	87,  // 11: bettercompute.session.v1.RenewResponse.reattest_grace:type_name -> google.protobuf.Duration
+	86,  // 12: bettercompute.session.v1.SecretResponse.expires_at:type_name -> google.protobuf.Timestamp
 	19,  // 13: bettercompute.session.v1.TunnelFrame.resize:type_name -> bettercompute.session.v1.WindowSize
 	20,  // 14: bettercompute.session.v1.TunnelFrame.exit:type_name -> bettercompute.session.v1.TunnelExit
-	26,  // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
-	31,  // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
-	32,  // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
-	56,  // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
-	61,  // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
-	23,  // 20: bettercompute.session.v1.NodeMessage.bundle_ack:type_name -> bettercompute.session.v1.BundleAck
-	29,  // 21: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
-	46,  // 22: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
-	53,  // 23: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
-	54,  // 24: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
-	55,  // 25: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
-	25,  // 26: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
-	17,  // 27: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
-	22,  // 28: bettercompute.session.v1.GatewayMessage.bundle:type_name -> bettercompute.session.v1.Bundle
-	28,  // 29: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
-	60,  // 30: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
-	27,  // 31: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
-	83,  // 32: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
-	84,  // 33: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	83,  // 34: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
-	30,  // 35: bettercompute.session.v1.Welcome.gpu_health:type_name -> bettercompute.session.v1.GPUHealthThresholds
-	84,  // 36: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
-	84,  // 37: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
-	84,  // 38: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
-	84,  // 39: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
-	84,  // 40: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
-	84,  // 41: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
-	84,  // 42: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
-	83,  // 43: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	34,  // 44: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	41,  // 45: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	45,  // 46: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	83,  // 47: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	33,  // 48: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
-	44,  // 49: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
-	39,  // 50: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	35,  // 51: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	36,  // 52: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	37,  // 53: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	38,  // 54: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	40,  // 55: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,   // 56: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,   // 57: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	42,  // 58: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	43,  // 59: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	44,  // 60: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,   // 61: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	83,  // 62: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	47,  // 63: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	48,  // 64: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	49,  // 65: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	50,  // 66: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	51,  // 67: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	52,  // 68: bettercompute.session.v1.Command.gpu_diag:type_name -> bettercompute.session.v1.GPUDiagSpec
-	80,  // 69: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	84,  // 70: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	84,  // 71: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	57,  // 72: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	58,  // 73: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	59,  // 74: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	60,  // 75: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	83,  // 76: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	83,  // 77: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,   // 78: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,   // 79: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	83,  // 80: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	83,  // 81: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,   // 82: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	81,  // 83: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	62,  // 84: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
-	63,  // 85: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
-	64,  // 86: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
-	65,  // 87: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
-	66,  // 88: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
-	67,  // 89: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
-	68,  // 90: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
-	69,  // 91: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
-	70,  // 92: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
-	71,  // 93: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
-	77,  // 94: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
-	72,  // 95: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
-	76,  // 96: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
-	73,  // 97: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
-	74,  // 98: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
-	75,  // 99: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
-	2,   // 100: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
-	78,  // 101: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
-	83,  // 102: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
-	84,  // 103: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
-	84,  // 104: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
-	84,  // 105: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
-	84,  // 106: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
-	84,  // 107: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
-	84,  // 108: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
-	82,  // 109: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	10,  // 110: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13,  // 111: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15,  // 112: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,   // 113: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,   // 114: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21,  // 115: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18,  // 116: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12,  // 117: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14,  // 118: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16,  // 119: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,   // 120: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14,  // 121: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	24,  // 122: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18,  // 123: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	117, // [117:124] is the sub-list for method output_type
-	110, // [110:117] is the sub-list for method input_type
-	110, // [110:110] is the sub-list for extension type_name
-	110, // [110:110] is the sub-list for extension extendee
-	0,   // [0:110] is the sub-list for field type_name
+	29,  // 15: bettercompute.session.v1.NodeMessage.hello:type_name -> bettercompute.session.v1.Hello
+	34,  // 16: bettercompute.session.v1.NodeMessage.heartbeat:type_name -> bettercompute.session.v1.Heartbeat
+	35,  // 17: bettercompute.session.v1.NodeMessage.inventory:type_name -> bettercompute.session.v1.Inventory
+	59,  // 18: bettercompute.session.v1.NodeMessage.command_update:type_name -> bettercompute.session.v1.CommandUpdate
+	64,  // 19: bettercompute.session.v1.NodeMessage.event:type_name -> bettercompute.session.v1.Event
+	26,  // 20: bettercompute.session.v1.NodeMessage.bundle_ack:type_name -> bettercompute.session.v1.BundleAck
+	24,  // 21: bettercompute.session.v1.NodeMessage.release_pins_held:type_name -> bettercompute.session.v1.ReleasePinsHeld
+	23,  // 22: bettercompute.session.v1.ReleasePins.statements:type_name -> bettercompute.session.v1.ReleasePinStatement
+	32,  // 23: bettercompute.session.v1.GatewayMessage.welcome:type_name -> bettercompute.session.v1.Welcome
+	49,  // 24: bettercompute.session.v1.GatewayMessage.command:type_name -> bettercompute.session.v1.Command
+	56,  // 25: bettercompute.session.v1.GatewayMessage.cancel:type_name -> bettercompute.session.v1.Cancel
+	57,  // 26: bettercompute.session.v1.GatewayMessage.drain:type_name -> bettercompute.session.v1.Drain
+	58,  // 27: bettercompute.session.v1.GatewayMessage.revoked:type_name -> bettercompute.session.v1.Revoked
+	28,  // 28: bettercompute.session.v1.GatewayMessage.superseded:type_name -> bettercompute.session.v1.Superseded
+	17,  // 29: bettercompute.session.v1.GatewayMessage.tunnel_open:type_name -> bettercompute.session.v1.TunnelOpen
+	25,  // 30: bettercompute.session.v1.GatewayMessage.bundle:type_name -> bettercompute.session.v1.Bundle
+	22,  // 31: bettercompute.session.v1.GatewayMessage.release_pins:type_name -> bettercompute.session.v1.ReleasePins
+	31,  // 32: bettercompute.session.v1.Hello.resume:type_name -> bettercompute.session.v1.ResumeCursor
+	63,  // 33: bettercompute.session.v1.Hello.pending_results:type_name -> bettercompute.session.v1.CommandResult
+	30,  // 34: bettercompute.session.v1.Hello.local_rollback:type_name -> bettercompute.session.v1.LocalRollback
+	86,  // 35: bettercompute.session.v1.LocalRollback.rolled_back_at:type_name -> google.protobuf.Timestamp
+	87,  // 36: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	86,  // 37: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
+	33,  // 38: bettercompute.session.v1.Welcome.gpu_health:type_name -> bettercompute.session.v1.GPUHealthThresholds
+	87,  // 39: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
+	87,  // 40: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
+	87,  // 41: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
+	87,  // 42: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
+	87,  // 43: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
+	87,  // 44: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
+	87,  // 45: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
+	86,  // 46: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	37,  // 47: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	44,  // 48: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	48,  // 49: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	86,  // 50: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	36,  // 51: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
+	47,  // 52: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
+	42,  // 53: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	38,  // 54: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	39,  // 55: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	40,  // 56: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	41,  // 57: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	43,  // 58: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,   // 59: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,   // 60: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	45,  // 61: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	46,  // 62: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	47,  // 63: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,   // 64: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	86,  // 65: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	50,  // 66: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	51,  // 67: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	52,  // 68: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	53,  // 69: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	54,  // 70: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	55,  // 71: bettercompute.session.v1.Command.gpu_diag:type_name -> bettercompute.session.v1.GPUDiagSpec
+	83,  // 72: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	87,  // 73: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	87,  // 74: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	60,  // 75: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	61,  // 76: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	62,  // 77: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	63,  // 78: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	86,  // 79: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	86,  // 80: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,   // 81: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,   // 82: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	86,  // 83: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	86,  // 84: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,   // 85: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	84,  // 86: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	65,  // 87: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	66,  // 88: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	67,  // 89: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	68,  // 90: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	69,  // 91: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	70,  // 92: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	71,  // 93: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	72,  // 94: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	73,  // 95: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	74,  // 96: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
+	80,  // 97: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
+	75,  // 98: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
+	79,  // 99: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
+	76,  // 100: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
+	77,  // 101: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
+	78,  // 102: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
+	2,   // 103: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	81,  // 104: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	86,  // 105: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	87,  // 106: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	87,  // 107: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
+	87,  // 108: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
+	87,  // 109: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
+	87,  // 110: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
+	87,  // 111: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
+	85,  // 112: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10,  // 113: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13,  // 114: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15,  // 115: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,   // 116: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,   // 117: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21,  // 118: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18,  // 119: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12,  // 120: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14,  // 121: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16,  // 122: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,   // 123: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14,  // 124: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	27,  // 125: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18,  // 126: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	120, // [120:127] is the sub-list for method output_type
+	113, // [113:120] is the sub-list for method input_type
+	113, // [113:113] is the sub-list for extension type_name
+	113, // [113:113] is the sub-list for extension extendee
+	0,   // [0:113] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }
@@ -7980,8 +8185,9 @@ func file_session_v1_session_proto_init() {
 		(*NodeMessage_CommandUpdate)(nil),
 		(*NodeMessage_Event)(nil),
 		(*NodeMessage_BundleAck)(nil),
+		(*NodeMessage_ReleasePinsHeld)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[18].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[21].OneofWrappers = []any{
 		(*GatewayMessage_Welcome)(nil),
 		(*GatewayMessage_Command)(nil),
 		(*GatewayMessage_Cancel)(nil),
@@ -7990,8 +8196,9 @@ func file_session_v1_session_proto_init() {
 		(*GatewayMessage_Superseded)(nil),
 		(*GatewayMessage_TunnelOpen)(nil),
 		(*GatewayMessage_Bundle)(nil),
+		(*GatewayMessage_ReleasePins)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[40].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[43].OneofWrappers = []any{
 		(*Command_Exec)(nil),
 		(*Command_Power)(nil),
 		(*Command_Boot)(nil),
@@ -7999,13 +8206,13 @@ func file_session_v1_session_proto_init() {
 		(*Command_GpuReset)(nil),
 		(*Command_GpuDiag)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[50].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[53].OneofWrappers = []any{
 		(*CommandUpdate_Accepted)(nil),
 		(*CommandUpdate_Running)(nil),
 		(*CommandUpdate_Output)(nil),
 		(*CommandUpdate_Result)(nil),
 	}
-	file_session_v1_session_proto_msgTypes[56].OneofWrappers = []any{
+	file_session_v1_session_proto_msgTypes[59].OneofWrappers = []any{
 		(*GPUFinding_Xid)(nil),
 		(*GPUFinding_Ecc)(nil),
 		(*GPUFinding_RowRemap)(nil),
@@ -8028,7 +8235,7 @@ func file_session_v1_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_session_v1_session_proto_rawDesc), len(file_session_v1_session_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   77,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -43,6 +43,8 @@
 //   - "tunnel": opens tunnels on TunnelOpen (shell with a PTY, or a TCP port on
 //     the node's loopback) as a SessionService.Tunnel stream over the session's
 //     own connection.
+//   - "release.pins": applies the pin statements of ReleasePins to its release
+//     pin file and answers ReleasePinsHeld (docs/releases.md, "Pin statements").
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.

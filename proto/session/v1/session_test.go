@@ -2,6 +2,7 @@ package sessionv1_test
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,6 +110,8 @@ func nodeMessages() map[string]*sessionv1.NodeMessage {
 			Update: &sessionv1.CommandUpdate_Result{Result: testResult()},
 		}),
 		"bundle_ack": {Seq: 6, Body: &sessionv1.NodeMessage_BundleAck{BundleAck: &sessionv1.BundleAck{RotationId: "rot_1"}}},
+		"release_pins_held": {Seq: 7, Body: &sessionv1.NodeMessage_ReleasePinsHeld{ReleasePinsHeld: &sessionv1.ReleasePinsHeld{
+			Pins: []string{"sha256/" + strings.Repeat("A", 43) + "=", "sha256/" + strings.Repeat("B", 43) + "="}}}},
 		"event": {Seq: 5, Body: &sessionv1.NodeMessage_Event{Event: &sessionv1.Event{
 			Kind: "gpu.xid", Time: testTime, Severity: sessionv1.Severity_SEVERITY_CRITICAL,
 			GpuUuid: testGPUUUID, Xid: 79, Message: "GPU has fallen off the bus",
@@ -152,6 +155,9 @@ func gatewayMessages() map[string]*sessionv1.GatewayMessage {
 			Level: 2, GpuUuid: "GPU-5c1f0000-0000-0000-0000-000000000000",
 		}}}),
 		"cancel": {Seq: 3, Body: &sessionv1.GatewayMessage_Cancel{Cancel: &sessionv1.Cancel{CommandId: "cmd-1", Reason: "operator"}}},
+		"release_pins": {Seq: 6, Body: &sessionv1.GatewayMessage_ReleasePins{ReleasePins: &sessionv1.ReleasePins{
+			Statements: []*sessionv1.ReleasePinStatement{{Statement: []byte(`{"type":"better-compute.release-pin/v1"}`), Signature: []byte("untrusted comment: x\n\x00\xff")}},
+		}}},
 		"bundle": {Seq: 5, Body: &sessionv1.GatewayMessage_Bundle{Bundle: &sessionv1.Bundle{
 			NodeCaRoots: [][]byte{{0x30, 0x82, 0x01, 0x0a}, {0x30, 0x82, 0x01, 0x0b}}, RotationId: "rot_1",
 		}}},
