@@ -284,6 +284,9 @@ func TestTenantMatrix(t *testing.T) {
 		"pki.rotationStatus":   root,
 		"pki.rotationAdvance":  root,
 		"pki.rotationRollback": root,
+		"release.pinsAdd":      root,
+		"release.pinsStatus":   root,
+		"release.pinsRemove":   root,
 		"fleet.summary":        root,
 		"tokens.create": scoped(0, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"role": "viewer", "tenant": %q}`, target.id)
