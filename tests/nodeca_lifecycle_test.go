@@ -325,7 +325,9 @@ func TestNodeCARollback(t *testing.T) {
 		t.Logf("%s: after the rollback from activated bcd reconnected on a certificate of the rolled-back CA (renewed meanwhile: %v)",
 			backend, nodeSerialOnDisk(t, m) != onNew)
 		eventually(t, 60*time.Second, func() bool { return issuedBy(t, m, roots, oldCA) },
-			func() string { return "after the rollback from activated the node never renewed from the old CA " + oldCA })
+			func() string {
+				return "after the rollback from activated the node never renewed from the old CA " + oldCA
+			})
 		if n := countLines(p, sessionEstablished); n != 1 {
 			t.Fatalf("the restarted bcd established %d sessions, want 1", n)
 		}
