@@ -62,6 +62,28 @@ func (d *deployment) waitPhase(phase string, timeout time.Duration) {
 		func() string { return fmt.Sprintf("status never said %s: %+v", phase, d.rotation().Rotation) })
 }
 
+// rootsReloaded is the gateway's line for node CA roots it reloaded from
+// the bundle in the database.
+var rootsReloaded = regexp.MustCompile(`msg="Node CA roots reloaded" .*roots=(\d+) issuer=(\S+)`)
+
+// waitRoots waits until serve's gateway has reloaded the bundle of a phase
+// change: its latest reload trusts n roots and issues from issuer. The
+// database changes at once; handshakes and joins follow within a second.
+func (d *deployment) waitRoots(n int, issuer string) {
+	d.t.Helper()
+	var last []string
+	eventually(d.t, 15*time.Second, func() bool {
+		all := rootsReloaded.FindAllStringSubmatch(d.serve.Output(), -1)
+		if len(all) == 0 {
+			return false
+		}
+		last = all[len(all)-1]
+		return last[1] == fmt.Sprint(n) && last[2] == issuer
+	}, func() string {
+		return fmt.Sprintf("the gateway never reloaded %d roots issuing from %s; its latest reload: %q", n, issuer, last)
+	})
+}
+
 // nodeCARootIDs are the ids of the node CA roots in m's node-ca.crt.
 func nodeCARootIDs(t *testing.T, m *machine) []string {
 	t.Helper()
@@ -172,6 +194,7 @@ func TestNodeCASleptThrough(t *testing.T) {
 			t.Fatalf("advance --force: %+v, want activated", v.Rotation)
 		}
 		d.waitPhase("retired", 30*time.Second)
+		d.waitRoots(1, newCA)
 		if !issuedBy(t, early, roots, oldCA) || time.Until(nodeCertNotAfter(t, early)) <= 0 {
 			t.Fatalf("%s: the node's certificate is not a valid one of the old CA at retirement; the test's timing is off", backend)
 		}
@@ -230,6 +253,7 @@ func TestNodeCAJoinWhilePropagating(t *testing.T) {
 		v := d.rotate("start", "--reason", "test")
 		oldCA, newCA := v.Rotation.OldCAID, v.Rotation.NewCAID
 		roots := nodeRoots(t, d)
+		d.waitRoots(2, oldCA)
 
 		tokenFile, _ := d.joinToken(1, time.Hour)
 		m := newMachine(t, "propagating-01")
@@ -257,25 +281,26 @@ func TestNodeCAJoinWhilePropagating(t *testing.T) {
 }
 
 // TestNodeCARollback rolls a rotation back from propagating, then a second
-// one from activated, with a real bcd whose certificates live 10 s, on one
-// node id throughout and with no re-join or re-attestation. From
-// propagating (held there by a second live node that never acknowledges),
-// the node renews from the old CA and its roots drop the new one. From
-// activated, after the node moved to the new CA: right after the rollback a
-// restarted bcd still connects on its new-CA certificate (gateways keep
-// trusting the rolled-back root), and its next renewal brings it back to
-// the old CA.
+// one from activated, with real bcd whose certificates live 20 s, with no
+// re-join or re-attestation, each node keeping its id. From propagating
+// (held there by a second live node that never acknowledges), the node
+// renews from the old CA on the session it had, and its roots drop the new
+// one. From activated (held there by a node with a valid certificate from
+// the old CA), a node that joined meanwhile on the new CA connects with
+// that certificate after the rollback (gateways keep trusting the
+// rolled-back root) and its next renewal brings it back to the old CA, as
+// it does the first node.
 func TestNodeCARollback(t *testing.T) {
 	t.Parallel()
+	const certTTL = 20 * time.Second
 	forEachBackend(t, func(t *testing.T, backend string) {
-		d := newDeploymentWith(t, backend, shortCerts)
-		tokenFile, _ := d.joinToken(2, time.Hour)
+		d := newDeploymentWith(t, backend, deploymentConfig{gateway: fmt.Sprintf("    nodeCertTTL: %s\n", certTTL)})
+		tokenFile, _ := d.joinToken(4, time.Hour)
 		m, silent := newMachine(t, "rollback-01"), newMachine(t, "rollback-02")
 		id := m.mustJoin(d.gatewayURL, tokenFile)
 		silent.mustJoin(d.gatewayURL, tokenFile)
 		p := m.node()
 		p.WaitLine(sessionEstablishedID+` node_id=`+id, 30*time.Second)
-		joins := len(auditRows(t, d, admission.ActionJoin))
 
 		// From propagating.
 		end := holdSilentSession(t, d, silent)
@@ -292,9 +317,10 @@ func TestNodeCARollback(t *testing.T) {
 			t.Fatalf("rollback from propagating: %+v", v.Rotation)
 		}
 		end()
+		d.waitRoots(1, oldCA)
 		roots := nodeRoots(t, d)
 		serial := nodeSerialOnDisk(t, m)
-		eventually(t, 30*time.Second, func() bool { return nodeSerialOnDisk(t, m) != serial },
+		eventually(t, 2*certTTL, func() bool { return nodeSerialOnDisk(t, m) != serial },
 			func() string { return "the node did not renew after the rollback from propagating" })
 		if !issuedBy(t, m, roots, oldCA) {
 			t.Fatalf("after the rollback from propagating the node's certificate is not from the old CA %s", oldCA)
@@ -303,7 +329,10 @@ func TestNodeCARollback(t *testing.T) {
 			t.Fatalf("node-ca.crt after a renewal still holds the dropped root %s: %v", dropped, ids)
 		}
 
-		// From activated.
+		// From activated. A node joined now holds a valid certificate from
+		// the old CA until after the rollback, so the reconciler cannot
+		// retire the rotation first.
+		newMachine(t, "rollback-03").mustJoin(d.gatewayURL, tokenFile)
 		v = d.rotate("start", "--reason", "test again")
 		newCA := v.Rotation.NewCAID
 		if v.Rotation.OldCAID != oldCA {
@@ -311,28 +340,34 @@ func TestNodeCARollback(t *testing.T) {
 		}
 		roots = nodeRoots(t, d)
 		d.waitPhase("activated", 30*time.Second)
-		eventually(t, 60*time.Second, func() bool { return issuedBy(t, m, roots, newCA) },
-			func() string { return "the node's certificate never came from the new CA " + newCA })
+		d.waitRoots(2, newCA)
+		late := newMachine(t, "rollback-04")
+		lateID := late.mustJoin(d.gatewayURL, tokenFile)
+		if !issuedBy(t, late, roots, newCA) {
+			t.Fatalf("a join while activated got a certificate not from the new CA %s", newCA)
+		}
+		joins := len(auditRows(t, d, admission.ActionJoin))
 		if v = d.rotate("rollback", "--reason", "test"); v.Rotation.Phase != "rolled-back" {
 			t.Fatalf("rollback from activated: %+v", v.Rotation)
 		}
-		// A new handshake with the certificate of the rolled-back CA (or,
-		// when it is due, the renewal over it) is still trusted.
-		onNew := nodeSerialOnDisk(t, m)
-		p.Stop(syscall.SIGTERM, 10*time.Second)
-		p = m.node()
-		p.WaitLine(sessionEstablishedID+` node_id=`+id, 30*time.Second)
-		t.Logf("%s: after the rollback from activated bcd reconnected on a certificate of the rolled-back CA (renewed meanwhile: %v)",
-			backend, nodeSerialOnDisk(t, m) != onNew)
-		eventually(t, 60*time.Second, func() bool { return issuedBy(t, m, roots, oldCA) },
-			func() string {
-				return "after the rollback from activated the node never renewed from the old CA " + oldCA
-			})
+		d.waitRoots(2, oldCA) // the old CA issues; the rolled-back root stays trusted
+		onNew := nodeSerialOnDisk(t, late)
+		pl := late.node()
+		pl.WaitLine(sessionEstablishedID+` node_id=`+lateID, 30*time.Second)
+		t.Logf("%s: after the rollback from activated the node on the new CA connected (renewed first: %v)",
+			backend, countLines(pl, certRenewed) > 0 || nodeSerialOnDisk(t, late) != onNew)
+		for _, n := range []*machine{late, m} {
+			eventually(t, 2*certTTL, func() bool { return issuedBy(t, n, roots, oldCA) },
+				func() string { return "after the rollback from activated " + n.name + " never renewed from the old CA " + oldCA })
+		}
 		if n := countLines(p, sessionEstablished); n != 1 {
-			t.Fatalf("the restarted bcd established %d sessions, want 1", n)
+			t.Fatalf("the first node's bcd established %d sessions through both rollbacks, want 1", n)
+		}
+		if n := countLines(pl, sessionEstablished); n != 1 {
+			t.Fatalf("the late node's bcd established %d sessions, want 1", n)
 		}
 		if got := len(auditRows(t, d, admission.ActionJoin)); got != joins {
-			t.Fatalf("%d node.join audit rows after the rollbacks, %d before: a node joined again", got, joins)
+			t.Fatalf("%d node.join audit rows after the rollback, %d before: a node joined again", got, joins)
 		}
 		if rows := auditRows(t, d, admission.ActionReattest); len(rows) != 0 {
 			t.Fatalf("%d node.reattested audit rows: a node needed re-attestation", len(rows))
