@@ -358,7 +358,9 @@ func TestNodeCARollback(t *testing.T) {
 			backend, countLines(pl, certRenewed) > 0 || nodeSerialOnDisk(t, late) != onNew)
 		for _, n := range []*machine{late, m} {
 			eventually(t, 2*certTTL, func() bool { return issuedBy(t, n, roots, oldCA) },
-				func() string { return "after the rollback from activated " + n.name + " never renewed from the old CA " + oldCA })
+				func() string {
+					return "after the rollback from activated " + n.name + " never renewed from the old CA " + oldCA
+				})
 		}
 		if n := countLines(p, sessionEstablished); n != 1 {
 			t.Fatalf("the first node's bcd established %d sessions through both rollbacks, want 1", n)
