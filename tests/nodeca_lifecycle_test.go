@@ -169,7 +169,7 @@ func holdSilentSession(t *testing.T, d *deployment, m *machine) (end func()) {
 // re-join; following that brings it back as itself, on the new CA.
 func TestNodeCASleptThrough(t *testing.T) {
 	t.Parallel()
-	const certTTL, grace = 20 * time.Second, 2 * time.Second
+	const certTTL, grace = 25 * time.Second, 2 * time.Second
 	forEachBackend(t, func(t *testing.T, backend string) {
 		ctx := context.Background()
 		d := newDeploymentWith(t, backend, deploymentConfig{
