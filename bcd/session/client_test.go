@@ -843,6 +843,85 @@ func TestExpiredCertificateRetriesWhileUnreachable(t *testing.T) {
 	}
 }
 
+// TestRetiredIssuerReattests: a node whose valid certificate comes from a
+// node CA that a rotation retired while it was off (the gateway's
+// handshakes refuse it with unknown_ca, its key proofs still verify)
+// re-attests with its key and connects on a certificate of the CA in force,
+// without an operator. A gateway that refuses the proof as well is no
+// reason to stop: Run keeps retrying.
+func TestRetiredIssuerReattests(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	retired := sessiontest.NewPKI(t) // its node CA is the one retired
+	key := sessiontest.NewKey(t)
+	now := time.Now()
+	cert := retired.NodeCertificate(t, key, "node-1", now.Add(-time.Hour), now.Add(time.Hour))
+
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{RetiredNodeCAs: []*x509.Certificate{retired.NodeCA}})
+	renewed := make(chan *session.Renewal, 4)
+	c := newClient(t, session.Config{
+		Gateways: []string{g.URL},
+		Trust:    session.Trust{Pin: p.Pin()},
+		Key:      key,
+		Chain:    []*x509.Certificate{cert},
+		Identity: keeper{renew: func(_ context.Context, r *session.Renewal) error {
+			renewed <- r
+			return nil
+		}},
+	})
+	run(t, c)
+	s := g.NextSession(t, wait)
+	if g.Reattests() != 1 {
+		t.Fatalf("%d re-attestations, want 1", g.Reattests())
+	}
+	if err := s.Cert.CheckSignatureFrom(p.NodeCA); err != nil {
+		t.Fatalf("session opened with a certificate not from the node CA in force: %v", err)
+	}
+	select {
+	case r := <-renewed:
+		if r.Chain[0].CheckSignatureFrom(p.NodeCA) != nil {
+			t.Fatal("the re-attested certificate persisted is not from the node CA in force")
+		}
+	case <-time.After(wait):
+		t.Fatal("re-attested certificate not persisted")
+	}
+
+	// Without the retired root the proof is refused too: not final.
+	strict := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{})
+	failures := make(chan session.Event, 16)
+	c2 := newClient(t, session.Config{
+		Gateways:    []string{strict.URL},
+		Trust:       session.Trust{Pin: p.Pin()},
+		Key:         key,
+		Chain:       []*x509.Certificate{cert},
+		BackoffBase: time.Millisecond,
+		OnEvent: func(ev session.Event) {
+			if ev.Kind == session.EventRenewFailed {
+				select {
+				case failures <- ev:
+				default:
+				}
+			}
+		},
+	})
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { done <- c2.Run(ctx) }()
+	for range 2 {
+		select {
+		case <-failures:
+		case err := <-done:
+			t.Fatalf("Run ended with %v when the gateway refused the proof, want it to keep retrying", err)
+		case <-time.After(wait):
+			t.Fatal("no re-attestation attempt")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v after cancel, want nil", err)
+	}
+}
+
 func TestCommandsDelivered(t *testing.T) {
 	t.Parallel()
 	p := sessiontest.NewPKI(t)

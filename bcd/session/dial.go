@@ -73,13 +73,13 @@ func dialSeen(gw gatewayAddr, cfg *tls.Config, t transport, seen *verifyFailure)
 }
 
 // verifyFailure remembers the last TLS verification failure of one
-// connection, and whether the gateway refused the node's certificate, so
-// that an RPC error (which carries either only as text) can be reported as
-// what it was.
+// connection, and the alert with which the gateway refused the node's
+// certificate, so that an RPC error (which carries either only as text)
+// can be reported as what it was.
 type verifyFailure struct {
-	mu          sync.Mutex
-	err         error
-	certRefused bool // the gateway sent certificate_expired (setAlert)
+	mu    sync.Mutex
+	err   error
+	alert tls.AlertError // the gateway's refusal of the node's certificate (setAlert), 0: none
 }
 
 func (v *verifyFailure) set(err error) {
@@ -94,40 +94,66 @@ func (v *verifyFailure) get() error {
 	return v.err
 }
 
-// setAlert records that the gateway refused the node's certificate with a
-// certificate_expired alert (RFC 8446 §6.2). Go's TLS server sends that
-// alert for a client certificate outside its validity period either way
-// (not yet valid or expired, x509.Expired), so the alert alone does not
-// say which.
-func (v *verifyFailure) setAlert() {
+// setAlert records that the gateway refused the node's certificate with
+// alert a (RFC 8446 §6.2), one of refusalAlerts.
+func (v *verifyFailure) setAlert(a tls.AlertError) {
 	v.mu.Lock()
-	v.certRefused = true
+	v.alert = a
 	v.mu.Unlock()
 }
 
 // refusedCertificate reports whether the gateway refused the node's
-// certificate as outside its validity period.
+// certificate as outside its validity period (certificate_expired). Go's
+// TLS server sends that alert for a client certificate outside its
+// validity period either way (not yet valid or expired, x509.Expired), so
+// the alert alone does not say which.
 func (v *verifyFailure) refusedCertificate() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.certRefused
+	return v.alert == alertCertificateExpired
 }
 
-// alertCertificateExpired is TLS's certificate_expired alert (RFC 8446
-// §6.2), which crypto/tls sends for a certificate outside its validity.
-const alertCertificateExpired tls.AlertError = 45
+// refusedIssuer reports whether the gateway refused the node's certificate
+// as not chaining to a root it trusts (unknown_ca, or bad_certificate for
+// a chain it could not verify otherwise): what a node meets whose CA a
+// node-CA rotation retired while it was off.
+func (v *verifyFailure) refusedIssuer() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.alert == alertUnknownCA || v.alert == alertBadCertificate
+}
 
-// isCertificateExpiredAlert reports whether err is the peer's
-// certificate_expired alert. crypto/tls reports a received alert as a
+// The TLS alerts (RFC 8446 §6.2) with which crypto/tls refuses a client
+// certificate: outside its validity, from an unknown CA, or otherwise
+// unverifiable.
+const (
+	alertBadCertificate     tls.AlertError = 42
+	alertCertificateExpired tls.AlertError = 45
+	alertUnknownCA          tls.AlertError = 48
+)
+
+// refusalAlerts are the alerts verifyFailure records.
+var refusalAlerts = [...]tls.AlertError{alertBadCertificate, alertCertificateExpired, alertUnknownCA}
+
+// refusalAlert returns the alert of refusalAlerts that err received from
+// the peer, 0 when none. crypto/tls reports a received alert as a
 // *net.OpError "remote error" around an unexported alert value, whose text
 // is the one tls.AlertError gives the same code.
-func isCertificateExpiredAlert(err error) bool {
+func refusalAlert(err error) tls.AlertError {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == alertCertificateExpired.Error()
+	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
+		return 0
+	}
+	for _, a := range refusalAlerts {
+		if op.Err.Error() == a.Error() {
+			return a
+		}
+	}
+	return 0
 }
 
-// alertCreds are TLS credentials whose connections record in seen a
-// certificate_expired alert from the gateway.
+// alertCreds are TLS credentials whose connections record in seen the
+// alert of refusalAlerts the gateway refused the node's certificate with.
 type alertCreds struct {
 	credentials.TransportCredentials
 	seen *verifyFailure
@@ -136,8 +162,8 @@ type alertCreds struct {
 func (a alertCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	conn, info, err := a.TransportCredentials.ClientHandshake(ctx, authority, raw)
 	if err != nil {
-		if isCertificateExpiredAlert(err) {
-			a.seen.setAlert()
+		if alert := refusalAlert(err); alert != 0 {
+			a.seen.setAlert(alert)
 		}
 		return conn, info, err
 	}
@@ -155,7 +181,7 @@ func (a alertCreds) Clone() credentials.TransportCredentials {
 // is slow, and costs nothing but the wait.
 const peekWait = time.Second
 
-// alertConn is a TLS connection that records a certificate_expired alert
+// alertConn is a TLS connection that records an alert of refusalAlerts
 // read from it.
 type alertConn struct {
 	net.Conn
@@ -186,8 +212,8 @@ func (c *alertConn) peek(ctx context.Context) {
 	var ne net.Error
 	switch {
 	case err == nil:
-	case isCertificateExpiredAlert(err):
-		c.seen.setAlert()
+	case refusalAlert(err) != 0:
+		c.seen.setAlert(refusalAlert(err))
 		c.err = err
 	case errors.As(err, &ne) && ne.Timeout():
 		// Slow: nothing lost, tls.Conn reads on after a timeout.
@@ -206,8 +232,8 @@ func (c *alertConn) Read(b []byte) (int, error) {
 		return 0, c.err
 	}
 	n, err := c.Conn.Read(b)
-	if err != nil && isCertificateExpiredAlert(err) {
-		c.seen.setAlert()
+	if a := refusalAlert(err); a != 0 {
+		c.seen.setAlert(a)
 	}
 	return n, err
 }

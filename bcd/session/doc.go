@@ -45,8 +45,14 @@
 // Run returns nil when its context ends, an error wrapping [ErrRevoked] when
 // the gateway says the node is revoked (Revoked, or PERMISSION_DENIED on
 // Connect, or UNAUTHENTICATED on Renew), and an error wrapping
-// [ErrCertificateExpired] when the node's certificate has expired: both need
-// an operator, so retrying would only be a crash loop.
+// [ErrCertificateExpired] when the gateway refuses to re-attest the node's
+// certificate because it expired longer ago than the re-attestation grace:
+// both need an operator, so retrying would only be a crash loop. A
+// certificate that expired within the grace, or whose issuer the gateway no
+// longer trusts (a node-CA rotation retired it while the node was off: the
+// handshake fails with unknown_ca), is re-attested with the node's key
+// (JoinService.Reattest), without an operator; any other failure of that is
+// retried with backoff.
 //
 // # Clocks
 //

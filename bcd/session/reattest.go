@@ -29,12 +29,13 @@ func (c *Client) expired() bool {
 // (the expired one would fail the mTLS handshake): the node proves its
 // latest key over a nonce of that connection. The certificate is judged
 // first by the time of the gateway's Challenge: one that has not expired
-// by it (this machine's clock is ahead) is kept, and nil returned. A
-// refusal for good wraps ErrCertificateExpired and errGracePassed (the
-// grace is over) or ErrRevoked; any other failure is retried by the
-// caller, with backoff.
-func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr) error {
-	attested, err := c.reattest(ctx, gw)
+// by it (this machine's clock is ahead) is kept, and nil returned, unless
+// untrusted is set (the gateway refused its issuer: it is re-attested all
+// the same). A refusal for good wraps ErrCertificateExpired and
+// errGracePassed (the grace is over) or ErrRevoked; any other failure
+// (the gateway down, say) is retried by the caller, with backoff.
+func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr, untrusted bool) error {
+	attested, err := c.reattest(ctx, gw, untrusted)
 	switch {
 	case err == nil && !attested:
 		return nil
@@ -44,22 +45,44 @@ func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr) error {
 		c.emit(Event{Kind: EventRenewed, Gateway: gw.url})
 		return nil
 	case errors.Is(err, errGracePassed):
-		flags := ""
-		if c.cfg.JoinFlags != "" {
-			flags = " " + c.cfg.JoinFlags
-		}
-		return fmt.Errorf("%w; to bring it back: on the control plane run `better-compute nodes reinstall %s --out token`, "+
-			"then here `bcd join --gateway %s --token-file token --force%s` and restart bcd", err, nodeIDOf(c.cert.Load().Leaf.URIs), gw.url, flags)
+		return c.rejoinError(err, gw)
 	case ctx.Err() == nil:
 		c.emit(Event{Kind: EventRenewFailed, Gateway: gw.url, Err: err})
 	}
 	return err
 }
 
+// rejoinError is the one final word of a node the gateway will no longer
+// re-attest (errGracePassed): err with the exact way back, for this node
+// and gw. bcd prints it and exits 4.
+func (c *Client) rejoinError(err error, gw gatewayAddr) error {
+	flags := ""
+	if c.cfg.JoinFlags != "" {
+		flags = " " + c.cfg.JoinFlags
+	}
+	return fmt.Errorf("%w; to bring it back: on the control plane run `better-compute nodes reinstall %s --out token`, "+
+		"then here `bcd join --gateway %s --token-file token --force%s` and restart bcd", err, nodeIDOf(c.cert.Load().Leaf.URIs), gw.url, flags)
+}
+
+// untrusted follows a handshake in which gw refused the node's certificate
+// as not chaining to a root it trusts: a node-CA rotation retired the CA
+// that issued it while the node was off (docs/pki.md, "Rotating the node
+// CA"). The gateway still verifies key proofs against retired roots, so the
+// node re-attests with its key, as after an outage, and is issued a
+// certificate by the CA in force; re-attestation is refused for good only
+// as for an expired certificate (GRACE_PASSED, revoked), and any other
+// failure is retried by the caller, with backoff.
+func (c *Client) untrusted(ctx context.Context, gw gatewayAddr) error {
+	if err := c.reattestVia(ctx, gw, true); err != nil {
+		return fmt.Errorf("gateway %s does not trust the issuer of the node certificate: %w", gw.url, err)
+	}
+	return nil
+}
+
 // reattest makes one Reattest call and adopts its certificate; attested
 // is false when, by the time of the gateway's Challenge, the certificate
-// has not expired (nothing is asked then).
-func (c *Client) reattest(ctx context.Context, gw gatewayAddr) (attested bool, err error) {
+// has not expired and untrusted is not set (nothing is asked then).
+func (c *Client) reattest(ctx context.Context, gw gatewayAddr, untrusted bool) (attested bool, err error) {
 	c.renewMu.Lock()
 	defer c.renewMu.Unlock()
 	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
@@ -74,14 +97,14 @@ func (c *Client) reattest(ctx context.Context, gw gatewayAddr) (attested bool, e
 	proof, ch, err := prove(rctx, cc, keyproof.PurposeReattest, c.cfg.Key, chain)
 	if err != nil {
 		// The gateway's time is not known: judged by the last estimate.
-		c.logExpired(ctx, gw, leaf, c.gwClock.now())
+		c.logReattest(ctx, gw, leaf, c.gwClock.now(), untrusted)
 		return false, fmt.Errorf("re-attest certificate: %w", err)
 	}
 	gwNow, _ := c.gwClock.observe(ctx, gw.url, ch.GetServerTime())
-	if gwNow.Before(leaf.NotAfter) {
+	if gwNow.Before(leaf.NotAfter) && !untrusted {
 		return false, nil
 	}
-	c.logExpired(ctx, gw, leaf, gwNow)
+	c.logReattest(ctx, gw, leaf, gwNow, untrusted)
 	csr, err := newCSR(c.cfg.Key)
 	if err != nil {
 		return false, fmt.Errorf("re-attest certificate: %w", err)
@@ -96,15 +119,32 @@ func (c *Client) reattest(ctx context.Context, gw gatewayAddr) (attested bool, e
 	return true, nil
 }
 
+// logReattest says why the certificate leaf is re-attested (expired by
+// gwNow, or its issuer no longer trusted) and how long re-attestation has
+// left.
+func (c *Client) logReattest(ctx context.Context, gw gatewayAddr, leaf *x509.Certificate, gwNow time.Time, untrusted bool) {
+	if untrusted && gwNow.Before(leaf.NotAfter) {
+		c.log.WarnContext(ctx, "Node certificate's issuer not trusted by the gateway: re-attesting with the node's key",
+			attrGateway, gw.url, attrNotAfter, leaf.NotAfter, attrGWTime, gwNow.UTC(), attrReattest, c.reattestLeft(leaf, gwNow))
+		return
+	}
+	c.logExpired(ctx, gw, leaf, gwNow)
+}
+
+// reattestLeft is how long re-attestation of leaf has left at gwNow, in
+// words ("unknown" when the gateway never said its grace).
+func (c *Client) reattestLeft(leaf *x509.Certificate, gwNow time.Time) string {
+	if grace := c.ReattestGrace(); grace > 0 {
+		return max(leaf.NotAfter.Add(grace).Sub(gwNow), 0).Round(time.Second).String()
+	}
+	return "unknown"
+}
+
 // logExpired says that the certificate leaf expired by gwNow and how long
 // re-attestation has left.
 func (c *Client) logExpired(ctx context.Context, gw gatewayAddr, leaf *x509.Certificate, gwNow time.Time) {
-	left := "unknown"
-	if grace := c.ReattestGrace(); grace > 0 {
-		left = max(leaf.NotAfter.Add(grace).Sub(gwNow), 0).Round(time.Second).String()
-	}
 	c.log.WarnContext(ctx, "Node certificate expired: re-attesting with the node's key",
-		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, attrGWTime, gwNow.UTC(), attrReattest, left)
+		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, attrGWTime, gwNow.UTC(), attrReattest, c.reattestLeft(leaf, gwNow))
 }
 
 // refused follows a handshake in which gw refused the node's certificate
@@ -125,7 +165,7 @@ func (c *Client) refused(ctx context.Context, gw gatewayAddr) error {
 	const layout = time.RFC3339
 	switch {
 	case !gwNow.Before(leaf.NotAfter):
-		return c.reattestVia(ctx, gw)
+		return c.reattestVia(ctx, gw, false)
 	case gwNow.Before(leaf.NotBefore):
 		return fmt.Errorf("gateway %s: %w by the gateway's clock, which reads %s, before the certificate's start %s "+
 			"(this certificate was issued an hour after its start): the control plane's clock is behind; fix its clock (NTP)",

@@ -101,16 +101,32 @@ func newSession(ctx context.Context, c *Client, gw gatewayAddr, cc *grpc.ClientC
 // validity, attempt asks the gateway's time (refused): an expired
 // certificate is re-attested and the session tried once more at once; a
 // certificate not yet valid by the gateway's clock is reported as that.
+// When the gateway refuses the certificate's issuer (unknown_ca: a node-CA
+// rotation retired it while the node was off), the certificate is
+// re-attested as an expired one is (untrusted), and the session tried once
+// more at once.
 func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 	var vf verifyFailure
 	out := c.attemptOnce(ctx, gw, &vf)
-	if out.welcomed || !vf.refusedCertificate() || ctx.Err() != nil {
+	if out.welcomed || ctx.Err() != nil {
 		return out
 	}
-	c.log.InfoContext(ctx, "Gateway refused the node certificate in the TLS handshake (expired or not yet valid): judging it by the gateway's time",
-		attrGateway, gw.url, logkey.Err, out.err)
-	if err := c.refused(ctx, gw); err != nil {
-		out.err = err
+	switch {
+	case vf.refusedCertificate():
+		c.log.InfoContext(ctx, "Gateway refused the node certificate in the TLS handshake (expired or not yet valid): judging it by the gateway's time",
+			attrGateway, gw.url, logkey.Err, out.err)
+		if err := c.refused(ctx, gw); err != nil {
+			out.err = err
+			return out
+		}
+	case vf.refusedIssuer():
+		c.log.InfoContext(ctx, "Gateway refused the node certificate's issuer in the TLS handshake (a node CA rotation may have retired it): re-attesting",
+			attrGateway, gw.url, logkey.Err, out.err)
+		if err := c.untrusted(ctx, gw); err != nil {
+			out.err = err
+			return out
+		}
+	default:
 		return out
 	}
 	return c.attemptOnce(ctx, gw, &verifyFailure{})
@@ -120,7 +136,7 @@ func (c *Client) attempt(ctx context.Context, gw gatewayAddr) outcome {
 func (c *Client) attemptOnce(ctx context.Context, gw gatewayAddr, vf *verifyFailure) outcome {
 	if c.expired() {
 		// The mTLS handshake would fail: re-attest first.
-		if err := c.reattestVia(ctx, gw); err != nil {
+		if err := c.reattestVia(ctx, gw, false); err != nil {
 			return outcome{err: err}
 		}
 	} else if c.renewDue() {

@@ -58,6 +58,10 @@ type GatewayOptions struct {
 	// node certificates by it and Challenge's server_time carries it, as a
 	// gateway whose clock is wrong does.
 	ClockOffset time.Duration
+	// RetiredNodeCAs are node CA roots that Reattest's key proofs may
+	// chain to but handshakes do not trust, as a gateway keeps the roots a
+	// node-CA rotation retired. Defaults to none.
+	RetiredNodeCAs []*x509.Certificate
 }
 
 // Gateway is a fake gateway serving JoinService and SessionService on
@@ -346,8 +350,9 @@ func (g *Gateway) Challenge(ctx context.Context, _ *sessionv1.ChallengeRequest) 
 
 // Reattest implements JoinService.Reattest: it checks the key proof as
 // the control plane does (a nonce of this connection, a chain from the node
-// CA, the leaf's key) and issues a certificate, or refuses with
-// GRACE_PASSED when GatewayOptions.ReattestRefused is set.
+// CA or one of GatewayOptions.RetiredNodeCAs, the leaf's key) and issues a
+// certificate, or refuses with GRACE_PASSED when
+// GatewayOptions.ReattestRefused is set.
 func (g *Gateway) Reattest(ctx context.Context, req *sessionv1.ReattestRequest) (*sessionv1.RenewResponse, error) {
 	ekm, err := exporterOf(ctx)
 	if err != nil {
@@ -365,7 +370,11 @@ func (g *Gateway) Reattest(ctx context.Context, req *sessionv1.ReattestRequest) 
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: g.PKI.NodeCAPool(), CurrentTime: leaf.NotAfter.Add(-time.Second),
+	roots := g.PKI.NodeCAPool()
+	for _, r := range g.opts.RetiredNodeCAs {
+		roots.AddCert(r)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: leaf.NotAfter.Add(-time.Second),
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
