@@ -203,7 +203,7 @@ func TestNodeCARotationSplitRoles(t *testing.T) {
 		if leaf := dm.Identity().Chain[0]; leaf.CheckSignatureFrom(newRoot) != nil {
 			t.Errorf("FakeDaemon %s ends on a certificate not issued by the new CA", dm.Name())
 		}
-		if _, _, kept := dm.Bundle(); kept == 0 {
+		if dm.Bundle().Kept == 0 {
 			t.Errorf("FakeDaemon %s kept no bundle", dm.Name())
 		}
 	}

@@ -22,10 +22,8 @@ import (
 // bundleState is what a FakeDaemon did with the Bundles its sessions
 // carried.
 type bundleState struct {
-	mu    sync.Mutex
-	roots []*x509.Certificate
-	at    time.Time
-	kept  int
+	mu  sync.Mutex
+	rec BundleRecord
 	// held is closed while bundles are kept at once; an open channel
 	// while HoldBundle holds them.
 	held chan struct{}
@@ -67,15 +65,29 @@ func (d *FakeDaemon) ReleaseBundle() {
 	}
 }
 
-// Bundle returns the node CA roots of the latest Bundle the daemon kept
-// (and so acknowledged, unless its session ended first), when it kept
-// them, and how many Bundles it kept in all; nil, the zero time and 0
-// before any.
-func (d *FakeDaemon) Bundle() (roots []*x509.Certificate, at time.Time, kept int) {
+// BundleRecord is what a FakeDaemon kept of the Bundles its sessions
+// carried; each one kept is acknowledged, unless the session ended first.
+type BundleRecord struct {
+	// Roots are the node CA roots of the latest Bundle kept.
+	Roots []*x509.Certificate
+	// First and Last are when the first and the latest were kept: a
+	// gateway sends the bundle again at each phase change of a rotation
+	// and on each new session, so First is the acknowledgement of a
+	// rotation's start when the daemon kept none before it.
+	First, Last time.Time
+	// Kept counts the Bundles kept.
+	Kept int
+}
+
+// Bundle returns what the daemon kept of the Bundles its sessions
+// carried; the zero BundleRecord before any.
+func (d *FakeDaemon) Bundle() BundleRecord {
 	b := &d.bnd
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.roots), b.at, b.kept
+	r := b.rec
+	r.Roots = slices.Clone(r.Roots)
+	return r
 }
 
 // keepBundle waits while the daemon holds bundles (HoldBundle), then keeps
@@ -96,7 +108,11 @@ func (d *FakeDaemon) keepBundle(ctx context.Context, roots []*x509.Certificate) 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.roots, b.at = slices.Clone(roots), now()
-	b.kept++
+	at := now()
+	if b.rec.Kept == 0 {
+		b.rec.First = at
+	}
+	b.rec.Roots, b.rec.Last = slices.Clone(roots), at
+	b.rec.Kept++
 	return nil
 }

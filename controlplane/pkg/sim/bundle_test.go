@@ -18,8 +18,9 @@ func TestHoldBundle(t *testing.T) {
 	if err := d.keepBundle(context.Background(), []*x509.Certificate{root}); err != nil {
 		t.Fatal(err)
 	}
-	if roots, at, kept := d.Bundle(); len(roots) != 1 || at.IsZero() || kept != 1 {
-		t.Fatalf("Bundle() = %d roots, %v, %d; want 1, a time, 1", len(roots), at, kept)
+	first := d.Bundle()
+	if len(first.Roots) != 1 || first.First.IsZero() || first.Last != first.First || first.Kept != 1 {
+		t.Fatalf("Bundle() = %+v; want 1 root, kept once", first)
 	}
 
 	d.HoldBundle()
@@ -41,7 +42,7 @@ func TestHoldBundle(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if roots, _, kept := d.Bundle(); len(roots) != 2 || kept != 2 {
-		t.Fatalf("after release: %d roots, %d kept; want 2, 2", len(roots), kept)
+	if r := d.Bundle(); len(r.Roots) != 2 || r.Kept != 2 || r.First != first.First || r.Last.Before(r.First) {
+		t.Fatalf("after release: %+v; want 2 roots, kept twice, first unchanged", r)
 	}
 }
