@@ -79,6 +79,8 @@ type FakeDaemon struct {
 	rel releaseState
 	// flt holds the injected faults (faults.go).
 	flt faultState
+	// bnd holds the node CA bundles kept (bundle.go).
+	bnd bundleState
 }
 
 // NewFakeDaemon returns a FakeDaemon with a fresh P-256 key and a simulated
@@ -295,9 +297,12 @@ func (k daemonIdentity) KeepGateways(_ context.Context, known []session.KnownGat
 	return nil
 }
 
-// KeepBundle keeps nothing: a FakeDaemon's next session trusts gateways by
-// the join token's pin, not by the node CA roots.
-func (daemonIdentity) KeepBundle(context.Context, []*x509.Certificate) error { return nil }
+// KeepBundle keeps the roots in memory (FakeDaemon.Bundle), after waiting
+// while the daemon holds bundles (HoldBundle). The daemon's next session
+// still trusts gateways by the join token's pin, not by these roots.
+func (k daemonIdentity) KeepBundle(ctx context.Context, roots []*x509.Certificate) error {
+	return k.d.keepBundle(ctx, roots)
+}
 
 // daemonReporter is a FakeDaemon's session.Reporter: its simulated
 // inventory's digest and readings; while the daemon hangs, FillHeartbeat
