@@ -543,7 +543,7 @@ func TestJoinRateLimited(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, sqlitetest.Open(t))
-	g := e.start(func(c *Config) { c.JoinRate = 2; c.JoinBurst = 2 })
+	g := e.start(func(c *Config) { c.JoinRate = 4; c.JoinBurst = 2 })
 	client := sessionv1.NewJoinServiceClient(e.dial(g, nil))
 	_, csr := newKey(t)
 	var err error
@@ -563,8 +563,8 @@ func TestJoinRateLimited(t *testing.T) {
 			hint = ri.GetRetryDelay().AsDuration()
 		}
 	}
-	if hint <= 0 || hint > time.Second || len(trailer.Get(TrailerRetryAfter)) != 1 || !strings.Contains(st.Message(), "retry in") {
-		t.Fatalf("refusal %q, RetryInfo %s, trailer %v: want how long to wait (at most 1 s at 2 a second)", st.Message(), hint, trailer)
+	if hint <= 0 || hint > time.Second/2 || len(trailer.Get(TrailerRetryAfter)) != 1 || !strings.Contains(st.Message(), "retry in") {
+		t.Fatalf("refusal %q, RetryInfo %s, trailer %v: want how long to wait (at most two tokens: 500 ms at 4 a second)", st.Message(), hint, trailer)
 	}
 
 	tok := e.token(6, time.Hour)
@@ -582,7 +582,7 @@ func TestJoinRateLimited(t *testing.T) {
 	}
 	for range 6 {
 		if err := <-errs; err != nil {
-			t.Fatalf("a FakeDaemon joining beside others from one address at 2 a second: %v", err)
+			t.Fatalf("a FakeDaemon joining beside others from one address at 4 a second: %v", err)
 		}
 	}
 }

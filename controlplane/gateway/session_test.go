@@ -372,7 +372,7 @@ func TestHeartbeatsBatched(t *testing.T) {
 		writes0, ids0 := cs.heartbeatWrites.Load(), cs.heartbeatIDs.Load()
 		start := time.Now()
 		beats := 0
-		for time.Since(start) < 3*time.Second {
+		for time.Since(start) < 6*testFlushInterval {
 			for _, s := range sessions {
 				if err := s.stream.Send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_Heartbeat{Heartbeat: &sessionv1.Heartbeat{}}}); err != nil {
 					t.Fatal(err)
@@ -398,8 +398,8 @@ func TestHeartbeatsBatched(t *testing.T) {
 		elapsed := time.Since(start)
 		writes, ids := cs.heartbeatWrites.Load()-writes0, cs.heartbeatIDs.Load()-ids0
 		t.Logf("%d heartbeats in %s: %d writes carrying %d session ids", beats, elapsed, writes, ids)
-		if max := int64(elapsed/time.Second) + 1; writes > max || writes < 2 {
-			t.Fatalf("%d heartbeat writes in %s, want 2 to %d (one per second)", writes, elapsed, max)
+		if max := int64(elapsed/testFlushInterval) + 1; writes > max || writes < 2 {
+			t.Fatalf("%d heartbeat writes in %s, want 2 to %d (one per flush interval, %s)", writes, elapsed, max, testFlushInterval)
 		}
 		if ids > writes*5 {
 			t.Fatalf("%d session ids in %d writes: more than one per session per write", ids, writes)
@@ -421,7 +421,11 @@ func TestWelcomeAndDrainListGateways(t *testing.T) {
 	t.Parallel()
 	forBackends(t, func(t *testing.T, b backend) {
 		e := newEnv(t, b.open(t))
-		a := e.start(func(c *Config) { c.ID = "gw-a"; c.DrainDelay = time.Second; c.ShutdownGrace = time.Second })
+		a := e.start(func(c *Config) {
+			c.ID = "gw-a"
+			c.DrainDelay = 300 * time.Millisecond
+			c.ShutdownGrace = 300 * time.Millisecond
+		})
 		n := e.join(a, "gpu-61", "")
 		bgw := e.start(func(c *Config) { c.ID = "gw-b" })
 		var s *clientSession
@@ -631,7 +635,7 @@ func TestInventoryRefusedHoldsUpNoOther(t *testing.T) {
 // certificate (a Join), hold nothing.
 func TestConnectingBounded(t *testing.T) {
 	t.Parallel()
-	const helloTimeout = 4 * time.Second
+	const helloTimeout = 3 * time.Second
 	e := newEnv(t, backends[0].open(t))
 	joiner := e.start(nil)
 	a, b := e.join(joiner, "gpu-60", ""), e.join(joiner, "gpu-61", "")

@@ -19,7 +19,7 @@ import (
 // session drops per node-hour, new GPU findings per GPU-hour, failed
 // commands per command (package healthgate decides). A halt verdict halts
 // the rollout (every node it upgraded rolls back); an inconclusive one
-// extends the soak once, by Soak, and then advances the wave (or halts
+// extends the soak once, by Soak (at least Config.MinExtension), and then advances the wave (or halts
 // it, with RequireEvidence).
 
 // gate decides the current wave's health gate, and reports whether the
@@ -62,7 +62,7 @@ func (p *plan) gate(ctx context.Context) (bool, error) {
 	case healthgate.Inconclusive:
 		switch {
 		case !extended:
-			until := p.now.Add(max(ro.Soak, time.Second))
+			until := p.now.Add(max(ro.Soak, p.r.cfg.MinExtension))
 			rep.ExtendedUntil, rep.Pending = &until, true
 			rep.Reason = fmt.Sprintf("inconclusive (too few node-hours to decide): soak extended once, to %s; %s",
 				until.Format(time.RFC3339), rep.Summary())

@@ -22,7 +22,7 @@ import (
 func (e *env) gateWorker(holder string, ro *store.Rollout, gate healthgate.Params) *worker {
 	e.t.Helper()
 	w := e.worker(holder, ro, nil)
-	w.r = rollouts.New(rollouts.Config{Gate: gate}, e.st, slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})))
+	w.r = rollouts.New(rollouts.Config{Gate: gate, MinExtension: testMinExtension}, e.st, slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})))
 	return w
 }
 
@@ -50,7 +50,7 @@ func (e *env) waveCompleted(ro *store.Rollout) map[int]events.RolloutWaveData {
 func TestRolloutHealthGateInconclusiveExtendsOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
-	const soak = time.Second
+	const soak = 300 * time.Millisecond
 	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: soak})
 	w := e.gateWorker("w1", ro, healthgate.Params{})
 	pending := e.until(w, ro, "extended", func(r *store.Rollout) bool { return len(r.Gates) == 1 })

@@ -90,7 +90,16 @@ type Config struct {
 	// Gate is the waves' health gate's thresholds (rollouts.healthGate;
 	// zero fields: package healthgate's defaults).
 	Gate healthgate.Params
+	// MinExtension is the least an inconclusive health gate extends a
+	// wave's soak by (the extension is the rollout's soak, or this when
+	// the soak is shorter). Defaults to DefaultMinExtension; tests with
+	// soaks of milliseconds shorten it.
+	MinExtension time.Duration
 }
+
+// DefaultMinExtension is Config.MinExtension's default: a soak shorter
+// than a second is extended by a second.
+const DefaultMinExtension = time.Second
 
 // Reconciler drives rollouts (see the package documentation). It is a
 // shard.Reconciler.
@@ -106,6 +115,7 @@ type Reconciler struct {
 // New returns a Reconciler.
 func New(cfg Config, st Store, log *slog.Logger) *Reconciler {
 	cfg.Interval = cmp.Or(cfg.Interval, time.Second)
+	cfg.MinExtension = cmp.Or(cfg.MinExtension, DefaultMinExtension)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

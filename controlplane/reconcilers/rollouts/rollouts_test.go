@@ -32,6 +32,11 @@ import (
 
 const wait = 30 * time.Second
 
+// testMinExtension is the reconcilers' rollouts.Config.MinExtension: the
+// tests' soaks are milliseconds, so an inconclusive gate's extension is
+// too (DefaultMinExtension would add a second to every wave).
+const testMinExtension = 100 * time.Millisecond
+
 const (
 	versionA = sim.Version
 	versionB = "0.9.0"
@@ -168,7 +173,7 @@ func (e *env) worker(holder string, ro *store.Rollout, now *time.Time) *worker {
 	if err != nil || !ok {
 		e.t.Fatalf("lease for %s: %v %v", holder, ok, err)
 	}
-	r := rollouts.New(rollouts.Config{}, e.st, slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})))
+	r := rollouts.New(rollouts.Config{MinExtension: testMinExtension}, e.st, slog.New(slog.NewTextHandler(e.t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo})))
 	return &worker{r: r, shard: n, fence: store.Fence{Lease: l.Name, Holder: l.Holder, Epoch: l.Epoch}}
 }
 
@@ -782,7 +787,7 @@ func TestRolloutLateFailureRollsBackEveryWave(t *testing.T) {
 func TestRolloutBakes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
-	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: 100 * time.Millisecond, Bake: 2 * time.Second})
+	ro := e.create(store.RolloutCreateParams{Canary: 1, Wave: "2", Soak: 100 * time.Millisecond, Bake: time.Second})
 	w := e.worker("w1", ro, nil)
 	ro = e.until(w, ro, "baking", func(r *store.Rollout) bool { return r.Baking() })
 	if ro.State != store.RolloutRunning {
@@ -803,7 +808,7 @@ func TestRolloutBakes(t *testing.T) {
 	}
 	mustV(e.st.RolloutUpdate(context.Background(), &store.RolloutUpdateParams{ID: ro.ID, From: []string{store.RolloutPaused}, State: store.RolloutRunning}))
 	ro = e.until(w, ro, "completed", state(store.RolloutCompleted))
-	if ro.BakeElapsed < 2*time.Second || ro.BakeResumedAt != nil {
-		t.Errorf("completed after %v of bake (clock %v), want at least 2s and stopped", ro.BakeElapsed, ro.BakeResumedAt)
+	if ro.BakeElapsed < time.Second || ro.BakeResumedAt != nil {
+		t.Errorf("completed after %v of bake (clock %v), want at least 1s and stopped", ro.BakeElapsed, ro.BakeResumedAt)
 	}
 }

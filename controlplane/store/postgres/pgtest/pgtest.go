@@ -27,7 +27,12 @@ func ServerURL() string {
 }
 
 // URL creates a fresh schema and returns a URL whose connections use it;
-// the schema is dropped when the test ends. Without a reachable server the
+// the schema is dropped when the test ends. Its connections commit
+// without waiting for the WAL flush (synchronous_commit=off): a scratch
+// schema needs no durability across a crash of the server, and a test's
+// transactions are no longer paced by the disk's fsync (the control
+// plane's package tests on PostgreSQL take about a third less time).
+// Transactions stay atomic and isolated as before. Without a reachable server the
 // test is skipped, except under CI=true, where that is a failure.
 func URL(t testing.TB) string {
 	t.Helper()
@@ -39,6 +44,7 @@ func URL(t testing.TB) string {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	q.Set("synchronous_commit", "off")
 	u.RawQuery = q.Encode()
 	return fmt.Sprint(u)
 }
