@@ -20,7 +20,11 @@ type session struct {
 	tokenID   string
 	tokenHash []byte
 	role      string
-	csrf      string
+	// within is the path of the token's tenant when it is not the root
+	// (docs/tenants.md): the session sees that subtree's part of the
+	// fleet only. "" for a root token: the whole fleet.
+	within string
+	csrf   string
 	created   time.Time
 	lastUsed  time.Time
 	checked   time.Time // when the API token was last re-read
