@@ -38,6 +38,7 @@ type tenantFixture struct {
 	reservation   string // pending: its labels match no node, so it holds none
 	remediation   string // the case its admin's nodes.gpuReset of n2 opened (phase 2)
 	rollout       string // a rollout of pool3 (empty: it upgrades nothing)
+	recording     string // a shell recording its admin's token opened on n1
 	gpu           string // a GPU of n1
 	spareToken    string // an API token to revoke
 	command       string
@@ -214,7 +215,14 @@ func TestTenantMatrix(t *testing.T) {
 			Canary: 1, Wave: "1", MaxUnavailable: "1", Soak: time.Minute, Timeout: time.Minute, CreatedBy: "matrix"})
 		must("store rollout create", err)
 		f.rollout = ro.ID
-		f.ids = append(f.ids, f.gpu, f.rollout)
+		// A shell recording of its admin's, written to the store (no
+		// shell runs here: tests/recordings_test.go records real ones).
+		rec, err := d.st.RecordingCreate(ctx, &store.RecordingCreateParams{ID: "rec_matrix" + f.name[len(f.name)-1:],
+			TunnelID: "tun_matrix" + f.name[len(f.name)-1:], NodeID: f.n1,
+			CreatedBy: "token:" + f.tokenIDs[store.RoleAdmin]})
+		must("store recording create", err)
+		f.recording = rec.ID
+		f.ids = append(f.ids, f.gpu, f.rollout, f.recording)
 	}
 	// nodes move is one audited call.
 	if rows, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "nodes.move"}); err != nil || len(rows) != 6 {
@@ -381,13 +389,9 @@ func TestTenantMatrix(t *testing.T) {
 	cases["rollouts.pause"] = byID(1, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
 	cases["rollouts.resume"] = byID(2, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
 	cases["rollouts.abort"] = byID(3, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
-	for _, prefix := range []string{"recordings."} {
-		for _, m := range apiv1.Methods {
-			if _, done := cases[m.Name]; !done && strings.HasPrefix(m.Name, prefix) {
-				cases[m.Name] = root
-			}
-		}
-	}
+	// A recording is the tenant's of the token that opened its shell.
+	cases["recordings.list"] = list(`{}`, func(f *tenantFixture) string { return f.recording })
+	cases["recordings.get"] = byID(0, "id", func(f *tenantFixture) string { return f.recording })
 	// events.list shows the node events written since n1 moved in: phase 1's.
 	c := cases["events.list"]
 	c.phase = 2

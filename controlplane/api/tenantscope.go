@@ -7,13 +7,11 @@ import (
 
 // tenantScoped are the API methods that act only within the caller's
 // subtree (docs/tenants.md, "Scoped"). A token of a tenant other than the
-// root calls these and no other: every other change is deployment-wide
-// (pki.*, gateways.*, bmc.*, sinks.*, release.pins*, nodes.reinstall: a
-// BMC's credentials are the deployment's) and refused to it, and so is every other read: their
-// answers name other tenants' nodes or carry their data (recordings: what
-// was typed in any tenant's shells; pki: a rotation's missing nodes;
-// sinks: dead-lettered events of every tenant; gateways, processes: the
-// deployment's own) (tenantDenied).
+// root calls these and no other: every other method is deployment-wide and
+// refused to it, read or change (tenantDenied): pki.* (a rotation's
+// missing nodes, the deployment's CA), gateways.*, processes.list,
+// release.pins*, bmc.* and nodes.reinstall (a BMC's credentials are the
+// deployment's), sinks.* (dead-lettered events of every tenant).
 var tenantScoped = map[string]bool{
 	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
 	"tenants.resume": true, "tenants.delete": true,
@@ -40,6 +38,8 @@ var tenantScoped = map[string]bool{
 	// Rollouts are their pool's tenant's: one targets its pool's nodes only.
 	"rollouts.create": true, "rollouts.list": true, "rollouts.get": true, "rollouts.pause": true,
 	"rollouts.resume": true, "rollouts.abort": true,
+	// Recordings of shells the subtree's tokens opened.
+	"recordings.list": true, "recordings.get": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,
