@@ -1,10 +1,12 @@
 package watch_test
 
 import (
+	"bufio"
 	"context"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/pkg/watch"
@@ -15,7 +17,7 @@ import (
 // own pool's node (page, fragment, node page, shell page) and nothing of
 // the root's node_x, whose node and shell pages are 404 to it as to a
 // node that does not exist; the root's viewer sees both. Suspending the
-// tenant ends its session.
+// tenant ends its session and its open stream.
 func TestTenantScopedPage(t *testing.T) {
 	f := newFixture(t, watch.Config{})
 	ctx := context.Background()
@@ -65,11 +67,32 @@ func TestTenantScopedPage(t *testing.T) {
 		t.Errorf("the root's page: %d; want node_a and node_x:\n%s", resp.StatusCode, body)
 	}
 
-	// Suspension ends the tenant's session at its next token check.
+	// Suspension ends the tenant's session at its next token check: its
+	// open stream says ended, its next request finds no session.
+	streamCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(streamCtx, http.MethodGet, f.srv.URL+"/watch/events", nil)
+	resp, err := c.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the tenant's stream: %v, %v", resp, err)
+	}
+	defer resp.Body.Close()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-streamCtx.Done():
+				return
+			}
+		}
+	}()
 	if _, err := f.st.TenantSetSuspended(ctx, ten.ID, true); err != nil {
 		t.Fatal(err)
 	}
 	f.clock.Advance(iam.DefaultStoppedRefresh)
+	waitLine(t, lines, "event: ended")
 	if resp, _ := f.get(t, c, "/watch/fragment"); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("fragment of a suspended tenant's session: %d, want 401", resp.StatusCode)
 	}

@@ -302,9 +302,9 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 		return s, c.Value
 	}
 	t, err := h.store.APITokenBySecret(r.Context(), s.tokenHash)
-	if err == nil && s.within != "" {
-		var stopped []string
-		if stopped, err = h.store.TenantsStopped(r.Context()); err == nil && slices.Contains(stopped, t.TenantID) {
+	if err == nil {
+		var stopped bool
+		if stopped, err = h.tenantStopped(r.Context(), s, t); err == nil && stopped {
 			h.sessions.end(c.Value)
 			return nil, ""
 		}
@@ -321,6 +321,19 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 	}
 	h.sessions.markChecked(c.Value, now)
 	return s, c.Value
+}
+
+// tenantStopped reports whether the tenant of s's token t (not the root),
+// or one above it, is suspended or deleted: its session ends.
+func (h *Handler) tenantStopped(ctx context.Context, s *session, t *store.APIToken) (bool, error) {
+	if s.within == "" {
+		return false, nil
+	}
+	stopped, err := h.store.TenantsStopped(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read stopped tenants: %w", err)
+	}
+	return slices.Contains(stopped, t.TenantID), nil
 }
 
 // cookie returns the page session cookie carrying value; maxAge -1 deletes
