@@ -72,7 +72,7 @@ type matrixCase struct {
 	ownCheck func(own *tenantFixture, answer string) error
 }
 
-// TestTenantMatrix (issue 45, Done when): one control plane (SQLite), six
+// TestTenantMatrix (issue 45, Done when), on each backend: one control plane, six
 // FakeDaemons, two tenants each with its own pools and three nodes, and an
 // admin, operator and viewer token each. For every method of api.proto
 // (apiv1.Methods: a method without a case fails the test), each token calls
@@ -87,9 +87,13 @@ type matrixCase struct {
 // viewer its own nodes and none of the other's.
 func TestTenantMatrix(t *testing.T) {
 	t.Parallel()
+	forEachBackend(t, testTenantMatrix)
+}
+
+func testTenantMatrix(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	d := newDeployment(t, backendSQLite)
+	d := newDeployment(t, backend)
 	admin := &client.Client{BaseURL: d.api + "/api", Token: d.adminToken}
 	def, err := admin.PoolsGet(ctx, &apiv1.PoolRequest{Pool: "default"})
 	if err != nil {
