@@ -105,14 +105,29 @@ func (s *Server) remediationGet(ctx context.Context, p *iam.Principal, r *apiv1.
 	return remediationOut(c), nil
 }
 
+// remediationSeen answers NOT_FOUND for a case of a pool outside p's
+// subtree (its pool, as remediation.get decides), as for one that does
+// not exist, before a change is tried; a root caller's calls go on
+// unchecked.
+func (s *Server) remediationSeen(ctx context.Context, p *iam.Principal, id string) error {
+	if within(p) == "" {
+		return nil
+	}
+	c, err := s.store.RemediationGet(ctx, id)
+	if err == nil {
+		err = s.poolSeen(ctx, p, c.PoolID)
+	}
+	return remediationNotFound(err, id)
+}
+
 // remediationPause returns the method that pauses (or resumes) a case.
 func (s *Server) remediationPause(paused bool) func(context.Context, *iam.Principal, *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
 	return func(ctx context.Context, p *iam.Principal, r *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
 		if err := id("id", r.GetId()); err != nil {
 			return nil, err
 		}
-		if _, err := s.remediationGet(ctx, p, r); err != nil {
-			return nil, err // another tenant's: NOT_FOUND
+		if err := s.remediationSeen(ctx, p, r.GetId()); err != nil {
+			return nil, err
 		}
 		c, err := s.store.RemediationSetPaused(ctx, r.GetId(), paused, "token:"+p.TokenID)
 		if err != nil {
@@ -141,12 +156,12 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 	if ways > 1 {
 		return nil, invalid("resetGpu", "give at most one of resetGpu (--reset-gpu), reboot (--reboot) and force (--force)")
 	}
+	if err := s.remediationSeen(ctx, p, r.GetId()); err != nil {
+		return nil, err
+	}
 	var out *store.Remediation
 	err := store.InTx(ctx, s.store, func(tx returnTx) error {
 		c, err := tx.RemediationGet(ctx, r.GetId())
-		if err == nil {
-			err = s.poolSeen(ctx, p, c.PoolID) // another tenant's: as one that does not exist
-		}
 		if err != nil {
 			return remediationNotFound(err, r.GetId())
 		}
