@@ -39,6 +39,8 @@ type tenantFixture struct {
 	remediation   string // the case its admin's nodes.gpuReset of n2 opened (phase 2)
 	rollout       string // a rollout of pool3 (empty: it upgrades nothing)
 	recording     string // a shell recording its admin's token opened on n1
+	sink          string // a file sink of its own (sinks.files[].tenant), named after it
+	sinkFile      string
 	gpu           string // a GPU of n1
 	spareToken    string // an API token to revoke
 	command       string
@@ -83,8 +85,10 @@ type matrixCase struct {
 // method not scoped to tenants is PERMISSION_DENIED. Then `events watch`
 // (CLI) and the SSE stream of each tenant's viewer print their tenant's
 // node events and none of the other's, audit.list shows each admin its own
-// tenant's rows only, and the fleet page shows each tenant's admin and
-// viewer its own nodes and none of the other's.
+// tenant's rows only, the fleet page shows each tenant's admin and viewer
+// its own nodes and none of the other's, and each tenant's file sink
+// (sinks.files[].tenant) takes its own nodes' events and none of the
+// other's.
 func TestTenantMatrix(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, testTenantMatrix)
@@ -93,7 +97,11 @@ func TestTenantMatrix(t *testing.T) {
 func testTenantMatrix(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	d := newDeployment(t, backend)
+	// Each tenant has a file sink of its own, configured before the tenant
+	// is made (by name): it takes its subtree's events only.
+	sinkDir := t.TempDir()
+	d := newDeploymentWith(t, backend, deploymentConfig{top: fmt.Sprintf("sinks:\n  files:\n"+
+		"    - {name: matrix-a, path: %s/a.jsonl, tenant: matrix-a}\n    - {name: matrix-b, path: %s/b.jsonl, tenant: matrix-b}\n", sinkDir, sinkDir)})
 	admin := &client.Client{BaseURL: d.api + "/api", Token: d.adminToken}
 	def, err := admin.PoolsGet(ctx, &apiv1.PoolRequest{Pool: "default"})
 	if err != nil {
@@ -134,7 +142,7 @@ func testTenantMatrix(t *testing.T, backend string) {
 		}
 	}
 	fix := func(name string, ns []string) *tenantFixture {
-		f := &tenantFixture{name: name, n1: ns[0], n2: ns[1], n3: ns[2],
+		f := &tenantFixture{name: name, n1: ns[0], n2: ns[1], n3: ns[2], sink: name, sinkFile: sinkDir + "/" + name[len(name)-1:] + ".jsonl",
 			tokens: map[string]*client.Client{}, tokenIDs: map[string]string{}, secrets: map[string]string{}}
 		tn, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: name})
 		must("tenants.create", err)
@@ -342,8 +350,11 @@ func testTenantMatrix(t *testing.T, backend string) {
 		"bmc.deleteCredentials": root,
 		"audit.list":            {list: true, anyIDs: true, req: func(_, _ *tenantFixture) string { return `{"page": {"limit": 1000}}` }},
 		"events.list":           list(`{"page": {"limit": 1000}}`, func(f *tenantFixture) string { return f.n1 }),
-		"sinks.deadLetters":     root,
-		"sinks.replay":          root,
+		// Each tenant's file sink is its own; it has no dead letters.
+		"sinks.deadLetters": byID(0, "sink", func(f *tenantFixture) string { return f.sink }),
+		"sinks.replay": scoped(0, func(_, target *tenantFixture) string {
+			return fmt.Sprintf(`{"sink": %q, "all": true}`, target.sink)
+		}),
 		"tunnels.create": scoped(0, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"node": %q, "kind": "shell"}`, target.n1)
 		}),
@@ -552,6 +563,30 @@ func testTenantMatrix(t *testing.T, backend string) {
 	}
 
 	testTenantStreams(ctx, t, d, admin, a, b)
+
+	// Each tenant's file sink took its own nodes' events (the cordons of
+	// testTenantStreams among them) and nothing of the other's.
+	for _, f := range []*tenantFixture{a, b} {
+		other := b
+		if f == b {
+			other = a
+		}
+		eventually(t, 30*time.Second, func() bool {
+			body, _ := os.ReadFile(f.sinkFile)
+			return strings.Contains(string(body), f.n1)
+		}, func() string {
+			return fmt.Sprintf("%s's sink file %s lacks its node %s's events", f.name, f.sinkFile, f.n1)
+		})
+		body, err := os.ReadFile(f.sinkFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range other.ids {
+			if strings.Contains(string(body), q(id)) {
+				t.Errorf("%s's sink file holds %s's %s", f.name, other.name, id)
+			}
+		}
+	}
 }
 
 // testTenantStreams: each tenant's viewer watches events through the CLI

@@ -11,7 +11,7 @@ import (
 // refused to it, read or change (tenantDenied): pki.* (a rotation's
 // missing nodes, the deployment's CA), gateways.*, processes.list,
 // release.pins*, bmc.* and nodes.reinstall (a BMC's credentials are the
-// deployment's), sinks.* (dead-lettered events of every tenant).
+// deployment's).
 var tenantScoped = map[string]bool{
 	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
 	"tenants.resume": true, "tenants.delete": true,
@@ -40,6 +40,8 @@ var tenantScoped = map[string]bool{
 	"rollouts.resume": true, "rollouts.abort": true,
 	// Recordings of shells the subtree's tokens opened.
 	"recordings.list": true, "recordings.get": true,
+	// Dead letters of the sinks of the subtree's tenants (sinks.*.tenant).
+	"sinks.deadLetters": true, "sinks.replay": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,

@@ -41,7 +41,7 @@ func TestTenantDenied(t *testing.T) {
 		{child, "pki.revoke", true},
 		{child, "pki.rotationStart", true},
 		{child, "gateways.drain", true},
-		{child, "sinks.replay", true},
+		{child, "sinks.replay", false},
 		{child, "reservations.create", false},
 		{child, "rollouts.create", false},
 		{child, "recordings.list", false},
@@ -57,7 +57,7 @@ func TestTenantDenied(t *testing.T) {
 		{child, "bmc.setCredentials", true},
 		{child, "release.pinsAdd", true},
 		{child, "processes.list", true},
-		{child, "sinks.deadLetters", true},
+		{child, "sinks.deadLetters", false},
 		{root, "pki.revoke", false},
 		{root, "recordings.get", false},
 	} {
