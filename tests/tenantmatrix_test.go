@@ -298,7 +298,8 @@ func testTenantMatrix(t *testing.T, backend string) {
 		"nodes.uncordon":    byID(1, "id", func(f *tenantFixture) string { return f.n1 }),
 		"nodes.drain":       byID(1, "id", func(f *tenantFixture) string { return f.n1 }),
 		"nodes.delete":      byID(4, "id", func(f *tenantFixture) string { return f.n3 }),
-		"nodes.reinstall":   root,
+		// A join token for the node's reinstall, in its pool.
+		"nodes.reinstall": byID(0, "node", func(f *tenantFixture) string { return f.n1 }),
 		// This deployment serves no downloads: nodes.add's answer past the
 		// tenant and role checks is UNAVAILABLE (tests/nodes_add_test.go
 		// shows it working).

@@ -10,8 +10,8 @@ import (
 // root calls these and no other: every other method is deployment-wide and
 // refused to it, read or change (tenantDenied): pki.* (a rotation's
 // missing nodes, the deployment's CA), gateways.*, processes.list,
-// release.pins*, bmc.* and nodes.reinstall (a BMC's credentials are the
-// deployment's).
+// release.pins* (the pins every node applies) and bmc.* (a BMC's
+// credentials are the deployment's).
 var tenantScoped = map[string]bool{
 	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
 	"tenants.resume": true, "tenants.delete": true,
@@ -20,7 +20,7 @@ var tenantScoped = map[string]bool{
 	"joinTokens.create": true, "joinTokens.list": true, "joinTokens.revoke": true,
 	"nodes.list": true, "nodes.get": true, "nodes.cordon": true, "nodes.uncordon": true, "nodes.drain": true,
 	"nodes.delete": true, "nodes.gpuReset": true, "nodes.reboot": true, "nodes.add": true,
-	"nodes.move": true, "nodes.setGPUCount": true,
+	"nodes.move": true, "nodes.setGPUCount": true, "nodes.reinstall": true,
 	"commands.create": true, "commands.get": true, "commands.list": true, "commands.cancel": true,
 	"tunnels.create": true,
 	"tokens.create":  true, "tokens.list": true, "tokens.revoke": true,

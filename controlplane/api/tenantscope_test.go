@@ -53,7 +53,7 @@ func TestTenantDenied(t *testing.T) {
 		{child, "remediation.history", false},
 		{child, "remediation.resetBreaker", false},
 		{child, "nodes.setGPUCount", false},
-		{child, "nodes.reinstall", true},
+		{child, "nodes.reinstall", false},
 		{child, "bmc.setCredentials", true},
 		{child, "release.pinsAdd", true},
 		{child, "processes.list", true},
