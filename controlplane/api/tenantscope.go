@@ -10,8 +10,9 @@ import (
 // root calls these and no other: every other method is deployment-wide and
 // refused to it, read or change (tenantDenied): pki.* (a rotation's
 // missing nodes, the deployment's CA), gateways.*, processes.list,
-// release.pins* (the pins every node applies) and bmc.* (a BMC's
-// credentials are the deployment's).
+// release.pins* (the pins every node applies) and bmc.* (a BMC address is
+// one the control plane dials to power-cycle a machine: a tenant's could
+// aim it at another tenant's machine).
 var tenantScoped = map[string]bool{
 	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
 	"tenants.resume": true, "tenants.delete": true,
