@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"net/url"
 	"os"
 	"slices"
@@ -36,6 +37,11 @@ type tenantFixture struct {
 	joinToken     string
 	reservation   string // pending: its labels match no node, so it holds none
 	remediation   string // the case its admin's nodes.gpuReset of n2 opened (phase 2)
+	rollout       string // a rollout of pool3 (empty: it upgrades nothing)
+	recording     string // a shell recording its admin's token opened on n1
+	sink          string // a file sink of its own (sinks.files[].tenant), named after it
+	sinkFile      string
+	gpu           string // a GPU of n1
 	spareToken    string // an API token to revoke
 	command       string
 	tokens        map[string]*client.Client // by role
@@ -60,7 +66,7 @@ type matrixCase struct {
 	// anyIDs: the answer may name the other tenant's ids (audit.list: the
 	// caller's own refused calls name what they asked for).
 	anyIDs  bool
-	phase   int // the order of the phases: 0 reads and harmless changes, 1 n1's state, 2 repairs, 3 moves, revokes, deletes
+	phase   int // the order of the phases: 0 reads and harmless changes, 1 n1's state, 2 repairs, 3 moves, revokes, deletes, 4 resumes, 5 remediation.return
 	list    bool
 	req     func(own, target *tenantFixture) string
 	okCodes []string
@@ -68,7 +74,7 @@ type matrixCase struct {
 	ownCheck func(own *tenantFixture, answer string) error
 }
 
-// TestTenantMatrix (issue 45, Done when): one control plane (SQLite), six
+// TestTenantMatrix (issue 45, Done when), on each backend: one control plane, six
 // FakeDaemons, two tenants each with its own pools and three nodes, and an
 // admin, operator and viewer token each. For every method of api.proto
 // (apiv1.Methods: a method without a case fails the test), each token calls
@@ -79,13 +85,23 @@ type matrixCase struct {
 // method not scoped to tenants is PERMISSION_DENIED. Then `events watch`
 // (CLI) and the SSE stream of each tenant's viewer print their tenant's
 // node events and none of the other's, audit.list shows each admin its own
-// tenant's rows only, and the fleet page refuses both tenants' tokens
-// (it is not scoped yet: docs/tenants.md).
+// tenant's rows only, the fleet page shows each tenant's admin and viewer
+// its own nodes and none of the other's, and each tenant's file sink
+// (sinks.files[].tenant) takes its own nodes' events and none of the
+// other's.
 func TestTenantMatrix(t *testing.T) {
 	t.Parallel()
+	forEachBackend(t, testTenantMatrix)
+}
+
+func testTenantMatrix(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	d := newDeployment(t, backendSQLite)
+	// Each tenant has a file sink of its own, configured before the tenant
+	// is made (by name): it takes its subtree's events only.
+	sinkDir := t.TempDir()
+	d := newDeploymentWith(t, backend, deploymentConfig{top: fmt.Sprintf("sinks:\n  files:\n"+
+		"    - {name: matrix-a, path: %s/a.jsonl, tenant: matrix-a}\n    - {name: matrix-b, path: %s/b.jsonl, tenant: matrix-b}\n", sinkDir, sinkDir)})
 	admin := &client.Client{BaseURL: d.api + "/api", Token: d.adminToken}
 	def, err := admin.PoolsGet(ctx, &apiv1.PoolRequest{Pool: "default"})
 	if err != nil {
@@ -126,7 +142,7 @@ func TestTenantMatrix(t *testing.T) {
 		}
 	}
 	fix := func(name string, ns []string) *tenantFixture {
-		f := &tenantFixture{name: name, n1: ns[0], n2: ns[1], n3: ns[2],
+		f := &tenantFixture{name: name, n1: ns[0], n2: ns[1], n3: ns[2], sink: name, sinkFile: sinkDir + "/" + name[len(name)-1:] + ".jsonl",
 			tokens: map[string]*client.Client{}, tokenIDs: map[string]string{}, secrets: map[string]string{}}
 		tn, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: name})
 		must("tenants.create", err)
@@ -193,6 +209,33 @@ func TestTenantMatrix(t *testing.T) {
 		l, err := admin.GpusList(ctx, &apiv1.ListGPUsRequest{Page: &apiv1.Page{Limit: 1000}})
 		return err == nil && len(l.Gpus) == 6*8
 	}, func() string { return "gpus.list does not show the six FakeDaemons' 48 GPUs" })
+	for _, f := range []*tenantFixture{a, b} {
+		l, err := admin.GpusList(ctx, &apiv1.ListGPUsRequest{Pool: f.pool, Page: &apiv1.Page{Limit: 1000}})
+		must("gpus.list", err)
+		for _, g := range l.Gpus {
+			if g.NodeId == f.n1 {
+				f.gpu = g.GpuUuid
+			}
+		}
+		if f.gpu == "" {
+			t.Fatalf("gpus.list of %s's pool shows no GPU of n1: %+v", f.name, l.Gpus)
+		}
+		// A rollout of its empty pool3, written to the store: this
+		// deployment serves no downloads, so rollouts.create answers
+		// INVALID_ARGUMENT past the tenant and role checks.
+		ro, err := d.st.RolloutCreate(ctx, &store.RolloutCreateParams{PoolID: f.pool3, Version: "9.9.9", BaseURL: "https://matrix.invalid/api/downloads",
+			Canary: 1, Wave: "1", MaxUnavailable: "1", Soak: time.Minute, Timeout: time.Minute, CreatedBy: "matrix"})
+		must("store rollout create", err)
+		f.rollout = ro.ID
+		// A shell recording of its admin's, written to the store (no
+		// shell runs here: tests/recordings_test.go records real ones).
+		rec, err := d.st.RecordingCreate(ctx, &store.RecordingCreateParams{ID: "rec_matrix" + f.name[len(f.name)-1:],
+			TunnelID: "tun_matrix" + f.name[len(f.name)-1:], NodeID: f.n1,
+			CreatedBy: "token:" + f.tokenIDs[store.RoleAdmin]})
+		must("store recording create", err)
+		f.recording = rec.ID
+		f.ids = append(f.ids, f.gpu, f.rollout, f.recording)
+	}
 	// nodes move is one audited call.
 	if rows, err := d.st.AuditQuery(ctx, &store.AuditQueryParams{ActionPrefix: "nodes.move"}); err != nil || len(rows) != 6 {
 		t.Fatalf("nodes.move audit rows = %d, %v; want 6", len(rows), err)
@@ -255,7 +298,8 @@ func TestTenantMatrix(t *testing.T) {
 		"nodes.uncordon":    byID(1, "id", func(f *tenantFixture) string { return f.n1 }),
 		"nodes.drain":       byID(1, "id", func(f *tenantFixture) string { return f.n1 }),
 		"nodes.delete":      byID(4, "id", func(f *tenantFixture) string { return f.n3 }),
-		"nodes.reinstall":   root,
+		// A join token for the node's reinstall, in its pool.
+		"nodes.reinstall": byID(0, "node", func(f *tenantFixture) string { return f.n1 }),
 		// This deployment serves no downloads: nodes.add's answer past the
 		// tenant and role checks is UNAVAILABLE (tests/nodes_add_test.go
 		// shows it working).
@@ -264,7 +308,7 @@ func TestTenantMatrix(t *testing.T) {
 		// (held), which it reaches only past the tenant and role checks.
 		"nodes.gpuReset":    scoped(2, func(_, target *tenantFixture) string { return fmt.Sprintf(`{"id": %q, "gpu": "0"}`, target.n2) }, apiv1.CodeConflict),
 		"nodes.reboot":      byID(2, "id", func(f *tenantFixture) string { return f.n2 }, apiv1.CodeConflict),
-		"nodes.setGPUCount": root,
+		"nodes.setGPUCount": scoped(0, func(_, target *tenantFixture) string { return fmt.Sprintf(`{"id": %q, "count": 8}`, target.n1) }),
 		"nodes.move": scoped(3, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"id": %q, "tenant": %q, "pool": %q}`, target.n3, target.id, target.pool2)
 		}),
@@ -287,7 +331,17 @@ func TestTenantMatrix(t *testing.T) {
 		"release.pinsAdd":      root,
 		"release.pinsStatus":   root,
 		"release.pinsRemove":   root,
-		"fleet.summary":        root,
+		"fleet.summary": {list: true, req: func(_, _ *tenantFixture) string { return `{}` },
+			ownCheck: func(_ *tenantFixture, answer string) error {
+				var r apiv1.FleetSummaryResponse
+				if err := protojson.Unmarshal([]byte(answer), &r); err != nil {
+					return err
+				}
+				if r.Nodes != 3 || r.Gpus != 3*8 {
+					return fmt.Errorf("%d nodes and %d GPUs, want its own 3 and 24", r.Nodes, r.Gpus)
+				}
+				return nil
+			}},
 		"tokens.create": scoped(0, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"role": "viewer", "tenant": %q}`, target.id)
 		}),
@@ -297,8 +351,11 @@ func TestTenantMatrix(t *testing.T) {
 		"bmc.deleteCredentials": root,
 		"audit.list":            {list: true, anyIDs: true, req: func(_, _ *tenantFixture) string { return `{"page": {"limit": 1000}}` }},
 		"events.list":           list(`{"page": {"limit": 1000}}`, func(f *tenantFixture) string { return f.n1 }),
-		"sinks.deadLetters":     root,
-		"sinks.replay":          root,
+		// Each tenant's file sink is its own; it has no dead letters.
+		"sinks.deadLetters": byID(0, "sink", func(f *tenantFixture) string { return f.sink }),
+		"sinks.replay": scoped(0, func(_, target *tenantFixture) string {
+			return fmt.Sprintf(`{"sink": %q, "all": true}`, target.sink)
+		}),
 		"tunnels.create": scoped(0, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"node": %q, "kind": "shell"}`, target.n1)
 		}),
@@ -325,13 +382,32 @@ func TestTenantMatrix(t *testing.T) {
 	rem.phase = 3
 	cases["remediation.list"] = rem
 	cases["remediation.get"] = byID(3, "id", func(f *tenantFixture) string { return f.remediation })
-	for _, prefix := range []string{"remediation.", "gpus.", "recordings.", "capacity.", "rollouts."} {
-		for _, m := range apiv1.Methods {
-			if _, done := cases[m.Name]; !done && strings.HasPrefix(m.Name, prefix) {
-				cases[m.Name] = root
-			}
-		}
-	}
+	// Pausing a paused case, or resuming a running one, or returning one
+	// whose GPU still reads bad or that is closed, is CONFLICT past the
+	// tenant and role checks.
+	cases["remediation.pause"] = byID(3, "id", func(f *tenantFixture) string { return f.remediation }, apiv1.CodeConflict)
+	cases["remediation.resume"] = byID(4, "id", func(f *tenantFixture) string { return f.remediation }, apiv1.CodeConflict)
+	cases["remediation.return"] = byID(5, "id", func(f *tenantFixture) string { return f.remediation }, apiv1.CodeConflict)
+	cases["remediation.history"] = byID(3, "nodeId", func(f *tenantFixture) string { return f.n2 })
+	cases["remediation.resetBreaker"] = byID(0, "pool", func(f *tenantFixture) string { return f.pool })
+	cases["remediation.breakers"] = list(`{}`, func(f *tenantFixture) string { return f.pool })
+	cases["remediation.stats"] = list(`{}`, func(f *tenantFixture) string { return f.pool })
+	cases["gpus.get"] = byID(0, "uuid", func(f *tenantFixture) string { return f.gpu })
+	cases["capacity.summary"] = byID(0, "pool", func(f *tenantFixture) string { return f.pool })
+	// Rollouts are their pool's tenant's. rollouts.create gets as far as
+	// the release check (this deployment serves no downloads); pausing a
+	// paused rollout or one that has finished (pool3 is empty) is CONFLICT.
+	cases["rollouts.create"] = scoped(0, func(_, target *tenantFixture) string {
+		return fmt.Sprintf(`{"pool": %q, "version": "9.9.9"}`, target.pool)
+	}, apiv1.CodeInvalidArgument)
+	cases["rollouts.list"] = list(`{}`, func(f *tenantFixture) string { return f.rollout })
+	cases["rollouts.get"] = byID(0, "id", func(f *tenantFixture) string { return f.rollout })
+	cases["rollouts.pause"] = byID(1, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
+	cases["rollouts.resume"] = byID(2, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
+	cases["rollouts.abort"] = byID(3, "id", func(f *tenantFixture) string { return f.rollout }, apiv1.CodeConflict)
+	// A recording is the tenant's of the token that opened its shell.
+	cases["recordings.list"] = list(`{}`, func(f *tenantFixture) string { return f.recording })
+	cases["recordings.get"] = byID(0, "id", func(f *tenantFixture) string { return f.recording })
 	// events.list shows the node events written since n1 moved in: phase 1's.
 	c := cases["events.list"]
 	c.phase = 2
@@ -434,7 +510,7 @@ func TestTenantMatrix(t *testing.T) {
 		}
 	}
 	roles := []string{store.RoleAdmin, store.RoleOperator, store.RoleViewer}
-	for phase := 0; phase <= 4; phase++ {
+	for phase := 0; phase <= 5; phase++ {
 		if phase == 3 {
 			for _, f := range []*tenantFixture{a, b} {
 				l, err := admin.RemediationList(ctx, &apiv1.ListRemediationsRequest{NodeId: f.n2})
@@ -442,6 +518,11 @@ func TestTenantMatrix(t *testing.T) {
 					t.Fatalf("%s's n2 has no remediation case after nodes.gpuReset: %+v, %v", f.name, l, err)
 				}
 				f.remediation = l.Remediations[0].Id
+				// Paused, it takes no next step: it is still open for phase
+				// 3's remediation.pause and phase 4's resume.
+				if _, err := admin.RemediationPause(ctx, &apiv1.RemediationRequest{Id: f.remediation}); err != nil {
+					t.Fatalf("%s's case %s (%s): remediation.pause as root: %v", f.name, f.remediation, l.Remediations[0].State, err)
+				}
 				f.ids = append(f.ids, f.remediation)
 			}
 		}
@@ -483,13 +564,38 @@ func TestTenantMatrix(t *testing.T) {
 	}
 
 	testTenantStreams(ctx, t, d, admin, a, b)
+
+	// Each tenant's file sink took its own nodes' events (the cordons of
+	// testTenantStreams among them) and nothing of the other's.
+	for _, f := range []*tenantFixture{a, b} {
+		other := b
+		if f == b {
+			other = a
+		}
+		eventually(t, 30*time.Second, func() bool {
+			body, _ := os.ReadFile(f.sinkFile)
+			return strings.Contains(string(body), f.n1)
+		}, func() string {
+			return fmt.Sprintf("%s's sink file %s lacks its node %s's events", f.name, f.sinkFile, f.n1)
+		})
+		body, err := os.ReadFile(f.sinkFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range other.ids {
+			if strings.Contains(string(body), q(id)) {
+				t.Errorf("%s's sink file holds %s's %s", f.name, other.name, id)
+			}
+		}
+	}
 }
 
 // testTenantStreams: each tenant's viewer watches events through the CLI
 // (`events watch`) and the SSE stream (client.Watch); a cordon of the other
 // tenant's node, then of its own, shows its own node's event and never the
 // other's. audit.list of each admin shows its own cordons only; the fleet
-// page refuses both tenants' tokens and takes the root's.
+// page (page, fragment, node, shell and GPU pages) shows each tenant's
+// admin and viewer its own nodes and 404s the other's.
 func testTenantStreams(ctx context.Context, t *testing.T, d *deployment, admin *client.Client, a, b *tenantFixture) {
 	cli := testenv.Start(t, append(d.env, "BETTER_COMPUTE_TOKEN="+a.secrets[store.RoleViewer]), d.bc, "events", "watch",
 		"--server", d.api, "-o", "json")
@@ -567,29 +673,63 @@ func testTenantStreams(ctx context.Context, t *testing.T, d *deployment, admin *
 		}
 	}
 
-	// The fleet page: not scoped yet, so a tenant's token is refused.
-	login := func(token string) (int, string) {
+	// The fleet page: each tenant's session shows its own nodes and none
+	// of the other's; another tenant's node page is 404, as a node that
+	// does not exist. The root's shows both.
+	page := func(token string) func(path string) (int, string) {
+		jar, _ := cookiejar.New(nil)
+		c := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		do := func(req *http.Request) (int, string) {
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
 		form := url.Values{"token": {token}}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.api+"/watch/login", strings.NewReader(form.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Origin", d.api)
-		resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
-		if err != nil {
-			t.Fatal(err)
+		if code, body := do(req); code != http.StatusSeeOther {
+			t.Fatalf("fleet page login: %d\n%s", code, body)
 		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
+		return func(path string) (int, string) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.api+path, nil)
+			return do(req)
+		}
 	}
 	for _, f := range []*tenantFixture{a, b} {
+		other := b
+		if f == b {
+			other = a
+		}
 		for _, role := range []string{store.RoleAdmin, store.RoleViewer} {
-			if code, body := login(f.secrets[role]); code != http.StatusForbidden || !strings.Contains(body, "not scoped to tenants") {
-				t.Errorf("fleet page login of %s's %s: %d\n%s", f.name, role, code, body)
+			get := page(f.secrets[role])
+			for _, path := range []string{"/watch", "/watch/fragment"} {
+				code, body := get(path)
+				if code != http.StatusOK || !strings.Contains(body, f.n1) || !strings.Contains(body, f.n2) {
+					t.Errorf("fleet page %s of %s's %s: %d, want its nodes %s and %s:\n%s", path, f.name, role, code, f.n1, f.n2, body)
+				}
+				for _, id := range []string{other.n1, other.n2, other.pool, other.rollout, other.name + "-pool"} {
+					if strings.Contains(body, id) {
+						t.Errorf("fleet page %s of %s's %s shows %s's %s", path, f.name, role, other.name, id)
+					}
+				}
+			}
+			if code, body := get("/watch/nodes/" + f.n1); code != http.StatusOK || !strings.Contains(body, f.n1) {
+				t.Errorf("node page of %s's own %s for its %s: %d", f.name, f.n1, role, code)
+			}
+			for _, path := range []string{"/watch/nodes/" + other.n1, "/watch/nodes/" + other.n1 + "/shell", "/watch/gpus/" + other.gpu} {
+				if code, body := get(path); code != http.StatusNotFound || strings.Contains(body, other.n1) {
+					t.Errorf("GET %s (%s's) by %s's %s: %d, want 404\n%s", path, other.name, f.name, role, code, body)
+				}
 			}
 		}
 	}
-	if code, body := login(d.adminToken); code != http.StatusSeeOther {
-		t.Errorf("fleet page login of the root admin: %d\n%s", code, body)
+	if code, body := page(d.adminToken)("/watch/fragment"); code != http.StatusOK || !strings.Contains(body, a.n1) || !strings.Contains(body, b.n1) {
+		t.Errorf("the root admin's fleet page: %d, want both tenants' nodes\n%s", code, body)
 	}
 }
 

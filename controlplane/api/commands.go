@@ -497,15 +497,23 @@ func gpuMatch(n *apiv1.Node, r *apiv1.ListNodesRequest) bool {
 	return true
 }
 
-func (s *Server) fleetSummary(ctx context.Context, _ *iam.Principal, _ *apiv1.FleetSummaryRequest) (*apiv1.FleetSummaryResponse, error) {
+// fleetSummary counts the nodes and GPUs of the caller's subtree's pools
+// (every pool's for a root caller).
+func (s *Server) fleetSummary(ctx context.Context, p *iam.Principal, _ *apiv1.FleetSummaryRequest) (*apiv1.FleetSummaryResponse, error) {
 	out := &apiv1.FleetSummaryResponse{NodesByState: map[string]int32{}, GpusByModel: map[string]int32{}}
 	lp := store.NodeListParams{ListParams: store.ListParams{Limit: store.MaxListLimit}}
+	seen := s.poolsSeen(p)
 	for {
 		nodes, err := s.store.NodeList(ctx, &lp)
 		if err != nil {
 			return nil, err
 		}
 		for _, n := range nodes {
+			if ok, err := seen(ctx, n.PoolID); err != nil {
+				return nil, err
+			} else if !ok {
+				continue
+			}
 			out.Nodes++
 			out.NodesByState[n.State]++
 			inv := inventoryOf(n)

@@ -58,8 +58,10 @@ func (s *Server) gpusList(ctx context.Context, p *iam.Principal, r *apiv1.ListGP
 }
 
 // gpusGet gives one GPU: its current stays, every stay in order and its
-// history under its UUID, whichever node it was on.
-func (s *Server) gpusGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetGPURequest) (*apiv1.GPUDetail, error) {
+// history under its UUID, whichever node it was on. A tenant's caller sees
+// its stays on nodes of its subtree's pools and their history only; a GPU
+// with none there is NOT_FOUND, as one no node listed.
+func (s *Server) gpusGet(ctx context.Context, p *iam.Principal, r *apiv1.GetGPURequest) (*apiv1.GPUDetail, error) {
 	if err := gpuUUID("uuid", r.GetUuid()); err != nil {
 		return nil, err
 	}
@@ -67,6 +69,21 @@ func (s *Server) gpusGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetGPUR
 		return nil, invalid("limit", "must be 0 to %d", store.MaxListLimit)
 	}
 	ps, err := s.store.GPUPlacements(ctx, r.GetUuid())
+	if err == nil && within(p) != "" {
+		seen, kept := s.poolsSeen(p), ps[:0:0]
+		for _, g := range ps {
+			ok, err := seen(ctx, g.PoolID)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				kept = append(kept, g)
+			}
+		}
+		if ps = kept; len(ps) == 0 {
+			err = store.ErrNotFound
+		}
+	}
 	if err != nil {
 		return nil, fieldNotFound(err, "uuid", "no GPU "+r.GetUuid()+": no node's inventory has listed it")
 	}
@@ -74,11 +91,14 @@ func (s *Server) gpusGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetGPUR
 	if err != nil {
 		return nil, err
 	}
+	if h, err = s.historySeen(ctx, p, h); err != nil {
+		return nil, err
+	}
 	out := &apiv1.GPUDetail{Uuid: r.GetUuid(), History: historyOut(h)}
-	for _, p := range ps {
-		o := placementOut(p)
+	for _, g := range ps {
+		o := placementOut(g)
 		out.Placements = append(out.Placements, o)
-		if p.Current {
+		if g.Current {
 			out.Current = append(out.Current, o)
 		}
 	}

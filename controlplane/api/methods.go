@@ -618,11 +618,14 @@ func (s *Server) nodesDelete(ctx context.Context, p *iam.Principal, r *apiv1.Nod
 // nodesReinstall makes a one-use join token bound to a node, in its pool,
 // for a machine whose disk was wiped (DESIGN.md, "Re-join needs proof, never
 // a name"): the machine that joins with it takes the node's id and history.
-func (s *Server) nodesReinstall(ctx context.Context, _ *iam.Principal, r *apiv1.ReinstallNodeRequest) (*apiv1.ReinstallNodeResponse, error) {
+func (s *Server) nodesReinstall(ctx context.Context, p *iam.Principal, r *apiv1.ReinstallNodeRequest) (*apiv1.ReinstallNodeResponse, error) {
 	if err := id("node", r.GetNode()); err != nil {
 		return nil, err
 	}
 	n, err := s.store.NodeGet(ctx, r.GetNode())
+	if err == nil {
+		err = s.poolSeen(ctx, p, n.PoolID) // another tenant's: as one that does not exist
+	}
 	if err != nil {
 		return nil, fieldNotFound(err, "node", "no node "+r.GetNode())
 	}

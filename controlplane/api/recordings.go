@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -25,7 +26,10 @@ const (
 
 // recordingsList lists shell recordings, newest first. Every viewer of the
 // deployment sees every recording until tenants scope them.
-func (s *Server) recordingsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListRecordingsRequest) (*apiv1.ListRecordingsResponse, error) {
+// recordingsList lists recordings; a tenant's caller gets those of shells
+// its subtree's tokens opened (recordingSeen): a page may hold fewer than
+// its limit, its cursor follows the page read.
+func (s *Server) recordingsList(ctx context.Context, p *iam.Principal, r *apiv1.ListRecordingsRequest) (*apiv1.ListRecordingsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -42,15 +46,25 @@ func (s *Server) recordingsList(ctx context.Context, _ *iam.Principal, r *apiv1.
 		return nil, err
 	}
 	out := &apiv1.ListRecordingsResponse{NextCursor: next(recs, lp, func(x *store.Recording) string { return x.ID })}
+	seen := map[string]bool{}
 	for _, x := range recs {
-		out.Recordings = append(out.Recordings, recordingOut(x))
+		ok, cached := seen[x.CreatedBy]
+		if !cached {
+			if ok, err = s.recordingSeen(ctx, p, x); err != nil {
+				return nil, err
+			}
+			seen[x.CreatedBy] = ok
+		}
+		if ok {
+			out.Recordings = append(out.Recordings, recordingOut(x))
+		}
 	}
 	return out, nil
 }
 
 // recordingsGet returns a recording and a page of its events, opened
 // under the deployment secret.
-func (s *Server) recordingsGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetRecordingRequest) (*apiv1.GetRecordingResponse, error) {
+func (s *Server) recordingsGet(ctx context.Context, p *iam.Principal, r *apiv1.GetRecordingRequest) (*apiv1.GetRecordingResponse, error) {
 	if err := id("id", r.GetId()); err != nil {
 		return nil, err
 	}
@@ -63,6 +77,12 @@ func (s *Server) recordingsGet(ctx context.Context, _ *iam.Principal, r *apiv1.G
 		after = n
 	}
 	rec, err := s.store.RecordingGet(ctx, r.GetId())
+	if err == nil {
+		var ok bool
+		if ok, err = s.recordingSeen(ctx, p, rec); err == nil && !ok {
+			err = store.ErrNotFound // another tenant's: as one that does not exist
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: "no recording " + r.GetId()}
 	}
@@ -87,6 +107,22 @@ func (s *Server) recordingsGet(ctx context.Context, _ *iam.Principal, r *apiv1.G
 		out.NextCursor = strconv.Itoa(chunks[n-1].Seq)
 	}
 	return out, nil
+}
+
+// recordingSeen reports whether p sees rec: a recording is the tenant's of
+// the token that opened its shell (docs/tenants.md), as an audit row is
+// its caller's, so what a tenant's people typed is that tenant's only,
+// whichever node (its own, or another's through a reservation's grant) it
+// was typed on. A root caller sees every recording.
+func (s *Server) recordingSeen(ctx context.Context, p *iam.Principal, rec *store.Recording) (bool, error) {
+	if within(p) == "" {
+		return true, nil
+	}
+	tok, ok := strings.CutPrefix(rec.CreatedBy, "token:")
+	if !ok {
+		return false, nil
+	}
+	return s.tokenSeen(ctx, p, tok)
 }
 
 // recordingOut is a recording in the API's form.

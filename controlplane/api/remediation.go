@@ -105,10 +105,28 @@ func (s *Server) remediationGet(ctx context.Context, p *iam.Principal, r *apiv1.
 	return remediationOut(c), nil
 }
 
+// remediationSeen answers NOT_FOUND for a case of a pool outside p's
+// subtree (its pool, as remediation.get decides), as for one that does
+// not exist, before a change is tried; a root caller's calls go on
+// unchecked.
+func (s *Server) remediationSeen(ctx context.Context, p *iam.Principal, id string) error {
+	if within(p) == "" {
+		return nil
+	}
+	c, err := s.store.RemediationGet(ctx, id)
+	if err == nil {
+		err = s.poolSeen(ctx, p, c.PoolID)
+	}
+	return remediationNotFound(err, id)
+}
+
 // remediationPause returns the method that pauses (or resumes) a case.
 func (s *Server) remediationPause(paused bool) func(context.Context, *iam.Principal, *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
 	return func(ctx context.Context, p *iam.Principal, r *apiv1.RemediationRequest) (*apiv1.Remediation, error) {
 		if err := id("id", r.GetId()); err != nil {
+			return nil, err
+		}
+		if err := s.remediationSeen(ctx, p, r.GetId()); err != nil {
 			return nil, err
 		}
 		c, err := s.store.RemediationSetPaused(ctx, r.GetId(), paused, "token:"+p.TokenID)
@@ -137,6 +155,9 @@ func (s *Server) remediationReturn(ctx context.Context, p *iam.Principal, r *api
 	}
 	if ways > 1 {
 		return nil, invalid("resetGpu", "give at most one of resetGpu (--reset-gpu), reboot (--reboot) and force (--force)")
+	}
+	if err := s.remediationSeen(ctx, p, r.GetId()); err != nil {
+		return nil, err
 	}
 	var out *store.Remediation
 	err := store.InTx(ctx, s.store, func(tx returnTx) error {
@@ -236,7 +257,7 @@ func (s *Server) returnWithRepair(ctx context.Context, tx returnTx, c *store.Rem
 }
 
 func (s *Server) remediationResetBreaker(ctx context.Context, p *iam.Principal, r *apiv1.ResetBreakerRequest) (*apiv1.RemediationBreaker, error) {
-	pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
@@ -247,12 +268,22 @@ func (s *Server) remediationResetBreaker(ctx context.Context, p *iam.Principal, 
 	return breakerOut(b), nil
 }
 
-func (s *Server) remediationBreakers(ctx context.Context, _ *iam.Principal, _ *apiv1.ListBreakersRequest) (*apiv1.ListBreakersResponse, error) {
+// remediationBreakers lists the breakers of the caller's subtree's pools.
+func (s *Server) remediationBreakers(ctx context.Context, p *iam.Principal, _ *apiv1.ListBreakersRequest) (*apiv1.ListBreakersResponse, error) {
 	bs, err := s.breakerStates(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &apiv1.ListBreakersResponse{Breakers: bs}, nil
+	out := &apiv1.ListBreakersResponse{}
+	seen := s.poolsSeen(p)
+	for _, b := range bs {
+		if ok, err := seen(ctx, b.PoolId); err != nil {
+			return nil, err
+		} else if ok {
+			out.Breakers = append(out.Breakers, b)
+		}
+	}
+	return out, nil
 }
 
 // breakerStates returns every pool's breaker as the API shows it, with
@@ -280,17 +311,18 @@ func (s *Server) breakerStates(ctx context.Context) ([]*apiv1.RemediationBreaker
 
 // remediationStats gives each pool's figures (remediationstats.Stats) over the
 // cases kept.
-func (s *Server) remediationStats(ctx context.Context, _ *iam.Principal, r *apiv1.RemediationStatsRequest) (*apiv1.RemediationStatsResponse, error) {
+// A tenant's caller gets its subtree's pools' figures.
+func (s *Server) remediationStats(ctx context.Context, p *iam.Principal, r *apiv1.RemediationStatsRequest) (*apiv1.RemediationStatsResponse, error) {
 	var pools []string
 	q := store.RemediationListParams{}
 	if r.GetPool() != "" {
-		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
 		pools, q.PoolID = []string{pool.ID}, pool.ID
 	} else {
-		ps, err := s.store.PoolList(ctx, &store.ListParams{Limit: 100000})
+		ps, err := s.store.PoolList(ctx, &store.ListParams{Limit: 100000, Within: within(p)})
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"time"
 	"unicode"
 
@@ -33,7 +34,9 @@ func gpuUUID(field, v string) error {
 }
 
 // remediationHistory returns a node's or a GPU's memory (store.RemediationHistory).
-func (s *Server) remediationHistory(ctx context.Context, _ *iam.Principal, r *apiv1.RemediationHistoryRequest) (*apiv1.RemediationHistory, error) {
+// A tenant's caller names a node of its subtree (else NOT_FOUND) and sees
+// the rows of its subtree's nodes only (historySeen).
+func (s *Server) remediationHistory(ctx context.Context, p *iam.Principal, r *apiv1.RemediationHistoryRequest) (*apiv1.RemediationHistory, error) {
 	if r.GetNodeId() == "" && r.GetGpuUuid() == "" {
 		return nil, invalid("nodeId", "name a node (nodeId) or a GPU (gpuUuid)")
 	}
@@ -41,6 +44,15 @@ func (s *Server) remediationHistory(ctx context.Context, _ *iam.Principal, r *ap
 	if q.NodeID != "" {
 		if err := id("nodeId", q.NodeID); err != nil {
 			return nil, err
+		}
+		if within(p) != "" {
+			n, err := s.store.NodeGet(ctx, q.NodeID)
+			if err == nil {
+				err = s.poolSeen(ctx, p, n.PoolID)
+			}
+			if err != nil {
+				return nil, fieldNotFound(err, "nodeId", "no node "+q.NodeID)
+			}
 		}
 	}
 	if q.GPUUUID != "" {
@@ -63,7 +75,61 @@ func (s *Server) remediationHistory(ctx context.Context, _ *iam.Principal, r *ap
 	if err != nil {
 		return nil, err
 	}
+	if h, err = s.historySeen(ctx, p, h); err != nil {
+		return nil, err
+	}
 	return historyOut(h), nil
+}
+
+// historySeen keeps the rows of h about nodes whose pool lies within p's
+// subtree (a node's history follows it when it moves): a GPU's memory
+// spans nodes, and a tenant sees its own nodes' part of it. A root caller
+// gets h as it is.
+func (s *Server) historySeen(ctx context.Context, p *iam.Principal, h *store.RemediationHistory) (*store.RemediationHistory, error) {
+	if within(p) == "" {
+		return h, nil
+	}
+	seen, nodes := s.poolsSeen(p), map[string]bool{}
+	var err error
+	node := func(id string) bool {
+		if ok, cached := nodes[id]; cached || err != nil {
+			return ok
+		}
+		n, e := s.store.NodeGet(ctx, id)
+		switch {
+		case errors.Is(e, store.ErrNotFound):
+			nodes[id] = false
+		case e != nil:
+			err = e
+		default:
+			nodes[id], err = seen(ctx, n.PoolID)
+		}
+		return nodes[id]
+	}
+	out := &store.RemediationHistory{}
+	for _, f := range h.Findings {
+		if node(f.NodeID) {
+			out.Findings = append(out.Findings, f)
+		}
+	}
+	for _, c := range h.Cases {
+		if ok, e := seen(ctx, c.PoolID); e != nil {
+			return nil, e
+		} else if ok {
+			out.Cases = append(out.Cases, c)
+		}
+	}
+	for _, a := range h.Actions {
+		if node(a.NodeID) {
+			out.Actions = append(out.Actions, a)
+		}
+	}
+	for _, c := range h.Counts {
+		if node(c.NodeID) {
+			out.Counts = append(out.Counts, c)
+		}
+	}
+	return out, err
 }
 
 // historyOut is a store.RemediationHistory as the API gives it.

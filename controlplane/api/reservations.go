@@ -268,7 +268,9 @@ func (s *Server) reservationsExtend(ctx context.Context, p *iam.Principal, r *ap
 
 // capacitySummary counts a pool's GPUs at a time or over a window by
 // model (docs/reservations.md, "Capacity").
-func (s *Server) capacitySummary(ctx context.Context, _ *iam.Principal, r *apiv1.CapacitySummaryRequest) (*apiv1.CapacitySummaryResponse, error) {
+// A tenant's caller names a pool of its subtree: the summary without one
+// counts every pool of the deployment.
+func (s *Server) capacitySummary(ctx context.Context, p *iam.Principal, r *apiv1.CapacitySummaryRequest) (*apiv1.CapacitySummaryResponse, error) {
 	at, err := when("at", r.GetAt())
 	if err != nil {
 		return nil, err
@@ -301,8 +303,11 @@ func (s *Server) capacitySummary(ctx context.Context, _ *iam.Principal, r *apiv1
 		hi = lo.Add(time.Microsecond)
 	}
 	out := &apiv1.CapacitySummaryResponse{From: ts(lo), To: ts(hi)}
+	if r.GetPool() == "" && within(p) != "" {
+		return nil, invalid("pool", "is required of a token of a tenant other than the root: the summary of every pool is deployment-wide")
+	}
 	if r.GetPool() != "" {
-		pool, err := s.resolvePool(ctx, "pool", r.GetPool())
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}

@@ -67,10 +67,10 @@ func (s *Server) rolloutsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	if base := r.GetBaseUrl(); base != "" && !downloadsRouteURL(base) {
 		return nil, invalid("baseUrl", "want an http(s)://host/path URL of a downloads route, such as https://compute.example.com/api/downloads")
 	}
-	pool, err := s.store.PoolGet(ctx, r.GetPool())
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
-	}
+	// A rollout is its pool's tenant's (docs/tenants.md): a pool outside
+	// the caller's subtree is NOT_FOUND, and the rollout's nodes are the
+	// pool's, so it never reaches a node outside it.
+	pool, err := s.pool(ctx, p, "pool", r.GetPool())
 	if err != nil {
 		return nil, err
 	}
@@ -191,17 +191,16 @@ func durationIn(field string, d *durationpb.Duration, def, lo, hi time.Duration)
 	return d.AsDuration(), nil
 }
 
-func (s *Server) rolloutsList(ctx context.Context, _ *iam.Principal, r *apiv1.ListRolloutsRequest) (*apiv1.ListRolloutsResponse, error) {
+// rolloutsList lists the rollouts of the caller's subtree's pools: a page
+// may hold fewer than its limit; the cursor follows the page read.
+func (s *Server) rolloutsList(ctx context.Context, p *iam.Principal, r *apiv1.ListRolloutsRequest) (*apiv1.ListRolloutsResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
 	}
 	q := &store.RolloutListParams{ListParams: lp, Active: r.GetActive()}
 	if r.GetPool() != "" {
-		pool, err := s.store.PoolGet(ctx, r.GetPool())
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, &Error{Code: apiv1.CodeNotFound, Field: "pool", Message: fmt.Sprintf("no pool %q", r.GetPool())}
-		}
+		pool, err := s.pool(ctx, p, "pool", r.GetPool())
 		if err != nil {
 			return nil, err
 		}
@@ -212,7 +211,13 @@ func (s *Server) rolloutsList(ctx context.Context, _ *iam.Principal, r *apiv1.Li
 		return nil, err
 	}
 	out := &apiv1.ListRolloutsResponse{NextCursor: next(ros, lp, func(r *store.Rollout) string { return r.ID })}
+	seen := s.poolsSeen(p)
 	for _, ro := range ros {
+		if ok, err := seen(ctx, ro.PoolID); err != nil {
+			return nil, err
+		} else if !ok {
+			continue
+		}
 		nodes, err := s.store.RolloutNodes(ctx, ro.ID)
 		if err != nil {
 			return nil, err
@@ -222,20 +227,24 @@ func (s *Server) rolloutsList(ctx context.Context, _ *iam.Principal, r *apiv1.Li
 	return out, nil
 }
 
-func (s *Server) rolloutsGet(ctx context.Context, _ *iam.Principal, r *apiv1.GetRolloutRequest) (*apiv1.RolloutResponse, error) {
-	ro, err := s.rollout(ctx, r.GetId())
+func (s *Server) rolloutsGet(ctx context.Context, p *iam.Principal, r *apiv1.GetRolloutRequest) (*apiv1.RolloutResponse, error) {
+	ro, err := s.rollout(ctx, p, r.GetId())
 	if err != nil {
 		return nil, err
 	}
 	return s.rolloutResponse(ctx, ro)
 }
 
-// rollout reads the rollout a request names.
-func (s *Server) rollout(ctx context.Context, id string) (*store.Rollout, error) {
+// rollout reads the rollout a request names; one of a pool outside p's
+// subtree is NOT_FOUND, as one that does not exist.
+func (s *Server) rollout(ctx context.Context, p *iam.Principal, id string) (*store.Rollout, error) {
 	if id == "" || len(id) > 128 {
 		return nil, invalid("id", "is required: a rollout id (rollouts list shows them)")
 	}
 	ro, err := s.store.RolloutGet(ctx, id)
+	if err == nil {
+		err = s.poolSeen(ctx, p, ro.PoolID)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: apiv1.CodeNotFound, Field: "id", Message: fmt.Sprintf("no rollout %q", id)}
 	}
@@ -249,7 +258,7 @@ func (s *Server) rolloutsAction(verb, state string, from ...string) func(context
 		if len(r.GetReason()) > 1024 {
 			return nil, invalid("reason", "must be at most 1,024 bytes")
 		}
-		ro, err := s.rollout(ctx, r.GetId())
+		ro, err := s.rollout(ctx, p, r.GetId())
 		if err != nil {
 			return nil, err
 		}

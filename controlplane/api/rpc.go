@@ -169,7 +169,7 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	}
 	if tenantDenied(p, name) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf(
-			"%s is not scoped to tenants yet: only a token of the root tenant may call it (docs/tenants.md)", name)})
+			"%s is deployment-wide: only a token of the root tenant may call it (docs/tenants.md)", name)})
 	}
 	req := m.newReq()
 	if err := decode(req); err != nil {

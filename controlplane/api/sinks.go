@@ -24,8 +24,10 @@ var errReplayMissing = errors.New("ids that are not dead letters")
 
 // sinksDeadLetters pages through the sinks' dead letters, oldest first
 // (docs/api.md, "sinks.deadLetters"): the cursor is the id of the last
-// dead letter of the previous page; sink keeps one sink's.
-func (s *Server) sinksDeadLetters(ctx context.Context, _ *iam.Principal, r *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
+// dead letter of the previous page; sink keeps one sink's. A tenant's
+// caller sees the dead letters of its subtree's sinks (sinkSeen) only: a
+// page may hold fewer than its limit, its cursor follows the page read.
+func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
 		return nil, err
@@ -33,6 +35,11 @@ func (s *Server) sinksDeadLetters(ctx context.Context, _ *iam.Principal, r *apiv
 	if r.GetSink() != "" {
 		if err := name("sink", r.GetSink()); err != nil {
 			return nil, err
+		}
+		if ok, err := s.sinkSeen(ctx, p, r.GetSink()); err != nil {
+			return nil, err
+		} else if !ok {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "sink", Message: fmt.Sprintf("no sink %q is configured (sinks.webhooks, sinks.files)", r.GetSink())}
 		}
 	}
 	q := store.DeadLetterListParams{Sink: r.GetSink(), Limit: lp.Limit}
@@ -44,10 +51,42 @@ func (s *Server) sinksDeadLetters(ctx context.Context, _ *iam.Principal, r *apiv
 		return nil, err
 	}
 	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return idString(d.ID) })}
+	seen := map[string]bool{}
 	for _, d := range dls {
-		out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
+		ok, cached := seen[d.Sink]
+		if !cached {
+			if ok, err = s.sinkSeen(ctx, p, d.Sink); err != nil {
+				return nil, err
+			}
+			seen[d.Sink] = ok
+		}
+		if ok {
+			out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
+		}
 	}
 	return out, nil
+}
+
+// sinkSeen reports whether p sees the sink named sink: a root caller sees
+// every sink; a tenant's caller the sinks whose tenant (sinks.*.tenant)
+// lies within its subtree, never a deployment-wide sink, which takes
+// every tenant's events (docs/tenants.md, "Sinks").
+func (s *Server) sinkSeen(ctx context.Context, p *iam.Principal, sink string) (bool, error) {
+	if within(p) == "" {
+		return true, nil
+	}
+	tenant := s.cfg.SinkTenants[sink]
+	if tenant == "" {
+		return false, nil
+	}
+	t, err := s.store.TenantGet(ctx, tenant)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return t.DeletedAt == nil && p.Sees(t.Path), nil
 }
 
 // deadLetterOut is a dead letter in the API's form.
@@ -69,16 +108,24 @@ func deadLetterOut(d *store.DeadLetter) *apiv1.DeadLetter {
 // "sinks.replay"): the ids given (all of them dead letters, of sink when
 // it is set, or NOT_FOUND naming those that are not, with nothing marked),
 // or with all every dead letter of sink. The sink's dispatcher delivers
-// them before the outbox.
-func (s *Server) sinksReplay(ctx context.Context, _ *iam.Principal, r *apiv1.ReplayDeadLettersRequest) (*apiv1.ReplayDeadLettersResponse, error) {
+// them before the outbox. A tenant's caller names a sink of its subtree
+// (sinkSeen; another is NOT_FOUND, as one not configured).
+func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.ReplayDeadLettersRequest) (*apiv1.ReplayDeadLettersResponse, error) {
 	sink := r.GetSink()
+	if sink == "" && within(p) != "" {
+		return nil, invalid("sink", "is required of a token of a tenant other than the root: the sink whose dead letters to replay")
+	}
 	if sink != "" {
 		if err := name("sink", sink); err != nil {
 			return nil, err
 		}
+		seen, err := s.sinkSeen(ctx, p, sink)
+		if err != nil {
+			return nil, err
+		}
 		// A sink that is not configured has no dispatcher to deliver what
 		// would be marked: NOT_FOUND, not a silent success (issue 29).
-		if !slices.Contains(s.cfg.Sinks, sink) {
+		if !seen || !slices.Contains(s.cfg.Sinks, sink) {
 			return nil, &Error{Code: apiv1.CodeNotFound, Field: "sink", Message: fmt.Sprintf("no sink %q is configured (sinks.webhooks, sinks.files); nothing was replayed", sink)}
 		}
 	}

@@ -7,14 +7,12 @@ import (
 
 // tenantScoped are the API methods that act only within the caller's
 // subtree (docs/tenants.md, "Scoped"). A token of a tenant other than the
-// root calls these and no other: every other change is deployment-wide
-// (pki.*, gateways.*, bmc.*, sinks.*, rollouts, remediation, …) and refused to it, and so is every other read: their answers name
-// other tenants' nodes or carry their data (recordings: what was typed in
-// any tenant's shells; rollouts, remediation's breakers, history and
-// stats, gpus.get (a board's history across nodes), capacity, fleet:
-// every pool's nodes; pki: a rotation's missing nodes;
-// sinks: dead-lettered events; gateways, processes: the deployment's
-// own) (tenantDenied).
+// root calls these and no other: every other method is deployment-wide and
+// refused to it, read or change (tenantDenied): pki.* (a rotation's
+// missing nodes, the deployment's CA), gateways.*, processes.list,
+// release.pins* (the pins every node applies) and bmc.* (a BMC address is
+// one the control plane dials to power-cycle a machine: a tenant's could
+// aim it at another tenant's machine).
 var tenantScoped = map[string]bool{
 	"tenants.create": true, "tenants.list": true, "tenants.get": true, "tenants.suspend": true,
 	"tenants.resume": true, "tenants.delete": true,
@@ -23,7 +21,7 @@ var tenantScoped = map[string]bool{
 	"joinTokens.create": true, "joinTokens.list": true, "joinTokens.revoke": true,
 	"nodes.list": true, "nodes.get": true, "nodes.cordon": true, "nodes.uncordon": true, "nodes.drain": true,
 	"nodes.delete": true, "nodes.gpuReset": true, "nodes.reboot": true, "nodes.add": true,
-	"nodes.move":      true,
+	"nodes.move": true, "nodes.setGPUCount": true, "nodes.reinstall": true,
 	"commands.create": true, "commands.get": true, "commands.list": true, "commands.cancel": true,
 	"tunnels.create": true,
 	"tokens.create":  true, "tokens.list": true, "tokens.revoke": true,
@@ -31,8 +29,20 @@ var tenantScoped = map[string]bool{
 	// Reservations of the subtree's pools (their nodes are the pool's).
 	"reservations.create": true, "reservations.list": true, "reservations.get": true, "reservations.cancel": true,
 	"reservations.extend": true,
-	// Reads of the subtree's pools' GPUs and remediation cases.
-	"gpus.list": true, "remediation.list": true, "remediation.get": true,
+	// The subtree's pools' GPUs (a GPU's stays and history on the subtree's
+	// nodes only), remediation cases and breakers, capacity (of a pool
+	// named) and fleet summary.
+	"gpus.list": true, "gpus.get": true, "remediation.list": true, "remediation.get": true,
+	"remediation.pause": true, "remediation.resume": true, "remediation.return": true,
+	"remediation.resetBreaker": true, "remediation.breakers": true, "remediation.history": true,
+	"remediation.stats": true, "capacity.summary": true, "fleet.summary": true,
+	// Rollouts are their pool's tenant's: one targets its pool's nodes only.
+	"rollouts.create": true, "rollouts.list": true, "rollouts.get": true, "rollouts.pause": true,
+	"rollouts.resume": true, "rollouts.abort": true,
+	// Recordings of shells the subtree's tokens opened.
+	"recordings.list": true, "recordings.get": true,
+	// Dead letters of the sinks of the subtree's tenants (sinks.*.tenant).
+	"sinks.deadLetters": true, "sinks.replay": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,

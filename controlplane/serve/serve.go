@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			tunnels = &tunnelRouter{st: st, local: gw, remote: internal}
 		}
 		srv = api.New(withInstall(api.Config{Listen: cfg.Host.Listen, BasePath: cfg.BasePath, TrustedProxies: cfg.ParsedProxies,
-			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), EmbeddedDir: embeddedDir(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
+			Secret: cfg.Secret, Version: opts.Version, Downloads: dl, Sinks: sinkNames(cfg), SinkTenants: sinkTenants(cfg), EmbeddedDir: embeddedDir(cfg), DownloadsURL: cfg.Downloads.PublicURL, Waker: waker, Revoker: revoker,
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration, Recording: cfg.Host.Gateway.Tunnels.Recording,
 			EventWakeups: eventWakeups, Listeners: listeners, Clock: clock, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Remediation: cfg.Remediation, Refusals: m,
 			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
@@ -358,6 +358,23 @@ func embeddedDir(cfg *config.Config) string {
 		return ""
 	}
 	return cfg.DataDir
+}
+
+// sinkTenants are the configured sinks' tenants by sink name, for the
+// sinks that name one.
+func sinkTenants(cfg *config.Config) map[string]string {
+	out := map[string]string{}
+	for _, w := range cfg.Sinks.Webhooks {
+		if w.Tenant != "" {
+			out[w.Name] = w.Tenant
+		}
+	}
+	for _, f := range cfg.Sinks.Files {
+		if f.Tenant != "" {
+			out[f.Name] = f.Tenant
+		}
+	}
+	return out
 }
 
 func sinkNames(cfg *config.Config) []string {

@@ -245,7 +245,7 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 	if cfg.Runs("sinks") {
 		for _, sink := range configuredSinks(cfg) {
 			wake := make(chan struct{}, 1)
-			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types, Wake: wake, Clock: clk}, sink, st, log)
+			d, err := sinks.NewDispatcher(sinks.Config{Holder: opts.WorkerID, Types: sink.types, Tenant: sink.tenant, Wake: wake, Clock: clk}, sink, st, log)
 			if err != nil {
 				return err
 			}
@@ -300,20 +300,22 @@ func Run(ctx context.Context, cfg *config.Config, st Store, opts Options, log *s
 // can still see why a join was refused) before token expiry deletes them.
 const TokenGrace = 7 * 24 * time.Hour
 
-// configuredSink is a configured sink and the type prefixes it takes.
+// configuredSink is a configured sink, the type prefixes it takes and
+// its tenant ("": every tenant's events).
 type configuredSink struct {
 	sinks.Sink
-	types []string
+	types  []string
+	tenant string
 }
 
 // configuredSinks builds the configured sinks.
 func configuredSinks(cfg *config.Config) []configuredSink {
 	var out []configuredSink
 	for _, w := range cfg.Sinks.Webhooks {
-		out = append(out, configuredSink{&sinks.Webhook{SinkName: w.Name, URL: w.URL, Secret: []byte(w.Secret)}, w.Types})
+		out = append(out, configuredSink{&sinks.Webhook{SinkName: w.Name, URL: w.URL, Secret: []byte(w.Secret)}, w.Types, w.Tenant})
 	}
 	for _, f := range cfg.Sinks.Files {
-		out = append(out, configuredSink{&sinks.File{SinkName: f.Name, Path: f.Path}, f.Types})
+		out = append(out, configuredSink{&sinks.File{SinkName: f.Name, Path: f.Path}, f.Types, f.Tenant})
 	}
 	return out
 }

@@ -392,6 +392,10 @@ type WebhookSink struct {
 	// Types are the event type prefixes it takes ("node.",
 	// "com.better-compute.gpu."); none: every event (docs/events.md).
 	Types []string `yaml:"types"`
+	// Tenant, when set (a tenant's name or id), makes the sink the
+	// tenant's: it takes only the events of that tenant's subtree
+	// (docs/tenants.md, "Sinks"). Empty: every event.
+	Tenant string `yaml:"tenant"`
 }
 
 // FileSink appends each event as a CloudEvents JSON line.
@@ -400,6 +404,8 @@ type FileSink struct {
 	Path string `yaml:"path"`
 	// Types are as WebhookSink.Types.
 	Types []string `yaml:"types"`
+	// Tenant is as WebhookSink.Tenant.
+	Tenant string `yaml:"tenant"`
 }
 
 // Retention windows: rows older than these are pruned.
@@ -817,6 +823,9 @@ func (c *Config) validate() error {
 		if err := sinkTypes(key, w.Types); err != nil {
 			return err
 		}
+		if err := sinkTenant(key, w.Tenant); err != nil {
+			return err
+		}
 	}
 	for i, f := range c.Sinks.Files {
 		key := fmt.Sprintf("sinks.files[%d]", i)
@@ -827,6 +836,9 @@ func (c *Config) validate() error {
 			return &Error{Key: key + ".path", Msg: "want an absolute path"}
 		}
 		if err := sinkTypes(key, f.Types); err != nil {
+			return err
+		}
+		if err := sinkTenant(key, f.Tenant); err != nil {
 			return err
 		}
 	}
@@ -889,6 +901,15 @@ func sinkTypes(key string, types []string) error {
 }
 
 // sinkName checks a sink's name: 1 to 63 of a-z, 0-9, '-', unique.
+// sinkTenant checks a sink's tenant: empty, or a tenant's name or id (the
+// tenant need not exist yet: until it does, the sink takes no event).
+func sinkTenant(key, tenant string) error {
+	if tenant != "" && (len(tenant) > 63 || strings.Trim(tenant, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "") {
+		return &Error{Key: key + ".tenant", Msg: "want a tenant's name or id: 1 to 63 of a-z, 0-9, '-' and '_'"}
+	}
+	return nil
+}
+
 func sinkName(key, name string, seen map[string]bool) error {
 	if name == "" || len(name) > 63 || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
 		return &Error{Key: key + ".name", Msg: "want 1 to 63 of a-z, 0-9 and '-'"}

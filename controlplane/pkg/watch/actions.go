@@ -310,7 +310,14 @@ func (h *Handler) shellPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad node id: a node id looks like node_...", http.StatusBadRequest)
 		return
 	}
-	n, err := h.store.NodeGet(r.Context(), id)
+	sc, err := h.scopeOf(r.Context(), s)
+	var n *store.Node
+	if err == nil {
+		n, err = h.store.NodeGet(r.Context(), id)
+	}
+	if err == nil && !sc.pool(n.PoolID) {
+		err = store.ErrNotFound // another tenant's: as a node that does not exist
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		http.Error(w, "the fleet has no such node", http.StatusNotFound)

@@ -135,17 +135,26 @@ func (h *Handler) places(ctx context.Context) (*places, error) {
 
 func (p *places) site(id string) string { return cmp.Or(p.siteName[id], id, "(no site)") }
 
-// load reads the page's data: counts, GPU totals (cached), commands in
-// flight, the latest events and one page of nodes in state filter after
-// cursor.
-func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) (*view, error) {
+// load reads the page's data within sc (nil: the whole fleet): counts,
+// GPU totals (cached), commands in flight, the latest events and one page
+// of nodes in state filter after cursor.
+func (h *Handler) load(ctx context.Context, sc *scope, filter, cursor string, mq mapQuery) (*view, error) {
 	pl, err := h.places(ctx)
 	if err != nil {
 		return nil, err
 	}
-	counts, err := h.store.NodeCounts(ctx)
+	snap, err := h.fleet(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count nodes: %w", err)
+		return nil, err
+	}
+	snap = sc.restrict(snap)
+	var counts []*store.NodeCount
+	if sc == nil {
+		if counts, err = h.store.NodeCounts(ctx); err != nil {
+			return nil, fmt.Errorf("count nodes: %w", err)
+		}
+	} else {
+		counts = nodeCounts(snap)
 	}
 	v := &view{Generated: h.now().UTC(), Filter: filter, Cursor: cursor, PageSz: h.cfg.PageSize}
 	states := slices.Clone(nodeStates)
@@ -180,10 +189,6 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 		v.Sites = append(v.Sites, *bySite[name])
 	}
 
-	snap, err := h.fleet(ctx)
-	if err != nil {
-		return nil, err
-	}
 	v.GPUsAt = snap.At
 	all := buildMap(snap, mapQuery{Group: "pool"}, 0, 0, func(string) string { return "" })
 	v.GPUs, v.GPUsTotal = all.Counts, all.Total
@@ -196,7 +201,7 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 		}
 	}
 	slices.Sort(v.SiteNames)
-	if v.Queue, v.Breakers, v.OpenCases, err = h.queue(ctx, snap); err != nil {
+	if v.Queue, v.Breakers, v.OpenCases, err = h.queue(ctx, sc, snap); err != nil {
 		return nil, err
 	}
 	v.Capacity = capacity(snap)
@@ -204,7 +209,12 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 		return nil, err
 	}
 	v.BarsHeight = len(v.Bars)*22 + 8
-	open, err := h.store.CommandCountOpen(ctx)
+	var open map[string]int
+	if sc == nil {
+		open, err = h.store.CommandCountOpen(ctx)
+	} else {
+		open, err = h.openCommands(ctx, snap)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("count commands: %w", err)
 	}
@@ -212,10 +222,10 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 		v.Commands = append(v.Commands, countRow{Name: s, Count: open[s]})
 		v.InFlight += open[s]
 	}
-	if v.Events, err = h.latestEvents(ctx); err != nil {
+	if v.Events, err = h.latestEvents(ctx, sc, snap); err != nil {
 		return nil, err
 	}
-	if v.Rollouts, err = h.rollouts(ctx, pl); err != nil {
+	if v.Rollouts, err = h.rollouts(ctx, sc, pl); err != nil {
 		return nil, err
 	}
 
@@ -228,6 +238,9 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 		v.Next = nodes[len(nodes)-1].ID
 	}
 	for _, n := range nodes {
+		if !sc.pool(n.PoolID) {
+			continue // another tenant's: a page may show fewer than PageSize
+		}
 		row := nodeRow{ID: n.ID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned, Version: n.BCDVersion,
 			Site: pl.site(pl.poolSite[n.PoolID]), Pool: cmp.Or(pl.poolName[n.PoolID], n.PoolID), LastSeen: n.LastSeenAt}
 		if fn := snap.byID[n.ID]; fn != nil {
@@ -245,10 +258,19 @@ func (h *Handler) load(ctx context.Context, filter, cursor string, mq mapQuery) 
 	return v, nil
 }
 
+// tenantEventScan is how many of the newest outbox entries a tenant's
+// session reads for its Config.Events latest: the others are other
+// tenants' or the deployment's.
+const tenantEventScan = 1000
+
 // latestEvents returns the newest Config.Events outbox entries, newest
-// first. Their payload is a CloudEvents 1.0 envelope (package events);
-// an entry that is not one shows its outbox topic and key.
-func (h *Handler) latestEvents(ctx context.Context) ([]eventRow, error) {
+// first; within sc (snap restricted to it) those an event stream of the
+// same tenant shows (docs/tenants.md, "Events": the event's pool, else
+// its node's pool, lies within the subtree), found among the newest
+// tenantEventScan. Their payload is a CloudEvents 1.0 envelope (package
+// events); an entry that is not one shows its outbox topic and key (to a
+// root session only).
+func (h *Handler) latestEvents(ctx context.Context, sc *scope, snap *snapshot) ([]eventRow, error) {
 	maxID, err := h.store.OutboxMaxID(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("latest events: %w", err)
@@ -258,20 +280,32 @@ func (h *Handler) latestEvents(ctx context.Context) ([]eventRow, error) {
 	}
 	// Ids rise by one per entry on both backends, so the newest n lie
 	// after maxID-n, give or take a rolled-back insert.
-	entries, err := h.store.OutboxList(ctx, max(0, maxID-int64(h.cfg.Events)), h.cfg.Events)
+	scan := h.cfg.Events
+	if sc != nil {
+		scan = max(scan, tenantEventScan)
+	}
+	entries, err := h.store.OutboxList(ctx, max(0, maxID-int64(scan)), scan)
 	if err != nil {
 		return nil, fmt.Errorf("latest events: %w", err)
 	}
-	out := make([]eventRow, 0, len(entries))
-	for i := len(entries) - 1; i >= 0; i-- {
+	out := make([]eventRow, 0, h.cfg.Events)
+	for i := len(entries) - 1; i >= 0 && len(out) < h.cfg.Events; i-- {
 		e := entries[i]
 		row := eventRow{ID: e.ID, Time: e.CreatedAt, Type: e.Topic, Subject: e.Key}
 		var ce struct {
 			Type    string    `json:"type"`
 			Subject string    `json:"subject"`
 			Time    time.Time `json:"time"`
+			Data    struct {
+				NodeID string `json:"nodeId"`
+				PoolID string `json:"poolId"`
+			} `json:"data"`
 		}
-		if json.Unmarshal(e.Payload, &ce) == nil && ce.Type != "" {
+		ok := json.Unmarshal(e.Payload, &ce) == nil && ce.Type != ""
+		if sc != nil && (!ok || !sc.sees(snap, ce.Data.PoolID, ce.Data.NodeID)) {
+			continue
+		}
+		if ok {
 			row.Type, row.Subject = ce.Type, cmp.Or(ce.Subject, e.Key)
 			if !ce.Time.IsZero() {
 				row.Time = ce.Time

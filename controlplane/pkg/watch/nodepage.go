@@ -132,10 +132,10 @@ func gpuRowOf(g *sessionv1.GPU, state string) gpuRow {
 		RemapPending: g.GetRemappedRowsPending(), RemapFailed: g.GetRemappedRowsFailed(), Reasons: g.GetHealth().GetReasons()}
 }
 
-// loadNode reads a node's page.
-func (h *Handler) loadNode(ctx context.Context, id string) (*nodeView, error) {
+// loadNode reads a node's page; a node outside sc is errNoSuch.
+func (h *Handler) loadNode(ctx context.Context, sc *scope, id string) (*nodeView, error) {
 	n, err := h.store.NodeGet(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && !sc.pool(n.PoolID) {
 		return nil, errNoSuch
 	}
 	if err != nil {
@@ -399,12 +399,15 @@ func entryOf(e *store.OutboxEntry) (entry, bool) {
 
 // loadGPU reads a GPU's page: the node that reports it now, its findings
 // on every node it was seen in (gpu.health-changed has the GPU's UUID as
-// its subject), and the cases that named it with their steps.
-func (h *Handler) loadGPU(ctx context.Context, uuid string) (*gpuView, error) {
+// its subject), and the cases that named it with their steps. Within a
+// tenant's scope sc it shows the GPU's part on the scope's nodes only (a
+// GPU seen on none of them is errNoSuch).
+func (h *Handler) loadGPU(ctx context.Context, sc *scope, uuid string) (*gpuView, error) {
 	s, err := h.fleet(ctx)
 	if err != nil {
 		return nil, err
 	}
+	s = sc.restrict(s)
 	v := &gpuView{Generated: h.now().UTC(), UUID: uuid, Hosts: map[string]string{}}
 	for _, n := range s.Nodes {
 		v.Hosts[n.ID] = n.Hostname
@@ -435,6 +438,9 @@ func (h *Handler) loadGPU(ctx context.Context, uuid string) (*gpuView, error) {
 	}
 	for _, e := range es {
 		if en, ok := entryOf(e); ok {
+			if sc != nil && s.byID[en.Node] == nil {
+				continue // on a node outside the scope, or on none
+			}
 			v.Timeline = append(v.Timeline, en)
 			if en.Node != "" && !slices.Contains(v.Nodes, en.Node) && len(v.Nodes) < gpuNodes {
 				v.Nodes = append(v.Nodes, en.Node)

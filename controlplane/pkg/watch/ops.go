@@ -52,7 +52,7 @@ const maxBars = 50
 
 // queue reads the open cases (oldest first, at most maxQueue) and every
 // pool's breaker.
-func (h *Handler) queue(ctx context.Context, s *snapshot) ([]caseRow, []breakerRow, int, error) {
+func (h *Handler) queue(ctx context.Context, sc *scope, s *snapshot) ([]caseRow, []breakerRow, int, error) {
 	host := map[string]string{}
 	for _, n := range s.Nodes {
 		host[n.ID] = n.Hostname
@@ -68,8 +68,11 @@ func (h *Handler) queue(ctx context.Context, s *snapshot) ([]caseRow, []breakerR
 		if err != nil {
 			return nil, nil, 0, fmt.Errorf("list open cases: %w", err)
 		}
-		open += len(list)
 		for _, c := range list {
+			if !sc.pool(c.PoolID) {
+				continue
+			}
+			open++
 			rows = append(rows, caseRow{ID: c.ID, NodeID: c.NodeID, Node: cmp.Or(host[c.NodeID], c.NodeID), Pool: cmp.Or(poolName[c.PoolID], c.PoolID),
 				State: c.State, Action: c.Action, Finding: c.Finding, Resolution: c.Resolution, Mnemonic: c.XIDMnemonic, GPU: c.GPUUUID,
 				Reason: c.Reason, XID: c.XID, Attempts: c.Attempts, Paused: c.Paused, Since: c.StateSince})

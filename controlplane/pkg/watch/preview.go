@@ -70,7 +70,11 @@ func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, refusal{apiv1.CodeInvalidArgument, "target is an id or a pool's name; gpu a GPU's UUID or index"})
 		return
 	}
-	p, err := h.preview(r.Context(), a, target, gpu)
+	sc, err := h.scopeOf(r.Context(), s)
+	var p *preview
+	if err == nil {
+		p, err = h.preview(r.Context(), sc, a, target, gpu)
+	}
 	switch {
 	case errors.Is(err, errNoSuch):
 		writeJSON(w, http.StatusNotFound, refusal{apiv1.CodeNotFound, "no " + a.Target + " " + target})
@@ -89,16 +93,20 @@ func (h *Handler) previewAction(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, p)
 }
 
-// preview works out what action a on target would do.
-func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*preview, error) {
+// preview works out what action a on target would do; a target outside sc
+// is errNoSuch, as one that does not exist.
+func (h *Handler) preview(ctx context.Context, sc *scope, a action, target, gpu string) (*preview, error) {
 	p := &preview{Action: a.Name, Target: target, Allowed: true}
 	switch a.Target {
 	case targetNode:
-		return p, h.previewNode(ctx, p, a, target, gpu)
+		return p, h.previewNode(ctx, sc, p, a, target, gpu)
 	case targetCase:
 		c, err := h.store.RemediationGet(ctx, target)
 		if err != nil {
 			return nil, notFound(err)
+		}
+		if !sc.pool(c.PoolID) {
+			return nil, errNoSuch
 		}
 		n, err := h.store.NodeGet(ctx, c.NodeID)
 		if err != nil {
@@ -132,11 +140,14 @@ func (h *Handler) preview(ctx context.Context, a action, target, gpu string) (*p
 		}
 		return p, nil
 	case targetRollout:
-		return p, h.previewRollout(ctx, p, a, target)
+		return p, h.previewRollout(ctx, sc, p, a, target)
 	case targetPool:
 		pool, err := h.store.PoolGet(ctx, target)
 		if err != nil {
 			return nil, notFound(err)
+		}
+		if !sc.pool(pool.ID) {
+			return nil, errNoSuch
 		}
 		p.Title = "Reset the remediation breaker of pool " + pool.Name
 		if err := h.budgetOf(ctx, p, pool.ID); err != nil {
@@ -191,10 +202,13 @@ func (h *Handler) budgetOf(ctx context.Context, p *preview, poolID string) error
 
 // previewNode fills p for a node action: the budget by the admission rule
 // the API's handler will meet (store.Admission).
-func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID, gpu string) error {
+func (h *Handler) previewNode(ctx context.Context, sc *scope, p *preview, a action, nodeID, gpu string) error {
 	n, err := h.store.NodeGet(ctx, nodeID)
 	if err != nil {
 		return notFound(err)
+	}
+	if !sc.pool(n.PoolID) {
+		return errNoSuch
 	}
 	b, err := h.store.PoolBudget(ctx, n.PoolID)
 	if err != nil {
@@ -289,10 +303,13 @@ func (h *Handler) previewNode(ctx context.Context, p *preview, a action, nodeID,
 }
 
 // previewRollout fills p for a rollout action.
-func (h *Handler) previewRollout(ctx context.Context, p *preview, a action, id string) error {
+func (h *Handler) previewRollout(ctx context.Context, sc *scope, p *preview, a action, id string) error {
 	ro, err := h.store.RolloutGet(ctx, id)
 	if err != nil {
 		return notFound(err)
+	}
+	if !sc.pool(ro.PoolID) {
+		return errNoSuch
 	}
 	nodes, err := h.store.RolloutNodes(ctx, ro.ID)
 	if err != nil {

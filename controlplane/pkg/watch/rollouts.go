@@ -3,6 +3,8 @@ package watch
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/healthgate"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -34,8 +36,22 @@ type waveRow struct {
 const maxRollouts = 20
 
 // rollouts reads the rollouts in progress or halted, with their progress.
-func (h *Handler) rollouts(ctx context.Context, pl *places) ([]rolloutRow, error) {
+func (h *Handler) rollouts(ctx context.Context, sc *scope, pl *places) ([]rolloutRow, error) {
 	ros, err := h.store.RolloutList(ctx, &store.RolloutListParams{Active: true, ListParams: store.ListParams{Limit: maxRollouts}})
+	if err == nil && sc != nil {
+		// A tenant's session: its pools' own (at most one each), not the
+		// first maxRollouts of the fleet's.
+		ros = nil
+		for _, id := range slices.Sorted(maps.Keys(sc.pools)) {
+			rs, err := h.store.RolloutList(ctx, &store.RolloutListParams{PoolID: id, Active: true, ListParams: store.ListParams{Limit: 1}})
+			if err != nil {
+				return nil, fmt.Errorf("list rollouts: %w", err)
+			}
+			if ros = append(ros, rs...); len(ros) >= maxRollouts {
+				break
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list rollouts: %w", err)
 	}

@@ -20,10 +20,14 @@ type session struct {
 	tokenID   string
 	tokenHash []byte
 	role      string
-	csrf      string
-	created   time.Time
-	lastUsed  time.Time
-	checked   time.Time // when the API token was last re-read
+	// within is the path of the token's tenant when it is not the root
+	// (docs/tenants.md): the session sees that subtree's part of the
+	// fleet only. "" for a root token: the whole fleet.
+	within   string
+	csrf     string
+	created  time.Time
+	lastUsed time.Time
+	checked  time.Time // when the API token was last re-read
 }
 
 // sessions keeps page sessions in memory, keyed by the SHA-256 of their id

@@ -13,6 +13,8 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pkg/feed"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 // hub watches for changes the page shows, once for every open stream of
@@ -130,6 +132,25 @@ func (h *hub) fingerprint(ctx context.Context, id int64) (uint64, error) {
 	return f.Sum64(), nil
 }
 
+// streamTenantStopped reports whether the tenant of the session s's token
+// is stopped (or the token gone); a failed read keeps the stream (the
+// page's own reads fail on their own).
+func (h *Handler) streamTenantStopped(ctx context.Context, s *session) bool {
+	t, err := h.store.APITokenBySecret(ctx, s.tokenHash)
+	if errors.Is(err, store.ErrNotFound) {
+		return true
+	}
+	if err != nil {
+		h.log.WarnContext(ctx, "Page stream token check failed", logkey.Err, err)
+		return false
+	}
+	stopped, err := h.tenantStopped(ctx, s, t)
+	if err != nil {
+		h.log.WarnContext(ctx, "Page stream token check failed", logkey.Err, err)
+	}
+	return stopped
+}
+
 // events is the page's event stream (Server-Sent Events, authorised by the
 // page cookie, which a browser's EventSource sends): an event "change"
 // with the newest outbox id as its id and data after every change, and a
@@ -158,11 +179,20 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	defer keep.Stop()
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
+	checked := h.now()
 	for {
 		select {
 		case <-r.Context().Done():
 			return
 		case <-check.C:
+			// A tenant's session: its tenant re-read every
+			// iam.DefaultStoppedRefresh, as its requests do.
+			if s.within != "" && h.now().Sub(checked) >= iam.DefaultStoppedRefresh {
+				checked = h.now()
+				if h.streamTenantStopped(r.Context(), s) {
+					h.sessions.end(id)
+				}
+			}
 			if !h.sessions.live(id) {
 				fmt.Fprintf(w, "event: ended\ndata: {}\n\n")
 				flusher.Flush()

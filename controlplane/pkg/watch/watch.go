@@ -46,9 +46,14 @@ func ContentSecurityPolicy(nonce string) string {
 // Store is what the page reads: a viewer's reads of the storage seam.
 type Store interface {
 	APITokenBySecret(ctx context.Context, secretHash []byte) (*store.APIToken, error)
+	// TenantsStopped ends the session of a tenant's token once its tenant
+	// (or one above it) is suspended or deleted.
+	TenantsStopped(ctx context.Context) ([]string, error)
 	NodeCounts(ctx context.Context) ([]*store.NodeCount, error)
 	NodeList(ctx context.Context, p *store.NodeListParams) ([]*store.Node, error)
 	SiteList(ctx context.Context, p *store.ListParams) ([]*store.Site, error)
+	// PoolList with ListParams.Within lists a tenant's subtree's pools:
+	// what a tenant's session sees (scope.go).
 	PoolList(ctx context.Context, p *store.ListParams) ([]*store.Pool, error)
 	CommandCountOpen(ctx context.Context) (map[string]int, error)
 	OutboxMaxID(ctx context.Context) (int64, error)
@@ -275,8 +280,10 @@ func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request) {
 }
 
 // current returns the request's live page session and its id, re-reading
-// its API token every TokenRecheck: a token revoked or expired since the
-// login ends the session. nil when there is none.
+// its API token every TokenRecheck (a tenant's token: at least every
+// iam.DefaultStoppedRefresh): a token revoked or expired since the login,
+// or whose tenant was suspended or deleted, ends the session. nil when
+// there is none.
 func (h *Handler) current(r *http.Request) (*session, string) {
 	c, err := r.Cookie(CookieName)
 	if err != nil {
@@ -287,10 +294,21 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 		return nil, ""
 	}
 	now := h.now()
-	if now.Sub(s.checked) < h.cfg.TokenRecheck {
+	recheck := h.cfg.TokenRecheck
+	if s.within != "" {
+		recheck = min(recheck, iam.DefaultStoppedRefresh)
+	}
+	if now.Sub(s.checked) < recheck {
 		return s, c.Value
 	}
 	t, err := h.store.APITokenBySecret(r.Context(), s.tokenHash)
+	if err == nil {
+		var stopped bool
+		if stopped, err = h.tenantStopped(r.Context(), s, t); err == nil && stopped {
+			h.sessions.end(c.Value)
+			return nil, ""
+		}
+	}
 	switch {
 	case errors.Is(err, store.ErrNotFound), err == nil && t.RevokedAt != nil, err == nil && t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
 		h.sessions.end(c.Value)
@@ -303,6 +321,19 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 	}
 	h.sessions.markChecked(c.Value, now)
 	return s, c.Value
+}
+
+// tenantStopped reports whether the tenant of s's token t (not the root),
+// or one above it, is suspended or deleted: its session ends.
+func (h *Handler) tenantStopped(ctx context.Context, s *session, t *store.APIToken) (bool, error) {
+	if s.within == "" {
+		return false, nil
+	}
+	stopped, err := h.store.TenantsStopped(ctx)
+	if err != nil {
+		return false, fmt.Errorf("read stopped tenants: %w", err)
+	}
+	return slices.Contains(stopped, t.TenantID), nil
 }
 
 // cookie returns the page session cookie carrying value; maxAge -1 deletes
@@ -371,14 +402,12 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, code, "login.html", loginView{Error: msg})
 		return
 	}
+	sess := &session{tokenID: p.TokenID, tokenHash: iam.Hash(token), role: p.Role}
 	if p.TenantID != "" && p.TenantID != store.RootTenant {
-		// The page shows the whole fleet (one snapshot for every session):
-		// it is not scoped to tenants yet (docs/tenants.md).
-		h.render(w, r, http.StatusForbidden, "login.html", loginView{Error: "The fleet page is not scoped to tenants yet: " +
-			"log in with a token of the root tenant, or use the CLI and the API, which show your tenant's part of the fleet."})
-		return
+		// A tenant's token sees its subtree's part of the fleet (scope.go).
+		sess.within = p.TenantPath
 	}
-	id, err := h.sessions.create(&session{tokenID: p.TokenID, tokenHash: iam.Hash(token), role: p.Role})
+	id, err := h.sessions.create(sess)
 	if err != nil {
 		h.render(w, r, http.StatusServiceUnavailable, "login.html", loginView{Error: err.Error()})
 		return
@@ -460,7 +489,11 @@ func (h *Handler) serveView(w http.ResponseWriter, r *http.Request, s *session, 
 		http.Error(w, "bad map query: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	v, err := h.load(r.Context(), filter, cursor, mq)
+	sc, err := h.scopeOf(r.Context(), s)
+	var v *view
+	if err == nil {
+		v, err = h.load(r.Context(), sc, filter, cursor, mq)
+	}
 	if err != nil {
 		h.log.ErrorContext(r.Context(), "Load the fleet page", logkey.Err, err)
 		http.Error(w, "the fleet could not be read now", http.StatusServiceUnavailable)
@@ -490,7 +523,11 @@ func (h *Handler) nodePage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad node id: a node id looks like node_...", http.StatusBadRequest)
 		return
 	}
-	v, err := h.loadNode(r.Context(), id)
+	sc, err := h.scopeOf(r.Context(), s)
+	var v *nodeView
+	if err == nil {
+		v, err = h.loadNode(r.Context(), sc, id)
+	}
 	h.serveDetail(w, r, s, "node", v, err)
 }
 
@@ -507,7 +544,11 @@ func (h *Handler) gpuPage(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad GPU UUID: at most 128 letters, digits, '.', ':', '_' and '-'", http.StatusBadRequest)
 		return
 	}
-	v, err := h.loadGPU(r.Context(), uuid)
+	sc, err := h.scopeOf(r.Context(), s)
+	var v *gpuView
+	if err == nil {
+		v, err = h.loadGPU(r.Context(), sc, uuid)
+	}
 	h.serveDetail(w, r, s, "gpu", v, err)
 }
 

@@ -48,6 +48,7 @@ type Store interface {
 	OutboxCursor(ctx context.Context, sink string) (int64, error)
 	DeadLetterList(ctx context.Context, p *store.DeadLetterListParams) ([]*store.DeadLetter, error)
 	store.FencedTransactor
+	tenantStore
 }
 
 // deliveryTx is what a dispatcher's transactions touch: the sink's cursor
@@ -78,6 +79,11 @@ type Config struct {
 	// Types are the type prefixes the sink takes (events.Matches); none:
 	// every event. Entries of other types are passed over.
 	Types []string
+	// Tenant, when set (a tenant's id or name), makes the sink the
+	// tenant's: it takes only the events of that tenant's subtree
+	// (tenantFilter; docs/tenants.md) and passes over the others. "": every
+	// tenant's events and the deployment's.
+	Tenant string
 	// Wake, when set, ends an idle wait early: a value on it means the
 	// outbox was written (by this process, or another one heard through
 	// LISTEN), so an event is delivered within a read of its commit rather
@@ -98,6 +104,7 @@ type Dispatcher struct {
 	store  Store
 	log    *slog.Logger
 	holder *lease.Holder
+	tenant *tenantFilter // nil: every tenant's events
 
 	// The delivery state of the lease's holder: after a failed batch, one
 	// entry at a time until the cursor passes until, the failed batch's
@@ -125,7 +132,11 @@ func NewDispatcher(cfg Config, sink Sink, st Store, log *slog.Logger) (*Dispatch
 	if err != nil {
 		return nil, err
 	}
-	return &Dispatcher{cfg: cfg, sink: sink, store: st, log: log, holder: h}, nil
+	d := &Dispatcher{cfg: cfg, sink: sink, store: st, log: log, holder: h}
+	if cfg.Tenant != "" {
+		d.tenant = &tenantFilter{tenant: cfg.Tenant, st: st, now: cfg.Clock.Now}
+	}
+	return d, nil
 }
 
 // Run delivers while holding the sink's lease, until ctx ends.
@@ -186,9 +197,19 @@ func (d *Dispatcher) once(ctx context.Context, fence store.Fence) (int, error) {
 	}
 	matched := make([]*store.OutboxEntry, 0, len(entries))
 	for _, e := range entries {
-		if events.Matches(d.cfg.Types, e.Topic) {
-			matched = append(matched, e)
+		if !events.Matches(d.cfg.Types, e.Topic) {
+			continue
 		}
+		if d.tenant != nil {
+			ok, err := d.tenant.keeps(ctx, e)
+			if err != nil {
+				return 0, err
+			}
+			if !ok {
+				continue
+			}
+		}
+		matched = append(matched, e)
 	}
 	last := entries[len(entries)-1].ID
 	if len(matched) > 0 {

@@ -292,3 +292,78 @@ func TestWakeEndsTheIdleWait(t *testing.T) {
 		t.Fatalf("delivered %v", got)
 	}
 }
+
+// TestTenantSink: a sink of tenant team-a takes the events of its pool
+// (poolId) and of its pool's node (nodeId only), and passes over the root
+// pool's, the root node's and the deployment's (naming neither); a sink
+// of a tenant that does not exist takes none.
+func TestTenantSink(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	ten, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "a", SiteID: site.ID, TenantID: ten.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootPool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "r", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, pool := range map[string]string{"node_a": own.ID, "node_r": rootPool.ID} {
+		if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool, Hostname: id, MachineID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write := func(typ, subject string, data map[string]string) string {
+		env, err := events.New(typ, subject, data, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := env.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.OutboxInsert(ctx, typ, subject, b); err != nil {
+			t.Fatal(err)
+		}
+		return env.ID
+	}
+	want := []string{
+		write(events.NodeReady, "node_a", map[string]string{"nodeId": "node_a"}),
+		write(events.NodeReady, "node_a", map[string]string{"nodeId": "node_a", "poolId": own.ID}),
+	}
+	write(events.NodeReady, "node_r", map[string]string{"nodeId": "node_r"})
+	write(events.NodeReady, "node_r", map[string]string{"nodeId": "node_r", "poolId": rootPool.ID})
+	write(events.TokenCreated, "tok", map[string]string{"tokenId": "tok"})
+	max, err := st.OutboxMaxID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	recv := &receiver{t: t, secret: []byte("s")}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	none := &receiver{t: t, secret: []byte("s")}
+	srvNone := httptest.NewServer(none)
+	defer srvNone.Close()
+	run(t, st, &sinks.Webhook{SinkName: "team-a", URL: srv.URL, Secret: recv.secret}, sinks.Config{Tenant: "team-a"})
+	run(t, st, &sinks.Webhook{SinkName: "nobody", URL: srvNone.URL, Secret: none.secret}, sinks.Config{Tenant: "no-such-team"})
+	eventually(t, "the tenant sinks' cursors did not pass every event", func() bool {
+		a, _ := st.OutboxCursor(ctx, "team-a")
+		n, _ := st.OutboxCursor(ctx, "nobody")
+		return a == max && n == max
+	})
+	if got := recv.ids(); !slices.Equal(got, want) {
+		t.Fatalf("team-a's sink got %v, want its node's and pool's events %v", got, want)
+	}
+	if got := none.ids(); len(got) != 0 {
+		t.Fatalf("the sink of a tenant that does not exist got %v", got)
+	}
+}
