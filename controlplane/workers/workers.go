@@ -320,9 +320,12 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 
 // runRotation starts the node-CA rotation reconciler in g: every
 // rotation.DefaultInterval, under rotation.LeaseName, it advances an open
-// rotation whose phase's condition holds.
+// rotation whose phase's condition holds and, with pki.autoRotate, starts
+// one when the node CA in force is due.
 func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *config.Config, st Store, holder string, log *slog.Logger) error {
-	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration}, st)
+	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration,
+		CAValidity: cfg.PKI.NodeCAValidity.Duration, AutoRotate: cfg.PKI.AutoRotates(),
+		NodeCertTTL: cfg.Host.Gateway.NodeCertTTL.Duration, Now: clk.Now}, st)
 	if err != nil {
 		return err
 	}
