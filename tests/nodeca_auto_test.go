@@ -142,6 +142,9 @@ func TestNodeCAAutoRotationUnderLoad(t *testing.T) {
 		if bad := certs.shortened(certTTL); len(bad) > 0 {
 			t.Fatalf("node certificates not of their full life %s:\n%s", certTTL, strings.Join(bad, "\n"))
 		}
+		if strings.Contains(d.serve.Output(), "Node certificate cut short") {
+			t.Fatalf("the gateway cut a node certificate short to its CA's end:\n%s", d.serve.Output())
+		}
 		// Each node renewed at least twice: once onto each new CA.
 		if c := certs.count(); c < 3*len(ms) {
 			t.Fatalf("%d node certificates seen, want at least %d (a join and two renewals each)", c, 3*len(ms))

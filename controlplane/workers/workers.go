@@ -332,7 +332,11 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 	g.Go(func() error {
 		return every(ctx, clk, rotation.LeaseName, holder, rotation.DefaultInterval, st, log, func(ctx context.Context, _ store.Fence) error {
 			moved, err := rot.Reconcile(ctx)
-			if moved != "" {
+			switch moved {
+			case "":
+			case store.RotationPropagating:
+				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force passed half its life", "phase", moved)
+			default:
 				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
 			}
 			return err
