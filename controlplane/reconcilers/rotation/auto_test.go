@@ -53,7 +53,9 @@ func TestRotationDueAndActivateBy(t *testing.T) {
 
 // TestRotationAutoRotate: with AutoRotate the reconciler starts a rotation
 // once the node CA in force has passed half its life, as the reconciler (the
-// rotation's starter and the audit row's actor), and activates it, forced,
+// rotation's starter and the audit row's actor), again after an operator's
+// rollback only once half the time to the deadline passed, and activates
+// it, forced,
 // at the old CA's deadline although no live node acknowledged; without
 // AutoRotate it does neither.
 func TestRotationAutoRotate(t *testing.T) {
@@ -101,6 +103,14 @@ func TestRotationAutoRotate(t *testing.T) {
 	reconcile(auto, 6*time.Minute-time.Second, "")
 	reconcile(manual, 11*time.Minute, "")
 	reconcile(auto, 6*time.Minute, store.RotationPropagating)
+	// An operator rolls it back at 7m: the reconciler waits half the time
+	// from then to the deadline (10m) before it starts again.
+	now = made.Add(7 * time.Minute)
+	if _, err := auto.Rollback(ctx, "token:t", "not now"); err != nil {
+		t.Fatal(err)
+	}
+	reconcile(auto, 8*time.Minute+29*time.Second, "")
+	reconcile(auto, 8*time.Minute+30*time.Second, store.RotationPropagating)
 	ro, err := st.PKIRotationLatest(ctx, store.RotationCANode)
 	if err != nil || ro.StartedBy != rotation.ActorReconciler || ro.OldCAID != pki.NodeCAID(b.NodeCA.Cert) {
 		t.Fatalf("the started rotation: %+v, %v, want started by the reconciler from the CA in force", ro, err)
