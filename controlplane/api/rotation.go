@@ -17,7 +17,7 @@ const MaxRotationReason = 200
 // rotator returns the node-CA Rotator over this process's store.
 func (s *Server) rotator() (*rotation.Rotator, error) {
 	return rotation.New(rotation.Config{Secret: s.cfg.Secret, Threshold: s.cfg.RotationThreshold,
-		RetireGrace: s.cfg.RotationRetireGrace, Now: s.cfg.Now}, s.store)
+		RetireGrace: s.cfg.RotationRetireGrace, CAValidity: s.cfg.RotationCAValidity, Now: s.cfg.Now}, s.store)
 }
 
 // rotationCA checks a request's ca: "node" or empty.

@@ -49,6 +49,9 @@ type Config struct {
 	// retires even with nodes on the old CA (pki.reattestGrace). Defaults
 	// to rotation.DefaultRetireGrace (7 days).
 	RotationRetireGrace time.Duration
+	// RotationCAValidity is the life of the node CA a rotation makes
+	// (pki.nodeCAValidity). Defaults to pki.DefaultCAValidity (ten years).
+	RotationCAValidity time.Duration
 	// Version is reported by the well-known document.
 	Version string
 	// Waker, when set, is told of new commands right after they commit.

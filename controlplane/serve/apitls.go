@@ -31,7 +31,8 @@ func apiCertFiles(ctx context.Context, cfg *config.Config, st store.Store, opts 
 	if cfg.Embedded {
 		// The gateway role made it already; EnsureBundle is for order's sake.
 		load = func() (*pki.Bundle, error) {
-			b, _, err := bootstrap.EnsureBundle(ctx, st, cfg.Secret, bootstrap.DefaultTrustDomain)
+			b, _, err := bootstrap.EnsureBundle(ctx, st, cfg.Secret,
+				pki.InitOptions{TrustDomain: bootstrap.DefaultTrustDomain, NodeValidity: cfg.PKI.NodeCAValidity.Duration})
 			return b, err
 		}
 	}

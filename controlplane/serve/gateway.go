@@ -28,7 +28,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 	certFile, keyFile := gc.TLSFiles.Cert, gc.TLSFiles.Key
 	var bundle *pki.Bundle
 	if cfg.Embedded {
-		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region, cfg.PublicHosts())
+		setup, err := bootstrap.Embedded(ctx, st, cfg.Secret, cfg.DataDir, gc.Region, cfg.PublicHosts(), cfg.PKI.NodeCAValidity.Duration)
 		if err != nil {
 			return nil, nil, fmt.Errorf("gateway role: %w", err)
 		}

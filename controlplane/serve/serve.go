@@ -177,7 +177,8 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			Tunnels: tunnels, TunnelIdleTimeout: cfg.Host.Gateway.Tunnels.IdleTimeout.Duration, Recording: cfg.Host.Gateway.Tunnels.Recording,
 			EventWakeups: eventWakeups, Listeners: listeners, Clock: clock, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Remediation: cfg.Remediation, Refusals: m,
 			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
-			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration, RotationRetireGrace: cfg.PKI.ReattestGrace.Duration},
+			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration, RotationRetireGrace: cfg.PKI.ReattestGrace.Duration,
+			RotationCAValidity: cfg.PKI.NodeCAValidity.Duration},
 			cfg, dl, certFile, keyFile), st, log)
 	}
 

@@ -322,16 +322,23 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 
 // runRotation starts the node-CA rotation reconciler in g: every
 // rotation.DefaultInterval, under rotation.LeaseName, it advances an open
-// rotation whose phase's condition holds.
+// rotation whose phase's condition holds and, with pki.autoRotate, starts
+// one when the node CA in force is due.
 func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *config.Config, st Store, holder string, log *slog.Logger) error {
-	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration}, st)
+	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration,
+		CAValidity: cfg.PKI.NodeCAValidity.Duration, AutoRotate: cfg.PKI.AutoRotates(),
+		NodeCertTTL: cfg.Host.Gateway.NodeCertTTL.Duration, Now: clk.Now}, st)
 	if err != nil {
 		return err
 	}
 	g.Go(func() error {
 		return every(ctx, clk, rotation.LeaseName, holder, rotation.DefaultInterval, st, log, func(ctx context.Context, _ store.Fence) error {
 			moved, err := rot.Reconcile(ctx)
-			if moved != "" {
+			switch moved {
+			case "":
+			case store.RotationPropagating:
+				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force passed half its life", "phase", moved)
+			default:
 				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
 			}
 			return err

@@ -47,7 +47,7 @@ func pkiInitCmd(e *env) *cobra.Command {
 				// The bundle, its audit entry and the deployment's first
 				// admin token (printed this once, when the database has no
 				// API token yet) in one transaction.
-				made, err := bootstrap.InitDeployment(ctx, st, cfg.Secret, trustDomain, func(ctx context.Context, tx bootstrap.InitTx) error {
+				made, err := bootstrap.InitDeployment(ctx, st, cfg.Secret, trustDomain, cfg.PKI.NodeCAValidity.Duration, func(ctx context.Context, tx bootstrap.InitTx) error {
 					details, _ := json.Marshal(map[string]string{"trustDomain": trustDomain})
 					return audit(ctx, tx, "pki.init", "pki", details)
 				})

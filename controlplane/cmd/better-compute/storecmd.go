@@ -99,7 +99,8 @@ func checkDeployment(cfg *config.Config) error {
 // is an error telling to run pki init.
 func bundle(ctx context.Context, cfg *config.Config, st store.Store) (*pki.Bundle, error) {
 	if cfg.Embedded {
-		b, _, err := bootstrap.EnsureBundle(ctx, st, cfg.Secret, bootstrap.DefaultTrustDomain)
+		b, _, err := bootstrap.EnsureBundle(ctx, st, cfg.Secret,
+			pki.InitOptions{TrustDomain: bootstrap.DefaultTrustDomain, NodeValidity: cfg.PKI.NodeCAValidity.Duration})
 		return b, err
 	}
 	b, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)

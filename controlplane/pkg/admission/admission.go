@@ -295,7 +295,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 	// re-join issues again below for the node's own id.
 	opts := pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL}
 	candidate := store.NewID("node")
-	cert, err := a.bundle.Load().IssueNode(req.CSR, candidate, opts)
+	cert, err := a.issue(ctx, req.CSR, candidate, opts)
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return nil, a.refuse(ctx, entry, &details, fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
@@ -353,7 +353,7 @@ func (a *Admitter) Join(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		if prev != nil {
 			adm.Rejoined, nodeID = true, prev.ID
-			if cert, err = a.bundle.Load().IssueNode(req.CSR, prev.ID, opts); err != nil {
+			if cert, err = a.issue(ctx, req.CSR, prev.ID, opts); err != nil {
 				return fmt.Errorf("issue certificate for re-joined node %s: %w", prev.ID, err)
 			}
 		} else if details.RevokedNode != "" {
@@ -505,7 +505,7 @@ func (a *Admitter) repeat(ctx context.Context, tx joinTx, req *Request, tok join
 	if adm.Site, err = tx.SiteGet(ctx, adm.Pool.SiteID); err != nil {
 		return err
 	}
-	if adm.Cert, err = a.bundle.Load().IssueNode(req.CSR, n.ID, opts); err != nil {
+	if adm.Cert, err = a.issue(ctx, req.CSR, n.ID, opts); err != nil {
 		return fmt.Errorf("issue certificate for node %s: %w", n.ID, err)
 	}
 	err = tx.NodeSetCertificate(ctx, &store.NodeSetCertificateParams{

@@ -39,7 +39,7 @@ func (a *Admitter) Renew(ctx context.Context, req *RenewRequest) (*pki.Issued, e
 		a.audit(ctx, entry, &details, OutcomeRefused, err)
 		return nil, err
 	}
-	cert, err := a.bundle.Load().IssueNode(req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
+	cert, err := a.issue(ctx, req.CSR, req.NodeID, pki.IssueOptions{Now: a.cfg.Now(), TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		err = fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err)
@@ -109,7 +109,7 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 	case len(req.CSR) > MaxCSRSize:
 		return refuse(fmt.Errorf("%w: %w: CSR is %d bytes, at most %d", ErrRefused, ErrInvalidRequest, len(req.CSR), MaxCSRSize))
 	}
-	cert, err := a.bundle.Load().IssueNode(req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
+	cert, err := a.issue(ctx, req.CSR, p.NodeID, pki.IssueOptions{Now: now, TTL: a.cfg.NodeCertTTL})
 	switch {
 	case errors.Is(err, pki.ErrCSRInvalid) || errors.Is(err, pki.ErrKeyType):
 		return refuse(fmt.Errorf("%w: %w: %w", ErrRefused, ErrInvalidRequest, err))
@@ -149,3 +149,16 @@ func (a *Admitter) Reattest(ctx context.Context, req *ReattestRequest) (*pki.Iss
 
 // ReattestGrace is the configured re-attestation grace (zero: off).
 func (a *Admitter) ReattestGrace() time.Duration { return a.cfg.ReattestGrace }
+
+// issue issues a node certificate from the node CA in force, and warns when
+// it had to be cut short to the CA's end (pki.Issued.CutShort): the node
+// then renews sooner, and the rotation reconciler (pki.autoRotate) did not
+// activate the next CA in time.
+func (a *Admitter) issue(ctx context.Context, csr []byte, nodeID string, opts pki.IssueOptions) (*pki.Issued, error) {
+	cert, err := a.bundle.Load().IssueNode(csr, nodeID, opts)
+	if err == nil && cert.CutShort {
+		a.log.WarnContext(ctx, "Node certificate cut short to the node CA's end: rotate the node CA (better-compute pki rotate node-ca start)",
+			logkey.NodeID, nodeID, "not_after", cert.NotAfter, "issuer", cert.CAID)
+	}
+	return cert, err
+}

@@ -88,7 +88,14 @@ func openBundle(secret string, sealed *store.PKIBundle) (*pki.Bundle, error) {
 // InitBundle makes a bundle for trustDomain, seals it under secret and stores
 // it. It fails wrapping store.ErrConflict when the database has one.
 func InitBundle(ctx context.Context, st Store, secret, trustDomain string) (*pki.Bundle, error) {
-	b, err := pki.Init(pki.InitOptions{TrustDomain: trustDomain})
+	return InitBundleWith(ctx, st, secret, pki.InitOptions{TrustDomain: trustDomain})
+}
+
+// InitBundleWith is InitBundle with the bundle made by pki.Init(opts): a
+// node CA of the configured life (pki.nodeCAValidity), for one.
+func InitBundleWith(ctx context.Context, st Store, secret string, opts pki.InitOptions) (*pki.Bundle, error) {
+	trustDomain := opts.TrustDomain
+	b, err := pki.Init(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -105,15 +112,15 @@ func InitBundle(ctx context.Context, st Store, secret, trustDomain string) (*pki
 	return b, nil
 }
 
-// EnsureBundle loads the deployment's bundle, or makes one for trustDomain
-// when the database has none (the embedded default's first start). made
-// reports that this call made it.
-func EnsureBundle(ctx context.Context, st Store, secret, trustDomain string) (b *pki.Bundle, made bool, err error) {
+// EnsureBundle loads the deployment's bundle, or makes one with
+// pki.Init(opts) when the database has none (the embedded default's first
+// start). made reports that this call made it.
+func EnsureBundle(ctx context.Context, st Store, secret string, opts pki.InitOptions) (b *pki.Bundle, made bool, err error) {
 	b, err = LoadBundle(ctx, st, secret)
 	if !errors.Is(err, ErrNoBundle) {
 		return b, false, err
 	}
-	b, err = InitBundle(ctx, st, secret, trustDomain)
+	b, err = InitBundleWith(ctx, st, secret, opts)
 	if errors.Is(err, store.ErrConflict) { // made meanwhile by another process
 		b, err = LoadBundle(ctx, st, secret)
 		return b, false, err
@@ -188,10 +195,11 @@ type EmbeddedSetup struct {
 // 127.0.0.1, ::1, the hostname and the interface addresses; issued when
 // missing, issued by another bundle, for other names, or within 30 days of
 // its end, keeping its key), and the site "default" in region and its pool
-// "default".
-func Embedded(ctx context.Context, st Store, secret, dataDir, region string, publicHosts []string) (*EmbeddedSetup, error) {
+// "default". A bundle made here has a node CA valid for nodeCAValidity
+// (zero: pki.DefaultCAValidity).
+func Embedded(ctx context.Context, st Store, secret, dataDir, region string, publicHosts []string, nodeCAValidity time.Duration) (*EmbeddedSetup, error) {
 	setup := &EmbeddedSetup{}
-	b, made, err := EnsureBundle(ctx, st, secret, DefaultTrustDomain)
+	b, made, err := EnsureBundle(ctx, st, secret, pki.InitOptions{TrustDomain: DefaultTrustDomain, NodeValidity: nodeCAValidity})
 	if err != nil {
 		return nil, err
 	}

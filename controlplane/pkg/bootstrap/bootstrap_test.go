@@ -45,7 +45,7 @@ func TestEmbedded(t *testing.T) {
 	ctx := context.Background()
 	st := sqlitetest.Open(t)
 	dir := t.TempDir()
-	first, err := bootstrap.Embedded(ctx, st, secret, dir, "eu-1", nil)
+	first, err := bootstrap.Embedded(ctx, st, secret, dir, "eu-1", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestEmbedded(t *testing.T) {
 	}
 
 	// A second start keeps everything.
-	second, err := bootstrap.Embedded(ctx, st, secret, dir, "eu-1", nil)
+	second, err := bootstrap.Embedded(ctx, st, secret, dir, "eu-1", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func TestEmbedded(t *testing.T) {
 	// A certificate from another bundle (the database was replaced) is
 	// issued again.
 	other := sqlitetest.Open(t)
-	third, err := bootstrap.Embedded(ctx, other, secret, dir, "eu-1", nil)
+	third, err := bootstrap.Embedded(ctx, other, secret, dir, "eu-1", nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

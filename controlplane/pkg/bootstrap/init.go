@@ -36,7 +36,8 @@ type Initialised struct {
 }
 
 // InitDeployment is pki init: in one transaction it makes a PKI bundle for
-// trustDomain, sealed under secret, stores it, calls record with the
+// trustDomain, its node CA valid for nodeCAValidity (zero:
+// pki.DefaultCAValidity), sealed under secret, stores it, calls record with the
 // transaction's store (the audit entry), and, when the database holds no
 // API token, makes the deployment's first admin token. A failure anywhere
 // leaves neither bundle nor token, so pki init can run again.
@@ -46,7 +47,7 @@ type Initialised struct {
 // database holds no API token: an earlier pki init stopped between the two
 // (builds before this transaction wrote them apart), and this run
 // completes it, making the admin token only (Completed).
-func InitDeployment(ctx context.Context, st Transactor, secret, trustDomain string, record func(ctx context.Context, tx InitTx) error) (*Initialised, error) {
+func InitDeployment(ctx context.Context, st Transactor, secret, trustDomain string, nodeCAValidity time.Duration, record func(ctx context.Context, tx InitTx) error) (*Initialised, error) {
 	var out *Initialised
 	err := store.InTx(ctx, st, func(tx InitTx) error {
 		out = &Initialised{}
@@ -67,7 +68,7 @@ func InitDeployment(ctx context.Context, st Transactor, secret, trustDomain stri
 			}
 			out.Bundle, out.Completed = b, true
 		case errors.Is(err, store.ErrNotFound):
-			b, err := InitBundle(ctx, tx, secret, trustDomain)
+			b, err := InitBundleWith(ctx, tx, secret, pki.InitOptions{TrustDomain: trustDomain, NodeValidity: nodeCAValidity})
 			if err != nil {
 				return err
 			}

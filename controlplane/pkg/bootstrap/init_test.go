@@ -68,7 +68,7 @@ func TestInitDeploymentIsOneTransaction(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
 			var calls int
-			if _, err := bootstrap.InitDeployment(ctx, tokenFailing{st}, secret, "compute.example.com", audited(&calls)); !errors.Is(err, errInjected) {
+			if _, err := bootstrap.InitDeployment(ctx, tokenFailing{st}, secret, "compute.example.com", 0, audited(&calls)); !errors.Is(err, errInjected) {
 				t.Fatalf("init with a failing token: %v, want the injected failure", err)
 			}
 			if calls != 1 {
@@ -81,7 +81,7 @@ func TestInitDeploymentIsOneTransaction(t *testing.T) {
 				t.Fatalf("audit after the failed init: %d entries, %v; want none", len(a), err)
 			}
 
-			made, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", audited(&calls))
+			made, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", 0, audited(&calls))
 			if err != nil {
 				t.Fatalf("re-run: %v", err)
 			}
@@ -96,7 +96,7 @@ func TestInitDeploymentIsOneTransaction(t *testing.T) {
 			if err != nil || loaded.GatewayPin() != made.Bundle.GatewayPin() {
 				t.Fatalf("stored bundle %v, %v; want the one made", loaded, err)
 			}
-			if _, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", audited(&calls)); !errors.Is(err, store.ErrConflict) {
+			if _, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", 0, audited(&calls)); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("third run: %v, want ErrConflict (pki init runs once)", err)
 			}
 		})
@@ -116,13 +116,13 @@ func TestInitDeploymentCompletesAnEarlierInit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls int
-	if _, err := bootstrap.InitDeployment(ctx, st, secret, "other.example.com", audited(&calls)); !errors.Is(err, store.ErrConflict) {
+	if _, err := bootstrap.InitDeployment(ctx, st, secret, "other.example.com", 0, audited(&calls)); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("init for another trust domain: %v, want ErrConflict", err)
 	}
-	if _, err := bootstrap.InitDeployment(ctx, st, "wrong-secret-wrong-secret-wrong-secret", "compute.example.com", audited(&calls)); err == nil {
+	if _, err := bootstrap.InitDeployment(ctx, st, "wrong-secret-wrong-secret-wrong-secret", "compute.example.com", 0, audited(&calls)); err == nil {
 		t.Fatal("completing with another secret succeeded")
 	}
-	made, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", audited(&calls))
+	made, err := bootstrap.InitDeployment(ctx, st, secret, "compute.example.com", 0, audited(&calls))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/better-compute/better-compute/controlplane/pkg/pki"
 )
 
 // Environment variables read over the file.
@@ -340,6 +342,28 @@ type PKI struct {
 	// node back from an outage longer than its certificate's life needs no
 	// operator. "0s" turns re-attestation off. Defaults to 168h (7 days).
 	ReattestGrace *Duration `yaml:"reattestGrace"`
+	// AutoRotate lets the rotation reconciler start a node-CA rotation by
+	// itself once the node CA in force has passed half its life, and
+	// activate it, whatever the acknowledgements, before the old CA can no
+	// longer sign a full node certificate (docs/pki.md, "Rotating the node
+	// CA"). false leaves starting rotations to operators. Defaults to true.
+	AutoRotate *bool `yaml:"autoRotate"`
+	// NodeCAValidity is the life of a node CA made by pki init, the
+	// embedded default's first start and each rotation; at least twice
+	// host.gateway.nodeCertTTL plus 30 s (MinNodeCAValidity). Defaults to
+	// 87600h (ten years, pki.DefaultCAValidity).
+	NodeCAValidity Duration `yaml:"nodeCAValidity"`
+}
+
+// AutoRotates reports pki.autoRotate, true when unset.
+func (p PKI) AutoRotates() bool { return p.AutoRotate == nil || *p.AutoRotate }
+
+// MinNodeCAValidity is the shortest pki.nodeCAValidity accepted for node
+// certificates of nodeCertTTL: the next CA is prepared at half the life,
+// and the old one must still be able to sign a full certificate when the
+// next is activated, with room for the reconciler's passes.
+func MinNodeCAValidity(nodeCertTTL time.Duration) time.Duration {
+	return 2*nodeCertTTL + 30*time.Second
 }
 
 // APITLS configures the API's HTTPS.
@@ -647,6 +671,11 @@ func (c *Config) defaults(getenv func(string) string) {
 	if c.PKI.ReattestGrace == nil {
 		c.PKI.ReattestGrace = &Duration{7 * 24 * time.Hour}
 	}
+	if c.PKI.AutoRotate == nil {
+		on := true
+		c.PKI.AutoRotate = &on
+	}
+	c.PKI.NodeCAValidity.Duration = cmp.Or(c.PKI.NodeCAValidity.Duration, pki.DefaultCAValidity)
 	r := &c.Retention
 	if r.Commands.Duration == 0 {
 		r.Commands.Duration = 30 * 24 * time.Hour
@@ -747,6 +776,11 @@ func (c *Config) validate() error {
 	}
 	if g := c.PKI.ReattestGrace; g != nil && g.Duration < 0 {
 		return &Error{Key: "pki.reattestGrace", Msg: fmt.Sprintf("%v: want 0 (off) or a positive duration such as 168h", g.Duration)}
+	}
+	if v, least := c.PKI.NodeCAValidity.Duration, MinNodeCAValidity(cmp.Or(c.Host.Gateway.NodeCertTTL.Duration, pki.DefaultNodeTTL)); v < 0 {
+		return &Error{Key: "pki.nodeCAValidity", Msg: fmt.Sprintf("%v: want a positive duration such as 87600h", v)}
+	} else if v > 0 && v < least {
+		return &Error{Key: "pki.nodeCAValidity", Msg: fmt.Sprintf("%v is too short: at least %v, twice host.gateway.nodeCertTTL plus 30s (the next node CA is prepared at half the life, and the old one must still sign a full certificate when the next is activated)", v, least)}
 	}
 	if raw := c.Host.Gateway.PublicURL; raw != "" {
 		u, err := checkOrigin(raw, "https")

@@ -58,6 +58,9 @@ func TestDefaults(t *testing.T) {
 	if c.PKI.ReattestGrace == nil || c.PKI.ReattestGrace.Duration != 7*24*time.Hour {
 		t.Fatalf("pki.reattestGrace default = %v, want 168h", c.PKI.ReattestGrace)
 	}
+	if !c.PKI.AutoRotates() || c.PKI.NodeCAValidity.Duration != 87600*time.Hour {
+		t.Fatalf("pki.autoRotate, nodeCAValidity defaults = %v, %v, want true, 87600h", c.PKI.AutoRotates(), c.PKI.NodeCAValidity)
+	}
 	// "0s" is kept: it turns re-attestation off.
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	if err := os.WriteFile(path, []byte("pki:\n  reattestGrace: 0s\n"), 0o600); err != nil {
@@ -66,6 +69,15 @@ func TestDefaults(t *testing.T) {
 	c, err = Load(path, env(map[string]string{"HOME": "/home/x"}), Flags{})
 	if err != nil || c.PKI.ReattestGrace == nil || c.PKI.ReattestGrace.Duration != 0 {
 		t.Fatalf("pki.reattestGrace: 0s = %v (%v), want 0", c.PKI.ReattestGrace, err)
+	}
+	// A node CA of two and a half minutes for one-minute certificates, and
+	// no automatic rotation.
+	if err := os.WriteFile(path, []byte("host:\n  gateway:\n    nodeCertTTL: 60s\npki:\n  autoRotate: false\n  nodeCAValidity: 150s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err = Load(path, env(map[string]string{"HOME": "/home/x"}), Flags{})
+	if err != nil || c.PKI.AutoRotates() || c.PKI.NodeCAValidity.Duration != 150*time.Second {
+		t.Fatalf("pki.autoRotate: false, nodeCAValidity: 150s = %+v (%v)", c.PKI, err)
 	}
 }
 
@@ -138,6 +150,9 @@ func TestInvalid(t *testing.T) {
 		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},
 		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
 		{"negative re-attestation grace", "pki:\n  reattestGrace: -1h\n", nil, Flags{}, "pki.reattestGrace"},
+		{"negative node CA life", "pki:\n  nodeCAValidity: -1h\n", nil, Flags{}, "pki.nodeCAValidity"},
+		{"node CA life too short for its certificates", "host:\n  gateway:\n    nodeCertTTL: 60s\npki:\n  nodeCAValidity: 149s\n", nil, Flags{}, "pki.nodeCAValidity"},
+		{"node CA life too short for the default certificates", "pki:\n  nodeCAValidity: 47h\n", nil, Flags{}, "pki.nodeCAValidity"},
 		{"certificate life too short", "host:\n  gateway:\n    nodeCertTTL: 1s\n", nil, Flags{}, "host.gateway.nodeCertTTL"},
 		{"health gate alpha of 1", "rollouts:\n  healthGate:\n    alpha: 1\n", nil, Flags{}, "rollouts.healthGate.alpha"},
 		{"negative health gate excess", "rollouts:\n  healthGate:\n    minExcess: -2\n", nil, Flags{}, "rollouts.healthGate.minExcess"},

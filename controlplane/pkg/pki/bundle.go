@@ -1,6 +1,7 @@
 package pki
 
 import (
+	"cmp"
 	"crypto/x509"
 	"fmt"
 	"slices"
@@ -51,6 +52,10 @@ type InitOptions struct {
 	// Validity is how long each CA certificate is valid. Defaults to
 	// DefaultCAValidity (ten years).
 	Validity time.Duration
+	// NodeValidity is how long the node CA's certificate is valid, when
+	// not zero; the node CA rotates (PrepareNodeCA), the others do not.
+	// Defaults to Validity.
+	NodeValidity time.Duration
 }
 
 // Init makes a bundle with a fresh node CA, gateway serving CA and internal
@@ -64,16 +69,20 @@ func Init(opts InitOptions) (*Bundle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("init pki bundle: %w", err)
 	}
+	if opts.NodeValidity < 0 {
+		return nil, fmt.Errorf("init pki bundle: %w: node CA validity %s is negative", ErrTTL, opts.NodeValidity)
+	}
 	b := &Bundle{TrustDomain: opts.TrustDomain}
 	for _, ca := range []struct {
-		kind caKind
-		dst  **CA
+		kind     caKind
+		dst      **CA
+		validity time.Duration
 	}{
-		{kindNode, &b.NodeCA},
-		{kindGateway, &b.GatewayCA},
-		{kindInternal, &b.InternalCA},
+		{kindNode, &b.NodeCA, cmp.Or(opts.NodeValidity, validity)},
+		{kindGateway, &b.GatewayCA, validity},
+		{kindInternal, &b.InternalCA, validity},
 	} {
-		if *ca.dst, err = newCA(ca.kind, b.TrustDomain, now, validity); err != nil {
+		if *ca.dst, err = newCA(ca.kind, b.TrustDomain, now, ca.validity); err != nil {
 			return nil, fmt.Errorf("init pki bundle: %w", err)
 		}
 	}

@@ -62,6 +62,12 @@ type Issued struct {
 	// CAID is the issuing node CA's id (NodeCAID), which a rotation
 	// compares to tell which nodes are on which CA.
 	CAID string
+	// CutShort reports a NotAfter cut short to the node CA's end: the CA
+	// had less than the TTL left. With pki.autoRotate the rotation
+	// reconciler activates the next CA before that can happen; a
+	// certificate cut short says it did not (docs/pki.md, "Rotating the
+	// node CA").
+	CutShort bool
 }
 
 // RenewAfterAt is when a certificate issued at issuedAt and valid until
@@ -158,6 +164,7 @@ func (b *Bundle) IssueNode(csrDER []byte, nodeID string, opts IssueOptions) (*Is
 		NotAfter:   notAfter,
 		RenewAfter: RenewAfterAt(now.UTC().Truncate(time.Second), notAfter, mathrand.Float64()),
 		KeySHA256:  keyHash,
+		CutShort:   notAfter.Before(now.UTC().Truncate(time.Second).Add(ttl)),
 	}, nil
 }
 

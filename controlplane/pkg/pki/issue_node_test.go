@@ -176,6 +176,9 @@ func TestIssueNodeOptions(t *testing.T) {
 	if want := testNow.Add(time.Hour); !issued.NotAfter.Equal(want) {
 		t.Errorf("TTL 1h: NotAfter = %s, want %s", issued.NotAfter, want)
 	}
+	if issued.CutShort {
+		t.Errorf("TTL 1h: CutShort for a certificate of its full life")
+	}
 	if lo, hi := testNow.Add(40*time.Minute), testNow.Add(50*time.Minute); issued.RenewAfter.Before(lo) || !issued.RenewAfter.Before(hi) {
 		t.Errorf("TTL 1h: RenewAfter = %s, want in [%s, %s)", issued.RenewAfter, lo, hi)
 	}
@@ -195,6 +198,9 @@ func TestIssueNodeOptions(t *testing.T) {
 	}
 	if !issued.NotAfter.Equal(b.NodeCA.Cert.NotAfter) {
 		t.Errorf("NotAfter = %s, want the CA's %s", issued.NotAfter, b.NodeCA.Cert.NotAfter)
+	}
+	if !issued.CutShort {
+		t.Errorf("a certificate cut to the CA's end does not say CutShort")
 	}
 	if !issued.RenewAfter.Before(issued.NotAfter) || !issued.RenewAfter.After(late) {
 		t.Errorf("RenewAfter = %s, not within the shortened life", issued.RenewAfter)

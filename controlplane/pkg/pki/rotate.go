@@ -113,3 +113,11 @@ func (b *Bundle) PruneRetiredNodeRoots(keep func(*x509.Certificate) bool) int {
 func NodeCAID(c *x509.Certificate) string {
 	return FormatSerial(c.SerialNumber)
 }
+
+// CAMadeAt is when a CA certificate this package made was made: its
+// NotBefore, which is backdated, plus the backdate. A CA's life runs from
+// CAMadeAt to its NotAfter; the rotation reconciler times a node-CA
+// rotation by it (docs/pki.md, "Rotating the node CA").
+func CAMadeAt(c *x509.Certificate) time.Time {
+	return c.NotBefore.Add(caBackdate)
+}

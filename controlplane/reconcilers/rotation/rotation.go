@@ -3,6 +3,7 @@ package rotation
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,6 +110,15 @@ type Config struct {
 	// grace (pki.reattestGrace), so a node that slept through can come
 	// back. Defaults to DefaultRetireGrace.
 	RetireGrace time.Duration
+	// AutoRotate lets Reconcile start a rotation when the node CA in force
+	// is due (Due), and activate one, forced, once the old CA reaches its
+	// activation deadline (ActivateBy). Defaults to false here; the
+	// configuration's pki.autoRotate defaults to true.
+	AutoRotate bool
+	// NodeCertTTL is the life of the node certificates the gateways issue
+	// (host.gateway.nodeCertTTL), which ActivateBy leaves on the old CA.
+	// Defaults to pki.DefaultNodeTTL.
+	NodeCertTTL time.Duration
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -125,6 +135,7 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	cfg.Threshold = cmp.Or(cfg.Threshold, DefaultThreshold)
 	cfg.CAValidity = cmp.Or(cfg.CAValidity, pki.DefaultCAValidity)
 	cfg.RetireGrace = cmp.Or(cfg.RetireGrace, DefaultRetireGrace)
+	cfg.NodeCertTTL = cmp.Or(cfg.NodeCertTTL, pki.DefaultNodeTTL)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -135,8 +146,8 @@ func New(cfg Config, st Store) (*Rotator, error) {
 		return nil, errors.New("rotation: the deployment secret is required")
 	case !validThreshold(cfg.Threshold):
 		return nil, fmt.Errorf("rotation: %w: %v", ErrThreshold, cfg.Threshold)
-	case cfg.CAValidity < 0 || cfg.RetireGrace < 0:
-		return nil, errors.New("rotation: CA validity and retire grace must not be negative")
+	case cfg.CAValidity < 0 || cfg.RetireGrace < 0 || cfg.NodeCertTTL < 0:
+		return nil, errors.New("rotation: CA validity, retire grace and node certificate TTL must not be negative")
 	}
 	return &Rotator{cfg: cfg, store: st}, nil
 }
@@ -456,30 +467,86 @@ const LeaseName = "singleton:pki-rotation"
 // DefaultInterval is how often the reconciler looks at the open rotation.
 const DefaultInterval = 5 * time.Second
 
+// ActivateMargin is how much more than a node certificate's life the old
+// CA has left at its activation deadline (ActivateBy): two passes of the
+// reconciler.
+const ActivateMargin = 2 * DefaultInterval
+
+// Due is when the rotation reconciler starts rotating the node CA ca (with
+// AutoRotate): half-way through its life, from pki.CAMadeAt to NotAfter,
+// as SPIRE prepares its next CA. After an operator rolled back a rotation
+// from ca at rolledBackAt (nil: none), no sooner than half-way from then to
+// ca's activation deadline, which gives the operator time to look.
+func Due(ca *x509.Certificate, nodeCertTTL time.Duration, rolledBackAt *time.Time) time.Time {
+	made := pki.CAMadeAt(ca)
+	at := made.Add(ca.NotAfter.Sub(made) / 2)
+	if rolledBackAt != nil {
+		if wait := rolledBackAt.Add(ActivateBy(ca, nodeCertTTL).Sub(*rolledBackAt) / 2); wait.After(at) {
+			at = wait
+		}
+	}
+	return at
+}
+
+// ActivateBy is the activation deadline of a rotation away from the node
+// CA ca: five sixths of its life (SPIRE's anchor), or sooner where the CA
+// would then have less than nodeCertTTL plus ActivateMargin left. Until
+// then ca still signs full node certificates; from then on the reconciler
+// activates the rotation (with AutoRotate) whatever the acknowledgements,
+// so that no node certificate is cut short to ca's end.
+func ActivateBy(ca *x509.Certificate, nodeCertTTL time.Duration) time.Time {
+	made := pki.CAMadeAt(ca)
+	at := made.Add(ca.NotAfter.Sub(made) / 6 * 5)
+	if last := ca.NotAfter.Add(-nodeCertTTL - ActivateMargin); last.Before(at) {
+		at = last
+	}
+	return at
+}
+
 // Reconcile is one pass of the rotation reconciler (run under LeaseName):
 // it advances the open rotation when its phase's condition holds, activated
 // at the threshold of acks and retired once no node is off the new CA or
-// the retire grace passed, as ActorReconciler. It reports the phase moved
-// to, "" when nothing moved; no open rotation is not an error.
+// the retire grace passed, as ActorReconciler. With AutoRotate it also
+// starts a rotation when the node CA in force is Due and none is open, and
+// activates a propagating one, forced, from the old CA's ActivateBy. It
+// reports the phase moved to, "" when nothing moved; no open rotation is
+// not an error.
 func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
 	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
 	if errors.Is(err, store.ErrNotFound) {
-		return "", nil
+		ro, err = nil, nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
 	}
-	if ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated {
-		return "", nil
+	if ro == nil || (ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated) {
+		if !r.cfg.AutoRotate {
+			return "", nil
+		}
+		return r.autoStart(ctx, ro)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
 		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
 	}
+	p := AdvanceParams{Actor: ActorReconciler}
 	if !st.Ready {
-		return "", nil
+		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating {
+			return "", nil
+		}
+		old, err := r.nodeCA(ctx)
+		if err != nil {
+			return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+		}
+		by := ActivateBy(old, r.cfg.NodeCertTTL)
+		if r.cfg.Now().Before(by) {
+			return "", nil
+		}
+		p.Force = true
+		p.Reason = fmt.Sprintf("the old node CA ends at %s: activated at its deadline %s, while it can still sign a full node certificate (%s)",
+			old.NotAfter.UTC().Format(time.RFC3339), by.UTC().Format(time.RFC3339), st.Waiting)
 	}
-	moved, err := r.Advance(ctx, AdvanceParams{Actor: ActorReconciler})
+	moved, err := r.Advance(ctx, p)
 	var nr *NotReadyError
 	if errors.As(err, &nr) || errors.Is(err, store.ErrConflict) {
 		return "", nil // changed meanwhile: the next pass looks again
@@ -488,4 +555,45 @@ func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
 		return "", err
 	}
 	return moved.Rotation.Phase, nil
+}
+
+// autoStart starts a rotation as ActorReconciler when the node CA in force
+// is Due; latest is the latest rotation, closed, or nil.
+func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation) (string, error) {
+	ca, err := r.nodeCA(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+	}
+	var rolledBackAt *time.Time
+	if latest != nil && latest.Phase == store.RotationRolledBack && latest.OldCAID == pki.NodeCAID(ca) {
+		rolledBackAt = latest.RolledBackAt
+	}
+	due := Due(ca, r.cfg.NodeCertTTL, rolledBackAt)
+	if r.cfg.Now().Before(due) {
+		return "", nil
+	}
+	made := pki.CAMadeAt(ca)
+	reason := fmt.Sprintf("the node CA in force (made %s, ends %s) passed half its life at %s",
+		made.UTC().Format(time.RFC3339), ca.NotAfter.UTC().Format(time.RFC3339), due.UTC().Format(time.RFC3339))
+	ro, err := r.Start(ctx, StartParams{Actor: ActorReconciler, Reason: reason})
+	if errors.Is(err, ErrInProgress) {
+		return "", nil // started meanwhile: the next pass looks again
+	}
+	if err != nil {
+		return "", err
+	}
+	return ro.Phase, nil
+}
+
+// nodeCA is the certificate of the node CA in force.
+func (r *Rotator) nodeCA(ctx context.Context) (*x509.Certificate, error) {
+	sealed, err := r.store.PKIBundleGet(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("load pki bundle: %w", err)
+	}
+	b, err := pki.OpenBundle(r.cfg.Secret, sealed.Sealed)
+	if err != nil {
+		return nil, err
+	}
+	return b.NodeCA.Cert, nil
 }
