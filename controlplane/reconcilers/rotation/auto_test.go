@@ -96,7 +96,7 @@ func TestRotationAutoRotate(t *testing.T) {
 	reconcile := func(r *rotation.Rotator, at time.Duration, want string) {
 		t.Helper()
 		now = made.Add(at)
-		if moved, err := r.Reconcile(ctx); err != nil || moved != want {
+		if moved, err := r.Reconcile(ctx, nil); err != nil || moved != want {
 			t.Fatalf("Reconcile at %s of the CA's life: %q, %v, want %q", at, moved, err, want)
 		}
 	}
