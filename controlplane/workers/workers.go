@@ -338,7 +338,7 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 			switch moved {
 			case "":
 			case store.RotationPropagating:
-				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force passed half its life", "phase", moved)
+				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force is due (half its life, or the wait after a rollback, passed)", "phase", moved)
 			default:
 				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
 			}

@@ -538,16 +538,34 @@ const DefaultInterval = 5 * time.Second
 // reconciler.
 const ActivateMargin = 2 * DefaultInterval
 
+// MaxRollbackHold is the most the least wait after a rollback
+// (RollbackHold) can be: ten minutes.
+const MaxRollbackHold = 10 * time.Minute
+
+// RollbackHold is the least time the reconciler waits after an operator
+// rolled back a rotation from the node CA ca before it starts another:
+// MaxRollbackHold, or a twelfth of ca's life where that is shorter (a CA
+// of compressed life, in tests). It applies also to a rollback at or past
+// ca's activation deadline, where half the time left to the deadline is
+// nothing.
+func RollbackHold(ca *x509.Certificate) time.Duration {
+	made := pki.CAMadeAt(ca)
+	return min(MaxRollbackHold, ca.NotAfter.Sub(made)/12)
+}
+
 // Due is when the rotation reconciler starts rotating the node CA ca (with
 // AutoRotate): half-way through its life, from pki.CAMadeAt to NotAfter,
 // as SPIRE prepares its next CA. After an operator rolled back a rotation
 // from ca at rolledBackAt (nil: none), no sooner than half-way from then to
-// ca's activation deadline, which gives the operator time to look.
+// ca's activation deadline, and no sooner than RollbackHold after it
+// (which a rollback past the deadline would otherwise not get), which
+// gives the operator time to look; pki.autoRotate false keeps the old CA
+// for as long as the operator wants.
 func Due(ca *x509.Certificate, nodeCertTTL time.Duration, rolledBackAt *time.Time) time.Time {
 	made := pki.CAMadeAt(ca)
 	at := made.Add(ca.NotAfter.Sub(made) / 2)
 	if rolledBackAt != nil {
-		if wait := rolledBackAt.Add(ActivateBy(ca, nodeCertTTL).Sub(*rolledBackAt) / 2); wait.After(at) {
+		if wait := rolledBackAt.Add(max(ActivateBy(ca, nodeCertTTL).Sub(*rolledBackAt)/2, RollbackHold(ca))); wait.After(at) {
 			at = wait
 		}
 	}
@@ -648,9 +666,7 @@ func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation, fenc
 	if r.cfg.Now().Before(due) {
 		return "", nil
 	}
-	made := pki.CAMadeAt(ca)
-	reason := fmt.Sprintf("the node CA in force (made %s, ends %s) passed half its life at %s",
-		made.UTC().Format(time.RFC3339), ca.NotAfter.UTC().Format(time.RFC3339), due.UTC().Format(time.RFC3339))
+	reason := dueReason(ca, r.cfg.NodeCertTTL, rolledBackAt, due)
 	ro, err := r.Start(ctx, StartParams{Actor: ActorReconciler, Reason: reason, Fence: fence})
 	if errors.Is(err, ErrInProgress) {
 		return "", nil // started meanwhile: the next pass looks again
@@ -659,6 +675,22 @@ func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation, fenc
 		return "", err
 	}
 	return ro.Phase, nil
+}
+
+// dueReason is the audit reason of a rotation the reconciler starts at due
+// (Due): the node CA in force passed half its life, or, after an
+// operator's rollback at rolledBackAt, the wait after it passed.
+func dueReason(ca *x509.Certificate, nodeCertTTL time.Duration, rolledBackAt *time.Time, due time.Time) string {
+	const layout = time.RFC3339
+	made := pki.CAMadeAt(ca)
+	half := made.Add(ca.NotAfter.Sub(made) / 2)
+	what := fmt.Sprintf("the node CA in force (made %s, ends %s)", made.UTC().Format(layout), ca.NotAfter.UTC().Format(layout))
+	if rolledBackAt == nil || !due.After(half) {
+		return fmt.Sprintf("%s passed half its life at %s", what, half.UTC().Format(layout))
+	}
+	return fmt.Sprintf("%s passed half its life at %s; an operator rolled back the rotation from it at %s, and the reconciler waited until %s "+
+		"(half the time from the rollback to the activation deadline %s, at least %s)", what, half.UTC().Format(layout),
+		rolledBackAt.UTC().Format(layout), due.UTC().Format(layout), ActivateBy(ca, nodeCertTTL).UTC().Format(layout), RollbackHold(ca))
 }
 
 // nodeCA is the certificate of the node CA in force.
