@@ -27,7 +27,8 @@ import (
 // when": compressed life, and a node CA of the test's own short life
 // rotated by the reconciler). Node CAs live 160 s (pki.nodeCAValidity,
 // also at pki init and the embedded default's first start). An operator
-// starts the first rotation; the second nobody starts: the reconciler
+// starts the first rotation, as soon as serve is up and before the nodes
+// join (they join while it propagates); the second nobody starts: the reconciler
 // starts it once the node CA the first one made has passed half its life,
 // and it is activated before that CA's last sixth. Both end retired, every
 // node on the newest CA; every command submitted completes, each bcd keeps
@@ -51,6 +52,18 @@ func TestNodeCAAutoRotationUnderLoad(t *testing.T) {
 		if got := first.NotAfter.Sub(pki.CAMadeAt(first)); got != caLife {
 			t.Fatalf("the deployment's first node CA lives %s, want pki.nodeCAValidity %s", got, caLife)
 		}
+		// The first rotation: an operator starts it as soon as serve is
+		// up, before the nodes join, so that on a loaded machine the
+		// reconciler (which starts one once the first CA passes half its
+		// life, 80 s after pki init) cannot come first. The nodes join
+		// while it propagates: certificates from the old CA and both
+		// roots, acknowledged, then the new CA at their first renewal
+		// after activation.
+		if left := time.Until(pki.CAMadeAt(first).Add(caLife / 2)); left < 10*time.Second {
+			t.Fatalf("serve took until %s before the first node CA's half life to come up: the reconciler would start the first rotation, not the operator", left)
+		}
+		v := d.rotate("start", "--reason", "test")
+		one := v.Rotation
 
 		tokenFile, _ := d.joinToken(3, time.Hour)
 		certs := newCertLog()
@@ -76,9 +89,6 @@ func TestNodeCAAutoRotationUnderLoad(t *testing.T) {
 		}
 		load := startCommandLoad(d, ids)
 
-		// The first rotation: an operator starts it.
-		v := d.rotate("start", "--reason", "test")
-		one := v.Rotation
 		wait(2*certTTL, func() bool { return d.rotationPhase() == "retired" },
 			func() string { return fmt.Sprintf("the first rotation never retired: %+v", d.rotation().Rotation) })
 

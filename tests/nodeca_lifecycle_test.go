@@ -16,6 +16,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/admission"
 	"github.com/better-compute/better-compute/controlplane/pkg/bootstrap"
 	"github.com/better-compute/better-compute/controlplane/pkg/pki"
+	"github.com/better-compute/better-compute/controlplane/store"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
 
@@ -158,10 +159,14 @@ func holdSilentSession(t *testing.T, d *deployment, m *machine) (end func()) {
 	return end
 }
 
-// TestNodeCASleptThrough: two nodes are stopped before a rotation starts
-// and started after the old CA retired (the reconciler retires it once
-// pki.reattestGrace, 2 s here, has passed since activation). The first,
-// whose certificate from the retired CA is still valid, is refused in the
+// TestNodeCASleptThrough: two nodes sleep through a rotation and are
+// started after the old CA retired (the reconciler retires it once
+// pki.reattestGrace, 2 s here, has passed since activation). The first
+// joins while the rotation propagates (the old CA still issues), just
+// before the operator activates it, and is not started, so its 25 s
+// certificate need outlast only activation and retirement, and no session
+// of it can let the reconciler activate first. Its certificate from the
+// retired CA still valid, it is refused in the
 // handshake (unknown CA), re-attests with its key without an operator and
 // comes back as itself on a certificate of the new CA (read from its data
 // dir). The second is started after its certificate expired longer ago than
@@ -178,17 +183,20 @@ func TestNodeCASleptThrough(t *testing.T) {
 		})
 		tokenFile, _ := d.joinToken(2, time.Hour)
 		early, late := newMachine(t, "slept-01"), newMachine(t, "slept-02")
-		earlyID, lateID := early.mustJoin(d.gatewayURL, tokenFile), late.mustJoin(d.gatewayURL, tokenFile)
-		for _, m := range []*machine{early, late} {
-			p := m.node()
-			p.WaitLine(sessionEstablishedID, 30*time.Second)
-			p.Stop(syscall.SIGTERM, 10*time.Second)
-		}
+		lateID := late.mustJoin(d.gatewayURL, tokenFile)
+		p := late.node()
+		p.WaitLine(sessionEstablishedID, 30*time.Second)
+		p.Stop(syscall.SIGTERM, 10*time.Second)
 		lateNotAfter := nodeCertNotAfter(t, late)
 
 		v := d.rotate("start", "--reason", "test")
 		oldCA, newCA := v.Rotation.OldCAID, v.Rotation.NewCAID
 		roots := nodeRoots(t, d) // old and new
+		d.waitRoots(2, oldCA)
+		earlyID := early.mustJoin(d.gatewayURL, tokenFile)
+		if !issuedBy(t, early, roots, oldCA) {
+			t.Fatalf("%s: a node joined while propagating holds no certificate of the old CA", backend)
+		}
 		// No live node acknowledges anything: the operator activates.
 		if v = d.rotate("advance", "--force", "--reason", "test"); v.Rotation.Phase != "activated" {
 			t.Fatalf("advance --force: %+v, want activated", v.Rotation)
@@ -200,7 +208,7 @@ func TestNodeCASleptThrough(t *testing.T) {
 		}
 
 		// Within the grace: back on the new CA by itself.
-		p := early.node()
+		p = early.node()
 		p.WaitLine(sessionEstablishedID+` node_id=`+earlyID, 60*time.Second)
 		if countLines(p, issuerRefused) != 1 || countLines(p, reattested) != 1 {
 			t.Fatalf("bcd did not re-attest once for a refused issuer:\n%s", p.Output())
@@ -285,8 +293,8 @@ func TestNodeCAJoinWhilePropagating(t *testing.T) {
 // re-join or re-attestation, each node keeping its id. From propagating
 // (held there by a second live node that never acknowledges), the node
 // renews from the old CA on the session it had, and its roots drop the new
-// one. From activated (held there by a node with a valid certificate from
-// the old CA), a node that joined meanwhile on the new CA connects with
+// one. From activated (held there by a node that never runs, whose
+// certificate from the old CA is recorded valid for an hour), a node that joined meanwhile on the new CA connects with
 // that certificate after the rollback (gateways keep trusting the
 // rolled-back root) and its next renewal brings it back to the old CA, as
 // it does the first node.
@@ -325,14 +333,26 @@ func TestNodeCARollback(t *testing.T) {
 		if !issuedBy(t, m, roots, oldCA) {
 			t.Fatalf("after the rollback from propagating the node's certificate is not from the old CA %s", oldCA)
 		}
-		if ids := nodeCARootIDs(t, m); strings.Contains(strings.Join(ids, " "), dropped) {
-			t.Fatalf("node-ca.crt after a renewal still holds the dropped root %s: %v", dropped, ids)
-		}
+		// bcd writes node.crt, then node-ca.crt (each atomically): the
+		// roots follow the certificate by a moment.
+		var ids []string
+		eventually(t, 10*time.Second, func() bool {
+			ids = nodeCARootIDs(t, m)
+			return !strings.Contains(strings.Join(ids, " "), dropped)
+		}, func() string {
+			return fmt.Sprintf("node-ca.crt after a renewal still holds the dropped root %s: %v", dropped, ids)
+		})
 
-		// From activated. A node joined now holds a valid certificate from
-		// the old CA until after the rollback, so the reconciler cannot
-		// retire the rotation first.
-		newMachine(t, "rollback-03").mustJoin(d.gatewayURL, tokenFile)
+		// From activated. A node joined now, and never started (it cannot
+		// renew), holds a certificate from the old CA, recorded valid for
+		// an hour rather than its 20 s, so the reconciler cannot retire
+		// the rotation before the rollback however slow the machine.
+		holder := newMachine(t, "rollback-03")
+		holderID := holder.mustJoin(d.gatewayURL, tokenFile)
+		if err := d.st.NodeSetCertificate(context.Background(), &store.NodeSetCertificateParams{ID: holderID,
+			Serial: nodeSerialOnDisk(t, holder), NotAfter: time.Now().Add(time.Hour), CAID: oldCA}); err != nil {
+			t.Fatal(err)
+		}
 		v = d.rotate("start", "--reason", "test again")
 		newCA := v.Rotation.NewCAID
 		if v.Rotation.OldCAID != oldCA {

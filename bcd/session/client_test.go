@@ -848,7 +848,9 @@ func TestExpiredCertificateRetriesWhileUnreachable(t *testing.T) {
 // handshakes refuse it with unknown_ca, its key proofs still verify)
 // re-attests with its key and connects on a certificate of the CA in force,
 // without an operator. A gateway that refuses the proof as well is no
-// reason to stop: Run keeps retrying.
+// reason to stop: Run keeps retrying; so is one that answers GRACE_PASSED
+// while the certificate is still valid (logged as a refused issuer, not an
+// expired certificate). Expired, GRACE_PASSED is final.
 func TestRetiredIssuerReattests(t *testing.T) {
 	t.Parallel()
 	p := sessiontest.NewPKI(t)
@@ -919,6 +921,66 @@ func TestRetiredIssuerReattests(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v after cancel, want nil", err)
+	}
+
+	// A gateway that refuses the issuer and answers the proof with
+	// GRACE_PASSED (pki.reattestGrace 0, or a stale bundle) while the
+	// certificate is still valid: not final, retried, and logged as what
+	// it is, not as an expired certificate.
+	refusing := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ReattestRefused: true,
+		RetiredNodeCAs: []*x509.Certificate{retired.NodeCA}})
+	var logs logSink
+	failures3 := make(chan session.Event, 16)
+	c3 := newClient(t, session.Config{
+		Gateways:    []string{refusing.URL},
+		Trust:       session.Trust{Pin: p.Pin()},
+		Key:         key,
+		Chain:       []*x509.Certificate{cert},
+		BackoffBase: time.Millisecond,
+		Logger:      logs.logger(),
+		OnEvent: func(ev session.Event) {
+			if ev.Kind == session.EventRenewFailed {
+				select {
+				case failures3 <- ev:
+				default:
+				}
+			}
+		},
+	})
+	done3 := make(chan error, 1)
+	ctx3, cancel3 := context.WithCancel(t.Context())
+	go func() { done3 <- c3.Run(ctx3) }()
+	for range 2 {
+		select {
+		case ev := <-failures3:
+			if errors.Is(ev.Err, session.ErrCertificateExpired) || !strings.Contains(ev.Err.Error(), "still valid") {
+				t.Errorf("re-attestation refused for a valid certificate: %v, want a temporary error saying it is still valid", ev.Err)
+			}
+		case err := <-done3:
+			t.Fatalf("Run ended with %v when the gateway refused to re-attest a valid certificate, want it to keep retrying", err)
+		case <-time.After(wait):
+			t.Fatal("no re-attestation attempt")
+		}
+	}
+	cancel3()
+	if err := <-done3; err != nil {
+		t.Fatalf("Run = %v after cancel, want nil", err)
+	}
+	if out := logs.String(); !strings.Contains(out, "does not trust the node certificate's issuer and refused to re-attest it") ||
+		strings.Contains(out, "Node certificate expired") {
+		t.Errorf("logs say:\n%s\nwant the gateway's refusal of the issuer and of the re-attestation, and nothing about an expired certificate", out)
+	}
+
+	// Once that certificate has expired, GRACE_PASSED is final (exit 4).
+	expired := retired.NodeCertificate(t, key, "node-1", now.Add(-2*time.Hour), now.Add(-time.Hour))
+	c4 := newClient(t, session.Config{
+		Gateways: []string{refusing.URL},
+		Trust:    session.Trust{Pin: p.Pin()},
+		Key:      key,
+		Chain:    []*x509.Certificate{expired},
+	})
+	if err := c4.Run(t.Context()); !errors.Is(err, session.ErrCertificateExpired) {
+		t.Errorf("Run with an expired certificate past the grace = %v, want ErrCertificateExpired", err)
 	}
 }
 

@@ -114,26 +114,27 @@ func (v *verifyFailure) refusedCertificate() bool {
 }
 
 // refusedIssuer reports whether the gateway refused the node's certificate
-// as not chaining to a root it trusts (unknown_ca, or bad_certificate for
-// a chain it could not verify otherwise): what a node meets whose CA a
-// node-CA rotation retired while it was off.
+// as not chaining to a root it trusts (unknown_ca): what a node meets
+// whose CA a node-CA rotation retired while it was off. bad_certificate
+// (a certificate the gateway could not use for any other reason) is not
+// taken as that: it is retried as any failed attempt, without a
+// re-attestation.
 func (v *verifyFailure) refusedIssuer() bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.alert == alertUnknownCA || v.alert == alertBadCertificate
+	return v.alert == alertUnknownCA
 }
 
 // The TLS alerts (RFC 8446 §6.2) with which crypto/tls refuses a client
-// certificate: outside its validity, from an unknown CA, or otherwise
-// unverifiable.
+// certificate that bcd acts on: outside its validity, or from an unknown
+// CA.
 const (
-	alertBadCertificate     tls.AlertError = 42
 	alertCertificateExpired tls.AlertError = 45
 	alertUnknownCA          tls.AlertError = 48
 )
 
 // refusalAlerts are the alerts verifyFailure records.
-var refusalAlerts = [...]tls.AlertError{alertBadCertificate, alertCertificateExpired, alertUnknownCA}
+var refusalAlerts = [...]tls.AlertError{alertCertificateExpired, alertUnknownCA}
 
 // refusalAlert returns the alert of refusalAlerts that err received from
 // the peer, 0 when none. crypto/tls reports a received alert as a

@@ -52,7 +52,10 @@
 // longer trusts (a node-CA rotation retired it while the node was off: the
 // handshake fails with unknown_ca), is re-attested with the node's key
 // (JoinService.Reattest), without an operator; any other failure of that is
-// retried with backoff.
+// retried with backoff, and so is a refusal with GRACE_PASSED of a
+// certificate still valid by the gateway's time (the gateway may hold a
+// stale bundle, or have re-attestation off): only once it has expired is
+// that final. bad_certificate is not taken for a refused issuer.
 //
 // # Clocks
 //

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/better-compute/better-compute/bcd/internal/logkey"
 	"github.com/better-compute/better-compute/proto/keyproof"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -34,6 +35,12 @@ func (c *Client) expired() bool {
 // the same). A refusal for good wraps ErrCertificateExpired and
 // errGracePassed (the grace is over) or ErrRevoked; any other failure
 // (the gateway down, say) is retried by the caller, with backoff.
+//
+// GRACE_PASSED is final only for a certificate that has expired by the
+// gateway's time: for one still valid (untrusted set, the gateway refused
+// its issuer) the gateway may hold a stale bundle, or re-attestation be
+// off (pki.reattestGrace 0), and another gateway, or this one later, may
+// still take it; the error then wraps neither sentinel, and is retried.
 func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr, untrusted bool) error {
 	attested, err := c.reattest(ctx, gw, untrusted)
 	switch {
@@ -44,12 +51,36 @@ func (c *Client) reattestVia(ctx context.Context, gw gatewayAddr, untrusted bool
 		c.log.InfoContext(ctx, "Node certificate re-attested", attrGateway, gw.url, attrNotAfter, chain[0].NotAfter, attrRenew, renewAfter)
 		c.emit(Event{Kind: EventRenewed, Gateway: gw.url})
 		return nil
+	case errors.Is(err, errGracePassed) && untrusted && !c.expired():
+		err = c.refusedValid(ctx, gw, err)
 	case errors.Is(err, errGracePassed):
 		return c.rejoinError(err, gw)
-	case ctx.Err() == nil:
+	}
+	if ctx.Err() == nil {
 		c.emit(Event{Kind: EventRenewFailed, Gateway: gw.url, Err: err})
 	}
 	return err
+}
+
+// refusedValid is the error, not final, of a re-attestation refused with
+// GRACE_PASSED (refusal) for a certificate still valid by the gateway's
+// time whose issuer gw does not trust: it logs so and says it in words,
+// wrapping neither errGracePassed nor ErrCertificateExpired, so the caller
+// retries, with backoff and on the other gateways. Once the certificate
+// has expired, a GRACE_PASSED is final (reattestVia).
+func (c *Client) refusedValid(ctx context.Context, gw gatewayAddr, refusal error) error {
+	leaf := c.cert.Load().Leaf
+	gwNow := c.gwClock.now()
+	c.log.WarnContext(ctx, "Gateway does not trust the node certificate's issuer and refused to re-attest it, "+
+		"though the certificate is still valid: retrying with backoff, on the other gateways too "+
+		"(the gateway's bundle may be stale, or re-attestation off: pki.reattestGrace)",
+		attrGateway, gw.url, attrNotAfter, leaf.NotAfter, attrGWTime, gwNow.UTC(), logkey.Err, refusal)
+	said := refusal.Error()
+	if re := (*refusedError)(nil); errors.As(refusal, &re) {
+		said = re.said
+	}
+	return fmt.Errorf("re-attestation refused with GRACE_PASSED (%q) for a node certificate still valid until %s by the gateway's time: "+
+		"not final, retrying", said, leaf.NotAfter.UTC().Format(time.RFC3339))
 }
 
 // rejoinError is the one final word of a node the gateway will no longer
@@ -69,9 +100,10 @@ func (c *Client) rejoinError(err error, gw gatewayAddr) error {
 // that issued it while the node was off (docs/pki.md, "Rotating the node
 // CA"). The gateway still verifies key proofs against retired roots, so the
 // node re-attests with its key, as after an outage, and is issued a
-// certificate by the CA in force; re-attestation is refused for good only
-// as for an expired certificate (GRACE_PASSED, revoked), and any other
-// failure is retried by the caller, with backoff.
+// certificate by the CA in force; re-attestation is refused for good when
+// revoked, or with GRACE_PASSED once the certificate has expired (a
+// GRACE_PASSED for a certificate still valid is not final: refusedValid),
+// and any other failure is retried by the caller, with backoff.
 func (c *Client) untrusted(ctx context.Context, gw gatewayAddr) error {
 	if err := c.reattestVia(ctx, gw, true); err != nil {
 		return fmt.Errorf("gateway %s does not trust the issuer of the node certificate: %w", gw.url, err)

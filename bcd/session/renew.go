@@ -76,7 +76,8 @@ func identityError(err error) error {
 	case sessionv1.IdentityRefusal_GRACE_PASSED:
 		// The gateway's message says the grace passed; the sentinels only
 		// classify it.
-		return &refusedError{msg: fmt.Sprintf("%s: %s", ErrCertificateExpired, st.Message()), is: []error{ErrCertificateExpired, errGracePassed}}
+		return &refusedError{msg: fmt.Sprintf("%s: %s", ErrCertificateExpired, st.Message()), said: st.Message(),
+			is: []error{ErrCertificateExpired, errGracePassed}}
 	}
 	if st.Code() == codes.PermissionDenied && len(st.Details()) == 0 {
 		// A gateway older than IdentityRefusal said revoked this way.
@@ -123,8 +124,9 @@ func (c *Client) adopt(ctx context.Context, cc *grpc.ClientConn, resp *sessionv1
 // refusedError is a gateway's refusal in its own words, matching the
 // sentinels that classify it.
 type refusedError struct {
-	msg string
-	is  []error
+	msg  string
+	said string // the gateway's message alone
+	is   []error
 }
 
 func (e *refusedError) Error() string   { return e.msg }

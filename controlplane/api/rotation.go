@@ -41,6 +41,8 @@ func rotationError(err error) error {
 	switch {
 	case errors.As(err, &nr):
 		return &Error{Code: apiv1.CodeConflict, Message: nr.Error()}
+	case errors.Is(err, rotation.ErrChanged):
+		return &Error{Code: apiv1.CodeConflict, Message: err.Error() + ": see pki rotate node-ca status"}
 	case errors.Is(err, rotation.ErrInProgress):
 		return &Error{Code: apiv1.CodeConflict, Message: "a node CA rotation is in progress: see pki rotate node-ca status; advance it or roll it back first"}
 	case errors.Is(err, rotation.ErrNoRotation):

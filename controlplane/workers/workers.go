@@ -323,7 +323,7 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 // runRotation starts the node-CA rotation reconciler in g: every
 // rotation.DefaultInterval, under rotation.LeaseName, it advances an open
 // rotation whose phase's condition holds and, with pki.autoRotate, starts
-// one when the node CA in force is due.
+// one when the node CA in force is due; its writes are fenced by the lease.
 func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *config.Config, st Store, holder string, log *slog.Logger) error {
 	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration,
 		CAValidity: cfg.PKI.NodeCAValidity.Duration, AutoRotate: cfg.PKI.AutoRotates(),
@@ -332,12 +332,13 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 		return err
 	}
 	g.Go(func() error {
-		return every(ctx, clk, rotation.LeaseName, holder, rotation.DefaultInterval, st, log, func(ctx context.Context, _ store.Fence) error {
-			moved, err := rot.Reconcile(ctx)
+		return every(ctx, clk, rotation.LeaseName, holder, rotation.DefaultInterval, st, log, func(ctx context.Context, fence store.Fence) error {
+			// Fenced: a worker that lost the lease writes nothing.
+			moved, err := rot.Reconcile(ctx, &fence)
 			switch moved {
 			case "":
 			case store.RotationPropagating:
-				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force passed half its life", "phase", moved)
+				log.InfoContext(ctx, "Node CA rotation started by the reconciler: the node CA in force is due (half its life, or the wait after a rollback, passed)", "phase", moved)
 			default:
 				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
 			}

@@ -351,7 +351,7 @@ type PKI struct {
 	// NodeCAValidity is the life of a node CA made by pki init, the
 	// embedded default's first start and each rotation; at least twice
 	// host.gateway.nodeCertTTL plus 30 s (MinNodeCAValidity). Defaults to
-	// 87600h (ten years, pki.DefaultCAValidity).
+	// 87600h (ten years, pki.DefaultCAValidity); "0s" is the default too.
 	NodeCAValidity Duration `yaml:"nodeCAValidity"`
 }
 

@@ -3,6 +3,7 @@ package rotation_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,8 +47,30 @@ func TestRotationDueAndActivateBy(t *testing.T) {
 		t.Fatalf("ActivateBy with 5m certificates = %s, want %s (a full certificate and the margin before the end)", by, want)
 	}
 	rolledBack := made.Add(6 * time.Minute)
-	if got, want := rotation.Due(ca, 5*time.Minute, &rolledBack), rolledBack.Add(by.Sub(rolledBack)/2); !got.Equal(want) {
-		t.Fatalf("Due after a rollback = %s, want %s", got, want)
+	if got, want := rotation.Due(ca, time.Minute, &rolledBack), rolledBack.Add(2*time.Minute); !got.Equal(want) {
+		t.Fatalf("Due after a rollback = %s, want %s (half the 4m to the deadline)", got, want)
+	}
+	// Half the time to the deadline (25 s with 5m certificates) is less
+	// than the least hold: a twelfth of this short CA's life (1m), at most
+	// ten minutes.
+	if got, want := rotation.Due(ca, 5*time.Minute, &rolledBack), rolledBack.Add(time.Minute); !got.Equal(want) || by.Sub(rolledBack)/2 >= time.Minute {
+		t.Fatalf("Due after a rollback close to the deadline = %s, want %s", got, want)
+	}
+	// So does a rollback past the deadline.
+	if got := rotation.RollbackHold(ca); got != time.Minute {
+		t.Fatalf("RollbackHold of a 12m CA = %s, want 1m", got)
+	}
+	late := made.Add(11 * time.Minute)
+	if got, want := rotation.Due(ca, time.Minute, &late), late.Add(time.Minute); !got.Equal(want) {
+		t.Fatalf("Due after a rollback past the deadline = %s, want %s (the least hold)", got, want)
+	}
+	long, err := pki.Init(pki.InitOptions{TrustDomain: "td.example", Now: made})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late = rotation.ActivateBy(long.NodeCA.Cert, time.Hour).Add(time.Hour)
+	if got, want := rotation.Due(long.NodeCA.Cert, time.Hour, &late), late.Add(rotation.MaxRollbackHold); !got.Equal(want) {
+		t.Fatalf("Due after a rollback past a ten-year CA's deadline = %s, want %s (ten minutes on)", got, want)
 	}
 }
 
@@ -96,13 +119,16 @@ func TestRotationAutoRotate(t *testing.T) {
 	reconcile := func(r *rotation.Rotator, at time.Duration, want string) {
 		t.Helper()
 		now = made.Add(at)
-		if moved, err := r.Reconcile(ctx); err != nil || moved != want {
+		if moved, err := r.Reconcile(ctx, nil); err != nil || moved != want {
 			t.Fatalf("Reconcile at %s of the CA's life: %q, %v, want %q", at, moved, err, want)
 		}
 	}
 	reconcile(auto, 6*time.Minute-time.Second, "")
 	reconcile(manual, 11*time.Minute, "")
 	reconcile(auto, 6*time.Minute, store.RotationPropagating)
+	if reason := newestReason(t, st); !strings.Contains(reason, "passed half its life") || strings.Contains(reason, "rolled back") {
+		t.Fatalf("the audit reason of the first start: %q, want half its life passed", reason)
+	}
 	// An operator rolls it back at 7m: the reconciler waits half the time
 	// from then to the deadline (10m) before it starts again.
 	now = made.Add(7 * time.Minute)
@@ -111,6 +137,9 @@ func TestRotationAutoRotate(t *testing.T) {
 	}
 	reconcile(auto, 8*time.Minute+29*time.Second, "")
 	reconcile(auto, 8*time.Minute+30*time.Second, store.RotationPropagating)
+	if reason := newestReason(t, st); !strings.Contains(reason, "rolled back") || !strings.Contains(reason, "waited until") {
+		t.Fatalf("the audit reason of the start after a rollback: %q, want it to say the reconciler waited after the rollback", reason)
+	}
 	ro, err := st.PKIRotationLatest(ctx, store.RotationCANode)
 	if err != nil || ro.StartedBy != rotation.ActorReconciler || ro.OldCAID != pki.NodeCAID(b.NodeCA.Cert) {
 		t.Fatalf("the started rotation: %+v, %v, want started by the reconciler from the CA in force", ro, err)
@@ -128,6 +157,22 @@ func TestRotationAutoRotate(t *testing.T) {
 	if b := loadBundle(t, st); pki.NodeCAID(b.NodeCA.Cert) != ro.NewCAID {
 		t.Fatalf("after the forced activation the issuer is %s, want %s", pki.NodeCAID(b.NodeCA.Cert), ro.NewCAID)
 	}
+}
+
+// newestReason is the reason of the newest audit row.
+func newestReason(t *testing.T, st store.Store) string {
+	t.Helper()
+	audits, err := st.AuditQuery(context.Background(), &store.AuditQueryParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.Unmarshal(audits[0].Details, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Reason
 }
 
 // wantAudit checks the newest audit row: action by the reconciler, forced

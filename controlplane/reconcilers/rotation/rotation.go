@@ -57,6 +57,13 @@ var (
 	ErrInProgress = errors.New("a node CA rotation is in progress")
 	// ErrThreshold reports a threshold outside (0, 1].
 	ErrThreshold = errors.New("threshold must be above 0 and at most 1")
+	// ErrChanged reports an Advance whose expected rotation or phase
+	// (AdvanceParams.ID, From) is no longer the open one's: another
+	// advance, a rollback or a new rotation came first. Nothing moved.
+	ErrChanged = errors.New("the node CA rotation changed meanwhile")
+	// ErrNotFenced reports a fenced write (StartParams.Fence,
+	// AdvanceParams.Fence) over a store that cannot fence.
+	ErrNotFenced = errors.New("rotation: the store cannot fence writes by a lease")
 )
 
 // NotReadyError is Advance's refusal when the phase's condition does not
@@ -127,6 +134,9 @@ type Config struct {
 type Rotator struct {
 	cfg   Config
 	store Store
+	// fenced is store when it fences writes by a lease (every backend
+	// does), nil otherwise.
+	fenced store.FencedTransactor
 }
 
 // New returns a Rotator over st. It fails for a missing secret, a
@@ -149,7 +159,21 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	case cfg.CAValidity < 0 || cfg.RetireGrace < 0 || cfg.NodeCertTTL < 0:
 		return nil, errors.New("rotation: CA validity, retire grace and node certificate TTL must not be negative")
 	}
-	return &Rotator{cfg: cfg, store: st}, nil
+	fenced, _ := st.(store.FencedTransactor)
+	return &Rotator{cfg: cfg, store: st, fenced: fenced}, nil
+}
+
+// inTx runs fn in one transaction, fenced by fence's lease when fence is
+// not nil (store.InFencedTx: store.ErrFenced, and nothing written, once
+// the lease is lost).
+func (r *Rotator) inTx(ctx context.Context, fence *store.Fence, fn func(tx rotationTx) error) error {
+	if fence == nil {
+		return store.InTx(ctx, r.store, fn)
+	}
+	if r.fenced == nil {
+		return ErrNotFenced
+	}
+	return store.InFencedTx(ctx, r.fenced, *fence, fn)
 }
 
 func validThreshold(t float64) bool { return t > 0 && t <= 1 && !math.IsNaN(t) }
@@ -163,6 +187,10 @@ type StartParams struct {
 	Threshold float64
 	// Reason goes into the event and audit row.
 	Reason string
+	// Fence, when not nil, fences the write by the lease the caller holds
+	// (the reconciler's LeaseName): store.ErrFenced, and nothing written,
+	// once it is lost. An operator's call leaves it nil.
+	Fence *store.Fence
 }
 
 // Start makes the next node CA and starts a rotation, propagating. It
@@ -175,7 +203,7 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 	}
 	now := r.cfg.Now()
 	var out *store.PKIRotation
-	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
+	err := r.inTx(ctx, p.Fence, func(tx rotationTx) error {
 		b, err := r.loadBundle(ctx, tx)
 		if err != nil {
 			return err
@@ -303,17 +331,39 @@ type AdvanceParams struct {
 	// Force moves on although the phase's condition does not hold.
 	Force  bool
 	Reason string
+	// ID and From, when set, are the rotation and the phase the caller
+	// judged: Advance moves nothing, and fails with ErrChanged, when the
+	// latest rotation is another one or in another phase by the time its
+	// transaction reads it. The reconciler sets both, so that a forced
+	// activation it decided on never moves a rotation that was activated
+	// meanwhile on to retired; an operator's call may leave them empty
+	// (advance moves whatever is open).
+	ID, From string
+	// Fence, when not nil, fences the write by the lease the caller holds
+	// (store.ErrFenced, nothing written, once it is lost).
+	Fence *store.Fence
 }
 
 // Advance moves the open rotation on: propagating to activated, activated
-// to retired. It fails with ErrNoRotation when none is open, and with a
+// to retired. It fails with ErrNoRotation when none is open, with
+// ErrChanged when p.ID or p.From no longer match it, and with a
 // *NotReadyError when the phase's condition does not hold and p.Force is
 // not set.
 func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error) {
 	var out *Status
-	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
-		ro, err := openRotation(ctx, tx)
+	err := r.inTx(ctx, p.Fence, func(tx rotationTx) error {
+		ro, err := latestRotation(ctx, tx)
 		if err != nil {
+			return err
+		}
+		if (p.ID != "" && ro.ID != p.ID) || (p.From != "" && ro.Phase != p.From) {
+			want := cmp.Or(p.ID, "the open rotation")
+			if p.From != "" {
+				want += " " + p.From
+			}
+			return fmt.Errorf("%w: expected %s, the latest (%s) is %s: nothing moved", ErrChanged, want, ro.ID, ro.Phase)
+		}
+		if err := isOpen(ro); err != nil {
 			return err
 		}
 		st, err := r.status(ctx, tx, ro)
@@ -409,17 +459,33 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 
 // openRotation returns the node CA's open rotation, or ErrNoRotation.
 func openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
+	ro, err := latestRotation(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := isOpen(ro); err != nil {
+		return nil, err
+	}
+	return ro, nil
+}
+
+// latestRotation returns the node CA's latest rotation, open or not, or
+// ErrNoRotation when there is none.
+func latestRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
 	ro, err := tx.PKIRotationLatest(ctx, store.RotationCANode)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, ErrNoRotation
 	}
-	if err != nil {
-		return nil, err
-	}
+	return ro, err
+}
+
+// isOpen is nil for a rotation still open (propagating or activated),
+// ErrNoRotation otherwise.
+func isOpen(ro *store.PKIRotation) error {
 	if ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated {
-		return nil, fmt.Errorf("%w: the latest (%s) is %s", ErrNoRotation, ro.ID, ro.Phase)
+		return fmt.Errorf("%w: the latest (%s) is %s", ErrNoRotation, ro.ID, ro.Phase)
 	}
-	return ro, nil
+	return nil
 }
 
 func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, error) {
@@ -472,16 +538,34 @@ const DefaultInterval = 5 * time.Second
 // reconciler.
 const ActivateMargin = 2 * DefaultInterval
 
+// MaxRollbackHold is the most the least wait after a rollback
+// (RollbackHold) can be: ten minutes.
+const MaxRollbackHold = 10 * time.Minute
+
+// RollbackHold is the least time the reconciler waits after an operator
+// rolled back a rotation from the node CA ca before it starts another:
+// MaxRollbackHold, or a twelfth of ca's life where that is shorter (a CA
+// of compressed life, in tests). It applies also to a rollback at or past
+// ca's activation deadline, where half the time left to the deadline is
+// nothing.
+func RollbackHold(ca *x509.Certificate) time.Duration {
+	made := pki.CAMadeAt(ca)
+	return min(MaxRollbackHold, ca.NotAfter.Sub(made)/12)
+}
+
 // Due is when the rotation reconciler starts rotating the node CA ca (with
 // AutoRotate): half-way through its life, from pki.CAMadeAt to NotAfter,
 // as SPIRE prepares its next CA. After an operator rolled back a rotation
 // from ca at rolledBackAt (nil: none), no sooner than half-way from then to
-// ca's activation deadline, which gives the operator time to look.
+// ca's activation deadline, and no sooner than RollbackHold after it
+// (which a rollback past the deadline would otherwise not get), which
+// gives the operator time to look; pki.autoRotate false keeps the old CA
+// for as long as the operator wants.
 func Due(ca *x509.Certificate, nodeCertTTL time.Duration, rolledBackAt *time.Time) time.Time {
 	made := pki.CAMadeAt(ca)
 	at := made.Add(ca.NotAfter.Sub(made) / 2)
 	if rolledBackAt != nil {
-		if wait := rolledBackAt.Add(ActivateBy(ca, nodeCertTTL).Sub(*rolledBackAt) / 2); wait.After(at) {
+		if wait := rolledBackAt.Add(max(ActivateBy(ca, nodeCertTTL).Sub(*rolledBackAt)/2, RollbackHold(ca))); wait.After(at) {
 			at = wait
 		}
 	}
@@ -511,7 +595,17 @@ func ActivateBy(ca *x509.Certificate, nodeCertTTL time.Duration) time.Time {
 // activates a propagating one, forced, from the old CA's ActivateBy. It
 // reports the phase moved to, "" when nothing moved; no open rotation is
 // not an error.
-func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
+//
+// Every phase change names the rotation and the phase it judged
+// (AdvanceParams.ID, From): when another advance, a rollback or a start
+// came first, nothing moves and the next pass looks again. In particular
+// the one forced change the reconciler makes is propagating to activated:
+// it never forces a rotation on to retired.
+//
+// fence, when not nil, is the reconciler's lease (LeaseName): its writes
+// are fenced by it (store.InFencedTx), and fail with store.ErrFenced,
+// writing nothing, once another worker holds it.
+func (r *Rotator) Reconcile(ctx context.Context, fence *store.Fence) (string, error) {
 	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
 	if errors.Is(err, store.ErrNotFound) {
 		ro, err = nil, nil
@@ -523,13 +617,13 @@ func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
 		if !r.cfg.AutoRotate {
 			return "", nil
 		}
-		return r.autoStart(ctx, ro)
+		return r.autoStart(ctx, ro, fence)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
 		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
 	}
-	p := AdvanceParams{Actor: ActorReconciler}
+	p := AdvanceParams{Actor: ActorReconciler, ID: ro.ID, From: ro.Phase, Fence: fence}
 	if !st.Ready {
 		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating {
 			return "", nil
@@ -548,7 +642,7 @@ func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
 	}
 	moved, err := r.Advance(ctx, p)
 	var nr *NotReadyError
-	if errors.As(err, &nr) || errors.Is(err, store.ErrConflict) {
+	if errors.As(err, &nr) || errors.Is(err, ErrChanged) || errors.Is(err, ErrNoRotation) || errors.Is(err, store.ErrConflict) {
 		return "", nil // changed meanwhile: the next pass looks again
 	}
 	if err != nil {
@@ -559,7 +653,7 @@ func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
 
 // autoStart starts a rotation as ActorReconciler when the node CA in force
 // is Due; latest is the latest rotation, closed, or nil.
-func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation) (string, error) {
+func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation, fence *store.Fence) (string, error) {
 	ca, err := r.nodeCA(ctx)
 	if err != nil {
 		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
@@ -572,10 +666,8 @@ func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation) (str
 	if r.cfg.Now().Before(due) {
 		return "", nil
 	}
-	made := pki.CAMadeAt(ca)
-	reason := fmt.Sprintf("the node CA in force (made %s, ends %s) passed half its life at %s",
-		made.UTC().Format(time.RFC3339), ca.NotAfter.UTC().Format(time.RFC3339), due.UTC().Format(time.RFC3339))
-	ro, err := r.Start(ctx, StartParams{Actor: ActorReconciler, Reason: reason})
+	reason := dueReason(ca, r.cfg.NodeCertTTL, rolledBackAt, due)
+	ro, err := r.Start(ctx, StartParams{Actor: ActorReconciler, Reason: reason, Fence: fence})
 	if errors.Is(err, ErrInProgress) {
 		return "", nil // started meanwhile: the next pass looks again
 	}
@@ -583,6 +675,22 @@ func (r *Rotator) autoStart(ctx context.Context, latest *store.PKIRotation) (str
 		return "", err
 	}
 	return ro.Phase, nil
+}
+
+// dueReason is the audit reason of a rotation the reconciler starts at due
+// (Due): the node CA in force passed half its life, or, after an
+// operator's rollback at rolledBackAt, the wait after it passed.
+func dueReason(ca *x509.Certificate, nodeCertTTL time.Duration, rolledBackAt *time.Time, due time.Time) string {
+	const layout = time.RFC3339
+	made := pki.CAMadeAt(ca)
+	half := made.Add(ca.NotAfter.Sub(made) / 2)
+	what := fmt.Sprintf("the node CA in force (made %s, ends %s)", made.UTC().Format(layout), ca.NotAfter.UTC().Format(layout))
+	if rolledBackAt == nil || !due.After(half) {
+		return fmt.Sprintf("%s passed half its life at %s", what, half.UTC().Format(layout))
+	}
+	return fmt.Sprintf("%s passed half its life at %s; an operator rolled back the rotation from it at %s, and the reconciler waited until %s "+
+		"(half the time from the rollback to the activation deadline %s, at least %s)", what, half.UTC().Format(layout),
+		rolledBackAt.UTC().Format(layout), due.UTC().Format(layout), ActivateBy(ca, nodeCertTTL).UTC().Format(layout), RollbackHold(ca))
 }
 
 // nodeCA is the certificate of the node CA in force.

@@ -219,7 +219,7 @@ func TestRotationReconcile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != "" {
 		t.Fatalf("Reconcile with no rotation: %q, %v", moved, err)
 	}
 	ro, err := r.Start(ctx, rotation.StartParams{Actor: "token:t"})
@@ -229,16 +229,16 @@ func TestRotationReconcile(t *testing.T) {
 	if err := st.PKIRotationAck(ctx, ro.ID, ids[:2], nil); err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != "" {
 		t.Fatalf("Reconcile at 2 of 4 acks (threshold 75 %%): %q, %v", moved, err)
 	}
 	if err := st.PKIRotationAck(ctx, ro.ID, ids[2:3], nil); err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != store.RotationActivated {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != store.RotationActivated {
 		t.Fatalf("Reconcile at 3 of 4 acks: %q, %v, want activated", moved, err)
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != "" {
 		t.Fatalf("Reconcile with every node on the old CA: %q, %v", moved, err)
 	}
 	for _, id := range ids {
@@ -246,7 +246,7 @@ func TestRotationReconcile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != store.RotationRetired {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != store.RotationRetired {
 		t.Fatalf("Reconcile with every node on the new CA: %q, %v, want retired", moved, err)
 	}
 	audits, err := st.AuditQuery(ctx, &store.AuditQueryParams{})
@@ -272,7 +272,7 @@ func TestRotationNoLiveNodeIsNoProof(t *testing.T) {
 	if _, err := r.Start(ctx, rotation.StartParams{Actor: "token:t"}); err != nil {
 		t.Fatal(err)
 	}
-	if moved, err := r.Reconcile(ctx); err != nil || moved != "" {
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != "" {
 		t.Fatalf("Reconcile with no live node: %q, %v, want no move", moved, err)
 	}
 	var nr *rotation.NotReadyError
