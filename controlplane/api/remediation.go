@@ -106,9 +106,12 @@ func (s *Server) remediationGet(ctx context.Context, p *iam.Principal, r *apiv1.
 }
 
 // remediationSeen answers NOT_FOUND for a case of a pool outside p's
-// subtree (its pool, as remediation.get decides), as for one that does
-// not exist, before a change is tried; a root caller's calls go on
-// unchecked.
+// subtree (its pool, as remediation.get decides) or of a node whose pool
+// now is (a change acts on the node: its return reboots it), as for one
+// that does not exist, before a change is tried; a root caller's calls go
+// on unchecked. nodes.move refuses a node with an open case, so the two
+// pools differ only for a closed case, or a case opened while its node
+// moved.
 func (s *Server) remediationSeen(ctx context.Context, p *iam.Principal, id string) error {
 	if within(p) == "" {
 		return nil
@@ -116,6 +119,12 @@ func (s *Server) remediationSeen(ctx context.Context, p *iam.Principal, id strin
 	c, err := s.store.RemediationGet(ctx, id)
 	if err == nil {
 		err = s.poolSeen(ctx, p, c.PoolID)
+	}
+	if err == nil {
+		var n *store.Node
+		if n, err = s.store.NodeGet(ctx, c.NodeID); err == nil && n.PoolID != c.PoolID {
+			err = s.poolSeen(ctx, p, n.PoolID)
+		}
 	}
 	return remediationNotFound(err, id)
 }

@@ -237,7 +237,9 @@ func (s *Server) poolsMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveP
 // node, the tenant and the pool must lie within the caller's subtree
 // (else NOT_FOUND), the pool must belong to the tenant and sit at the
 // node's site (INVALID_ARGUMENT); without a pool the tenant must have
-// exactly one there. A held node is CONFLICT (store.ErrNodeHeld).
+// exactly one there. A held node is CONFLICT (store.ErrNodeHeld), one
+// with an open remediation case too, naming the case
+// (store.NodeRemediatingError).
 func (s *Server) nodesMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveNodeRequest) (*apiv1.NodeResponse, error) {
 	n, err := s.node(ctx, p, r.GetId())
 	if err != nil {
@@ -287,7 +289,14 @@ func (s *Server) nodesMove(ctx context.Context, p *iam.Principal, r *apiv1.MoveN
 		return &apiv1.NodeResponse{Node: nodeOut(n, s.gatewayOf(ctx, n.ID), true)}, nil
 	}
 	n, err = s.store.NodeMove(ctx, n.ID, to.ID)
+	var open *store.NodeRemediatingError
 	switch {
+	case errors.As(err, &open):
+		// A case stays its pool's: moved, the node would be left to the
+		// old tenant's remediation.return|pause|resume.
+		return nil, &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf("node %s has open remediation case %s (%s): "+
+			"move it once the case is closed: return the node with remediation return %s (--reset-gpu, --reboot or --force as "+
+			"its GPUs read), or let remediation return it", r.GetId(), open.CaseID, open.State, open.CaseID)}
 	case errors.Is(err, store.ErrNodeHeld):
 		return nil, &Error{Code: apiv1.CodeConflict, Field: "id",
 			Message: "node " + r.GetId() + " is held by a reservation, a rollout, a repair or a drain: move it once that ends"}

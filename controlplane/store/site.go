@@ -23,6 +23,8 @@ type Site struct {
 type SiteStore interface {
 	// SiteCreate inserts a site; ErrConflict when the name is taken.
 	SiteCreate(ctx context.Context, p *SiteCreateParams) (*Site, error)
+	// SiteGet returns the site whose id, else whose name, is idOrName:
+	// an id always wins over a name.
 	SiteGet(ctx context.Context, idOrName string) (*Site, error)
 	SiteList(ctx context.Context, p *ListParams) ([]*Site, error)
 }
@@ -58,6 +60,9 @@ type PoolStore interface {
 	// PoolCreate inserts a pool; ErrConflict when the name is taken,
 	// ErrNotFound when the site does not exist.
 	PoolCreate(ctx context.Context, p *PoolCreateParams) (*Pool, error)
+	// PoolGet returns the pool whose id, else whose name, is idOrName:
+	// an id always wins over a name, so that a pool named like another
+	// pool's id never stands in for it.
 	PoolGet(ctx context.Context, idOrName string) (*Pool, error)
 	PoolList(ctx context.Context, p *ListParams) ([]*Pool, error)
 }

@@ -78,14 +78,34 @@ type TenantStore interface {
 	// pool (of any tenant) in one transaction and returns it: ErrNotFound
 	// when the node, the pool or the pool's live tenant is missing,
 	// ErrNodeHeld (an ErrConflict) while the node is out of service for an
-	// owner (a repair, a drain, a rollout), in an open rollout, or holds a
-	// reservation slot that has not ended.
+	// owner (a repair, a drain, a rollout), in an open rollout, holds a
+	// reservation slot that has not ended, or has an open remediation case
+	// (then a *NodeRemediatingError naming the case: a case stays its
+	// pool's, so a node that moved away from its case would leave the old
+	// tenant acting on it).
 	NodeMove(ctx context.Context, nodeID, poolID string) (*Node, error)
 }
 
-// ErrNodeHeld is NodeMove's error for a node that a reservation, rollout
-// or disruption owner holds; errors.Is(err, ErrConflict) holds too.
-var ErrNodeHeld = fmt.Errorf("node is held by a reservation, a rollout or a disruption owner: %w", ErrConflict)
+// ErrNodeHeld is NodeMove's error for a node that a reservation, rollout,
+// disruption owner or open remediation case holds; errors.Is(err,
+// ErrConflict) holds too.
+var ErrNodeHeld = fmt.Errorf("node is held by a reservation, a rollout, a disruption owner or a remediation case: %w", ErrConflict)
+
+// NodeRemediatingError is NodeMove's error for a node with an open
+// remediation case; errors.Is(err, ErrNodeHeld) and errors.Is(err,
+// ErrConflict) hold too.
+type NodeRemediatingError struct {
+	NodeID string
+	CaseID string // the open case's id (rem_…)
+	State  string // the case's state
+}
+
+func (e *NodeRemediatingError) Error() string {
+	return "node " + e.NodeID + " has open remediation case " + e.CaseID + " (" + e.State + ")"
+}
+
+// Unwrap makes the error an ErrNodeHeld.
+func (e *NodeRemediatingError) Unwrap() error { return ErrNodeHeld }
 
 // TenantCreateParams are TenantCreate's inputs. ID defaults to a new ten_ id.
 type TenantCreateParams struct {

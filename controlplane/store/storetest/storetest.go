@@ -54,6 +54,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"SitesAndPools", testSitesAndPools},
 		{"Tenants", testTenants},
 		{"NodeMove", testNodeMove},
+		{"IDWinsOverName", testIDWinsOverName},
 		{"Nodes", testNodes},
 		{"NodeLiveness", testNodeLiveness},
 		{"NodeLivenessBesideSessionCloses", testNodeLivenessBesideSessionCloses},

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -205,5 +206,82 @@ func testNodeMove(ctx context.Context, t *testing.T, h *Harness) {
 	must(st.ReservationCancel(ctx, &store.ReservationCancelParams{ID: r.ID, Reason: "test"}))
 	if got := must(st.NodeMove(ctx, reserved.ID, to.ID)); got.PoolID != to.ID {
 		t.Fatalf("node of a cancelled reservation moved = %+v", got)
+	}
+
+	// An open remediation case holds the node, though it holds no
+	// disruption (detected, or held by a tripped breaker): the case stays
+	// its pool's, so the old tenant would act on a node now another's. The
+	// error names the case; once it is closed the node moves.
+	sick := addNode(ctx, t, h, from, "node_move4")
+	c := must(st.RemediationCreate(ctx, &store.Remediation{NodeID: sick.ID, State: store.RemediationDetected, Finding: "xid",
+		Resolution: "REBOOT", XID: 79, GPUUUID: "GPU-move4", Action: "reboot"}, "remediation:test"))
+	_, err = st.NodeMove(ctx, sick.ID, to.ID)
+	wantErr(t, err, store.ErrNodeHeld)
+	wantErr(t, err, store.ErrConflict)
+	var rem *store.NodeRemediatingError
+	if !errors.As(err, &rem) || rem.CaseID != c.ID || rem.NodeID != sick.ID || rem.State != store.RemediationDetected {
+		t.Fatalf("move of a node with an open case: %v, want a NodeRemediatingError naming %s", err, c.ID)
+	}
+	if got := must(st.NodeGet(ctx, sick.ID)); got.PoolID != from.ID {
+		t.Fatalf("node with an open case moved anyway: %+v", got)
+	}
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationHeld, Actor: "remediation:test"}))
+	_, err = st.NodeMove(ctx, sick.ID, to.ID)
+	if !errors.As(err, &rem) || rem.CaseID != c.ID || rem.State != store.RemediationHeld {
+		t.Fatalf("move of a node with a held case: %v, want a NodeRemediatingError naming %s", err, c.ID)
+	}
+	must(st.RemediationMove(ctx, &store.RemediationMoveParams{ID: c.ID, To: store.RemediationReturned, Actor: "remediation:test"}))
+	if got := must(st.NodeMove(ctx, sick.ID, to.ID)); got.PoolID != to.ID {
+		t.Fatalf("node whose case closed moved = %+v", got)
+	}
+}
+
+// testIDWinsOverName: SiteGet, PoolGet and TenantGet take an id or a
+// name; a row whose name is another row's id (made before the API refused
+// such names, apiv1.CheckName) never stands in for that row, whatever
+// plan the database picks: the shadowing row is written first, so that a
+// sequential scan meets it first, and the tables are analyzed (on
+// PostgreSQL a tiny analyzed table is scanned sequentially).
+func testIDWinsOverName(ctx context.Context, t *testing.T, h *Harness) {
+	st := h.Store
+	mallory := must(st.TenantCreate(ctx, &store.TenantCreateParams{Name: "mallory", ParentID: store.RootTenant}))
+	victimTenantID, victimSiteID, victimPoolID := store.NewID("ten"), store.NewID("site"), store.NewID("pool")
+
+	shadowTenant := must(st.TenantCreate(ctx, &store.TenantCreateParams{Name: victimTenantID, ParentID: mallory.ID}))
+	shadowSite := must(st.SiteCreate(ctx, &store.SiteCreateParams{Name: victimSiteID, Region: "eu-1", TenantID: mallory.ID}))
+	shadowPool := must(st.PoolCreate(ctx, &store.PoolCreateParams{Name: victimPoolID, SiteID: shadowSite.ID, TenantID: mallory.ID}))
+
+	victimTenant := must(st.TenantCreate(ctx, &store.TenantCreateParams{ID: victimTenantID, Name: "victim", ParentID: store.RootTenant}))
+	victimSite := must(st.SiteCreate(ctx, &store.SiteCreateParams{ID: victimSiteID, Name: "victim-site", Region: "eu-1",
+		TenantID: victimTenant.ID}))
+	victimPool := must(st.PoolCreate(ctx, &store.PoolCreateParams{ID: victimPoolID, Name: "victim-pool", SiteID: victimSite.ID,
+		TenantID: victimTenant.ID}))
+	check(t, h.Exec(ctx, "ANALYZE tenants"))
+	check(t, h.Exec(ctx, "ANALYZE sites"))
+	check(t, h.Exec(ctx, "ANALYZE pools"))
+
+	for range 3 { // on a fresh connection and on cached plans alike
+		if got := must(st.PoolGet(ctx, victimPoolID)); got.ID != victimPool.ID || got.TenantID != victimTenant.ID {
+			t.Fatalf("PoolGet(%s) = pool %s of tenant %s (named %q), want the victim's pool", victimPoolID, got.ID, got.TenantID, got.Name)
+		}
+		if got := must(st.SiteGet(ctx, victimSiteID)); got.ID != victimSite.ID || got.TenantID != victimTenant.ID {
+			t.Fatalf("SiteGet(%s) = site %s of tenant %s (named %q), want the victim's site", victimSiteID, got.ID, got.TenantID, got.Name)
+		}
+		if got := must(st.TenantGet(ctx, victimTenantID)); got.ID != victimTenant.ID {
+			t.Fatalf("TenantGet(%s) = tenant %s (named %q), want the victim", victimTenantID, got.ID, got.Name)
+		}
+	}
+	// Each row is still found by its own id and by a name no id equals.
+	if got := must(st.PoolGet(ctx, shadowPool.ID)); got.ID != shadowPool.ID {
+		t.Fatalf("PoolGet(shadow's id) = %+v", got)
+	}
+	if got := must(st.PoolGet(ctx, "victim-pool")); got.ID != victimPool.ID {
+		t.Fatalf("PoolGet(victim-pool) = %+v", got)
+	}
+	if got := must(st.SiteGet(ctx, shadowSite.ID)); got.ID != shadowSite.ID {
+		t.Fatalf("SiteGet(shadow's id) = %+v", got)
+	}
+	if got := must(st.TenantGet(ctx, shadowTenant.ID)); got.ID != shadowTenant.ID {
+		t.Fatalf("TenantGet(shadow's id) = %+v", got)
 	}
 }

@@ -8,9 +8,10 @@ import (
 // MaxNameLen is the longest site, pool or region name.
 const MaxNameLen = 63
 
-// CheckName checks a site, pool or region name as sites.create and
-// pools.create do: 1 to 63 characters of a-z, 0-9, '-', '_' and '.'. The
-// error is the rule it breaks.
+// CheckName checks a site, pool, tenant or region name as sites.create,
+// pools.create and tenants.create do: 1 to 63 characters of a-z, 0-9, '-',
+// '_' and '.', and not shaped like an id (IDShaped). The error is the rule
+// it breaks.
 func CheckName(v string) error {
 	if v == "" || len(v) > MaxNameLen {
 		return errors.New("must be 1 to 63 characters")
@@ -20,7 +21,36 @@ func CheckName(v string) error {
 			return errors.New("may hold only a-z, 0-9, '-', '_' and '.'")
 		}
 	}
+	if IDShaped(v) {
+		return errors.New("must not be shaped like an id (letters, '_', then 26 of a-z and 2-7, as pool_… and site_… ids are): " +
+			"a lookup by id or name would be ambiguous")
+	}
 	return nil
+}
+
+// idSuffixLen is the length of an id's random part (store.NewID: 26
+// base32 characters, lower-cased).
+const idSuffixLen = 26
+
+// IDShaped reports whether v has the shape of an id that store.NewID makes
+// (^[a-z]+_[a-z2-7]{26}$), such as pool_… or site_…: such a string is
+// refused as a name, so that a name never equals another row's id.
+func IDShaped(v string) bool {
+	prefix, suffix, ok := strings.Cut(v, "_")
+	if !ok || prefix == "" || len(suffix) != idSuffixLen {
+		return false
+	}
+	for _, r := range prefix {
+		if r < 'a' || r > 'z' {
+			return false
+		}
+	}
+	for _, r := range suffix {
+		if !(r >= 'a' && r <= 'z' || r >= '2' && r <= '7') {
+			return false
+		}
+	}
+	return true
 }
 
 // CanonicalSerial spells a certificate serial as pki.FormatSerial does, the

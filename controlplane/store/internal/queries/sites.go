@@ -33,10 +33,13 @@ func (s *Store) SiteCreate(ctx context.Context, p *store.SiteCreateParams) (*sto
 	return &site.Site, nil
 }
 
-// SiteGet returns a site by id or name.
+// SiteGet returns a site by id or name: the site whose id it is wins over
+// one whose name it is (names shaped like ids are refused by the API, but
+// a row made before that rule may hold one).
 func (s *Store) SiteGet(ctx context.Context, idOrName string) (*store.Site, error) {
 	site := &siteRow{}
-	err := s.db.QueryRow(ctx, `SELECT `+siteColumns+` FROM sites WHERE id = $1 OR name = $1`, idOrName).
+	err := s.db.QueryRow(ctx, `SELECT `+siteColumns+` FROM sites WHERE id = $1 OR name = $1
+		ORDER BY (id = $1) DESC LIMIT 1`, idOrName).
 		Scan(site.fields()...)
 	if err != nil {
 		return nil, s.wrap("get site "+idOrName, err)
@@ -87,10 +90,14 @@ func (s *Store) PoolCreate(ctx context.Context, p *store.PoolCreateParams) (*sto
 	return &pool.Pool, nil
 }
 
-// PoolGet returns a pool by id or name.
+// PoolGet returns a pool by id or name: the pool whose id it is wins over
+// one whose name it is, so that a pool named like another's id never
+// stands in for it (the API refuses such names; a row made before that
+// rule may hold one).
 func (s *Store) PoolGet(ctx context.Context, idOrName string) (*store.Pool, error) {
 	pool := &poolRow{}
-	err := s.db.QueryRow(ctx, `SELECT `+poolColumns+` FROM pools WHERE id = $1 OR name = $1`, idOrName).
+	err := s.db.QueryRow(ctx, `SELECT `+poolColumns+` FROM pools WHERE id = $1 OR name = $1
+		ORDER BY (id = $1) DESC LIMIT 1`, idOrName).
 		Scan(pool.fields()...)
 	if err != nil {
 		return nil, s.wrap("get pool "+idOrName, err)

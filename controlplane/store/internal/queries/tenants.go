@@ -2,6 +2,7 @@ package queries
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -176,8 +177,18 @@ func (s *Store) NodeMove(ctx context.Context, nodeID, poolID string) (*store.Nod
 		if n == 0 {
 			return fmt.Errorf("%s: pool: %w", op, store.ErrNotFound)
 		}
+		// An open case stays its pool's (remediations.pool_id): moving the
+		// node away from it would leave the old tenant pausing, resuming
+		// or returning (rebooting) a node now another's.
+		open, err := q.RemediationOpenFor(ctx, nodeID)
+		switch {
+		case err == nil:
+			return fmt.Errorf("%s: %w", op, &store.NodeRemediatingError{NodeID: nodeID, CaseID: open.ID, State: open.State})
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
 		var held int
-		err := q.db.QueryRow(ctx, `SELECT
+		err = q.db.QueryRow(ctx, `SELECT
 			(SELECT count(*) FROM nodes WHERE id = $1 AND disruption <> '')
 			+ (SELECT count(*) FROM reservation_slots WHERE node_id = $1 AND starts_at < ends_at AND ends_at > coalesce($2, now()))
 			+ (SELECT count(*) FROM rollout_nodes rn JOIN rollouts r ON r.id = rn.rollout_id
