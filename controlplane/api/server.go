@@ -5,6 +5,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"crypto/cipher"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -219,8 +220,10 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	methods map[string]*method
-	certs   *certreload.Reloader // nil: plain HTTP
-	unauth  unauthSummary
+	// cursorAEAD seals the list cursors of a tenant's callers (cursor.go).
+	cursorAEAD cipher.AEAD
+	certs      *certreload.Reloader // nil: plain HTTP
+	unauth     unauthSummary
 
 	// streams and inFlight count each token's event streams and calls in
 	// flight against their caps.
@@ -267,6 +270,10 @@ func New(cfg Config, st Store, log *slog.Logger) *Server {
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{},
 		capacity: placer.NewFacts(), streams: newHoldings(cfg.EventStreamsPerToken), inFlight: newHoldings(cfg.InFlightPerToken)}
 	s.unauth.now = cfg.Now
+	var err error
+	if s.cursorAEAD, err = newCursorAEAD(cfg.Secret); err != nil {
+		panic("api: " + err.Error()) // AES-256-GCM with a 32-byte key does not fail
+	}
 	if s.cfg.Listeners == nil {
 		s.cfg.Listeners = accept.NewWatch(accept.Config{Log: s.log})
 	}
