@@ -82,7 +82,7 @@ type Config struct {
 	// Sinks are the names of the configured event sinks (sinks.webhooks and
 	// sinks.files): sinks.replay for any other sink is NOT_FOUND (issue 29).
 	Sinks []string
-	// SinkTenants are the configured sinks' tenants (a name or id) by sink
+	// SinkTenants are the configured sinks' tenants (a tenant's id) by sink
 	// name; a sink not in it is deployment-wide, its dead letters the
 	// root's only (docs/tenants.md, "Sinks").
 	SinkTenants map[string]string

@@ -25,8 +25,10 @@ var errReplayMissing = errors.New("ids that are not dead letters")
 // sinksDeadLetters pages through the sinks' dead letters, oldest first
 // (docs/api.md, "sinks.deadLetters"): the cursor is the id of the last
 // dead letter of the previous page; sink keeps one sink's. A tenant's
-// caller sees the dead letters of its subtree's sinks (sinkSeen) only: a
-// page may hold fewer than its limit, its cursor follows the page read.
+// caller names a sink of its subtree (sinkSeen), and sees the dead
+// letters that were for a tenant of its subtree (their TenantID, the
+// sink's tenant when they were made) only: a page may hold fewer than its
+// limit, its cursor follows the page read (sealed, cursor.go).
 func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
@@ -53,12 +55,12 @@ func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv
 	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return idString(d.ID) })}
 	seen := map[string]bool{}
 	for _, d := range dls {
-		ok, cached := seen[d.Sink]
+		ok, cached := seen[d.TenantID]
 		if !cached {
-			if ok, err = s.sinkSeen(ctx, p, d.Sink); err != nil {
+			if ok, err = s.tenantIDSeen(ctx, p, d.TenantID); err != nil {
 				return nil, err
 			}
-			seen[d.Sink] = ok
+			seen[d.TenantID] = ok
 		}
 		if ok {
 			out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
@@ -72,21 +74,28 @@ func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv
 // lies within its subtree, never a deployment-wide sink, which takes
 // every tenant's events (docs/tenants.md, "Sinks").
 func (s *Server) sinkSeen(ctx context.Context, p *iam.Principal, sink string) (bool, error) {
+	return s.tenantIDSeen(ctx, p, s.cfg.SinkTenants[sink])
+}
+
+// tenantIDSeen reports whether the live tenant of id tenantID (a sink's or
+// a dead letter's tenant; never a name) lies within p's subtree; a root
+// caller sees every one, "" (deployment-wide) included, a tenant's caller
+// neither "" nor a tenant merely named tenantID.
+func (s *Server) tenantIDSeen(ctx context.Context, p *iam.Principal, tenantID string) (bool, error) {
 	if within(p) == "" {
 		return true, nil
 	}
-	tenant := s.cfg.SinkTenants[sink]
-	if tenant == "" {
+	if tenantID == "" {
 		return false, nil
 	}
-	t, err := s.store.TenantGet(ctx, tenant)
+	t, err := s.store.TenantGet(ctx, tenantID)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return t.DeletedAt == nil && p.Sees(t.Path), nil
+	return t.ID == tenantID && t.DeletedAt == nil && p.Sees(t.Path), nil
 }
 
 // deadLetterOut is a dead letter in the API's form.
