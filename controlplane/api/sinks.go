@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,6 +144,21 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 		return nil, invalid("ids", "give ids or all, not both")
 	case r.GetAll() && sink == "":
 		return nil, invalid("sink", "is required with all: the sink whose dead letters to replay")
+	case r.GetAll() && within(p) != "":
+		// A tenant's caller replays the letters that were for its subtree.
+		own, err := s.deadLettersSeen(ctx, p, sink)
+		if err != nil {
+			return nil, err
+		}
+		var n int64
+		for chunk := range slices.Chunk(slices.Sorted(maps.Keys(own)), MaxReplayIDs) {
+			m, err := s.store.DeadLetterReplay(ctx, sink, chunk)
+			if err != nil {
+				return nil, err
+			}
+			n += m
+		}
+		return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
 	case r.GetAll():
 		n, err := s.store.DeadLetterReplay(ctx, sink, nil)
 		if err != nil {
@@ -166,6 +182,23 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 	ids = slices.Compact(ids)
 	var n int64
 	var missing []string
+	if within(p) != "" {
+		// Another tenant's dead letter is answered as one that does not
+		// exist.
+		own, err := s.deadLettersSeen(ctx, p, sink)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			if !own[id] {
+				missing = append(missing, strconv.FormatInt(id, 10))
+			}
+		}
+		if len(missing) > 0 {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "ids", Message: fmt.Sprintf("no dead letter of sink %s with id %s; nothing was replayed",
+				sink, strings.Join(missing, ", "))}
+		}
+	}
 	err := store.InTx(ctx, s.store, func(tx replayTx) error {
 		var err error
 		if n, err = tx.DeadLetterReplay(ctx, sink, ids); err != nil || n == int64(len(ids)) {
@@ -195,4 +228,32 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 		return nil, err
 	}
 	return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
+}
+
+// deadLettersSeen returns the ids of sink's dead letters that were for a
+// tenant within p's subtree (their TenantID).
+func (s *Server) deadLettersSeen(ctx context.Context, p *iam.Principal, sink string) (map[int64]bool, error) {
+	own, seen := map[int64]bool{}, map[string]bool{}
+	for after := int64(0); ; {
+		dls, err := s.store.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: sink, AfterID: after, Limit: store.MaxListLimit})
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range dls {
+			ok, cached := seen[d.TenantID]
+			if !cached {
+				if ok, err = s.tenantIDSeen(ctx, p, d.TenantID); err != nil {
+					return nil, err
+				}
+				seen[d.TenantID] = ok
+			}
+			if ok {
+				own[d.ID] = true
+			}
+		}
+		if len(dls) < store.MaxListLimit {
+			return own, nil
+		}
+		after = dls[len(dls)-1].ID
+	}
 }

@@ -295,6 +295,27 @@ func TestTenantDeadLetters(t *testing.T) {
 	wantCode(t, f.call("sinks.deadLetters", tokens["team-b"], `{"sink":"hook-a"}`, peer), 404, apiv1.CodeNotFound, "sink")
 	wantCode(t, f.call("sinks.deadLetters", tokens["team-b"], `{"sink":"ghost"}`, peer), 404, apiv1.CodeNotFound, "sink")
 	wantCode(t, f.call("sinks.replay", tokens["team-b"], `{"sink":"ghost","all":true}`, peer), 404, apiv1.CodeNotFound, "sink")
+	// team-a's admin replays hook-a's letters that were team-a's only; the
+	// one that was team-b's is NOT_FOUND to it.
+	byKey := map[string]string{}
+	all, err := st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "hook-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range all {
+		byKey[d.Entry.Key] = strconv.FormatInt(d.ID, 10)
+	}
+	wantCode(t, f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","ids":["`+byKey["node_of_b"]+`"]}`, peer), 404, apiv1.CodeNotFound, "ids")
+	if r := f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","all":true}`, peer); r.Code != 200 || r.Body["replayed"] != "1" {
+		t.Errorf("team-a replays all of hook-a: %d %v, want 1 replayed", r.Code, r.Body)
+	}
+	if r := f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","ids":["`+byKey["node_of_a"]+`"]}`, peer); r.Code != 200 {
+		t.Errorf("team-a replays its own letter: %d %v", r.Code, r.Body)
+	}
+	after, err := st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "hook-a", Replay: true})
+	if err != nil || len(after) != 1 || after[0].Entry.Key != "node_of_a" {
+		t.Errorf("marked for replay: %v %v, want team-a's letter only", after, err)
+	}
 	root := f.token(store.RoleAdmin, 0)
 	if got := subjects(f.call("sinks.deadLetters", root, `{}`, peer)); len(got) != 5 {
 		t.Errorf("the root's admin sees %v, want all five", got)
