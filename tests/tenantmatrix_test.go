@@ -97,11 +97,15 @@ func TestTenantMatrix(t *testing.T) {
 func testTenantMatrix(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	// Each tenant has a file sink of its own, configured before the tenant
-	// is made (by name): it takes its subtree's events only.
+	// Each tenant has a file sink of its own, configured by the tenant's id
+	// (never a name, docs/tenants.md "Sinks"): it takes its subtree's
+	// events only. The configuration is written before the tenants are
+	// made, so the test makes them in the store with these ids.
 	sinkDir := t.TempDir()
+	tenantIDs := map[string]string{"matrix-a": "ten_matrixa", "matrix-b": "ten_matrixb"}
 	d := newDeploymentWith(t, backend, deploymentConfig{top: fmt.Sprintf("sinks:\n  files:\n"+
-		"    - {name: matrix-a, path: %s/a.jsonl, tenant: matrix-a}\n    - {name: matrix-b, path: %s/b.jsonl, tenant: matrix-b}\n", sinkDir, sinkDir)})
+		"    - {name: matrix-a, path: %s/a.jsonl, tenant: %s}\n    - {name: matrix-b, path: %s/b.jsonl, tenant: %s}\n",
+		sinkDir, tenantIDs["matrix-a"], sinkDir, tenantIDs["matrix-b"])})
 	admin := &client.Client{BaseURL: d.api + "/api", Token: d.adminToken}
 	def, err := admin.PoolsGet(ctx, &apiv1.PoolRequest{Pool: "default"})
 	if err != nil {
@@ -144,9 +148,9 @@ func testTenantMatrix(t *testing.T, backend string) {
 	fix := func(name string, ns []string) *tenantFixture {
 		f := &tenantFixture{name: name, n1: ns[0], n2: ns[1], n3: ns[2], sink: name, sinkFile: sinkDir + "/" + name[len(name)-1:] + ".jsonl",
 			tokens: map[string]*client.Client{}, tokenIDs: map[string]string{}, secrets: map[string]string{}}
-		tn, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: name})
-		must("tenants.create", err)
-		f.id = tn.Id
+		tn, err := d.st.TenantCreate(ctx, &store.TenantCreateParams{ID: tenantIDs[name], Name: name, ParentID: store.RootTenant})
+		must("create tenant", err)
+		f.id = tn.ID
 		c, err := admin.TenantsCreate(ctx, &apiv1.CreateTenantRequest{Name: name + "-child", Parent: f.id})
 		must("tenants.create child", err)
 		f.child = c.Id

@@ -42,7 +42,11 @@ type method struct {
 	role     string // least role allowed
 	mutating bool   // audited
 	newReq   func() proto.Message
-	call     func(context.Context, *iam.Principal, proto.Message) (proto.Message, error)
+	// page and next are the request's page and the response's
+	// next_cursor of a paged list (pagedFields), else nil: their cursors
+	// are sealed to a tenant's caller (cursor.go).
+	page, next protoreflect.FieldDescriptor
+	call       func(context.Context, *iam.Principal, proto.Message) (proto.Message, error)
 }
 
 // handle registers fn as the handler of the API method name
@@ -66,10 +70,13 @@ func handle[Req, Resp proto.Message](s *Server, name string, fn func(context.Con
 			name, zero, zeroResp, spec.Request, spec.Response))
 		return
 	}
+	page, next := pagedFields(spec.Request, spec.Response)
 	s.methods[name] = &method{
 		role:     spec.Role,
 		mutating: spec.Mutating,
 		newReq:   func() proto.Message { return zero.ProtoReflect().New().Interface() },
+		page:     page,
+		next:     next,
 		call: func(ctx context.Context, p *iam.Principal, m proto.Message) (proto.Message, error) {
 			return fn(ctx, p, m.(Req))
 		},
@@ -179,6 +186,9 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	if e := checkText(req.ProtoReflect()); e != nil {
 		return refuse(e)
 	}
+	if e := s.openRequestCursor(m, name, p, req); e != nil {
+		return refuse(e)
+	}
 	resp, err := m.call(ctx, p, req)
 	if m.mutating {
 		outcome := "ok"
@@ -194,6 +204,7 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	if m.mutating {
 		s.feed.Notify() // it may have written events: the stream reads now
 	}
+	s.sealResponseCursor(m, name, p, resp)
 	return resp, nil
 }
 

@@ -5,6 +5,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"crypto/cipher"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -81,7 +82,7 @@ type Config struct {
 	// Sinks are the names of the configured event sinks (sinks.webhooks and
 	// sinks.files): sinks.replay for any other sink is NOT_FOUND (issue 29).
 	Sinks []string
-	// SinkTenants are the configured sinks' tenants (a name or id) by sink
+	// SinkTenants are the configured sinks' tenants (a tenant's id) by sink
 	// name; a sink not in it is deployment-wide, its dead letters the
 	// root's only (docs/tenants.md, "Sinks").
 	SinkTenants map[string]string
@@ -219,8 +220,10 @@ type Server struct {
 	mux     *http.ServeMux
 	handler http.Handler
 	methods map[string]*method
-	certs   *certreload.Reloader // nil: plain HTTP
-	unauth  unauthSummary
+	// cursorAEAD seals the list cursors of a tenant's callers (cursor.go).
+	cursorAEAD cipher.AEAD
+	certs      *certreload.Reloader // nil: plain HTTP
+	unauth     unauthSummary
 
 	// streams and inFlight count each token's event streams and calls in
 	// flight against their caps.
@@ -267,6 +270,10 @@ func New(cfg Config, st Store, log *slog.Logger) *Server {
 		auth: iam.NewAuthenticator(iam.Config{}, st), waker: cfg.Waker, methods: map[string]*method{},
 		capacity: placer.NewFacts(), streams: newHoldings(cfg.EventStreamsPerToken), inFlight: newHoldings(cfg.InFlightPerToken)}
 	s.unauth.now = cfg.Now
+	var err error
+	if s.cursorAEAD, err = newCursorAEAD(cfg.Secret); err != nil {
+		panic("api: " + err.Error()) // AES-256-GCM with a 32-byte key does not fail
+	}
 	if s.cfg.Listeners == nil {
 		s.cfg.Listeners = accept.NewWatch(accept.Config{Log: s.log})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,8 +26,10 @@ var errReplayMissing = errors.New("ids that are not dead letters")
 // sinksDeadLetters pages through the sinks' dead letters, oldest first
 // (docs/api.md, "sinks.deadLetters"): the cursor is the id of the last
 // dead letter of the previous page; sink keeps one sink's. A tenant's
-// caller sees the dead letters of its subtree's sinks (sinkSeen) only: a
-// page may hold fewer than its limit, its cursor follows the page read.
+// caller names a sink of its subtree (sinkSeen), and sees the dead
+// letters that were for a tenant of its subtree (their TenantID, the
+// sink's tenant when they were made) only: a page may hold fewer than its
+// limit, its cursor follows the page read (sealed, cursor.go).
 func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv1.ListDeadLettersRequest) (*apiv1.ListDeadLettersResponse, error) {
 	lp, err := page(r.GetPage())
 	if err != nil {
@@ -53,12 +56,12 @@ func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv
 	out := &apiv1.ListDeadLettersResponse{NextCursor: next(dls, lp, func(d *store.DeadLetter) string { return idString(d.ID) })}
 	seen := map[string]bool{}
 	for _, d := range dls {
-		ok, cached := seen[d.Sink]
+		ok, cached := seen[d.TenantID]
 		if !cached {
-			if ok, err = s.sinkSeen(ctx, p, d.Sink); err != nil {
+			if ok, err = s.tenantIDSeen(ctx, p, d.TenantID); err != nil {
 				return nil, err
 			}
-			seen[d.Sink] = ok
+			seen[d.TenantID] = ok
 		}
 		if ok {
 			out.DeadLetters = append(out.DeadLetters, deadLetterOut(d))
@@ -72,21 +75,28 @@ func (s *Server) sinksDeadLetters(ctx context.Context, p *iam.Principal, r *apiv
 // lies within its subtree, never a deployment-wide sink, which takes
 // every tenant's events (docs/tenants.md, "Sinks").
 func (s *Server) sinkSeen(ctx context.Context, p *iam.Principal, sink string) (bool, error) {
+	return s.tenantIDSeen(ctx, p, s.cfg.SinkTenants[sink])
+}
+
+// tenantIDSeen reports whether the live tenant of id tenantID (a sink's or
+// a dead letter's tenant; never a name) lies within p's subtree; a root
+// caller sees every one, "" (deployment-wide) included, a tenant's caller
+// neither "" nor a tenant merely named tenantID.
+func (s *Server) tenantIDSeen(ctx context.Context, p *iam.Principal, tenantID string) (bool, error) {
 	if within(p) == "" {
 		return true, nil
 	}
-	tenant := s.cfg.SinkTenants[sink]
-	if tenant == "" {
+	if tenantID == "" {
 		return false, nil
 	}
-	t, err := s.store.TenantGet(ctx, tenant)
+	t, err := s.store.TenantGet(ctx, tenantID)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return t.DeletedAt == nil && p.Sees(t.Path), nil
+	return t.ID == tenantID && t.DeletedAt == nil && p.Sees(t.Path), nil
 }
 
 // deadLetterOut is a dead letter in the API's form.
@@ -134,6 +144,21 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 		return nil, invalid("ids", "give ids or all, not both")
 	case r.GetAll() && sink == "":
 		return nil, invalid("sink", "is required with all: the sink whose dead letters to replay")
+	case r.GetAll() && within(p) != "":
+		// A tenant's caller replays the letters that were for its subtree.
+		own, err := s.deadLettersSeen(ctx, p, sink)
+		if err != nil {
+			return nil, err
+		}
+		var n int64
+		for chunk := range slices.Chunk(slices.Sorted(maps.Keys(own)), MaxReplayIDs) {
+			m, err := s.store.DeadLetterReplay(ctx, sink, chunk)
+			if err != nil {
+				return nil, err
+			}
+			n += m
+		}
+		return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
 	case r.GetAll():
 		n, err := s.store.DeadLetterReplay(ctx, sink, nil)
 		if err != nil {
@@ -157,6 +182,23 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 	ids = slices.Compact(ids)
 	var n int64
 	var missing []string
+	if within(p) != "" {
+		// Another tenant's dead letter is answered as one that does not
+		// exist.
+		own, err := s.deadLettersSeen(ctx, p, sink)
+		if err != nil {
+			return nil, err
+		}
+		for _, id := range ids {
+			if !own[id] {
+				missing = append(missing, strconv.FormatInt(id, 10))
+			}
+		}
+		if len(missing) > 0 {
+			return nil, &Error{Code: apiv1.CodeNotFound, Field: "ids", Message: fmt.Sprintf("no dead letter of sink %s with id %s; nothing was replayed",
+				sink, strings.Join(missing, ", "))}
+		}
+	}
 	err := store.InTx(ctx, s.store, func(tx replayTx) error {
 		var err error
 		if n, err = tx.DeadLetterReplay(ctx, sink, ids); err != nil || n == int64(len(ids)) {
@@ -186,4 +228,32 @@ func (s *Server) sinksReplay(ctx context.Context, p *iam.Principal, r *apiv1.Rep
 		return nil, err
 	}
 	return &apiv1.ReplayDeadLettersResponse{Replayed: n}, nil
+}
+
+// deadLettersSeen returns the ids of sink's dead letters that were for a
+// tenant within p's subtree (their TenantID).
+func (s *Server) deadLettersSeen(ctx context.Context, p *iam.Principal, sink string) (map[int64]bool, error) {
+	own, seen := map[int64]bool{}, map[string]bool{}
+	for after := int64(0); ; {
+		dls, err := s.store.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: sink, AfterID: after, Limit: store.MaxListLimit})
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range dls {
+			ok, cached := seen[d.TenantID]
+			if !cached {
+				if ok, err = s.tenantIDSeen(ctx, p, d.TenantID); err != nil {
+					return nil, err
+				}
+				seen[d.TenantID] = ok
+			}
+			if ok {
+				own[d.ID] = true
+			}
+		}
+		if len(dls) < store.MaxListLimit {
+			return own, nil
+		}
+		after = dls[len(dls)-1].ID
+	}
 }

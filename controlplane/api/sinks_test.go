@@ -12,8 +12,10 @@ import (
 
 	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/pkg/events"
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/reconcilers/sinks"
 	"github.com/better-compute/better-compute/controlplane/store"
+	"github.com/better-compute/better-compute/controlplane/store/sqlite/sqlitetest"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
@@ -218,4 +220,104 @@ func (s *recordingSink) ids() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]string(nil), s.got...)
+}
+
+// TestTenantDeadLetters: a sink's tenant is its id, and a dead letter
+// carries the tenant it was for. A tenant's admin sees the dead letters
+// that were for its tenant only, whichever sink holds them (a sink given
+// to another tenant keeps the letters of the one before, which its new
+// tenant does not see), never a deployment-wide one; a sink whose id
+// names no tenant is NOT_FOUND to the admin of a tenant named as that id.
+func TestTenantDeadLetters(t *testing.T) {
+	st := sqlitetest.Open(t)
+	ctx := context.Background()
+	tokens, ids := map[string]string{}, map[string]string{}
+	for _, name := range []string{"team-a", "team-b"} {
+		ten, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: name, ParentID: store.RootTenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = ten.ID
+		if tokens[name], _, err = iam.Create(ctx, st, iam.CreateParams{Role: store.RoleAdmin, TenantID: ten.ID}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// team-b's admin makes a tenant named as the id the ghost sink names.
+	b, err := st.TenantGet(ctx, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: "ten_ghost", ParentID: b.ID}); err != nil {
+		t.Fatal(err)
+	}
+	srv := api.New(api.Config{Secret: strings.Repeat("s", 32), Sinks: []string{"hook-a", "ghost", "all"},
+		SinkTenants: map[string]string{"hook-a": ids["team-a"], "ghost": "ten_ghost"}}, st, nil)
+	f := &fixture{t: t, st: st, srv: srv}
+	letter := func(sink, subject, tenant string) {
+		t.Helper()
+		id, err := st.OutboxInsert(ctx, "node.ready", subject, []byte(`{"nodeId":"`+subject+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.DeadLetterInsert(ctx, &store.DeadLetter{Sink: sink, Entry: store.OutboxEntry{ID: id, Topic: "node.ready",
+			Key: subject, Payload: []byte(`{"nodeId":"` + subject + `"}`), CreatedAt: time.Now()}, Attempts: 10, LastError: "503", TenantID: tenant}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	letter("hook-a", "node_of_a", ids["team-a"])
+	letter("hook-a", "node_of_b", ids["team-b"]) // hook-a was team-b's before
+	letter("hook-a", "node_before", "")          // made before dead letters carried a tenant
+	letter("ghost", "node_ghost", "ten_ghost")
+	letter("all", "node_all", "")
+
+	subjects := func(r result) []string {
+		t.Helper()
+		if r.Code != 200 {
+			t.Fatalf("sinks.deadLetters: %d %v", r.Code, r.Body)
+		}
+		var out []string
+		dls, _ := r.Body["deadLetters"].([]any)
+		for _, d := range dls {
+			out = append(out, d.(map[string]any)["event"].(map[string]any)["subject"].(string))
+		}
+		return out
+	}
+	for tenant, want := range map[string]string{"team-a": "node_of_a", "team-b": "node_of_b"} {
+		for _, body := range []string{`{}`, `{"sink":"hook-a"}`} {
+			if tenant == "team-b" && body != `{}` {
+				continue // hook-a is not team-b's sink now
+			}
+			if got := subjects(f.call("sinks.deadLetters", tokens[tenant], body, peer)); len(got) != 1 || got[0] != want {
+				t.Errorf("%s's admin, %s: %v, want [%s]", tenant, body, got, want)
+			}
+		}
+	}
+	wantCode(t, f.call("sinks.deadLetters", tokens["team-b"], `{"sink":"hook-a"}`, peer), 404, apiv1.CodeNotFound, "sink")
+	wantCode(t, f.call("sinks.deadLetters", tokens["team-b"], `{"sink":"ghost"}`, peer), 404, apiv1.CodeNotFound, "sink")
+	wantCode(t, f.call("sinks.replay", tokens["team-b"], `{"sink":"ghost","all":true}`, peer), 404, apiv1.CodeNotFound, "sink")
+	// team-a's admin replays hook-a's letters that were team-a's only; the
+	// one that was team-b's is NOT_FOUND to it.
+	byKey := map[string]string{}
+	all, err := st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "hook-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range all {
+		byKey[d.Entry.Key] = strconv.FormatInt(d.ID, 10)
+	}
+	wantCode(t, f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","ids":["`+byKey["node_of_b"]+`"]}`, peer), 404, apiv1.CodeNotFound, "ids")
+	if r := f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","all":true}`, peer); r.Code != 200 || r.Body["replayed"] != "1" {
+		t.Errorf("team-a replays all of hook-a: %d %v, want 1 replayed", r.Code, r.Body)
+	}
+	if r := f.call("sinks.replay", tokens["team-a"], `{"sink":"hook-a","ids":["`+byKey["node_of_a"]+`"]}`, peer); r.Code != 200 {
+		t.Errorf("team-a replays its own letter: %d %v", r.Code, r.Body)
+	}
+	after, err := st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "hook-a", Replay: true})
+	if err != nil || len(after) != 1 || after[0].Entry.Key != "node_of_a" {
+		t.Errorf("marked for replay: %v %v, want team-a's letter only", after, err)
+	}
+	root := f.token(store.RoleAdmin, 0)
+	if got := subjects(f.call("sinks.deadLetters", root, `{}`, peer)); len(got) != 5 {
+		t.Errorf("the root's admin sees %v, want all five", got)
+	}
 }

@@ -1,6 +1,7 @@
 package remediation
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,8 +32,12 @@ func powerCommand(target, action string) *sessionv1.Command {
 
 // bmcAgent returns the node that drives nodeID's BMC: another node of the
 // same site, ready, whose inventory lists the ipmi plugin healthy (the
-// first by id); "" with the reason when nodeID has no sealed BMC
-// credentials or its site no agent.
+// first by id), in a pool of nodeID's own tenant or of the root tenant
+// (the deployment's); "" with the reason when nodeID has no sealed BMC
+// credentials or its site no such agent. The agent is granted nodeID's
+// BMC credentials, so it is never a node of another tenant, whose
+// people may run commands on it and read them (docs/tenants.md, "BMC
+// agents").
 func bmcAgent(ctx context.Context, tx decideTx, nodeID string) (agent, why string, err error) {
 	if _, err := tx.SecretGet(ctx, bmcsecret.Name(nodeID)); errors.Is(err, store.ErrNotFound) {
 		return "", "the node has no BMC credentials (bmc set-credentials)", nil
@@ -54,7 +59,7 @@ func bmcAgent(ctx context.Context, tx decideTx, nodeID string) (agent, why strin
 			return "", "", err
 		}
 		for _, p := range ps {
-			if p.SiteID == pool.SiteID {
+			if p.SiteID == pool.SiteID && agentTenant(p.TenantID, pool.TenantID) {
 				pools = append(pools, p.ID)
 			}
 		}
@@ -83,10 +88,19 @@ func bmcAgent(ctx context.Context, tx decideTx, nodeID string) (agent, why strin
 		}
 	}
 	if len(candidates) == 0 {
-		return "", "no ready node of site " + pool.SiteID + " runs bcx-ipmi to drive the BMC", nil
+		return "", "no ready node of site " + pool.SiteID + " in the node's tenant or the root's runs bcx-ipmi to drive the BMC", nil
 	}
 	slices.Sort(candidates)
 	return candidates[0], "", nil
+}
+
+// agentTenant reports whether a node of a pool of tenant agent may drive
+// the BMC of a node of a pool of tenant target: the same tenant, or the
+// root's (the deployment's own nodes). "" is the root (a pool made before
+// tenants).
+func agentTenant(agent, target string) bool {
+	agent, target = cmp.Or(agent, store.RootTenant), cmp.Or(target, store.RootTenant)
+	return agent == target || agent == store.RootTenant
 }
 
 // runsPlugin reports whether an inventory (protojson of session.v1

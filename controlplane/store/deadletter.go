@@ -50,6 +50,11 @@ type DeadLetter struct {
 	Replay bool
 	// FailedAt is when it was moved here.
 	FailedAt time.Time
+	// TenantID is the tenant it was for: the id of its sink's tenant
+	// (sinks.*[].tenant) when the sink gave up on it; "" for a
+	// deployment-wide sink's, and those made before migration
+	// 0030_dead_letter_tenant (docs/tenants.md, "Sinks").
+	TenantID string
 }
 
 // DeadLetterListParams filter and page DeadLetterList.

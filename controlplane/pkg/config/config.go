@@ -416,9 +416,9 @@ type WebhookSink struct {
 	// Types are the event type prefixes it takes ("node.",
 	// "com.better-compute.gpu."); none: every event (docs/events.md).
 	Types []string `yaml:"types"`
-	// Tenant, when set (a tenant's name or id), makes the sink the
-	// tenant's: it takes only the events of that tenant's subtree
-	// (docs/tenants.md, "Sinks"). Empty: every event.
+	// Tenant, when set (a tenant's id: ten_… or root, never a name),
+	// makes the sink the tenant's: it takes only the events of that
+	// tenant's subtree (docs/tenants.md, "Sinks"). Empty: every event.
 	Tenant string `yaml:"tenant"`
 }
 
@@ -935,13 +935,19 @@ func sinkTypes(key string, types []string) error {
 }
 
 // sinkName checks a sink's name: 1 to 63 of a-z, 0-9, '-', unique.
-// sinkTenant checks a sink's tenant: empty, or a tenant's name or id (the
-// tenant need not exist yet: until it does, the sink takes no event).
+// sinkTenant checks a sink's tenant: empty, or a tenant's id (ten_…, or
+// root). Never a name: a name is free again once its tenant is deleted
+// (and free before it is made), so any tenant's admin could make a tenant
+// of that name in its own subtree and take the sink's events; an id is
+// never given twice (docs/tenants.md, "Sinks").
 func sinkTenant(key, tenant string) error {
-	if tenant != "" && (len(tenant) > 63 || strings.Trim(tenant, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "") {
-		return &Error{Key: key + ".tenant", Msg: "want a tenant's name or id: 1 to 63 of a-z, 0-9, '-' and '_'"}
+	rest, isID := strings.CutPrefix(tenant, "ten_")
+	if tenant == "" || tenant == "root" ||
+		isID && rest != "" && len(tenant) <= 63 && strings.Trim(rest, "abcdefghijklmnopqrstuvwxyz0123456789") == "" {
+		return nil
 	}
-	return nil
+	return &Error{Key: key + ".tenant", Msg: fmt.Sprintf("%q: want a tenant's id (ten_…, as better-compute tenants get NAME prints, or root), "+
+		"not its name: a name is free again once its tenant is deleted, and another tenant's admin could take it", tenant)}
 }
 
 func sinkName(key, name string, seen map[string]bool) error {

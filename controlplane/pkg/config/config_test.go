@@ -149,6 +149,11 @@ func TestInvalid(t *testing.T) {
 		{"one missed heartbeat", "host:\n  gateway:\n    missedHeartbeats: 1\n", nil, Flags{}, "host.gateway.missedHeartbeats"},
 		{"port out of range", "", nil, Flags{Listen: "127.0.0.1:99999"}, "host.listen"},
 		{"relative file sink", "sinks:\n  files:\n  - {name: a, path: events.jsonl}\n", nil, Flags{}, "sinks.files[0].path"},
+		// A sink's tenant is its id, never a name another tenant could take.
+		{"file sink's tenant by name", "sinks:\n  files:\n  - {name: a, path: /x, tenant: team-a}\n", nil, Flags{}, "sinks.files[0].tenant"},
+		{"webhook's tenant by name", "sinks:\n  webhooks:\n  - {name: h, url: https://h.example/x, secret: 0123456789abcdef0123, tenant: team-a}\n", nil, Flags{}, "sinks.webhooks[0].tenant"},
+		{"sink's tenant an empty id", "sinks:\n  files:\n  - {name: a, path: /x, tenant: ten_}\n", nil, Flags{}, "sinks.files[0].tenant"},
+		{"sink's tenant an id with a dash", "sinks:\n  files:\n  - {name: a, path: /x, tenant: ten_a-b}\n", nil, Flags{}, "sinks.files[0].tenant"},
 		{"negative re-attestation grace", "pki:\n  reattestGrace: -1h\n", nil, Flags{}, "pki.reattestGrace"},
 		{"negative node CA life", "pki:\n  nodeCAValidity: -1h\n", nil, Flags{}, "pki.nodeCAValidity"},
 		{"node CA life too short for its certificates", "host:\n  gateway:\n    nodeCertTTL: 60s\npki:\n  nodeCAValidity: 149s\n", nil, Flags{}, "pki.nodeCAValidity"},
@@ -173,6 +178,17 @@ func TestInvalid(t *testing.T) {
 				t.Fatalf("err = %v, want a config error naming %q", err, tc.key)
 			}
 		})
+	}
+}
+
+// TestSinkTenantByID: a sink's tenant is a tenant's id, ten_… or root.
+func TestSinkTenantByID(t *testing.T) {
+	for _, id := range []string{"ten_abc234xyz", "root"} {
+		path := writeFile(t, "sinks:\n  files:\n  - {name: a, path: /x, tenant: "+id+"}\n")
+		c, err := Load(path, env(map[string]string{"HOME": t.TempDir()}), Flags{})
+		if err != nil || len(c.Sinks.Files) != 1 || c.Sinks.Files[0].Tenant != id {
+			t.Errorf("tenant %s: %+v, %v", id, c, err)
+		}
 	}
 }
 

@@ -229,7 +229,11 @@ func (h *Handler) load(ctx context.Context, sc *scope, filter, cursor string, mq
 		return nil, err
 	}
 
-	nodes, err := h.store.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Cursor: cursor, Limit: h.cfg.PageSize + 1}, State: filter})
+	// A tenant's session lists its subtree's nodes in the query, so that
+	// the page's Next (the ?after= of the next page) is always one of its
+	// own nodes, never another tenant's id (docs/tenants.md).
+	nodes, err := h.store.NodeList(ctx, &store.NodeListParams{ListParams: store.ListParams{Cursor: cursor,
+		Limit: h.cfg.PageSize + 1, Within: sc.path()}, State: filter})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -239,7 +243,7 @@ func (h *Handler) load(ctx context.Context, sc *scope, filter, cursor string, mq
 	}
 	for _, n := range nodes {
 		if !sc.pool(n.PoolID) {
-			continue // another tenant's: a page may show fewer than PageSize
+			continue // a pool made since the scope was read
 		}
 		row := nodeRow{ID: n.ID, Hostname: n.Hostname, State: n.State, Cordoned: n.Cordoned, Version: n.BCDVersion,
 			Site: pl.site(pl.poolSite[n.PoolID]), Pool: cmp.Or(pl.poolName[n.PoolID], n.PoolID), LastSeen: n.LastSeenAt}

@@ -13,7 +13,8 @@ import (
 // rollouts, commands and events. A nil *scope (a root session) sees the
 // whole fleet. What lies outside it is answered as what does not exist.
 type scope struct {
-	pools map[string]bool // pool id: within the subtree
+	pools  map[string]bool // pool id: within the subtree
+	within string          // the subtree's path, a store list filter
 }
 
 // scopeOf reads s's scope: nil for a root session.
@@ -21,7 +22,7 @@ func (h *Handler) scopeOf(ctx context.Context, s *session) (*scope, error) {
 	if s.within == "" {
 		return nil, nil
 	}
-	sc := &scope{pools: map[string]bool{}}
+	sc := &scope{pools: map[string]bool{}, within: s.within}
 	for lp := (store.ListParams{Limit: store.MaxListLimit, Within: s.within}); ; {
 		pools, err := h.store.PoolList(ctx, &lp)
 		if err != nil {
@@ -35,6 +36,15 @@ func (h *Handler) scopeOf(ctx context.Context, s *session) (*scope, error) {
 		}
 		lp.Cursor = pools[len(pools)-1].ID
 	}
+}
+
+// path is the scope as a store list filter (store.ListParams.Within): ""
+// for a nil scope, every tenant's.
+func (sc *scope) path() string {
+	if sc == nil {
+		return ""
+	}
+	return sc.within
 }
 
 // pool reports whether the pool poolID lies within the scope.

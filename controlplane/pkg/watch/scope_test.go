@@ -97,3 +97,61 @@ func TestTenantScopedPage(t *testing.T) {
 		t.Errorf("fragment of a suspended tenant's session: %d, want 401", resp.StatusCode)
 	}
 }
+
+// TestTenantPageCursor: a tenant's session paging the node list one node
+// at a time over nodes that interleave with the root's node_x follows
+// its own nodes only: no page, and no next link (?after=), names node_x
+// (docs/tenants.md, "List cursors").
+func TestTenantPageCursor(t *testing.T) {
+	f := newFixture(t, watch.Config{PageSize: 1})
+	ctx := context.Background()
+	ten, err := f.st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := f.st.SiteCreate(ctx, &store.SiteCreateParams{Name: "a-site", Region: "eu", TenantID: ten.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := f.st.PoolCreate(ctx, &store.PoolCreateParams{Name: "a-pool", SiteID: site.ID, TenantID: ten.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"node_a", "node_z"} { // node_x lies between
+		if _, err := f.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: id, PoolID: pool.ID, Hostname: "host-" + id, MachineID: "m" + id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	token, _, err := iam.Create(ctx, f.st, iam.CreateParams{Role: store.RoleViewer, TenantID: ten.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.client(t)
+	if resp := f.login(t, c, token); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("tenant login: %d", resp.StatusCode)
+	}
+	seen := map[string]bool{}
+	path := "/watch"
+	for pages := 0; path != ""; pages++ {
+		if pages > 5 {
+			t.Fatal("no end of pages")
+		}
+		resp, body := f.get(t, c, path)
+		if resp.StatusCode != 200 || strings.Contains(body, "node_x") {
+			t.Fatalf("GET %s of the tenant's session: %d; names the root's node_x:\n%s", path, resp.StatusCode, body)
+		}
+		for _, id := range []string{"node_a", "node_z"} {
+			if strings.Contains(body, "/watch/nodes/"+id) {
+				seen[id] = true
+			}
+		}
+		path = ""
+		if _, rest, ok := strings.Cut(body, `id="next" href="`); ok {
+			path, _, _ = strings.Cut(rest, `"`)
+			path = strings.ReplaceAll(path, "&amp;", "&")
+		}
+	}
+	if !seen["node_a"] || !seen["node_z"] {
+		t.Errorf("the tenant's pages showed %v, want node_a and node_z", seen)
+	}
+}

@@ -79,10 +79,11 @@ type Config struct {
 	// Types are the type prefixes the sink takes (events.Matches); none:
 	// every event. Entries of other types are passed over.
 	Types []string
-	// Tenant, when set (a tenant's id or name), makes the sink the
+	// Tenant, when set (a tenant's id, never a name), makes the sink the
 	// tenant's: it takes only the events of that tenant's subtree
-	// (tenantFilter; docs/tenants.md) and passes over the others. "": every
-	// tenant's events and the deployment's.
+	// (tenantFilter; docs/tenants.md) and passes over the others, and its
+	// dead letters carry the id. "": every tenant's events and the
+	// deployment's.
 	Tenant string
 	// Wake, when set, ends an idle wait early: a value on it means the
 	// outbox was written (by this process, or another one heard through
@@ -238,7 +239,7 @@ func (d *Dispatcher) failed(ctx context.Context, fence store.Fence, head *store.
 	}
 	err := store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {
 		if err := tx.DeadLetterInsert(ctx, &store.DeadLetter{Sink: d.sink.Name(), Entry: *head, Attempts: d.attempts,
-			LastError: cause.Error()}); err != nil {
+			LastError: cause.Error(), TenantID: d.cfg.Tenant}); err != nil {
 			return err
 		}
 		return tx.OutboxCursorSet(ctx, d.sink.Name(), head.ID)
@@ -253,16 +254,43 @@ func (d *Dispatcher) failed(ctx context.Context, fence store.Fence, head *store.
 }
 
 // replay delivers one batch of the sink's dead letters marked for replay:
-// delivered, they leave the table; failed, each counts an attempt.
+// delivered, they leave the table; failed, each counts an attempt. A dead
+// letter for another tenant than the sink's now (the configuration gave
+// the sink to another tenant since) is not delivered: its replay ends,
+// its last error says why, and it stays for the root's callers to see.
 func (d *Dispatcher) replay(ctx context.Context, fence store.Fence) (int, error) {
 	dls, err := d.store.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: d.sink.Name(), Replay: true, Limit: d.cfg.Batch})
 	if err != nil || len(dls) == 0 {
 		return 0, err
 	}
-	entries := make([]*store.OutboxEntry, len(dls))
-	ids := make([]int64, len(dls))
-	for i, dl := range dls {
-		entries[i], ids[i] = &dl.Entry, dl.ID
+	entries := make([]*store.OutboxEntry, 0, len(dls))
+	ids := make([]int64, 0, len(dls))
+	var others []*store.DeadLetter
+	for _, dl := range dls {
+		if dl.TenantID != d.cfg.Tenant {
+			others = append(others, dl)
+			continue
+		}
+		entries, ids = append(entries, &dl.Entry), append(ids, dl.ID)
+	}
+	if len(others) > 0 {
+		err := store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {
+			for _, dl := range others {
+				// maxAttempts 0: the replay ends at once.
+				if err := tx.DeadLetterFailed(ctx, dl.ID, fmt.Sprintf("not replayed: dead-lettered for tenant %q, and the sink is now tenant %q's",
+					dl.TenantID, d.cfg.Tenant), 0); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		d.log.WarnContext(ctx, "Dead letters of another tenant than the sink's were not replayed", "events", len(others))
+		if len(ids) == 0 {
+			return len(others), nil
+		}
 	}
 	cause := d.sink.Deliver(ctx, entries)
 	err = store.InFencedTx(ctx, d.store, fence, func(tx deliveryTx) error {

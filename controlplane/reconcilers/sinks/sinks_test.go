@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -296,7 +297,7 @@ func TestWakeEndsTheIdleWait(t *testing.T) {
 // TestTenantSink: a sink of tenant team-a takes the events of its pool
 // (poolId) and of its pool's node (nodeId only), and passes over the root
 // pool's, the root node's and the deployment's (naming neither); a sink
-// of a tenant that does not exist takes none.
+// of a tenant id that names none takes none.
 func TestTenantSink(t *testing.T) {
 	st := openStore(t)
 	ctx := context.Background()
@@ -353,8 +354,8 @@ func TestTenantSink(t *testing.T) {
 	none := &receiver{t: t, secret: []byte("s")}
 	srvNone := httptest.NewServer(none)
 	defer srvNone.Close()
-	run(t, st, &sinks.Webhook{SinkName: "team-a", URL: srv.URL, Secret: recv.secret}, sinks.Config{Tenant: "team-a"})
-	run(t, st, &sinks.Webhook{SinkName: "nobody", URL: srvNone.URL, Secret: none.secret}, sinks.Config{Tenant: "no-such-team"})
+	run(t, st, &sinks.Webhook{SinkName: "team-a", URL: srv.URL, Secret: recv.secret}, sinks.Config{Tenant: ten.ID})
+	run(t, st, &sinks.Webhook{SinkName: "nobody", URL: srvNone.URL, Secret: none.secret}, sinks.Config{Tenant: "ten_nosuch"})
 	eventually(t, "the tenant sinks' cursors did not pass every event", func() bool {
 		a, _ := st.OutboxCursor(ctx, "team-a")
 		n, _ := st.OutboxCursor(ctx, "nobody")
@@ -365,5 +366,140 @@ func TestTenantSink(t *testing.T) {
 	}
 	if got := none.ids(); len(got) != 0 {
 		t.Fatalf("the sink of a tenant that does not exist got %v", got)
+	}
+}
+
+// TestTenantSinkByID: a tenant sink names its tenant by id. Once that
+// tenant is deleted, a tenant made later under the root, named as the
+// deleted one or named as its id, takes none of the sink's events: the
+// sink takes nothing more; nor does a tenant named as an id that names
+// no tenant take that sink's. A dead letter of a tenant sink carries the
+// tenant id it was for; replayed after the sink was given to another
+// tenant, it is not delivered (its replay ends, saying why).
+func TestTenantSinkByID(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	site, err := st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenantWithNode := func(name, node string) *store.Tenant {
+		t.Helper()
+		ten, err := st.TenantCreate(ctx, &store.TenantCreateParams{Name: name, ParentID: store.RootTenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := st.PoolCreate(ctx, &store.PoolCreateParams{Name: "p-" + node, SiteID: site.ID, TenantID: ten.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: node, PoolID: pool.ID, Hostname: node, MachineID: node}); err != nil {
+			t.Fatal(err)
+		}
+		return ten
+	}
+	write := func(node string) string {
+		env, err := events.New(events.NodeReady, node, map[string]string{"nodeId": node}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := env.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.OutboxInsert(ctx, events.NodeReady, node, b); err != nil {
+			t.Fatal(err)
+		}
+		return env.ID
+	}
+
+	// team-a's sink refuses the event of node_poison: it is dead-lettered.
+	a := tenantWithNode("team-a", "node_a")
+	tenantWithNode("team-b", "node_b")
+	var poison string
+	accept := false
+	recv := &receiver{t: t, secret: []byte("s")}
+	recv.refuse = func(b []events.Envelope) bool {
+		return !accept && slices.ContainsFunc(b, func(e events.Envelope) bool { return e.ID == poison })
+	}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	first := write("node_a")
+	poison = write("node_a")
+	write("node_b")
+	run(t, st, &sinks.Webhook{SinkName: "team-a", URL: srv.URL, Secret: recv.secret}, sinks.Config{Tenant: a.ID, MaxAttempts: 2})
+	var dls []*store.DeadLetter
+	eventually(t, "the refused event was never dead-lettered", func() bool {
+		dls, _ = st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "team-a"})
+		return len(dls) == 1
+	})
+	if dls[0].TenantID != a.ID {
+		t.Fatalf("the dead letter is for tenant %q, want the sink's %s", dls[0].TenantID, a.ID)
+	}
+
+	// team-a is deleted; its name, and a name spelled as its id, are
+	// taken by new tenants, whose nodes' events the sink never gets.
+	if _, err := st.TenantDelete(ctx, &store.TenantDeleteParams{ID: a.ID, MoveNodesTo: store.RootTenant}); err != nil {
+		t.Fatal(err)
+	}
+	tenantWithNode("team-a", "node_a2")
+	tenantWithNode(a.ID, "node_a3")
+	write("node_a2")
+	write("node_a3")
+	max, err := st.OutboxMaxID(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the sink's cursor did not pass every event", func() bool {
+		c, _ := st.OutboxCursor(ctx, "team-a")
+		return c == max
+	})
+	if got := recv.ids(); !slices.Equal(got, []string{first}) {
+		t.Fatalf("the deleted tenant's sink got %v, want only %s (before the deletion)", got, first)
+	}
+
+	// A sink whose id names no tenant never takes the events of a tenant
+	// named as that id.
+	ghost := &receiver{t: t, secret: []byte("s")}
+	srvGhost := httptest.NewServer(ghost)
+	defer srvGhost.Close()
+	tenantWithNode("ten_ghost", "node_ghost")
+	write("node_ghost")
+	run(t, st, &sinks.Webhook{SinkName: "ghost", URL: srvGhost.URL, Secret: ghost.secret}, sinks.Config{Tenant: "ten_ghost"})
+	if max, err = st.OutboxMaxID(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ghost sink's cursor did not pass every event", func() bool {
+		c, _ := st.OutboxCursor(ctx, "ghost")
+		return c == max
+	})
+	if got := ghost.ids(); len(got) != 0 {
+		t.Fatalf("the sink of id ten_ghost got the events of a tenant named ten_ghost: %v", got)
+	}
+
+	// The sink is given to team-b (another dispatcher, as after a restart
+	// with a new configuration): team-a's dead letter is not replayed to it.
+	b, err := st.TenantGet(ctx, "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvB := &receiver{t: t, secret: []byte("s")}
+	srvB := httptest.NewServer(recvB)
+	defer srvB.Close()
+	run(t, st, &sinks.Webhook{SinkName: "team-b", URL: srvB.URL, Secret: recvB.secret}, sinks.Config{Tenant: b.ID})
+	if err := st.DeadLetterInsert(ctx, &store.DeadLetter{Sink: "team-b", Entry: dls[0].Entry, Attempts: 2, LastError: "503", TenantID: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.DeadLetterReplay(ctx, "team-b", nil); err != nil || n != 1 {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+	eventually(t, "the replay of another tenant's dead letter never ended", func() bool {
+		l, _ := st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "team-b"})
+		return len(l) == 1 && !l[0].Replay && strings.Contains(l[0].LastError, "not replayed")
+	})
+	for _, id := range recvB.ids() {
+		if id == poison {
+			t.Fatalf("team-b's sink got team-a's dead letter %s", poison)
+		}
 	}
 }

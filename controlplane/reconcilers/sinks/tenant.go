@@ -22,14 +22,14 @@ type tenantStore interface {
 	NodeGet(ctx context.Context, id string) (*store.Node, error)
 }
 
-// tenantFilter keeps the events of a tenant's subtree (Config.Tenant), by
-// the rule of the API's event streams (docs/tenants.md, "Events"): an
-// event whose data names a pool (poolId) is that pool's tenant's; else one
-// that names a node (nodeId) is the tenant of the node's pool now; an
-// event that names neither is the deployment's, never a tenant's. A
-// tenant that does not exist (yet), or is deleted, has no events; while
-// it does not exist it is read again for each entry, so that a sink
-// configured before its tenant was made takes its events from then on.
+// tenantFilter keeps the events of a tenant's subtree (Config.Tenant, the
+// tenant's id), by the rule of the API's event streams (docs/tenants.md,
+// "Events"): an event whose data names a pool (poolId) is that pool's
+// tenant's; else one that names a node (nodeId) is the tenant of the
+// node's pool now; an event that names neither is the deployment's, never
+// a tenant's. The tenant is read by its id only, never by a name (a tenant
+// named like the id is not it): a deleted tenant, or an id that names
+// none, has no events, and no tenant made later can take them.
 type tenantFilter struct {
 	tenant string
 	st     tenantStore
@@ -50,7 +50,7 @@ func (f *tenantFilter) keeps(ctx context.Context, e *store.OutboxEntry) (bool, e
 			f.path = ""
 		case err != nil:
 			return false, fmt.Errorf("read tenant %s: %w", f.tenant, err)
-		case t.DeletedAt != nil:
+		case t.ID != f.tenant || t.DeletedAt != nil:
 			f.path = ""
 		default:
 			f.path = t.Path

@@ -247,7 +247,11 @@ func testDeadLetters(ctx context.Context, t *testing.T, h *Harness) {
 		if i == 2 {
 			sink = "file"
 		}
-		check(t, st.DeadLetterInsert(ctx, &store.DeadLetter{Sink: sink, Entry: *e, Attempts: 10, LastError: "503"}))
+		tenant := ""
+		if i == 1 {
+			tenant = "ten_deadletter" // a tenant sink's: it carries the tenant it was for
+		}
+		check(t, st.DeadLetterInsert(ctx, &store.DeadLetter{Sink: sink, Entry: *e, Attempts: 10, LastError: "503", TenantID: tenant}))
 	}
 	check(t, st.DeadLetterInsert(ctx, &store.DeadLetter{Sink: "hook", Entry: *entries[0], Attempts: 10})) // again: no-op
 	counts := must(st.DeadLetterCounts(ctx))
@@ -257,7 +261,8 @@ func testDeadLetters(ctx context.Context, t *testing.T, h *Harness) {
 	hook := must(st.DeadLetterList(ctx, &store.DeadLetterListParams{Sink: "hook"}))
 	if len(hook) != 2 || hook[0].Entry.ID != entries[0].ID || hook[0].Entry.Key != "a" || hook[0].Attempts != 10 ||
 		hook[0].LastError != "503" || hook[0].Replay || !jsonEqual(t, hook[0].Entry.Payload, entries[0].Payload) ||
-		!hook[0].Entry.CreatedAt.Equal(entries[0].CreatedAt) || hook[0].FailedAt.IsZero() {
+		!hook[0].Entry.CreatedAt.Equal(entries[0].CreatedAt) || hook[0].FailedAt.IsZero() ||
+		hook[0].TenantID != "" || hook[1].TenantID != "ten_deadletter" {
 		t.Fatalf("hook's dead letters = %+v", hook)
 	}
 	if page := must(st.DeadLetterList(ctx, &store.DeadLetterListParams{AfterID: hook[0].ID, Limit: 1})); len(page) != 1 || page[0].ID != hook[1].ID {

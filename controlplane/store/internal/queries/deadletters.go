@@ -7,21 +7,21 @@ import (
 	"github.com/better-compute/better-compute/controlplane/store"
 )
 
-const deadLetterColumns = `id, sink, outbox_id, topic, key, payload, created_at, attempts, last_error, replay, failed_at`
+const deadLetterColumns = `id, sink, outbox_id, topic, key, payload, created_at, attempts, last_error, replay, failed_at, tenant_id`
 
 func scanDeadLetter(r Row) (*store.DeadLetter, error) {
 	d := &store.DeadLetter{}
 	return d, r.Scan(&d.ID, &d.Sink, &d.Entry.ID, &d.Entry.Topic, &d.Entry.Key, &d.Entry.Payload, &d.Entry.CreatedAt,
-		&d.Attempts, &d.LastError, &d.Replay, &d.FailedAt)
+		&d.Attempts, &d.LastError, &d.Replay, &d.FailedAt, &d.TenantID)
 }
 
 // DeadLetterInsert moves a sink's entry to the dead-letter table.
 func (s *Store) DeadLetterInsert(ctx context.Context, d *store.DeadLetter) error {
 	_, err := s.db.Exec(ctx, `INSERT INTO sink_dead_letters
-		(sink, outbox_id, topic, key, payload, created_at, attempts, last_error, replay, failed_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, false, now())
+		(sink, outbox_id, topic, key, payload, created_at, attempts, last_error, replay, failed_at, tenant_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, false, now(), $9)
 		ON CONFLICT (sink, outbox_id) DO NOTHING`,
-		d.Sink, d.Entry.ID, d.Entry.Topic, d.Entry.Key, JSON(d.Entry.Payload), d.Entry.CreatedAt.UTC(), d.Attempts, d.LastError)
+		d.Sink, d.Entry.ID, d.Entry.Topic, d.Entry.Key, JSON(d.Entry.Payload), d.Entry.CreatedAt.UTC(), d.Attempts, d.LastError, d.TenantID)
 	return s.wrap("dead-letter outbox entry", err)
 }
 
