@@ -52,9 +52,11 @@ var phaseAudit = map[string]string{
 var (
 	// ErrNoRotation reports a node CA that has no rotation, or none open
 	// when one must be.
-	ErrNoRotation = errors.New("no node CA rotation in progress")
+	ErrNoRotation = errors.New("no CA rotation in progress")
 	// ErrInProgress reports a start while a rotation is open.
-	ErrInProgress = errors.New("a node CA rotation is in progress")
+	ErrInProgress = errors.New("a CA rotation is in progress")
+	// ErrCA reports a Config.CA that does not rotate in phases.
+	ErrCA = errors.New("only the node CA (\"node\") and the gateway serving CA (\"gateway\") rotate in phases")
 	// ErrThreshold reports a threshold outside (0, 1].
 	ErrThreshold = errors.New("threshold must be above 0 and at most 1")
 )
@@ -78,6 +80,7 @@ type Store interface {
 	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
 }
 
 // rotationTx is what a phase change reads and writes in its transaction:
@@ -91,10 +94,14 @@ type rotationTx interface {
 	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
 	PKIRotationSetPhase(ctx context.Context, p *store.PKIRotationSetPhaseParams) (*store.PKIRotation, error)
 	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+	JoinTokenRevoke(ctx context.Context, id string) error
 }
 
 // Config configures a Rotator.
 type Config struct {
+	// CA is the CA the Rotator rotates: store.RotationCANode (the
+	// default) or store.RotationCAGateway.
+	CA string
 	// Secret is the deployment secret the bundle is sealed under;
 	// required.
 	Secret string
@@ -139,7 +146,10 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	cfg.CA = cmp.Or(cfg.CA, store.RotationCANode)
 	switch {
+	case cfg.CA != store.RotationCANode && cfg.CA != store.RotationCAGateway:
+		return nil, fmt.Errorf("rotation: %w: %q", ErrCA, cfg.CA)
 	case st == nil:
 		return nil, errors.New("rotation: store is required")
 	case cfg.Secret == "":
@@ -171,7 +181,7 @@ type StartParams struct {
 func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation, error) {
 	threshold := cmp.Or(p.Threshold, r.cfg.Threshold)
 	if !validThreshold(threshold) {
-		return nil, fmt.Errorf("start node CA rotation: %w: %v", ErrThreshold, threshold)
+		return nil, fmt.Errorf("start %s rotation: %w: %v", r.what(), ErrThreshold, threshold)
 	}
 	now := r.cfg.Now()
 	var out *store.PKIRotation
@@ -180,8 +190,8 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 		if err != nil {
 			return err
 		}
-		oldID := pki.NodeCAID(b.NodeCA.Cert)
-		if err := b.PrepareNodeCA(now, r.cfg.CAValidity); err != nil {
+		oldID := r.inForce(b)
+		if err := r.prepare(b, now); err != nil {
 			if errors.Is(err, pki.ErrRotation) {
 				return ErrInProgress
 			}
@@ -190,8 +200,8 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 		if err := r.saveBundle(ctx, tx, b); err != nil {
 			return err
 		}
-		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: oldID,
-			NewCAID: pki.NodeCAID(b.NextNodeCA.Cert), Threshold: threshold, StartedBy: cmp.Or(p.Actor, ActorReconciler), Now: &now})
+		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: r.cfg.CA, OldCAID: oldID,
+			NewCAID: r.next(b), Threshold: threshold, StartedBy: cmp.Or(p.Actor, ActorReconciler), Now: &now})
 		if errors.Is(err, store.ErrConflict) {
 			return ErrInProgress
 		}
@@ -202,7 +212,7 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 		return audit(ctx, tx, ro, p.Actor, p.Reason, false)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("start node CA rotation: %w", err)
+		return nil, fmt.Errorf("start %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -219,6 +229,12 @@ type Status struct {
 	// than the new one; OffNewCAIDs lists up to MissingListed of them.
 	OffNewCA    int
 	OffNewCAIDs []string
+	// OldPinTokens is how many join tokens made before a gateway-CA
+	// rotation started, and so pinning only the old gateway CA, can still
+	// be used (unexpired, not revoked, uses left); OldPinTokenIDs lists up
+	// to MissingListed of them. Gateway-CA rotations only.
+	OldPinTokens   int
+	OldPinTokenIDs []string
 	// Ready reports whether the phase's condition holds (propagating:
 	// enough acks; activated: no node off the new CA, or the retire grace
 	// passed); Waiting says what is missing when it does not.
@@ -229,19 +245,19 @@ type Status struct {
 	RetireAt *time.Time
 }
 
-// Status returns the latest node-CA rotation with its counts; ErrNoRotation
-// when the node CA was never rotated.
+// Status returns the latest rotation of the CA with its counts;
+// ErrNoRotation when the CA was never rotated.
 func (r *Rotator) Status(ctx context.Context) (*Status, error) {
-	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	ro, err := r.store.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, ErrNoRotation
+		return nil, fmt.Errorf("%w: the %s was never rotated", ErrNoRotation, r.what())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("node CA rotation status: %w", err)
+		return nil, fmt.Errorf("%s rotation status: %w", r.what(), err)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
-		return nil, fmt.Errorf("node CA rotation status: %w", err)
+		return nil, fmt.Errorf("%s rotation status: %w", r.what(), err)
 	}
 	return st, nil
 }
@@ -250,6 +266,7 @@ func (r *Rotator) Status(ctx context.Context) (*Status, error) {
 type counter interface {
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
 }
 
 func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation) (*Status, error) {
@@ -260,7 +277,15 @@ func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation)
 	}
 	out.Live, out.Acked, out.Missing = counts.Live, counts.Acked, counts.Missing
 	now := r.cfg.Now()
-	if ro.Phase == store.RotationActivated || ro.Phase == store.RotationRetired {
+	if r.cfg.CA == store.RotationCAGateway {
+		if ro.Phase == store.RotationPropagating || ro.Phase == store.RotationActivated {
+			ids, err := OldPinTokens(ctx, st, ro.StartedAt, now)
+			if err != nil {
+				return nil, err
+			}
+			out.OldPinTokens, out.OldPinTokenIDs = len(ids), ids[:min(len(ids), MissingListed)]
+		}
+	} else if ro.Phase == store.RotationActivated || ro.Phase == store.RotationRetired {
 		if out.OffNewCA, out.OffNewCAIDs, err = st.NodeCertsOffCA(ctx, ro.NewCAID, &now, MissingListed); err != nil {
 			return nil, err
 		}
@@ -276,6 +301,10 @@ func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation)
 				out.Acked, out.Live, need, formatShare(ro.Threshold))
 		}
 	case store.RotationActivated:
+		if r.cfg.CA == store.RotationCAGateway {
+			r.gatewayRetireReady(out)
+			break
+		}
 		at := ro.ActivatedAt.Add(r.cfg.RetireGrace)
 		out.RetireAt = &at
 		out.Ready = out.OffNewCA == 0 || !now.Before(at)
@@ -312,7 +341,7 @@ type AdvanceParams struct {
 func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error) {
 	var out *Status
 	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
-		ro, err := openRotation(ctx, tx)
+		ro, err := r.openRotation(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -331,6 +360,11 @@ func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error)
 		if ro.Phase == store.RotationActivated {
 			to = store.RotationRetired
 		}
+		if forced && to == store.RotationRetired && st.OldPinTokens > 0 {
+			if err := r.revokeOldPinTokens(ctx, tx, ro, p.Actor); err != nil {
+				return err
+			}
+		}
 		moved, err := r.move(ctx, tx, ro, to, p.Actor, cmp.Or(p.Reason, st.reason(to)), forced)
 		if err != nil {
 			return err
@@ -340,7 +374,7 @@ func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("advance node CA rotation: %w", err)
+		return nil, fmt.Errorf("advance %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -350,6 +384,8 @@ func (s *Status) reason(to string) string {
 	switch {
 	case to == store.RotationActivated:
 		return fmt.Sprintf("%d of %d live nodes acknowledged the new bundle", s.Acked, s.Live)
+	case s.Rotation != nil && s.Rotation.CA == store.RotationCAGateway:
+		return fmt.Sprintf("every live node (%d) trusts the new gateway CA and no join token pins only the old one", s.Live)
 	case s.OffNewCA == 0:
 		return "no valid node certificate from another CA than the new one"
 	default:
@@ -363,7 +399,7 @@ func (s *Status) reason(to string) string {
 func (r *Rotator) Rollback(ctx context.Context, actor, reason string) (*store.PKIRotation, error) {
 	var out *store.PKIRotation
 	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
-		ro, err := openRotation(ctx, tx)
+		ro, err := r.openRotation(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -371,7 +407,7 @@ func (r *Rotator) Rollback(ctx context.Context, actor, reason string) (*store.PK
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("roll back node CA rotation: %w", err)
+		return nil, fmt.Errorf("roll back %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -390,14 +426,7 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 	if err != nil {
 		return nil, err
 	}
-	switch to {
-	case store.RotationActivated:
-		err = b.ActivateNodeCA()
-	case store.RotationRetired:
-		err = b.RetireNodeCA()
-	case store.RotationRolledBack:
-		err = b.RollbackNodeCA()
-	}
+	err = r.apply(b, to)
 	if err != nil {
 		return nil, fmt.Errorf("bundle does not match rotation %s (%s): %w", ro.ID, ro.Phase, err)
 	}
@@ -407,9 +436,9 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 	return moved, audit(ctx, tx, moved, actor, reason, forced)
 }
 
-// openRotation returns the node CA's open rotation, or ErrNoRotation.
-func openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
-	ro, err := tx.PKIRotationLatest(ctx, store.RotationCANode)
+// openRotation returns the CA's open rotation, or ErrNoRotation.
+func (r *Rotator) openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
+	ro, err := tx.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, ErrNoRotation
 	}
@@ -512,26 +541,26 @@ func ActivateBy(ca *x509.Certificate, nodeCertTTL time.Duration) time.Time {
 // reports the phase moved to, "" when nothing moved; no open rotation is
 // not an error.
 func (r *Rotator) Reconcile(ctx context.Context) (string, error) {
-	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	ro, err := r.store.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
 		ro, err = nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+		return "", fmt.Errorf("reconcile %s rotation: %w", r.what(), err)
 	}
 	if ro == nil || (ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated) {
-		if !r.cfg.AutoRotate {
+		if !r.cfg.AutoRotate || r.cfg.CA != store.RotationCANode {
 			return "", nil
 		}
 		return r.autoStart(ctx, ro)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
-		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+		return "", fmt.Errorf("reconcile %s rotation: %w", r.what(), err)
 	}
 	p := AdvanceParams{Actor: ActorReconciler}
 	if !st.Ready {
-		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating {
+		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating || r.cfg.CA != store.RotationCANode {
 			return "", nil
 		}
 		old, err := r.nodeCA(ctx)
