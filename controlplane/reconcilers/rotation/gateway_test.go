@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/controlplane/reconcilers/rotation"
+	"github.com/better-compute/better-compute/controlplane/store"
 )
 
 // TestGatewayCARotation walks a gateway-CA rotation: it activates at the
