@@ -208,7 +208,9 @@ func TestGatewayCARotation(t *testing.T) {
 	eventually(t, 30*time.Second, func() bool {
 		v = gwStatus()
 		return v.Rotation.LiveNodes == len(ids) && v.Rotation.AckedNodes == len(ids)-gatewayCAHeld
-	}, func() string { return fmt.Sprintf("status never counted %d of %d acks: %+v", len(ids)-gatewayCAHeld, len(ids), v.Rotation) })
+	}, func() string {
+		return fmt.Sprintf("status never counted %d of %d acks: %+v", len(ids)-gatewayCAHeld, len(ids), v.Rotation)
+	})
 	for _, f := range fakes[:gatewayCAHeld] {
 		if !slices.Contains(v.Rotation.MissingNodeIDs, f.NodeID()) {
 			t.Fatalf("status does not list the held FakeDaemon %s: %v", f.NodeID(), v.Rotation.MissingNodeIDs)
@@ -268,7 +270,9 @@ func TestGatewayCARotation(t *testing.T) {
 	eventually(t, 15*time.Second, func() bool {
 		chain = gatewayChain(t, d)
 		return len(chain) == 2 && chain[1].Equal(newCA)
-	}, func() string { return fmt.Sprintf("the gateway never served the new CA's chain alone (%d certificates)", len(chain)) })
+	}, func() string {
+		return fmt.Sprintf("the gateway never served the new CA's chain alone (%d certificates)", len(chain))
+	})
 	if err := jointoken.VerifyChain(newPin, chain, "localhost", time.Now()); err != nil {
 		t.Fatalf("retired: the served chain does not verify with the new pin: %v", err)
 	}
