@@ -78,7 +78,8 @@ func (c *Client) trust() Trust {
 	return c.cfg.Trust.withRoots(*roots)
 }
 
-// bundle stores a Bundle's node CA roots through Config.Identity (KeepBundle) and
+// bundle stores a Bundle's node CA roots through Config.Identity (KeepBundle),
+// or a gateway-CA rotation's gateway roots (gatewayBundle), and
 // acknowledges it. A bundle that fails its checks or cannot be stored is
 // logged and not acknowledged: the gateway sends it again on the next
 // session, and the rotation's status lists the node as not acked.
@@ -99,15 +100,19 @@ func (s *session) bundle(b *sessionv1.Bundle) {
 			return
 		}
 	}
-	if len(b.GetGatewayCaRoots()) > 0 {
+	switch {
+	case len(b.GetGatewayCaRoots()) > 0:
+		// A gateway-CA rotation's: the node CA roots are those in force.
 		if !s.gatewayBundle(b) {
 			return
 		}
-	} else if err := c.cfg.Identity.KeepBundle(s.ctx, roots); err != nil {
-		c.log.ErrorContext(s.ctx, "Node CA bundle not stored", attrGateway, s.gw.url, logkey.Err, err.Error())
-		return
+	default:
+		if err := c.cfg.Identity.KeepBundle(s.ctx, roots); err != nil {
+			c.log.ErrorContext(s.ctx, "Node CA bundle not stored", attrGateway, s.gw.url, logkey.Err, err.Error())
+			return
+		}
+		c.log.InfoContext(s.ctx, "Node CA bundle stored", attrGateway, s.gw.url, "rotation_id", b.GetRotationId(), "roots", len(roots))
 	}
-	c.log.InfoContext(s.ctx, "Node CA bundle stored", attrGateway, s.gw.url, "rotation_id", b.GetRotationId(), "roots", len(roots))
 	if err := s.send(&sessionv1.NodeMessage{Body: &sessionv1.NodeMessage_BundleAck{BundleAck: &sessionv1.BundleAck{
 		RotationId: b.GetRotationId()}}}); err != nil {
 		c.log.DebugContext(s.ctx, "Node CA bundle ack not sent", attrGateway, s.gw.url, logkey.Err, err.Error())
