@@ -50,7 +50,7 @@ var phaseAudit = map[string]string{
 
 // Errors of the Rotator; match them with errors.Is.
 var (
-	// ErrNoRotation reports a node CA that has no rotation, or none open
+	// ErrNoRotation reports a CA that has no rotation, or none open
 	// when one must be.
 	ErrNoRotation = errors.New("no CA rotation in progress")
 	// ErrInProgress reports a start while a rotation is open.
@@ -109,7 +109,7 @@ type Config struct {
 	// acknowledgement activates a rotation started without one. Defaults
 	// to DefaultThreshold.
 	Threshold float64
-	// CAValidity is the new node CA's life. Defaults to
+	// CAValidity is the new CA's life. Defaults to
 	// pki.DefaultCAValidity (ten years).
 	CAValidity time.Duration
 	// RetireGrace is how long after activation a rotation retires even
@@ -130,7 +130,8 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Rotator drives node-CA rotations. It is safe for concurrent use.
+// Rotator drives the rotations of one CA (Config.CA). It is safe for
+// concurrent use.
 type Rotator struct {
 	cfg   Config
 	store Store
@@ -175,7 +176,7 @@ type StartParams struct {
 	Reason string
 }
 
-// Start makes the next node CA and starts a rotation, propagating. It
+// Start makes the next CA and starts a rotation, propagating. It
 // fails with ErrInProgress while a rotation is open and ErrThreshold for a
 // threshold outside (0, 1].
 func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation, error) {
