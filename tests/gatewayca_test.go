@@ -78,7 +78,10 @@ func TestGatewayCARotation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	began := time.Now()
-	d := newDeploymentWith(t, backendSQLite, deploymentConfig{})
+	// nodes add needs a bcd in the downloads folder for its install line.
+	dist := filepath.Join(t.TempDir(), "dist")
+	copyFile(t, testenv.Binary(t, "bcd"), filepath.Join(dist, "0.1.0", buildDir("bcd"), "bcd"), 0o755)
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{top: "downloads:\n  dir: " + dist + "\n"})
 	gwStatus := func() gatewayRotationView {
 		var v gatewayRotationView
 		d.cliJSON(&v, d.viaAPI("pki", "rotate", "gateway-ca", "status")...)
