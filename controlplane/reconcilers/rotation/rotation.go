@@ -187,7 +187,7 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 	now := r.cfg.Now()
 	var out *store.PKIRotation
 	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
-		b, err := r.loadBundle(ctx, tx)
+		b, prev, err := r.loadBundle(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -198,7 +198,7 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 			}
 			return err
 		}
-		if err := r.saveBundle(ctx, tx, b); err != nil {
+		if err := r.saveBundle(ctx, tx, b, prev); err != nil {
 			return err
 		}
 		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: r.cfg.CA, OldCAID: oldID,
@@ -423,7 +423,7 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 	if err != nil {
 		return nil, err
 	}
-	b, err := r.loadBundle(ctx, tx)
+	b, prev, err := r.loadBundle(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -431,7 +431,7 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 	if err != nil {
 		return nil, fmt.Errorf("bundle does not match rotation %s (%s): %w", ro.ID, ro.Phase, err)
 	}
-	if err := r.saveBundle(ctx, tx, b); err != nil {
+	if err := r.saveBundle(ctx, tx, b, prev); err != nil {
 		return nil, err
 	}
 	return moved, audit(ctx, tx, moved, actor, reason, forced)
@@ -452,24 +452,29 @@ func (r *Rotator) openRotation(ctx context.Context, tx rotationTx) (*store.PKIRo
 	return ro, nil
 }
 
-func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, error) {
+// loadBundle opens the bundle in tx, and returns its sealed form for
+// saveBundle.
+func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, []byte, error) {
 	sealed, err := tx.PKIBundleGet(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("load pki bundle: %w", err)
+		return nil, nil, fmt.Errorf("load pki bundle: %w", err)
 	}
 	b, err := pki.OpenBundle(r.cfg.Secret, sealed.Sealed)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return b, nil
+	return b, sealed.Sealed, nil
 }
 
-func (r *Rotator) saveBundle(ctx context.Context, tx rotationTx, b *pki.Bundle) error {
+// saveBundle writes b over prev, the sealed bundle it was loaded as: a
+// rotation of the other CA that changed the bundle meanwhile makes it
+// store.ErrConflict (PKIBundle.Prev), so neither change is lost.
+func (r *Rotator) saveBundle(ctx context.Context, tx rotationTx, b *pki.Bundle, prev []byte) error {
 	sealed, err := b.SealBundle(r.cfg.Secret)
 	if err != nil {
 		return err
 	}
-	return tx.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed})
+	return tx.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed, Prev: prev})
 }
 
 // auditDetails are a phase change's audit details.
