@@ -15,7 +15,7 @@ type PKIBundle struct {
 	// phase change replaced it meanwhile). Never set on reads.
 	Prev      []byte
 	CreatedAt time.Time
-	UpdatedAt   time.Time
+	UpdatedAt time.Time
 }
 
 // Revocation revokes one certificate serial, optionally naming its node.
