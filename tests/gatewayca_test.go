@@ -71,8 +71,8 @@ func gatewayChain(t *testing.T, d *deployment) []*x509.Certificate {
 // the rotation, and the gateway then serves a certificate from the new CA
 // with a chain that both the old and the new pin verify; advance to retired
 // is refused while a join token made before start can still be used, naming
-// it, and --force retires and revokes it (audited); the gateway ends on the
-// new CA alone. No session is dropped and the tunnel carries bytes at the
+// it (after it joined another machine while activated), and --force
+// retires and revokes it (audited); the gateway ends on the new CA alone. No session is dropped and the tunnel carries bytes at the
 // end.
 func TestGatewayCARotation(t *testing.T) {
 	t.Parallel()
@@ -169,7 +169,7 @@ func TestGatewayCARotation(t *testing.T) {
 	if err := os.WriteFile(installToken, []byte(mt[1]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, spare := d.joinToken(2, time.Hour)
+	spareFile, spare := d.joinToken(2, time.Hour)
 	oldBundle, err := bootstrap.LoadBundle(ctx, d.st, d.secret())
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +250,21 @@ func TestGatewayCARotation(t *testing.T) {
 	}
 	through("while activated")
 
+	// A token made before start still joins while activated: the gateway
+	// serves the new CA, with a chain its one pin verifies.
+	mid := newMachine(t, "gwca-activated")
+	midID := mid.mustJoin(d.gatewayURL, spareFile)
+	mp := mid.node()
+	mp.WaitLine(sessionEstablished.String(), 30*time.Second)
+	machines, procs, ids = append(machines, mid), append(procs, mp), append(ids, midID)
+	eventually(t, 10*time.Second, func() bool {
+		s, err := d.st.SessionGet(ctx, midID)
+		if err == nil {
+			sessions[midID] = s.SessionID
+		}
+		return err == nil
+	}, func() string { return "no session of the machine joined while activated" })
+
 	// Retiring is refused while the spare token made before start can
 	// still be used, naming it; --force revokes it.
 	code, stdout, stderr := testenv.Run(t, d.env, "", d.bc, append([]string{"--config", d.cfgFile},
@@ -269,6 +284,9 @@ func TestGatewayCARotation(t *testing.T) {
 	}
 	if !revoked {
 		t.Fatalf("no %s audit row for %s", rotation.AuditTokenRevoked, spare)
+	}
+	if code, stdout, stderr := newMachine(t, "gwca-retired").join(d.gatewayURL, spareFile); code == 0 {
+		t.Fatalf("a join with the revoked old-pin token after retirement succeeded:\n%s%s", stdout, stderr)
 	}
 	eventually(t, 15*time.Second, func() bool {
 		chain = gatewayChain(t, d)
