@@ -78,10 +78,14 @@ func TestGatewayCARotation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	began := time.Now()
-	// nodes add needs a bcd in the downloads folder for its install line.
+	// nodes add needs a signed bcd release in the downloads folder for its
+	// install line (over plain HTTP the script pins the release).
 	dist := filepath.Join(t.TempDir(), "dist")
 	copyFile(t, testenv.Binary(t, "bcd"), filepath.Join(dist, "0.1.0", buildDir("bcd"), "bcd"), 0o755)
-	d := newDeploymentWith(t, backendSQLite, deploymentConfig{top: "downloads:\n  dir: " + dist + "\n"})
+	releasePin := signRelease(t, filepath.Join(dist, "0.1.0"), "0.1.0")
+	d := newDeploymentWith(t, backendSQLite, deploymentConfig{top: "downloads:\n  dir: " + dist + "\n  releasePins: [" + releasePin + "]\n",
+		// 200 FakeDaemons join from one address.
+		gateway: "    limits: {pendingPerSource: 256, queuedPerSource: 4096, joinsPerSecond: 1000, joinBurst: 1000}\n"})
 	gwStatus := func() gatewayRotationView {
 		var v gatewayRotationView
 		d.cliJSON(&v, d.viaAPI("pki", "rotate", "gateway-ca", "status")...)
