@@ -60,6 +60,10 @@ type Identity struct {
 	// GatewayPin is the pin gateways are verified with, "sha256/...";
 	// empty when GatewayCAs is used instead.
 	GatewayPin string
+	// GatewayPins are further pins gateways may be verified with, beside
+	// GatewayPin: a two-pin join token's second pin, and the gateway
+	// serving CAs of a gateway-CA rotation (KeepGatewayRoots).
+	GatewayPins []string
 	// GatewayCAs are the CAs gateways are verified against, when the node
 	// joined with a CA file; empty when GatewayPin is used.
 	GatewayCAs []*x509.Certificate
@@ -102,6 +106,7 @@ func FromJoin(res *session.JoinResult, key crypto.Signer, gatewayCAs []*x509.Cer
 		id.GatewayCAs = gatewayCAs
 	} else {
 		id.GatewayPin = res.Trust.Pin
+		id.GatewayPins = slices.Clone(res.Trust.ExtraPins)
 	}
 	return id
 }
@@ -115,7 +120,7 @@ func (id *Identity) Trust() session.Trust {
 		}
 		return session.Trust{Roots: pool}
 	}
-	return session.Trust{Pin: id.GatewayPin}
+	return session.Trust{Pin: id.GatewayPin, ExtraPins: slices.Clone(id.GatewayPins)}
 }
 
 // Renewed applies a renewal to id.
@@ -150,6 +155,7 @@ type info struct {
 	SPIFFEID    string    `json:"spiffe_id"`
 	Gateways    []string  `json:"gateways"`
 	GatewayPin  string    `json:"gateway_pin,omitempty"`
+	GatewayPins []string  `json:"gateway_pins,omitempty"`
 	RenewAfter  time.Time `json:"renew_after"`
 	PoolID      string    `json:"pool_id,omitempty"`
 	SiteID      string    `json:"site_id,omitempty"`
@@ -257,7 +263,7 @@ func (s *Store) load() (*Identity, error) {
 	}
 	id := &Identity{
 		NodeID: in.NodeID, TrustDomain: in.TrustDomain, SPIFFEID: in.SPIFFEID,
-		Gateways: in.Gateways, GatewayPin: in.GatewayPin, RenewAfter: in.RenewAfter,
+		Gateways: in.Gateways, GatewayPin: in.GatewayPin, GatewayPins: in.GatewayPins, RenewAfter: in.RenewAfter,
 		PoolID: in.PoolID, SiteID: in.SiteID, Region: in.Region, JoinedAt: in.JoinedAt,
 		ReattestGrace: time.Duration(in.ReattestGrace) * time.Second, KnownGateways: in.KnownGateways,
 	}
@@ -370,6 +376,22 @@ func (s *Store) SaveNodeCARoots(id *Identity) error {
 	return nil
 }
 
+// SaveGatewayTrust writes how gateways are trusted after a gateway-CA
+// rotation's Bundle: the pins (identity.json) or, for a node that joined
+// with a CA file, the gateway CAs (GatewayCAFile).
+func (s *Store) SaveGatewayTrust(id *Identity) error {
+	var err error
+	if id.GatewayPin != "" {
+		err = s.writeInfo(id)
+	} else {
+		err = writeFile(s.path(GatewayCAFile), encodeCerts(id.GatewayCAs), 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("save gateway trust to %s: %w", s.dir, err)
+	}
+	return nil
+}
+
 // SaveGateways writes the node's gateway list (identity.json).
 func (s *Store) SaveGateways(id *Identity) error {
 	if err := s.writeInfo(id); err != nil {
@@ -388,7 +410,7 @@ func (s *Store) writeCerts(id *Identity) error {
 func (s *Store) writeInfo(id *Identity) error {
 	raw, err := json.MarshalIndent(info{
 		Version: infoVersion, NodeID: id.NodeID, TrustDomain: id.TrustDomain, SPIFFEID: id.SPIFFEID,
-		Gateways: id.Gateways, GatewayPin: id.GatewayPin, RenewAfter: id.RenewAfter.UTC(),
+		Gateways: id.Gateways, GatewayPin: id.GatewayPin, GatewayPins: id.GatewayPins, RenewAfter: id.RenewAfter.UTC(),
 		PoolID: id.PoolID, SiteID: id.SiteID, Region: id.Region, JoinedAt: id.JoinedAt.UTC(),
 		ReattestGrace: int64(id.ReattestGrace / time.Second), KnownGateways: id.KnownGateways,
 	}, "", "  ")

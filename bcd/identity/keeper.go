@@ -3,9 +3,11 @@ package identity
 import (
 	"context"
 	"crypto/x509"
+	"slices"
 	"sync"
 
 	"github.com/better-compute/better-compute/bcd/session"
+	"github.com/better-compute/better-compute/proto/jointoken"
 )
 
 // Keeper keeps a running node's identity in its Store as the session
@@ -47,4 +49,27 @@ func (k *Keeper) KeepBundle(_ context.Context, roots []*x509.Certificate) error 
 	defer k.mu.Unlock()
 	k.id.NodeCARoots = roots
 	return k.store.SaveNodeCARoots(k.id)
+}
+
+// KeepGatewayRoots adds the gateway serving CAs of a gateway-CA rotation's
+// Bundle to how the node trusts gateways, their pins or, for a node that
+// joined with a CA file, the certificates, and writes them
+// (Store.SaveGatewayTrust). It implements session.GatewayRootsKeeper.
+func (k *Keeper) KeepGatewayRoots(_ context.Context, roots []*x509.Certificate) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.id.GatewayPin != "" {
+		for _, r := range roots {
+			if pin := jointoken.Pin(r); pin != k.id.GatewayPin && !slices.Contains(k.id.GatewayPins, pin) {
+				k.id.GatewayPins = append(k.id.GatewayPins, pin)
+			}
+		}
+	} else {
+		for _, r := range roots {
+			if !slices.ContainsFunc(k.id.GatewayCAs, r.Equal) {
+				k.id.GatewayCAs = append(k.id.GatewayCAs, r)
+			}
+		}
+	}
+	return k.store.SaveGatewayTrust(k.id)
 }

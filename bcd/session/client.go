@@ -49,6 +49,9 @@ type Client struct {
 
 	// cert is the client certificate presented at every new handshake.
 	cert atomic.Pointer[tls.Certificate]
+	// gwRoots are the gateway serving CAs a gateway-CA rotation's Bundle
+	// added to Config.Trust (trust), nil before any.
+	gwRoots atomic.Pointer[[]*x509.Certificate]
 
 	renewMu sync.Mutex // serialises renewals
 
@@ -338,6 +341,9 @@ func (c *Client) hello() *sessionv1.NodeMessage {
 	}
 	if c.cfg.ReleasePins != nil && !slices.Contains(h.Capabilities, sessionv1.CapabilityReleasePins) {
 		h.Capabilities = append(slices.Clip(h.Capabilities), sessionv1.CapabilityReleasePins)
+	}
+	if _, ok := c.cfg.Identity.(GatewayRootsKeeper); ok && !slices.Contains(h.Capabilities, sessionv1.CapabilityGatewayBundle) {
+		h.Capabilities = append(slices.Clip(h.Capabilities), sessionv1.CapabilityGatewayBundle)
 	}
 	r := c.cfg.Reporter
 	h.InventoryDigest, h.PendingResults, h.LocalRollback = r.InventoryDigest(), r.PendingResults(), r.LocalRollback()

@@ -107,6 +107,18 @@ type Reporter interface {
 	LocalRollback() *sessionv1.LocalRollback
 }
 
+// GatewayRootsKeeper is what an IdentityKeeper implements to take part in
+// gateway-CA rotations: a Client whose Config.Identity implements it offers
+// the capability "gateway.bundle", trusts the gateway serving CAs a Bundle
+// carries from then on (Config.Trust plus them) and acknowledges the
+// bundle only after KeepGatewayRoots returned nil.
+type GatewayRootsKeeper interface {
+	// KeepGatewayRoots persists the gateway serving CA roots of a
+	// gateway-CA rotation's Bundle, so that the node trusts them after a
+	// restart too.
+	KeepGatewayRoots(ctx context.Context, roots []*x509.Certificate) error
+}
+
 // memoryIdentity is the IdentityKeeper of a Config without one: the
 // Client keeps what it learns in memory only.
 type memoryIdentity struct{}

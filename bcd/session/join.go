@@ -140,7 +140,8 @@ func join(ctx context.Context, p JoinParams) (*JoinResult, error) {
 	}
 	trust := p.Trust
 	if trust.IsZero() {
-		trust = Trust{Pin: tok.Pin()}
+		pins := tok.Pins()
+		trust = Trust{Pin: pins[0], ExtraPins: pins[1:]}
 	}
 	if err := trust.validate(); err != nil {
 		return nil, err

@@ -117,7 +117,7 @@ func (c *Client) untrusted(ctx context.Context, gw gatewayAddr) error {
 func (c *Client) reattest(ctx context.Context, gw gatewayAddr, untrusted bool) (attested bool, err error) {
 	c.renewMu.Lock()
 	defer c.renewMu.Unlock()
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
+	cc, err := dial(gw, c.trust().tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
 	if err != nil {
 		return false, err
 	}
@@ -211,7 +211,7 @@ func (c *Client) refused(ctx context.Context, gw gatewayAddr) error {
 // certificate (JoinService.Challenge, whose answer carries server_time),
 // takes it as the gateway's clock (gatewayClock.observe), and returns it.
 func (c *Client) askTime(ctx context.Context, gw gatewayAddr) (time.Time, error) {
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
+	cc, err := dial(gw, c.trust().tlsConfig(gw.host, c.gwClock, nil, nil), c.transport)
 	if err != nil {
 		return time.Time{}, err
 	}

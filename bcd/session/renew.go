@@ -16,7 +16,7 @@ import (
 
 // renewVia renews through a connection of its own to gw.
 func (c *Client) renewVia(ctx context.Context, gw gatewayAddr) error {
-	cc, err := dial(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, nil), c.transport)
+	cc, err := dial(gw, c.trust().tlsConfig(gw.host, c.gwClock, c.getClientCertificate, nil), c.transport)
 	if err != nil {
 		return err
 	}

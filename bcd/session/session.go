@@ -146,7 +146,7 @@ func (c *Client) attemptOnce(ctx context.Context, gw gatewayAddr, vf *verifyFail
 			return outcome{err: err}
 		}
 	}
-	cc, err := dialSeen(gw, c.cfg.Trust.tlsConfig(gw.host, c.gwClock, c.getClientCertificate, vf.set), c.transport, vf)
+	cc, err := dialSeen(gw, c.trust().tlsConfig(gw.host, c.gwClock, c.getClientCertificate, vf.set), c.transport, vf)
 	if err != nil {
 		return outcome{err: err}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,11 @@ type Trust struct {
 	// certificate with that key and its leaf must verify up to it
 	// (jointoken.VerifyChain). A join token carries this pin.
 	Pin string
+	// ExtraPins are further pins a gateway's chain may verify up to
+	// instead of Pin: the second pin of a version 2 join token, and the
+	// gateway serving CAs a gateway-CA rotation sent (Bundle's
+	// gateway_ca_roots). Only with Pin.
+	ExtraPins []string
 	// Roots is a pool of CA certificates that gateways' serving certificates
 	// must verify against, as read from `bcd join --ca-file`.
 	Roots *x509.CertPool
@@ -30,14 +36,52 @@ type Trust struct {
 // IsZero reports whether t names no trust anchor at all.
 func (t Trust) IsZero() bool { return t.Pin == "" && t.Roots == nil }
 
+// withRoots returns t trusting the CA certificates roots as well: their
+// pins in pin mode, the certificates themselves with a CA pool.
+func (t Trust) withRoots(roots []*x509.Certificate) Trust {
+	if t.Roots != nil {
+		out := t
+		out.Roots = t.Roots.Clone()
+		for _, r := range roots {
+			out.Roots.AddCert(r)
+		}
+		return out
+	}
+	pins := make([]string, len(roots))
+	for i, r := range roots {
+		pins[i] = jointoken.Pin(r)
+	}
+	return t.withPins(pins)
+}
+
+// withPins returns t trusting pins as well (pin mode only; a CA pool gets
+// the certificates instead, see withRoots). Pins already held are skipped.
+func (t Trust) withPins(pins []string) Trust {
+	if t.Pin == "" {
+		return t
+	}
+	out := t
+	out.ExtraPins = slices.Clone(t.ExtraPins)
+	for _, p := range pins {
+		if p != t.Pin && !slices.Contains(out.ExtraPins, p) {
+			out.ExtraPins = append(out.ExtraPins, p)
+		}
+	}
+	return out
+}
+
 // validate checks that exactly one anchor is set and the pin parses.
 func (t Trust) validate() error {
 	switch {
 	case t.Pin != "" && t.Roots != nil:
 		return fmt.Errorf("%w: trust: set a pin or a CA pool, not both", ErrConfig)
+	case len(t.ExtraPins) > 0 && t.Pin == "":
+		return fmt.Errorf("%w: trust: extra pins without a pin", ErrConfig)
 	case t.Pin != "":
-		if _, err := jointoken.ParsePin(t.Pin); err != nil {
-			return fmt.Errorf("%w: trust: %w", ErrConfig, err)
+		for _, pin := range append([]string{t.Pin}, t.ExtraPins...) {
+			if _, err := jointoken.ParsePin(pin); err != nil {
+				return fmt.Errorf("%w: trust: %w", ErrConfig, err)
+			}
 		}
 	case t.Roots == nil:
 		return fmt.Errorf("%w: trust: no pin and no CA pool (gateways are never trusted on first use)", ErrConfig)
@@ -53,7 +97,16 @@ func (t Trust) validate() error {
 // mismatch.
 func (t Trust) verify(chain []*x509.Certificate, host string, local, now time.Time) error {
 	if t.Roots == nil {
-		if err := jointoken.VerifyChain(t.Pin, chain, host, now); err != nil {
+		err := jointoken.VerifyChain(t.Pin, chain, host, now)
+		for _, pin := range t.ExtraPins {
+			if err == nil {
+				break
+			}
+			if jointoken.VerifyChain(pin, chain, host, now) == nil {
+				err = nil
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("%w: %w", ErrUntrustedGateway, explainValidity(err, local, now))
 		}
 		return nil

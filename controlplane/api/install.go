@@ -329,11 +329,11 @@ func (s *Server) nodesAdd(ctx context.Context, p *iam.Principal, r *apiv1.AddNod
 	if _, err := s.installScript(ctx, o); err != nil {
 		return nil, err
 	}
-	gwPin, _, err := s.gatewayPin(ctx)
+	gwPins, err := s.gatewayPins(ctx)
 	if err != nil {
 		return nil, err
 	}
-	secret, rec, err := CreateJoinToken(ctx, s.store, gwPin, pool.ID, ttl, 1, "nodes add", "")
+	secret, rec, err := CreateJoinTokenPins(ctx, s.store, gwPins, pool.ID, ttl, 1, "nodes add", "")
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -353,11 +354,11 @@ func (s *Server) joinTokensCreate(ctx context.Context, p *iam.Principal, r *apiv
 	if len(r.GetDescription()) > 256 {
 		return nil, invalid("description", "at most 256 characters")
 	}
-	pin, _, err := s.gatewayPin(ctx)
+	pins, err := s.gatewayPins(ctx)
 	if err != nil {
 		return nil, err
 	}
-	secret, rec, err := CreateJoinToken(ctx, s.store, pin, pool.ID, ttl, uses, r.GetDescription(), "")
+	secret, rec, err := CreateJoinTokenPins(ctx, s.store, pins, pool.ID, ttl, uses, r.GetDescription(), "")
 	if err != nil {
 		return nil, err
 	}
@@ -371,9 +372,26 @@ func (s *Server) joinTokensCreate(ctx context.Context, p *iam.Principal, r *apiv
 func CreateJoinToken(ctx context.Context, st interface {
 	JoinTokenCreate(context.Context, *store.JoinTokenCreateParams) (*store.JoinToken, error)
 }, pin, poolID string, ttl time.Duration, maxUses int, description, nodeID string) (string, *store.JoinToken, error) {
-	tok, err := jointoken.New(pin, nil)
+	return CreateJoinTokenPins(ctx, st, []string{pin}, poolID, ttl, maxUses, description, nodeID)
+}
+
+// CreateJoinTokenPins is CreateJoinToken for a token that pins every
+// gateway CA of pins (one or two: pki.Bundle.GatewayPins, the CA in force
+// first); with two it is a version 2 token (jointoken.Token.WithPin).
+func CreateJoinTokenPins(ctx context.Context, st interface {
+	JoinTokenCreate(context.Context, *store.JoinTokenCreateParams) (*store.JoinToken, error)
+}, pins []string, poolID string, ttl time.Duration, maxUses int, description, nodeID string) (string, *store.JoinToken, error) {
+	if len(pins) == 0 || len(pins) > 2 {
+		return "", nil, fmt.Errorf("make join token: %d gateway CA pins, want 1 or 2", len(pins))
+	}
+	tok, err := jointoken.New(pins[0], nil)
 	if err != nil {
 		return "", nil, fmt.Errorf("make join token: %w", err)
+	}
+	if len(pins) == 2 {
+		if tok, err = tok.WithPin(pins[1]); err != nil {
+			return "", nil, fmt.Errorf("make join token: %w", err)
+		}
 	}
 	rec, err := st.JoinTokenCreate(ctx, &store.JoinTokenCreateParams{ID: tok.ID(), SecretHash: tok.SecretHash(),
 		PoolID: poolID, Description: description, MaxUses: maxUses, ExpiresAt: time.Now().Add(ttl).UTC(), NodeID: nodeID})
@@ -381,6 +399,18 @@ func CreateJoinToken(ctx context.Context, st interface {
 		return "", nil, fmt.Errorf("store join token: %w", err)
 	}
 	return tok.String(), rec, nil
+}
+
+// gatewayPins are the pins a join token made now carries
+// (pki.Bundle.GatewayPins): the gateway CA in force and, while a gateway-CA
+// rotation is open, the other CA of the rotation.
+func (s *Server) gatewayPins(ctx context.Context) ([]string, error) {
+	if _, _, err := s.gatewayPin(ctx); err != nil {
+		return nil, err
+	}
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
+	return slices.Clone(s.pins), nil
 }
 
 // gatewayPin is the pin of the gateway serving CA from the PKI bundle, and
@@ -401,7 +431,7 @@ func (s *Server) gatewayPin(ctx context.Context) (pin, trustDomain string, err e
 		if err != nil {
 			return "", "", fmt.Errorf("open pki bundle: %w", err)
 		}
-		s.pin, s.pinOf = bundle.GatewayPin(), b.UpdatedAt
+		s.pin, s.pins, s.pinOf = bundle.GatewayPin(), bundle.GatewayPins(), b.UpdatedAt
 	}
 	return s.pin, b.TrustDomain, nil
 }
@@ -633,11 +663,11 @@ func (s *Server) nodesReinstall(ctx context.Context, p *iam.Principal, r *apiv1.
 	if err != nil {
 		return nil, err
 	}
-	pin, _, err := s.gatewayPin(ctx)
+	pins, err := s.gatewayPins(ctx)
 	if err != nil {
 		return nil, err
 	}
-	secret, rec, err := CreateJoinToken(ctx, s.store, pin, n.PoolID, ttl, 1, "reinstall of node "+n.ID, n.ID)
+	secret, rec, err := CreateJoinTokenPins(ctx, s.store, pins, n.PoolID, ttl, 1, "reinstall of node "+n.ID, n.ID)
 	if err != nil {
 		return nil, err
 	}

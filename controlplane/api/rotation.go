@@ -14,16 +14,22 @@ import (
 // MaxRotationReason bounds a rotation request's reason, in characters.
 const MaxRotationReason = 200
 
-// rotator returns the node-CA Rotator over this process's store.
-func (s *Server) rotator() (*rotation.Rotator, error) {
-	return rotation.New(rotation.Config{Secret: s.cfg.Secret, Threshold: s.cfg.RotationThreshold,
-		RetireGrace: s.cfg.RotationRetireGrace, CAValidity: s.cfg.RotationCAValidity, Now: s.cfg.Now}, s.store)
+// rotator returns the Rotator of CA ca ("node" or "gateway", checked by
+// rotationCA) over this process's store. The node CA's validity setting
+// (pki.nodeCAValidity) is the node CA's only.
+func (s *Server) rotator(ca string) (*rotation.Rotator, error) {
+	cfg := rotation.Config{Secret: s.cfg.Secret, CA: ca, Threshold: s.cfg.RotationThreshold,
+		RetireGrace: s.cfg.RotationRetireGrace, Now: s.cfg.Now}
+	if ca != store.RotationCAGateway {
+		cfg.CAValidity = s.cfg.RotationCAValidity
+	}
+	return rotation.New(cfg, s.store)
 }
 
-// rotationCA checks a request's ca: "node" or empty.
+// rotationCA checks a request's ca: "node", "gateway" or empty (node).
 func rotationCA(ca string) error {
-	if ca != "" && ca != store.RotationCANode {
-		return invalid("ca", "%q cannot be rotated here: only the node CA (\"node\") rotates in phases", ca)
+	if ca != "" && ca != store.RotationCANode && ca != store.RotationCAGateway {
+		return invalid("ca", "%q cannot be rotated here: the node CA (\"node\") and the gateway serving CA (\"gateway\") rotate in phases", ca)
 	}
 	return nil
 }
@@ -44,7 +50,7 @@ func rotationError(err error) error {
 	case errors.Is(err, rotation.ErrChanged):
 		return &Error{Code: apiv1.CodeConflict, Message: err.Error() + ": see pki rotate node-ca status"}
 	case errors.Is(err, rotation.ErrInProgress):
-		return &Error{Code: apiv1.CodeConflict, Message: "a node CA rotation is in progress: see pki rotate node-ca status; advance it or roll it back first"}
+		return &Error{Code: apiv1.CodeConflict, Message: "a rotation of this CA is in progress: see pki rotate node-ca|gateway-ca status; advance it or roll it back first"}
 	case errors.Is(err, rotation.ErrNoRotation):
 		return notFound("%v", err)
 	case errors.Is(err, rotation.ErrThreshold):
@@ -63,7 +69,7 @@ func (s *Server) pkiRotationStart(ctx context.Context, p *iam.Principal, r *apiv
 	if err := rotationReason(r.GetReason()); err != nil {
 		return nil, err
 	}
-	rot, err := s.rotator()
+	rot, err := s.rotator(r.GetCa())
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +83,7 @@ func (s *Server) pkiRotationStatus(ctx context.Context, _ *iam.Principal, r *api
 	if err := rotationCA(r.GetCa()); err != nil {
 		return nil, err
 	}
-	rot, err := s.rotator()
+	rot, err := s.rotator(r.GetCa())
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +97,7 @@ func (s *Server) pkiRotationAdvance(ctx context.Context, p *iam.Principal, r *ap
 	if err := rotationReason(r.GetReason()); err != nil {
 		return nil, err
 	}
-	rot, err := s.rotator()
+	rot, err := s.rotator(r.GetCa())
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +114,7 @@ func (s *Server) pkiRotationRollback(ctx context.Context, p *iam.Principal, r *a
 	if err := rotationReason(r.GetReason()); err != nil {
 		return nil, err
 	}
-	rot, err := s.rotator()
+	rot, err := s.rotator(r.GetCa())
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +136,6 @@ func (s *Server) rotationStatus(ctx context.Context, rot *rotation.Rotator) (*ap
 		StartedBy: ro.StartedBy, StartedAt: ts(ro.StartedAt), ActivatedAt: tsp(ro.ActivatedAt), RetiredAt: tsp(ro.RetiredAt),
 		RolledBackAt: tsp(ro.RolledBackAt), LiveNodes: int32(st.Live), AckedNodes: int32(st.Acked), MissingNodeIds: st.Missing,
 		NodesOffNewCa: int32(st.OffNewCA), OffNewCaNodeIds: st.OffNewCAIDs, Ready: st.Ready, Waiting: st.Waiting,
-		RetireAt: tsp(st.RetireAt),
+		RetireAt: tsp(st.RetireAt), OldPinTokens: int32(st.OldPinTokens), OldPinTokenIds: st.OldPinTokenIDs,
 	}}, nil
 }

@@ -20,7 +20,7 @@ func TestPKIRotationMethods(t *testing.T) {
 	if _, err := bootstrap.InitBundle(context.Background(), f.st, strings.Repeat("s", 32), "td.example"); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"gateway"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "ca")
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"internal"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "ca")
 	wantCode(t, f.call("pki.rotationStart", f.admin, `{"threshold":1.5}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "threshold")
 	wantCode(t, f.call("pki.rotationStart", f.admin, `{"reason":"`+strings.Repeat("x", 201)+`"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "reason")
 	wantCode(t, f.call("pki.rotationAdvance", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
@@ -72,5 +72,61 @@ func TestPKIRotationMethods(t *testing.T) {
 	r = f.call("pki.rotationRollback", f.admin, `{"reason":"test"}`, peer)
 	if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != store.RotationRolledBack {
 		t.Fatalf("pki.rotationRollback = %d %v", r.Code, r.Body)
+	}
+}
+
+// TestPKIGatewayRotationMethods: a gateway-CA rotation through the API,
+// beside the node CA's: join tokens made while it is open pin both CAs,
+// and status names the tokens made before it that pin only the old one.
+func TestPKIGatewayRotationMethods(t *testing.T) {
+	f := newFixture(t)
+	if _, err := bootstrap.InitBundle(context.Background(), f.st, strings.Repeat("s", 32), "td.example"); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, f.call("pki.rotationStatus", f.admin, `{"ca":"gateway"}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	if r := f.call("sites.create", f.admin, `{"name":"s1","region":"r"}`, peer); r.Code != http.StatusOK {
+		t.Fatalf("sites.create = %d %v", r.Code, r.Body)
+	}
+	if r := f.call("pools.create", f.admin, `{"name":"default","site":"s1"}`, peer); r.Code != http.StatusOK {
+		t.Fatalf("pools.create = %d %v", r.Code, r.Body)
+	}
+	mk := func() (token, id string) {
+		t.Helper()
+		r := f.call("joinTokens.create", f.admin, `{"pool":"default","maxUses":2}`, peer)
+		jt, _ := r.Body["joinToken"].(map[string]any)
+		token, _ = r.Body["token"].(string)
+		id, _ = jt["id"].(string)
+		if r.Code != http.StatusOK || token == "" {
+			t.Fatalf("joinTokens.create = %d %v", r.Code, r.Body)
+		}
+		return token, id
+	}
+	before, beforeID := mk()
+	if !strings.HasPrefix(before, "bct1.") {
+		t.Fatalf("a token outside a gateway-CA rotation is %.5s, want bct1", before)
+	}
+	r := f.call("pki.rotationStart", f.admin, `{"ca":"gateway","reason":"test"}`, peer)
+	ro, _ := r.Body["rotation"].(map[string]any)
+	if r.Code != http.StatusOK || ro["ca"] != store.RotationCAGateway || ro["phase"] != store.RotationPropagating {
+		t.Fatalf("pki.rotationStart gateway = %d %v", r.Code, r.Body)
+	}
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"gateway"}`, peer), http.StatusConflict, "CONFLICT", "")
+	wantCode(t, f.call("pki.rotationStatus", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	if during, _ := mk(); !strings.HasPrefix(during, "bct2.") {
+		t.Fatalf("a token made while a gateway-CA rotation is open is %.5s, want bct2 (two pins)", during)
+	}
+	r = f.call("pki.rotationAdvance", f.admin, `{"ca":"gateway","force":true}`, peer)
+	if ro, _ := r.Body["rotation"].(map[string]any); r.Code != http.StatusOK || ro["phase"] != store.RotationActivated {
+		t.Fatalf("pki.rotationAdvance gateway --force = %d %v", r.Code, r.Body)
+	}
+	r = f.call("pki.rotationStatus", f.admin, `{"ca":"gateway"}`, peer)
+	ro, _ = r.Body["rotation"].(map[string]any)
+	if ids, _ := ro["oldPinTokenIds"].([]any); len(ids) != 1 || ids[0] != beforeID {
+		t.Fatalf("status names old-pin tokens %v, want [%s]", ro["oldPinTokenIds"], beforeID)
+	}
+	r = f.call("pki.rotationAdvance", f.admin, `{"ca":"gateway"}`, peer)
+	wantCode(t, r, http.StatusConflict, "CONFLICT", "")
+	if msg, _ := r.Body["message"].(string); !strings.Contains(msg, beforeID) {
+		t.Fatalf("refused retire says %q, want the token %s named", msg, beforeID)
 	}
 }

@@ -251,6 +251,7 @@ type Server struct {
 
 	pinMu sync.Mutex
 	pin   string    // gateway CA pin of the bundle version pinOf
+	pins  []string  // the pins a join token carries (pki.Bundle.GatewayPins) of that version
 	pinOf time.Time // the bundle's updated_at when pin was read
 	// ready is closed once the listener is bound; Addr is valid after.
 	ready chan struct{}

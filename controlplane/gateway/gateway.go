@@ -454,7 +454,7 @@ func New(cfg Config, st Store, bundle *pki.Bundle, log *slog.Logger) (*Gateway, 
 	// node-CA rotation needs no restart.
 	g.tlsBase = &tls.Config{
 		MinVersion:     tls.VersionTLS13,
-		GetCertificate: certs.GetCertificate,
+		GetCertificate: g.servingCertificate,
 		ClientAuth:     tls.VerifyClientCertIfGiven,
 		Time:           cfg.Clock.Now,
 	}
@@ -575,7 +575,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 		loops.Go(func() {
 			var tlsCfg *tls.Config
 			if g.cfg.WebSocketTLS {
-				tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: g.certs.GetCertificate}
+				tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: g.servingCertificate}
 			}
 			if err := g.serveWebSocket(loopCtx, wsRaw, g.wsln, tlsCfg); err != nil {
 				g.log.ErrorContext(loopCtx, "WebSocket fallback stopped", logkey.Err, err)

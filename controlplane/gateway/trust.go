@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -42,6 +43,21 @@ type trust struct {
 	// when the bundle was read, "" when none: sessions are sent a Bundle
 	// with it and their acks recorded against it.
 	rotationID string
+	// gwRotationID is the gateway-CA rotation open when the bundle was
+	// read, "" when none: sessions that offer "gateway.bundle" are sent a
+	// Bundle with the gateway CA roots (gwRootsDER) and their acks
+	// recorded against it.
+	gwRotationID string
+	gwRootsDER   [][]byte
+	// gwRotated reports that the gateway CA's latest rotation activated
+	// (activated or retired): a serving certificate from another gateway
+	// CA of the deployment is then re-issued from the CA in force
+	// (servingFor).
+	gwRotated bool
+	// serving is the certificate handshakes present: the files' key with
+	// a leaf from the gateway CA in force and the chain the bundle's phase
+	// calls for (servingFor); nil until first asked.
+	serving atomic.Pointer[servingCert]
 	// tls is the configuration of each handshake (GetConfigForClient):
 	// the base configuration with the serving roots as ClientCAs.
 	tls *tls.Config
@@ -52,6 +68,9 @@ func newTrust(b *pki.Bundle, sealed []byte, base *tls.Config) *trust {
 	roots := b.NodeCARoots()
 	t := &trust{bundle: b, sealed: sealed, verifier: b.NodeVerifier(), reattest: b.ReattestVerifier(),
 		rootsDER: make([][]byte, len(roots))}
+	for _, c := range b.GatewayCARoots() {
+		t.gwRootsDER = append(t.gwRootsDER, c.Raw)
+	}
 	pool := x509.NewCertPool()
 	for i, c := range roots {
 		t.rootsDER[i] = c.Raw
@@ -122,6 +141,15 @@ func (g *Gateway) reloadBundle(ctx context.Context) error {
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return err
 	}
+	gro, err := g.store.PKIRotationLatest(ctx, store.RotationCAGateway)
+	switch {
+	case err == nil && (gro.Phase == store.RotationPropagating || gro.Phase == store.RotationActivated):
+		next.gwRotationID = gro.ID
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	next.gwRotated = err == nil && (gro.Phase == store.RotationActivated || gro.Phase == store.RotationRetired)
+	gwChanged := !sameRoots(cur.gwRootsDER, next.gwRootsDER) || !cur.bundle.GatewayCA.Cert.Equal(b.GatewayCA.Cert) || cur.gwRotated != next.gwRotated
 	changed := !sameRoots(cur.rootsDER, next.rootsDER) || !cur.bundle.NodeCA.Cert.Equal(b.NodeCA.Cert)
 	g.trust.Store(next)
 	g.admit.SetBundle(b)
@@ -132,7 +160,39 @@ func (g *Gateway) reloadBundle(ctx context.Context) error {
 	if next.rotationID != "" && (changed || next.rotationID != cur.rotationID) {
 		g.broadcastBundle(ctx, next)
 	}
+	if gwChanged {
+		g.log.InfoContext(ctx, "Gateway CA roots reloaded", "roots", len(next.gwRootsDER), "serving_ca", pki.NodeCAID(b.GatewayCA.Cert),
+			"rotation_id", next.gwRotationID)
+	}
+	if next.gwRotationID != "" && (gwChanged || next.gwRotationID != cur.gwRotationID) {
+		g.broadcastGatewayBundle(ctx, next)
+	}
 	return nil
+}
+
+// gatewayBundleMessage is the Bundle message of t's open gateway-CA
+// rotation, nil without one: the gateway CA roots, and the node CA roots in
+// force (a node keeps those as they are).
+func (t *trust) gatewayBundleMessage() *sessionv1.GatewayMessage {
+	if t.gwRotationID == "" {
+		return nil
+	}
+	return &sessionv1.GatewayMessage{Body: &sessionv1.GatewayMessage_Bundle{Bundle: &sessionv1.Bundle{
+		NodeCaRoots: t.rootsDER, RotationId: t.gwRotationID, GatewayCaRoots: t.gwRootsDER}}}
+}
+
+// broadcastGatewayBundle sends t's gateway-CA Bundle to every open session
+// that offers "gateway.bundle", as broadcastBundle does.
+func (g *Gateway) broadcastGatewayBundle(ctx context.Context, t *trust) {
+	msg := t.gatewayBundleMessage()
+	n := 0
+	for _, s := range g.sessions.snapshot() {
+		if s.hasCap(sessionv1.CapabilityGatewayBundle) {
+			n++
+			go func() { _ = s.send(msg) }() // a session that ended has nothing to ack
+		}
+	}
+	g.log.InfoContext(ctx, "Gateway CA bundle sending to sessions", "rotation_id", t.gwRotationID, "sessions", n)
 }
 
 // bundleMessage is the Bundle message of t, nil without an open rotation.
@@ -161,8 +221,12 @@ func (g *Gateway) broadcastBundle(ctx context.Context, t *trust) {
 // sendBundle sends the bundle in force to s after its Welcome, while a
 // rotation is open.
 func (g *Gateway) sendBundle(s *session) {
-	if msg := g.current().bundleMessage(); msg != nil {
+	cur := g.current()
+	if msg := cur.bundleMessage(); msg != nil {
 		_ = s.send(msg) // a session that ended has nothing to ack
+	}
+	if msg := cur.gatewayBundleMessage(); msg != nil && s.hasCap(sessionv1.CapabilityGatewayBundle) {
+		_ = s.send(msg)
 	}
 }
 
@@ -173,7 +237,8 @@ const maxRotationIDLen = 64
 // ack of another rotation (one that ended meanwhile) is dropped.
 func (g *Gateway) bundleAck(s *session, ack *sessionv1.BundleAck) {
 	id := ack.GetRotationId()
-	if id == "" || len(id) > maxRotationIDLen || id != g.current().rotationID {
+	cur := g.current()
+	if id == "" || len(id) > maxRotationIDLen || (id != cur.rotationID && id != cur.gwRotationID) {
 		return
 	}
 	g.acks.add(id, s.nodeID)

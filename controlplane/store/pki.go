@@ -9,8 +9,13 @@ import (
 type PKIBundle struct {
 	TrustDomain string
 	Sealed      []byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	// Prev, when set on PKIBundleUpdate, is the sealed bundle the update
+	// was computed from: the update applies only while the stored bundle
+	// is still Prev, and is ErrConflict otherwise (another rotation's
+	// phase change replaced it meanwhile). Never set on reads.
+	Prev      []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // Revocation revokes one certificate serial, optionally naming its node.
@@ -27,7 +32,8 @@ type PKIStore interface {
 	PKIBundleGet(ctx context.Context) (*PKIBundle, error)
 	// PKIBundleCreate stores the first bundle; ErrConflict if one exists.
 	PKIBundleCreate(ctx context.Context, b *PKIBundle) error
-	// PKIBundleUpdate replaces the bundle (CA rotation).
+	// PKIBundleUpdate replaces the bundle (CA rotation); with b.Prev set,
+	// only while the stored bundle is b.Prev (ErrConflict otherwise).
 	PKIBundleUpdate(ctx context.Context, b *PKIBundle) error
 	// RevocationInsert revokes a serial; revoking twice is not an error.
 	RevocationInsert(ctx context.Context, r *Revocation) error

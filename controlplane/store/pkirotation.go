@@ -9,6 +9,8 @@ import (
 const (
 	// RotationCANode is the node CA.
 	RotationCANode = "node"
+	// RotationCAGateway is the gateway serving CA.
+	RotationCAGateway = "gateway"
 )
 
 // Phases of a PKIRotation (DESIGN.md, "CA rotation"; docs/pki.md). A
@@ -24,7 +26,7 @@ const (
 // PKIRotation is one rotation of a CA in phases.
 type PKIRotation struct {
 	ID string
-	// CA is the CA rotated: RotationCANode.
+	// CA is the CA rotated: RotationCANode or RotationCAGateway.
 	CA string
 	// Phase is one of the Rotation* phases.
 	Phase string

@@ -23,6 +23,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -320,7 +321,8 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 	return out
 }
 
-// runRotation starts the node-CA rotation reconciler in g: every
+// runRotation starts the rotation reconciler of the node CA and the
+// gateway serving CA in g: every
 // rotation.DefaultInterval, under rotation.LeaseName, it advances an open
 // rotation whose phase's condition holds and, with pki.autoRotate, starts
 // one when the node CA in force is due; its writes are fenced by the lease.
@@ -328,6 +330,11 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 	rot, err := rotation.New(rotation.Config{Secret: cfg.Secret, RetireGrace: cfg.PKI.ReattestGrace.Duration,
 		CAValidity: cfg.PKI.NodeCAValidity.Duration, AutoRotate: cfg.PKI.AutoRotates(),
 		NodeCertTTL: cfg.Host.Gateway.NodeCertTTL.Duration, Now: clk.Now}, st)
+	if err != nil {
+		return err
+	}
+	gwRot, err := rotation.New(rotation.Config{Secret: cfg.Secret, CA: store.RotationCAGateway, RetireGrace: cfg.PKI.ReattestGrace.Duration,
+		Now: clk.Now}, st)
 	if err != nil {
 		return err
 	}
@@ -342,7 +349,11 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 			default:
 				log.InfoContext(ctx, "Node CA rotation advanced by the reconciler", "phase", moved)
 			}
-			return err
+			gwMoved, gwErr := gwRot.Reconcile(ctx, &fence)
+			if gwMoved != "" {
+				log.InfoContext(ctx, "Gateway CA rotation advanced by the reconciler", "phase", gwMoved)
+			}
+			return errors.Join(err, gwErr)
 		})
 	})
 	return nil

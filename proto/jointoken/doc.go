@@ -1,7 +1,8 @@
 // Package jointoken defines the wire format of a Better Compute join token,
 // shared by the control plane, which makes tokens, and bcd, which parses them.
 //
-// A join token is one line of 105 printable ASCII characters with no spaces,
+// A join token is one line of 105 printable ASCII characters with no spaces
+// (149 for a version 2 token, which carries a second pin: see WithPin),
 // safe to keep in a file, an environment variable or a shell argument:
 //
 //	bct1.<id>.<secret>.<pin>

@@ -23,6 +23,12 @@ const (
 	// id, the secret and the pin (43 characters each as unpadded base64url)
 	// and three dots.
 	Len = len(Version) + 1 + IDLen + 1 + 43 + 1 + 43
+	// Version2 is the prefix of a token that pins two gateway serving
+	// CAs, made while a gateway-CA rotation is open (WithPin): a version 1
+	// token with a second pin appended, Len2 characters.
+	Version2 = "bct2"
+	// Len2 is the length of a version 2 token in characters.
+	Len2 = Len + 1 + 43
 )
 
 // separator joins the parts of a token. It is in neither the base32 nor the
@@ -46,6 +52,26 @@ type Token struct {
 	id     string
 	secret [SecretSize]byte
 	pin    [sha256.Size]byte
+	// pin2 is the second pin of a version 2 token, when hasPin2.
+	pin2    [sha256.Size]byte
+	hasPin2 bool
+}
+
+// WithPin returns t pinning the gateway serving CA named by pin as well,
+// a version 2 token: a daemon trusts a gateway whose chain verifies up to
+// either pin. Tokens made while a gateway-CA rotation is open carry the
+// CA in force and the other CA of the rotation. It fails when pin does not
+// parse (ErrPin); a pin equal to the first leaves t as it is.
+func (t Token) WithPin(pin string) (Token, error) {
+	sum, err := parsePin(pin)
+	if err != nil {
+		return Token{}, fmt.Errorf("join token second pin: %w", err)
+	}
+	if sum == t.pin {
+		return t, nil
+	}
+	t.pin2, t.hasPin2 = sum, true
+	return t, nil
 }
 
 // New makes a token with a fresh id and secret, read from r, that pins the
@@ -84,11 +110,15 @@ func Parse(s string) (Token, error) {
 		return Token{}, fmt.Errorf("%w: empty", ErrMalformed)
 	}
 	parts := strings.Split(s, separator)
-	if len(parts) != 4 {
-		return Token{}, fmt.Errorf("%w: want 4 parts separated by %q, got %d", ErrMalformed, separator, len(parts))
+	want := 4
+	if parts[0] == Version2 {
+		want = 5
 	}
-	if parts[0] != Version {
-		return Token{}, fmt.Errorf("%w: %w: want %q", ErrMalformed, ErrVersion, Version)
+	if len(parts) != want {
+		return Token{}, fmt.Errorf("%w: want %d parts separated by %q, got %d", ErrMalformed, want, separator, len(parts))
+	}
+	if parts[0] != Version && parts[0] != Version2 {
+		return Token{}, fmt.Errorf("%w: %w: want %q or %q", ErrMalformed, ErrVersion, Version, Version2)
 	}
 	if !validID(parts[1]) {
 		return Token{}, fmt.Errorf("%w: %w: want %d characters of a-z and 2-7", ErrMalformed, ErrID, IDLen)
@@ -100,6 +130,12 @@ func Parse(s string) (Token, error) {
 	if !decodeFixed(t.pin[:], parts[3]) {
 		return Token{}, fmt.Errorf("%w: %w: want a %d-byte SHA-256 in unpadded base64url", ErrMalformed, ErrPin, sha256.Size)
 	}
+	if want == 5 {
+		if !decodeFixed(t.pin2[:], parts[4]) || t.pin2 == t.pin {
+			return Token{}, fmt.Errorf("%w: %w: want a second, different %d-byte SHA-256 in unpadded base64url", ErrMalformed, ErrPin, sha256.Size)
+		}
+		t.hasPin2 = true
+	}
 	return t, nil
 }
 
@@ -110,15 +146,27 @@ func (t Token) String() string {
 		return ""
 	}
 	var sb strings.Builder
-	sb.Grow(Len)
-	sb.WriteString(Version)
+	sb.Grow(Len2)
+	sb.WriteString(t.version())
 	sb.WriteString(separator)
 	sb.WriteString(t.id)
 	sb.WriteString(separator)
 	sb.WriteString(b64.EncodeToString(t.secret[:]))
 	sb.WriteString(separator)
 	sb.WriteString(b64.EncodeToString(t.pin[:]))
+	if t.hasPin2 {
+		sb.WriteString(separator)
+		sb.WriteString(b64.EncodeToString(t.pin2[:]))
+	}
 	return sb.String()
+}
+
+// version is t's version prefix: Version2 with a second pin.
+func (t Token) version() string {
+	if t.hasPin2 {
+		return Version2
+	}
+	return Version
 }
 
 // Redacted returns the token with its secret and pin left out,
@@ -127,7 +175,7 @@ func (t Token) Redacted() string {
 	if t.IsZero() {
 		return ""
 	}
-	return Version + separator + t.id + separator + "…"
+	return t.version() + separator + t.id + separator + "…"
 }
 
 // GoString returns Redacted, so that %#v does not print the secret.
@@ -146,6 +194,15 @@ func (t Token) ID() string { return t.id }
 // Pin returns the pin the token carries, in the "sha256/<base64>" form of
 // Pin and ParsePin.
 func (t Token) Pin() string { return formatPin(t.pin) }
+
+// Pins returns every pin the token carries: Pin, then the second pin of a
+// version 2 token.
+func (t Token) Pins() []string {
+	if t.hasPin2 {
+		return []string{formatPin(t.pin), formatPin(t.pin2)}
+	}
+	return []string{formatPin(t.pin)}
+}
 
 // SecretHash returns the SHA-256 of the token's 32 raw secret bytes (not of
 // their text encoding): 32 bytes, what the store keeps instead of the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -129,7 +130,8 @@ func TestParseMalformed(t *testing.T) {
 		{"five parts", join(version, id, secret, pin, "x"), nil},
 		{"inner space", join(version, id, secret) + ". " + pin, ErrPin},
 		{"pin text form", join(version, id, secret, testPin), ErrPin},
-		{"version 2", join("bct2", id, secret, pin), ErrVersion},
+		{"version 3", join("bct3", id, secret, pin), ErrVersion},
+		{"version 2 with one pin", join("bct2", id, secret, pin), ErrMalformed},
 		{"version upper", join("BCT1", id, secret, pin), ErrVersion},
 		{"no version", join("", id, secret, pin), ErrVersion},
 		{"id upper", join(version, strings.ToUpper(id), secret, pin), ErrID},
@@ -233,4 +235,40 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("parsed token carries an unparsable pin: %v", err)
 		}
 	})
+}
+
+func TestTokenTwoPins(t *testing.T) {
+	ca1, ca2 := newTestCA(t, time.Now()), newTestCA(t, time.Now())
+	tok, err := New(Pin(ca1.cert), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, err := tok.WithPin(Pin(ca2.cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := two.String()
+	if len(s) != Len2 || !strings.HasPrefix(s, Version2+".") {
+		t.Fatalf("two-pin token %d characters, prefix %q", len(s), s[:5])
+	}
+	back, err := Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back != two || back.ID() != tok.ID() || !slices.Equal(back.Pins(), []string{Pin(ca1.cert), Pin(ca2.cert)}) {
+		t.Fatalf("round trip: %v", back.Pins())
+	}
+	if !back.MatchSecretHash(tok.SecretHash()) {
+		t.Fatal("second pin changed the secret")
+	}
+	same, err := tok.WithPin(Pin(ca1.cert))
+	if err != nil || same.String() != tok.String() {
+		t.Fatalf("same pin twice: %v", err)
+	}
+	if _, err := Parse(s[:Len]); err == nil {
+		t.Fatal("a bct2 token without its second pin parsed")
+	}
+	if _, err := Parse(tok.String() + "." + strings.Split(s, ".")[4]); !errors.Is(err, ErrVersion) && !errors.Is(err, ErrMalformed) {
+		t.Fatalf("bct1 with five parts: %v", err)
+	}
 }

@@ -12,11 +12,11 @@ import (
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
-// pkiRotateCmd is `pki rotate node-ca start|status|advance|rollback`
-// (docs/pki.md, "Rotating the node CA").
+// pkiRotateCmd is `pki rotate node-ca|gateway-ca start|status|advance|rollback`
+// (docs/pki.md, "Rotating the node CA", "Rotating the gateway CA").
 func pkiRotateCmd(e *env) *cobra.Command {
 	c := &cobra.Command{Use: "rotate", Short: "Rotate a CA in phases that advance on proof"}
-	nodeCA := &cobra.Command{
+	c.AddCommand(rotateCACmd(e, "node", &cobra.Command{
 		Use:   "node-ca",
 		Short: "Rotate the node CA: start, status, advance [--force], rollback",
 		Long: `node-ca rotates the node CA in phases (docs/pki.md, "Rotating the node CA"):
@@ -26,14 +26,33 @@ activates when the acknowledged share of live nodes reaches the threshold
 (the new CA issues at each node's next renewal), and retires when no node
 holds a valid certificate from another CA (or after pki.reattestGrace).
 status prints the phase as one word, then the counts behind it.`,
-	}
-	nodeCA.AddCommand(
-		rotateCmd(e, "start", "Make the next node CA and start a rotation (propagating)",
+	}), rotateCACmd(e, "gateway", &cobra.Command{
+		Use:   "gateway-ca",
+		Short: "Rotate the gateway serving CA: start, status, advance [--force], rollback",
+		Long: `gateway-ca rotates the gateway serving CA in phases (docs/pki.md, "Rotating
+the gateway CA"): start makes the next CA and sends its root to every node in
+its session, and join tokens made from then on pin both CAs (propagating);
+the rotation activates when the acknowledged share of live nodes reaches the
+threshold, and every gateway then serves a certificate from the new CA, with
+a chain that the old pin still verifies; it retires (gateways serve the new
+CA's chain alone) once every live node acknowledged and no join token made
+before start can still be used. advance to retired refuses while such tokens
+are live, naming them; advance --force retires anyway and revokes them
+(audited). status prints the phase as one word, then the counts behind it.`,
+	}))
+	return c
+}
+
+// rotateCACmd adds the start, status, advance and rollback subcommands of
+// CA ca ("node" or "gateway", the API's RotationStartRequest.ca) to c.
+func rotateCACmd(e *env, ca string, c *cobra.Command) *cobra.Command {
+	c.AddCommand(
+		rotateCmd(e, "start", "Make the next CA and start a rotation (propagating)",
 			func(cmd *cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
 				threshold, _ := cmd.Flags().GetFloat64("threshold")
 				reason, _ := cmd.Flags().GetString("reason")
 				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
-					return c.PkiRotationStart(ctx, &apiv1.RotationStartRequest{Threshold: threshold, Reason: reason})
+					return c.PkiRotationStart(ctx, &apiv1.RotationStartRequest{Ca: ca, Threshold: threshold, Reason: reason})
 				}
 			}, func(cmd *cobra.Command) {
 				cmd.Flags().Float64("threshold", 0, "share of live nodes (0 to 1) whose acknowledgement activates the rotation; 0: the default, 0.99")
@@ -42,7 +61,7 @@ status prints the phase as one word, then the counts behind it.`,
 		rotateCmd(e, "status", "Print the rotation's phase (one word), then the counts behind it",
 			func(*cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
 				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
-					return c.PkiRotationStatus(ctx, &apiv1.RotationStatusRequest{})
+					return c.PkiRotationStatus(ctx, &apiv1.RotationStatusRequest{Ca: ca})
 				}
 			}, nil),
 		rotateCmd(e, "advance", "Move the rotation on when its phase's condition holds (--force: anyway, audited)",
@@ -50,27 +69,26 @@ status prints the phase as one word, then the counts behind it.`,
 				force, _ := cmd.Flags().GetBool("force")
 				reason, _ := cmd.Flags().GetString("reason")
 				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
-					return c.PkiRotationAdvance(ctx, &apiv1.RotationAdvanceRequest{Force: force, Reason: reason})
+					return c.PkiRotationAdvance(ctx, &apiv1.RotationAdvanceRequest{Ca: ca, Force: force, Reason: reason})
 				}
 			}, func(cmd *cobra.Command) {
 				cmd.Flags().Bool("force", false, "move on although the phase's condition does not hold (audited)")
 				cmd.Flags().String("reason", "", "why, for the record")
 			}),
-		rotateCmd(e, "rollback", "Return to the old CA as the issuer (from propagating or activated)",
+		rotateCmd(e, "rollback", "Return to the old CA (from propagating or activated)",
 			func(cmd *cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error) {
 				reason, _ := cmd.Flags().GetString("reason")
 				return func(ctx context.Context, c *client.Client) (*apiv1.RotationResponse, error) {
-					return c.PkiRotationRollback(ctx, &apiv1.RotationRollbackRequest{Reason: reason})
+					return c.PkiRotationRollback(ctx, &apiv1.RotationRollbackRequest{Ca: ca, Reason: reason})
 				}
 			}, func(cmd *cobra.Command) {
 				cmd.Flags().String("reason", "", "why, for the record")
 			}),
 	)
-	c.AddCommand(nodeCA)
 	return c
 }
 
-// rotateCmd is one `pki rotate node-ca` subcommand: call builds its API
+// rotateCmd is one `pki rotate node-ca|gateway-ca` subcommand: call builds its API
 // call from the parsed flags, flags adds them.
 func rotateCmd(e *env, use, short string, call func(*cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error),
 	flags func(*cobra.Command)) *cobra.Command {
@@ -107,7 +125,13 @@ func printRotation(e *env, r *apiv1.CARotation) {
 	if ids := r.GetMissingNodeIds(); len(ids) > 0 && r.GetPhase() == "propagating" {
 		fmt.Fprintf(e.stdout, "not acked  %s\n", listed(ids, int(r.GetLiveNodes()-r.GetAckedNodes())))
 	}
-	if r.GetPhase() == "activated" || r.GetPhase() == "retired" {
+	if r.GetCa() == "gateway" && (r.GetPhase() == "propagating" || r.GetPhase() == "activated") {
+		fmt.Fprintf(e.stdout, "old pin    %d join tokens pin only the old gateway CA and can still be used\n", r.GetOldPinTokens())
+		if ids := r.GetOldPinTokenIds(); len(ids) > 0 {
+			fmt.Fprintf(e.stdout, "           %s\n", listed(ids, int(r.GetOldPinTokens())))
+		}
+	}
+	if r.GetCa() != "gateway" && (r.GetPhase() == "activated" || r.GetPhase() == "retired") {
 		fmt.Fprintf(e.stdout, "on old CA  %d nodes with a valid certificate from another CA\n", r.GetNodesOffNewCa())
 		if ids := r.GetOffNewCaNodeIds(); len(ids) > 0 {
 			fmt.Fprintf(e.stdout, "           %s\n", listed(ids, int(r.GetNodesOffNewCa())))

@@ -40,6 +40,16 @@ type Bundle struct {
 	// (RetireNodeCA): no longer trusted for sessions, still trusted to
 	// verify a re-attestation proof (ReattestRoots). Oldest first.
 	RetiredNodeRoots []*x509.Certificate
+	// NextGatewayCA is the gateway serving CA a gateway-CA rotation
+	// prepared (PrepareGatewayCA): sent to nodes and pinned by new join
+	// tokens, not yet served. Nil outside the propagating phase.
+	NextGatewayCA *CA
+	// PreviousGatewayCA is the gateway serving CA an activated gateway-CA
+	// rotation replaced (ActivateGatewayCA), kept with its key: gateways
+	// serve a chain that still verifies against its pin
+	// (GatewayServingChain), and a rollback makes it the CA in force
+	// again. Nil outside the activated phase.
+	PreviousGatewayCA *CA
 }
 
 // InitOptions configures Init.
@@ -143,6 +153,17 @@ func (b *Bundle) Validate() error {
 	if b.PreviousNodeCA != nil {
 		if err := b.PreviousNodeCA.validate(kindNode); err != nil {
 			return fmt.Errorf("previous: %w", err)
+		}
+	}
+	if b.NextGatewayCA != nil && b.PreviousGatewayCA != nil {
+		return fmt.Errorf("%w: both a next and a previous gateway CA", ErrBundleInvalid)
+	}
+	for name, ca := range map[string]*CA{"next": b.NextGatewayCA, "previous": b.PreviousGatewayCA} {
+		if ca == nil {
+			continue
+		}
+		if err := ca.validate(kindGateway); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	return nil

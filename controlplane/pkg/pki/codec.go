@@ -26,6 +26,8 @@ type bundleJSON struct {
 	NextNodeCA        *caJSON  `json:"nextNodeCA,omitempty"`
 	PreviousNodeCA    *caJSON  `json:"previousNodeCA,omitempty"`
 	RetiredNodeRoots  []string `json:"retiredNodeRoots,omitempty"`
+	NextGatewayCA     *caJSON  `json:"nextGatewayCA,omitempty"`
+	PreviousGatewayCA *caJSON  `json:"previousGatewayCA,omitempty"`
 }
 
 // caJSON is the encoded form of a CA: PEM certificate and PKCS #8 PEM key.
@@ -66,7 +68,8 @@ func (b *Bundle) Marshal() ([]byte, error) {
 	for _, ca := range []struct {
 		src *CA
 		dst **caJSON
-	}{{b.NextNodeCA, &out.NextNodeCA}, {b.PreviousNodeCA, &out.PreviousNodeCA}} {
+	}{{b.NextNodeCA, &out.NextNodeCA}, {b.PreviousNodeCA, &out.PreviousNodeCA},
+		{b.NextGatewayCA, &out.NextGatewayCA}, {b.PreviousGatewayCA, &out.PreviousGatewayCA}} {
 		if ca.src == nil {
 			continue
 		}
@@ -133,7 +136,8 @@ func UnmarshalBundle(data []byte) (*Bundle, error) {
 		name string
 		src  *caJSON
 		dst  **CA
-	}{{"next node", in.NextNodeCA, &b.NextNodeCA}, {"previous node", in.PreviousNodeCA, &b.PreviousNodeCA}} {
+	}{{"next node", in.NextNodeCA, &b.NextNodeCA}, {"previous node", in.PreviousNodeCA, &b.PreviousNodeCA},
+		{"next gateway", in.NextGatewayCA, &b.NextGatewayCA}, {"previous gateway", in.PreviousGatewayCA, &b.PreviousGatewayCA}} {
 		if ca.src == nil {
 			continue
 		}

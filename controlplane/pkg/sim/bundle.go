@@ -77,6 +77,10 @@ type BundleRecord struct {
 	First, Last time.Time
 	// Kept counts the Bundles kept.
 	Kept int
+	// GatewayRoots are the gateway CA roots of the latest gateway-CA
+	// rotation's Bundle kept; GatewayKept counts those Bundles.
+	GatewayRoots []*x509.Certificate
+	GatewayKept  int
 }
 
 // Bundle returns what the daemon kept of the Bundles its sessions
@@ -86,8 +90,27 @@ func (d *FakeDaemon) Bundle() BundleRecord {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	r := b.rec
-	r.Roots = slices.Clone(r.Roots)
+	r.Roots, r.GatewayRoots = slices.Clone(r.Roots), slices.Clone(r.GatewayRoots)
 	return r
+}
+
+// keepGatewayRoots waits while the daemon holds bundles (HoldBundle),
+// then keeps a gateway-CA rotation's roots in memory.
+func (d *FakeDaemon) keepGatewayRoots(ctx context.Context, roots []*x509.Certificate) error {
+	b := &d.bnd
+	b.mu.Lock()
+	held := b.heldLocked()
+	b.mu.Unlock()
+	select {
+	case <-held:
+	case <-ctx.Done():
+		return fmt.Errorf("fake daemon %s: keep gateway roots: %w", d.cfg.Name, ctx.Err())
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rec.GatewayRoots = slices.Clone(roots)
+	b.rec.GatewayKept++
+	return nil
 }
 
 // keepBundle waits while the daemon holds bundles (HoldBundle), then keeps

@@ -304,6 +304,16 @@ func (k daemonIdentity) KeepBundle(ctx context.Context, roots []*x509.Certificat
 	return k.d.keepBundle(ctx, roots)
 }
 
+// KeepGatewayRoots keeps a gateway-CA rotation's roots in memory
+// (FakeDaemon.Bundle, GatewayRoots), after waiting while the daemon holds
+// bundles (HoldBundle), as KeepBundle does: a FakeDaemon takes part in
+// gateway-CA rotations (capability "gateway.bundle"). The session trusts
+// them from then on; a new session of the daemon trusts the join token's
+// pins only.
+func (k daemonIdentity) KeepGatewayRoots(ctx context.Context, roots []*x509.Certificate) error {
+	return k.d.keepGatewayRoots(ctx, roots)
+}
+
 // daemonReporter is a FakeDaemon's session.Reporter: its simulated
 // inventory's digest and readings; while the daemon hangs, FillHeartbeat
 // blocks (heartbeatIn) until the hang or ctx (the session's) ends.

@@ -13,6 +13,15 @@
 // passed since activation: the old root then verifies re-attestation only.
 // Rollback from propagating or activated makes the old CA the issuer again.
 //
+// The gateway serving CA rotates the same way (Config.CA
+// store.RotationCAGateway; docs/pki.md, "Rotating the gateway CA"): while
+// propagating, nodes are sent the gateway CA roots and join tokens pin both
+// CAs; activated, gateways serve from the new CA a chain the old pin still
+// verifies; retired, from the new CA alone, once every live node
+// acknowledged and no join token made before the start (OldPinTokens) can
+// still be used. A forced retirement revokes those tokens, audited
+// (AuditTokenRevoked). Only the node CA starts by itself (AutoRotate).
+//
 // Every phase change is one transaction: the bundle, the rotation's row,
 // its event (pki.rotation-*) and an audit row. A change whose condition does
 // not hold is refused with a *NotReadyError saying what is missing, unless

@@ -50,17 +50,19 @@ var phaseAudit = map[string]string{
 
 // Errors of the Rotator; match them with errors.Is.
 var (
-	// ErrNoRotation reports a node CA that has no rotation, or none open
+	// ErrNoRotation reports a CA that has no rotation, or none open
 	// when one must be.
-	ErrNoRotation = errors.New("no node CA rotation in progress")
+	ErrNoRotation = errors.New("no CA rotation in progress")
 	// ErrInProgress reports a start while a rotation is open.
-	ErrInProgress = errors.New("a node CA rotation is in progress")
+	ErrInProgress = errors.New("a CA rotation is in progress")
+	// ErrCA reports a Config.CA that does not rotate in phases.
+	ErrCA = errors.New("only the node CA (\"node\") and the gateway serving CA (\"gateway\") rotate in phases")
 	// ErrThreshold reports a threshold outside (0, 1].
 	ErrThreshold = errors.New("threshold must be above 0 and at most 1")
 	// ErrChanged reports an Advance whose expected rotation or phase
 	// (AdvanceParams.ID, From) is no longer the open one's: another
 	// advance, a rollback or a new rotation came first. Nothing moved.
-	ErrChanged = errors.New("the node CA rotation changed meanwhile")
+	ErrChanged = errors.New("the CA rotation changed meanwhile")
 	// ErrNotFenced reports a fenced write (StartParams.Fence,
 	// AdvanceParams.Fence) over a store that cannot fence.
 	ErrNotFenced = errors.New("rotation: the store cannot fence writes by a lease")
@@ -85,6 +87,7 @@ type Store interface {
 	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
 }
 
 // rotationTx is what a phase change reads and writes in its transaction:
@@ -98,10 +101,14 @@ type rotationTx interface {
 	PKIRotationLatest(ctx context.Context, ca string) (*store.PKIRotation, error)
 	PKIRotationSetPhase(ctx context.Context, p *store.PKIRotationSetPhaseParams) (*store.PKIRotation, error)
 	AuditInsert(ctx context.Context, e *store.AuditEntry) (int64, error)
+	JoinTokenRevoke(ctx context.Context, id string) error
 }
 
 // Config configures a Rotator.
 type Config struct {
+	// CA is the CA the Rotator rotates: store.RotationCANode (the
+	// default) or store.RotationCAGateway.
+	CA string
 	// Secret is the deployment secret the bundle is sealed under;
 	// required.
 	Secret string
@@ -109,7 +116,7 @@ type Config struct {
 	// acknowledgement activates a rotation started without one. Defaults
 	// to DefaultThreshold.
 	Threshold float64
-	// CAValidity is the new node CA's life. Defaults to
+	// CAValidity is the new CA's life. Defaults to
 	// pki.DefaultCAValidity (ten years).
 	CAValidity time.Duration
 	// RetireGrace is how long after activation a rotation retires even
@@ -130,7 +137,8 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Rotator drives node-CA rotations. It is safe for concurrent use.
+// Rotator drives the rotations of one CA (Config.CA). It is safe for
+// concurrent use.
 type Rotator struct {
 	cfg   Config
 	store Store
@@ -149,7 +157,10 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	cfg.CA = cmp.Or(cfg.CA, store.RotationCANode)
 	switch {
+	case cfg.CA != store.RotationCANode && cfg.CA != store.RotationCAGateway:
+		return nil, fmt.Errorf("rotation: %w: %q", ErrCA, cfg.CA)
 	case st == nil:
 		return nil, errors.New("rotation: store is required")
 	case cfg.Secret == "":
@@ -193,33 +204,33 @@ type StartParams struct {
 	Fence *store.Fence
 }
 
-// Start makes the next node CA and starts a rotation, propagating. It
+// Start makes the next CA and starts a rotation, propagating. It
 // fails with ErrInProgress while a rotation is open and ErrThreshold for a
 // threshold outside (0, 1].
 func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation, error) {
 	threshold := cmp.Or(p.Threshold, r.cfg.Threshold)
 	if !validThreshold(threshold) {
-		return nil, fmt.Errorf("start node CA rotation: %w: %v", ErrThreshold, threshold)
+		return nil, fmt.Errorf("start %s rotation: %w: %v", r.what(), ErrThreshold, threshold)
 	}
 	now := r.cfg.Now()
 	var out *store.PKIRotation
 	err := r.inTx(ctx, p.Fence, func(tx rotationTx) error {
-		b, err := r.loadBundle(ctx, tx)
+		b, prev, err := r.loadBundle(ctx, tx)
 		if err != nil {
 			return err
 		}
-		oldID := pki.NodeCAID(b.NodeCA.Cert)
-		if err := b.PrepareNodeCA(now, r.cfg.CAValidity); err != nil {
+		oldID := r.inForce(b)
+		if err := r.prepare(b, now); err != nil {
 			if errors.Is(err, pki.ErrRotation) {
 				return ErrInProgress
 			}
 			return err
 		}
-		if err := r.saveBundle(ctx, tx, b); err != nil {
+		if err := r.saveBundle(ctx, tx, b, prev); err != nil {
 			return err
 		}
-		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: store.RotationCANode, OldCAID: oldID,
-			NewCAID: pki.NodeCAID(b.NextNodeCA.Cert), Threshold: threshold, StartedBy: cmp.Or(p.Actor, ActorReconciler), Now: &now})
+		ro, err := tx.PKIRotationCreate(ctx, &store.PKIRotationCreateParams{CA: r.cfg.CA, OldCAID: oldID,
+			NewCAID: r.next(b), Threshold: threshold, StartedBy: cmp.Or(p.Actor, ActorReconciler), Now: &now})
 		if errors.Is(err, store.ErrConflict) {
 			return ErrInProgress
 		}
@@ -230,7 +241,7 @@ func (r *Rotator) Start(ctx context.Context, p StartParams) (*store.PKIRotation,
 		return audit(ctx, tx, ro, p.Actor, p.Reason, false)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("start node CA rotation: %w", err)
+		return nil, fmt.Errorf("start %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -247,6 +258,12 @@ type Status struct {
 	// than the new one; OffNewCAIDs lists up to MissingListed of them.
 	OffNewCA    int
 	OffNewCAIDs []string
+	// OldPinTokens is how many join tokens made before a gateway-CA
+	// rotation started, and so pinning only the old gateway CA, can still
+	// be used (unexpired, not revoked, uses left); OldPinTokenIDs lists up
+	// to MissingListed of them. Gateway-CA rotations only.
+	OldPinTokens   int
+	OldPinTokenIDs []string
 	// Ready reports whether the phase's condition holds (propagating:
 	// enough acks; activated: no node off the new CA, or the retire grace
 	// passed); Waiting says what is missing when it does not.
@@ -257,19 +274,19 @@ type Status struct {
 	RetireAt *time.Time
 }
 
-// Status returns the latest node-CA rotation with its counts; ErrNoRotation
-// when the node CA was never rotated.
+// Status returns the latest rotation of the CA with its counts;
+// ErrNoRotation when the CA was never rotated.
 func (r *Rotator) Status(ctx context.Context) (*Status, error) {
-	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	ro, err := r.store.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, ErrNoRotation
+		return nil, fmt.Errorf("%w: the %s was never rotated", ErrNoRotation, r.what())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("node CA rotation status: %w", err)
+		return nil, fmt.Errorf("%s rotation status: %w", r.what(), err)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
-		return nil, fmt.Errorf("node CA rotation status: %w", err)
+		return nil, fmt.Errorf("%s rotation status: %w", r.what(), err)
 	}
 	return st, nil
 }
@@ -278,6 +295,7 @@ func (r *Rotator) Status(ctx context.Context) (*Status, error) {
 type counter interface {
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
+	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
 }
 
 func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation) (*Status, error) {
@@ -288,7 +306,15 @@ func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation)
 	}
 	out.Live, out.Acked, out.Missing = counts.Live, counts.Acked, counts.Missing
 	now := r.cfg.Now()
-	if ro.Phase == store.RotationActivated || ro.Phase == store.RotationRetired {
+	if r.cfg.CA == store.RotationCAGateway {
+		if ro.Phase == store.RotationPropagating || ro.Phase == store.RotationActivated {
+			ids, err := OldPinTokens(ctx, st, ro.StartedAt, now)
+			if err != nil {
+				return nil, err
+			}
+			out.OldPinTokens, out.OldPinTokenIDs = len(ids), ids[:min(len(ids), MissingListed)]
+		}
+	} else if ro.Phase == store.RotationActivated || ro.Phase == store.RotationRetired {
 		if out.OffNewCA, out.OffNewCAIDs, err = st.NodeCertsOffCA(ctx, ro.NewCAID, &now, MissingListed); err != nil {
 			return nil, err
 		}
@@ -304,6 +330,10 @@ func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation)
 				out.Acked, out.Live, need, formatShare(ro.Threshold))
 		}
 	case store.RotationActivated:
+		if r.cfg.CA == store.RotationCAGateway {
+			r.gatewayRetireReady(out)
+			break
+		}
 		at := ro.ActivatedAt.Add(r.cfg.RetireGrace)
 		out.RetireAt = &at
 		out.Ready = out.OffNewCA == 0 || !now.Before(at)
@@ -352,7 +382,7 @@ type AdvanceParams struct {
 func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error) {
 	var out *Status
 	err := r.inTx(ctx, p.Fence, func(tx rotationTx) error {
-		ro, err := latestRotation(ctx, tx)
+		ro, err := r.latestRotation(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -381,6 +411,11 @@ func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error)
 		if ro.Phase == store.RotationActivated {
 			to = store.RotationRetired
 		}
+		if forced && to == store.RotationRetired && st.OldPinTokens > 0 {
+			if err := r.revokeOldPinTokens(ctx, tx, ro, p.Actor); err != nil {
+				return err
+			}
+		}
 		moved, err := r.move(ctx, tx, ro, to, p.Actor, cmp.Or(p.Reason, st.reason(to)), forced)
 		if err != nil {
 			return err
@@ -390,7 +425,7 @@ func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("advance node CA rotation: %w", err)
+		return nil, fmt.Errorf("advance %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -400,6 +435,8 @@ func (s *Status) reason(to string) string {
 	switch {
 	case to == store.RotationActivated:
 		return fmt.Sprintf("%d of %d live nodes acknowledged the new bundle", s.Acked, s.Live)
+	case s.Rotation != nil && s.Rotation.CA == store.RotationCAGateway:
+		return fmt.Sprintf("every live node (%d) trusts the new gateway CA and no join token pins only the old one", s.Live)
 	case s.OffNewCA == 0:
 		return "no valid node certificate from another CA than the new one"
 	default:
@@ -413,7 +450,7 @@ func (s *Status) reason(to string) string {
 func (r *Rotator) Rollback(ctx context.Context, actor, reason string) (*store.PKIRotation, error) {
 	var out *store.PKIRotation
 	err := store.InTx(ctx, r.store, func(tx rotationTx) error {
-		ro, err := openRotation(ctx, tx)
+		ro, err := r.openRotation(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -421,7 +458,7 @@ func (r *Rotator) Rollback(ctx context.Context, actor, reason string) (*store.PK
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("roll back node CA rotation: %w", err)
+		return nil, fmt.Errorf("roll back %s rotation: %w", r.what(), err)
 	}
 	return out, nil
 }
@@ -436,30 +473,23 @@ func (r *Rotator) move(ctx context.Context, tx rotationTx, ro *store.PKIRotation
 	if err != nil {
 		return nil, err
 	}
-	b, err := r.loadBundle(ctx, tx)
+	b, prev, err := r.loadBundle(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	switch to {
-	case store.RotationActivated:
-		err = b.ActivateNodeCA()
-	case store.RotationRetired:
-		err = b.RetireNodeCA()
-	case store.RotationRolledBack:
-		err = b.RollbackNodeCA()
-	}
+	err = r.apply(b, to)
 	if err != nil {
 		return nil, fmt.Errorf("bundle does not match rotation %s (%s): %w", ro.ID, ro.Phase, err)
 	}
-	if err := r.saveBundle(ctx, tx, b); err != nil {
+	if err := r.saveBundle(ctx, tx, b, prev); err != nil {
 		return nil, err
 	}
 	return moved, audit(ctx, tx, moved, actor, reason, forced)
 }
 
-// openRotation returns the node CA's open rotation, or ErrNoRotation.
-func openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
-	ro, err := latestRotation(ctx, tx)
+// openRotation returns the CA's open rotation, or ErrNoRotation.
+func (r *Rotator) openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
+	ro, err := r.latestRotation(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
@@ -469,10 +499,10 @@ func openRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error
 	return ro, nil
 }
 
-// latestRotation returns the node CA's latest rotation, open or not, or
+// latestRotation returns the CA's latest rotation, open or not, or
 // ErrNoRotation when there is none.
-func latestRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
-	ro, err := tx.PKIRotationLatest(ctx, store.RotationCANode)
+func (r *Rotator) latestRotation(ctx context.Context, tx rotationTx) (*store.PKIRotation, error) {
+	ro, err := tx.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, ErrNoRotation
 	}
@@ -488,24 +518,29 @@ func isOpen(ro *store.PKIRotation) error {
 	return nil
 }
 
-func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, error) {
+// loadBundle opens the bundle in tx, and returns its sealed form for
+// saveBundle.
+func (r *Rotator) loadBundle(ctx context.Context, tx rotationTx) (*pki.Bundle, []byte, error) {
 	sealed, err := tx.PKIBundleGet(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("load pki bundle: %w", err)
+		return nil, nil, fmt.Errorf("load pki bundle: %w", err)
 	}
 	b, err := pki.OpenBundle(r.cfg.Secret, sealed.Sealed)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return b, nil
+	return b, sealed.Sealed, nil
 }
 
-func (r *Rotator) saveBundle(ctx context.Context, tx rotationTx, b *pki.Bundle) error {
+// saveBundle writes b over prev, the sealed bundle it was loaded as: a
+// rotation of the other CA that changed the bundle meanwhile makes it
+// store.ErrConflict (PKIBundle.Prev), so neither change is lost.
+func (r *Rotator) saveBundle(ctx context.Context, tx rotationTx, b *pki.Bundle, prev []byte) error {
 	sealed, err := b.SealBundle(r.cfg.Secret)
 	if err != nil {
 		return err
 	}
-	return tx.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed})
+	return tx.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: b.TrustDomain, Sealed: sealed, Prev: prev})
 }
 
 // auditDetails are a phase change's audit details.
@@ -606,26 +641,26 @@ func ActivateBy(ca *x509.Certificate, nodeCertTTL time.Duration) time.Time {
 // are fenced by it (store.InFencedTx), and fail with store.ErrFenced,
 // writing nothing, once another worker holds it.
 func (r *Rotator) Reconcile(ctx context.Context, fence *store.Fence) (string, error) {
-	ro, err := r.store.PKIRotationLatest(ctx, store.RotationCANode)
+	ro, err := r.store.PKIRotationLatest(ctx, r.cfg.CA)
 	if errors.Is(err, store.ErrNotFound) {
 		ro, err = nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+		return "", fmt.Errorf("reconcile %s rotation: %w", r.what(), err)
 	}
 	if ro == nil || (ro.Phase != store.RotationPropagating && ro.Phase != store.RotationActivated) {
-		if !r.cfg.AutoRotate {
+		if !r.cfg.AutoRotate || r.cfg.CA != store.RotationCANode {
 			return "", nil
 		}
 		return r.autoStart(ctx, ro, fence)
 	}
 	st, err := r.status(ctx, r.store, ro)
 	if err != nil {
-		return "", fmt.Errorf("reconcile node CA rotation: %w", err)
+		return "", fmt.Errorf("reconcile %s rotation: %w", r.what(), err)
 	}
 	p := AdvanceParams{Actor: ActorReconciler, ID: ro.ID, From: ro.Phase, Fence: fence}
 	if !st.Ready {
-		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating {
+		if !r.cfg.AutoRotate || ro.Phase != store.RotationPropagating || r.cfg.CA != store.RotationCANode {
 			return "", nil
 		}
 		old, err := r.nodeCA(ctx)

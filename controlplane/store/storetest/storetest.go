@@ -1109,6 +1109,14 @@ func testPKI(ctx context.Context, t *testing.T, h *Harness) {
 	if b.TrustDomain != "compute.example" || !slices.Equal(b.Sealed, []byte{4, 5}) {
 		t.Fatalf("bundle = %+v", b)
 	}
+	// A conditional update applies only over the bundle it was made from.
+	wantErr(t, h.Store.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: "compute.example", Sealed: []byte{6}, Prev: []byte{1, 2, 3}}),
+		store.ErrConflict)
+	check(t, h.Store.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: "compute.example", Sealed: []byte{4, 5, 6}, Prev: []byte{4, 5}}))
+	if b = must(h.Store.PKIBundleGet(ctx)); !slices.Equal(b.Sealed, []byte{4, 5, 6}) {
+		t.Fatalf("bundle after a conditional update = %+v", b)
+	}
+	check(t, h.Store.PKIBundleUpdate(ctx, &store.PKIBundle{TrustDomain: "compute.example", Sealed: []byte{4, 5}, Prev: []byte{4, 5, 6}}))
 	before := time.Now().Add(-time.Second)
 	check(t, h.Store.RevocationInsert(ctx, &store.Revocation{Serial: "abc", NodeID: "node_a", Reason: "re-join"}))
 	check(t, h.Store.RevocationInsert(ctx, &store.Revocation{Serial: "abc", NodeID: "node_a", Reason: "again"}))

@@ -4367,13 +4367,13 @@ func (x *RevokeCertificateRequest) GetReason() string {
 	return ""
 }
 
-// pki.rotationStart: make the next node CA and start a rotation,
-// propagating (docs/pki.md, "Rotating the node CA"). CONFLICT while a
-// rotation is open.
+// pki.rotationStart: make the next node CA (or gateway serving CA) and
+// start a rotation, propagating (docs/pki.md, "Rotating the node CA",
+// "Rotating the gateway CA"). CONFLICT while a rotation of that CA is open.
 type RotationStartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// ca is the CA to rotate: "node" (empty means node); others are
-	// INVALID_ARGUMENT.
+	// ca is the CA to rotate: "node" (empty means node) or "gateway"; others
+	// are INVALID_ARGUMENT. Every pki.rotation* request takes it.
 	Ca string `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
 	// threshold is the share of live nodes, above 0 and at most 1, whose
 	// acknowledgement activates the rotation; 0 means the server's default
@@ -4676,9 +4676,16 @@ type CARotation struct {
 	Waiting string `protobuf:"bytes,18,opt,name=waiting,proto3" json:"waiting,omitempty"`
 	// retire_at: when an activated rotation retires even with nodes off the
 	// new CA.
-	RetireAt      *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=retire_at,json=retireAt,proto3" json:"retire_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RetireAt *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=retire_at,json=retireAt,proto3" json:"retire_at,omitempty"`
+	// old_pin_tokens: join tokens made before a gateway-CA rotation started,
+	// which pin only the old gateway CA, that can still be used (unexpired,
+	// not revoked, uses left); old_pin_token_ids: up to 20. An activated
+	// gateway-CA rotation does not retire while there are any, unless
+	// advance --force, which revokes them (audited).
+	OldPinTokens   int32    `protobuf:"varint,20,opt,name=old_pin_tokens,json=oldPinTokens,proto3" json:"old_pin_tokens,omitempty"`
+	OldPinTokenIds []string `protobuf:"bytes,21,rep,name=old_pin_token_ids,json=oldPinTokenIds,proto3" json:"old_pin_token_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CARotation) Reset() {
@@ -4840,6 +4847,20 @@ func (x *CARotation) GetWaiting() string {
 func (x *CARotation) GetRetireAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.RetireAt
+	}
+	return nil
+}
+
+func (x *CARotation) GetOldPinTokens() int32 {
+	if x != nil {
+		return x.OldPinTokens
+	}
+	return 0
+}
+
+func (x *CARotation) GetOldPinTokenIds() []string {
+	if x != nil {
+		return x.OldPinTokenIds
 	}
 	return nil
 }
@@ -7031,7 +7052,7 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x02ca\x18\x01 \x01(\tR\x02ca\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"P\n" +
 	"\x10RotationResponse\x12<\n" +
-	"\brotation\x18\x01 \x01(\v2 .bettercompute.api.v1.CARotationR\brotation\"\xd8\x05\n" +
+	"\brotation\x18\x01 \x01(\v2 .bettercompute.api.v1.CARotationR\brotation\"\xa9\x06\n" +
 	"\n" +
 	"CARotation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x0e\n" +
@@ -7058,7 +7079,9 @@ const file_api_v1_api_proto_rawDesc = "" +
 	"\x13off_new_ca_node_ids\x18\x10 \x03(\tR\x0foffNewCaNodeIds\x12\x14\n" +
 	"\x05ready\x18\x11 \x01(\bR\x05ready\x12\x18\n" +
 	"\awaiting\x18\x12 \x01(\tR\awaiting\x127\n" +
-	"\tretire_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bretireAt\"w\n" +
+	"\tretire_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\bretireAt\x12$\n" +
+	"\x0eold_pin_tokens\x18\x14 \x01(\x05R\foldPinTokens\x12)\n" +
+	"\x11old_pin_token_ids\x18\x15 \x03(\tR\x0eoldPinTokenIds\"w\n" +
 	"\x19RevokeCertificateResponse\x12\x18\n" +
 	"\aserials\x18\x01 \x03(\tR\aserials\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12'\n" +

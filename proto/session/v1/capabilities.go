@@ -34,6 +34,9 @@ const (
 	// CapabilityReleasePins applies ReleasePins and answers
 	// ReleasePinsHeld.
 	CapabilityReleasePins = "release.pins"
+	// CapabilityGatewayBundle keeps a Bundle's gateway_ca_roots (a
+	// gateway-CA rotation) and acks only then.
+	CapabilityGatewayBundle = "gateway.bundle"
 )
 
 // Capabilities lists every capability of this protocol version in
@@ -42,5 +45,5 @@ const (
 var Capabilities = []string{
 	CapabilityExec, CapabilityCancel, CapabilityInventory, CapabilityGPUNVML, CapabilityPower, CapabilityBoot,
 	CapabilityUpgrade, CapabilityReboot, CapabilityResume, CapabilityGPUReset, CapabilityGPUDiag, CapabilityRollback, CapabilityTunnel,
-	CapabilityReleasePins,
+	CapabilityReleasePins, CapabilityGatewayBundle,
 }

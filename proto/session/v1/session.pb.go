@@ -45,6 +45,9 @@
 //     own connection.
 //   - "release.pins": applies the pin statements of ReleasePins to its release
 //     pin file and answers ReleasePinsHeld (docs/releases.md, "Pin statements").
+//   - "gateway.bundle": keeps the gateway_ca_roots of a Bundle (a gateway-CA
+//     rotation), trusts gateways through them and acks only then; a gateway
+//     sends a gateway-CA rotation's Bundle only to nodes that offer it.
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.
@@ -2012,9 +2015,15 @@ type Bundle struct {
 	// most 8).
 	NodeCaRoots [][]byte `protobuf:"bytes,1,rep,name=node_ca_roots,json=nodeCaRoots,proto3" json:"node_ca_roots,omitempty"`
 	// The rotation this bundle belongs to (at most 64 characters).
-	RotationId    string `protobuf:"bytes,2,opt,name=rotation_id,json=rotationId,proto3" json:"rotation_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RotationId string `protobuf:"bytes,2,opt,name=rotation_id,json=rotationId,proto3" json:"rotation_id,omitempty"`
+	// The gateway serving CA roots, DER-encoded (at most 8), sent during a
+	// gateway-CA rotation (capability "gateway.bundle") beside the node CA
+	// roots in force: the node trusts gateways whose chain verifies up to any
+	// of them from then on, keeps them in its data directory and acks only
+	// then. Empty in a node-CA rotation's bundle.
+	GatewayCaRoots [][]byte `protobuf:"bytes,3,rep,name=gateway_ca_roots,json=gatewayCaRoots,proto3" json:"gateway_ca_roots,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Bundle) Reset() {
@@ -2059,6 +2068,13 @@ func (x *Bundle) GetRotationId() string {
 		return x.RotationId
 	}
 	return ""
+}
+
+func (x *Bundle) GetGatewayCaRoots() [][]byte {
+	if x != nil {
+		return x.GatewayCaRoots
+	}
+	return nil
 }
 
 // BundleAck acknowledges a Bundle: the node wrote its roots to its data
@@ -7440,11 +7456,12 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\tstatement\x18\x01 \x01(\fR\tstatement\x12\x1c\n" +
 	"\tsignature\x18\x02 \x01(\fR\tsignature\"%\n" +
 	"\x0fReleasePinsHeld\x12\x12\n" +
-	"\x04pins\x18\x01 \x03(\tR\x04pins\"M\n" +
+	"\x04pins\x18\x01 \x03(\tR\x04pins\"w\n" +
 	"\x06Bundle\x12\"\n" +
 	"\rnode_ca_roots\x18\x01 \x03(\fR\vnodeCaRoots\x12\x1f\n" +
 	"\vrotation_id\x18\x02 \x01(\tR\n" +
-	"rotationId\",\n" +
+	"rotationId\x12(\n" +
+	"\x10gateway_ca_roots\x18\x03 \x03(\fR\x0egatewayCaRoots\",\n" +
 	"\tBundleAck\x12\x1f\n" +
 	"\vrotation_id\x18\x01 \x01(\tR\n" +
 	"rotationId\"\xf5\x04\n" +

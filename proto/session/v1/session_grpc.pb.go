@@ -45,6 +45,9 @@
 //     own connection.
 //   - "release.pins": applies the pin statements of ReleasePins to its release
 //     pin file and answers ReleasePinsHeld (docs/releases.md, "Pin statements").
+//   - "gateway.bundle": keeps the gateway_ca_roots of a Bundle (a gateway-CA
+//     rotation), trusts gateways through them and acks only then; a gateway
+//     sends a gateway-CA rotation's Bundle only to nodes that offer it.
 // Capability strings are lower-case, dot-separated; a receiver ignores strings
 // it does not know. A gateway sends a command only when the capability it needs
 // is in Welcome.capabilities.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -272,8 +273,22 @@ func (s *Store) PKIBundleCreate(ctx context.Context, b *store.PKIBundle) error {
 
 // PKIBundleUpdate replaces the bundle.
 func (s *Store) PKIBundleUpdate(ctx context.Context, b *store.PKIBundle) error {
-	return s.exec1(ctx, "update pki bundle", `UPDATE pki_bundle SET trust_domain = $1, sealed = $2, updated_at = now()
+	if b.Prev == nil {
+		return s.exec1(ctx, "update pki bundle", `UPDATE pki_bundle SET trust_domain = $1, sealed = $2, updated_at = now()
 		WHERE id = 1`, b.TrustDomain, b.Sealed)
+	}
+	// On PostgreSQL (read committed) an UPDATE that waited for another
+	// transaction's re-reads the row it changed: sealed then differs, and
+	// nothing is written.
+	err := s.exec1(ctx, "update pki bundle", `UPDATE pki_bundle SET trust_domain = $1, sealed = $2, updated_at = now()
+		WHERE id = 1 AND sealed = $3`, b.TrustDomain, b.Sealed, b.Prev)
+	if errors.Is(err, store.ErrNotFound) {
+		var one int
+		if e := s.db.QueryRow(ctx, `SELECT 1 FROM pki_bundle WHERE id = 1`).Scan(&one); e == nil {
+			return fmt.Errorf("update pki bundle: %w: it changed since it was read", store.ErrConflict)
+		}
+	}
+	return err
 }
 
 // RevocationInsert revokes a serial.
