@@ -562,6 +562,12 @@ func TestRolloutDrains(t *testing.T) {
 	if err := e.st.PoolSetBudget(ctx, &store.PoolSetBudgetParams{PoolID: e.pool.ID, Spec: "2"}); err != nil {
 		t.Fatal(err)
 	}
+	// The commands run on the nodes as long as the test needs: a session
+	// that reopens (a late heartbeat on a loaded machine) redelivers them,
+	// and a node still running a command keeps it running.
+	for _, d := range e.daemons {
+		d.SetExecDelay(time.Hour)
+	}
 	busy, stuck := e.running(e.ids[0]), e.running(e.ids[1])
 	ro := e.create(store.RolloutCreateParams{Canary: 2, Wave: "2", Soak: 100 * time.Millisecond, Timeout: 2 * time.Second, Drain: true})
 	w := e.worker("w1", ro, nil)
