@@ -167,6 +167,10 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "streaming unsupported", http.StatusInternalServerError)
 		return
 	}
+	// The time of the session's last tenant check, read before the client
+	// sees the stream open: a clock that moves once it has (a test's fake
+	// one) is always counted from here.
+	checked := h.now()
 	hd := w.Header()
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("X-Accel-Buffering", "no")
@@ -179,7 +183,6 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	defer keep.Stop()
 	check := time.NewTicker(time.Second)
 	defer check.Stop()
-	checked := h.now()
 	for {
 		select {
 		case <-r.Context().Done():
