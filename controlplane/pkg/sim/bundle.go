@@ -94,18 +94,28 @@ func (d *FakeDaemon) Bundle() BundleRecord {
 	return r
 }
 
-// keepGatewayRoots waits while the daemon holds bundles (HoldBundle),
-// then keeps a gateway-CA rotation's roots in memory.
-func (d *FakeDaemon) keepGatewayRoots(ctx context.Context, roots []*x509.Certificate) error {
+// waitUnheld returns once the daemon holds no bundles (HoldBundle), or
+// ctx's error, wrapped with what, when it ends first.
+func (d *FakeDaemon) waitUnheld(ctx context.Context, what string) error {
 	b := &d.bnd
 	b.mu.Lock()
 	held := b.heldLocked()
 	b.mu.Unlock()
 	select {
 	case <-held:
+		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("fake daemon %s: keep gateway roots: %w", d.cfg.Name, ctx.Err())
+		return fmt.Errorf("fake daemon %s: %s: %w", d.cfg.Name, what, ctx.Err())
 	}
+}
+
+// keepGatewayRoots waits while the daemon holds bundles (HoldBundle),
+// then keeps a gateway-CA rotation's roots in memory.
+func (d *FakeDaemon) keepGatewayRoots(ctx context.Context, roots []*x509.Certificate) error {
+	if err := d.waitUnheld(ctx, "keep gateway roots"); err != nil {
+		return err
+	}
+	b := &d.bnd
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.rec.GatewayRoots = slices.Clone(roots)
@@ -116,15 +126,10 @@ func (d *FakeDaemon) keepGatewayRoots(ctx context.Context, roots []*x509.Certifi
 // keepBundle waits while the daemon holds bundles (HoldBundle), then keeps
 // roots in memory. It fails only when ctx (the session's) ends first.
 func (d *FakeDaemon) keepBundle(ctx context.Context, roots []*x509.Certificate) error {
-	b := &d.bnd
-	b.mu.Lock()
-	held := b.heldLocked()
-	b.mu.Unlock()
-	select {
-	case <-held:
-	case <-ctx.Done():
-		return fmt.Errorf("fake daemon %s: keep bundle: %w", d.cfg.Name, ctx.Err())
+	if err := d.waitUnheld(ctx, "keep bundle"); err != nil {
+		return err
 	}
+	b := &d.bnd
 	now := time.Now
 	if c := d.cfg.Session.Clock; c != nil {
 		now = c.Now
