@@ -73,6 +73,12 @@ func TestReadyOnASchemaANewerBuildMigrated(t *testing.T) {
 	tlsFiles := initPostgresPKI(t, env)
 	p, api := startServeConfig(t, env, serveConfig+tlsFiles, "--data-dir", t.TempDir())
 	p.WaitLine(`msg=Serving .*store=postgres`, 30*time.Second)
+	// Ready first (its clock checked: on a loaded machine that can come
+	// after "Serving"), so the check below judges the migration alone.
+	testenv.Eventually(t, 30*time.Second, func() bool {
+		code, _ := testenv.Get(t, api+"/readyz")
+		return code == 200
+	}, func() string { return "/readyz never 200 before the newer build's migration" })
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
