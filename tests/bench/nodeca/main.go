@@ -239,6 +239,9 @@ func (b *bench) run(ctx context.Context) error {
 		case <-time.After(b.poll):
 		}
 		asked := time.Now()
+		// A fresh value each time: -o json leaves out zero counts, and
+		// decoding into the last answer would keep its numbers.
+		v = rotationView{}
 		if err := b.cliJSON(&v, "pki", "rotate", "node-ca", "status"); err != nil {
 			return err
 		}
@@ -380,13 +383,27 @@ func (b *bench) cliJSON(v any, args ...string) error {
 func (b *bench) initPostgresPKI() (string, error) {
 	for _, args := range [][]string{
 		{"migrate"},
-		{"pki", "init", "--trust-domain", "bench.local"},
+		{"pki", "init", "--trust-domain", "bench.local", "-o", "json"},
 		{"pki", "issue-gateway", "--dns", "localhost", "--ip", "127.0.0.1", "--out-dir", b.dir},
 	} {
 		cmd := exec.Command(b.bc, args...)
 		cmd.Env = b.env
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("better-compute %s: %w\n%s", strings.Join(args, " "), err, out)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("better-compute %s: %w\n%s%s", strings.Join(args, " "), err, out, stderr.String())
+		}
+		if args[0] == "pki" && args[1] == "init" {
+			// The first admin token, shown once: the CLI calls below
+			// use it.
+			var res struct {
+				AdminToken string `json:"adminToken"`
+			}
+			if err := json.Unmarshal(out, &res); err != nil || res.AdminToken == "" {
+				return "", fmt.Errorf("pki init -o json gave no admin token (%v): %s", err, out)
+			}
+			b.env = append(b.env, "BETTER_COMPUTE_TOKEN="+res.AdminToken)
 		}
 	}
 	return fmt.Sprintf("    tlsFiles:\n      cert: %s\n      key: %s\n",
