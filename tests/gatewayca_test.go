@@ -49,11 +49,11 @@ type gatewayRotationView struct {
 	} `json:"rotation"`
 }
 
-// gatewayChain dials the deployment's gateway and returns the chain it
-// serves, leaf first, without verifying it.
-func gatewayChain(t *testing.T, d *deployment) []*x509.Certificate {
+// gatewayChain dials the gateway listening on addr (host:port) and returns
+// the chain it serves, leaf first, without verifying it.
+func gatewayChain(t *testing.T, addr string) []*x509.Certificate {
 	t.Helper()
-	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", d.gwAddr,
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
 		&tls.Config{InsecureSkipVerify: true, ServerName: "localhost", MinVersion: tls.VersionTLS13})
 	if err != nil {
 		t.Fatal(err)
@@ -140,27 +140,7 @@ func TestGatewayCARotation(t *testing.T) {
 
 	// A tunnel open throughout: one TCP connection through nodes
 	// port-forward to an echo server on the first bcd's machine.
-	echo := echoServer(t)
-	pf := testenv.Start(t, []string{"BETTER_COMPUTE_URL=" + d.api, "BETTER_COMPUTE_TOKEN=" + d.adminToken}, d.bc,
-		"nodes", "port-forward", ids[0], fmt.Sprintf("0:%d", echo))
-	local := pf.WaitLine(`Forwarding (127\.0\.0\.1:\d+) ->`, 30*time.Second)[1]
-	tunnel, err := net.DialTimeout("tcp", local, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tunnel.Close()
-	tunnelReader := bufio.NewReader(tunnel)
-	through := func(what string) {
-		t.Helper()
-		msg := "through the tunnel " + what + "\n"
-		if _, err := tunnel.Write([]byte(msg)); err != nil {
-			t.Fatalf("tunnel %s: %v", what, err)
-		}
-		tunnel.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if got, err := tunnelReader.ReadString('\n'); err != nil || got != msg {
-			t.Fatalf("tunnel %s: read %q, %v", what, got, err)
-		}
-	}
+	through := echoTunnel(t, []string{"BETTER_COMPUTE_URL=" + d.api, "BETTER_COMPUTE_TOKEN=" + d.adminToken}, d.bc, ids[0])
 	through("before start")
 
 	// Made before start: an install line (nodes add) and a spare token.
@@ -244,7 +224,7 @@ func TestGatewayCARotation(t *testing.T) {
 	}
 	var chain []*x509.Certificate
 	eventually(t, 15*time.Second, func() bool {
-		chain = gatewayChain(t, d)
+		chain = gatewayChain(t, d.gwAddr)
 		return chain[0].CheckSignatureFrom(newCA) == nil
 	}, func() string { return "the gateway never served a certificate from the new gateway CA" })
 	for _, pin := range []string{oldPin, newPin} {
@@ -293,7 +273,7 @@ func TestGatewayCARotation(t *testing.T) {
 		t.Fatalf("a join with the revoked old-pin token after retirement succeeded:\n%s%s", stdout, stderr)
 	}
 	eventually(t, 15*time.Second, func() bool {
-		chain = gatewayChain(t, d)
+		chain = gatewayChain(t, d.gwAddr)
 		return len(chain) == 2 && chain[1].Equal(newCA)
 	}, func() string {
 		return fmt.Sprintf("the gateway never served the new CA's chain alone (%d certificates)", len(chain))
@@ -308,15 +288,7 @@ func TestGatewayCARotation(t *testing.T) {
 	// Every real bcd trusts the new CA on disk; no session was dropped;
 	// the tunnel still carries bytes.
 	for _, m := range machines {
-		var info struct {
-			GatewayPins []string `json:"gateway_pins"`
-		}
-		if err := json.Unmarshal([]byte(readFile(t, filepath.Join(m.dataDir, "identity.json"))), &info); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Contains(info.GatewayPins, newPin) {
-			t.Errorf("%s: identity.json pins %v, want the new gateway CA %s among them", m.name, info.GatewayPins, newPin)
-		}
+		checkPinsGatewayCA(t, m.name, m.dataDir, newPin)
 	}
 	for _, f := range fakes {
 		if r := f.Bundle(); r.GatewayKept == 0 || !slices.ContainsFunc(r.GatewayRoots, newCA.Equal) {
@@ -335,4 +307,47 @@ func TestGatewayCARotation(t *testing.T) {
 	}
 	through("after retired")
 	t.Logf("gateway CA rotation with %d nodes done in %v", len(ids), time.Since(began).Round(time.Millisecond))
+}
+
+// echoTunnel starts `nodes port-forward` to an echo server on node's
+// machine (bcd runs on this host, so its loopback is the node's), with env
+// naming the API and a token, opens one TCP connection through it and
+// returns a check that sends a line through that connection and reads it
+// back, failing the test otherwise.
+func echoTunnel(t *testing.T, env []string, bc, node string) func(what string) {
+	t.Helper()
+	pf := testenv.Start(t, env, bc, "nodes", "port-forward", node, fmt.Sprintf("0:%d", echoServer(t)))
+	local := pf.WaitLine(`Forwarding (127\.0\.0\.1:\d+) ->`, 30*time.Second)[1]
+	tunnel, err := net.DialTimeout("tcp", local, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tunnel.Close() })
+	r := bufio.NewReader(tunnel)
+	return func(what string) {
+		t.Helper()
+		msg := "through the tunnel " + what + "\n"
+		if _, err := tunnel.Write([]byte(msg)); err != nil {
+			t.Fatalf("tunnel %s: %v", what, err)
+		}
+		tunnel.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if got, err := r.ReadString('\n'); err != nil || got != msg {
+			t.Fatalf("tunnel %s: read %q, %v", what, got, err)
+		}
+	}
+}
+
+// checkPinsGatewayCA checks that the bcd data dir dataDir of machine name
+// trusts the gateway CA with pin: its identity.json's gateway_pins hold it.
+func checkPinsGatewayCA(t *testing.T, name, dataDir, pin string) {
+	t.Helper()
+	var info struct {
+		GatewayPins []string `json:"gateway_pins"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(dataDir, "identity.json"))), &info); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(info.GatewayPins, pin) {
+		t.Errorf("%s: identity.json pins %v, want the new gateway CA %s among them", name, info.GatewayPins, pin)
+	}
 }
