@@ -80,6 +80,7 @@ type splitDeployment struct {
 	db      *pgx.Conn
 
 	api      string // http://127.0.0.1:port/api
+	apiProc  *testenv.Proc
 	admin    *client.Client
 	gateways []*splitProc
 	workers  []*splitProc
@@ -142,6 +143,7 @@ func newSplitDeploymentWith(t *testing.T, gateways, workers int, extra func(env 
 		name := fmt.Sprintf("worker-%d", i+1)
 		d.workers = append(d.workers, &splitProc{name: name, p: d.start(name, workerRoles)})
 	}
+	d.apiProc = apiProc
 	d.api = "http://" + apiProc.WaitLine(`msg="API listening" addr=(\S+)`, 60*time.Second)[1] + "/api"
 	for _, g := range d.gateways {
 		g.url = g.p.WaitLine(`msg="Gateway listening" .*public_url=(\S+)`, 60*time.Second)[1]

@@ -14,22 +14,23 @@ import (
 // MaxRotationReason bounds a rotation request's reason, in characters.
 const MaxRotationReason = 200
 
-// rotator returns the Rotator of CA ca ("node" or "gateway", checked by
+// rotator returns the Rotator of CA ca ("node", "gateway" or "internal", checked by
 // rotationCA) over this process's store. The node CA's validity setting
 // (pki.nodeCAValidity) is the node CA's only.
 func (s *Server) rotator(ca string) (*rotation.Rotator, error) {
 	cfg := rotation.Config{Secret: s.cfg.Secret, CA: ca, Threshold: s.cfg.RotationThreshold,
 		RetireGrace: s.cfg.RotationRetireGrace, Now: s.cfg.Now}
-	if ca != store.RotationCAGateway {
+	if ca == "" || ca == store.RotationCANode {
 		cfg.CAValidity = s.cfg.RotationCAValidity
 	}
 	return rotation.New(cfg, s.store)
 }
 
-// rotationCA checks a request's ca: "node", "gateway" or empty (node).
+// rotationCA checks a request's ca: "node", "gateway", "internal" or empty
+// (node).
 func rotationCA(ca string) error {
-	if ca != "" && ca != store.RotationCANode && ca != store.RotationCAGateway {
-		return invalid("ca", "%q cannot be rotated here: the node CA (\"node\") and the gateway serving CA (\"gateway\") rotate in phases", ca)
+	if ca != "" && ca != store.RotationCANode && ca != store.RotationCAGateway && ca != store.RotationCAInternal {
+		return invalid("ca", "%q cannot be rotated here: the node CA (\"node\"), the gateway serving CA (\"gateway\") and the internal CA (\"internal\") rotate in phases", ca)
 	}
 	return nil
 }
@@ -50,7 +51,7 @@ func rotationError(err error) error {
 	case errors.Is(err, rotation.ErrChanged):
 		return &Error{Code: apiv1.CodeConflict, Message: err.Error() + ": see pki rotate node-ca status"}
 	case errors.Is(err, rotation.ErrInProgress):
-		return &Error{Code: apiv1.CodeConflict, Message: "a rotation of this CA is in progress: see pki rotate node-ca|gateway-ca status; advance it or roll it back first"}
+		return &Error{Code: apiv1.CodeConflict, Message: "a rotation of this CA is in progress: see pki rotate node-ca|gateway-ca|internal-ca status; advance it or roll it back first"}
 	case errors.Is(err, rotation.ErrNoRotation):
 		return notFound("%v", err)
 	case errors.Is(err, rotation.ErrThreshold):

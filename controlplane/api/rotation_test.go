@@ -20,7 +20,7 @@ func TestPKIRotationMethods(t *testing.T) {
 	if _, err := bootstrap.InitBundle(context.Background(), f.st, strings.Repeat("s", 32), "td.example"); err != nil {
 		t.Fatal(err)
 	}
-	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"internal"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "ca")
+	wantCode(t, f.call("pki.rotationStart", f.admin, `{"ca":"release"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "ca")
 	wantCode(t, f.call("pki.rotationStart", f.admin, `{"threshold":1.5}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "threshold")
 	wantCode(t, f.call("pki.rotationStart", f.admin, `{"reason":"`+strings.Repeat("x", 201)+`"}`, peer), http.StatusBadRequest, "INVALID_ARGUMENT", "reason")
 	wantCode(t, f.call("pki.rotationAdvance", f.admin, `{}`, peer), http.StatusNotFound, "NOT_FOUND", "")

@@ -60,7 +60,31 @@ func TestInternalAndTunnels(t *testing.T) {
 	want(t, doctor.Internal(b, workers, live, now, time.Minute), doctor.IDGatewayInternal, doctor.OK, "neither the api nor the gateway")
 	want(t, doctor.Tunnels(workers), doctor.IDGatewayTunnels, doctor.OK, "neither the api nor the gateway")
 
+	// After an internal-CA rotation the files still hold the old CA's
+	// certificate: it works (re-issued in memory), and wants renewing.
+	rotated, err := pki.UnmarshalBundle(mustMarshal(t, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []func() error{func() error { return rotated.PrepareInternalCA(now, 0) }, rotated.ActivateInternalCA, rotated.RetireInternalCA} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want(t, doctor.Internal(rotated, good, live, now, time.Minute), doctor.IDGatewayInternal, doctor.Warn, "from an internal CA a rotation replaced")
+	want(t, doctor.Internal(rotated, doctor.InternalConfig{CertFile: ocert, KeyFile: okey, SplitRoles: true}, live, now, time.Minute),
+		doctor.IDGatewayInternal, doctor.Fail, "does not verify")
+
 	want(t, doctor.Tunnels(doctor.InternalConfig{}), doctor.IDGatewayTunnels, doctor.OK, "own process")
 	want(t, doctor.Tunnels(doctor.InternalConfig{SplitRoles: true}), doctor.IDGatewayTunnels, doctor.Warn, "are refused")
 	want(t, doctor.Tunnels(good), doctor.IDGatewayTunnels, doctor.OK, "internal control API")
+}
+
+func mustMarshal(t *testing.T, b *pki.Bundle) []byte {
+	t.Helper()
+	raw, err := b.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }

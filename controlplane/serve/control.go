@@ -38,18 +38,21 @@ func internalServer(cfg *config.Config, bundle *pki.Bundle, listeners *accept.Wa
 
 // internalClient is the api's client of the gateways' internal control
 // API, waking bus for what it cannot reach; nil when it is not configured.
-func internalClient(ctx context.Context, cfg *config.Config, st store.Store, bus *wake.Bus, log *slog.Logger) (*control.Client, error) {
+// It presents id, the identity of this process's gateway role when it has
+// one, else an identity of its own.
+func internalClient(ctx context.Context, cfg *config.Config, st store.Store, bus *wake.Bus, id *control.Identity, log *slog.Logger) (*control.Client, error) {
 	in := cfg.Host.Gateway.Internal
 	if !in.Enabled() {
 		return nil, nil
 	}
-	bundle, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
-	if err != nil {
-		return nil, fmt.Errorf("api role: internal control API: %w", err)
-	}
-	id, err := control.NewIdentity(bundle, in.TLSFiles.Cert, in.TLSFiles.Key, log)
-	if err != nil {
-		return nil, &config.Error{Key: "host.gateway.internal.tlsFiles", Msg: err.Error()}
+	if id == nil {
+		bundle, err := bootstrap.LoadBundle(ctx, st, cfg.Secret)
+		if err != nil {
+			return nil, fmt.Errorf("api role: internal control API: %w", err)
+		}
+		if id, err = control.NewIdentity(bundle, in.TLSFiles.Cert, in.TLSFiles.Key, log); err != nil {
+			return nil, &config.Error{Key: "host.gateway.internal.tlsFiles", Msg: err.Error()}
+		}
 	}
 	return control.NewClient(control.ClientConfig{Fallback: bus}, id, st, log)
 }

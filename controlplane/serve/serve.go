@@ -128,6 +128,14 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		listen[postgres.OutboxChannel] = outbox
 		outboxWakeups = outbox.Subscribe
 	}
+	// internalID is the process's one identity on the internal control
+	// API (the gateway's server and the api's client share it): it follows
+	// the bundle through an internal-CA rotation and reports what it
+	// trusts in the process's row.
+	var internalID *control.Identity
+	if ctrl != nil {
+		internalID = ctrl.Identity()
+	}
 	var srv *api.Server
 	if cfg.Runs("api") {
 		eventWakeups, unsubscribeEvents := outboxWakeups()
@@ -154,12 +162,17 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		// it cannot reach that way.
 		var waker api.Waker = bus
 		var revoker api.Revoker
-		internal, err := internalClient(ctx, cfg, st, bus, log)
+		var gwID *control.Identity
+		if ctrl != nil {
+			gwID = ctrl.Identity()
+		}
+		internal, err := internalClient(ctx, cfg, st, bus, gwID, log)
 		if err != nil {
 			return err
 		}
 		if internal != nil {
 			defer internal.Close()
+			internalID = internal.Identity()
 			m.WatchCertificate(metrics.CertKindInternal, "client", cfg.Host.Gateway.Internal.TLSFiles.Cert)
 			waker, revoker = internal, internal
 		}
@@ -192,8 +205,12 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 	}
 	host, _ := os.Hostname()
-	reg, err := process.New(process.Config{ID: processID, Roles: roles, Hostname: host, PID: os.Getpid(), Version: opts.Version,
-		HeartbeatInterval: cfg.Host.Processes.HeartbeatInterval.Duration, PruneAfter: cfg.Host.Processes.PruneAfter.Duration}, st, log)
+	pc := process.Config{ID: processID, Roles: roles, Hostname: host, PID: os.Getpid(), Version: opts.Version,
+		HeartbeatInterval: cfg.Host.Processes.HeartbeatInterval.Duration, PruneAfter: cfg.Host.Processes.PruneAfter.Duration}
+	if internalID != nil {
+		pc.Internal = internalID
+	}
+	reg, err := process.New(pc, st, log)
 	if err != nil {
 		return err
 	}
@@ -222,6 +239,11 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 	}
 	stages = append(stages, start(ctx, failed, clock.Run, nil, nil))
+	if internalID != nil {
+		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+			return internalID.Run(ctx, st, cfg.Secret, 0, 0)
+		}, nil, nil))
+	}
 	// The serving certificates serve issues for itself are renewed while
 	// it runs; the gateway and the API re-read them every 60 s.
 	if renewer, err := servingRenewer(cfg, st, gw != nil, srv != nil && !opts.ExternalAPI, log); err != nil {

@@ -11,6 +11,10 @@ const (
 	RotationCANode = "node"
 	// RotationCAGateway is the gateway serving CA.
 	RotationCAGateway = "gateway"
+	// RotationCAInternal is the internal CA of the internal control API;
+	// its proof is the processes' rows (Process.InternalCAs), not nodes'
+	// acks.
+	RotationCAInternal = "internal"
 )
 
 // Phases of a PKIRotation (DESIGN.md, "CA rotation"; docs/pki.md). A
@@ -26,7 +30,8 @@ const (
 // PKIRotation is one rotation of a CA in phases.
 type PKIRotation struct {
 	ID string
-	// CA is the CA rotated: RotationCANode or RotationCAGateway.
+	// CA is the CA rotated: RotationCANode, RotationCAGateway or
+	// RotationCAInternal.
 	CA string
 	// Phase is one of the Rotation* phases.
 	Phase string

@@ -18,6 +18,13 @@ type Process struct {
 	Schema      string
 	StartedAt   time.Time
 	HeartbeatAt time.Time
+	// InternalCAs are the ids (pki.NodeCAID) of the internal CAs the
+	// process accepts peers of the internal control API from, the one in
+	// force first; empty without the internal control API (migration
+	// 0031). InternalCertCA is the id of the internal CA whose certificate
+	// it presents. An internal-CA rotation advances on them.
+	InternalCAs    []string
+	InternalCertCA string
 }
 
 // ProcessStore keeps the processes table.
@@ -42,7 +49,11 @@ type ProcessHeartbeatParams struct {
 	Hostname string
 	PID      int
 	Version  string
-	Now      *time.Time
+	// InternalCAs and InternalCertCA are what the process trusts and
+	// presents on the internal control API (Process).
+	InternalCAs    []string
+	InternalCertCA string
+	Now            *time.Time
 }
 
 // Worker is a process running worker roles.

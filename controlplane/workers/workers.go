@@ -321,8 +321,8 @@ func configuredSinks(cfg *config.Config) []configuredSink {
 	return out
 }
 
-// runRotation starts the rotation reconciler of the node CA and the
-// gateway serving CA in g: every
+// runRotation starts the rotation reconciler of the node CA, the gateway
+// serving CA and the internal CA in g: every
 // rotation.DefaultInterval, under rotation.LeaseName, it advances an open
 // rotation whose phase's condition holds and, with pki.autoRotate, starts
 // one when the node CA in force is due; its writes are fenced by the lease.
@@ -335,6 +335,10 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 	}
 	gwRot, err := rotation.New(rotation.Config{Secret: cfg.Secret, CA: store.RotationCAGateway, RetireGrace: cfg.PKI.ReattestGrace.Duration,
 		Now: clk.Now}, st)
+	if err != nil {
+		return err
+	}
+	inRot, err := rotation.New(rotation.Config{Secret: cfg.Secret, CA: store.RotationCAInternal, Now: clk.Now}, st)
 	if err != nil {
 		return err
 	}
@@ -353,7 +357,11 @@ func runRotation(ctx context.Context, g *errgroup.Group, clk clock.Clock, cfg *c
 			if gwMoved != "" {
 				log.InfoContext(ctx, "Gateway CA rotation advanced by the reconciler", "phase", gwMoved)
 			}
-			return errors.Join(err, gwErr)
+			inMoved, inErr := inRot.Reconcile(ctx, &fence)
+			if inMoved != "" {
+				log.InfoContext(ctx, "Internal CA rotation advanced by the reconciler", "phase", inMoved)
+			}
+			return errors.Join(err, gwErr, inErr)
 		})
 	})
 	return nil

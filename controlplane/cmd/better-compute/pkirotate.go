@@ -12,8 +12,9 @@ import (
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
-// pkiRotateCmd is `pki rotate node-ca|gateway-ca start|status|advance|rollback`
-// (docs/pki.md, "Rotating the node CA", "Rotating the gateway CA").
+// pkiRotateCmd is `pki rotate node-ca|gateway-ca|internal-ca
+// start|status|advance|rollback` (docs/pki.md, "Rotating the node CA",
+// "Rotating the gateway CA", "Rotating the internal CA").
 func pkiRotateCmd(e *env) *cobra.Command {
 	c := &cobra.Command{Use: "rotate", Short: "Rotate a CA in phases that advance on proof"}
 	c.AddCommand(rotateCACmd(e, "node", &cobra.Command{
@@ -39,12 +40,27 @@ CA's chain alone) once every live node acknowledged and no join token made
 before start can still be used. advance to retired refuses while such tokens
 are live, naming them; advance --force retires anyway and revokes them
 (audited). status prints the phase as one word, then the counts behind it.`,
+	}), rotateCACmd(e, "internal", &cobra.Command{
+		Use:   "internal-ca",
+		Short: "Rotate the internal CA of the internal control API: start, status, advance [--force], rollback",
+		Long: `internal-ca rotates the internal CA in phases (docs/pki.md, "Rotating the
+internal CA"): start makes the next CA, which every control-plane process with
+the internal control API (host.gateway.internal) trusts beside the old one
+within seconds, without a restart, and reports in its process row
+(propagating); the rotation activates once every such registered process
+trusts it (the threshold does not apply), and each process then presents a
+certificate from the new CA, re-issued in memory for the key and names of
+its files; it retires (the old CA is trusted no more) once every such process
+presents one. The files keep working after a restart: a certificate from the
+old CA is re-issued in memory the same way (pki issue-internal renews the
+files). status prints the phase as one word, then the counts behind it.`,
 	}))
 	return c
 }
 
 // rotateCACmd adds the start, status, advance and rollback subcommands of
-// CA ca ("node" or "gateway", the API's RotationStartRequest.ca) to c.
+// CA ca ("node", "gateway" or "internal", the API's RotationStartRequest.ca)
+// to c.
 func rotateCACmd(e *env, ca string, c *cobra.Command) *cobra.Command {
 	c.AddCommand(
 		rotateCmd(e, "start", "Make the next CA and start a rotation (propagating)",
@@ -88,7 +104,7 @@ func rotateCACmd(e *env, ca string, c *cobra.Command) *cobra.Command {
 	return c
 }
 
-// rotateCmd is one `pki rotate node-ca|gateway-ca` subcommand: call builds its API
+// rotateCmd is one `pki rotate node-ca|gateway-ca|internal-ca` subcommand: call builds its API
 // call from the parsed flags, flags adds them.
 func rotateCmd(e *env, use, short string, call func(*cobra.Command) func(context.Context, *client.Client) (*apiv1.RotationResponse, error),
 	flags func(*cobra.Command)) *cobra.Command {
@@ -121,6 +137,18 @@ func rotateCmd(e *env, use, short string, call func(*cobra.Command) func(context
 func printRotation(e *env, r *apiv1.CARotation) {
 	fmt.Fprintln(e.stdout, r.GetPhase())
 	fmt.Fprintf(e.stdout, "rotation   %s (%s CA %s -> %s)\n", r.GetId(), r.GetCa(), r.GetOldCaId(), r.GetNewCaId())
+	if r.GetCa() == "internal" {
+		fmt.Fprintf(e.stdout, "trusted by %d of %d processes with the internal control API\n", r.GetAckedNodes(), r.GetLiveNodes())
+		if ids := r.GetMissingNodeIds(); len(ids) > 0 {
+			fmt.Fprintf(e.stdout, "not yet    %s\n", listed(ids, int(r.GetLiveNodes()-r.GetAckedNodes())))
+		}
+		fmt.Fprintf(e.stdout, "on old CA  %d processes present a certificate from another internal CA\n", r.GetNodesOffNewCa())
+		if ids := r.GetOffNewCaNodeIds(); len(ids) > 0 {
+			fmt.Fprintf(e.stdout, "           %s\n", listed(ids, int(r.GetNodesOffNewCa())))
+		}
+		printRotationTimes(e, r)
+		return
+	}
 	fmt.Fprintf(e.stdout, "acked      %d of %d live nodes (threshold %g %%)\n", r.GetAckedNodes(), r.GetLiveNodes(), r.GetThreshold()*100)
 	if ids := r.GetMissingNodeIds(); len(ids) > 0 && r.GetPhase() == "propagating" {
 		fmt.Fprintf(e.stdout, "not acked  %s\n", listed(ids, int(r.GetLiveNodes()-r.GetAckedNodes())))
@@ -137,6 +165,12 @@ func printRotation(e *env, r *apiv1.CARotation) {
 			fmt.Fprintf(e.stdout, "           %s\n", listed(ids, int(r.GetNodesOffNewCa())))
 		}
 	}
+	printRotationTimes(e, r)
+}
+
+// printRotationTimes writes the rotation's phase times and what it waits
+// for.
+func printRotationTimes(e *env, r *apiv1.CARotation) {
 	for _, t := range []struct {
 		name string
 		at   interface{ AsTime() time.Time }

@@ -58,6 +58,10 @@ type Client struct {
 	conns map[string]*grpc.ClientConn // by internal address
 }
 
+// Identity is the identity the client presents; its owner runs
+// Identity.Run.
+func (c *Client) Identity() *Identity { return c.id }
+
 // NewClient returns a Client presenting id.
 func NewClient(cfg ClientConfig, id *Identity, st Store, log *slog.Logger) (*Client, error) {
 	cfg.Timeout = cmp.Or(cfg.Timeout, time.Second)

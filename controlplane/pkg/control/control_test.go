@@ -302,3 +302,94 @@ func TestServerRefusesOtherCertificates(t *testing.T) {
 		}
 	}
 }
+
+// TestIdentityFollowsAnInternalCARotation: server and client identities
+// follow the bundle through an internal-CA rotation without new files.
+// Each step opens a new connection (a new handshake): while one side
+// trusts both CAs every call goes through; a client that never learnt the
+// new CA cannot reach a server that presents it (what the rotation's proof
+// prevents); after retirement an identity made from the old files
+// re-issues its certificate from the new CA and is accepted.
+func TestIdentityFollowsAnInternalCARotation(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool(t)
+	rec := newRecorder("node-a")
+	srv := f.gateway(t, "gw-a", rec)
+	f.node(t, pool, "node-a", "gw-a")
+	clientID := f.identity(t, "api-1")
+	oldID := pki.NodeCAID(f.bundle.InternalCA.Cert)
+
+	clone := func(b *pki.Bundle) *pki.Bundle {
+		t.Helper()
+		raw, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pki.UnmarshalBundle(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	prepared := clone(f.bundle)
+	if err := prepared.PrepareInternalCA(time.Time{}, 0); err != nil {
+		t.Fatal(err)
+	}
+	newID := pki.NodeCAID(prepared.NextInternalCA.Cert)
+	activated := clone(prepared)
+	if err := activated.ActivateInternalCA(); err != nil {
+		t.Fatal(err)
+	}
+	retired := clone(activated)
+	if err := retired.RetireInternalCA(); err != nil {
+		t.Fatal(err)
+	}
+	wake := func(what string, id *Identity, want bool) {
+		t.Helper()
+		fb := &fallback{}
+		c, err := NewClient(ClientConfig{Fallback: fb, Timeout: 2 * time.Second}, id, f.st, f.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		before := len(rec.wakes())
+		c.Wake(context.Background(), []string{"node-a"})
+		if got := len(rec.wakes()) > before; got != want {
+			t.Fatalf("%s: gateway reached %v, want %v (fallback got %v)", what, got, want, fb.got())
+		}
+	}
+	set := func(id *Identity, b *pki.Bundle) {
+		t.Helper()
+		if err := id.SetBundle(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	set(srv.Identity(), prepared)
+	wake("propagating, the server trusting both", clientID, true)
+	set(clientID, prepared)
+	if got := clientID.Trusts(); !slices.Equal(got, []string{oldID, newID}) || clientID.Presents() != oldID {
+		t.Fatalf("propagating: trusts %v, presents %s", got, clientID.Presents())
+	}
+	set(srv.Identity(), activated)
+	if srv.Identity().Presents() != newID {
+		t.Fatalf("activated: the server presents %s, want the new CA %s", srv.Identity().Presents(), newID)
+	}
+	wake("activated, the client still trusting both and presenting the old CA's", clientID, true)
+	stale := f.identity(t, "api-2") // never learnt the new CA
+	wake("activated, a client that never trusted the new CA", stale, false)
+	set(clientID, activated)
+	wake("activated on both sides", clientID, true)
+	set(srv.Identity(), retired)
+	set(clientID, retired)
+	if got := clientID.Trusts(); !slices.Equal(got, []string{newID}) || clientID.Presents() != newID {
+		t.Fatalf("retired: trusts %v, presents %s", got, clientID.Presents())
+	}
+	wake("retired on both sides", clientID, true)
+	restarted := f.identity(t, "api-3") // files from the old CA, as after a restart
+	set(restarted, retired)
+	if restarted.Presents() != newID {
+		t.Fatalf("a restarted process presents %s, want its certificate re-issued from %s", restarted.Presents(), newID)
+	}
+	wake("retired, a process started with the old CA's files", restarted, true)
+}

@@ -48,9 +48,6 @@ type ServerConfig struct {
 	// gateways row. Defaults to the bound address when Listen names a
 	// host, else localhost:<bound port>.
 	Address string
-	// CertReloadInterval is how often the certificate files are re-read.
-	// Defaults to 60 s.
-	CertReloadInterval time.Duration
 	// Listeners watches the listener: accepts back off on temporary
 	// errors, and the process's /readyz reports it when it keeps failing
 	// (internal/accept). Defaults to none (back-off only).
@@ -70,7 +67,6 @@ type Server struct {
 // the address is malformed or cannot be bound.
 func Listen(cfg ServerConfig, id *Identity, log *slog.Logger) (*Server, error) {
 	cfg.Listen = cmp.Or(cfg.Listen, DefaultListen)
-	cfg.CertReloadInterval = cmp.Or(cfg.CertReloadInterval, 60*time.Second)
 	if id == nil || log == nil {
 		return nil, errors.New("internal control API: identity and logger are required")
 	}
@@ -98,6 +94,10 @@ func Listen(cfg ServerConfig, id *Identity, log *slog.Logger) (*Server, error) {
 	return &Server{cfg: cfg, id: id, log: log, ln: cfg.Listeners.Wrap("internal_api", ln), address: address}, nil
 }
 
+// Identity is the identity the server presents and verifies clients
+// with; its owner runs Identity.Run (the files and the bundle re-read).
+func (s *Server) Identity() *Identity { return s.id }
+
 // Address is the host:port other processes dial (ServerConfig.Address).
 func (s *Server) Address() string { return s.address }
 
@@ -109,9 +109,6 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 func (s *Server) Run(ctx context.Context, gw Gateway) error {
 	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(s.id.serverTLS())), grpc.MaxRecvMsgSize(8<<20))
 	controlv1.RegisterControlServiceServer(srv, &service{gw: gw, log: s.log})
-	reloadCtx, stopReload := context.WithCancel(ctx)
-	defer stopReload()
-	go s.id.Certs.Run(reloadCtx, s.cfg.CertReloadInterval)
 	s.log.InfoContext(ctx, "Internal control API listening", "addr", s.ln.Addr().String(), "address", s.address)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(s.ln) }()

@@ -50,6 +50,22 @@ type Bundle struct {
 	// (GatewayServingChain), and a rollback makes it the CA in force
 	// again. Nil outside the activated phase.
 	PreviousGatewayCA *CA
+	// NextInternalCA is the internal CA an internal-CA rotation prepared
+	// (PrepareInternalCA): trusted by every control-plane process beside
+	// the one in force, not issuing yet. Nil outside the propagating
+	// phase.
+	NextInternalCA *CA
+	// PreviousInternalCA is the internal CA an activated internal-CA
+	// rotation replaced (ActivateInternalCA), kept with its key: still
+	// trusted until the rotation retires, and the CA in force again on a
+	// rollback. Nil outside the activated phase.
+	PreviousInternalCA *CA
+	// RetiredInternalRoots are internal CA certificates a rotation retired
+	// or rolled back: trusted by no one, kept so that a process whose
+	// files still hold a certificate from one of them is recognised as this
+	// deployment's and re-issued one from the CA in force
+	// (ReissueInternal). Oldest first; their keys are not kept.
+	RetiredInternalRoots []*x509.Certificate
 }
 
 // InitOptions configures Init.
@@ -142,6 +158,11 @@ func (b *Bundle) Validate() error {
 			return fmt.Errorf("%w: retired node root %d is not a CA certificate", ErrBundleInvalid, i)
 		}
 	}
+	for i, root := range b.RetiredInternalRoots {
+		if root == nil || !root.IsCA {
+			return fmt.Errorf("%w: retired internal root %d is not a CA certificate", ErrBundleInvalid, i)
+		}
+	}
 	if b.NextNodeCA != nil && b.PreviousNodeCA != nil {
 		return fmt.Errorf("%w: both a next and a previous node CA", ErrBundleInvalid)
 	}
@@ -163,6 +184,17 @@ func (b *Bundle) Validate() error {
 			continue
 		}
 		if err := ca.validate(kindGateway); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if b.NextInternalCA != nil && b.PreviousInternalCA != nil {
+		return fmt.Errorf("%w: both a next and a previous internal CA", ErrBundleInvalid)
+	}
+	for name, ca := range map[string]*CA{"next": b.NextInternalCA, "previous": b.PreviousInternalCA} {
+		if ca == nil {
+			continue
+		}
+		if err := ca.validate(kindInternal); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 	}

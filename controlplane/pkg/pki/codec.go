@@ -17,17 +17,20 @@ const bundleAAD = "better-compute/pki/bundle/v1"
 
 // bundleJSON is the encoded form of a Bundle.
 type bundleJSON struct {
-	Format            int      `json:"format"`
-	TrustDomain       string   `json:"trustDomain"`
-	NodeCA            caJSON   `json:"nodeCA"`
-	GatewayCA         caJSON   `json:"gatewayCA"`
-	InternalCA        caJSON   `json:"internalCA"`
-	PreviousNodeRoots []string `json:"previousNodeRoots,omitempty"`
-	NextNodeCA        *caJSON  `json:"nextNodeCA,omitempty"`
-	PreviousNodeCA    *caJSON  `json:"previousNodeCA,omitempty"`
-	RetiredNodeRoots  []string `json:"retiredNodeRoots,omitempty"`
-	NextGatewayCA     *caJSON  `json:"nextGatewayCA,omitempty"`
-	PreviousGatewayCA *caJSON  `json:"previousGatewayCA,omitempty"`
+	Format               int      `json:"format"`
+	TrustDomain          string   `json:"trustDomain"`
+	NodeCA               caJSON   `json:"nodeCA"`
+	GatewayCA            caJSON   `json:"gatewayCA"`
+	InternalCA           caJSON   `json:"internalCA"`
+	PreviousNodeRoots    []string `json:"previousNodeRoots,omitempty"`
+	NextNodeCA           *caJSON  `json:"nextNodeCA,omitempty"`
+	PreviousNodeCA       *caJSON  `json:"previousNodeCA,omitempty"`
+	RetiredNodeRoots     []string `json:"retiredNodeRoots,omitempty"`
+	NextGatewayCA        *caJSON  `json:"nextGatewayCA,omitempty"`
+	PreviousGatewayCA    *caJSON  `json:"previousGatewayCA,omitempty"`
+	NextInternalCA       *caJSON  `json:"nextInternalCA,omitempty"`
+	PreviousInternalCA   *caJSON  `json:"previousInternalCA,omitempty"`
+	RetiredInternalRoots []string `json:"retiredInternalRoots,omitempty"`
 }
 
 // caJSON is the encoded form of a CA: PEM certificate and PKCS #8 PEM key.
@@ -65,11 +68,15 @@ func (b *Bundle) Marshal() ([]byte, error) {
 	for _, root := range b.RetiredNodeRoots {
 		out.RetiredNodeRoots = append(out.RetiredNodeRoots, string(EncodeCertificatesPEM(root)))
 	}
+	for _, root := range b.RetiredInternalRoots {
+		out.RetiredInternalRoots = append(out.RetiredInternalRoots, string(EncodeCertificatesPEM(root)))
+	}
 	for _, ca := range []struct {
 		src *CA
 		dst **caJSON
 	}{{b.NextNodeCA, &out.NextNodeCA}, {b.PreviousNodeCA, &out.PreviousNodeCA},
-		{b.NextGatewayCA, &out.NextGatewayCA}, {b.PreviousGatewayCA, &out.PreviousGatewayCA}} {
+		{b.NextGatewayCA, &out.NextGatewayCA}, {b.PreviousGatewayCA, &out.PreviousGatewayCA},
+		{b.NextInternalCA, &out.NextInternalCA}, {b.PreviousInternalCA, &out.PreviousInternalCA}} {
 		if ca.src == nil {
 			continue
 		}
@@ -132,12 +139,20 @@ func UnmarshalBundle(data []byte) (*Bundle, error) {
 		}
 		b.RetiredNodeRoots = append(b.RetiredNodeRoots, cert)
 	}
+	for i, root := range in.RetiredInternalRoots {
+		cert, err := parseOneCertificatePEM(root)
+		if err != nil {
+			return nil, fmt.Errorf("unmarshal pki bundle: %w: retired internal root %d: %w", ErrBundleInvalid, i, err)
+		}
+		b.RetiredInternalRoots = append(b.RetiredInternalRoots, cert)
+	}
 	for _, ca := range []struct {
 		name string
 		src  *caJSON
 		dst  **CA
 	}{{"next node", in.NextNodeCA, &b.NextNodeCA}, {"previous node", in.PreviousNodeCA, &b.PreviousNodeCA},
-		{"next gateway", in.NextGatewayCA, &b.NextGatewayCA}, {"previous gateway", in.PreviousGatewayCA, &b.PreviousGatewayCA}} {
+		{"next gateway", in.NextGatewayCA, &b.NextGatewayCA}, {"previous gateway", in.PreviousGatewayCA, &b.PreviousGatewayCA},
+		{"next internal", in.NextInternalCA, &b.NextInternalCA}, {"previous internal", in.PreviousInternalCA, &b.PreviousInternalCA}} {
 		if ca.src == nil {
 			continue
 		}

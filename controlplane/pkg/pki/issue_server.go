@@ -102,6 +102,12 @@ func (b *Bundle) IssueInternal(name string, dns []string, ips []net.IP, ttl time
 }
 
 func (b *Bundle) issueInternal(now time.Time, name string, dns []string, ips []net.IP, ttl time.Duration) (certPEM, keyPEM []byte, err error) {
+	return b.issueInternalKey(now, nil, name, dns, ips, ttl)
+}
+
+// issueInternalKey issues an internal certificate for key, or for a fresh
+// key when key is nil.
+func (b *Bundle) issueInternalKey(now time.Time, key *ecdsa.PrivateKey, name string, dns []string, ips []net.IP, ttl time.Duration) (certPEM, keyPEM []byte, err error) {
 	if !nodeIDRegexp.MatchString(name) {
 		return nil, nil, fmt.Errorf("issue internal certificate: %w: name %q does not match %s", ErrName, name, NodeIDPattern)
 	}
@@ -116,6 +122,7 @@ func (b *Bundle) issueInternal(now time.Time, name string, dns []string, ips []n
 		ips:      ips,
 		usages:   []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		spiffeID: &url.URL{Scheme: "spiffe", Host: b.TrustDomain, Path: internalPath + name},
+		key:      key,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("issue internal certificate %s: %w", name, err)

@@ -20,21 +20,28 @@ var ErrRotation = errors.New("node CA rotation step does not apply")
 // ErrBundleInvalid for an invalid bundle. DESIGN.md, "CA rotation": the
 // prepare phase.
 func (b *Bundle) PrepareNodeCA(now time.Time, validity time.Duration) error {
+	return b.prepareNext(kindNode, "node", &b.NextNodeCA, b.PreviousNodeCA, now, validity)
+}
+
+// prepareNext makes the next CA of kind (named what in errors) into *next,
+// unless a rotation of that CA is open (*next or previous set): the
+// prepare phase every CA's rotation shares.
+func (b *Bundle) prepareNext(kind caKind, what string, next **CA, previous *CA, now time.Time, validity time.Duration) error {
 	if err := b.Validate(); err != nil {
-		return fmt.Errorf("prepare node CA: %w", err)
+		return fmt.Errorf("prepare %s CA: %w", what, err)
 	}
-	if b.NextNodeCA != nil || b.PreviousNodeCA != nil {
-		return fmt.Errorf("prepare node CA: %w: a rotation is in progress", ErrRotation)
+	if *next != nil || previous != nil {
+		return fmt.Errorf("prepare %s CA: %w: a %s CA rotation is in progress", what, ErrRotation, what)
 	}
 	now, validity, err := caTimes(now, validity)
 	if err != nil {
-		return fmt.Errorf("prepare node CA: %w", err)
+		return fmt.Errorf("prepare %s CA: %w", what, err)
 	}
-	ca, err := newCA(kindNode, b.TrustDomain, now, validity)
+	ca, err := newCA(kind, b.TrustDomain, now, validity)
 	if err != nil {
-		return fmt.Errorf("prepare node CA: %w", err)
+		return fmt.Errorf("prepare %s CA: %w", what, err)
 	}
-	b.NextNodeCA = ca
+	*next = ca
 	return nil
 }
 

@@ -18,22 +18,7 @@ import (
 // in progress, and with ErrBundleInvalid for an invalid bundle. DESIGN.md,
 // "CA rotation": the prepare phase.
 func (b *Bundle) PrepareGatewayCA(now time.Time, validity time.Duration) error {
-	if err := b.Validate(); err != nil {
-		return fmt.Errorf("prepare gateway CA: %w", err)
-	}
-	if b.NextGatewayCA != nil || b.PreviousGatewayCA != nil {
-		return fmt.Errorf("prepare gateway CA: %w: a gateway CA rotation is in progress", ErrRotation)
-	}
-	now, validity, err := caTimes(now, validity)
-	if err != nil {
-		return fmt.Errorf("prepare gateway CA: %w", err)
-	}
-	ca, err := newCA(kindGateway, b.TrustDomain, now, validity)
-	if err != nil {
-		return fmt.Errorf("prepare gateway CA: %w", err)
-	}
-	b.NextGatewayCA = ca
-	return nil
+	return b.prepareNext(kindGateway, "gateway", &b.NextGatewayCA, b.PreviousGatewayCA, now, validity)
 }
 
 // ActivateGatewayCA makes NextGatewayCA the CA gateways serve from, and

@@ -48,6 +48,19 @@ type Config struct {
 	// PruneAfter is how long a row may stay silent before it is deleted.
 	// Defaults to 1 min; at least 3 heartbeat intervals.
 	PruneAfter time.Duration
+	// Internal, when the process has the internal control API, reports
+	// the internal CAs it trusts and presents with every heartbeat: the
+	// proof an internal-CA rotation advances on (docs/pki.md). Nil
+	// otherwise.
+	Internal InternalTrust
+}
+
+// InternalTrust is what a process's internal control API identity
+// (control.Identity) reports: the ids of the internal CAs it accepts, the
+// one in force first, and the id of the one whose certificate it presents.
+type InternalTrust interface {
+	Trusts() []string
+	Presents() string
 }
 
 // Registrar keeps one process's row in the processes table.
@@ -97,8 +110,11 @@ func (r *Registrar) Run(ctx context.Context) error {
 
 // beat refreshes the row and prunes the dead ones.
 func (r *Registrar) beat(ctx context.Context) {
-	if _, err := r.st.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: r.cfg.ID, Roles: r.cfg.Roles,
-		Hostname: r.cfg.Hostname, PID: r.cfg.PID, Version: r.cfg.Version}); err != nil {
+	p := &store.ProcessHeartbeatParams{ID: r.cfg.ID, Roles: r.cfg.Roles, Hostname: r.cfg.Hostname, PID: r.cfg.PID, Version: r.cfg.Version}
+	if r.cfg.Internal != nil {
+		p.InternalCAs, p.InternalCertCA = r.cfg.Internal.Trusts(), r.cfg.Internal.Presents()
+	}
+	if _, err := r.st.ProcessHeartbeat(ctx, p); err != nil {
 		if ctx.Err() == nil {
 			r.log.WarnContext(ctx, "Process row not refreshed; retrying at the next heartbeat", logkey.Err, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,54 +19,124 @@ const AuditTokenRevoked = "pki.rotation.token-revoked"
 
 // what names the Rotator's CA in messages.
 func (r *Rotator) what() string {
-	if r.cfg.CA == store.RotationCAGateway {
+	switch r.cfg.CA {
+	case store.RotationCAGateway:
 		return "gateway CA"
+	case store.RotationCAInternal:
+		return "internal CA"
 	}
 	return "node CA"
 }
 
 // inForce is the id of the CA of r's kind in force in b.
 func (r *Rotator) inForce(b *pki.Bundle) string {
-	if r.cfg.CA == store.RotationCAGateway {
+	switch r.cfg.CA {
+	case store.RotationCAGateway:
 		return pki.NodeCAID(b.GatewayCA.Cert)
+	case store.RotationCAInternal:
+		return pki.NodeCAID(b.InternalCA.Cert)
 	}
 	return pki.NodeCAID(b.NodeCA.Cert)
 }
 
 // next is the id of the CA of r's kind a rotation prepared in b.
 func (r *Rotator) next(b *pki.Bundle) string {
-	if r.cfg.CA == store.RotationCAGateway {
+	switch r.cfg.CA {
+	case store.RotationCAGateway:
 		return pki.NodeCAID(b.NextGatewayCA.Cert)
+	case store.RotationCAInternal:
+		return pki.NodeCAID(b.NextInternalCA.Cert)
 	}
 	return pki.NodeCAID(b.NextNodeCA.Cert)
 }
 
 // prepare makes the next CA of r's kind in b.
 func (r *Rotator) prepare(b *pki.Bundle, now time.Time) error {
-	if r.cfg.CA == store.RotationCAGateway {
+	switch r.cfg.CA {
+	case store.RotationCAGateway:
 		return b.PrepareGatewayCA(now, r.cfg.CAValidity)
+	case store.RotationCAInternal:
+		return b.PrepareInternalCA(now, r.cfg.CAValidity)
 	}
 	return b.PrepareNodeCA(now, r.cfg.CAValidity)
 }
 
+// phaseSteps are the bundle's changes of one CA, by the phase moved to.
+type phaseSteps map[string]func(*pki.Bundle) error
+
+var steps = map[string]phaseSteps{
+	store.RotationCANode: {store.RotationActivated: (*pki.Bundle).ActivateNodeCA,
+		store.RotationRetired: (*pki.Bundle).RetireNodeCA, store.RotationRolledBack: (*pki.Bundle).RollbackNodeCA},
+	store.RotationCAGateway: {store.RotationActivated: (*pki.Bundle).ActivateGatewayCA,
+		store.RotationRetired: (*pki.Bundle).RetireGatewayCA, store.RotationRolledBack: (*pki.Bundle).RollbackGatewayCA},
+	store.RotationCAInternal: {store.RotationActivated: (*pki.Bundle).ActivateInternalCA,
+		store.RotationRetired: (*pki.Bundle).RetireInternalCA, store.RotationRolledBack: (*pki.Bundle).RollbackInternalCA},
+}
+
 // apply changes b for a move to phase to.
 func (r *Rotator) apply(b *pki.Bundle, to string) error {
-	gw := r.cfg.CA == store.RotationCAGateway
-	switch {
-	case to == store.RotationActivated && gw:
-		return b.ActivateGatewayCA()
-	case to == store.RotationActivated:
-		return b.ActivateNodeCA()
-	case to == store.RotationRetired && gw:
-		return b.RetireGatewayCA()
-	case to == store.RotationRetired:
-		return b.RetireNodeCA()
-	case to == store.RotationRolledBack && gw:
-		return b.RollbackGatewayCA()
-	case to == store.RotationRolledBack:
-		return b.RollbackNodeCA()
+	if step := steps[r.cfg.CA][to]; step != nil {
+		return step(b)
 	}
 	return nil
+}
+
+// processLister is what the internal CA's status reads.
+type processLister interface {
+	ProcessList(ctx context.Context) ([]*store.Process, error)
+}
+
+// internalStatus fills out's counts for an internal-CA rotation from the
+// processes' rows: the live ones are the registered processes that have
+// the internal control API (they report internal CAs); acked, those that
+// trust the new CA; off the new CA, those that present a certificate from
+// another one. Processes are few; the count is done here.
+func internalStatus(ctx context.Context, st processLister, ro *store.PKIRotation, out *Status) error {
+	procs, err := st.ProcessList(ctx)
+	if err != nil {
+		return fmt.Errorf("list processes: %w", err)
+	}
+	for _, p := range procs {
+		if len(p.InternalCAs) == 0 {
+			continue
+		}
+		out.Live++
+		if slices.Contains(p.InternalCAs, ro.NewCAID) {
+			out.Acked++
+		} else if len(out.Missing) < MissingListed {
+			out.Missing = append(out.Missing, p.ID)
+		}
+		if p.InternalCertCA != ro.NewCAID {
+			out.OffNewCA++
+			if len(out.OffNewCAIDs) < MissingListed {
+				out.OffNewCAIDs = append(out.OffNewCAIDs, p.ID)
+			}
+		}
+	}
+	return nil
+}
+
+// internalReady judges an internal-CA rotation: it activates once every
+// process with the internal control API trusts the new CA (none at all is
+// no obstacle: nothing uses the CA, and a process loads the bundle when it
+// starts), and retires once each of them presents a certificate from it.
+// The threshold does not apply: one process that cannot verify its peers
+// fails every call to it.
+func internalReady(ro *store.PKIRotation, out *Status) {
+	switch ro.Phase {
+	case store.RotationPropagating:
+		out.Ready = out.Acked == out.Live
+		if !out.Ready {
+			out.Waiting = fmt.Sprintf("%d of %d processes with the internal control API trust the new internal CA; waiting for %s",
+				out.Acked, out.Live, strings.Join(out.Missing, ", "))
+		}
+	case store.RotationActivated:
+		out.Ready = out.OffNewCA == 0 && out.Acked == out.Live
+		if !out.Ready {
+			out.Waiting = fmt.Sprintf("%d of %d processes with the internal control API still present a certificate from another internal CA: %s",
+				out.OffNewCA, out.Live, strings.Join(out.OffNewCAIDs, ", "))
+		}
+	}
 }
 
 // gatewayRetireReady judges an activated gateway-CA rotation: it retires

@@ -35,8 +35,8 @@ func TestGatewayCARotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rotation.New(rotation.Config{Secret: secret, CA: "internal"}, st); !errors.Is(err, rotation.ErrCA) {
-		t.Fatalf("internal CA: %v, want ErrCA", err)
+	if _, err := rotation.New(rotation.Config{Secret: secret, CA: "release"}, st); !errors.Is(err, rotation.ErrCA) {
+		t.Fatalf("a CA that does not rotate in phases: %v, want ErrCA", err)
 	}
 	ro, err := r.Start(ctx, rotation.StartParams{Actor: "token:t"})
 	if err != nil {

@@ -56,7 +56,7 @@ var (
 	// ErrInProgress reports a start while a rotation is open.
 	ErrInProgress = errors.New("a CA rotation is in progress")
 	// ErrCA reports a Config.CA that does not rotate in phases.
-	ErrCA = errors.New("only the node CA (\"node\") and the gateway serving CA (\"gateway\") rotate in phases")
+	ErrCA = errors.New("only the node CA (\"node\"), the gateway serving CA (\"gateway\") and the internal CA (\"internal\") rotate in phases")
 	// ErrThreshold reports a threshold outside (0, 1].
 	ErrThreshold = errors.New("threshold must be above 0 and at most 1")
 	// ErrChanged reports an Advance whose expected rotation or phase
@@ -88,6 +88,7 @@ type Store interface {
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
 	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
+	ProcessList(ctx context.Context) ([]*store.Process, error)
 }
 
 // rotationTx is what a phase change reads and writes in its transaction:
@@ -159,7 +160,7 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	}
 	cfg.CA = cmp.Or(cfg.CA, store.RotationCANode)
 	switch {
-	case cfg.CA != store.RotationCANode && cfg.CA != store.RotationCAGateway:
+	case cfg.CA != store.RotationCANode && cfg.CA != store.RotationCAGateway && cfg.CA != store.RotationCAInternal:
 		return nil, fmt.Errorf("rotation: %w: %q", ErrCA, cfg.CA)
 	case st == nil:
 		return nil, errors.New("rotation: store is required")
@@ -251,11 +252,14 @@ type Status struct {
 	Rotation *store.PKIRotation
 	// Live is how many nodes have a session; Acked how many of them
 	// acknowledged the rotation's bundle; Missing lists up to
-	// MissingListed of those that did not, by id.
+	// MissingListed of those that did not, by id. For the internal CA they
+	// count processes with the internal control API and those that trust
+	// the new CA.
 	Live, Acked int
 	Missing     []string
 	// OffNewCA is how many nodes hold a valid certificate from another CA
-	// than the new one; OffNewCAIDs lists up to MissingListed of them.
+	// than the new one; OffNewCAIDs lists up to MissingListed of them. For
+	// the internal CA: processes presenting one.
 	OffNewCA    int
 	OffNewCAIDs []string
 	// OldPinTokens is how many join tokens made before a gateway-CA
@@ -296,10 +300,18 @@ type counter interface {
 	PKIRotationAckCounts(ctx context.Context, rotationID string, missingLimit int) (*store.PKIRotationAckCounts, error)
 	NodeCertsOffCA(ctx context.Context, caID string, now *time.Time, limit int) (int, []string, error)
 	JoinTokenList(ctx context.Context, p *store.ListParams) ([]*store.JoinToken, error)
+	ProcessList(ctx context.Context) ([]*store.Process, error)
 }
 
 func (r *Rotator) status(ctx context.Context, st counter, ro *store.PKIRotation) (*Status, error) {
 	out := &Status{Rotation: ro}
+	if r.cfg.CA == store.RotationCAInternal {
+		if err := internalStatus(ctx, st, ro, out); err != nil {
+			return nil, err
+		}
+		internalReady(ro, out)
+		return out, nil
+	}
 	counts, err := st.PKIRotationAckCounts(ctx, ro.ID, MissingListed)
 	if err != nil {
 		return nil, err
@@ -432,7 +444,12 @@ func (r *Rotator) Advance(ctx context.Context, p AdvanceParams) (*Status, error)
 
 // reason is why a phase change whose condition holds happens.
 func (s *Status) reason(to string) string {
+	internal := s.Rotation != nil && s.Rotation.CA == store.RotationCAInternal
 	switch {
+	case internal && to == store.RotationActivated:
+		return fmt.Sprintf("every process with the internal control API (%d) trusts the new internal CA", s.Live)
+	case internal:
+		return fmt.Sprintf("every process with the internal control API (%d) presents a certificate from the new internal CA", s.Live)
 	case to == store.RotationActivated:
 		return fmt.Sprintf("%d of %d live nodes acknowledged the new bundle", s.Acked, s.Live)
 	case s.Rotation != nil && s.Rotation.CA == store.RotationCAGateway:

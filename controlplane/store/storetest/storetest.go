@@ -731,6 +731,16 @@ func testProcesses(ctx context.Context, t *testing.T, h *Harness) {
 	if !p1b.StartedAt.Equal(p1.StartedAt) || !p1b.HeartbeatAt.After(p1.HeartbeatAt) || p1b.Schema == "" || p1b.PID != 10 {
 		t.Fatalf("process refresh = %+v (was %+v)", p1b, p1)
 	}
+	if len(p1b.InternalCAs) != 0 || p1b.InternalCertCA != "" {
+		t.Fatalf("a process without the internal control API reports internal CAs: %+v", p1b)
+	}
+	// The internal CAs it trusts and presents (migration 0031) follow each
+	// heartbeat.
+	p1c := must(h.Store.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "p1", Roles: []string{"api"}, Hostname: "h", PID: 10, Version: "1.2.0",
+		InternalCAs: []string{"ca-new", "ca-old"}, InternalCertCA: "ca-old", Now: &now}))
+	if !slices.Equal(p1c.InternalCAs, []string{"ca-new", "ca-old"}) || p1c.InternalCertCA != "ca-old" {
+		t.Fatalf("process internal CAs = %v presenting %q", p1c.InternalCAs, p1c.InternalCertCA)
+	}
 	must(h.Store.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "p2", Roles: []string{"sinks", "iam"}, Version: "1.1.0", Now: &old}))
 	all := must(h.Store.ProcessList(ctx))
 	if len(all) != 2 || all[1].ID != "p2" || !slices.Equal(all[1].Roles, []string{"sinks", "iam"}) || all[1].Version != "1.1.0" {

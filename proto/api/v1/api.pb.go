@@ -4367,13 +4367,15 @@ func (x *RevokeCertificateRequest) GetReason() string {
 	return ""
 }
 
-// pki.rotationStart: make the next node CA (or gateway serving CA) and
-// start a rotation, propagating (docs/pki.md, "Rotating the node CA",
-// "Rotating the gateway CA"). CONFLICT while a rotation of that CA is open.
+// pki.rotationStart: make the next node CA (or gateway serving CA, or
+// internal CA) and start a rotation, propagating (docs/pki.md, "Rotating
+// the node CA", "Rotating the gateway CA", "Rotating the internal CA").
+// CONFLICT while a rotation of that CA is open.
 type RotationStartRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// ca is the CA to rotate: "node" (empty means node) or "gateway"; others
-	// are INVALID_ARGUMENT. Every pki.rotation* request takes it.
+	// ca is the CA to rotate: "node" (empty means node), "gateway" or
+	// "internal"; others are INVALID_ARGUMENT. Every pki.rotation* request
+	// takes it.
 	Ca string `protobuf:"bytes,1,opt,name=ca,proto3" json:"ca,omitempty"`
 	// threshold is the share of live nodes, above 0 and at most 1, whose
 	// acknowledgement activates the rotation; 0 means the server's default
@@ -4664,11 +4666,16 @@ type CARotation struct {
 	RolledBackAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=rolled_back_at,json=rolledBackAt,proto3" json:"rolled_back_at,omitempty"`
 	// live_nodes: nodes with a session; acked_nodes: those of them that
 	// acknowledged the new bundle; missing_node_ids: up to 20 that did not.
+	// For the internal CA they count the registered processes with the
+	// internal control API, those that trust the new CA, and up to 20 process
+	// ids that do not.
 	LiveNodes      int32    `protobuf:"varint,12,opt,name=live_nodes,json=liveNodes,proto3" json:"live_nodes,omitempty"`
 	AckedNodes     int32    `protobuf:"varint,13,opt,name=acked_nodes,json=ackedNodes,proto3" json:"acked_nodes,omitempty"`
 	MissingNodeIds []string `protobuf:"bytes,14,rep,name=missing_node_ids,json=missingNodeIds,proto3" json:"missing_node_ids,omitempty"`
 	// nodes_off_new_ca: nodes with a valid certificate from another CA than
-	// the new one (activated and after); off_new_ca_node_ids: up to 20.
+	// the new one (activated and after); off_new_ca_node_ids: up to 20. For
+	// the internal CA: processes presenting a certificate from another one
+	// (every phase), by process id.
 	NodesOffNewCa   int32    `protobuf:"varint,15,opt,name=nodes_off_new_ca,json=nodesOffNewCa,proto3" json:"nodes_off_new_ca,omitempty"`
 	OffNewCaNodeIds []string `protobuf:"bytes,16,rep,name=off_new_ca_node_ids,json=offNewCaNodeIds,proto3" json:"off_new_ca_node_ids,omitempty"`
 	// ready: the phase's condition holds; waiting says what is missing.

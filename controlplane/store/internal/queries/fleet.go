@@ -361,14 +361,17 @@ func (s *Store) WorkerDelete(ctx context.Context, id string) error {
 	return s.wrap("delete worker "+id, err)
 }
 
-const processColumns = `id, roles, hostname, pid, version, schema, started_at, heartbeat_at`
+const processColumns = `id, roles, hostname, pid, version, schema, started_at, heartbeat_at, internal_ca_ids, internal_cert_ca`
 
 func scanProcess(r Row) (*store.Process, error) {
 	p := &store.Process{}
-	var roles string
-	err := r.Scan(&p.ID, &roles, &p.Hostname, &p.PID, &p.Version, &p.Schema, &p.StartedAt, &p.HeartbeatAt)
+	var roles, cas string
+	err := r.Scan(&p.ID, &roles, &p.Hostname, &p.PID, &p.Version, &p.Schema, &p.StartedAt, &p.HeartbeatAt, &cas, &p.InternalCertCA)
 	if roles != "" {
 		p.Roles = strings.Split(roles, ",")
+	}
+	if cas != "" {
+		p.InternalCAs = strings.Split(cas, ",")
 	}
 	return p, err
 }
@@ -384,11 +387,13 @@ func (s *Store) ProcessHeartbeat(ctx context.Context, p *store.ProcessHeartbeatP
 	if len(known) > 0 {
 		schema = known[len(known)-1].name
 	}
-	out, err := scanProcess(s.db.QueryRow(ctx, `INSERT INTO processes AS p (id, roles, hostname, pid, version, schema, started_at, heartbeat_at)
-		VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), coalesce($7, now()))
+	out, err := scanProcess(s.db.QueryRow(ctx, `INSERT INTO processes AS p (id, roles, hostname, pid, version, schema, started_at, heartbeat_at,
+			internal_ca_ids, internal_cert_ca)
+		VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, now()), coalesce($7, now()), $8, $9)
 		ON CONFLICT (id) DO UPDATE SET roles = excluded.roles, version = excluded.version, schema = excluded.schema,
-			heartbeat_at = excluded.heartbeat_at
-		RETURNING `+processColumns, p.ID, strings.Join(p.Roles, ","), p.Hostname, p.PID, p.Version, schema, s.clock(p.Now)))
+			heartbeat_at = excluded.heartbeat_at, internal_ca_ids = excluded.internal_ca_ids, internal_cert_ca = excluded.internal_cert_ca
+		RETURNING `+processColumns, p.ID, strings.Join(p.Roles, ","), p.Hostname, p.PID, p.Version, schema, s.clock(p.Now),
+		strings.Join(p.InternalCAs, ","), p.InternalCertCA))
 	if err != nil {
 		return nil, s.wrap("heartbeat process "+p.ID, err)
 	}
