@@ -30,6 +30,14 @@ func backoffBound(base, ceil time.Duration, attempt int) time.Duration {
 	return min(d, ceil)
 }
 
+// ReconnectCeil is the cap of the reconnect backoff: backoffMax
+// (Config.BackoffMax), or the gateway's reconnect window when that is
+// longer (Welcome.reconnect_window): a fleet larger than its gateway admits
+// in backoffMax is spread over the time the gateway needs.
+func ReconnectCeil(backoffMax, window time.Duration) time.Duration {
+	return max(backoffMax, window)
+}
+
 // reconnectDelay is the wait before the next attempt: full jitter over the
 // backoff bound, and never less than the gateway's retry hint (itself
 // jittered upwards by up to a quarter, so that refused daemons do not all

@@ -55,6 +55,12 @@ type Client struct {
 
 	renewMu sync.Mutex // serialises renewals
 
+	// window is the reconnect window of the last Welcome
+	// (Welcome.reconnect_window, at most MaxReconnectWindow), 0 before
+	// any: the first reconnect after a lost session is spread over it, and
+	// the backoff is capped at it when it is longer than BackoffMax.
+	window atomic.Int64
+
 	mu         sync.Mutex
 	chain      []*x509.Certificate
 	renewAfter time.Time
@@ -198,11 +204,20 @@ func (c *Client) Run(ctx context.Context) error {
 			tried++
 			nextInRound = tried < len(c.gws) && out.retryAfter == 0
 		}
+		window := time.Duration(c.window.Load())
+		ceil := ReconnectCeil(c.cfg.BackoffMax, window)
 		var delay time.Duration
-		if nextInRound {
+		switch {
+		case nextInRound:
 			delay = c.cfg.Jitter(c.cfg.BackoffBase)
-		} else {
-			delay = reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, c.cfg.BackoffMax, attempt, out.retryAfter)
+		case out.welcomed && !failed:
+			// A session that had lasted was lost (the gateway went away):
+			// the first try again is spread over the gateway's reconnect
+			// window, so its whole fleet does not come in the first
+			// second.
+			delay = reconnectDelay(c.cfg.Jitter, max(c.cfg.BackoffBase, window), ceil, 0, out.retryAfter)
+		default:
+			delay = reconnectDelay(c.cfg.Jitter, c.cfg.BackoffBase, ceil, attempt, out.retryAfter)
 		}
 		c.log.WarnContext(ctx, "Session with gateway ended, reconnecting",
 			attrGateway, gw.url, attrSessionID, out.sessionID, logkey.Err, out.err, attrHeld, held, attrDelay, delay, attrAttempt, attempt)

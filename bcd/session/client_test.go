@@ -315,6 +315,52 @@ func TestReconnectAfterDropWithBackoff(t *testing.T) {
 	}
 }
 
+// TestReconnectWindow (issue 37): a lost session that had lasted waits a
+// delay spread over the gateway's reconnect window (Welcome), not over
+// BackoffBase, and the backoff while the gateway stays away is capped at
+// the window when it is longer than BackoffMax.
+func TestReconnectWindow(t *testing.T) {
+	t.Parallel()
+	p := sessiontest.NewPKI(t)
+	g := sessiontest.NewGateway(t, p, sessiontest.GatewayOptions{ReconnectWindow: 20 * time.Second})
+	n := joinNode(t, g)
+	cfg := n.config()
+	clk := &steppedClock{}
+	cfg.Clock = clk
+	// The jitter draws its bound: each delay is the bound it was drawn
+	// over, recorded, and the test does not wait it out.
+	var mu sync.Mutex
+	var bounds []time.Duration
+	cfg.Jitter = func(d time.Duration) time.Duration {
+		mu.Lock()
+		bounds = append(bounds, d)
+		mu.Unlock()
+		return time.Millisecond
+	}
+	ev := newEvents(&cfg)
+	run(t, newClient(t, cfg))
+
+	s := g.NextSession(t, wait)
+	ev.next(t, session.EventConnected)
+	clk.advance(session.DefaultStableAfter)
+	s.End(status.New(codes.Unavailable, "gateway going away"))
+	if b := ev.next(t, session.EventBackoff); b.Attempt != 0 {
+		t.Fatalf("backoff after a lasting session: attempt %d, want 0", b.Attempt)
+	}
+	mu.Lock()
+	first := bounds[len(bounds)-1]
+	mu.Unlock()
+	if first != 20*time.Second {
+		t.Fatalf("first reconnect drawn over %v, want the gateway's 20s window", first)
+	}
+	if got := session.ReconnectCeil(cfg.BackoffMax, 20*time.Second); got != 20*time.Second {
+		t.Fatalf("backoff cap with a 20s window = %v", got)
+	}
+	if got := session.ReconnectCeil(session.DefaultBackoffMax, time.Second); got != session.DefaultBackoffMax {
+		t.Fatalf("backoff cap with a 1s window = %v, want BackoffMax", got)
+	}
+}
+
 // TestShortSessionsBackOff: sessions that end soon after their Welcome (as
 // when two bcd processes share one identity and supersede each other) count
 // as failed attempts; a session that lasted StableAfter starts the backoff

@@ -18,8 +18,13 @@ import (
 const (
 	// DefaultBackoffBase is the first reconnect delay's upper bound.
 	DefaultBackoffBase = time.Second
-	// DefaultBackoffMax caps every reconnect delay.
-	DefaultBackoffMax = 60 * time.Second
+	// DefaultBackoffMax caps every reconnect delay, unless the gateway's
+	// reconnect window (Welcome.reconnect_window) is longer: short enough
+	// that a node is back within seconds of its gateway's return (issue
+	// 37), while a large fleet is spread by the window.
+	DefaultBackoffMax = 8 * time.Second
+	// MaxReconnectWindow caps a gateway's reconnect window.
+	MaxReconnectWindow = 5 * time.Minute
 	// DefaultStableAfter is how long a session must last for the backoff
 	// to start over.
 	DefaultStableAfter = 30 * time.Second
@@ -217,7 +222,8 @@ type Config struct {
 	// BackoffBase is the upper bound of the first reconnect delay; the
 	// bound doubles with every failed attempt. Defaults to 1 s.
 	BackoffBase time.Duration
-	// BackoffMax caps the reconnect delay bound. Defaults to 60 s.
+	// BackoffMax caps the reconnect delay bound, or the last Welcome's
+	// reconnect window when that is longer. Defaults to 8 s.
 	BackoffMax time.Duration
 	// StableAfter is how long a session whose connection is lost must
 	// have lasted, from its Welcome, for the backoff to start over; one

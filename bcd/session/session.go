@@ -219,6 +219,9 @@ func (s *session) welcome(seq uint64, w *sessionv1.Welcome) {
 	}
 	c.log.InfoContext(s.ctx, "Session established", attrGateway, s.gw.url, attrSessionID, s.id,
 		logkey.NodeID, w.GetNodeId(), attrInterval, s.interval)
+	if rw := w.GetReconnectWindow(); rw != nil && rw.IsValid() && rw.AsDuration() >= time.Second {
+		c.window.Store(int64(min(rw.AsDuration(), MaxReconnectWindow)))
+	}
 	c.gwClock.observe(s.ctx, s.gw.url, w.GetServerTime())
 	c.listed(s.ctx, s.gw, w.GetGateways())
 }

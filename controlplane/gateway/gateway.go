@@ -66,6 +66,9 @@ type Store interface {
 // Metrics is what the gateway reports (a *metrics.Metrics satisfies it).
 type Metrics interface {
 	Handshake(gateway string)
+	// SessionOpened counts a session opened (Welcome sent); reconnect is
+	// whether its Hello resumed an earlier one.
+	SessionOpened(gateway string, reconnect bool)
 	Refused(gateway, reason string)
 	HeartbeatReceived(gateway string, since, interval time.Duration)
 	DispatchLatency(d time.Duration)
@@ -85,6 +88,7 @@ type Metrics interface {
 type noMetrics struct{}
 
 func (noMetrics) Handshake(string)                                       {}
+func (noMetrics) SessionOpened(string, bool)                             {}
 func (noMetrics) Refused(string, string)                                 {}
 func (noMetrics) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (noMetrics) DispatchLatency(time.Duration)                          {}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -180,16 +181,33 @@ func (g *Gateway) accept(stream sessionv1.SessionService_ConnectServer) (*sessio
 		GatewayId:         g.cfg.ID,
 		Gateways:          g.regionGateways(ctx, g.cfg.Region),
 		GpuHealth:         g.cfg.GPUHealth,
+		ReconnectWindow:   durationpb.New(ReconnectWindow(g.sessions.len(), g.cfg.HandshakeRate)),
 	}}})
 	if err != nil {
 		return s, err
 	}
+	g.cfg.Metrics.SessionOpened(g.cfg.ID, hello.GetResume().GetSessionId() != "")
 	g.log.InfoContext(ctx, "Session opened", logkey.NodeID, s.nodeID, "session_id", s.id, "epoch", s.epoch,
 		"remote", id.addr.String(), "bcd_version", hello.GetBcdVersion())
 	go g.sessionOpened(ctx, s, hello)
 	g.sendBundle(s)
 	g.sendReleasePins(s)
 	return s, nil
+}
+
+// ReconnectWindow is the Welcome's reconnect_window for a gateway holding
+// sessions sessions that admits rate new connections a second
+// (Config.HandshakeRate): the time it needs to take every one of them back
+// after a restart, whole seconds, at least one. Nodes spread their first
+// reconnect over it and cap their backoff at it (bcd/session), so a fleet
+// arrives at the rate the gateway admits instead of in one second's storm
+// followed by a long tail.
+func ReconnectWindow(sessions int, rate float64) time.Duration {
+	if rate <= 0 {
+		return time.Second
+	}
+	secs := math.Ceil(float64(sessions) / rate)
+	return time.Duration(max(secs, 1)) * time.Second
 }
 
 // full refuses a stream beyond MaxStreams with a retry hint.

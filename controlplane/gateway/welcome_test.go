@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
 )
@@ -45,5 +46,27 @@ func TestNothingBeforeWelcome(t *testing.T) {
 	if len(st.sent) != 2 || st.sent[0].GetWelcome() == nil || st.sent[0].GetSeq() != 1 ||
 		st.sent[1].GetCommand().GetId() != "cmd_1" || st.sent[1].GetSeq() != 2 {
 		t.Fatalf("sent %v, want Welcome (seq 1) then the command (seq 2)", st.sent)
+	}
+}
+
+// TestReconnectWindow: the Welcome's reconnect window is the time the
+// gateway needs to admit every session it holds, whole seconds, at least
+// one (issue 37).
+func TestReconnectWindow(t *testing.T) {
+	for _, tc := range []struct {
+		sessions int
+		rate     float64
+		want     time.Duration
+	}{
+		{0, 500, time.Second},
+		{1, 500, time.Second},
+		{1000, 500, 2 * time.Second},
+		{1001, 500, 3 * time.Second},
+		{10000, 500, 20 * time.Second},
+		{10, 0, time.Second},
+	} {
+		if got := ReconnectWindow(tc.sessions, tc.rate); got != tc.want {
+			t.Errorf("ReconnectWindow(%d, %v) = %v, want %v", tc.sessions, tc.rate, got, tc.want)
+		}
 	}
 }

@@ -62,6 +62,8 @@ type GatewayOptions struct {
 	// chain to but handshakes do not trust, as a gateway keeps the roots a
 	// node-CA rotation retired. Defaults to none.
 	RetiredNodeCAs []*x509.Certificate
+	// ReconnectWindow, when set, is sent in Welcome as reconnect_window.
+	ReconnectWindow time.Duration
 }
 
 // Gateway is a fake gateway serving JoinService and SessionService on
@@ -506,6 +508,7 @@ func (g *Gateway) Connect(stream sessionv1.SessionService_ConnectServer) error {
 		NodeId:            id,
 		GatewayId:         g.opts.ID,
 		Gateways:          welcomeGWs,
+		ReconnectWindow:   window(g.opts.ReconnectWindow),
 	}}})
 	if err != nil {
 		return err
@@ -614,4 +617,12 @@ func (s *Session) NextHeartbeat(t testing.TB, timeout time.Duration) *sessionv1.
 		t.Fatalf("no heartbeat in session %s within %v", s.ID, timeout)
 		return nil
 	}
+}
+
+// window is Welcome.reconnect_window for d: unset when zero.
+func window(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
 }

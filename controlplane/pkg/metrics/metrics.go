@@ -116,6 +116,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	handshakes   *prometheus.CounterVec
+	opened       *prometheus.CounterVec
 	refusals     *prometheus.CounterVec
 	heartbeatLag *prometheus.HistogramVec
 	clockSkew    *prometheus.GaugeVec
@@ -150,6 +151,10 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Subsystem: "gateway", Name: "handshakes_total",
 		Help: "TLS handshakes the gateway completed.",
 	}, []string{"gateway"})
+	m.opened = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "gateway", Name: "sessions_opened_total",
+		Help: "Sessions the gateway opened (Welcome sent), by whether the node was reconnecting (its Hello resumed an earlier session: reconnect=\"true\") or connecting afresh.",
+	}, []string{"gateway", "reconnect"})
 	m.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "gateway", Name: "refusals_total",
 		Help: "Handshakes, joins and sessions the gateway refused, by reason.",
@@ -197,7 +202,7 @@ func New(cfg Config, st Store) *Metrics {
 		Namespace: Namespace, Name: "nodes_drifting",
 		Help: "Nodes whose driver or CUDA version differs from their pool's, by pool, as the drift job of this process last counted them (docs/gpu-health.md, \"Drift\").",
 	}, []string{"pool"})
-	m.reg.MustRegister(m.handshakes, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors, m.xidsNoAct, m.drifting,
+	m.reg.MustRegister(m.handshakes, m.opened, m.refusals, m.heartbeatLag, m.clockSkew, m.finished, m.dispatch, m.storeQuery, m.apiUnauth, m.wakeups, m.acceptErrors, m.xidsNoAct, m.drifting,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo(cfg.Version, cfg.Commit))
 	if st != nil {
@@ -268,6 +273,15 @@ func (m *Metrics) Handshake(gateway string) {
 		return
 	}
 	m.handshakes.WithLabelValues(gateway).Inc()
+}
+
+// SessionOpened counts a session gateway opened; reconnect is whether the
+// node's Hello resumed an earlier session (a reconnect after a loss).
+func (m *Metrics) SessionOpened(gateway string, reconnect bool) {
+	if m == nil {
+		return
+	}
+	m.opened.WithLabelValues(gateway, strconv.FormatBool(reconnect)).Inc()
 }
 
 // Refused counts a refusal by gateway for reason, one of the Reason

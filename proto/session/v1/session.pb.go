@@ -2682,9 +2682,18 @@ type Welcome struct {
 	// The thresholds of the node's GPU and fabric health readers, from the
 	// control plane's configuration (gpuHealth.*, docs/configuration.md);
 	// unset from a gateway that predates them: the node keeps its defaults.
-	GpuHealth     *GPUHealthThresholds `protobuf:"bytes,8,opt,name=gpu_health,json=gpuHealth,proto3" json:"gpu_health,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GpuHealth *GPUHealthThresholds `protobuf:"bytes,8,opt,name=gpu_health,json=gpuHealth,proto3" json:"gpu_health,omitempty"`
+	// How long this gateway needs to take back every session it holds after
+	// it restarts: its session count over the rate it admits new connections
+	// (its handshake rate, 500 a second by default). A node whose session is lost
+	// spreads its first reconnect uniformly over this window, and never backs
+	// off longer than it (or than its own cap, when that is longer), so a
+	// fleet comes back at the rate the gateway admits, neither all in the
+	// first second nor trickling in minutes later. Unset from an older
+	// gateway, and under a second: the node's own backoff applies.
+	ReconnectWindow *durationpb.Duration `protobuf:"bytes,9,opt,name=reconnect_window,json=reconnectWindow,proto3" json:"reconnect_window,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -2769,6 +2778,13 @@ func (x *Welcome) GetGateways() []string {
 func (x *Welcome) GetGpuHealth() *GPUHealthThresholds {
 	if x != nil {
 		return x.GpuHealth
+	}
+	return nil
+}
+
+func (x *Welcome) GetReconnectWindow() *durationpb.Duration {
+	if x != nil {
+		return x.ReconnectWindow
 	}
 	return nil
 }
@@ -7505,7 +7521,7 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"\fResumeCursor\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12(\n" +
-	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\xf5\x02\n" +
+	"\x10last_gateway_seq\x18\x02 \x01(\x04R\x0elastGatewaySeq\"\xbb\x03\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12H\n" +
@@ -7518,7 +7534,8 @@ const file_session_v1_session_proto_rawDesc = "" +
 	"gateway_id\x18\x06 \x01(\tR\tgatewayId\x12\x1a\n" +
 	"\bgateways\x18\a \x03(\tR\bgateways\x12L\n" +
 	"\n" +
-	"gpu_health\x18\b \x01(\v2-.bettercompute.session.v1.GPUHealthThresholdsR\tgpuHealth\"\x82\x06\n" +
+	"gpu_health\x18\b \x01(\v2-.bettercompute.session.v1.GPUHealthThresholdsR\tgpuHealth\x12D\n" +
+	"\x10reconnect_window\x18\t \x01(\v2\x19.google.protobuf.DurationR\x0freconnectWindow\"\x82\x06\n" +
 	"\x13GPUHealthThresholds\x122\n" +
 	"\x15pcie_replay_threshold\x18\x01 \x01(\x04R\x13pcieReplayThreshold\x12G\n" +
 	"\x12pcie_replay_window\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x10pcieReplayWindow\x122\n" +
@@ -8087,99 +8104,100 @@ var file_session_v1_session_proto_depIdxs = []int32{
 	87,  // 36: bettercompute.session.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
 	86,  // 37: bettercompute.session.v1.Welcome.server_time:type_name -> google.protobuf.Timestamp
 	33,  // 38: bettercompute.session.v1.Welcome.gpu_health:type_name -> bettercompute.session.v1.GPUHealthThresholds
-	87,  // 39: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
-	87,  // 40: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
-	87,  // 41: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
-	87,  // 42: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
-	87,  // 43: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
-	87,  // 44: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
-	87,  // 45: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
-	86,  // 46: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	37,  // 47: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
-	44,  // 48: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
-	48,  // 49: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
-	86,  // 50: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
-	36,  // 51: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
-	47,  // 52: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
-	42,  // 53: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
-	38,  // 54: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
-	39,  // 55: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
-	40,  // 56: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
-	41,  // 57: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
-	43,  // 58: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
-	1,   // 59: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
-	1,   // 60: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
-	45,  // 61: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
-	46,  // 62: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
-	47,  // 63: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
-	2,   // 64: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
-	86,  // 65: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
-	50,  // 66: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
-	51,  // 67: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
-	52,  // 68: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
-	53,  // 69: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
-	54,  // 70: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
-	55,  // 71: bettercompute.session.v1.Command.gpu_diag:type_name -> bettercompute.session.v1.GPUDiagSpec
-	83,  // 72: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
-	87,  // 73: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
-	87,  // 74: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
-	60,  // 75: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
-	61,  // 76: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
-	62,  // 77: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
-	63,  // 78: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
-	86,  // 79: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
-	86,  // 80: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
-	3,   // 81: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
-	4,   // 82: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
-	86,  // 83: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
-	86,  // 84: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
-	5,   // 85: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
-	84,  // 86: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
-	65,  // 87: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
-	66,  // 88: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
-	67,  // 89: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
-	68,  // 90: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
-	69,  // 91: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
-	70,  // 92: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
-	71,  // 93: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
-	72,  // 94: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
-	73,  // 95: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
-	74,  // 96: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
-	80,  // 97: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
-	75,  // 98: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
-	79,  // 99: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
-	76,  // 100: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
-	77,  // 101: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
-	78,  // 102: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
-	2,   // 103: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
-	81,  // 104: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
-	86,  // 105: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
-	87,  // 106: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
-	87,  // 107: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
-	87,  // 108: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
-	87,  // 109: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
-	87,  // 110: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
-	87,  // 111: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
-	85,  // 112: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
-	10,  // 113: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
-	13,  // 114: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
-	15,  // 115: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
-	6,   // 116: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
-	9,   // 117: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
-	21,  // 118: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
-	18,  // 119: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
-	12,  // 120: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
-	14,  // 121: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
-	16,  // 122: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
-	7,   // 123: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
-	14,  // 124: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
-	27,  // 125: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
-	18,  // 126: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
-	120, // [120:127] is the sub-list for method output_type
-	113, // [113:120] is the sub-list for method input_type
-	113, // [113:113] is the sub-list for extension type_name
-	113, // [113:113] is the sub-list for extension extendee
-	0,   // [0:113] is the sub-list for field type_name
+	87,  // 39: bettercompute.session.v1.Welcome.reconnect_window:type_name -> google.protobuf.Duration
+	87,  // 40: bettercompute.session.v1.GPUHealthThresholds.pcie_replay_window:type_name -> google.protobuf.Duration
+	87,  // 41: bettercompute.session.v1.GPUHealthThresholds.log_finding_hold:type_name -> google.protobuf.Duration
+	87,  // 42: bettercompute.session.v1.GPUHealthThresholds.fabric_grace:type_name -> google.protobuf.Duration
+	87,  // 43: bettercompute.session.v1.GPUHealthThresholds.ib_error_window:type_name -> google.protobuf.Duration
+	87,  // 44: bettercompute.session.v1.GPUHealthThresholds.ib_flap_window:type_name -> google.protobuf.Duration
+	87,  // 45: bettercompute.session.v1.GPUHealthThresholds.ib_down_grace:type_name -> google.protobuf.Duration
+	87,  // 46: bettercompute.session.v1.GPUHealthThresholds.fabric_manager_window:type_name -> google.protobuf.Duration
+	86,  // 47: bettercompute.session.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	37,  // 48: bettercompute.session.v1.Inventory.host:type_name -> bettercompute.session.v1.HostInfo
+	44,  // 49: bettercompute.session.v1.Inventory.gpus:type_name -> bettercompute.session.v1.GPU
+	48,  // 50: bettercompute.session.v1.Inventory.plugins:type_name -> bettercompute.session.v1.PluginInfo
+	86,  // 51: bettercompute.session.v1.Inventory.collected_at:type_name -> google.protobuf.Timestamp
+	36,  // 52: bettercompute.session.v1.Inventory.ib_ports:type_name -> bettercompute.session.v1.InfiniBandPort
+	47,  // 53: bettercompute.session.v1.InfiniBandPort.health:type_name -> bettercompute.session.v1.GPUHealth
+	42,  // 54: bettercompute.session.v1.HostInfo.os:type_name -> bettercompute.session.v1.OS
+	38,  // 55: bettercompute.session.v1.HostInfo.cpu:type_name -> bettercompute.session.v1.CPU
+	39,  // 56: bettercompute.session.v1.HostInfo.memory:type_name -> bettercompute.session.v1.Memory
+	40,  // 57: bettercompute.session.v1.HostInfo.disks:type_name -> bettercompute.session.v1.Disk
+	41,  // 58: bettercompute.session.v1.HostInfo.nics:type_name -> bettercompute.session.v1.NIC
+	43,  // 59: bettercompute.session.v1.HostInfo.dmi:type_name -> bettercompute.session.v1.DMI
+	1,   // 60: bettercompute.session.v1.GPU.mig_mode:type_name -> bettercompute.session.v1.MIGMode
+	1,   // 61: bettercompute.session.v1.GPU.mig_mode_pending:type_name -> bettercompute.session.v1.MIGMode
+	45,  // 62: bettercompute.session.v1.GPU.mig_devices:type_name -> bettercompute.session.v1.MIGDevice
+	46,  // 63: bettercompute.session.v1.GPU.clocks:type_name -> bettercompute.session.v1.Clocks
+	47,  // 64: bettercompute.session.v1.GPU.health:type_name -> bettercompute.session.v1.GPUHealth
+	2,   // 65: bettercompute.session.v1.GPUHealth.state:type_name -> bettercompute.session.v1.GPUHealthState
+	86,  // 66: bettercompute.session.v1.Command.deadline:type_name -> google.protobuf.Timestamp
+	50,  // 67: bettercompute.session.v1.Command.exec:type_name -> bettercompute.session.v1.ExecSpec
+	51,  // 68: bettercompute.session.v1.Command.power:type_name -> bettercompute.session.v1.PowerSpec
+	52,  // 69: bettercompute.session.v1.Command.boot:type_name -> bettercompute.session.v1.BootSpec
+	53,  // 70: bettercompute.session.v1.Command.upgrade:type_name -> bettercompute.session.v1.UpgradeSpec
+	54,  // 71: bettercompute.session.v1.Command.gpu_reset:type_name -> bettercompute.session.v1.GPUResetSpec
+	55,  // 72: bettercompute.session.v1.Command.gpu_diag:type_name -> bettercompute.session.v1.GPUDiagSpec
+	83,  // 73: bettercompute.session.v1.ExecSpec.env:type_name -> bettercompute.session.v1.ExecSpec.EnvEntry
+	87,  // 74: bettercompute.session.v1.ExecSpec.timeout:type_name -> google.protobuf.Duration
+	87,  // 75: bettercompute.session.v1.Drain.delay:type_name -> google.protobuf.Duration
+	60,  // 76: bettercompute.session.v1.CommandUpdate.accepted:type_name -> bettercompute.session.v1.Accepted
+	61,  // 77: bettercompute.session.v1.CommandUpdate.running:type_name -> bettercompute.session.v1.Running
+	62,  // 78: bettercompute.session.v1.CommandUpdate.output:type_name -> bettercompute.session.v1.OutputChunk
+	63,  // 79: bettercompute.session.v1.CommandUpdate.result:type_name -> bettercompute.session.v1.CommandResult
+	86,  // 80: bettercompute.session.v1.Accepted.accepted_at:type_name -> google.protobuf.Timestamp
+	86,  // 81: bettercompute.session.v1.Running.started_at:type_name -> google.protobuf.Timestamp
+	3,   // 82: bettercompute.session.v1.OutputChunk.stream:type_name -> bettercompute.session.v1.OutputStream
+	4,   // 83: bettercompute.session.v1.CommandResult.state:type_name -> bettercompute.session.v1.CommandState
+	86,  // 84: bettercompute.session.v1.CommandResult.finished_at:type_name -> google.protobuf.Timestamp
+	86,  // 85: bettercompute.session.v1.Event.time:type_name -> google.protobuf.Timestamp
+	5,   // 86: bettercompute.session.v1.Event.severity:type_name -> bettercompute.session.v1.Severity
+	84,  // 87: bettercompute.session.v1.Event.attributes:type_name -> bettercompute.session.v1.Event.AttributesEntry
+	65,  // 88: bettercompute.session.v1.Event.gpu_finding:type_name -> bettercompute.session.v1.GPUFinding
+	66,  // 89: bettercompute.session.v1.GPUFinding.xid:type_name -> bettercompute.session.v1.XIDSignal
+	67,  // 90: bettercompute.session.v1.GPUFinding.ecc:type_name -> bettercompute.session.v1.ECCSignal
+	68,  // 91: bettercompute.session.v1.GPUFinding.row_remap:type_name -> bettercompute.session.v1.RowRemapSignal
+	69,  // 92: bettercompute.session.v1.GPUFinding.recovery_action:type_name -> bettercompute.session.v1.RecoveryActionSignal
+	70,  // 93: bettercompute.session.v1.GPUFinding.clocks:type_name -> bettercompute.session.v1.ClocksSignal
+	71,  // 94: bettercompute.session.v1.GPUFinding.nvlink:type_name -> bettercompute.session.v1.NVLinkSignal
+	72,  // 95: bettercompute.session.v1.GPUFinding.retired_pages:type_name -> bettercompute.session.v1.RetiredPagesSignal
+	73,  // 96: bettercompute.session.v1.GPUFinding.gpu_lost:type_name -> bettercompute.session.v1.GPULostSignal
+	74,  // 97: bettercompute.session.v1.GPUFinding.pcie:type_name -> bettercompute.session.v1.PCIeSignal
+	80,  // 98: bettercompute.session.v1.GPUFinding.gpu_missing:type_name -> bettercompute.session.v1.GPUMissingSignal
+	75,  // 99: bettercompute.session.v1.GPUFinding.fabric:type_name -> bettercompute.session.v1.FabricSignal
+	79,  // 100: bettercompute.session.v1.GPUFinding.infiniband:type_name -> bettercompute.session.v1.InfiniBandSignal
+	76,  // 101: bettercompute.session.v1.GPUFinding.persistence:type_name -> bettercompute.session.v1.PersistenceModeSignal
+	77,  // 102: bettercompute.session.v1.GPUFinding.drift:type_name -> bettercompute.session.v1.DriftSignal
+	78,  // 103: bettercompute.session.v1.GPUFinding.fabric_manager:type_name -> bettercompute.session.v1.FabricManagerSignal
+	2,   // 104: bettercompute.session.v1.GPUFinding.health:type_name -> bettercompute.session.v1.GPUHealthState
+	81,  // 105: bettercompute.session.v1.GPUFinding.evidence:type_name -> bettercompute.session.v1.GPUFindingEvidence
+	86,  // 106: bettercompute.session.v1.GPUFinding.observed_at:type_name -> google.protobuf.Timestamp
+	87,  // 107: bettercompute.session.v1.NVLinkSignal.window:type_name -> google.protobuf.Duration
+	87,  // 108: bettercompute.session.v1.PCIeSignal.window:type_name -> google.protobuf.Duration
+	87,  // 109: bettercompute.session.v1.FabricSignal.for:type_name -> google.protobuf.Duration
+	87,  // 110: bettercompute.session.v1.FabricManagerSignal.window:type_name -> google.protobuf.Duration
+	87,  // 111: bettercompute.session.v1.FabricManagerSignal.down_for:type_name -> google.protobuf.Duration
+	87,  // 112: bettercompute.session.v1.InfiniBandSignal.window:type_name -> google.protobuf.Duration
+	85,  // 113: bettercompute.session.v1.GPUFindingEvidence.counters:type_name -> bettercompute.session.v1.GPUFindingEvidence.CountersEntry
+	10,  // 114: bettercompute.session.v1.JoinService.Join:input_type -> bettercompute.session.v1.JoinRequest
+	13,  // 115: bettercompute.session.v1.JoinService.Renew:input_type -> bettercompute.session.v1.RenewRequest
+	15,  // 116: bettercompute.session.v1.JoinService.Secret:input_type -> bettercompute.session.v1.SecretRequest
+	6,   // 117: bettercompute.session.v1.JoinService.Challenge:input_type -> bettercompute.session.v1.ChallengeRequest
+	9,   // 118: bettercompute.session.v1.JoinService.Reattest:input_type -> bettercompute.session.v1.ReattestRequest
+	21,  // 119: bettercompute.session.v1.SessionService.Connect:input_type -> bettercompute.session.v1.NodeMessage
+	18,  // 120: bettercompute.session.v1.SessionService.Tunnel:input_type -> bettercompute.session.v1.TunnelFrame
+	12,  // 121: bettercompute.session.v1.JoinService.Join:output_type -> bettercompute.session.v1.JoinResponse
+	14,  // 122: bettercompute.session.v1.JoinService.Renew:output_type -> bettercompute.session.v1.RenewResponse
+	16,  // 123: bettercompute.session.v1.JoinService.Secret:output_type -> bettercompute.session.v1.SecretResponse
+	7,   // 124: bettercompute.session.v1.JoinService.Challenge:output_type -> bettercompute.session.v1.ChallengeResponse
+	14,  // 125: bettercompute.session.v1.JoinService.Reattest:output_type -> bettercompute.session.v1.RenewResponse
+	27,  // 126: bettercompute.session.v1.SessionService.Connect:output_type -> bettercompute.session.v1.GatewayMessage
+	18,  // 127: bettercompute.session.v1.SessionService.Tunnel:output_type -> bettercompute.session.v1.TunnelFrame
+	121, // [121:128] is the sub-list for method output_type
+	114, // [114:121] is the sub-list for method input_type
+	114, // [114:114] is the sub-list for extension type_name
+	114, // [114:114] is the sub-list for extension extendee
+	0,   // [0:114] is the sub-list for field type_name
 }
 
 func init() { file_session_v1_session_proto_init() }

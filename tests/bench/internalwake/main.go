@@ -88,6 +88,7 @@ type wakeCount struct {
 }
 
 func (*wakeCount) Handshake(string)                                       {}
+func (*wakeCount) SessionOpened(string, bool)                             {}
 func (*wakeCount) Refused(string, string)                                 {}
 func (*wakeCount) HeartbeatReceived(string, time.Duration, time.Duration) {}
 func (*wakeCount) DispatchLatency(time.Duration)                          {}
