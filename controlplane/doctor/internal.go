@@ -53,9 +53,9 @@ func (c InternalConfig) runs(role string) bool {
 // configured, it is ok: gateways are woken by LISTEN/NOTIFY
 // (host.gateway.notifier) or their 1-second loop, and the all-in-one
 // process wakes its gateway in memory. Configured, the certificate files
-// must hold a key pair chaining to the bundle's internal CA (or to one an
-// internal-CA rotation replaced: warn, the process re-issues it in memory)
-// with an internal
+// must hold a key pair chaining to the bundle's internal CA (or issued by
+// another internal CA of the trust domain, as one a rotation replaced:
+// warn, the process re-issues it in memory) with an internal
 // SPIFFE ID of the trust domain (fail otherwise), valid now and for 7 more
 // days (fail) and for 30 more days (warn), naming the host of host.gateway.internal.address
 // when it is set and this process runs the gateway, which serves it (fail;
@@ -89,10 +89,10 @@ func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now 
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(bundle.InternalCA.Cert)
-	// A certificate from another internal CA of the deployment (a
-	// rotation's old one, or one it retired) is re-issued in memory from the
-	// CA in force by the process that loads it (control.Identity): it
-	// works, and the files want renewing.
+	// A certificate from another internal CA of the trust domain (a
+	// rotation's old one, one it retired, or by name another deployment's)
+	// is re-issued in memory from the CA in force by the process that
+	// loads it (control.Identity): it works, and the files want renewing.
 	otherCA := bundle.FromOtherInternalCA(leaf)
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}); err != nil && !otherCA {
@@ -119,8 +119,8 @@ func Internal(bundle *pki.Bundle, cfg InternalConfig, gws []*store.Gateway, now 
 		return result(IDGatewayInternal, Warn, fmt.Sprintf("the internal certificate ends in %s: re-issue it with better-compute pki issue-internal (files are re-read every 60 s)", days(left)), detail)
 	}
 	if otherCA {
-		return result(IDGatewayInternal, Warn, "the internal certificate "+cfg.CertFile+" comes from an internal CA a rotation replaced: the process presents one re-issued in memory "+
-			"from the CA in force for the same key and names; renew the files with better-compute pki issue-internal", detail)
+		return result(IDGatewayInternal, Warn, "the internal certificate "+cfg.CertFile+" comes from another internal CA of the trust domain (one a rotation replaced, or another deployment's): "+
+			"the process presents one re-issued in memory from the CA in force for the same key and names; renew the files with better-compute pki issue-internal", detail)
 	}
 	var without []string
 	for _, g := range gws {

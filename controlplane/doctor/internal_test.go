@@ -21,7 +21,7 @@ func TestInternalAndTunnels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := pki.Init(pki.InitOptions{TrustDomain: "doctor.test"})
+	other, err := pki.Init(pki.InitOptions{TrustDomain: "other.test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestInternalAndTunnels(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want(t, doctor.Internal(rotated, good, live, now, time.Minute), doctor.IDGatewayInternal, doctor.Warn, "from an internal CA a rotation replaced")
+	want(t, doctor.Internal(rotated, good, live, now, time.Minute), doctor.IDGatewayInternal, doctor.Warn, "another internal CA of the trust domain")
 	want(t, doctor.Internal(rotated, doctor.InternalConfig{CertFile: ocert, KeyFile: okey, SplitRoles: true}, live, now, time.Minute),
 		doctor.IDGatewayInternal, doctor.Fail, "does not verify")
 

@@ -239,11 +239,6 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		}
 	}
 	stages = append(stages, start(ctx, failed, clock.Run, nil, nil))
-	if internalID != nil {
-		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
-			return internalID.Run(ctx, st, cfg.Secret, 0, 0)
-		}, nil, nil))
-	}
 	// The serving certificates serve issues for itself are renewed while
 	// it runs; the gateway and the API re-read them every 60 s.
 	if renewer, err := servingRenewer(cfg, st, gw != nil, srv != nil && !opts.ExternalAPI, log); err != nil {
@@ -298,6 +293,14 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
 			return m.Serve(ctx, metrics.ListenConfig{Addr: cfg.Host.Metrics.Listen, Token: cfg.Host.Metrics.BearerToken,
 				Pprof: cfg.Host.Metrics.Pprof, Listeners: listeners})
+		}, nil, nil))
+	}
+	// The internal control API's identity follows the bundle until the
+	// gateway and the api have stopped (stages stop in order), and the row
+	// that reports it goes last.
+	if internalID != nil {
+		stages = append(stages, start(ctx, failed, func(ctx context.Context) error {
+			return internalID.Run(ctx, st, cfg.Secret, 0, 0)
 		}, nil, nil))
 	}
 	// Every process registers, whatever its roles; its row goes last.

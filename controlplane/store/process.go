@@ -20,12 +20,18 @@ type Process struct {
 	HeartbeatAt time.Time
 	// InternalCAs are the ids (pki.NodeCAID) of the internal CAs the
 	// process accepts peers of the internal control API from, the one in
-	// force first; empty without the internal control API (migration
-	// 0031). InternalCertCA is the id of the internal CA whose certificate
-	// it presents. An internal-CA rotation advances on them.
+	// force first (migration 0031); [NoInternalAPI] from a process without
+	// the internal control API; empty from a build before 0031, which
+	// reports nothing. InternalCertCA is the id of the internal CA whose
+	// certificate it presents. An internal-CA rotation advances on them.
 	InternalCAs    []string
 	InternalCertCA string
 }
+
+// NoInternalAPI is Process.InternalCAs' one element for a process that
+// runs without the internal control API (it trusts no internal CA): told
+// apart from a build too old to report.
+const NoInternalAPI = "-"
 
 // ProcessStore keeps the processes table.
 type ProcessStore interface {

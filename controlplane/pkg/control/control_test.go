@@ -282,8 +282,15 @@ func TestServerRefusesOtherCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, files := range map[string][2]string{"gateway serving certificate": {gwCert, gwKey}, "another deployment's internal CA": {otherCert, otherKey}} {
-		id, err := NewIdentity(f.bundle, files[0], files[1], f.log)
+	// The other deployment's process holds its own bundle: it presents its
+	// files as they are (a process of this deployment would re-issue a
+	// same-named CA's certificate from its own, as after a rotation).
+	for name, c := range map[string]struct {
+		b     *pki.Bundle
+		files [2]string
+	}{"gateway serving certificate": {f.bundle, [2]string{gwCert, gwKey}}, "another deployment's internal CA": {other, [2]string{otherCert, otherKey}}} {
+		files := c.files
+		id, err := NewIdentity(c.b, files[0], files[1], f.log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,4 +399,35 @@ func TestIdentityFollowsAnInternalCARotation(t *testing.T) {
 		t.Fatalf("a restarted process presents %s, want its certificate re-issued from %s", restarted.Presents(), newID)
 	}
 	wake("retired, a process started with the old CA's files", restarted, true)
+}
+
+// TestWakeRefusesAnAddressWithoutHost: an internal address with no host
+// (":port") gives the client no name to verify the server's certificate
+// for; the call is refused, not made unverified, and falls back.
+func TestWakeRefusesAnAddressWithoutHost(t *testing.T) {
+	f := newFixture(t)
+	pool := f.pool(t)
+	rec := newRecorder("node-a")
+	srv := f.gateway(t, "gw-a", rec)
+	_, port, err := net.SplitHostPort(srv.Address())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.GatewayUpsert(context.Background(), &store.GatewayUpsertParams{ID: "gw-a", Region: "default", InternalAddress: ":" + port}); err != nil {
+		t.Fatal(err)
+	}
+	f.node(t, pool, "node-a", "gw-a")
+	fb := &fallback{}
+	c, err := NewClient(ClientConfig{Fallback: fb, Timeout: 2 * time.Second}, f.identity(t, "api-1"), f.st, f.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Wake(context.Background(), []string{"node-a"})
+	if got := rec.wakes(); len(got) != 0 {
+		t.Fatalf("gateway woken with %v through an address without a host, want refused", got)
+	}
+	if got := fb.got(); !slices.Equal(got, []string{"node-a"}) {
+		t.Fatalf("fallback woken for %v, want [node-a]", got)
+	}
 }

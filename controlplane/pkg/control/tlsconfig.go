@@ -298,6 +298,10 @@ func (id *Identity) clientTLS(serverName string) *tls.Config {
 			return id.certificate(), nil
 		},
 		VerifyConnection: func(cs tls.ConnectionState) error {
+			if serverName == "" {
+				// crypto/tls refuses to verify without a name; so does this.
+				return fmt.Errorf("%w: the internal address names no host to verify the server's certificate for", ErrPeer)
+			}
 			if len(cs.PeerCertificates) == 0 {
 				return fmt.Errorf("%w: no certificate", ErrPeer)
 			}

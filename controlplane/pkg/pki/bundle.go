@@ -60,12 +60,6 @@ type Bundle struct {
 	// trusted until the rotation retires, and the CA in force again on a
 	// rollback. Nil outside the activated phase.
 	PreviousInternalCA *CA
-	// RetiredInternalRoots are internal CA certificates a rotation retired
-	// or rolled back: trusted by no one, kept so that a process whose
-	// files still hold a certificate from one of them is recognised as this
-	// deployment's and re-issued one from the CA in force
-	// (ReissueInternal). Oldest first; their keys are not kept.
-	RetiredInternalRoots []*x509.Certificate
 }
 
 // InitOptions configures Init.
@@ -156,11 +150,6 @@ func (b *Bundle) Validate() error {
 	for i, root := range b.RetiredNodeRoots {
 		if root == nil || !root.IsCA {
 			return fmt.Errorf("%w: retired node root %d is not a CA certificate", ErrBundleInvalid, i)
-		}
-	}
-	for i, root := range b.RetiredInternalRoots {
-		if root == nil || !root.IsCA {
-			return fmt.Errorf("%w: retired internal root %d is not a CA certificate", ErrBundleInvalid, i)
 		}
 	}
 	if b.NextNodeCA != nil && b.PreviousNodeCA != nil {

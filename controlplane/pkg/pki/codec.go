@@ -17,20 +17,19 @@ const bundleAAD = "better-compute/pki/bundle/v1"
 
 // bundleJSON is the encoded form of a Bundle.
 type bundleJSON struct {
-	Format               int      `json:"format"`
-	TrustDomain          string   `json:"trustDomain"`
-	NodeCA               caJSON   `json:"nodeCA"`
-	GatewayCA            caJSON   `json:"gatewayCA"`
-	InternalCA           caJSON   `json:"internalCA"`
-	PreviousNodeRoots    []string `json:"previousNodeRoots,omitempty"`
-	NextNodeCA           *caJSON  `json:"nextNodeCA,omitempty"`
-	PreviousNodeCA       *caJSON  `json:"previousNodeCA,omitempty"`
-	RetiredNodeRoots     []string `json:"retiredNodeRoots,omitempty"`
-	NextGatewayCA        *caJSON  `json:"nextGatewayCA,omitempty"`
-	PreviousGatewayCA    *caJSON  `json:"previousGatewayCA,omitempty"`
-	NextInternalCA       *caJSON  `json:"nextInternalCA,omitempty"`
-	PreviousInternalCA   *caJSON  `json:"previousInternalCA,omitempty"`
-	RetiredInternalRoots []string `json:"retiredInternalRoots,omitempty"`
+	Format             int      `json:"format"`
+	TrustDomain        string   `json:"trustDomain"`
+	NodeCA             caJSON   `json:"nodeCA"`
+	GatewayCA          caJSON   `json:"gatewayCA"`
+	InternalCA         caJSON   `json:"internalCA"`
+	PreviousNodeRoots  []string `json:"previousNodeRoots,omitempty"`
+	NextNodeCA         *caJSON  `json:"nextNodeCA,omitempty"`
+	PreviousNodeCA     *caJSON  `json:"previousNodeCA,omitempty"`
+	RetiredNodeRoots   []string `json:"retiredNodeRoots,omitempty"`
+	NextGatewayCA      *caJSON  `json:"nextGatewayCA,omitempty"`
+	PreviousGatewayCA  *caJSON  `json:"previousGatewayCA,omitempty"`
+	NextInternalCA     *caJSON  `json:"nextInternalCA,omitempty"`
+	PreviousInternalCA *caJSON  `json:"previousInternalCA,omitempty"`
 }
 
 // caJSON is the encoded form of a CA: PEM certificate and PKCS #8 PEM key.
@@ -67,9 +66,6 @@ func (b *Bundle) Marshal() ([]byte, error) {
 	}
 	for _, root := range b.RetiredNodeRoots {
 		out.RetiredNodeRoots = append(out.RetiredNodeRoots, string(EncodeCertificatesPEM(root)))
-	}
-	for _, root := range b.RetiredInternalRoots {
-		out.RetiredInternalRoots = append(out.RetiredInternalRoots, string(EncodeCertificatesPEM(root)))
 	}
 	for _, ca := range []struct {
 		src *CA
@@ -138,13 +134,6 @@ func UnmarshalBundle(data []byte) (*Bundle, error) {
 			return nil, fmt.Errorf("unmarshal pki bundle: %w: retired node root %d: %w", ErrBundleInvalid, i, err)
 		}
 		b.RetiredNodeRoots = append(b.RetiredNodeRoots, cert)
-	}
-	for i, root := range in.RetiredInternalRoots {
-		cert, err := parseOneCertificatePEM(root)
-		if err != nil {
-			return nil, fmt.Errorf("unmarshal pki bundle: %w: retired internal root %d: %w", ErrBundleInvalid, i, err)
-		}
-		b.RetiredInternalRoots = append(b.RetiredInternalRoots, cert)
 	}
 	for _, ca := range []struct {
 		name string

@@ -5,7 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/x509"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 )
@@ -35,32 +34,32 @@ func (b *Bundle) ActivateInternalCA() error {
 }
 
 // RetireInternalCA drops PreviousInternalCA and its key: a certificate it
-// issued is no longer accepted on the internal control API. Its
-// certificate goes to RetiredInternalRoots. It fails with ErrRotation
-// without an activated internal-CA rotation.
+// issued is no longer accepted on new connections of the internal control
+// API. Nothing of it is kept: a process whose files still hold one is
+// recognised by the issuer's name (FromOtherInternalCA), so the bundle
+// stays readable by builds that know no internal-CA rotation. It fails
+// with ErrRotation without an activated internal-CA rotation.
 func (b *Bundle) RetireInternalCA() error {
 	if b.PreviousInternalCA == nil {
 		return fmt.Errorf("retire internal CA: %w: no activated internal CA rotation", ErrRotation)
 	}
-	b.RetiredInternalRoots = append(b.RetiredInternalRoots, b.PreviousInternalCA.Cert)
 	b.PreviousInternalCA = nil
 	return nil
 }
 
 // RollbackInternalCA undoes an internal-CA rotation that is not retired:
 // prepared only, it drops NextInternalCA (it issued nothing); activated, it
-// makes PreviousInternalCA the CA in force again and moves the new one's
-// certificate to RetiredInternalRoots: each process re-issues its
-// certificate from the old CA at its next bundle read (ReissueInternal),
+// makes PreviousInternalCA the CA in force again and drops the new one:
+// each process presents its files' certificate again at its next bundle
+// read (re-issued from the old CA when the files came from the new one),
 // and until then a handshake with a process that already dropped the new
-// CA fails and is retried. It fails with ErrRotation when no internal-CA
-// rotation is in progress.
+// CA fails. It fails with ErrRotation when no internal-CA rotation is in
+// progress.
 func (b *Bundle) RollbackInternalCA() error {
 	switch {
 	case b.NextInternalCA != nil:
 		b.NextInternalCA = nil
 	case b.PreviousInternalCA != nil:
-		b.RetiredInternalRoots = append(b.RetiredInternalRoots, b.InternalCA.Cert)
 		b.InternalCA, b.PreviousInternalCA = b.PreviousInternalCA, nil
 	default:
 		return fmt.Errorf("roll back internal CA: %w: no internal CA rotation in progress", ErrRotation)
@@ -81,23 +80,16 @@ func (b *Bundle) InternalCARoots() []*x509.Certificate {
 	return roots
 }
 
-// FromOtherInternalCA reports whether leaf was signed by an internal CA of
-// this deployment other than the one in force: a rotation's next,
-// previous, retired or rolled-back one. Such a certificate is re-issued
-// (ReissueInternal); one from elsewhere is not.
+// FromOtherInternalCA reports whether leaf was issued by an internal CA of
+// the bundle's trust domain other than the one in force: a rotation's next
+// or previous one, one it retired or rolled back. Every internal CA of a
+// trust domain has the same name ("<trust domain> internal CA"), and a
+// retired one's certificate is not kept, so the name is the test, as for
+// the gateway serving CA; another deployment of the same trust domain
+// passes it too, and doctor's host.gateway.internal check says so. Such a
+// certificate is re-issued (ReissueInternal).
 func (b *Bundle) FromOtherInternalCA(leaf *x509.Certificate) bool {
-	others := slices.Clone(b.RetiredInternalRoots)
-	for _, ca := range []*CA{b.NextInternalCA, b.PreviousInternalCA} {
-		if ca != nil {
-			others = append(others, ca.Cert)
-		}
-	}
-	for _, c := range others {
-		if bytes.Equal(leaf.RawIssuer, c.RawSubject) && leaf.CheckSignatureFrom(c) == nil {
-			return true
-		}
-	}
-	return false
+	return bytes.Equal(leaf.RawIssuer, b.InternalCA.Cert.RawSubject) && leaf.CheckSignatureFrom(b.InternalCA.Cert) != nil
 }
 
 // ReissueInternal issues, from the internal CA in force, an internal
@@ -106,12 +98,16 @@ func (b *Bundle) FromOtherInternalCA(leaf *x509.Certificate) bool {
 // one in the files before an internal-CA rotation activated), valid until
 // leaf's end, or for DefaultServerTTL when leaf ends within the hour. It
 // returns the certificate (leaf first, then the CA in force) and fails with
-// ErrName when leaf names no internal SPIFFE ID of the bundle's trust
-// domain, and as IssueInternal does otherwise.
+// ErrTTL when leaf has expired at now (an expired file stays expired: pki
+// issue-internal renews it), ErrName when leaf names no internal SPIFFE ID
+// of the bundle's trust domain, and as IssueInternal does otherwise.
 func (b *Bundle) ReissueInternal(leaf *x509.Certificate, key *ecdsa.PrivateKey, now time.Time) ([]*x509.Certificate, error) {
 	prefix := InternalSPIFFEID(b.TrustDomain, "")
 	if len(leaf.URIs) != 1 || !strings.HasPrefix(leaf.URIs[0].String(), prefix) {
 		return nil, fmt.Errorf("reissue internal certificate: %w: %q names no internal SPIFFE ID of %s", ErrName, leaf.Subject.CommonName, b.TrustDomain)
+	}
+	if !now.Before(leaf.NotAfter) {
+		return nil, fmt.Errorf("reissue internal certificate: %w: %q expired at %s", ErrTTL, leaf.Subject.CommonName, leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	name := strings.TrimPrefix(leaf.URIs[0].String(), prefix)
 	ttl := leaf.NotAfter.Sub(now)

@@ -111,6 +111,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 // beat refreshes the row and prunes the dead ones.
 func (r *Registrar) beat(ctx context.Context) {
 	p := &store.ProcessHeartbeatParams{ID: r.cfg.ID, Roles: r.cfg.Roles, Hostname: r.cfg.Hostname, PID: r.cfg.PID, Version: r.cfg.Version}
+	p.InternalCAs = []string{store.NoInternalAPI}
 	if r.cfg.Internal != nil {
 		p.InternalCAs, p.InternalCertCA = r.cfg.Internal.Trusts(), r.cfg.Internal.Presents()
 	}

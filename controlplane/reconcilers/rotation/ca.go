@@ -88,17 +88,22 @@ type processLister interface {
 
 // internalStatus fills out's counts for an internal-CA rotation from the
 // processes' rows: the live ones are the registered processes that have
-// the internal control API (they report internal CAs); acked, those that
-// trust the new CA; off the new CA, those that present a certificate from
-// another one. Processes are few; the count is done here.
+// the internal control API (they report internal CAs), and api or gateway
+// processes of a build too old to report (counted as neither trusting nor
+// presenting the new CA: upgrade them, or advance --force); acked, those
+// that trust the new CA; off the new CA, those that present a certificate
+// from another one. Processes are few; the count is done here.
 func internalStatus(ctx context.Context, st processLister, ro *store.PKIRotation, out *Status) error {
 	procs, err := st.ProcessList(ctx)
 	if err != nil {
 		return fmt.Errorf("list processes: %w", err)
 	}
 	for _, p := range procs {
-		if len(p.InternalCAs) == 0 {
+		switch {
+		case slices.Equal(p.InternalCAs, []string{store.NoInternalAPI}):
 			continue
+		case len(p.InternalCAs) == 0 && !slices.Contains(p.Roles, "api") && !slices.Contains(p.Roles, "gateway"):
+			continue // an older build's process that uses no internal control API
 		}
 		out.Live++
 		if slices.Contains(p.InternalCAs, ro.NewCAID) {

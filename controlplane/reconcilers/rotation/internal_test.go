@@ -30,7 +30,12 @@ func TestInternalCARotation(t *testing.T) {
 	}
 	beat("vm-api", []string{oldID}, oldID)
 	beat("vm-gw", []string{oldID}, oldID)
-	beat("vm-worker", nil, "")
+	beat("vm-worker", []string{store.NoInternalAPI}, "")
+	// A worker of a build before migration 0031 reports nothing, and uses
+	// no internal control API: not counted either.
+	if _, err := st.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "vm-old-worker", Roles: []string{"controllers"}}); err != nil {
+		t.Fatal(err)
+	}
 	r, err := rotation.New(rotation.Config{Secret: secret, CA: store.RotationCAInternal, Threshold: 0.5}, st)
 	if err != nil {
 		t.Fatal(err)
@@ -81,12 +86,25 @@ func TestInternalCARotation(t *testing.T) {
 		t.Fatalf("status with vm-gw on the old certificate: %+v, %v", stat, err)
 	}
 	beat("vm-gw", []string{newID, oldID}, newID)
+	// An api of a build too old to report holds it back, named.
+	if _, err := st.ProcessHeartbeat(ctx, &store.ProcessHeartbeatParams{ID: "vm-old-api", Roles: []string{"api"}}); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != "" {
+		t.Fatalf("Reconcile with an older build's api registered: %q, %v", moved, err)
+	}
+	if stat, err = r.Status(ctx); err != nil || stat.Live != 3 || !strings.Contains(stat.Waiting, "vm-old-api") {
+		t.Fatalf("status with an older build's api: %+v, %v", stat, err)
+	}
+	if err := st.ProcessDelete(ctx, "vm-old-api"); err != nil {
+		t.Fatal(err)
+	}
 	if moved, err := r.Reconcile(ctx, nil); err != nil || moved != store.RotationRetired {
 		t.Fatalf("Reconcile with every process on the new CA: %q, %v", moved, err)
 	}
 	b = loadBundle(t, st)
-	if len(b.InternalCARoots()) != 1 || len(b.RetiredInternalRoots) != 1 || !b.RetiredInternalRoots[0].Equal(before.InternalCA.Cert) {
-		t.Fatal("retire did not leave the new internal CA alone, the old one among the retired roots")
+	if len(b.InternalCARoots()) != 1 || pki.NodeCAID(b.InternalCA.Cert) != newID {
+		t.Fatal("retire did not leave the new internal CA alone")
 	}
 	// The node CA and the gateway CA were left alone.
 	if !b.NodeCA.Cert.Equal(before.NodeCA.Cert) || !b.GatewayCA.Cert.Equal(before.GatewayCA.Cert) {
