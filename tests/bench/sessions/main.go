@@ -216,8 +216,12 @@ func (b *bench) run(n int) *result {
 	}
 	apiPort, gwPort := freePort(), freePort()
 	cfg := filepath.Join(dir, "better-compute.yaml")
-	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n    pprof: true\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n",
-		apiPort, metricsToken, gwPort, max(2*n, 5000))
+	// Every daemon comes from 127.0.0.1: the per-source bounds (joins a
+	// second, connections in setup and queued) are made the gateway's
+	// bounds in all, as a fleet of N machines would meet them.
+	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n    pprof: true\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n"+
+		"    limits: {pendingPerSource: 256, queuedPerSource: %d, joinsPerSecond: 1000, joinBurst: 1000}\n",
+		apiPort, metricsToken, gwPort, max(2*n, 5000), max(2*n, 4096))
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", apiPort)
 	if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
 		fatalf("%v", err)
