@@ -83,6 +83,7 @@ func newGateway(ctx context.Context, cfg *config.Config, st store.Store, opts Op
 		MaxConnecting:          gc.Limits.Pending,
 		MaxQueued:              gc.Limits.Queued,
 		JoinRate:               gc.Limits.JoinsPerSecond,
+		HandshakeRate:          gc.Limits.HandshakesPerSecond,
 		JoinBurst:              gc.Limits.JoinBurst,
 		MaxConnectingPerSource: gc.Limits.PendingPerSource,
 		MaxQueuedPerSource:     gc.Limits.QueuedPerSource,

@@ -246,6 +246,11 @@ type GatewayLimits struct {
 	// Queued caps the connections waiting for a setup slot in all; past it
 	// the gateway stops accepting until some leave. Defaults to 4,096.
 	Queued int `yaml:"queued"`
+	// HandshakesPerSecond is how many new connections the gateway admits
+	// (starts setting up) a second, in all: the rate a fleet comes back at
+	// after a restart, and what its Welcome's reconnect window is sized by
+	// (sessions held over this rate). Defaults to 500.
+	HandshakesPerSecond float64 `yaml:"handshakesPerSecond"`
 	// HandshakeTimeout bounds a new connection's TLS handshake, and a new
 	// session's wait for Hello. Defaults to 5 s.
 	HandshakeTimeout Duration `yaml:"handshakeTimeout"`
@@ -268,6 +273,8 @@ func (l *GatewayLimits) validate() error {
 	switch {
 	case l.JoinsPerSecond < 0:
 		return &Error{Key: "host.gateway.limits.joinsPerSecond", Msg: "must be positive"}
+	case l.HandshakesPerSecond < 0:
+		return &Error{Key: "host.gateway.limits.handshakesPerSecond", Msg: "must be positive"}
 	case l.HandshakeTimeout.Duration < 0:
 		return &Error{Key: "host.gateway.limits.handshakeTimeout", Msg: "must be positive"}
 	case l.Pending > 0 && l.PendingPerSource > l.Pending:

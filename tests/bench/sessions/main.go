@@ -59,6 +59,7 @@ func main() {
 	work := flag.String("work", "", "working directory for binaries, data and logs (default: a new temporary one, removed unless --keep)")
 	keep := flag.Bool("keep", false, "keep the working directory")
 	noInventory := flag.Bool("no-inventory", false, "daemons send no inventory")
+	handshakes := flag.Float64("handshakes-per-second", 0, "host.gateway.limits.handshakesPerSecond: new connections serve admits a second (0: its default)")
 	fleetProfile := flag.String("fleet-cpuprofile", "", "have the fleet write a CPU profile of its joins to this file")
 	joinConcurrency := flag.Int("join-concurrency", 0, "joins the fleet runs at once (0: the fleet's default)")
 	joinProfile := flag.String("join-cpuprofile", "", "write a CPU profile of serve's first 20 s of joins to this file (N appended when -n names several sizes)")
@@ -101,7 +102,7 @@ func main() {
 			defer os.RemoveAll(dir)
 		}
 	}
-	b := &bench{dir: dir, idle: *idle, settle: *settle, restart: *restart, outage: *outage, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
+	b := &bench{handshakes: *handshakes, dir: dir, idle: *idle, settle: *settle, restart: *restart, outage: *outage, noInventory: *noInventory, serveEnv: serveEnv, fleetProfile: *fleetProfile, serveProfile: *serveProfile, restartProfile: *restartProfile, joinProfile: *joinProfile, joinConcurrency: *joinConcurrency, sizes: len(ns)}
 	b.build(*bcBin)
 	if *renewals {
 		runRenewals(b, ns, renew)
@@ -144,6 +145,7 @@ func raiseFileLimit() {
 }
 
 type bench struct {
+	handshakes   float64
 	dir          string
 	bc, fleet    string // binaries
 	idle, settle time.Duration
@@ -220,8 +222,8 @@ func (b *bench) run(n int) *result {
 	// second, connections in setup and queued) are made the gateway's
 	// bounds in all, as a fleet of N machines would meet them.
 	cfgText := fmt.Sprintf("host:\n  listen: 127.0.0.1:%d\n  metrics:\n    bearerToken: %s\n    pprof: true\n  gateway:\n    listen: 127.0.0.1:%d\n    maxStreams: %d\n"+
-		"    limits: {pendingPerSource: 256, queuedPerSource: %d, joinsPerSecond: 1000, joinBurst: 1000}\n",
-		apiPort, metricsToken, gwPort, max(2*n, 5000), max(2*n, 4096))
+		"    limits: {pendingPerSource: 256, queuedPerSource: %d, joinsPerSecond: 1000, joinBurst: 1000, handshakesPerSecond: %g}\n",
+		apiPort, metricsToken, gwPort, max(2*n, 5000), max(2*n, 4096), b.handshakes)
 	metricsURL := fmt.Sprintf("http://127.0.0.1:%d/metrics", apiPort)
 	if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
 		fatalf("%v", err)
