@@ -17,66 +17,56 @@ import (
 // old gateway CA.
 const AuditTokenRevoked = "pki.rotation.token-revoked"
 
-// what names the Rotator's CA in messages.
-func (r *Rotator) what() string {
-	switch r.cfg.CA {
-	case store.RotationCAGateway:
-		return "gateway CA"
-	case store.RotationCAInternal:
-		return "internal CA"
-	}
-	return "node CA"
+// caKind is what differs between the CAs that rotate in phases: its name
+// in messages, where the bundle keeps it in force and prepared, and the
+// bundle's change for each phase.
+type caKind struct {
+	what     string
+	inForce  func(*pki.Bundle) *pki.CA
+	next     func(*pki.Bundle) *pki.CA
+	prepare  func(b *pki.Bundle, now time.Time, validity time.Duration) error
+	activate func(*pki.Bundle) error
+	retire   func(*pki.Bundle) error
+	rollback func(*pki.Bundle) error
 }
+
+// caKinds are the CAs that rotate in phases, by store.RotationCA*.
+var caKinds = map[string]caKind{
+	store.RotationCANode: {"node CA", func(b *pki.Bundle) *pki.CA { return b.NodeCA }, func(b *pki.Bundle) *pki.CA { return b.NextNodeCA },
+		(*pki.Bundle).PrepareNodeCA, (*pki.Bundle).ActivateNodeCA, (*pki.Bundle).RetireNodeCA, (*pki.Bundle).RollbackNodeCA},
+	store.RotationCAGateway: {"gateway CA", func(b *pki.Bundle) *pki.CA { return b.GatewayCA }, func(b *pki.Bundle) *pki.CA { return b.NextGatewayCA },
+		(*pki.Bundle).PrepareGatewayCA, (*pki.Bundle).ActivateGatewayCA, (*pki.Bundle).RetireGatewayCA, (*pki.Bundle).RollbackGatewayCA},
+	store.RotationCAInternal: {"internal CA", func(b *pki.Bundle) *pki.CA { return b.InternalCA }, func(b *pki.Bundle) *pki.CA { return b.NextInternalCA },
+		(*pki.Bundle).PrepareInternalCA, (*pki.Bundle).ActivateInternalCA, (*pki.Bundle).RetireInternalCA, (*pki.Bundle).RollbackInternalCA},
+}
+
+// kind is the Rotator's CA (New checked Config.CA).
+func (r *Rotator) kind() caKind { return caKinds[r.cfg.CA] }
+
+// what names the Rotator's CA in messages.
+func (r *Rotator) what() string { return r.kind().what }
 
 // inForce is the id of the CA of r's kind in force in b.
-func (r *Rotator) inForce(b *pki.Bundle) string {
-	switch r.cfg.CA {
-	case store.RotationCAGateway:
-		return pki.NodeCAID(b.GatewayCA.Cert)
-	case store.RotationCAInternal:
-		return pki.NodeCAID(b.InternalCA.Cert)
-	}
-	return pki.NodeCAID(b.NodeCA.Cert)
-}
+func (r *Rotator) inForce(b *pki.Bundle) string { return pki.NodeCAID(r.kind().inForce(b).Cert) }
 
 // next is the id of the CA of r's kind a rotation prepared in b.
-func (r *Rotator) next(b *pki.Bundle) string {
-	switch r.cfg.CA {
-	case store.RotationCAGateway:
-		return pki.NodeCAID(b.NextGatewayCA.Cert)
-	case store.RotationCAInternal:
-		return pki.NodeCAID(b.NextInternalCA.Cert)
-	}
-	return pki.NodeCAID(b.NextNodeCA.Cert)
-}
+func (r *Rotator) next(b *pki.Bundle) string { return pki.NodeCAID(r.kind().next(b).Cert) }
 
 // prepare makes the next CA of r's kind in b.
 func (r *Rotator) prepare(b *pki.Bundle, now time.Time) error {
-	switch r.cfg.CA {
-	case store.RotationCAGateway:
-		return b.PrepareGatewayCA(now, r.cfg.CAValidity)
-	case store.RotationCAInternal:
-		return b.PrepareInternalCA(now, r.cfg.CAValidity)
-	}
-	return b.PrepareNodeCA(now, r.cfg.CAValidity)
-}
-
-// phaseSteps are the bundle's changes of one CA, by the phase moved to.
-type phaseSteps map[string]func(*pki.Bundle) error
-
-var steps = map[string]phaseSteps{
-	store.RotationCANode: {store.RotationActivated: (*pki.Bundle).ActivateNodeCA,
-		store.RotationRetired: (*pki.Bundle).RetireNodeCA, store.RotationRolledBack: (*pki.Bundle).RollbackNodeCA},
-	store.RotationCAGateway: {store.RotationActivated: (*pki.Bundle).ActivateGatewayCA,
-		store.RotationRetired: (*pki.Bundle).RetireGatewayCA, store.RotationRolledBack: (*pki.Bundle).RollbackGatewayCA},
-	store.RotationCAInternal: {store.RotationActivated: (*pki.Bundle).ActivateInternalCA,
-		store.RotationRetired: (*pki.Bundle).RetireInternalCA, store.RotationRolledBack: (*pki.Bundle).RollbackInternalCA},
+	return r.kind().prepare(b, now, r.cfg.CAValidity)
 }
 
 // apply changes b for a move to phase to.
 func (r *Rotator) apply(b *pki.Bundle, to string) error {
-	if step := steps[r.cfg.CA][to]; step != nil {
-		return step(b)
+	k := r.kind()
+	switch to {
+	case store.RotationActivated:
+		return k.activate(b)
+	case store.RotationRetired:
+		return k.retire(b)
+	case store.RotationRolledBack:
+		return k.rollback(b)
 	}
 	return nil
 }

@@ -160,7 +160,7 @@ func New(cfg Config, st Store) (*Rotator, error) {
 	}
 	cfg.CA = cmp.Or(cfg.CA, store.RotationCANode)
 	switch {
-	case cfg.CA != store.RotationCANode && cfg.CA != store.RotationCAGateway && cfg.CA != store.RotationCAInternal:
+	case caKinds[cfg.CA].what == "":
 		return nil, fmt.Errorf("rotation: %w: %q", ErrCA, cfg.CA)
 	case st == nil:
 		return nil, errors.New("rotation: store is required")
