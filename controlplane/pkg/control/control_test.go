@@ -2,6 +2,8 @@ package control
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -429,5 +431,98 @@ func TestWakeRefusesAnAddressWithoutHost(t *testing.T) {
 	}
 	if got := fb.got(); !slices.Equal(got, []string{"node-a"}) {
 		t.Fatalf("fallback woken for %v, want [node-a]", got)
+	}
+}
+
+// bundleSource serves a sealed bundle to Identity.Run, or an error, and
+// counts the reads.
+type bundleSource struct {
+	mu     sync.Mutex
+	sealed []byte
+	err    error
+	reads  int
+}
+
+func (s *bundleSource) PKIBundleGet(context.Context) (*store.PKIBundle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reads++
+	if s.err != nil {
+		return nil, s.err
+	}
+	return &store.PKIBundle{Sealed: s.sealed}, nil
+}
+
+func (s *bundleSource) set(sealed []byte, err error) (reads int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sealed, s.err = sealed, err
+	return s.reads
+}
+
+func (s *bundleSource) readsNow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+// TestIdentityRunFollowsTheStoredBundle: Run reads the sealed bundle on
+// its interval and trusts a changed one's internal CAs; a read that fails
+// (the database away) keeps the bundle in force, and a later change is
+// still taken: the loop never ends on an error. Two rotations in a row.
+func TestIdentityRunFollowsTheStoredBundle(t *testing.T) {
+	f := newFixture(t)
+	const secret = "control-test-secret-0123456789abcdef"
+	id := f.identity(t, "api-1")
+	src := &bundleSource{}
+	seal := func(b *pki.Bundle) []byte {
+		t.Helper()
+		s, err := b.SealBundle(secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	src.set(seal(f.bundle), nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- id.Run(ctx, src, secret, 5*time.Millisecond, time.Hour) }()
+	defer func() { cancel(); <-done }()
+	waitTrusts := func(what string, want []string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !slices.Equal(id.Trusts(), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: trusts %v, want %v", what, id.Trusts(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	b := f.bundle
+	ids := []string{pki.NodeCAID(b.InternalCA.Cert)}
+	for round := range 2 {
+		if err := b.PrepareInternalCA(time.Time{}, 0); err != nil {
+			t.Fatal(err)
+		}
+		next := pki.NodeCAID(b.NextInternalCA.Cert)
+		// The database is away first: the bundle in force stays.
+		before := src.set(nil, errors.New("database unavailable"))
+		for src.readsNow() < before+3 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		waitTrusts(fmt.Sprintf("round %d, reads failing", round), []string{ids[len(ids)-1]})
+		src.set(seal(b), nil)
+		waitTrusts(fmt.Sprintf("round %d, propagating", round), []string{ids[len(ids)-1], next})
+		for _, step := range []func() error{b.ActivateInternalCA, b.RetireInternalCA} {
+			if err := step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		src.set(seal(b), nil)
+		waitTrusts(fmt.Sprintf("round %d, retired", round), []string{next})
+		if id.Presents() != next {
+			t.Fatalf("round %d: presents %s, want its files' certificate re-issued from %s", round, id.Presents(), next)
+		}
+		ids = append(ids, next)
 	}
 }
