@@ -269,6 +269,15 @@ func testTenantMatrix(t *testing.T, backend string) {
 		"tenants.create": scoped(0, func(own, target *tenantFixture) string {
 			return fmt.Sprintf(`{"name": %q, "parent": %q}`, uniq(own, "t"), target.id)
 		}),
+		// An empty policy document: it changes no other case's answer.
+		"policies.apply": scoped(0, func(_, target *tenantFixture) string {
+			return fmt.Sprintf(`{"tenant": %q, "document": "policies: []\n"}`, target.id)
+		}),
+		"policies.test": scoped(0, func(_, target *tenantFixture) string {
+			return fmt.Sprintf(`{"tenant": %q, "document": "policies: []\n"}`, target.id)
+		}),
+		"policies.get":    byID(0, "tenant", func(f *tenantFixture) string { return f.id }),
+		"policies.list":   list(`{}`, func(*tenantFixture) string { return "" }),
 		"tenants.list":    list(`{}`, func(f *tenantFixture) string { return f.child }),
 		"tenants.get":     byID(0, "tenant", func(f *tenantFixture) string { return f.child }),
 		"tenants.suspend": byID(3, "tenant", func(f *tenantFixture) string { return f.child }, apiv1.CodeConflict),

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/policy"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 	sessionv1 "github.com/better-compute/better-compute/proto/session/v1"
@@ -58,10 +59,16 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 				return nil, invalid("exec.env", "%q is not a variable name", k)
 			}
 		}
-		// Root is one right: the rule of a root shell (tunnelsCreate).
-		if e.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
-			return nil, &Error{Code: apiv1.CodePermissionDenied, Field: "exec.asRoot",
-				Message: "a command as root needs an admin token (role " + p.Role + "); without asRoot it runs as the node's command user"}
+		// Root is one right: for a caller no policy binds, refused by its
+		// role before the targets are read (decided again on each target).
+		if e.GetAsRoot() {
+			if err := s.decideOnNodes(ctx, p, nil, policy.ActionCommandsCreateAsRoot); err != nil {
+				if e, ok := err.(*Error); ok && !iam.Allows(p.Role, store.RoleAdmin) {
+					e.Field = "exec.asRoot"
+					e.Message = "a command as root needs an admin token (role " + p.Role + "); without asRoot it runs as the node's command user"
+				}
+				return nil, err
+			}
 		}
 		limit := e.GetOutputLimitBytes()
 		if limit == 0 {
@@ -122,6 +129,20 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 	}
 	nodes, err := s.targets(ctx, p, r)
 	if err != nil {
+		return nil, err
+	}
+	// Each target is decided (a policy may scope commands to a pool), and
+	// asRoot as commands.createAsRoot: root is one right, the rule of a
+	// root shell (tunnelsCreate).
+	actions := []string{"commands.create"}
+	if r.GetExec().GetAsRoot() {
+		actions = append(actions, policy.ActionCommandsCreateAsRoot)
+	}
+	if err := s.decideOnNodes(ctx, p, nodes, actions...); err != nil {
+		if e, ok := err.(*Error); ok && r.GetExec().GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
+			e.Field = "exec.asRoot"
+			e.Message = "a command as root needs an admin token (role " + p.Role + "); without asRoot it runs as the node's command user: " + e.Message
+		}
 		return nil, err
 	}
 	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), SessionSpec: stored,

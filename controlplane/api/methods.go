@@ -48,6 +48,10 @@ func joinTokenTTL(d *durationpb.Duration) (time.Duration, error) {
 // methods exist, their roles and which are audited is api.proto's (service
 // rpcs with the access option), read here through apiv1.Methods.
 func (s *Server) registerMethods() {
+	handle(s, "policies.apply", s.policiesApply)
+	handle(s, "policies.get", s.policiesGet)
+	handle(s, "policies.list", s.policiesList)
+	handle(s, "policies.test", s.policiesTest)
 	handle(s, "tenants.create", s.tenantsCreate)
 	handle(s, "tenants.list", s.tenantsList)
 	handle(s, "tenants.get", s.tenantsGet)

@@ -165,14 +165,27 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	if !ok {
 		return nil, notFound("no API method %s", name)
 	}
+	ctx = context.WithValue(ctx, addrKey{}, addr) // the handler's decisions on nodes (decideOnNodes)
 	refuse := func(e *Error) (proto.Message, error) {
 		if m.mutating {
 			s.audit(ctx, p, name, "", auditOutcome(e), addr, nil)
 		}
 		return nil, e
 	}
-	if !iam.Allows(p.Role, m.role) {
-		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+	// A caller no tenant policy binds is decided by its built-in role
+	// alone, before its request is read; one that a policy binds, once the
+	// request says what the call acts on (authorize.go).
+	bound, err := s.bound(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if !bound {
+		if err := s.decide(ctx, decision{p: p, addr: addr, action: name}); err != nil {
+			if e, ok := err.(*Error); ok && e.Code == apiv1.CodePermissionDenied {
+				return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not call %s (needs %s)", p.Role, name, m.role)})
+			}
+			return nil, err
+		}
 	}
 	if tenantDenied(p, name) {
 		return refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf(
@@ -188,6 +201,21 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 	}
 	if e := s.openRequestCursor(m, name, p, req); e != nil {
 		return refuse(e)
+	}
+	if bound && !(name == "commands.create" && nodeField(name, req) == "" && req.(*apiv1.CreateCommandsRequest).GetPool() == "") {
+		res, err := s.requestResource(ctx, p, name, req)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.decide(ctx, decision{p: p, addr: addr, action: name, res: res, req: req, read: !m.mutating}); err != nil {
+			if e, ok := err.(*Error); ok {
+				return refuse(e)
+			}
+			return nil, err
+		}
+	}
+	if m.mutating {
+		ctx = withAuditNotes(ctx)
 	}
 	resp, err := m.call(ctx, p, req)
 	if m.mutating {
@@ -343,13 +371,40 @@ func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, 
 	if req != nil {
 		b, _ := marshal.Marshal(withoutSecrets(req))
 		sum := sha256.Sum256(b)
-		details, _ = json.Marshal(map[string]string{"request_sha256": fmt.Sprintf("%x", sum)})
+		d := auditNotesOf(ctx)
+		d["request_sha256"] = fmt.Sprintf("%x", sum)
+		details, _ = json.Marshal(d)
 	}
 	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome, TenantID: p.TenantID,
 		SourceIP: fmt.Sprint(addr), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
 		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
 	}
+}
+
+type auditNotesKey struct{}
+
+// withAuditNotes gives a mutating call's handler a place for what its
+// audit row should say besides the request's digest (noteAudit).
+func withAuditNotes(ctx context.Context) context.Context {
+	return context.WithValue(ctx, auditNotesKey{}, map[string]string{})
+}
+
+// noteAudit adds key: value to the details of the call's audit row (a
+// policy apply's diff); outside a mutating call it does nothing.
+func noteAudit(ctx context.Context, key, value string) {
+	if m, ok := ctx.Value(auditNotesKey{}).(map[string]string); ok {
+		m[key] = value
+	}
+}
+
+// auditNotesOf is a copy of the call's notes.
+func auditNotesOf(ctx context.Context) map[string]string {
+	m, _ := ctx.Value(auditNotesKey{}).(map[string]string)
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
 }
 
 // logger returns a logger that never is nil.

@@ -208,18 +208,21 @@ type Store interface {
 	store.RemediationStore
 	store.RolloutStore
 	store.GPUStore
+	store.PolicyStore
 }
 
 // Server serves the HTTP API.
 type Server struct {
-	cfg     Config
-	store   Store
-	auth    *iam.Authenticator
-	waker   Waker
-	log     *slog.Logger
-	mux     *http.ServeMux
-	handler http.Handler
-	methods map[string]*method
+	cfg   Config
+	store Store
+	auth  *iam.Authenticator
+	// policies decide every call, page action and tunnel (authorize.go).
+	policies *policies
+	waker    Waker
+	log      *slog.Logger
+	mux      *http.ServeMux
+	handler  http.Handler
+	methods  map[string]*method
 	// cursorAEAD seals the list cursors of a tenant's callers (cursor.go).
 	cursorAEAD cipher.AEAD
 	certs      *certreload.Reloader // nil: plain HTTP
@@ -290,6 +293,7 @@ func New(cfg Config, st Store, log *slog.Logger) *Server {
 	for _, m := range apiv1.Methods {
 		s.table[m.Name] = m
 	}
+	s.policies = newPolicies(s.table, st, s.log, s.now)
 	s.registerMethods()
 	// A handler without an rpc or an rpc without a handler is a build
 	// mistake (TestMethodsMatchProto): refuse to start rather than serve

@@ -43,6 +43,8 @@ var tenantScoped = map[string]bool{
 	"recordings.list": true, "recordings.get": true,
 	// Dead letters of the sinks of the subtree's tenants (sinks.*.tenant).
 	"sinks.deadLetters": true, "sinks.replay": true,
+	// Policies of the subtree's tenants; a tenant's bind its own tokens only.
+	"policies.apply": true, "policies.get": true, "policies.list": true, "policies.test": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,

@@ -56,11 +56,14 @@ func (s *Server) tunnelsCreate(ctx context.Context, p *iam.Principal, r *apiv1.C
 	default:
 		return nil, invalid("kind", "must be shell or port")
 	}
-	if r.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
-		return nil, &Error{Code: apiv1.CodePermissionDenied, Message: "a root shell needs an admin token (role " + p.Role + ")"}
-	}
 	if r.GetNode() == "" {
 		return nil, invalid("node", "required")
+	}
+	if err := s.decideOnNodes(ctx, p, []string{r.GetNode()}, tunnelActions(r.GetKind(), r.GetAsRoot())...); err != nil {
+		if e, ok := err.(*Error); ok && r.GetAsRoot() && !iam.Allows(p.Role, store.RoleAdmin) {
+			e.Message = "a root shell needs an admin token (role " + p.Role + "): " + e.Message
+		}
+		return nil, err
 	}
 	_, grant, err := s.nodeFor(ctx, p, r.GetNode(), tunnelRight(r.GetKind()))
 	if err != nil {
@@ -131,7 +134,14 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		s.audit(ctx, p, "tunnels.open", id, auditOutcome(e), addr, nil)
 		s.writeError(w, r, e)
 	}
-	if !iam.Allows(p.Role, store.RoleOperator) {
+	// A caller no policy binds is refused by its role before the ticket is
+	// read; one a policy binds, on the ticket's node below.
+	bound, err := s.bound(ctx, p)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if !bound && !iam.Allows(p.Role, store.RoleOperator) {
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not open tunnels (needs operator)", p.Role)})
 		return
 	}
@@ -148,8 +158,16 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "the ticket was made by another token: open it with the token that called tunnels.create"})
 		return
 	}
-	if t.AsRoot && !iam.Allows(p.Role, store.RoleAdmin) {
-		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "a root shell needs an admin token"})
+	// The ticket may outlive a policy that allowed it: decided again.
+	if err := s.decideOnNodes(context.WithValue(ctx, addrKey{}, addr), p, []string{t.NodeID}, tunnelActions(t.Kind, t.AsRoot)...); err != nil {
+		if e, ok := err.(*Error); ok {
+			if t.AsRoot && !iam.Allows(p.Role, store.RoleAdmin) {
+				e.Message = "a root shell needs an admin token: " + e.Message
+			}
+			refuse(e)
+			return
+		}
+		s.writeError(w, r, err)
 		return
 	}
 	// A node outside the caller's subtree is open to it only while a

@@ -130,6 +130,7 @@ type Store interface {
 	GPUStore
 	RecordingStore
 	ReleasePinStore
+	PolicyStore
 }
 
 // ListParams pages a list: rows after Cursor (an id), at most Limit

@@ -615,6 +615,42 @@ func (c *Client) GpusGet(ctx context.Context, req *apiv1.GetGPURequest) (*apiv1.
 	return resp, nil
 }
 
+// PoliciesApply calls policies.apply (role admin; audited).
+func (c *Client) PoliciesApply(ctx context.Context, req *apiv1.PoliciesApplyRequest) (*apiv1.PoliciesApplyResponse, error) {
+	resp := new(apiv1.PoliciesApplyResponse)
+	if err := c.Call(ctx, "policies.apply", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PoliciesGet calls policies.get (role viewer).
+func (c *Client) PoliciesGet(ctx context.Context, req *apiv1.PoliciesGetRequest) (*apiv1.PolicyDocument, error) {
+	resp := new(apiv1.PolicyDocument)
+	if err := c.Call(ctx, "policies.get", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PoliciesList calls policies.list (role viewer).
+func (c *Client) PoliciesList(ctx context.Context, req *apiv1.PoliciesListRequest) (*apiv1.PoliciesListResponse, error) {
+	resp := new(apiv1.PoliciesListResponse)
+	if err := c.Call(ctx, "policies.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PoliciesTest calls policies.test (role viewer).
+func (c *Client) PoliciesTest(ctx context.Context, req *apiv1.PoliciesTestRequest) (*apiv1.PoliciesTestResponse, error) {
+	resp := new(apiv1.PoliciesTestResponse)
+	if err := c.Call(ctx, "policies.test", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // RecordingsList calls recordings.list (role viewer).
 func (c *Client) RecordingsList(ctx context.Context, req *apiv1.ListRecordingsRequest) (*apiv1.ListRecordingsResponse, error) {
 	resp := new(apiv1.ListRecordingsResponse)

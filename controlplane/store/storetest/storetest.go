@@ -83,6 +83,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"PKIAndRevocations", testPKI},
 		{"PKIRotations", testPKIRotations},
 		{"ReleasePins", testReleasePins},
+		{"PolicyDocuments", testPolicyDocuments},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
 		{"Lifetimes", testLifetimes},
 		{"Reservations", testReservations},

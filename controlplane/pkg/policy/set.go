@@ -1,0 +1,444 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+)
+
+// Set is one tenant's compiled policies, ready to decide calls. It is
+// immutable and safe for concurrent use.
+//
+// Statements are indexed by what binds them (a token id, a role, a group)
+// and by exact action: patterns are expanded against the Catalog when the
+// set is compiled, so a decision reads only the statements bound to its
+// caller for its action, however many policies the tenant has.
+type Set struct {
+	tenant string
+	cat    Catalog
+	index  map[bindKey]*bucket
+	// bound holds the bindings of every policy (keys without action).
+	bound      map[bindKey]bool
+	policies   int
+	statements int
+}
+
+// bindKind says what binds a statement to callers.
+type bindKind uint8
+
+const (
+	byToken bindKind = iota + 1
+	byRole
+	byGroup
+)
+
+// bindKey is what the index is keyed on: a binding and an exact action.
+type bindKey struct {
+	kind   bindKind
+	name   string
+	action string
+}
+
+// bucket holds the statements bound by one key for one action.
+type bucket struct {
+	deny, allow []*statement
+}
+
+// statement is a compiled statement.
+type statement struct {
+	deny bool
+	// sel, when set, selects resources; not inverts it (notResources).
+	sel *Selector
+	not bool
+	// cond, when set, must hold.
+	cond *condition
+	// reason is the Decision.Reason when it decides.
+	reason string
+}
+
+// Compile checks doc as Parse does (for a Document made in code), then
+// against cat, and compiles it for tenant: every action must be in cat and
+// every pattern must match one of its actions, every condition must
+// compile (type bool, literal CIDRs valid, worst-case cost at most
+// MaxConditionCost), every test's action must be known. All problems are
+// returned, joined, each a *FieldError naming its place. Conditions are
+// compiled here once, never per decision; identical condition texts share
+// one program.
+func Compile(tenant string, doc *Document, cat Catalog) (*Set, error) {
+	if err := cat.Validate(); err != nil {
+		return nil, err
+	}
+	if doc == nil {
+		return nil, errors.New("compile policies: no document")
+	}
+	var l errorList
+	doc.check(&l)
+	if err := l.err(); err != nil {
+		return nil, err
+	}
+	s := &Set{tenant: tenant, cat: maps.Clone(cat), index: map[bindKey]*bucket{}, bound: map[bindKey]bool{},
+		policies: len(doc.Policies)}
+	c := &compiler{cat: cat, l: &l, conds: map[string]*condition{}, condErrs: map[string]error{}}
+	for i := range doc.Policies {
+		p := &doc.Policies[i]
+		keys := bindKeys(&p.Bind)
+		for _, k := range keys {
+			s.bound[k] = true
+		}
+		for j := range p.Statements {
+			st, actions := c.statement(fmt.Sprintf("policies[%d].statements[%d]", i, j), p.Name, j, &p.Statements[j])
+			s.statements++
+			for _, k := range keys {
+				for _, a := range actions {
+					k.action = a
+					b := s.index[k]
+					if b == nil {
+						b = &bucket{}
+						s.index[k] = b
+					}
+					if st.deny {
+						b.deny = append(b.deny, st)
+					} else {
+						b.allow = append(b.allow, st)
+					}
+				}
+			}
+		}
+	}
+	for i := range doc.Tests {
+		if a := doc.Tests[i].Action; a != "" && cat[a] == "" {
+			l.add(fmt.Sprintf("tests[%d].action", i), "unknown action %q", a)
+		}
+	}
+	if err := l.err(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// compiler compiles the statements of one document.
+type compiler struct {
+	cat Catalog
+	l   *errorList
+	// conds and condErrs hold the conditions compiled so far, by text.
+	conds    map[string]*condition
+	condErrs map[string]error
+}
+
+// statement compiles statement number j (from 0) of policy name, at path,
+// and returns it with the actions it covers, patterns expanded.
+func (c *compiler) statement(path, name string, j int, st *Statement) (*statement, []string) {
+	actions := make([]string, 0, len(st.Actions))
+	seen := map[string]bool{}
+	for k, a := range st.Actions {
+		exp := c.cat.expand(a)
+		switch {
+		case len(exp) > 0:
+		case strings.Contains(a, "*"):
+			c.l.add(fmt.Sprintf("%s.actions[%d]", path, k), "pattern %q matches no known action", a)
+		default:
+			c.l.add(fmt.Sprintf("%s.actions[%d]", path, k), "unknown action %q", a)
+		}
+		for _, e := range exp {
+			if !seen[e] {
+				seen[e] = true
+				actions = append(actions, e)
+			}
+		}
+	}
+	cs := &statement{deny: st.Effect == Deny}
+	verb := "allowed"
+	if cs.deny {
+		verb = "denied"
+	}
+	cs.reason = verb + " by policy " + strconv.Quote(name) + " statement " + strconv.Itoa(j+1)
+	switch {
+	case st.Resources != nil:
+		cs.sel = st.Resources.clone()
+	case st.NotResources != nil:
+		cs.sel, cs.not = st.NotResources.clone(), true
+	}
+	if st.Condition != "" {
+		cond, ok := c.conds[st.Condition]
+		err := c.condErrs[st.Condition]
+		if !ok && err == nil {
+			if cond, err = compileCondition(st.Condition); err != nil {
+				c.condErrs[st.Condition] = err
+			} else {
+				c.conds[st.Condition] = cond
+			}
+		}
+		if err != nil {
+			c.l.addErr(path+".condition", err)
+		}
+		cs.cond = cond
+	}
+	return cs, actions
+}
+
+// bindKeys returns the index keys (without action) binding p's callers.
+func bindKeys(b *Binding) []bindKey {
+	var keys []bindKey
+	for _, t := range b.Tokens {
+		keys = append(keys, bindKey{kind: byToken, name: t})
+	}
+	for _, r := range b.Roles {
+		keys = append(keys, bindKey{kind: byRole, name: r})
+	}
+	for _, g := range b.Groups {
+		keys = append(keys, bindKey{kind: byGroup, name: g})
+	}
+	return keys
+}
+
+// Tenant returns the tenant the set was compiled for.
+func (s *Set) Tenant() string { return s.tenant }
+
+// Len returns how many policies and statements the set holds.
+func (s *Set) Len() (policies, statements int) { return s.policies, s.statements }
+
+// Bound reports whether a policy of the set binds p (by its token id, its
+// role or one of its groups, p being of the set's tenant): only then can a
+// decision on p's calls depend on more than the action and p's role, so a
+// caller may skip gathering the resource and the request's fields when it
+// is false.
+func (s *Set) Bound(p Principal) bool {
+	if s == nil || p.Tenant != s.tenant {
+		return false
+	}
+	if p.Token != "" && s.bound[bindKey{kind: byToken, name: p.Token}] {
+		return true
+	}
+	if p.Role != "" && s.bound[bindKey{kind: byRole, name: p.Role}] {
+		return true
+	}
+	for _, g := range p.Groups {
+		if s.bound[bindKey{kind: byGroup, name: g}] {
+			return true
+		}
+	}
+	return false
+}
+
+// Decide decides a call (see the package doc, "Evaluation"). A caller of
+// another tenant than the set's gets its built-in role only. A nil Set
+// denies everything.
+func (s *Set) Decide(in Input) Decision {
+	if s == nil {
+		return Decision{Reason: "no policy set loaded"}
+	}
+	if in.Principal.Tenant != s.tenant || len(s.index) == 0 {
+		return decideBuiltin(s.cat, &in)
+	}
+	var buf [8]*bucket
+	buckets := s.buckets(&in, buf[:0])
+	if len(buckets) == 0 {
+		return decideBuiltin(s.cat, &in)
+	}
+	var act *activation
+	for _, b := range buckets {
+		for _, st := range b.deny {
+			ok, err := st.applies(&in, &act)
+			if err != nil {
+				// A deny whose condition fails applies: fail closed.
+				return Decision{Reason: st.reason + " (its condition failed: " + err.Error() + ")"}
+			}
+			if ok {
+				return Decision{Reason: st.reason}
+			}
+		}
+	}
+	if s.cat.Allows(in.Principal.Role, in.Action) {
+		return Decision{Allow: true, Reason: builtinReason(in.Principal.Role)}
+	}
+	for _, b := range buckets {
+		for _, st := range b.allow {
+			// An allow whose condition fails does not apply.
+			if ok, err := st.applies(&in, &act); ok && err == nil {
+				return Decision{Allow: true, Reason: st.reason}
+			}
+		}
+	}
+	return implicitDeny(s.cat, &in)
+}
+
+// buckets appends to buf the buckets bound to in's caller for its action:
+// by token, by role, by each group.
+func (s *Set) buckets(in *Input, buf []*bucket) []*bucket {
+	p := &in.Principal
+	if p.Token != "" {
+		if b := s.index[bindKey{kind: byToken, name: p.Token, action: in.Action}]; b != nil {
+			buf = append(buf, b)
+		}
+	}
+	if p.Role != "" {
+		if b := s.index[bindKey{kind: byRole, name: p.Role, action: in.Action}]; b != nil {
+			buf = append(buf, b)
+		}
+	}
+	for _, g := range p.Groups {
+		if b := s.index[bindKey{kind: byGroup, name: g, action: in.Action}]; b != nil {
+			buf = append(buf, b)
+		}
+	}
+	return buf
+}
+
+// applies reports whether st applies to in: its selector matches and its
+// condition holds. *act is made on the first condition reached.
+func (st *statement) applies(in *Input, act **activation) (bool, error) {
+	if st.sel != nil && st.sel.matches(&in.Resource) == st.not {
+		return false, nil
+	}
+	if st.cond == nil {
+		return true, nil
+	}
+	if *act == nil {
+		*act = newActivation(in)
+	}
+	return st.cond.eval(*act)
+}
+
+func decideBuiltin(cat Catalog, in *Input) Decision {
+	if cat.Allows(in.Principal.Role, in.Action) {
+		return Decision{Allow: true, Reason: builtinReason(in.Principal.Role)}
+	}
+	return implicitDeny(cat, in)
+}
+
+func builtinReason(role string) string {
+	switch role {
+	case "admin":
+		return "allowed by built-in role admin"
+	case "operator":
+		return "allowed by built-in role operator"
+	case "viewer":
+		return "allowed by built-in role viewer"
+	}
+	return "allowed by built-in role " + role
+}
+
+func implicitDeny(cat Catalog, in *Input) Decision {
+	if _, ok := cat[in.Action]; !ok {
+		return Decision{Reason: "unknown action " + strconv.Quote(in.Action)}
+	}
+	role := in.Principal.Role
+	if !iam.ValidRole(role) {
+		role = strconv.Quote(role)
+	}
+	return Decision{Reason: "no policy allows " + in.Action + " for role " + role}
+}
+
+// matches reports whether s selects r.
+func (s *Selector) matches(r *Resource) bool {
+	return matchList(s.Tenants, r.Tenant, r.TenantName) &&
+		matchList(s.Sites, r.Site, r.SiteName) &&
+		matchList(s.Pools, r.Pool, r.PoolName) &&
+		matchList(s.Nodes, r.Node, r.NodeName) &&
+		matchLabels(s.Labels, r.Labels)
+}
+
+// matchList reports whether list is empty or names id or name; an empty
+// id or name matches nothing.
+func matchList(list []string, id, name string) bool {
+	if len(list) == 0 {
+		return true
+	}
+	for _, v := range list {
+		if (id != "" && v == id) || (name != "" && v == name) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchLabels reports whether labels has every key of want with its value,
+// or any value where want's is "*".
+func matchLabels(want, labels map[string]string) bool {
+	for k, v := range want {
+		got, ok := labels[k]
+		if !ok || (v != "*" && v != got) {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Selector) clone() *Selector {
+	c := *s
+	c.Labels = maps.Clone(s.Labels)
+	return &c
+}
+
+// Bundle holds every tenant's Set and decides a call by its caller's
+// tenant's set; a tenant with none gets its built-in role only. It is
+// immutable: With and Without return new bundles, to be swapped in whole
+// (an atomic.Pointer) when a tenant's policies change.
+type Bundle struct {
+	cat  Catalog
+	sets map[string]*Set
+}
+
+// NewBundle returns a Bundle deciding by cat's built-in roles and by sets,
+// at most one per tenant.
+func NewBundle(cat Catalog, sets ...*Set) (*Bundle, error) {
+	if err := cat.Validate(); err != nil {
+		return nil, err
+	}
+	b := &Bundle{cat: maps.Clone(cat), sets: make(map[string]*Set, len(sets))}
+	for _, s := range sets {
+		if _, dup := b.sets[s.tenant]; dup {
+			return nil, fmt.Errorf("policy bundle: two sets for tenant %q", s.tenant)
+		}
+		b.sets[s.tenant] = s
+	}
+	return b, nil
+}
+
+// With returns a copy of b with s as its tenant's set, replacing any.
+func (b *Bundle) With(s *Set) *Bundle {
+	c := &Bundle{cat: b.cat, sets: maps.Clone(b.sets)}
+	c.sets[s.tenant] = s
+	return c
+}
+
+// Without returns a copy of b without tenant's set.
+func (b *Bundle) Without(tenant string) *Bundle {
+	c := &Bundle{cat: b.cat, sets: maps.Clone(b.sets)}
+	delete(c.sets, tenant)
+	return c
+}
+
+// Set returns tenant's set, or nil.
+func (b *Bundle) Set(tenant string) *Set {
+	if b == nil {
+		return nil
+	}
+	return b.sets[tenant]
+}
+
+// Bound reports whether a policy of p's tenant binds p (Set.Bound); false
+// for a nil Bundle.
+func (b *Bundle) Bound(p Principal) bool {
+	if b == nil {
+		return false
+	}
+	return b.sets[p.Tenant].Bound(p)
+}
+
+// Decide decides a call by its caller's tenant's set, or by the built-in
+// role when the tenant has none. A nil Bundle knows no catalog and denies
+// everything: make one with NewBundle(cat) before the first set is loaded.
+func (b *Bundle) Decide(in Input) Decision {
+	if b == nil {
+		return Decision{Reason: "no policies loaded"}
+	}
+	if s := b.sets[in.Principal.Tenant]; s != nil {
+		return s.Decide(in)
+	}
+	return decideBuiltin(b.cat, &in)
+}
