@@ -284,16 +284,19 @@ func (s *Server) poolResource(ctx context.Context, poolID string, res *policy.Re
 
 // requestResource is what method name acts on, for a caller whose
 // decisions depend on it: the one node it names (nodes.*, tunnels.create,
-// a command to one node), the pool a command targets, else the caller's
+// a command to one node), else the pool it names (a command to a pool,
+// rollouts.create, reservations.create, pools.get, ...), else the caller's
 // tenant only. A command to several nodes or a selector is decided here
 // without a node and again for each node it resolves to (commandsCreate).
 func (s *Server) requestResource(ctx context.Context, p *iam.Principal, name string, req proto.Message) (policy.Resource, error) {
 	if id := nodeField(name, req); id != "" {
 		return s.nodeResource(ctx, id)
 	}
-	if r, ok := req.(*apiv1.CreateCommandsRequest); ok && r.GetPool() != "" {
-		var res policy.Resource
-		return res, s.poolResource(ctx, r.GetPool(), &res)
+	if f := req.ProtoReflect().Descriptor().Fields().ByName("pool"); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
+		if pool := req.ProtoReflect().Get(f).String(); pool != "" {
+			res := policy.Resource{Pool: pool}
+			return res, s.poolResource(ctx, pool, &res)
+		}
 	}
 	return policy.Resource{Tenant: p.TenantID}, nil
 }
