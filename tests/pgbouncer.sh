@@ -46,6 +46,7 @@ start)
 [pgbouncer]
 ; As docs/scaling.md gives:
 pool_mode = transaction
+query_wait_timeout = 10
 ; The test's own:
 listen_addr = 127.0.0.1
 listen_port = ${port}
