@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -36,30 +38,39 @@ type policyStore interface {
 }
 
 // policies is one api process's view of every tenant's policies: compiled
-// once per change, re-checked every PolicyRefresh, and a cache of allowed
-// read decisions (policy.DecisionCacheTTL) dropped whenever they change.
+// when a tenant's document changes, re-checked every PolicyRefresh, each
+// view with its own cache of allowed read decisions
+// (policy.DecisionCacheTTL), dropped with it.
 type policies struct {
 	catalog policy.Catalog
 	store   policyStore
 	log     *slog.Logger
 	now     func() time.Time
-	cache   *policy.Cache
 
-	// mu is held while the documents are read: one caller reads, the
-	// others wait for its answer.
-	mu      sync.Mutex
-	loaded  bool
-	bundle  *policy.Bundle
-	broken  map[string]error // tenants whose stored document no longer compiles
-	stamp   int64
+	// refreshing is held by the one caller that reads the documents; the
+	// others decide by the view in force meanwhile (they wait only for the
+	// first view, and after an apply in this process).
+	refreshing sync.Mutex
+
+	mu      sync.Mutex // guards the fields below
+	view    *view      // nil until the first read succeeds
 	checked time.Time
-	dirty   bool
+	// dirty counts applies made through this process; clean is the count
+	// the view in force has seen.
+	dirty, clean int
 }
 
 // view is the policies in force as one decision reads them.
 type view struct {
 	*policy.Bundle
+	// broken are the tenants whose stored document no longer compiles.
 	broken map[string]error
+	stamp  int64
+	// versions and sets are what was compiled, by tenant: a refresh
+	// compiles again only the documents whose version changed.
+	versions map[string]int64
+	sets     map[string]*policy.Set
+	cache    *policy.Cache
 }
 
 func newPolicies(table map[string]apiv1.Method, st policyStore, log *slog.Logger, now func() time.Time) *policies {
@@ -67,62 +78,89 @@ func newPolicies(table map[string]apiv1.Method, st policyStore, log *slog.Logger
 	for name, m := range table {
 		cat[name] = m.Role
 	}
-	return &policies{catalog: cat, store: st, log: log, now: now, cache: policy.NewCache(policy.CacheConfig{Now: now})}
+	return &policies{catalog: cat, store: st, log: log, now: now}
 }
 
-// changed makes the next decision re-read the documents (after an apply in
-// this process).
+// changed makes the next decision re-read the documents, waiting for them
+// (after an apply in this process).
 func (ps *policies) changed() {
 	ps.mu.Lock()
-	ps.dirty = true
+	ps.dirty++
 	ps.mu.Unlock()
+}
+
+// due reports the view in force and whether it must be re-read: always
+// before the first read and after an apply here (wait), else once
+// PolicyRefresh has passed.
+func (ps *policies) due() (v *view, refresh, wait bool, dirty int) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	wait = ps.view == nil || ps.dirty != ps.clean
+	return ps.view, wait || ps.now().Sub(ps.checked) >= PolicyRefresh, wait, ps.dirty
 }
 
 // current returns the policies in force, re-read when PolicyRefresh has
 // passed and the stamp moved. A failed read keeps the ones in force (and
 // is tried again at the next call); before the first read succeeds it is
 // an error, so that no call is decided without a tenant's deny statements.
-func (ps *policies) current(ctx context.Context) (view, error) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	now := ps.now()
-	if ps.loaded && !ps.dirty && now.Sub(ps.checked) < PolicyRefresh {
-		return view{ps.bundle, ps.broken}, nil
+func (ps *policies) current(ctx context.Context) (*view, error) {
+	v, refresh, wait, _ := ps.due()
+	if !refresh {
+		return v, nil
+	}
+	if wait {
+		ps.refreshing.Lock()
+	} else if !ps.refreshing.TryLock() {
+		return v, nil // another caller is reading them
+	}
+	defer ps.refreshing.Unlock()
+	v, refresh, _, dirty := ps.due()
+	if !refresh {
+		return v, nil
 	}
 	stamp, err := ps.store.PolicyStamp(ctx)
-	if err == nil && (!ps.loaded || ps.dirty || stamp != ps.stamp) {
-		var b *policy.Bundle
-		var broken map[string]error
-		if b, broken, err = ps.load(ctx); err == nil {
-			ps.bundle, ps.broken, ps.stamp, ps.loaded, ps.dirty = b, broken, stamp, true, false
-			ps.cache.Clear()
+	if err == nil && (v == nil || dirty != ps.clean || stamp != v.stamp) {
+		var nv *view
+		if nv, err = ps.load(ctx, v, stamp); err == nil {
+			v = nv
 		}
 	}
 	if err != nil {
-		if !ps.loaded {
-			return view{}, fmt.Errorf("read the tenants' policies: %w", err)
+		if v == nil {
+			return nil, fmt.Errorf("read the tenants' policies: %w", err)
 		}
 		ps.log.WarnContext(ctx, "Policies not re-read; deciding by the ones in force", logkey.Err, err)
-		return view{ps.bundle, ps.broken}, nil
+		return v, nil
 	}
-	ps.checked = now
-	return view{ps.bundle, ps.broken}, nil
+	ps.mu.Lock()
+	ps.view, ps.checked, ps.clean = v, ps.now(), dirty
+	ps.mu.Unlock()
+	return v, nil
 }
 
-// load compiles every live tenant's document. A document that no longer
-// compiles (a build that dropped an action it names) leaves its tenant's
-// callers with policies.* only, so that an admin can mend it, rather than
-// without its deny statements.
-func (ps *policies) load(ctx context.Context) (*policy.Bundle, map[string]error, error) {
-	var sets []*policy.Set
-	broken := map[string]error{}
+// load reads every live tenant's document and compiles those changed
+// since old. A document that no longer compiles (a build that dropped an
+// action it names) leaves its tenant's callers with policies.* only, so
+// that an admin can mend it, rather than without its deny statements.
+func (ps *policies) load(ctx context.Context, old *view, stamp int64) (*view, error) {
+	v := &view{broken: map[string]error{}, stamp: stamp, versions: map[string]int64{}, sets: map[string]*policy.Set{},
+		cache: policy.NewCache(policy.CacheConfig{Now: ps.now})}
 	for cursor := ""; ; {
 		ds, err := ps.store.PolicyDocumentList(ctx, &store.ListParams{Cursor: cursor, Limit: store.MaxListLimit})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		for _, d := range ds {
 			cursor = d.TenantID
+			v.versions[d.TenantID] = d.Version
+			if old != nil && old.versions[d.TenantID] == d.Version {
+				if set := old.sets[d.TenantID]; set != nil {
+					v.sets[d.TenantID] = set
+				} else if err := old.broken[d.TenantID]; err != nil {
+					v.broken[d.TenantID] = err
+				}
+				continue
+			}
 			doc, err := policy.Parse([]byte(d.Document))
 			var set *policy.Set
 			if err == nil {
@@ -131,17 +169,18 @@ func (ps *policies) load(ctx context.Context) (*policy.Bundle, map[string]error,
 			if err != nil {
 				ps.log.ErrorContext(ctx, "A tenant's policies no longer compile: its callers may call policies.* only until they are applied again",
 					"tenant", d.TenantID, "version", d.Version, logkey.Err, err)
-				broken[d.TenantID] = err
+				v.broken[d.TenantID] = err
 				continue
 			}
-			sets = append(sets, set)
+			v.sets[d.TenantID] = set
 		}
 		if len(ds) < store.MaxListLimit {
 			break
 		}
 	}
-	b, err := policy.NewBundle(ps.catalog, sets...)
-	return b, broken, err
+	b, err := policy.NewBundle(ps.catalog, slices.Collect(maps.Values(v.sets))...)
+	v.Bundle = b
+	return v, err
 }
 
 // decision is one call's question to the evaluator.
@@ -169,7 +208,7 @@ func (s *Server) decide(ctx context.Context, d decision) error {
 	if d.req != nil && v.Bound(in.Principal) {
 		in.Fields = requestFields(d.req)
 	}
-	dec := s.policies.cache.Decide(in, d.read, v.Bundle)
+	dec := v.cache.Decide(in, d.read, v.Bundle)
 	if !dec.Allow {
 		return &Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("%s refused: %s", d.action, dec.Reason)}
 	}
@@ -193,7 +232,10 @@ func principalOf(p *iam.Principal) policy.Principal {
 // requestFields is a request's fields as its JSON form has them
 // (lowerCamelCase), for request.fields in conditions.
 func requestFields(req proto.Message) map[string]any {
-	b, err := marshal.Marshal(withoutSecrets(req))
+	// Every field, those at their default value too: a condition reads
+	// request.fields.asRoot == false as the request says it, not as a
+	// missing key.
+	b, err := protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(withoutSecrets(req))
 	if err != nil {
 		return nil
 	}
@@ -243,10 +285,20 @@ func cutMethod(name string) (group, method string, ok bool) {
 	return name, "", false
 }
 
+// stringField is req's string field name ("" when it has none).
+func stringField(req proto.Message, name string) string {
+	if f := req.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(name)); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
+		return req.ProtoReflect().Get(f).String()
+	}
+	return ""
+}
+
 // nodeResource is what a policy sees of a node: its pool, site and tenant
-// (ids and names) and labels. A node that does not exist is a resource
-// with its id only (the handler answers NOT_FOUND when allowed).
-func (s *Server) nodeResource(ctx context.Context, id string) (policy.Resource, error) {
+// (ids and names) and labels. A node that does not exist, or that lies
+// outside p's subtree, is a resource with the id asked for only: a policy
+// cannot tell another tenant's node from a missing one (the handler
+// answers NOT_FOUND for both when allowed).
+func (s *Server) nodeResource(ctx context.Context, p *iam.Principal, id string) (policy.Resource, error) {
 	res := policy.Resource{Node: id}
 	n, err := s.store.NodeGet(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -255,50 +307,101 @@ func (s *Server) nodeResource(ctx context.Context, id string) (policy.Resource, 
 	if err != nil {
 		return res, err
 	}
-	res.NodeName, res.Labels = n.Hostname, maps.Clone(n.Labels)
-	return res, s.poolResource(ctx, n.PoolID, &res)
+	full := policy.Resource{Node: n.ID, NodeName: n.Hostname, Labels: maps.Clone(n.Labels)}
+	if ok, err := s.poolResource(ctx, p, n.PoolID, &full); err != nil || !ok {
+		return res, err
+	}
+	return full, nil
 }
 
-// poolResource fills res with a pool's id, name, site and tenant.
-func (s *Server) poolResource(ctx context.Context, poolID string, res *policy.Resource) error {
-	pool, err := s.store.PoolGet(ctx, poolID)
+// poolResource fills res with a pool's id, name, site and tenant (ids and
+// names) when the pool exists and lies within p's subtree; ok is false
+// (and res unchanged) otherwise.
+func (s *Server) poolResource(ctx context.Context, p *iam.Principal, idOrName string, res *policy.Resource) (ok bool, err error) {
+	pool, err := s.store.PoolGet(ctx, idOrName)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if ok, err := s.sees(ctx, p, pool.TenantID); err != nil || !ok {
+		return false, err
+	}
+	r := *res
+	r.Pool, r.PoolName = pool.ID, pool.Name
+	if site, err := s.store.SiteGet(ctx, pool.SiteID); err == nil {
+		r.Site, r.SiteName = site.ID, site.Name
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return false, err
+	}
+	if err := s.tenantResource(ctx, p, pool.TenantID, &r); err != nil {
+		return false, err
+	}
+	*res = r
+	return true, nil
+}
+
+// tenantResource sets res's tenant to the tenant idOrName names (its id
+// and name) when it lies within p's subtree, else to idOrName as given.
+func (s *Server) tenantResource(ctx context.Context, p *iam.Principal, idOrName string, res *policy.Resource) error {
+	res.Tenant, res.TenantName = idOrName, ""
+	t, err := s.store.TenantGet(ctx, idOrName)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	res.Pool, res.PoolName, res.Tenant = pool.ID, pool.Name, pool.TenantID
-	if site, err := s.store.SiteGet(ctx, pool.SiteID); err == nil {
-		res.Site, res.SiteName = site.ID, site.Name
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return err
-	}
-	if t, err := s.store.TenantGet(ctx, pool.TenantID); err == nil {
-		res.TenantName = t.Name
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return err
+	if t.DeletedAt == nil && p.Sees(t.Path) {
+		res.Tenant, res.TenantName = t.ID, t.Name
 	}
 	return nil
 }
 
-// requestResource is what method name acts on, for a caller whose
-// decisions depend on it: the one node it names (nodes.*, tunnels.create,
-// a command to one node), else the pool it names (a command to a pool,
-// rollouts.create, reservations.create, pools.get, ...), else the caller's
-// tenant only. A command to several nodes or a selector is decided here
-// without a node and again for each node it resolves to (commandsCreate).
-func (s *Server) requestResource(ctx context.Context, p *iam.Principal, name string, req proto.Message) (policy.Resource, error) {
+// requestResources are what method name acts on, for a caller whose
+// decisions depend on it; each must be allowed. First the one node the
+// request names (nodes.*, tunnels.create, a command to one node), else the
+// pool it names (a command to a pool, rollouts.create,
+// reservations.create, pools.*, joinTokens.create, ...), else the tenant
+// it names (tokens.create, tenants.*, policies.*, ...), else the caller's
+// own tenant. A request that names a tenant besides its node or pool
+// (nodes.move, pools.move: the destination) is decided on that tenant too,
+// and nodes.move on its destination pool. A command to several nodes or a
+// selector is decided on each node it resolves to (commandsCreate).
+func (s *Server) requestResources(ctx context.Context, p *iam.Principal, name string, req proto.Message) ([]policy.Resource, error) {
+	var out []policy.Resource
 	if id := nodeField(name, req); id != "" {
-		return s.nodeResource(ctx, id)
+		res, err := s.nodeResource(ctx, p, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	} else if pool := stringField(req, "pool"); pool != "" && name != "nodes.move" {
+		res := policy.Resource{Pool: pool}
+		if _, err := s.poolResource(ctx, p, pool, &res); err != nil {
+			return nil, err
+		}
+		out = append(out, res)
 	}
-	if f := req.ProtoReflect().Descriptor().Fields().ByName("pool"); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
-		if pool := req.ProtoReflect().Get(f).String(); pool != "" {
-			res := policy.Resource{Pool: pool}
-			return res, s.poolResource(ctx, pool, &res)
+	tenant := stringField(req, "tenant")
+	if len(out) > 0 && tenant == "" {
+		return out, nil
+	}
+	if tenant == "" {
+		tenant = p.TenantID
+	}
+	var res policy.Resource
+	if err := s.tenantResource(ctx, p, tenant, &res); err != nil {
+		return nil, err
+	}
+	if pool := stringField(req, "pool"); pool != "" && name == "nodes.move" {
+		res.Pool = pool
+		if _, err := s.poolResource(ctx, p, pool, &res); err != nil {
+			return nil, err
 		}
 	}
-	return policy.Resource{Tenant: p.TenantID}, nil
+	return append(out, res), nil
 }
 
 // decideOnNodes decides actions for p on each node (tunnels.create's
@@ -320,7 +423,7 @@ func (s *Server) decideOnNodes(ctx context.Context, p *iam.Principal, nodeIDs []
 		return nil
 	}
 	for _, id := range nodeIDs {
-		res, err := s.nodeResource(ctx, id)
+		res, err := s.nodeResource(ctx, p, id)
 		if err != nil {
 			return err
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/events"
 	"github.com/better-compute/better-compute/controlplane/pkg/feed"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/policy"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -126,8 +127,18 @@ func (s *Server) serveEventsWatch(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if !iam.Allows(p.Role, store.RoleViewer) {
-		s.writeError(w, r, &Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("role %s may not watch events (needs viewer)", p.Role)})
+	// The stream is events.list's, decided as it is (a policy may refuse
+	// it, by the caller's address say).
+	var res policy.Resource
+	if err := s.tenantResource(r.Context(), p, p.TenantID, &res); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.decide(r.Context(), decision{p: p, addr: addr, action: "events.list", res: res, read: true}); err != nil {
+		if e, ok := err.(*Error); ok && e.Code == apiv1.CodePermissionDenied && !iam.Allows(p.Role, store.RoleViewer) {
+			e.Message = fmt.Sprintf("role %s may not watch events (needs viewer)", p.Role)
+		}
+		s.writeError(w, r, err)
 		return
 	}
 	prefixes, e := streamTypes(r.URL.Query().Get("types"))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -117,5 +118,85 @@ func TestPolicyApplyRefusals(t *testing.T) {
 	rows, err := f.st.AuditQuery(context.Background(), &store.AuditQueryParams{ActionPrefix: "policies.apply", Limit: 10})
 	if err != nil || len(rows) != 6 {
 		t.Fatalf("audit rows of policies.apply = %d, %v; want 6 (four refused, two applied)", len(rows), err)
+	}
+}
+
+// tokenOf makes a token of role in tenant and returns its secret and id.
+func tokenOf(t *testing.T, st store.Store, role, tenant string) (string, string) {
+	t.Helper()
+	secret, tok, err := iam.Create(context.Background(), st, iam.CreateParams{Role: role, TenantID: tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return secret, tok.ID
+}
+
+// TestPolicyResources: what a call is decided on. A selector naming a
+// tenant by name matches a call that names the tenant (tokens.create for
+// team-a); a request's fields at their default value are there for a
+// condition (asRoot false is false, not a missing key that fails a deny
+// closed); another tenant's node is, to a policy, the id asked for and
+// nothing else, so a condition cannot tell it from a missing one (both
+// NOT_FOUND); the event stream is decided as events.list.
+func TestPolicyResources(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	team, err := f.st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-a", ParentID: store.RootTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	teamB, err := f.st.TenantCreate(ctx, &store.TenantCreateParams{Name: "team-b", ParentID: store.RootTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, err := f.st.SiteCreate(ctx, &store.SiteCreateParams{Name: "s", Region: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := f.st.PoolCreate(ctx, &store.PoolCreateParams{Name: "root-pool", SiteID: site.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.NodeUpsert(ctx, &store.NodeUpsertParams{ID: "node_root1", PoolID: pool.ID, Hostname: "r1", MachineID: "m-r1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Root: its admins may not make tokens for team-a, named by name.
+	admin2, _ := tokenOf(t, f.st, store.RoleAdmin, store.RootTenant)
+	rootDoc := "policies:\n  - name: not-team-a\n    bind: {roles: [admin]}\n    statements:\n" +
+		"      - {effect: deny, actions: [tokens.create], resources: {tenants: [team-a]}}\n" +
+		"      - {effect: deny, actions: [tunnels.create], condition: 'request.fields.asRoot == true'}\n"
+	if r := f.call("policies.apply", f.admin, applyBody(t, rootDoc), peer); r.Code != http.StatusOK {
+		t.Fatalf("apply root's policies: %d %v", r.Code, r.Body)
+	}
+	wantCode(t, f.call("tokens.create", admin2, `{"role": "viewer", "tenant": "team-a"}`, peer), http.StatusForbidden, "PERMISSION_DENIED", "")
+	wantCode(t, f.call("tokens.create", admin2, `{"role": "viewer", "tenant": "`+team.ID+`"}`, peer), http.StatusForbidden, "PERMISSION_DENIED", "")
+	if r := f.call("tokens.create", admin2, `{"role": "viewer", "tenant": "team-b"}`, peer); r.Code != http.StatusOK {
+		t.Fatalf("tokens.create for team-b: %d %v", r.Code, r.Body)
+	}
+	// asRoot false is false: the deny does not apply, the handler answers.
+	wantCode(t, f.call("tunnels.create", admin2, `{"node": "node_nosuch", "kind": "shell", "asRoot": false}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	wantCode(t, f.call("tunnels.create", admin2, `{"node": "node_nosuch", "kind": "shell", "asRoot": true}`, peer), http.StatusForbidden, "PERMISSION_DENIED", "")
+
+	// team-b's viewer, bound by a deny on what is not its own tenant's.
+	viewerB, viewerBID := tokenOf(t, f.st, store.RoleViewer, teamB.ID)
+	adminB, _ := tokenOf(t, f.st, store.RoleAdmin, teamB.ID)
+	probe := fmt.Sprintf("policies:\n  - name: probe\n    bind: {tokens: [%s]}\n    statements:\n"+
+		"      - {effect: deny, actions: [nodes.get], condition: 'resource.tenant != \"\" && resource.tenant != caller.tenant'}\n"+
+		"      - {effect: deny, actions: [events.list]}\n", viewerBID)
+	if r := f.call("policies.apply", adminB, applyBody(t, probe), peer); r.Code != http.StatusOK {
+		t.Fatalf("apply team-b's policies: %d %v", r.Code, r.Body)
+	}
+	for _, id := range []string{"node_root1", "node_nosuch"} {
+		wantCode(t, f.call("nodes.get", viewerB, `{"id": "`+id+`"}`, peer), http.StatusNotFound, "NOT_FOUND", "")
+	}
+	r := httptest.NewRequest(http.MethodGet, "/api/events/watch", nil)
+	r.RemoteAddr = peer
+	r.Header.Set("X-Better-Compute", "1")
+	r.Header.Set("Authorization", "Bearer "+viewerB)
+	w := httptest.NewRecorder()
+	f.srv.Handler().ServeHTTP(w, r)
+	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), `policy \"probe\" statement 2`) {
+		t.Fatalf("events/watch of a viewer whose policy denies events.list: %d %s", w.Code, w.Body.String())
 	}
 }

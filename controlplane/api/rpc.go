@@ -203,15 +203,17 @@ func (s *Server) invoke(ctx context.Context, p *iam.Principal, addr netip.Addr, 
 		return refuse(e)
 	}
 	if bound && !(name == "commands.create" && nodeField(name, req) == "" && req.(*apiv1.CreateCommandsRequest).GetPool() == "") {
-		res, err := s.requestResource(ctx, p, name, req)
+		resources, err := s.requestResources(ctx, p, name, req)
 		if err != nil {
 			return nil, err
 		}
-		if err := s.decide(ctx, decision{p: p, addr: addr, action: name, res: res, req: req, read: !m.mutating}); err != nil {
-			if e, ok := err.(*Error); ok {
-				return refuse(e)
+		for _, res := range resources {
+			if err := s.decide(ctx, decision{p: p, addr: addr, action: name, res: res, req: req, read: !m.mutating}); err != nil {
+				if e, ok := err.(*Error); ok {
+					return refuse(e)
+				}
+				return nil, err
 			}
-			return nil, err
 		}
 	}
 	if m.mutating {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/policy"
 	"github.com/better-compute/better-compute/controlplane/pkg/watch"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // mountWatch serves the fleet page, GET /watch and the routes under it
@@ -19,7 +22,7 @@ import (
 // call the API's methods as the token the page was opened with. The page's
 // stream follows the server's event feed: one outbox reader per process.
 func (s *Server) mountWatch() {
-	h, err := watch.New(watch.Config{Auth: s.auth, CallerAddr: CallerAddr, Feed: s.feed, Actions: pageActions{s},
+	h, err := watch.New(watch.Config{Auth: s.auth, CallerAddr: CallerAddr, Feed: s.feed, Actions: pageActions{s}, View: s.mayView,
 		Secure: s.cfg.TLSCertFile != "" || strings.HasPrefix(s.cfg.PublicURL, "https://")}, s.store, s.log)
 	if err != nil {
 		panic("api: " + err.Error()) // only a bad Config fails, and this one is fixed
@@ -73,4 +76,29 @@ func pageError(err error) *watch.ActionError {
 // ServeTunnel opens the tunnel of ticket for p, as serveTunnel does.
 func (a pageActions) ServeTunnel(w http.ResponseWriter, r *http.Request, p *iam.Principal, tokenHash [32]byte, ticket string) {
 	a.s.openTunnel(w, r, p, CallerAddr(r.Context()), tokenHash, ticket)
+}
+
+// mayView decides whether p may see the fleet page from addr: the page
+// shows nodes and events, so nodes.list and events.list on p's tenant, by
+// the same evaluator as every call (a refusal's message says why).
+//
+// Only a refusal is an error: when the store cannot be read the session
+// stays, and the page's own reads fail on their own (as for its token
+// check).
+func (s *Server) mayView(ctx context.Context, p *iam.Principal, addr netip.Addr) error {
+	bound, err := s.bound(ctx, p)
+	if err != nil || !bound {
+		return nil
+	}
+	var res policy.Resource
+	if err := s.tenantResource(ctx, p, p.TenantID, &res); err != nil {
+		return nil
+	}
+	for _, action := range []string{"nodes.list", "events.list"} {
+		err := s.decide(ctx, decision{p: p, addr: addr, action: action, res: res, read: true})
+		if e, ok := err.(*Error); ok && e.Code == apiv1.CodePermissionDenied {
+			return errors.New(e.Message)
+		}
+	}
+	return nil
 }

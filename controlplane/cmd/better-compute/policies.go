@@ -22,7 +22,7 @@ func policyCmd(e *env) *cobra.Command {
 
 // readPolicyFile reads a policy file of at most policy.MaxDocumentSize.
 func readPolicyFile(path string) (string, error) {
-	b, err := readBounded(path, policy.MaxDocumentSize)
+	b, err := readBounded(path, policy.MaxDocumentSize, "a tenant's policy file is at most 1 MiB (docs/policies.md, \"Bounds\")")
 	if err != nil {
 		return "", err
 	}
@@ -98,6 +98,9 @@ and time, and the decision expected). It prints one line per test and exits
 					return r, err
 				},
 				func(_ *client.Client, r *apiv1.PoliciesTestResponse) error {
+					if len(r.GetResults()) == 0 {
+						fmt.Fprintf(e.stdout, "%s compiles; it has no tests\n", args[0])
+					}
 					for _, t := range r.GetResults() {
 						mark := "ok  "
 						if !t.GetPassed() {

@@ -45,11 +45,11 @@ func releasePinAPICmd(e *env, use, short, long string, call func(arg string) (fu
 // statementCall reads FILE and FILE.minisig for pinsAdd or pinsRemove.
 func statementCall(remove bool) func(string) (func(context.Context, *client.Client) (*apiv1.ReleasePinResponse, error), error) {
 	return func(file string) (func(context.Context, *client.Client) (*apiv1.ReleasePinResponse, error), error) {
-		doc, err := readBounded(file, manifest.MaxPinStatementSize)
+		doc, err := readBounded(file, manifest.MaxPinStatementSize, "is it a pin statement from release pins sign?")
 		if err != nil {
 			return nil, err
 		}
-		sig, err := readBounded(file+".minisig", 2<<10)
+		sig, err := readBounded(file+".minisig", 2<<10, "is it a pin statement's signature from release pins sign?")
 		if err != nil {
 			return nil, err
 		}
@@ -64,14 +64,15 @@ func statementCall(remove bool) func(string) (func(context.Context, *client.Clie
 }
 
 // readBounded reads a file of at most limit bytes; a larger or missing
-// one is a usage error.
-func readBounded(path string, limit int64) ([]byte, error) {
+// one is a usage error, whose message ends with hint (what the file
+// should be).
+func readBounded(path string, limit int64, hint string) ([]byte, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("read %s: %w", path, err)}
 	}
 	if st.Size() > limit {
-		return nil, usageError{fmt.Errorf("%s is %d bytes, at most %d: is it a pin statement from release pins sign?", path, st.Size(), limit)}
+		return nil, usageError{fmt.Errorf("%s is %d bytes, at most %d: %s", path, st.Size(), limit, hint)}
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -23,11 +23,13 @@ type session struct {
 	// within is the path of the token's tenant when it is not the root
 	// (docs/tenants.md): the session sees that subtree's part of the
 	// fleet only. "" for a root token: the whole fleet.
-	within   string
-	csrf     string
-	created  time.Time
-	lastUsed time.Time
-	checked  time.Time // when the API token was last re-read
+	within string
+	// tenantID and tenantPath are the token's tenant, for Config.View.
+	tenantID, tenantPath string
+	csrf                 string
+	created              time.Time
+	lastUsed             time.Time
+	checked              time.Time // when the API token was last re-read
 }
 
 // sessions keeps page sessions in memory, keyed by the SHA-256 of their id

@@ -138,6 +138,11 @@ type Config struct {
 	// Actions carries out the page's actions as the session's token
 	// (api.Server gives one). Nil: the page only shows.
 	Actions Actions
+	// View, when set, decides whether the token may see the fleet from
+	// addr (the API's policies: nodes.list and events.list), at the login
+	// and on every request of the session after it; an error refuses the
+	// login, or ends the session, with its message. Nil: every viewer may.
+	View func(ctx context.Context, p *iam.Principal, addr netip.Addr) error
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -294,6 +299,14 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 		return nil, ""
 	}
 	now := h.now()
+	if h.cfg.View != nil {
+		p := &iam.Principal{TokenID: s.tokenID, Role: s.role, TenantID: s.tenantID, TenantPath: s.tenantPath}
+		if err := h.cfg.View(r.Context(), p, h.cfg.CallerAddr(r.Context())); err != nil {
+			h.log.InfoContext(r.Context(), "Page session ended: the token may not view the fleet from here", "token_id", s.tokenID, logkey.Err, err)
+			h.sessions.end(c.Value)
+			return nil, ""
+		}
+	}
 	recheck := h.cfg.TokenRecheck
 	if s.within != "" {
 		recheck = min(recheck, iam.DefaultStoppedRefresh)
@@ -402,7 +415,13 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, code, "login.html", loginView{Error: msg})
 		return
 	}
-	sess := &session{tokenID: p.TokenID, tokenHash: iam.Hash(token), role: p.Role}
+	if h.cfg.View != nil {
+		if err := h.cfg.View(r.Context(), p, h.cfg.CallerAddr(r.Context())); err != nil {
+			h.render(w, r, http.StatusForbidden, "login.html", loginView{Error: "This token may not view the fleet from here: " + err.Error()})
+			return
+		}
+	}
+	sess := &session{tokenID: p.TokenID, tokenHash: iam.Hash(token), role: p.Role, tenantID: p.TenantID, tenantPath: p.TenantPath}
 	if p.TenantID != "" && p.TenantID != store.RootTenant {
 		// A tenant's token sees its subtree's part of the fleet (scope.go).
 		sess.within = p.TenantPath
