@@ -140,7 +140,10 @@ func (s *Server) compileDocument(tenantID, text string) (*policy.Document, *poli
 }
 
 // keepsPolicyAdmin refuses (CONFLICT) a set under which no live token of
-// the tenant, or of a tenant above it, could call policies.apply on it.
+// the tenant, or of a tenant above it, could call policies.apply on it,
+// whatever the call's address, time and fields: decided in the worst case
+// (policy.Set.DecideWorstCase: a deny's condition taken to hold, an
+// allow's to fail), on the resource a real apply is decided on.
 func (s *Server) keepsPolicyAdmin(ctx context.Context, t *store.Tenant, set *policy.Set) error {
 	toks, err := s.store.APITokenList(ctx, &store.ListParams{Limit: store.MaxListLimit})
 	if err != nil {
@@ -166,12 +169,12 @@ func (s *Server) keepsPolicyAdmin(ctx context.Context, t *store.Tenant, set *pol
 				if err != nil {
 					return err
 				}
-				if v.Decide(in).Allow {
+				if v.DecideWorstCase(in).Allow {
 					return nil
 				}
 				continue
 			}
-			if set.Decide(in).Allow {
+			if set.DecideWorstCase(in).Allow {
 				return nil
 			}
 		}

@@ -92,6 +92,12 @@ func TestPolicyApplyRefusals(t *testing.T) {
 	lockout := "policies:\n  - name: lockout\n    bind: {roles: [admin]}\n    statements:\n      - {effect: deny, actions: [\"policies.*\"]}\n"
 	r := f.call("policies.apply", f.admin, applyBody(t, lockout), peer)
 	wantCode(t, r, http.StatusConflict, "CONFLICT", "document")
+	// A condition true for every real call but not for a check without an
+	// address, fields or names locks out all the same: refused.
+	for _, cond := range []string{`request.sourceIp != ""`, `has(request.fields.document)`, `resource.tenantName != ""`} {
+		doc := "policies:\n  - name: lockout\n    bind: {roles: [admin]}\n    statements:\n      - {effect: deny, actions: [policies.apply], condition: '" + cond + "'}\n"
+		wantCode(t, f.call("policies.apply", f.admin, applyBody(t, doc), peer), http.StatusConflict, "CONFLICT", "document")
+	}
 	bad := "policies:\n  - name: typo\n    bind: {roles: [operator]}\n    statements:\n      - {effect: allow, actions: [nodes.drian]}\n"
 	r = f.call("policies.apply", f.admin, applyBody(t, bad), peer)
 	wantCode(t, r, http.StatusBadRequest, "INVALID_ARGUMENT", "document")
@@ -116,8 +122,8 @@ func TestPolicyApplyRefusals(t *testing.T) {
 		t.Fatalf("apply without a version: %d %v, version %v", r.Code, r.Body, version())
 	}
 	rows, err := f.st.AuditQuery(context.Background(), &store.AuditQueryParams{ActionPrefix: "policies.apply", Limit: 10})
-	if err != nil || len(rows) != 6 {
-		t.Fatalf("audit rows of policies.apply = %d, %v; want 6 (four refused, two applied)", len(rows), err)
+	if err != nil || len(rows) != 9 {
+		t.Fatalf("audit rows of policies.apply = %d, %v; want 9 (seven refused, two applied)", len(rows), err)
 	}
 }
 

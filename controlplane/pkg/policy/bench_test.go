@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,5 +43,31 @@ func BenchmarkDecideCondition(b *testing.B) {
 		if !set.Decide(in).Allow {
 			b.Fatal("denied")
 		}
+	}
+}
+
+// BenchmarkParseHostile: Parse refusing files of MaxDocumentSize built to
+// be slow: tests nested 9,000 deep (refused for their depth), nested
+// at MaxDepth with a type error a line, and 130,000 one-line type errors.
+func BenchmarkParseHostile(b *testing.B) {
+	fit := func(line int) int { return (policy.MaxDocumentSize - 64) / line }
+	for _, c := range []struct{ name, src string }{
+		{"deep", hostileDeep(fit(2*9000+5), 9000)},
+		{"at-max-depth", hostileDeep(fit(2*(policy.MaxDepth-2)+5), policy.MaxDepth-2)},
+		{"wide", hostileWide(fit(8))},
+		{"wide-one-line", "policies: []\ntests: [" + strings.Repeat("[1], ", fit(5)) + "]\n"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			src := []byte(c.src)
+			if len(src) > policy.MaxDocumentSize {
+				b.Fatalf("source is %d bytes", len(src))
+			}
+			b.SetBytes(int64(len(src)))
+			for b.Loop() {
+				if _, err := policy.Parse(src); err == nil {
+					b.Fatal("parsed")
+				}
+			}
+		})
 	}
 }

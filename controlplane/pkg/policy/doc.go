@@ -9,7 +9,7 @@
 // # Files
 //
 // A tenant's whole policy set is one YAML file (Document), read strictly
-// by Parse within fixed bounds (MaxDocumentSize, MaxPolicies,
+// by Parse within fixed bounds (MaxDocumentSize, MaxDepth, MaxPolicies,
 // MaxStatements, MaxTests, ...). Compile checks it against the Catalog of
 // actions and compiles it into a Set for the tenant; RunTests decides the
 // file's test cases with it; Load does all three. Every error names its
@@ -44,6 +44,20 @@
 // Only the caller's own tenant's policies bind it; a Bundle holds every
 // tenant's Set and decides by the caller's, a tenant without one getting
 // its built-in role alone.
+//
+// # Worst case
+//
+// DecideWorstCase (on a Set or a Bundle) decides pessimistically, for
+// checks that must hold whatever the call's address, time and fields:
+// whether a token could still call policies.apply on its tenant under a
+// new document, asked with an Input that has no address and no fields. A
+// condition false for such an input (request.sourceIp != "",
+// has(request.fields.document)) may be true for every real call, so there
+// every statement with a condition is taken as if its condition held when
+// it is a deny and as if it failed when it is an allow, without being
+// evaluated; bindings, actions and selectors match as in Decide. What it
+// allows, Decide allows for the same caller, action and resource at any
+// address, time and fields.
 //
 // # Conditions
 //

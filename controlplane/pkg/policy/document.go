@@ -8,6 +8,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -37,9 +38,17 @@ const (
 	MaxNameLength = 256
 	// MaxDescriptionLength bounds a policy's description, in bytes.
 	MaxDescriptionLength = 1 << 10
+	// MaxDepth is how deep a policy file's YAML may nest lists and maps in
+	// one another, the top-level map counting 1. A policy file needs
+	// about 13 at most (a test's fields nest); Parse refuses a deeper file
+	// before it reads it into a Document.
+	MaxDepth = 64
 	// maxErrors is how many errors Parse and Compile report before they
 	// stop collecting.
 	maxErrors = 100
+	// maxYAMLErrors is how many YAML decoding errors Parse maps to their
+	// place in the file before it only counts them.
+	maxYAMLErrors = 10
 )
 
 // Effects of a statement, and what a test expects.
@@ -193,10 +202,24 @@ func (l *errorList) err() error {
 // key or a second document is an error), within the bounds above, and
 // checks everything that needs no Catalog. Every error names its place,
 // such as "policies[2].statements[0].effect: want allow or deny"; all of
-// them are joined.
+// them are joined, except that only the first few YAML decoding errors
+// (a list where a map belongs, an unknown key) are placed and the rest
+// counted. A file nested more than MaxDepth deep is refused before it is
+// decoded, so Parse's time and memory grow with the file's size alone.
 func Parse(src []byte) (*Document, error) {
 	if len(src) > MaxDocumentSize {
 		return nil, fmt.Errorf("policy file is %d bytes, more than %d", len(src), MaxDocumentSize)
+	}
+	// The file's first document as a tree: its depth is checked before
+	// the strict decoding below, and its lines place that decoding's
+	// errors. Syntax errors are left to the decoder, which reports the
+	// same ones.
+	var tree yaml.Node
+	root := &tree
+	if yaml.Unmarshal(src, root) != nil {
+		root = nil
+	} else if line, deep := tooDeep(root, 0); deep {
+		return nil, fmt.Errorf("policy file: line %d: nested more than %d deep", line, MaxDepth)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	dec.KnownFields(true)
@@ -205,7 +228,7 @@ func Parse(src []byte) (*Document, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("policy file is empty: write \"policies: []\" for no policies")
 		}
-		return nil, yamlError(src, err)
+		return nil, yamlError(root, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -506,25 +529,50 @@ func checkLabels(l *errorList, path string, labels map[string]string) {
 	}
 }
 
-// yamlError turns a YAML decoding error into one naming the place of each
-// problem, found from the line numbers the decoder reports.
-func yamlError(src []byte, err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return fmt.Errorf("policy file: %w", err)
+// tooDeep reports whether n nests lists and maps more than MaxDepth deep,
+// depth being how many enclose n, and the line of the first one past the
+// bound. It stops there, so it reads at most MaxDepth+1 levels; aliases
+// are not followed (their anchors are checked where they stand).
+func tooDeep(n *yaml.Node, depth int) (int, bool) {
+	switch n.Kind {
+	case yaml.SequenceNode, yaml.MappingNode:
+		depth++
+		if depth > MaxDepth {
+			return n.Line, true
+		}
+	case yaml.DocumentNode:
+	default:
+		return 0, false
 	}
-	var root yaml.Node
-	if yaml.Unmarshal(src, &root) != nil {
+	for _, c := range n.Content {
+		if line, deep := tooDeep(c, depth); deep {
+			return line, true
+		}
+	}
+	return 0, false
+}
+
+// yamlError turns a YAML decoding error into one naming the place of each
+// of the first maxYAMLErrors problems, found in root (the file's tree)
+// from the line numbers the decoder reports; the rest are counted. A nil
+// root (the file did not parse) places none.
+func yamlError(root *yaml.Node, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) || root == nil {
 		return fmt.Errorf("policy file: %w", err)
 	}
 	var l errorList
-	for _, msg := range te.Errors {
+	for i, msg := range te.Errors {
+		if i == maxYAMLErrors {
+			l.dropped = len(te.Errors) - i
+			break
+		}
 		line, rest, ok := lineOf(msg)
 		if !ok {
 			l.add("", "%s", msg)
 			continue
 		}
-		l.add(pathAtLine(&root, line), "line %d: %s", line, rest)
+		l.add(pathAtLine(root, line), "line %d: %s", line, rest)
 	}
 	return l.err()
 }
@@ -546,39 +594,60 @@ func lineOf(msg string) (int, string, bool) {
 	return n, rest, true
 }
 
-// pathAtLine returns the path of the deepest node that starts on line,
-// such as "policies[2].statements[0]"; "" when none does.
+// pathAtLine returns the path of the last node, in document order, that
+// starts on line, such as "policies[2].statements[0]" (the list entries
+// and map keys on the line, the deepest of them when they nest); "" when
+// none does.
+//
+// Nodes follow one another in the file, each after the one before it and
+// its children within it, so that node lies under the last child of each
+// list or map that starts on or before line: it descends that one branch,
+// finding each child by binary search, and writes the path of that branch
+// alone.
 func pathAtLine(n *yaml.Node, line int) string {
-	best := ""
-	var walk func(n *yaml.Node, path string)
-	walk = func(n *yaml.Node, path string) {
+	var b strings.Builder
+	best := -1
+	for n != nil {
 		switch n.Kind {
 		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				walk(c, path)
+			if len(n.Content) == 0 {
+				return ""
 			}
+			n = n.Content[0]
 		case yaml.SequenceNode:
-			for i, c := range n.Content {
-				p := path + "[" + strconv.Itoa(i) + "]"
-				if c.Line == line {
-					best = p
-				}
-				walk(c, p)
+			i := sort.Search(len(n.Content), func(i int) bool { return n.Content[i].Line > line }) - 1
+			if i < 0 {
+				n = nil
+				break
+			}
+			b.WriteByte('[')
+			b.WriteString(strconv.Itoa(i))
+			b.WriteByte(']')
+			n = n.Content[i]
+			if n.Line == line {
+				best = b.Len()
 			}
 		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				k, v := n.Content[i], n.Content[i+1]
-				p := k.Value
-				if path != "" {
-					p = path + "." + k.Value
-				}
-				if k.Line == line {
-					best = p
-				}
-				walk(v, p)
+			i := sort.Search(len(n.Content)/2, func(i int) bool { return n.Content[2*i].Line > line }) - 1
+			if i < 0 {
+				n = nil
+				break
 			}
+			k := n.Content[2*i]
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(k.Value)
+			if k.Line == line {
+				best = b.Len()
+			}
+			n = n.Content[2*i+1]
+		default:
+			n = nil
 		}
 	}
-	walk(n, "")
-	return best
+	if best < 0 {
+		return ""
+	}
+	return b.String()[:best]
 }

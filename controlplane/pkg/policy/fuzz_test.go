@@ -37,6 +37,9 @@ tests:
 `))
 	f.Add([]byte("policies:\n- {name: a, bind: {roles: [viewer]}, statements: [{effect: deny, actions: ['*']}]}\n---\n"))
 	f.Add([]byte("policies: &a [*a]\n"))
+	f.Add([]byte(hostileDeep(3, 100)))
+	f.Add([]byte(hostileDeep(3, policy.MaxDepth-2)))
+	f.Add([]byte(hostileWide(50)))
 	cat := catalog()
 	f.Fuzz(func(t *testing.T, src []byte) {
 		doc, err := policy.Parse(src)

@@ -134,6 +134,87 @@ func TestParseErrorsAreFieldErrors(t *testing.T) {
 	}
 }
 
+// hostileDeep is a policy file whose tests are lines lists nested depth
+// deep, each a type error: "[[[...]]]" is not a test.
+func hostileDeep(lines, depth int) string {
+	line := "  - " + strings.Repeat("[", depth) + strings.Repeat("]", depth) + "\n"
+	return "policies: []\ntests:\n" + strings.Repeat(line, lines)
+}
+
+// hostileWide is a policy file whose tests are n one-entry lists, each a
+// type error.
+func hostileWide(n int) string {
+	return "policies: []\ntests:\n" + strings.Repeat("  - [1]\n", n)
+}
+
+// TestParseHostile: files that are deep or hold many type errors are
+// refused with a bounded error: nesting past
+// MaxDepth before decoding, with its line; type errors placed for the
+// first ten and counted after. (Mapping every error to its place once
+// took minutes for such a file; BenchmarkParseHostile
+// times them at MaxDocumentSize.)
+func TestParseHostile(t *testing.T) {
+	t.Parallel()
+	// The top-level map and the tests list count 2: a test 62 deep is 64.
+	inBound := policy.MaxDepth - 2
+	cases := []struct {
+		name   string
+		src    string
+		want   []string
+		maxLen int
+	}{
+		{"deep", hostileDeep(20, 9000), []string{"policy file: line 3: nested more than 64 deep"}, 100},
+		{"one past the bound", hostileDeep(2, inBound+1), []string{"policy file: line 3: nested more than 64 deep"}, 100},
+		{"deep in block style", "policies: []\ntests:\n  - name: t\n    fields:\n" + func() string {
+			var b strings.Builder
+			for i := range 70 {
+				b.WriteString(strings.Repeat(" ", 6+i) + "k:\n")
+			}
+			return b.String()
+		}(), []string{"policy file: line 66: nested more than 64 deep"}, 100},
+		{"at the bound, many errors", hostileDeep(2000, inBound), []string{
+			"tests[0]" + strings.Repeat("[0]", inBound-1) + ": line 3: cannot unmarshal !!seq into policy.Test",
+			"tests[9]" + strings.Repeat("[0]", inBound-1) + ": line 12: cannot unmarshal !!seq into policy.Test",
+			"and 1990 more errors",
+		}, 11 * (3*inBound + 60)},
+		{"wide", hostileWide(5000), []string{
+			"tests[0][0]: line 3: cannot unmarshal !!seq into policy.Test",
+			"tests[9][0]: line 12: cannot unmarshal !!seq into policy.Test",
+			"and 4990 more errors",
+		}, 11 * 60},
+		{"wide on one line", "policies: []\ntests: [" + strings.Repeat("[1], ", 5000) + "]\n", []string{
+			"tests[4999][0]: line 2: cannot unmarshal !!seq into policy.Test",
+			"and 4990 more errors",
+		}, 11 * 70},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			if len(c.src) > policy.MaxDocumentSize {
+				t.Fatalf("source is %d bytes", len(c.src))
+			}
+			_, err := policy.Parse([]byte(c.src))
+			if err == nil {
+				t.Fatal("parsed")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%.2000s", w, err)
+				}
+			}
+			if len(err.Error()) > c.maxLen {
+				t.Errorf("error is %d bytes, more than %d:\n%.2000s", len(err.Error()), c.maxLen, err)
+			}
+		})
+	}
+	// A file at the bound that is otherwise good parses.
+	src := "policies: []\ntests:\n  - name: t\n    caller: {role: viewer}\n    action: nodes.get\n    expect: allow\n    fields: {a: " +
+		strings.Repeat("[", 8) + strings.Repeat("]", 8) + "}\n"
+	if _, err := policy.Parse([]byte(src)); err != nil {
+		t.Errorf("fields nested 8 deep: %v", err)
+	}
+}
+
 func TestCompileErrors(t *testing.T) {
 	t.Parallel()
 	src := `policies:
@@ -324,6 +405,104 @@ func TestDecide(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestDecideWorstCase: a deny with a condition applies under
+// DecideWorstCase whatever the condition says, an allow with one does
+// not, and statements without one, selectors and bindings decide as in
+// Decide. The denies are those a lockout check once missed: false for an
+// input without address, fields or tenant name, true for every real call.
+func TestDecideWorstCase(t *testing.T) {
+	t.Parallel()
+	_, set := mustLoad(t, `policies:
+  - name: bypass
+    bind: {roles: [admin]}
+    statements:
+      - effect: deny
+        actions: [nodes.delete]
+        condition: 'request.sourceIp != ""'
+      - effect: deny
+        actions: [tokens.create]
+        condition: 'has(request.fields.document)'
+      - effect: deny
+        actions: [commands.create]
+        resources: {pools: [b]}
+        condition: 'resource.tenantName == ""'
+  - name: viewers
+    bind: {roles: [viewer]}
+    statements:
+      - effect: allow
+        actions: [nodes.drain]
+        condition: 'request.sourceIp == ""'
+      - effect: allow
+        actions: [nodes.cordon]
+      - effect: deny
+        actions: [nodes.get]
+        resources: {pools: [secret]}
+`)
+	bundle, err := policy.NewBundle(catalog(), set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := policy.Principal{Tenant: tenant, Role: "admin"}
+	viewer := policy.Principal{Tenant: tenant, Role: "viewer"}
+	cases := []struct {
+		name         string
+		in           policy.Input
+		decide, want string // reasons; "allowed ..." ones allow
+	}{
+		{"deny on an address", policy.Input{Principal: admin, Action: "nodes.delete"},
+			"allowed by built-in role admin", `denied by policy "bypass" statement 1 (its condition taken to hold)`},
+		{"deny on a field", policy.Input{Principal: admin, Action: "tokens.create"},
+			"allowed by built-in role admin", `denied by policy "bypass" statement 2 (its condition taken to hold)`},
+		{"deny on a name, selected", policy.Input{Principal: admin, Action: "commands.create",
+			Resource: policy.Resource{Pool: "b", TenantName: "acme"}},
+			"allowed by built-in role admin", `denied by policy "bypass" statement 3 (its condition taken to hold)`},
+		{"deny on a name, not selected", policy.Input{Principal: admin, Action: "commands.create",
+			Resource: policy.Resource{Pool: "a"}},
+			"allowed by built-in role admin", "allowed by built-in role admin"},
+		{"deny bound to another role", policy.Input{Principal: policy.Principal{Tenant: tenant, Role: "operator"}, Action: "commands.create",
+			Resource: policy.Resource{Pool: "b"}},
+			"allowed by built-in role operator", "allowed by built-in role operator"},
+		{"allow with a condition", policy.Input{Principal: viewer, Action: "nodes.drain"},
+			`allowed by policy "viewers" statement 1`, "no policy allows nodes.drain for role viewer"},
+		{"allow without a condition", policy.Input{Principal: viewer, Action: "nodes.cordon"},
+			`allowed by policy "viewers" statement 2`, `allowed by policy "viewers" statement 2`},
+		{"deny without a condition", policy.Input{Principal: viewer, Action: "nodes.get", Resource: policy.Resource{Pool: "secret"}},
+			`denied by policy "viewers" statement 3`, `denied by policy "viewers" statement 3`},
+		{"deny without a condition, not selected", policy.Input{Principal: viewer, Action: "nodes.get", Resource: policy.Resource{Pool: "a"}},
+			"allowed by built-in role viewer", "allowed by built-in role viewer"},
+		{"other tenant", policy.Input{Principal: policy.Principal{Tenant: "ten_2", Role: "admin"}, Action: "nodes.delete"},
+			"allowed by built-in role admin", "allowed by built-in role admin"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			if got := set.Decide(c.in); got.Reason != c.decide || got.Allow != strings.HasPrefix(c.decide, "allowed") {
+				t.Errorf("Decide: got %+v, want %q", got, c.decide)
+			}
+			for name, got := range map[string]policy.Decision{"set": set.DecideWorstCase(c.in), "bundle": bundle.DecideWorstCase(c.in)} {
+				if got.Reason != c.want || got.Allow != strings.HasPrefix(c.want, "allowed") {
+					t.Errorf("%s: DecideWorstCase: got %+v, want %q", name, got, c.want)
+				}
+			}
+		})
+	}
+	// The denies' conditions do hold for a real call.
+	call := policy.Input{Principal: admin, Action: "nodes.delete", SourceIP: netip.MustParseAddr("10.1.2.3")}
+	if d := set.Decide(call); d.Allow {
+		t.Errorf("a call with an address: %+v", d)
+	}
+	in := policy.Input{Principal: admin, Action: "nodes.delete"}
+	if d := (*policy.Set)(nil).DecideWorstCase(in); d.Allow {
+		t.Errorf("nil set allowed: %+v", d)
+	}
+	if d := (*policy.Bundle)(nil).DecideWorstCase(in); d.Allow {
+		t.Errorf("nil bundle allowed: %+v", d)
+	}
+	if d := bundle.Without(tenant).DecideWorstCase(in); !d.Allow {
+		t.Errorf("tenant without a set: %+v", d)
 	}
 }
 

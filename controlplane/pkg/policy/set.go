@@ -227,22 +227,43 @@ func (s *Set) Bound(p Principal) bool {
 // Decide decides a call (see the package doc, "Evaluation"). A caller of
 // another tenant than the set's gets its built-in role only. A nil Set
 // denies everything.
-func (s *Set) Decide(in Input) Decision {
+func (s *Set) Decide(in Input) Decision { return s.decide(&in, false) }
+
+// DecideWorstCase decides a call as Decide does, but pessimistically, for
+// checks that must hold whatever the call's address, time and fields,
+// such as whether some token could still apply the tenant's policies
+// after a change (package doc, "Worst case"): every statement with a
+// condition is taken as if its condition held when it is a deny and as if
+// it failed when it is an allow, without evaluating it. Bindings, actions
+// and selectors match as in Decide, and statements without a condition
+// and the built-in roles decide as there. A deny that applies only so
+// gives the Reason `denied by policy "p" statement 2 (its condition taken
+// to hold)`.
+func (s *Set) DecideWorstCase(in Input) Decision { return s.decide(&in, true) }
+
+// decide is Decide, or DecideWorstCase when worst is set.
+func (s *Set) decide(in *Input, worst bool) Decision {
 	if s == nil {
 		return Decision{Reason: "no policy set loaded"}
 	}
 	if in.Principal.Tenant != s.tenant || len(s.index) == 0 {
-		return decideBuiltin(s.cat, &in)
+		return decideBuiltin(s.cat, in)
 	}
 	var buf [8]*bucket
-	buckets := s.buckets(&in, buf[:0])
+	buckets := s.buckets(in, buf[:0])
 	if len(buckets) == 0 {
-		return decideBuiltin(s.cat, &in)
+		return decideBuiltin(s.cat, in)
 	}
 	var act *activation
 	for _, b := range buckets {
 		for _, st := range b.deny {
-			ok, err := st.applies(&in, &act)
+			if worst && st.cond != nil {
+				if st.selects(&in.Resource) {
+					return Decision{Reason: st.reason + " (its condition taken to hold)"}
+				}
+				continue
+			}
+			ok, err := st.applies(in, &act)
 			if err != nil {
 				// A deny whose condition fails applies: fail closed.
 				return Decision{Reason: st.reason + " (its condition failed: " + err.Error() + ")"}
@@ -257,13 +278,16 @@ func (s *Set) Decide(in Input) Decision {
 	}
 	for _, b := range buckets {
 		for _, st := range b.allow {
+			if worst && st.cond != nil {
+				continue
+			}
 			// An allow whose condition fails does not apply.
-			if ok, err := st.applies(&in, &act); ok && err == nil {
+			if ok, err := st.applies(in, &act); ok && err == nil {
 				return Decision{Allow: true, Reason: st.reason}
 			}
 		}
 	}
-	return implicitDeny(s.cat, &in)
+	return implicitDeny(s.cat, in)
 }
 
 // buckets appends to buf the buckets bound to in's caller for its action:
@@ -291,7 +315,7 @@ func (s *Set) buckets(in *Input, buf []*bucket) []*bucket {
 // applies reports whether st applies to in: its selector matches and its
 // condition holds. *act is made on the first condition reached.
 func (st *statement) applies(in *Input, act **activation) (bool, error) {
-	if st.sel != nil && st.sel.matches(&in.Resource) == st.not {
+	if !st.selects(&in.Resource) {
 		return false, nil
 	}
 	if st.cond == nil {
@@ -301,6 +325,11 @@ func (st *statement) applies(in *Input, act **activation) (bool, error) {
 		*act = newActivation(in)
 	}
 	return st.cond.eval(*act)
+}
+
+// selects reports whether st's selector, if any, lets it apply to r.
+func (st *statement) selects(r *Resource) bool {
+	return st.sel == nil || st.sel.matches(r) != st.not
 }
 
 func decideBuiltin(cat Catalog, in *Input) Decision {
@@ -439,6 +468,20 @@ func (b *Bundle) Decide(in Input) Decision {
 	}
 	if s := b.sets[in.Principal.Tenant]; s != nil {
 		return s.Decide(in)
+	}
+	return decideBuiltin(b.cat, &in)
+}
+
+// DecideWorstCase decides a call by its caller's tenant's set as
+// Set.DecideWorstCase does, for checks that must hold whatever the call's
+// address, time and fields; by the built-in role when the tenant has no
+// set. A nil Bundle denies everything.
+func (b *Bundle) DecideWorstCase(in Input) Decision {
+	if b == nil {
+		return Decision{Reason: "no policies loaded"}
+	}
+	if s := b.sets[in.Principal.Tenant]; s != nil {
+		return s.DecideWorstCase(in)
 	}
 	return decideBuiltin(b.cat, &in)
 }
