@@ -247,42 +247,26 @@ func requestFields(req proto.Message) map[string]any {
 }
 
 // nodeField is the request field that names the one node a method acts
-// on: "id" for the nodes.* methods, "node" for tunnels.create and the
-// others that have one.
+// on: "id" for the nodes.* methods, "node" (tunnels.create), "nodeId" or
+// a single "nodeIds" entry for the others.
 func nodeField(name string, req proto.Message) string {
-	fields := req.ProtoReflect().Descriptor().Fields()
-	get := func(n string) string {
-		if f := fields.ByName(protoreflect.Name(n)); f != nil && f.Kind() == protoreflect.StringKind && !f.IsList() {
-			return req.ProtoReflect().Get(f).String()
-		}
-		return ""
-	}
-	if group, _, _ := cutMethod(name); group == "nodes" {
-		if v := get("id"); v != "" {
+	if group, _, _ := strings.Cut(name, "."); group == "nodes" {
+		if v := stringField(req, "id"); v != "" {
 			return v
 		}
 	}
-	if v := get("node"); v != "" {
+	if v := stringField(req, "node"); v != "" {
 		return v
 	}
-	if v := get("node_id"); v != "" {
+	if v := stringField(req, "node_id"); v != "" {
 		return v
 	}
-	if ids := fields.ByName("node_ids"); ids != nil && ids.IsList() && ids.Kind() == protoreflect.StringKind {
+	if ids := req.ProtoReflect().Descriptor().Fields().ByName("node_ids"); ids != nil && ids.IsList() && ids.Kind() == protoreflect.StringKind {
 		if l := req.ProtoReflect().Get(ids).List(); l.Len() == 1 {
 			return l.Get(0).String()
 		}
 	}
 	return ""
-}
-
-func cutMethod(name string) (group, method string, ok bool) {
-	for i := range len(name) {
-		if name[i] == '.' {
-			return name[:i], name[i+1:], true
-		}
-	}
-	return name, "", false
 }
 
 // stringField is req's string field name ("" when it has none).
@@ -298,7 +282,11 @@ func stringField(req proto.Message, name string) string {
 // outside p's subtree, is a resource with the id asked for only: a policy
 // cannot tell another tenant's node from a missing one (the handler
 // answers NOT_FOUND for both when allowed).
-func (s *Server) nodeResource(ctx context.Context, p *iam.Principal, id string) (policy.Resource, error) {
+//
+// pools, when not nil, keeps the pool part of each pool read (nil: the
+// pool is outside p's subtree or gone) for the next node of one call: a
+// command to many nodes reads each pool once.
+func (s *Server) nodeResource(ctx context.Context, p *iam.Principal, id string, pools map[string]*policy.Resource) (policy.Resource, error) {
 	res := policy.Resource{Node: id}
 	n, err := s.store.NodeGet(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -307,10 +295,25 @@ func (s *Server) nodeResource(ctx context.Context, p *iam.Principal, id string) 
 	if err != nil {
 		return res, err
 	}
-	full := policy.Resource{Node: n.ID, NodeName: n.Hostname, Labels: maps.Clone(n.Labels)}
-	if ok, err := s.poolResource(ctx, p, n.PoolID, &full); err != nil || !ok {
-		return res, err
+	pool, seen := pools[n.PoolID]
+	if !seen {
+		var pr policy.Resource
+		ok, err := s.poolResource(ctx, p, n.PoolID, &pr)
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			pool = &pr
+		}
+		if pools != nil {
+			pools[n.PoolID] = pool
+		}
 	}
+	if pool == nil {
+		return res, nil
+	}
+	full := *pool
+	full.Node, full.NodeName, full.Labels = n.ID, n.Hostname, maps.Clone(n.Labels)
 	return full, nil
 }
 
@@ -372,7 +375,7 @@ func (s *Server) tenantResource(ctx context.Context, p *iam.Principal, idOrName 
 func (s *Server) requestResources(ctx context.Context, p *iam.Principal, name string, req proto.Message) ([]policy.Resource, error) {
 	var out []policy.Resource
 	if id := nodeField(name, req); id != "" {
-		res, err := s.nodeResource(ctx, p, id)
+		res, err := s.nodeResource(ctx, p, id, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -422,8 +425,9 @@ func (s *Server) decideOnNodes(ctx context.Context, p *iam.Principal, nodeIDs []
 		}
 		return nil
 	}
+	pools := map[string]*policy.Resource{}
 	for _, id := range nodeIDs {
-		res, err := s.nodeResource(ctx, p, id)
+		res, err := s.nodeResource(ctx, p, id, pools)
 		if err != nil {
 			return err
 		}
