@@ -226,7 +226,7 @@ func (s *Server) bound(ctx context.Context, p *iam.Principal) (bool, error) {
 }
 
 func principalOf(p *iam.Principal) policy.Principal {
-	return policy.Principal{Token: p.TokenID, Tenant: p.TenantID, Role: p.Role}
+	return policy.Principal{Token: p.TokenID, Tenant: p.TenantID, Role: p.Role, Groups: p.Groups}
 }
 
 // requestFields is a request's fields as its JSON form has them

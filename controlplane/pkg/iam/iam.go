@@ -90,6 +90,31 @@ type Principal struct {
 	// TenantPath is the tenant's store.Tenant.Path: a resource is the
 	// caller's when its tenant's path starts with it.
 	TenantPath string
+	// Subject is the person a single sign-on session's token stands for
+	// (store.APIToken.Subject: the provider's issuer and subject, which
+	// stay the same across the session's refreshes); empty for an API
+	// token of a machine or script.
+	Subject string
+	// Name is how the person is shown (the email or name claim); empty for
+	// an API token.
+	Name string
+	// Groups are the person's groups at the provider as of the session's
+	// last refresh (docs/sso.md); tenant policies bind them.
+	Groups []string
+	// SessionID is the single sign-on session the token belongs to
+	// (store.OIDCSession); empty for an API token.
+	SessionID string
+}
+
+// Identity names who p is across tokens: "user:" and the subject for a
+// person signed in with single sign-on (the same through every refresh of
+// every session), else "token:" and the API token's id. Access requests
+// are made and approved by identities (docs/access.md).
+func (p *Principal) Identity() string {
+	if p.Subject != "" {
+		return "user:" + p.Subject
+	}
+	return "token:" + p.TokenID
 }
 
 // Sees reports whether the resource of a tenant with path lies within the
