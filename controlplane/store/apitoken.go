@@ -25,6 +25,14 @@ type APIToken struct {
 	ExpiresAt   *time.Time
 	RevokedAt   *time.Time
 	CreatedAt   time.Time
+	// SessionID is the single sign-on session (OIDCSession) the token is a
+	// bearer token of; empty for a token made by tokens create.
+	SessionID string
+	// Subject, DisplayName and Groups are the session's person as of the
+	// refresh that made the token (empty for other tokens).
+	Subject     string
+	DisplayName string
+	Groups      []string
 }
 
 // APITokenStore keeps API tokens.

@@ -122,6 +122,7 @@ type Store interface {
 	PKIStore
 	PKIRotationStore
 	APITokenStore
+	OIDCSessionStore
 	SecretStore
 	DisruptionStore
 	ReservationStore

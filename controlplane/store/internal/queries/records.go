@@ -328,18 +328,29 @@ func (s *Store) RevocationCheck(ctx context.Context, serial string) (bool, error
 	return revoked, s.wrap("check revocation of "+serial, err)
 }
 
-const apiTokenColumns = `id, role, tenant_id, description, allow_cidrs, expires_at, revoked_at, created_at`
+const apiTokenColumns = `id, role, tenant_id, description, allow_cidrs, expires_at, revoked_at, created_at, session_id, subject, display_name, groups`
 
 func scanAPIToken(r Row) (*store.APIToken, error) {
 	t := &store.APIToken{}
 	var cidrs []byte
-	if err := r.Scan(&t.ID, &t.Role, &t.TenantID, &t.Description, &cidrs, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt); err != nil {
+	var groups string
+	if err := r.Scan(&t.ID, &t.Role, &t.TenantID, &t.Description, &cidrs, &t.ExpiresAt, &t.RevokedAt, &t.CreatedAt,
+		&t.SessionID, &t.Subject, &t.DisplayName, &groups); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal(cidrs, &t.AllowCIDRs); err != nil {
 		return nil, fmt.Errorf("decode allowed CIDRs of token %s: %w", t.ID, err)
 	}
+	t.Groups = splitLines(groups)
 	return t, nil
+}
+
+// splitLines is the list a newline-joined column holds (nil for "").
+func splitLines(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
 }
 
 // APITokenCreate stores a token's hash and role.
