@@ -43,8 +43,9 @@ type CacheConfig struct {
 // at random per Cache, of the caller's tenant, role and groups, the
 // resource (ids, names, labels) and the request's fields; so one address's
 // decision is never served to another. A condition on request.time may
-// thus be up to the TTL late for cached reads. Calls without a token id are
-// not cached. It is safe for concurrent use.
+// thus be up to the TTL late for cached reads. Calls without a token id, and
+// calls of a caller holding grants (Input.Grants: their end must hold at
+// once), are not cached. It is safe for concurrent use.
 type Cache struct {
 	cfg  CacheConfig
 	seed maphash.Seed
@@ -104,7 +105,7 @@ func NewCache(cfg CacheConfig) *Cache {
 // it asks d, and keeps the answer when read is true and it allows (and no
 // Clear came in between).
 func (c *Cache) Decide(in Input, read bool, d Decider) Decision {
-	if !read || in.Principal.Token == "" {
+	if !read || in.Principal.Token == "" || len(in.Grants) > 0 {
 		return d.Decide(in)
 	}
 	key := cacheKey{token: in.Principal.Token, action: in.Action, addr: in.SourceIP, digest: c.digest(&in)}

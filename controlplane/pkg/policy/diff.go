@@ -9,8 +9,9 @@ import (
 // Diff describes in one line what changed from old to new, for the audit
 // row of an apply: the policies added, removed and changed (by name, with
 // the statements added, removed or changed by number from 1, and whether
-// the binding or description changed), and the change in the number of
-// tests. It returns "no change" when the policies and tests are the same.
+// the binding, description or request block changed), and the change in
+// the number of tests. It returns "no change" when the policies and tests
+// are the same.
 // A nil Document is an empty one.
 func Diff(old, new *Document) string {
 	if old == nil {
@@ -82,6 +83,9 @@ func policyChanges(o, p *Policy) string {
 	}
 	if o.Description != p.Description {
 		c = append(c, "description changed")
+	}
+	if !reflect.DeepEqual(o.Request, p.Request) {
+		c = append(c, "request changed")
 	}
 	for i := range max(len(o.Statements), len(p.Statements)) {
 		switch {

@@ -30,7 +30,9 @@
 //     to the caller (by its token id, its role or one of its groups), whose
 //     actions match the call's action, whose selector matches the resource
 //     (resources: it selects it; notResources: it does not) and whose
-//     condition, if any, is true.
+//     condition, if any, is true;
+//   - the statements of the policies the caller's grants bring (below,
+//     "Access requests").
 //
 // An applying deny statement denies the call, whatever allows it; else any
 // applying allow (built-in or statement) allows it; else it is denied
@@ -40,6 +42,23 @@
 // names what decided: `denied by policy "p" statement 2` (statements
 // numbered from 1), "allowed by built-in role operator", `no policy allows
 // nodes.drain for role viewer`.
+//
+// # Access requests
+//
+// A policy with a request block (Request) is requestable
+// (docs/access.md): a caller its requesters bind may ask for it for a
+// time, one its approvers bind approves, and the approved request is a
+// Grant the caller's decisions carry (Input.Grants). A requestable policy
+// may have no bind, so that its statements apply only through grants. A
+// grant brings its policy's statements to the call while the call's time
+// is before the grant's end and the policy's requesters still bind the
+// caller: its deny statements apply as stated, its allow statements only
+// on the resources the grant's scope selects (when it has one). Deny still
+// wins, and the reason names the request: `allowed by policy "p"
+// statement 1 (granted by access request acr_…)`; Decision.Grant is its id.
+// A file's tests may give their caller grants (TestCaller.Granted).
+// Cache never keeps a decision of a caller with grants: its end holds at
+// once. DecideWorstCase, for the lockout check, is asked without grants.
 //
 // Only the caller's own tenant's policies bind it; a Bundle holds every
 // tenant's Set and decides by the caller's, a tenant without one getting

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"go.yaml.in/yaml/v3"
@@ -38,6 +39,14 @@ const (
 	MaxNameLength = 256
 	// MaxDescriptionLength bounds a policy's description, in bytes.
 	MaxDescriptionLength = 1 << 10
+	// DefaultRequestDuration is a requestable policy's maxDuration when its
+	// request block names none: 8 hours.
+	DefaultRequestDuration = 8 * time.Hour
+	// MinRequestDuration and MaxRequestDuration bound a requestable
+	// policy's maxDuration, and the duration of any access request: 1
+	// minute to 7 days.
+	MinRequestDuration = time.Minute
+	MaxRequestDuration = 7 * 24 * time.Hour
 	// MaxDepth is how deep a policy file's YAML may nest lists and maps in
 	// one another, the top-level map counting 1. A policy file needs
 	// about 13 at most (a test's fields nest); Parse refuses a deeper file
@@ -68,14 +77,51 @@ type Document struct {
 	Tests []Test `yaml:"tests,omitempty"`
 }
 
-// Policy is a named list of statements bound to callers.
+// Policy is a named list of statements bound to callers, or granted to
+// them by approved access requests.
 type Policy struct {
 	// Name matches [a-z0-9][a-z0-9-]{0,62} and is unique in the file.
 	Name        string `yaml:"name"`
 	Description string `yaml:"description,omitempty"`
-	// Bind says whom the policy applies to.
-	Bind       Binding     `yaml:"bind"`
+	// Bind says whom the policy applies to. It is required unless the
+	// policy has a Request block; a requestable policy without one applies
+	// only to the holders of its approved, unexpired access requests.
+	Bind Binding `yaml:"bind,omitempty"`
+	// Request, when set, makes the policy requestable (docs/access.md):
+	// who may ask for it, who may approve, and for how long at most.
+	Request    *Request    `yaml:"request,omitempty"`
 	Statements []Statement `yaml:"statements"`
+}
+
+// Request is a requestable policy's request block: a caller its
+// Requesters bind may ask for the policy for a time (access.request), a
+// caller its Approvers bind, never the one who asked, may approve, and the
+// approved request grants the policy's statements to the requester until
+// its end (docs/access.md).
+type Request struct {
+	// Requesters bind who may ask for the policy; at least one entry. A
+	// grant holds only while they still bind its holder.
+	Requesters Binding `yaml:"requesters"`
+	// Approvers bind who may approve or deny a request; at least one
+	// entry.
+	Approvers Binding `yaml:"approvers"`
+	// MaxDuration is the longest time a request may ask for, as Go writes
+	// a duration ("30m", "4h", "168h"): DefaultRequestDuration when empty,
+	// MinRequestDuration to MaxRequestDuration.
+	MaxDuration string `yaml:"maxDuration,omitempty"`
+}
+
+// Duration returns r's maxDuration: DefaultRequestDuration when it names
+// none. It is 0 for a duration Parse refuses.
+func (r *Request) Duration() time.Duration {
+	if r.MaxDuration == "" {
+		return DefaultRequestDuration
+	}
+	d, err := time.ParseDuration(r.MaxDuration)
+	if err != nil || d < MinRequestDuration || d > MaxRequestDuration {
+		return 0
+	}
+	return d
 }
 
 // Binding names the callers a policy applies to: any token listed, every
@@ -150,6 +196,11 @@ type TestCaller struct {
 	// Role is required: admin, operator or viewer.
 	Role   string   `yaml:"role"`
 	Groups []string `yaml:"groups,omitempty"`
+	// Granted names requestable policies of the file the caller holds an
+	// approved access request for (TestGrantID), without a resource scope
+	// and ending an hour after the test's time: what the policy allows
+	// once granted.
+	Granted []string `yaml:"granted,omitempty"`
 }
 
 // FieldError is one problem found by Parse or Compile, at a place in the
@@ -314,7 +365,10 @@ func (d *Document) check(l *errorList) {
 		if len(p.Description) > MaxDescriptionLength {
 			l.add(path+".description", "longer than %d bytes", MaxDescriptionLength)
 		}
-		p.Bind.check(l, path+".bind")
+		if p.Request == nil || !p.Bind.empty() {
+			p.Bind.check(l, path+".bind", "required: at least one of tokens, roles or groups (or a request block, for a policy granted on request only)")
+		}
+		p.Request.check(l, path+".request")
 		switch {
 		case len(p.Statements) == 0:
 			l.add(path+".statements", "required: at least one statement")
@@ -343,12 +397,25 @@ func (d *Document) check(l *errorList) {
 			}
 		}
 		t.check(l, path)
+		for j, name := range t.Caller.Granted {
+			switch i, ok := names[name]; {
+			case name == "":
+			case !ok:
+				l.add(fmt.Sprintf("%s.caller.granted[%d]", path, j), "%q: no policy of this file has that name", name)
+			case d.Policies[i].Request == nil:
+				l.add(fmt.Sprintf("%s.caller.granted[%d]", path, j), "%q: that policy has no request block, so it is never granted", name)
+			}
+		}
 	}
 }
 
-func (b *Binding) check(l *errorList, path string) {
-	if len(b.Tokens)+len(b.Roles)+len(b.Groups) == 0 {
-		l.add(path, "required: at least one of tokens, roles or groups")
+// empty reports whether b names no one.
+func (b *Binding) empty() bool { return len(b.Tokens)+len(b.Roles)+len(b.Groups) == 0 }
+
+// check checks b, required saying what to write when it is empty.
+func (b *Binding) check(l *errorList, path, required string) {
+	if b.empty() {
+		l.add(path, "%s", required)
 		return
 	}
 	checkList(l, path+".tokens", b.Tokens, nil)
@@ -359,6 +426,27 @@ func (b *Binding) check(l *errorList, path string) {
 		return nil
 	})
 	checkList(l, path+".groups", b.Groups, nil)
+}
+
+// check checks a request block, if any.
+func (r *Request) check(l *errorList, path string) {
+	if r == nil {
+		return
+	}
+	r.Requesters.check(l, path+".requesters", "required: who may ask for the policy (tokens, roles or groups)")
+	r.Approvers.check(l, path+".approvers", "required: who may approve a request (tokens, roles or groups)")
+	if r.MaxDuration == "" {
+		return
+	}
+	d, err := time.ParseDuration(r.MaxDuration)
+	switch {
+	case len(r.MaxDuration) > MaxNameLength:
+		l.add(path+".maxDuration", "longer than %d bytes", MaxNameLength)
+	case err != nil:
+		l.add(path+".maxDuration", "%q: want a duration such as 30m, 4h or 168h", r.MaxDuration)
+	case d < MinRequestDuration || d > MaxRequestDuration:
+		l.add(path+".maxDuration", "%s: want %v to %v", r.MaxDuration, MinRequestDuration, MaxRequestDuration)
+	}
 }
 
 func (s *Statement) check(l *errorList, path string) {
@@ -416,6 +504,7 @@ func (t *Test) check(l *errorList, path string) {
 		l.add(path+".caller.token", "longer than %d bytes", MaxNameLength)
 	}
 	checkList(l, path+".caller.groups", t.Caller.Groups, nil)
+	checkList(l, path+".caller.granted", t.Caller.Granted, nil)
 	if t.Action == "" {
 		l.add(path+".action", "required")
 	} else if err := checkActionName(t.Action, false); err != nil {

@@ -11,6 +11,10 @@ import (
 // January 2026, 12:00 UTC.
 var DefaultTestTime = time.Date(2026, time.January, 5, 12, 0, 0, 0, time.UTC)
 
+// TestGrantID is the access request id of a test caller's grants
+// (TestCaller.Granted), as decisions' reasons name it.
+const TestGrantID = "acr_test"
+
 // ErrTestsFailed is returned by Load when a test case of the file gets
 // another decision than it expects.
 var ErrTestsFailed = errors.New("policy tests failed")
@@ -68,6 +72,9 @@ func (t *Test) input(tenant string) Input {
 	}
 	if t.Time != "" {
 		in.Time, _ = parseTime(t.Time) // checked by Parse
+	}
+	for _, name := range t.Caller.Granted {
+		in.Grants = append(in.Grants, Grant{ID: TestGrantID, Policy: name, End: in.Time.Add(time.Hour)})
 	}
 	return in
 }

@@ -14,6 +14,9 @@ import (
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(decideSrc))
 	f.Add([]byte("policies: []\n"))
+	f.Add([]byte(accessSrc))
+	f.Add([]byte("policies:\n- {name: r, request: {requesters: {roles: [viewer]}, approvers: {groups: [g]}, maxDuration: 90m}, statements: [{effect: deny, actions: ['*']}]}\n" +
+		"tests: [{name: t, caller: {role: viewer, granted: [r]}, action: nodes.get, expect: deny}]\n"))
 	f.Add([]byte(`policies:
   - name: pool-a-operators
     bind: {tokens: [tok_abc], roles: [operator], groups: [gpu-team]}
@@ -66,9 +69,16 @@ tests:
 			return
 		}
 		doc.RunTests(set)
+		var grants []policy.Grant
+		for _, p := range doc.Policies {
+			if p.Request != nil {
+				grants = append(grants, policy.Grant{ID: "acr_f", Policy: p.Name, End: policy.DefaultTestTime.Add(time.Hour),
+					Scope: &policy.Selector{Pools: []string{"a"}}})
+			}
+		}
 		for action := range cat {
 			set.Decide(policy.Input{Principal: policy.Principal{Tenant: tenant, Role: "operator", Token: "tok_abc", Groups: []string{"gpu-team"}},
-				Action: action, Resource: policy.Resource{Pool: "a", Labels: map[string]string{"gpu": "h100"}}})
+				Action: action, Resource: policy.Resource{Pool: "a", Labels: map[string]string{"gpu": "h100"}}, Time: policy.DefaultTestTime, Grants: grants})
 		}
 	})
 }

@@ -24,6 +24,27 @@ type Input struct {
 	// values as encoding/json or YAML decode them (nil, bool, numbers,
 	// strings, []any, map[string]any).
 	Fields map[string]any
+	// Grants are the caller's approved access requests (docs/access.md):
+	// each brings its policy's statements to the call while Time is
+	// before its End, the policy is requestable in the caller's tenant's
+	// set and its requesters still bind the caller.
+	Grants []Grant
+}
+
+// Grant is an approved access request: the policy it grants its
+// requester, on what, until when.
+type Grant struct {
+	// ID is the access request's id ("acr_…"), named in the reasons of
+	// the decisions it makes.
+	ID string
+	// Policy names the granted policy of the caller's tenant.
+	Policy string
+	// Scope, when set, limits the grant's allow statements to the
+	// resources it selects (the request's resource); its deny statements
+	// apply as stated.
+	Scope *Selector
+	// End is when the grant ends: it holds while Input.Time is before it.
+	End time.Time
 }
 
 // Principal is a caller: variable caller in conditions.
@@ -60,8 +81,13 @@ type Decision struct {
 	Allow bool
 	// Reason names what decided, such as `denied by policy "pool-a" statement
 	// 2`, "allowed by built-in role operator" or "no policy allows
-	// nodes.drain for role viewer". Statements are numbered from 1.
+	// nodes.drain for role viewer". Statements are numbered from 1; a
+	// statement a grant brought adds "(granted by access request acr_…)".
 	Reason string
+	// Grant is the id of the access request whose granted statement
+	// decided the call (allowed or denied it); empty otherwise. A
+	// decision a grant allowed holds only until the grant's end.
+	Grant string
 }
 
 // Decider decides calls: a Set and a Bundle are Deciders.

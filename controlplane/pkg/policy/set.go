@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 )
@@ -22,9 +23,22 @@ type Set struct {
 	cat    Catalog
 	index  map[bindKey]*bucket
 	// bound holds the bindings of every policy (keys without action).
-	bound      map[bindKey]bool
-	policies   int
-	statements int
+	bound map[bindKey]bool
+	// requestable holds the requestable policies by name: their request
+	// blocks and their statements by exact action, for grants.
+	requestable map[string]*Requestable
+	policies    int
+	statements  int
+}
+
+// Requestable is a requestable policy of a Set (its request block, as
+// compiled): who may ask for it, who may approve, for how long at most.
+type Requestable struct {
+	name                  string
+	requesters, approvers map[bindKey]bool
+	maxDuration           time.Duration
+	// index holds the policy's statements by exact action.
+	index map[string]*bucket
 }
 
 // bindKind says what binds a statement to callers.
@@ -81,7 +95,7 @@ func Compile(tenant string, doc *Document, cat Catalog) (*Set, error) {
 		return nil, err
 	}
 	s := &Set{tenant: tenant, cat: maps.Clone(cat), index: map[bindKey]*bucket{}, bound: map[bindKey]bool{},
-		policies: len(doc.Policies)}
+		requestable: map[string]*Requestable{}, policies: len(doc.Policies)}
 	c := &compiler{cat: cat, l: &l, conds: map[string]*condition{}, condErrs: map[string]error{}}
 	for i := range doc.Policies {
 		p := &doc.Policies[i]
@@ -89,9 +103,20 @@ func Compile(tenant string, doc *Document, cat Catalog) (*Set, error) {
 		for _, k := range keys {
 			s.bound[k] = true
 		}
+		var req *Requestable
+		if p.Request != nil {
+			req = &Requestable{name: p.Name, requesters: keySet(&p.Request.Requesters), approvers: keySet(&p.Request.Approvers),
+				maxDuration: p.Request.Duration(), index: map[string]*bucket{}}
+			s.requestable[p.Name] = req
+		}
 		for j := range p.Statements {
 			st, actions := c.statement(fmt.Sprintf("policies[%d].statements[%d]", i, j), p.Name, j, &p.Statements[j])
 			s.statements++
+			if req != nil {
+				for _, a := range actions {
+					req.index[a] = req.index[a].with(st)
+				}
+			}
 			for _, k := range keys {
 				for _, a := range actions {
 					k.action = a
@@ -180,6 +205,45 @@ func (c *compiler) statement(path, name string, j int, st *Statement) (*statemen
 	return cs, actions
 }
 
+// with returns b (a new bucket when nil) with st added.
+func (b *bucket) with(st *statement) *bucket {
+	if b == nil {
+		b = &bucket{}
+	}
+	if st.deny {
+		b.deny = append(b.deny, st)
+	} else {
+		b.allow = append(b.allow, st)
+	}
+	return b
+}
+
+// keySet returns the keys (without action) of b, as a set.
+func keySet(b *Binding) map[bindKey]bool {
+	m := map[bindKey]bool{}
+	for _, k := range bindKeys(b) {
+		m[k] = true
+	}
+	return m
+}
+
+// binds reports whether keys (a keySet) bind p: its token id, its role or
+// one of its groups.
+func binds(keys map[bindKey]bool, p *Principal) bool {
+	if p.Token != "" && keys[bindKey{kind: byToken, name: p.Token}] {
+		return true
+	}
+	if p.Role != "" && keys[bindKey{kind: byRole, name: p.Role}] {
+		return true
+	}
+	for _, g := range p.Groups {
+		if keys[bindKey{kind: byGroup, name: g}] {
+			return true
+		}
+	}
+	return false
+}
+
 // bindKeys returns the index keys (without action) binding p's callers.
 func bindKeys(b *Binding) []bindKey {
 	var keys []bindKey
@@ -210,19 +274,35 @@ func (s *Set) Bound(p Principal) bool {
 	if s == nil || p.Tenant != s.tenant {
 		return false
 	}
-	if p.Token != "" && s.bound[bindKey{kind: byToken, name: p.Token}] {
-		return true
-	}
-	if p.Role != "" && s.bound[bindKey{kind: byRole, name: p.Role}] {
-		return true
-	}
-	for _, g := range p.Groups {
-		if s.bound[bindKey{kind: byGroup, name: g}] {
-			return true
-		}
-	}
-	return false
+	return binds(s.bound, &p)
 }
+
+// Requestable returns the set's requestable policy name (one with a
+// request block), or nil when it has none of that name or it is not
+// requestable.
+func (s *Set) Requestable(name string) *Requestable {
+	if s == nil {
+		return nil
+	}
+	return s.requestable[name]
+}
+
+// Name returns the policy's name.
+func (r *Requestable) Name() string { return r.name }
+
+// MaxDuration returns the longest time a request may ask for
+// (request.maxDuration; DefaultRequestDuration when the file names none).
+func (r *Requestable) MaxDuration() time.Duration { return r.maxDuration }
+
+// Requester reports whether the policy's requesters bind p (by its token
+// id, its role or one of its groups): whether p may ask for it, and
+// whether a grant of it still holds for p.
+func (r *Requestable) Requester(p Principal) bool { return binds(r.requesters, &p) }
+
+// Approver reports whether the policy's approvers bind p. Whether p is
+// the one who asked is the caller's to check: a requester never approves
+// its own request.
+func (r *Requestable) Approver(p Principal) bool { return binds(r.approvers, &p) }
 
 // Decide decides a call (see the package doc, "Evaluation"). A caller of
 // another tenant than the set's gets its built-in role only. A nil Set
@@ -246,31 +326,28 @@ func (s *Set) decide(in *Input, worst bool) Decision {
 	if s == nil {
 		return Decision{Reason: "no policy set loaded"}
 	}
-	if in.Principal.Tenant != s.tenant || len(s.index) == 0 {
+	if in.Principal.Tenant != s.tenant {
+		return decideBuiltin(s.cat, in)
+	}
+	var gbuf [4]grantBucket
+	granted := s.granted(in, gbuf[:0])
+	if len(s.index) == 0 && len(granted) == 0 {
 		return decideBuiltin(s.cat, in)
 	}
 	var buf [8]*bucket
 	buckets := s.buckets(in, buf[:0])
-	if len(buckets) == 0 {
+	if len(buckets) == 0 && len(granted) == 0 {
 		return decideBuiltin(s.cat, in)
 	}
 	var act *activation
 	for _, b := range buckets {
-		for _, st := range b.deny {
-			if worst && st.cond != nil {
-				if st.selects(&in.Resource) {
-					return Decision{Reason: st.reason + " (its condition taken to hold)"}
-				}
-				continue
-			}
-			ok, err := st.applies(in, &act)
-			if err != nil {
-				// A deny whose condition fails applies: fail closed.
-				return Decision{Reason: st.reason + " (its condition failed: " + err.Error() + ")"}
-			}
-			if ok {
-				return Decision{Reason: st.reason}
-			}
+		if d, ok := denies(in, b, worst, &act, nil); ok {
+			return d
+		}
+	}
+	for _, g := range granted {
+		if d, ok := denies(in, g.b, worst, &act, g.g); ok {
+			return d
 		}
 	}
 	if s.cat.Allows(in.Principal.Role, in.Action) {
@@ -287,7 +364,80 @@ func (s *Set) decide(in *Input, worst bool) Decision {
 			}
 		}
 	}
+	for _, g := range granted {
+		// A grant scoped to a resource allows on what its scope selects
+		// only.
+		if g.g.Scope != nil && !g.g.Scope.matches(&in.Resource) {
+			continue
+		}
+		for _, st := range g.b.allow {
+			if worst && st.cond != nil {
+				continue
+			}
+			if ok, err := st.applies(in, &act); ok && err == nil {
+				return Decision{Allow: true, Reason: st.reason + grantNote(g.g), Grant: g.g.ID}
+			}
+		}
+	}
 	return implicitDeny(s.cat, in)
+}
+
+// denies returns the decision of the first deny statement of b that
+// applies to in (ok true), or ok false when none does; g is the grant that
+// brought b (nil for statements bound to the caller), named in the reason.
+func denies(in *Input, b *bucket, worst bool, act **activation, g *Grant) (Decision, bool) {
+	note, id := "", ""
+	if g != nil {
+		note, id = grantNote(g), g.ID
+	}
+	for _, st := range b.deny {
+		if worst && st.cond != nil {
+			if st.selects(&in.Resource) {
+				return Decision{Reason: st.reason + note + " (its condition taken to hold)", Grant: id}, true
+			}
+			continue
+		}
+		ok, err := st.applies(in, act)
+		if err != nil {
+			// A deny whose condition fails applies: fail closed.
+			return Decision{Reason: st.reason + note + " (its condition failed: " + err.Error() + ")", Grant: id}, true
+		}
+		if ok {
+			return Decision{Reason: st.reason + note, Grant: id}, true
+		}
+	}
+	return Decision{}, false
+}
+
+// grantNote is what a reason adds for a statement a grant brought.
+func grantNote(g *Grant) string { return " (granted by access request " + g.ID + ")" }
+
+// grantBucket is a grant in force for a call and its policy's statements
+// for the call's action.
+type grantBucket struct {
+	g *Grant
+	b *bucket
+}
+
+// granted appends to buf the grants of in that hold for its call (their
+// policy requestable in s, its requesters still binding the caller, the
+// call's time before their end) with their policy's statements for the
+// call's action.
+func (s *Set) granted(in *Input, buf []grantBucket) []grantBucket {
+	for i := range in.Grants {
+		g := &in.Grants[i]
+		if !in.Time.Before(g.End) {
+			continue
+		}
+		r := s.requestable[g.Policy]
+		if r == nil || !r.Requester(in.Principal) {
+			continue
+		}
+		if b := r.index[in.Action]; b != nil {
+			buf = append(buf, grantBucket{g: g, b: b})
+		}
+	}
+	return buf
 }
 
 // buckets appends to buf the buckets bound to in's caller for its action:
@@ -448,6 +598,12 @@ func (b *Bundle) Set(tenant string) *Set {
 		return nil
 	}
 	return b.sets[tenant]
+}
+
+// Requestable returns tenant's requestable policy name (Set.Requestable),
+// or nil.
+func (b *Bundle) Requestable(tenant, name string) *Requestable {
+	return b.Set(tenant).Requestable(name)
 }
 
 // Bound reports whether a policy of p's tenant binds p (Set.Bound); false
