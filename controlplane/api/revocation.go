@@ -194,9 +194,12 @@ func (s *Server) subtreeLeft(ctx context.Context, c *liveCall) string {
 // tokenEnded is why c's token no longer holds, or "".
 func (s *Server) tokenEnded(ctx context.Context, c *liveCall) string {
 	_, err := s.auth.RecheckHash(ctx, c.tokenHash, c.addr)
+	var session *iam.SessionTokenExpired
 	switch {
 	case err == nil:
 		return ""
+	case errors.As(err, &session):
+		return s.sessionEnded(ctx, session)
 	case errors.Is(err, iam.ErrTokenExpired):
 		return fmt.Sprintf("credential expired: API token %s expired", c.tokenID)
 	case errors.Is(err, iam.ErrTenantStopped):
@@ -208,6 +211,28 @@ func (s *Server) tokenEnded(ctx context.Context, c *liveCall) string {
 	}
 	if ctx.Err() == nil {
 		s.log.WarnContext(ctx, "Cannot check the token of open calls now", "token", c.tokenID, logkey.Err, err)
+	}
+	return ""
+}
+
+// sessionEnded is why a call opened with a single sign-on session's token,
+// expired since (the client refreshes it), may no longer stay open: its
+// session ended (signed out, refused at a refresh, its rights changed) or
+// its sessionTTL passed. "" while the session lives (docs/sso.md).
+func (s *Server) sessionEnded(ctx context.Context, e *iam.SessionTokenExpired) string {
+	sess, err := s.store.OIDCSessionGet(ctx, e.SessionID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return fmt.Sprintf("credential revoked: the sign-in of token %s ended", e.TokenID)
+	case err != nil:
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "Cannot check the session of open calls now", "session_id", e.SessionID, logkey.Err, err)
+		}
+		return ""
+	case sess.EndedAt != nil:
+		return fmt.Sprintf("credential revoked: signed out (%s)", sess.EndReason)
+	case !sess.Live(s.now()):
+		return "credential expired: the sign-in's time ended (iam.oidc.sessionTTL): run login again"
 	}
 	return ""
 }

@@ -377,7 +377,7 @@ func (s *Server) audit(ctx context.Context, p *iam.Principal, action, resource, 
 		d["request_sha256"] = fmt.Sprintf("%x", sum)
 		details, _ = json.Marshal(d)
 	}
-	e := &store.AuditEntry{Actor: "token:" + p.TokenID, Action: action, Resource: resource, Outcome: outcome, TenantID: p.TenantID,
+	e := &store.AuditEntry{Actor: p.Identity(), Action: action, Resource: resource, Outcome: outcome, TenantID: p.TenantID,
 		SourceIP: fmt.Sprint(addr), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
 		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)

@@ -23,6 +23,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/pkg/feed"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/pkg/sso"
 	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
 	"github.com/better-compute/better-compute/controlplane/reconcilers/placer"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -123,6 +124,10 @@ type Config struct {
 	// (host.gateway.ws.publicURL), for install scripts asked for with
 	// ?transport=websocket; empty when the fallback is off.
 	WebSocketURL string
+	// SSO, when set, signs people in through the OpenID provider
+	// (iam.oidc): the endpoints {basePath}/sso/* and the fleet page's
+	// sign-in. Nil: people use API tokens.
+	SSO *sso.Service
 	// Releases, when set, is the downloads folder the install script route
 	// ({basePath}/install.sh) installs bcd from.
 	Releases Releases
@@ -202,6 +207,7 @@ type Store interface {
 	store.AuditStore
 	store.PKIStore
 	store.APITokenStore
+	store.OIDCSessionStore
 	store.SecretStore
 	store.DisruptionStore
 	store.ReservationStore
@@ -218,6 +224,8 @@ type Server struct {
 	auth  *iam.Authenticator
 	// policies decide every call, page action and tunnel (authorize.go).
 	policies *policies
+	// ssoLimit bounds the sign-in calls of each address (sso.go).
+	ssoLimit ssoLimiter
 	waker    Waker
 	log      *slog.Logger
 	mux      *http.ServeMux
@@ -317,6 +325,7 @@ func New(cfg Config, st Store, log *slog.Logger) *Server {
 		s.mux.Handle("GET "+cfg.BasePath+"/downloads/", cfg.Downloads)
 	}
 	s.mountMetrics()
+	s.mountSSO()
 	s.mountWatch()
 	s.handler = &callerAddress{trusted: cfg.TrustedProxies, next: bodyDeadline(cfg.BodyReadTimeout, http.HandlerFunc(s.route))}
 	return s

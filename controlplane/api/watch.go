@@ -22,8 +22,12 @@ import (
 // call the API's methods as the token the page was opened with. The page's
 // stream follows the server's event feed: one outbox reader per process.
 func (s *Server) mountWatch() {
-	h, err := watch.New(watch.Config{Auth: s.auth, CallerAddr: CallerAddr, Feed: s.feed, Actions: pageActions{s}, View: s.mayView,
-		Secure: s.cfg.TLSCertFile != "" || strings.HasPrefix(s.cfg.PublicURL, "https://")}, s.store, s.log)
+	cfg := watch.Config{Auth: s.auth, CallerAddr: CallerAddr, Feed: s.feed, Actions: pageActions{s}, View: s.mayView,
+		Secure: s.cfg.TLSCertFile != "" || strings.HasPrefix(s.cfg.PublicURL, "https://")}
+	if s.cfg.SSO != nil {
+		cfg.SSO, cfg.PublicURL = s.cfg.SSO, s.cfg.PublicURL
+	}
+	h, err := watch.New(cfg, s.store, s.log)
 	if err != nil {
 		panic("api: " + err.Error()) // only a bad Config fails, and this one is fixed
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/control"
 	"github.com/better-compute/better-compute/controlplane/pkg/metrics"
 	"github.com/better-compute/better-compute/controlplane/pkg/process"
+	"github.com/better-compute/better-compute/controlplane/pkg/sso"
 	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
 	"github.com/better-compute/better-compute/controlplane/pkg/wake"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -191,7 +192,7 @@ func Run(ctx context.Context, cfg *config.Config, st store.Store, opts Options) 
 			EventWakeups: eventWakeups, Listeners: listeners, Clock: clock, Metrics: m.Handler(), MetricsToken: cfg.Host.Metrics.BearerToken, Pprof: cfg.Host.Metrics.Pprof, Remediation: cfg.Remediation, Refusals: m,
 			EventStreamsPerToken: cfg.Host.Limits.EventStreamsPerToken, InFlightPerToken: cfg.Host.Limits.InFlightPerToken,
 			BodyReadTimeout: cfg.Host.Limits.BodyReadTimeout.Duration, RotationRetireGrace: cfg.PKI.ReattestGrace.Duration,
-			RotationCAValidity: cfg.PKI.NodeCAValidity.Duration},
+			RotationCAValidity: cfg.PKI.NodeCAValidity.Duration, SSO: ssoService(cfg, st, log)},
 			cfg, dl, certFile, keyFile), st, log)
 	}
 
@@ -460,4 +461,13 @@ func prepareSchema(ctx context.Context, st store.Store, noMigrate bool, log *slo
 		return fmt.Errorf("schema is behind this build (pending %s): run better-compute migrate, or start without --no-migrate", strings.Join(pending, ", "))
 	}
 	return nil
+}
+
+// ssoService is the single sign-on of iam.oidc (docs/sso.md); nil when it
+// is not configured.
+func ssoService(cfg *config.Config, st sso.Store, log *slog.Logger) *sso.Service {
+	if !cfg.IAM.OIDC.Enabled() {
+		return nil
+	}
+	return sso.New(sso.Config{OIDC: cfg.IAM.OIDC}, st, log)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -57,14 +58,9 @@ func (e *env) client(f *apiFlags) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	u, err := url.Parse(strings.TrimRight(t.server, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, usageError{fmt.Errorf("--server %q (from %s): want an http:// or https:// URL", t.server, t.serverFrom)}
+	if t.server, err = apiURL(t.server, t.serverFrom); err != nil {
+		return nil, err
 	}
-	if u.Path == "" {
-		u.Path = "/api" // the default base path
-	}
-	t.server = u.String()
 	hc, err := e.httpClient(f, cfg)
 	if err != nil {
 		return nil, err
@@ -73,9 +69,39 @@ func (e *env) client(f *apiFlags) (*client.Client, error) {
 	return &client.Client{BaseURL: t.server, Token: t.token, HTTP: hc}, nil
 }
 
+// apiURL is server (from from) as an API URL: an http(s) URL, with the
+// default base path /api when it has none.
+func apiURL(server, from string) (string, error) {
+	u, err := url.Parse(strings.TrimRight(server, "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", usageError{fmt.Errorf("--server %q (from %s): want an http:// or https:// URL", server, from)}
+	}
+	if u.Path == "" {
+		u.Path = "/api" // the default base path
+	}
+	return u.String(), nil
+}
+
+// signedInToken is the token of the person's sign-in to server (refreshed
+// when due), or "" when there is none or server is not a URL.
+func (e *env) signedInToken(f *apiFlags, cfg *config.Config, server string) (string, error) {
+	u, err := apiURL(server, "")
+	if err != nil {
+		return "", nil // the caller names the bad URL
+	}
+	hc, err := e.httpClient(f, cfg)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return e.signedIn(ctx, u, hc)
+}
+
 // resolveAPI finds the server and the token, each from the first of: its
 // flag (--server, --token); its environment variable (BETTER_COMPUTE_URL,
-// BETTER_COMPUTE_TOKEN); the configuration, cfg (--config F, with the
+// BETTER_COMPUTE_TOKEN); for the token, the person's sign-in to the server
+// (better-compute login, refreshed when due); the configuration, cfg (--config F, with the
 // environment and --data-dir over it): the API address of its host.listen
 // (host.publicURL when host.listen's port is 0) and the admin-token file in
 // its dataDir, which without --config is the default data directory. cfgErr
@@ -117,6 +143,16 @@ func (e *env) resolveAPI(f *apiFlags, cfg *config.Config, cfgErr error) (*apiTar
 		}
 		if t.server == "" {
 			t.server, t.serverFrom = "http://127.0.0.1:3000", "the default"
+		}
+	}
+	if t.token == "" {
+		// A person's sign-in (better-compute login) to this server.
+		tok, err := e.signedInToken(f, cfg, t.server)
+		if err != nil {
+			return nil, err
+		}
+		if tok != "" {
+			t.token, t.tokenFrom = tok, "your sign-in (better-compute login; "+e.credentialsPath()+")"
 		}
 	}
 	if t.token == "" {

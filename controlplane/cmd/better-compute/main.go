@@ -108,6 +108,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(remediationCmd(e))
 	root.AddCommand(gpusCmd(e))
 	root.AddCommand(tenantsCmd(e), policyCmd(e))
+	root.AddCommand(loginCmd(e), logoutCmd(e))
 	root.AddCommand(rolloutsCmd(e))
 	root.AddCommand(recordingsCmd(e))
 	root.AddCommand(gatewaysCmd(e), processesCmd(e))

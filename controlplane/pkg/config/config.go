@@ -103,6 +103,8 @@ type Config struct {
 	// GPUHealth are the thresholds of bcd's GPU health readers, sent to
 	// nodes in Welcome (docs/gpu-health.md).
 	GPUHealth GPUHealth `yaml:"gpuHealth"`
+	// IAM is how people sign in (docs/sso.md).
+	IAM IAM `yaml:"iam"`
 
 	// ParsedProxies is TrustedProxies parsed; filled by Load.
 	ParsedProxies []netip.Prefix `yaml:"-"`
@@ -700,6 +702,7 @@ func (c *Config) defaults(getenv func(string) string) {
 		r.History.Duration = 90 * 24 * time.Hour
 	}
 	c.GPUHealth.defaults()
+	c.IAM.OIDC.defaults()
 	c.Embedded = c.Database.URL == ""
 }
 
@@ -812,6 +815,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.GPUHealth.validate(); err != nil {
+		return err
+	}
+	if err := c.IAM.OIDC.validate(); err != nil {
 		return err
 	}
 	for i, p := range c.Downloads.ReleasePins {

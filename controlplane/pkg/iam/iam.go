@@ -335,6 +335,9 @@ func (a *Authenticator) lookup(ctx context.Context, key cacheKey, now time.Time)
 	case t.RevokedAt != nil:
 		return nil, time.Time{}, ErrTokenRevoked
 	case t.ExpiresAt != nil && !now.Before(*t.ExpiresAt):
+		if t.SessionID != "" {
+			return nil, time.Time{}, &SessionTokenExpired{SessionID: t.SessionID, TokenID: t.ID}
+		}
 		return nil, time.Time{}, ErrTokenExpired
 	}
 	if len(t.AllowCIDRs) > 0 && !slices.ContainsFunc(t.AllowCIDRs, func(c string) bool {
@@ -354,8 +357,24 @@ func (a *Authenticator) lookup(ctx context.Context, key cacheKey, now time.Time)
 	case err != nil:
 		return nil, time.Time{}, fmt.Errorf("authenticate: %w", err)
 	}
-	return &Principal{TokenID: t.ID, Role: t.Role, TenantID: tenant.ID, TenantPath: tenant.Path}, expires, nil
+	return &Principal{TokenID: t.ID, Role: t.Role, TenantID: tenant.ID, TenantPath: tenant.Path,
+		Subject: t.Subject, Name: t.DisplayName, Groups: t.Groups, SessionID: t.SessionID}, expires, nil
 }
+
+// SessionTokenExpired is ErrTokenExpired for a bearer token of a single
+// sign-on session (docs/sso.md): the client refreshes it, and a call the
+// token opened (a shell, an event stream) may outlive it while its session
+// lives (Server.tokenEnded asks the session).
+type SessionTokenExpired struct {
+	SessionID, TokenID string
+}
+
+func (e *SessionTokenExpired) Error() string {
+	return ErrTokenExpired.Error() + " (a signed-in session's token: refresh it, or run login)"
+}
+
+// Is makes a SessionTokenExpired an ErrTokenExpired.
+func (e *SessionTokenExpired) Is(target error) bool { return target == ErrTokenExpired }
 
 // Forget drops cached decisions (after a revocation in this process).
 func (a *Authenticator) Forget() {

@@ -30,6 +30,13 @@ type session struct {
 	created              time.Time
 	lastUsed             time.Time
 	checked              time.Time // when the API token was last re-read
+	// refresh is the refresh secret of a session opened by single sign-on
+	// (the page renews the token before tokenExpires; sso.go); name is the
+	// person's.
+	refresh      string
+	tokenExpires time.Time
+	name         string
+	groups       []string
 }
 
 // sessions keeps page sessions in memory, keyed by the SHA-256 of their id
@@ -114,6 +121,28 @@ func (ss *sessions) markChecked(id string, now time.Time) {
 	defer ss.mu.Unlock()
 	if s := ss.m[key(id)]; s != nil {
 		s.checked = now
+	}
+}
+
+// peek returns a copy of the live session with id without marking it
+// used; nil when there is none.
+func (ss *sessions) peek(id string) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.m[key(id)]
+	if s == nil || ss.expired(s, ss.now()) {
+		return nil
+	}
+	c := *s
+	return &c
+}
+
+// update changes the session with id under the lock.
+func (ss *sessions) update(id string, fn func(*session)) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s := ss.m[key(id)]; s != nil {
+		fn(s)
 	}
 }
 

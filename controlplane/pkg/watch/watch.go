@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
@@ -143,6 +144,13 @@ type Config struct {
 	// and on every request of the session after it; an error refuses the
 	// login, or ends the session, with its message. Nil: every viewer may.
 	View func(ctx context.Context, p *iam.Principal, addr netip.Addr) error
+	// SSO, when set, offers people single sign-on through the OpenID
+	// provider (sso.Service; docs/sso.md): GET /watch/sso and its
+	// callback. Nil: the page takes API tokens only.
+	SSO SSO
+	// PublicURL is the API's origin as browsers reach it (host.publicURL),
+	// for the sign-in's callback URL. Empty: the request's own.
+	PublicURL string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -176,6 +184,8 @@ type Handler struct {
 	fc       fleetCache
 	hub      *hub
 	static   http.Handler
+	// renewMu makes signed-in sessions' token renewals one at a time.
+	renewMu sync.Mutex
 }
 
 // New returns the page's handler over st; Register mounts it.
@@ -235,6 +245,8 @@ func (h *Handler) Register(mux *http.ServeMux) {
 	mux.Handle("GET "+Path+"/actions/{name}/preview", h.secured(h.previewAction))
 	mux.Handle("POST "+Path+"/actions/{name}", h.secured(h.act))
 	mux.Handle("GET "+Path+"/tunnels/{ticket}", h.secured(h.tunnel))
+	mux.Handle("GET "+Path+"/sso", h.secured(h.ssoStart))
+	mux.Handle("GET "+Path+"/sso/callback", h.secured(h.ssoCallback))
 }
 
 // secured adds the page's security headers to every response.
@@ -299,8 +311,11 @@ func (h *Handler) current(r *http.Request) (*session, string) {
 		return nil, ""
 	}
 	now := h.now()
+	if h.cfg.SSO != nil && !h.renew(r, s, c.Value) {
+		return nil, ""
+	}
 	if h.cfg.View != nil {
-		p := &iam.Principal{TokenID: s.tokenID, Role: s.role, TenantID: s.tenantID, TenantPath: s.tenantPath}
+		p := &iam.Principal{TokenID: s.tokenID, Role: s.role, TenantID: s.tenantID, TenantPath: s.tenantPath, Groups: s.groups}
 		if err := h.cfg.View(r.Context(), p, h.cfg.CallerAddr(r.Context())); err != nil {
 			h.log.InfoContext(r.Context(), "Page session ended: the token may not view the fleet from here", "token_id", s.tokenID, logkey.Err, err)
 			h.sessions.end(c.Value)
@@ -374,9 +389,15 @@ const maxFormBytes = 4 << 10
 
 type loginView struct {
 	Error string
+	// SSO shows the single sign-on link (Config.SSO is set).
+	SSO bool
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, name string, data any) {
+	if v, ok := data.(loginView); ok {
+		v.SSO = h.cfg.SSO != nil
+		data = v
+	}
 	var b bytes.Buffer
 	if err := templates.ExecuteTemplate(&b, name, data); err != nil {
 		h.log.ErrorContext(r.Context(), "Render the fleet page", "template", name, logkey.Err, err)
