@@ -132,6 +132,7 @@ type Store interface {
 	RecordingStore
 	ReleasePinStore
 	PolicyStore
+	AccessStore
 }
 
 // ListParams pages a list: rows after Cursor (an id), at most Limit

@@ -113,7 +113,43 @@ const (
 
 	TunnelOpened = eventsv1.TunnelOpened // TunnelData: a shell or port forward to a node opened (its ticket used)
 	TunnelClosed = eventsv1.TunnelClosed // TunnelData: it ended: bytes each way, exit status, reason
+
+	AccessRequested = eventsv1.AccessRequested // AccessData: access.request: a pending request for a requestable policy
+	AccessApproved  = eventsv1.AccessApproved  // AccessData: an approver approved it; the policy is granted from start to end
+	AccessDenied    = eventsv1.AccessDenied    // AccessData: an approver denied it (note)
+	AccessRevoked   = eventsv1.AccessRevoked   // AccessData: the requester or an approver revoked it (note); a granted access ends at once
+	AccessEnded     = eventsv1.AccessEnded     // AccessData: an approved request's end passed, or a pending one expired undecided (state expired)
 )
+
+// AccessData is the data of the access.* events: an access request as
+// the step left it (docs/access.md). It names its tenant (tenantId) and
+// no pool or node, so its events are its tenant's (docs/tenants.md,
+// "Events").
+type AccessData struct {
+	RequestID string `json:"requestId"`
+	TenantID  string `json:"tenantId"`
+	// Requester is the requester's identity ("user:<subject>" or
+	// "token:<id>"), RequesterName how it is shown.
+	Requester     string `json:"requester"`
+	RequesterName string `json:"requesterName,omitempty"`
+	Policy        string `json:"policy"`
+	// Resource is the request's scope, "pool:<id>", "site:<id>",
+	// "node:<id>" or "tenant:<id>"; empty for none.
+	Resource string `json:"resource,omitempty"`
+	// State is after the step; PreviousState before it.
+	State         string `json:"state"`
+	PreviousState string `json:"previousState,omitempty"`
+	// DurationSeconds is how long the access lasts once approved.
+	DurationSeconds int64  `json:"durationSeconds"`
+	Reason          string `json:"reason"`
+	// Start and End bound the granted access (approved and after).
+	Start *time.Time `json:"start,omitempty"`
+	End   *time.Time `json:"end,omitempty"`
+	// DecidedBy is the identity that approved, denied or revoked it.
+	DecidedBy string `json:"decidedBy,omitempty"`
+	// Note is the denial's or revocation's reason.
+	Note string `json:"note,omitempty"`
+}
 
 // TunnelData is the data of tunnel.* events (docs/tunnels.md).
 type TunnelData struct {
@@ -497,6 +533,8 @@ var Types = []TypeInfo{
 	{ReservationEnded, ReservationData{}}, {ReservationCancelled, ReservationData{}}, {ReservationFailed, ReservationData{}},
 	{ReservationExtended, ReservationData{}}, {ReservationNodeFailed, ReservationData{}},
 	{TunnelOpened, TunnelData{}}, {TunnelClosed, TunnelData{}},
+	{AccessRequested, AccessData{}}, {AccessApproved, AccessData{}}, {AccessDenied, AccessData{}},
+	{AccessRevoked, AccessData{}}, {AccessEnded, AccessData{}},
 }
 
 // CommandTerminal returns the type of the event a command ending in state

@@ -156,6 +156,9 @@ func testEvents(ctx context.Context, t *testing.T, h *Harness) {
 	// CA rotations: every pki.rotation-* type (pkirotations.go).
 	producePKIRotationEvents(ctx, t, h)
 
+	// Access requests: every access.* type (access.go).
+	produceAccessEvents(ctx, t, h)
+
 	entries := must(st.OutboxList(ctx, 0, store.MaxListLimit))
 	count := map[string]int{}
 	var bySubject = map[string][]string{}

@@ -84,6 +84,7 @@ func Exercise(ctx context.Context, t *testing.T, newHarness NewHarness) {
 		{"PKIRotations", testPKIRotations},
 		{"ReleasePins", testReleasePins},
 		{"PolicyDocuments", testPolicyDocuments},
+		{"AccessRequests", testAccessRequests},
 		{"OIDCSessions", testOIDCSessions},
 		{"APITokensAndSecrets", testAPITokensAndSecrets},
 		{"Lifetimes", testLifetimes},

@@ -109,6 +109,12 @@ const (
 
 	TunnelOpened = TypePrefix + "tunnel.opened" // TunnelData: a shell or port forward to a node opened (its ticket used)
 	TunnelClosed = TypePrefix + "tunnel.closed" // TunnelData: it ended: bytes each way, exit status, reason
+
+	AccessRequested = TypePrefix + "access.requested" // AccessData: access.request: a pending request for a requestable policy
+	AccessApproved  = TypePrefix + "access.approved"  // AccessData: an approver approved it; the policy is granted from start to end
+	AccessDenied    = TypePrefix + "access.denied"    // AccessData: an approver denied it (note)
+	AccessRevoked   = TypePrefix + "access.revoked"   // AccessData: the requester or an approver revoked it (note); a granted access ends at once
+	AccessEnded     = TypePrefix + "access.ended"     // AccessData: an approved request's end passed, or a pending one expired undecided (state expired)
 )
 
 // Types lists every event type, in docs/events.md's order: the registry
@@ -127,5 +133,6 @@ var Types = []string{
 	RolloutNodeDraining, RolloutNodeUpgrading, RolloutNodeSoaking, RolloutNodeUpgraded, RolloutNodeSkipped,
 	RolloutNodeFailed, RolloutNodeRollingBack, RolloutNodeRolledBack, ReservationCreated, ReservationPlaced,
 	ReservationActive, ReservationEnded, ReservationCancelled, ReservationFailed, ReservationExtended,
-	ReservationNodeFailed, TunnelOpened, TunnelClosed,
+	ReservationNodeFailed, TunnelOpened, TunnelClosed, AccessRequested, AccessApproved, AccessDenied, AccessRevoked,
+	AccessEnded,
 }
