@@ -353,6 +353,10 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("policy get", exitOK),
 		bc("policy get", exitUsage, "extra"),
 		bc("policy get", exitFailure, "--tenant", "no-such-tenant"),
+		bc("login", exitUsage, "extra"),
+		bc("login", exitFailure, "--no-browser"), // single sign-on is not configured here: NOT_FOUND
+		bc("logout", exitUsage, "extra"),
+		bc("logout", exitOK), // not signed in: nothing to end
 		bc("policy list", exitOK),
 		bc("policy list", exitUsage, "extra"),
 		bc("recordings list", exitOK),
