@@ -166,6 +166,21 @@ func TestOIDCDeviceLoginMapsGroupsAndLosesThemAtRefresh(t *testing.T) {
 	if code, _, stderr := alice.run("tenants", "create", "team-x"); code != 1 || !strings.Contains(stderr, "role operator may not call tenants.create") {
 		t.Fatalf("alice's tenants create: exit %d\n%s\nwant refused: an operator", code, stderr)
 	}
+	// The person's groups reach the tenant's policies: team-a denies
+	// events.list to the group gpu-ops.
+	policyFile := testenv.WriteFile(t, "team-a-policy.yaml", `policies:
+  - name: gpu-ops-no-events
+    bind: {groups: [gpu-ops]}
+    statements:
+      - {effect: deny, actions: [events.list]}
+tests:
+  - {name: gpu-ops may not list events, caller: {role: operator, groups: [gpu-ops]}, action: events.list, expect: deny}
+  - {name: others may, caller: {role: operator, groups: [fleet-viewers]}, action: events.list, expect: allow}
+`)
+	d.cli(d.viaAPI("policy", "apply", "--tenant", "team-a", policyFile)...)
+	if code, _, stderr := alice.run("events", "list"); code != 1 || !strings.Contains(stderr, "events.list refused") || !strings.Contains(stderr, "gpu-ops-no-events") {
+		t.Fatalf("alice's events list (gpu-ops, denied by policy): exit %d\n%s", code, stderr)
+	}
 	// Every command refreshed the 2-second token: the first one is
 	// replaced, and the audit names the person, not a token.
 	if now := alice.credential()["token"]; now == first {
@@ -192,6 +207,9 @@ func TestOIDCDeviceLoginMapsGroupsAndLosesThemAtRefresh(t *testing.T) {
 	}
 	if code, _, stderr := alice.run("nodes", "cordon", "node_none"); code != 1 || !strings.Contains(stderr, "role viewer may not call nodes.cordon") {
 		t.Fatalf("alice's cordon as a viewer: exit %d\n%s", code, stderr)
+	}
+	if code, stdout, stderr := alice.run("events", "list"); code != 0 {
+		t.Fatalf("alice's events list out of gpu-ops (the policy no longer binds her): exit %d\n%s%s", code, stdout, stderr)
 	}
 
 	// Every group removed at the provider: signed out at the next refresh.
