@@ -35,6 +35,7 @@ const PolicyRefresh = 5 * time.Second
 type policyStore interface {
 	PolicyStamp(ctx context.Context) (int64, error)
 	PolicyDocumentList(ctx context.Context, p *store.ListParams) ([]*store.PolicyDocument, error)
+	AccessGrantsActive(ctx context.Context, now *time.Time) ([]*store.AccessRequest, error)
 }
 
 // policies is one api process's view of every tenant's policies: compiled
@@ -56,8 +57,10 @@ type policies struct {
 	view    *view      // nil until the first read succeeds
 	checked time.Time
 	// dirty counts applies made through this process; clean is the count
-	// the view in force has seen.
-	dirty, clean int
+	// the view in force has seen. gdirty and gclean count the same of
+	// approvals and revocations of access requests (the grants).
+	dirty, clean   int
+	gdirty, gclean int
 }
 
 // view is the policies in force as one decision reads them.
@@ -71,6 +74,50 @@ type view struct {
 	versions map[string]int64
 	sets     map[string]*policy.Set
 	cache    *policy.Cache
+	// grants are the approved access requests whose end was ahead when
+	// they were read (every PolicyRefresh), by tenant and identity
+	// (grantKey); each decision compares their end with its time.
+	grants map[string][]policy.Grant
+}
+
+// grantKey is the key of view.grants: a tenant and an identity
+// (iam.Principal.Identity).
+func grantKey(tenant, identity string) string { return tenant + " " + identity }
+
+// grantsOf returns the grants p holds (their end may have passed since
+// they were read: Decide compares).
+func (v *view) grantsOf(p *iam.Principal) []policy.Grant {
+	return v.grants[grantKey(p.TenantID, p.Identity())]
+}
+
+// withGrants returns a copy of v deciding with the active requests rs.
+func (v *view) withGrants(rs []*store.AccessRequest) *view {
+	nv := *v
+	nv.grants = make(map[string][]policy.Grant, len(rs))
+	for _, r := range rs {
+		if r.End == nil {
+			continue
+		}
+		k := grantKey(r.TenantID, r.Requester)
+		nv.grants[k] = append(nv.grants[k], policy.Grant{ID: r.ID, Policy: r.Policy, Scope: accessScope(r), End: *r.End})
+	}
+	return &nv
+}
+
+// accessScope is the selector of a request's resource scope, by id; nil
+// for none.
+func accessScope(r *store.AccessRequest) *policy.Selector {
+	switch r.ScopeKind {
+	case store.AccessScopePool:
+		return &policy.Selector{Pools: []string{r.ScopeID}}
+	case store.AccessScopeSite:
+		return &policy.Selector{Sites: []string{r.ScopeID}}
+	case store.AccessScopeNode:
+		return &policy.Selector{Nodes: []string{r.ScopeID}}
+	case store.AccessScopeTenant:
+		return &policy.Selector{Tenants: []string{r.ScopeID}}
+	}
+	return nil
 }
 
 func newPolicies(table map[string]apiv1.Method, st policyStore, log *slog.Logger, now func() time.Time) *policies {
@@ -89,22 +136,32 @@ func (ps *policies) changed() {
 	ps.mu.Unlock()
 }
 
+// grantsChanged makes the next decision re-read the grants, waiting for
+// them (after an approval or a revocation in this process).
+func (ps *policies) grantsChanged() {
+	ps.mu.Lock()
+	ps.gdirty++
+	ps.mu.Unlock()
+}
+
 // due reports the view in force and whether it must be re-read: always
-// before the first read and after an apply here (wait), else once
-// PolicyRefresh has passed.
-func (ps *policies) due() (v *view, refresh, wait bool, dirty int) {
+// before the first read and after an apply, approval or revocation here
+// (wait), else once PolicyRefresh has passed.
+func (ps *policies) due() (v *view, refresh, wait bool, dirty, gdirty int) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	wait = ps.view == nil || ps.dirty != ps.clean
-	return ps.view, wait || ps.now().Sub(ps.checked) >= PolicyRefresh, wait, ps.dirty
+	wait = ps.view == nil || ps.dirty != ps.clean || ps.gdirty != ps.gclean
+	return ps.view, wait || ps.now().Sub(ps.checked) >= PolicyRefresh, wait, ps.dirty, ps.gdirty
 }
 
 // current returns the policies in force, re-read when PolicyRefresh has
-// passed and the stamp moved. A failed read keeps the ones in force (and
-// is tried again at the next call); before the first read succeeds it is
-// an error, so that no call is decided without a tenant's deny statements.
+// passed and the stamp moved, and the grants, re-read every
+// PolicyRefresh. A failed read keeps the ones in force (and is tried
+// again at the next call); before the first read of the documents
+// succeeds it is an error, so that no call is decided without a tenant's
+// deny statements.
 func (ps *policies) current(ctx context.Context) (*view, error) {
-	v, refresh, wait, _ := ps.due()
+	v, refresh, wait, _, _ := ps.due()
 	if !refresh {
 		return v, nil
 	}
@@ -114,7 +171,7 @@ func (ps *policies) current(ctx context.Context) (*view, error) {
 		return v, nil // another caller is reading them
 	}
 	defer ps.refreshing.Unlock()
-	v, refresh, _, dirty := ps.due()
+	v, refresh, _, dirty, gdirty := ps.due()
 	if !refresh {
 		return v, nil
 	}
@@ -132,8 +189,17 @@ func (ps *policies) current(ctx context.Context) (*view, error) {
 		ps.log.WarnContext(ctx, "Policies not re-read; deciding by the ones in force", logkey.Err, err)
 		return v, nil
 	}
+	now := ps.now()
+	if grants, err := ps.store.AccessGrantsActive(ctx, &now); err == nil {
+		v = v.withGrants(grants)
+	} else {
+		// The grants read before stay (their ends still hold); a
+		// revocation waits for the next read.
+		ps.log.WarnContext(ctx, "Access grants not re-read; deciding by the ones read before", logkey.Err, err)
+		gdirty = ps.gclean
+	}
 	ps.mu.Lock()
-	ps.view, ps.checked, ps.clean = v, ps.now(), dirty
+	ps.view, ps.checked, ps.clean, ps.gclean = v, ps.now(), dirty, gdirty
 	ps.mu.Unlock()
 	return v, nil
 }
@@ -145,6 +211,9 @@ func (ps *policies) current(ctx context.Context) (*view, error) {
 func (ps *policies) load(ctx context.Context, old *view, stamp int64) (*view, error) {
 	v := &view{broken: map[string]error{}, stamp: stamp, versions: map[string]int64{}, sets: map[string]*policy.Set{},
 		cache: policy.NewCache(policy.CacheConfig{Now: ps.now})}
+	if old != nil {
+		v.grants = old.grants // until they are read again, after this
+	}
 	for cursor := ""; ; {
 		ds, err := ps.store.PolicyDocumentList(ctx, &store.ListParams{Cursor: cursor, Limit: store.MaxListLimit})
 		if err != nil {
@@ -204,10 +273,13 @@ func (s *Server) decide(ctx context.Context, d decision) error {
 		return &Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf(
 			"%s refused: tenant %s's policies no longer compile (%v); an admin must apply them again (policy apply)", d.action, d.p.TenantID, err)}
 	}
-	in := policy.Input{Principal: principalOf(d.p), Action: d.action, Resource: d.res, SourceIP: d.addr, Time: s.now()}
-	if d.req != nil && v.Bound(in.Principal) {
+	in := policy.Input{Principal: principalOf(d.p), Action: d.action, Resource: d.res, SourceIP: d.addr, Time: s.now(),
+		Grants: v.grantsOf(d.p)}
+	if d.req != nil && (v.Bound(in.Principal) || len(in.Grants) > 0) {
 		in.Fields = requestFields(d.req)
 	}
+	// A caller holding grants is never served from the cache, nor is its
+	// decision kept: a grant's end holds at once (policy.Cache).
 	dec := v.cache.Decide(in, d.read, v.Bundle)
 	if !dec.Allow {
 		return &Error{Code: apiv1.CodePermissionDenied, Message: fmt.Sprintf("%s refused: %s", d.action, dec.Reason)}
@@ -215,14 +287,14 @@ func (s *Server) decide(ctx context.Context, d decision) error {
 	return nil
 }
 
-// bound reports whether a tenant policy binds p: only then can a decision
-// depend on the resource, the address or the request.
+// bound reports whether a tenant policy binds p, or p holds grants: only
+// then can a decision depend on the resource, the address or the request.
 func (s *Server) bound(ctx context.Context, p *iam.Principal) (bool, error) {
 	v, err := s.policies.current(ctx)
 	if err != nil {
 		return false, &Error{Code: apiv1.CodeUnavailable, Message: err.Error()}
 	}
-	return v.Bound(principalOf(p)) || v.broken[p.TenantID] != nil, nil
+	return v.Bound(principalOf(p)) || v.broken[p.TenantID] != nil || len(v.grantsOf(p)) > 0, nil
 }
 
 func principalOf(p *iam.Principal) policy.Principal {

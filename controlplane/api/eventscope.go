@@ -17,9 +17,11 @@ const eventScopeTTL = 10 * time.Second
 // eventScope decides which events a caller of a tenant other than the
 // root sees (docs/tenants.md, "Events"): an event whose data names a pool
 // (poolId) is that pool's tenant's; else one that names a node (nodeId)
-// is the tenant of the node's pool now; any other event (a gateway's, an
-// API token's, a CA rotation's) is deployment-wide and shown to root
-// callers only. A nil *eventScope (a root caller) sees every event.
+// is the tenant of the node's pool now; else one that names a tenant
+// (tenantId: an access request's) is that tenant's; any other event (a
+// gateway's, an API token's, a CA rotation's) is deployment-wide and shown
+// to root callers only. A nil *eventScope (a root caller) sees every
+// event.
 type eventScope struct {
 	s     *Server
 	p     *iam.Principal
@@ -45,8 +47,9 @@ func (sc *eventScope) sees(ctx context.Context, envelope []byte) (bool, error) {
 	}
 	var e struct {
 		Data struct {
-			NodeID string `json:"nodeId"`
-			PoolID string `json:"poolId"`
+			NodeID   string `json:"nodeId"`
+			PoolID   string `json:"poolId"`
+			TenantID string `json:"tenantId"`
 		} `json:"data"`
 	}
 	if json.Unmarshal(envelope, &e) != nil {
@@ -75,6 +78,8 @@ func (sc *eventScope) sees(ctx context.Context, envelope []byte) (bool, error) {
 			sc.nodes[e.Data.NodeID] = ok
 		}
 		return ok, err
+	case e.Data.TenantID != "":
+		return sc.s.sees(ctx, sc.p, e.Data.TenantID)
 	}
 	return false, nil
 }

@@ -54,6 +54,9 @@ type liveCall struct {
 	// opened on a node of its subtree: it ends when the node (or its pool)
 	// moves out of that subtree (subtreeLeft).
 	caller *iam.Principal
+	// access is set for a tunnel an access request's grant allowed: it
+	// ends when its actions are refused again (accessEnded).
+	access *liveAccess
 	cancel context.CancelCauseFunc
 }
 
@@ -107,7 +110,8 @@ func (l *liveCalls) checkNow() {
 }
 
 // checkLiveLoop checks the live calls every Config.RevocationCheck and
-// when checkNow asks, until ctx ends.
+// when checkNow asks, and sweeps the expired access requests
+// (sweepAccess), until ctx ends.
 func (s *Server) checkLiveLoop(ctx context.Context) {
 	t := time.NewTicker(cmpDuration(s.cfg.RevocationCheck, DefaultRevocationCheck))
 	defer t.Stop()
@@ -119,14 +123,16 @@ func (s *Server) checkLiveLoop(ctx context.Context) {
 		case <-s.live.now:
 		}
 		s.checkLive(ctx)
+		s.sweepAccess(ctx, s.now())
 	}
 }
 
 // checkLive ends each live call whose token or node no longer holds, or
-// whose reservation grant ended (and tells a granted shell a minute
-// before its end). Each token, node and node's grants are read once a
-// round, and only while a call holds them; a store that fails leaves the
-// calls open until the next round.
+// whose reservation grant or access request's grant ended (and tells a
+// granted shell a minute before its end). Each token, node and node's
+// grants are read once a round, and only while a call holds them; a
+// tunnel an access request allowed is decided again each round. A store
+// that fails leaves the calls open until the next round.
 func (s *Server) checkLive(ctx context.Context) {
 	calls := s.live.snapshot()
 	type tokenKey struct {
@@ -171,6 +177,9 @@ func (s *Server) checkLive(ctx context.Context) {
 				grants[c.nodeID] = gs
 			}
 			reason = s.grantEnded(ctx, c, gs, now)
+		}
+		if reason == "" && c.access != nil {
+			reason = s.accessEnded(ctx, c, now)
 		}
 		if reason != "" {
 			c.cancel(&RevokedError{Reason: reason})

@@ -215,6 +215,7 @@ type Store interface {
 	store.RolloutStore
 	store.GPUStore
 	store.PolicyStore
+	store.AccessStore
 }
 
 // Server serves the HTTP API.
@@ -249,6 +250,9 @@ type Server struct {
 	stopOnce sync.Once
 	// live are the event streams and tunnels open now, for checkLiveLoop.
 	live *liveCalls
+	// accessSwept is when checkLiveLoop last swept the expired access
+	// requests (sweepAccess); its goroutine alone reads and writes it.
+	accessSwept time.Time
 
 	// table is apiv1.Methods by name, what handle registers against;
 	// bindErrs what it refused.

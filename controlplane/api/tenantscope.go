@@ -45,6 +45,9 @@ var tenantScoped = map[string]bool{
 	"sinks.deadLetters": true, "sinks.replay": true,
 	// Policies of the subtree's tenants; a tenant's bind its own tokens only.
 	"policies.apply": true, "policies.get": true, "policies.list": true, "policies.test": true,
+	// Access requests of the subtree's tenants; a request lives in its
+	// requester's tenant, and its policy binds that tenant's callers only.
+	"access.request": true, "access.list": true, "access.approve": true, "access.deny": true, "access.revoke": true,
 }
 
 // tenantDenied reports whether p, a token of a tenant other than the root,

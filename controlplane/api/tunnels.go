@@ -170,6 +170,24 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		s.writeError(w, r, err)
 		return
 	}
+	// A tunnel an access request's grant allowed (docs/access.md) is
+	// decided again every round of checkLive, and closes when it is
+	// refused: the grant ended, was revoked, or no longer allows it.
+	var access *liveAccess
+	if s.holdsGrants(ctx, p) {
+		grant, end, err := s.tunnelGrant(ctx, p, addr, t.NodeID, t.Kind, t.AsRoot)
+		if err != nil {
+			if e, ok := err.(*Error); ok {
+				refuse(e)
+				return
+			}
+			s.writeError(w, r, err)
+			return
+		}
+		if grant != "" {
+			access = &liveAccess{p: p, kind: t.Kind, asRoot: t.AsRoot, request: grant, end: end}
+		}
+	}
 	// A node outside the caller's subtree is open to it only while a
 	// reservation grants it the right: checked again here (the ticket may
 	// outlive the grant), and every round of checkLive while it is open.
@@ -253,6 +271,10 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		// The access rests on a reservation's grant: which one.
 		details["reservationId"] = grant.ReservationID
 	}
+	if access != nil {
+		// The access rests on an access request's grant: which one.
+		details["accessRequestId"] = access.request
+	}
 	if len(details) == 0 {
 		details = nil
 	}
@@ -302,8 +324,14 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 			live.grant.notify = func(line string) { _ = client.Send(tunnel.Data([]byte("\r\n" + line + "\r\n"))) }
 		}
 	}
+	if access != nil {
+		live.access = access
+		if t.Kind == tunnel.KindShell {
+			access.notify = func(line string) { _ = client.Send(tunnel.Data([]byte("\r\n" + line + "\r\n"))) }
+		}
+	}
 	defer s.live.add(live)()
-	if grant != nil {
+	if grant != nil || access != nil {
 		s.live.checkNow() // a grant ending within a minute is told at once
 	}
 	var clientHop, nodeHop tunnel.Hop = client, conn

@@ -107,7 +107,7 @@ func newRoot(e *env) *cobra.Command {
 	root.AddCommand(reservationsCmd(e), capacityCmd(e))
 	root.AddCommand(remediationCmd(e))
 	root.AddCommand(gpusCmd(e))
-	root.AddCommand(tenantsCmd(e), policyCmd(e))
+	root.AddCommand(tenantsCmd(e), policyCmd(e), accessCmd(e))
 	root.AddCommand(loginCmd(e), logoutCmd(e))
 	root.AddCommand(rolloutsCmd(e))
 	root.AddCommand(recordingsCmd(e))

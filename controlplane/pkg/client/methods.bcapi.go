@@ -490,6 +490,51 @@ func (c *Client) SinksReplay(ctx context.Context, req *apiv1.ReplayDeadLettersRe
 	return resp, nil
 }
 
+// AccessRequest calls access.request (role viewer; audited).
+func (c *Client) AccessRequest(ctx context.Context, req *apiv1.RequestAccessRequest) (*apiv1.AccessRequest, error) {
+	resp := new(apiv1.AccessRequest)
+	if err := c.Call(ctx, "access.request", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// AccessList calls access.list (role viewer).
+func (c *Client) AccessList(ctx context.Context, req *apiv1.ListAccessRequestsRequest) (*apiv1.ListAccessRequestsResponse, error) {
+	resp := new(apiv1.ListAccessRequestsResponse)
+	if err := c.Call(ctx, "access.list", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// AccessApprove calls access.approve (role viewer; audited).
+func (c *Client) AccessApprove(ctx context.Context, req *apiv1.ApproveAccessRequest) (*apiv1.AccessRequest, error) {
+	resp := new(apiv1.AccessRequest)
+	if err := c.Call(ctx, "access.approve", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// AccessDeny calls access.deny (role viewer; audited).
+func (c *Client) AccessDeny(ctx context.Context, req *apiv1.DenyAccessRequest) (*apiv1.AccessRequest, error) {
+	resp := new(apiv1.AccessRequest)
+	if err := c.Call(ctx, "access.deny", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// AccessRevoke calls access.revoke (role viewer; audited).
+func (c *Client) AccessRevoke(ctx context.Context, req *apiv1.RevokeAccessRequest) (*apiv1.AccessRequest, error) {
+	resp := new(apiv1.AccessRequest)
+	if err := c.Call(ctx, "access.revoke", req, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 // RemediationList calls remediation.list (role viewer).
 func (c *Client) RemediationList(ctx context.Context, req *apiv1.ListRemediationsRequest) (*apiv1.ListRemediationsResponse, error) {
 	resp := new(apiv1.ListRemediationsResponse)

@@ -26,8 +26,9 @@ type tenantStore interface {
 // tenant's id), by the rule of the API's event streams (docs/tenants.md,
 // "Events"): an event whose data names a pool (poolId) is that pool's
 // tenant's; else one that names a node (nodeId) is the tenant of the
-// node's pool now; an event that names neither is the deployment's, never
-// a tenant's. The tenant is read by its id only, never by a name (a tenant
+// node's pool now; else one that names a tenant (tenantId: an access
+// request's) is that tenant's; an event that names none of them is the
+// deployment's, never a tenant's. The tenant is read by its id only, never by a name (a tenant
 // named like the id is not it): a deleted tenant, or an id that names
 // none, has no events, and no tenant made later can take them.
 type tenantFilter struct {
@@ -62,8 +63,9 @@ func (f *tenantFilter) keeps(ctx context.Context, e *store.OutboxEntry) (bool, e
 	}
 	var env struct {
 		Data struct {
-			NodeID string `json:"nodeId"`
-			PoolID string `json:"poolId"`
+			NodeID   string `json:"nodeId"`
+			PoolID   string `json:"poolId"`
+			TenantID string `json:"tenantId"`
 		} `json:"data"`
 	}
 	if json.Unmarshal(e.Payload, &env) != nil {
@@ -89,8 +91,29 @@ func (f *tenantFilter) keeps(ctx context.Context, e *store.OutboxEntry) (bool, e
 			f.nodes[env.Data.NodeID] = ok
 		}
 		return ok, err
+	case env.Data.TenantID != "":
+		return f.tenantWithin(ctx, env.Data.TenantID)
 	}
 	return false, nil
+}
+
+// tenantWithin reports whether the tenant id lies within the subtree (a
+// deleted one does not), read once per TenantTTL like a pool's.
+func (f *tenantFilter) tenantWithin(ctx context.Context, id string) (bool, error) {
+	key := "tenant " + id
+	if ok, cached := f.pools[key]; cached {
+		return ok, nil
+	}
+	t, err := f.st.TenantGet(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		f.pools[key] = false
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read tenant %s: %w", id, err)
+	}
+	f.pools[key] = t.ID == id && t.DeletedAt == nil && t.Within(f.path)
+	return f.pools[key], nil
 }
 
 func (f *tenantFilter) pool(ctx context.Context, id string) (bool, error) {
