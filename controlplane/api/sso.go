@@ -166,7 +166,14 @@ func (s *Server) ssoToken(ctx context.Context, req *ssoRequest, addr netip.Addr)
 		return nil, 0, invalid("", "give login (to finish a device flow) or refreshToken (to refresh)")
 	}
 	if err != nil {
+		var e *sso.Error
+		if req.RefreshToken != "" && errors.As(err, &e) && e.Code == sso.CodeUnauthenticated {
+			s.tokensRevoked() // the refusal may have ended the session
+		}
 		return nil, 0, err
+	}
+	if g.Revoked {
+		s.tokensRevoked()
 	}
 	s.auditSession(ctx, g.Session, action, addr)
 	return grantResponse(g), http.StatusOK, nil
@@ -176,7 +183,15 @@ func (s *Server) ssoLogout(ctx context.Context, req *ssoRequest, _ netip.Addr) (
 	if err := s.cfg.SSO.Logout(ctx, req.RefreshToken); err != nil {
 		return nil, 0, err
 	}
+	s.tokensRevoked()
 	return struct{}{}, http.StatusOK, nil
+}
+
+// tokensRevoked makes a revocation made through this process hold here at
+// once: cached authentications are dropped and open calls checked now.
+func (s *Server) tokensRevoked() {
+	s.auth.Forget()
+	s.live.checkNow()
 }
 
 // grantResponse is what the client keeps of a grant.

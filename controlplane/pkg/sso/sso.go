@@ -156,6 +156,9 @@ type Grant struct {
 	Session *store.OIDCSession
 	// TenantName is the session's tenant's name.
 	TenantName string
+	// Revoked: the refresh revoked the session's earlier tokens (the
+	// person's role or groups changed).
+	Revoked bool
 }
 
 // DeviceStart is a device flow begun for the CLI: the person opens
@@ -546,6 +549,7 @@ func (s *Service) Refresh(ctx context.Context, refresh string) (*Grant, error) {
 		}
 		return nil, fmt.Errorf("refresh the session: %w", err)
 	}
+	g.Revoked = changed
 	if changed {
 		s.log.InfoContext(ctx, "Session refreshed with other rights: its earlier tokens are revoked", "session_id", sess.ID,
 			"role", role, "was", sess.Role, "groups", strings.Join(who.groups, ","))
