@@ -212,10 +212,52 @@ tests:
 		t.Fatalf("alice's events list out of gpu-ops (the policy no longer binds her): exit %d\n%s%s", code, stdout, stderr)
 	}
 
-	// Every group removed at the provider: signed out at the next refresh.
+	// Commands run side by side refresh one at a time: all succeed, and
+	// the sign-in stays (a refresh secret works once; so does the
+	// provider's refresh token).
+	waitExpired := func() {
+		exp, _ := time.Parse(time.RFC3339Nano, alice.credential()["expiresAt"].(string))
+		for time.Now().Before(exp) {
+			time.Sleep(time.Until(exp) + 50*time.Millisecond)
+		}
+	}
+	waitExpired()
+	results := make(chan string, 4)
+	for range 4 {
+		go func() {
+			code, _, stderr := testenv.Run(t, alice.env(), "", d.bc, "nodes", "list")
+			results <- fmt.Sprintf("exit %d %s", code, stderr)
+		}()
+	}
+	for range 4 {
+		if r := <-results; !strings.HasPrefix(r, "exit 0 ") {
+			t.Fatalf("one of 4 commands run side by side after the token expired: %s", r)
+		}
+	}
+
+	// An event stream outlives its token while the session lives (the
+	// control plane asks the provider itself while the CLI sits in the
+	// stream), and ends once the provider takes the group away.
+	stream := testenv.Start(t, alice.env(), d.bc, "events", "watch")
+	select {
+	case <-stream.Done():
+		t.Fatalf("alice's event stream ended while her session lived:\n%s", stream.Output())
+	case <-time.After(3 * 2 * time.Second): // three token lives
+	}
 	if err := p.SetGroups("alice"); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-stream.Done():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("alice's event stream still open 60 s after her groups were removed:\n%s", stream.Output())
+	}
+	if out := stream.Output(); !strings.Contains(out, "none of your groups") {
+		t.Fatalf("alice's event stream ended with:\n%s\nwant the reason: none of her groups gives a role", out)
+	}
+
+	// Every group removed at the provider: signed out (here by the control
+	// plane's own refresh for the stream; the CLI's next refresh says why).
 	code, _, stderr := alice.run("nodes", "list")
 	if code != 1 || !strings.Contains(stderr, "ended") || !strings.Contains(stderr, "none of your groups") || !strings.Contains(stderr, "better-compute login") {
 		t.Fatalf("alice's nodes list with no group left: exit %d\n%s\nwant signed out, naming the groups and login", code, stderr)

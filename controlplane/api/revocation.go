@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -242,6 +243,28 @@ func (s *Server) sessionEnded(ctx context.Context, e *iam.SessionTokenExpired) s
 		return fmt.Sprintf("credential revoked: signed out (%s)", sess.EndReason)
 	case !sess.Live(s.now()):
 		return "credential expired: the sign-in's time ended (iam.oidc.sessionTTL): run login again"
+	}
+	stopped, err := s.store.TenantsStopped(ctx)
+	if err != nil {
+		return "" // the next round tries again
+	}
+	if slices.Contains(stopped, sess.TenantID) {
+		return fmt.Sprintf("credential revoked: tenant %s is suspended or deleted", sess.TenantID)
+	}
+	if s.cfg.SSO == nil {
+		return "credential expired: single sign-on is no longer configured (iam.oidc)"
+	}
+	// The client does not refresh while it sits in a shell: the control
+	// plane asks the provider itself, once a tokenTTL.
+	reason, err := s.cfg.SSO.Revalidate(ctx, sess.ID)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "Cannot revalidate the session of open calls now", "session_id", sess.ID, logkey.Err, err)
+		}
+		return ""
+	}
+	if reason != "" {
+		return "credential revoked: " + reason
 	}
 	return ""
 }

@@ -179,11 +179,15 @@ func (s *Server) ssoToken(ctx context.Context, req *ssoRequest, addr netip.Addr)
 	return grantResponse(g), http.StatusOK, nil
 }
 
-func (s *Server) ssoLogout(ctx context.Context, req *ssoRequest, _ netip.Addr) (any, int, error) {
-	if err := s.cfg.SSO.Logout(ctx, req.RefreshToken); err != nil {
+func (s *Server) ssoLogout(ctx context.Context, req *ssoRequest, addr netip.Addr) (any, int, error) {
+	sess, err := s.cfg.SSO.Logout(ctx, req.RefreshToken)
+	if err != nil {
 		return nil, 0, err
 	}
 	s.tokensRevoked()
+	if sess != nil {
+		s.auditSession(ctx, sess, "sso.logout", addr)
+	}
 	return struct{}{}, http.StatusOK, nil
 }
 

@@ -84,8 +84,9 @@ type OIDCSessionStore interface {
 	// OIDCSessionGet returns a session by id; ErrNotFound when none.
 	OIDCSessionGet(ctx context.Context, id string) (*OIDCSession, error)
 	// OIDCSessionByRefresh returns the session whose current refresh
-	// secret has this hash; ErrNotFound when none (a secret already
-	// replaced by a refresh is not found).
+	// secret has this hash, ended ones included (so that the refusal names
+	// why it ended); ErrNotFound when none (a secret already replaced by a
+	// refresh is not found).
 	OIDCSessionByRefresh(ctx context.Context, refreshHash []byte) (*OIDCSession, error)
 	// OIDCSessionRefresh replaces session s.ID's refresh secret (it must
 	// still be oldRefreshHash, else ErrConflict: two refreshes with one
@@ -94,6 +95,15 @@ type OIDCSessionStore interface {
 	// revokeOld the session's earlier tokens are revoked (the person's
 	// rights changed), so what they opened closes.
 	OIDCSessionRefresh(ctx context.Context, s *OIDCSession, oldRefreshHash, newRefreshHash []byte, tok *APIToken, secretHash []byte, revokeOld bool) error
+	// OIDCSessionRevalidated records a refresh the control plane made at
+	// the provider by itself (for a session whose client holds calls open
+	// but does not refresh): s's provider refresh token, groups and
+	// RefreshedAt and role, if its provider refresh token is still
+	// oldProviderRefresh (else ErrConflict: another refresh came first).
+	// With revokeTokens every token of the session is revoked (the
+	// person's rights changed: what they opened closes; the client's
+	// refresh secret still gets a token with the new rights).
+	OIDCSessionRevalidated(ctx context.Context, s *OIDCSession, oldProviderRefresh string, revokeTokens bool) error
 	// OIDCSessionEnd ends a live session with reason and revokes every
 	// token of it; a session already ended is left as it is (nil).
 	OIDCSessionEnd(ctx context.Context, id, reason string) error

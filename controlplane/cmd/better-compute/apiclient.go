@@ -160,7 +160,7 @@ func (e *env) resolveAPI(f *apiFlags, cfg *config.Config, cfgErr error) (*apiTar
 		b, err := os.ReadFile(path)
 		if errors.Is(err, fs.ErrNotExist) {
 			if err := checkDeployment(cfg); err != nil {
-				return nil, fmt.Errorf("%w; or give an API token with --token or %s", err, envToken)
+				return nil, fmt.Errorf("%w; or give an API token with --token or %s, or sign in with better-compute login", err, envToken)
 			}
 		}
 		if err != nil || strings.TrimSpace(string(b)) == "" {

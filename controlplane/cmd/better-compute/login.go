@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -125,6 +126,20 @@ func (e *env) writeCredentials(c *credentials) error {
 // sign-in the control plane refuses to refresh is removed, and its error
 // says to run login.
 func (e *env) signedIn(ctx context.Context, server string, hc *http.Client) (string, error) {
+	path := e.credentialsPath()
+	if path == "" {
+		return "", nil
+	}
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	// Commands run side by side (xargs -P) refresh one at a time: a
+	// refresh secret works once, so the next one reads the new token.
+	unlock, err := lockFile(path + ".lock")
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	creds, err := e.readCredentials()
 	if err != nil {
 		return "", err
@@ -151,6 +166,33 @@ func (e *env) signedIn(ctx context.Context, server string, hc *http.Client) (str
 		return "", err
 	}
 	return resp.Token, nil
+}
+
+// keepCredential sets (nil: removes) the sign-in kept for server, under
+// the file's lock.
+func (e *env) keepCredential(server string, c *credential) error {
+	path := e.credentialsPath()
+	if path == "" {
+		return errors.New("no place for the sign-in: set HOME or " + envCredentials)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("keep the sign-in: %w", err)
+	}
+	unlock, err := lockFile(path + ".lock")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	creds, err := e.readCredentials()
+	if err != nil {
+		return err
+	}
+	if c == nil {
+		delete(creds.Servers, server)
+	} else {
+		creds.Servers[server] = c
+	}
+	return e.writeCredentials(creds)
 }
 
 func credentialOf(r *api.SSOTokenResponse) *credential {
@@ -247,12 +289,7 @@ keep API tokens.`,
 					}
 					continue
 				}
-				creds, err := e.readCredentials()
-				if err != nil {
-					return err
-				}
-				creds.Servers[server] = credentialOf(&resp)
-				if err := e.writeCredentials(creds); err != nil {
+				if err := e.keepCredential(server, credentialOf(&resp)); err != nil {
 					return err
 				}
 				groups := "none"
@@ -295,8 +332,7 @@ func logoutCmd(e *env) *cobra.Command {
 			if err := ssoCall(cmd.Context(), hc, server, api.SSOLogoutPath, map[string]string{"refreshToken": c.RefreshToken}, &out); err != nil {
 				return fmt.Errorf("sign out of %s: %w", server, err)
 			}
-			delete(creds.Servers, server)
-			if err := e.writeCredentials(creds); err != nil {
+			if err := e.keepCredential(server, nil); err != nil {
 				return err
 			}
 			fmt.Fprintf(e.stdout, "Signed out of %s\n", server)
@@ -320,6 +356,23 @@ func (e *env) ssoTarget(af *apiFlags) (string, *http.Client, error) {
 		return "", nil, err
 	}
 	return c.BaseURL, c.HTTP, nil
+}
+
+// lockFile holds an exclusive lock on path (made 0600 when missing)
+// until the returned function.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock the sign-ins: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock the sign-ins: %w", err)
+	}
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
 }
 
 // openBrowser tries to open url in the person's browser; failing is fine

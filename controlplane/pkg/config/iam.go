@@ -93,7 +93,7 @@ func (o *OIDC) validate() error {
 		return nil
 	}
 	if u, err := url.Parse(o.Issuer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return &Error{Key: "iam.oidc.issuer", Msg: fmt.Sprintf("%q: want the provider's https:// issuer URL", o.Issuer)}
+		return &Error{Key: "iam.oidc.issuer", Msg: fmt.Sprintf("%q: want the provider's issuer URL, https://host[/path] (http only for a provider on this machine's network you trust)", o.Issuer)}
 	}
 	if o.ClientID == "" {
 		return &Error{Key: "iam.oidc.clientId", Msg: "required with iam.oidc.issuer"}

@@ -98,6 +98,19 @@ type Service struct {
 
 	mu       sync.Mutex
 	provider *oidc.Provider // discovered at first use; nil until it succeeds
+
+	// refreshing serialises the refreshes of one session in this process
+	// (striped by session id): the provider rotates its refresh token, so
+	// two refreshes with one would see the second refused.
+	refreshing [64]sync.Mutex
+}
+
+// lock holds the refresh lock of session id until the returned function.
+func (s *Service) lock(id string) func() {
+	h := sha256.Sum256([]byte(id))
+	m := &s.refreshing[h[0]%byte(len(s.refreshing))]
+	m.Lock()
+	return m.Unlock
 }
 
 // New returns the service; the provider is discovered at first use (and
@@ -381,6 +394,9 @@ func groupsOf(v any) ([]string, error) {
 		if len(g) > MaxGroupLen {
 			return nil, fmt.Errorf("a group of %d bytes: at most %d", len(g), MaxGroupLen)
 		}
+		if strings.ContainsFunc(g, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			return nil, fmt.Errorf("group %q holds a control character", truncate(g, 64))
+		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil
@@ -398,6 +414,9 @@ func (s *Service) assign(ctx context.Context, groups []string, tenant string) (*
 		}
 		if err != nil {
 			return nil, "", err
+		}
+		if t.SuspendedAt != nil {
+			return nil, "", &Error{Code: CodeDenied, Message: fmt.Sprintf("tenant %s is suspended", t.Name)}
 		}
 		want = t
 	}
@@ -433,6 +452,9 @@ func (s *Service) assign(ctx context.Context, groups []string, tenant string) (*
 			cmp.Or(strings.Join(groups, ", "), "none"), where)}
 	case 1:
 		for id, role := range roles {
+			if tenants[id].SuspendedAt != nil {
+				return nil, "", &Error{Code: CodeDenied, Message: fmt.Sprintf("tenant %s is suspended", tenants[id].Name)}
+			}
 			return tenants[id], role, nil
 		}
 	}
@@ -491,59 +513,28 @@ func (s *Service) Refresh(ctx context.Context, refresh string) (*Grant, error) {
 		return nil, &Error{Code: CodeUnauthenticated, Message: "not a refresh secret of this deployment: run login"}
 	}
 	sess, err := s.store.OIDCSessionByRefresh(ctx, hash(refresh))
+	if err == nil {
+		defer s.lock(sess.ID)()
+		// Read again under the lock: a refresh with the same secret may
+		// have replaced it meanwhile.
+		sess, err = s.store.OIDCSessionByRefresh(ctx, hash(refresh))
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &Error{Code: CodeUnauthenticated, Message: "this sign-in ended or its refresh secret was used already: run login again"}
 	}
 	if err != nil {
 		return nil, err
 	}
-	now := s.now().UTC()
-	if !sess.Live(now) {
-		s.end(ctx, sess, "its session time (iam.oidc.sessionTTL) ended")
-		return nil, &Error{Code: CodeUnauthenticated, Message: "this sign-in ended at " + sess.ExpiresAt.Format(time.RFC3339) + ": run login again"}
+	if sess.EndedAt != nil {
+		return nil, &Error{Code: CodeUnauthenticated, Message: "signed out: " + sess.EndReason}
 	}
-	if sess.ProviderRefresh == "" {
-		return nil, &Error{Code: CodeUnauthenticated, Message: "the provider gave this sign-in no refresh token (offline_access): run login again"}
-	}
-	_, oc, err := s.oauth(ctx)
+	next, t, err := s.refreshAtProvider(ctx, sess)
 	if err != nil {
 		return nil, err
 	}
-	tok, err := oc.TokenSource(s.ctx(ctx), &oauth2.Token{RefreshToken: sess.ProviderRefresh, Expiry: time.Unix(1, 0)}).Token()
-	if err != nil {
-		var re *oauth2.RetrieveError
-		if errors.As(err, &re) && re.Response != nil && re.Response.StatusCode >= 400 && re.Response.StatusCode < 500 {
-			reason := "the provider refused the refresh (" + cmp.Or(re.ErrorCode, re.Response.Status) + ")"
-			s.end(ctx, sess, reason)
-			return nil, &Error{Code: CodeUnauthenticated, Message: "signed out: " + reason + ": run login again"}
-		}
-		return nil, providerError("refresh at the provider", err)
-	}
-	who, err := s.identify(ctx, tok, "")
-	if err != nil {
-		return nil, err
-	}
-	if who.subject != sess.Subject {
-		s.end(ctx, sess, "the provider's refresh named another person")
-		return nil, &Error{Code: CodeUnauthenticated, Message: "signed out: the provider's refresh named another person"}
-	}
-	t, role, err := s.assign(ctx, who.groups, sess.TenantID)
-	if err != nil {
-		var e *Error
-		if errors.As(err, &e) && e.Code == CodeDenied {
-			s.end(ctx, sess, e.Message)
-			return nil, &Error{Code: CodeUnauthenticated, Message: "signed out: " + e.Message}
-		}
-		return nil, err
-	}
-	changed := role != sess.Role || !slices.Equal(who.groups, sess.Groups)
-	next := *sess
-	next.Role, next.Groups, next.DisplayName, next.RefreshedAt = role, who.groups, who.name, now
-	if tok.RefreshToken != "" {
-		next.ProviderRefresh = tok.RefreshToken
-	}
-	g, apiTok, secretHash := s.grant(&next, t)
-	if err := s.store.OIDCSessionRefresh(ctx, &next, hash(refresh), hash(g.Refresh), apiTok, secretHash, changed); err != nil {
+	changed := next.Role != sess.Role || !slices.Equal(next.Groups, sess.Groups)
+	g, apiTok, secretHash := s.grant(next, t)
+	if err := s.store.OIDCSessionRefresh(ctx, next, hash(refresh), hash(g.Refresh), apiTok, secretHash, changed); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, &Error{Code: CodeUnauthenticated, Message: "this refresh secret was used already: run login again"}
 		}
@@ -552,25 +543,130 @@ func (s *Service) Refresh(ctx context.Context, refresh string) (*Grant, error) {
 	g.Revoked = changed
 	if changed {
 		s.log.InfoContext(ctx, "Session refreshed with other rights: its earlier tokens are revoked", "session_id", sess.ID,
-			"role", role, "was", sess.Role, "groups", strings.Join(who.groups, ","))
+			"role", next.Role, "was", sess.Role, "groups", strings.Join(next.Groups, ","))
 	}
 	return g, nil
 }
 
-// Logout ends the session of a refresh secret; a secret of no live
-// session is not an error (signed out already).
-func (s *Service) Logout(ctx context.Context, refresh string) error {
-	if !strings.HasPrefix(refresh, RefreshPrefix) || len(refresh) > 128 {
-		return &Error{Code: CodeInvalid, Message: "refreshToken: not a refresh secret of this deployment"}
-	}
-	sess, err := s.store.OIDCSessionByRefresh(ctx, hash(refresh))
+// Revalidate refreshes at the provider, by itself, a session whose client
+// holds calls open (a shell) but has not refreshed for iam.oidc.tokenTTL,
+// so that a group removed at the provider reaches what is open as it
+// reaches the next command (Server.sessionEnded calls it). It returns why
+// the session may no longer be used ("" while it may): the session ended
+// or expired, the provider refused, or no role is left; a changed role
+// revokes the session's tokens (the open calls close; the client's next
+// refresh gets the new role). A provider that cannot be reached is an
+// error and changes nothing.
+func (s *Service) Revalidate(ctx context.Context, sessionID string) (string, error) {
+	defer s.lock(sessionID)()
+	sess, err := s.store.OIDCSessionGet(ctx, sessionID)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil
+		return "the sign-in ended", nil
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
-	return s.store.OIDCSessionEnd(ctx, sess.ID, "signed out")
+	if sess.EndedAt != nil {
+		return "signed out (" + sess.EndReason + ")", nil
+	}
+	if s.now().Sub(sess.RefreshedAt) < s.cfg.OIDC.TokenTTL.Duration {
+		return "", nil
+	}
+	next, _, err := s.refreshAtProvider(ctx, sess)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Code == CodeUnauthenticated {
+			return e.Message, nil
+		}
+		return "", err
+	}
+	changed := next.Role != sess.Role || !slices.Equal(next.Groups, sess.Groups)
+	if err := s.store.OIDCSessionRevalidated(ctx, next, sess.ProviderRefresh, changed); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return "", nil // refreshed by another meanwhile: judged at the next check
+		}
+		return "", err
+	}
+	if changed {
+		s.log.InfoContext(ctx, "Session revalidated with other rights: its tokens are revoked", "session_id", sess.ID,
+			"role", next.Role, "was", sess.Role, "groups", strings.Join(next.Groups, ","))
+		return "your role or groups at the provider changed (now " + next.Role + "): refresh or sign in again", nil
+	}
+	return "", nil
+}
+
+// refreshAtProvider refreshes sess at the provider and maps the groups
+// again: the session as it is to be next (the new provider refresh
+// token, groups, role, name, RefreshedAt) and its tenant. A refusal that
+// ends the session ends it here and is UNAUTHENTICATED; a refusal because
+// another refresh of the session came first ends nothing.
+func (s *Service) refreshAtProvider(ctx context.Context, sess *store.OIDCSession) (*store.OIDCSession, *store.Tenant, error) {
+	now := s.now().UTC()
+	if !sess.Live(now) {
+		s.end(ctx, sess, "its session time (iam.oidc.sessionTTL) ended")
+		return nil, nil, &Error{Code: CodeUnauthenticated, Message: "this sign-in ended at " + sess.ExpiresAt.Format(time.RFC3339) + ": run login again"}
+	}
+	if sess.ProviderRefresh == "" {
+		return nil, nil, &Error{Code: CodeUnauthenticated, Message: "the provider gave this sign-in no refresh token (offline_access): run login again"}
+	}
+	_, oc, err := s.oauth(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tok, err := oc.TokenSource(s.ctx(ctx), &oauth2.Token{RefreshToken: sess.ProviderRefresh, Expiry: time.Unix(1, 0)}).Token()
+	if err != nil {
+		var re *oauth2.RetrieveError
+		if errors.As(err, &re) && re.Response != nil && re.Response.StatusCode >= 400 && re.Response.StatusCode < 500 {
+			if cur, cerr := s.store.OIDCSessionGet(ctx, sess.ID); cerr == nil && cur.EndedAt == nil && cur.ProviderRefresh != sess.ProviderRefresh {
+				// Another process refreshed first (the provider rotates its
+				// refresh token): nothing ended.
+				return nil, nil, &Error{Code: CodeUnauthenticated, Message: "this sign-in was refreshed meanwhile: use its newest token, or run login again"}
+			}
+			reason := "the provider refused the refresh (" + cmp.Or(re.ErrorCode, re.Response.Status) + ")"
+			s.end(ctx, sess, reason)
+			return nil, nil, &Error{Code: CodeUnauthenticated, Message: "signed out: " + reason + ": run login again"}
+		}
+		return nil, nil, providerError("refresh at the provider", err)
+	}
+	who, err := s.identify(ctx, tok, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	if who.subject != sess.Subject {
+		s.end(ctx, sess, "the provider's refresh named another person")
+		return nil, nil, &Error{Code: CodeUnauthenticated, Message: "signed out: the provider's refresh named another person"}
+	}
+	t, role, err := s.assign(ctx, who.groups, sess.TenantID)
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) && e.Code == CodeDenied {
+			s.end(ctx, sess, e.Message)
+			return nil, nil, &Error{Code: CodeUnauthenticated, Message: "signed out: " + e.Message}
+		}
+		return nil, nil, err
+	}
+	next := *sess
+	next.Role, next.Groups, next.DisplayName, next.RefreshedAt = role, who.groups, who.name, now
+	if tok.RefreshToken != "" {
+		next.ProviderRefresh = tok.RefreshToken
+	}
+	return &next, t, nil
+}
+
+// Logout ends the session of a refresh secret and returns it (nil when
+// the secret names no live session: signed out already).
+func (s *Service) Logout(ctx context.Context, refresh string) (*store.OIDCSession, error) {
+	if !strings.HasPrefix(refresh, RefreshPrefix) || len(refresh) > 128 {
+		return nil, &Error{Code: CodeInvalid, Message: "refreshToken: not a refresh secret of this deployment"}
+	}
+	sess, err := s.store.OIDCSessionByRefresh(ctx, hash(refresh))
+	if errors.Is(err, store.ErrNotFound) || (err == nil && sess.EndedAt != nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sess, s.store.OIDCSessionEnd(ctx, sess.ID, "signed out")
 }
 
 // end ends sess for reason, logging a failure (the next use tries again).

@@ -24,6 +24,8 @@ type SSO interface {
 	FinishPage(ctx context.Context, login, state, code, redirect string) (*sso.Grant, error)
 	// Refresh renews a session's token with its refresh secret.
 	Refresh(ctx context.Context, refresh string) (*sso.Grant, error)
+	// Logout ends the session of a refresh secret.
+	Logout(ctx context.Context, refresh string) (*store.OIDCSession, error)
 }
 
 // ssoCookie carries a sign-in's login id from the redirect to the
@@ -161,10 +163,12 @@ func (h *Handler) renew(r *http.Request, s *session, id string) bool {
 	if s.refresh == "" || now.Before(s.tokenExpires.Add(-ssoRenewBefore)) {
 		return true
 	}
-	// One renewal at a time: the page's requests come in parallel, and a
-	// refresh secret works once.
-	h.renewMu.Lock()
-	defer h.renewMu.Unlock()
+	// One renewal of a session at a time: the page's requests come in
+	// parallel, and a refresh secret works once.
+	k := key(id)
+	m := &h.renewing[k[0]%byte(len(h.renewing))]
+	m.Lock()
+	defer m.Unlock()
 	cur := h.sessions.peek(id)
 	if cur == nil {
 		return false

@@ -184,8 +184,9 @@ type Handler struct {
 	fc       fleetCache
 	hub      *hub
 	static   http.Handler
-	// renewMu makes signed-in sessions' token renewals one at a time.
-	renewMu sync.Mutex
+	// renewing makes each signed-in session's token renewals one at a
+	// time (striped by session).
+	renewing [64]sync.Mutex
 }
 
 // New returns the page's handler over st; Register mounts it.
@@ -476,6 +477,12 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.sessions.end(id)
+	if s.refresh != "" && h.cfg.SSO != nil {
+		// Signing out of the page ends the sign-in: nothing else holds it.
+		if _, err := h.cfg.SSO.Logout(r.Context(), s.refresh); err != nil {
+			h.log.WarnContext(r.Context(), "Page sign-out: the session could not be ended", logkey.Err, err)
+		}
+	}
 	h.log.InfoContext(r.Context(), "Page session ended", "token_id", s.tokenID)
 	http.SetCookie(w, h.cookie(r, "", -1))
 	http.Redirect(w, r, Path, http.StatusSeeOther)

@@ -61,6 +61,15 @@ func testOIDCSessions(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("the refreshed token = %+v", t2)
 	}
 
+	again := *sess
+	again.ProviderRefresh, again.RefreshedAt = "rt-3", now.Add(2*time.Minute)
+	if err := h.Store.OIDCSessionRevalidated(ctx, &again, "rt-2", false); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, h.Store.OIDCSessionRevalidated(ctx, &again, "rt-2", false), store.ErrConflict)
+	if got := must(h.Store.OIDCSessionGet(ctx, sess.ID)); got.ProviderRefresh != "rt-3" || !got.RefreshedAt.Equal(again.RefreshedAt) {
+		t.Fatalf("after the control plane's own refresh the session = %+v", got)
+	}
 	if err := h.Store.OIDCSessionEnd(ctx, sess.ID, "signed out"); err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +77,9 @@ func testOIDCSessions(ctx context.Context, t *testing.T, h *Harness) {
 		t.Fatalf("ending an ended session: %v", err)
 	}
 	wantErr(t, h.Store.OIDCSessionEnd(ctx, "ses_none", "x"), store.ErrNotFound)
+	if byRefresh := must(h.Store.OIDCSessionByRefresh(ctx, []byte("refresh-2"))); byRefresh.EndedAt == nil {
+		t.Fatal("an ended session's refresh secret finds it live")
+	}
 	ended := must(h.Store.OIDCSessionGet(ctx, sess.ID))
 	if ended.Live(now) || ended.EndReason != "signed out" {
 		t.Fatalf("ended session = %+v", ended)

@@ -139,12 +139,33 @@ func (s *Store) OIDCSessionRefresh(ctx context.Context, x *store.OIDCSession, ol
 	})
 }
 
+// OIDCSessionRevalidated records the control plane's own refresh.
+func (s *Store) OIDCSessionRevalidated(ctx context.Context, x *store.OIDCSession, oldProviderRefresh string, revokeTokens bool) error {
+	op := "revalidate session " + x.ID
+	return s.Tx(ctx, func(tx store.Store) error {
+		q := tx.(*Store)
+		n, err := q.db.Exec(ctx, `UPDATE oidc_sessions SET provider_refresh = $2, groups = $3, refreshed_at = $4, role = $5
+			WHERE id = $1 AND provider_refresh = $6 AND ended_at IS NULL`,
+			x.ID, x.ProviderRefresh, strings.Join(x.Groups, "\n"), x.RefreshedAt, x.Role, oldProviderRefresh)
+		if err != nil {
+			return q.wrap(op, err)
+		}
+		if n != 1 {
+			return fmt.Errorf("%s: %w: refreshed by another, or ended", op, store.ErrConflict)
+		}
+		if revokeTokens {
+			_, err = q.db.Exec(ctx, `UPDATE api_tokens SET revoked_at = now() WHERE session_id = $1 AND revoked_at IS NULL`, x.ID)
+		}
+		return q.wrap(op, err)
+	})
+}
+
 // OIDCSessionEnd ends a session and revokes its tokens.
 func (s *Store) OIDCSessionEnd(ctx context.Context, id, reason string) error {
 	op := "end session " + id
 	return s.Tx(ctx, func(tx store.Store) error {
 		q := tx.(*Store)
-		n, err := q.db.Exec(ctx, `UPDATE oidc_sessions SET ended_at = now(), end_reason = $2, refresh_hash = NULL
+		n, err := q.db.Exec(ctx, `UPDATE oidc_sessions SET ended_at = now(), end_reason = $2
 			WHERE id = $1 AND ended_at IS NULL`, id, reason)
 		if err != nil || n == 0 {
 			if err == nil {
