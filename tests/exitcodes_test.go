@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/better-compute/better-compute/controlplane/pkg/iam"
+	"github.com/better-compute/better-compute/controlplane/store"
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
@@ -57,6 +60,13 @@ type exitFixture struct {
 	joinF   string // a join token file, for bcd join
 	dir     string // scratch
 	bcd     string // the bcd binary
+	// access is a tenant of its own with a requestable policy (the policy
+	// cases change the root's), its operator's and admin's token
+	// environments, and requests to approve, deny and revoke.
+	access struct {
+		opEnv, adminEnv       []string
+		approve, deny, revoke string
+	}
 }
 
 // TestExitCodes runs every command of better-compute and bcd, found by
@@ -219,7 +229,42 @@ func newExitFixture(t *testing.T) *exitFixture {
 	if f.token == "" {
 		t.Fatal("tokens create -o json gave no apiToken.id")
 	}
+	f.accessFixture(t)
 	return f
+}
+
+// accessFixture makes the tenant exit-access, its requestable policy
+// exit-access, an operator and an admin token of it, and three of the
+// operator's requests (docs/access.md).
+func (f *exitFixture) accessFixture(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	tn, err := f.d.st.TenantCreate(ctx, &store.TenantCreateParams{Name: "exit-access", ParentID: store.RootTenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := "policies:\n  - name: exit-access\n    request: {requesters: {roles: [operator]}, approvers: {roles: [admin]}}\n" +
+		"    statements: [{effect: allow, actions: [nodes.get]}]\n"
+	// Through the API: the serve process decides by it at once.
+	f.d.cli("policy", "apply", "--tenant", tn.ID, f.file("exit-access-policy", doc))
+	env := func(role string) ([]string, string) {
+		secret, tok, err := iam.Create(ctx, f.d.st, iam.CreateParams{Role: role, TenantID: tn.ID, Description: "exit codes access"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []string{"BETTER_COMPUTE_TOKEN=" + secret}, "token:" + tok.ID
+	}
+	var op string
+	f.access.opEnv, op = env(store.RoleOperator)
+	f.access.adminEnv, _ = env(store.RoleAdmin)
+	for _, dst := range []*string{&f.access.approve, &f.access.deny, &f.access.revoke} {
+		r, err := f.d.st.AccessRequestCreate(ctx, &store.AccessRequestCreateParams{TenantID: tn.ID, Requester: op,
+			RequesterRole: store.RoleOperator, Policy: "exit-access", Duration: time.Hour, Reason: "exit codes"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*dst = r.ID
+	}
 }
 
 // joinToken makes a join token for the pool default with joinTokens.create
@@ -237,6 +282,12 @@ func (f *exitFixture) joinToken(t *testing.T, maxUses int) (file, id string) {
 		t.Fatal("join-tokens create -o json gave no joinToken.id")
 	}
 	return file, resp.JoinToken.ID
+}
+
+// withEnv gives c env besides the fixture's (a later value wins).
+func withEnv(c exitCase, env []string) exitCase {
+	c.env = append(c.env, env...)
+	return c
 }
 
 // withSecret gives c the deployment secret a database URL needs.
@@ -359,6 +410,30 @@ func exitCases(f *exitFixture) []exitCase {
 		bc("logout", exitOK), // not signed in: nothing to end
 		bc("policy list", exitOK),
 		bc("policy list", exitUsage, "extra"),
+		// access: in the tenant exit-access (its own policy), as its
+		// operator or admin; a policy that is not requestable, a duration
+		// out of bounds and a bad --resource are usage errors, an unknown
+		// request a failure.
+		withEnv(bc("access request", exitOK, "--policy", "exit-access", "--for", "1h", "--reason", "exit codes"), f.access.opEnv),
+		bc("access request", exitUsage),
+		bc("access request", exitUsage, "--policy", "p", "--for", "30s", "--reason", "r"),
+		bc("access request", exitUsage, "--policy", "p", "--for", "1h"),
+		bc("access request", exitUsage, "--policy", "p", "--for", "1h", "--reason", "r", "--resource", "rack:r1"),
+		bc("access request", exitUsage, "--policy", "no-such-policy", "--for", "1h", "--reason", "r"),
+		bc("access list", exitOK),
+		bc("access list", exitOK, "--mine", "--state", "pending"),
+		bc("access list", exitUsage, "--state", "bogus"),
+		bc("access list", exitUsage, "extra"),
+		withEnv(bc("access approve", exitOK, f.access.approve), f.access.adminEnv),
+		withEnv(bc("access approve", exitFailure, f.access.deny), f.access.opEnv), // its requester: PERMISSION_DENIED
+		bc("access approve", exitUsage),
+		bc("access approve", exitFailure, "acr_nosuch"),
+		withEnv(bc("access deny", exitOK, f.access.deny, "--reason", "no"), f.access.adminEnv),
+		bc("access deny", exitUsage),
+		bc("access deny", exitFailure, "acr_nosuch"),
+		withEnv(bc("access revoke", exitOK, f.access.revoke), f.access.opEnv),
+		bc("access revoke", exitUsage),
+		bc("access revoke", exitFailure, "acr_nosuch"),
 		bc("recordings list", exitOK),
 		bc("recordings list", exitUsage, "extra"),
 		bc("recordings play", exitUsage),

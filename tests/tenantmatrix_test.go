@@ -26,6 +26,17 @@ import (
 	"github.com/better-compute/better-compute/tests/testenv"
 )
 
+// matrixAccessPolicy is each matrix tenant's policy document: one
+// requestable policy every role may ask for and approve (docs/access.md).
+const matrixAccessPolicy = `policies:
+  - name: matrix-access
+    request:
+      requesters: {roles: [admin, operator, viewer]}
+      approvers: {roles: [admin, operator, viewer]}
+    statements:
+      - {effect: allow, actions: [nodes.get]}
+`
+
 // tenantFixture is one tenant of the matrix with what it owns.
 type tenantFixture struct {
 	name, id      string
@@ -39,6 +50,8 @@ type tenantFixture struct {
 	remediation   string // the case its admin's nodes.gpuReset of n2 opened (phase 2)
 	rollout       string // a rollout of pool3 (empty: it upgrades nothing)
 	recording     string // a shell recording its admin's token opened on n1
+	access        string // an access request for matrixAccessPolicy: approved in phase 1, revoked in phase 3
+	access2       string // another, denied in phase 1
 	sink          string // a file sink of its own (sinks.files[].tenant), named after it
 	sinkFile      string
 	gpu           string // a GPU of n1
@@ -206,6 +219,17 @@ func testTenantMatrix(t *testing.T, backend string) {
 		must("commands.create", err)
 		f.command = cmd.Commands[0].Id
 		f.ids = append(f.ids, f.id, f.child, f.child2, f.site, f.n1, f.n2, f.n3, f.joinToken, f.spareToken, f.command)
+		// A requestable policy (docs/access.md) and two requests for it by
+		// an identity none of the matrix's tokens has.
+		_, err = admin.PoliciesApply(ctx, &apiv1.PoliciesApplyRequest{Tenant: f.id, Document: matrixAccessPolicy})
+		must("policies.apply of the requestable policy", err)
+		for _, dst := range []*string{&f.access, &f.access2} {
+			r, err := d.st.AccessRequestCreate(ctx, &store.AccessRequestCreateParams{TenantID: f.id, Requester: "token:matrix-requester",
+				RequesterRole: store.RoleViewer, Policy: "matrix-access", Duration: time.Hour, Reason: "matrix"})
+			must("store access request create", err)
+			*dst = r.ID
+			f.ids = append(f.ids, r.ID)
+		}
 		return f
 	}
 	a, b := fix("matrix-a", nodes[:3]), fix("matrix-b", nodes[3:])
@@ -269,9 +293,10 @@ func testTenantMatrix(t *testing.T, backend string) {
 		"tenants.create": scoped(0, func(own, target *tenantFixture) string {
 			return fmt.Sprintf(`{"name": %q, "parent": %q}`, uniq(own, "t"), target.id)
 		}),
-		// An empty policy document: it changes no other case's answer.
+		// The fixture's document, a requestable policy only: it changes no
+		// other case's answer (no grant reaches a matrix token).
 		"policies.apply": scoped(0, func(_, target *tenantFixture) string {
-			return fmt.Sprintf(`{"tenant": %q, "document": "policies: []\n"}`, target.id)
+			return fmt.Sprintf(`{"tenant": %q, "document": %q}`, target.id, matrixAccessPolicy)
 		}),
 		"policies.test": scoped(0, func(_, target *tenantFixture) string {
 			return fmt.Sprintf(`{"tenant": %q, "document": "policies: []\n"}`, target.id)
@@ -421,6 +446,18 @@ func testTenantMatrix(t *testing.T, backend string) {
 	// A recording is the tenant's of the token that opened its shell.
 	cases["recordings.list"] = list(`{}`, func(f *tenantFixture) string { return f.recording })
 	cases["recordings.get"] = byID(0, "id", func(f *tenantFixture) string { return f.recording })
+	// Access requests live in their requester's tenant. Every role may ask
+	// for the requestable policy (its requesters and approvers bind every
+	// role), on its own tenant's pool; the other's pool is NOT_FOUND. The
+	// first role's approval, denial or revocation wins; the next roles'
+	// find it decided (CONFLICT), past the tenant and role checks.
+	cases["access.request"] = scoped(1, func(_, target *tenantFixture) string {
+		return fmt.Sprintf(`{"policy": "matrix-access", "resource": "pool:%s", "duration": "60s", "reason": "matrix"}`, target.pool)
+	})
+	cases["access.list"] = list(`{}`, func(f *tenantFixture) string { return f.access })
+	cases["access.approve"] = byID(1, "id", func(f *tenantFixture) string { return f.access }, apiv1.CodeConflict)
+	cases["access.deny"] = byID(1, "id", func(f *tenantFixture) string { return f.access2 }, apiv1.CodeConflict)
+	cases["access.revoke"] = byID(3, "id", func(f *tenantFixture) string { return f.access }, apiv1.CodeConflict)
 	// events.list shows the node events written since n1 moved in: phase 1's.
 	c := cases["events.list"]
 	c.phase = 2
