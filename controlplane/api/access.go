@@ -15,7 +15,6 @@ import (
 	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/pkg/policy"
-	"github.com/better-compute/better-compute/controlplane/pkg/tunnel"
 	"github.com/better-compute/better-compute/controlplane/store"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -393,7 +392,8 @@ type liveAccess struct {
 	// request and end are the grant that allowed it at the last check.
 	request string
 	end     time.Time
-	// notify sends a shell's client one line (nil for a port forward).
+	// notify sends a shell's client one line (nil for a port forward,
+	// whose bytes are the forwarded stream's).
 	notify func(line string)
 	// noticed is the end the client was told of; checkLive's goroutine
 	// alone reads and writes it and the two above.
@@ -457,8 +457,8 @@ func (s *Server) accessEnded(ctx context.Context, c *liveCall, now time.Time) st
 			a.request, a.end = grant, end
 			if a.notify != nil && end.Sub(now) <= GrantNoticeBefore && !end.Equal(a.noticed) {
 				a.noticed = end
-				a.notify(fmt.Sprintf("better-compute: access request %s ends at %s; this %s closes then",
-					grant, end.UTC().Format(time.RFC3339), map[bool]string{true: "shell", false: "tunnel"}[a.kind != tunnel.KindPort]))
+				a.notify(fmt.Sprintf("better-compute: access request %s ends at %s; this shell closes then",
+					grant, end.UTC().Format(time.RFC3339)))
 			}
 		}
 		return ""

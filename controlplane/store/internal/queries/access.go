@@ -3,6 +3,7 @@ package queries
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/better-compute/better-compute/controlplane/pkg/events"
@@ -242,7 +243,8 @@ func (s *Store) AccessRequestSweep(ctx context.Context, now *time.Time) ([]*stor
 			if at != nil {
 				t = *at
 			}
-			if _, err := q.AuditInsert(ctx, &store.AuditEntry{Time: t, Actor: "access", Action: "access.ended", Resource: r.ID,
+			// The audit action is named like the event's topic.
+			if _, err := q.AuditInsert(ctx, &store.AuditEntry{Time: t, Actor: "access", Action: strings.TrimPrefix(events.AccessEnded, events.TypePrefix), Resource: r.ID,
 				Outcome: "ok", TenantID: r.TenantID, Details: []byte(details)}); err != nil {
 				return err
 			}
