@@ -15,21 +15,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/pkg/sso"
 	"github.com/better-compute/better-compute/controlplane/store"
-)
-
-// Single sign-on endpoints (docs/sso.md): called before the caller has a
-// token, so they are not API methods. JSON in and out, errors as the
-// API's.
-const (
-	// SSODevicePath starts the CLI's device flow: {"tenant": ""} →
-	// SSODeviceResponse.
-	SSODevicePath = "/sso/device"
-	// SSOTokenPath gives a token: {"login": id} polls a device flow (202
-	// {"pending": true, "interval": s} while not approved), or
-	// {"refreshToken": secret} refreshes → SSOTokenResponse.
-	SSOTokenPath = "/sso/token"
-	// SSOLogoutPath ends the session of {"refreshToken": secret}.
-	SSOLogoutPath = "/sso/logout"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // ssoPollWait is how long one poll of a device flow waits for the person
@@ -38,31 +24,6 @@ const ssoPollWait = 20 * time.Second
 
 // ssoMaxBody bounds a request to the sign-in endpoints.
 const ssoMaxBody = 4 << 10
-
-// SSODeviceResponse is a device flow begun.
-type SSODeviceResponse struct {
-	Login                   string    `json:"login"`
-	VerificationURI         string    `json:"verificationUri"`
-	VerificationURIComplete string    `json:"verificationUriComplete,omitempty"`
-	UserCode                string    `json:"userCode"`
-	Interval                int       `json:"interval"`
-	ExpiresAt               time.Time `json:"expiresAt"`
-}
-
-// SSOTokenResponse is a sign-in's or refresh's token.
-type SSOTokenResponse struct {
-	Pending  bool `json:"pending,omitempty"`
-	Interval int  `json:"interval,omitempty"`
-
-	Token            string    `json:"token,omitempty"`
-	ExpiresAt        time.Time `json:"expiresAt,omitzero"`
-	RefreshToken     string    `json:"refreshToken,omitempty"`
-	SessionExpiresAt time.Time `json:"sessionExpiresAt,omitzero"`
-	Name             string    `json:"name,omitempty"`
-	Tenant           string    `json:"tenant,omitempty"`
-	Role             string    `json:"role,omitempty"`
-	Groups           []string  `json:"groups,omitempty"`
-}
 
 // ssoRequest is every sign-in endpoint's body.
 type ssoRequest struct {
@@ -98,9 +59,9 @@ func (l *ssoLimiter) allow(a netip.Addr) bool {
 
 // mountSSO mounts the sign-in endpoints under basePath.
 func (s *Server) mountSSO() {
-	s.mux.HandleFunc("POST "+s.cfg.BasePath+SSODevicePath, s.serveSSO(s.ssoDevice))
-	s.mux.HandleFunc("POST "+s.cfg.BasePath+SSOTokenPath, s.serveSSO(s.ssoToken))
-	s.mux.HandleFunc("POST "+s.cfg.BasePath+SSOLogoutPath, s.serveSSO(s.ssoLogout))
+	s.mux.HandleFunc("POST "+s.cfg.BasePath+apiv1.SSODevicePath, s.serveSSO(s.ssoDevice))
+	s.mux.HandleFunc("POST "+s.cfg.BasePath+apiv1.SSOTokenPath, s.serveSSO(s.ssoToken))
+	s.mux.HandleFunc("POST "+s.cfg.BasePath+apiv1.SSOLogoutPath, s.serveSSO(s.ssoLogout))
 }
 
 // serveSSO reads a sign-in request and writes fn's answer.
@@ -143,7 +104,7 @@ func (s *Server) ssoDevice(ctx context.Context, req *ssoRequest, _ netip.Addr) (
 	if err != nil {
 		return nil, 0, err
 	}
-	return &SSODeviceResponse{Login: d.Login, VerificationURI: d.VerificationURI, VerificationURIComplete: d.VerificationURIComplete,
+	return &apiv1.SSODeviceResponse{Login: d.Login, VerificationURI: d.VerificationURI, VerificationURIComplete: d.VerificationURIComplete,
 		UserCode: d.UserCode, Interval: int(d.Interval / time.Second), ExpiresAt: d.ExpiresAt.UTC()}, http.StatusOK, nil
 }
 
@@ -158,7 +119,7 @@ func (s *Server) ssoToken(ctx context.Context, req *ssoRequest, addr netip.Addr)
 		action = "sso.login"
 		g, err = s.cfg.SSO.PollDevice(ctx, req.Login, ssoPollWait)
 		if errors.Is(err, sso.ErrPending) {
-			return &SSOTokenResponse{Pending: true, Interval: 1}, http.StatusAccepted, nil
+			return &apiv1.SSOTokenResponse{Pending: true, Interval: 1}, http.StatusAccepted, nil
 		}
 	case req.RefreshToken != "":
 		g, err = s.cfg.SSO.Refresh(ctx, req.RefreshToken)
@@ -199,8 +160,8 @@ func (s *Server) tokensRevoked() {
 }
 
 // grantResponse is what the client keeps of a grant.
-func grantResponse(g *sso.Grant) *SSOTokenResponse {
-	return &SSOTokenResponse{Token: g.Token, ExpiresAt: g.ExpiresAt.UTC(), RefreshToken: g.Refresh,
+func grantResponse(g *sso.Grant) *apiv1.SSOTokenResponse {
+	return &apiv1.SSOTokenResponse{Token: g.Token, ExpiresAt: g.ExpiresAt.UTC(), RefreshToken: g.Refresh,
 		SessionExpiresAt: g.Session.ExpiresAt.UTC(), Name: g.Session.DisplayName, Tenant: g.TenantName,
 		Role: g.Session.Role, Groups: g.Session.Groups}
 }

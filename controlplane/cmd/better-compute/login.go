@@ -19,7 +19,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/better-compute/better-compute/controlplane/api"
 	"github.com/better-compute/better-compute/controlplane/pkg/client"
 	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
@@ -151,8 +150,8 @@ func (e *env) signedIn(ctx context.Context, server string, hc *http.Client) (str
 	if time.Now().Before(c.ExpiresAt.Add(-refreshBefore)) {
 		return c.Token, nil
 	}
-	var resp api.SSOTokenResponse
-	if err := ssoCall(ctx, hc, server, api.SSOTokenPath, map[string]string{"refreshToken": c.RefreshToken}, &resp); err != nil {
+	var resp apiv1.SSOTokenResponse
+	if err := ssoCall(ctx, hc, server, apiv1.SSOTokenPath, map[string]string{"refreshToken": c.RefreshToken}, &resp); err != nil {
 		var ae *client.Error
 		if errors.As(err, &ae) && ae.Code == apiv1.CodeUnauthenticated {
 			delete(creds.Servers, server)
@@ -195,7 +194,7 @@ func (e *env) keepCredential(server string, c *credential) error {
 	return e.writeCredentials(creds)
 }
 
-func credentialOf(r *api.SSOTokenResponse) *credential {
+func credentialOf(r *apiv1.SSOTokenResponse) *credential {
 	return &credential{Token: r.Token, ExpiresAt: r.ExpiresAt, RefreshToken: r.RefreshToken, SessionExpiresAt: r.SessionExpiresAt,
 		Name: r.Name, Tenant: r.Tenant, Role: r.Role, Groups: r.Groups}
 }
@@ -263,8 +262,8 @@ keep API tokens.`,
 				return err
 			}
 			ctx := cmd.Context()
-			var start api.SSODeviceResponse
-			if err := ssoCall(ctx, hc, server, api.SSODevicePath, map[string]string{"tenant": tenant}, &start); err != nil {
+			var start apiv1.SSODeviceResponse
+			if err := ssoCall(ctx, hc, server, apiv1.SSODevicePath, map[string]string{"tenant": tenant}, &start); err != nil {
 				return fmt.Errorf("start the sign-in at %s: %w", server, err)
 			}
 			fmt.Fprintf(e.stdout, "To sign in, open %s and enter the code %s\n", start.VerificationURI, start.UserCode)
@@ -276,8 +275,8 @@ keep API tokens.`,
 			}
 			fmt.Fprintf(e.stdout, "Waiting for you to approve (until %s)...\n", start.ExpiresAt.Local().Format(time.Kitchen))
 			for {
-				var resp api.SSOTokenResponse
-				status, err := ssoPost(ctx, hc, server, api.SSOTokenPath, map[string]string{"login": start.Login}, &resp)
+				var resp apiv1.SSOTokenResponse
+				status, err := ssoPost(ctx, hc, server, apiv1.SSOTokenPath, map[string]string{"login": start.Login}, &resp)
 				if err != nil {
 					return fmt.Errorf("sign in: %w", err)
 				}
@@ -329,7 +328,7 @@ func logoutCmd(e *env) *cobra.Command {
 				return nil
 			}
 			var out struct{}
-			if err := ssoCall(cmd.Context(), hc, server, api.SSOLogoutPath, map[string]string{"refreshToken": c.RefreshToken}, &out); err != nil {
+			if err := ssoCall(cmd.Context(), hc, server, apiv1.SSOLogoutPath, map[string]string{"refreshToken": c.RefreshToken}, &out); err != nil {
 				return fmt.Errorf("sign out of %s: %w", server, err)
 			}
 			if err := e.keepCredential(server, nil); err != nil {

@@ -35,6 +35,7 @@ import (
 	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
+	apiv1 "github.com/better-compute/better-compute/proto/api/v1"
 )
 
 // RefreshPrefix starts every refresh secret.
@@ -51,14 +52,13 @@ const (
 	MaxGroupLen = 256
 )
 
-// Codes of Error, the API's error codes (apiv1) the HTTP endpoints answer
-// with.
+// Codes of Error: the API's error codes (apiv1, their one definition) the
+// HTTP endpoints answer with.
 const (
-	CodeInvalid         = "INVALID_ARGUMENT"
-	CodeUnauthenticated = "UNAUTHENTICATED"
-	CodeDenied          = "PERMISSION_DENIED"
-	CodeNotFound        = "NOT_FOUND"
-	CodeUnavailable     = "UNAVAILABLE"
+	CodeInvalid         = apiv1.CodeInvalidArgument
+	CodeUnauthenticated = apiv1.CodeUnauthenticated
+	CodeDenied          = apiv1.CodePermissionDenied
+	CodeUnavailable     = apiv1.CodeUnavailable
 )
 
 // Error is a refusal with the API error code to answer it with.
