@@ -64,6 +64,9 @@ func (s *Server) accessRequest(ctx context.Context, p *iam.Principal, r *apiv1.R
 	case len(reason) > MaxAccessReason:
 		return nil, invalid("reason", "is %d bytes, at most %d", len(reason), MaxAccessReason)
 	}
+	if e := checkPrintable("reason", reason); e != nil {
+		return nil, e
+	}
 	scope, err := s.accessScope(ctx, p, r.GetResource())
 	if err != nil {
 		return nil, err
@@ -128,6 +131,9 @@ func (s *Server) accessDecide(ctx context.Context, p *iam.Principal, reqID strin
 	if len(note) > MaxAccessReason {
 		return nil, invalid("reason", "is %d bytes, at most %d", len(note), MaxAccessReason)
 	}
+	if e := checkPrintable("reason", note); e != nil {
+		return nil, e
+	}
 	req, err := s.accessGet(ctx, p, reqID)
 	if err != nil {
 		return nil, err
@@ -165,6 +171,9 @@ func (s *Server) accessRevoke(ctx context.Context, p *iam.Principal, r *apiv1.Re
 	note := strings.TrimSpace(r.GetReason())
 	if len(note) > MaxAccessReason {
 		return nil, invalid("reason", "is %d bytes, at most %d", len(note), MaxAccessReason)
+	}
+	if e := checkPrintable("reason", note); e != nil {
+		return nil, e
 	}
 	req, err := s.accessGet(ctx, p, r.GetId())
 	if err != nil {
@@ -239,6 +248,24 @@ func (s *Server) approver(ctx context.Context, p *iam.Principal, req *store.Acce
 		return &Error{Code: apiv1.CodePermissionDenied, Field: "id", Message: fmt.Sprintf(
 			"policy %q's request.approvers do not bind you (%s, role %s, tenant %s): only a caller of tenant %s that they name may %s access request %s",
 			req.Policy, p.Identity(), p.Role, p.TenantID, req.TenantID, verb, req.ID)}
+	}
+	if verb == "approve" && req.Duration > rule.MaxDuration() {
+		// The policy's maxDuration shrank since the request: an approval
+		// never grants more than the policy allows now.
+		return &Error{Code: apiv1.CodeConflict, Field: "id", Message: fmt.Sprintf(
+			"access request %s asks for %v, more than policy %q's request.maxDuration now (%v): deny it and ask again",
+			req.ID, req.Duration, req.Policy, rule.MaxDuration())}
+	}
+	return nil
+}
+
+// checkPrintable refuses control characters (but newline and tab) in a reason
+// or note: they are shown in other people's terminals (access list).
+func checkPrintable(field, s string) *Error {
+	if i := strings.IndexFunc(s, func(r rune) bool {
+		return (r < 0x20 && r != '\n' && r != '\t') || (r >= 0x7f && r <= 0x9f)
+	}); i >= 0 {
+		return invalid(field, "holds a control character at byte %d: only printable text, newlines and tabs", i)
 	}
 	return nil
 }
@@ -405,6 +432,23 @@ type liveAccess struct {
 func (s *Server) holdsGrants(ctx context.Context, p *iam.Principal) bool {
 	v, err := s.policies.current(ctx)
 	return err == nil && len(v.grantsOf(p)) > 0
+}
+
+// grantsEnd is the earliest end of the grants p holds now (ok false when
+// it holds none): a root command created while p holds grants runs no
+// longer than the first of them (commandsCreate).
+func (s *Server) grantsEnd(ctx context.Context, p *iam.Principal) (end time.Time, ok bool) {
+	v, err := s.policies.current(ctx)
+	if err != nil {
+		return time.Time{}, false
+	}
+	now := s.now()
+	for _, g := range v.grantsOf(p) {
+		if now.Before(g.End) && (!ok || g.End.Before(end)) {
+			end, ok = g.End, true
+		}
+	}
+	return end, ok
 }
 
 // tunnelGrant decides a tunnel's actions (tunnelActions) for p from addr

@@ -95,6 +95,7 @@ func TestAccessRequestAcrossProcesses(t *testing.T) {
 		{`{"policy": "root-shell-pool-a", "duration": "18000s", "reason": "x"}`, "INVALID_ARGUMENT", "duration", "maxDuration, 4h0m0s"},
 		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "  "}`, "INVALID_ARGUMENT", "reason", "is required"},
 		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "` + strings.Repeat("x", 1025) + `"}`, "INVALID_ARGUMENT", "reason", "at most 1024"},
+		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "ok\u001b[1A\u001b[2K hidden"}`, "INVALID_ARGUMENT", "reason", "control character"},
 		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "x", "resource": "a"}`, "INVALID_ARGUMENT", "resource", "KIND:NAME_OR_ID"},
 		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "x", "resource": "rack:a"}`, "INVALID_ARGUMENT", "resource", "want pool, site, node or tenant"},
 		{`{"policy": "root-shell-pool-a", "duration": "120s", "reason": "x", "resource": "pool:zzz"}`, "NOT_FOUND", "resource", "no pool zzz"},
@@ -285,5 +286,31 @@ func TestAccessRequestBounds(t *testing.T) {
 	// Its requester may still give it up.
 	if r := f.call("access.revoke", op, fmt.Sprintf(`{"id": %q}`, last), peer); r.Code != http.StatusOK {
 		t.Fatalf("revoke by the requester: %d %v", r.Code, r.Body)
+	}
+}
+
+// TestAccessApprovalHeldToThePolicyNow: a request asked under a policy
+// whose maxDuration has since shrunk cannot be approved (CONFLICT): an
+// approval never grants more than the policy allows now.
+func TestAccessApprovalHeldToThePolicyNow(t *testing.T) {
+	st := sqlitetest.Open(t)
+	a := &fixture{t: t, st: st, srv: api.New(api.Config{Secret: strings.Repeat("s", 32)}, st, nil)}
+	admin, op := a.token(store.RoleAdmin, 0), a.token(store.RoleOperator, 0)
+	if r := a.call("policies.apply", admin, applyBody(t, accessDoc), peer); r.Code != http.StatusOK {
+		t.Fatalf("policies.apply = %d %v", r.Code, r.Body)
+	}
+	r := a.call("access.request", op, `{"policy": "root-shell-pool-a", "duration": "14400s", "reason": "four hours"}`, peer)
+	if r.Code != http.StatusOK {
+		t.Fatalf("access.request = %d %v", r.Code, r.Body)
+	}
+	id := r.Body["id"].(string)
+	shorter := strings.Replace(accessDoc, "maxDuration: 4h", "maxDuration: 1h", 1)
+	if r := a.call("policies.apply", admin, applyBody(t, shorter), peer); r.Code != http.StatusOK {
+		t.Fatalf("policies.apply (1h) = %d %v", r.Code, r.Body)
+	}
+	r = a.call("access.approve", admin, fmt.Sprintf(`{"id": %q}`, id), peer)
+	wantCode(t, r, http.StatusConflict, "CONFLICT", "id")
+	if !strings.Contains(fmt.Sprint(r.Body["message"]), "more than policy") {
+		t.Fatalf("approving a 4 h request under a 1 h policy: %v", r.Body)
 	}
 }

@@ -78,6 +78,8 @@ type view struct {
 	// they were read (every PolicyRefresh), by tenant and identity
 	// (grantKey); each decision compares their end with its time.
 	grants map[string][]policy.Grant
+	// grantsAt is when the grants were last read (staleGrants).
+	grantsAt time.Time
 }
 
 // grantKey is the key of view.grants: a tenant and an identity
@@ -187,21 +189,46 @@ func (ps *policies) current(ctx context.Context) (*view, error) {
 			return nil, fmt.Errorf("read the tenants' policies: %w", err)
 		}
 		ps.log.WarnContext(ctx, "Policies not re-read; deciding by the ones in force", logkey.Err, err)
-		return v, nil
+		return ps.staleGrants(v), nil
 	}
 	now := ps.now()
 	if grants, err := ps.store.AccessGrantsActive(ctx, &now); err == nil {
 		v = v.withGrants(grants)
+		v.grantsAt = now
 	} else {
-		// The grants read before stay (their ends still hold); a
-		// revocation waits for the next read.
+		// The grants read before stay a while (their ends still hold); a
+		// revocation waits for the next read, at most GrantsStale.
 		ps.log.WarnContext(ctx, "Access grants not re-read; deciding by the ones read before", logkey.Err, err)
+		v = ps.staleGrants(v)
 		gdirty = ps.gclean
 	}
 	ps.mu.Lock()
 	ps.view, ps.checked, ps.clean, ps.gclean = v, ps.now(), dirty, gdirty
 	ps.mu.Unlock()
 	return v, nil
+}
+
+// GrantsStale is how long after its last good read an api process still
+// decides by the access grants it read: past it, while the store cannot
+// be read, grants are dropped (they only add rights: a revocation made
+// elsewhere must not wait for the store to come back).
+const GrantsStale = 3 * PolicyRefresh
+
+// staleGrants is v without its grants once they were last read more than
+// GrantsStale ago.
+func (ps *policies) staleGrants(v *view) *view {
+	if len(v.grants) == 0 || ps.now().Sub(v.grantsAt) <= GrantsStale {
+		return v
+	}
+	ps.log.Warn("Access grants dropped: not read for longer than GrantsStale", "last_read", v.grantsAt)
+	nv := v.withGrants(nil)
+	nv.grantsAt = v.grantsAt
+	ps.mu.Lock()
+	if ps.view == v {
+		ps.view = nv
+	}
+	ps.mu.Unlock()
+	return nv
 }
 
 // load reads every live tenant's document and compiles those changed
@@ -212,7 +239,7 @@ func (ps *policies) load(ctx context.Context, old *view, stamp int64) (*view, er
 	v := &view{broken: map[string]error{}, stamp: stamp, versions: map[string]int64{}, sets: map[string]*policy.Set{},
 		cache: policy.NewCache(policy.CacheConfig{Now: ps.now})}
 	if old != nil {
-		v.grants = old.grants // until they are read again, after this
+		v.grants, v.grantsAt = old.grants, old.grantsAt // until they are read again, after this
 	}
 	for cursor := ""; ; {
 		ds, err := ps.store.PolicyDocumentList(ctx, &store.ListParams{Cursor: cursor, Limit: store.MaxListLimit})

@@ -145,6 +145,13 @@ func (s *Server) commandsCreate(ctx context.Context, p *iam.Principal, r *apiv1.
 		}
 		return nil, err
 	}
+	if r.GetExec().GetAsRoot() {
+		// A root command a grant may have allowed runs no longer than the
+		// grant (docs/access.md): queued for a node offline, it expires.
+		if end, ok := s.grantsEnd(ctx, p); ok {
+			timeout = min(timeout, max(end.Sub(s.now()), time.Second))
+		}
+	}
 	cmds, err := s.store.CommandEnqueue(ctx, &store.CommandEnqueueParams{NodeIDs: nodes, Kind: r.GetKind(), SessionSpec: stored,
 		IdempotencyKey: r.GetIdempotencyKey(), KeyOfCreator: true, CreatedBy: "token:" + p.TokenID, Timeout: timeout})
 	if err != nil {

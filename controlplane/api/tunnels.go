@@ -158,8 +158,13 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		refuse(&Error{Code: apiv1.CodePermissionDenied, Message: "the ticket was made by another token: open it with the token that called tunnels.create"})
 		return
 	}
-	// The ticket may outlive a policy that allowed it: decided again.
-	if err := s.decideOnNodes(context.WithValue(ctx, addrKey{}, addr), p, []string{t.NodeID}, tunnelActions(t.Kind, t.AsRoot)...); err != nil {
+	// The ticket may outlive a policy that allowed it: decided again, once,
+	// on one view of the policies and grants. A tunnel an access request's
+	// grant allowed (docs/access.md), or any of a caller that holds grants,
+	// is decided again every round of checkLive, and closes when it is
+	// refused: the grant ended, was revoked, or no longer allows it.
+	request, end, err := s.tunnelGrant(ctx, p, addr, t.NodeID, t.Kind, t.AsRoot)
+	if err != nil {
 		if e, ok := err.(*Error); ok {
 			if t.AsRoot && !iam.Allows(p.Role, store.RoleAdmin) {
 				e.Message = "a root shell needs an admin token: " + e.Message
@@ -170,23 +175,9 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request, p *iam.Princ
 		s.writeError(w, r, err)
 		return
 	}
-	// A tunnel an access request's grant allowed (docs/access.md) is
-	// decided again every round of checkLive, and closes when it is
-	// refused: the grant ended, was revoked, or no longer allows it.
 	var access *liveAccess
-	if s.holdsGrants(ctx, p) {
-		grant, end, err := s.tunnelGrant(ctx, p, addr, t.NodeID, t.Kind, t.AsRoot)
-		if err != nil {
-			if e, ok := err.(*Error); ok {
-				refuse(e)
-				return
-			}
-			s.writeError(w, r, err)
-			return
-		}
-		if grant != "" {
-			access = &liveAccess{p: p, kind: t.Kind, asRoot: t.AsRoot, request: grant, end: end}
-		}
+	if request != "" || s.holdsGrants(ctx, p) {
+		access = &liveAccess{p: p, kind: t.Kind, asRoot: t.AsRoot, request: request, end: end}
 	}
 	// A node outside the caller's subtree is open to it only while a
 	// reservation grants it the right: checked again here (the ticket may

@@ -150,8 +150,9 @@ type AccessStore interface {
 	// AccessRequestGet returns a request, its state as of now (nil: the
 	// database's clock): ErrNotFound when none has the id.
 	AccessRequestGet(ctx context.Context, id string, now *time.Time) (*AccessRequest, error)
-	// AccessRequestList pages requests by id, newest first (the ids
-	// after p.Cursor in descending order), filtered by p.
+	// AccessRequestList pages requests in id order (the ids after
+	// p.Cursor; ids are random, so this is not the order of time: the CLI
+	// sorts what it read newest first), filtered by p.
 	AccessRequestList(ctx context.Context, p *AccessRequestListParams) ([]*AccessRequest, error)
 	// AccessRequestDecide approves or denies a pending request, in one
 	// conditional write, with its access.approved or access.denied event:

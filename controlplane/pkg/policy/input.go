@@ -40,8 +40,8 @@ type Grant struct {
 	// Policy names the granted policy of the caller's tenant.
 	Policy string
 	// Scope, when set, limits the grant's allow statements to the
-	// resources it selects (the request's resource); its deny statements
-	// apply as stated.
+	// resources it selects by id (the request's resource, resolved); its
+	// deny statements apply as stated.
 	Scope *Selector
 	// End is when the grant ends: it holds while Input.Time is before it.
 	End time.Time

@@ -367,7 +367,7 @@ func (s *Set) decide(in *Input, worst bool) Decision {
 	for _, g := range granted {
 		// A grant scoped to a resource allows on what its scope selects
 		// only.
-		if g.g.Scope != nil && !g.g.Scope.matches(&in.Resource) {
+		if g.g.Scope != nil && !g.g.Scope.matchesIDs(&in.Resource) {
 			continue
 		}
 		for _, st := range g.b.allow {
@@ -519,6 +519,14 @@ func (s *Selector) matches(r *Resource) bool {
 		matchList(s.Pools, r.Pool, r.PoolName) &&
 		matchList(s.Nodes, r.Node, r.NodeName) &&
 		matchLabels(s.Labels, r.Labels)
+}
+
+// matchesIDs reports whether s selects r by ids alone: a grant's scope
+// names what the request resolved to, and a name (a node's self-reported
+// hostname) must not stand in for another's id.
+func (s *Selector) matchesIDs(r *Resource) bool {
+	return matchList(s.Tenants, r.Tenant, "") && matchList(s.Sites, r.Site, "") &&
+		matchList(s.Pools, r.Pool, "") && matchList(s.Nodes, r.Node, "") && matchLabels(s.Labels, r.Labels)
 }
 
 // matchList reports whether list is empty or names id or name; an empty
