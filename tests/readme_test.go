@@ -197,6 +197,7 @@ func TestReadmeCommands(t *testing.T) {
 		"bin/better-compute pools set-budget default --budget 20%": ok(`\(20%\)`),
 		"bin/better-compute rollouts list":                         ok(`^no rollouts`),
 		"bin/better-compute recordings list":                       ok(`^no recordings`),
+		"bin/better-compute access list --state pending":           ok(`(?m)^ID +STATE +POLICY +RESOURCE +REQUESTER +FOR`),
 		"bin/better-compute remediation list":                      ok(`(?m)^no remediation cases`, `(?m)^POOL +BREAKER`),
 		"bin/better-compute gpus list":                             ok(`(?m)^UUID +NODE +POOL +MODEL +SERIAL +HEALTH`, `(?m)^GPU-\S+ +node_\S+ +pool_\S+ +NVIDIA A100-SXM4-40GB `),
 		"bin/better-compute nodes shell NODE":                      refusedSimulated,

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/pkg/sso"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -174,6 +175,6 @@ func (s *Server) auditSession(ctx context.Context, sess *store.OIDCSession, acti
 	e := &store.AuditEntry{Actor: p.Identity(), Action: action, Resource: sess.ID, Outcome: "ok", TenantID: sess.TenantID,
 		SourceIP: addr.String(), Details: details}
 	if _, err := s.store.AuditInsert(context.WithoutCancel(ctx), e); err != nil {
-		s.log.ErrorContext(ctx, "Audit write failed", "action", action, "err", err)
+		s.log.ErrorContext(ctx, "Audit write failed", "action", action, logkey.Err, err)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/coreos/go-oidc/v3/oidc"
 	"golang.org/x/oauth2"
 
+	"github.com/better-compute/better-compute/controlplane/internal/logkey"
 	"github.com/better-compute/better-compute/controlplane/pkg/config"
 	"github.com/better-compute/better-compute/controlplane/pkg/iam"
 	"github.com/better-compute/better-compute/controlplane/store"
@@ -672,7 +673,7 @@ func (s *Service) Logout(ctx context.Context, refresh string) (*store.OIDCSessio
 // end ends sess for reason, logging a failure (the next use tries again).
 func (s *Service) end(ctx context.Context, sess *store.OIDCSession, reason string) {
 	if err := s.store.OIDCSessionEnd(ctx, sess.ID, reason); err != nil {
-		s.log.WarnContext(ctx, "Cannot end a session", "session_id", sess.ID, "err", err)
+		s.log.WarnContext(ctx, "Cannot end a session", "session_id", sess.ID, logkey.Err, err)
 		return
 	}
 	s.log.InfoContext(ctx, "Session ended", "session_id", sess.ID, "subject", sess.Subject, "reason", reason)
