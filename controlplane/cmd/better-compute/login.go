@@ -30,18 +30,10 @@ const envCredentials = "BETTER_COMPUTE_CREDENTIALS"
 // sign-in.
 const refreshBefore = 30 * time.Second
 
-// credential is one server's sign-in as the CLI keeps it: the short-lived
-// token and the refresh secret that renews it (docs/sso.md).
-type credential struct {
-	Token            string    `json:"token"`
-	ExpiresAt        time.Time `json:"expiresAt"`
-	RefreshToken     string    `json:"refreshToken"`
-	SessionExpiresAt time.Time `json:"sessionExpiresAt"`
-	Name             string    `json:"name"`
-	Tenant           string    `json:"tenant"`
-	Role             string    `json:"role"`
-	Groups           []string  `json:"groups,omitempty"`
-}
+// credential is one server's sign-in as the CLI keeps it: the answer of
+// the sign-in or of its last refresh (the short-lived token and the
+// refresh secret that renews it; docs/sso.md), as the endpoint gave it.
+type credential = apiv1.SSOTokenResponse
 
 // credentials are the sign-ins of every server, keyed by the API URL.
 type credentials struct {
@@ -160,7 +152,7 @@ func (e *env) signedIn(ctx context.Context, server string, hc *http.Client) (str
 		}
 		return "", fmt.Errorf("refresh the sign-in to %s: %w", server, err)
 	}
-	creds.Servers[server] = credentialOf(&resp)
+	creds.Servers[server] = &resp
 	if err := e.writeCredentials(creds); err != nil {
 		return "", err
 	}
@@ -192,11 +184,6 @@ func (e *env) keepCredential(server string, c *credential) error {
 		creds.Servers[server] = c
 	}
 	return e.writeCredentials(creds)
-}
-
-func credentialOf(r *apiv1.SSOTokenResponse) *credential {
-	return &credential{Token: r.Token, ExpiresAt: r.ExpiresAt, RefreshToken: r.RefreshToken, SessionExpiresAt: r.SessionExpiresAt,
-		Name: r.Name, Tenant: r.Tenant, Role: r.Role, Groups: r.Groups}
 }
 
 // ssoCall posts body to the sign-in endpoint path of server (the API URL)
@@ -288,7 +275,7 @@ keep API tokens.`,
 					}
 					continue
 				}
-				if err := e.keepCredential(server, credentialOf(&resp)); err != nil {
+				if err := e.keepCredential(server, &resp); err != nil {
 					return err
 				}
 				groups := "none"
